@@ -1,1 +1,17 @@
+//! A thread-per-core, shared-nothing drop-in replacement for nsqd.
+//!
+//! This crate holds the edges: the command line ([`config`]), the protocol V2 codec
+//! ([`protocol`]), the TCP and HTTP servers ([`tcp`], [`http`]), /stats rendering and the
+//! runtime that starts one pinned glommio executor per shard ([`runtime`]). The broker
+//! core (topics, channels, in-flight and deferred heaps, the mesh messages) lives in the
+//! `nsq-shards` crate.
 
+pub mod config;
+pub mod http;
+pub mod logger;
+pub mod protocol;
+pub mod runtime;
+pub mod server;
+pub mod stats_render;
+pub mod tcp;
+pub mod timefmt;

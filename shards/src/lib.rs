@@ -1,1 +1,24 @@
-pub mod x {}
+//! The broker core of the thread-per-core nsqd: shard runtime state, topic ownership by
+//! hash, topics, channels with their in-flight and deferred heaps, the subscribed clients'
+//! shard-side handles, and the messages shards exchange over the glommio channel mesh.
+//!
+//! Nothing here parses bytes from a socket (that is the root crate's codec) and nothing
+//! here is shared between threads except the `mesh` messages, which move by value.
+
+pub mod channel;
+pub mod client;
+pub mod mesh;
+pub mod message;
+pub mod names;
+pub mod options;
+pub mod shard;
+pub mod signal;
+pub mod stats;
+pub mod topic;
+
+pub use channel::Channel;
+pub use client::{Client, ClientState};
+pub use message::{Message, MessageId};
+pub use options::Options;
+pub use shard::{owner_of, Shard};
+pub use topic::Topic;

@@ -1,0 +1,375 @@
+//! A channel: a cursor into its topic's log plus the requeue queue, the in-flight table
+//! and heap (by timeout) and the deferred heap (by due time) (nsqd: channel.go,
+//! in_flight_pqueue.go, protocol_v2.go messagePump).
+
+use crate::client::{Client, ClientState};
+use crate::message::{Message, MessageId};
+use crate::names::is_ephemeral;
+use crate::topic::Log;
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+/// Hashes message IDs (already unique integers) with one multiply.
+#[derive(Default)]
+pub struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type IdMap<V> = HashMap<MessageId, V, BuildHasherDefault<IdHasher>>;
+
+/// A message delivered and not yet finished.
+pub struct InFlight {
+    pub msg: Message,
+    pub client: Rc<Client>,
+    pub deadline: Instant,
+    pub delivered_at: Instant,
+}
+
+/// A message waiting for its due time.
+pub struct Deferred {
+    pub due: Instant,
+    pub msg: Message,
+}
+
+impl PartialEq for Deferred {
+    fn eq(&self, o: &Self) -> bool {
+        self.due == o.due && self.msg.id == o.msg.id
+    }
+}
+impl Eq for Deferred {}
+impl PartialOrd for Deferred {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Deferred {
+    fn cmp(&self, o: &Self) -> Ordering {
+        (self.due, self.msg.id).cmp(&(o.due, o.msg.id))
+    }
+}
+
+/// Why FIN, REQ or TOUCH failed (non-fatal; nsqd's E_FIN_FAILED etc.).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InFlightError {
+    /// `ID not in flight`
+    NotInFlight,
+    /// `client does not own message`
+    NotOwner,
+}
+
+impl InFlightError {
+    pub fn text(self) -> &'static str {
+        match self {
+            InFlightError::NotInFlight => "ID not in flight",
+            InFlightError::NotOwner => "client does not own message",
+        }
+    }
+}
+
+pub struct Channel {
+    pub name: String,
+    pub ephemeral: bool,
+    pub paused: bool,
+    /// Next log sequence this channel reads.
+    pub cursor: u64,
+    /// Messages ready again (REQ 0, timeouts, due deferred): delivered before the cursor
+    /// moves on.
+    pub requeued: VecDeque<Message>,
+    pub in_flight: IdMap<InFlight>,
+    /// (deadline, id); entries whose message was finished or touched are skipped when
+    /// popped and compacted away when they outnumber the live ones.
+    in_flight_heap: BinaryHeap<Reverse<(Instant, MessageId)>>,
+    pub deferred: BinaryHeap<Reverse<Deferred>>,
+    pub clients: Vec<Rc<Client>>,
+    next_client: usize,
+    pub message_count: u64,
+    pub requeue_count: u64,
+    pub timeout_count: u64,
+}
+
+impl Channel {
+    pub fn new(name: &str, cursor: u64) -> Channel {
+        Channel {
+            name: name.to_string(),
+            ephemeral: is_ephemeral(name),
+            paused: false,
+            cursor,
+            requeued: VecDeque::new(),
+            in_flight: IdMap::default(),
+            in_flight_heap: BinaryHeap::new(),
+            deferred: BinaryHeap::new(),
+            clients: Vec::new(),
+            next_client: 0,
+            message_count: 0,
+            requeue_count: 0,
+            timeout_count: 0,
+        }
+    }
+
+    /// Messages ready for delivery: unread pumped records plus requeued ones (nsqd
+    /// depth; in-flight and deferred are not counted).
+    pub fn depth(&self, log: &Log) -> u64 {
+        log.pumped.saturating_sub(self.cursor) + self.requeued.len() as u64
+    }
+
+    /// An #ephemeral channel keeps at most `mem_queue_size` ready messages; the oldest
+    /// unread ones go first.
+    pub fn drop_overflow(&mut self, log: &Log, mem_queue_size: u64) {
+        let depth = self.depth(log);
+        if depth > mem_queue_size {
+            let excess = depth - mem_queue_size;
+            let skip = excess.min(log.pumped.saturating_sub(self.cursor));
+            self.cursor += skip;
+            let rest = (excess - skip) as usize;
+            self.requeued.drain(..rest.min(self.requeued.len()));
+        }
+    }
+
+    pub fn defer(&mut self, msg: Message, due: Instant) {
+        self.deferred.push(Reverse(Deferred { due, msg }));
+    }
+
+    /// The next message to deliver: requeued first, then the log at the cursor. Records
+    /// published with a defer time still in the future move to the deferred heap.
+    fn next_message(&mut self, log: &Log, now: Instant) -> Option<Message> {
+        if let Some(m) = self.requeued.pop_front() {
+            return Some(m);
+        }
+        while self.cursor < log.pumped {
+            let rec = log.get(self.cursor)?;
+            self.cursor += 1;
+            let msg = Message {
+                id: rec.id,
+                timestamp: rec.timestamp,
+                attempts: 0,
+                body: rec.body.clone(),
+            };
+            match rec.defer_until {
+                Some(due) if due > now => self.defer(msg, due),
+                _ => return Some(msg),
+            }
+        }
+        None
+    }
+
+    /// True when a ready message exists and a client can take it.
+    fn has_work(&self, log: &Log) -> bool {
+        !self.paused && (!self.requeued.is_empty() || self.cursor < log.pumped)
+    }
+
+    /// Hands messages to ready clients, round robin, until either runs out (nsqd's
+    /// messagePump, with RDY as an in-flight window). Frames are buffered in each
+    /// client's output buffer; the writer tasks flush them.
+    pub fn dispatch(&mut self, log: &Log, now: Instant) -> u64 {
+        let mut delivered = 0;
+        let n = self.clients.len();
+        while n > 0 && self.has_work(log) {
+            let mut pick = None;
+            for i in 0..n {
+                let idx = (self.next_client + i) % n;
+                if self.clients[idx].is_ready() {
+                    pick = Some(idx);
+                    break;
+                }
+            }
+            let Some(idx) = pick else { break };
+            self.next_client = (idx + 1) % n;
+            let Some(mut msg) = self.next_message(log, now) else {
+                break;
+            };
+            let client = self.clients[idx].clone();
+            let (sample_rate, msg_timeout) = {
+                let s = client.settings.borrow();
+                (s.sample_rate, s.msg_timeout)
+            };
+            if sample_rate > 0 && fastrand::u32(0..100) > sample_rate {
+                continue;
+            }
+            msg.attempts = msg.attempts.wrapping_add(1);
+            client.in_flight.set(client.in_flight.get() + 1);
+            client.message_count.set(client.message_count.get() + 1);
+            client.buffer_message(&msg);
+            let deadline = now + msg_timeout;
+            self.in_flight_heap.push(Reverse((deadline, msg.id)));
+            self.in_flight.insert(
+                msg.id,
+                InFlight {
+                    msg,
+                    client,
+                    deadline,
+                    delivered_at: now,
+                },
+            );
+            delivered += 1;
+        }
+        delivered
+    }
+
+    fn take_owned(&mut self, client: &Client, id: MessageId) -> Result<InFlight, InFlightError> {
+        match self.in_flight.get(&id) {
+            None => Err(InFlightError::NotInFlight),
+            Some(f) if f.client.id != client.id => Err(InFlightError::NotOwner),
+            Some(_) => Ok(self.in_flight.remove(&id).expect("checked above")),
+        }
+    }
+
+    fn compact_heap(&mut self) {
+        if self.in_flight_heap.len() > 2 * self.in_flight.len() + 1024 {
+            let live: Vec<_> = self
+                .in_flight
+                .iter()
+                .map(|(id, f)| Reverse((f.deadline, *id)))
+                .collect();
+            self.in_flight_heap = BinaryHeap::from(live);
+        }
+    }
+
+    /// FIN: the message is done (nsqd FinishMessage).
+    pub fn finish(&mut self, client: &Client, id: MessageId) -> Result<(), InFlightError> {
+        self.take_owned(client, id)?;
+        client.in_flight.set((client.in_flight.get() - 1).max(0));
+        client.finish_count.set(client.finish_count.get() + 1);
+        self.compact_heap();
+        Ok(())
+    }
+
+    /// REQ: back to the queue now (`delay` zero) or to the deferred heap.
+    pub fn requeue(
+        &mut self,
+        client: &Client,
+        id: MessageId,
+        delay: Duration,
+        now: Instant,
+    ) -> Result<(), InFlightError> {
+        let f = self.take_owned(client, id)?;
+        client.in_flight.set((client.in_flight.get() - 1).max(0));
+        client.requeue_count.set(client.requeue_count.get() + 1);
+        self.requeue_count += 1;
+        if delay.is_zero() {
+            self.requeued.push_back(f.msg);
+        } else {
+            self.defer(f.msg, now + delay);
+        }
+        self.compact_heap();
+        Ok(())
+    }
+
+    /// TOUCH: a new deadline of now + the client's msg_timeout, never past delivery +
+    /// `max_msg_timeout`.
+    pub fn touch(
+        &mut self,
+        client: &Client,
+        id: MessageId,
+        now: Instant,
+        max_msg_timeout: Duration,
+    ) -> Result<(), InFlightError> {
+        let msg_timeout = client.settings.borrow().msg_timeout;
+        let f = match self.in_flight.get_mut(&id) {
+            None => return Err(InFlightError::NotInFlight),
+            Some(f) if f.client.id != client.id => return Err(InFlightError::NotOwner),
+            Some(f) => f,
+        };
+        let deadline = (now + msg_timeout).min(f.delivered_at + max_msg_timeout);
+        f.deadline = deadline;
+        self.in_flight_heap.push(Reverse((deadline, id)));
+        self.compact_heap();
+        Ok(())
+    }
+
+    /// Moves timed-out in-flight messages and due deferred ones to the requeue queue.
+    /// Returns how many moved (nsqd processInFlightQueue / processDeferredQueue).
+    pub fn process_timers(&mut self, now: Instant) -> usize {
+        let mut moved = 0;
+        while let Some(Reverse((deadline, id))) = self.in_flight_heap.peek().copied() {
+            if deadline > now {
+                break;
+            }
+            self.in_flight_heap.pop();
+            let live = matches!(self.in_flight.get(&id), Some(f) if f.deadline == deadline);
+            if !live {
+                continue;
+            }
+            if let Some(f) = self.in_flight.remove(&id) {
+                self.timeout_count += 1;
+                f.client.in_flight.set((f.client.in_flight.get() - 1).max(0));
+                self.requeued.push_back(f.msg);
+                moved += 1;
+            }
+        }
+        while let Some(Reverse(d)) = self.deferred.peek() {
+            if d.due > now {
+                break;
+            }
+            if let Some(Reverse(d)) = self.deferred.pop() {
+                self.requeued.push_back(d.msg);
+                moved += 1;
+            }
+        }
+        moved
+    }
+
+    /// The earliest instant a timer of this channel fires, if any.
+    pub fn next_timer(&self) -> Option<Instant> {
+        let a = self.in_flight_heap.peek().map(|Reverse((d, _))| *d);
+        let b = self.deferred.peek().map(|Reverse(d)| d.due);
+        match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// nsqd channel Empty: drops ready, in-flight and deferred messages and zeroes the
+    /// consumers' in-flight counts.
+    pub fn empty(&mut self, log: &Log) {
+        self.cursor = log.pumped;
+        self.requeued.clear();
+        self.in_flight.clear();
+        self.in_flight_heap.clear();
+        self.deferred.clear();
+        for c in &self.clients {
+            c.in_flight.set(0);
+        }
+    }
+
+    /// Adds a subscribed client. `max` 0 means unlimited.
+    pub fn add_client(&mut self, client: Rc<Client>, max: usize) -> Result<(), String> {
+        if self.clients.iter().any(|c| c.id == client.id) {
+            return Ok(());
+        }
+        if max > 0 && self.clients.len() >= max {
+            return Err(format!("exceeds limit of {max}"));
+        }
+        self.clients.push(client);
+        Ok(())
+    }
+
+    pub fn remove_client(&mut self, id: u64) {
+        self.clients.retain(|c| c.id != id);
+        if self.next_client >= self.clients.len() {
+            self.next_client = 0;
+        }
+    }
+
+    /// Closes every subscribed connection (channel delete).
+    pub fn close_clients(&mut self) {
+        for c in self.clients.drain(..) {
+            c.state.set(ClientState::Closing);
+            c.kill();
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! The shard-side handle of one TCP client connection (nsqd: client_v2.go).
+//!
+//! The connection's reader task (root crate) and the shard's delivery code both hold an
+//! `Rc<Client>`; the connection's writer task drains `out` to the socket. Everything is
+//! single-threaded: a client lives on exactly one shard at a time and moves between
+//! shards only as a [`ClientSnapshot`] inside a connection hand-off.
+
+use crate::message::Message;
+use crate::signal::Notify;
+use serde::{Deserialize, Serialize};
+use std::cell::{Cell, RefCell};
+use std::time::{Duration, Instant};
+
+/// nsqd's client states as shown in /stats (`state`). V2 clients use 0, 3 and 4 only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClientState {
+    Init = 0,
+    Subscribed = 3,
+    Closing = 4,
+}
+
+/// Settings a client negotiates with IDENTIFY, plus its identity strings.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ClientSettings {
+    pub client_id: String,
+    pub hostname: String,
+    pub user_agent: String,
+    /// None when heartbeats are disabled (heartbeat_interval -1).
+    pub heartbeat_interval: Option<Duration>,
+    /// Bytes buffered before a forced flush (1 = unbuffered).
+    pub output_buffer_size: usize,
+    /// Longest a message waits in the buffer; zero = flush at the end of each delivery round.
+    pub output_buffer_timeout: Duration,
+    /// 0 = off, else percent of messages delivered (nsqd: rand(100) <= rate).
+    pub sample_rate: u32,
+    pub msg_timeout: Duration,
+    /// True once any IDENTIFY was accepted.
+    pub identified: bool,
+}
+
+/// Everything about a client that moves with its connection when it is handed to another
+/// shard (plain data, `Send`).
+#[derive(Clone, Debug)]
+pub struct ClientSnapshot {
+    pub id: u64,
+    pub remote_address: String,
+    pub connect_ts: i64,
+    pub settings: ClientSettings,
+    pub state: ClientState,
+    pub message_count: u64,
+    pub finish_count: u64,
+    pub requeue_count: u64,
+    pub pub_counts: Vec<(String, u64)>,
+}
+
+/// The shard-side view of one connection.
+pub struct Client {
+    pub id: u64,
+    pub remote_address: String,
+    /// Unix seconds when the TCP connection was accepted.
+    pub connect_ts: i64,
+    pub settings: RefCell<ClientSettings>,
+    pub state: Cell<ClientState>,
+    /// RDY: the most messages this client may have in flight (a window, not used up).
+    pub ready_count: Cell<i64>,
+    pub in_flight: Cell<i64>,
+    pub message_count: Cell<u64>,
+    pub finish_count: Cell<u64>,
+    pub requeue_count: Cell<u64>,
+    /// Messages published per topic by this connection (stats `pub_counts`).
+    pub pub_counts: RefCell<Vec<(String, u64)>>,
+    /// (topic, channel) after SUB.
+    pub subscription: RefCell<Option<(String, String)>>,
+    /// Frames waiting for the writer task.
+    pub out: RefCell<Vec<u8>>,
+    /// When the oldest unflushed message frame was buffered.
+    pub buffered_since: Cell<Option<Instant>>,
+    /// Set when `out` must go out now (a response, an error, or the client stopped
+    /// being ready).
+    pub flush_now: Cell<bool>,
+    /// Wakes the writer task.
+    pub wake: Notify,
+    /// Set once the connection is going away (read error, fatal error, kill).
+    pub closed: Cell<bool>,
+}
+
+impl Client {
+    pub fn new(id: u64, remote_address: String, settings: ClientSettings) -> Client {
+        Client {
+            id,
+            remote_address,
+            connect_ts: (crate::message::now_unix_nanos() / 1_000_000_000),
+            settings: RefCell::new(settings),
+            state: Cell::new(ClientState::Init),
+            ready_count: Cell::new(0),
+            in_flight: Cell::new(0),
+            message_count: Cell::new(0),
+            finish_count: Cell::new(0),
+            requeue_count: Cell::new(0),
+            pub_counts: RefCell::new(Vec::new()),
+            subscription: RefCell::new(None),
+            out: RefCell::new(Vec::with_capacity(4096)),
+            buffered_since: Cell::new(None),
+            flush_now: Cell::new(false),
+            wake: Notify::default(),
+            closed: Cell::new(false),
+        }
+    }
+
+    /// Rebuilds a client from a hand-off snapshot on its new shard.
+    pub fn from_snapshot(s: ClientSnapshot) -> Client {
+        let c = Client::new(s.id, s.remote_address, s.settings);
+        c.state.set(s.state);
+        c.message_count.set(s.message_count);
+        c.finish_count.set(s.finish_count);
+        c.requeue_count.set(s.requeue_count);
+        *c.pub_counts.borrow_mut() = s.pub_counts;
+        Client {
+            connect_ts: s.connect_ts,
+            ..c
+        }
+    }
+
+    pub fn snapshot(&self) -> ClientSnapshot {
+        ClientSnapshot {
+            id: self.id,
+            remote_address: self.remote_address.clone(),
+            connect_ts: self.connect_ts,
+            settings: self.settings.borrow().clone(),
+            state: self.state.get(),
+            message_count: self.message_count.get(),
+            finish_count: self.finish_count.get(),
+            requeue_count: self.requeue_count.get(),
+            pub_counts: self.pub_counts.borrow().clone(),
+        }
+    }
+
+    /// nsqd `IsReadyForMessages`: subscribed, RDY > 0 and in-flight below RDY.
+    pub fn is_ready(&self) -> bool {
+        !self.closed.get()
+            && self.state.get() == ClientState::Subscribed
+            && self.ready_count.get() > 0
+            && self.in_flight.get() < self.ready_count.get()
+    }
+
+    /// Queues a response (type 0) or error (type 1) frame and flushes at once, as nsqd
+    /// does for every response.
+    pub fn send_frame(&self, frame_type: u32, data: &[u8]) {
+        {
+            let mut out = self.out.borrow_mut();
+            out.extend_from_slice(&((data.len() + 4) as u32).to_be_bytes());
+            out.extend_from_slice(&frame_type.to_be_bytes());
+            out.extend_from_slice(data);
+        }
+        self.flush_now.set(true);
+        self.wake.notify();
+    }
+
+    /// Buffers one message frame: the first buffered frame starts the output-buffer timer;
+    /// a full buffer or a client that stops being ready flushes now.
+    pub fn buffer_message(&self, msg: &Message) {
+        let len = {
+            let mut out = self.out.borrow_mut();
+            msg.write_frame(&mut out);
+            out.len()
+        };
+        if self.buffered_since.get().is_none() {
+            self.buffered_since.set(Some(Instant::now()));
+        }
+        if len >= self.settings.borrow().output_buffer_size || !self.is_ready() {
+            self.flush_now.set(true);
+        }
+        self.wake.notify();
+    }
+
+    /// Counts a publish to `topic` for stats `pub_counts`.
+    pub fn count_publish(&self, topic: &str, n: u64) {
+        let mut pc = self.pub_counts.borrow_mut();
+        match pc.iter_mut().find(|(t, _)| t == topic) {
+            Some((_, c)) => *c += n,
+            None => pc.push((topic.to_string(), n)),
+        }
+    }
+
+    /// Asks the connection to close: the writer flushes what it has and shuts the socket,
+    /// which ends the reader.
+    pub fn kill(&self) {
+        self.closed.set(true);
+        self.wake.notify();
+    }
+}

@@ -1,0 +1,58 @@
+//! Requests shards send each other over the glommio channel mesh. Each variant that
+//! expects an answer carries a oneshot sender; nothing else crosses threads.
+
+use crate::client::ClientSnapshot;
+use crate::stats::{ShardStats, StatsRequest};
+use crate::topic::PublishError;
+use bytes::Bytes;
+use futures::channel::oneshot;
+use std::os::fd::OwnedFd;
+use std::time::Instant;
+
+/// A connection moving to the shard that owns the topic it is about to SUB (or PUB) to:
+/// the socket, the negotiated client state and every byte read but not yet processed
+/// (the command that caused the move comes first).
+pub struct HandOff {
+    pub fd: OwnedFd,
+    pub client: ClientSnapshot,
+    pub pending: Vec<u8>,
+}
+
+/// Admin operations that must run on the topic's owner (HTTP API, nsqd: http.go).
+#[derive(Clone, Debug)]
+pub enum AdminOp {
+    CreateTopic(String),
+    DeleteTopic(String),
+    EmptyTopic(String),
+    PauseTopic(String, bool),
+    CreateChannel(String, String),
+    DeleteChannel(String, String),
+    EmptyChannel(String, String),
+    PauseChannel(String, String, bool),
+}
+
+/// Why an admin operation failed, as nsqd's HTTP error texts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdminError {
+    TopicNotFound,
+    ChannelNotFound,
+}
+
+pub enum ShardMsg {
+    /// Publish to a topic this shard owns; answered once the messages are in the log.
+    Publish {
+        topic: String,
+        bodies: Vec<Bytes>,
+        defer_until: Option<Instant>,
+        reply: oneshot::Sender<Result<(), PublishError>>,
+    },
+    HandOff(Box<HandOff>),
+    Stats {
+        req: StatsRequest,
+        reply: oneshot::Sender<ShardStats>,
+    },
+    Admin {
+        op: AdminOp,
+        reply: oneshot::Sender<Result<(), AdminError>>,
+    },
+}

@@ -1,0 +1,64 @@
+//! Runtime options every shard reads (a copy per shard; nothing is shared).
+
+use std::time::Duration;
+
+/// The subset of nsqd's options the broker core needs, already validated.
+/// Durations are exact; sizes are bytes; counts are messages.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// `--node-id` (0..1024): seeds message IDs.
+    pub node_id: u16,
+    /// `--mem-queue-size`: messages an #ephemeral topic or channel holds before dropping.
+    pub mem_queue_size: u64,
+    /// `--max-msg-size` in bytes (one PUB/DPUB body or MPUB element).
+    pub max_msg_size: i64,
+    /// `--max-body-size` in bytes (IDENTIFY, AUTH and MPUB bodies).
+    pub max_body_size: i64,
+    /// `--msg-timeout`: default in-flight timeout.
+    pub msg_timeout: Duration,
+    /// `--max-msg-timeout`: the longest IDENTIFY msg_timeout and TOUCH extension.
+    pub max_msg_timeout: Duration,
+    /// `--max-req-timeout`: REQ delays are clamped to it, DPUB delays above it rejected.
+    pub max_req_timeout: Duration,
+    /// `--max-rdy-count`.
+    pub max_rdy_count: i64,
+    /// `--max-heartbeat-interval`.
+    pub max_heartbeat_interval: Duration,
+    /// `--output-buffer-timeout` (default flush delay of a client's buffer).
+    pub output_buffer_timeout: Duration,
+    /// `--min-output-buffer-timeout`.
+    pub min_output_buffer_timeout: Duration,
+    /// `--max-output-buffer-timeout`.
+    pub max_output_buffer_timeout: Duration,
+    /// `--max-output-buffer-size` in bytes.
+    pub max_output_buffer_size: i64,
+    /// `--max-channel-consumers` (0 = unlimited).
+    pub max_channel_consumers: usize,
+    /// nsqd's fixed ClientTimeout (60 s): the default heartbeat is half of it.
+    pub client_timeout: Duration,
+    /// `--max-deflate-level` (reported in IDENTIFY and /info).
+    pub max_deflate_level: i64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            node_id: 0,
+            mem_queue_size: 10000,
+            max_msg_size: 1048576,
+            max_body_size: 5242880,
+            msg_timeout: Duration::from_secs(60),
+            max_msg_timeout: Duration::from_secs(15 * 60),
+            max_req_timeout: Duration::from_secs(3600),
+            max_rdy_count: 2500,
+            max_heartbeat_interval: Duration::from_secs(60),
+            output_buffer_timeout: Duration::from_millis(250),
+            min_output_buffer_timeout: Duration::from_millis(25),
+            max_output_buffer_timeout: Duration::from_secs(30),
+            max_output_buffer_size: 65536,
+            max_channel_consumers: 0,
+            client_timeout: Duration::from_secs(60),
+            max_deflate_level: 6,
+        }
+    }
+}

@@ -1,0 +1,485 @@
+//! One shard: the topics it owns and everything hanging off them, its connections'
+//! handles, its counters, and its end of the mesh. Only its own executor thread touches
+//! it; every method is synchronous and never holds a borrow across an `.await`.
+
+use crate::channel::InFlightError;
+use crate::client::{Client, ClientState};
+use crate::mesh::{AdminError, AdminOp};
+use crate::message::MessageId;
+use crate::options::Options;
+use crate::signal::Event;
+use crate::stats::*;
+use crate::topic::{PublishError, Topic};
+use bytes::Bytes;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::{Rc, Weak};
+use std::time::{Duration, Instant};
+
+/// The shard that owns `topic` among `shards`: FNV-1a 64 of the name's bytes, modulo the
+/// shard count. Fixed and documented so the mapping is stable across restarts.
+pub fn owner_of(topic: &str, shards: usize) -> usize {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in topic.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    (h % shards.max(1) as u64) as usize
+}
+
+/// Counters kept per shard (the per-shard /stats section).
+#[derive(Default)]
+pub struct Counters {
+    pub messages_in: Cell<u64>,
+    pub bytes_in: Cell<u64>,
+    pub messages_out: Cell<u64>,
+    pub bytes_out: Cell<u64>,
+    pub cross_shard_sent: Cell<u64>,
+    pub cross_shard_received: Cell<u64>,
+    pub handoffs_sent: Cell<u64>,
+    pub handoffs_received: Cell<u64>,
+}
+
+fn bump(c: &Cell<u64>, n: u64) {
+    c.set(c.get() + n);
+}
+
+pub struct Shard {
+    pub index: usize,
+    pub count: usize,
+    pub cpu: usize,
+    pub opts: Options,
+    pub topics: RefCell<HashMap<String, Topic>>,
+    /// Every connection on this shard (for producers in /stats and for shutdown).
+    pub clients: RefCell<HashMap<u64, Weak<Client>>>,
+    pub counters: Counters,
+    /// Set on SIGINT/SIGTERM: listeners stop, connections close.
+    pub shutdown: Event,
+    next_client: Cell<u64>,
+}
+
+/// Why a SUB could not join its channel (`E_SUB_FAILED SUB failed <text>`).
+pub type SubError = String;
+
+impl Shard {
+    pub fn new(index: usize, count: usize, cpu: usize, opts: Options) -> Shard {
+        Shard {
+            index,
+            count,
+            cpu,
+            opts,
+            topics: RefCell::new(HashMap::new()),
+            clients: RefCell::new(HashMap::new()),
+            counters: Counters::default(),
+            shutdown: Event::default(),
+            next_client: Cell::new(1),
+        }
+    }
+
+    /// True when this shard owns `topic`.
+    pub fn owns(&self, topic: &str) -> bool {
+        owner_of(topic, self.count) == self.index
+    }
+
+    /// A process-unique client id (shard index in the top bits).
+    pub fn new_client_id(&self) -> u64 {
+        let n = self.next_client.get();
+        self.next_client.set(n + 1);
+        ((self.index as u64) << 48) | n
+    }
+
+    pub fn register_client(&self, c: &Rc<Client>) {
+        self.clients.borrow_mut().insert(c.id, Rc::downgrade(c));
+    }
+
+    /// A connection on this shard ended (or moved away): it leaves its channel, and an
+    /// #ephemeral channel left without clients is deleted, then an #ephemeral topic left
+    /// without channels (nsqd: channel.RemoveClient, topic.DeleteExistingChannel).
+    pub fn client_gone(&self, c: &Client) {
+        self.clients.borrow_mut().remove(&c.id);
+        let sub = c.subscription.borrow().clone();
+        let Some((t, ch)) = sub else { return };
+        let mut topics = self.topics.borrow_mut();
+        let Some(topic) = topics.get_mut(&t) else {
+            return;
+        };
+        let mut delete_channel = false;
+        if let Some(channel) = topic.channels.get_mut(&ch) {
+            channel.remove_client(c.id);
+            delete_channel = channel.ephemeral && channel.clients.is_empty();
+        }
+        if delete_channel {
+            topic.channels.remove(&ch);
+            topic.trim();
+            log::info!("TOPIC({t}): deleting channel {ch}");
+            if topic.ephemeral && topic.channels.is_empty() {
+                topics.remove(&t);
+                log::info!("TOPIC({t}): deleting");
+            }
+        }
+    }
+
+    fn get_or_create_topic<'a>(&self, topics: &'a mut HashMap<String, Topic>, name: &str) -> &'a mut Topic {
+        if !topics.contains_key(name) {
+            log::info!("TOPIC({name}): created");
+            topics.insert(name.to_string(), Topic::new(name, self.opts.node_id));
+        }
+        topics.get_mut(name).expect("inserted above")
+    }
+
+    /// Publishes to a topic this shard owns, creating it if needed, and delivers what
+    /// ready clients can take.
+    pub fn publish_local(
+        &self,
+        topic: &str,
+        bodies: Vec<Bytes>,
+        defer_until: Option<Instant>,
+    ) -> Result<(), PublishError> {
+        if self.shutdown.is_set() {
+            return Err(PublishError::Exiting);
+        }
+        let bytes: u64 = bodies.iter().map(|b| b.len() as u64).sum();
+        let mut topics = self.topics.borrow_mut();
+        let t = self.get_or_create_topic(&mut topics, topic);
+        let n = t.publish(bodies, defer_until, self.opts.mem_queue_size);
+        bump(&self.counters.messages_in, n);
+        bump(&self.counters.bytes_in, bytes);
+        self.dispatch_topic(t);
+        Ok(())
+    }
+
+    /// Creates a topic (no-op if it exists).
+    pub fn create_topic(&self, topic: &str) {
+        let mut topics = self.topics.borrow_mut();
+        self.get_or_create_topic(&mut topics, topic);
+    }
+
+    fn dispatch_topic(&self, t: &mut Topic) {
+        let now = Instant::now();
+        let mut out = 0;
+        for ch in t.channels.values_mut() {
+            out += ch.dispatch(&t.log, now);
+        }
+        if out > 0 {
+            bump(&self.counters.messages_out, out);
+            t.trim();
+        }
+    }
+
+    fn dispatch_channel(&self, topic: &str, channel: &str) {
+        let mut topics = self.topics.borrow_mut();
+        if let Some(t) = topics.get_mut(topic) {
+            if let Some(ch) = t.channels.get_mut(channel) {
+                let out = ch.dispatch(&t.log, Instant::now());
+                if out > 0 {
+                    bump(&self.counters.messages_out, out);
+                    t.trim();
+                }
+            }
+        }
+    }
+
+    /// SUB on this shard: creates topic and channel, adds the client (nsqd: SUB).
+    pub fn subscribe(&self, c: &Rc<Client>, topic: &str, channel: &str) -> Result<(), SubError> {
+        if self.shutdown.is_set() {
+            return Err("exiting".into());
+        }
+        let mut topics = self.topics.borrow_mut();
+        let t = self.get_or_create_topic(&mut topics, topic);
+        if t.create_channel(channel, self.opts.mem_queue_size) {
+            log::info!("TOPIC({topic}): new channel({channel})");
+        }
+        let ch = t.channels.get_mut(channel).expect("created above");
+        ch.add_client(c.clone(), self.opts.max_channel_consumers)
+            .map_err(|e| format!("consumers for {topic}:{channel} {e}"))?;
+        *c.subscription.borrow_mut() = Some((topic.to_string(), channel.to_string()));
+        c.state.set(ClientState::Subscribed);
+        Ok(())
+    }
+
+    /// RDY changed (or the client otherwise may take more): deliver.
+    pub fn client_ready_changed(&self, c: &Client) {
+        let sub = c.subscription.borrow().clone();
+        if let Some((t, ch)) = sub {
+            self.dispatch_channel(&t, &ch);
+        }
+    }
+
+    fn with_channel<R>(
+        &self,
+        c: &Client,
+        f: impl FnOnce(&mut crate::channel::Channel) -> Result<R, InFlightError>,
+    ) -> Result<R, InFlightError> {
+        let sub = c.subscription.borrow().clone();
+        let Some((t, chn)) = sub else {
+            return Err(InFlightError::NotInFlight);
+        };
+        let r = {
+            let mut topics = self.topics.borrow_mut();
+            let ch = topics
+                .get_mut(&t)
+                .and_then(|t| t.channels.get_mut(&chn))
+                .ok_or(InFlightError::NotInFlight)?;
+            f(ch)?
+        };
+        self.dispatch_channel(&t, &chn);
+        Ok(r)
+    }
+
+    pub fn finish(&self, c: &Client, id: MessageId) -> Result<(), InFlightError> {
+        self.with_channel(c, |ch| ch.finish(c, id))
+    }
+
+    pub fn requeue(&self, c: &Client, id: MessageId, delay: Duration) -> Result<(), InFlightError> {
+        self.with_channel(c, |ch| ch.requeue(c, id, delay, Instant::now()))
+    }
+
+    pub fn touch(&self, c: &Client, id: MessageId) -> Result<(), InFlightError> {
+        let max = self.opts.max_msg_timeout;
+        self.with_channel(c, |ch| ch.touch(c, id, Instant::now(), max))
+    }
+
+    /// One pass of the shard's timer: expired in-flight messages and due deferred
+    /// messages go back to their channel's queue and are delivered again.
+    pub fn process_timers(&self) {
+        let now = Instant::now();
+        let mut topics = self.topics.borrow_mut();
+        let mut out = 0;
+        for t in topics.values_mut() {
+            let mut any = false;
+            for ch in t.channels.values_mut() {
+                if ch.process_timers(now) > 0 || ch.clients.iter().any(|c| c.is_ready()) {
+                    out += ch.dispatch(&t.log, now);
+                    any = true;
+                }
+            }
+            if any {
+                t.trim();
+            }
+        }
+        bump(&self.counters.messages_out, out);
+    }
+
+    /// Runs an admin operation on a topic this shard owns (nsqd: http.go handlers).
+    pub fn admin(&self, op: AdminOp) -> Result<(), AdminError> {
+        let mut topics = self.topics.borrow_mut();
+        let mq = self.opts.mem_queue_size;
+        match op {
+            AdminOp::CreateTopic(t) => {
+                self.get_or_create_topic(&mut topics, &t);
+            }
+            AdminOp::DeleteTopic(t) => {
+                let mut topic = topics.remove(&t).ok_or(AdminError::TopicNotFound)?;
+                for ch in topic.channels.values_mut() {
+                    ch.close_clients();
+                }
+                log::info!("TOPIC({t}): deleting");
+            }
+            AdminOp::EmptyTopic(t) => {
+                topics.get_mut(&t).ok_or(AdminError::TopicNotFound)?.empty();
+            }
+            AdminOp::PauseTopic(t, paused) => {
+                let topic = topics.get_mut(&t).ok_or(AdminError::TopicNotFound)?;
+                topic.paused = paused;
+                if !paused {
+                    topic.pump(mq);
+                    self.dispatch_topic(topic);
+                }
+            }
+            AdminOp::CreateChannel(t, c) => {
+                let topic = topics.get_mut(&t).ok_or(AdminError::TopicNotFound)?;
+                if topic.create_channel(&c, mq) {
+                    log::info!("TOPIC({t}): new channel({c})");
+                }
+            }
+            AdminOp::DeleteChannel(t, c) => {
+                let topic = topics.get_mut(&t).ok_or(AdminError::TopicNotFound)?;
+                let mut ch = topic.channels.remove(&c).ok_or(AdminError::ChannelNotFound)?;
+                ch.close_clients();
+                topic.trim();
+                log::info!("TOPIC({t}): deleting channel {c}");
+                if topic.ephemeral && topic.channels.is_empty() {
+                    topics.remove(&t);
+                }
+            }
+            AdminOp::EmptyChannel(t, c) => {
+                let topic = topics.get_mut(&t).ok_or(AdminError::TopicNotFound)?;
+                let ch = topic.channels.get_mut(&c).ok_or(AdminError::ChannelNotFound)?;
+                ch.empty(&topic.log);
+                topic.trim();
+            }
+            AdminOp::PauseChannel(t, c, paused) => {
+                let topic = topics.get_mut(&t).ok_or(AdminError::TopicNotFound)?;
+                let ch = topic.channels.get_mut(&c).ok_or(AdminError::ChannelNotFound)?;
+                ch.paused = paused;
+                if !paused {
+                    let out = ch.dispatch(&topic.log, Instant::now());
+                    bump(&self.counters.messages_out, out);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// This shard's part of /stats.
+    pub fn stats(&self, req: &StatsRequest) -> ShardStats {
+        let topics = self.topics.borrow();
+        let mut names: Vec<&String> = topics.keys().collect();
+        names.sort();
+        let mut out = Vec::new();
+        let mut counters = ShardCounters {
+            shard: self.index,
+            cpu: self.cpu,
+            topics: topics.len(),
+            clients: self.clients.borrow().len(),
+            messages_in: self.counters.messages_in.get(),
+            bytes_in: self.counters.bytes_in.get(),
+            messages_out: self.counters.messages_out.get(),
+            bytes_out: self.counters.bytes_out.get(),
+            cross_shard_sent: self.counters.cross_shard_sent.get(),
+            cross_shard_received: self.counters.cross_shard_received.get(),
+            handoffs_sent: self.counters.handoffs_sent.get(),
+            handoffs_received: self.counters.handoffs_received.get(),
+            ..Default::default()
+        };
+        for t in topics.values() {
+            counters.channels += t.channels.len();
+            counters.depth += t.depth();
+            for ch in t.channels.values() {
+                counters.depth += ch.depth(&t.log);
+                counters.in_flight += ch.in_flight.len() as u64;
+                counters.deferred += ch.deferred.len() as u64;
+            }
+        }
+        for name in names {
+            if !req.topic.is_empty() && *name != req.topic {
+                continue;
+            }
+            let t = &topics[name];
+            let mut channels = Vec::new();
+            for ch in t.channels.values() {
+                if !req.channel.is_empty() && ch.name != req.channel {
+                    continue;
+                }
+                let clients = req.include_clients.then(|| {
+                    ch.clients
+                        .iter()
+                        .map(|c| client_stats(c, &req.topic))
+                        .collect()
+                });
+                channels.push(ChannelStats {
+                    channel_name: ch.name.clone(),
+                    depth: ch.depth(&t.log),
+                    backend_depth: 0,
+                    in_flight_count: ch.in_flight.len(),
+                    deferred_count: ch.deferred.len(),
+                    message_count: ch.message_count,
+                    requeue_count: ch.requeue_count,
+                    timeout_count: ch.timeout_count,
+                    client_count: ch.clients.len(),
+                    clients,
+                    paused: ch.paused,
+                    e2e_processing_latency: E2eLatency::default(),
+                });
+            }
+            if !req.channel.is_empty() && channels.is_empty() {
+                continue;
+            }
+            out.push(TopicStats {
+                topic_name: t.name.clone(),
+                channels,
+                depth: t.depth(),
+                backend_depth: 0,
+                message_count: t.message_count,
+                message_bytes: t.message_bytes,
+                paused: t.paused,
+                e2e_processing_latency: E2eLatency::default(),
+            });
+        }
+        let mut producers = Vec::new();
+        if req.include_clients {
+            let clients = self.clients.borrow();
+            let mut list: Vec<Rc<Client>> = clients.values().filter_map(|w| w.upgrade()).collect();
+            list.sort_by_key(|c| c.id);
+            for c in list {
+                if !c.pub_counts.borrow().is_empty() {
+                    producers.push(client_stats(&c, &req.topic));
+                }
+            }
+        }
+        let client_count = self.clients.borrow().len();
+        ShardStats {
+            topics: out,
+            producers,
+            counters,
+            client_count,
+        }
+    }
+
+    /// Closes every connection (graceful shutdown).
+    pub fn close_all_clients(&self) {
+        let list: Vec<Rc<Client>> = self.clients.borrow().values().filter_map(|w| w.upgrade()).collect();
+        for c in list {
+            c.kill();
+        }
+    }
+
+    pub fn count_cross_sent(&self) {
+        bump(&self.counters.cross_shard_sent, 1);
+    }
+    pub fn count_cross_received(&self) {
+        bump(&self.counters.cross_shard_received, 1);
+    }
+    pub fn count_handoff_sent(&self) {
+        bump(&self.counters.handoffs_sent, 1);
+    }
+    pub fn count_handoff_received(&self) {
+        bump(&self.counters.handoffs_received, 1);
+    }
+    pub fn count_bytes_out(&self, n: u64) {
+        bump(&self.counters.bytes_out, n);
+    }
+}
+
+/// A client's /stats entry. `topic` filters pub_counts like nsqd (which lists only the
+/// first topic because of an upstream `break`).
+pub fn client_stats(c: &Client, topic: &str) -> ClientStats {
+    let s = c.settings.borrow();
+    let pub_counts = c
+        .pub_counts
+        .borrow()
+        .iter()
+        .filter(|(t, _)| topic.is_empty() || t == topic)
+        .take(1)
+        .map(|(t, n)| PubCount {
+            topic: t.clone(),
+            count: *n,
+        })
+        .collect();
+    ClientStats {
+        client_id: s.client_id.clone(),
+        hostname: s.hostname.clone(),
+        version: "V2",
+        remote_address: c.remote_address.clone(),
+        state: c.state.get() as i32,
+        ready_count: c.ready_count.get(),
+        in_flight_count: c.in_flight.get(),
+        message_count: c.message_count.get(),
+        finish_count: c.finish_count.get(),
+        requeue_count: c.requeue_count.get(),
+        connect_ts: c.connect_ts,
+        sample_rate: s.sample_rate as i32,
+        deflate: false,
+        snappy: false,
+        user_agent: s.user_agent.clone(),
+        authed: false,
+        auth_identity: String::new(),
+        auth_identity_url: String::new(),
+        pub_counts,
+        tls: false,
+        tls_cipher_suite: String::new(),
+        tls_version: String::new(),
+        tls_negotiated_protocol: String::new(),
+        tls_negotiated_protocol_is_mutual: false,
+    }
+}

@@ -1,0 +1,81 @@
+//! Single-threaded wake-up primitives for tasks of one executor (no atomics, no locks).
+
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+/// An edge-triggered notification for one waiting task: `notify` sets a flag and wakes
+/// the waiter; `wait` completes once the flag is set, clearing it.
+#[derive(Default)]
+pub struct Notify {
+    flag: Cell<bool>,
+    waker: RefCell<Option<Waker>>,
+}
+
+impl Notify {
+    pub fn notify(&self) {
+        self.flag.set(true);
+        if let Some(w) = self.waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+
+    pub fn wait(&self) -> NotifyWait<'_> {
+        NotifyWait(self)
+    }
+}
+
+pub struct NotifyWait<'a>(&'a Notify);
+
+impl Future for NotifyWait<'_> {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0.flag.replace(false) {
+            return Poll::Ready(());
+        }
+        *self.0.waker.borrow_mut() = Some(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+/// A level-triggered event many tasks can wait for (shutdown): once `set`, every
+/// present and future `wait` completes.
+#[derive(Default)]
+pub struct Event {
+    set: Cell<bool>,
+    wakers: RefCell<Vec<Waker>>,
+}
+
+impl Event {
+    pub fn set(&self) {
+        self.set.set(true);
+        for w in self.wakers.borrow_mut().drain(..) {
+            w.wake();
+        }
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.set.get()
+    }
+
+    pub fn wait(&self) -> EventWait<'_> {
+        EventWait(self)
+    }
+}
+
+pub struct EventWait<'a>(&'a Event);
+
+impl Future for EventWait<'_> {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0.set.get() {
+            return Poll::Ready(());
+        }
+        let mut wakers = self.0.wakers.borrow_mut();
+        if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            wakers.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+}

@@ -1,0 +1,130 @@
+//! Stats snapshots in nsqd's /stats JSON schema (nsqd: stats.go), plus the per-shard
+//! section this broker adds. Field order is the JSON key order nsqd writes.
+
+use serde::Serialize;
+
+/// `e2e_processing_latency`: `{"count":0,"percentiles":null}` when not configured.
+#[derive(Clone, Debug, Serialize, Default)]
+pub struct E2eLatency {
+    pub count: u64,
+    pub percentiles: Option<Vec<Percentile>>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Percentile {
+    pub quantile: f64,
+    pub value: i64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PubCount {
+    pub topic: String,
+    pub count: u64,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ClientStats {
+    pub client_id: String,
+    pub hostname: String,
+    pub version: &'static str,
+    pub remote_address: String,
+    pub state: i32,
+    pub ready_count: i64,
+    pub in_flight_count: i64,
+    pub message_count: u64,
+    pub finish_count: u64,
+    pub requeue_count: u64,
+    pub connect_ts: i64,
+    pub sample_rate: i32,
+    pub deflate: bool,
+    pub snappy: bool,
+    pub user_agent: String,
+    #[serde(skip_serializing_if = "is_false")]
+    pub authed: bool,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub auth_identity: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub auth_identity_url: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pub_counts: Vec<PubCount>,
+    pub tls: bool,
+    pub tls_cipher_suite: String,
+    pub tls_version: String,
+    pub tls_negotiated_protocol: String,
+    pub tls_negotiated_protocol_is_mutual: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ChannelStats {
+    pub channel_name: String,
+    pub depth: u64,
+    pub backend_depth: u64,
+    pub in_flight_count: usize,
+    pub deferred_count: usize,
+    pub message_count: u64,
+    pub requeue_count: u64,
+    pub timeout_count: u64,
+    pub client_count: usize,
+    /// `null` when include_clients=false.
+    pub clients: Option<Vec<ClientStats>>,
+    pub paused: bool,
+    pub e2e_processing_latency: E2eLatency,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TopicStats {
+    pub topic_name: String,
+    pub channels: Vec<ChannelStats>,
+    pub depth: u64,
+    pub backend_depth: u64,
+    pub message_count: u64,
+    pub message_bytes: u64,
+    pub paused: bool,
+    pub e2e_processing_latency: E2eLatency,
+}
+
+/// What a /stats request asks of every shard.
+#[derive(Clone, Debug, Default)]
+pub struct StatsRequest {
+    /// Only this topic ("" = all).
+    pub topic: String,
+    /// Only this channel of each listed topic ("" = all).
+    pub channel: String,
+    pub include_clients: bool,
+}
+
+/// One shard's counters: the per-shard section of /stats.
+#[derive(Clone, Debug, Serialize, Default)]
+pub struct ShardCounters {
+    pub shard: usize,
+    pub cpu: usize,
+    pub topics: usize,
+    pub channels: usize,
+    pub clients: usize,
+    pub messages_in: u64,
+    pub bytes_in: u64,
+    pub messages_out: u64,
+    pub bytes_out: u64,
+    pub depth: u64,
+    pub in_flight: u64,
+    pub deferred: u64,
+    pub cross_shard_sent: u64,
+    pub cross_shard_received: u64,
+    pub handoffs_sent: u64,
+    pub handoffs_received: u64,
+}
+
+/// A shard's answer to a [`StatsRequest`].
+#[derive(Clone, Debug, Default)]
+pub struct ShardStats {
+    pub topics: Vec<TopicStats>,
+    /// TCP clients on this shard that have published; empty when clients are not asked.
+    pub producers: Vec<ClientStats>,
+    pub counters: ShardCounters,
+    /// Every client on the shard (producers and consumers), for `client_count` checks.
+    pub client_count: usize,
+}

@@ -1,0 +1,701 @@
+//! nsqd's HTTP API on every shard (nsqd: http.go, internal/http_api): request parsing
+//! with httparse, keep-alive, and responses with Go's header layout so that bytes match
+//! a real nsqd (apart from the Date value).
+
+use crate::protocol::identify::VERSION;
+use crate::server::Server;
+use crate::stats_render;
+use crate::tcp::SharedStream;
+use crate::timefmt;
+use bytes::{Bytes, BytesMut};
+use futures::future::{select, Either};
+use glommio::net::{TcpListener, TcpStream};
+use nsq_shards::mesh::{AdminError, AdminOp};
+use nsq_shards::names::{is_valid_channel_name, is_valid_topic_name};
+use nsq_shards::stats::StatsRequest;
+use std::pin::pin;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+/// Largest request head accepted (Go's default is 1 MiB; 64 KiB is plenty here).
+const MAX_HEAD: usize = 64 * 1024;
+
+pub async fn accept_loop(server: Rc<Server>, listener: TcpListener) {
+    loop {
+        let accept = pin!(listener.accept());
+        let stop = pin!(server.shard.shutdown.wait());
+        match select(accept, stop).await {
+            Either::Left((Ok(stream), _)) => {
+                let s = server.clone();
+                glommio::spawn_local(async move { serve(s, stream).await }).detach();
+            }
+            Either::Left((Err(e), _)) => {
+                log::error!("HTTP: accept error - {e}");
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+            }
+            Either::Right(_) => break,
+        }
+    }
+}
+
+/// A response: status, the handler's own headers (Go writes them sorted), the body, the
+/// sniffed Content-Type Go adds after Content-Length for handlers that set none, and
+/// whether the connection closes.
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Vec<u8>,
+    pub sniffed_type: Option<&'static str>,
+    pub close: bool,
+}
+
+const NSQ_V1: (&str, &str) = ("X-Nsq-Content-Type", "nsq; version=1.0");
+const JSON: &str = "application/json; charset=utf-8";
+const TEXT: &str = "text/plain; charset=utf-8";
+
+impl Response {
+    /// nsqd V1 error: `{"message":"<TEXT>"}` as JSON.
+    pub fn v1_err(status: u16, text: &str) -> Response {
+        Response {
+            status,
+            headers: vec![
+                ("Content-Type", JSON.into()),
+                (NSQ_V1.0, NSQ_V1.1.into()),
+            ],
+            body: format!("{{\"message\":\"{text}\"}}").into_bytes(),
+            sniffed_type: None,
+            close: false,
+        }
+    }
+
+    /// nsqd V1 success with a JSON value.
+    pub fn v1_json(body: Vec<u8>) -> Response {
+        Response {
+            status: 200,
+            headers: vec![("Content-Type", JSON.into()), (NSQ_V1.0, NSQ_V1.1.into())],
+            body,
+            sniffed_type: None,
+            close: false,
+        }
+    }
+
+    /// nsqd V1 success with a raw string body (Go sniffs text/plain).
+    pub fn v1_text(body: Vec<u8>) -> Response {
+        Response {
+            status: 200,
+            headers: vec![(NSQ_V1.0, NSQ_V1.1.into())],
+            body,
+            sniffed_type: Some(TEXT),
+            close: false,
+        }
+    }
+
+    /// nsqd V1 success with no body.
+    pub fn v1_empty() -> Response {
+        Response {
+            status: 200,
+            headers: vec![(NSQ_V1.0, NSQ_V1.1.into())],
+            body: Vec::new(),
+            sniffed_type: None,
+            close: false,
+        }
+    }
+
+    /// PlainText decorator (/ping): no X-Nsq header.
+    pub fn plain(status: u16, body: Vec<u8>) -> Response {
+        Response {
+            status,
+            headers: Vec::new(),
+            body,
+            sniffed_type: Some(TEXT),
+            close: false,
+        }
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(256 + self.body.len());
+        out.extend_from_slice(format!("HTTP/1.1 {} {}\r\n", self.status, status_text(self.status)).as_bytes());
+        for (k, v) in &self.headers {
+            out.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
+        }
+        out.extend_from_slice(format!("Date: {}\r\n", timefmt::http_date(timefmt::now_secs())).as_bytes());
+        out.extend_from_slice(format!("Content-Length: {}\r\n", self.body.len()).as_bytes());
+        if let Some(t) = self.sniffed_type {
+            if !self.body.is_empty() {
+                out.extend_from_slice(format!("Content-Type: {t}\r\n").as_bytes());
+            }
+        }
+        if self.close {
+            out.extend_from_slice(b"Connection: close\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(&self.body);
+        out
+    }
+}
+
+fn status_text(code: u16) -> &'static str {
+    match code {
+        200 => "OK",
+        400 => "Bad Request",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        411 => "Length Required",
+        413 => "Request Entity Too Large",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        _ => "Unknown",
+    }
+}
+
+/// A parsed request head.
+struct Head {
+    method: String,
+    path: String,
+    query: String,
+    content_length: Option<u64>,
+    chunked: bool,
+    keep_alive: bool,
+    head_len: usize,
+}
+
+fn parse_head(buf: &[u8]) -> Result<Option<Head>, ()> {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut req = httparse::Request::new(&mut headers);
+    let n = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(_) => return Err(()),
+    };
+    let target = req.path.unwrap_or("/");
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let mut content_length = None;
+    let mut chunked = false;
+    let mut keep_alive = req.version == Some(1);
+    for h in req.headers.iter() {
+        let v = std::str::from_utf8(h.value).unwrap_or("").trim();
+        if h.name.eq_ignore_ascii_case("content-length") {
+            content_length = Some(v.parse::<u64>().map_err(|_| ())?);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            chunked = v.eq_ignore_ascii_case("chunked");
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            if v.eq_ignore_ascii_case("close") {
+                keep_alive = false;
+            } else if v.eq_ignore_ascii_case("keep-alive") {
+                keep_alive = true;
+            }
+        }
+    }
+    Ok(Some(Head {
+        method: req.method.unwrap_or("").to_string(),
+        path: path.to_string(),
+        query: query.to_string(),
+        content_length,
+        chunked,
+        keep_alive,
+        head_len: n,
+    }))
+}
+
+async fn read_more(stream: &SharedStream, buf: &mut BytesMut) -> bool {
+    let old = buf.len();
+    buf.resize(old + 16 * 1024, 0);
+    match stream.read(&mut buf[old..]).await {
+        Ok(0) | Err(_) => {
+            buf.truncate(old);
+            false
+        }
+        Ok(n) => {
+            buf.truncate(old + n);
+            true
+        }
+    }
+}
+
+/// Reads a chunked body; `None` on malformed input or EOF.
+async fn read_chunked(stream: &SharedStream, buf: &mut BytesMut, limit: u64) -> Option<(Vec<u8>, bool)> {
+    let mut body = Vec::new();
+    let mut over = false;
+    loop {
+        let line_end = loop {
+            if let Some(p) = buf.windows(2).position(|w| w == b"\r\n") {
+                break p;
+            }
+            if buf.len() > 1024 || !read_more(stream, buf).await {
+                return None;
+            }
+        };
+        let line = std::str::from_utf8(&buf[..line_end]).ok()?;
+        let size = u64::from_str_radix(line.split(';').next()?.trim(), 16).ok()?;
+        let _ = buf.split_to(line_end + 2);
+        if size == 0 {
+            // Trailers end with an empty line.
+            loop {
+                if let Some(p) = buf.windows(2).position(|w| w == b"\r\n") {
+                    let _ = buf.split_to(p + 2);
+                    if p == 0 {
+                        return Some((body, over));
+                    }
+                    continue;
+                }
+                if !read_more(stream, buf).await {
+                    return None;
+                }
+            }
+        }
+        while (buf.len() as u64) < size + 2 {
+            if !read_more(stream, buf).await {
+                return None;
+            }
+        }
+        if body.len() as u64 + size <= limit {
+            body.extend_from_slice(&buf[..size as usize]);
+        } else {
+            over = true;
+        }
+        let _ = buf.split_to(size as usize + 2);
+    }
+}
+
+async fn serve(server: Rc<Server>, stream: TcpStream) {
+    let stream = SharedStream::new(stream);
+    stream.set_read_timeout(Some(Duration::from_secs(60)));
+    stream.set_write_timeout(Some(Duration::from_secs(60)));
+    let mut buf = BytesMut::with_capacity(16 * 1024);
+    loop {
+        let head = loop {
+            match parse_head(&buf) {
+                Ok(Some(h)) => break h,
+                Ok(None) if buf.len() < MAX_HEAD => {
+                    if !read_more(&stream, &mut buf).await {
+                        return;
+                    }
+                }
+                _ => {
+                    let mut r = Response::plain(400, b"400 Bad Request".to_vec());
+                    r.close = true;
+                    let _ = stream.write_all(&r.encode()).await;
+                    stream.shutdown();
+                    return;
+                }
+            }
+        };
+        let _ = buf.split_to(head.head_len);
+        let started = Instant::now();
+        // Limits checked before the body is read (nsqd checks ContentLength first).
+        let early = early_reject(&server, &head);
+        if let Some(mut r) = early {
+            r.close = true;
+            let _ = stream.write_all(&r.encode()).await;
+            stream.shutdown();
+            return;
+        }
+        let limit = server.shard.opts.max_body_size.max(server.shard.opts.max_msg_size) as u64 + 1;
+        let body: Bytes = if head.chunked {
+            match read_chunked(&stream, &mut buf, limit).await {
+                Some((b, _)) => Bytes::from(b),
+                None => return,
+            }
+        } else {
+            let len = head.content_length.unwrap_or(0);
+            if len > limit.max(16 << 20) {
+                let mut r = Response::v1_err(413, "BODY_TOO_BIG");
+                r.close = true;
+                let _ = stream.write_all(&r.encode()).await;
+                stream.shutdown();
+                return;
+            }
+            while (buf.len() as u64) < len {
+                if !read_more(&stream, &mut buf).await {
+                    return;
+                }
+            }
+            buf.split_to(len as usize).freeze()
+        };
+        let mut resp = route(&server, &head, body).await;
+        if !head.keep_alive {
+            resp.close = resp.close || false;
+        }
+        log::info!(
+            "{} {} {}{} ({}) {:?}",
+            resp.status,
+            head.method,
+            head.path,
+            if head.query.is_empty() { String::new() } else { format!("?{}", head.query) },
+            "client",
+            started.elapsed()
+        );
+        let close = resp.close || !head.keep_alive;
+        if stream.write_all(&resp.encode()).await.is_err() {
+            return;
+        }
+        if close {
+            stream.shutdown();
+            return;
+        }
+    }
+}
+
+/// nsqd's ContentLength checks on /pub and /mpub, answered before reading the body.
+fn early_reject(server: &Server, head: &Head) -> Option<Response> {
+    if head.method != "POST" {
+        return None;
+    }
+    let len = head.content_length? as i64;
+    let o = &server.shard.opts;
+    match head.path.as_str() {
+        "/pub" if len > o.max_msg_size => Some(Response::v1_err(413, "MSG_TOO_BIG")),
+        "/mpub" if len > o.max_body_size => Some(Response::v1_err(413, "BODY_TOO_BIG")),
+        _ => None,
+    }
+}
+
+/// Go's url.ParseQuery: `&`-separated pairs, `+` is a space, `%XX` escapes; a bad
+/// escape or a `;` is an error (nsqd: 400 INVALID_REQUEST).
+pub fn parse_query(q: &str) -> Result<Vec<(String, String)>, ()> {
+    let mut out = Vec::new();
+    for part in q.split('&') {
+        if part.is_empty() {
+            continue;
+        }
+        if part.contains(';') {
+            return Err(());
+        }
+        let (k, v) = part.split_once('=').unwrap_or((part, ""));
+        out.push((unescape(k)?, unescape(v)?));
+    }
+    Ok(out)
+}
+
+fn unescape(s: &str) -> Result<String, ()> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let h = b.get(i + 1..i + 3).ok_or(())?;
+                let hex = std::str::from_utf8(h).map_err(|_| ())?;
+                out.push(u8::from_str_radix(hex, 16).map_err(|_| ())?);
+                i += 2;
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).map_err(|_| ())
+}
+
+struct Params(Vec<(String, String)>);
+
+impl Params {
+    fn get(&self, k: &str) -> Option<&str> {
+        self.0.iter().find(|(a, _)| a == k).map(|(_, v)| v.as_str())
+    }
+}
+
+/// nsqd's boolParams: true/1 and false/0; anything else is unknown.
+fn bool_param(v: Option<&str>) -> Option<bool> {
+    match v? {
+        "true" | "1" => Some(true),
+        "false" | "0" => Some(false),
+        _ => None,
+    }
+}
+
+fn method_not_allowed(allowed: &[&str]) -> Response {
+    let mut r = Response::v1_err(405, "METHOD_NOT_ALLOWED");
+    let mut list: Vec<&str> = allowed.to_vec();
+    list.push("OPTIONS");
+    list.sort();
+    r.headers.insert(0, ("Allow", list.join(", ")));
+    r
+}
+
+async fn route(server: &Rc<Server>, head: &Head, body: Bytes) -> Response {
+    let allowed: &[&str] = match head.path.as_str() {
+        "/ping" | "/info" | "/stats" => &["GET"],
+        "/pub" | "/mpub" | "/topic/create" | "/topic/delete" | "/topic/empty" | "/topic/pause"
+        | "/topic/unpause" | "/channel/create" | "/channel/delete" | "/channel/empty"
+        | "/channel/pause" | "/channel/unpause" => &["POST"],
+        p if p.starts_with("/config/") && p.len() > "/config/".len() && !p[8..].contains('/') => {
+            &["GET", "PUT"]
+        }
+        _ => return Response::v1_err(404, "NOT_FOUND"),
+    };
+    if head.method == "OPTIONS" {
+        let mut list: Vec<&str> = allowed.to_vec();
+        list.push("OPTIONS");
+        list.sort();
+        return Response {
+            status: 200,
+            headers: vec![("Allow", list.join(", "))],
+            body: Vec::new(),
+            sniffed_type: None,
+            close: false,
+        };
+    }
+    if !allowed.contains(&head.method.as_str()) {
+        return method_not_allowed(allowed);
+    }
+    let params = match parse_query(&head.query) {
+        Ok(p) => Params(p),
+        Err(()) => return Response::v1_err(400, "INVALID_REQUEST"),
+    };
+    match head.path.as_str() {
+        "/ping" => Response::plain(200, b"OK".to_vec()),
+        "/info" => info(server),
+        "/pub" => do_pub(server, &params, body).await,
+        "/mpub" => do_mpub(server, &params, body).await,
+        "/stats" => do_stats(server, &params).await,
+        "/topic/create" => match topic_param(&params, true) {
+            Err(r) => r,
+            Ok(t) => {
+                server.create_topic(&t).await;
+                Response::v1_empty()
+            }
+        },
+        "/topic/delete" => match topic_param(&params, false) {
+            Err(r) => r,
+            Ok(t) => admin(server, AdminOp::DeleteTopic(t)).await,
+        },
+        "/topic/empty" => match topic_param(&params, true) {
+            Err(r) => r,
+            Ok(t) => admin(server, AdminOp::EmptyTopic(t)).await,
+        },
+        "/topic/pause" | "/topic/unpause" => match topic_param(&params, false) {
+            Err(r) => r,
+            Ok(t) => admin(server, AdminOp::PauseTopic(t, head.path == "/topic/pause")).await,
+        },
+        p if p.starts_with("/channel/") => {
+            let (t, c) = match topic_channel_params(&params) {
+                Ok(v) => v,
+                Err(r) => return r,
+            };
+            let op = match p {
+                "/channel/create" => AdminOp::CreateChannel(t, c),
+                "/channel/delete" => AdminOp::DeleteChannel(t, c),
+                "/channel/empty" => AdminOp::EmptyChannel(t, c),
+                "/channel/pause" => AdminOp::PauseChannel(t, c, true),
+                _ => AdminOp::PauseChannel(t, c, false),
+            };
+            admin(server, op).await
+        }
+        _ => do_config(server, head),
+    }
+}
+
+fn topic_param(p: &Params, validate: bool) -> Result<String, Response> {
+    let t = p.get("topic").ok_or_else(|| Response::v1_err(400, "MISSING_ARG_TOPIC"))?;
+    if validate && !is_valid_topic_name(t) {
+        return Err(Response::v1_err(400, "INVALID_TOPIC"));
+    }
+    Ok(t.to_string())
+}
+
+/// nsqd http_api.GetTopicChannelArgs.
+fn topic_channel_params(p: &Params) -> Result<(String, String), Response> {
+    let t = p.get("topic").ok_or_else(|| Response::v1_err(400, "MISSING_ARG_TOPIC"))?;
+    if !is_valid_topic_name(t) {
+        return Err(Response::v1_err(400, "INVALID_ARG_TOPIC"));
+    }
+    let c = p.get("channel").ok_or_else(|| Response::v1_err(400, "MISSING_ARG_CHANNEL"))?;
+    if !is_valid_channel_name(c) {
+        return Err(Response::v1_err(400, "INVALID_ARG_CHANNEL"));
+    }
+    Ok((t.to_string(), c.to_string()))
+}
+
+async fn admin(server: &Server, op: AdminOp) -> Response {
+    match server.admin(op).await {
+        Ok(()) => Response::v1_empty(),
+        Err(AdminError::TopicNotFound) => Response::v1_err(404, "TOPIC_NOT_FOUND"),
+        Err(AdminError::ChannelNotFound) => Response::v1_err(404, "CHANNEL_NOT_FOUND"),
+    }
+}
+
+fn info(server: &Server) -> Response {
+    let c = &server.cfg;
+    let o = &server.shard.opts;
+    #[derive(serde::Serialize)]
+    struct Info<'a> {
+        version: &'a str,
+        broadcast_address: &'a str,
+        hostname: &'a str,
+        http_port: u16,
+        tcp_port: u16,
+        start_time: i64,
+        max_heartbeat_interval: u128,
+        max_output_buffer_size: i64,
+        max_output_buffer_timeout: u128,
+        max_deflate_level: i64,
+    }
+    let i = Info {
+        version: VERSION,
+        broadcast_address: &c.broadcast_address,
+        hostname: &c.hostname,
+        http_port: server.http_port,
+        tcp_port: server.tcp_port,
+        start_time: c.start_time,
+        max_heartbeat_interval: o.max_heartbeat_interval.as_nanos(),
+        max_output_buffer_size: o.max_output_buffer_size,
+        max_output_buffer_timeout: o.max_output_buffer_timeout.as_nanos(),
+        max_deflate_level: o.max_deflate_level,
+    };
+    Response::v1_json(serde_json::to_vec(&i).unwrap_or_default())
+}
+
+async fn do_pub(server: &Server, p: &Params, body: Bytes) -> Response {
+    let o = &server.shard.opts;
+    if body.len() as i64 > o.max_msg_size {
+        return Response::v1_err(413, "MSG_TOO_BIG");
+    }
+    if body.is_empty() {
+        return Response::v1_err(400, "MSG_EMPTY");
+    }
+    let topic = match topic_param(p, true) {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    let mut defer = None;
+    if let Some(d) = p.get("defer") {
+        let ms = match d.parse::<i64>() {
+            Ok(ms) if ms >= 0 && ms as u128 <= o.max_req_timeout.as_millis() => ms,
+            _ => {
+                server.create_topic(&topic).await;
+                return Response::v1_err(400, "INVALID_DEFER");
+            }
+        };
+        if ms > 0 {
+            defer = Some(Instant::now() + Duration::from_millis(ms as u64));
+        }
+    }
+    match server.publish(&topic, vec![body], defer).await {
+        Ok(()) => Response::v1_text(b"OK".to_vec()),
+        Err(_) => Response::v1_err(503, "EXITING"),
+    }
+}
+
+async fn do_mpub(server: &Server, p: &Params, body: Bytes) -> Response {
+    let o = &server.shard.opts;
+    let topic = match topic_param(p, true) {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    let binary = match p.get("binary") {
+        None => false,
+        Some(v) => bool_param(Some(v)).unwrap_or(true),
+    };
+    let mut msgs = Vec::new();
+    if binary {
+        // nsqd readMPUB over the raw body: [int32 count]([int32 size][bytes])...
+        let mut framed = b"MPUB t\n".to_vec();
+        framed.extend_from_slice(&(body.len().max(1) as u32).to_be_bytes());
+        let prefix = framed.len();
+        framed.extend_from_slice(&body);
+        let ctx = crate::protocol::Context {
+            state: nsq_shards::ClientState::Init,
+            heartbeats_enabled: true,
+            limits: crate::protocol::Limits {
+                max_msg_size: o.max_msg_size,
+                max_body_size: o.max_body_size,
+                max_rdy_count: o.max_rdy_count,
+                max_req_timeout_ms: o.max_req_timeout.as_millis() as i64,
+            },
+            eof: true,
+        };
+        match crate::protocol::decode(&framed, &ctx) {
+            Ok(Some((crate::protocol::Command::Mpub { bodies, .. }, _))) => {
+                for r in bodies {
+                    msgs.push(body.slice(r.start - prefix..r.end - prefix));
+                }
+            }
+            Err(e) => {
+                server.create_topic(&topic).await;
+                return Response::v1_err(413, e.code.trim_start_matches("E_"));
+            }
+            _ => return Response::v1_err(500, "INTERNAL_ERROR"),
+        }
+    } else {
+        if body.len() as i64 > o.max_body_size {
+            server.create_topic(&topic).await;
+            return Response::v1_err(413, "BODY_TOO_BIG");
+        }
+        let mut start = 0;
+        while start < body.len() {
+            let end = body[start..].iter().position(|&b| b == b'\n').map(|p| start + p).unwrap_or(body.len());
+            if end > start {
+                if (end - start) as i64 > o.max_msg_size {
+                    server.create_topic(&topic).await;
+                    return Response::v1_err(413, "MSG_TOO_BIG");
+                }
+                msgs.push(body.slice(start..end));
+            }
+            start = end + 1;
+        }
+    }
+    if msgs.is_empty() {
+        server.create_topic(&topic).await;
+        return Response::v1_text(b"OK".to_vec());
+    }
+    match server.publish(&topic, msgs, None).await {
+        Ok(()) => Response::v1_text(b"OK".to_vec()),
+        Err(_) => Response::v1_err(503, "EXITING"),
+    }
+}
+
+async fn do_stats(server: &Server, p: &Params) -> Response {
+    let req = StatsRequest {
+        topic: p.get("topic").unwrap_or("").to_string(),
+        channel: p.get("channel").unwrap_or("").to_string(),
+        include_clients: bool_param(p.get("include_clients")).unwrap_or(true),
+    };
+    let include_mem = bool_param(p.get("include_mem")).unwrap_or(true);
+    let shards = server.gather_stats(&req).await;
+    if p.get("format") == Some("json") {
+        Response::v1_json(stats_render::json(server, &req, &shards, include_mem))
+    } else {
+        Response::v1_text(stats_render::text(server, &shards, include_mem))
+    }
+}
+
+/// GET /config/:opt for the options nsqd exposes; PUT is not supported yet.
+fn do_config(server: &Server, head: &Head) -> Response {
+    let opt = &head.path["/config/".len()..];
+    if head.method == "PUT" {
+        return Response::v1_err(400, "INVALID_OPTION");
+    }
+    let o = &server.shard.opts;
+    let c = &server.cfg;
+    let v: serde_json::Value = match opt {
+        "nsqlookupd_tcp_addresses" => serde_json::json!([]),
+        "tcp_address" => return Response::v1_text(c.tcp_address.clone().into_bytes()),
+        "http_address" => return Response::v1_text(c.http_address.clone().into_bytes()),
+        "broadcast_address" => return Response::v1_text(c.broadcast_address.clone().into_bytes()),
+        "data_path" => return Response::v1_text(c.data_path.clone().into_bytes()),
+        "mem_queue_size" => o.mem_queue_size.into(),
+        "max_msg_size" => o.max_msg_size.into(),
+        "max_body_size" => o.max_body_size.into(),
+        "max_rdy_count" => o.max_rdy_count.into(),
+        "max_output_buffer_size" => o.max_output_buffer_size.into(),
+        "max_channel_consumers" => o.max_channel_consumers.into(),
+        "msg_timeout" => (o.msg_timeout.as_nanos() as u64).into(),
+        "max_msg_timeout" => (o.max_msg_timeout.as_nanos() as u64).into(),
+        "max_req_timeout" => (o.max_req_timeout.as_nanos() as u64).into(),
+        "max_heartbeat_interval" => (o.max_heartbeat_interval.as_nanos() as u64).into(),
+        "output_buffer_timeout" => (o.output_buffer_timeout.as_nanos() as u64).into(),
+        "id" => o.node_id.into(),
+        "log_level" => match c.log_level {
+            log::LevelFilter::Debug | log::LevelFilter::Trace => 1,
+            log::LevelFilter::Info => 2,
+            log::LevelFilter::Warn => 3,
+            _ => 4,
+        }
+        .into(),
+        _ => return Response::v1_err(400, "INVALID_OPTION"),
+    };
+    Response::v1_json(v.to_string().into_bytes())
+}

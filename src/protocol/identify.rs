@@ -1,0 +1,157 @@
+//! IDENTIFY: the JSON body, its validation and the feature-negotiation reply
+//! (nsqd: protocol_v2.go IDENTIFY, client_v2.go Identify / Set*).
+
+use super::ProtocolError;
+use nsq_shards::client::ClientSettings;
+use nsq_shards::Options;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// The fields nsqd reads from an IDENTIFY body. Unknown keys (`short_id`, `long_id`, ...)
+/// are ignored; a value of the wrong JSON type fails the whole decode, as in Go.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct IdentifyRequest {
+    pub client_id: Option<String>,
+    pub hostname: Option<String>,
+    pub user_agent: Option<String>,
+    pub heartbeat_interval: Option<i64>,
+    pub output_buffer_size: Option<i64>,
+    pub output_buffer_timeout: Option<i64>,
+    pub feature_negotiation: Option<bool>,
+    pub tls_v1: Option<bool>,
+    pub snappy: Option<bool>,
+    pub deflate: Option<bool>,
+    pub deflate_level: Option<i64>,
+    pub sample_rate: Option<i64>,
+    pub msg_timeout: Option<i64>,
+}
+
+/// The feature-negotiation reply, keys in nsqd 1.3.0's order. Durations in ms.
+#[derive(Debug, Serialize)]
+pub struct IdentifyResponse {
+    pub max_rdy_count: i64,
+    pub version: &'static str,
+    pub max_msg_timeout: i64,
+    pub msg_timeout: i64,
+    pub tls_v1: bool,
+    pub deflate: bool,
+    pub deflate_level: i64,
+    pub max_deflate_level: i64,
+    pub snappy: bool,
+    pub sample_rate: i64,
+    pub auth_required: bool,
+    pub output_buffer_size: i64,
+    pub output_buffer_timeout: i64,
+}
+
+/// The version this broker reports everywhere (nsqjs needs >= 0.3.0 for RDY semantics).
+pub const VERSION: &str = "1.3.0";
+
+fn bad(text: String) -> ProtocolError {
+    ProtocolError::new("E_BAD_BODY", format!("IDENTIFY {text}"))
+}
+
+fn ms(d: Duration) -> i64 {
+    d.as_millis() as i64
+}
+
+/// Default settings of a connection before IDENTIFY (nsqd newClientV2): client_id and
+/// hostname are the peer's IP.
+pub fn default_settings(peer_ip: &str, opts: &Options) -> ClientSettings {
+    ClientSettings {
+        client_id: peer_ip.to_string(),
+        hostname: peer_ip.to_string(),
+        user_agent: String::new(),
+        heartbeat_interval: Some(opts.client_timeout / 2),
+        output_buffer_size: 16 * 1024,
+        output_buffer_timeout: opts.output_buffer_timeout,
+        sample_rate: 0,
+        msg_timeout: opts.msg_timeout,
+        identified: false,
+    }
+}
+
+/// Decodes and validates an IDENTIFY body against `opts`, applying it to `settings`.
+/// Returns whether feature negotiation was asked for. Errors are nsqd's fatal
+/// `E_BAD_BODY IDENTIFY ...` texts, checked in nsqd's order: heartbeat, output buffer
+/// timeout, output buffer size, sample rate, msg timeout.
+pub fn apply_identify(
+    body: &[u8],
+    settings: &mut ClientSettings,
+    opts: &Options,
+) -> Result<bool, ProtocolError> {
+    let req: IdentifyRequest =
+        serde_json::from_slice(body).map_err(|_| bad("failed to decode JSON body".into()))?;
+    let mut s = settings.clone();
+    s.client_id = req.client_id.unwrap_or_default();
+    s.hostname = req.hostname.unwrap_or_default();
+    s.user_agent = req.user_agent.unwrap_or_default();
+
+    let hb = req.heartbeat_interval.unwrap_or(0);
+    s.heartbeat_interval = match hb {
+        -1 => None,
+        0 => Some(opts.client_timeout / 2),
+        n if n >= 1000 && n <= ms(opts.max_heartbeat_interval) => {
+            Some(Duration::from_millis(n as u64))
+        }
+        n => return Err(bad(format!("heartbeat interval ({n}) is invalid"))),
+    };
+
+    let obt = req.output_buffer_timeout.unwrap_or(0);
+    s.output_buffer_timeout = match obt {
+        -1 => Duration::ZERO,
+        0 => opts.output_buffer_timeout,
+        n if n >= ms(opts.min_output_buffer_timeout) && n <= ms(opts.max_output_buffer_timeout) => {
+            Duration::from_millis(n as u64)
+        }
+        n => return Err(bad(format!("output buffer timeout ({n}) is invalid"))),
+    };
+    let obs = req.output_buffer_size.unwrap_or(0);
+    s.output_buffer_size = match obs {
+        -1 => {
+            s.output_buffer_timeout = Duration::ZERO;
+            1
+        }
+        0 => 16 * 1024,
+        n if n >= 64 && n <= opts.max_output_buffer_size => n as usize,
+        n => return Err(bad(format!("output buffer size ({n}) is invalid"))),
+    };
+
+    let sr = req.sample_rate.unwrap_or(0);
+    if !(0..=99).contains(&sr) {
+        return Err(bad(format!("sample rate ({sr}) is invalid")));
+    }
+    s.sample_rate = sr as u32;
+
+    let mt = req.msg_timeout.unwrap_or(0);
+    s.msg_timeout = match mt {
+        0 => opts.msg_timeout,
+        n if n >= 1000 && n <= ms(opts.max_msg_timeout) => Duration::from_millis(n as u64),
+        n => return Err(bad(format!("msg timeout ({n}) is invalid"))),
+    };
+    s.identified = true;
+    *settings = s;
+    Ok(req.feature_negotiation.unwrap_or(false))
+}
+
+/// The JSON reply to a negotiating IDENTIFY. TLS, snappy and deflate are not offered yet,
+/// so they are always false; deflate_level is nsqd's 6 capped by --max-deflate-level.
+pub fn identify_response(settings: &ClientSettings, opts: &Options) -> Vec<u8> {
+    let r = IdentifyResponse {
+        max_rdy_count: opts.max_rdy_count,
+        version: VERSION,
+        max_msg_timeout: ms(opts.max_msg_timeout),
+        msg_timeout: ms(settings.msg_timeout),
+        tls_v1: false,
+        deflate: false,
+        deflate_level: 6.min(opts.max_deflate_level),
+        max_deflate_level: opts.max_deflate_level,
+        snappy: false,
+        sample_rate: settings.sample_rate as i64,
+        auth_required: false,
+        output_buffer_size: settings.output_buffer_size as i64,
+        output_buffer_timeout: ms(settings.output_buffer_timeout),
+    };
+    serde_json::to_vec(&r).unwrap_or_default()
+}

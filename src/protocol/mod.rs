@@ -1,0 +1,530 @@
+//! Protocol V2 codec (nsqd: protocol_v2.go), pure: bytes in, commands or errors out. No
+//! I/O, no async, no broker state.
+//!
+//! ```text
+//! client -> server   "  V2" once, then commands:
+//!                    <NAME>[ <param>]*\n                       (one trailing \r removed)
+//!                    IDENTIFY\n[int32 len][JSON]   PUB <t>\n[int32 len][body]
+//!                    MPUB <t>\n[int32 len][int32 n]([int32 len][body])*
+//!                    DPUB <t> <ms>\n[int32 len][body]   AUTH\n[int32 len][secret]
+//! server -> client   [int32 size][int32 type: 0 response | 1 error | 2 message][data]
+//! ```
+//!
+//! `decode` checks things in nsqd's order: the state machine, parameter counts, names,
+//! then body sizes before the body is read, so an error is answered as soon as nsqd would
+//! answer it, without waiting for (or allocating) a body that will never be used.
+
+pub mod identify;
+
+use nsq_shards::names::{is_valid_channel_name, is_valid_topic_name};
+use nsq_shards::ClientState;
+use std::ops::Range;
+
+/// nsqd's bufio reader size: a command line must fit in it.
+pub const MAX_LINE: usize = 16 * 1024;
+
+/// The 4-byte protocol magic of V2.
+pub const MAGIC_V2: &[u8; 4] = b"  V2";
+
+/// Frame types.
+pub const FRAME_RESPONSE: u32 = 0;
+pub const FRAME_ERROR: u32 = 1;
+pub const FRAME_MESSAGE: u32 = 2;
+
+/// Limits `decode` enforces (nsqd flags).
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// --max-msg-size, bytes.
+    pub max_msg_size: i64,
+    /// --max-body-size, bytes.
+    pub max_body_size: i64,
+    /// --max-rdy-count.
+    pub max_rdy_count: i64,
+    /// --max-req-timeout in ms.
+    pub max_req_timeout_ms: i64,
+}
+
+/// What `decode` needs to know about the connection.
+#[derive(Clone, Copy, Debug)]
+pub struct Context {
+    pub state: ClientState,
+    pub heartbeats_enabled: bool,
+    pub limits: Limits,
+    /// The peer closed its side: a body that cannot complete is a "failed to read" error.
+    pub eof: bool,
+}
+
+/// One decoded command. Byte ranges index the buffer given to `decode`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    Identify { body: Range<usize> },
+    Auth { body: Range<usize> },
+    Sub { topic: String, channel: String },
+    /// RDY count, already range-checked.
+    Rdy { count: i64 },
+    /// RDY while closing: nsqd ignores it.
+    RdyIgnored,
+    Fin { id: [u8; 16] },
+    /// REQ with its timeout in ms as given (clamping is the caller's job, nsqd logs it).
+    Req { id: [u8; 16], timeout_ms: i64 },
+    Touch { id: [u8; 16] },
+    Cls,
+    Nop,
+    Pub { topic: String, body: Range<usize> },
+    Mpub { topic: String, bodies: Vec<Range<usize>> },
+    Dpub { topic: String, defer_ms: i64, body: Range<usize> },
+}
+
+/// A protocol error: the frame `"<code> <text>"`, always fatal here (the non-fatal
+/// E_FIN_FAILED / E_REQ_FAILED / E_TOUCH_FAILED come from the broker, not the codec).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProtocolError {
+    pub code: &'static str,
+    pub text: String,
+    /// Close without an error frame (nsqd: a read failure such as an over-long line).
+    pub silent: bool,
+    /// MPUB creates its topic before reading the body; a body error still leaves the
+    /// topic created.
+    pub creates_topic: Option<String>,
+}
+
+impl ProtocolError {
+    pub fn new(code: &'static str, text: impl Into<String>) -> ProtocolError {
+        ProtocolError {
+            code,
+            text: text.into(),
+            silent: false,
+            creates_topic: None,
+        }
+    }
+
+    fn silent() -> ProtocolError {
+        ProtocolError {
+            code: "",
+            text: String::new(),
+            silent: true,
+            creates_topic: None,
+        }
+    }
+
+    /// The error frame's data: `"<code> <text>"`.
+    pub fn frame_data(&self) -> Vec<u8> {
+        format!("{} {}", self.code, self.text).into_bytes()
+    }
+}
+
+fn invalid(text: impl Into<String>) -> ProtocolError {
+    ProtocolError::new("E_INVALID", text)
+}
+
+/// `Ok(Some((command, bytes consumed)))`, `Ok(None)` when more bytes are needed, or the
+/// error nsqd sends.
+pub type Decoded = Result<Option<(Command, usize)>, ProtocolError>;
+
+/// Go's `%q` of a byte string, as nsqd's error texts quote names.
+pub fn go_quote(b: &[u8]) -> String {
+    let mut out = String::from("\"");
+    let mut rest = b;
+    while !rest.is_empty() {
+        match std::str::from_utf8(rest) {
+            Ok(s) => {
+                quote_str(s, &mut out);
+                break;
+            }
+            Err(e) => {
+                let (good, bad) = rest.split_at(e.valid_up_to());
+                quote_str(std::str::from_utf8(good).unwrap_or(""), &mut out);
+                out.push_str(&format!("\\x{:02x}", bad[0]));
+                rest = &bad[1..];
+            }
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn quote_str(s: &str, out: &mut String) {
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\x07' => out.push_str("\\a"),
+            '\x08' => out.push_str("\\b"),
+            '\x0c' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\x0b' => out.push_str("\\v"),
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                out.push_str(&format!("\\x{:02x}", c as u32))
+            }
+            c if c.is_control() => {
+                if (c as u32) <= 0xffff {
+                    out.push_str(&format!("\\u{:04x}", c as u32))
+                } else {
+                    out.push_str(&format!("\\U{:08x}", c as u32))
+                }
+            }
+            c => out.push(c),
+        }
+    }
+}
+
+/// nsqd's `protocol.ByteToBase10`: ASCII digits only (an empty string is 0), wrapping on
+/// overflow like Go's uint64 arithmetic.
+pub fn byte_to_base10(b: &[u8]) -> Option<u64> {
+    let mut n: u64 = 0;
+    for &d in b {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        n = n.wrapping_mul(10).wrapping_add((d - b'0') as u64);
+    }
+    Some(n)
+}
+
+fn lossy(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Reads a big-endian int32 at `pos`, or says why not.
+fn read_i32(buf: &[u8], pos: usize) -> Option<i32> {
+    buf.get(pos..pos + 4)
+        .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+/// Needs `n` more bytes at `pos`: `Ok(None)` (wait) or, at EOF, the given error.
+fn need(buf: &[u8], pos: usize, n: usize, ctx: &Context, err: impl FnOnce() -> ProtocolError) -> Result<bool, ProtocolError> {
+    if buf.len() >= pos + n {
+        Ok(true)
+    } else if ctx.eof {
+        Err(err())
+    } else {
+        Ok(false)
+    }
+}
+
+macro_rules! need {
+    ($buf:expr, $pos:expr, $n:expr, $ctx:expr, $err:expr) => {
+        if !need($buf, $pos, $n, $ctx, $err)? {
+            return Ok(None);
+        }
+    };
+}
+
+/// A sized body after the line: `[int32 len][bytes]` with nsqd's size checks.
+/// `prefix` is the command name used in the error texts, `code` the error code for the
+/// body-size errors, `max` the limit.
+struct BodySpec {
+    code: &'static str,
+    read_size: &'static str,
+    invalid: &'static str,
+    too_big: &'static str,
+    read_body: &'static str,
+    max: i64,
+    /// IDENTIFY/AUTH/MPUB check "too big" before "invalid"; PUB/DPUB the other way.
+    too_big_first: bool,
+}
+
+fn sized_body(buf: &[u8], pos: usize, ctx: &Context, s: &BodySpec) -> Result<Option<Range<usize>>, ProtocolError> {
+    need!(buf, pos, 4, ctx, || ProtocolError::new(s.code, s.read_size));
+    let n = read_i32(buf, pos).unwrap_or(0) as i64;
+    let too_big = n > s.max;
+    let invalid = n <= 0;
+    if s.too_big_first && too_big {
+        return Err(ProtocolError::new(s.code, format!("{} {} > {}", s.too_big, n, s.max)));
+    }
+    if invalid {
+        return Err(ProtocolError::new(s.code, format!("{} {}", s.invalid, n)));
+    }
+    if too_big {
+        return Err(ProtocolError::new(s.code, format!("{} {} > {}", s.too_big, n, s.max)));
+    }
+    let start = pos + 4;
+    need!(buf, start, n as usize, ctx, || ProtocolError::new(s.code, s.read_body));
+    Ok(Some(start..start + n as usize))
+}
+
+fn message_id(p: &[u8]) -> Result<[u8; 16], ProtocolError> {
+    p.try_into().map_err(|_| invalid("invalid message ID"))
+}
+
+/// Decodes the next command of `buf` (the bytes after the magic).
+pub fn decode(buf: &[u8], ctx: &Context) -> Decoded {
+    let scan = &buf[..buf.len().min(MAX_LINE)];
+    let Some(nl) = memchr(b'\n', scan) else {
+        if buf.len() >= MAX_LINE {
+            return Err(ProtocolError::silent());
+        }
+        return Ok(None);
+    };
+    let mut line = &buf[..nl];
+    if line.last() == Some(&b'\r') {
+        line = &line[..line.len() - 1];
+    }
+    let pos = nl + 1;
+    let params: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
+    let name = params[0];
+    let state = ctx.state;
+    let l = &ctx.limits;
+    let one = |c: Command| Ok(Some((c, pos)));
+    match name {
+        b"IDENTIFY" => {
+            if state != ClientState::Init {
+                return Err(invalid("cannot IDENTIFY in current state"));
+            }
+            let spec = BodySpec {
+                code: "E_BAD_BODY",
+                read_size: "IDENTIFY failed to read body size",
+                invalid: "IDENTIFY invalid body size",
+                too_big: "IDENTIFY body too big",
+                read_body: "IDENTIFY failed to read body",
+                max: l.max_body_size,
+                too_big_first: true,
+            };
+            Ok(sized_body(buf, pos, ctx, &spec)?.map(|r| {
+                let end = r.end;
+                (Command::Identify { body: r }, end)
+            }))
+        }
+        b"AUTH" => {
+            if state != ClientState::Init {
+                return Err(invalid("cannot AUTH in current state"));
+            }
+            if params.len() != 1 {
+                return Err(invalid("AUTH invalid number of parameters"));
+            }
+            let spec = BodySpec {
+                code: "E_BAD_BODY",
+                read_size: "AUTH failed to read body size",
+                invalid: "AUTH invalid body size",
+                too_big: "AUTH body too big",
+                read_body: "AUTH failed to read body",
+                max: l.max_body_size,
+                too_big_first: true,
+            };
+            Ok(sized_body(buf, pos, ctx, &spec)?.map(|r| {
+                let end = r.end;
+                (Command::Auth { body: r }, end)
+            }))
+        }
+        b"SUB" => {
+            if state != ClientState::Init {
+                return Err(invalid("cannot SUB in current state"));
+            }
+            if !ctx.heartbeats_enabled {
+                return Err(invalid("cannot SUB with heartbeats disabled"));
+            }
+            if params.len() < 3 {
+                return Err(invalid("SUB insufficient number of parameters"));
+            }
+            let topic = valid_topic(params[1], "E_BAD_TOPIC", "SUB")?;
+            let channel = std::str::from_utf8(params[2])
+                .ok()
+                .filter(|c| is_valid_channel_name(c))
+                .ok_or_else(|| {
+                    ProtocolError::new(
+                        "E_BAD_CHANNEL",
+                        format!("SUB channel name {} is not valid", go_quote(params[2])),
+                    )
+                })?;
+            one(Command::Sub {
+                topic,
+                channel: channel.to_string(),
+            })
+        }
+        b"RDY" => {
+            if state == ClientState::Closing {
+                return one(Command::RdyIgnored);
+            }
+            if state != ClientState::Subscribed {
+                return Err(invalid("cannot RDY in current state"));
+            }
+            let count = match params.get(1) {
+                None => 1,
+                Some(p) => byte_to_base10(p)
+                    .ok_or_else(|| invalid(format!("RDY could not parse count {}", lossy(p))))?
+                    as i64,
+            };
+            if count < 0 || count > l.max_rdy_count {
+                return Err(invalid(format!(
+                    "RDY count {} out of range 0-{}",
+                    count, l.max_rdy_count
+                )));
+            }
+            one(Command::Rdy { count })
+        }
+        b"FIN" | b"TOUCH" => {
+            let cmd = if name == b"FIN" { "FIN" } else { "TOUCH" };
+            if state != ClientState::Subscribed && state != ClientState::Closing {
+                return Err(invalid(format!("cannot {cmd} in current state")));
+            }
+            if params.len() < 2 {
+                return Err(invalid(format!("{cmd} insufficient number of params")));
+            }
+            let id = message_id(params[1])?;
+            one(if cmd == "FIN" {
+                Command::Fin { id }
+            } else {
+                Command::Touch { id }
+            })
+        }
+        b"REQ" => {
+            if state != ClientState::Subscribed && state != ClientState::Closing {
+                return Err(invalid("cannot REQ in current state"));
+            }
+            if params.len() < 3 {
+                return Err(invalid("REQ insufficient number of params"));
+            }
+            let id = message_id(params[1])?;
+            let timeout_ms = byte_to_base10(params[2])
+                .ok_or_else(|| invalid(format!("REQ could not parse timeout {}", lossy(params[2]))))?
+                as i64;
+            one(Command::Req { id, timeout_ms })
+        }
+        b"CLS" => {
+            if state != ClientState::Subscribed {
+                return Err(invalid("cannot CLS in current state"));
+            }
+            one(Command::Cls)
+        }
+        b"NOP" => one(Command::Nop),
+        b"PUB" => {
+            if params.len() < 2 {
+                return Err(invalid("PUB insufficient number of parameters"));
+            }
+            let topic = valid_topic(params[1], "E_BAD_TOPIC", "PUB")?;
+            let spec = BodySpec {
+                code: "E_BAD_MESSAGE",
+                read_size: "PUB failed to read message body size",
+                invalid: "PUB invalid message body size",
+                too_big: "PUB message too big",
+                read_body: "PUB failed to read message body",
+                max: l.max_msg_size,
+                too_big_first: false,
+            };
+            Ok(sized_body(buf, pos, ctx, &spec)?.map(|r| {
+                let end = r.end;
+                (Command::Pub { topic, body: r }, end)
+            }))
+        }
+        b"DPUB" => {
+            if params.len() < 3 {
+                return Err(invalid("DPUB insufficient number of parameters"));
+            }
+            let topic = valid_topic(params[1], "E_BAD_TOPIC", "DPUB")?;
+            let defer_ms = byte_to_base10(params[2])
+                .ok_or_else(|| invalid(format!("DPUB could not parse timeout {}", lossy(params[2]))))?
+                as i64;
+            if defer_ms < 0 || defer_ms > l.max_req_timeout_ms {
+                return Err(invalid(format!(
+                    "DPUB timeout {} out of range 0-{}",
+                    defer_ms, l.max_req_timeout_ms
+                )));
+            }
+            let spec = BodySpec {
+                code: "E_BAD_MESSAGE",
+                read_size: "DPUB failed to read message body size",
+                invalid: "DPUB invalid message body size",
+                too_big: "DPUB message too big",
+                read_body: "DPUB failed to read message body",
+                max: l.max_msg_size,
+                too_big_first: false,
+            };
+            Ok(sized_body(buf, pos, ctx, &spec)?.map(|r| {
+                let end = r.end;
+                (
+                    Command::Dpub {
+                        topic,
+                        defer_ms,
+                        body: r,
+                    },
+                    end,
+                )
+            }))
+        }
+        b"MPUB" => {
+            if params.len() < 2 {
+                return Err(invalid("MPUB insufficient number of parameters"));
+            }
+            let topic = valid_topic(params[1], "E_BAD_TOPIC", "E_BAD_TOPIC MPUB")?;
+            decode_mpub_body(buf, pos, ctx, topic.clone()).map_err(|mut e| {
+                e.creates_topic = Some(topic);
+                e
+            })
+        }
+        _ => Err(invalid(format!("invalid command {}", lossy(name)))),
+    }
+}
+
+fn valid_topic(p: &[u8], code: &'static str, prefix: &str) -> Result<String, ProtocolError> {
+    std::str::from_utf8(p)
+        .ok()
+        .filter(|t| is_valid_topic_name(t))
+        .map(str::to_string)
+        .ok_or_else(|| {
+            ProtocolError::new(code, format!("{prefix} topic name {} is not valid", go_quote(p)))
+        })
+}
+
+fn decode_mpub_body(buf: &[u8], pos: usize, ctx: &Context, topic: String) -> Decoded {
+    let l = &ctx.limits;
+    let bad_body = |t: String| ProtocolError::new("E_BAD_BODY", t);
+    let bad_msg = |t: String| ProtocolError::new("E_BAD_MESSAGE", t);
+    need!(buf, pos, 4, ctx, || bad_body("MPUB failed to read body size".into()));
+    let body_len = read_i32(buf, pos).unwrap_or(0) as i64;
+    if body_len <= 0 {
+        return Err(bad_body(format!("MPUB invalid body size {body_len}")));
+    }
+    if body_len > l.max_body_size {
+        return Err(bad_body(format!(
+            "MPUB body too big {} > {}",
+            body_len, l.max_body_size
+        )));
+    }
+    let mut p = pos + 4;
+    need!(buf, p, 4, ctx, || bad_body("MPUB failed to read message count".into()));
+    let count = read_i32(buf, p).unwrap_or(0) as i64;
+    let max_messages = (l.max_body_size - 4) / 5;
+    if count <= 0 || count > max_messages {
+        return Err(bad_body(format!("MPUB invalid message count {count}")));
+    }
+    p += 4;
+    let mut bodies = Vec::with_capacity(count as usize);
+    for i in 0..count {
+        need!(buf, p, 4, ctx, || bad_msg(format!(
+            "MPUB failed to read message({i}) body size"
+        )));
+        let size = read_i32(buf, p).unwrap_or(0) as i64;
+        if size <= 0 {
+            return Err(bad_msg(format!("MPUB invalid message({i}) body size {size}")));
+        }
+        if size > l.max_msg_size {
+            return Err(bad_msg(format!(
+                "MPUB message too big {} > {}",
+                size, l.max_msg_size
+            )));
+        }
+        p += 4;
+        need!(buf, p, size as usize, ctx, || bad_msg(
+            "MPUB failed to read message body".into()
+        ));
+        bodies.push(p..p + size as usize);
+        p += size as usize;
+    }
+    Ok(Some((Command::Mpub { topic, bodies }, p)))
+}
+
+fn memchr(needle: u8, hay: &[u8]) -> Option<usize> {
+    hay.iter().position(|&b| b == needle)
+}
+
+/// Appends a response or error frame.
+pub fn write_frame(out: &mut Vec<u8>, frame_type: u32, data: &[u8]) {
+    out.extend_from_slice(&((data.len() + 4) as u32).to_be_bytes());
+    out.extend_from_slice(&frame_type.to_be_bytes());
+    out.extend_from_slice(data);
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,211 @@
+//! Process start-up and shutdown: one glommio executor per shard, each pinned to one CPU
+//! of the process's affinity set (round robin when there are more shards than CPUs),
+//! joined into a full channel mesh, each binding the TCP and HTTP ports with
+//! SO_REUSEPORT so the kernel spreads accepted connections over the shards.
+
+use crate::config::Config;
+use crate::server::Server;
+use crate::{http, tcp};
+use glommio::channels::channel_mesh::MeshBuilder;
+use glommio::net::TcpListener;
+use glommio::{LocalExecutorBuilder, Placement};
+use nsq_shards::mesh::ShardMsg;
+use nsq_shards::Shard;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+/// How often each shard runs its timer pass (in-flight timeouts, deferred messages) and
+/// checks for a shutdown signal. nsqd scans every 100 ms.
+const TICK: Duration = Duration::from_millis(10);
+
+/// CPUs this process may run on, from /proc/self/status (`Cpus_allowed_list`).
+pub fn allowed_cpus() -> Vec<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let mut cpus = Vec::new();
+    if let Some(line) = status.lines().find(|l| l.starts_with("Cpus_allowed_list:")) {
+        for part in line["Cpus_allowed_list:".len()..].trim().split(',') {
+            let mut it = part.split('-').map(|v| v.trim().parse::<usize>());
+            match (it.next(), it.next()) {
+                (Some(Ok(a)), Some(Ok(b))) => cpus.extend(a..=b),
+                (Some(Ok(a)), None) => cpus.push(a),
+                _ => {}
+            }
+        }
+    }
+    if cpus.is_empty() {
+        let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        cpus.extend(0..n);
+    }
+    cpus
+}
+
+/// Resolves `addr`; with port 0 it reserves a concrete port by binding (not listening) a
+/// SO_REUSEPORT socket, which the caller holds until every shard has bound the port.
+fn reserve(addr: &str) -> Result<(SocketAddr, Option<socket2::Socket>), String> {
+    let sa = addr
+        .to_socket_addrs()
+        .map_err(|e| format!("invalid address {addr}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("invalid address {addr}"))?;
+    if sa.port() != 0 {
+        return Ok((sa, None));
+    }
+    let domain = if sa.is_ipv6() { socket2::Domain::IPV6 } else { socket2::Domain::IPV4 };
+    let s = socket2::Socket::new(domain, socket2::Type::STREAM, None).map_err(|e| e.to_string())?;
+    s.set_reuse_port(true).map_err(|e| e.to_string())?;
+    s.bind(&sa.into()).map_err(|e| format!("listen ({addr}) failed - {e}"))?;
+    let local = s
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .ok_or_else(|| "cannot read reserved port".to_string())?;
+    Ok((local, Some(s)))
+}
+
+/// Runs the broker until SIGINT or SIGTERM, then shuts down gracefully.
+pub fn run(cfg: Config) -> Result<(), String> {
+    log::info!("nsqd v1.3.0 (rust, {} shards)", cfg.shards);
+    log::info!("ID: {}", cfg.opts.node_id);
+    if !cfg.data_path.is_empty() {
+        std::fs::create_dir_all(&cfg.data_path)
+            .map_err(|e| format!("failed to create data-path {} - {e}", cfg.data_path))?;
+    }
+    let (tcp_addr, tcp_hold) = reserve(&cfg.tcp_address)?;
+    let (http_addr, http_hold) = reserve(&cfg.http_address)?;
+
+    let term = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, term.clone()).map_err(|e| e.to_string())?;
+    }
+
+    let n = cfg.shards;
+    let cpus = allowed_cpus();
+    let mesh = (n > 1).then(|| MeshBuilder::<ShardMsg, _>::full(n, 4096));
+    let cfg = Arc::new(cfg);
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<usize, String>>();
+    let mut handles = Vec::new();
+    for i in 0..n {
+        let cpu = cpus[i % cpus.len()];
+        let cfg = cfg.clone();
+        let mesh = mesh.clone();
+        let ready = ready_tx.clone();
+        let term = term.clone();
+        let h = LocalExecutorBuilder::new(Placement::Fixed(cpu))
+            .name(&format!("shard-{i}"))
+            .spawn(move || async move {
+                let r = shard_main(i, cpu, cfg, mesh, tcp_addr, http_addr, ready.clone(), term).await;
+                if let Err(e) = r {
+                    let _ = ready.send(Err(e));
+                }
+            })
+            .map_err(|e| format!("failed to start shard {i}: {e}"))?;
+        handles.push(h);
+    }
+    drop(ready_tx);
+    for _ in 0..n {
+        match ready_rx.recv() {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err("a shard failed to start".into()),
+        }
+    }
+    drop(tcp_hold);
+    drop(http_hold);
+    log::info!("TCP: listening on {tcp_addr}");
+    log::info!("HTTP: listening on {http_addr}");
+    for h in handles {
+        let _ = h.join();
+    }
+    log::info!("exiting");
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn shard_main(
+    index: usize,
+    cpu: usize,
+    cfg: Arc<Config>,
+    mesh: Option<MeshBuilder<ShardMsg, glommio::channels::channel_mesh::Full>>,
+    tcp_addr: SocketAddr,
+    http_addr: SocketAddr,
+    ready: mpsc::Sender<Result<usize, String>>,
+    term: Arc<AtomicBool>,
+) -> Result<(), String> {
+    let shard = Rc::new(Shard::new(index, cfg.shards, cpu, cfg.opts.clone()));
+    let mut senders = None;
+    let mut receivers = None;
+    if let Some(m) = mesh {
+        let (s, r) = m.join().await.map_err(|_| "mesh join failed".to_string())?;
+        senders = Some(Rc::new(s));
+        receivers = Some(r);
+    }
+    let server = Rc::new(Server {
+        shard: shard.clone(),
+        cfg: Rc::new((*cfg).clone()),
+        tcp_port: tcp_addr.port(),
+        http_port: http_addr.port(),
+        mesh: senders,
+    });
+    if let Some(mut r) = receivers {
+        for (_peer, rx) in r.streams() {
+            let server = server.clone();
+            glommio::spawn_local(async move {
+                while let Some(msg) = rx.recv().await {
+                    handle_mesh(&server, msg);
+                }
+            })
+            .detach();
+        }
+    }
+    let tcp = TcpListener::bind(tcp_addr).map_err(|e| format!("listen ({tcp_addr}) failed - {e}"))?;
+    let http = TcpListener::bind(http_addr).map_err(|e| format!("listen ({http_addr}) failed - {e}"))?;
+    let tcp_task = glommio::spawn_local(tcp::accept_loop(server.clone(), tcp));
+    let http_task = glommio::spawn_local(http::accept_loop(server.clone(), http));
+    let _ = ready.send(Ok(index));
+
+    loop {
+        glommio::timer::sleep(TICK).await;
+        if term.load(Ordering::Relaxed) {
+            break;
+        }
+        shard.process_timers();
+    }
+    // Graceful shutdown (nsqd Exit): stop accepting, close clients, let writers flush.
+    shard.shutdown.set();
+    tcp_task.await;
+    http_task.await;
+    shard.close_all_clients();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !shard.clients.borrow().is_empty() && Instant::now() < deadline {
+        glommio::timer::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
+fn handle_mesh(server: &Rc<Server>, msg: ShardMsg) {
+    let shard = &server.shard;
+    match msg {
+        ShardMsg::Publish {
+            topic,
+            bodies,
+            defer_until,
+            reply,
+        } => {
+            shard.count_cross_received();
+            let _ = reply.send(shard.publish_local(&topic, bodies, defer_until));
+        }
+        ShardMsg::HandOff(h) => {
+            let s = server.clone();
+            glommio::spawn_local(async move { tcp::resume(s, *h).await }).detach();
+        }
+        ShardMsg::Stats { req, reply } => {
+            let _ = reply.send(shard.stats(&req));
+        }
+        ShardMsg::Admin { op, reply } => {
+            let _ = reply.send(shard.admin(op));
+        }
+    }
+}

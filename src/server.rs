@@ -1,0 +1,110 @@
+//! Per-shard server context: the shard, the process configuration and the helpers that
+//! route work to a topic's owning shard (locally, or through the mesh).
+
+use crate::config::Config;
+use bytes::Bytes;
+use futures::channel::oneshot;
+use glommio::channels::channel_mesh::Senders;
+use nsq_shards::mesh::{AdminError, AdminOp, ShardMsg};
+use nsq_shards::stats::{ShardStats, StatsRequest};
+use nsq_shards::topic::PublishError;
+use nsq_shards::{owner_of, Shard};
+use std::rc::Rc;
+use std::time::Instant;
+
+pub struct Server {
+    pub shard: Rc<Shard>,
+    pub cfg: Rc<Config>,
+    /// Real listening addresses (after port 0 was resolved).
+    pub tcp_port: u16,
+    pub http_port: u16,
+    pub mesh: Option<Rc<Senders<ShardMsg>>>,
+}
+
+impl Server {
+    pub fn mesh(&self) -> Option<Rc<Senders<ShardMsg>>> {
+        self.mesh.clone()
+    }
+
+    /// Publishes on the topic's owner: directly when it is this shard, else forwarded
+    /// through the mesh and answered once the owner has appended the messages.
+    pub async fn publish(
+        &self,
+        topic: &str,
+        bodies: Vec<Bytes>,
+        defer_until: Option<Instant>,
+    ) -> Result<(), PublishError> {
+        let owner = owner_of(topic, self.shard.count);
+        if owner == self.shard.index {
+            return self.shard.publish_local(topic, bodies, defer_until);
+        }
+        let Some(mesh) = self.mesh() else {
+            return Err(PublishError::Exiting);
+        };
+        let (tx, rx) = oneshot::channel();
+        let msg = ShardMsg::Publish {
+            topic: topic.to_string(),
+            bodies,
+            defer_until,
+            reply: tx,
+        };
+        self.shard.count_cross_sent();
+        if mesh.send_to(owner, msg).await.is_err() {
+            return Err(PublishError::Exiting);
+        }
+        rx.await.unwrap_or(Err(PublishError::Exiting))
+    }
+
+    /// Runs an admin operation on the topic's owner.
+    pub async fn admin(&self, op: AdminOp) -> Result<(), AdminError> {
+        let topic = match &op {
+            AdminOp::CreateTopic(t)
+            | AdminOp::DeleteTopic(t)
+            | AdminOp::EmptyTopic(t)
+            | AdminOp::PauseTopic(t, _)
+            | AdminOp::CreateChannel(t, _)
+            | AdminOp::DeleteChannel(t, _)
+            | AdminOp::EmptyChannel(t, _)
+            | AdminOp::PauseChannel(t, _, _) => t.clone(),
+        };
+        let owner = owner_of(&topic, self.shard.count);
+        if owner == self.shard.index {
+            return self.shard.admin(op);
+        }
+        let Some(mesh) = self.mesh() else {
+            return Err(AdminError::TopicNotFound);
+        };
+        let (tx, rx) = oneshot::channel();
+        if mesh.send_to(owner, ShardMsg::Admin { op, reply: tx }).await.is_err() {
+            return Err(AdminError::TopicNotFound);
+        }
+        rx.await.unwrap_or(Err(AdminError::TopicNotFound))
+    }
+
+    pub async fn create_topic(&self, topic: &str) {
+        let _ = self.admin(AdminOp::CreateTopic(topic.to_string())).await;
+    }
+
+    /// Every shard's stats, in shard order.
+    pub async fn gather_stats(&self, req: &StatsRequest) -> Vec<ShardStats> {
+        let mut out = Vec::with_capacity(self.shard.count);
+        for i in 0..self.shard.count {
+            if i == self.shard.index {
+                out.push(self.shard.stats(req));
+                continue;
+            }
+            let Some(mesh) = self.mesh() else { continue };
+            let (tx, rx) = oneshot::channel();
+            let msg = ShardMsg::Stats {
+                req: req.clone(),
+                reply: tx,
+            };
+            if mesh.send_to(i, msg).await.is_ok() {
+                if let Ok(s) = rx.await {
+                    out.push(s);
+                }
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,178 @@
+//! /stats rendering: nsqd's JSON schema and text layout (nsqd: http.go doStats,
+//! printStats), merged from every shard's snapshot, plus this broker's per-shard section.
+
+use crate::config::go_duration_string;
+use crate::protocol::identify::VERSION;
+use crate::server::Server;
+use crate::timefmt;
+use nsq_shards::stats::{ClientStats, ShardCounters, ShardStats, StatsRequest, TopicStats};
+use serde::Serialize;
+use std::fmt::Write;
+
+/// Process memory, in nsqd's `memory` keys. There is no GC here: the GC fields are 0 and
+/// the heap fields come from /proc/self/statm (resident and virtual bytes).
+#[derive(Serialize, Default)]
+struct Memory {
+    heap_objects: u64,
+    heap_idle_bytes: u64,
+    heap_in_use_bytes: u64,
+    heap_released_bytes: u64,
+    gc_pause_usec_100: u64,
+    gc_pause_usec_99: u64,
+    gc_pause_usec_95: u64,
+    next_gc_bytes: u64,
+    gc_total_runs: u64,
+}
+
+fn memory() -> Memory {
+    let page = 4096u64;
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let mut it = statm.split_whitespace().map(|v| v.parse::<u64>().unwrap_or(0));
+    let _size = it.next().unwrap_or(0);
+    let resident = it.next().unwrap_or(0);
+    Memory {
+        heap_in_use_bytes: resident * page,
+        ..Default::default()
+    }
+}
+
+#[derive(Serialize)]
+struct StatsDoc<'a> {
+    version: &'static str,
+    health: &'static str,
+    start_time: i64,
+    topics: Option<Vec<&'a TopicStats>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memory: Option<Memory>,
+    producers: Option<Vec<&'a ClientStats>>,
+    /// Added by this broker: one entry per shard.
+    shards: Vec<&'a ShardCounters>,
+}
+
+fn merged<'a>(shards: &'a [ShardStats]) -> (Vec<&'a TopicStats>, Vec<&'a ClientStats>) {
+    let mut topics: Vec<&TopicStats> = shards.iter().flat_map(|s| s.topics.iter()).collect();
+    topics.sort_by(|a, b| a.topic_name.cmp(&b.topic_name));
+    let producers = shards.iter().flat_map(|s| s.producers.iter()).collect();
+    (topics, producers)
+}
+
+/// `/stats?format=json`. An unknown `topic=` filter gives `"topics":null` like nsqd;
+/// no producers gives `"producers":null`.
+pub fn json(server: &Server, req: &StatsRequest, shards: &[ShardStats], include_mem: bool) -> Vec<u8> {
+    let (topics, producers) = merged(shards);
+    let topic_exists = req.topic.is_empty() || !topics.is_empty();
+    let doc = StatsDoc {
+        version: VERSION,
+        health: "OK",
+        start_time: server.cfg.start_time,
+        topics: topic_exists.then_some(topics),
+        memory: include_mem.then(memory),
+        producers: (!producers.is_empty()).then_some(producers),
+        shards: shards.iter().map(|s| &s.counters).collect(),
+    };
+    serde_json::to_vec(&doc).unwrap_or_default()
+}
+
+fn client_line(c: &ClientStats) -> String {
+    let port = c.remote_address.rsplit_once(':').map(|(_, p)| p).unwrap_or("");
+    let id = format!("{}:{} {}", c.hostname, port, c.user_agent);
+    let connected = (timefmt::now_secs() - c.connect_ts).max(0) as u64;
+    let dur = go_duration_string(std::time::Duration::from_secs(connected));
+    if !c.pub_counts.is_empty() {
+        let total: u64 = c.pub_counts.iter().map(|p| p.count).sum();
+        let topics: Vec<String> = c.pub_counts.iter().map(|p| format!("{}={}", p.topic, p.count)).collect();
+        return format!(
+            "[{} {:<21}] msgs: {:<8} topics: {} connected: {}",
+            c.version,
+            id,
+            total,
+            topics.join(","),
+            dur
+        );
+    }
+    format!(
+        "[{} {:<21}] state: {} inflt: {:<4} rdy: {:<4} fin: {:<8} re-q: {:<8} msgs: {:<8} connected: {}",
+        c.version, id, c.state, c.in_flight_count, c.ready_count, c.finish_count, c.requeue_count, c.message_count, dur
+    )
+}
+
+/// `/stats` (text), laid out like nsqd's printStats, then a `Shards:` section.
+pub fn text(server: &Server, shards: &[ShardStats], include_mem: bool) -> Vec<u8> {
+    let (topics, producers) = merged(shards);
+    let mut w = String::new();
+    let start = server.cfg.start_time;
+    let uptime = std::time::Duration::from_nanos(
+        (nsq_shards::message::now_unix_nanos() - start * 1_000_000_000).max(0) as u64,
+    );
+    let _ = writeln!(w, "nsqd v{VERSION} (built w/rust)");
+    let _ = writeln!(w, "start_time {}", timefmt::rfc3339(start));
+    let _ = writeln!(w, "uptime {}", go_duration_string(uptime));
+    let _ = writeln!(w, "\nHealth: OK");
+    if include_mem {
+        let m = memory();
+        let _ = writeln!(w, "\nMemory:");
+        for (k, v) in [
+            ("heap_objects", m.heap_objects),
+            ("heap_idle_bytes", m.heap_idle_bytes),
+            ("heap_in_use_bytes", m.heap_in_use_bytes),
+            ("heap_released_bytes", m.heap_released_bytes),
+            ("gc_pause_usec_100", m.gc_pause_usec_100),
+            ("gc_pause_usec_99", m.gc_pause_usec_99),
+            ("gc_pause_usec_95", m.gc_pause_usec_95),
+            ("next_gc_bytes", m.next_gc_bytes),
+            ("gc_total_runs", m.gc_total_runs),
+        ] {
+            let _ = writeln!(w, "   {k:<25}\t{v}");
+        }
+    }
+    if topics.is_empty() {
+        let _ = writeln!(w, "\nTopics: None");
+    } else {
+        let _ = write!(w, "\nTopics:");
+    }
+    for t in &topics {
+        let p = if t.paused { "*P " } else { "   " };
+        let _ = writeln!(
+            w,
+            "\n{p}[{:<15}] depth: {:<5} be-depth: {:<5} msgs: {:<8} e2e%: ",
+            t.topic_name, t.depth, t.backend_depth, t.message_count
+        );
+        for c in &t.channels {
+            let p = if c.paused { "   *P " } else { "      " };
+            let _ = writeln!(
+                w,
+                "{p}[{:<25}] depth: {:<5} be-depth: {:<5} inflt: {:<4} def: {:<4} re-q: {:<5} timeout: {:<5} msgs: {:<8} e2e%: ",
+                c.channel_name,
+                c.depth,
+                c.backend_depth,
+                c.in_flight_count,
+                c.deferred_count,
+                c.requeue_count,
+                c.timeout_count,
+                c.message_count
+            );
+            for cl in c.clients.iter().flatten() {
+                let _ = writeln!(w, "        {}", client_line(cl));
+            }
+        }
+    }
+    if producers.is_empty() {
+        let _ = writeln!(w, "\nProducers: None");
+    } else {
+        let _ = writeln!(w, "\nProducers:");
+        for c in producers {
+            let _ = writeln!(w, "   {}", client_line(c));
+        }
+    }
+    let _ = writeln!(w, "\nShards:");
+    for s in shards {
+        let c = &s.counters;
+        let _ = writeln!(
+            w,
+            "   [shard {:<3} cpu {:<3}] topics: {:<5} channels: {:<5} clients: {:<5} msgs-in: {:<10} msgs-out: {:<10} depth: {:<8} inflt: {:<6} def: {:<6} xshard-sent: {:<8} xshard-recv: {:<8} handoffs: {}/{}",
+            c.shard, c.cpu, c.topics, c.channels, c.clients, c.messages_in, c.messages_out, c.depth, c.in_flight, c.deferred,
+            c.cross_shard_sent, c.cross_shard_received, c.handoffs_sent, c.handoffs_received
+        );
+    }
+    w.into_bytes()
+}

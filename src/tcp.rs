@@ -1,0 +1,479 @@
+//! The protocol V2 TCP server: accept, magic, the per-connection reader (decode and
+//! execute commands) and writer (output buffering, heartbeats), and the hand-off of a
+//! connection to the shard that owns its topic (nsqd: tcp.go, protocol_v2.go IOLoop and
+//! messagePump).
+
+use crate::protocol::identify::{apply_identify, default_settings, identify_response};
+use crate::protocol::{self, Command, Context, Limits, FRAME_ERROR, FRAME_RESPONSE, MAGIC_V2};
+use crate::server::Server;
+use bytes::{Bytes, BytesMut};
+use futures::future::{select, Either};
+use glommio::net::{TcpListener, TcpStream};
+use nsq_shards::client::Client;
+use nsq_shards::mesh::{HandOff, ShardMsg};
+use nsq_shards::{owner_of, ClientState, MessageId};
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd};
+use std::pin::{pin, Pin};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+/// Bytes asked of the socket per read.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// A socket shared by the connection's reader and writer tasks. Each poll borrows it
+/// only for the duration of the poll (never across an await); glommio keeps separate
+/// read and write sources, so the two directions do not disturb each other.
+#[derive(Clone)]
+pub struct SharedStream(Rc<RefCell<TcpStream>>);
+
+impl SharedStream {
+    pub fn new(s: TcpStream) -> SharedStream {
+        SharedStream(Rc::new(RefCell::new(s)))
+    }
+
+    pub async fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        use futures::io::AsyncRead;
+        futures::future::poll_fn(|cx| Pin::new(&mut *self.0.borrow_mut()).poll_read(cx, buf)).await
+    }
+
+    pub async fn write_all(&self, mut data: &[u8]) -> io::Result<()> {
+        use futures::io::AsyncWrite;
+        while !data.is_empty() {
+            let n = futures::future::poll_fn(|cx| Pin::new(&mut *self.0.borrow_mut()).poll_write(cx, data))
+                .await?;
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            data = &data[n..];
+        }
+        Ok(())
+    }
+
+    pub fn fd(&self) -> i32 {
+        self.0.borrow().as_raw_fd()
+    }
+
+    /// Shuts both directions so a blocked reader wakes up with EOF.
+    pub fn shutdown(&self) {
+        // SAFETY: the fd is owned by the TcpStream inside self, alive for this call.
+        let fd = unsafe { BorrowedFd::borrow_raw(self.fd()) };
+        let _ = socket2::SockRef::from(&fd).shutdown(std::net::Shutdown::Both);
+    }
+
+    pub fn set_read_timeout(&self, d: Option<Duration>) {
+        let _ = self.0.borrow().set_read_timeout(d);
+    }
+
+    pub fn set_write_timeout(&self, d: Option<Duration>) {
+        let _ = self.0.borrow().set_write_timeout(d);
+    }
+}
+
+/// Accepts connections on this shard's listener until shutdown.
+pub async fn accept_loop(server: Rc<Server>, listener: TcpListener) {
+    loop {
+        let accept = pin!(listener.accept());
+        let stop = pin!(server.shard.shutdown.wait());
+        match select(accept, stop).await {
+            Either::Left((Ok(stream), _)) => {
+                let s = server.clone();
+                glommio::spawn_local(async move { new_connection(s, stream).await }).detach();
+            }
+            Either::Left((Err(e), _)) => {
+                log::error!("TCP: accept error - {e}");
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+            }
+            Either::Right(_) => break,
+        }
+    }
+}
+
+async fn new_connection(server: Rc<Server>, stream: TcpStream) {
+    let peer = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "unknown".into());
+    let _ = stream.set_nodelay(true);
+    log::debug!("TCP: new client({peer})");
+    let stream = SharedStream::new(stream);
+    stream.set_read_timeout(Some(server.shard.opts.client_timeout));
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    while buf.len() < 4 {
+        let old = buf.len();
+        buf.resize(old + 64, 0);
+        match stream.read(&mut buf[old..]).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.truncate(old + n),
+        }
+    }
+    if &buf[..4] != MAGIC_V2 {
+        log::info!("client({peer}) bad protocol magic '{}'", String::from_utf8_lossy(&buf[..4]));
+        let mut out = Vec::new();
+        protocol::write_frame(&mut out, FRAME_ERROR, b"E_BAD_PROTOCOL");
+        let _ = stream.write_all(&out).await;
+        stream.shutdown();
+        return;
+    }
+    let _ = buf.split_to(4);
+    let ip = peer.rsplit_once(':').map(|(h, _)| h).unwrap_or(&peer);
+    let ip = ip.trim_start_matches('[').trim_end_matches(']');
+    let settings = default_settings(ip, &server.shard.opts);
+    let client = Rc::new(Client::new(server.shard.new_client_id(), peer.clone(), settings));
+    run_connection(server, stream, client, buf).await;
+}
+
+/// Resumes a connection handed over by another shard.
+pub async fn resume(server: Rc<Server>, h: HandOff) {
+    server.shard.count_handoff_received();
+    // SAFETY: the fd came out of an OwnedFd, so it is open and owned by nobody else.
+    let stream = unsafe { TcpStream::from_raw_fd(h.fd.into_raw_fd()) };
+    let client = Rc::new(Client::from_snapshot(h.client));
+    let buf = BytesMut::from(&h.pending[..]);
+    run_connection(server, SharedStream::new(stream), client, buf).await;
+}
+
+enum Outcome {
+    Closed,
+    HandOff { target: usize, pending: BytesMut },
+}
+
+async fn run_connection(server: Rc<Server>, stream: SharedStream, client: Rc<Client>, buf: BytesMut) {
+    server.shard.register_client(&client);
+    apply_deadlines(&stream, &client);
+    let handing_off = Rc::new(Cell::new(false));
+    let writer = glommio::spawn_local(writer_loop(
+        server.clone(),
+        stream.clone(),
+        client.clone(),
+        handing_off.clone(),
+    ));
+    let outcome = reader_loop(&server, &stream, &client, buf).await;
+    if let Outcome::HandOff { .. } = outcome {
+        handing_off.set(true);
+    }
+    client.kill();
+    writer.await;
+    server.shard.client_gone(&client);
+    match outcome {
+        Outcome::Closed => {
+            log::debug!("PROTOCOL(V2): [{}] exiting ioloop", client.remote_address);
+        }
+        Outcome::HandOff { target, pending } => {
+            // SAFETY: the stream is alive (we hold `stream`), so its fd is valid here.
+            let dup = unsafe { BorrowedFd::borrow_raw(stream.fd()) }.try_clone_to_owned();
+            drop(stream);
+            let Ok(fd) = dup else {
+                log::error!("hand-off of {} failed: cannot dup the socket", client.remote_address);
+                return;
+            };
+            client.closed.set(false);
+            let h = HandOff {
+                fd,
+                client: client.snapshot(),
+                pending: pending.to_vec(),
+            };
+            server.shard.count_handoff_sent();
+            if let Some(mesh) = server.mesh() {
+                if mesh.send_to(target, ShardMsg::HandOff(Box::new(h))).await.is_err() {
+                    log::error!("hand-off to shard {target} failed: mesh closed");
+                }
+            }
+        }
+    }
+}
+
+/// nsqd's deadlines: reads must arrive within 2 x heartbeat interval, each write within
+/// one interval; no deadlines with heartbeats disabled.
+fn apply_deadlines(stream: &SharedStream, client: &Client) {
+    let hb = client.settings.borrow().heartbeat_interval;
+    stream.set_read_timeout(hb.map(|d| d * 2));
+    stream.set_write_timeout(hb);
+}
+
+fn limits(server: &Server) -> Limits {
+    let o = &server.shard.opts;
+    Limits {
+        max_msg_size: o.max_msg_size,
+        max_body_size: o.max_body_size,
+        max_rdy_count: o.max_rdy_count,
+        max_req_timeout_ms: o.max_req_timeout.as_millis() as i64,
+    }
+}
+
+async fn reader_loop(server: &Rc<Server>, stream: &SharedStream, client: &Rc<Client>, mut buf: BytesMut) -> Outcome {
+    let limits = limits(server);
+    let mut eof = false;
+    loop {
+        loop {
+            if client.closed.get() {
+                return Outcome::Closed;
+            }
+            let ctx = Context {
+                state: client.state.get(),
+                heartbeats_enabled: client.settings.borrow().heartbeat_interval.is_some(),
+                limits,
+                eof,
+            };
+            match protocol::decode(&buf, &ctx) {
+                Ok(None) => break,
+                Ok(Some((cmd, n))) => {
+                    if let Some(target) = hand_off_target(server, client, &cmd) {
+                        return Outcome::HandOff { target, pending: buf };
+                    }
+                    let frame = buf.split_to(n).freeze();
+                    if exec(server, stream, client, cmd, &frame).await.is_err() {
+                        return Outcome::Closed;
+                    }
+                }
+                Err(e) => {
+                    if let Some(t) = &e.creates_topic {
+                        server.create_topic(t).await;
+                    }
+                    if !e.silent {
+                        log::info!("PROTOCOL(V2): [{}] {} {}", client.remote_address, e.code, e.text);
+                        client.send_frame(FRAME_ERROR, &e.frame_data());
+                    }
+                    return Outcome::Closed;
+                }
+            }
+        }
+        if eof {
+            return Outcome::Closed;
+        }
+        let old = buf.len();
+        buf.resize(old + READ_CHUNK, 0);
+        match stream.read(&mut buf[old..]).await {
+            Ok(0) => {
+                buf.truncate(old);
+                eof = true;
+            }
+            Ok(n) => buf.truncate(old + n),
+            Err(_) => return Outcome::Closed,
+        }
+    }
+}
+
+/// The shard a connection must move to before `cmd` runs: a SUB always runs on the
+/// topic's owner; a connection's first publish moves it to that topic's owner, so a
+/// producer of one topic publishes without crossing shards.
+fn hand_off_target(server: &Server, client: &Client, cmd: &Command) -> Option<usize> {
+    let shard = &server.shard;
+    if shard.count == 1 {
+        return None;
+    }
+    let topic = match cmd {
+        Command::Sub { topic, .. } => topic,
+        Command::Pub { topic, .. } | Command::Mpub { topic, .. } | Command::Dpub { topic, .. }
+            if client.state.get() == ClientState::Init && client.pub_counts.borrow().is_empty() =>
+        {
+            topic
+        }
+        _ => return None,
+    };
+    let owner = owner_of(topic, shard.count);
+    (owner != shard.index).then_some(owner)
+}
+
+/// Marker: the command failed fatally; its error frame is queued.
+struct Fatal;
+
+fn fatal(client: &Client, text: String) -> Result<(), Fatal> {
+    log::info!("PROTOCOL(V2): [{}] {}", client.remote_address, text);
+    client.send_frame(FRAME_ERROR, text.as_bytes());
+    Err(Fatal)
+}
+
+async fn exec(server: &Rc<Server>, stream: &SharedStream, client: &Rc<Client>, cmd: Command, frame: &Bytes) -> Result<(), Fatal> {
+    let shard = &server.shard;
+    match cmd {
+        Command::Nop | Command::RdyIgnored => {}
+        Command::Identify { body } => {
+            let negotiate = {
+                let mut s = client.settings.borrow_mut();
+                match apply_identify(&frame[body], &mut s, &shard.opts) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        drop(s);
+                        return fatal(client, format!("{} {}", e.code, e.text));
+                    }
+                }
+            };
+            apply_deadlines(stream, client);
+            if negotiate {
+                let resp = identify_response(&client.settings.borrow(), &shard.opts);
+                client.send_frame(FRAME_RESPONSE, &resp);
+            } else {
+                client.send_frame(FRAME_RESPONSE, b"OK");
+            }
+        }
+        Command::Auth { .. } => return fatal(client, "E_AUTH_DISABLED AUTH disabled".into()),
+        Command::Sub { topic, channel } => {
+            if let Err(e) = shard.subscribe(client, &topic, &channel) {
+                return fatal(client, format!("E_SUB_FAILED SUB failed {e}"));
+            }
+            client.send_frame(FRAME_RESPONSE, b"OK");
+        }
+        Command::Rdy { count } => {
+            client.ready_count.set(count);
+            if !client.is_ready() && !client.out.borrow().is_empty() {
+                client.flush_now.set(true);
+                client.wake.notify();
+            }
+            shard.client_ready_changed(client);
+        }
+        Command::Fin { id } => {
+            let r = match MessageId::from_hex(&id) {
+                Some(mid) => shard.finish(client, mid),
+                None => Err(nsq_shards::channel::InFlightError::NotInFlight),
+            };
+            if let Err(e) = r {
+                let text = format!("E_FIN_FAILED FIN {} failed {}", String::from_utf8_lossy(&id), e.text());
+                client.send_frame(FRAME_ERROR, text.as_bytes());
+            }
+        }
+        Command::Req { id, timeout_ms } => {
+            let max = shard.opts.max_req_timeout;
+            let mut delay = Duration::from_millis(timeout_ms.max(0) as u64);
+            if delay > max {
+                log::info!(
+                    "PROTOCOL(V2): [{}] REQ timeout {} out of range 0-{}. Setting to max.",
+                    client.remote_address,
+                    timeout_ms,
+                    max.as_millis()
+                );
+                delay = max;
+            }
+            let r = match MessageId::from_hex(&id) {
+                Some(mid) => shard.requeue(client, mid, delay),
+                None => Err(nsq_shards::channel::InFlightError::NotInFlight),
+            };
+            if let Err(e) = r {
+                let text = format!("E_REQ_FAILED REQ {} failed {}", String::from_utf8_lossy(&id), e.text());
+                client.send_frame(FRAME_ERROR, text.as_bytes());
+            }
+        }
+        Command::Touch { id } => {
+            let r = match MessageId::from_hex(&id) {
+                Some(mid) => shard.touch(client, mid),
+                None => Err(nsq_shards::channel::InFlightError::NotInFlight),
+            };
+            if let Err(e) = r {
+                let text = format!("E_TOUCH_FAILED TOUCH {} failed {}", String::from_utf8_lossy(&id), e.text());
+                client.send_frame(FRAME_ERROR, text.as_bytes());
+            }
+        }
+        Command::Cls => {
+            client.ready_count.set(0);
+            client.state.set(ClientState::Closing);
+            client.send_frame(FRAME_RESPONSE, b"CLOSE_WAIT");
+        }
+        Command::Pub { topic, body } => {
+            let bodies = vec![frame.slice(body)];
+            publish(server, client, &topic, bodies, None, "E_PUB_FAILED PUB").await?;
+        }
+        Command::Dpub { topic, defer_ms, body } => {
+            let bodies = vec![frame.slice(body)];
+            let defer = (defer_ms > 0).then(|| Instant::now() + Duration::from_millis(defer_ms as u64));
+            publish(server, client, &topic, bodies, defer, "E_DPUB_FAILED DPUB").await?;
+        }
+        Command::Mpub { topic, bodies } => {
+            let bodies = bodies.into_iter().map(|r| frame.slice(r)).collect();
+            publish(server, client, &topic, bodies, None, "E_MPUB_FAILED MPUB").await?;
+        }
+    }
+    Ok(())
+}
+
+async fn publish(
+    server: &Rc<Server>,
+    client: &Client,
+    topic: &str,
+    bodies: Vec<Bytes>,
+    defer: Option<Instant>,
+    err_prefix: &str,
+) -> Result<(), Fatal> {
+    let n = bodies.len() as u64;
+    match server.publish(topic, bodies, defer).await {
+        Ok(()) => {
+            client.count_publish(topic, n);
+            client.send_frame(FRAME_RESPONSE, b"OK");
+            Ok(())
+        }
+        Err(_) => fatal(client, format!("{err_prefix} failed exiting")),
+    }
+}
+
+/// Drains the client's output buffer to the socket: at once for responses, errors, a
+/// full buffer or a client that stopped being ready; otherwise after the client's
+/// output_buffer_timeout. Also sends `_heartbeat_` every heartbeat interval.
+async fn writer_loop(server: Rc<Server>, stream: SharedStream, client: Rc<Client>, handing_off: Rc<Cell<bool>>) {
+    let mut spare: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut hb_interval = client.settings.borrow().heartbeat_interval;
+    let mut next_hb = hb_interval.map(|d| Instant::now() + d);
+    loop {
+        let now = Instant::now();
+        let (obs, obt, hb) = {
+            let s = client.settings.borrow();
+            (s.output_buffer_size, s.output_buffer_timeout, s.heartbeat_interval)
+        };
+        if hb != hb_interval {
+            hb_interval = hb;
+            next_hb = hb.map(|d| now + d);
+        }
+        let closed = client.closed.get();
+        let (len, since) = (client.out.borrow().len(), client.buffered_since.get());
+        let flush_at = since.map(|t| t + obt);
+        let due = len > 0
+            && (closed
+                || client.flush_now.get()
+                || obt.is_zero()
+                || len >= obs
+                || flush_at.is_none_or(|t| t <= now));
+        if due {
+            std::mem::swap(&mut *client.out.borrow_mut(), &mut spare);
+            client.flush_now.set(false);
+            client.buffered_since.set(None);
+            let res = stream.write_all(&spare).await;
+            server.shard.count_bytes_out(spare.len() as u64);
+            spare.clear();
+            if spare.capacity() > 1 << 20 {
+                spare = Vec::with_capacity(16 * 1024);
+            }
+            if res.is_err() {
+                client.closed.set(true);
+                break;
+            }
+            continue;
+        }
+        if closed {
+            break;
+        }
+        if let Some(t) = next_hb {
+            if t <= now {
+                client.send_frame(FRAME_RESPONSE, b"_heartbeat_");
+                next_hb = hb_interval.map(|d| t.max(now - d) + d);
+                continue;
+            }
+        }
+        let mut wake_at = next_hb;
+        if len > 0 {
+            wake_at = match (wake_at, flush_at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        let wait = pin!(client.wake.wait());
+        match wake_at {
+            Some(t) => {
+                let sleep = pin!(glommio::timer::sleep(t.saturating_duration_since(now)));
+                select(wait, sleep).await;
+            }
+            None => wait.await,
+        }
+    }
+    if !handing_off.get() {
+        stream.shutdown();
+    }
+}
