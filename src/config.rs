@@ -64,7 +64,11 @@ pub fn go_duration_string(d: Duration) -> String {
     let h = ns / 3_600_000_000_000;
     let m = (ns / 60_000_000_000) % 60;
     let s_ns = ns % 60_000_000_000;
-    let secs = trim_frac(format!("{}.{:09}", s_ns / 1_000_000_000, s_ns % 1_000_000_000)) + "s";
+    let secs = trim_frac(format!(
+        "{}.{:09}",
+        s_ns / 1_000_000_000,
+        s_ns % 1_000_000_000
+    )) + "s";
     if h > 0 {
         format!("{h}h{m}m{secs}")
     } else if m > 0 {
@@ -83,7 +87,9 @@ fn trim_frac(s: String) -> String {
 }
 
 fn default_shards() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }
 
 fn hostname() -> String {
@@ -173,6 +179,9 @@ pub struct Cli {
     /// unique part of message IDs, [0,1024) (default: crc32 of the md5 of the hostname)
     #[arg(long)]
     pub node_id: Option<i64>,
+    /// lookupd TCP address (may be given multiple times)
+    #[arg(long = "lookupd-tcp-address")]
+    pub lookupd_tcp_address: Vec<String>,
     /// number of shards: executors, each pinned to one CPU (default: the CPUs this process may use)
     #[arg(long)]
     pub shards: Option<usize>,
@@ -189,6 +198,7 @@ pub struct Config {
     pub hostname: String,
     pub data_path: String,
     pub shards: usize,
+    pub lookupd_tcp_addresses: Vec<String>,
     pub log_level: log::LevelFilter,
     pub log_prefix: String,
     pub opts: Options,
@@ -234,7 +244,8 @@ impl Config {
         if !(1..=9).contains(&cli.max_deflate_level) {
             return Err("--max-deflate-level must be [1,9]".into());
         }
-        let log_level = parse_level(&cli.log_level).ok_or_else(|| format!("invalid log-level {}", cli.log_level))?;
+        let log_level = parse_level(&cli.log_level)
+            .ok_or_else(|| format!("invalid log-level {}", cli.log_level))?;
         let shards = cli.shards.unwrap_or_else(default_shards);
         if shards == 0 || shards > 1024 {
             return Err("--shards must be in [1,1024]".into());
@@ -267,6 +278,7 @@ impl Config {
             hostname,
             data_path: cli.data_path,
             shards,
+            lookupd_tcp_addresses: cli.lookupd_tcp_address,
             log_level,
             log_prefix: cli.log_prefix,
             opts,
@@ -294,7 +306,8 @@ mod tests {
 
     #[test]
     fn single_dash_flags() {
-        let a = normalize_args(["nsqd", "-tcp-address=1:2", "--shards", "2", "-h"].map(String::from));
+        let a =
+            normalize_args(["nsqd", "-tcp-address=1:2", "--shards", "2", "-h"].map(String::from));
         assert_eq!(a, ["nsqd", "--tcp-address=1:2", "--shards", "2", "-h"]);
     }
 }

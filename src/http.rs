@@ -58,10 +58,7 @@ impl Response {
     pub fn v1_err(status: u16, text: &str) -> Response {
         Response {
             status,
-            headers: vec![
-                ("Content-Type", JSON.into()),
-                (NSQ_V1.0, NSQ_V1.1.into()),
-            ],
+            headers: vec![("Content-Type", JSON.into()), (NSQ_V1.0, NSQ_V1.1.into())],
             body: format!("{{\"message\":\"{text}\"}}").into_bytes(),
             sniffed_type: None,
             close: false,
@@ -114,11 +111,15 @@ impl Response {
 
     fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(256 + self.body.len());
-        out.extend_from_slice(format!("HTTP/1.1 {} {}\r\n", self.status, status_text(self.status)).as_bytes());
+        out.extend_from_slice(
+            format!("HTTP/1.1 {} {}\r\n", self.status, status_text(self.status)).as_bytes(),
+        );
         for (k, v) in &self.headers {
             out.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
         }
-        out.extend_from_slice(format!("Date: {}\r\n", timefmt::http_date(timefmt::now_secs())).as_bytes());
+        out.extend_from_slice(
+            format!("Date: {}\r\n", timefmt::http_date(timefmt::now_secs())).as_bytes(),
+        );
         out.extend_from_slice(format!("Content-Length: {}\r\n", self.body.len()).as_bytes());
         if let Some(t) = self.sniffed_type {
             if !self.body.is_empty() {
@@ -215,7 +216,11 @@ async fn read_more(stream: &SharedStream, buf: &mut BytesMut) -> bool {
 }
 
 /// Reads a chunked body; `None` on malformed input or EOF.
-async fn read_chunked(stream: &SharedStream, buf: &mut BytesMut, limit: u64) -> Option<(Vec<u8>, bool)> {
+async fn read_chunked(
+    stream: &SharedStream,
+    buf: &mut BytesMut,
+    limit: u64,
+) -> Option<(Vec<u8>, bool)> {
     let mut body = Vec::new();
     let mut over = false;
     loop {
@@ -292,7 +297,12 @@ async fn serve(server: Rc<Server>, stream: TcpStream) {
             stream.shutdown();
             return;
         }
-        let limit = server.shard.opts.max_body_size.max(server.shard.opts.max_msg_size) as u64 + 1;
+        let limit = server
+            .shard
+            .opts
+            .max_body_size
+            .max(server.shard.opts.max_msg_size) as u64
+            + 1;
         let body: Bytes = if head.chunked {
             match read_chunked(&stream, &mut buf, limit).await {
                 Some((b, _)) => Bytes::from(b),
@@ -323,7 +333,11 @@ async fn serve(server: Rc<Server>, stream: TcpStream) {
             resp.status,
             head.method,
             head.path,
-            if head.query.is_empty() { String::new() } else { format!("?{}", head.query) },
+            if head.query.is_empty() {
+                String::new()
+            } else {
+                format!("?{}", head.query)
+            },
             "client",
             started.elapsed()
         );
@@ -489,7 +503,9 @@ async fn route(server: &Rc<Server>, head: &Head, body: Bytes) -> Response {
 }
 
 fn topic_param(p: &Params, validate: bool) -> Result<String, Response> {
-    let t = p.get("topic").ok_or_else(|| Response::v1_err(400, "MISSING_ARG_TOPIC"))?;
+    let t = p
+        .get("topic")
+        .ok_or_else(|| Response::v1_err(400, "MISSING_ARG_TOPIC"))?;
     if validate && !is_valid_topic_name(t) {
         return Err(Response::v1_err(400, "INVALID_TOPIC"));
     }
@@ -498,11 +514,15 @@ fn topic_param(p: &Params, validate: bool) -> Result<String, Response> {
 
 /// nsqd http_api.GetTopicChannelArgs.
 fn topic_channel_params(p: &Params) -> Result<(String, String), Response> {
-    let t = p.get("topic").ok_or_else(|| Response::v1_err(400, "MISSING_ARG_TOPIC"))?;
+    let t = p
+        .get("topic")
+        .ok_or_else(|| Response::v1_err(400, "MISSING_ARG_TOPIC"))?;
     if !is_valid_topic_name(t) {
         return Err(Response::v1_err(400, "INVALID_ARG_TOPIC"));
     }
-    let c = p.get("channel").ok_or_else(|| Response::v1_err(400, "MISSING_ARG_CHANNEL"))?;
+    let c = p
+        .get("channel")
+        .ok_or_else(|| Response::v1_err(400, "MISSING_ARG_CHANNEL"))?;
     if !is_valid_channel_name(c) {
         return Err(Response::v1_err(400, "INVALID_ARG_CHANNEL"));
     }
@@ -626,7 +646,11 @@ async fn do_mpub(server: &Server, p: &Params, body: Bytes) -> Response {
         }
         let mut start = 0;
         while start < body.len() {
-            let end = body[start..].iter().position(|&b| b == b'\n').map(|p| start + p).unwrap_or(body.len());
+            let end = body[start..]
+                .iter()
+                .position(|&b| b == b'\n')
+                .map(|p| start + p)
+                .unwrap_or(body.len());
             if end > start {
                 if (end - start) as i64 > o.max_msg_size {
                     server.create_topic(&topic).await;
@@ -671,7 +695,7 @@ fn do_config(server: &Server, head: &Head) -> Response {
     let o = &server.shard.opts;
     let c = &server.cfg;
     let v: serde_json::Value = match opt {
-        "nsqlookupd_tcp_addresses" => serde_json::json!([]),
+        "nsqlookupd_tcp_addresses" => serde_json::json!(c.lookupd_tcp_addresses),
         "tcp_address" => return Response::v1_text(c.tcp_address.clone().into_bytes()),
         "http_address" => return Response::v1_text(c.http_address.clone().into_bytes()),
         "broadcast_address" => return Response::v1_text(c.broadcast_address.clone().into_bytes()),

@@ -9,6 +9,7 @@
 pub mod config;
 pub mod http;
 pub mod logger;
+pub mod lookup;
 pub mod protocol;
 pub mod runtime;
 pub mod server;

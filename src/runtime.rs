@@ -6,12 +6,14 @@
 use crate::config::Config;
 use crate::server::Server;
 use crate::{http, tcp};
+use futures::future::{select, Either};
 use glommio::channels::channel_mesh::MeshBuilder;
 use glommio::net::TcpListener;
 use glommio::{LocalExecutorBuilder, Placement};
 use nsq_shards::mesh::ShardMsg;
 use nsq_shards::Shard;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::pin::pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -36,7 +38,9 @@ pub fn allowed_cpus() -> Vec<usize> {
         }
     }
     if cpus.is_empty() {
-        let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let n = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
         cpus.extend(0..n);
     }
     cpus
@@ -53,10 +57,15 @@ fn reserve(addr: &str) -> Result<(SocketAddr, Option<socket2::Socket>), String> 
     if sa.port() != 0 {
         return Ok((sa, None));
     }
-    let domain = if sa.is_ipv6() { socket2::Domain::IPV6 } else { socket2::Domain::IPV4 };
+    let domain = if sa.is_ipv6() {
+        socket2::Domain::IPV6
+    } else {
+        socket2::Domain::IPV4
+    };
     let s = socket2::Socket::new(domain, socket2::Type::STREAM, None).map_err(|e| e.to_string())?;
     s.set_reuse_port(true).map_err(|e| e.to_string())?;
-    s.bind(&sa.into()).map_err(|e| format!("listen ({addr}) failed - {e}"))?;
+    s.bind(&sa.into())
+        .map_err(|e| format!("listen ({addr}) failed - {e}"))?;
     let local = s
         .local_addr()
         .ok()
@@ -96,7 +105,8 @@ pub fn run(cfg: Config) -> Result<(), String> {
         let h = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("shard-{i}"))
             .spawn(move || async move {
-                let r = shard_main(i, cpu, cfg, mesh, tcp_addr, http_addr, ready.clone(), term).await;
+                let r =
+                    shard_main(i, cpu, cfg, mesh, tcp_addr, http_addr, ready.clone(), term).await;
                 if let Err(e) = r {
                     let _ = ready.send(Err(e));
                 }
@@ -160,8 +170,14 @@ async fn shard_main(
             .detach();
         }
     }
-    let tcp = TcpListener::bind(tcp_addr).map_err(|e| format!("listen ({tcp_addr}) failed - {e}"))?;
-    let http = TcpListener::bind(http_addr).map_err(|e| format!("listen ({http_addr}) failed - {e}"))?;
+    let tcp =
+        TcpListener::bind(tcp_addr).map_err(|e| format!("listen ({tcp_addr}) failed - {e}"))?;
+    let http =
+        TcpListener::bind(http_addr).map_err(|e| format!("listen ({http_addr}) failed - {e}"))?;
+    if !cfg.lookupd_tcp_addresses.is_empty() {
+        shard.lookup_enabled.set(true);
+        glommio::spawn_local(lookup_task(server.clone())).detach();
+    }
     let tcp_task = glommio::spawn_local(tcp::accept_loop(server.clone(), tcp));
     let http_task = glommio::spawn_local(http::accept_loop(server.clone(), http));
     let _ = ready.send(Ok(index));
@@ -185,6 +201,29 @@ async fn shard_main(
     Ok(())
 }
 
+/// Shard 0 talks to nsqlookupd; the other shards forward their registration changes
+/// to it in batches.
+async fn lookup_task(server: Rc<Server>) {
+    if server.shard.index == 0 {
+        crate::lookup::lookup_loop(server).await;
+        return;
+    }
+    loop {
+        let wake = pin!(server.shard.lookup_wake.wait());
+        let stop = pin!(server.shard.shutdown.wait());
+        if let Either::Right(_) = select(wake, stop).await {
+            return;
+        }
+        let events: Vec<_> = std::mem::take(&mut *server.shard.lookup_events.borrow_mut());
+        if events.is_empty() {
+            continue;
+        }
+        if let Some(mesh) = server.mesh() {
+            let _ = mesh.send_to(0, ShardMsg::Lookup(events)).await;
+        }
+    }
+}
+
 fn handle_mesh(server: &Rc<Server>, msg: ShardMsg) {
     let shard = &server.shard;
     match msg {
@@ -206,6 +245,10 @@ fn handle_mesh(server: &Rc<Server>, msg: ShardMsg) {
         }
         ShardMsg::Admin { op, reply } => {
             let _ = reply.send(shard.admin(op));
+        }
+        ShardMsg::Lookup(events) => {
+            shard.lookup_events.borrow_mut().extend(events);
+            shard.lookup_wake.notify();
         }
     }
 }

@@ -75,7 +75,11 @@ impl Server {
             return Err(AdminError::TopicNotFound);
         };
         let (tx, rx) = oneshot::channel();
-        if mesh.send_to(owner, ShardMsg::Admin { op, reply: tx }).await.is_err() {
+        if mesh
+            .send_to(owner, ShardMsg::Admin { op, reply: tx })
+            .await
+            .is_err()
+        {
             return Err(AdminError::TopicNotFound);
         }
         rx.await.unwrap_or(Err(AdminError::TopicNotFound))

@@ -27,7 +27,9 @@ struct Memory {
 fn memory() -> Memory {
     let page = 4096u64;
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let mut it = statm.split_whitespace().map(|v| v.parse::<u64>().unwrap_or(0));
+    let mut it = statm
+        .split_whitespace()
+        .map(|v| v.parse::<u64>().unwrap_or(0));
     let _size = it.next().unwrap_or(0);
     let resident = it.next().unwrap_or(0);
     Memory {
@@ -58,7 +60,12 @@ fn merged<'a>(shards: &'a [ShardStats]) -> (Vec<&'a TopicStats>, Vec<&'a ClientS
 
 /// `/stats?format=json`. An unknown `topic=` filter gives `"topics":null` like nsqd;
 /// no producers gives `"producers":null`.
-pub fn json(server: &Server, req: &StatsRequest, shards: &[ShardStats], include_mem: bool) -> Vec<u8> {
+pub fn json(
+    server: &Server,
+    req: &StatsRequest,
+    shards: &[ShardStats],
+    include_mem: bool,
+) -> Vec<u8> {
     let (topics, producers) = merged(shards);
     let topic_exists = req.topic.is_empty() || !topics.is_empty();
     let doc = StatsDoc {
@@ -74,13 +81,21 @@ pub fn json(server: &Server, req: &StatsRequest, shards: &[ShardStats], include_
 }
 
 fn client_line(c: &ClientStats) -> String {
-    let port = c.remote_address.rsplit_once(':').map(|(_, p)| p).unwrap_or("");
+    let port = c
+        .remote_address
+        .rsplit_once(':')
+        .map(|(_, p)| p)
+        .unwrap_or("");
     let id = format!("{}:{} {}", c.hostname, port, c.user_agent);
     let connected = (timefmt::now_secs() - c.connect_ts).max(0) as u64;
     let dur = go_duration_string(std::time::Duration::from_secs(connected));
     if !c.pub_counts.is_empty() {
         let total: u64 = c.pub_counts.iter().map(|p| p.count).sum();
-        let topics: Vec<String> = c.pub_counts.iter().map(|p| format!("{}={}", p.topic, p.count)).collect();
+        let topics: Vec<String> = c
+            .pub_counts
+            .iter()
+            .map(|p| format!("{}={}", p.topic, p.count))
+            .collect();
         return format!(
             "[{} {:<21}] msgs: {:<8} topics: {} connected: {}",
             c.version,

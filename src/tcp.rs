@@ -41,8 +41,10 @@ impl SharedStream {
     pub async fn write_all(&self, mut data: &[u8]) -> io::Result<()> {
         use futures::io::AsyncWrite;
         while !data.is_empty() {
-            let n = futures::future::poll_fn(|cx| Pin::new(&mut *self.0.borrow_mut()).poll_write(cx, data))
-                .await?;
+            let n = futures::future::poll_fn(|cx| {
+                Pin::new(&mut *self.0.borrow_mut()).poll_write(cx, data)
+            })
+            .await?;
             if n == 0 {
                 return Err(io::ErrorKind::WriteZero.into());
             }
@@ -109,7 +111,10 @@ async fn new_connection(server: Rc<Server>, stream: TcpStream) {
         }
     }
     if &buf[..4] != MAGIC_V2 {
-        log::info!("client({peer}) bad protocol magic '{}'", String::from_utf8_lossy(&buf[..4]));
+        log::info!(
+            "client({peer}) bad protocol magic '{}'",
+            String::from_utf8_lossy(&buf[..4])
+        );
         let mut out = Vec::new();
         protocol::write_frame(&mut out, FRAME_ERROR, b"E_BAD_PROTOCOL");
         let _ = stream.write_all(&out).await;
@@ -120,7 +125,11 @@ async fn new_connection(server: Rc<Server>, stream: TcpStream) {
     let ip = peer.rsplit_once(':').map(|(h, _)| h).unwrap_or(&peer);
     let ip = ip.trim_start_matches('[').trim_end_matches(']');
     let settings = default_settings(ip, &server.shard.opts);
-    let client = Rc::new(Client::new(server.shard.new_client_id(), peer.clone(), settings));
+    let client = Rc::new(Client::new(
+        server.shard.new_client_id(),
+        peer.clone(),
+        settings,
+    ));
     run_connection(server, stream, client, buf).await;
 }
 
@@ -139,7 +148,12 @@ enum Outcome {
     HandOff { target: usize, pending: BytesMut },
 }
 
-async fn run_connection(server: Rc<Server>, stream: SharedStream, client: Rc<Client>, buf: BytesMut) {
+async fn run_connection(
+    server: Rc<Server>,
+    stream: SharedStream,
+    client: Rc<Client>,
+    buf: BytesMut,
+) {
     server.shard.register_client(&client);
     apply_deadlines(&stream, &client);
     let handing_off = Rc::new(Cell::new(false));
@@ -165,7 +179,10 @@ async fn run_connection(server: Rc<Server>, stream: SharedStream, client: Rc<Cli
             let dup = unsafe { BorrowedFd::borrow_raw(stream.fd()) }.try_clone_to_owned();
             drop(stream);
             let Ok(fd) = dup else {
-                log::error!("hand-off of {} failed: cannot dup the socket", client.remote_address);
+                log::error!(
+                    "hand-off of {} failed: cannot dup the socket",
+                    client.remote_address
+                );
                 return;
             };
             client.closed.set(false);
@@ -176,7 +193,11 @@ async fn run_connection(server: Rc<Server>, stream: SharedStream, client: Rc<Cli
             };
             server.shard.count_handoff_sent();
             if let Some(mesh) = server.mesh() {
-                if mesh.send_to(target, ShardMsg::HandOff(Box::new(h))).await.is_err() {
+                if mesh
+                    .send_to(target, ShardMsg::HandOff(Box::new(h)))
+                    .await
+                    .is_err()
+                {
                     log::error!("hand-off to shard {target} failed: mesh closed");
                 }
             }
@@ -202,7 +223,12 @@ fn limits(server: &Server) -> Limits {
     }
 }
 
-async fn reader_loop(server: &Rc<Server>, stream: &SharedStream, client: &Rc<Client>, mut buf: BytesMut) -> Outcome {
+async fn reader_loop(
+    server: &Rc<Server>,
+    stream: &SharedStream,
+    client: &Rc<Client>,
+    mut buf: BytesMut,
+) -> Outcome {
     let limits = limits(server);
     let mut eof = false;
     loop {
@@ -220,7 +246,10 @@ async fn reader_loop(server: &Rc<Server>, stream: &SharedStream, client: &Rc<Cli
                 Ok(None) => break,
                 Ok(Some((cmd, n))) => {
                     if let Some(target) = hand_off_target(server, client, &cmd) {
-                        return Outcome::HandOff { target, pending: buf };
+                        return Outcome::HandOff {
+                            target,
+                            pending: buf,
+                        };
                     }
                     let frame = buf.split_to(n).freeze();
                     if exec(server, stream, client, cmd, &frame).await.is_err() {
@@ -232,7 +261,12 @@ async fn reader_loop(server: &Rc<Server>, stream: &SharedStream, client: &Rc<Cli
                         server.create_topic(t).await;
                     }
                     if !e.silent {
-                        log::info!("PROTOCOL(V2): [{}] {} {}", client.remote_address, e.code, e.text);
+                        log::info!(
+                            "PROTOCOL(V2): [{}] {} {}",
+                            client.remote_address,
+                            e.code,
+                            e.text
+                        );
                         client.send_frame(FRAME_ERROR, &e.frame_data());
                     }
                     return Outcome::Closed;
@@ -285,7 +319,13 @@ fn fatal(client: &Client, text: String) -> Result<(), Fatal> {
     Err(Fatal)
 }
 
-async fn exec(server: &Rc<Server>, stream: &SharedStream, client: &Rc<Client>, cmd: Command, frame: &Bytes) -> Result<(), Fatal> {
+async fn exec(
+    server: &Rc<Server>,
+    stream: &SharedStream,
+    client: &Rc<Client>,
+    cmd: Command,
+    frame: &Bytes,
+) -> Result<(), Fatal> {
     let shard = &server.shard;
     match cmd {
         Command::Nop | Command::RdyIgnored => {}
@@ -329,7 +369,11 @@ async fn exec(server: &Rc<Server>, stream: &SharedStream, client: &Rc<Client>, c
                 None => Err(nsq_shards::channel::InFlightError::NotInFlight),
             };
             if let Err(e) = r {
-                let text = format!("E_FIN_FAILED FIN {} failed {}", String::from_utf8_lossy(&id), e.text());
+                let text = format!(
+                    "E_FIN_FAILED FIN {} failed {}",
+                    String::from_utf8_lossy(&id),
+                    e.text()
+                );
                 client.send_frame(FRAME_ERROR, text.as_bytes());
             }
         }
@@ -350,7 +394,11 @@ async fn exec(server: &Rc<Server>, stream: &SharedStream, client: &Rc<Client>, c
                 None => Err(nsq_shards::channel::InFlightError::NotInFlight),
             };
             if let Err(e) = r {
-                let text = format!("E_REQ_FAILED REQ {} failed {}", String::from_utf8_lossy(&id), e.text());
+                let text = format!(
+                    "E_REQ_FAILED REQ {} failed {}",
+                    String::from_utf8_lossy(&id),
+                    e.text()
+                );
                 client.send_frame(FRAME_ERROR, text.as_bytes());
             }
         }
@@ -360,7 +408,11 @@ async fn exec(server: &Rc<Server>, stream: &SharedStream, client: &Rc<Client>, c
                 None => Err(nsq_shards::channel::InFlightError::NotInFlight),
             };
             if let Err(e) = r {
-                let text = format!("E_TOUCH_FAILED TOUCH {} failed {}", String::from_utf8_lossy(&id), e.text());
+                let text = format!(
+                    "E_TOUCH_FAILED TOUCH {} failed {}",
+                    String::from_utf8_lossy(&id),
+                    e.text()
+                );
                 client.send_frame(FRAME_ERROR, text.as_bytes());
             }
         }
@@ -373,9 +425,14 @@ async fn exec(server: &Rc<Server>, stream: &SharedStream, client: &Rc<Client>, c
             let bodies = vec![frame.slice(body)];
             publish(server, client, &topic, bodies, None, "E_PUB_FAILED PUB").await?;
         }
-        Command::Dpub { topic, defer_ms, body } => {
+        Command::Dpub {
+            topic,
+            defer_ms,
+            body,
+        } => {
             let bodies = vec![frame.slice(body)];
-            let defer = (defer_ms > 0).then(|| Instant::now() + Duration::from_millis(defer_ms as u64));
+            let defer =
+                (defer_ms > 0).then(|| Instant::now() + Duration::from_millis(defer_ms as u64));
             publish(server, client, &topic, bodies, defer, "E_DPUB_FAILED DPUB").await?;
         }
         Command::Mpub { topic, bodies } => {
@@ -408,7 +465,12 @@ async fn publish(
 /// Drains the client's output buffer to the socket: at once for responses, errors, a
 /// full buffer or a client that stopped being ready; otherwise after the client's
 /// output_buffer_timeout. Also sends `_heartbeat_` every heartbeat interval.
-async fn writer_loop(server: Rc<Server>, stream: SharedStream, client: Rc<Client>, handing_off: Rc<Cell<bool>>) {
+async fn writer_loop(
+    server: Rc<Server>,
+    stream: SharedStream,
+    client: Rc<Client>,
+    handing_off: Rc<Cell<bool>>,
+) {
     let mut spare: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut hb_interval = client.settings.borrow().heartbeat_interval;
     let mut next_hb = hb_interval.map(|d| Instant::now() + d);
@@ -416,7 +478,11 @@ async fn writer_loop(server: Rc<Server>, stream: SharedStream, client: Rc<Client
         let now = Instant::now();
         let (obs, obt, hb) = {
             let s = client.settings.borrow();
-            (s.output_buffer_size, s.output_buffer_timeout, s.heartbeat_interval)
+            (
+                s.output_buffer_size,
+                s.output_buffer_timeout,
+                s.heartbeat_interval,
+            )
         };
         if hb != hb_interval {
             hb_interval = hb;

@@ -41,7 +41,9 @@ fn parts(unix_secs: i64) -> Parts {
 }
 
 const DAYS: [&str; 7] = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"];
-const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+const MONTHS: [&str; 12] = [
+    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+];
 
 /// `Sun, 29 Nov 2026 19:39:42 GMT` (RFC 7231 IMF-fixdate).
 pub fn http_date(unix_secs: i64) -> String {
@@ -61,7 +63,10 @@ pub fn http_date(unix_secs: i64) -> String {
 /// `2026-11-29T19:39:41Z`.
 pub fn rfc3339(unix_secs: i64) -> String {
     let p = parts(unix_secs);
-    format!("{}-{:02}-{:02}T{:02}:{:02}:{:02}Z", p.y, p.mo, p.d, p.h, p.mi, p.s)
+    format!(
+        "{}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+        p.y, p.mo, p.d, p.h, p.mi, p.s
+    )
 }
 
 /// nsqd's log timestamp: `2026/11/29 19:39:41.709417`.
@@ -89,6 +94,9 @@ mod tests {
         let t = 1795981182;
         assert_eq!(http_date(t), "Sun, 29 Nov 2026 19:39:42 GMT");
         assert_eq!(rfc3339(t - 1), "2026-11-29T19:39:41Z");
-        assert_eq!(log_stamp(t as i64 * 1_000_000_000 + 709417000), "2026/11/29 19:39:42.709417");
+        assert_eq!(
+            log_stamp(t as i64 * 1_000_000_000 + 709417000),
+            "2026/11/29 19:39:42.709417"
+        );
     }
 }

@@ -306,7 +306,9 @@ impl Channel {
             }
             if let Some(f) = self.in_flight.remove(&id) {
                 self.timeout_count += 1;
-                f.client.in_flight.set((f.client.in_flight.get() - 1).max(0));
+                f.client
+                    .in_flight
+                    .set((f.client.in_flight.get() - 1).max(0));
                 self.requeued.push_back(f.msg);
                 moved += 1;
             }

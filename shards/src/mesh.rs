@@ -55,4 +55,6 @@ pub enum ShardMsg {
         op: AdminOp,
         reply: oneshot::Sender<Result<(), AdminError>>,
     },
+    /// Registration changes for shard 0, which owns the nsqlookupd connections.
+    Lookup(Vec<crate::shard::LookupEvent>),
 }

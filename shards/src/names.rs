@@ -48,8 +48,14 @@ mod tests {
         assert!(!is_valid_topic_name("a#ephemeral#ephemeral"));
         assert!(is_valid_topic_name(&"a".repeat(64)));
         assert!(!is_valid_topic_name(&"a".repeat(65)));
-        assert!(is_valid_topic_name(&format!("{}#ephemeral", "a".repeat(54))));
-        assert!(!is_valid_topic_name(&format!("{}#ephemeral", "a".repeat(55))));
+        assert!(is_valid_topic_name(&format!(
+            "{}#ephemeral",
+            "a".repeat(54)
+        )));
+        assert!(!is_valid_topic_name(&format!(
+            "{}#ephemeral",
+            "a".repeat(55)
+        )));
         assert!(is_ephemeral("x#ephemeral"));
         assert!(!is_ephemeral("x"));
     }

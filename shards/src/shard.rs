@@ -27,6 +27,14 @@ pub fn owner_of(topic: &str, shards: usize) -> usize {
     (h % shards.max(1) as u64) as usize
 }
 
+/// A topic or channel appeared or went away: what nsqd sends nsqlookupd
+/// (`REGISTER`/`UNREGISTER <topic> [<channel>]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LookupEvent {
+    Register(String, Option<String>),
+    Unregister(String, Option<String>),
+}
+
 /// Counters kept per shard (the per-shard /stats section).
 #[derive(Default)]
 pub struct Counters {
@@ -55,6 +63,11 @@ pub struct Shard {
     pub counters: Counters,
     /// Set on SIGINT/SIGTERM: listeners stop, connections close.
     pub shutdown: Event,
+    /// Registration changes waiting for the lookup task (only kept when lookupd
+    /// addresses are configured).
+    pub lookup_events: RefCell<Vec<LookupEvent>>,
+    pub lookup_wake: crate::signal::Notify,
+    pub lookup_enabled: Cell<bool>,
     next_client: Cell<u64>,
 }
 
@@ -72,6 +85,9 @@ impl Shard {
             clients: RefCell::new(HashMap::new()),
             counters: Counters::default(),
             shutdown: Event::default(),
+            lookup_events: RefCell::new(Vec::new()),
+            lookup_wake: crate::signal::Notify::default(),
+            lookup_enabled: Cell::new(false),
             next_client: Cell::new(1),
         }
     }
@@ -79,6 +95,21 @@ impl Shard {
     /// True when this shard owns `topic`.
     pub fn owns(&self, topic: &str) -> bool {
         owner_of(topic, self.count) == self.index
+    }
+
+    /// Queues a registration change for nsqlookupd.
+    pub fn notify_lookup(&self, ev: LookupEvent) {
+        if self.lookup_enabled.get() {
+            self.lookup_events.borrow_mut().push(ev);
+            self.lookup_wake.notify();
+        }
+    }
+
+    fn topic_deleted(&self, t: &Topic) {
+        self.notify_lookup(LookupEvent::Unregister(t.name.clone(), None));
+        for c in t.channels.keys() {
+            self.notify_lookup(LookupEvent::Unregister(t.name.clone(), Some(c.clone())));
+        }
     }
 
     /// A process-unique client id (shard index in the top bits).
@@ -112,16 +143,24 @@ impl Shard {
             topic.channels.remove(&ch);
             topic.trim();
             log::info!("TOPIC({t}): deleting channel {ch}");
+            self.notify_lookup(LookupEvent::Unregister(t.clone(), Some(ch.clone())));
             if topic.ephemeral && topic.channels.is_empty() {
-                topics.remove(&t);
+                if let Some(gone) = topics.remove(&t) {
+                    self.topic_deleted(&gone);
+                }
                 log::info!("TOPIC({t}): deleting");
             }
         }
     }
 
-    fn get_or_create_topic<'a>(&self, topics: &'a mut HashMap<String, Topic>, name: &str) -> &'a mut Topic {
+    fn get_or_create_topic<'a>(
+        &self,
+        topics: &'a mut HashMap<String, Topic>,
+        name: &str,
+    ) -> &'a mut Topic {
         if !topics.contains_key(name) {
             log::info!("TOPIC({name}): created");
+            self.notify_lookup(LookupEvent::Register(name.to_string(), None));
             topics.insert(name.to_string(), Topic::new(name, self.opts.node_id));
         }
         topics.get_mut(name).expect("inserted above")
@@ -188,6 +227,10 @@ impl Shard {
         let t = self.get_or_create_topic(&mut topics, topic);
         if t.create_channel(channel, self.opts.mem_queue_size) {
             log::info!("TOPIC({topic}): new channel({channel})");
+            self.notify_lookup(LookupEvent::Register(
+                topic.to_string(),
+                Some(channel.to_string()),
+            ));
         }
         let ch = t.channels.get_mut(channel).expect("created above");
         ch.add_client(c.clone(), self.opts.max_channel_consumers)
@@ -199,9 +242,9 @@ impl Shard {
 
     /// RDY changed (or the client otherwise may take more): deliver.
     pub fn client_ready_changed(&self, c: &Client) {
-        let sub = c.subscription.borrow().clone();
-        if let Some((t, ch)) = sub {
-            self.dispatch_channel(&t, &ch);
+        let sub = c.subscription.borrow();
+        if let Some((t, ch)) = sub.as_ref() {
+            self.dispatch_channel(t, ch);
         }
     }
 
@@ -210,19 +253,19 @@ impl Shard {
         c: &Client,
         f: impl FnOnce(&mut crate::channel::Channel) -> Result<R, InFlightError>,
     ) -> Result<R, InFlightError> {
-        let sub = c.subscription.borrow().clone();
-        let Some((t, chn)) = sub else {
+        let sub = c.subscription.borrow();
+        let Some((t, chn)) = sub.as_ref() else {
             return Err(InFlightError::NotInFlight);
         };
         let r = {
             let mut topics = self.topics.borrow_mut();
             let ch = topics
-                .get_mut(&t)
-                .and_then(|t| t.channels.get_mut(&chn))
+                .get_mut(t)
+                .and_then(|t| t.channels.get_mut(chn))
                 .ok_or(InFlightError::NotInFlight)?;
             f(ch)?
         };
-        self.dispatch_channel(&t, &chn);
+        self.dispatch_channel(t, chn);
         Ok(r)
     }
 
@@ -273,6 +316,7 @@ impl Shard {
                 for ch in topic.channels.values_mut() {
                     ch.close_clients();
                 }
+                self.topic_deleted(&topic);
                 log::info!("TOPIC({t}): deleting");
             }
             AdminOp::EmptyTopic(t) => {
@@ -290,27 +334,40 @@ impl Shard {
                 let topic = topics.get_mut(&t).ok_or(AdminError::TopicNotFound)?;
                 if topic.create_channel(&c, mq) {
                     log::info!("TOPIC({t}): new channel({c})");
+                    self.notify_lookup(LookupEvent::Register(t.clone(), Some(c.clone())));
                 }
             }
             AdminOp::DeleteChannel(t, c) => {
                 let topic = topics.get_mut(&t).ok_or(AdminError::TopicNotFound)?;
-                let mut ch = topic.channels.remove(&c).ok_or(AdminError::ChannelNotFound)?;
+                let mut ch = topic
+                    .channels
+                    .remove(&c)
+                    .ok_or(AdminError::ChannelNotFound)?;
                 ch.close_clients();
                 topic.trim();
                 log::info!("TOPIC({t}): deleting channel {c}");
+                self.notify_lookup(LookupEvent::Unregister(t.clone(), Some(c.clone())));
                 if topic.ephemeral && topic.channels.is_empty() {
-                    topics.remove(&t);
+                    if let Some(gone) = topics.remove(&t) {
+                        self.topic_deleted(&gone);
+                    }
                 }
             }
             AdminOp::EmptyChannel(t, c) => {
                 let topic = topics.get_mut(&t).ok_or(AdminError::TopicNotFound)?;
-                let ch = topic.channels.get_mut(&c).ok_or(AdminError::ChannelNotFound)?;
+                let ch = topic
+                    .channels
+                    .get_mut(&c)
+                    .ok_or(AdminError::ChannelNotFound)?;
                 ch.empty(&topic.log);
                 topic.trim();
             }
             AdminOp::PauseChannel(t, c, paused) => {
                 let topic = topics.get_mut(&t).ok_or(AdminError::TopicNotFound)?;
-                let ch = topic.channels.get_mut(&c).ok_or(AdminError::ChannelNotFound)?;
+                let ch = topic
+                    .channels
+                    .get_mut(&c)
+                    .ok_or(AdminError::ChannelNotFound)?;
                 ch.paused = paused;
                 if !paused {
                     let out = ch.dispatch(&topic.log, Instant::now());
@@ -418,7 +475,12 @@ impl Shard {
 
     /// Closes every connection (graceful shutdown).
     pub fn close_all_clients(&self) {
-        let list: Vec<Rc<Client>> = self.clients.borrow().values().filter_map(|w| w.upgrade()).collect();
+        let list: Vec<Rc<Client>> = self
+            .clients
+            .borrow()
+            .values()
+            .filter_map(|w| w.upgrade())
+            .collect();
         for c in list {
             c.kill();
         }

@@ -14,6 +14,7 @@
 //! then body sizes before the body is read, so an error is answered as soon as nsqd would
 //! answer it, without waiting for (or allocating) a body that will never be used.
 
+pub mod client;
 pub mod identify;
 
 use nsq_shards::names::{is_valid_channel_name, is_valid_topic_name};
@@ -57,22 +58,48 @@ pub struct Context {
 /// One decoded command. Byte ranges index the buffer given to `decode`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
-    Identify { body: Range<usize> },
-    Auth { body: Range<usize> },
-    Sub { topic: String, channel: String },
+    Identify {
+        body: Range<usize>,
+    },
+    Auth {
+        body: Range<usize>,
+    },
+    Sub {
+        topic: String,
+        channel: String,
+    },
     /// RDY count, already range-checked.
-    Rdy { count: i64 },
+    Rdy {
+        count: i64,
+    },
     /// RDY while closing: nsqd ignores it.
     RdyIgnored,
-    Fin { id: [u8; 16] },
+    Fin {
+        id: [u8; 16],
+    },
     /// REQ with its timeout in ms as given (clamping is the caller's job, nsqd logs it).
-    Req { id: [u8; 16], timeout_ms: i64 },
-    Touch { id: [u8; 16] },
+    Req {
+        id: [u8; 16],
+        timeout_ms: i64,
+    },
+    Touch {
+        id: [u8; 16],
+    },
     Cls,
     Nop,
-    Pub { topic: String, body: Range<usize> },
-    Mpub { topic: String, bodies: Vec<Range<usize>> },
-    Dpub { topic: String, defer_ms: i64, body: Range<usize> },
+    Pub {
+        topic: String,
+        body: Range<usize>,
+    },
+    Mpub {
+        topic: String,
+        bodies: Vec<Range<usize>>,
+    },
+    Dpub {
+        topic: String,
+        defer_ms: i64,
+        body: Range<usize>,
+    },
 }
 
 /// A protocol error: the frame `"<code> <text>"`, always fatal here (the non-fatal
@@ -194,7 +221,13 @@ fn read_i32(buf: &[u8], pos: usize) -> Option<i32> {
 }
 
 /// Needs `n` more bytes at `pos`: `Ok(None)` (wait) or, at EOF, the given error.
-fn need(buf: &[u8], pos: usize, n: usize, ctx: &Context, err: impl FnOnce() -> ProtocolError) -> Result<bool, ProtocolError> {
+fn need(
+    buf: &[u8],
+    pos: usize,
+    n: usize,
+    ctx: &Context,
+    err: impl FnOnce() -> ProtocolError,
+) -> Result<bool, ProtocolError> {
     if buf.len() >= pos + n {
         Ok(true)
     } else if ctx.eof {
@@ -226,22 +259,36 @@ struct BodySpec {
     too_big_first: bool,
 }
 
-fn sized_body(buf: &[u8], pos: usize, ctx: &Context, s: &BodySpec) -> Result<Option<Range<usize>>, ProtocolError> {
+fn sized_body(
+    buf: &[u8],
+    pos: usize,
+    ctx: &Context,
+    s: &BodySpec,
+) -> Result<Option<Range<usize>>, ProtocolError> {
     need!(buf, pos, 4, ctx, || ProtocolError::new(s.code, s.read_size));
     let n = read_i32(buf, pos).unwrap_or(0) as i64;
     let too_big = n > s.max;
     let invalid = n <= 0;
     if s.too_big_first && too_big {
-        return Err(ProtocolError::new(s.code, format!("{} {} > {}", s.too_big, n, s.max)));
+        return Err(ProtocolError::new(
+            s.code,
+            format!("{} {} > {}", s.too_big, n, s.max),
+        ));
     }
     if invalid {
         return Err(ProtocolError::new(s.code, format!("{} {}", s.invalid, n)));
     }
     if too_big {
-        return Err(ProtocolError::new(s.code, format!("{} {} > {}", s.too_big, n, s.max)));
+        return Err(ProtocolError::new(
+            s.code,
+            format!("{} {} > {}", s.too_big, n, s.max),
+        ));
     }
     let start = pos + 4;
-    need!(buf, start, n as usize, ctx, || ProtocolError::new(s.code, s.read_body));
+    need!(buf, start, n as usize, ctx, || ProtocolError::new(
+        s.code,
+        s.read_body
+    ));
     Ok(Some(start..start + n as usize))
 }
 
@@ -377,9 +424,9 @@ pub fn decode(buf: &[u8], ctx: &Context) -> Decoded {
                 return Err(invalid("REQ insufficient number of params"));
             }
             let id = message_id(params[1])?;
-            let timeout_ms = byte_to_base10(params[2])
-                .ok_or_else(|| invalid(format!("REQ could not parse timeout {}", lossy(params[2]))))?
-                as i64;
+            let timeout_ms = byte_to_base10(params[2]).ok_or_else(|| {
+                invalid(format!("REQ could not parse timeout {}", lossy(params[2])))
+            })? as i64;
             one(Command::Req { id, timeout_ms })
         }
         b"CLS" => {
@@ -413,9 +460,9 @@ pub fn decode(buf: &[u8], ctx: &Context) -> Decoded {
                 return Err(invalid("DPUB insufficient number of parameters"));
             }
             let topic = valid_topic(params[1], "E_BAD_TOPIC", "DPUB")?;
-            let defer_ms = byte_to_base10(params[2])
-                .ok_or_else(|| invalid(format!("DPUB could not parse timeout {}", lossy(params[2]))))?
-                as i64;
+            let defer_ms = byte_to_base10(params[2]).ok_or_else(|| {
+                invalid(format!("DPUB could not parse timeout {}", lossy(params[2])))
+            })? as i64;
             if defer_ms < 0 || defer_ms > l.max_req_timeout_ms {
                 return Err(invalid(format!(
                     "DPUB timeout {} out of range 0-{}",
@@ -463,7 +510,10 @@ fn valid_topic(p: &[u8], code: &'static str, prefix: &str) -> Result<String, Pro
         .filter(|t| is_valid_topic_name(t))
         .map(str::to_string)
         .ok_or_else(|| {
-            ProtocolError::new(code, format!("{prefix} topic name {} is not valid", go_quote(p)))
+            ProtocolError::new(
+                code,
+                format!("{prefix} topic name {} is not valid", go_quote(p)),
+            )
         })
 }
 
@@ -471,7 +521,9 @@ fn decode_mpub_body(buf: &[u8], pos: usize, ctx: &Context, topic: String) -> Dec
     let l = &ctx.limits;
     let bad_body = |t: String| ProtocolError::new("E_BAD_BODY", t);
     let bad_msg = |t: String| ProtocolError::new("E_BAD_MESSAGE", t);
-    need!(buf, pos, 4, ctx, || bad_body("MPUB failed to read body size".into()));
+    need!(buf, pos, 4, ctx, || bad_body(
+        "MPUB failed to read body size".into()
+    ));
     let body_len = read_i32(buf, pos).unwrap_or(0) as i64;
     if body_len <= 0 {
         return Err(bad_body(format!("MPUB invalid body size {body_len}")));
@@ -483,7 +535,9 @@ fn decode_mpub_body(buf: &[u8], pos: usize, ctx: &Context, topic: String) -> Dec
         )));
     }
     let mut p = pos + 4;
-    need!(buf, p, 4, ctx, || bad_body("MPUB failed to read message count".into()));
+    need!(buf, p, 4, ctx, || bad_body(
+        "MPUB failed to read message count".into()
+    ));
     let count = read_i32(buf, p).unwrap_or(0) as i64;
     let max_messages = (l.max_body_size - 4) / 5;
     if count <= 0 || count > max_messages {
@@ -497,7 +551,9 @@ fn decode_mpub_body(buf: &[u8], pos: usize, ctx: &Context, topic: String) -> Dec
         )));
         let size = read_i32(buf, p).unwrap_or(0) as i64;
         if size <= 0 {
-            return Err(bad_msg(format!("MPUB invalid message({i}) body size {size}")));
+            return Err(bad_msg(format!(
+                "MPUB invalid message({i}) body size {size}"
+            )));
         }
         if size > l.max_msg_size {
             return Err(bad_msg(format!(

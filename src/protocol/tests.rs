@@ -28,8 +28,14 @@ fn sized(b: &[u8]) -> Vec<u8> {
 #[test]
 fn incomplete_line_and_body_wait() {
     assert_eq!(decode(b"PUB t", &ctx(ClientState::Init)), Ok(None));
-    assert_eq!(decode(b"PUB t\n\x00\x00", &ctx(ClientState::Init)), Ok(None));
-    assert_eq!(decode(b"PUB t\n\x00\x00\x00\x05hel", &ctx(ClientState::Init)), Ok(None));
+    assert_eq!(
+        decode(b"PUB t\n\x00\x00", &ctx(ClientState::Init)),
+        Ok(None)
+    );
+    assert_eq!(
+        decode(b"PUB t\n\x00\x00\x00\x05hel", &ctx(ClientState::Init)),
+        Ok(None)
+    );
 }
 
 #[test]
@@ -38,18 +44,42 @@ fn pub_decodes_body_range() {
     b.extend(sized(b"hello"));
     b.extend_from_slice(b"NOP\n");
     let (cmd, n) = decode(&b, &ctx(ClientState::Init)).unwrap().unwrap();
-    assert_eq!(cmd, Command::Pub { topic: "t".into(), body: 10..15 });
+    assert_eq!(
+        cmd,
+        Command::Pub {
+            topic: "t".into(),
+            body: 10..15
+        }
+    );
     assert_eq!(n, 15);
 }
 
 #[test]
 fn size_errors_in_nsqd_order() {
-    assert_eq!(err(b"PUB t\n\x00\x00\x00\x00", ClientState::Init), "E_BAD_MESSAGE PUB invalid message body size 0");
-    assert_eq!(err(b"PUB t\n\x00\x00\x00\x69", ClientState::Init), "E_BAD_MESSAGE PUB message too big 105 > 100");
-    assert_eq!(err(b"PUB t\n\x40\x00\x00\x00", ClientState::Init), "E_BAD_MESSAGE PUB message too big 1073741824 > 100");
-    assert_eq!(err(b"IDENTIFY\n\xff\xff\xff\xff", ClientState::Init), "E_BAD_BODY IDENTIFY invalid body size -1");
-    assert_eq!(err(b"IDENTIFY\n\x00\x00\x10\x00", ClientState::Init), "E_BAD_BODY IDENTIFY body too big 4096 > 1000");
-    assert_eq!(err(b"MPUB t\n\x00\x00\x04\x7c", ClientState::Init), "E_BAD_BODY MPUB body too big 1148 > 1000");
+    assert_eq!(
+        err(b"PUB t\n\x00\x00\x00\x00", ClientState::Init),
+        "E_BAD_MESSAGE PUB invalid message body size 0"
+    );
+    assert_eq!(
+        err(b"PUB t\n\x00\x00\x00\x69", ClientState::Init),
+        "E_BAD_MESSAGE PUB message too big 105 > 100"
+    );
+    assert_eq!(
+        err(b"PUB t\n\x40\x00\x00\x00", ClientState::Init),
+        "E_BAD_MESSAGE PUB message too big 1073741824 > 100"
+    );
+    assert_eq!(
+        err(b"IDENTIFY\n\xff\xff\xff\xff", ClientState::Init),
+        "E_BAD_BODY IDENTIFY invalid body size -1"
+    );
+    assert_eq!(
+        err(b"IDENTIFY\n\x00\x00\x10\x00", ClientState::Init),
+        "E_BAD_BODY IDENTIFY body too big 4096 > 1000"
+    );
+    assert_eq!(
+        err(b"MPUB t\n\x00\x00\x04\x7c", ClientState::Init),
+        "E_BAD_BODY MPUB body too big 1148 > 1000"
+    );
 }
 
 #[test]
@@ -59,34 +89,73 @@ fn mpub_element_errors_and_quirk() {
     inner.extend(sized(b"a"));
     inner.extend_from_slice(&0u32.to_be_bytes());
     b.extend(sized(&inner));
-    assert_eq!(err(&b, ClientState::Init), "E_BAD_MESSAGE MPUB invalid message(1) body size 0");
+    assert_eq!(
+        err(&b, ClientState::Init),
+        "E_BAD_MESSAGE MPUB invalid message(1) body size 0"
+    );
     let e = decode(&b, &ctx(ClientState::Init)).unwrap_err();
     assert_eq!(e.creates_topic.as_deref(), Some("t"));
-    assert_eq!(err(b"MPUB bad!t\n", ClientState::Init), "E_BAD_TOPIC E_BAD_TOPIC MPUB topic name \"bad!t\" is not valid");
+    assert_eq!(
+        err(b"MPUB bad!t\n", ClientState::Init),
+        "E_BAD_TOPIC E_BAD_TOPIC MPUB topic name \"bad!t\" is not valid"
+    );
 }
 
 #[test]
 fn state_machine_errors() {
-    assert_eq!(err(b"RDY 1\n", ClientState::Init), "E_INVALID cannot RDY in current state");
-    assert_eq!(err(b"FIN 0123456789abcdef\n", ClientState::Init), "E_INVALID cannot FIN in current state");
-    assert_eq!(err(b"IDENTIFY\n", ClientState::Subscribed), "E_INVALID cannot IDENTIFY in current state");
-    assert_eq!(err(b"SUB t c\n", ClientState::Subscribed), "E_INVALID cannot SUB in current state");
-    assert_eq!(err(b"CLS\n", ClientState::Init), "E_INVALID cannot CLS in current state");
-    assert_eq!(decode(b"RDY 99999\n", &ctx(ClientState::Closing)), Ok(Some((Command::RdyIgnored, 10))));
+    assert_eq!(
+        err(b"RDY 1\n", ClientState::Init),
+        "E_INVALID cannot RDY in current state"
+    );
+    assert_eq!(
+        err(b"FIN 0123456789abcdef\n", ClientState::Init),
+        "E_INVALID cannot FIN in current state"
+    );
+    assert_eq!(
+        err(b"IDENTIFY\n", ClientState::Subscribed),
+        "E_INVALID cannot IDENTIFY in current state"
+    );
+    assert_eq!(
+        err(b"SUB t c\n", ClientState::Subscribed),
+        "E_INVALID cannot SUB in current state"
+    );
+    assert_eq!(
+        err(b"CLS\n", ClientState::Init),
+        "E_INVALID cannot CLS in current state"
+    );
+    assert_eq!(
+        decode(b"RDY 99999\n", &ctx(ClientState::Closing)),
+        Ok(Some((Command::RdyIgnored, 10)))
+    );
 }
 
 #[test]
 fn rdy_parsing() {
-    assert_eq!(decode(b"RDY\n", &ctx(ClientState::Subscribed)), Ok(Some((Command::Rdy { count: 1 }, 4))));
-    assert_eq!(err(b"RDY 51\n", ClientState::Subscribed), "E_INVALID RDY count 51 out of range 0-50");
-    assert_eq!(err(b"RDY -1\n", ClientState::Subscribed), "E_INVALID RDY could not parse count -1");
+    assert_eq!(
+        decode(b"RDY\n", &ctx(ClientState::Subscribed)),
+        Ok(Some((Command::Rdy { count: 1 }, 4)))
+    );
+    assert_eq!(
+        err(b"RDY 51\n", ClientState::Subscribed),
+        "E_INVALID RDY count 51 out of range 0-50"
+    );
+    assert_eq!(
+        err(b"RDY -1\n", ClientState::Subscribed),
+        "E_INVALID RDY could not parse count -1"
+    );
 }
 
 #[test]
 fn unknown_and_empty_commands() {
-    assert_eq!(err(b"ASDF\n", ClientState::Init), "E_INVALID invalid command ASDF");
+    assert_eq!(
+        err(b"ASDF\n", ClientState::Init),
+        "E_INVALID invalid command ASDF"
+    );
     assert_eq!(err(b"\n", ClientState::Init), "E_INVALID invalid command ");
-    assert_eq!(err(b"NOP\r\r\n", ClientState::Init), "E_INVALID invalid command NOP\r");
+    assert_eq!(
+        err(b"NOP\r\r\n", ClientState::Init),
+        "E_INVALID invalid command NOP\r"
+    );
 }
 
 #[test]
@@ -110,7 +179,10 @@ fn eof_turns_short_body_into_read_error() {
 fn dpub_range() {
     let mut b = b"DPUB t 3600001\n".to_vec();
     b.extend(sized(b"x"));
-    assert_eq!(err(&b, ClientState::Init), "E_INVALID DPUB timeout 3600001 out of range 0-3600000");
+    assert_eq!(
+        err(&b, ClientState::Init),
+        "E_INVALID DPUB timeout 3600001 out of range 0-3600000"
+    );
 }
 
 #[test]
