@@ -431,7 +431,7 @@ fn method_not_allowed(allowed: &[&str]) -> Response {
 
 async fn route(server: &Rc<Server>, head: &Head, body: Bytes) -> Response {
     let allowed: &[&str] = match head.path.as_str() {
-        "/ping" | "/info" | "/stats" => &["GET"],
+        "/ping" | "/info" | "/stats" | "/metrics" | "/shards" => &["GET"],
         "/pub" | "/mpub" | "/topic/create" | "/topic/delete" | "/topic/empty" | "/topic/pause"
         | "/topic/unpause" | "/channel/create" | "/channel/delete" | "/channel/empty"
         | "/channel/pause" | "/channel/unpause" => &["POST"],
@@ -465,6 +465,32 @@ async fn route(server: &Rc<Server>, head: &Head, body: Bytes) -> Response {
         "/pub" => do_pub(server, &params, body).await,
         "/mpub" => do_mpub(server, &params, body).await,
         "/stats" => do_stats(server, &params).await,
+        "/metrics" => {
+            let req = StatsRequest {
+                include_clients: false,
+                ..Default::default()
+            };
+            let shards = server.gather_stats(&req).await;
+            let mut r = Response::plain(
+                200,
+                crate::metrics::prometheus(&shards, server.cfg.start_time).into_bytes(),
+            );
+            r.sniffed_type = None;
+            r.headers.push((
+                "Content-Type",
+                "text/plain; version=0.0.4; charset=utf-8".into(),
+            ));
+            r
+        }
+        "/shards" => {
+            let req = StatsRequest {
+                counters_only: true,
+                ..Default::default()
+            };
+            let shards = server.gather_stats(&req).await;
+            let counters: Vec<_> = shards.iter().map(|s| &s.counters).collect();
+            Response::v1_json(serde_json::to_vec(&counters).unwrap_or_default())
+        }
         "/topic/create" => match topic_param(&params, true) {
             Err(r) => r,
             Ok(t) => {
@@ -676,6 +702,7 @@ async fn do_stats(server: &Server, p: &Params) -> Response {
         topic: p.get("topic").unwrap_or("").to_string(),
         channel: p.get("channel").unwrap_or("").to_string(),
         include_clients: bool_param(p.get("include_clients")).unwrap_or(true),
+        counters_only: false,
     };
     let include_mem = bool_param(p.get("include_mem")).unwrap_or(true);
     let shards = server.gather_stats(&req).await;

@@ -183,7 +183,9 @@ async fn shard_main(
     let _ = ready.send(Ok(index));
 
     loop {
+        let t0 = Instant::now();
         glommio::timer::sleep(TICK).await;
+        shard.record_loop_lag(t0.elapsed().saturating_sub(TICK).as_micros() as u64);
         if term.load(Ordering::Relaxed) {
             break;
         }

@@ -46,6 +46,8 @@ pub struct Counters {
     pub cross_shard_received: Cell<u64>,
     pub handoffs_sent: Cell<u64>,
     pub handoffs_received: Cell<u64>,
+    pub loop_lag_us: Cell<u64>,
+    pub loop_lag_max_us: Cell<u64>,
 }
 
 fn bump(c: &Cell<u64>, n: u64) {
@@ -397,6 +399,8 @@ impl Shard {
             cross_shard_received: self.counters.cross_shard_received.get(),
             handoffs_sent: self.counters.handoffs_sent.get(),
             handoffs_received: self.counters.handoffs_received.get(),
+            loop_lag_us: self.counters.loop_lag_us.get(),
+            loop_lag_max_us: self.counters.loop_lag_max_us.get(),
             ..Default::default()
         };
         for t in topics.values() {
@@ -407,6 +411,9 @@ impl Shard {
                 counters.in_flight += ch.in_flight.len() as u64;
                 counters.deferred += ch.deferred.len() as u64;
             }
+        }
+        if req.counters_only {
+            names.clear();
         }
         for name in names {
             if !req.topic.is_empty() && *name != req.topic {
@@ -498,6 +505,14 @@ impl Shard {
     pub fn count_handoff_received(&self) {
         bump(&self.counters.handoffs_received, 1);
     }
+    /// Records the lateness of a timer tick (event-loop lag), in microseconds.
+    pub fn record_loop_lag(&self, us: u64) {
+        self.counters.loop_lag_us.set(us);
+        if us > self.counters.loop_lag_max_us.get() {
+            self.counters.loop_lag_max_us.set(us);
+        }
+    }
+
     pub fn count_bytes_out(&self, n: u64) {
         bump(&self.counters.bytes_out, n);
     }

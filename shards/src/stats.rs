@@ -95,6 +95,8 @@ pub struct StatsRequest {
     /// Only this channel of each listed topic ("" = all).
     pub channel: String,
     pub include_clients: bool,
+    /// Only the per-shard counters (GET /shards).
+    pub counters_only: bool,
 }
 
 /// One shard's counters: the per-shard section of /stats.
@@ -116,6 +118,10 @@ pub struct ShardCounters {
     pub cross_shard_received: u64,
     pub handoffs_sent: u64,
     pub handoffs_received: u64,
+    /// How late the shard's 10 ms timer tick last fired, in microseconds (event-loop lag).
+    pub loop_lag_us: u64,
+    /// The largest such lateness seen, in microseconds.
+    pub loop_lag_max_us: u64,
 }
 
 /// A shard's answer to a [`StatsRequest`].
