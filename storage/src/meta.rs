@@ -1,0 +1,108 @@
+//! Topic metadata: the meaning of nsqd's `nsqd.dat` (topics, channels, paused flags)
+//! plus each channel's position, kept per topic in `meta.json` beside its segments and
+//! written atomically: write `meta.json.tmp`, fsync, rename over `meta.json`, fsync the
+//! directory.
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Version of the metadata layout.
+pub const META_VERSION: u32 = 1;
+
+/// A message of a channel that is not finished although its sequence is below the
+/// channel's cursor: in flight, requeued or deferred when the metadata was written.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PendingMessage {
+    pub seq: u64,
+    pub attempts: u16,
+    /// Due time of a deferred message, Unix ns (0 = ready now).
+    pub due_unix_ns: i64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ChannelMeta {
+    pub name: String,
+    pub paused: bool,
+    /// Next sequence the channel reads; everything below it except `pending` is finished.
+    pub cursor: u64,
+    #[serde(default)]
+    pub pending: Vec<PendingMessage>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TopicMeta {
+    pub version: u32,
+    pub name: String,
+    pub paused: bool,
+    /// nsqd's topic pump position: records below it were handed to the channels.
+    pub pumped: u64,
+    /// Sequence ranges [from, to) dropped by topic empty.
+    #[serde(default)]
+    pub holes: Vec<(u64, u64)>,
+    pub channels: Vec<ChannelMeta>,
+}
+
+fn meta_path(dir: &Path) -> PathBuf {
+    dir.join("meta.json")
+}
+
+/// Writes `meta` atomically into `dir` (blocking; run it off the executor).
+pub fn write_blocking(dir: &Path, meta: &TopicMeta) -> std::io::Result<()> {
+    use std::io::Write;
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join("meta.json.tmp");
+    let data = serde_json::to_vec(meta).map_err(std::io::Error::other)?;
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&data)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, meta_path(dir))?;
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(())
+}
+
+/// Reads `meta.json` from `dir`; `Ok(None)` when there is none. A corrupt file is an
+/// error (the caller logs it and starts the topic without channel positions).
+pub fn read_blocking(dir: &Path) -> Result<Option<TopicMeta>, String> {
+    match std::fs::read(meta_path(dir)) {
+        Ok(b) => serde_json::from_slice(&b)
+            .map(Some)
+            .map_err(|e| format!("{}: {e}", meta_path(dir).display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{}: {e}", meta_path(dir).display())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atomic_round_trip() {
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(read_blocking(d.path()), Ok(None));
+        let m = TopicMeta {
+            version: META_VERSION,
+            name: "t".into(),
+            paused: true,
+            pumped: 10,
+            holes: vec![(3, 5)],
+            channels: vec![ChannelMeta {
+                name: "c".into(),
+                paused: false,
+                cursor: 7,
+                pending: vec![PendingMessage {
+                    seq: 2,
+                    attempts: 3,
+                    due_unix_ns: 0,
+                }],
+            }],
+        };
+        write_blocking(d.path(), &m).unwrap();
+        assert_eq!(read_blocking(d.path()), Ok(Some(m)));
+        assert!(!d.path().join("meta.json.tmp").exists());
+        std::fs::write(d.path().join("meta.json"), b"{broken").unwrap();
+        assert!(read_blocking(d.path()).is_err());
+    }
+}
