@@ -131,6 +131,15 @@ pub struct Cli {
     /// number of messages to keep in memory per topic/channel (the cap of #ephemeral ones)
     #[arg(long, default_value_t = 10000)]
     pub mem_queue_size: u64,
+    /// number of bytes per segment file before rolling to a new one
+    #[arg(long, default_value_t = 104857600)]
+    pub max_bytes_per_file: u64,
+    /// number of messages per topic after which fdatasync runs; 1 = every publish is durable before it is answered
+    #[arg(long, default_value_t = 2500)]
+    pub sync_every: u64,
+    /// longest time between fdatasyncs while messages are unsynced (Go duration)
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub sync_timeout: Duration,
     /// maximum size in bytes of a single message
     #[arg(long, default_value_t = 1048576)]
     pub max_msg_size: i64,
@@ -268,6 +277,14 @@ impl Config {
             max_channel_consumers: cli.max_channel_consumers,
             client_timeout: Duration::from_secs(60),
             max_deflate_level: cli.max_deflate_level,
+            data_path: Some(if cli.data_path.is_empty() {
+                std::path::PathBuf::from(".")
+            } else {
+                std::path::PathBuf::from(&cli.data_path)
+            }),
+            sync_every: cli.sync_every.max(1),
+            sync_timeout: if cli.sync_timeout.is_zero() { Duration::from_secs(2) } else { cli.sync_timeout },
+            max_bytes_per_file: cli.max_bytes_per_file.max(4096),
         };
         Ok(Config {
             tcp_address: cli.tcp_address,

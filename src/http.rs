@@ -460,7 +460,10 @@ async fn route(server: &Rc<Server>, head: &Head, body: Bytes) -> Response {
         Err(()) => return Response::v1_err(400, "INVALID_REQUEST"),
     };
     match head.path.as_str() {
-        "/ping" => Response::plain(200, b"OK".to_vec()),
+        "/ping" => match health(server).await {
+            None => Response::plain(200, b"OK".to_vec()),
+            Some(e) => Response::plain(500, format!("NOK - {e}").into_bytes()),
+        },
         "/info" => info(server),
         "/pub" => do_pub(server, &params, body).await,
         "/mpub" => do_mpub(server, &params, body).await,
@@ -619,10 +622,7 @@ async fn do_pub(server: &Server, p: &Params, body: Bytes) -> Response {
             defer = Some(Instant::now() + Duration::from_millis(ms as u64));
         }
     }
-    match server.publish(&topic, vec![body], defer).await {
-        Ok(()) => Response::v1_text(b"OK".to_vec()),
-        Err(_) => Response::v1_err(503, "EXITING"),
-    }
+    publish_response(server.publish(&topic, vec![body], defer).await)
 }
 
 async fn do_mpub(server: &Server, p: &Params, body: Bytes) -> Response {
@@ -691,10 +691,26 @@ async fn do_mpub(server: &Server, p: &Params, body: Bytes) -> Response {
         server.create_topic(&topic).await;
         return Response::v1_text(b"OK".to_vec());
     }
-    match server.publish(&topic, msgs, None).await {
+    publish_response(server.publish(&topic, msgs, None).await)
+}
+
+/// nsqd: 503 EXITING while shutting down; a disk error is 500 INTERNAL_ERROR.
+fn publish_response(r: Result<(), nsq_shards::topic::PublishError>) -> Response {
+    match r {
         Ok(()) => Response::v1_text(b"OK".to_vec()),
-        Err(_) => Response::v1_err(503, "EXITING"),
+        Err(nsq_shards::topic::PublishError::Exiting) => Response::v1_err(503, "EXITING"),
+        Err(nsq_shards::topic::PublishError::Disk(_)) => Response::v1_err(500, "INTERNAL_ERROR"),
     }
+}
+
+/// The first disk error any shard reports (nsqd's health), or `None` when healthy.
+pub async fn health(server: &Server) -> Option<String> {
+    let req = StatsRequest {
+        counters_only: true,
+        ..Default::default()
+    };
+    let shards = server.gather_stats(&req).await;
+    shards.into_iter().find_map(|s| s.counters.health_error)
 }
 
 async fn do_stats(server: &Server, p: &Params) -> Response {

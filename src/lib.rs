@@ -10,6 +10,7 @@ pub mod config;
 pub mod http;
 pub mod logger;
 pub mod lookup;
+pub mod lookupd;
 pub mod metrics;
 pub mod protocol;
 pub mod runtime;

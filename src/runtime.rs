@@ -78,10 +78,13 @@ fn reserve(addr: &str) -> Result<(SocketAddr, Option<socket2::Socket>), String> 
 pub fn run(cfg: Config) -> Result<(), String> {
     log::info!("nsqd v1.3.0 (rust, {} shards)", cfg.shards);
     log::info!("ID: {}", cfg.opts.node_id);
-    if !cfg.data_path.is_empty() {
-        std::fs::create_dir_all(&cfg.data_path)
-            .map_err(|e| format!("failed to create data-path {} - {e}", cfg.data_path))?;
-    }
+    let data_path = cfg.opts.data_path.clone().unwrap_or_else(|| ".".into());
+    std::fs::create_dir_all(&data_path)
+        .map_err(|e| format!("failed to create data-path {} - {e}", data_path.display()))?;
+    // nsqd locks its data path so two daemons never share it.
+    let lock = std::fs::File::create(data_path.join(".nsqd.lock"))
+        .map_err(|e| format!("failed to lock data-path - {e}"))?;
+    lock.try_lock().map_err(|_| "failed to lock data-path".to_string())?;
     let (tcp_addr, tcp_hold) = reserve(&cfg.tcp_address)?;
     let (http_addr, http_hold) = reserve(&cfg.http_address)?;
 
@@ -145,6 +148,7 @@ async fn shard_main(
     term: Arc<AtomicBool>,
 ) -> Result<(), String> {
     let shard = Rc::new(Shard::new(index, cfg.shards, cpu, cfg.opts.clone()));
+    *shard.me.borrow_mut() = Rc::downgrade(&shard);
     let mut senders = None;
     let mut receivers = None;
     if let Some(m) = mesh {
@@ -178,10 +182,12 @@ async fn shard_main(
         shard.lookup_enabled.set(true);
         glommio::spawn_local(lookup_task(server.clone())).detach();
     }
+    shard.recover().await;
     let tcp_task = glommio::spawn_local(tcp::accept_loop(server.clone(), tcp));
     let http_task = glommio::spawn_local(http::accept_loop(server.clone(), http));
     let _ = ready.send(Ok(index));
 
+    let checkpoints = glommio::spawn_local(checkpoint_loop(shard.clone()));
     loop {
         let t0 = Instant::now();
         glommio::timer::sleep(TICK).await;
@@ -200,7 +206,21 @@ async fn shard_main(
     while !shard.clients.borrow().is_empty() && Instant::now() < deadline {
         glommio::timer::sleep(Duration::from_millis(5)).await;
     }
+    checkpoints.await;
+    shard.close_stores().await;
     Ok(())
+}
+
+/// Writes topic metadata and applies retention every --sync-timeout until shutdown.
+async fn checkpoint_loop(shard: Rc<Shard>) {
+    loop {
+        let sleep = pin!(glommio::timer::sleep(shard.opts.sync_timeout));
+        let stop = pin!(shard.shutdown.wait());
+        if let Either::Right(_) = select(sleep, stop).await {
+            return;
+        }
+        shard.checkpoint().await;
+    }
 }
 
 /// Shard 0 talks to nsqlookupd; the other shards forward their registration changes
@@ -236,7 +256,20 @@ fn handle_mesh(server: &Rc<Server>, msg: ShardMsg) {
             reply,
         } => {
             shard.count_cross_received();
-            let _ = reply.send(shard.publish_local(&topic, bodies, defer_until));
+            match shard.publish_local(&topic, bodies, defer_until) {
+                Ok(None) => {
+                    let _ = reply.send(Ok(()));
+                }
+                Ok(wait) => {
+                    glommio::spawn_local(async move {
+                        let _ = reply.send(crate::server::wait_durable(wait).await);
+                    })
+                    .detach();
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            }
         }
         ShardMsg::HandOff(h) => {
             let s = server.clone();

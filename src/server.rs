@@ -12,6 +12,14 @@ use nsq_shards::{owner_of, Shard};
 use std::rc::Rc;
 use std::time::Instant;
 
+/// Waits, when asked, until the store has synced the publish (group commit).
+pub async fn wait_durable(wait: Option<nsq_shards::shard::DurableWait>) -> Result<(), PublishError> {
+    match wait {
+        None => Ok(()),
+        Some((store, seq)) => store.wait_durable(seq).await.map_err(PublishError::Disk),
+    }
+}
+
 pub struct Server {
     pub shard: Rc<Shard>,
     pub cfg: Rc<Config>,
@@ -36,7 +44,8 @@ impl Server {
     ) -> Result<(), PublishError> {
         let owner = owner_of(topic, self.shard.count);
         if owner == self.shard.index {
-            return self.shard.publish_local(topic, bodies, defer_until);
+            let wait = self.shard.publish_local(topic, bodies, defer_until)?;
+            return wait_durable(wait).await;
         }
         let Some(mesh) = self.mesh() else {
             return Err(PublishError::Exiting);

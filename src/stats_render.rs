@@ -41,7 +41,7 @@ fn memory() -> Memory {
 #[derive(Serialize)]
 struct StatsDoc<'a> {
     version: &'static str,
-    health: &'static str,
+    health: &'a str,
     start_time: i64,
     topics: Option<Vec<&'a TopicStats>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -67,10 +67,11 @@ pub fn json(
     include_mem: bool,
 ) -> Vec<u8> {
     let (topics, producers) = merged(shards);
+    let health = health_text(shards);
     let topic_exists = req.topic.is_empty() || !topics.is_empty();
     let doc = StatsDoc {
         version: VERSION,
-        health: "OK",
+        health: &health,
         start_time: server.cfg.start_time,
         topics: topic_exists.then_some(topics),
         memory: include_mem.then(memory),
@@ -78,6 +79,14 @@ pub fn json(
         shards: shards.iter().map(|s| &s.counters).collect(),
     };
     serde_json::to_vec(&doc).unwrap_or_default()
+}
+
+/// nsqd's health string: `OK` or `NOK - <last disk error>`.
+fn health_text(shards: &[ShardStats]) -> String {
+    match shards.iter().find_map(|s| s.counters.health_error.clone()) {
+        None => "OK".into(),
+        Some(e) => format!("NOK - {e}"),
+    }
 }
 
 fn client_line(c: &ClientStats) -> String {
@@ -122,7 +131,7 @@ pub fn text(server: &Server, shards: &[ShardStats], include_mem: bool) -> Vec<u8
     let _ = writeln!(w, "nsqd v{VERSION} (built w/rust)");
     let _ = writeln!(w, "start_time {}", timefmt::rfc3339(start));
     let _ = writeln!(w, "uptime {}", go_duration_string(uptime));
-    let _ = writeln!(w, "\nHealth: OK");
+    let _ = writeln!(w, "\nHealth: {}", health_text(shards));
     if include_mem {
         let m = memory();
         let _ = writeln!(w, "\nMemory:");

@@ -458,7 +458,7 @@ async fn publish(
             client.send_frame(FRAME_RESPONSE, b"OK");
             Ok(())
         }
-        Err(_) => fatal(client, format!("{err_prefix} failed exiting")),
+        Err(e) => fatal(client, format!("{err_prefix} failed {}", e.text())),
     }
 }
 

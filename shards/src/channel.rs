@@ -5,7 +5,7 @@
 use crate::client::{Client, ClientState};
 use crate::message::{Message, MessageId};
 use crate::names::is_ephemeral;
-use crate::topic::Log;
+use crate::topic::{Log, Record};
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -100,6 +100,12 @@ pub struct Channel {
     pub message_count: u64,
     pub requeue_count: u64,
     pub timeout_count: u64,
+    /// Records read back from the store for a cursor below the memory tail.
+    pub disk: VecDeque<Record>,
+    /// The cursor is below the memory tail and `disk` is empty: a read is wanted.
+    pub wants_disk: bool,
+    /// A read from the store is under way.
+    pub disk_inflight: bool,
 }
 
 impl Channel {
@@ -118,13 +124,58 @@ impl Channel {
             message_count: 0,
             requeue_count: 0,
             timeout_count: 0,
+            disk: VecDeque::new(),
+            wants_disk: false,
+            disk_inflight: false,
         }
     }
 
     /// Messages ready for delivery: unread pumped records plus requeued ones (nsqd
     /// depth; in-flight and deferred are not counted).
     pub fn depth(&self, log: &Log) -> u64 {
-        log.pumped.saturating_sub(self.cursor) + self.requeued.len() as u64
+        let holes: u64 = log
+            .holes
+            .iter()
+            .map(|&(f, t)| t.min(log.pumped).saturating_sub(f.max(self.cursor)))
+            .sum();
+        (log.pumped.saturating_sub(self.cursor)).saturating_sub(holes) + self.requeued.len() as u64
+    }
+
+    /// Of `depth`, the records only on disk.
+    pub fn backend_depth(&self, log: &Log) -> u64 {
+        log.base.min(log.pumped).saturating_sub(self.cursor)
+    }
+
+    /// Every sequence below this is finished on this channel (the segment retention
+    /// watermark).
+    pub fn low_watermark(&self) -> u64 {
+        let mut low = self.cursor;
+        for f in self.in_flight.values() {
+            low = low.min(f.msg.seq);
+        }
+        for m in &self.requeued {
+            low = low.min(m.seq);
+        }
+        for Reverse(d) in self.deferred.iter() {
+            low = low.min(d.msg.seq);
+        }
+        low
+    }
+
+    /// Moves deferred records sitting at the cursor into the deferred heap right away
+    /// (nsqd hands a DPUB to each channel's deferred queue when it is published).
+    pub fn take_deferred_at_cursor(&mut self, log: &Log, now: Instant) {
+        while self.cursor < log.pumped {
+            match log.get(self.cursor) {
+                Some(rec) if rec.defer_until.is_some_and(|d| d > now) => {
+                    let due = rec.defer_until.unwrap_or(now);
+                    let msg = rec.message();
+                    self.cursor += 1;
+                    self.defer(msg, due);
+                }
+                _ => break,
+            }
+        }
     }
 
     /// An #ephemeral channel keeps at most `mem_queue_size` ready messages; the oldest
@@ -151,14 +202,37 @@ impl Channel {
             return Some(m);
         }
         while self.cursor < log.pumped {
-            let rec = log.get(self.cursor)?;
-            self.cursor += 1;
-            let msg = Message {
-                id: rec.id,
-                timestamp: rec.timestamp,
-                attempts: 0,
-                body: rec.body.clone(),
+            self.cursor = log.skip_hole(self.cursor);
+            if self.cursor >= log.pumped {
+                break;
+            }
+            let rec = if self.cursor < log.base {
+                // Below the memory tail: serve from what was read back from disk.
+                while self.disk.front().is_some_and(|r| r.seq < self.cursor) {
+                    self.disk.pop_front();
+                }
+                match self.disk.pop_front() {
+                    Some(r) => {
+                        self.cursor = r.seq;
+                        r
+                    }
+                    None => {
+                        self.wants_disk = true;
+                        return None;
+                    }
+                }
+            } else {
+                match log.get(self.cursor) {
+                    Some(r) => r.clone(),
+                    None => {
+                        // Lost to corruption: skip it.
+                        self.cursor += 1;
+                        continue;
+                    }
+                }
             };
+            self.cursor += 1;
+            let msg = rec.message();
             match rec.defer_until {
                 Some(due) if due > now => self.defer(msg, due),
                 _ => return Some(msg),
@@ -169,7 +243,8 @@ impl Channel {
 
     /// True when a ready message exists and a client can take it.
     fn has_work(&self, log: &Log) -> bool {
-        !self.paused && (!self.requeued.is_empty() || self.cursor < log.pumped)
+        !self.paused
+            && (!self.requeued.is_empty() || (self.cursor < log.pumped && !(self.wants_disk && self.disk.is_empty())))
     }
 
     /// Hands messages to ready clients, round robin, until either runs out (nsqd's
@@ -339,6 +414,8 @@ impl Channel {
     /// consumers' in-flight counts.
     pub fn empty(&mut self, log: &Log) {
         self.cursor = log.pumped;
+        self.disk.clear();
+        self.wants_disk = false;
         self.requeued.clear();
         self.in_flight.clear();
         self.in_flight_heap.clear();

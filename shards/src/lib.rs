@@ -11,6 +11,7 @@ pub mod mesh;
 pub mod message;
 pub mod names;
 pub mod options;
+pub mod persist;
 pub mod shard;
 pub mod signal;
 pub mod stats;

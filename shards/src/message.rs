@@ -77,10 +77,37 @@ pub fn now_unix_nanos() -> i64 {
         .unwrap_or(0)
 }
 
+/// The `Instant` that corresponds to a Unix-ns wall-clock time (for due times read back
+/// from disk).
+pub fn instant_from_unix_nanos(ns: i64) -> std::time::Instant {
+    let now_i = std::time::Instant::now();
+    let now_ns = now_unix_nanos();
+    if ns >= now_ns {
+        now_i + std::time::Duration::from_nanos((ns - now_ns) as u64)
+    } else {
+        now_i
+            .checked_sub(std::time::Duration::from_nanos((now_ns - ns) as u64))
+            .unwrap_or(now_i)
+    }
+}
+
+/// The Unix-ns wall-clock time of an `Instant` (for due times written to disk).
+pub fn unix_nanos_from_instant(i: std::time::Instant) -> i64 {
+    let now_i = std::time::Instant::now();
+    let now_ns = now_unix_nanos();
+    if i >= now_i {
+        now_ns + (i - now_i).as_nanos() as i64
+    } else {
+        now_ns - (now_i - i).as_nanos() as i64
+    }
+}
+
 /// One message as a channel holds it. The body is shared by every channel (a `Bytes`
 /// reference count, never a copy).
 #[derive(Clone, Debug)]
 pub struct Message {
+    /// Position in the topic's log (the channel's low watermark and the store use it).
+    pub seq: u64,
     pub id: MessageId,
     /// Publish time, Unix ns; unchanged across requeues.
     pub timestamp: i64,
@@ -124,6 +151,7 @@ mod tests {
     fn frame_matches_capture() {
         // From a real nsqd 1.3.0 transcript: body "hello", attempts 1.
         let m = Message {
+            seq: 0,
             id: MessageId(0x18ad4a3bed269000),
             timestamp: 1795981184279709710,
             attempts: 1,

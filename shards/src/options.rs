@@ -38,6 +38,16 @@ pub struct Options {
     pub client_timeout: Duration,
     /// `--max-deflate-level` (reported in IDENTIFY and /info).
     pub max_deflate_level: i64,
+    /// `--data-path`: where non-ephemeral topics keep their segment logs; `None` keeps
+    /// everything in memory.
+    pub data_path: Option<std::path::PathBuf>,
+    /// `--sync-every`: fdatasync after this many records; 1 makes every publish wait for
+    /// the sync that covers it.
+    pub sync_every: u64,
+    /// `--sync-timeout`: fdatasync at least this often while records are unsynced.
+    pub sync_timeout: Duration,
+    /// `--max-bytes-per-file`: segment size before rotation.
+    pub max_bytes_per_file: u64,
 }
 
 impl Default for Options {
@@ -59,6 +69,10 @@ impl Default for Options {
             max_channel_consumers: 0,
             client_timeout: Duration::from_secs(60),
             max_deflate_level: 6,
+            data_path: None,
+            sync_every: 2500,
+            sync_timeout: Duration::from_secs(2),
+            max_bytes_per_file: 104857600,
         }
     }
 }

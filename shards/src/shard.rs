@@ -71,7 +71,13 @@ pub struct Shard {
     pub lookup_wake: crate::signal::Notify,
     pub lookup_enabled: Cell<bool>,
     next_client: Cell<u64>,
+    /// This shard as an `Rc`, for tasks its synchronous methods spawn.
+    pub me: RefCell<Weak<Shard>>,
 }
+
+/// What a publisher waits for when its publish must be durable: the topic's store and
+/// the sequence every record below which must be synced.
+pub type DurableWait = (Rc<nsq_storage::TopicStore>, u64);
 
 /// Why a SUB could not join its channel (`E_SUB_FAILED SUB failed <text>`).
 pub type SubError = String;
@@ -91,6 +97,7 @@ impl Shard {
             lookup_wake: crate::signal::Notify::default(),
             lookup_enabled: Cell::new(false),
             next_client: Cell::new(1),
+            me: RefCell::new(Weak::new()),
         }
     }
 
@@ -108,6 +115,9 @@ impl Shard {
     }
 
     fn topic_deleted(&self, t: &Topic) {
+        if let Some(st) = &t.store {
+            st.destroy();
+        }
         self.notify_lookup(LookupEvent::Unregister(t.name.clone(), None));
         for c in t.channels.keys() {
             self.notify_lookup(LookupEvent::Unregister(t.name.clone(), Some(c.clone())));
@@ -143,7 +153,7 @@ impl Shard {
         }
         if delete_channel {
             topic.channels.remove(&ch);
-            topic.trim();
+            topic.trim(self.opts.mem_queue_size);
             log::info!("TOPIC({t}): deleting channel {ch}");
             self.notify_lookup(LookupEvent::Unregister(t.clone(), Some(ch.clone())));
             if topic.ephemeral && topic.channels.is_empty() {
@@ -163,30 +173,111 @@ impl Shard {
         if !topics.contains_key(name) {
             log::info!("TOPIC({name}): created");
             self.notify_lookup(LookupEvent::Register(name.to_string(), None));
-            topics.insert(name.to_string(), Topic::new(name, self.opts.node_id));
+            let mut t = Topic::new(name, self.opts.node_id);
+            if let (Some(dp), false) = (&self.opts.data_path, t.ephemeral) {
+                match nsq_storage::TopicStore::create(nsq_storage::topic_dir(dp, name), self.store_config(), 0) {
+                    Ok(st) => t.store = Some(st),
+                    Err(e) => log::error!("TOPIC({name}): no durable store - {e}"),
+                }
+            }
+            topics.insert(name.to_string(), t);
         }
         topics.get_mut(name).expect("inserted above")
     }
 
     /// Publishes to a topic this shard owns, creating it if needed, and delivers what
-    /// ready clients can take.
+    /// ready clients can take. Returns what to wait for before answering when the
+    /// publish must be durable (`--sync-every=1`, or the store reported an error: then the
+    /// answer tells whether this write reached the disk).
     pub fn publish_local(
         &self,
         topic: &str,
         bodies: Vec<Bytes>,
         defer_until: Option<Instant>,
-    ) -> Result<(), PublishError> {
+    ) -> Result<Option<DurableWait>, PublishError> {
         if self.shutdown.is_set() {
             return Err(PublishError::Exiting);
         }
         let bytes: u64 = bodies.iter().map(|b| b.len() as u64).sum();
         let mut topics = self.topics.borrow_mut();
         let t = self.get_or_create_topic(&mut topics, topic);
-        let n = t.publish(bodies, defer_until, self.opts.mem_queue_size);
+        let (n, end) = t.publish(bodies, defer_until, self.opts.mem_queue_size);
         bump(&self.counters.messages_in, n);
         bump(&self.counters.bytes_in, bytes);
+        let wait = t.store.as_ref().and_then(|st| {
+            (self.opts.sync_every <= 1 || st.error().is_some()).then(|| (st.clone(), end))
+        });
         self.dispatch_topic(t);
-        Ok(())
+        Ok(wait)
+    }
+
+    /// The store policy from the options.
+    pub fn store_config(&self) -> nsq_storage::StoreConfig {
+        nsq_storage::StoreConfig {
+            max_bytes_per_file: self.opts.max_bytes_per_file,
+            sync_every: self.opts.sync_every.max(1),
+            sync_timeout: self.opts.sync_timeout,
+        }
+    }
+
+    /// The first disk error of any topic store of this shard (nsqd's health).
+    pub fn health(&self) -> Option<String> {
+        self.topics
+            .borrow()
+            .values()
+            .find_map(|t| t.store.as_ref().and_then(|s| s.error()))
+    }
+
+    /// Starts a read from the store for every channel of `t` whose cursor is below the
+    /// memory tail and that has nothing buffered (without stalling anything else).
+    fn schedule_disk_reads(&self, t: &mut Topic) {
+        let Some(store) = t.store.clone() else { return };
+        for ch in t.channels.values_mut() {
+            if ch.wants_disk && !ch.disk_inflight && !ch.paused {
+                ch.disk_inflight = true;
+                let me = self.me.borrow().upgrade();
+                let Some(me) = me else { return };
+                let (topic, channel, from) = (t.name.clone(), ch.name.clone(), ch.cursor);
+                let store = store.clone();
+                glommio::spawn_local(async move {
+                    me.disk_read(store, topic, channel, from).await;
+                })
+                .detach();
+            }
+        }
+    }
+
+    async fn disk_read(&self, store: Rc<nsq_storage::TopicStore>, topic: String, channel: String, from: u64) {
+        let res = store.read(from, 512).await;
+        let mut topics = self.topics.borrow_mut();
+        let Some(t) = topics.get_mut(&topic) else { return };
+        let base = t.log.base;
+        let Some(ch) = t.channels.get_mut(&channel) else { return };
+        ch.disk_inflight = false;
+        match res {
+            Ok(recs) if !recs.is_empty() => {
+                if ch.cursor == from {
+                    ch.wants_disk = false;
+                    ch.disk.extend(recs.into_iter().map(crate::topic::Record::from_stored));
+                }
+            }
+            Ok(_) => {
+                // Nothing on disk at or after the cursor below the memory tail: those
+                // records are gone (corrupt or deleted); continue from memory.
+                if ch.cursor == from && from < base {
+                    log::error!("TOPIC({topic}) CHANNEL({channel}): records {from}..{base} missing on disk; skipped");
+                    ch.cursor = base;
+                }
+                ch.wants_disk = false;
+            }
+            Err(e) => {
+                log::error!("TOPIC({topic}) CHANNEL({channel}): disk read failed - {e}");
+                ch.wants_disk = false;
+            }
+        }
+        let out = ch.dispatch(&t.log, Instant::now());
+        bump(&self.counters.messages_out, out);
+        self.schedule_disk_reads(t);
     }
 
     /// Creates a topic (no-op if it exists).
@@ -198,12 +289,15 @@ impl Shard {
     fn dispatch_topic(&self, t: &mut Topic) {
         let now = Instant::now();
         let mut out = 0;
+        let mut disk = false;
         for ch in t.channels.values_mut() {
             out += ch.dispatch(&t.log, now);
+            disk |= ch.wants_disk;
         }
-        if out > 0 {
-            bump(&self.counters.messages_out, out);
-            t.trim();
+        bump(&self.counters.messages_out, out);
+        t.trim(self.opts.mem_queue_size);
+        if disk {
+            self.schedule_disk_reads(t);
         }
     }
 
@@ -212,9 +306,13 @@ impl Shard {
         if let Some(t) = topics.get_mut(topic) {
             if let Some(ch) = t.channels.get_mut(channel) {
                 let out = ch.dispatch(&t.log, Instant::now());
+                let disk = ch.wants_disk;
                 if out > 0 {
                     bump(&self.counters.messages_out, out);
-                    t.trim();
+                    t.trim(self.opts.mem_queue_size);
+                }
+                if disk {
+                    self.schedule_disk_reads(t);
                 }
             }
         }
@@ -299,7 +397,8 @@ impl Shard {
                 }
             }
             if any {
-                t.trim();
+                t.trim(self.opts.mem_queue_size);
+                self.schedule_disk_reads(t);
             }
         }
         bump(&self.counters.messages_out, out);
@@ -327,6 +426,7 @@ impl Shard {
             AdminOp::PauseTopic(t, paused) => {
                 let topic = topics.get_mut(&t).ok_or(AdminError::TopicNotFound)?;
                 topic.paused = paused;
+                topic.dirty = true;
                 if !paused {
                     topic.pump(mq);
                     self.dispatch_topic(topic);
@@ -346,7 +446,7 @@ impl Shard {
                     .remove(&c)
                     .ok_or(AdminError::ChannelNotFound)?;
                 ch.close_clients();
-                topic.trim();
+                topic.trim(self.opts.mem_queue_size);
                 log::info!("TOPIC({t}): deleting channel {c}");
                 self.notify_lookup(LookupEvent::Unregister(t.clone(), Some(c.clone())));
                 if topic.ephemeral && topic.channels.is_empty() {
@@ -362,7 +462,7 @@ impl Shard {
                     .get_mut(&c)
                     .ok_or(AdminError::ChannelNotFound)?;
                 ch.empty(&topic.log);
-                topic.trim();
+                topic.trim(self.opts.mem_queue_size);
             }
             AdminOp::PauseChannel(t, c, paused) => {
                 let topic = topics.get_mut(&t).ok_or(AdminError::TopicNotFound)?;
@@ -382,6 +482,7 @@ impl Shard {
 
     /// This shard's part of /stats.
     pub fn stats(&self, req: &StatsRequest) -> ShardStats {
+        let health_error = self.health();
         let topics = self.topics.borrow();
         let mut names: Vec<&String> = topics.keys().collect();
         names.sort();
@@ -401,6 +502,7 @@ impl Shard {
             handoffs_received: self.counters.handoffs_received.get(),
             loop_lag_us: self.counters.loop_lag_us.get(),
             loop_lag_max_us: self.counters.loop_lag_max_us.get(),
+            health_error,
             ..Default::default()
         };
         for t in topics.values() {
@@ -434,7 +536,7 @@ impl Shard {
                 channels.push(ChannelStats {
                     channel_name: ch.name.clone(),
                     depth: ch.depth(&t.log),
-                    backend_depth: 0,
+                    backend_depth: ch.backend_depth(&t.log),
                     in_flight_count: ch.in_flight.len(),
                     deferred_count: ch.deferred.len(),
                     message_count: ch.message_count,
@@ -453,7 +555,7 @@ impl Shard {
                 topic_name: t.name.clone(),
                 channels,
                 depth: t.depth(),
-                backend_depth: 0,
+                backend_depth: t.backend_depth(),
                 message_count: t.message_count,
                 message_bytes: t.message_bytes,
                 paused: t.paused,

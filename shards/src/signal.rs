@@ -7,37 +7,7 @@ use std::task::{Context, Poll, Waker};
 
 /// An edge-triggered notification for one waiting task: `notify` sets a flag and wakes
 /// the waiter; `wait` completes once the flag is set, clearing it.
-#[derive(Default)]
-pub struct Notify {
-    flag: Cell<bool>,
-    waker: RefCell<Option<Waker>>,
-}
-
-impl Notify {
-    pub fn notify(&self) {
-        self.flag.set(true);
-        if let Some(w) = self.waker.borrow_mut().take() {
-            w.wake();
-        }
-    }
-
-    pub fn wait(&self) -> NotifyWait<'_> {
-        NotifyWait(self)
-    }
-}
-
-pub struct NotifyWait<'a>(&'a Notify);
-
-impl Future for NotifyWait<'_> {
-    type Output = ();
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.0.flag.replace(false) {
-            return Poll::Ready(());
-        }
-        *self.0.waker.borrow_mut() = Some(cx.waker().clone());
-        Poll::Pending
-    }
-}
+pub use nsq_storage::Notify;
 
 /// A level-triggered event many tasks can wait for (shutdown): once `set`, every
 /// present and future `wait` completes.

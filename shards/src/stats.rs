@@ -122,6 +122,9 @@ pub struct ShardCounters {
     pub loop_lag_us: u64,
     /// The largest such lateness seen, in microseconds.
     pub loop_lag_max_us: u64,
+    /// The shard's last disk error, if unhealthy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health_error: Option<String>,
 }
 
 /// A shard's answer to a [`StatsRequest`].

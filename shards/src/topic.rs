@@ -1,21 +1,29 @@
 //! A topic: an append-only log of records plus its channels (nsqd: topic.go).
 //!
-//! Each message is appended once; every channel reads the log through its own cursor.
-//! `pumped` is nsqd's topic pump position: records below it have been handed to the
-//! channels that existed at that moment; records at or above it wait in the topic
-//! (no channels yet, or the topic is paused). A new channel starts at `pumped`, which
-//! gives the first channel the whole backlog and later channels only new messages.
+//! Each message is appended once (to memory and, for non-ephemeral topics, to the
+//! topic's segment store); every channel reads the log through its own cursor. `pumped`
+//! is nsqd's topic pump position: records below it have been handed to the channels that
+//! existed at that moment; records at or above it wait in the topic (no channels yet, or
+//! the topic is paused). A new channel starts at `pumped`, which gives the first channel
+//! the whole backlog and later channels only new messages.
+//!
+//! Memory keeps the newest records (about `--mem-queue-size`, more while the store has
+//! not flushed them); a channel whose cursor falls below the memory tail reads the older
+//! records back from the store in batches.
 
 use crate::channel::Channel;
-use crate::message::{IdGenerator, Message, MessageId};
+use crate::message::{instant_from_unix_nanos, unix_nanos_from_instant, IdGenerator, Message, MessageId};
 use crate::names::is_ephemeral;
 use bytes::Bytes;
+use nsq_storage::{StoredRecord, TopicStore};
 use std::collections::{BTreeMap, VecDeque};
+use std::rc::Rc;
 use std::time::Instant;
 
 /// One published message as the topic holds it.
 #[derive(Clone, Debug)]
 pub struct Record {
+    pub seq: u64,
     pub id: MessageId,
     pub timestamp: i64,
     /// DPUB / `/pub?defer=`: not deliverable before this instant.
@@ -23,35 +31,113 @@ pub struct Record {
     pub body: Bytes,
 }
 
-/// The topic's log: records `[base, head)` in memory.
+impl Record {
+    /// A fresh (attempts 0) message for a channel.
+    pub fn message(&self) -> Message {
+        Message {
+            seq: self.seq,
+            id: self.id,
+            timestamp: self.timestamp,
+            attempts: 0,
+            body: self.body.clone(),
+        }
+    }
+
+    pub fn from_stored(r: StoredRecord) -> Record {
+        Record {
+            seq: r.seq,
+            id: MessageId(r.id),
+            timestamp: r.timestamp,
+            defer_until: (r.defer_until != 0).then(|| instant_from_unix_nanos(r.defer_until)),
+            body: r.body,
+        }
+    }
+
+    fn to_stored(&self) -> StoredRecord {
+        StoredRecord {
+            seq: self.seq,
+            timestamp: self.timestamp,
+            defer_until: self.defer_until.map(unix_nanos_from_instant).unwrap_or(0),
+            id: self.id.0,
+            attempts: 0,
+            body: self.body.clone(),
+        }
+    }
+}
+
+/// The topic's log: sequences `[base, head)` are in memory (`None` for a sequence lost
+/// to corruption); everything below `base` is on disk only.
 #[derive(Default)]
 pub struct Log {
-    records: VecDeque<Record>,
+    records: VecDeque<Option<Record>>,
     /// Sequence of `records[0]`.
     pub base: u64,
     /// Sequence the next record gets.
     pub head: u64,
     /// Records below this were pumped to the channels.
     pub pumped: u64,
+    /// Ranges `[from, to)` removed by topic empty: channels jump over them.
+    pub holes: Vec<(u64, u64)>,
 }
 
 impl Log {
+    /// The in-memory record at `seq`: `None` when it is on disk only or gone.
     pub fn get(&self, seq: u64) -> Option<&Record> {
         seq.checked_sub(self.base)
             .and_then(|i| self.records.get(i as usize))
+            .and_then(|r| r.as_ref())
+    }
+
+    /// Where a cursor at `seq` continues when `seq` falls in a hole.
+    pub fn skip_hole(&self, seq: u64) -> u64 {
+        let mut s = seq;
+        for &(from, to) in &self.holes {
+            if s >= from && s < to {
+                s = to;
+            }
+        }
+        s
     }
 
     fn push(&mut self, r: Record) {
-        self.records.push_back(r);
+        self.records.push_back(Some(r));
         self.head += 1;
     }
 
-    /// Drops records every channel has read (and the pump has passed).
+    /// Starts the log at `base` with recovered records (gaps become `None`).
+    pub fn restore(&mut self, base: u64, head: u64, tail: impl IntoIterator<Item = Record>) {
+        self.records.clear();
+        self.base = base;
+        self.head = base;
+        for r in tail {
+            if r.seq < self.head {
+                continue;
+            }
+            while self.head < r.seq {
+                self.records.push_back(None);
+                self.head += 1;
+            }
+            self.push(r);
+        }
+        while self.head < head {
+            self.records.push_back(None);
+            self.head += 1;
+        }
+    }
+
     fn trim_to(&mut self, seq: u64) {
         while self.base < seq && !self.records.is_empty() {
             self.records.pop_front();
             self.base += 1;
         }
+        if self.records.is_empty() {
+            self.base = self.base.max(seq.min(self.head));
+        }
+    }
+
+    /// Records held in memory.
+    pub fn in_memory(&self) -> usize {
+        self.records.len()
     }
 }
 
@@ -59,6 +145,17 @@ impl Log {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PublishError {
     Exiting,
+    /// A disk error (nsqd: E_PUB_FAILED ... with the error text).
+    Disk(String),
+}
+
+impl PublishError {
+    pub fn text(&self) -> String {
+        match self {
+            PublishError::Exiting => "exiting".into(),
+            PublishError::Disk(e) => e.clone(),
+        }
+    }
 }
 
 pub struct Topic {
@@ -70,6 +167,10 @@ pub struct Topic {
     pub channels: BTreeMap<String, Channel>,
     pub message_count: u64,
     pub message_bytes: u64,
+    /// The segment store (non-ephemeral topics with storage on).
+    pub store: Option<Rc<TopicStore>>,
+    /// Metadata changed since the last checkpoint.
+    pub dirty: bool,
     ids: IdGenerator,
 }
 
@@ -83,61 +184,67 @@ impl Topic {
             channels: BTreeMap::new(),
             message_count: 0,
             message_bytes: 0,
+            store: None,
+            dirty: true,
             ids: IdGenerator::new(node_id),
         }
     }
 
     /// Messages waiting in the topic itself (not yet pumped to channels).
     pub fn depth(&self) -> u64 {
-        self.log.head - self.log.pumped
+        let holes: u64 = self
+            .log
+            .holes
+            .iter()
+            .map(|&(f, t)| t.min(self.log.head).saturating_sub(f.max(self.log.pumped)))
+            .sum();
+        (self.log.head - self.log.pumped).saturating_sub(holes)
     }
 
-    /// Appends messages (nsqd PutMessages). With `defer_until` set and channels present
-    /// on an unpaused topic, each channel gets the message straight into its deferred
-    /// heap, as nsqd's pump does. An #ephemeral topic with no reader drops what exceeds
-    /// `mem_queue_size`. Returns the number of messages accepted.
+    /// Of `depth`, the messages only on disk.
+    pub fn backend_depth(&self) -> u64 {
+        self.log.base.saturating_sub(self.log.pumped).min(self.depth())
+    }
+
+    /// Appends messages (nsqd PutMessages) to memory and to the store. A message deferred
+    /// into the future goes straight to the deferred heap of every channel that has read
+    /// everything before it, as nsqd's pump does. An #ephemeral topic with no reader
+    /// drops what exceeds `mem_queue_size`. Returns (accepted, sequence after the last).
     pub fn publish(
         &mut self,
         bodies: impl IntoIterator<Item = Bytes>,
         defer_until: Option<Instant>,
         mem_queue_size: u64,
-    ) -> u64 {
+    ) -> (u64, u64) {
         let timestamp = crate::message::now_unix_nanos();
-        let direct_defer = defer_until.is_some() && !self.paused && !self.channels.is_empty();
         let mut n = 0;
         for body in bodies {
-            n += 1;
             self.message_count += 1;
             self.message_bytes += body.len() as u64;
-            let id = self.ids.next_id();
-            if direct_defer {
-                let due = defer_until.unwrap_or_else(Instant::now);
-                for ch in self.channels.values_mut() {
-                    ch.message_count += 1;
-                    ch.defer(
-                        Message {
-                            id,
-                            timestamp,
-                            attempts: 0,
-                            body: body.clone(),
-                        },
-                        due,
-                    );
-                }
-                continue;
-            }
             if self.ephemeral && self.channels.is_empty() && self.depth() >= mem_queue_size {
                 continue;
             }
-            self.log.push(Record {
-                id,
+            n += 1;
+            let rec = Record {
+                seq: self.log.head,
+                id: self.ids.next_id(),
                 timestamp,
                 defer_until,
                 body,
-            });
+            };
+            if let Some(store) = &self.store {
+                store.append(&rec.to_stored());
+            }
+            self.log.push(rec);
         }
         self.pump(mem_queue_size);
-        n
+        if defer_until.is_some_and(|d| d > Instant::now()) {
+            let now = Instant::now();
+            for ch in self.channels.values_mut() {
+                ch.take_deferred_at_cursor(&self.log, now);
+            }
+        }
+        (n, self.log.head)
     }
 
     /// Moves the pump position to the head when the topic has channels and is not
@@ -146,8 +253,8 @@ impl Topic {
         if self.paused || self.channels.is_empty() {
             return;
         }
-        let n = self.log.head - self.log.pumped;
-        if n == 0 {
+        let n = self.depth();
+        if self.log.head == self.log.pumped {
             return;
         }
         self.log.pumped = self.log.head;
@@ -157,16 +264,31 @@ impl Topic {
                 ch.drop_overflow(&self.log, mem_queue_size);
             }
         }
-        self.trim();
+        self.trim(mem_queue_size);
     }
 
-    /// Frees records no channel will read again.
-    pub fn trim(&mut self) {
+    /// The lowest sequence some channel (or the topic's own backlog) still needs.
+    pub fn low_watermark(&self) -> u64 {
+        let mut low = self.log.pumped;
+        for ch in self.channels.values() {
+            low = low.min(ch.low_watermark());
+        }
+        low
+    }
+
+    /// Frees memory: records every channel has read go; with a store, the memory tail is
+    /// also cut to `mem_queue_size` records once they are readable from disk.
+    pub fn trim(&mut self, mem_queue_size: u64) {
         let mut low = self.log.pumped;
         for ch in self.channels.values() {
             low = low.min(ch.cursor);
         }
-        self.log.trim_to(low);
+        let mut to = low;
+        if let Some(store) = &self.store {
+            let keep_from = self.log.head.saturating_sub(mem_queue_size);
+            to = to.max(keep_from.min(store.readable_seq()));
+        }
+        self.log.trim_to(to);
     }
 
     /// Adds a channel (no-op if present). It starts reading at the pump position.
@@ -176,6 +298,7 @@ impl Topic {
         }
         let ch = Channel::new(name, self.log.pumped);
         self.channels.insert(name.to_string(), ch);
+        self.dirty = true;
         self.pump(mem_queue_size);
         true
     }
@@ -183,13 +306,21 @@ impl Topic {
     /// nsqd topic Empty: drops what waits in the topic (not yet pumped); channels keep
     /// what they already received.
     pub fn empty(&mut self) {
-        let keep = (self.log.pumped - self.log.base) as usize;
-        self.log.records.truncate(keep);
-        self.log.head = self.log.pumped;
-    }
-
-    /// Deliverable message for `ch` at its cursor (helper for dispatch).
-    pub fn record_at(&self, seq: u64) -> Option<&Record> {
-        self.log.get(seq)
+        let (from, to) = (self.log.pumped, self.log.head);
+        if from < to {
+            if self.store.is_some() {
+                self.log.holes.push((from, to));
+                self.log.pumped = to;
+                let keep = (from.saturating_sub(self.log.base)) as usize;
+                for r in self.log.records.iter_mut().skip(keep) {
+                    *r = None;
+                }
+            } else {
+                let keep = (from - self.log.base) as usize;
+                self.log.records.truncate(keep);
+                self.log.head = from;
+            }
+        }
+        self.dirty = true;
     }
 }

@@ -174,7 +174,7 @@ impl MpubEncoder {
     }
 
     /// Patches the body length and message count.
-    pub fn finish(self, out: &mut Vec<u8>) {
+    pub fn finish(self, out: &mut [u8]) {
         let body_len = (out.len() - self.len_at - 4) as u32;
         out[self.len_at..self.len_at + 4].copy_from_slice(&body_len.to_be_bytes());
         out[self.len_at + 4..self.len_at + 8].copy_from_slice(&self.count.to_be_bytes());

@@ -199,6 +199,44 @@ impl TopicStore {
         })
     }
 
+    /// Creates the store of a new topic (its directory must not hold old data) and spawns
+    /// its writer task. The directory is created at once; segment files lazily.
+    pub fn create(dir: PathBuf, cfg: StoreConfig, next_seq: u64) -> Result<Rc<TopicStore>, String> {
+        std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+        let store = Rc::new(TopicStore {
+            dir,
+            cfg,
+            segments: RefCell::new(BTreeMap::new()),
+            readers: RefCell::new(HashMap::new()),
+            pending: RefCell::new(Vec::new()),
+            pending_recs: RefCell::new(Vec::new()),
+            next_seq: Cell::new(next_seq),
+            durable_seq: Cell::new(next_seq),
+            waiters: RefCell::new(Vec::new()),
+            wake: Rc::new(crate::Notify::default()),
+            closing: Cell::new(false),
+            error: RefCell::new(None),
+            done: Rc::new(crate::Notify::default()),
+            finished: Cell::new(false),
+        });
+        glommio::spawn_local(writer_task(store.clone())).detach();
+        Ok(store)
+    }
+
+    /// Records below this sequence can be read back from disk.
+    pub fn readable_seq(&self) -> u64 {
+        let segs = self.segments.borrow();
+        match segs.values().next_back() {
+            Some(s) => s.readable_seq,
+            None => self.durable_seq.get(),
+        }
+    }
+
+    /// The directory holding this store.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The next sequence this store expects.
     pub fn next_seq(&self) -> u64 {
         self.next_seq.get()
@@ -386,15 +424,32 @@ impl TopicStore {
         }
     }
 
-    /// Stops the writer and removes the topic's directory (topic delete).
-    pub async fn destroy(&self) {
-        self.close().await;
-        self.readers.borrow_mut().clear();
-        self.segments.borrow_mut().clear();
-        let d = self.dir.clone();
-        let _ = glommio::executor()
-            .spawn_blocking(move || std::fs::remove_dir_all(d))
-            .await;
+    /// Topic delete: moves the directory aside at once (so a topic of the same name can
+    /// start afresh), then stops the writer and removes the files in the background.
+    pub fn destroy(self: &Rc<Self>) {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = self
+            .dir
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let topic = name.strip_prefix("t-").unwrap_or(&name).to_string();
+        let aside = self
+            .dir
+            .with_file_name(format!(".deleted-{topic}-{}-{n}", std::process::id()));
+        let moved = std::fs::rename(&self.dir, &aside).is_ok();
+        let me = self.clone();
+        glommio::spawn_local(async move {
+            me.close().await;
+            me.readers.borrow_mut().clear();
+            me.segments.borrow_mut().clear();
+            let d = if moved { aside } else { me.dir.clone() };
+            let _ = glommio::executor()
+                .spawn_blocking(move || std::fs::remove_dir_all(d))
+                .await;
+        })
+        .detach();
     }
 
     fn fail_waiters(&self, e: &str) {

@@ -71,7 +71,13 @@ impl Broker {
                 http = Some(a.trim().parse().expect("http addr"));
             }
         }
-        Broker { child, tcp: tcp.unwrap(), http: http.unwrap(), data_dir, log }
+        Broker {
+            child,
+            tcp: tcp.unwrap(),
+            http: http.unwrap(),
+            data_dir,
+            log,
+        }
     }
 
     /// A raw TCP connection to the broker that has already sent the `"  V2"` magic.
@@ -119,7 +125,10 @@ impl Broker {
 static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 fn unsafe_kill(pid: u32, sig: i32) {
-    let _ = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status();
+    let _ = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status();
 }
 
 impl Drop for Broker {
@@ -148,7 +157,11 @@ pub fn http_raw(addr: SocketAddr, method: &str, path_and_query: &str, body: &[u8
 pub fn split_http(raw: &[u8]) -> (u16, Vec<u8>) {
     let text = String::from_utf8_lossy(raw);
     let code = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let pos = raw.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4).unwrap_or(raw.len());
+    let pos = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|p| p + 4)
+        .unwrap_or(raw.len());
     (code, raw[pos..].to_vec())
 }
 
@@ -156,7 +169,10 @@ pub fn split_http(raw: &[u8]) -> (u16, Vec<u8>) {
 pub fn headers_without_date(raw: &[u8]) -> Vec<String> {
     let text = String::from_utf8_lossy(raw);
     let head = text.split("\r\n\r\n").next().unwrap_or("");
-    head.split("\r\n").filter(|l| !l.to_ascii_lowercase().starts_with("date:")).map(String::from).collect()
+    head.split("\r\n")
+        .filter(|l| !l.to_ascii_lowercase().starts_with("date:"))
+        .map(String::from)
+        .collect()
 }
 
 /// One server frame: (frame_type, data).
@@ -227,7 +243,10 @@ pub fn assert_closed(s: &mut TcpStream) {
         match s.read(&mut buf) {
             Ok(0) => return,
             Ok(_) => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut =>
+            {
                 panic!("connection was not closed")
             }
             Err(_) => return,
@@ -241,4 +260,473 @@ pub fn parse_message(data: &[u8]) -> (i64, u16, String, Vec<u8>) {
     let attempts = u16::from_be_bytes(data[8..10].try_into().unwrap());
     let id = String::from_utf8_lossy(&data[10..26]).to_string();
     (ts, attempts, id, data[26..].to_vec())
+}
+
+// ---------------------------------------------------------------------------------------
+// Helpers added for the conformance tests (tests/conformance_*.rs, tests/http_admin.rs).
+// ---------------------------------------------------------------------------------------
+
+/// Writes raw bytes to the connection.
+pub fn send(s: &mut TcpStream, bytes: &[u8]) {
+    s.write_all(bytes).expect("write to broker");
+}
+
+/// Renders bytes for assertion messages: printable ASCII as is, the rest as `\xNN`.
+pub fn show(bytes: &[u8]) -> String {
+    let mut out = String::new();
+    for &b in bytes {
+        if (0x20..0x7f).contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+/// Reads one whole frame and returns its raw bytes (size, type and data).
+pub fn read_raw_frame(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut hdr = [0u8; 8];
+    s.read_exact(&mut hdr)?;
+    let size = i32::from_be_bytes(hdr[0..4].try_into().unwrap());
+    assert!(size >= 4, "frame size {size} < 4 (header {})", show(&hdr));
+    let mut out = hdr.to_vec();
+    let mut data = vec![0u8; (size - 4) as usize];
+    s.read_exact(&mut data)?;
+    out.extend(data);
+    Ok(out)
+}
+
+/// Reads the next frame, skipping `_heartbeat_` responses, and returns its raw bytes.
+pub fn read_raw_frame_skip_hb(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let hb = frame(0, b"_heartbeat_");
+    loop {
+        let f = read_raw_frame(s)?;
+        if f != hb {
+            return Ok(f);
+        }
+    }
+}
+
+/// Asserts that the next frame (heartbeats skipped) is exactly `frame(frame_type, data)`.
+pub fn expect_frame(s: &mut TcpStream, frame_type: i32, data: &[u8]) {
+    let want = frame(frame_type, data);
+    let got = read_raw_frame_skip_hb(s)
+        .unwrap_or_else(|e| panic!("expected frame {:?}, read failed: {e}", show(&want)));
+    assert_eq!(show(&got), show(&want), "frame bytes differ");
+}
+
+/// Asserts the next frame is the response `OK`.
+pub fn expect_ok(s: &mut TcpStream) {
+    expect_frame(s, 0, b"OK");
+}
+
+/// Asserts the next frame is exactly the error frame `msg` and that the connection then
+/// stays open (non-fatal errors: E_FIN_FAILED, E_REQ_FAILED, E_TOUCH_FAILED).
+pub fn expect_error(s: &mut TcpStream, msg: &str) {
+    expect_frame(s, 1, msg.as_bytes());
+    assert_open(s);
+}
+
+/// Asserts the next frame is exactly the error frame `msg` and that the server then
+/// closes the connection (fatal errors).
+pub fn expect_fatal(s: &mut TcpStream, msg: &str) {
+    expect_frame(s, 1, msg.as_bytes());
+    assert_closed(s);
+}
+
+/// Asserts the server closes the connection without sending anything but heartbeats.
+pub fn assert_closed_silently(s: &mut TcpStream) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut =>
+            {
+                panic!(
+                    "connection was not closed (received so far: {})",
+                    show(&got)
+                )
+            }
+            Err(_) => break,
+        }
+    }
+    let hb = frame(0, b"_heartbeat_");
+    let mut rest = &got[..];
+    while rest.starts_with(&hb) {
+        rest = &rest[hb.len()..];
+    }
+    assert!(
+        rest.is_empty(),
+        "expected a silent close, got bytes: {}",
+        show(&got)
+    );
+}
+
+/// Asserts the connection is still open: within 300 ms the server neither closed it nor
+/// reset it (pending data is fine and is left unread).
+pub fn assert_open(s: &mut TcpStream) {
+    let old = s.read_timeout().unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut b = [0u8; 1];
+    let r = s.peek(&mut b);
+    s.set_read_timeout(old).unwrap();
+    match r {
+        Ok(0) => panic!("connection was closed by the server"),
+        Ok(_) => {}
+        Err(e)
+            if e.kind() == std::io::ErrorKind::WouldBlock
+                || e.kind() == std::io::ErrorKind::TimedOut => {}
+        Err(e) => panic!("connection failed: {e}"),
+    }
+}
+
+/// Asserts that no frame other than heartbeats arrives within `dur`, and the connection
+/// stays open.
+pub fn assert_no_frame(s: &mut TcpStream, dur: Duration) {
+    let old = s.read_timeout().unwrap();
+    let deadline = Instant::now() + dur;
+    let hb = frame(0, b"_heartbeat_");
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left < Duration::from_millis(1) {
+            break;
+        }
+        s.set_read_timeout(Some(left)).unwrap();
+        let mut b = [0u8; 1];
+        match s.peek(&mut b) {
+            Ok(0) => panic!("connection closed while waiting for silence"),
+            Ok(_) => {
+                s.set_read_timeout(old).unwrap();
+                let f = read_raw_frame(s).expect("read frame");
+                assert_eq!(show(&f), show(&hb), "expected no frame, got one");
+            }
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut =>
+            {
+                break
+            }
+            Err(e) => panic!("connection failed: {e}"),
+        }
+    }
+    s.set_read_timeout(old).unwrap();
+}
+
+/// A message frame read from a consumer connection.
+#[derive(Debug, Clone)]
+pub struct Msg {
+    pub ts: i64,
+    pub attempts: u16,
+    pub id: String,
+    pub body: Vec<u8>,
+}
+
+/// Reads the next non-heartbeat frame and asserts it is a message frame whose size field
+/// is 30 + len(body).
+pub fn read_msg(s: &mut TcpStream) -> Msg {
+    let raw = read_raw_frame_skip_hb(s).expect("read message frame");
+    let size = i32::from_be_bytes(raw[0..4].try_into().unwrap());
+    let ft = i32::from_be_bytes(raw[4..8].try_into().unwrap());
+    assert_eq!(ft, 2, "expected a message frame, got {}", show(&raw));
+    assert!(raw.len() >= 34, "message frame too short: {}", show(&raw));
+    let (ts, attempts, id, body) = parse_message(&raw[8..]);
+    assert_eq!(size as usize, 30 + body.len(), "message frame size field");
+    Msg {
+        ts,
+        attempts,
+        id,
+        body,
+    }
+}
+
+/// Builds an NSQ command line (`\n` appended).
+pub fn line(cmd: &str) -> Vec<u8> {
+    format!("{cmd}\n").into_bytes()
+}
+
+/// A DPUB command.
+pub fn dpub_cmd(topic: &str, defer_ms: u64, body: &[u8]) -> Vec<u8> {
+    let mut v = format!("DPUB {topic} {defer_ms}\n").into_bytes();
+    v.extend(sized(body));
+    v
+}
+
+/// Nanoseconds since the Unix epoch.
+pub fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64
+}
+
+/// Unix seconds.
+pub fn now_s() -> i64 {
+    now_ns() / 1_000_000_000
+}
+
+/// Polls `f` every 20 ms until it returns true or `within` has passed.
+pub fn wait_until(within: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Test topic names spread over shards: with a fixed hash, several names make it very
+/// likely that some topics are owned by a different shard than the connection.
+pub fn topic_names(prefix: &str, n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            format!(
+                "{prefix}_{i}_{}",
+                ["a", "bb", "ccc", "dddd", "e5", "f6", "g7", "h8"][i % 8]
+            )
+        })
+        .collect()
+}
+
+impl Broker {
+    /// A V2 connection that has subscribed to `topic`/`channel` (reply `OK` checked).
+    pub fn subscribe(&self, topic: &str, channel: &str) -> TcpStream {
+        let mut s = self.connect_v2();
+        send(&mut s, &line(&format!("SUB {topic} {channel}")));
+        expect_ok(&mut s);
+        s
+    }
+
+    /// A V2 connection that has sent IDENTIFY `json` (feature_negotiation off: reply `OK`),
+    /// then subscribed.
+    pub fn subscribe_identified(&self, json: &str, topic: &str, channel: &str) -> TcpStream {
+        let mut s = self.connect_v2();
+        send(&mut s, &identify_cmd(json));
+        expect_ok(&mut s);
+        send(&mut s, &line(&format!("SUB {topic} {channel}")));
+        expect_ok(&mut s);
+        s
+    }
+
+    /// Publishes one message over HTTP and asserts 200 `OK`.
+    pub fn http_pub(&self, topic: &str, body: &[u8]) {
+        let (code, resp) = self.http("POST", &format!("/pub?topic={topic}"), body);
+        assert_eq!(
+            (code, show(&resp)),
+            (200, "OK".to_string()),
+            "POST /pub?topic={topic}"
+        );
+    }
+
+    /// Publishes one message over a fresh TCP connection and asserts `OK`.
+    pub fn tcp_pub(&self, topic: &str, body: &[u8]) {
+        let mut s = self.connect_v2();
+        send(&mut s, &pub_cmd(topic, body));
+        expect_ok(&mut s);
+    }
+
+    /// POSTs an admin endpoint and asserts 200 with an empty body.
+    pub fn admin(&self, path_and_query: &str) {
+        let (code, body) = self.http("POST", path_and_query, b"");
+        assert_eq!(
+            (code, show(&body)),
+            (200, String::new()),
+            "POST {path_and_query}"
+        );
+    }
+
+    /// The /stats JSON object of one topic, if it exists.
+    pub fn topic_stats(&self, topic: &str) -> Option<serde_json::Value> {
+        let st = self.stats();
+        st["topics"]
+            .as_array()?
+            .iter()
+            .find(|t| t["topic_name"] == topic)
+            .cloned()
+    }
+
+    /// The /stats JSON object of one channel, if it exists.
+    pub fn channel_stats(&self, topic: &str, channel: &str) -> Option<serde_json::Value> {
+        let t = self.topic_stats(topic)?;
+        t["channels"]
+            .as_array()?
+            .iter()
+            .find(|c| c["channel_name"] == channel)
+            .cloned()
+    }
+
+    /// Waits (up to 5 s) until `field` of the topic's stats equals `want`; panics otherwise.
+    pub fn wait_topic_field(&self, topic: &str, field: &str, want: i64) {
+        let mut last = None;
+        let ok = wait_until(Duration::from_secs(5), || {
+            last = self.topic_stats(topic).map(|t| t[field].clone());
+            last.as_ref().and_then(|v| v.as_i64()) == Some(want)
+        });
+        assert!(ok, "topic {topic} {field}: want {want}, last seen {last:?}");
+    }
+
+    /// Waits (up to 5 s) until `field` of the channel's stats equals `want`; panics otherwise.
+    pub fn wait_channel_field(&self, topic: &str, channel: &str, field: &str, want: i64) {
+        let mut last = None;
+        let ok = wait_until(Duration::from_secs(5), || {
+            last = self.channel_stats(topic, channel).map(|c| c[field].clone());
+            last.as_ref().and_then(|v| v.as_i64()) == Some(want)
+        });
+        assert!(
+            ok,
+            "channel {topic}/{channel} {field}: want {want}, last seen {last:?}"
+        );
+    }
+
+    /// One HTTP/1.1 request without `Connection: close` (keep-alive, as the clients that
+    /// made the captures sent it). Reads exactly one response (Content-Length framed) and
+    /// returns its raw bytes.
+    pub fn http_keepalive(&self, method: &str, path_and_query: &str, body: &[u8]) -> Vec<u8> {
+        http_keepalive(self.http, method, path_and_query, body)
+    }
+}
+
+/// See [`Broker::http_keepalive`]. The request body is written from a second thread so
+/// that a server which answers before reading a large body cannot dead-lock the test.
+pub fn http_keepalive(
+    addr: SocketAddr,
+    method: &str,
+    path_and_query: &str,
+    body: &[u8],
+) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).expect("http connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let head = format!(
+        "{method} {path_and_query} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: conformance-test\r\nAccept: */*\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut w = s.try_clone().unwrap();
+    let mut req = head.into_bytes();
+    req.extend_from_slice(body);
+    let writer = std::thread::spawn(move || {
+        let _ = w.write_all(&req);
+    });
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    let mut need: Option<usize> = None;
+    loop {
+        if let Some(n) = need {
+            if out.len() >= n {
+                break;
+            }
+        } else if let Some(p) = out.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&out[..p]).to_ascii_lowercase();
+            let len = head.split("\r\n").find_map(|l| {
+                l.strip_prefix("content-length:")
+                    .map(|v| v.trim().parse::<usize>().unwrap())
+            });
+            match len {
+                Some(l) => {
+                    need = Some(p + 4 + l);
+                    continue;
+                }
+                None => {
+                    // No length: read until the server closes.
+                    need = Some(usize::MAX);
+                }
+            }
+        }
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(_) => break,
+        }
+    }
+    drop(s);
+    let _ = writer.join();
+    out
+}
+
+/// Asserts a raw HTTP response equals the expected status line, header lines (in order,
+/// the Date header excluded) and body. Body and status are compared first, then the set of
+/// headers case-insensitively, then their exact spelling and order, so that the first
+/// failure names the most important difference.
+pub fn assert_http_exact(raw: &[u8], status_line: &str, headers: &[&str], body: &[u8]) {
+    let (_, got_body) = split_http(raw);
+    let got_head = headers_without_date(raw);
+    let ctx = format!("full response:\n{}", show(raw));
+    assert_eq!(
+        got_head.first().map(String::as_str),
+        Some(status_line),
+        "status line; {ctx}"
+    );
+    assert_eq!(show(&got_body), show(body), "body; {ctx}");
+    let mut want_set: Vec<String> = headers.iter().map(|h| h.to_ascii_lowercase()).collect();
+    let mut got_set: Vec<String> = got_head[1..]
+        .iter()
+        .map(|h| h.to_ascii_lowercase())
+        .collect();
+    want_set.sort();
+    got_set.sort();
+    assert_eq!(got_set, want_set, "header set (case-insensitive); {ctx}");
+    let want: Vec<&str> = headers.to_vec();
+    let got: Vec<&str> = got_head[1..].iter().map(String::as_str).collect();
+    assert_eq!(
+        got, want,
+        "header spelling and order (Go's net/http order); {ctx}"
+    );
+    let has_date = String::from_utf8_lossy(raw)
+        .split("\r\n\r\n")
+        .next()
+        .unwrap_or("")
+        .to_ascii_lowercase()
+        .contains("\r\ndate: ");
+    assert!(has_date, "Date header missing; {ctx}");
+}
+
+/// The header lines Go's net/http sends for a V1 JSON response of `len` bytes.
+pub fn v1_json_headers(len: usize) -> Vec<String> {
+    vec![
+        "Content-Type: application/json; charset=utf-8".to_string(),
+        "X-Nsq-Content-Type: nsq; version=1.0".to_string(),
+        format!("Content-Length: {len}"),
+    ]
+}
+
+/// Asserts a V1 error response `{"message":"<msg>"}` with the exact status line and headers.
+pub fn assert_v1_error(raw: &[u8], status_line: &str, msg: &str) {
+    let body = format!("{{\"message\":\"{msg}\"}}");
+    let h = v1_json_headers(body.len());
+    let hs: Vec<&str> = h.iter().map(String::as_str).collect();
+    assert_http_exact(raw, status_line, &hs, body.as_bytes());
+}
+
+/// Asserts the V1 empty 200 response of the admin endpoints (as in the capture
+/// nsqd_create_channel.http).
+pub fn assert_v1_empty_ok(raw: &[u8]) {
+    assert_http_exact(
+        raw,
+        "HTTP/1.1 200 OK",
+        &["X-Nsq-Content-Type: nsq; version=1.0", "Content-Length: 0"],
+        b"",
+    );
+}
+
+/// Asserts the V1 `OK` text response of /pub and /mpub (as in the capture
+/// nsqd_pub_hello.http).
+pub fn assert_v1_text_ok(raw: &[u8]) {
+    assert_http_exact(
+        raw,
+        "HTTP/1.1 200 OK",
+        &[
+            "X-Nsq-Content-Type: nsq; version=1.0",
+            "Content-Length: 2",
+            "Content-Type: text/plain; charset=utf-8",
+        ],
+        b"OK",
+    );
 }

@@ -1,0 +1,269 @@
+//! Command line (clap derive) and Go-style duration parsing.
+
+use clap::{Parser, ValueEnum};
+use std::time::Duration;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// Publish only (MPUB batches, PUB when --batch-size=1, DPUB with --deferred-ms).
+    Pub,
+    /// Consume only, from whatever is published to the topic(s).
+    Sub,
+    /// Publish and consume in one process: checks counts and measures end-to-end latency.
+    Pubsub,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Pub => "pub",
+            Mode::Sub => "sub",
+            Mode::Pubsub => "pubsub",
+        }
+    }
+    pub fn publishes(self) -> bool {
+        self != Mode::Sub
+    }
+    pub fn consumes(self) -> bool {
+        self != Mode::Pub
+    }
+}
+
+/// Load generator for nsqd (TCP protocol V2).
+///
+/// Message bodies carry [u64 publish unix ns][u64 sequence][u32 producer][u32 run id]
+/// then filler, so consumers measure publish-to-delivery latency and count losses and
+/// duplicates per channel. Exits 1 on protocol errors or lost messages, 2 on bad usage.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "nsq-bench", version)]
+pub struct Args {
+    /// pub, sub or pubsub
+    #[arg(value_enum)]
+    pub mode: Mode,
+
+    /// nsqd TCP address (repeatable; producers round-robin over them, consumers connect
+    /// to every one)
+    #[arg(long = "nsqd-tcp-address", default_value = "127.0.0.1:4150")]
+    pub nsqd_tcp_address: Vec<String>,
+
+    /// Topic name (with --topics N > 1: NAME-0 .. NAME-N-1). Default: nsq_bench for
+    /// pub/sub, a fresh nsq_bench_<runid> for pubsub
+    #[arg(long)]
+    pub topic: Option<String>,
+
+    /// Number of topics; producers rotate their batches over them
+    #[arg(long, default_value_t = 1)]
+    pub topics: usize,
+
+    /// Channel name (with --channels N > 1: NAME-0 .. NAME-N-1, before any #ephemeral)
+    #[arg(long, default_value = "bench")]
+    pub channel: String,
+
+    /// Channels per topic; each channel gets its own --consumers connections
+    #[arg(long, default_value_t = 1)]
+    pub channels: usize,
+
+    /// Message body size in bytes (at least 24)
+    #[arg(long, default_value_t = 200)]
+    pub size: usize,
+
+    /// Messages per MPUB (1 = PUB)
+    #[arg(long = "batch-size", default_value_t = 200)]
+    pub batch_size: usize,
+
+    /// How long to publish (Go duration: 10s, 500ms, 1m30s), after --warmup
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub runfor: Duration,
+
+    /// Load applied before the measured --runfor window and left out of the stats
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    pub warmup: Duration,
+
+    /// RDY count of each consumer
+    #[arg(long, default_value_t = 2500)]
+    pub rdy: u64,
+
+    /// Producer connections (one thread each, plus a reader thread)
+    #[arg(long, default_value_t = 2)]
+    pub producers: usize,
+
+    /// Consumer connections per channel (per nsqd address)
+    #[arg(long, default_value_t = 1)]
+    pub consumers: usize,
+
+    /// Open-loop publish rate in messages/s over all producers (0 = as fast as possible)
+    #[arg(long, default_value_t = 0.0)]
+    pub rate: f64,
+
+    /// Publish with DPUB deferred by this many ms (one DPUB per message)
+    #[arg(long = "deferred-ms", default_value_t = 0)]
+    pub deferred_ms: u64,
+
+    /// Publish commands (writes) in flight per producer before waiting for an OK
+    #[arg(long, default_value_t = 4)]
+    pub pipeline: usize,
+
+    /// After publishing stops, consumers stop once nothing arrived for this long
+    #[arg(long = "idle-timeout", default_value = "1s", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+
+    /// Longest drain after publishing stops
+    #[arg(long = "drain-timeout", default_value = "30s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+
+    /// IDENTIFY output_buffer_timeout (ms) for consumers; not sent when absent
+    #[arg(long = "output-buffer-timeout", allow_hyphen_values = true)]
+    pub output_buffer_timeout: Option<i64>,
+
+    /// IDENTIFY output_buffer_size (bytes) for consumers; not sent when absent
+    #[arg(long = "output-buffer-size", allow_hyphen_values = true)]
+    pub output_buffer_size: Option<i64>,
+
+    /// Print one JSON object with the results on stdout (the table goes to stderr)
+    #[arg(long)]
+    pub json: bool,
+
+    /// No per-second progress line
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+impl Args {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.size < crate::HEADER {
+            return Err(format!("--size must be at least {} bytes", crate::HEADER));
+        }
+        if self.batch_size == 0 {
+            return Err("--batch-size must be at least 1".into());
+        }
+        if self.topics == 0 || self.channels == 0 {
+            return Err("--topics and --channels must be at least 1".into());
+        }
+        if self.mode.publishes() && self.producers == 0 {
+            return Err("--producers must be at least 1".into());
+        }
+        if self.mode.consumes() && self.consumers == 0 {
+            return Err("--consumers must be at least 1".into());
+        }
+        if self.pipeline == 0 {
+            return Err("--pipeline must be at least 1".into());
+        }
+        if self.rate < 0.0 || !self.rate.is_finite() {
+            return Err("--rate must be >= 0".into());
+        }
+        if self.nsqd_tcp_address.is_empty() {
+            return Err("need an --nsqd-tcp-address".into());
+        }
+        if self.runfor.is_zero() {
+            return Err("--runfor must be > 0".into());
+        }
+        Ok(())
+    }
+}
+
+/// `NAME-i` when there are several, keeping a `#ephemeral` suffix at the end.
+pub fn indexed_name(base: &str, i: usize, n: usize) -> String {
+    if n <= 1 {
+        return base.to_string();
+    }
+    match base.find('#') {
+        Some(p) => format!("{}-{}{}", &base[..p], i, &base[p..]),
+        None => format!("{base}-{i}"),
+    }
+}
+
+/// Go's `time.ParseDuration` (`300ms`, `1.5h`, `2h45m`, units ns us µs ms s m h), plus a
+/// bare number meaning seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Err("empty duration".into());
+    }
+    if let Ok(secs) = s.parse::<f64>() {
+        if secs >= 0.0 && secs.is_finite() {
+            return Ok(Duration::from_secs_f64(secs));
+        }
+        return Err(format!("invalid duration {s:?}"));
+    }
+    let mut rest = s;
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(|| format!("missing unit in duration {s:?}"))?;
+        if num_len == 0 {
+            return Err(format!("invalid duration {s:?}"));
+        }
+        let n: f64 = rest[..num_len]
+            .parse()
+            .map_err(|_| format!("invalid duration {s:?}"))?;
+        rest = &rest[num_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" | "μs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            u => return Err(format!("unknown unit {u:?} in duration {s:?}")),
+        };
+        total += n * scale;
+        rest = &rest[unit_len..];
+    }
+    Ok(Duration::from_secs_f64(total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("5x").is_err());
+        assert!(parse_duration("s").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(indexed_name("t", 0, 1), "t");
+        assert_eq!(indexed_name("t", 3, 4), "t-3");
+        assert_eq!(indexed_name("c#ephemeral", 1, 2), "c-1#ephemeral");
+    }
+
+    #[test]
+    fn both_flag_styles() {
+        let a = Args::try_parse_from([
+            "nsq-bench",
+            "pubsub",
+            "--size=300",
+            "--batch-size",
+            "50",
+            "--runfor=2s",
+            "--nsqd-tcp-address",
+            "127.0.0.1:1",
+            "--nsqd-tcp-address=127.0.0.1:2",
+            "--output-buffer-timeout=-1",
+        ])
+        .unwrap();
+        assert_eq!(a.mode, Mode::Pubsub);
+        assert_eq!((a.size, a.batch_size), (300, 50));
+        assert_eq!(a.runfor, Duration::from_secs(2));
+        assert_eq!(a.nsqd_tcp_address, vec!["127.0.0.1:1", "127.0.0.1:2"]);
+        assert_eq!(a.output_buffer_timeout, Some(-1));
+        let d = Args::try_parse_from(["nsq-bench", "pub"]).unwrap();
+        assert_eq!(d.nsqd_tcp_address, vec!["127.0.0.1:4150"]);
+        assert_eq!((d.size, d.batch_size, d.rdy), (200, 200, 2500));
+    }
+}

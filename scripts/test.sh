@@ -1,0 +1,297 @@
+#!/usr/bin/env bash
+# The one command that runs every test of this repository:
+#
+#   1. cargo fmt --all -- --check
+#   2. cargo clippy --workspace --all-targets -- -D warnings
+#   3. cargo build (debug: overflow checks and debug assertions stay on)
+#   4. cargo test --workspace
+#   5. scripts/setup-clients.sh (pinned pynsq, gnsq, nsqjs)
+#   6. for --shards 1, 2 and 4: start target/debug/nsqd on loopback ports chosen by the
+#      kernel, run every real-client scenario (scripts/clients/*_scenario.*) against it,
+#      stop it with SIGTERM and require exit status 0 and no panic in its log.
+#
+# Prints a summary and exits non-zero if anything failed.
+#
+# Options:
+#   --clients-only   skip steps 1-4 (still builds the broker unless NSQD_BIN is set)
+#   --release        build and run target/release/nsqd instead of the debug binary
+#   --mock           run the client scenarios against scripts/clients/mock_nsqd.py (a
+#                    tiny Python stand-in) to check the scenarios themselves; implies
+#                    --clients-only
+#   --shards "1 2 4" shard counts for step 6
+#   --scenarios "pynsq gnsq nsqjs"
+# Environment:
+#   NSQD_BIN          broker command to run instead of the cargo-built binary
+#   CLIENT_BUDGET_S   time budget of step 6 in seconds (default 600); scenarios that
+#                     would start after it is spent are counted as failed
+#   SCENARIO_TIMEOUT  per-scenario timeout inside the client programs (default 120)
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+CLIENTS_ONLY=0
+PROFILE=debug
+MOCK=0
+SHARDS="1 2 4"
+SCENARIOS="pynsq gnsq nsqjs"
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --clients-only) CLIENTS_ONLY=1 ;;
+    --release) PROFILE=release ;;
+    --mock) MOCK=1; CLIENTS_ONLY=1 ;;
+    --shards) SHARDS="$2"; shift ;;
+    --shards=*) SHARDS="${1#*=}" ;;
+    --scenarios) SCENARIOS="$2"; shift ;;
+    --scenarios=*) SCENARIOS="${1#*=}" ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+CLIENT_BUDGET_S="${CLIENT_BUDGET_S:-600}"
+export SCENARIO_TIMEOUT="${SCENARIO_TIMEOUT:-120}"
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/nsqd-test.XXXXXX")"
+# Broker logs and client output of the last run are kept here (target/ is ignored).
+LOGDIR="$ROOT/target/test-logs"
+rm -rf "$LOGDIR" && mkdir -p "$LOGDIR"
+BROKER_PID=""
+cleanup() {
+  if [[ -n "$BROKER_PID" ]] && kill -0 "$BROKER_PID" 2>/dev/null; then
+    kill -KILL "$BROKER_PID" 2>/dev/null
+  fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'echo "interrupted" >&2; exit 130' INT TERM
+
+RESULTS=()   # "STATUS|name|detail"
+PASSED=0
+FAILED=0
+SKIPPED=0
+T_START=$(date +%s)
+
+hr() { printf '%s\n' "------------------------------------------------------------------------"; }
+section() { echo; hr; echo "== $*"; hr; }
+record() { # status name [detail]
+  RESULTS+=("$1|$2|${3:-}")
+  case "$1" in
+    PASS) PASSED=$((PASSED + 1)) ;;
+    FAIL) FAILED=$((FAILED + 1)) ;;
+    SKIP) SKIPPED=$((SKIPPED + 1)) ;;
+  esac
+  echo ">> $1: $2${3:+ ($3)}"
+}
+# run_step name command...: runs a command, records PASS/FAIL with its duration.
+run_step() {
+  local name="$1"; shift
+  local t0=$(date +%s)
+  section "$name: $*"
+  "$@"
+  local rc=$?
+  local dt=$(( $(date +%s) - t0 ))
+  if [[ $rc -eq 0 ]]; then record PASS "$name" "${dt}s"; else record FAIL "$name" "exit $rc, ${dt}s"; fi
+  return $rc
+}
+
+# ------------------------------------------------------------------ rust checks
+BUILD_OK=1
+if [[ $CLIENTS_ONLY -eq 0 ]]; then
+  if cargo fmt --version >/dev/null 2>&1; then
+    # (only the first 100 lines of the diff are shown)
+    run_step "cargo fmt" bash -c 'set -o pipefail; cargo fmt --all -- --check 2>&1 | head -n 100'
+  else
+    echo "WARNING: rustfmt is not installed; skipping cargo fmt --check" >&2
+    record SKIP "cargo fmt" "rustfmt not installed"
+  fi
+  if cargo clippy --version >/dev/null 2>&1; then
+    run_step "cargo clippy" cargo clippy --workspace --all-targets -- -D warnings
+  else
+    echo "WARNING: clippy is not installed; skipping cargo clippy" >&2
+    record SKIP "cargo clippy" "clippy not installed"
+  fi
+fi
+
+if [[ $MOCK -eq 1 ]]; then
+  NSQD_CMD=(python3 "$ROOT/scripts/clients/mock_nsqd.py")
+elif [[ -n "${NSQD_BIN:-}" ]]; then
+  read -r -a NSQD_CMD <<<"$NSQD_BIN"
+else
+  if [[ $PROFILE == release ]]; then
+    run_step "cargo build --release" cargo build --release --bin nsqd || BUILD_OK=0
+  else
+    run_step "cargo build" cargo build --workspace --all-targets || BUILD_OK=0
+  fi
+  NSQD_CMD=("$ROOT/target/$PROFILE/nsqd")
+fi
+
+if [[ $CLIENTS_ONLY -eq 0 ]]; then
+  if [[ $BUILD_OK -eq 1 ]]; then
+    # --no-fail-fast: every test binary runs even when an earlier one failed.
+    if ! run_step "cargo test" bash -c 'set -o pipefail; cargo test --workspace --no-fail-fast 2>&1 | tee "$1"' _ "$WORK/cargo-test.log"; then
+      failed_tests="$(grep -E '^test .* \.\.\. FAILED$' "$WORK/cargo-test.log" | sed -E 's/^test (.*) \.\.\. FAILED$/\1/' | sort -u)"
+      if [[ -n "$failed_tests" ]]; then
+        echo "failed Rust tests:"; sed 's/^/  /' <<<"$failed_tests"
+        RESULTS[${#RESULTS[@]}-1]+=": $(wc -l <<<"$failed_tests") failed test(s): $(head -5 <<<"$failed_tests" | paste -sd, -)"
+      fi
+    fi
+  else
+    record FAIL "cargo test" "not run: build failed"
+  fi
+fi
+
+# ------------------------------------------------------------- client scenarios
+CLIENTS_OK=1
+if ! run_step "setup-clients" bash "$ROOT/scripts/setup-clients.sh"; then
+  CLIENTS_OK=0
+fi
+
+BROKER_LOG=""
+TCP_ADDR=""
+HTTP_ADDR=""
+
+# start_broker shards: starts the broker in the background on kernel-chosen loopback
+# ports and waits (20 s) for its "TCP: listening on" and "HTTP: listening on" lines.
+start_broker() {
+  local shards="$1"
+  local data="$WORK/data-$shards"
+  mkdir -p "$data"
+  BROKER_LOG="$LOGDIR/nsqd-shards-$shards.log"
+  : >"$BROKER_LOG"
+  "${NSQD_CMD[@]}" --tcp-address=127.0.0.1:0 --http-address=127.0.0.1:0 \
+    --shards="$shards" --data-path="$data" >>"$BROKER_LOG" 2>&1 &
+  BROKER_PID=$!
+  local deadline=$(( $(date +%s) + 20 ))
+  TCP_ADDR=""; HTTP_ADDR=""
+  while [[ $(date +%s) -le $deadline ]]; do
+    TCP_ADDR="$(grep -oE 'TCP: listening on [^ ]+' "$BROKER_LOG" | head -1 | awk '{print $4}')"
+    HTTP_ADDR="$(grep -oE 'HTTP: listening on [^ ]+' "$BROKER_LOG" | head -1 | awk '{print $4}')"
+    if [[ -n "$TCP_ADDR" && -n "$HTTP_ADDR" ]]; then
+      return 0
+    fi
+    if ! kill -0 "$BROKER_PID" 2>/dev/null; then
+      wait "$BROKER_PID"; echo "broker exited early with status $?" >&2
+      BROKER_PID=""
+      return 1
+    fi
+    sleep 0.1
+  done
+  echo "broker did not print both listening lines within 20 s" >&2
+  return 1
+}
+
+# stop_broker: SIGTERM, wait up to 15 s; returns the exit status (or 124 if it hung).
+stop_broker() {
+  [[ -z "$BROKER_PID" ]] && return 0
+  kill -TERM "$BROKER_PID" 2>/dev/null
+  local i rc
+  for ((i = 0; i < 150; i++)); do
+    if ! kill -0 "$BROKER_PID" 2>/dev/null; then
+      wait "$BROKER_PID"; rc=$?
+      BROKER_PID=""
+      return $rc
+    fi
+    sleep 0.1
+  done
+  echo "broker did not exit within 15 s of SIGTERM; killing it" >&2
+  kill -KILL "$BROKER_PID" 2>/dev/null
+  wait "$BROKER_PID" 2>/dev/null
+  BROKER_PID=""
+  return 124
+}
+
+show_broker_log() {
+  echo "---- last 40 lines of the broker log ($1) ----"
+  tail -n 40 "$BROKER_LOG" 2>/dev/null
+  echo "---- end of broker log ----"
+}
+
+scenario_cmd() { # name -> command array in SCN
+  case "$1" in
+    pynsq) SCN=("$ROOT/.venv/bin/python" "$ROOT/scripts/clients/pynsq_scenario.py") ;;
+    gnsq) SCN=("$ROOT/.venv/bin/python" "$ROOT/scripts/clients/gnsq_scenario.py") ;;
+    nsqjs) SCN=(node "$ROOT/scripts/clients/nsqjs_scenario.js") ;;
+    *) return 1 ;;
+  esac
+}
+
+if [[ ${#NSQD_CMD[@]} -gt 0 && ! -x "${NSQD_CMD[0]}" ]] && ! command -v "${NSQD_CMD[0]}" >/dev/null 2>&1; then
+  BUILD_OK=0
+fi
+
+CLIENT_T0=$(date +%s)
+for n in $SHARDS; do
+  label="shards=$n"
+  if [[ $BUILD_OK -eq 0 || $CLIENTS_OK -eq 0 ]]; then
+    for s in $SCENARIOS; do record FAIL "$s $label" "not run: $( [[ $BUILD_OK -eq 0 ]] && echo 'no broker binary' || echo 'client setup failed')"; done
+    continue
+  fi
+  section "broker ${NSQD_CMD[*]} --shards=$n"
+  if ! start_broker "$n"; then
+    show_broker_log "$label"
+    record FAIL "nsqd start $label" "did not come up"
+    stop_broker >/dev/null 2>&1
+    for s in $SCENARIOS; do record FAIL "$s $label" "not run: broker did not start"; done
+    continue
+  fi
+  echo "broker pid $BROKER_PID: tcp $TCP_ADDR, http $HTTP_ADDR"
+  broker_failed=0
+  for s in $SCENARIOS; do
+    left=$(( CLIENT_BUDGET_S - ($(date +%s) - CLIENT_T0) ))
+    if [[ $left -lt 60 ]]; then
+      record FAIL "$s $label" "not run: client time budget (${CLIENT_BUDGET_S}s) spent"
+      continue
+    fi
+    if ! kill -0 "$BROKER_PID" 2>/dev/null; then
+      record FAIL "$s $label" "not run: broker is no longer running"
+      broker_failed=1
+      continue
+    fi
+    scenario_cmd "$s" || { record FAIL "$s $label" "unknown scenario"; continue; }
+    section "$s scenario against $label"
+    t0=$(date +%s)
+    timeout -k 5 $(( SCENARIO_TIMEOUT + 60 )) "${SCN[@]}" "$TCP_ADDR" "$HTTP_ADDR" 2>&1 |
+      tee "$LOGDIR/$s-shards-$n.log"
+    rc=${PIPESTATUS[0]}
+    dt=$(( $(date +%s) - t0 ))
+    if [[ $rc -eq 0 ]]; then
+      record PASS "$s $label" "${dt}s"
+    else
+      [[ $rc -eq 124 || $rc -eq 137 ]] && echo "scenario killed by the outer timeout" >&2
+      record FAIL "$s $label" "exit $rc, ${dt}s"
+      broker_failed=1
+    fi
+  done
+  section "stopping broker ($label) with SIGTERM"
+  alive=0
+  kill -0 "$BROKER_PID" 2>/dev/null && alive=1
+  stop_broker
+  rc=$?
+  if [[ $alive -eq 0 ]]; then
+    record FAIL "nsqd SIGTERM $label" "broker had already exited (status $rc) before SIGTERM"
+    broker_failed=1
+  elif [[ $rc -eq 0 ]]; then
+    record PASS "nsqd SIGTERM $label" "exit 0"
+  else
+    record FAIL "nsqd SIGTERM $label" "exit status $rc"
+    broker_failed=1
+  fi
+  if grep -qE "panicked at|RUST_BACKTRACE|FATAL" "$BROKER_LOG"; then
+    record FAIL "nsqd log $label" "panic/fatal in the broker log"
+    broker_failed=1
+  fi
+  [[ $broker_failed -eq 1 ]] && show_broker_log "$label"
+done
+
+# -------------------------------------------------------------------- summary
+section "summary ($(( $(date +%s) - T_START ))s)"
+for r in "${RESULTS[@]}"; do
+  IFS='|' read -r st name detail <<<"$r"
+  printf '  %-4s  %-28s %s\n' "$st" "$name" "$detail"
+done
+echo
+echo "logs of the broker runs and client scenarios: $LOGDIR"
+echo "$PASSED passed, $FAILED failed, $SKIPPED skipped"
+[[ $FAILED -eq 0 ]]

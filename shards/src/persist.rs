@@ -1,0 +1,223 @@
+//! Durability glue between the shard and its topics' stores: recovery at start,
+//! periodic checkpoints of metadata (channel positions, paused flags), segment retention,
+//! and the final flush at shutdown.
+//!
+//! Channel state survives a restart as its cursor plus the list of messages below the
+//! cursor that were not finished (in flight, requeued or deferred, with attempts and due
+//! time). A clean shutdown writes it exactly, so nothing finished is delivered again;
+//! after a crash the last checkpoint (at most one `--sync-timeout` old) is used, so
+//! messages finished since then are delivered again (at least once).
+
+use crate::channel::Channel;
+use crate::message::{instant_from_unix_nanos, unix_nanos_from_instant, Message};
+use crate::shard::{owner_of, Shard};
+use crate::topic::{Record, Topic};
+use nsq_storage::meta::{self, ChannelMeta, PendingMessage, TopicMeta, META_VERSION};
+use std::cmp::Reverse;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::Instant;
+
+/// The metadata of a topic as it stands.
+pub fn topic_meta(t: &Topic) -> TopicMeta {
+    let mut channels = Vec::new();
+    for ch in t.channels.values() {
+        if ch.ephemeral {
+            continue;
+        }
+        let mut pending = Vec::new();
+        for f in ch.in_flight.values() {
+            pending.push(PendingMessage {
+                seq: f.msg.seq,
+                attempts: f.msg.attempts,
+                due_unix_ns: 0,
+            });
+        }
+        for m in &ch.requeued {
+            pending.push(PendingMessage {
+                seq: m.seq,
+                attempts: m.attempts,
+                due_unix_ns: 0,
+            });
+        }
+        for Reverse(d) in ch.deferred.iter() {
+            pending.push(PendingMessage {
+                seq: d.msg.seq,
+                attempts: d.msg.attempts,
+                due_unix_ns: unix_nanos_from_instant(d.due),
+            });
+        }
+        pending.sort_by_key(|p| p.seq);
+        channels.push(ChannelMeta {
+            name: ch.name.clone(),
+            paused: ch.paused,
+            cursor: ch.cursor,
+            pending,
+        });
+    }
+    TopicMeta {
+        version: META_VERSION,
+        name: t.name.clone(),
+        paused: t.paused,
+        pumped: t.log.pumped,
+        holes: t.log.holes.clone(),
+        channels,
+    }
+}
+
+impl Shard {
+    /// Loads every topic under `--data-path` that this shard owns (by name hash).
+    pub async fn recover(self: &Rc<Self>) {
+        let Some(dp) = self.opts.data_path.clone() else { return };
+        let root = dp.join("topics");
+        let r2 = root.clone();
+        let names: Vec<String> = glommio::executor()
+            .spawn_blocking(move || {
+                std::fs::read_dir(&r2)
+                    .map(|rd| {
+                        rd.filter_map(|e| e.ok())
+                            .filter(|e| e.path().is_dir())
+                            .filter_map(|e| e.file_name().to_str().map(String::from))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            })
+            .await;
+        for dir_name in names {
+            if dir_name.starts_with(".deleted-") {
+                if self.index == 0 {
+                    let p = root.join(&dir_name);
+                    let _ = glommio::executor().spawn_blocking(move || std::fs::remove_dir_all(p)).await;
+                }
+                continue;
+            }
+            let Some(name) = dir_name.strip_prefix("t-") else { continue };
+            if !crate::names::is_valid_topic_name(name) || crate::names::is_ephemeral(name) {
+                continue;
+            }
+            if owner_of(name, self.count) != self.index {
+                continue;
+            }
+            let started = Instant::now();
+            match self.recover_topic(name, root.join(&dir_name)).await {
+                Ok((n, ch)) => log::info!(
+                    "TOPIC({name}): recovered {n} messages on disk, {ch} channels in {:?}",
+                    started.elapsed()
+                ),
+                Err(e) => log::error!("TOPIC({name}): recovery failed - {e}"),
+            }
+        }
+    }
+
+    async fn recover_topic(&self, name: &str, dir: PathBuf) -> Result<(u64, usize), String> {
+        let keep = self.opts.mem_queue_size.max(1) as usize;
+        let rec = nsq_storage::TopicStore::open(dir.clone(), self.store_config(), keep).await?;
+        let d2 = dir.clone();
+        let m = glommio::executor()
+            .spawn_blocking(move || meta::read_blocking(&d2))
+            .await
+            .unwrap_or_else(|e| {
+                log::error!("TOPIC({}): metadata unreadable - {e}; channels start at the oldest message", dir.display());
+                None
+            });
+        let mut t = Topic::new(name, self.opts.node_id);
+        let head = rec.next_seq;
+        let tail_base = rec.tail.front().map(|r| r.seq).unwrap_or(head);
+        t.log.restore(tail_base, head, rec.tail.into_iter().map(Record::from_stored));
+        t.store = Some(rec.store.clone());
+        let first = rec.first_seq;
+        let mut pending_all: Vec<(String, PendingMessage)> = Vec::new();
+        match &m {
+            Some(m) => {
+                t.paused = m.paused;
+                t.log.pumped = m.pumped.clamp(first, head);
+                t.log.holes = m.holes.clone();
+                for c in &m.channels {
+                    if !crate::names::is_valid_channel_name(&c.name) {
+                        continue;
+                    }
+                    let mut ch = Channel::new(&c.name, c.cursor.clamp(first, head));
+                    ch.paused = c.paused;
+                    t.channels.insert(c.name.clone(), ch);
+                    for p in &c.pending {
+                        if p.seq < head && p.seq >= first {
+                            pending_all.push((c.name.clone(), p.clone()));
+                        }
+                    }
+                }
+            }
+            None => {
+                t.log.pumped = first;
+            }
+        }
+        // Bring back the unfinished messages below each cursor, with attempts and due time.
+        for (chn, p) in pending_all {
+            let recs = rec.store.read(p.seq, 1).await.unwrap_or_default();
+            let Some(r) = recs.into_iter().find(|r| r.seq == p.seq) else {
+                log::error!("TOPIC({name}) CHANNEL({chn}): pending message {} missing on disk", p.seq);
+                continue;
+            };
+            let r = Record::from_stored(r);
+            let msg = Message {
+                attempts: p.attempts,
+                ..r.message()
+            };
+            if let Some(ch) = t.channels.get_mut(&chn) {
+                if p.due_unix_ns != 0 {
+                    ch.defer(msg, instant_from_unix_nanos(p.due_unix_ns));
+                } else {
+                    ch.requeued.push_back(msg);
+                }
+            }
+        }
+        let count = head - first;
+        let nch = t.channels.len();
+        t.dirty = false;
+        self.notify_lookup(crate::shard::LookupEvent::Register(name.to_string(), None));
+        for c in t.channels.keys() {
+            self.notify_lookup(crate::shard::LookupEvent::Register(name.to_string(), Some(c.clone())));
+        }
+        self.topics.borrow_mut().insert(name.to_string(), t);
+        Ok((count, nch))
+    }
+
+    /// Writes the metadata of every durable topic and deletes segments every channel has
+    /// passed. Runs every `--sync-timeout` and at shutdown.
+    pub async fn checkpoint(&self) {
+        let work: Vec<(Rc<nsq_storage::TopicStore>, TopicMeta, u64)> = {
+            let mut topics = self.topics.borrow_mut();
+            topics
+                .values_mut()
+                .filter_map(|t| {
+                    let st = t.store.clone()?;
+                    t.dirty = false;
+                    Some((st, topic_meta(t), t.low_watermark()))
+                })
+                .collect()
+        };
+        for (st, m, low) in work {
+            let dir = st.dir().to_path_buf();
+            let res = glommio::executor()
+                .spawn_blocking(move || meta::write_blocking(&dir, &m))
+                .await;
+            if let Err(e) = res {
+                log::error!("STORE: metadata write for {} failed - {e}", st.dir().display());
+            }
+            st.delete_before(low).await;
+        }
+    }
+
+    /// Shutdown: flush and sync every store, then write the exact channel state.
+    pub async fn close_stores(&self) {
+        let stores: Vec<_> = self
+            .topics
+            .borrow()
+            .values()
+            .filter_map(|t| t.store.clone())
+            .collect();
+        for st in &stores {
+            st.close().await;
+        }
+        self.checkpoint().await;
+    }
+}

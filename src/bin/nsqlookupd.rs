@@ -1,0 +1,43 @@
+//! The `nsqlookupd` binary: flags, logging, then the TCP and HTTP servers until SIGINT or
+//! SIGTERM.
+
+use nsqd::lookupd::{config, NsqLookupd, VERSION};
+
+fn main() {
+    let cfg = match config::from_args(std::env::args()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("[nsqlookupd] FATAL: {e}");
+            std::process::exit(1);
+        }
+    };
+    if cfg.print_version {
+        println!("nsqlookupd v{VERSION} (built w/rust)");
+        return;
+    }
+    nsqd::logger::init(&cfg.log_prefix, cfg.log_level);
+    let mut signals = match signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM]) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("{}FATAL: cannot install signal handlers - {e}", cfg.log_prefix);
+            std::process::exit(1);
+        }
+    };
+    let lookupd = match NsqLookupd::new(cfg.opts) {
+        Ok(l) => l,
+        Err(e) => {
+            log::error!("failed to instantiate nsqlookupd - {e}");
+            eprintln!("{}FATAL: failed to instantiate nsqlookupd - {e}", cfg.log_prefix);
+            std::process::exit(1);
+        }
+    };
+    let ctx = lookupd.context().clone();
+    if let Err(e) = lookupd.start() {
+        log::error!("{e}");
+        std::process::exit(1);
+    }
+    let _ = signals.forever().next();
+    log::info!("TCP: closing {}", ctx.tcp_addr);
+    log::info!("HTTP: closing {}", ctx.http_addr);
+    std::process::exit(0);
+}

@@ -1,0 +1,866 @@
+//! nsqlookupd's HTTP API (nsqlookupd: http.go, internal/http_api) on plain threads, one
+//! per connection, with Go's wire details: httprouter's routing (405 with an `Allow`
+//! header, OPTIONS, trailing-slash and case redirects), the V1 response style, Go's
+//! header order (handler headers sorted, then Date, Content-Length, a sniffed
+//! Content-Type) and net/http's chunking of bodies over 2048 bytes.
+
+use super::json;
+use super::registration_db::{filter_by_active, keys, now_nanos, sub_keys, Producer, Registration};
+use super::Context;
+use crate::config::go_duration_string;
+use crate::http::parse_query;
+use crate::timefmt;
+use nsq_shards::names::{is_valid_channel_name, is_valid_topic_name};
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Go's http.Server limit on a request head (DefaultMaxHeaderBytes + 4096).
+const MAX_HEAD: usize = (1 << 20) + 4096;
+/// net/http buffers this much of a body before it gives up on Content-Length and chunks.
+const CHUNKING_THRESHOLD: usize = 2048;
+
+const JSON: &str = "application/json; charset=utf-8";
+const TEXT: &str = "text/plain; charset=utf-8";
+const HTML: &str = "text/html; charset=utf-8";
+
+/// The routes, as registered with httprouter upstream.
+const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/ping"),
+    ("GET", "/info"),
+    ("GET", "/debug"),
+    ("GET", "/lookup"),
+    ("GET", "/topics"),
+    ("GET", "/channels"),
+    ("GET", "/nodes"),
+    ("POST", "/topic/create"),
+    ("POST", "/topic/delete"),
+    ("POST", "/channel/create"),
+    ("POST", "/channel/delete"),
+    ("POST", "/topic/tombstone"),
+    ("GET", "/debug/pprof"),
+    ("GET", "/debug/pprof/cmdline"),
+    ("GET", "/debug/pprof/symbol"),
+    ("POST", "/debug/pprof/symbol"),
+    ("GET", "/debug/pprof/profile"),
+    ("GET", "/debug/pprof/heap"),
+    ("GET", "/debug/pprof/goroutine"),
+    ("GET", "/debug/pprof/block"),
+    ("GET", "/debug/pprof/threadcreate"),
+];
+
+/// A response before framing. `headers` are the handler's, already in Go's sorted order.
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Vec<u8>,
+    /// Content-Type Go sniffs from the body when the handler set none.
+    pub sniffed_type: Option<&'static str>,
+}
+
+impl Response {
+    fn new(status: u16, headers: Vec<(&'static str, String)>, body: Vec<u8>, sniffed_type: Option<&'static str>) -> Response {
+        Response { status, headers, body, sniffed_type }
+    }
+
+    /// V1 error: `{"message":"<TEXT>"}`.
+    pub fn v1_err(status: u16, text: &str) -> Response {
+        let mut body = String::from("{\"message\":");
+        json::push_str(&mut body, text);
+        body.push('}');
+        Response::new(
+            status,
+            vec![("Content-Type", JSON.into()), ("X-Nsq-Content-Type", "nsq; version=1.0".into())],
+            body.into_bytes(),
+            None,
+        )
+    }
+
+    /// V1 success with a JSON document.
+    pub fn v1_json(body: String) -> Response {
+        Response::new(
+            200,
+            vec![("Content-Type", JSON.into()), ("X-Nsq-Content-Type", "nsq; version=1.0".into())],
+            body.into_bytes(),
+            None,
+        )
+    }
+
+    /// V1 success with nothing to say (Go's `nil`): an empty body and no Content-Type.
+    pub fn v1_empty() -> Response {
+        Response::new(200, vec![("X-Nsq-Content-Type", "nsq; version=1.0".into())], Vec::new(), None)
+    }
+
+    /// The PlainText decorator (/ping): raw text, no X-Nsq header.
+    pub fn plain(status: u16, body: &str) -> Response {
+        Response::new(status, Vec::new(), body.as_bytes().to_vec(), Some(TEXT))
+    }
+}
+
+/// How the request asked for its response to be framed.
+struct Framing {
+    head: bool,
+    http11: bool,
+    close: bool,
+    keep_alive_10: bool,
+}
+
+/// Frames a response like net/http's chunkWriter. Returns the bytes and whether the
+/// connection must close afterwards.
+fn encode(r: &Response, f: &Framing) -> (Vec<u8>, bool) {
+    let mut out = Vec::with_capacity(256 + r.body.len());
+    out.extend_from_slice(format!("HTTP/1.{} {} {}\r\n", if f.http11 { 1 } else { 0 }, r.status, status_text(r.status)).as_bytes());
+    for (k, v) in &r.headers {
+        out.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
+    }
+    out.extend_from_slice(format!("Date: {}\r\n", timefmt::http_date(timefmt::now_secs())).as_bytes());
+    let big = r.body.len() > CHUNKING_THRESHOLD;
+    let mut close = f.close;
+    let mut chunked = false;
+    if !big {
+        if !(f.head && r.body.is_empty()) {
+            out.extend_from_slice(format!("Content-Length: {}\r\n", r.body.len()).as_bytes());
+        }
+    } else if !f.head {
+        if f.http11 {
+            chunked = true;
+        } else {
+            // HTTP/1.0 cannot chunk: the body runs until the connection closes.
+            close = true;
+        }
+    }
+    let has_type = r.headers.iter().any(|(k, _)| *k == "Content-Type");
+    if !has_type && !r.body.is_empty() {
+        if let Some(t) = r.sniffed_type {
+            out.extend_from_slice(format!("Content-Type: {t}\r\n").as_bytes());
+        }
+    }
+    if close && f.http11 {
+        out.extend_from_slice(b"Connection: close\r\n");
+    } else if !close && f.keep_alive_10 && !f.http11 {
+        out.extend_from_slice(b"Connection: keep-alive\r\n");
+    }
+    if chunked {
+        out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    if !f.head {
+        if chunked {
+            out.extend_from_slice(format!("{:x}\r\n", r.body.len()).as_bytes());
+            out.extend_from_slice(&r.body);
+            out.extend_from_slice(b"\r\n0\r\n\r\n");
+        } else {
+            out.extend_from_slice(&r.body);
+        }
+    }
+    (out, close)
+}
+
+fn status_text(code: u16) -> &'static str {
+    match code {
+        200 => "OK",
+        301 => "Moved Permanently",
+        307 => "Temporary Redirect",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        500 => "Internal Server Error",
+        501 => "Not Implemented",
+        _ => "Unknown",
+    }
+}
+
+/// net/http's answer to a request it cannot parse; the connection then closes.
+fn server_error(stream: &mut TcpStream, status: &str, text: &str) {
+    let msg = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n{text}"
+    );
+    let _ = stream.write_all(msg.as_bytes());
+}
+
+/// A parsed request head.
+struct Request {
+    method: String,
+    /// The path as sent (still escaped), for logs.
+    raw_path: String,
+    /// The unescaped path that routing uses.
+    path: String,
+    /// The raw query; `None` when the target had no `?`.
+    query: Option<String>,
+    framing: Framing,
+    content_length: Option<u64>,
+    chunked: bool,
+    expect_continue: bool,
+    remote: String,
+}
+
+impl Request {
+    fn request_uri(&self) -> String {
+        match &self.query {
+            Some(q) if !q.is_empty() => format!("{}?{}", self.raw_path, q),
+            _ => self.raw_path.clone(),
+        }
+    }
+}
+
+enum HeadError {
+    Bad(&'static str),
+    TooLarge,
+    Unsupported,
+}
+
+fn parse_head(buf: &[u8], remote: &str) -> Result<Option<(Request, usize)>, HeadError> {
+    let mut headers = [httparse::EMPTY_HEADER; 128];
+    let mut req = httparse::Request::new(&mut headers);
+    let n = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
+        Err(_) => return Err(HeadError::Bad("400 Bad Request")),
+    };
+    let method = req.method.unwrap_or("").to_string();
+    let target = req.path.unwrap_or("");
+    let http11 = req.version == Some(1);
+    let mut content_length: Option<u64> = None;
+    let (mut chunked, mut conn_close, mut conn_keep_alive, mut host, mut expect_continue) = (false, false, false, false, false);
+    for h in req.headers.iter() {
+        let v = String::from_utf8_lossy(h.value);
+        let v = v.trim();
+        if h.name.eq_ignore_ascii_case("content-length") {
+            let n: u64 = v.parse().map_err(|_| HeadError::Bad("400 Bad Request"))?;
+            if content_length.is_some_and(|c| c != n) {
+                return Err(HeadError::Bad("400 Bad Request"));
+            }
+            content_length = Some(n);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            if !v.eq_ignore_ascii_case("chunked") {
+                return Err(HeadError::Unsupported);
+            }
+            chunked = true;
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            for tok in v.split(',') {
+                let tok = tok.trim();
+                conn_close |= tok.eq_ignore_ascii_case("close");
+                conn_keep_alive |= tok.eq_ignore_ascii_case("keep-alive");
+            }
+        } else if h.name.eq_ignore_ascii_case("host") {
+            host = true;
+        } else if h.name.eq_ignore_ascii_case("expect") {
+            expect_continue = v.eq_ignore_ascii_case("100-continue");
+        }
+    }
+    if http11 && !host {
+        return Err(HeadError::Bad("400 Bad Request: missing required Host header"));
+    }
+    if chunked {
+        content_length = None;
+    }
+    // An absolute-form target (`http://host/path`) routes on its path.
+    let origin = match target.find("://") {
+        Some(i) if !target.starts_with('/') => {
+            let rest = &target[i + 3..];
+            rest.find('/').map_or("/", |j| &rest[j..])
+        }
+        _ => target,
+    };
+    let (raw_path, query) = match origin.split_once('?') {
+        Some((p, q)) => (p, Some(q.to_string())),
+        None => (origin, None),
+    };
+    let path = unescape_path(raw_path).ok_or(HeadError::Bad("400 Bad Request"))?;
+    let keep_alive_10 = !http11 && conn_keep_alive;
+    let framing = Framing { head: method == "HEAD", http11, close: conn_close || (!http11 && !conn_keep_alive), keep_alive_10 };
+    Ok(Some((
+        Request {
+            method,
+            raw_path: raw_path.to_string(),
+            path,
+            query,
+            framing,
+            content_length,
+            chunked,
+            expect_continue,
+            remote: remote.to_string(),
+        },
+        n,
+    )))
+}
+
+/// Percent-decodes a URL path (`+` stays `+`); a bad escape is an error.
+fn unescape_path(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    Some(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// A connection with its own read buffer, so that a request head may span many reads.
+struct Conn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+    pos: usize,
+}
+
+impl Conn {
+    fn buffered(&self) -> &[u8] {
+        &self.buf[self.pos..]
+    }
+
+    /// Reads more bytes from the socket into the buffer; 0 at EOF.
+    fn fill(&mut self) -> std::io::Result<usize> {
+        if self.pos > 0 {
+            self.buf.drain(..self.pos);
+            self.pos = 0;
+        }
+        let old = self.buf.len();
+        self.buf.resize(old + 16 * 1024, 0);
+        let r = self.stream.read(&mut self.buf[old..]);
+        let n = *r.as_ref().unwrap_or(&0);
+        self.buf.truncate(old + n);
+        r
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.pos += n;
+    }
+
+    /// One line including its `\n`, at most `max` bytes.
+    fn read_line(&mut self, max: usize) -> std::io::Result<Vec<u8>> {
+        loop {
+            if let Some(i) = self.buffered().iter().position(|&b| b == b'\n') {
+                let line = self.buffered()[..=i].to_vec();
+                self.consume(i + 1);
+                return Ok(line);
+            }
+            if self.buffered().len() > max || self.fill()? == 0 {
+                return Err(std::io::ErrorKind::InvalidData.into());
+            }
+        }
+    }
+
+    /// Drops `n` body bytes.
+    fn skip(&mut self, mut n: u64) -> std::io::Result<()> {
+        while n > 0 {
+            if self.buffered().is_empty() && self.fill()? == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            let k = (self.buffered().len() as u64).min(n) as usize;
+            self.consume(k);
+            n -= k as u64;
+        }
+        Ok(())
+    }
+}
+
+/// Reads and drops a request body (the handlers only use the query string).
+fn discard_body(conn: &mut Conn, req: &Request) -> std::io::Result<()> {
+    if let Some(n) = req.content_length {
+        return conn.skip(n);
+    }
+    if !req.chunked {
+        return Ok(());
+    }
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "bad chunk");
+    loop {
+        let line = conn.read_line(4096)?;
+        let line = String::from_utf8_lossy(&line);
+        let size_str = line.trim_end().split(';').next().unwrap_or("").trim();
+        let size = u64::from_str_radix(size_str, 16).map_err(|_| bad())?;
+        if size == 0 {
+            // Trailers, up to the empty line.
+            loop {
+                let t = conn.read_line(4096)?;
+                if t == b"\r\n" || t == b"\n" {
+                    return Ok(());
+                }
+            }
+        }
+        conn.skip(size)?;
+        let crlf = conn.read_line(2)?;
+        if crlf != b"\r\n" && crlf != b"\n" {
+            return Err(bad());
+        }
+    }
+}
+
+/// Serves one HTTP connection (keep-alive) until it closes.
+pub fn serve_conn(ctx: Arc<Context>, stream: TcpStream) {
+    let remote = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let _ = stream.set_nodelay(true);
+    let Ok(mut writer) = stream.try_clone() else { return };
+    let mut conn = Conn { stream, buf: Vec::new(), pos: 0 };
+    loop {
+        let (req, n) = loop {
+            match parse_head(conn.buffered(), &remote) {
+                Ok(Some(v)) => break v,
+                Ok(None) if conn.buffered().len() >= MAX_HEAD => {
+                    server_error(&mut writer, "431 Request Header Fields Too Large", "431 Request Header Fields Too Large");
+                    let _ = writer.shutdown(Shutdown::Both);
+                    return;
+                }
+                Ok(None) => match conn.fill() {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                },
+                Err(e) => {
+                    match e {
+                        HeadError::Bad(s) => server_error(&mut writer, "400 Bad Request", s),
+                        HeadError::TooLarge => server_error(
+                            &mut writer,
+                            "431 Request Header Fields Too Large",
+                            "431 Request Header Fields Too Large",
+                        ),
+                        HeadError::Unsupported => {
+                            server_error(&mut writer, "501 Not Implemented", "Unsupported transfer encoding")
+                        }
+                    }
+                    let _ = writer.shutdown(Shutdown::Both);
+                    return;
+                }
+            }
+        };
+        conn.consume(n);
+        let has_body = req.chunked || req.content_length.unwrap_or(0) > 0;
+        if req.expect_continue && has_body && req.framing.http11 && writer.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").is_err() {
+            return;
+        }
+        if discard_body(&mut conn, &req).is_err() {
+            let _ = writer.shutdown(Shutdown::Both);
+            return;
+        }
+        let resp = route(&ctx, &req);
+        let (bytes, close) = encode(&resp, &req.framing);
+        if writer.write_all(&bytes).is_err() || close {
+            let _ = writer.shutdown(Shutdown::Both);
+            return;
+        }
+    }
+}
+
+/// Query parameters (Go's url.Values: the first value of a key wins).
+struct Params(Vec<(String, String)>);
+
+impl Params {
+    /// Parses the raw query; an error is 400 INVALID_REQUEST (http_api.NewReqParams).
+    fn from(req: &Request) -> Result<Params, Response> {
+        parse_query(req.query.as_deref().unwrap_or(""))
+            .map(Params)
+            .map_err(|()| Response::v1_err(400, "INVALID_REQUEST"))
+    }
+
+    fn get(&self, k: &str) -> Option<&str> {
+        self.0.iter().find(|(a, _)| a == k).map(|(_, v)| v.as_str())
+    }
+
+    fn require(&self, k: &str, missing: &str) -> Result<String, Response> {
+        self.get(k).map(str::to_owned).ok_or_else(|| Response::v1_err(400, missing))
+    }
+
+    /// http_api.GetTopicChannelArgs.
+    fn topic_channel(&self) -> Result<(String, String), Response> {
+        let t = self.require("topic", "MISSING_ARG_TOPIC")?;
+        if !is_valid_topic_name(&t) {
+            return Err(Response::v1_err(400, "INVALID_ARG_TOPIC"));
+        }
+        let c = self.require("channel", "MISSING_ARG_CHANNEL")?;
+        if !is_valid_channel_name(&c) {
+            return Err(Response::v1_err(400, "INVALID_ARG_CHANNEL"));
+        }
+        Ok((t, c))
+    }
+}
+
+/// httprouter's CleanPath: resolves `.`, `..` and doubled slashes, keeps a trailing slash.
+fn clean_path(p: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for seg in p.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            s => parts.push(s),
+        }
+    }
+    let mut out = format!("/{}", parts.join("/"));
+    let trailing = p.ends_with('/') || p.ends_with("/.") || p.ends_with("/..");
+    if trailing && out != "/" {
+        out.push('/');
+    }
+    out
+}
+
+fn toggle_slash(p: &str) -> String {
+    match p.strip_suffix('/') {
+        Some(s) => s.to_string(),
+        None => format!("{p}/"),
+    }
+}
+
+/// Methods other than `method` with a route at `path`, plus OPTIONS, sorted and joined
+/// (httprouter allowed); `None` when there are none.
+fn allowed(path: &str, method: &str) -> Option<String> {
+    let mut list: Vec<&str> = ROUTES
+        .iter()
+        .filter(|(m, p)| *p == path && *m != method && *m != "OPTIONS")
+        .map(|(m, _)| *m)
+        .collect();
+    if list.is_empty() {
+        return None;
+    }
+    list.push("OPTIONS");
+    list.sort();
+    list.dedup();
+    Some(list.join(", "))
+}
+
+fn html_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            '\'' => out.push_str("&#39;"),
+            '"' => out.push_str("&#34;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// http.Redirect to `path` with the request's query kept.
+fn redirect(req: &Request, path: &str, code: u16) -> Response {
+    let mut url = path.to_string();
+    if let Some(q) = &req.query {
+        url.push('?');
+        url.push_str(q);
+    }
+    let mut location = String::new();
+    for b in url.bytes() {
+        if b.is_ascii() {
+            location.push(b as char);
+        } else {
+            location.push_str(&format!("%{b:02x}"));
+        }
+    }
+    let mut headers = Vec::new();
+    let mut body = Vec::new();
+    if req.method == "GET" || req.method == "HEAD" {
+        headers.push(("Content-Type", HTML.to_string()));
+    }
+    headers.push(("Location", location));
+    if req.method == "GET" {
+        body = format!("<a href=\"{}\">{}</a>.\n\n", html_escape(&url), status_text(code)).into_bytes();
+    }
+    Response::new(code, headers, body, None)
+}
+
+/// httprouter's ServeHTTP: the route, else a redirect to a near miss, else OPTIONS, 405
+/// or 404.
+fn route(ctx: &Context, req: &Request) -> Response {
+    let (m, p) = (req.method.as_str(), req.path.as_str());
+    if m == "OPTIONS" && req.raw_path == "*" {
+        // net/http answers `OPTIONS *` itself.
+        return Response::new(200, Vec::new(), Vec::new(), None);
+    }
+    if ROUTES.contains(&(m, p)) {
+        return handle(ctx, req);
+    }
+    if ROUTES.iter().any(|(rm, _)| *rm == m) && m != "CONNECT" && p != "/" {
+        let code = if m == "GET" { 301 } else { 307 };
+        let toggled = toggle_slash(p);
+        if ROUTES.contains(&(m, toggled.as_str())) {
+            return redirect(req, &toggled, code);
+        }
+        let cleaned = clean_path(p);
+        let fixed = ROUTES
+            .iter()
+            .find(|(rm, rp)| *rm == m && rp.eq_ignore_ascii_case(&cleaned))
+            .or_else(|| {
+                let t = toggle_slash(&cleaned);
+                ROUTES.iter().find(|(rm, rp)| *rm == m && rp.eq_ignore_ascii_case(&t))
+            });
+        if let Some((_, rp)) = fixed {
+            return redirect(req, rp, code);
+        }
+    }
+    if m == "OPTIONS" {
+        if let Some(allow) = allowed(p, m) {
+            return Response::new(200, vec![("Allow", allow)], Vec::new(), None);
+        }
+    } else if let Some(allow) = allowed(p, m) {
+        let start = Instant::now();
+        let mut r = Response::v1_err(405, "METHOD_NOT_ALLOWED");
+        r.headers.insert(0, ("Allow", allow));
+        log_request(req, 405, start);
+        return r;
+    }
+    let start = Instant::now();
+    log_request(req, 404, start);
+    Response::v1_err(404, "NOT_FOUND")
+}
+
+/// http_api.Log: `200 GET /lookup?topic=t (127.0.0.1:57918) 23.044µs`.
+fn log_request(req: &Request, status: u16, start: Instant) {
+    log::info!(
+        "{} {} {} ({}) {}",
+        status,
+        req.method,
+        req.request_uri(),
+        req.remote,
+        go_duration_string(start.elapsed())
+    );
+}
+
+fn handle(ctx: &Context, req: &Request) -> Response {
+    if req.path.starts_with("/debug/pprof") {
+        // Go's profiler endpoints have no Rust equivalent.
+        return Response::plain(501, "pprof is not available in this nsqlookupd\n");
+    }
+    let start = Instant::now();
+    let r = match req.path.as_str() {
+        "/ping" => Response::plain(200, "OK"),
+        "/info" => {
+            let mut s = String::from("{\"version\":");
+            json::push_str(&mut s, super::VERSION);
+            s.push('}');
+            Response::v1_json(s)
+        }
+        "/debug" => do_debug(ctx),
+        "/topics" => {
+            let topics = keys(&ctx.db.find_registrations("topic", "*", ""));
+            let mut s = String::from("{\"topics\":");
+            json::push_str_array(&mut s, &topics);
+            s.push('}');
+            Response::v1_json(s)
+        }
+        "/nodes" => do_nodes(ctx),
+        path => with_params(ctx, req, path).unwrap_or_else(|e| e),
+    };
+    log_request(req, r.status, start);
+    r
+}
+
+fn with_params(ctx: &Context, req: &Request, path: &str) -> Result<Response, Response> {
+    let params = Params::from(req)?;
+    let db = &ctx.db;
+    Ok(match path {
+        "/channels" => {
+            let topic = params.require("topic", "MISSING_ARG_TOPIC")?;
+            let channels = sub_keys(&db.find_registrations("channel", &topic, "*"));
+            let mut s = String::from("{\"channels\":");
+            json::push_str_array(&mut s, &channels);
+            s.push('}');
+            Response::v1_json(s)
+        }
+        "/lookup" => {
+            let topic = params.require("topic", "MISSING_ARG_TOPIC")?;
+            if db.find_registrations("topic", &topic, "").is_empty() {
+                return Err(Response::v1_err(404, "TOPIC_NOT_FOUND"));
+            }
+            let channels = sub_keys(&db.find_registrations("channel", &topic, "*"));
+            let producers = filter_by_active(
+                db.find_producers("topic", &topic, ""),
+                ctx.opts.inactive_producer_timeout,
+                ctx.opts.tombstone_lifetime,
+                now_nanos(),
+            );
+            let mut s = String::from("{\"channels\":");
+            json::push_str_array(&mut s, &channels);
+            s.push_str(",\"producers\":[");
+            for (i, p) in producers.iter().enumerate() {
+                if i > 0 {
+                    s.push(',');
+                }
+                push_peer_info(&mut s, p);
+                s.push('}');
+            }
+            s.push_str("]}");
+            Response::v1_json(s)
+        }
+        "/topic/create" => {
+            let topic = params.require("topic", "MISSING_ARG_TOPIC")?;
+            if !is_valid_topic_name(&topic) {
+                return Err(Response::v1_err(400, "INVALID_ARG_TOPIC"));
+            }
+            log::info!("DB: adding topic({topic})");
+            db.add_registration(Registration::new("topic", &topic, ""));
+            Response::v1_empty()
+        }
+        "/topic/delete" => {
+            let topic = params.require("topic", "MISSING_ARG_TOPIC")?;
+            for r in db.find_registrations("channel", &topic, "*") {
+                log::info!("DB: removing channel({}) from topic({topic})", r.sub_key);
+                db.remove_registration(&r);
+            }
+            for r in db.find_registrations("topic", &topic, "") {
+                log::info!("DB: removing topic({topic})");
+                db.remove_registration(&r);
+            }
+            Response::v1_empty()
+        }
+        "/topic/tombstone" => {
+            let topic = params.require("topic", "MISSING_ARG_TOPIC")?;
+            let node = params.require("node", "MISSING_ARG_NODE")?;
+            log::info!("DB: setting tombstone for producer@{node} of topic({topic})");
+            db.tombstone_topic_producer(&topic, &node, now_nanos());
+            Response::v1_empty()
+        }
+        "/channel/create" => {
+            let (topic, channel) = params.topic_channel()?;
+            log::info!("DB: adding channel({channel}) in topic({topic})");
+            db.add_registration(Registration::new("channel", &topic, &channel));
+            log::info!("DB: adding topic({topic})");
+            db.add_registration(Registration::new("topic", &topic, ""));
+            Response::v1_empty()
+        }
+        "/channel/delete" => {
+            let (topic, channel) = params.topic_channel()?;
+            let regs = db.find_registrations("channel", &topic, &channel);
+            if regs.is_empty() {
+                return Err(Response::v1_err(404, "CHANNEL_NOT_FOUND"));
+            }
+            log::info!("DB: removing channel({channel}) from topic({topic})");
+            for r in regs {
+                db.remove_registration(&r);
+            }
+            Response::v1_empty()
+        }
+        _ => Response::v1_err(404, "NOT_FOUND"),
+    })
+}
+
+/// Writes `{remote_address,hostname,broadcast_address,tcp_port,http_port,version` of a
+/// PeerInfo, leaving the object open.
+fn push_peer_info(s: &mut String, p: &Producer) {
+    let pi = &p.peer;
+    s.push('{');
+    json::push_key(s, "remote_address");
+    json::push_str(s, &pi.remote_address);
+    s.push(',');
+    json::push_key(s, "hostname");
+    json::push_str(s, &pi.hostname);
+    s.push(',');
+    json::push_key(s, "broadcast_address");
+    json::push_str(s, &pi.broadcast_address);
+    s.push_str(&format!(",\"tcp_port\":{},\"http_port\":{},", pi.tcp_port, pi.http_port));
+    json::push_key(s, "version");
+    json::push_str(s, &pi.version);
+}
+
+/// GET /nodes: every identified peer that pinged within the inactivity timeout, with its
+/// topics and whether it is tombstoned in each. Tombstoned peers are listed.
+fn do_nodes(ctx: &Context) -> Response {
+    let db = &ctx.db;
+    let now = now_nanos();
+    let producers = filter_by_active(
+        db.find_producers("client", "", ""),
+        ctx.opts.inactive_producer_timeout,
+        Duration::ZERO,
+        now,
+    );
+    let mut topic_producers: std::collections::HashMap<String, Vec<Producer>> = Default::default();
+    let mut s = String::from("{\"producers\":[");
+    for (i, p) in producers.iter().enumerate() {
+        let regs: Vec<Registration> = db
+            .lookup_registrations(&p.peer.id)
+            .into_iter()
+            .filter(|r| r.is_match("topic", "*", ""))
+            .collect();
+        let topics = keys(&regs);
+        let tombstones: Vec<bool> = topics
+            .iter()
+            .map(|t| {
+                let tps = topic_producers
+                    .entry(t.clone())
+                    .or_insert_with(|| db.find_producers("topic", t, ""));
+                tps.iter()
+                    .find(|tp| Arc::ptr_eq(&tp.peer, &p.peer))
+                    .is_some_and(|tp| tp.is_tombstoned(ctx.opts.tombstone_lifetime, now))
+            })
+            .collect();
+        if i > 0 {
+            s.push(',');
+        }
+        push_peer_info(&mut s, p);
+        s.push_str(",\"tombstones\":");
+        json::push_bool_array(&mut s, &tombstones);
+        s.push_str(",\"topics\":");
+        json::push_str_array(&mut s, &topics);
+        s.push('}');
+    }
+    s.push_str("]}");
+    Response::v1_json(s)
+}
+
+/// GET /debug: `"category:key:subkey"` → the producers of that registration (a Go map, so
+/// keys are sorted and registrations without producers are absent).
+fn do_debug(ctx: &Context) -> Response {
+    let mut groups: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for (r, producers) in ctx.db.snapshot() {
+        let key = format!("{}:{}:{}", r.category, r.key, r.sub_key);
+        for p in producers {
+            let pi = &p.peer;
+            let mut m = String::from("{");
+            json::push_key(&mut m, "broadcast_address");
+            json::push_str(&mut m, &pi.broadcast_address);
+            m.push(',');
+            json::push_key(&mut m, "hostname");
+            json::push_str(&mut m, &pi.hostname);
+            m.push_str(&format!(",\"http_port\":{},", pi.http_port));
+            json::push_key(&mut m, "id");
+            json::push_str(&mut m, &pi.id);
+            m.push_str(&format!(
+                ",\"last_update\":{},\"tcp_port\":{},\"tombstoned\":{},\"tombstoned_at\":{},",
+                pi.last_update(),
+                pi.tcp_port,
+                p.tombstoned,
+                p.tombstoned_at_go()
+            ));
+            json::push_key(&mut m, "version");
+            json::push_str(&mut m, &pi.version);
+            m.push('}');
+            groups.entry(key.clone()).or_default().push(m);
+        }
+    }
+    let mut s = String::from("{");
+    for (i, (k, list)) in groups.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        json::push_key(&mut s, k);
+        s.push('[');
+        s.push_str(&list.join(","));
+        s.push(']');
+    }
+    s.push('}');
+    Response::v1_json(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn router_helpers() {
+        assert_eq!(clean_path("//ping"), "/ping");
+        assert_eq!(clean_path("/a/../ping/"), "/ping/");
+        assert_eq!(clean_path("/./x/."), "/x/");
+        assert_eq!(allowed("/ping", "POST").as_deref(), Some("GET, OPTIONS"));
+        assert_eq!(allowed("/debug/pprof/symbol", "PUT").as_deref(), Some("GET, OPTIONS, POST"));
+        assert_eq!(allowed("/nope", "GET"), None);
+        assert_eq!(toggle_slash("/ping/"), "/ping");
+    }
+}

@@ -1,0 +1,116 @@
+//! nsqlookupd: the directory service of an NSQ topology (nsqlookupd/ upstream).
+//!
+//! nsqd instances connect over TCP protocol V1 ([`protocol_v1`]) and register the topics
+//! and channels they hold in the [`registration_db`]; consumers and nsqadmin ask the HTTP
+//! API ([`http`]) which nsqd has a topic. It is not on the message path, so it runs on
+//! plain threads: one accept loop per listener and one thread per connection.
+
+pub mod config;
+pub mod http;
+pub mod json;
+pub mod protocol_v1;
+pub mod registration_db;
+
+use registration_db::RegistrationDb;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The version nsqlookupd reports (/info, IDENTIFY).
+pub const VERSION: &str = "1.3.0";
+
+/// Settings (nsqlookupd: options.go).
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub tcp_address: String,
+    pub http_address: String,
+    /// Sent back in IDENTIFY; nsqd uses it with http_port for /channels queries.
+    pub broadcast_address: String,
+    /// A producer that has not pinged for this long is left out of /lookup and /nodes.
+    pub inactive_producer_timeout: Duration,
+    /// How long a tombstone hides a producer from /lookup.
+    pub tombstone_lifetime: Duration,
+}
+
+/// State shared by every connection thread.
+pub struct Context {
+    pub opts: Options,
+    pub db: RegistrationDb,
+    /// The bound addresses (the real ports when 0 was asked for).
+    pub tcp_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    /// The OS hostname, sent in IDENTIFY replies.
+    pub hostname: String,
+}
+
+/// A bound, not yet serving nsqlookupd.
+pub struct NsqLookupd {
+    ctx: Arc<Context>,
+    tcp: TcpListener,
+    http: TcpListener,
+}
+
+impl NsqLookupd {
+    /// Binds both listeners. Errors read `listen (ADDR) failed - REASON`.
+    pub fn new(opts: Options) -> Result<NsqLookupd, String> {
+        log::info!("nsqlookupd v{VERSION} (built w/rust)");
+        let bind = |a: &str| TcpListener::bind(a).map_err(|e| format!("listen ({a}) failed - {e}"));
+        let tcp = bind(&opts.tcp_address)?;
+        let http = bind(&opts.http_address)?;
+        let local = |l: &TcpListener| l.local_addr().map_err(|e| format!("listener address - {e}"));
+        let ctx = Arc::new(Context {
+            tcp_addr: local(&tcp)?,
+            http_addr: local(&http)?,
+            hostname: gethostname::gethostname().to_string_lossy().into_owned(),
+            db: RegistrationDb::new(),
+            opts,
+        });
+        Ok(NsqLookupd { ctx, tcp, http })
+    }
+
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// Starts the accept loops on their own threads and returns at once. Logs
+    /// `TCP: listening on ADDR` and `HTTP: listening on ADDR`.
+    pub fn start(self) -> Result<(), String> {
+        let NsqLookupd { ctx, tcp, http } = self;
+        log::info!("TCP: listening on {}", ctx.tcp_addr);
+        log::info!("HTTP: listening on {}", ctx.http_addr);
+        spawn_acceptor("lookupd-tcp", tcp, ctx.clone(), protocol_v1::handle)?;
+        spawn_acceptor("lookupd-http", http, ctx, http::serve_conn)?;
+        Ok(())
+    }
+}
+
+fn spawn_acceptor(
+    name: &str,
+    listener: TcpListener,
+    ctx: Arc<Context>,
+    serve: fn(Arc<Context>, std::net::TcpStream),
+) -> Result<(), String> {
+    let conn_name = format!("{name}-conn");
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || loop {
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    let c = ctx.clone();
+                    if let Err(e) = std::thread::Builder::new()
+                        .name(conn_name.clone())
+                        .spawn(move || serve(c, stream))
+                    {
+                        log::error!("cannot start a connection thread - {e}");
+                    }
+                }
+                Err(e) => {
+                    // Like Go's temporary Accept() failures (EMFILE...): back off, retry.
+                    log::warn!("temporary Accept() failure - {e}");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| format!("cannot start {name} - {e}"))
+}

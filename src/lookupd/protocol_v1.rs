@@ -1,0 +1,433 @@
+//! nsqlookupd's TCP protocol V1, spoken by nsqd (nsqlookupd: tcp.go,
+//! lookup_protocol_v1.go). One thread per connection.
+//!
+//! ```text
+//! client: "  V1"                                  magic, once
+//! client: PING\n                                  -> OK
+//! client: IDENTIFY\n[int32 size][JSON]            -> JSON about this lookupd
+//! client: REGISTER <topic> [<channel>]\n          -> OK
+//! client: UNREGISTER <topic> [<channel>]\n        -> OK
+//! server: [int32 size][data]                      every response; no frame type
+//! ```
+//!
+//! Every error is fatal: `"<CODE> <desc>"` is sent and the connection closed. When the
+//! connection ends, the peer is removed from every registration (the keys stay).
+
+use super::json;
+use super::registration_db::{now_nanos, PeerInfo, Producer, Registration};
+use super::Context;
+use nsq_shards::names::{is_valid_channel_name, is_valid_topic_name};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::Arc;
+
+/// The longest command line read before the connection is dropped (Go has no limit; a
+/// valid line is under 150 bytes).
+const MAX_LINE: u64 = 1024 * 1024;
+
+/// A fatal client error: `code` and `desc` go on the wire as `"<code> <desc>"`; `parent`
+/// is only logged.
+#[derive(Debug)]
+pub struct FatalClientErr {
+    pub code: &'static str,
+    pub desc: String,
+    pub parent: Option<String>,
+}
+
+impl FatalClientErr {
+    fn new(code: &'static str, desc: impl Into<String>) -> FatalClientErr {
+        FatalClientErr { code, desc: desc.into(), parent: None }
+    }
+
+    fn with_parent(mut self, parent: impl Into<String>) -> FatalClientErr {
+        self.parent = Some(parent.into());
+        self
+    }
+
+    /// The response payload.
+    pub fn wire(&self) -> String {
+        format!("{} {}", self.code, self.desc)
+    }
+}
+
+/// Writes `[int32 size][data]` (nsq internal/protocol SendResponse).
+pub fn send_response(w: &mut impl Write, data: &[u8]) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(4 + data.len());
+    buf.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    buf.extend_from_slice(data);
+    w.write_all(&buf)
+}
+
+/// Serves one accepted TCP connection until it closes (nsqlookupd: tcpServer.Handle).
+pub fn handle(ctx: Arc<Context>, stream: TcpStream) {
+    let addr = match stream.peer_addr() {
+        Ok(a) => a.to_string(),
+        Err(_) => return,
+    };
+    let _ = stream.set_nodelay(true);
+    log::info!("TCP: new client({addr})");
+    let mut writer = match stream.try_clone() {
+        Ok(w) => w,
+        Err(e) => {
+            log::error!("client({addr}) - {e}");
+            return;
+        }
+    };
+    let mut reader = BufReader::new(stream);
+    let mut magic = [0u8; 4];
+    if let Err(e) = reader.read_exact(&mut magic) {
+        log::error!("failed to read protocol version - {}", io_err_text(&e));
+        let _ = writer.shutdown(Shutdown::Both);
+        return;
+    }
+    let magic_str = String::from_utf8_lossy(&magic).into_owned();
+    log::info!("CLIENT({addr}): desired protocol magic '{magic_str}'");
+    if &magic != b"  V1" {
+        let _ = send_response(&mut writer, b"E_BAD_PROTOCOL");
+        let _ = writer.shutdown(Shutdown::Both);
+        log::error!("client({addr}) bad protocol magic '{magic_str}'");
+        return;
+    }
+    let mut client = ClientV1 { ctx, addr: addr.clone(), peer: None };
+    if let Err(e) = client.io_loop(&mut reader, &mut writer) {
+        log::error!("client({addr}) - {e}");
+    }
+    let _ = writer.shutdown(Shutdown::Both);
+}
+
+/// Go prints io.EOF as `EOF`.
+fn io_err_text(e: &std::io::Error) -> String {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        "EOF".into()
+    } else {
+        e.to_string()
+    }
+}
+
+struct ClientV1 {
+    ctx: Arc<Context>,
+    addr: String,
+    peer: Option<Arc<PeerInfo>>,
+}
+
+impl ClientV1 {
+    /// Runs commands until EOF, an I/O error or a fatal client error; then removes the peer
+    /// from every registration. The error returned is what Go logs as `client(addr) - err`.
+    fn io_loop(&mut self, reader: &mut BufReader<TcpStream>, writer: &mut TcpStream) -> Result<(), String> {
+        let result = self.run(reader, writer);
+        log::info!("PROTOCOL(V1): [{}] exiting ioloop", self.addr);
+        if let Some(peer) = &self.peer {
+            let db = &self.ctx.db;
+            for r in db.lookup_registrations(&peer.id) {
+                if db.remove_producer(&r, &peer.id).0 {
+                    log::info!(
+                        "DB: client({}) UNREGISTER category:{} key:{} subkey:{}",
+                        self.addr,
+                        r.category,
+                        r.key,
+                        r.sub_key
+                    );
+                }
+            }
+        }
+        result
+    }
+
+    fn run(&mut self, reader: &mut BufReader<TcpStream>, writer: &mut TcpStream) -> Result<(), String> {
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            let n = reader
+                .by_ref()
+                .take(MAX_LINE)
+                .read_until(b'\n', &mut line)
+                .map_err(|e| io_err_text(&e))?;
+            if n == 0 || line.last() != Some(&b'\n') {
+                if n as u64 >= MAX_LINE {
+                    return Err("command line too long".into());
+                }
+                return Err("EOF".into());
+            }
+            let trimmed = trim_space(&line);
+            let params: Vec<&[u8]> = trimmed.split(|&b| b == b' ').collect();
+            match self.exec(reader, &params) {
+                Ok(resp) => send_response(writer, &resp).map_err(|e| e.to_string())?,
+                Err(e) => {
+                    let ctx = e.parent.as_ref().map(|p| format!(" - {p}")).unwrap_or_default();
+                    log::error!("[{}] - {}{}", self.addr, e.wire(), ctx);
+                    if let Err(se) = send_response(writer, e.wire().as_bytes()) {
+                        log::error!("[{}] - {}{}", self.addr, se, ctx);
+                    }
+                    return Err(e.wire());
+                }
+            }
+        }
+    }
+
+    fn exec(&mut self, reader: &mut BufReader<TcpStream>, params: &[&[u8]]) -> Result<Vec<u8>, FatalClientErr> {
+        match params[0] {
+            b"PING" => Ok(self.ping()),
+            b"IDENTIFY" => self.identify(reader),
+            b"REGISTER" => self.register(&params[1..]),
+            b"UNREGISTER" => self.unregister(&params[1..]),
+            other => Err(FatalClientErr::new(
+                "E_INVALID",
+                format!("invalid command {}", String::from_utf8_lossy(other)),
+            )),
+        }
+    }
+
+    /// PING refreshes lastUpdate once identified.
+    fn ping(&mut self) -> Vec<u8> {
+        if let Some(peer) = &self.peer {
+            let now = now_nanos();
+            let last = peer.last_update();
+            log::info!(
+                "CLIENT({}): pinged (last ping {})",
+                peer.id,
+                crate::config::go_duration_string(std::time::Duration::from_nanos((now - last).max(0) as u64))
+            );
+            peer.touch(now);
+        }
+        b"OK".to_vec()
+    }
+
+    fn identify(&mut self, reader: &mut BufReader<TcpStream>) -> Result<Vec<u8>, FatalClientErr> {
+        if self.peer.is_some() {
+            return Err(FatalClientErr::new("E_INVALID", "cannot IDENTIFY again"));
+        }
+        let mut size = [0u8; 4];
+        reader.read_exact(&mut size).map_err(|e| {
+            FatalClientErr::new("E_BAD_BODY", "IDENTIFY failed to read body size").with_parent(io_err_text(&e))
+        })?;
+        let size = i32::from_be_bytes(size);
+        let body_err = |parent: String| FatalClientErr::new("E_BAD_BODY", "IDENTIFY failed to read body").with_parent(parent);
+        if size < 0 {
+            // Go panics on make([]byte, negative); answering is kinder.
+            return Err(body_err(format!("negative body size {size}")));
+        }
+        let mut body = Vec::new();
+        let n = reader.by_ref().take(size as u64).read_to_end(&mut body).map_err(|e| body_err(io_err_text(&e)))?;
+        if n < size as usize {
+            return Err(body_err(if n == 0 { "EOF".into() } else { "unexpected EOF".into() }));
+        }
+        let fields = decode_identify(&body).map_err(|e| {
+            FatalClientErr::new("E_BAD_BODY", "IDENTIFY failed to decode JSON body").with_parent(e)
+        })?;
+        if fields.broadcast_address.is_empty()
+            || fields.tcp_port == 0
+            || fields.http_port == 0
+            || fields.version.is_empty()
+        {
+            return Err(FatalClientErr::new("E_BAD_BODY", "IDENTIFY missing fields"));
+        }
+        log::info!(
+            "CLIENT({}): IDENTIFY Address:{} TCP:{} HTTP:{} Version:{}",
+            self.addr,
+            fields.broadcast_address,
+            fields.tcp_port,
+            fields.http_port,
+            fields.version
+        );
+        let peer = Arc::new(PeerInfo::new(
+            self.addr.clone(),
+            fields.hostname,
+            fields.broadcast_address,
+            fields.tcp_port,
+            fields.http_port,
+            fields.version,
+        ));
+        self.peer = Some(peer.clone());
+        if self.ctx.db.add_producer(Registration::new("client", "", ""), Producer::new(peer)) {
+            log::info!("DB: client({}) REGISTER category:client key: subkey:", self.addr);
+        }
+        Ok(self.ctx.identify_response().into_bytes())
+    }
+
+    fn register(&mut self, params: &[&[u8]]) -> Result<Vec<u8>, FatalClientErr> {
+        let Some(peer) = self.peer.clone() else {
+            return Err(FatalClientErr::new("E_INVALID", "client must IDENTIFY"));
+        };
+        let (topic, channel) = get_topic_chan("REGISTER", params)?;
+        let db = &self.ctx.db;
+        if !channel.is_empty() {
+            if db.add_producer(Registration::new("channel", &topic, &channel), Producer::new(peer.clone())) {
+                log::info!(
+                    "DB: client({}) REGISTER category:channel key:{topic} subkey:{channel}",
+                    self.addr
+                );
+            }
+        }
+        if db.add_producer(Registration::new("topic", &topic, ""), Producer::new(peer)) {
+            log::info!("DB: client({}) REGISTER category:topic key:{topic} subkey:", self.addr);
+        }
+        Ok(b"OK".to_vec())
+    }
+
+    fn unregister(&mut self, params: &[&[u8]]) -> Result<Vec<u8>, FatalClientErr> {
+        let Some(peer) = self.peer.clone() else {
+            return Err(FatalClientErr::new("E_INVALID", "client must IDENTIFY"));
+        };
+        let (topic, channel) = get_topic_chan("UNREGISTER", params)?;
+        let db = &self.ctx.db;
+        if !channel.is_empty() {
+            let key = Registration::new("channel", &topic, &channel);
+            let (removed, left) = db.remove_producer(&key, &peer.id);
+            if removed {
+                log::info!(
+                    "DB: client({}) UNREGISTER category:channel key:{topic} subkey:{channel}",
+                    self.addr
+                );
+            }
+            if left == 0 && channel.ends_with("#ephemeral") {
+                db.remove_registration(&key);
+            }
+        } else {
+            // A topic UNREGISTER also drops the peer from the topic's channels; nsqd
+            // unregisters channels first, so anything removed here is unexpected.
+            for r in db.find_registrations("channel", &topic, "*") {
+                if db.remove_producer(&r, &peer.id).0 {
+                    log::warn!(
+                        "client({}) unexpected UNREGISTER category:channel key:{topic} subkey:{}",
+                        self.addr,
+                        r.sub_key
+                    );
+                }
+            }
+            let key = Registration::new("topic", &topic, "");
+            let (removed, left) = db.remove_producer(&key, &peer.id);
+            if removed {
+                log::info!("DB: client({}) UNREGISTER category:topic key:{topic} subkey:", self.addr);
+            }
+            if left == 0 && topic.ends_with("#ephemeral") {
+                db.remove_registration(&key);
+            }
+        }
+        Ok(b"OK".to_vec())
+    }
+}
+
+/// strings.TrimSpace for ASCII whitespace.
+fn trim_space(b: &[u8]) -> &[u8] {
+    let ws = |c: &u8| matches!(c, b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c);
+    let start = b.iter().position(|c| !ws(c)).unwrap_or(b.len());
+    let end = b.iter().rposition(|c| !ws(c)).map_or(start, |i| i + 1);
+    &b[start..end]
+}
+
+/// Topic and optional channel of REGISTER/UNREGISTER (nsqlookupd: getTopicChan).
+fn get_topic_chan(command: &str, params: &[&[u8]]) -> Result<(String, String), FatalClientErr> {
+    if params.is_empty() {
+        return Err(FatalClientErr::new("E_INVALID", format!("{command} insufficient number of params")));
+    }
+    let topic = String::from_utf8_lossy(params[0]).into_owned();
+    let channel = params.get(1).map(|c| String::from_utf8_lossy(c).into_owned()).unwrap_or_default();
+    if !is_valid_topic_name(&topic) {
+        return Err(FatalClientErr::new("E_BAD_TOPIC", format!("{command} topic name '{topic}' is not valid")));
+    }
+    if !channel.is_empty() && !is_valid_channel_name(&channel) {
+        return Err(FatalClientErr::new(
+            "E_BAD_CHANNEL",
+            format!("{command} channel name '{channel}' is not valid"),
+        ));
+    }
+    Ok((topic, channel))
+}
+
+/// The IDENTIFY fields nsqlookupd keeps.
+#[derive(Debug, Default, PartialEq)]
+pub struct IdentifyFields {
+    pub hostname: String,
+    pub broadcast_address: String,
+    pub tcp_port: i64,
+    pub http_port: i64,
+    pub version: String,
+}
+
+/// Decodes an IDENTIFY body like Go's json.Unmarshal into PeerInfo: keys match
+/// case-insensitively, unknown keys and nulls are ignored, a wrong type (a string port, a
+/// fractional number) or a non-object is an error.
+pub fn decode_identify(body: &[u8]) -> Result<IdentifyFields, String> {
+    let text = String::from_utf8_lossy(body);
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    let mut f = IdentifyFields::default();
+    let obj = match v {
+        serde_json::Value::Null => return Ok(f),
+        serde_json::Value::Object(o) => o,
+        other => return Err(format!("json: cannot unmarshal {} into Go value of type nsqlookupd.PeerInfo", kind(&other))),
+    };
+    for (k, val) in obj {
+        if val.is_null() {
+            continue;
+        }
+        let str_field = |val: &serde_json::Value| {
+            val.as_str().map(str::to_owned).ok_or_else(|| format!("json: cannot unmarshal {} into field {k} of type string", kind(val)))
+        };
+        let int_field = |val: &serde_json::Value| {
+            val.as_i64().ok_or_else(|| format!("json: cannot unmarshal {} into field {k} of type int", kind(val)))
+        };
+        match k.to_ascii_lowercase().as_str() {
+            "hostname" => f.hostname = str_field(&val)?,
+            "broadcast_address" => f.broadcast_address = str_field(&val)?,
+            "version" => f.version = str_field(&val)?,
+            "remote_address" => {
+                str_field(&val)?;
+            }
+            "tcp_port" => f.tcp_port = int_field(&val)?,
+            "http_port" => f.http_port = int_field(&val)?,
+            _ => {}
+        }
+    }
+    Ok(f)
+}
+
+fn kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "bool",
+        serde_json::Value::Number(_) => "number",
+        serde_json::Value::String(_) => "string",
+        serde_json::Value::Array(_) => "array",
+        serde_json::Value::Object(_) => "object",
+    }
+}
+
+impl Context {
+    /// The IDENTIFY reply: this lookupd's ports, version, broadcast address and hostname
+    /// (a Go map, so the keys are sorted).
+    pub fn identify_response(&self) -> String {
+        let mut s = String::from("{");
+        json::push_key(&mut s, "broadcast_address");
+        json::push_str(&mut s, &self.opts.broadcast_address);
+        s.push(',');
+        json::push_key(&mut s, "hostname");
+        json::push_str(&mut s, &self.hostname);
+        s.push_str(&format!(",\"http_port\":{},\"tcp_port\":{},", self.http_addr.port(), self.tcp_addr.port()));
+        json::push_key(&mut s, "version");
+        json::push_str(&mut s, super::VERSION);
+        s.push('}');
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identify_decoding() {
+        let f = decode_identify(br#"{"broadcast_address":"a","TCP_PORT":1,"http_port":2,"version":"v","x":[1]}"#).unwrap();
+        assert_eq!((f.broadcast_address.as_str(), f.tcp_port, f.http_port, f.version.as_str()), ("a", 1, 2, "v"));
+        assert!(decode_identify(br#"{"tcp_port":"1"}"#).is_err());
+        assert!(decode_identify(br#"{"tcp_port":1.5}"#).is_err());
+        assert!(decode_identify(b"[]").is_err());
+        assert!(decode_identify(b"{").is_err());
+        assert_eq!(decode_identify(b"null").unwrap(), IdentifyFields::default());
+    }
+
+    #[test]
+    fn trims() {
+        assert_eq!(trim_space(b" \tPING \r\n"), b"PING");
+        assert_eq!(trim_space(b"\n"), b"");
+    }
+}

@@ -1,0 +1,519 @@
+//! IDENTIFY: body errors, JSON decoding, settings validation (order and error texts),
+//! the negotiation reply (byte-exact against the nsqd 1.3.0 transcript), state rules and
+//! what /stats shows about the client. NSQ_REFERENCE.md §1.4, §1.5, §7.
+
+mod common;
+
+use common::*;
+use std::net::Shutdown;
+use std::time::Duration;
+
+/// The IDENTIFY reply of nsqd 1.3.0 with default flags (transcript, 268-byte frame).
+const DEFAULT_IDENTIFY_REPLY: &str = r#"{"max_rdy_count":2500,"version":"1.3.0","max_msg_timeout":900000,"msg_timeout":60000,"tls_v1":false,"deflate":false,"deflate_level":6,"max_deflate_level":6,"snappy":false,"sample_rate":0,"auth_required":false,"output_buffer_size":16384,"output_buffer_timeout":250}"#;
+
+fn reply(
+    max_rdy: i64,
+    max_msg_timeout: i64,
+    msg_timeout: i64,
+    sample_rate: i64,
+    obs: i64,
+    obt: i64,
+) -> String {
+    format!(
+        r#"{{"max_rdy_count":{max_rdy},"version":"1.3.0","max_msg_timeout":{max_msg_timeout},"msg_timeout":{msg_timeout},"tls_v1":false,"deflate":false,"deflate_level":6,"max_deflate_level":6,"snappy":false,"sample_rate":{sample_rate},"auth_required":false,"output_buffer_size":{obs},"output_buffer_timeout":{obt}}}"#
+    )
+}
+
+/// Sends IDENTIFY with `json` and expects the exact JSON reply frame.
+fn identify_expect(b: &Broker, json: &str, want: &str) -> std::net::TcpStream {
+    let mut s = b.connect_v2();
+    send(&mut s, &identify_cmd(json));
+    expect_frame(&mut s, 0, want.as_bytes());
+    s
+}
+
+/// Sends IDENTIFY with `json` on a new connection and expects the fatal error `err`.
+fn identify_fatal(b: &Broker, json: &str, err: &str) {
+    let mut s = b.connect_v2();
+    send(&mut s, &identify_cmd(json));
+    expect_fatal(&mut s, err);
+}
+
+#[test]
+fn negotiation_reply_is_byte_exact() {
+    let b = Broker::start(1, &[]);
+    let mut s = b.connect_v2();
+    let json = r#"{"client_id": "ex", "hostname": "ex", "user_agent": "tcp_examples/1.0", "feature_negotiation": true, "heartbeat_interval": 30000}"#;
+    send(&mut s, &identify_cmd(json));
+    let raw = read_raw_frame(&mut s).unwrap();
+    let mut want = vec![0x00, 0x00, 0x01, 0x0c, 0x00, 0x00, 0x00, 0x00];
+    want.extend_from_slice(DEFAULT_IDENTIFY_REPLY.as_bytes());
+    assert_eq!(raw.len(), 4 + 268);
+    assert_eq!(show(&raw), show(&want));
+    // The connection is still usable: the transcript then publishes.
+    send(&mut s, &pub_cmd("tcp_t", b"hello"));
+    expect_frame(&mut s, 0, b"OK");
+}
+
+#[test]
+fn plain_identify_answers_ok() {
+    // Transcript: IDENTIFY {"client_id": "ex"} -> 00000006 00000000 "OK".
+    let b = Broker::start(1, &[]);
+    let mut s = b.connect_v2();
+    send(&mut s, &identify_cmd(r#"{"client_id": "ex"}"#));
+    let raw = read_raw_frame(&mut s).unwrap();
+    assert_eq!(show(&raw), show(b"\x00\x00\x00\x06\x00\x00\x00\x00OK"));
+    // feature_negotiation false is the same as absent.
+    let mut s = b.connect_v2();
+    send(
+        &mut s,
+        &identify_cmd(r#"{"feature_negotiation": false, "msg_timeout": 5000}"#),
+    );
+    expect_ok(&mut s);
+}
+
+#[test]
+fn reply_reflects_flags_and_client_settings() {
+    let b = Broker::start(
+        1,
+        &[
+            "--max-rdy-count=50",
+            "--msg-timeout=5s",
+            "--max-msg-timeout=10s",
+            "--output-buffer-timeout=100ms",
+        ],
+    );
+    identify_expect(
+        &b,
+        r#"{"feature_negotiation":true}"#,
+        &reply(50, 10000, 5000, 0, 16384, 100),
+    );
+    identify_expect(
+        &b,
+        r#"{"feature_negotiation":true,"msg_timeout":2000,"sample_rate":42,"output_buffer_size":1024,"output_buffer_timeout":500}"#,
+        &reply(50, 10000, 2000, 42, 1024, 500),
+    );
+    // output_buffer_size -1: 1-byte buffer and timeout 0; timeout -1 means 0.
+    identify_expect(
+        &b,
+        r#"{"feature_negotiation":true,"output_buffer_size":-1,"output_buffer_timeout":-1}"#,
+        &reply(50, 10000, 5000, 0, 1, 0),
+    );
+    identify_expect(
+        &b,
+        r#"{"feature_negotiation":true,"output_buffer_timeout":-1}"#,
+        &reply(50, 10000, 5000, 0, 16384, 0),
+    );
+    identify_expect(
+        &b,
+        r#"{"feature_negotiation":true,"output_buffer_size":-1}"#,
+        &reply(50, 10000, 5000, 0, 1, 0),
+    );
+    // Boundaries are accepted: msg_timeout == max-msg-timeout, 1000 minimum.
+    identify_expect(
+        &b,
+        r#"{"feature_negotiation":true,"msg_timeout":10000}"#,
+        &reply(50, 10000, 10000, 0, 16384, 100),
+    );
+    identify_expect(
+        &b,
+        r#"{"feature_negotiation":true,"msg_timeout":1000}"#,
+        &reply(50, 10000, 1000, 0, 16384, 100),
+    );
+    identify_expect(
+        &b,
+        r#"{"feature_negotiation":true,"sample_rate":99}"#,
+        &reply(50, 10000, 5000, 99, 16384, 100),
+    );
+}
+
+#[test]
+fn tls_snappy_deflate_are_refused_and_connection_stays_plain() {
+    let b = Broker::start(1, &[]);
+    let mut s = b.connect_v2();
+    send(
+        &mut s,
+        &identify_cmd(
+            r#"{"feature_negotiation":true,"tls_v1":true,"snappy":true,"deflate":true,"deflate_level":3}"#,
+        ),
+    );
+    expect_frame(&mut s, 0, DEFAULT_IDENTIFY_REPLY.as_bytes());
+    // No upgrade and no extra OK frame: the next frame is the PUB reply in clear text.
+    send(&mut s, &pub_cmd("plain_after_identify", b"x"));
+    expect_ok(&mut s);
+}
+
+#[test]
+fn unknown_keys_are_ignored() {
+    let b = Broker::start(1, &[]);
+    let mut s = b.connect_v2();
+    send(
+        &mut s,
+        &identify_cmd(
+            r#"{"short_id":"s","long_id":"l","client_id":"c","foo":{"bar":[1,2.5,null]},"feature_negotiation":false}"#,
+        ),
+    );
+    expect_ok(&mut s);
+}
+
+#[test]
+fn identify_may_be_repeated_while_in_init() {
+    let b = Broker::start(
+        1,
+        &[
+            "--max-output-buffer-size=524288",
+            "--max-output-buffer-timeout=1s",
+        ],
+    );
+    let mut s = b.connect_v2();
+    for json in [
+        r#"{"feature_negotiation":true,"output_buffer_size":524288,"output_buffer_timeout":1000}"#,
+        r#"{"feature_negotiation":true,"output_buffer_size":-1,"output_buffer_timeout":-1}"#,
+        r#"{"feature_negotiation":true,"output_buffer_size":0,"output_buffer_timeout":0}"#,
+    ] {
+        send(&mut s, &identify_cmd(json));
+        let (ft, data) = read_frame_skip_hb(&mut s).unwrap();
+        assert_eq!(ft, 0, "{}", show(&data));
+        let v: serde_json::Value = serde_json::from_slice(&data).expect("json reply");
+        assert_eq!(v["version"], "1.3.0");
+    }
+    send(&mut s, b"IDENTIFY\n");
+    send(&mut s, &sized(br#"{"client_id":"x"}"#));
+    expect_ok(&mut s);
+    // First reply of a fresh connection echoes the accepted maxima.
+    let mut s2 = b.connect_v2();
+    send(
+        &mut s2,
+        &identify_cmd(
+            r#"{"feature_negotiation":true,"output_buffer_size":524288,"output_buffer_timeout":1000}"#,
+        ),
+    );
+    let (_, data) = read_frame(&mut s2).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&data).unwrap();
+    assert_eq!(v["output_buffer_size"], 524288);
+    assert_eq!(v["output_buffer_timeout"], 1000);
+}
+
+#[test]
+fn identify_after_sub_is_fatal() {
+    let b = Broker::start(1, &[]);
+    let mut s = b.subscribe("ident_sub", "c");
+    send(&mut s, &identify_cmd(r#"{"client_id":"x"}"#));
+    expect_fatal(&mut s, "E_INVALID cannot IDENTIFY in current state");
+}
+
+#[test]
+fn body_size_errors() {
+    let b = Broker::start(1, &["--max-body-size=1000"]);
+    // Too big (checked before the body is read; nothing more is sent).
+    let mut s = b.connect_v2();
+    send(&mut s, b"IDENTIFY\n\x00\x00\x03\xe9");
+    expect_fatal(&mut s, "E_BAD_BODY IDENTIFY body too big 1001 > 1000");
+    // Exactly max is accepted (JSON padded with spaces to 1000 bytes).
+    let mut json = br#"{"client_id":"pad"}"#.to_vec();
+    json.resize(1000, b' ');
+    let mut s = b.connect_v2();
+    send(&mut s, b"IDENTIFY\n");
+    send(&mut s, &sized(&json));
+    expect_ok(&mut s);
+    // Zero and negative sizes.
+    let mut s = b.connect_v2();
+    send(&mut s, b"IDENTIFY\n\x00\x00\x00\x00");
+    expect_fatal(&mut s, "E_BAD_BODY IDENTIFY invalid body size 0");
+    let mut s = b.connect_v2();
+    send(&mut s, b"IDENTIFY\n\xff\xff\xff\xff");
+    expect_fatal(&mut s, "E_BAD_BODY IDENTIFY invalid body size -1");
+}
+
+#[test]
+fn truncated_size_and_body() {
+    let b = Broker::start(1, &[]);
+    let mut s = b.connect_v2();
+    send(&mut s, b"IDENTIFY\n\x00\x00");
+    s.shutdown(Shutdown::Write).unwrap();
+    expect_fatal(&mut s, "E_BAD_BODY IDENTIFY failed to read body size");
+
+    let mut s = b.connect_v2();
+    send(&mut s, b"IDENTIFY\n\x00\x00\x00\x64{\"client");
+    s.shutdown(Shutdown::Write).unwrap();
+    expect_fatal(&mut s, "E_BAD_BODY IDENTIFY failed to read body");
+}
+
+#[test]
+fn bad_json_and_wrong_types() {
+    let b = Broker::start(1, &[]);
+    for json in [
+        "{bad",
+        "not json",
+        r#"{"heartbeat_interval": 1.5}"#,
+        r#"{"heartbeat_interval": "1000"}"#,
+        r#"{"msg_timeout": true}"#,
+        r#"{"feature_negotiation": "yes"}"#,
+        r#"{"client_id": 5}"#,
+        r#"[1,2]"#,
+    ] {
+        identify_fatal(&b, json, "E_BAD_BODY IDENTIFY failed to decode JSON body");
+    }
+}
+
+#[test]
+fn heartbeat_interval_validation() {
+    let b = Broker::start(1, &["--max-heartbeat-interval=300s"]);
+    identify_expect(
+        &b,
+        r#"{"feature_negotiation":true,"heartbeat_interval":300000}"#,
+        DEFAULT_IDENTIFY_REPLY,
+    );
+    identify_expect(
+        &b,
+        r#"{"feature_negotiation":true,"heartbeat_interval":1000}"#,
+        DEFAULT_IDENTIFY_REPLY,
+    );
+    identify_expect(
+        &b,
+        r#"{"feature_negotiation":true,"heartbeat_interval":-1}"#,
+        DEFAULT_IDENTIFY_REPLY,
+    );
+    identify_expect(
+        &b,
+        r#"{"feature_negotiation":true,"heartbeat_interval":0}"#,
+        DEFAULT_IDENTIFY_REPLY,
+    );
+    identify_fatal(
+        &b,
+        r#"{"heartbeat_interval":300001}"#,
+        "E_BAD_BODY IDENTIFY heartbeat interval (300001) is invalid",
+    );
+    identify_fatal(
+        &b,
+        r#"{"heartbeat_interval":999}"#,
+        "E_BAD_BODY IDENTIFY heartbeat interval (999) is invalid",
+    );
+    identify_fatal(
+        &b,
+        r#"{"heartbeat_interval":-2}"#,
+        "E_BAD_BODY IDENTIFY heartbeat interval (-2) is invalid",
+    );
+
+    let b = Broker::start(1, &["--max-heartbeat-interval=1s"]);
+    identify_fatal(
+        &b,
+        r#"{"heartbeat_interval":2000}"#,
+        "E_BAD_BODY IDENTIFY heartbeat interval (2000) is invalid",
+    );
+}
+
+#[test]
+fn output_buffer_validation() {
+    let b = Broker::start(
+        1,
+        &[
+            "--max-output-buffer-size=524288",
+            "--max-output-buffer-timeout=1s",
+        ],
+    );
+    identify_fatal(
+        &b,
+        r#"{"output_buffer_size":524289}"#,
+        "E_BAD_BODY IDENTIFY output buffer size (524289) is invalid",
+    );
+    identify_fatal(
+        &b,
+        r#"{"output_buffer_size":63}"#,
+        "E_BAD_BODY IDENTIFY output buffer size (63) is invalid",
+    );
+    identify_fatal(
+        &b,
+        r#"{"output_buffer_size":-2}"#,
+        "E_BAD_BODY IDENTIFY output buffer size (-2) is invalid",
+    );
+    identify_fatal(
+        &b,
+        r#"{"output_buffer_timeout":1001}"#,
+        "E_BAD_BODY IDENTIFY output buffer timeout (1001) is invalid",
+    );
+    // --min-output-buffer-timeout defaults to 25ms.
+    identify_fatal(
+        &b,
+        r#"{"output_buffer_timeout":24}"#,
+        "E_BAD_BODY IDENTIFY output buffer timeout (24) is invalid",
+    );
+    identify_fatal(
+        &b,
+        r#"{"output_buffer_timeout":-5}"#,
+        "E_BAD_BODY IDENTIFY output buffer timeout (-5) is invalid",
+    );
+    identify_expect(
+        &b,
+        r#"{"feature_negotiation":true,"output_buffer_size":64,"output_buffer_timeout":25}"#,
+        &reply(2500, 900000, 60000, 0, 64, 25),
+    );
+
+    let b = Broker::start(1, &["--min-output-buffer-timeout=100ms"]);
+    identify_fatal(
+        &b,
+        r#"{"output_buffer_timeout":99}"#,
+        "E_BAD_BODY IDENTIFY output buffer timeout (99) is invalid",
+    );
+    identify_expect(
+        &b,
+        r#"{"feature_negotiation":true,"output_buffer_timeout":100}"#,
+        &reply(2500, 900000, 60000, 0, 16384, 100),
+    );
+}
+
+#[test]
+fn sample_rate_and_msg_timeout_validation() {
+    let b = Broker::start(1, &["--max-msg-timeout=10s"]);
+    identify_fatal(
+        &b,
+        r#"{"sample_rate":100}"#,
+        "E_BAD_BODY IDENTIFY sample rate (100) is invalid",
+    );
+    identify_fatal(
+        &b,
+        r#"{"sample_rate":-1}"#,
+        "E_BAD_BODY IDENTIFY sample rate (-1) is invalid",
+    );
+    identify_fatal(
+        &b,
+        r#"{"msg_timeout":999}"#,
+        "E_BAD_BODY IDENTIFY msg timeout (999) is invalid",
+    );
+    identify_fatal(
+        &b,
+        r#"{"msg_timeout":10001}"#,
+        "E_BAD_BODY IDENTIFY msg timeout (10001) is invalid",
+    );
+    identify_fatal(
+        &b,
+        r#"{"msg_timeout":-1}"#,
+        "E_BAD_BODY IDENTIFY msg timeout (-1) is invalid",
+    );
+}
+
+#[test]
+fn validation_order() {
+    let b = Broker::start(1, &[]);
+    // heartbeat before output buffer
+    identify_fatal(
+        &b,
+        r#"{"msg_timeout":1,"sample_rate":500,"output_buffer_size":5,"output_buffer_timeout":5,"heartbeat_interval":5}"#,
+        "E_BAD_BODY IDENTIFY heartbeat interval (5) is invalid",
+    );
+    // output buffer timeout before size
+    identify_fatal(
+        &b,
+        r#"{"msg_timeout":1,"sample_rate":500,"output_buffer_size":5,"output_buffer_timeout":5}"#,
+        "E_BAD_BODY IDENTIFY output buffer timeout (5) is invalid",
+    );
+    // size before sample rate
+    identify_fatal(
+        &b,
+        r#"{"msg_timeout":1,"sample_rate":500,"output_buffer_size":5}"#,
+        "E_BAD_BODY IDENTIFY output buffer size (5) is invalid",
+    );
+    // sample rate before msg timeout
+    identify_fatal(
+        &b,
+        r#"{"msg_timeout":1,"sample_rate":500}"#,
+        "E_BAD_BODY IDENTIFY sample rate (500) is invalid",
+    );
+}
+
+#[test]
+fn sub_with_heartbeats_disabled_is_fatal() {
+    let b = Broker::start(1, &[]);
+    let mut s = b.connect_v2();
+    send(&mut s, &identify_cmd(r#"{"heartbeat_interval":-1}"#));
+    expect_ok(&mut s);
+    send(&mut s, b"SUB hb_off c\n");
+    expect_fatal(&mut s, "E_INVALID cannot SUB with heartbeats disabled");
+}
+
+#[test]
+fn heartbeats_disabled_connection_is_not_dropped_when_idle() {
+    // With -1 there are no read deadlines and no heartbeats. Compared with interval 1000
+    // (idle close after about 2 s), a 2.5 s pause must leave the connection open.
+    let b = Broker::start(1, &[]);
+    let mut s = b.connect_v2();
+    send(&mut s, &identify_cmd(r#"{"heartbeat_interval":-1}"#));
+    expect_ok(&mut s);
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_open(&mut s);
+    let mut nothing = [0u8; 1];
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    assert!(
+        s.peek(&mut nothing).is_err(),
+        "no heartbeat may be sent when disabled"
+    );
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    send(&mut s, b"NOP\n");
+    send(&mut s, &pub_cmd("hb_off_pub", b"x"));
+    expect_ok(&mut s);
+}
+
+#[test]
+fn client_identity_shows_in_stats() {
+    for shards in SHARD_COUNTS {
+        let b = Broker::start(shards, &[]);
+        let topics = topic_names("ident_stats", 3);
+        let mut conns = Vec::new();
+        for t in &topics {
+            let mut s = b.connect_v2();
+            send(
+                &mut s,
+                &identify_cmd(
+                    r#"{"client_id":"my-client","hostname":"my.host","user_agent":"conformance/1.0","sample_rate":7}"#,
+                ),
+            );
+            expect_ok(&mut s);
+            send(&mut s, &line(&format!("SUB {t} ch")));
+            expect_ok(&mut s);
+            send(&mut s, b"RDY 3\n");
+            let local = s.local_addr().unwrap().to_string();
+            conns.push((s, local));
+        }
+        let mut s_anon = b.subscribe(&topics[0], "anon");
+        send(&mut s_anon, b"RDY 1\n");
+        let anon_local = s_anon.local_addr().unwrap().to_string();
+        for (t, (_, local)) in topics.iter().zip(conns.iter()) {
+            let mut client = serde_json::Value::Null;
+            let ok = wait_until(Duration::from_secs(5), || {
+                client = b
+                    .channel_stats(t, "ch")
+                    .map(|c| c["clients"][0].clone())
+                    .unwrap_or_default();
+                client["ready_count"] == 3
+            });
+            assert!(ok, "shards={shards} topic={t}: {client}");
+            assert_eq!(client["client_id"], "my-client");
+            assert_eq!(client["hostname"], "my.host");
+            assert_eq!(client["user_agent"], "conformance/1.0");
+            assert_eq!(client["version"], "V2");
+            assert_eq!(client["remote_address"], local.as_str());
+            assert_eq!(client["state"], 3);
+            assert_eq!(client["sample_rate"], 7);
+            assert_eq!(client["deflate"], false);
+            assert_eq!(client["snappy"], false);
+            assert_eq!(client["tls"], false);
+            let cts = client["connect_ts"].as_i64().unwrap();
+            assert!((cts - now_s()).abs() <= 5, "connect_ts {cts}");
+        }
+        // Without IDENTIFY, client_id and hostname default to the peer IP.
+        let mut client = serde_json::Value::Null;
+        let ok = wait_until(Duration::from_secs(5), || {
+            client = b
+                .channel_stats(&topics[0], "anon")
+                .map(|c| c["clients"][0].clone())
+                .unwrap_or_default();
+            client["ready_count"] == 1
+        });
+        assert!(ok, "{client}");
+        assert_eq!(client["client_id"], "127.0.0.1");
+        assert_eq!(client["hostname"], "127.0.0.1");
+        assert_eq!(client["user_agent"], "");
+        assert_eq!(client["remote_address"], anon_local.as_str());
+    }
+}
