@@ -47,6 +47,10 @@ pub struct Response {
     pub body: Vec<u8>,
     pub sniffed_type: Option<&'static str>,
     pub close: bool,
+    /// Answer with an `HTTP/1.0` status line (the request was HTTP/1.0).
+    pub http10: bool,
+    /// Send `Connection: keep-alive` (an HTTP/1.0 request that asked for it).
+    pub keep_alive_header: bool,
 }
 
 const NSQ_V1: (&str, &str) = ("X-Nsq-Content-Type", "nsq; version=1.0");
@@ -62,6 +66,8 @@ impl Response {
             body: format!("{{\"message\":\"{text}\"}}").into_bytes(),
             sniffed_type: None,
             close: false,
+            http10: false,
+            keep_alive_header: false,
         }
     }
 
@@ -73,6 +79,8 @@ impl Response {
             body,
             sniffed_type: None,
             close: false,
+            http10: false,
+            keep_alive_header: false,
         }
     }
 
@@ -84,6 +92,8 @@ impl Response {
             body,
             sniffed_type: Some(TEXT),
             close: false,
+            http10: false,
+            keep_alive_header: false,
         }
     }
 
@@ -95,6 +105,8 @@ impl Response {
             body: Vec::new(),
             sniffed_type: None,
             close: false,
+            http10: false,
+            keep_alive_header: false,
         }
     }
 
@@ -106,13 +118,21 @@ impl Response {
             body,
             sniffed_type: Some(TEXT),
             close: false,
+            http10: false,
+            keep_alive_header: false,
         }
     }
 
     fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(256 + self.body.len());
         out.extend_from_slice(
-            format!("HTTP/1.1 {} {}\r\n", self.status, status_text(self.status)).as_bytes(),
+            format!(
+                "{} {} {}\r\n",
+                if self.http10 { "HTTP/1.0" } else { "HTTP/1.1" },
+                self.status,
+                status_text(self.status)
+            )
+            .as_bytes(),
         );
         for (k, v) in &self.headers {
             out.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
@@ -128,6 +148,8 @@ impl Response {
         }
         if self.close {
             out.extend_from_slice(b"Connection: close\r\n");
+        } else if self.keep_alive_header {
+            out.extend_from_slice(b"Connection: keep-alive\r\n");
         }
         out.extend_from_slice(b"\r\n");
         out.extend_from_slice(&self.body);
@@ -159,6 +181,9 @@ struct Head {
     content_length: Option<u64>,
     chunked: bool,
     keep_alive: bool,
+    /// The request said `Connection: close`.
+    asked_close: bool,
+    http10: bool,
     head_len: usize,
 }
 
@@ -175,6 +200,7 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, ()> {
     let mut content_length = None;
     let mut chunked = false;
     let mut keep_alive = req.version == Some(1);
+    let mut asked_close = false;
     for h in req.headers.iter() {
         let v = std::str::from_utf8(h.value).unwrap_or("").trim();
         if h.name.eq_ignore_ascii_case("content-length") {
@@ -184,6 +210,7 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, ()> {
         } else if h.name.eq_ignore_ascii_case("connection") {
             if v.eq_ignore_ascii_case("close") {
                 keep_alive = false;
+                asked_close = true;
             } else if v.eq_ignore_ascii_case("keep-alive") {
                 keep_alive = true;
             }
@@ -196,6 +223,8 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, ()> {
         content_length,
         chunked,
         keep_alive,
+        asked_close,
+        http10: req.version == Some(0),
         head_len: n,
     }))
 }
@@ -293,6 +322,7 @@ async fn serve(server: Rc<Server>, stream: TcpStream) {
         let early = early_reject(&server, &head);
         if let Some(mut r) = early {
             r.close = true;
+            r.http10 = head.http10;
             let _ = stream.write_all(&r.encode()).await;
             stream.shutdown();
             return;
@@ -325,9 +355,9 @@ async fn serve(server: Rc<Server>, stream: TcpStream) {
             buf.split_to(len as usize).freeze()
         };
         let mut resp = route(&server, &head, body).await;
-        if !head.keep_alive {
-            resp.close = resp.close || false;
-        }
+        resp.http10 = head.http10;
+        resp.close |= head.asked_close;
+        resp.keep_alive_header = head.http10 && head.keep_alive && !resp.close;
         log::info!(
             "{} {} {}{} ({}) {:?}",
             resp.status,
@@ -450,6 +480,8 @@ async fn route(server: &Rc<Server>, head: &Head, body: Bytes) -> Response {
             body: Vec::new(),
             sniffed_type: None,
             close: false,
+            http10: false,
+            keep_alive_header: false,
         };
     }
     if !allowed.contains(&head.method.as_str()) {

@@ -19,6 +19,9 @@ use std::pin::{pin, Pin};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+/// Output bytes above which the reader stops taking commands until the writer drains.
+const OUT_HIGH_WATER: usize = 1 << 20;
+
 /// Bytes asked of the socket per read.
 const READ_CHUNK: usize = 64 * 1024;
 
@@ -235,6 +238,13 @@ async fn reader_loop(
         loop {
             if client.closed.get() {
                 return Outcome::Closed;
+            }
+            // Backpressure: a client that does not read its replies stops being read
+            // (nsqd blocks on its write the same way) instead of growing the buffer.
+            while client.out.borrow().len() > OUT_HIGH_WATER && !client.closed.get() {
+                client.flush_now.set(true);
+                client.wake.notify();
+                client.drained.wait().await;
             }
             let ctx = Context {
                 state: client.state.get(),
@@ -502,6 +512,7 @@ async fn writer_loop(
             client.flush_now.set(false);
             client.buffered_since.set(None);
             let res = stream.write_all(&spare).await;
+            client.drained.notify();
             server.shard.count_bytes_out(spare.len() as u64);
             spare.clear();
             if spare.capacity() > 1 << 20 {
@@ -539,6 +550,8 @@ async fn writer_loop(
             None => wait.await,
         }
     }
+    client.closed.set(true);
+    client.drained.notify();
     if !handing_off.get() {
         stream.shutdown();
     }

@@ -158,25 +158,30 @@ fn touch_uses_the_clients_msg_timeout() {
 
 #[test]
 fn touch_cannot_extend_past_max_msg_timeout() {
-    let b = Broker::start(1, &["--msg-timeout=1s", "--max-msg-timeout=1500ms"]);
+    // max-msg-timeout == msg-timeout: a TOUCH can never move the deadline past
+    // delivery + 1 s. Without the cap the TOUCH at 800 ms would move it to about 1.8 s.
+    let b = Broker::start(1, &["--msg-timeout=1s", "--max-msg-timeout=1s"]);
     let mut c = b.subscribe("touch_cap", "ch");
     send(&mut c, b"RDY 1\n");
     b.http_pub("touch_cap", b"x");
     let m = read_msg(&mut c);
     let delivered = Instant::now();
-    std::thread::sleep(Duration::from_millis(600));
+    std::thread::sleep(Duration::from_millis(400));
     send(&mut c, &line(&format!("TOUCH {}", m.id)));
-    std::thread::sleep(Duration::from_millis(600));
+    std::thread::sleep(Duration::from_millis(400));
     send(&mut c, &line(&format!("TOUCH {}", m.id)));
-    // Capped at delivery + 1.5 s; without the cap the deadline would be about 2.2 s.
     let again = read_msg(&mut c);
     let el = delivered.elapsed();
     assert_eq!(again.id, m.id);
     assert_eq!(again.attempts, 2);
-    assert!(el >= Duration::from_millis(1400), "{el:?}");
+    assert!(el >= Duration::from_millis(900), "{el:?}");
     assert!(
-        el < Duration::from_millis(2050),
+        el < Duration::from_millis(1500),
         "TOUCH extended past max-msg-timeout: redelivered after {el:?}"
+    );
+    assert_eq!(
+        b.channel_stats("touch_cap", "ch").unwrap()["timeout_count"],
+        1
     );
 }
 

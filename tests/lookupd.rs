@@ -53,7 +53,12 @@ impl Lookupd {
                 http = Some(a.trim().parse().expect("http addr"));
             }
         }
-        Lookupd { child, tcp: tcp.unwrap(), http: http.unwrap(), log }
+        Lookupd {
+            child,
+            tcp: tcp.unwrap(),
+            http: http.unwrap(),
+            log,
+        }
     }
 
     /// A V1 connection that has sent the magic.
@@ -68,7 +73,11 @@ impl Lookupd {
     fn nsqd(&self) -> V1 {
         let mut c = self.connect();
         let reply = c.identify(NSQD_IDENTIFY.as_bytes());
-        assert!(reply.starts_with(b"{\"broadcast_address\":"), "{}", String::from_utf8_lossy(&reply));
+        assert!(
+            reply.starts_with(b"{\"broadcast_address\":"),
+            "{}",
+            String::from_utf8_lossy(&reply)
+        );
         c
     }
 
@@ -76,7 +85,8 @@ impl Lookupd {
     fn http(&self, method: &str, target: &str) -> String {
         let mut s = TcpStream::connect(self.http).expect("connect http");
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let req = format!("{method} {target} HTTP/1.1\r\nHost: lookupd\r\nUser-Agent: test\r\n\r\n");
+        let req =
+            format!("{method} {target} HTTP/1.1\r\nHost: lookupd\r\nUser-Agent: test\r\n\r\n");
         s.write_all(req.as_bytes()).unwrap();
         read_response(&mut s)
     }
@@ -111,7 +121,9 @@ fn read_response(s: &mut TcpStream) -> String {
                 .map(|v| v.trim().parse::<usize>().unwrap());
             let done = match len {
                 Some(n) => buf.len() >= end + 4 + n,
-                None if head.contains("Transfer-Encoding: chunked") => buf.ends_with(b"\r\n0\r\n\r\n"),
+                None if head.contains("Transfer-Encoding: chunked") => {
+                    buf.ends_with(b"\r\n0\r\n\r\n")
+                }
                 None => true,
             };
             if done {
@@ -119,7 +131,11 @@ fn read_response(s: &mut TcpStream) -> String {
             }
         }
         let n = s.read(&mut chunk).expect("read http");
-        assert!(n > 0, "connection closed mid-response: {}", String::from_utf8_lossy(&buf));
+        assert!(
+            n > 0,
+            "connection closed mid-response: {}",
+            String::from_utf8_lossy(&buf)
+        );
         buf.extend_from_slice(&chunk[..n]);
     }
 }
@@ -133,13 +149,25 @@ fn find(h: &[u8], n: &[u8]) -> Option<usize> {
 fn assert_capture(actual: &str, expected: &str) {
     let strip = |s: &str| -> String {
         s.split("\r\n")
-            .map(|l| if l.starts_with("Date: ") { "Date: <date>" } else { l })
+            .map(|l| {
+                if l.starts_with("Date: ") {
+                    "Date: <date>"
+                } else {
+                    l
+                }
+            })
             .collect::<Vec<_>>()
             .join("\r\n")
     };
     assert_eq!(strip(actual), strip(expected));
-    let date = actual.lines().find_map(|l| l.strip_prefix("Date: ")).expect("Date header");
-    assert!(date.ends_with(" GMT") && date.len() == 29, "bad Date {date:?}");
+    let date = actual
+        .lines()
+        .find_map(|l| l.strip_prefix("Date: "))
+        .expect("Date header");
+    assert!(
+        date.ends_with(" GMT") && date.len() == 29,
+        "bad Date {date:?}"
+    );
 }
 
 /// A raw V1 connection.
@@ -189,8 +217,7 @@ impl V1 {
 }
 
 /// What nsqd v1.3.0 sends (broadcast 127.0.0.1, ports 4150/4151, hostname vm).
-const NSQD_IDENTIFY: &str =
-    r#"{"version":"1.3.0","tcp_port":4150,"http_port":4151,"hostname":"vm","broadcast_address":"127.0.0.1"}"#;
+const NSQD_IDENTIFY: &str = r#"{"version":"1.3.0","tcp_port":4150,"http_port":4151,"hostname":"vm","broadcast_address":"127.0.0.1"}"#;
 
 // ---------------------------------------------------------------------------------------
 // Captures from nsqlookupd v1.3.0 (nsqd-captures/lookupd_*.http, err_*).
@@ -231,14 +258,23 @@ fn http_matches_captures() {
     assert_capture(&l.http("GET", "/ping"), CAP_PING);
     assert_capture(&l.http("GET", "/info"), CAP_INFO);
     let lookup = CAP_LOOKUP_T.replace("127.0.0.1:38196", &me);
-    let lookup = lookup.replace("Content-Length: 168", &format!("Content-Length: {}", 168 + me.len() - 15));
+    let lookup = lookup.replace(
+        "Content-Length: 168",
+        &format!("Content-Length: {}", 168 + me.len() - 15),
+    );
     assert_capture(&l.http("GET", "/lookup?topic=t"), &lookup);
     assert_capture(&l.http("GET", "/topics"), CAP_TOPICS);
     assert_capture(&l.http("GET", "/channels?topic=t"), CAP_CHANNELS_T);
     let nodes = CAP_NODES.replace("127.0.0.1:38196", &me);
-    let nodes = nodes.replace("Content-Length: 199", &format!("Content-Length: {}", 199 + me.len() - 15));
+    let nodes = nodes.replace(
+        "Content-Length: 199",
+        &format!("Content-Length: {}", 199 + me.len() - 15),
+    );
     assert_capture(&l.http("GET", "/nodes"), &nodes);
-    assert_capture(&l.http("GET", "/lookup?topic=nosuchtopic"), CAP_LOOKUP_UNKNOWN);
+    assert_capture(
+        &l.http("GET", "/lookup?topic=nosuchtopic"),
+        CAP_LOOKUP_UNKNOWN,
+    );
     assert_capture(&l.http("GET", "/lookup"), CAP_LOOKUP_MISSING);
     assert_capture(&l.http("GET", "/not_found"), CAP_NOT_FOUND);
     assert_capture(&l.http("GET", "/channels"), CAP_LOOKUP_MISSING);
@@ -246,7 +282,9 @@ fn http_matches_captures() {
     // The log lines of the capture.
     assert!(l.log_contains("INFO: 200 GET /lookup?topic=t (127.0.0.1:"));
     assert!(l.log_contains("INFO: 404 GET /lookup?topic=nosuchtopic (127.0.0.1:"));
-    assert!(l.log_contains(&format!("INFO: DB: client({me}) REGISTER category:channel key:t subkey:c")));
+    assert!(l.log_contains(&format!(
+        "INFO: DB: client({me}) REGISTER category:channel key:t subkey:c"
+    )));
     assert!(l.log_contains(&format!(
         "INFO: CLIENT({me}): IDENTIFY Address:127.0.0.1 TCP:4150 HTTP:4151 Version:1.3.0"
     )));
@@ -277,7 +315,10 @@ fn v1_identify_and_ping() {
     assert_eq!(String::from_utf8(reply).unwrap(), want);
     assert_eq!(c.cmd("PING\n"), b"OK");
     // A second IDENTIFY is fatal.
-    assert_eq!(c.identify(NSQD_IDENTIFY.as_bytes()), b"E_INVALID cannot IDENTIFY again");
+    assert_eq!(
+        c.identify(NSQD_IDENTIFY.as_bytes()),
+        b"E_INVALID cannot IDENTIFY again"
+    );
     c.assert_closed();
 }
 
@@ -300,7 +341,10 @@ fn v1_errors_are_fatal() {
     };
     let cases: Vec<(Vec<u8>, &[u8])> = vec![
         (b"REGISTER t\n".to_vec(), b"E_INVALID client must IDENTIFY"),
-        (b"UNREGISTER t\n".to_vec(), b"E_INVALID client must IDENTIFY"),
+        (
+            b"UNREGISTER t\n".to_vec(),
+            b"E_INVALID client must IDENTIFY",
+        ),
         (b"FOO bar\n".to_vec(), b"E_INVALID invalid command FOO"),
         (b"\n".to_vec(), b"E_INVALID invalid command "),
         (identify("{}"), b"E_BAD_BODY IDENTIFY missing fields"),
@@ -313,15 +357,32 @@ fn v1_errors_are_fatal() {
             identify(r#"{"broadcast_address":"a","tcp_port":0,"http_port":2,"version":"v"}"#),
             b"E_BAD_BODY IDENTIFY missing fields",
         ),
-        (identify("{x}"), b"E_BAD_BODY IDENTIFY failed to decode JSON body"),
-        (identify(r#"{"tcp_port":"1"}"#), b"E_BAD_BODY IDENTIFY failed to decode JSON body"),
-        (identify(r#"{"tcp_port":1.5}"#), b"E_BAD_BODY IDENTIFY failed to decode JSON body"),
-        (identify("[]"), b"E_BAD_BODY IDENTIFY failed to decode JSON body"),
+        (
+            identify("{x}"),
+            b"E_BAD_BODY IDENTIFY failed to decode JSON body",
+        ),
+        (
+            identify(r#"{"tcp_port":"1"}"#),
+            b"E_BAD_BODY IDENTIFY failed to decode JSON body",
+        ),
+        (
+            identify(r#"{"tcp_port":1.5}"#),
+            b"E_BAD_BODY IDENTIFY failed to decode JSON body",
+        ),
+        (
+            identify("[]"),
+            b"E_BAD_BODY IDENTIFY failed to decode JSON body",
+        ),
     ];
     for (send, want) in cases {
         let mut c = l.connect();
         c.send(&send);
-        assert_eq!(c.read(), *want, "after {:?}", String::from_utf8_lossy(&send));
+        assert_eq!(
+            c.read(),
+            *want,
+            "after {:?}",
+            String::from_utf8_lossy(&send)
+        );
         c.assert_closed();
     }
 
@@ -360,7 +421,9 @@ fn v1_errors_are_fatal() {
     assert_eq!(c.cmd("BAD\n"), b"E_INVALID invalid command BAD");
     c.assert_closed();
     wait_for(|| l.get_body("/lookup?topic=kept") == r#"{"channels":["c"],"producers":[]}"#);
-    assert!(l.log_contains("ERROR: client(127.0.0.1:") && l.log_contains("bad protocol magic '  V2'"));
+    assert!(
+        l.log_contains("ERROR: client(127.0.0.1:") && l.log_contains("bad protocol magic '  V2'")
+    );
 }
 
 /// Polls until `f` holds (the server handles a disconnect asynchronously).
@@ -382,41 +445,64 @@ fn register_unregister_and_disconnect() {
     assert_eq!(a.cmd("REGISTER t c2\n"), b"OK");
     // Registering twice is fine.
     assert_eq!(a.cmd("REGISTER t c2\n"), b"OK");
-    assert_eq!(l.get_body("/channels?topic=t"), r#"{"channels":["c1","c2"]}"#);
+    assert_eq!(
+        l.get_body("/channels?topic=t"),
+        r#"{"channels":["c1","c2"]}"#
+    );
 
     // UNREGISTER of a channel keeps the key; the topic keeps the producer.
     assert_eq!(a.cmd("UNREGISTER t c1\n"), b"OK");
-    assert_eq!(l.get_body("/channels?topic=t"), r#"{"channels":["c1","c2"]}"#);
+    assert_eq!(
+        l.get_body("/channels?topic=t"),
+        r#"{"channels":["c1","c2"]}"#
+    );
     let producer = format!(
         r#"{{"remote_address":"{me}","hostname":"vm","broadcast_address":"127.0.0.1","tcp_port":4150,"http_port":4151,"version":"1.3.0"}}"#
     );
-    assert_eq!(l.get_body("/lookup?topic=t"), format!(r#"{{"channels":["c1","c2"],"producers":[{producer}]}}"#));
+    assert_eq!(
+        l.get_body("/lookup?topic=t"),
+        format!(r#"{{"channels":["c1","c2"],"producers":[{producer}]}}"#)
+    );
 
     // Ephemeral channels and topics go away when their last producer leaves.
     assert_eq!(a.cmd("REGISTER t c#ephemeral\n"), b"OK");
-    assert_eq!(l.get_body("/channels?topic=t"), r#"{"channels":["c1","c2","c#ephemeral"]}"#);
+    assert_eq!(
+        l.get_body("/channels?topic=t"),
+        r#"{"channels":["c1","c2","c#ephemeral"]}"#
+    );
     assert_eq!(a.cmd("UNREGISTER t c#ephemeral\n"), b"OK");
-    assert_eq!(l.get_body("/channels?topic=t"), r#"{"channels":["c1","c2"]}"#);
+    assert_eq!(
+        l.get_body("/channels?topic=t"),
+        r#"{"channels":["c1","c2"]}"#
+    );
     assert_eq!(a.cmd("REGISTER e#ephemeral ch\n"), b"OK");
     assert_eq!(l.get_body("/topics"), r#"{"topics":["t","e#ephemeral"]}"#);
     assert_eq!(a.cmd("UNREGISTER e#ephemeral\n"), b"OK");
     assert_eq!(l.get_body("/topics"), r#"{"topics":["t"]}"#);
     // ... but not its (non-ephemeral) channel, which merely loses the producer.
-    assert_eq!(l.get_body("/channels?topic=e%23ephemeral"), r#"{"channels":["ch"]}"#);
+    assert_eq!(
+        l.get_body("/channels?topic=e%23ephemeral"),
+        r#"{"channels":["ch"]}"#
+    );
 
     // An ephemeral channel another producer still holds stays.
     let mut b = l.nsqd();
     assert_eq!(b.cmd("REGISTER t x#ephemeral\n"), b"OK");
     assert_eq!(a.cmd("REGISTER t x#ephemeral\n"), b"OK");
     assert_eq!(a.cmd("UNREGISTER t x#ephemeral\n"), b"OK");
-    assert_eq!(l.get_body("/channels?topic=t"), r#"{"channels":["c1","c2","x#ephemeral"]}"#);
+    assert_eq!(
+        l.get_body("/channels?topic=t"),
+        r#"{"channels":["c1","c2","x#ephemeral"]}"#
+    );
 
     // UNREGISTER of the topic removes the producer from the topic and its channels.
     assert_eq!(a.cmd("UNREGISTER t\n"), b"OK");
     let body = l.get_body("/lookup?topic=t");
     assert!(!body.contains(&me), "{body}");
     assert!(body.contains(&b.local_addr()), "{body}");
-    assert!(l.log_contains(&format!("client({me}) unexpected UNREGISTER category:channel key:t subkey:c2")));
+    assert!(l.log_contains(&format!(
+        "client({me}) unexpected UNREGISTER category:channel key:t subkey:c2"
+    )));
     // Unregistering something unknown is still OK.
     assert_eq!(a.cmd("UNREGISTER nothing here\n"), b"OK");
 
@@ -425,7 +511,10 @@ fn register_unregister_and_disconnect() {
     drop(b);
     drop(a);
     wait_for(|| l.get_body("/nodes") == r#"{"producers":[]}"#);
-    assert_eq!(l.get_body("/lookup?topic=t"), r#"{"channels":["c1","c2","x#ephemeral"],"producers":[]}"#);
+    assert_eq!(
+        l.get_body("/lookup?topic=t"),
+        r#"{"channels":["c1","c2","x#ephemeral"],"producers":[]}"#
+    );
     assert_eq!(l.get_body("/topics"), r#"{"topics":["t"]}"#);
     assert!(l.log_contains(&format!("PROTOCOL(V1): [{me}] exiting ioloop")));
 }
@@ -438,44 +527,76 @@ fn tombstones_hide_from_lookup_for_their_lifetime() {
     assert_eq!(a.cmd("REGISTER t\n"), b"OK");
     assert_eq!(a.cmd("REGISTER u\n"), b"OK");
 
-    assert_capture(&l.http("POST", "/topic/tombstone?topic=t"), &v1_err("400 Bad Request", "MISSING_ARG_NODE"));
-    assert_capture(&l.http("POST", "/topic/tombstone?node=x"), &v1_err("400 Bad Request", "MISSING_ARG_TOPIC"));
+    assert_capture(
+        &l.http("POST", "/topic/tombstone?topic=t"),
+        &v1_err("400 Bad Request", "MISSING_ARG_NODE"),
+    );
+    assert_capture(
+        &l.http("POST", "/topic/tombstone?node=x"),
+        &v1_err("400 Bad Request", "MISSING_ARG_TOPIC"),
+    );
     // An unmatched node changes nothing.
-    assert_capture(&l.http("POST", "/topic/tombstone?topic=t&node=127.0.0.1:4150"), EMPTY_200);
+    assert_capture(
+        &l.http("POST", "/topic/tombstone?topic=t&node=127.0.0.1:4150"),
+        EMPTY_200,
+    );
     assert!(l.get_body("/lookup?topic=t").contains(&me));
 
     let start = Instant::now();
-    assert_capture(&l.http("POST", "/topic/tombstone?topic=t&node=127.0.0.1:4151"), EMPTY_200);
-    assert_eq!(l.get_body("/lookup?topic=t"), r#"{"channels":[],"producers":[]}"#);
+    assert_capture(
+        &l.http("POST", "/topic/tombstone?topic=t&node=127.0.0.1:4151"),
+        EMPTY_200,
+    );
+    assert_eq!(
+        l.get_body("/lookup?topic=t"),
+        r#"{"channels":[],"producers":[]}"#
+    );
     // Only the tombstoned topic is affected; /nodes still lists the producer.
     assert!(l.get_body("/lookup?topic=u").contains(&me));
     let nodes = l.get_body("/nodes");
-    assert!(nodes.ends_with(r#""tombstones":[true,false],"topics":["t","u"]}]}"#), "{nodes}");
+    assert!(
+        nodes.ends_with(r#""tombstones":[true,false],"topics":["t","u"]}]}"#),
+        "{nodes}"
+    );
     // /debug shows the tombstone.
     let debug = l.get_body("/debug");
-    assert!(debug.contains(r#""tombstoned":true,"tombstoned_at":"#), "{debug}");
-    assert!(debug.contains(r#""tombstoned":false,"tombstoned_at":-6795364578871345152,"#), "{debug}");
+    assert!(
+        debug.contains(r#""tombstoned":true,"tombstoned_at":"#),
+        "{debug}"
+    );
+    assert!(
+        debug.contains(r#""tombstoned":false,"tombstoned_at":-6795364578871345152,"#),
+        "{debug}"
+    );
 
     // Re-registering does not clear it; it expires.
     assert_eq!(a.cmd("REGISTER t\n"), b"OK");
     if start.elapsed() < Duration::from_millis(900) {
-        assert_eq!(l.get_body("/lookup?topic=t"), r#"{"channels":[],"producers":[]}"#);
+        assert_eq!(
+            l.get_body("/lookup?topic=t"),
+            r#"{"channels":[],"producers":[]}"#
+        );
     }
     std::thread::sleep(Duration::from_millis(1300).saturating_sub(start.elapsed()));
     assert!(l.get_body("/lookup?topic=t").contains(&me));
-    assert!(l.get_body("/nodes").contains(r#""tombstones":[false,false]"#));
+    assert!(l
+        .get_body("/nodes")
+        .contains(r#""tombstones":[false,false]"#));
 }
 
 #[test]
 fn inactive_producers_disappear_until_they_ping() {
-    let l = Lookupd::start(&["--inactive-producer-timeout=1s"]);
+    let l = Lookupd::start(&["--inactive-producer-timeout=2s"]);
     let mut a = l.nsqd();
     let me = a.local_addr();
     assert_eq!(a.cmd("REGISTER t\n"), b"OK");
     assert!(l.get_body("/nodes").contains(&me));
-    std::thread::sleep(Duration::from_millis(1300));
+    std::thread::sleep(Duration::from_millis(2300));
     assert_eq!(l.get_body("/nodes"), r#"{"producers":[]}"#);
-    assert_eq!(l.get_body("/lookup?topic=t"), r#"{"channels":[],"producers":[]}"#);
+    assert_eq!(
+        l.get_body("/lookup?topic=t"),
+        r#"{"channels":[],"producers":[]}"#
+    );
     // The registration is still there, and a PING brings the producer back.
     assert_eq!(a.cmd("PING\n"), b"OK");
     assert!(l.get_body("/nodes").contains(&me));
@@ -486,44 +607,95 @@ fn inactive_producers_disappear_until_they_ping() {
 fn http_admin_endpoints() {
     let l = Lookupd::start(&[]);
     let bad = "400 Bad Request";
-    assert_capture(&l.http("POST", "/topic/create"), &v1_err(bad, "MISSING_ARG_TOPIC"));
-    assert_capture(&l.http("POST", "/topic/create?topic=a*b"), &v1_err(bad, "INVALID_ARG_TOPIC"));
+    assert_capture(
+        &l.http("POST", "/topic/create"),
+        &v1_err(bad, "MISSING_ARG_TOPIC"),
+    );
+    assert_capture(
+        &l.http("POST", "/topic/create?topic=a*b"),
+        &v1_err(bad, "INVALID_ARG_TOPIC"),
+    );
     assert_capture(&l.http("POST", "/topic/create?topic=t1"), EMPTY_200);
-    assert_capture(&l.http("POST", "/channel/create?channel=c"), &v1_err(bad, "MISSING_ARG_TOPIC"));
-    assert_capture(&l.http("POST", "/channel/create?topic=-!&channel=c"), &v1_err(bad, "INVALID_ARG_TOPIC"));
-    assert_capture(&l.http("POST", "/channel/create?topic=t2"), &v1_err(bad, "MISSING_ARG_CHANNEL"));
-    assert_capture(&l.http("POST", "/channel/create?topic=t2&channel=%21"), &v1_err(bad, "INVALID_ARG_CHANNEL"));
-    assert_capture(&l.http("POST", "/channel/create?topic=t2&channel=c"), EMPTY_200);
+    assert_capture(
+        &l.http("POST", "/channel/create?channel=c"),
+        &v1_err(bad, "MISSING_ARG_TOPIC"),
+    );
+    assert_capture(
+        &l.http("POST", "/channel/create?topic=-!&channel=c"),
+        &v1_err(bad, "INVALID_ARG_TOPIC"),
+    );
+    assert_capture(
+        &l.http("POST", "/channel/create?topic=t2"),
+        &v1_err(bad, "MISSING_ARG_CHANNEL"),
+    );
+    assert_capture(
+        &l.http("POST", "/channel/create?topic=t2&channel=%21"),
+        &v1_err(bad, "INVALID_ARG_CHANNEL"),
+    );
+    assert_capture(
+        &l.http("POST", "/channel/create?topic=t2&channel=c"),
+        EMPTY_200,
+    );
     assert_eq!(l.get_body("/topics"), r#"{"topics":["t1","t2"]}"#);
     assert_eq!(l.get_body("/channels?topic=t2"), r#"{"channels":["c"]}"#);
-    assert_eq!(l.get_body("/lookup?topic=t1"), r#"{"channels":[],"producers":[]}"#);
+    assert_eq!(
+        l.get_body("/lookup?topic=t1"),
+        r#"{"channels":[],"producers":[]}"#
+    );
     assert_eq!(l.get_body("/channels?topic=none"), r#"{"channels":[]}"#);
     // Registrations without producers are absent from /debug.
     assert_eq!(l.get_body("/debug"), "{}");
 
-    assert_capture(&l.http("POST", "/channel/delete?topic=t2&channel=zz"), &v1_err("404 Not Found", "CHANNEL_NOT_FOUND"));
-    assert_capture(&l.http("POST", "/channel/delete?topic=t2"), &v1_err(bad, "MISSING_ARG_CHANNEL"));
-    assert_capture(&l.http("POST", "/channel/delete?topic=t2&channel=c"), EMPTY_200);
+    assert_capture(
+        &l.http("POST", "/channel/delete?topic=t2&channel=zz"),
+        &v1_err("404 Not Found", "CHANNEL_NOT_FOUND"),
+    );
+    assert_capture(
+        &l.http("POST", "/channel/delete?topic=t2"),
+        &v1_err(bad, "MISSING_ARG_CHANNEL"),
+    );
+    assert_capture(
+        &l.http("POST", "/channel/delete?topic=t2&channel=c"),
+        EMPTY_200,
+    );
     assert_eq!(l.get_body("/channels?topic=t2"), r#"{"channels":[]}"#);
-    assert_capture(&l.http("POST", "/topic/delete"), &v1_err(bad, "MISSING_ARG_TOPIC"));
+    assert_capture(
+        &l.http("POST", "/topic/delete"),
+        &v1_err(bad, "MISSING_ARG_TOPIC"),
+    );
     // Unknown (even invalid) topics delete fine.
     assert_capture(&l.http("POST", "/topic/delete?topic=nope!"), EMPTY_200);
-    assert_capture(&l.http("POST", "/channel/create?topic=t1&channel=x"), EMPTY_200);
+    assert_capture(
+        &l.http("POST", "/channel/create?topic=t1&channel=x"),
+        EMPTY_200,
+    );
     assert_capture(&l.http("POST", "/topic/delete?topic=t1"), EMPTY_200);
     assert_eq!(l.get_body("/topics"), r#"{"topics":["t2"]}"#);
     assert_eq!(l.get_body("/channels?topic=t1"), r#"{"channels":[]}"#);
     // A bad query string.
-    assert_capture(&l.http("GET", "/lookup?topic=%zz"), &v1_err(bad, "INVALID_REQUEST"));
+    assert_capture(
+        &l.http("GET", "/lookup?topic=%zz"),
+        &v1_err(bad, "INVALID_REQUEST"),
+    );
 
     // /debug lists producers under "category:key:subkey", keys sorted.
     let mut a = l.nsqd();
     let me = a.local_addr();
     assert_eq!(a.cmd("REGISTER t2 c\n"), b"OK");
     let debug = l.get_body("/debug");
-    let keys: Vec<&str> = debug.match_indices("\":[{").map(|(i, _)| &debug[..i]).map(|s| &s[s.rfind('"').unwrap() + 1..]).collect();
+    let keys: Vec<&str> = debug
+        .match_indices("\":[{")
+        .map(|(i, _)| &debug[..i])
+        .map(|s| &s[s.rfind('"').unwrap() + 1..])
+        .collect();
     assert_eq!(keys, ["channel:t2:c", "client::", "topic:t2:"]);
-    let entry = format!(r#"[{{"broadcast_address":"127.0.0.1","hostname":"vm","http_port":4151,"id":"{me}","last_update":"#);
-    assert!(debug.starts_with(&format!("{{\"channel:t2:c\":{entry}")), "{debug}");
+    let entry = format!(
+        r#"[{{"broadcast_address":"127.0.0.1","hostname":"vm","http_port":4151,"id":"{me}","last_update":"#
+    );
+    assert!(
+        debug.starts_with(&format!("{{\"channel:t2:c\":{entry}")),
+        "{debug}"
+    );
     assert!(debug.contains(r#","tcp_port":4150,"tombstoned":false,"tombstoned_at":-6795364578871345152,"version":"1.3.0"}]"#));
 }
 
@@ -532,7 +704,14 @@ fn http_router_details() {
     let l = Lookupd::start(&[]);
     // Wrong method: 405 with Allow (sorted, with OPTIONS).
     let r = l.http("GET", "/topic/create?topic=x");
-    assert_capture(&r, &v1_err("405 Method Not Allowed", "METHOD_NOT_ALLOWED").replacen("HTTP/1.1 405 Method Not Allowed\r\n", "HTTP/1.1 405 Method Not Allowed\r\nAllow: OPTIONS, POST\r\n", 1));
+    assert_capture(
+        &r,
+        &v1_err("405 Method Not Allowed", "METHOD_NOT_ALLOWED").replacen(
+            "HTTP/1.1 405 Method Not Allowed\r\n",
+            "HTTP/1.1 405 Method Not Allowed\r\nAllow: OPTIONS, POST\r\n",
+            1,
+        ),
+    );
     let r = l.http("POST", "/ping");
     assert!(r.starts_with("HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, OPTIONS\r\nContent-Type: application/json"), "{r}");
     // OPTIONS lists the methods.
@@ -551,15 +730,22 @@ fn http_router_details() {
     );
     // HEAD has no route: a 405 without a body.
     let r = l.http_head_only("/ping");
-    assert!(r.starts_with("HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, OPTIONS\r\n"), "{r}");
+    assert!(
+        r.starts_with("HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, OPTIONS\r\n"),
+        "{r}"
+    );
     assert!(r.ends_with("Content-Length: 32\r\n\r\n"), "{r}");
 
     // Keep-alive: two requests on one connection; a body is read and ignored.
     let mut s = TcpStream::connect(l.http).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(b"POST /topic/create?topic=k HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello").unwrap();
+    s.write_all(
+        b"POST /topic/create?topic=k HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello",
+    )
+    .unwrap();
     assert_capture(&read_response(&mut s), EMPTY_200);
-    s.write_all(b"GET /topics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    s.write_all(b"GET /topics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
     assert!(read_response(&mut s).ends_with(r#"{"topics":["k"]}"#));
     // A request net/http rejects.
     s.write_all(b"GET /ping HTTP/1.1\r\n\r\n").unwrap();
@@ -573,10 +759,16 @@ fn http_router_details() {
     // Bodies over 2048 bytes are chunked, as net/http does.
     let mut a = l.nsqd();
     for i in 0..60 {
-        assert_eq!(a.cmd(&format!("REGISTER topic_with_a_long_name_{i:03}\n")), b"OK");
+        assert_eq!(
+            a.cmd(&format!("REGISTER topic_with_a_long_name_{i:03}\n")),
+            b"OK"
+        );
     }
     let r = l.http("GET", "/nodes");
-    assert!(r.contains("\r\nTransfer-Encoding: chunked\r\n") && !r.contains("Content-Length"), "{r}");
+    assert!(
+        r.contains("\r\nTransfer-Encoding: chunked\r\n") && !r.contains("Content-Length"),
+        "{r}"
+    );
     assert!(r.ends_with("]}]}\r\n0\r\n\r\n"));
 }
 
@@ -585,7 +777,10 @@ impl Lookupd {
     fn http_head_only(&self, target: &str) -> String {
         let mut s = TcpStream::connect(self.http).expect("connect http");
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(format!("HEAD {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).unwrap();
+        s.write_all(
+            format!("HEAD {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .unwrap();
         let mut out = String::new();
         s.read_to_string(&mut out).unwrap();
         out.replace("Connection: close\r\n", "")

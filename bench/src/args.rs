@@ -67,7 +67,7 @@ pub struct Args {
     #[arg(long, default_value_t = 200)]
     pub size: usize,
 
-    /// Messages per MPUB (1 = PUB)
+    /// Messages per MPUB (1 = PUB); capped so an MPUB body stays within 5 MiB
     #[arg(long = "batch-size", default_value_t = 200)]
     pub batch_size: usize,
 

@@ -149,12 +149,14 @@ fn write_loop(
     }
     let mut written: u64 = 0;
     let mut next_topic = id as usize % topics.len();
+    // nsqd's default --max-body-size (5 MiB) bounds an MPUB body.
+    let batch = (a.batch_size as u64).min(((5 << 20) - 4) / (a.size as u64 + 4)).max(1);
     loop {
         let now = Instant::now();
         if now >= end || shared.abort.load(Ordering::Relaxed) {
             break;
         }
-        let mut n = a.batch_size as u64;
+        let mut n = batch;
         if per_producer_rate > 0.0 {
             let due = ((now - t0).as_secs_f64() * per_producer_rate) as u64;
             if due <= written {

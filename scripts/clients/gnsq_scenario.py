@@ -112,7 +112,7 @@ def publish_mixed(pub, bodies):
         pub.pub(bodies[i])
         i += 1
     while i < min(n, 1100):
-        pub.pub(bodies[i], defer=50)
+        pub.pub(bodies[i], defer=sc.DPUB_DELAY_MS)
         i += 1
     while i < n:
         pub.mpub(bodies[i:i + 100])
@@ -145,7 +145,7 @@ def fanout(tcp, http, timeout):
 
     def make_handler(tr, cname):
         def handler(consumer, message):
-            tr.record(bytes(message.body), message.attempts, message.id, cname)
+            tr.record(bytes(message.body), message.attempts, message.id, cname, message.timestamp)
             tr.fins_sent += 1  # gnsq.Consumer FINs when the handler returns
             if all(t.complete() for t in trackers.values()):
                 done.set()
@@ -228,7 +228,7 @@ def redelivery(tcp, http, timeout):
             done.set()
 
     def requeue_handler(consumer, message):
-        req_tr.record(bytes(message.body), message.attempts, message.id, "requeue")
+        req_tr.record(bytes(message.body), message.attempts, message.id, "requeue", message.timestamp)
         if len(req_tr.deliveries.get(bytes(message.body), [])) == 1:
             req_tr.reqs_sent += 1
             message.requeue(time_ms=0, backoff=False)
@@ -238,7 +238,7 @@ def redelivery(tcp, http, timeout):
         check_done()
 
     def timeout_handler(conn, message):
-        to_tr.record(bytes(message.body), message.attempts, message.id, "timeout")
+        to_tr.record(bytes(message.body), message.attempts, message.id, "timeout", message.timestamp)
         if len(to_tr.deliveries.get(bytes(message.body), [])) > 1:
             to_tr.fins_sent += 1
             message.finish()

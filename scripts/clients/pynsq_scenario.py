@@ -111,7 +111,7 @@ async def publish_mixed(pub, bodies):
         await pub.pub(bodies[i])
         i += 1
     while i < min(n, 1100):
-        await pub.dpub(50, bodies[i])
+        await pub.dpub(sc.DPUB_DELAY_MS, bodies[i])
         i += 1
     while i < n:
         await pub.mpub(bodies[i:i + 100])
@@ -146,7 +146,7 @@ async def fanout(tcp, http, timeout):
 
     def make_handler(tr, cname):
         def handler(message):
-            tr.record(bytes(message.body), message.attempts, message.id, cname)
+            tr.record(bytes(message.body), message.attempts, message.id, cname, message.timestamp)
             tr.fins_sent += 1
             if all(t.complete() for t in trackers.values()):
                 done.set()
@@ -201,7 +201,7 @@ async def redelivery(tcp, http, timeout):
 
     def requeue_handler(message):
         message.enable_async()
-        req_tr.record(bytes(message.body), message.attempts, message.id, "requeue")
+        req_tr.record(bytes(message.body), message.attempts, message.id, "requeue", message.timestamp)
         if len(req_tr.deliveries.get(bytes(message.body), [])) == 1:
             req_tr.reqs_sent += 1
             message.requeue(delay=0, backoff=False)
@@ -212,7 +212,7 @@ async def redelivery(tcp, http, timeout):
 
     def timeout_handler(message):
         message.enable_async()  # first delivery: never answered, so nsqd must time it out
-        to_tr.record(bytes(message.body), message.attempts, message.id, "timeout")
+        to_tr.record(bytes(message.body), message.attempts, message.id, "timeout", message.timestamp)
         if len(to_tr.deliveries.get(bytes(message.body), [])) > 1:
             to_tr.fins_sent += 1
             message.finish()

@@ -164,11 +164,16 @@ class ClientLogWatch:
 
 
 # ------------------------------------------------------------------ bookkeeping
-class Delivery:
-    __slots__ = ("attempts", "msg_id", "consumer")
+DPUB_DELAY_MS = 50
+DPUB_RANGE = range(1000, 1100)  # indices of the bodies published with DPUB
 
-    def __init__(self, attempts, msg_id, consumer):
+
+class Delivery:
+    __slots__ = ("attempts", "msg_id", "consumer", "age_ms")
+
+    def __init__(self, attempts, msg_id, consumer, age_ms):
         self.attempts, self.msg_id, self.consumer = attempts, msg_id, consumer
+        self.age_ms = age_ms  # receipt time minus the message's timestamp
 
 
 class ChannelTracker:
@@ -177,16 +182,18 @@ class ChannelTracker:
     def __init__(self, channel, bodies):
         self.channel = channel
         self.expected = set(bodies)
+        self.deferred = set(bodies[i] for i in DPUB_RANGE if i < len(bodies))
         self.deliveries = {}
         self.unknown = []
         self.fins_sent = 0
         self.reqs_sent = 0
 
-    def record(self, body, attempts, msg_id, consumer):
+    def record(self, body, attempts, msg_id, consumer, timestamp_ns):
         if body not in self.expected:
             self.unknown.append((body[:80], attempts, msg_id))
             return False
-        self.deliveries.setdefault(body, []).append(Delivery(attempts, msg_id, consumer))
+        age_ms = (time.time_ns() - timestamp_ns) / 1e6
+        self.deliveries.setdefault(body, []).append(Delivery(attempts, msg_id, consumer, age_ms))
         return True
 
     def complete(self):
@@ -222,7 +229,22 @@ class ChannelTracker:
         id_change = [b for b, ds in self.deliveries.items() if len({d.msg_id for d in ds}) > 1]
         if id_change:
             p.append("%d messages changed id between deliveries" % len(id_change))
+        p += self.timestamp_problems()
+        early = [(b[:40], ds[0].age_ms) for b, ds in self.deliveries.items()
+                 if b in self.deferred and ds[0].age_ms < DPUB_DELAY_MS - 5]
+        if early:
+            p.append("%d DPUB (defer %d ms) messages delivered too early, e.g. %r ms after their timestamp"
+                     % (len(early), DPUB_DELAY_MS, early[:3]))
         return p
+
+    def timestamp_problems(self):
+        """The message timestamp is nsqd's publish time in ns: it must be recent."""
+        bad = [(b[:40], d.age_ms) for b, ds in self.deliveries.items() for d in ds
+               if not -1000 <= d.age_ms <= 300000]
+        if bad:
+            return ["%d deliveries whose timestamp is not within [-1 s, 300 s] of now, e.g. "
+                    "%r (age in ms)" % (len(bad), bad[:3])]
+        return []
 
     def duplicates(self):
         return sum(len(ds) - 1 for ds in self.deliveries.values())
@@ -253,6 +275,7 @@ class ChannelTracker:
                     p.append("redelivery of %r after %s changed the message id: %r" % (
                         b[:40], what, [d.msg_id for d in ds]))
                     break
+        p += self.timestamp_problems()
         return p
 
     def attempts_histogram(self):

@@ -106,6 +106,10 @@ pub struct Channel {
     pub wants_disk: bool,
     /// A read from the store is under way.
     pub disk_inflight: bool,
+    /// Sequences at or above the cursor already handed to this channel's deferred heap
+    /// when they were published (nsqd gives a DPUB to each channel at once); the cursor
+    /// steps over them.
+    pub skip: std::collections::BTreeSet<u64>,
 }
 
 impl Channel {
@@ -127,6 +131,7 @@ impl Channel {
             disk: VecDeque::new(),
             wants_disk: false,
             disk_inflight: false,
+            skip: std::collections::BTreeSet::new(),
         }
     }
 
@@ -138,7 +143,10 @@ impl Channel {
             .iter()
             .map(|&(f, t)| t.min(log.pumped).saturating_sub(f.max(self.cursor)))
             .sum();
-        (log.pumped.saturating_sub(self.cursor)).saturating_sub(holes) + self.requeued.len() as u64
+        (log.pumped.saturating_sub(self.cursor))
+            .saturating_sub(holes)
+            .saturating_sub(self.skip.len() as u64)
+            + self.requeued.len() as u64
     }
 
     /// Of `depth`, the records only on disk.
@@ -162,20 +170,13 @@ impl Channel {
         low
     }
 
-    /// Moves deferred records sitting at the cursor into the deferred heap right away
-    /// (nsqd hands a DPUB to each channel's deferred queue when it is published).
-    pub fn take_deferred_at_cursor(&mut self, log: &Log, now: Instant) {
-        while self.cursor < log.pumped {
-            match log.get(self.cursor) {
-                Some(rec) if rec.defer_until.is_some_and(|d| d > now) => {
-                    let due = rec.defer_until.unwrap_or(now);
-                    let msg = rec.message();
-                    self.cursor += 1;
-                    self.defer(msg, due);
-                }
-                _ => break,
-            }
+    /// A message deferred at publish time goes straight to the deferred heap; the cursor
+    /// will step over its record.
+    pub fn defer_published(&mut self, msg: Message, due: Instant) {
+        if msg.seq >= self.cursor {
+            self.skip.insert(msg.seq);
         }
+        self.defer(msg, due);
     }
 
     /// An #ephemeral channel keeps at most `mem_queue_size` ready messages; the oldest
@@ -205,6 +206,10 @@ impl Channel {
             self.cursor = log.skip_hole(self.cursor);
             if self.cursor >= log.pumped {
                 break;
+            }
+            if self.skip.remove(&self.cursor) {
+                self.cursor += 1;
+                continue;
             }
             let rec = if self.cursor < log.base {
                 // Below the memory tail: serve from what was read back from disk.
@@ -414,6 +419,7 @@ impl Channel {
     /// consumers' in-flight counts.
     pub fn empty(&mut self, log: &Log) {
         self.cursor = log.pumped;
+        self.skip.clear();
         self.disk.clear();
         self.wants_disk = false;
         self.requeued.clear();

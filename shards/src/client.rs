@@ -82,6 +82,9 @@ pub struct Client {
     pub wake: Notify,
     /// Set once the connection is going away (read error, fatal error, kill).
     pub closed: Cell<bool>,
+    /// Wakes a reader that stopped reading because `out` was too full (the writer
+    /// drained some).
+    pub drained: Notify,
 }
 
 impl Client {
@@ -104,6 +107,7 @@ impl Client {
             flush_now: Cell::new(false),
             wake: Notify::default(),
             closed: Cell::new(false),
+            drained: Notify::default(),
         }
     }
 

@@ -163,6 +163,11 @@ impl Shard {
                 ..r.message()
             };
             if let Some(ch) = t.channels.get_mut(&chn) {
+                // A pending message at or above the cursor was deferred at publish time:
+                // the cursor must step over its record.
+                if p.seq >= ch.cursor {
+                    ch.skip.insert(p.seq);
+                }
                 if p.due_unix_ns != 0 {
                     ch.defer(msg, instant_from_unix_nanos(p.due_unix_ns));
                 } else {

@@ -237,11 +237,16 @@ impl Topic {
             }
             self.log.push(rec);
         }
+        let first_new = self.log.head - n;
+        let direct = defer_until.is_some_and(|d| d > Instant::now()) && !self.paused && !self.channels.is_empty();
         self.pump(mem_queue_size);
-        if defer_until.is_some_and(|d| d > Instant::now()) {
-            let now = Instant::now();
-            for ch in self.channels.values_mut() {
-                ch.take_deferred_at_cursor(&self.log, now);
+        if let (true, Some(due)) = (direct, defer_until) {
+            for seq in first_new..self.log.head {
+                let Some(rec) = self.log.get(seq) else { continue };
+                let msg = rec.message();
+                for ch in self.channels.values_mut() {
+                    ch.defer_published(msg.clone(), due);
+                }
             }
         }
         (n, self.log.head)

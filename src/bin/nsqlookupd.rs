@@ -16,10 +16,16 @@ fn main() {
         return;
     }
     nsqd::logger::init(&cfg.log_prefix, cfg.log_level);
-    let mut signals = match signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM]) {
+    let mut signals = match signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ]) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("{}FATAL: cannot install signal handlers - {e}", cfg.log_prefix);
+            eprintln!(
+                "{}FATAL: cannot install signal handlers - {e}",
+                cfg.log_prefix
+            );
             std::process::exit(1);
         }
     };
@@ -27,7 +33,10 @@ fn main() {
         Ok(l) => l,
         Err(e) => {
             log::error!("failed to instantiate nsqlookupd - {e}");
-            eprintln!("{}FATAL: failed to instantiate nsqlookupd - {e}", cfg.log_prefix);
+            eprintln!(
+                "{}FATAL: failed to instantiate nsqlookupd - {e}",
+                cfg.log_prefix
+            );
             std::process::exit(1);
         }
     };

@@ -9,7 +9,11 @@ use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 use std::time::Duration;
 
 #[derive(Parser, Debug, Clone)]
-#[command(name = "nsqlookupd", disable_version_flag = true, about = "nsqlookupd: the NSQ directory service (TCP protocol V1 for nsqd, HTTP for clients)")]
+#[command(
+    name = "nsqlookupd",
+    disable_version_flag = true,
+    about = "nsqlookupd: the NSQ directory service (TCP protocol V1 for nsqd, HTTP for clients)"
+)]
 pub struct Cli {
     /// path to config file
     #[arg(long)]
@@ -58,11 +62,17 @@ pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Config, Strin
     let matches = Cli::command().get_matches_from(crate::config::normalize_args(args));
     let mut cli = Cli::from_arg_matches(&matches).map_err(|e| e.to_string())?;
     if let Some(path) = cli.config.clone() {
-        let text = std::fs::read_to_string(&path).map_err(|e| format!("failed to load config file {path} - {e}"))?;
-        apply_config_file(&mut cli, &matches, &text).map_err(|e| format!("failed to load config file {path} - {e}"))?;
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("failed to load config file {path} - {e}"))?;
+        apply_config_file(&mut cli, &matches, &text)
+            .map_err(|e| format!("failed to load config file {path} - {e}"))?;
     }
-    let log_level = crate::config::parse_level(&cli.log_level)
-        .ok_or_else(|| format!("invalid log level '{}' (debug, info, warn, error, fatal)", cli.log_level))?;
+    let log_level = crate::config::parse_level(&cli.log_level).ok_or_else(|| {
+        format!(
+            "invalid log level '{}' (debug, info, warn, error, fatal)",
+            cli.log_level
+        )
+    })?;
     let hostname = gethostname::gethostname().to_string_lossy().into_owned();
     Ok(Config {
         opts: Options {
@@ -87,7 +97,9 @@ fn apply_config_file(cli: &mut Cli, m: &ArgMatches, text: &str) -> Result<(), St
         if line.is_empty() || line.starts_with('#') || line.starts_with('[') {
             continue;
         }
-        let (k, v) = line.split_once('=').ok_or_else(|| format!("line {}: expected key = value", n + 1))?;
+        let (k, v) = line
+            .split_once('=')
+            .ok_or_else(|| format!("line {}: expected key = value", n + 1))?;
         let (k, v) = (k.trim(), strip_comment(v.trim()));
         let id = k.replace('-', "_");
         if m.value_source(&id) == Some(ValueSource::CommandLine) {
@@ -124,8 +136,8 @@ fn apply_config_file(cli: &mut Cli, m: &ArgMatches, text: &str) -> Result<(), St
 }
 
 fn strip_comment(v: &str) -> &str {
-    if v.starts_with('"') {
-        match v[1..].find('"') {
+    if let Some(inner) = v.strip_prefix('"') {
+        match inner.find('"') {
             Some(i) => &v[..i + 2],
             None => v,
         }
@@ -139,7 +151,10 @@ mod tests {
     use super::*;
 
     fn args(a: &[&str]) -> Vec<String> {
-        std::iter::once("nsqlookupd").chain(a.iter().copied()).map(String::from).collect()
+        std::iter::once("nsqlookupd")
+            .chain(a.iter().copied())
+            .map(String::from)
+            .collect()
     }
 
     #[test]
@@ -150,7 +165,12 @@ mod tests {
         assert_eq!(c.opts.inactive_producer_timeout, Duration::from_secs(300));
         assert_eq!(c.opts.tombstone_lifetime, Duration::from_secs(45));
         assert_eq!(c.log_prefix, "[nsqlookupd] ");
-        let c = from_args(args(&["-tombstone-lifetime=1s", "--broadcast-address", "b"])).unwrap();
+        let c = from_args(args(&[
+            "-tombstone-lifetime=1s",
+            "--broadcast-address",
+            "b",
+        ]))
+        .unwrap();
         assert_eq!(c.opts.tombstone_lifetime, Duration::from_secs(1));
         assert_eq!(c.opts.broadcast_address, "b");
     }

@@ -60,8 +60,18 @@ pub struct Response {
 }
 
 impl Response {
-    fn new(status: u16, headers: Vec<(&'static str, String)>, body: Vec<u8>, sniffed_type: Option<&'static str>) -> Response {
-        Response { status, headers, body, sniffed_type }
+    fn new(
+        status: u16,
+        headers: Vec<(&'static str, String)>,
+        body: Vec<u8>,
+        sniffed_type: Option<&'static str>,
+    ) -> Response {
+        Response {
+            status,
+            headers,
+            body,
+            sniffed_type,
+        }
     }
 
     /// V1 error: `{"message":"<TEXT>"}`.
@@ -71,7 +81,10 @@ impl Response {
         body.push('}');
         Response::new(
             status,
-            vec![("Content-Type", JSON.into()), ("X-Nsq-Content-Type", "nsq; version=1.0".into())],
+            vec![
+                ("Content-Type", JSON.into()),
+                ("X-Nsq-Content-Type", "nsq; version=1.0".into()),
+            ],
             body.into_bytes(),
             None,
         )
@@ -81,7 +94,10 @@ impl Response {
     pub fn v1_json(body: String) -> Response {
         Response::new(
             200,
-            vec![("Content-Type", JSON.into()), ("X-Nsq-Content-Type", "nsq; version=1.0".into())],
+            vec![
+                ("Content-Type", JSON.into()),
+                ("X-Nsq-Content-Type", "nsq; version=1.0".into()),
+            ],
             body.into_bytes(),
             None,
         )
@@ -89,7 +105,12 @@ impl Response {
 
     /// V1 success with nothing to say (Go's `nil`): an empty body and no Content-Type.
     pub fn v1_empty() -> Response {
-        Response::new(200, vec![("X-Nsq-Content-Type", "nsq; version=1.0".into())], Vec::new(), None)
+        Response::new(
+            200,
+            vec![("X-Nsq-Content-Type", "nsq; version=1.0".into())],
+            Vec::new(),
+            None,
+        )
     }
 
     /// The PlainText decorator (/ping): raw text, no X-Nsq header.
@@ -110,11 +131,21 @@ struct Framing {
 /// connection must close afterwards.
 fn encode(r: &Response, f: &Framing) -> (Vec<u8>, bool) {
     let mut out = Vec::with_capacity(256 + r.body.len());
-    out.extend_from_slice(format!("HTTP/1.{} {} {}\r\n", if f.http11 { 1 } else { 0 }, r.status, status_text(r.status)).as_bytes());
+    out.extend_from_slice(
+        format!(
+            "HTTP/1.{} {} {}\r\n",
+            if f.http11 { 1 } else { 0 },
+            r.status,
+            status_text(r.status)
+        )
+        .as_bytes(),
+    );
     for (k, v) in &r.headers {
         out.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
     }
-    out.extend_from_slice(format!("Date: {}\r\n", timefmt::http_date(timefmt::now_secs())).as_bytes());
+    out.extend_from_slice(
+        format!("Date: {}\r\n", timefmt::http_date(timefmt::now_secs())).as_bytes(),
+    );
     let big = r.body.len() > CHUNKING_THRESHOLD;
     let mut close = f.close;
     let mut chunked = false;
@@ -223,7 +254,8 @@ fn parse_head(buf: &[u8], remote: &str) -> Result<Option<(Request, usize)>, Head
     let target = req.path.unwrap_or("");
     let http11 = req.version == Some(1);
     let mut content_length: Option<u64> = None;
-    let (mut chunked, mut conn_close, mut conn_keep_alive, mut host, mut expect_continue) = (false, false, false, false, false);
+    let (mut chunked, mut conn_close, mut conn_keep_alive, mut host, mut expect_continue) =
+        (false, false, false, false, false);
     for h in req.headers.iter() {
         let v = String::from_utf8_lossy(h.value);
         let v = v.trim();
@@ -251,7 +283,9 @@ fn parse_head(buf: &[u8], remote: &str) -> Result<Option<(Request, usize)>, Head
         }
     }
     if http11 && !host {
-        return Err(HeadError::Bad("400 Bad Request: missing required Host header"));
+        return Err(HeadError::Bad(
+            "400 Bad Request: missing required Host header",
+        ));
     }
     if chunked {
         content_length = None;
@@ -270,7 +304,12 @@ fn parse_head(buf: &[u8], remote: &str) -> Result<Option<(Request, usize)>, Head
     };
     let path = unescape_path(raw_path).ok_or(HeadError::Bad("400 Bad Request"))?;
     let keep_alive_10 = !http11 && conn_keep_alive;
-    let framing = Framing { head: method == "HEAD", http11, close: conn_close || (!http11 && !conn_keep_alive), keep_alive_10 };
+    let framing = Framing {
+        head: method == "HEAD",
+        http11,
+        close: conn_close || (!http11 && !conn_keep_alive),
+        keep_alive_10,
+    };
     Ok(Some((
         Request {
             method,
@@ -396,16 +435,29 @@ fn discard_body(conn: &mut Conn, req: &Request) -> std::io::Result<()> {
 
 /// Serves one HTTP connection (keep-alive) until it closes.
 pub fn serve_conn(ctx: Arc<Context>, stream: TcpStream) {
-    let remote = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let remote = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
     let _ = stream.set_nodelay(true);
-    let Ok(mut writer) = stream.try_clone() else { return };
-    let mut conn = Conn { stream, buf: Vec::new(), pos: 0 };
+    let Ok(mut writer) = stream.try_clone() else {
+        return;
+    };
+    let mut conn = Conn {
+        stream,
+        buf: Vec::new(),
+        pos: 0,
+    };
     loop {
         let (req, n) = loop {
             match parse_head(conn.buffered(), &remote) {
                 Ok(Some(v)) => break v,
                 Ok(None) if conn.buffered().len() >= MAX_HEAD => {
-                    server_error(&mut writer, "431 Request Header Fields Too Large", "431 Request Header Fields Too Large");
+                    server_error(
+                        &mut writer,
+                        "431 Request Header Fields Too Large",
+                        "431 Request Header Fields Too Large",
+                    );
                     let _ = writer.shutdown(Shutdown::Both);
                     return;
                 }
@@ -421,9 +473,11 @@ pub fn serve_conn(ctx: Arc<Context>, stream: TcpStream) {
                             "431 Request Header Fields Too Large",
                             "431 Request Header Fields Too Large",
                         ),
-                        HeadError::Unsupported => {
-                            server_error(&mut writer, "501 Not Implemented", "Unsupported transfer encoding")
-                        }
+                        HeadError::Unsupported => server_error(
+                            &mut writer,
+                            "501 Not Implemented",
+                            "Unsupported transfer encoding",
+                        ),
                     }
                     let _ = writer.shutdown(Shutdown::Both);
                     return;
@@ -432,7 +486,11 @@ pub fn serve_conn(ctx: Arc<Context>, stream: TcpStream) {
         };
         conn.consume(n);
         let has_body = req.chunked || req.content_length.unwrap_or(0) > 0;
-        if req.expect_continue && has_body && req.framing.http11 && writer.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").is_err() {
+        if req.expect_continue
+            && has_body
+            && req.framing.http11
+            && writer.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").is_err()
+        {
             return;
         }
         if discard_body(&mut conn, &req).is_err() {
@@ -464,7 +522,9 @@ impl Params {
     }
 
     fn require(&self, k: &str, missing: &str) -> Result<String, Response> {
-        self.get(k).map(str::to_owned).ok_or_else(|| Response::v1_err(400, missing))
+        self.get(k)
+            .map(str::to_owned)
+            .ok_or_else(|| Response::v1_err(400, missing))
     }
 
     /// http_api.GetTopicChannelArgs.
@@ -562,7 +622,12 @@ fn redirect(req: &Request, path: &str, code: u16) -> Response {
     }
     headers.push(("Location", location));
     if req.method == "GET" {
-        body = format!("<a href=\"{}\">{}</a>.\n\n", html_escape(&url), status_text(code)).into_bytes();
+        body = format!(
+            "<a href=\"{}\">{}</a>.\n\n",
+            html_escape(&url),
+            status_text(code)
+        )
+        .into_bytes();
     }
     Response::new(code, headers, body, None)
 }
@@ -590,7 +655,9 @@ fn route(ctx: &Context, req: &Request) -> Response {
             .find(|(rm, rp)| *rm == m && rp.eq_ignore_ascii_case(&cleaned))
             .or_else(|| {
                 let t = toggle_slash(&cleaned);
-                ROUTES.iter().find(|(rm, rp)| *rm == m && rp.eq_ignore_ascii_case(&t))
+                ROUTES
+                    .iter()
+                    .find(|(rm, rp)| *rm == m && rp.eq_ignore_ascii_case(&t))
             });
         if let Some((_, rp)) = fixed {
             return redirect(req, rp, code);
@@ -755,7 +822,10 @@ fn push_peer_info(s: &mut String, p: &Producer) {
     s.push(',');
     json::push_key(s, "broadcast_address");
     json::push_str(s, &pi.broadcast_address);
-    s.push_str(&format!(",\"tcp_port\":{},\"http_port\":{},", pi.tcp_port, pi.http_port));
+    s.push_str(&format!(
+        ",\"tcp_port\":{},\"http_port\":{},",
+        pi.tcp_port, pi.http_port
+    ));
     json::push_key(s, "version");
     json::push_str(s, &pi.version);
 }
@@ -859,7 +929,10 @@ mod tests {
         assert_eq!(clean_path("/a/../ping/"), "/ping/");
         assert_eq!(clean_path("/./x/."), "/x/");
         assert_eq!(allowed("/ping", "POST").as_deref(), Some("GET, OPTIONS"));
-        assert_eq!(allowed("/debug/pprof/symbol", "PUT").as_deref(), Some("GET, OPTIONS, POST"));
+        assert_eq!(
+            allowed("/debug/pprof/symbol", "PUT").as_deref(),
+            Some("GET, OPTIONS, POST")
+        );
         assert_eq!(allowed("/nope", "GET"), None);
         assert_eq!(toggle_slash("/ping/"), "/ping");
     }

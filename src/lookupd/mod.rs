@@ -57,7 +57,10 @@ impl NsqLookupd {
         let bind = |a: &str| TcpListener::bind(a).map_err(|e| format!("listen ({a}) failed - {e}"));
         let tcp = bind(&opts.tcp_address)?;
         let http = bind(&opts.http_address)?;
-        let local = |l: &TcpListener| l.local_addr().map_err(|e| format!("listener address - {e}"));
+        let local = |l: &TcpListener| {
+            l.local_addr()
+                .map_err(|e| format!("listener address - {e}"))
+        };
         let ctx = Arc::new(Context {
             tcp_addr: local(&tcp)?,
             http_addr: local(&http)?,

@@ -36,7 +36,11 @@ pub struct FatalClientErr {
 
 impl FatalClientErr {
     fn new(code: &'static str, desc: impl Into<String>) -> FatalClientErr {
-        FatalClientErr { code, desc: desc.into(), parent: None }
+        FatalClientErr {
+            code,
+            desc: desc.into(),
+            parent: None,
+        }
     }
 
     fn with_parent(mut self, parent: impl Into<String>) -> FatalClientErr {
@@ -88,7 +92,11 @@ pub fn handle(ctx: Arc<Context>, stream: TcpStream) {
         log::error!("client({addr}) bad protocol magic '{magic_str}'");
         return;
     }
-    let mut client = ClientV1 { ctx, addr: addr.clone(), peer: None };
+    let mut client = ClientV1 {
+        ctx,
+        addr: addr.clone(),
+        peer: None,
+    };
     if let Err(e) = client.io_loop(&mut reader, &mut writer) {
         log::error!("client({addr}) - {e}");
     }
@@ -113,7 +121,11 @@ struct ClientV1 {
 impl ClientV1 {
     /// Runs commands until EOF, an I/O error or a fatal client error; then removes the peer
     /// from every registration. The error returned is what Go logs as `client(addr) - err`.
-    fn io_loop(&mut self, reader: &mut BufReader<TcpStream>, writer: &mut TcpStream) -> Result<(), String> {
+    fn io_loop(
+        &mut self,
+        reader: &mut BufReader<TcpStream>,
+        writer: &mut TcpStream,
+    ) -> Result<(), String> {
         let result = self.run(reader, writer);
         log::info!("PROTOCOL(V1): [{}] exiting ioloop", self.addr);
         if let Some(peer) = &self.peer {
@@ -133,7 +145,11 @@ impl ClientV1 {
         result
     }
 
-    fn run(&mut self, reader: &mut BufReader<TcpStream>, writer: &mut TcpStream) -> Result<(), String> {
+    fn run(
+        &mut self,
+        reader: &mut BufReader<TcpStream>,
+        writer: &mut TcpStream,
+    ) -> Result<(), String> {
         let mut line = Vec::new();
         loop {
             line.clear();
@@ -153,7 +169,11 @@ impl ClientV1 {
             match self.exec(reader, &params) {
                 Ok(resp) => send_response(writer, &resp).map_err(|e| e.to_string())?,
                 Err(e) => {
-                    let ctx = e.parent.as_ref().map(|p| format!(" - {p}")).unwrap_or_default();
+                    let ctx = e
+                        .parent
+                        .as_ref()
+                        .map(|p| format!(" - {p}"))
+                        .unwrap_or_default();
                     log::error!("[{}] - {}{}", self.addr, e.wire(), ctx);
                     if let Err(se) = send_response(writer, e.wire().as_bytes()) {
                         log::error!("[{}] - {}{}", self.addr, se, ctx);
@@ -164,7 +184,11 @@ impl ClientV1 {
         }
     }
 
-    fn exec(&mut self, reader: &mut BufReader<TcpStream>, params: &[&[u8]]) -> Result<Vec<u8>, FatalClientErr> {
+    fn exec(
+        &mut self,
+        reader: &mut BufReader<TcpStream>,
+        params: &[&[u8]],
+    ) -> Result<Vec<u8>, FatalClientErr> {
         match params[0] {
             b"PING" => Ok(self.ping()),
             b"IDENTIFY" => self.identify(reader),
@@ -185,7 +209,9 @@ impl ClientV1 {
             log::info!(
                 "CLIENT({}): pinged (last ping {})",
                 peer.id,
-                crate::config::go_duration_string(std::time::Duration::from_nanos((now - last).max(0) as u64))
+                crate::config::go_duration_string(std::time::Duration::from_nanos(
+                    (now - last).max(0) as u64
+                ))
             );
             peer.touch(now);
         }
@@ -198,18 +224,29 @@ impl ClientV1 {
         }
         let mut size = [0u8; 4];
         reader.read_exact(&mut size).map_err(|e| {
-            FatalClientErr::new("E_BAD_BODY", "IDENTIFY failed to read body size").with_parent(io_err_text(&e))
+            FatalClientErr::new("E_BAD_BODY", "IDENTIFY failed to read body size")
+                .with_parent(io_err_text(&e))
         })?;
         let size = i32::from_be_bytes(size);
-        let body_err = |parent: String| FatalClientErr::new("E_BAD_BODY", "IDENTIFY failed to read body").with_parent(parent);
+        let body_err = |parent: String| {
+            FatalClientErr::new("E_BAD_BODY", "IDENTIFY failed to read body").with_parent(parent)
+        };
         if size < 0 {
             // Go panics on make([]byte, negative); answering is kinder.
             return Err(body_err(format!("negative body size {size}")));
         }
         let mut body = Vec::new();
-        let n = reader.by_ref().take(size as u64).read_to_end(&mut body).map_err(|e| body_err(io_err_text(&e)))?;
+        let n = reader
+            .by_ref()
+            .take(size as u64)
+            .read_to_end(&mut body)
+            .map_err(|e| body_err(io_err_text(&e)))?;
         if n < size as usize {
-            return Err(body_err(if n == 0 { "EOF".into() } else { "unexpected EOF".into() }));
+            return Err(body_err(if n == 0 {
+                "EOF".into()
+            } else {
+                "unexpected EOF".into()
+            }));
         }
         let fields = decode_identify(&body).map_err(|e| {
             FatalClientErr::new("E_BAD_BODY", "IDENTIFY failed to decode JSON body").with_parent(e)
@@ -238,8 +275,15 @@ impl ClientV1 {
             fields.version,
         ));
         self.peer = Some(peer.clone());
-        if self.ctx.db.add_producer(Registration::new("client", "", ""), Producer::new(peer)) {
-            log::info!("DB: client({}) REGISTER category:client key: subkey:", self.addr);
+        if self
+            .ctx
+            .db
+            .add_producer(Registration::new("client", "", ""), Producer::new(peer))
+        {
+            log::info!(
+                "DB: client({}) REGISTER category:client key: subkey:",
+                self.addr
+            );
         }
         Ok(self.ctx.identify_response().into_bytes())
     }
@@ -250,16 +294,22 @@ impl ClientV1 {
         };
         let (topic, channel) = get_topic_chan("REGISTER", params)?;
         let db = &self.ctx.db;
-        if !channel.is_empty() {
-            if db.add_producer(Registration::new("channel", &topic, &channel), Producer::new(peer.clone())) {
-                log::info!(
-                    "DB: client({}) REGISTER category:channel key:{topic} subkey:{channel}",
-                    self.addr
-                );
-            }
+        if !channel.is_empty()
+            && db.add_producer(
+                Registration::new("channel", &topic, &channel),
+                Producer::new(peer.clone()),
+            )
+        {
+            log::info!(
+                "DB: client({}) REGISTER category:channel key:{topic} subkey:{channel}",
+                self.addr
+            );
         }
         if db.add_producer(Registration::new("topic", &topic, ""), Producer::new(peer)) {
-            log::info!("DB: client({}) REGISTER category:topic key:{topic} subkey:", self.addr);
+            log::info!(
+                "DB: client({}) REGISTER category:topic key:{topic} subkey:",
+                self.addr
+            );
         }
         Ok(b"OK".to_vec())
     }
@@ -297,7 +347,10 @@ impl ClientV1 {
             let key = Registration::new("topic", &topic, "");
             let (removed, left) = db.remove_producer(&key, &peer.id);
             if removed {
-                log::info!("DB: client({}) UNREGISTER category:topic key:{topic} subkey:", self.addr);
+                log::info!(
+                    "DB: client({}) UNREGISTER category:topic key:{topic} subkey:",
+                    self.addr
+                );
             }
             if left == 0 && topic.ends_with("#ephemeral") {
                 db.remove_registration(&key);
@@ -318,12 +371,21 @@ fn trim_space(b: &[u8]) -> &[u8] {
 /// Topic and optional channel of REGISTER/UNREGISTER (nsqlookupd: getTopicChan).
 fn get_topic_chan(command: &str, params: &[&[u8]]) -> Result<(String, String), FatalClientErr> {
     if params.is_empty() {
-        return Err(FatalClientErr::new("E_INVALID", format!("{command} insufficient number of params")));
+        return Err(FatalClientErr::new(
+            "E_INVALID",
+            format!("{command} insufficient number of params"),
+        ));
     }
     let topic = String::from_utf8_lossy(params[0]).into_owned();
-    let channel = params.get(1).map(|c| String::from_utf8_lossy(c).into_owned()).unwrap_or_default();
+    let channel = params
+        .get(1)
+        .map(|c| String::from_utf8_lossy(c).into_owned())
+        .unwrap_or_default();
     if !is_valid_topic_name(&topic) {
-        return Err(FatalClientErr::new("E_BAD_TOPIC", format!("{command} topic name '{topic}' is not valid")));
+        return Err(FatalClientErr::new(
+            "E_BAD_TOPIC",
+            format!("{command} topic name '{topic}' is not valid"),
+        ));
     }
     if !channel.is_empty() && !is_valid_channel_name(&channel) {
         return Err(FatalClientErr::new(
@@ -354,17 +416,32 @@ pub fn decode_identify(body: &[u8]) -> Result<IdentifyFields, String> {
     let obj = match v {
         serde_json::Value::Null => return Ok(f),
         serde_json::Value::Object(o) => o,
-        other => return Err(format!("json: cannot unmarshal {} into Go value of type nsqlookupd.PeerInfo", kind(&other))),
+        other => {
+            return Err(format!(
+                "json: cannot unmarshal {} into Go value of type nsqlookupd.PeerInfo",
+                kind(&other)
+            ))
+        }
     };
     for (k, val) in obj {
         if val.is_null() {
             continue;
         }
         let str_field = |val: &serde_json::Value| {
-            val.as_str().map(str::to_owned).ok_or_else(|| format!("json: cannot unmarshal {} into field {k} of type string", kind(val)))
+            val.as_str().map(str::to_owned).ok_or_else(|| {
+                format!(
+                    "json: cannot unmarshal {} into field {k} of type string",
+                    kind(val)
+                )
+            })
         };
         let int_field = |val: &serde_json::Value| {
-            val.as_i64().ok_or_else(|| format!("json: cannot unmarshal {} into field {k} of type int", kind(val)))
+            val.as_i64().ok_or_else(|| {
+                format!(
+                    "json: cannot unmarshal {} into field {k} of type int",
+                    kind(val)
+                )
+            })
         };
         match k.to_ascii_lowercase().as_str() {
             "hostname" => f.hostname = str_field(&val)?,
@@ -402,7 +479,11 @@ impl Context {
         s.push(',');
         json::push_key(&mut s, "hostname");
         json::push_str(&mut s, &self.hostname);
-        s.push_str(&format!(",\"http_port\":{},\"tcp_port\":{},", self.http_addr.port(), self.tcp_addr.port()));
+        s.push_str(&format!(
+            ",\"http_port\":{},\"tcp_port\":{},",
+            self.http_addr.port(),
+            self.tcp_addr.port()
+        ));
         json::push_key(&mut s, "version");
         json::push_str(&mut s, super::VERSION);
         s.push('}');
@@ -416,8 +497,19 @@ mod tests {
 
     #[test]
     fn identify_decoding() {
-        let f = decode_identify(br#"{"broadcast_address":"a","TCP_PORT":1,"http_port":2,"version":"v","x":[1]}"#).unwrap();
-        assert_eq!((f.broadcast_address.as_str(), f.tcp_port, f.http_port, f.version.as_str()), ("a", 1, 2, "v"));
+        let f = decode_identify(
+            br#"{"broadcast_address":"a","TCP_PORT":1,"http_port":2,"version":"v","x":[1]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                f.broadcast_address.as_str(),
+                f.tcp_port,
+                f.http_port,
+                f.version.as_str()
+            ),
+            ("a", 1, 2, "v")
+        );
         assert!(decode_identify(br#"{"tcp_port":"1"}"#).is_err());
         assert!(decode_identify(br#"{"tcp_port":1.5}"#).is_err());
         assert!(decode_identify(b"[]").is_err());

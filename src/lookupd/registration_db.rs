@@ -78,7 +78,11 @@ pub struct Producer {
 
 impl Producer {
     pub fn new(peer: Arc<PeerInfo>) -> Producer {
-        Producer { peer, tombstoned: false, tombstoned_at: None }
+        Producer {
+            peer,
+            tombstoned: false,
+            tombstoned_at: None,
+        }
     }
 
     /// Tombstoned less than `lifetime` ago (nsqlookupd: Producer.IsTombstoned).
@@ -125,7 +129,11 @@ pub struct Registration {
 
 impl Registration {
     pub fn new(category: &str, key: &str, sub_key: &str) -> Registration {
-        Registration { category: category.into(), key: key.into(), sub_key: sub_key.into() }
+        Registration {
+            category: category.into(),
+            key: key.into(),
+            sub_key: sub_key.into(),
+        }
     }
 
     /// `*` in `key` or `sub_key` matches anything.
@@ -150,7 +158,10 @@ struct Inner {
 impl Inner {
     fn entry(&mut self, k: Registration) -> &mut Entry {
         let seq = self.next_seq;
-        let e = self.map.entry(k).or_insert(Entry { seq, producers: Vec::new() });
+        let e = self.map.entry(k).or_insert(Entry {
+            seq,
+            producers: Vec::new(),
+        });
         if e.seq == seq {
             self.next_seq += 1;
         }
@@ -201,7 +212,9 @@ impl RegistrationDb {
     /// The key stays even with no producers left.
     pub fn remove_producer(&self, k: &Registration, id: &str) -> (bool, usize) {
         let mut g = self.lock();
-        let Some(e) = g.map.get_mut(k) else { return (false, 0) };
+        let Some(e) = g.map.get_mut(k) else {
+            return (false, 0);
+        };
         let before = e.producers.len();
         e.producers.retain(|p| p.peer.id != id);
         (e.producers.len() != before, e.producers.len())
@@ -213,11 +226,20 @@ impl RegistrationDb {
     }
 
     /// Registrations matching the pattern (`*` wildcards in key and sub_key).
-    pub fn find_registrations(&self, category: &str, key: &str, sub_key: &str) -> Vec<Registration> {
+    pub fn find_registrations(
+        &self,
+        category: &str,
+        key: &str,
+        sub_key: &str,
+    ) -> Vec<Registration> {
         let g = self.lock();
         if key != "*" && sub_key != "*" {
             let k = Registration::new(category, key, sub_key);
-            return if g.map.contains_key(&k) { vec![k] } else { Vec::new() };
+            return if g.map.contains_key(&k) {
+                vec![k]
+            } else {
+                Vec::new()
+            };
         }
         g.ordered()
             .into_iter()
@@ -231,7 +253,11 @@ impl RegistrationDb {
         let g = self.lock();
         if key != "*" && sub_key != "*" {
             let k = Registration::new(category, key, sub_key);
-            return g.map.get(&k).map(|e| e.producers.clone()).unwrap_or_default();
+            return g
+                .map
+                .get(&k)
+                .map(|e| e.producers.clone())
+                .unwrap_or_default();
         }
         let mut out: Vec<Producer> = Vec::new();
         for (k, e) in g.ordered() {
@@ -326,13 +352,28 @@ mod tests {
 
         let now = t0 + 31 * 1_000_000_000;
         let all = db.find_producers("c", "*", "*");
-        assert_eq!(filter_by_active(all.clone(), Duration::from_secs(30), Duration::ZERO, now).len(), 0);
+        assert_eq!(
+            filter_by_active(all.clone(), Duration::from_secs(30), Duration::ZERO, now).len(),
+            0
+        );
         p2.touch(now);
-        assert_eq!(filter_by_active(all, Duration::from_secs(30), Duration::ZERO, now).len(), 1);
+        assert_eq!(
+            filter_by_active(all, Duration::from_secs(30), Duration::ZERO, now).len(),
+            1
+        );
 
-        assert_eq!(db.remove_producer(&Registration::new("c", "a", ""), "1"), (true, 1));
-        assert_eq!(db.remove_producer(&Registration::new("c", "a", ""), "1"), (false, 1));
-        assert_eq!(db.remove_producer(&Registration::new("x", "a", ""), "1"), (false, 0));
+        assert_eq!(
+            db.remove_producer(&Registration::new("c", "a", ""), "1"),
+            (true, 1)
+        );
+        assert_eq!(
+            db.remove_producer(&Registration::new("c", "a", ""), "1"),
+            (false, 1)
+        );
+        assert_eq!(
+            db.remove_producer(&Registration::new("x", "a", ""), "1"),
+            (false, 0)
+        );
         db.remove_registration(&Registration::new("c", "a", "b"));
         assert_eq!(db.find_registrations("c", "a", "*").len(), 1);
     }
@@ -346,6 +387,9 @@ mod tests {
         let tp = &db.find_producers("topic", "t", "")[0];
         assert!(tp.is_tombstoned(Duration::from_nanos(10), 1_005));
         assert!(!tp.is_tombstoned(Duration::from_nanos(10), 1_010));
-        assert_eq!(Producer::new(peer("2", 0)).tombstoned_at_go(), -6795364578871345152);
+        assert_eq!(
+            Producer::new(peer("2", 0)).tombstoned_at_go(),
+            -6795364578871345152
+        );
     }
 }

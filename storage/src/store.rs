@@ -78,6 +78,13 @@ pub struct TopicStore {
     /// Set once the writer task has finished (after `close`).
     done: Rc<crate::Notify>,
     finished: Cell<bool>,
+    /// The topic directory, held open: files are opened through `/proc/self/fd/<fd>/`
+    /// so that renaming the directory (topic delete) never breaks an open in flight.
+    dir_fd: std::fs::File,
+    /// Opens of segment files in flight; files are unlinked only when none is.
+    opens: Cell<usize>,
+    /// Topic deleted: no more writes or opens.
+    destroyed: Cell<bool>,
 }
 
 /// What recovery found in a topic's directory.
@@ -174,6 +181,7 @@ impl TopicStore {
             next_seq = next_seq.max(seg.end_seq);
             segments.insert(base, seg);
         }
+        let dir_fd = std::fs::File::open(&dir).map_err(|e| format!("open {}: {e}", dir.display()))?;
         let store = Rc::new(TopicStore {
             dir,
             cfg,
@@ -189,6 +197,9 @@ impl TopicStore {
             error: RefCell::new(None),
             done: Rc::new(crate::Notify::default()),
             finished: Cell::new(false),
+            dir_fd,
+            opens: Cell::new(0),
+            destroyed: Cell::new(false),
         });
         glommio::spawn_local(writer_task(store.clone())).detach();
         Ok(Recovered {
@@ -203,6 +214,7 @@ impl TopicStore {
     /// its writer task. The directory is created at once; segment files lazily.
     pub fn create(dir: PathBuf, cfg: StoreConfig, next_seq: u64) -> Result<Rc<TopicStore>, String> {
         std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+        let dir_fd = std::fs::File::open(&dir).map_err(|e| format!("open {}: {e}", dir.display()))?;
         let store = Rc::new(TopicStore {
             dir,
             cfg,
@@ -218,6 +230,9 @@ impl TopicStore {
             error: RefCell::new(None),
             done: Rc::new(crate::Notify::default()),
             finished: Cell::new(false),
+            dir_fd,
+            opens: Cell::new(0),
+            destroyed: Cell::new(false),
         });
         glommio::spawn_local(writer_task(store.clone())).detach();
         Ok(store)
@@ -384,9 +399,30 @@ impl TopicStore {
         if let Some(f) = self.readers.borrow().get(&base) {
             return Ok(f.clone());
         }
-        let f = Rc::new(DmaFile::open(path).await.map_err(io_err)?);
+        if self.destroyed.get() {
+            return Err("topic deleted".into());
+        }
+        let fd_path = self.fd_path(path);
+        self.opens.set(self.opens.get() + 1);
+        let f = DmaFile::open(&fd_path).await.map_err(io_err);
+        self.opens.set(self.opens.get() - 1);
+        let f = Rc::new(f?);
         self.readers.borrow_mut().insert(base, f.clone());
         Ok(f)
+    }
+
+    /// `path`'s file name under the held directory fd (stable across a rename).
+    fn fd_path(&self, path: &Path) -> PathBuf {
+        use std::os::fd::AsRawFd;
+        let name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+        PathBuf::from(format!("/proc/self/fd/{}", self.dir_fd.as_raw_fd())).join(name)
+    }
+
+    /// Waits until no open of a segment file is in flight.
+    async fn no_opens(&self) {
+        while self.opens.get() > 0 {
+            glommio::timer::sleep(Duration::from_millis(1)).await;
+        }
     }
 
     /// Deletes whole segments whose records are all below `seq` (retention: every
@@ -400,12 +436,16 @@ impl TopicStore {
                 .map(|(b, s)| (*b, s.path.clone()))
                 .collect()
         };
-        for (b, p) in victims {
-            self.segments.borrow_mut().remove(&b);
-            self.readers.borrow_mut().remove(&b);
+        for (b, _) in &victims {
+            self.segments.borrow_mut().remove(b);
+            self.readers.borrow_mut().remove(b);
+        }
+        self.no_opens().await;
+        for (_, p) in victims {
             log::info!("STORE: deleting segment {}", p.display());
+            let fp = self.fd_path(&p);
             let _ = glommio::executor()
-                .spawn_blocking(move || std::fs::remove_file(p))
+                .spawn_blocking(move || std::fs::remove_file(fp))
                 .await;
         }
     }
@@ -439,9 +479,12 @@ impl TopicStore {
             .dir
             .with_file_name(format!(".deleted-{topic}-{}-{n}", std::process::id()));
         let moved = std::fs::rename(&self.dir, &aside).is_ok();
+        self.destroyed.set(true);
+        self.wake.notify();
         let me = self.clone();
         glommio::spawn_local(async move {
             me.close().await;
+            me.no_opens().await;
             me.readers.borrow_mut().clear();
             me.segments.borrow_mut().clear();
             let d = if moved { aside } else { me.dir.clone() };
@@ -555,8 +598,14 @@ struct Active {
 }
 
 async fn open_segment(store: &TopicStore, base: u64) -> Result<Active, String> {
+    if store.destroyed.get() {
+        return Err("topic deleted".into());
+    }
     let path = seg_path(&store.dir, base);
-    let file = DmaFile::create(&path).await.map_err(io_err)?;
+    store.opens.set(store.opens.get() + 1);
+    let file = DmaFile::create(store.fd_path(&path)).await.map_err(io_err);
+    store.opens.set(store.opens.get() - 1);
+    let file = file?;
     let mut writer = DmaStreamWriterBuilder::new(file)
         .with_buffer_size(WRITE_BUFFER)
         .with_write_behind(4)
@@ -618,6 +667,14 @@ async fn writer_task(store: Rc<TopicStore>) {
         }
         let buf = std::mem::take(&mut *store.pending.borrow_mut());
         let recs = std::mem::take(&mut *store.pending_recs.borrow_mut());
+        if store.destroyed.get() {
+            // Topic deleted: nothing more goes to disk.
+            store.fail_waiters("exiting");
+            if let Some(mut a) = active.take() {
+                let _ = a.writer.close().await;
+            }
+            break;
+        }
         let mut failed = false;
         let mut i = 0usize;
         let mut start = 0usize;

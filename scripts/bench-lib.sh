@@ -1,0 +1,102 @@
+# Shared by scripts/bench.sh, scripts/compare.sh and scripts/bench-smoke.sh (sourced).
+#
+# Scenarios, one per line: NAME|MODE|ARGS. MODE "sub" means "drain the backlog that the
+# previous "pub" scenario left on its topic" (the topic is filled in by the caller).
+# BENCH_RATE sets the open-loop rate of the latency scenario (default 50000 msgs/s).
+
+bench_scenarios() {
+  local rate="${BENCH_RATE:-50000}"
+  cat <<EOF
+pub-200B|pub|--size 200
+sub-backlog-200B|sub|--size 200
+pubsub-1t1c-200B|pubsub|--size 200
+pubsub-1t4c-200B|pubsub|--size 200 --channels 4
+pubsub-16t-200B|pubsub|--size 200 --topics 16
+pub-4KiB|pub|--size 4096
+sub-backlog-4KiB|sub|--size 4096
+pubsub-1t1c-4KiB|pubsub|--size 4096
+pubsub-rate${rate}-200B|pubsub|--size 200 --rate ${rate}
+EOF
+}
+
+# Scenario lines whose name matches the (bash) regex BENCH_SCENARIOS (default: all).
+bench_selected_scenarios() {
+  local line
+  while IFS= read -r line; do
+    if [[ -z "${BENCH_SCENARIOS:-}" || "${line%%|*}" =~ ${BENCH_SCENARIOS} ]]; then
+      printf '%s\n' "$line"
+    fi
+  done < <(bench_scenarios)
+}
+
+# CPU time (utime + stime) of PID in clock ticks, or empty if unreadable.
+proc_cpu_ticks() {
+  local stat
+  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 0
+  # Fields after "(comm) ": state is $1, utime $12, stime $13.
+  echo "${stat##*) }" | awk '{print $12 + $13}'
+}
+
+CLK_TCK="$(getconf CLK_TCK 2>/dev/null || echo 100)"
+
+# start_broker BIN SHARDS DATADIR LOG: starts BIN on free loopback ports; sets BROKER_PID,
+# BROKER_TCP and BROKER_HTTP. Returns 1 if it does not report its addresses within 20 s.
+start_broker() {
+  local bin="$1" shards="$2" dir="$3" log="$4"
+  mkdir -p "$dir"
+  "$bin" --tcp-address=127.0.0.1:0 --http-address=127.0.0.1:0 --shards "$shards" \
+    --data-path "$dir" >"$log" 2>&1 &
+  BROKER_PID=$!
+  BROKER_TCP=""
+  BROKER_HTTP=""
+  local i
+  for i in $(seq 1 400); do
+    BROKER_TCP="$(sed -n 's/.*TCP: listening on \([^ ]*\).*/\1/p' "$log" | head -n1)"
+    BROKER_HTTP="$(sed -n 's/.*HTTP: listening on \([^ ]*\).*/\1/p' "$log" | head -n1)"
+    if [[ -n "$BROKER_TCP" && -n "$BROKER_HTTP" ]]; then
+      return 0
+    fi
+    if ! kill -0 "$BROKER_PID" 2>/dev/null; then
+      echo "broker exited during startup; log:" >&2
+      cat "$log" >&2
+      return 1
+    fi
+    sleep 0.05
+  done
+  echo "broker did not report its addresses within 20s; log:" >&2
+  cat "$log" >&2
+  return 1
+}
+
+# stop_broker: SIGTERM, wait up to 15 s (then SIGKILL). Sets BROKER_RC.
+stop_broker() {
+  BROKER_RC=0
+  [[ -n "${BROKER_PID:-}" ]] || return 0
+  kill -TERM "$BROKER_PID" 2>/dev/null || true
+  local i
+  for i in $(seq 1 150); do
+    kill -0 "$BROKER_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$BROKER_PID" 2>/dev/null; then
+    echo "broker $BROKER_PID ignored SIGTERM for 15s; killing it" >&2
+    kill -KILL "$BROKER_PID" 2>/dev/null || true
+  fi
+  wait "$BROKER_PID" 2>/dev/null
+  BROKER_RC=$?
+  BROKER_PID=""
+}
+
+# json_get FILE KEY...: prints a value of the nsq-bench JSON (nested keys), or "".
+json_get() {
+  python3 - "$@" <<'PY'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+    for k in sys.argv[2:]:
+        d = d[k]
+    print(d)
+except Exception:
+    print("")
+PY
+}
