@@ -1,8 +1,12 @@
 # Shared by scripts/bench.sh, scripts/compare.sh and scripts/bench-smoke.sh (sourced).
 #
 # Scenarios, one per line: NAME|MODE|ARGS. MODE "sub" means "drain the backlog that the
-# previous "pub" scenario left on its topic" (the topic is filled in by the caller).
-# BENCH_RATE sets the open-loop rate of the latency scenario (default 50000 msgs/s).
+# previous "pub" scenario left on its topic" (the caller fills in the topic and
+# --expect). Note that a "pub" run's backlog stays in the broker until the "sub" run
+# drains it (in memory, for a broker that does not spill to disk), so keep BENCH_RUNFOR
+# modest. BENCH_RATE sets the open-loop rate of the latency scenarios (default 50000
+# msgs/s): one with the default output buffering (16 KiB / 250 ms, so latency is mostly
+# buffer fill time) and one with output_buffer_size -1 (unbuffered delivery).
 
 bench_scenarios() {
   local rate="${BENCH_RATE:-50000}"
@@ -16,6 +20,7 @@ pub-4KiB|pub|--size 4096
 sub-backlog-4KiB|sub|--size 4096
 pubsub-1t1c-4KiB|pubsub|--size 4096
 pubsub-rate${rate}-200B|pubsub|--size 200 --rate ${rate}
+pubsub-rate${rate}-unbuf-200B|pubsub|--size 200 --rate ${rate} --output-buffer-size=-1
 EOF
 }
 

@@ -107,7 +107,7 @@ A=(--nsqd-tcp-address "$ADDR")
 if bench pub 0 pub "${A[@]}" --runfor 2s --topic smoke_pub --producers 2; then
   check pub 'd["sent"] > 0' 'd["errors"] == 0' 'ack["count"] > 0' 'd["pub_msgs_per_sec"] > 0'
   SENT="$(json_get "$WORK/pub.json" sent)"
-  if bench sub 0 sub "${A[@]}" --runfor 60s --topic smoke_pub --consumers 2; then
+  if bench sub 0 sub "${A[@]}" --runfor 60s --topic smoke_pub --consumers 2 --expect "$SENT"; then
     check sub "d['received'] == $SENT" 'd["errors"] == 0' 'd["sub_msgs_per_sec"] > 0'
   fi
 fi

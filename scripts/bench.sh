@@ -73,15 +73,18 @@ for shards in $SHARDS_LIST; do
     case "$mode" in
       pub)
         last_pub_topic="bench_pub_${run_no}_$$"
+        last_pub_json="$json"
         extra+=(--topic "$last_pub_topic")
         ;;
       sub)
-        if [[ -z "$last_pub_topic" ]]; then
-          echo "   $name: skipped (no pub scenario before it)" >&2
+        expect="$(json_get "${last_pub_json:-/nonexistent}" sent)"
+        if [[ -z "$last_pub_topic" || -z "$expect" || "$expect" == 0 ]]; then
+          echo "   $name: skipped (no successful pub scenario before it)" >&2
+          last_pub_topic=""
           continue
         fi
-        # Drain: ends once nothing arrives for 1 s.
-        extra=(--runfor 120s --topic "$last_pub_topic")
+        # Drain: ends once all arrived (or nothing for 1 s; fewer than expected = lost).
+        extra=(--runfor 120s --topic "$last_pub_topic" --expect "$expect")
         last_pub_topic=""
         ;;
     esac

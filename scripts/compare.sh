@@ -65,7 +65,7 @@ run_one() {
       extra+=(--topic "${PUB_TOPIC[$side]}")
       ;;
     sub)
-      extra=(--runfor 120s --topic "${PUB_TOPIC[$side]}")
+      extra=(--runfor 120s --topic "${PUB_TOPIC[$side]}" --expect "${PUB_SENT[$side]}")
       ;;
   esac
   [[ -n "${PIDS[$side]}" ]] && c0="$(proc_cpu_ticks "${PIDS[$side]}")"
@@ -110,7 +110,7 @@ ratio() {
   awk -v a="$1" -v b="$2" 'BEGIN{ if (a == "-" || b == "-" || a + 0 == 0) print "-"; else printf "%.3f", b / a }'
 }
 
-declare -A PUB_TOPIC=()
+declare -A PUB_TOPIC=() PUB_SENT=()
 printf '%-24s %5s  %12s %12s %7s  %9s %9s %7s  %8s %8s %7s\n' \
   scenario round "A msg/s" "B msg/s" "B/A" "A p99us" "B p99us" "B/A" "A cpu/M" "B cpu/M" "B/A"
 for round in $(seq 1 "$ROUNDS"); do
@@ -119,12 +119,22 @@ for round in $(seq 1 "$ROUNDS"); do
     if [[ "$mode" == sub && -z "${PUB_TOPIC[0]:-}" ]]; then
       continue
     fi
+    if [[ "$mode" == sub && ( "${PUB_SENT[0]:-0}" == 0 || "${PUB_SENT[1]:-0}" == 0 ) ]]; then
+      echo "   $name: skipped (the pub scenario before it failed)" >&2
+      PUB_TOPIC=()
+      PUB_SENT=()
+      continue
+    fi
     run_one 0 "$name" "$mode" "$args"
     rc_a=$RC
     read -r ta pa ca < <(metrics "$WORK/cur-0.json" "$mode" "$CPU")
     run_one 1 "$name" "$mode" "$args"
     rc_b=$RC
     read -r tb pb cb < <(metrics "$WORK/cur-1.json" "$mode" "$CPU")
+    if [[ "$mode" == pub ]]; then
+      PUB_SENT[0]="$(json_get "$WORK/cur-0.json" sent)"
+      PUB_SENT[1]="$(json_get "$WORK/cur-1.json" sent)"
+    fi
     rt="$(ratio "$ta" "$tb")"
     rp="$(ratio "$pa" "$pb")"
     rcpu="$(ratio "$ca" "$cb")"
@@ -136,6 +146,7 @@ for round in $(seq 1 "$ROUNDS"); do
     printf '%s\t%s\t%s\t%s\n' "$name" "$rt" "$rp" "$rcpu" >>"$PAIRS"
     if [[ "$mode" == sub ]]; then
       PUB_TOPIC=()
+      PUB_SENT=()
     fi
   done < <(bench_selected_scenarios)
 done

@@ -99,11 +99,19 @@ pub struct Args {
     #[arg(long = "deferred-ms", default_value_t = 0)]
     pub deferred_ms: u64,
 
-    /// Publish commands (writes) in flight per producer before waiting for an OK
-    #[arg(long, default_value_t = 4)]
-    pub pipeline: usize,
+    /// Publish writes (MPUB batches, or groups of PUB/DPUB) in flight per producer.
+    /// Default 16 for pub (enough to saturate one topic here), 4 for pubsub: deeper
+    /// pipelines make publishing outrun delivery, and the backlog then grows
+    #[arg(long)]
+    pub pipeline: Option<usize>,
 
-    /// After publishing stops, consumers stop once nothing arrived for this long
+    /// sub: stop once every channel received this many messages; fewer is a loss
+    /// (exit 1). For draining the backlog of an earlier `pub` run
+    #[arg(long)]
+    pub expect: Option<u64>,
+
+    /// After publishing stops, consumers stop once nothing arrived for this long (sub:
+    /// once something arrived and then nothing for this long)
     #[arg(long = "idle-timeout", default_value = "1s", value_parser = parse_duration)]
     pub idle_timeout: Duration,
 
@@ -129,6 +137,11 @@ pub struct Args {
 }
 
 impl Args {
+    pub fn pipeline(&self) -> usize {
+        self.pipeline
+            .unwrap_or(if self.mode == Mode::Pub { 16 } else { 4 })
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         if self.size < crate::HEADER {
             return Err(format!("--size must be at least {} bytes", crate::HEADER));
@@ -145,7 +158,7 @@ impl Args {
         if self.mode.consumes() && self.consumers == 0 {
             return Err("--consumers must be at least 1".into());
         }
-        if self.pipeline == 0 {
+        if self.pipeline == Some(0) {
             return Err("--pipeline must be at least 1".into());
         }
         if self.rate < 0.0 || !self.rate.is_finite() {

@@ -317,6 +317,21 @@ fn run(args: Args) -> i32 {
         }
         if mode == Mode::Sub {
             let r = received();
+            if let Some(expect) = a.expect {
+                let per_channel = shared.topics.len() * shared.channels.len();
+                let all_in = (0..per_channel).all(|i| {
+                    let got: u64 = consumers
+                        .iter()
+                        .filter(|c| c.topic * shared.channels.len() + c.channel == i)
+                        .map(|c| c.stats.received.load(Ordering::Relaxed))
+                        .sum();
+                    got >= expect
+                });
+                if all_in {
+                    window_end_at = now;
+                    break;
+                }
+            }
             if r != last_rx.1 {
                 last_rx = (now, r);
             } else if r > 0 && now - last_rx.0 >= a.idle_timeout {
@@ -437,6 +452,10 @@ fn run(args: Args) -> i32 {
                         .sum();
                 } else {
                     cr.unique = cr.received;
+                    if let Some(expect) = a.expect {
+                        cr.sent = expect;
+                        cr.lost = expect.saturating_sub(cr.received);
+                    }
                 }
                 per_channel.push(cr);
             }

@@ -150,7 +150,9 @@ fn write_loop(
     let mut written: u64 = 0;
     let mut next_topic = id as usize % topics.len();
     // nsqd's default --max-body-size (5 MiB) bounds an MPUB body.
-    let batch = (a.batch_size as u64).min(((5 << 20) - 4) / (a.size as u64 + 4)).max(1);
+    let batch = (a.batch_size as u64)
+        .min(((5 << 20) - 4) / (a.size as u64 + 4))
+        .max(1);
     loop {
         let now = Instant::now();
         if now >= end || shared.abort.load(Ordering::Relaxed) {
@@ -169,7 +171,7 @@ fn write_loop(
         // Wait for room in the pipeline.
         {
             let mut st = window.state.lock().unwrap();
-            while st.entries.len() >= a.pipeline && !st.closed {
+            while st.entries.len() >= a.pipeline() && !st.closed {
                 st = window
                     .cv
                     .wait_timeout(st, Duration::from_millis(100))
@@ -182,7 +184,7 @@ fn write_loop(
             if st.closed {
                 return;
             }
-            if st.entries.len() >= a.pipeline {
+            if st.entries.len() >= a.pipeline() {
                 break;
             }
         }

@@ -187,7 +187,7 @@ impl Results {
                 "topics": self.topics.len(), "channels": a.channels,
                 "size": a.size, "batch_size": a.batch_size, "producers": a.producers,
                 "consumers": a.consumers, "rate": a.rate, "rdy": a.rdy,
-                "deferred_ms": a.deferred_ms, "pipeline": a.pipeline,
+                "deferred_ms": a.deferred_ms, "pipeline": a.pipeline(),
                 "runfor_s": a.runfor.as_secs_f64(), "warmup_s": a.warmup.as_secs_f64(),
             },
         })

@@ -22,7 +22,7 @@ import time
 import urllib.parse
 
 FRAME_RESPONSE, FRAME_ERROR, FRAME_MESSAGE = 0, 1, 2
-# MOCK_FAULT=drop|dup|no_timeout|attempts|fin_count makes the mock misbehave on purpose,
+# MOCK_FAULT=drop|dup|no_timeout|attempts|fin_count|no_defer|timestamp makes the mock misbehave on purpose,
 # to check that the scenarios notice.
 FAULT = os.environ.get("MOCK_FAULT", "")
 
@@ -42,7 +42,8 @@ class Message:
     __slots__ = ("id", "body", "ts", "attempts", "deadline", "client")
 
     def __init__(self, mid, body):
-        self.id, self.body, self.ts, self.attempts = mid, body, time.time_ns(), 0
+        self.id, self.body, self.attempts = mid, body, 0
+        self.ts = 0 if FAULT == "timestamp" else time.time_ns()
         self.deadline, self.client = 0.0, None
 
 
@@ -125,7 +126,7 @@ class Topic:
             return
         for ch in self.channels.values():
             ch.message_count += 1
-            if defer_ms:
+            if defer_ms and FAULT != "no_defer":
                 ch.deferred += 1
                 asyncio.get_running_loop().call_later(
                     defer_ms / 1000.0, self._undefer, ch, Message(mid, body))

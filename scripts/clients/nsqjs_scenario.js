@@ -24,6 +24,10 @@ const FANOUT_MESSAGES = parseInt(process.env.SCENARIO_MESSAGES || '10000', 10)
 const RETRY_MESSAGES = parseInt(process.env.SCENARIO_RETRY_MESSAGES || '50', 10)
 const OVERALL_TIMEOUT = parseFloat(process.env.SCENARIO_TIMEOUT || '120')
 
+const DPUB_DELAY_MS = 50
+const DPUB_FIRST = 1000 // bodies [1000, 1100) are published with DPUB
+const DPUB_END = 1100
+
 class ScenarioError extends Error {}
 
 function log(text) {
@@ -124,6 +128,7 @@ class ChannelTracker {
   constructor(channel, bodies) {
     this.channel = channel
     this.expected = new Set(bodies.map(key))
+    this.deferred = new Set(bodies.slice(DPUB_FIRST, DPUB_END).map(key))
     this.deliveries = new Map() // body key -> [{attempts, id, consumer}]
     this.unknown = []
     this.finsSent = 0
@@ -137,7 +142,9 @@ class ChannelTracker {
     }
     if (!this.deliveries.has(k)) this.deliveries.set(k, [])
     const ds = this.deliveries.get(k)
-    ds.push({attempts: msg.attempts, id: msg.id, consumer})
+    // receipt time minus the message's timestamp (nsqd's publish time, in ns)
+    const ageMs = Number(BigInt(Date.now()) * 1000000n - BigInt(msg.timestamp)) / 1e6
+    ds.push({attempts: msg.attempts, id: msg.id, consumer, ageMs})
     return ds.length
   }
 
@@ -180,7 +187,18 @@ class ChannelTracker {
     if (firstAtt.length) p.push(`${firstAtt.length} messages whose first delivery had attempts != 1, e.g. ${JSON.stringify(firstAtt[0])}`)
     const idChange = [...this.deliveries.values()].filter((ds) => new Set(ds.map((d) => d.id)).size > 1)
     if (idChange.length) p.push(`${idChange.length} messages changed id between deliveries`)
+    p.push(...this.timestampProblems())
+    const early = [...this.deliveries.entries()].filter(([k, ds]) => this.deferred.has(k) && ds[0].ageMs < DPUB_DELAY_MS - 5)
+    if (early.length) p.push(`${early.length} DPUB (defer ${DPUB_DELAY_MS} ms) messages delivered too early, e.g. ${early.slice(0, 3).map(([k, ds]) => `${k.slice(0, 40)}: ${ds[0].ageMs} ms`).join(', ')} after their timestamp`)
     return p
+  }
+
+  timestampProblems() {
+    const bad = []
+    for (const [k, ds] of this.deliveries.entries()) {
+      for (const d of ds) if (!(d.ageMs >= -1000 && d.ageMs <= 300000)) bad.push(`${k.slice(0, 40)}: ${d.ageMs} ms`)
+    }
+    return bad.length ? [`${bad.length} deliveries whose timestamp is not within [-1 s, 300 s] of now, e.g. ${bad.slice(0, 3).join(', ')}`] : []
   }
 
   problemsRedelivery(what) {
@@ -205,6 +223,7 @@ class ChannelTracker {
         break
       }
     }
+    p.push(...this.timestampProblems())
     return p
   }
 }
@@ -347,8 +366,8 @@ async function fanout(tcp, httpAddr, timeoutMs, keep) {
   const t0 = Date.now()
   // First 1,000 by PUB, next 100 by DPUB (50 ms), the rest by MPUB of 100.
   let i = 0
-  for (; i < Math.min(n, 1000); i++) await pub.pub(bodies[i])
-  for (; i < Math.min(n, 1100); i++) await pub.dpub(50, bodies[i])
+  for (; i < Math.min(n, DPUB_FIRST); i++) await pub.pub(bodies[i])
+  for (; i < Math.min(n, DPUB_END); i++) await pub.dpub(DPUB_DELAY_MS, bodies[i])
   for (; i < n; i += 100) await pub.mpub(bodies.slice(i, i + 100))
   await pub.drain()
   if (errors.length) throw new ScenarioError(`client errors: ${errors.slice(0, 5).join('; ')}`)

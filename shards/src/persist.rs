@@ -150,6 +150,12 @@ impl Shard {
                 t.log.pumped = first;
             }
         }
+        // Records written after the last checkpoint were pumped to the channels before
+        // the restart if the topic had channels and was not paused: nsqd's pump would
+        // have moved them, so they belong to the channels, not the topic.
+        if !t.paused && !t.channels.is_empty() {
+            t.log.pumped = head;
+        }
         // Bring back the unfinished messages below each cursor, with attempts and due time.
         for (chn, p) in pending_all {
             let recs = rec.store.read(p.seq, 1).await.unwrap_or_default();

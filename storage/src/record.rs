@@ -7,28 +7,33 @@
 //!   [8]  magic "NSQRSEG\0"
 //!   [4]  u32 format version (1)
 //!   [8]  u64 base sequence (the first record's sequence; also in the file name)
-//!   [12] zero
+//!   [4]  u32 salt: random per writer instance, repeated in every record
+//!   [8]  zero
 //! record (all integers big-endian):
-//!   [4]  u32 len   = bytes after the crc field (35 + body length); 0 = end of data
+//!   [4]  u32 len   = bytes after the crc field (39 + body length); 0 = end of data
 //!   [4]  u32 crc   = CRC-32 (IEEE, crc32fast) of those len bytes
 //!   [1]  u8  kind  = 1 (message)
-//!   [8]  u64 sequence (per topic, dense, starting at the segment's base)
+//!   [4]  u32 salt  = the segment header's salt
+//!   [8]  u64 sequence (per topic, increasing within a segment, >= the base)
 //!   [8]  i64 timestamp, Unix ns (publish time)
 //!   [8]  i64 defer until, Unix ns (0 = not deferred)
 //!   [8]  u64 message id
 //!   [2]  u16 attempts at write time (0 for a fresh publish)
 //!   [..] body
 //! ```
-//! DMA writes pad the file with zeros to the block size, so a zero length marks the end
-//! of the written data. A record whose length is out of range or whose CRC does not
-//! match is corrupt; readers skip it (see [`scan`]).
+//! A zero length marks the end of the written data. DMA writes pad the last block, and
+//! the padding of a reused buffer may hold stale bytes, even whole valid-looking
+//! records of another file: so the data of a segment also ends at the first record
+//! whose salt differs from the header's or whose sequence does not increase. A record
+//! whose length is out of range or whose CRC does not match is corrupt; readers skip it
+//! (see [`scan`]).
 
 /// Version of this layout, written in every segment header.
 pub const FORMAT_VERSION: u32 = 1;
 pub const SEGMENT_MAGIC: &[u8; 8] = b"NSQRSEG\0";
 pub const SEGMENT_HEADER_LEN: usize = 32;
 /// Bytes of a record before its body: len, crc, kind, seq, ts, defer, id, attempts.
-pub const RECORD_OVERHEAD: usize = 4 + 4 + 1 + 8 + 8 + 8 + 8 + 2;
+pub const RECORD_OVERHEAD: usize = 4 + 4 + 1 + 4 + 8 + 8 + 8 + 8 + 2;
 const KIND_MESSAGE: u8 = 1;
 /// Bodies larger than this cannot be valid records (nsqd's max --max-msg-size is far
 /// below); a larger length field means corruption.
@@ -47,16 +52,17 @@ pub struct StoredRecord {
 }
 
 /// The 32-byte segment header.
-pub fn segment_header(base_seq: u64) -> [u8; SEGMENT_HEADER_LEN] {
+pub fn segment_header(base_seq: u64, salt: u32) -> [u8; SEGMENT_HEADER_LEN] {
     let mut h = [0u8; SEGMENT_HEADER_LEN];
     h[..8].copy_from_slice(SEGMENT_MAGIC);
     h[8..12].copy_from_slice(&FORMAT_VERSION.to_be_bytes());
     h[12..20].copy_from_slice(&base_seq.to_be_bytes());
+    h[20..24].copy_from_slice(&salt.to_be_bytes());
     h
 }
 
-/// Checks a segment header; returns its base sequence.
-pub fn parse_segment_header(h: &[u8]) -> Result<u64, String> {
+/// Checks a segment header; returns its (base sequence, salt).
+pub fn parse_segment_header(h: &[u8]) -> Result<(u64, u32), String> {
     if h.len() < SEGMENT_HEADER_LEN || &h[..8] != SEGMENT_MAGIC {
         return Err("bad segment magic".into());
     }
@@ -64,16 +70,20 @@ pub fn parse_segment_header(h: &[u8]) -> Result<u64, String> {
     if v != FORMAT_VERSION {
         return Err(format!("unsupported segment format version {v}"));
     }
-    Ok(u64::from_be_bytes(h[12..20].try_into().unwrap_or([0; 8])))
+    Ok((
+        u64::from_be_bytes(h[12..20].try_into().unwrap_or([0; 8])),
+        u32::from_be_bytes(h[20..24].try_into().unwrap_or([0; 4])),
+    ))
 }
 
 /// Appends one encoded record to `out`; returns its encoded length.
-pub fn encode(r: &StoredRecord, out: &mut Vec<u8>) -> usize {
+pub fn encode(r: &StoredRecord, salt: u32, out: &mut Vec<u8>) -> usize {
     let len = RECORD_OVERHEAD - 8 + r.body.len();
     let start = out.len();
     out.extend_from_slice(&(len as u32).to_be_bytes());
     out.extend_from_slice(&[0u8; 4]);
     out.push(KIND_MESSAGE);
+    out.extend_from_slice(&salt.to_be_bytes());
     out.extend_from_slice(&r.seq.to_be_bytes());
     out.extend_from_slice(&r.timestamp.to_be_bytes());
     out.extend_from_slice(&r.defer_until.to_be_bytes());
@@ -99,9 +109,10 @@ pub enum Decoded {
     Corrupt { reason: String, skip: usize },
 }
 
-/// Decodes the record at the start of `buf`. `data` shares the buffer so the body is a
-/// slice, not a copy.
-pub fn decode(data: &bytes::Bytes, at: usize) -> Decoded {
+/// Decodes the record at `at`, which must carry `salt` (a valid record with another salt
+/// is stale padding: the end of data). `data` shares the buffer, so the body is a slice,
+/// not a copy.
+pub fn decode(data: &bytes::Bytes, at: usize, salt: u32) -> Decoded {
     let buf = &data[at..];
     if buf.len() < 8 {
         if buf.len() >= 4 && buf[..4] == [0, 0, 0, 0] {
@@ -136,14 +147,17 @@ pub fn decode(data: &bytes::Bytes, at: usize) -> Decoded {
             skip: 8 + len,
         };
     }
+    if u32::from_be_bytes([payload[1], payload[2], payload[3], payload[4]]) != salt {
+        return Decoded::End;
+    }
     let u64_at = |o: usize| u64::from_be_bytes(payload[o..o + 8].try_into().unwrap_or([0; 8]));
     let rec = StoredRecord {
-        seq: u64_at(1),
-        timestamp: u64_at(9) as i64,
-        defer_until: u64_at(17) as i64,
-        id: u64_at(25),
-        attempts: u16::from_be_bytes([payload[33], payload[34]]),
-        body: data.slice(at + 8 + 35..at + 8 + len),
+        seq: u64_at(5),
+        timestamp: u64_at(13) as i64,
+        defer_until: u64_at(21) as i64,
+        id: u64_at(29),
+        attempts: u16::from_be_bytes([payload[37], payload[38]]),
+        body: data.slice(at + 8 + 39..at + 8 + len),
     };
     Decoded::Record(rec, 8 + len)
 }
@@ -155,20 +169,28 @@ pub struct Skipped {
     pub reason: String,
 }
 
-/// Decodes every record of a complete buffer (a whole segment after its header, or a
-/// read-back window), skipping corrupt ones: a record with a sane length but a bad CRC is
-/// jumped over; after a garbage length the scan looks for the next offset where a valid
-/// record starts. Returns the records, the problems, and the offset where decoding
-/// stopped (the end of valid data, or where an incomplete record starts).
+/// Decodes every record of a buffer (a segment after its header, or a read-back
+/// window) whose records carry `salt` and have sequences above `after` (`None`: any),
+/// skipping corrupt ones: a record with a sane length but a bad CRC is jumped over; after
+/// a garbage length the scan looks for the next offset where a valid record starts. A
+/// record whose sequence does not increase is stale data: the end. Returns the records,
+/// the problems, and the offset where decoding stopped (the end of valid data, or where
+/// an incomplete record starts).
 pub fn scan(
     data: &bytes::Bytes,
     mut at: usize,
+    salt: u32,
+    mut after: Option<u64>,
 ) -> (Vec<(StoredRecord, usize)>, Vec<Skipped>, usize) {
     let mut recs = Vec::new();
     let mut skipped = Vec::new();
     while at < data.len() {
-        match decode(data, at) {
+        match decode(data, at, salt) {
             Decoded::Record(r, n) => {
+                if after.is_some_and(|a| r.seq <= a) {
+                    break;
+                }
+                after = Some(r.seq);
                 recs.push((r, at));
                 at += n;
             }
@@ -182,7 +204,7 @@ pub fn scan(
                 // Resynchronise: the next offset holding a valid record.
                 let mut next = at + 1;
                 while next < data.len() {
-                    if let Decoded::Record(..) = decode(data, next) {
+                    if let Decoded::Record(..) = decode(data, next, salt) {
                         break;
                     }
                     next += 1;
@@ -199,6 +221,8 @@ mod tests {
     use super::*;
     use bytes::Bytes;
 
+    const SALT: u32 = 0x5a17;
+
     fn rec(seq: u64, body: &'static [u8]) -> StoredRecord {
         StoredRecord {
             seq,
@@ -213,33 +237,34 @@ mod tests {
     #[test]
     fn round_trip() {
         let mut out = Vec::new();
-        let n = encode(&rec(7, b"hello"), &mut out);
+        let n = encode(&rec(7, b"hello"), SALT, &mut out);
         assert_eq!(n, RECORD_OVERHEAD + 5);
         let b = Bytes::from(out);
-        assert_eq!(decode(&b, 0), Decoded::Record(rec(7, b"hello"), n));
+        assert_eq!(decode(&b, 0, SALT), Decoded::Record(rec(7, b"hello"), n));
+        assert_eq!(decode(&b, 0, SALT + 1), Decoded::End, "another writer's record is stale");
     }
 
     #[test]
     fn zeros_end_and_short_is_incomplete() {
         let b = Bytes::from(vec![0u8; 64]);
-        assert_eq!(decode(&b, 0), Decoded::End);
+        assert_eq!(decode(&b, 0, SALT), Decoded::End);
         let mut out = Vec::new();
-        encode(&rec(1, b"abc"), &mut out);
+        encode(&rec(1, b"abc"), SALT, &mut out);
         let b = Bytes::from(out[..out.len() - 1].to_vec());
-        assert_eq!(decode(&b, 0), Decoded::Incomplete);
+        assert_eq!(decode(&b, 0, SALT), Decoded::Incomplete);
     }
 
     #[test]
     fn scan_skips_bad_crc_and_garbage_length() {
         let mut out = Vec::new();
         for i in 0..5u64 {
-            encode(&rec(i, b"body-bytes"), &mut out);
+            encode(&rec(i, b"body-bytes"), SALT, &mut out);
         }
         let one = RECORD_OVERHEAD + 10;
         out[one + 20] ^= 0xff; // corrupt record 1's payload
         out[2 * one] = 0x7f; // garbage length for record 2
         let b = Bytes::from(out);
-        let (recs, skipped, _) = scan(&b, 0);
+        let (recs, skipped, _) = scan(&b, 0, SALT, None);
         let seqs: Vec<u64> = recs.iter().map(|(r, _)| r.seq).collect();
         assert_eq!(seqs, vec![0, 3, 4]);
         assert_eq!(skipped.len(), 2);
@@ -247,8 +272,23 @@ mod tests {
     }
 
     #[test]
+    fn stale_padding_ends_the_data() {
+        // Valid records followed by an older copy of themselves (a reused DMA buffer).
+        let mut out = Vec::new();
+        for i in 10..13u64 {
+            encode(&rec(i, b"x"), SALT, &mut out);
+        }
+        let copy = out.clone();
+        out.extend_from_slice(&copy);
+        let b = Bytes::from(out);
+        let (recs, _, stop) = scan(&b, 0, SALT, None);
+        assert_eq!(recs.len(), 3);
+        assert_eq!(stop, copy.len());
+    }
+
+    #[test]
     fn header_round_trip() {
-        assert_eq!(parse_segment_header(&segment_header(42)), Ok(42));
+        assert_eq!(parse_segment_header(&segment_header(42, 7)), Ok((42, 7)));
         assert!(parse_segment_header(&[0u8; 32]).is_err());
     }
 }

@@ -44,6 +44,8 @@ pub struct StoreConfig {
 
 struct Segment {
     path: PathBuf,
+    /// The salt its records carry (from its header).
+    salt: u32,
     /// One past the last sequence written to it.
     end_seq: u64,
     /// (sequence, byte offset) every INDEX_EVERY records, and the first record.
@@ -85,6 +87,16 @@ pub struct TopicStore {
     opens: Cell<usize>,
     /// Topic deleted: no more writes or opens.
     destroyed: Cell<bool>,
+    /// This writer's salt, in every record and segment header it writes.
+    salt: u32,
+}
+
+/// A random salt for a new writer instance.
+fn new_salt() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    (h.finish() as u32).max(1)
 }
 
 /// What recovery found in a topic's directory.
@@ -143,12 +155,13 @@ impl TopicStore {
             let path = seg_path(&dir, base);
             let mut seg = Segment {
                 path: path.clone(),
+                salt: 0,
                 end_seq: base,
                 index: Vec::new(),
                 readable_seq: base,
             };
             let mut count = 0u64;
-            let res = scan_file(&path, |rec, off| {
+            let res = scan_file(&path, &mut seg.salt, |rec, off| {
                 if count % INDEX_EVERY == 0 {
                     seg.index.push((rec.seq, off));
                 }
@@ -200,6 +213,7 @@ impl TopicStore {
             dir_fd,
             opens: Cell::new(0),
             destroyed: Cell::new(false),
+            salt: new_salt(),
         });
         glommio::spawn_local(writer_task(store.clone())).detach();
         Ok(Recovered {
@@ -233,6 +247,7 @@ impl TopicStore {
             dir_fd,
             opens: Cell::new(0),
             destroyed: Cell::new(false),
+            salt: new_salt(),
         });
         glommio::spawn_local(writer_task(store.clone())).detach();
         Ok(store)
@@ -269,7 +284,7 @@ impl TopicStore {
 
     /// Queues a record (its `seq` must be `next_seq()`); written by the writer task.
     pub fn append(&self, rec: &StoredRecord) {
-        let len = record::encode(rec, &mut self.pending.borrow_mut());
+        let len = record::encode(rec, self.salt, &mut self.pending.borrow_mut());
         self.pending_recs.borrow_mut().push((rec.seq, len as u32));
         self.next_seq.set(rec.seq + 1);
         self.wake.notify();
@@ -318,12 +333,13 @@ impl TopicStore {
                             .find(|(q, _)| *q <= seq)
                             .map(|(_, o)| *o)
                             .unwrap_or(SEGMENT_HEADER_LEN as u64);
-                        (*b, s.path.clone(), start, s.readable_seq)
+                        (*b, s.path.clone(), start, s.readable_seq, s.salt)
                     })
             };
-            let Some((base, path, mut off, readable)) = found else {
+            let Some((base, path, mut off, readable, salt)) = found else {
                 break;
             };
+            let mut last: Option<u64> = None;
             let file = self.reader(base, &path).await?;
             let mut progressed = false;
             'window: loop {
@@ -347,7 +363,10 @@ impl TopicStore {
                 if data.is_empty() {
                     break;
                 }
-                let (recs, skipped, stop) = record::scan(&data, 0);
+                let (recs, skipped, stop) = record::scan(&data, 0, salt, last);
+                if let Some((r, _)) = recs.last() {
+                    last = Some(r.seq);
+                }
                 for s in skipped {
                     log::error!(
                         "STORE: {} offset {}: {}; record skipped",
@@ -518,11 +537,17 @@ impl TopicStore {
 
 /// Reads a segment file from its start and calls `f` for every valid record with its
 /// offset, logging and skipping corrupt ones.
-async fn scan_file(path: &Path, mut f: impl FnMut(StoredRecord, u64)) -> Result<(), String> {
+async fn scan_file(
+    path: &Path,
+    salt_out: &mut u32,
+    mut f: impl FnMut(StoredRecord, u64),
+) -> Result<(), String> {
     let file = DmaFile::open(path).await.map_err(io_err)?;
     let size = file.file_size().await.map_err(io_err)?;
     let head = file.read_at(0, SEGMENT_HEADER_LEN).await.map_err(io_err)?;
-    record::parse_segment_header(&head)?;
+    let (base, salt) = record::parse_segment_header(&head)?;
+    *salt_out = salt;
+    let mut last: Option<u64> = base.checked_sub(1);
     let mut pos = SEGMENT_HEADER_LEN as u64;
     let mut carry: Vec<u8> = Vec::new();
     let mut carry_at = pos;
@@ -538,8 +563,14 @@ async fn scan_file(path: &Path, mut f: impl FnMut(StoredRecord, u64)) -> Result<
         let mut at = 0usize;
         let mut end = false;
         while at < data.len() {
-            match record::decode(&data, at) {
+            match record::decode(&data, at, salt) {
                 Decoded::Record(r, n) => {
+                    if last.is_some_and(|l| r.seq <= l) {
+                        // Stale bytes of a reused buffer: the end of this segment.
+                        end = true;
+                        break;
+                    }
+                    last = Some(r.seq);
                     f(r, carry_at + at as u64);
                     at += n;
                 }
@@ -560,7 +591,7 @@ async fn scan_file(path: &Path, mut f: impl FnMut(StoredRecord, u64)) -> Result<
                         at += 1;
                         while at < data.len()
                             && !matches!(
-                                record::decode(&data, at),
+                                record::decode(&data, at, salt),
                                 Decoded::Record(..) | Decoded::Incomplete
                             )
                         {
@@ -595,6 +626,8 @@ struct Active {
     pos: u64,
     /// (end offset, one past the sequence) of each written batch not yet known flushed.
     unflushed: VecDeque<(u64, u64)>,
+    /// One past the last sequence written into this segment (0 = none yet).
+    written: u64,
 }
 
 async fn open_segment(store: &TopicStore, base: u64) -> Result<Active, String> {
@@ -611,13 +644,14 @@ async fn open_segment(store: &TopicStore, base: u64) -> Result<Active, String> {
         .with_write_behind(4)
         .build();
     writer
-        .write_all(&record::segment_header(base))
+        .write_all(&record::segment_header(base, store.salt))
         .await
         .map_err(io_err)?;
     store.segments.borrow_mut().insert(
         base,
         Segment {
             path,
+            salt: store.salt,
             end_seq: base,
             index: Vec::new(),
             readable_seq: base,
@@ -628,6 +662,7 @@ async fn open_segment(store: &TopicStore, base: u64) -> Result<Active, String> {
         base,
         pos: SEGMENT_HEADER_LEN as u64,
         unflushed: VecDeque::new(),
+        written: 0,
     })
 }
 
@@ -687,7 +722,7 @@ async fn writer_task(store: Rc<TopicStore>) {
                     // Rotation: the closed segment is synced, so all of it is durable.
                     let ok = a.writer.sync().await.is_ok();
                     let _ = a.writer.close().await;
-                    let upto = a.unflushed.back().map(|x| x.1);
+                    let upto = (a.written > 0).then_some(a.written);
                     mark_readable(&store, &mut a, u64::MAX);
                     if let (true, Some(seq)) = (ok, upto) {
                         store.durable_seq.set(store.durable_seq.get().max(seq));
@@ -735,6 +770,7 @@ async fn writer_task(store: Rc<TopicStore>) {
                 Ok(()) => {
                     a.pos += bytes;
                     a.unflushed.push_back((a.pos, recs[j - 1].0 + 1));
+                    a.written = recs[j - 1].0 + 1;
                     unsynced += (j - i) as u64;
                     let flushed = a.writer.current_flushed_pos();
                     mark_readable(&store, a, flushed);
@@ -760,7 +796,7 @@ async fn writer_task(store: Rc<TopicStore>) {
             if let Some(a) = active.as_mut() {
                 match a.writer.sync().await {
                     Ok(_) => {
-                        let upto = a.unflushed.back().map(|x| x.1);
+                        let upto = (a.written > 0).then_some(a.written);
                         mark_readable(&store, a, u64::MAX);
                         if let Some(seq) = upto {
                             store.durable_seq.set(store.durable_seq.get().max(seq));

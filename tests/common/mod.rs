@@ -21,6 +21,8 @@ pub struct Broker {
     pub data_dir: std::path::PathBuf,
     /// Every stderr line the broker printed so far.
     pub log: Arc<Mutex<Vec<String>>>,
+    /// Remove `data_dir` when dropped (false for brokers restarted on kept data).
+    pub remove_data: bool,
 }
 
 impl Broker {
@@ -34,6 +36,15 @@ impl Broker {
         ));
         let _ = std::fs::remove_dir_all(&data_dir);
         std::fs::create_dir_all(&data_dir).expect("create data dir");
+        let mut b = Broker::start_in(&data_dir, shards, extra);
+        b.remove_data = true;
+        b
+    }
+
+    /// Starts a broker on an existing data path (a restart), which is kept when the
+    /// broker is dropped.
+    pub fn start_in(data_dir: &std::path::Path, shards: usize, extra: &[&str]) -> Broker {
+        let data_dir = data_dir.to_path_buf();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_nsqd"));
         cmd.arg("--tcp-address=127.0.0.1:0")
             .arg("--http-address=127.0.0.1:0")
@@ -77,6 +88,7 @@ impl Broker {
             http: http.unwrap(),
             data_dir,
             log,
+            remove_data: false,
         }
     }
 
@@ -135,7 +147,9 @@ impl Drop for Broker {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.data_dir);
+        if self.remove_data {
+            let _ = std::fs::remove_dir_all(&self.data_dir);
+        }
     }
 }
 
