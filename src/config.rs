@@ -283,7 +283,11 @@ impl Config {
                 std::path::PathBuf::from(&cli.data_path)
             }),
             sync_every: cli.sync_every.max(1),
-            sync_timeout: if cli.sync_timeout.is_zero() { Duration::from_secs(2) } else { cli.sync_timeout },
+            sync_timeout: if cli.sync_timeout.is_zero() {
+                Duration::from_secs(2)
+            } else {
+                cli.sync_timeout
+            },
             max_bytes_per_file: cli.max_bytes_per_file.max(4096),
         };
         Ok(Config {

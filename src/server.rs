@@ -13,7 +13,9 @@ use std::rc::Rc;
 use std::time::Instant;
 
 /// Waits, when asked, until the store has synced the publish (group commit).
-pub async fn wait_durable(wait: Option<nsq_shards::shard::DurableWait>) -> Result<(), PublishError> {
+pub async fn wait_durable(
+    wait: Option<nsq_shards::shard::DurableWait>,
+) -> Result<(), PublishError> {
     match wait {
         None => Ok(()),
         Some((store, seq)) => store.wait_durable(seq).await.map_err(PublishError::Disk),

@@ -17,7 +17,10 @@ fn body(i: u64) -> Vec<u8> {
     // Self-checking body: index plus a checksum-like tail so corruption is visible.
     let mut b = format!("msg-{i:08}-").into_bytes();
     let fill = (i % 251) as u8;
-    b.extend(std::iter::repeat_n(b'a' + fill % 26, 40 + (i % 64) as usize));
+    b.extend(std::iter::repeat_n(
+        b'a' + fill % 26,
+        40 + (i % 64) as usize,
+    ));
     b
 }
 
@@ -56,7 +59,8 @@ fn publish_until_killed(b: &Broker, topic: &str, start: u64, max: u64) -> Vec<u6
 /// `quiet`; returns the message indexes (duplicates kept) and fails on a corrupt body.
 fn drain(b: &Broker, topic: &str, channel: &str, quiet: Duration) -> Vec<u64> {
     let mut s = b.connect_v2();
-    s.write_all(format!("SUB {topic} {channel}\nRDY 500\n").as_bytes()).unwrap();
+    s.write_all(format!("SUB {topic} {channel}\nRDY 500\n").as_bytes())
+        .unwrap();
     let (ft, d) = read_frame_skip_hb(&mut s).unwrap();
     assert_eq!((ft, d.as_slice()), (0, &b"OK"[..]));
     s.set_read_timeout(Some(quiet)).unwrap();
@@ -65,7 +69,8 @@ fn drain(b: &Broker, topic: &str, channel: &str, quiet: Duration) -> Vec<u64> {
         match read_frame_skip_hb(&mut s) {
             Ok((2, d)) => {
                 let (_, _, id, msg) = parse_message(&d);
-                let i = parse_body(&msg).unwrap_or_else(|| panic!("corrupt body {:?}", String::from_utf8_lossy(&msg)));
+                let i = parse_body(&msg)
+                    .unwrap_or_else(|| panic!("corrupt body {:?}", String::from_utf8_lossy(&msg)));
                 got.push(i);
                 s.write_all(format!("FIN {id}\n").as_bytes()).unwrap();
             }
@@ -90,7 +95,15 @@ fn kill_9_with_sync_every_1_loses_no_acknowledged_message() {
         // Three kill -9 cycles at random points, with small segments so some kills land
         // during rotation.
         for cycle in 0..3u64 {
-            let mut b = Broker::start_in(&dir, shards, &["--sync-every=1", "--max-bytes-per-file=8192", "--sync-timeout=50ms"]);
+            let mut b = Broker::start_in(
+                &dir,
+                shards,
+                &[
+                    "--sync-every=1",
+                    "--max-bytes-per-file=8192",
+                    "--sync-timeout=50ms",
+                ],
+            );
             if cycle == 0 {
                 // A channel exists before publishing so nothing is skipped.
                 let (code, _) = b.http("POST", "/channel/create?topic=crash&channel=c", b"");
@@ -106,7 +119,10 @@ fn kill_9_with_sync_every_1_loses_no_acknowledged_message() {
                 let delay = 20 + fastrand_u64(round * 100 + cycle) % 200;
                 std::thread::spawn(move || {
                     std::thread::sleep(Duration::from_millis(delay));
-                    let _ = std::process::Command::new("kill").arg("-9").arg(pid.to_string()).status();
+                    let _ = std::process::Command::new("kill")
+                        .arg("-9")
+                        .arg(pid.to_string())
+                        .status();
                 })
             };
             let acked = publish_until_killed(&b, "crash", next, n);
@@ -116,9 +132,16 @@ fn kill_9_with_sync_every_1_loses_no_acknowledged_message() {
             kill9(&mut b);
         }
         let b = Broker::start_in(&dir, shards, &["--sync-every=1"]);
-        let got: BTreeSet<u64> = drain(&b, "crash", "c", Duration::from_millis(1500)).into_iter().collect();
+        let got: BTreeSet<u64> = drain(&b, "crash", "c", Duration::from_millis(1500))
+            .into_iter()
+            .collect();
         let missing: Vec<_> = acked_all.difference(&got).collect();
-        assert!(missing.is_empty(), "shards={shards}: {} acknowledged messages lost, e.g. {:?}", missing.len(), &missing[..missing.len().min(10)]);
+        assert!(
+            missing.is_empty(),
+            "shards={shards}: {} acknowledged messages lost, e.g. {:?}",
+            missing.len(),
+            &missing[..missing.len().min(10)]
+        );
         assert!(!acked_all.is_empty());
         drop(b);
         let _ = std::fs::remove_dir_all(&dir);
@@ -147,8 +170,14 @@ fn default_sync_bound_everything_older_than_sync_timeout_survives_kill_9() {
     std::thread::sleep(Duration::from_millis(700));
     kill9(&mut b);
     let b = Broker::start_in(&dir, 2, &[]);
-    let got: BTreeSet<u64> = drain(&b, "bound", "c", Duration::from_millis(1500)).into_iter().collect();
-    assert_eq!(got.len(), 1000, "every message older than the sync timeout survived");
+    let got: BTreeSet<u64> = drain(&b, "bound", "c", Duration::from_millis(1500))
+        .into_iter()
+        .collect();
+    assert_eq!(
+        got.len(),
+        1000,
+        "every message older than the sync timeout survived"
+    );
     drop(b);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -175,7 +204,9 @@ fn kill_9_during_consumption_and_metadata_writes_redelivers_unfinished() {
     }
     kill9(&mut b);
     let b = Broker::start_in(&dir, 1, &[]);
-    let got: BTreeSet<u64> = drain(&b, "m", "c", Duration::from_millis(1500)).into_iter().collect();
+    let got: BTreeSet<u64> = drain(&b, "m", "c", Duration::from_millis(1500))
+        .into_iter()
+        .collect();
     for i in 0..500u64 {
         if !finished.contains(&i) {
             assert!(got.contains(&i), "unfinished message {i} came back");
@@ -237,13 +268,18 @@ fn corrupt_and_truncated_segments_are_skipped_and_logged() {
     let cut = offs_last[offs_last.len() - 1] + 20;
     std::fs::write(last, &data[..cut]).unwrap();
     let b = Broker::start_in(&dir, 1, &[]);
-    let got: BTreeSet<u64> = drain(&b, "cor", "c", Duration::from_millis(1500)).into_iter().collect();
+    let got: BTreeSet<u64> = drain(&b, "cor", "c", Duration::from_millis(1500))
+        .into_iter()
+        .collect();
     // Exactly two records are gone: the corrupted one and the torn last one.
     assert_eq!(got.len(), 198, "every other record is delivered");
     assert!(!got.contains(&2));
     assert!(!got.contains(&199));
     let log = b.log.lock().unwrap().join("\n");
-    assert!(log.contains("crc mismatch") && log.contains("offset"), "the corruption is logged with file and offset: {log}");
+    assert!(
+        log.contains("crc mismatch") && log.contains("offset"),
+        "the corruption is logged with file and offset: {log}"
+    );
     assert!(log.contains("torn record"), "the torn tail is logged");
     drop(b);
     let _ = std::fs::remove_dir_all(&dir);
@@ -254,9 +290,28 @@ fn restart_keeps_topics_channels_paused_state_and_deferred_due_times_across_shar
     let dir = keep_dir("restart");
     let mut b = Broker::start_in(&dir, 1, &[]);
     for t in ["ra", "rb", "rc", "rd"] {
-        assert_eq!(b.http("POST", &format!("/topic/create?topic={t}"), b"").0, 200);
-        assert_eq!(b.http("POST", &format!("/channel/create?topic={t}&channel=c1"), b"").0, 200);
-        assert_eq!(b.http("POST", &format!("/channel/create?topic={t}&channel=c2"), b"").0, 200);
+        assert_eq!(
+            b.http("POST", &format!("/topic/create?topic={t}"), b"").0,
+            200
+        );
+        assert_eq!(
+            b.http(
+                "POST",
+                &format!("/channel/create?topic={t}&channel=c1"),
+                b""
+            )
+            .0,
+            200
+        );
+        assert_eq!(
+            b.http(
+                "POST",
+                &format!("/channel/create?topic={t}&channel=c2"),
+                b""
+            )
+            .0,
+            200
+        );
     }
     b.http("POST", "/topic/pause?topic=rb", b"");
     b.http("POST", "/channel/pause?topic=rc&channel=c2", b"");
@@ -277,14 +332,22 @@ fn restart_keeps_topics_channels_paused_state_and_deferred_due_times_across_shar
         .map(|t| (t["topic_name"].as_str().unwrap().to_string(), t))
         .collect();
     for t in ["ra", "rb", "rc", "rd"] {
-        let chans: Vec<&str> = topics[t]["channels"].as_array().unwrap().iter().map(|c| c["channel_name"].as_str().unwrap()).collect();
+        let chans: Vec<&str> = topics[t]["channels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["channel_name"].as_str().unwrap())
+            .collect();
         assert_eq!(chans, vec!["c1", "c2"], "{t}");
     }
     assert_eq!(topics["rb"]["paused"], true);
     assert_eq!(topics["ra"]["paused"], false);
     assert_eq!(topics["rc"]["channels"][1]["paused"], true);
     assert_eq!(topics["rc"]["channels"][0]["paused"], false);
-    assert_eq!(topics["rd"]["channels"][0]["deferred_count"], 1, "deferred message kept");
+    assert_eq!(
+        topics["rd"]["channels"][0]["deferred_count"], 1,
+        "deferred message kept"
+    );
     // It is still deferred: it arrives about 3 s after it was published, not at once.
     let mut c = b.connect_v2();
     c.write_all(b"SUB rd c1\nRDY 1\n").unwrap();
@@ -294,7 +357,10 @@ fn restart_keeps_topics_channels_paused_state_and_deferred_due_times_across_shar
     assert_eq!(ft, 2);
     assert_eq!(parse_body(&parse_message(&d).3), Some(7));
     let waited = published.elapsed();
-    assert!(waited >= Duration::from_millis(2800), "delivered after {waited:?}: due time kept");
+    assert!(
+        waited >= Duration::from_millis(2800),
+        "delivered after {waited:?}: due time kept"
+    );
     drop(b);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -330,9 +396,16 @@ fn clean_restart_redelivers_nothing_finished() {
         let gotset: BTreeSet<u64> = got.iter().copied().collect();
         assert_eq!(got.len(), gotset.len(), "no duplicates");
         for i in &fin {
-            assert!(!gotset.contains(i), "finished message {i} was delivered again");
+            assert!(
+                !gotset.contains(i),
+                "finished message {i} was delivered again"
+            );
         }
-        assert_eq!(gotset.len(), 100 - fin.len(), "shards={shards}: everything unfinished came back");
+        assert_eq!(
+            gotset.len(),
+            100 - fin.len(),
+            "shards={shards}: everything unfinished came back"
+        );
         drop(b);
         let _ = std::fs::remove_dir_all(&dir);
     }

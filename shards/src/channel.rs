@@ -249,7 +249,8 @@ impl Channel {
     /// True when a ready message exists and a client can take it.
     fn has_work(&self, log: &Log) -> bool {
         !self.paused
-            && (!self.requeued.is_empty() || (self.cursor < log.pumped && !(self.wants_disk && self.disk.is_empty())))
+            && (!self.requeued.is_empty()
+                || (self.cursor < log.pumped && !(self.wants_disk && self.disk.is_empty())))
     }
 
     /// Hands messages to ready clients, round robin, until either runs out (nsqd's

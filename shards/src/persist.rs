@@ -68,7 +68,9 @@ pub fn topic_meta(t: &Topic) -> TopicMeta {
 impl Shard {
     /// Loads every topic under `--data-path` that this shard owns (by name hash).
     pub async fn recover(self: &Rc<Self>) {
-        let Some(dp) = self.opts.data_path.clone() else { return };
+        let Some(dp) = self.opts.data_path.clone() else {
+            return;
+        };
         let root = dp.join("topics");
         let r2 = root.clone();
         let names: Vec<String> = glommio::executor()
@@ -87,11 +89,15 @@ impl Shard {
             if dir_name.starts_with(".deleted-") {
                 if self.index == 0 {
                     let p = root.join(&dir_name);
-                    let _ = glommio::executor().spawn_blocking(move || std::fs::remove_dir_all(p)).await;
+                    let _ = glommio::executor()
+                        .spawn_blocking(move || std::fs::remove_dir_all(p))
+                        .await;
                 }
                 continue;
             }
-            let Some(name) = dir_name.strip_prefix("t-") else { continue };
+            let Some(name) = dir_name.strip_prefix("t-") else {
+                continue;
+            };
             if !crate::names::is_valid_topic_name(name) || crate::names::is_ephemeral(name) {
                 continue;
             }
@@ -117,13 +123,20 @@ impl Shard {
             .spawn_blocking(move || meta::read_blocking(&d2))
             .await
             .unwrap_or_else(|e| {
-                log::error!("TOPIC({}): metadata unreadable - {e}; channels start at the oldest message", dir.display());
+                log::error!(
+                    "TOPIC({}): metadata unreadable - {e}; channels start at the oldest message",
+                    dir.display()
+                );
                 None
             });
         let mut t = Topic::new(name, self.opts.node_id);
         let head = rec.next_seq;
         let tail_base = rec.tail.front().map(|r| r.seq).unwrap_or(head);
-        t.log.restore(tail_base, head, rec.tail.into_iter().map(Record::from_stored));
+        t.log.restore(
+            tail_base,
+            head,
+            rec.tail.into_iter().map(Record::from_stored),
+        );
         t.store = Some(rec.store.clone());
         let first = rec.first_seq;
         let mut pending_all: Vec<(String, PendingMessage)> = Vec::new();
@@ -160,7 +173,10 @@ impl Shard {
         for (chn, p) in pending_all {
             let recs = rec.store.read(p.seq, 1).await.unwrap_or_default();
             let Some(r) = recs.into_iter().find(|r| r.seq == p.seq) else {
-                log::error!("TOPIC({name}) CHANNEL({chn}): pending message {} missing on disk", p.seq);
+                log::error!(
+                    "TOPIC({name}) CHANNEL({chn}): pending message {} missing on disk",
+                    p.seq
+                );
                 continue;
             };
             let r = Record::from_stored(r);
@@ -186,7 +202,10 @@ impl Shard {
         t.dirty = false;
         self.notify_lookup(crate::shard::LookupEvent::Register(name.to_string(), None));
         for c in t.channels.keys() {
-            self.notify_lookup(crate::shard::LookupEvent::Register(name.to_string(), Some(c.clone())));
+            self.notify_lookup(crate::shard::LookupEvent::Register(
+                name.to_string(),
+                Some(c.clone()),
+            ));
         }
         self.topics.borrow_mut().insert(name.to_string(), t);
         Ok((count, nch))
@@ -212,7 +231,10 @@ impl Shard {
                 .spawn_blocking(move || meta::write_blocking(&dir, &m))
                 .await;
             if let Err(e) = res {
-                log::error!("STORE: metadata write for {} failed - {e}", st.dir().display());
+                log::error!(
+                    "STORE: metadata write for {} failed - {e}",
+                    st.dir().display()
+                );
             }
             st.delete_before(low).await;
         }

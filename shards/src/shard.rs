@@ -175,7 +175,11 @@ impl Shard {
             self.notify_lookup(LookupEvent::Register(name.to_string(), None));
             let mut t = Topic::new(name, self.opts.node_id);
             if let (Some(dp), false) = (&self.opts.data_path, t.ephemeral) {
-                match nsq_storage::TopicStore::create(nsq_storage::topic_dir(dp, name), self.store_config(), 0) {
+                match nsq_storage::TopicStore::create(
+                    nsq_storage::topic_dir(dp, name),
+                    self.store_config(),
+                    0,
+                ) {
                     Ok(st) => t.store = Some(st),
                     Err(e) => log::error!("TOPIC({name}): no durable store - {e}"),
                 }
@@ -247,18 +251,29 @@ impl Shard {
         }
     }
 
-    async fn disk_read(&self, store: Rc<nsq_storage::TopicStore>, topic: String, channel: String, from: u64) {
+    async fn disk_read(
+        &self,
+        store: Rc<nsq_storage::TopicStore>,
+        topic: String,
+        channel: String,
+        from: u64,
+    ) {
         let res = store.read(from, 512).await;
         let mut topics = self.topics.borrow_mut();
-        let Some(t) = topics.get_mut(&topic) else { return };
+        let Some(t) = topics.get_mut(&topic) else {
+            return;
+        };
         let base = t.log.base;
-        let Some(ch) = t.channels.get_mut(&channel) else { return };
+        let Some(ch) = t.channels.get_mut(&channel) else {
+            return;
+        };
         ch.disk_inflight = false;
         match res {
             Ok(recs) if !recs.is_empty() => {
                 if ch.cursor == from {
                     ch.wants_disk = false;
-                    ch.disk.extend(recs.into_iter().map(crate::topic::Record::from_stored));
+                    ch.disk
+                        .extend(recs.into_iter().map(crate::topic::Record::from_stored));
                 }
             }
             Ok(_) => {

@@ -12,7 +12,9 @@
 //! records back from the store in batches.
 
 use crate::channel::Channel;
-use crate::message::{instant_from_unix_nanos, unix_nanos_from_instant, IdGenerator, Message, MessageId};
+use crate::message::{
+    instant_from_unix_nanos, unix_nanos_from_instant, IdGenerator, Message, MessageId,
+};
 use crate::names::is_ephemeral;
 use bytes::Bytes;
 use nsq_storage::{StoredRecord, TopicStore};
@@ -203,7 +205,10 @@ impl Topic {
 
     /// Of `depth`, the messages only on disk.
     pub fn backend_depth(&self) -> u64 {
-        self.log.base.saturating_sub(self.log.pumped).min(self.depth())
+        self.log
+            .base
+            .saturating_sub(self.log.pumped)
+            .min(self.depth())
     }
 
     /// Appends messages (nsqd PutMessages) to memory and to the store. A message deferred
@@ -238,11 +243,15 @@ impl Topic {
             self.log.push(rec);
         }
         let first_new = self.log.head - n;
-        let direct = defer_until.is_some_and(|d| d > Instant::now()) && !self.paused && !self.channels.is_empty();
+        let direct = defer_until.is_some_and(|d| d > Instant::now())
+            && !self.paused
+            && !self.channels.is_empty();
         self.pump(mem_queue_size);
         if let (true, Some(due)) = (direct, defer_until) {
             for seq in first_new..self.log.head {
-                let Some(rec) = self.log.get(seq) else { continue };
+                let Some(rec) = self.log.get(seq) else {
+                    continue;
+                };
                 let msg = rec.message();
                 for ch in self.channels.values_mut() {
                     ch.defer_published(msg.clone(), due);

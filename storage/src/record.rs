@@ -241,7 +241,11 @@ mod tests {
         assert_eq!(n, RECORD_OVERHEAD + 5);
         let b = Bytes::from(out);
         assert_eq!(decode(&b, 0, SALT), Decoded::Record(rec(7, b"hello"), n));
-        assert_eq!(decode(&b, 0, SALT + 1), Decoded::End, "another writer's record is stale");
+        assert_eq!(
+            decode(&b, 0, SALT + 1),
+            Decoded::End,
+            "another writer's record is stale"
+        );
     }
 
     #[test]

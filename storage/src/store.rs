@@ -95,7 +95,12 @@ pub struct TopicStore {
 fn new_salt() -> u32 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
     (h.finish() as u32).max(1)
 }
 
@@ -194,7 +199,8 @@ impl TopicStore {
             next_seq = next_seq.max(seg.end_seq);
             segments.insert(base, seg);
         }
-        let dir_fd = std::fs::File::open(&dir).map_err(|e| format!("open {}: {e}", dir.display()))?;
+        let dir_fd =
+            std::fs::File::open(&dir).map_err(|e| format!("open {}: {e}", dir.display()))?;
         let store = Rc::new(TopicStore {
             dir,
             cfg,
@@ -228,7 +234,8 @@ impl TopicStore {
     /// its writer task. The directory is created at once; segment files lazily.
     pub fn create(dir: PathBuf, cfg: StoreConfig, next_seq: u64) -> Result<Rc<TopicStore>, String> {
         std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
-        let dir_fd = std::fs::File::open(&dir).map_err(|e| format!("open {}: {e}", dir.display()))?;
+        let dir_fd =
+            std::fs::File::open(&dir).map_err(|e| format!("open {}: {e}", dir.display()))?;
         let store = Rc::new(TopicStore {
             dir,
             cfg,
@@ -433,7 +440,10 @@ impl TopicStore {
     /// `path`'s file name under the held directory fd (stable across a rename).
     fn fd_path(&self, path: &Path) -> PathBuf {
         use std::os::fd::AsRawFd;
-        let name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_os_string())
+            .unwrap_or_default();
         PathBuf::from(format!("/proc/self/fd/{}", self.dir_fd.as_raw_fd())).join(name)
     }
 
@@ -628,6 +638,8 @@ struct Active {
     unflushed: VecDeque<(u64, u64)>,
     /// One past the last sequence written into this segment (0 = none yet).
     written: u64,
+    /// True once a sync of this segment succeeded.
+    synced: bool,
 }
 
 async fn open_segment(store: &TopicStore, base: u64) -> Result<Active, String> {
@@ -663,6 +675,7 @@ async fn open_segment(store: &TopicStore, base: u64) -> Result<Active, String> {
         pos: SEGMENT_HEADER_LEN as u64,
         unflushed: VecDeque::new(),
         written: 0,
+        synced: false,
     })
 }
 
@@ -678,6 +691,22 @@ fn mark_readable(store: &TopicStore, a: &mut Active, flushed: u64) {
     if let Some(seq) = upto {
         if let Some(s) = store.segments.borrow_mut().get_mut(&a.base) {
             s.readable_seq = s.readable_seq.max(seq);
+        }
+    }
+}
+
+/// Gives up a segment after a write or sync error; one that was never synced is
+/// removed, so repeated failures (a full disk) do not leave empty files behind.
+async fn abandon(store: &TopicStore, a: Option<Active>) {
+    let Some(a) = a else { return };
+    if !a.synced {
+        let seg = store.segments.borrow_mut().remove(&a.base);
+        drop(a);
+        if let Some(seg) = seg {
+            let p = store.fd_path(&seg.path);
+            let _ = glommio::executor()
+                .spawn_blocking(move || std::fs::remove_file(p))
+                .await;
         }
     }
 }
@@ -780,7 +809,7 @@ async fn writer_task(store: Rc<TopicStore>) {
                     log::error!("STORE: {e}");
                     *store.error.borrow_mut() = Some(e.clone());
                     store.fail_waiters(&e);
-                    active = None;
+                    abandon(&store, active.take()).await;
                     failed = true;
                 }
             }
@@ -796,6 +825,7 @@ async fn writer_task(store: Rc<TopicStore>) {
             if let Some(a) = active.as_mut() {
                 match a.writer.sync().await {
                     Ok(_) => {
+                        a.synced = true;
                         let upto = (a.written > 0).then_some(a.written);
                         mark_readable(&store, a, u64::MAX);
                         if let Some(seq) = upto {
@@ -808,7 +838,7 @@ async fn writer_task(store: Rc<TopicStore>) {
                         log::error!("STORE: {e}");
                         *store.error.borrow_mut() = Some(e.clone());
                         store.fail_waiters(&e);
-                        active = None;
+                        abandon(&store, active.take()).await;
                     }
                 }
             }
