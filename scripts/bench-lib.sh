@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # variables here are used by the sourcing scripts
 # Shared by scripts/bench.sh, scripts/compare.sh and scripts/bench-smoke.sh (sourced).
 #
 # Scenarios, one per line: NAME|MODE|ARGS. MODE "sub" means "drain the backlog that the
@@ -54,8 +55,8 @@ start_broker() {
   BROKER_PID=$!
   BROKER_TCP=""
   BROKER_HTTP=""
-  local i
-  for i in $(seq 1 400); do
+  local _
+  for _ in $(seq 1 400); do
     BROKER_TCP="$(sed -n 's/.*TCP: listening on \([^ ]*\).*/\1/p' "$log" | head -n1)"
     BROKER_HTTP="$(sed -n 's/.*HTTP: listening on \([^ ]*\).*/\1/p' "$log" | head -n1)"
     if [[ -n "$BROKER_TCP" && -n "$BROKER_HTTP" ]]; then
@@ -78,8 +79,8 @@ stop_broker() {
   BROKER_RC=0
   [[ -n "${BROKER_PID:-}" ]] || return 0
   kill -TERM "$BROKER_PID" 2>/dev/null || true
-  local i
-  for i in $(seq 1 150); do
+  local _
+  for _ in $(seq 1 150); do
     kill -0 "$BROKER_PID" 2>/dev/null || break
     sleep 0.1
   done

@@ -14,8 +14,8 @@
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
-# shellcheck source=bench-lib.sh
+cd "$ROOT" || exit 1
+# shellcheck source=scripts/bench-lib.sh
 source "$ROOT/scripts/bench-lib.sh"
 
 PROFILE=debug
@@ -24,7 +24,7 @@ for arg in "$@"; do
   case "$arg" in
     --release) PROFILE=release ;;
     --no-build) BUILD=0 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^set -uo/ {exit} NR > 1' "$0"; exit 0 ;;
     *) echo "unknown option $arg" >&2; exit 2 ;;
   esac
 done

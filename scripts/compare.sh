@@ -25,11 +25,11 @@
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-# shellcheck source=bench-lib.sh
+# shellcheck source=scripts/bench-lib.sh
 source "$ROOT/scripts/bench-lib.sh"
 
 if [[ $# -ne 2 && $# -ne 4 ]] || [[ "${1:-}" == -h || "${1:-}" == --help ]]; then
-  sed -n '2,25p' "$0" >&2
+  awk 'NR > 1 && /^set -uo/ {exit} NR > 1' "$0" >&2
   exit 2
 fi
 ADDR=("$1" "$2")

@@ -194,6 +194,38 @@ pub struct Cli {
     /// number of shards: executors, each pinned to one CPU (default: the CPUs this process may use)
     #[arg(long)]
     pub shards: Option<usize>,
+    /// UDP <addr>:<port> of a statsd daemon for pushing stats
+    #[arg(long, default_value = "")]
+    pub statsd_address: String,
+    /// prefix used for keys sent to statsd (%s for host replacement)
+    #[arg(long, default_value = "nsq.%s")]
+    pub statsd_prefix: String,
+    /// duration between pushing to statsd (Go duration)
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub statsd_interval: Duration,
+    /// toggle sending memory and GC stats to statsd
+    #[arg(long, default_value = "true", value_parser = parse_go_bool, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true")]
+    pub statsd_mem_stats: bool,
+    /// the size in bytes of statsd UDP packets
+    #[arg(long, default_value_t = 508)]
+    pub statsd_udp_packet_size: usize,
+    /// skip ephemeral topics and channels when sending stats to statsd
+    #[arg(long, default_value = "false", value_parser = parse_go_bool, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true")]
+    pub statsd_exclude_ephemeral: bool,
+    /// (testing) interval between PINGs to each nsqlookupd
+    #[arg(long, hide = true, default_value = "15s", value_parser = parse_duration)]
+    pub lookupd_ping_interval: Duration,
+}
+
+/// Go's strconv.ParseBool, as nsqd's bool flags take it (`-flag`, `-flag=false`).
+pub fn parse_go_bool(s: &str) -> Result<bool, String> {
+    match s {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
+        _ => Err(format!("invalid boolean value {s:?}")),
+    }
 }
 
 /// The validated process configuration.
@@ -213,6 +245,16 @@ pub struct Config {
     pub opts: Options,
     /// Unix seconds at start.
     pub start_time: i64,
+    /// statsd (nsqd: statsd.go); an empty address disables it. The prefix is as given
+    /// (`%s` is replaced once the HTTP port is known, see [`crate::statsd::prefix`]).
+    pub statsd_address: String,
+    pub statsd_prefix: String,
+    pub statsd_interval: Duration,
+    pub statsd_mem_stats: bool,
+    pub statsd_udp_packet_size: usize,
+    pub statsd_exclude_ephemeral: bool,
+    /// How often shard 0 PINGs each nsqlookupd (nsqd: 15 s; a hidden flag for tests).
+    pub lookupd_ping_interval: Duration,
 }
 
 /// Rewrites Go-style `-long-flag` arguments into `--long-flag`.
@@ -255,6 +297,12 @@ impl Config {
         }
         let log_level = parse_level(&cli.log_level)
             .ok_or_else(|| format!("invalid log-level {}", cli.log_level))?;
+        if cli.statsd_interval.is_zero() {
+            return Err("--statsd-interval must be > 0".into());
+        }
+        if cli.lookupd_ping_interval.is_zero() {
+            return Err("--lookupd-ping-interval must be > 0".into());
+        }
         let shards = cli.shards.unwrap_or_else(default_shards);
         if shards == 0 || shards > 1024 {
             return Err("--shards must be in [1,1024]".into());
@@ -304,6 +352,13 @@ impl Config {
             log_prefix: cli.log_prefix,
             opts,
             start_time: nsq_shards::message::now_unix_nanos() / 1_000_000_000,
+            statsd_address: cli.statsd_address,
+            statsd_prefix: cli.statsd_prefix,
+            statsd_interval: cli.statsd_interval,
+            statsd_mem_stats: cli.statsd_mem_stats,
+            statsd_udp_packet_size: cli.statsd_udp_packet_size,
+            statsd_exclude_ephemeral: cli.statsd_exclude_ephemeral,
+            lookupd_ping_interval: cli.lookupd_ping_interval,
         })
     }
 }

@@ -559,7 +559,7 @@ async fn route(server: &Rc<Server>, head: &Head, body: Bytes) -> Response {
             };
             admin(server, op).await
         }
-        _ => do_config(server, head),
+        _ => do_config(server, head, &body).await,
     }
 }
 
@@ -761,20 +761,70 @@ async fn do_stats(server: &Server, p: &Params) -> Response {
     }
 }
 
-/// GET /config/:opt for the options nsqd exposes; PUT is not supported yet.
-fn do_config(server: &Server, head: &Head) -> Response {
+/// nsqd's log level for /config: 1 debug .. 5 fatal; 0 until a PUT changed it (then the
+/// command line's level applies). Process-wide: a PUT may land on any shard.
+static LOG_LEVEL: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+fn log_level_number(c: &crate::config::Config) -> u8 {
+    match LOG_LEVEL.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => match c.log_level {
+            log::LevelFilter::Debug | log::LevelFilter::Trace => 1,
+            log::LevelFilter::Info => 2,
+            log::LevelFilter::Warn => 3,
+            _ => 4,
+        },
+        n => n,
+    }
+}
+
+/// GET and PUT /config/:opt (nsqd: http.go doConfig). PUT changes
+/// `nsqlookupd_tcp_addresses` (a JSON array; shard 0 then adds and removes lookupd peers)
+/// and `log_level` (debug/info/warn/error/fatal), then answers the new value like GET.
+async fn do_config(server: &Server, head: &Head, body: &[u8]) -> Response {
     let opt = &head.path["/config/".len()..];
     if head.method == "PUT" {
-        return Response::v1_err(400, "INVALID_OPTION");
+        let read_max = server.shard.opts.max_msg_size + 1;
+        if body.len() as i64 >= read_max || body.is_empty() {
+            return Response::v1_err(413, "INVALID_VALUE");
+        }
+        match opt {
+            "nsqlookupd_tcp_addresses" => {
+                let Ok(addrs) = serde_json::from_slice::<Option<Vec<String>>>(body) else {
+                    return Response::v1_err(400, "INVALID_VALUE");
+                };
+                crate::lookup::set_peer_addresses(server, addrs).await;
+            }
+            "log_level" => {
+                let text = String::from_utf8_lossy(body);
+                let (n, level) = match text.to_lowercase().as_str() {
+                    "debug" => (1, log::LevelFilter::Debug),
+                    "info" => (2, log::LevelFilter::Info),
+                    "warn" => (3, log::LevelFilter::Warn),
+                    "error" => (4, log::LevelFilter::Error),
+                    "fatal" => (5, log::LevelFilter::Error),
+                    _ => return Response::v1_err(400, "INVALID_VALUE"),
+                };
+                LOG_LEVEL.store(n, std::sync::atomic::Ordering::Relaxed);
+                log::set_max_level(level);
+            }
+            _ => return Response::v1_err(400, "INVALID_OPTION"),
+        }
     }
     let o = &server.shard.opts;
     let c = &server.cfg;
+    let raw = |s: &str| Response::v1_text(s.as_bytes().to_vec());
     let v: serde_json::Value = match opt {
-        "nsqlookupd_tcp_addresses" => serde_json::json!(c.lookupd_tcp_addresses),
-        "tcp_address" => return Response::v1_text(c.tcp_address.clone().into_bytes()),
-        "http_address" => return Response::v1_text(c.http_address.clone().into_bytes()),
-        "broadcast_address" => return Response::v1_text(c.broadcast_address.clone().into_bytes()),
-        "data_path" => return Response::v1_text(c.data_path.clone().into_bytes()),
+        "nsqlookupd_tcp_addresses" => crate::lookup::peer_addresses_json(server),
+        "tcp_address" => return raw(&c.tcp_address),
+        "http_address" => return raw(&c.http_address),
+        "broadcast_address" => return raw(&c.broadcast_address),
+        "data_path" => return raw(&c.data_path),
+        "statsd_address" => return raw(&c.statsd_address),
+        "statsd_prefix" => return raw(&crate::statsd::server_prefix(server)),
+        "statsd_interval" => (c.statsd_interval.as_nanos() as u64).into(),
+        "statsd_mem_stats" => c.statsd_mem_stats.into(),
+        "statsd_udp_packet_size" => c.statsd_udp_packet_size.into(),
+        "statsd_exclude_ephemeral" => c.statsd_exclude_ephemeral.into(),
         "mem_queue_size" => o.mem_queue_size.into(),
         "max_msg_size" => o.max_msg_size.into(),
         "max_body_size" => o.max_body_size.into(),
@@ -787,13 +837,7 @@ fn do_config(server: &Server, head: &Head) -> Response {
         "max_heartbeat_interval" => (o.max_heartbeat_interval.as_nanos() as u64).into(),
         "output_buffer_timeout" => (o.output_buffer_timeout.as_nanos() as u64).into(),
         "id" => o.node_id.into(),
-        "log_level" => match c.log_level {
-            log::LevelFilter::Debug | log::LevelFilter::Trace => 1,
-            log::LevelFilter::Info => 2,
-            log::LevelFilter::Warn => 3,
-            _ => 4,
-        }
-        .into(),
+        "log_level" => log_level_number(c).into(),
         _ => return Response::v1_err(400, "INVALID_OPTION"),
     };
     Response::v1_json(v.to_string().into_bytes())

@@ -16,5 +16,6 @@ pub mod protocol;
 pub mod runtime;
 pub mod server;
 pub mod stats_render;
+pub mod statsd;
 pub mod tcp;
 pub mod timefmt;

@@ -4,12 +4,12 @@ use std::io::Write;
 
 struct Logger {
     prefix: String,
-    level: log::LevelFilter,
 }
 
 impl log::Log for Logger {
     fn enabled(&self, m: &log::Metadata) -> bool {
-        m.level() <= self.level && m.target().starts_with("nsq")
+        // log::max_level(), not the start-up level: PUT /config/log_level changes it.
+        m.level() <= log::max_level() && m.target().starts_with("nsq")
     }
 
     fn log(&self, r: &log::Record) {
@@ -39,7 +39,6 @@ impl log::Log for Logger {
 pub fn init(prefix: &str, level: log::LevelFilter) {
     let _ = log::set_boxed_logger(Box::new(Logger {
         prefix: prefix.to_string(),
-        level,
     }));
     log::set_max_level(level);
 }

@@ -19,14 +19,61 @@ use crate::server::Server;
 use crate::tcp::SharedStream;
 use glommio::net::TcpStream;
 use nsq_shards::shard::LookupEvent;
+use nsq_shards::mesh::ShardMsg;
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
-/// nsqd pings every lookupd every 15 s.
-const PING_INTERVAL: Duration = Duration::from_secs(15);
 /// nsqd's dial timeout and per-read/write deadline.
 const IO_TIMEOUT: Duration = Duration::from_secs(1);
+/// First wait before redialling a lookupd that could not be reached; it doubles on every
+/// failure up to [`MAX_BACKOFF`] and is reset by a successful connect.
+const MIN_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(15);
+
+// ---------------------------------------------------------------------------------------
+// The run-time peer list (`PUT /config/nsqlookupd_tcp_addresses`). Process-wide, because
+// the HTTP request may land on any shard; only /config and shard 0's lookup loop touch it
+// (never the data path). `None` until the first change: the command line's list.
+// `Some(None)` is a JSON `null` body (Go then reports `null`).
+// ---------------------------------------------------------------------------------------
+
+type PeerList = Option<Vec<String>>;
+static PEER_CONFIG: Mutex<Option<PeerList>> = Mutex::new(None);
+static PEER_GEN: AtomicU64 = AtomicU64::new(0);
+
+fn peer_config(server: &Server) -> PeerList {
+    match &*PEER_CONFIG.lock().unwrap_or_else(|e| e.into_inner()) {
+        Some(v) => v.clone(),
+        None => Some(server.cfg.lookupd_tcp_addresses.clone()),
+    }
+}
+
+/// The current `nsqlookupd_tcp_addresses` as /config reports it (a JSON array, or `null`).
+pub fn peer_addresses_json(server: &Server) -> serde_json::Value {
+    serde_json::json!(peer_config(server))
+}
+
+/// The current lookupd TCP addresses.
+pub fn peer_addresses(server: &Server) -> Vec<String> {
+    peer_config(server).unwrap_or_default()
+}
+
+/// Replaces the lookupd peer list and wakes shard 0's lookup loop, which adds and
+/// removes peers to match (nsqd: swapOpts + triggerOptsNotification).
+pub async fn set_peer_addresses(server: &Server, addrs: PeerList) {
+    *PEER_CONFIG.lock().unwrap_or_else(|e| e.into_inner()) = Some(addrs);
+    PEER_GEN.fetch_add(1, Ordering::AcqRel);
+    if server.shard.index == 0 {
+        server.shard.lookup_wake.notify();
+    } else if let Some(mesh) = server.mesh() {
+        // An empty batch only wakes shard 0's lookup loop, which then sees the new
+        // generation.
+        let _ = mesh.send_to(0, ShardMsg::Lookup(Vec::new())).await;
+    }
+}
 
 /// The V1 command line for an event.
 pub fn command(ev: &LookupEvent) -> String {
@@ -105,10 +152,16 @@ impl Registry {
     }
 }
 
-/// One lookupd peer: a lazily (re)connected V1 connection.
+/// One lookupd peer: a lazily (re)connected V1 connection. A peer that cannot be
+/// reached is redialled after a backoff (1 s doubling to 15 s), not on every command, and
+/// a connection lost on a command is redialled at once; every (re)connect IDENTIFYs and
+/// REGISTERs everything again.
 struct Peer {
     addr: String,
     conn: Option<SharedStream>,
+    backoff: Duration,
+    /// While disconnected: no dial before this instant (`None`: dial now).
+    retry_at: Option<Instant>,
 }
 
 async fn read_response(s: &SharedStream) -> std::io::Result<Vec<u8>> {
@@ -135,6 +188,26 @@ async fn read_exact(s: &SharedStream, mut buf: &mut [u8]) -> std::io::Result<()>
 }
 
 impl Peer {
+    fn new(addr: String) -> Peer {
+        Peer {
+            addr,
+            conn: None,
+            backoff: Duration::ZERO,
+            retry_at: None,
+        }
+    }
+
+    /// Whether a dial is due: disconnected and not backing off.
+    fn dial_due(&self, now: Instant) -> bool {
+        self.conn.is_none() && self.retry_at.is_none_or(|t| now >= t)
+    }
+
+    fn close(&mut self) {
+        if let Some(s) = self.conn.take() {
+            s.shutdown();
+        }
+    }
+
     async fn connect(&mut self, server: &Server, registry: &Registry) -> std::io::Result<()> {
         log::info!("LOOKUP connecting to {}", self.addr);
         let stream = TcpStream::connect_timeout(self.addr.as_str(), IO_TIMEOUT)
@@ -147,9 +220,20 @@ impl Peer {
         let mut msg = b"  V1IDENTIFY\n".to_vec();
         msg.extend_from_slice(&(body.len() as u32).to_be_bytes());
         msg.extend_from_slice(&body);
-        s.write_all(&msg).await?;
-        let resp = read_response(&s).await?;
+        let r = async {
+            s.write_all(&msg).await?;
+            read_response(&s).await
+        }
+        .await;
+        let resp = match r {
+            Ok(r) => r,
+            Err(e) => {
+                s.shutdown();
+                return Err(e);
+            }
+        };
         if resp == b"E_INVALID" {
+            s.shutdown();
             return Err(std::io::Error::other("lookupd returned E_INVALID"));
         }
         log::info!(
@@ -176,20 +260,38 @@ impl Peer {
         }
         .await;
         if r.is_err() {
-            s.shutdown();
-            self.conn = None;
+            // Lost: redial on the next pass of the loop, without waiting.
+            self.close();
+            self.retry_at = None;
         }
         r
     }
 
-    /// Sends `cmd` (or nothing, just connecting), connecting first if needed; any I/O
-    /// error closes the connection and the next command reconnects.
+    /// Sends `cmd` (or nothing, just connecting), connecting first if needed and not
+    /// backing off; any I/O error closes the connection. A command for a peer that is
+    /// down is dropped: the reconnect REGISTERs the current state anyway.
     async fn command(&mut self, server: &Server, registry: &Registry, cmd: Option<&[u8]>) {
         if self.conn.is_none() {
-            if let Err(e) = self.connect(server, registry).await {
-                log::error!("LOOKUPD({}): connect - {e}", self.addr);
-                self.conn = None;
+            let now = Instant::now();
+            if !self.dial_due(now) {
                 return;
+            }
+            match self.connect(server, registry).await {
+                Ok(()) => {
+                    self.backoff = Duration::ZERO;
+                    self.retry_at = None;
+                }
+                Err(e) => {
+                    self.close();
+                    self.backoff = (self.backoff * 2).clamp(MIN_BACKOFF, MAX_BACKOFF);
+                    self.retry_at = Some(Instant::now() + self.backoff);
+                    log::error!(
+                        "LOOKUPD({}): connect - {e} (retrying in {:?})",
+                        self.addr,
+                        self.backoff
+                    );
+                    return;
+                }
             }
         }
         if let Some(cmd) = cmd {
@@ -204,28 +306,43 @@ impl Peer {
     }
 }
 
+/// Makes `peers` match the configured list: peers no longer listed are closed, new
+/// addresses are added (duplicates ignored) and dialled, as nsqd's lookupLoop does on an
+/// options notification.
+fn reconcile(peers: &mut Vec<Peer>, want: &[String]) {
+    peers.retain_mut(|p| {
+        let keep = want.contains(&p.addr);
+        if !keep {
+            log::info!("LOOKUP({}): removing peer", p.addr);
+            p.close();
+        }
+        keep
+    });
+    for a in want {
+        if !peers.iter().any(|p| &p.addr == a) {
+            log::info!("LOOKUP({a}): adding peer");
+            peers.push(Peer::new(a.clone()));
+        }
+    }
+}
+
 /// Shard 0's lookup loop: applies events from every shard to the registry and to every
-/// peer, and pings every 15 s.
+/// peer, follows run-time changes of the peer list, redials lost peers (with backoff)
+/// and pings every peer every `--lookupd-ping-interval` (15 s).
 pub async fn lookup_loop(server: Rc<Server>) {
     let inbox = &server.shard.lookup_events;
+    let ping_interval = server.cfg.lookupd_ping_interval;
     let mut registry = Registry::default();
-    let mut peers: Vec<Peer> = server
-        .cfg
-        .lookupd_tcp_addresses
-        .iter()
-        .map(|a| Peer {
-            addr: a.clone(),
-            conn: None,
-        })
-        .collect();
-    for p in &peers {
-        log::info!("LOOKUP({}): adding peer", p.addr);
-    }
-    for p in peers.iter_mut() {
-        p.command(&server, &registry, None).await;
-    }
-    let mut next_ping = std::time::Instant::now() + PING_INTERVAL;
+    let mut peers: Vec<Peer> = Vec::new();
+    let mut seen_gen = PEER_GEN.load(Ordering::Acquire);
+    reconcile(&mut peers, &peer_addresses(&server));
+    let mut next_ping = Instant::now() + ping_interval;
     loop {
+        let gen = PEER_GEN.load(Ordering::Acquire);
+        if gen != seen_gen {
+            seen_gen = gen;
+            reconcile(&mut peers, &peer_addresses(&server));
+        }
         let events: Vec<LookupEvent> = std::mem::take(&mut *inbox.borrow_mut());
         for ev in &events {
             registry.apply(ev);
@@ -235,20 +352,39 @@ pub async fn lookup_loop(server: Rc<Server>) {
                 p.command(&server, &registry, Some(cmd.as_bytes())).await;
             }
         }
-        if !inbox.borrow().is_empty() {
+        if !inbox.borrow().is_empty() || PEER_GEN.load(Ordering::Acquire) != seen_gen {
             continue;
         }
-        let now = std::time::Instant::now();
+        let now = Instant::now();
         if now >= next_ping {
             for p in peers.iter_mut() {
+                log::debug!("LOOKUPD({}): sending heartbeat", p.addr);
                 p.command(&server, &registry, Some(b"PING\n")).await;
             }
-            next_ping = now + PING_INTERVAL;
+            next_ping = Instant::now() + ping_interval;
+        }
+        // Dial new peers and redial lost ones whose backoff is over.
+        let now = Instant::now();
+        for p in peers.iter_mut() {
+            if p.dial_due(now) {
+                p.command(&server, &registry, None).await;
+            }
+        }
+        if !inbox.borrow().is_empty() || PEER_GEN.load(Ordering::Acquire) != seen_gen {
+            continue;
+        }
+        let mut wake_at = next_ping;
+        for p in &peers {
+            if p.conn.is_none() {
+                if let Some(t) = p.retry_at {
+                    wake_at = wake_at.min(t);
+                }
+            }
         }
         let wake = std::pin::pin!(server.shard.lookup_wake.wait());
         let stop = std::pin::pin!(server.shard.shutdown.wait());
         let sleep = std::pin::pin!(glommio::timer::sleep(
-            next_ping.saturating_duration_since(now)
+            wake_at.saturating_duration_since(Instant::now())
         ));
         let first = futures::future::select(wake, stop);
         if let futures::future::Either::Left((futures::future::Either::Right(_), _)) =
@@ -257,4 +393,8 @@ pub async fn lookup_loop(server: Rc<Server>) {
             break;
         }
     }
+    for p in peers.iter_mut() {
+        p.close();
+    }
+    log::info!("LOOKUP: closing");
 }

@@ -179,10 +179,15 @@ async fn shard_main(
         TcpListener::bind(tcp_addr).map_err(|e| format!("listen ({tcp_addr}) failed - {e}"))?;
     let http =
         TcpListener::bind(http_addr).map_err(|e| format!("listen ({http_addr}) failed - {e}"))?;
-    if !cfg.lookupd_tcp_addresses.is_empty() {
-        shard.lookup_enabled.set(true);
-        glommio::spawn_local(lookup_task(server.clone())).detach();
+    // nsqd always runs its lookup loop: peers can be added later with
+    // PUT /config/nsqlookupd_tcp_addresses, and they must then learn every registration.
+    shard.lookup_enabled.set(true);
+    glommio::spawn_local(lookup_task(server.clone())).detach();
+    // --- statsd (src/statsd.rs): shard 0 pushes every shard's stats. ---
+    if index == 0 && !cfg.statsd_address.is_empty() {
+        glommio::spawn_local(crate::statsd::statsd_loop(server.clone())).detach();
     }
+    // --- end statsd ---
     shard.recover().await;
     let tcp_task = glommio::spawn_local(tcp::accept_loop(server.clone(), tcp));
     let http_task = glommio::spawn_local(http::accept_loop(server.clone(), http));

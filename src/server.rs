@@ -16,9 +16,13 @@ use std::time::Instant;
 pub async fn wait_durable(
     wait: Option<nsq_shards::shard::DurableWait>,
 ) -> Result<(), PublishError> {
-    match wait {
+    let Some(w) = wait else { return Ok(()) };
+    w.store
+        .wait_pending_below(nsq_shards::shard::STORE_PENDING_HIGH)
+        .await;
+    match w.durable {
         None => Ok(()),
-        Some((store, seq)) => store.wait_durable(seq).await.map_err(PublishError::Disk),
+        Some(seq) => w.store.wait_durable(seq).await.map_err(PublishError::Disk),
     }
 }
 

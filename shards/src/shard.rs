@@ -77,7 +77,16 @@ pub struct Shard {
 
 /// What a publisher waits for when its publish must be durable: the topic's store and
 /// the sequence every record below which must be synced.
-pub type DurableWait = (Rc<nsq_storage::TopicStore>, u64);
+pub struct DurableWait {
+    pub store: Rc<nsq_storage::TopicStore>,
+    /// Wait until every record below this sequence is synced (`--sync-every=1`, or after
+    /// a disk error).
+    pub durable: Option<u64>,
+}
+
+/// Bytes a topic's store may have waiting for its writer before publishers wait
+/// (backpressure: memory stays bounded when publishing outruns the disk).
+pub const STORE_PENDING_HIGH: usize = 32 << 20;
 
 /// Why a SUB could not join its channel (`E_SUB_FAILED SUB failed <text>`).
 pub type SubError = String;
@@ -209,7 +218,11 @@ impl Shard {
         bump(&self.counters.messages_in, n);
         bump(&self.counters.bytes_in, bytes);
         let wait = t.store.as_ref().and_then(|st| {
-            (self.opts.sync_every <= 1 || st.error().is_some()).then(|| (st.clone(), end))
+            let durable = (self.opts.sync_every <= 1 || st.error().is_some()).then_some(end);
+            (durable.is_some() || st.pending_bytes() > STORE_PENDING_HIGH).then(|| DurableWait {
+                store: st.clone(),
+                durable,
+            })
         });
         self.dispatch_topic(t);
         Ok(wait)
@@ -412,9 +425,10 @@ impl Shard {
                 }
             }
             if any {
-                t.trim(self.opts.mem_queue_size);
                 self.schedule_disk_reads(t);
             }
+            // Memory is also freed as the store makes records readable from disk.
+            t.trim(self.opts.mem_queue_size);
         }
         bump(&self.counters.messages_out, out);
     }

@@ -89,6 +89,8 @@ pub struct TopicStore {
     destroyed: Cell<bool>,
     /// This writer's salt, in every record and segment header it writes.
     salt: u32,
+    /// Publishers waiting for the pending buffer to drain (backpressure).
+    drain_waiters: RefCell<Vec<oneshot::Sender<()>>>,
 }
 
 /// A random salt for a new writer instance.
@@ -220,6 +222,7 @@ impl TopicStore {
             opens: Cell::new(0),
             destroyed: Cell::new(false),
             salt: new_salt(),
+            drain_waiters: RefCell::new(Vec::new()),
         });
         glommio::spawn_local(writer_task(store.clone())).detach();
         Ok(Recovered {
@@ -255,6 +258,7 @@ impl TopicStore {
             opens: Cell::new(0),
             destroyed: Cell::new(false),
             salt: new_salt(),
+            drain_waiters: RefCell::new(Vec::new()),
         });
         glommio::spawn_local(writer_task(store.clone())).detach();
         Ok(store)
@@ -295,6 +299,21 @@ impl TopicStore {
         self.pending_recs.borrow_mut().push((rec.seq, len as u32));
         self.next_seq.set(rec.seq + 1);
         self.wake.notify();
+    }
+
+    /// Bytes appended and not yet handed to the writer.
+    pub fn pending_bytes(&self) -> usize {
+        self.pending.borrow().len()
+    }
+
+    /// Waits until the pending buffer holds at most `limit` bytes (or the store closes).
+    pub async fn wait_pending_below(&self, limit: usize) {
+        while self.pending_bytes() > limit && !self.finished.get() {
+            let (tx, rx) = oneshot::channel();
+            self.drain_waiters.borrow_mut().push(tx);
+            self.wake.notify();
+            let _ = rx.await;
+        }
     }
 
     /// Completes once every record below `seq` is durable (group commit), or with the
@@ -731,6 +750,9 @@ async fn writer_task(store: Rc<TopicStore>) {
         }
         let buf = std::mem::take(&mut *store.pending.borrow_mut());
         let recs = std::mem::take(&mut *store.pending_recs.borrow_mut());
+        for w in store.drain_waiters.borrow_mut().drain(..) {
+            let _ = w.send(());
+        }
         if store.destroyed.get() {
             // Topic deleted: nothing more goes to disk.
             store.fail_waiters("exiting");
@@ -862,5 +884,8 @@ async fn writer_task(store: Rc<TopicStore>) {
         }
     }
     store.finished.set(true);
+    for w in store.drain_waiters.borrow_mut().drain(..) {
+        let _ = w.send(());
+    }
     store.done.notify();
 }
