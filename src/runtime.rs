@@ -23,6 +23,9 @@ use std::time::{Duration, Instant};
 /// checks for a shutdown signal. nsqd scans every 100 ms.
 const TICK: Duration = Duration::from_millis(10);
 
+/// Longest a graceful shutdown may take before the process exits regardless.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
+
 /// CPUs this process may run on, from /proc/self/status (`Cpus_allowed_list`).
 pub fn allowed_cpus() -> Vec<usize> {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -130,8 +133,28 @@ pub fn run(cfg: Config) -> Result<(), String> {
     drop(http_hold);
     log::info!("TCP: listening on {tcp_addr}");
     log::info!("HTTP: listening on {http_addr}");
-    for h in handles {
-        let _ = h.join();
+    // Shards exit on their own after SIGINT/SIGTERM; a watchdog makes sure a stuck
+    // shard cannot keep the process alive (its data is crash-safe anyway).
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        for h in handles {
+            let _ = h.join();
+        }
+        let _ = done_tx.send(());
+    });
+    let mut deadline: Option<Instant> = None;
+    loop {
+        match done_rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        if term.load(Ordering::Relaxed) {
+            let d = *deadline.get_or_insert_with(|| Instant::now() + SHUTDOWN_GRACE);
+            if Instant::now() >= d {
+                log::error!("shutdown took longer than {SHUTDOWN_GRACE:?}; exiting anyway");
+                break;
+            }
+        }
     }
     log::info!("exiting");
     Ok(())

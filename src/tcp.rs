@@ -22,7 +22,10 @@ use std::time::{Duration, Instant};
 /// Output bytes above which the reader stops taking commands until the writer drains.
 const OUT_HIGH_WATER: usize = 1 << 20;
 
-/// Bytes asked of the socket per read.
+/// Smallest read size.
+const MIN_READ_CHUNK: usize = 2048;
+
+/// Largest read size (bytes asked of the socket per read when busy).
 const READ_CHUNK: usize = 64 * 1024;
 
 /// A socket shared by the connection's reader and writer tasks. Each poll borrows it
@@ -234,6 +237,7 @@ async fn reader_loop(
 ) -> Outcome {
     let limits = limits(server);
     let mut eof = false;
+    let mut chunk = MIN_READ_CHUNK;
     loop {
         loop {
             if client.closed.get() {
@@ -287,13 +291,24 @@ async fn reader_loop(
             return Outcome::Closed;
         }
         let old = buf.len();
-        buf.resize(old + READ_CHUNK, 0);
+        // The read area is zeroed before each read, so its size follows the traffic:
+        // small for a trickle of commands, READ_CHUNK for a busy producer.
+        buf.resize(old + chunk, 0);
         match stream.read(&mut buf[old..]).await {
             Ok(0) => {
                 buf.truncate(old);
                 eof = true;
             }
-            Ok(n) => buf.truncate(old + n),
+            Ok(n) => {
+                buf.truncate(old + n);
+                chunk = if n == chunk {
+                    (chunk * 2).min(READ_CHUNK)
+                } else if n < chunk / 4 {
+                    (chunk / 2).max(MIN_READ_CHUNK)
+                } else {
+                    chunk
+                };
+            }
             Err(_) => return Outcome::Closed,
         }
     }
