@@ -18,8 +18,8 @@
 use crate::server::Server;
 use crate::tcp::SharedStream;
 use glommio::net::TcpStream;
-use nsq_shards::shard::LookupEvent;
 use nsq_shards::mesh::ShardMsg;
+use nsq_shards::shard::LookupEvent;
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -81,7 +81,12 @@ impl Lines {
 
 /// The delta of a counter since the previous push; nsqd compares with the same topic or
 /// channel of the previous collection (0 when it was not there).
-fn delta(prev: &HashMap<String, u64>, next: &mut HashMap<String, u64>, key: String, v: u64) -> (String, i64) {
+fn delta(
+    prev: &HashMap<String, u64>,
+    next: &mut HashMap<String, u64>,
+    key: String,
+    v: u64,
+) -> (String, i64) {
     let last = prev.get(&key).copied().unwrap_or(0);
     next.insert(key.clone(), v);
     (key, v.wrapping_sub(last) as i64)
@@ -109,9 +114,19 @@ pub fn render(
         if exclude_ephemeral && tn.ends_with("#ephemeral") {
             continue;
         }
-        let (k, d) = delta(p, &mut next, format!("topic.{tn}.message_count"), t.message_count);
+        let (k, d) = delta(
+            p,
+            &mut next,
+            format!("topic.{tn}.message_count"),
+            t.message_count,
+        );
         out.incr(&k, d);
-        let (k, d) = delta(p, &mut next, format!("topic.{tn}.message_bytes"), t.message_bytes);
+        let (k, d) = delta(
+            p,
+            &mut next,
+            format!("topic.{tn}.message_bytes"),
+            t.message_bytes,
+        );
         out.incr(&k, d);
         out.gauge(&format!("topic.{tn}.depth"), t.depth as i64);
         out.gauge(&format!("topic.{tn}.backend_depth"), t.backend_depth as i64);
@@ -130,15 +145,30 @@ pub fn render(
                 continue;
             }
             let base = format!("topic.{tn}.channel.{cn}");
-            let (k, d) = delta(p, &mut next, format!("{base}.message_count"), c.message_count);
+            let (k, d) = delta(
+                p,
+                &mut next,
+                format!("{base}.message_count"),
+                c.message_count,
+            );
             out.incr(&k, d);
             out.gauge(&format!("{base}.depth"), c.depth as i64);
             out.gauge(&format!("{base}.backend_depth"), c.backend_depth as i64);
             out.gauge(&format!("{base}.in_flight_count"), c.in_flight_count as i64);
             out.gauge(&format!("{base}.deferred_count"), c.deferred_count as i64);
-            let (k, d) = delta(p, &mut next, format!("{base}.requeue_count"), c.requeue_count);
+            let (k, d) = delta(
+                p,
+                &mut next,
+                format!("{base}.requeue_count"),
+                c.requeue_count,
+            );
             out.incr(&k, d);
-            let (k, d) = delta(p, &mut next, format!("{base}.timeout_count"), c.timeout_count);
+            let (k, d) = delta(
+                p,
+                &mut next,
+                format!("{base}.timeout_count"),
+                c.timeout_count,
+            );
             out.incr(&k, d);
             out.gauge(&format!("{base}.clients"), c.client_count as i64);
             for pc in c.e2e_processing_latency.percentiles.iter().flatten() {
@@ -293,7 +323,9 @@ pub async fn statsd_loop(server: Rc<Server>) {
     let mut prev = Previous::default();
     let mut next = Instant::now() + interval;
     loop {
-        let sleep = pin!(glommio::timer::sleep(next.saturating_duration_since(Instant::now())));
+        let sleep = pin!(glommio::timer::sleep(
+            next.saturating_duration_since(Instant::now())
+        ));
         let stop = pin!(server.shard.shutdown.wait());
         if let futures::future::Either::Right(_) = futures::future::select(sleep, stop).await {
             break;
@@ -303,7 +335,8 @@ pub async fn statsd_loop(server: Rc<Server>) {
         let now = Instant::now();
         if next < now {
             // A push ran late: keep the ticker's cadence, skipping missed ticks.
-            next = now + interval - Duration::from_nanos(((now - next).as_nanos() % interval.as_nanos()) as u64);
+            next = now + interval
+                - Duration::from_nanos(((now - next).as_nanos() % interval.as_nanos()) as u64);
         }
     }
     log::info!("STATSD: closing");
@@ -315,7 +348,10 @@ mod tests {
 
     #[test]
     fn prefixes() {
-        assert_eq!(prefix("nsq.%s", "host.example", 4151), "nsq.host_example_4151.");
+        assert_eq!(
+            prefix("nsq.%s", "host.example", 4151),
+            "nsq.host_example_4151."
+        );
         assert_eq!(prefix("nsq.%s.", "h", 1), "nsq.h_1.");
         assert_eq!(prefix("", "h", 1), "");
         assert_eq!(prefix("stats", "::1", 4151), "stats.");

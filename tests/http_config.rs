@@ -35,34 +35,70 @@ fn put_config_semantics() {
     assert_eq!(put("log_level", b""), err(413, "INVALID_VALUE"));
     assert_eq!(put("no_such_option", b""), err(413, "INVALID_VALUE"));
     assert_eq!(put("log_level", &[b'a'; 101]), err(413, "INVALID_VALUE"));
-    assert_eq!(put("nsqlookupd_tcp_addresses", &[b' '; 101]), err(413, "INVALID_VALUE"));
+    assert_eq!(
+        put("nsqlookupd_tcp_addresses", &[b' '; 101]),
+        err(413, "INVALID_VALUE")
+    );
     // A body of exactly max-msg-size is read (and here is not valid JSON).
-    assert_eq!(put("nsqlookupd_tcp_addresses", &[b'x'; 100]), err(400, "INVALID_VALUE"));
-    assert_eq!(put("tcp_address", b"127.0.0.1:1"), err(400, "INVALID_OPTION"));
+    assert_eq!(
+        put("nsqlookupd_tcp_addresses", &[b'x'; 100]),
+        err(400, "INVALID_VALUE")
+    );
+    assert_eq!(
+        put("tcp_address", b"127.0.0.1:1"),
+        err(400, "INVALID_OPTION")
+    );
     assert_eq!(put("no_such_option", b"1"), err(400, "INVALID_OPTION"));
 
     // nsqlookupd_tcp_addresses: a JSON array of strings.
-    assert_eq!(put("nsqlookupd_tcp_addresses", b"\"a:1\""), err(400, "INVALID_VALUE"));
-    assert_eq!(put("nsqlookupd_tcp_addresses", b"[1]"), err(400, "INVALID_VALUE"));
-    assert_eq!(put("nsqlookupd_tcp_addresses", b"[\"a:1\""), err(400, "INVALID_VALUE"));
+    assert_eq!(
+        put("nsqlookupd_tcp_addresses", b"\"a:1\""),
+        err(400, "INVALID_VALUE")
+    );
+    assert_eq!(
+        put("nsqlookupd_tcp_addresses", b"[1]"),
+        err(400, "INVALID_VALUE")
+    );
+    assert_eq!(
+        put("nsqlookupd_tcp_addresses", b"[\"a:1\""),
+        err(400, "INVALID_VALUE")
+    );
     let v = r#"["127.0.0.1:1","127.0.0.1:2"]"#;
     let raw = b.http_raw("PUT", "/config/nsqlookupd_tcp_addresses", v.as_bytes());
     let head = String::from_utf8_lossy(&raw);
-    assert!(head.contains("Content-Type: application/json; charset=utf-8\r\n"), "{head}");
-    assert!(head.contains("X-Nsq-Content-Type: nsq; version=1.0\r\n"), "{head}");
+    assert!(
+        head.contains("Content-Type: application/json; charset=utf-8\r\n"),
+        "{head}"
+    );
+    assert!(
+        head.contains("X-Nsq-Content-Type: nsq; version=1.0\r\n"),
+        "{head}"
+    );
     assert!(head.ends_with(&format!("\r\n\r\n{v}")), "{head}");
     for _ in 0..8 {
         // new connections land on any of the 4 shards
         assert_eq!(get("nsqlookupd_tcp_addresses"), (200, v.into()));
     }
     // Go decodes a JSON null into a nil slice, reported as null.
-    assert_eq!(put("nsqlookupd_tcp_addresses", b"null"), (200, "null".into()));
-    assert_eq!(put("nsqlookupd_tcp_addresses", b" [ ] "), (200, "[]".into()));
+    assert_eq!(
+        put("nsqlookupd_tcp_addresses", b"null"),
+        (200, "null".into())
+    );
+    assert_eq!(
+        put("nsqlookupd_tcp_addresses", b" [ ] "),
+        (200, "[]".into())
+    );
 
     // log_level: debug/info/warn/error/fatal (any case) as 1..5.
     assert_eq!(put("log_level", b"verbose"), err(400, "INVALID_VALUE"));
     assert_eq!(put("log_level", b"info\n"), err(400, "INVALID_VALUE"));
-    for (lvl, n) in [("debug", "1"), ("WARN", "3"), ("Error", "4"), ("fatal", "5"), ("info", "2")] {
+    for (lvl, n) in [
+        ("debug", "1"),
+        ("WARN", "3"),
+        ("Error", "4"),
+        ("fatal", "5"),
+        ("info", "2"),
+    ] {
         assert_eq!(put("log_level", lvl.as_bytes()), (200, n.into()));
         for _ in 0..4 {
             assert_eq!(get("log_level"), (200, n.into()));
@@ -91,7 +127,10 @@ fn put_log_level_changes_logging() {
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     while count("DEBUG: TCP: new client(") < 4 {
-        assert!(Instant::now() < deadline, "no debug lines after PUT log_level=debug");
+        assert!(
+            Instant::now() < deadline,
+            "no debug lines after PUT log_level=debug"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let (code, _) = b.http("PUT", "/config/log_level", b"error");
@@ -102,14 +141,21 @@ fn put_log_level_changes_logging() {
         assert_eq!(code, 200);
     }
     std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(count("GET /ping"), before, "INFO lines logged at level error");
+    assert_eq!(
+        count("GET /ping"),
+        before,
+        "INFO lines logged at level error"
+    );
     let (code, _) = b.http("PUT", "/config/log_level", b"info");
     assert_eq!(code, 200);
     let (code, _) = b.http("GET", "/info", b"");
     assert_eq!(code, 200);
     let deadline = Instant::now() + Duration::from_secs(5);
     while count("GET /info") == 0 {
-        assert!(Instant::now() < deadline, "no INFO lines after PUT log_level=info");
+        assert!(
+            Instant::now() < deadline,
+            "no INFO lines after PUT log_level=info"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }

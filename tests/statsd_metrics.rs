@@ -23,12 +23,19 @@ fn post(b: &Broker, path: &str) {
 
 /// Receives statsd packets until `done` says so (or 10 s pass); checks each packet's
 /// size and framing and returns every line.
-fn collect(sock: &UdpSocket, max_packet: usize, mut done: impl FnMut(&[String]) -> bool) -> Vec<String> {
+fn collect(
+    sock: &UdpSocket,
+    max_packet: usize,
+    mut done: impl FnMut(&[String]) -> bool,
+) -> Vec<String> {
     let mut lines = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut buf = [0u8; 65536];
     while !done(&lines) {
-        assert!(Instant::now() < deadline, "statsd: timed out; got {lines:#?}");
+        assert!(
+            Instant::now() < deadline,
+            "statsd: timed out; got {lines:#?}"
+        );
         let Ok(n) = sock.recv(&mut buf) else { continue };
         let p = &buf[..n];
         assert!(n <= max_packet, "packet of {n} bytes > {max_packet}");
@@ -75,7 +82,10 @@ fn statsd_pushes_nsqd_metric_names() {
     );
     let prefix = format!("nsq.stats_host_{}.", b.http.port());
     let (code, body) = b.http("GET", "/config/statsd_prefix", b"");
-    assert_eq!((code, String::from_utf8_lossy(&body).to_string()), (200, prefix.clone()));
+    assert_eq!(
+        (code, String::from_utf8_lossy(&body).to_string()),
+        (200, prefix.clone())
+    );
     post(&b, "/topic/create?topic=st");
     post(&b, "/channel/create?topic=st&channel=ch");
     post(&b, "/channel/create?topic=st&channel=e%23ephemeral");
@@ -179,7 +189,12 @@ fn statsd_prefix_exclusions_and_packet_size() {
 // ---------------------------------------------------------------------------------------
 
 /// A consumer of topic/channel (SUB + RDY) and a producer that published `n` messages.
-fn traffic(b: &Broker, topic: &str, channel: &str, n: usize) -> (std::net::TcpStream, std::net::TcpStream) {
+fn traffic(
+    b: &Broker,
+    topic: &str,
+    channel: &str,
+    n: usize,
+) -> (std::net::TcpStream, std::net::TcpStream) {
     let mut c = b.connect_v2();
     send(&mut c, format!("SUB {topic} {channel}\n").as_bytes());
     expect_ok(&mut c);
@@ -237,7 +252,10 @@ fn metrics_parse_as_prometheus_text() {
                         ["counter", "gauge", "untyped", "histogram", "summary"].contains(&kind),
                         "{line}"
                     );
-                    assert!(typed.insert(name.to_string(), kind.to_string()).is_none(), "TYPE twice: {line}");
+                    assert!(
+                        typed.insert(name.to_string(), kind.to_string()).is_none(),
+                        "TYPE twice: {line}"
+                    );
                 }
                 _ => panic!("bad comment line {line:?}"),
             }
@@ -247,10 +265,12 @@ fn metrics_parse_as_prometheus_text() {
         let name_end = line.find(['{', ' ']).expect(line);
         let name = &line[..name_end];
         assert!(
-            name.chars().enumerate().all(|(i, c)| c.is_ascii_alphabetic()
-                || c == '_'
-                || c == ':'
-                || (i > 0 && c.is_ascii_digit())),
+            name.chars()
+                .enumerate()
+                .all(|(i, c)| c.is_ascii_alphabetic()
+                    || c == '_'
+                    || c == ':'
+                    || (i > 0 && c.is_ascii_digit())),
             "bad metric name {name:?}"
         );
         assert!(typed.contains_key(name), "sample before its TYPE: {line}");
@@ -261,14 +281,16 @@ fn metrics_parse_as_prometheus_text() {
 
     let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
         .expect("prometheus-parse");
-    assert_eq!(scrape.samples.len(), sample_lines, "lines the parser skipped");
+    assert_eq!(
+        scrape.samples.len(),
+        sample_lines,
+        "lines the parser skipped"
+    );
     let find = |metric: &str, labels: &[(&str, &str)]| -> f64 {
         let s = scrape
             .samples
             .iter()
-            .find(|s| {
-                s.metric == metric && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v))
-            })
+            .find(|s| s.metric == metric && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
             .unwrap_or_else(|| panic!("no {metric} {labels:?}"));
         match s.value {
             prometheus_parse::Value::Counter(v)
@@ -327,7 +349,14 @@ fn stats_json_has_what_nsqadmin_reads() {
     let s = b.stats();
     assert_has(
         &s,
-        &["version", "health", "start_time", "topics", "memory", "producers"],
+        &[
+            "version",
+            "health",
+            "start_time",
+            "topics",
+            "memory",
+            "producers",
+        ],
         "stats",
     );
     assert_eq!(s["version"], "1.3.0");
@@ -353,7 +382,11 @@ fn stats_json_has_what_nsqadmin_reads() {
         "topic",
     );
     assert_eq!(t["message_count"], 2);
-    assert_has(&t["e2e_processing_latency"], &["count", "percentiles"], "e2e");
+    assert_has(
+        &t["e2e_processing_latency"],
+        &["count", "percentiles"],
+        "e2e",
+    );
     let c = &t["channels"][0];
     assert_has(
         c,
@@ -421,9 +454,18 @@ fn stats_json_has_what_nsqadmin_reads() {
     let (code, body) = b.http("GET", "/stats?format=json&include_clients=false", b"");
     assert_eq!(code, 200);
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    let t = v["topics"].as_array().unwrap().iter().find(|t| t["topic_name"] == "adm").unwrap();
+    let t = v["topics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["topic_name"] == "adm")
+        .unwrap();
     assert!(t["channels"][0]["clients"].is_null());
-    let (_, body) = b.http("GET", "/stats?format=json&topic=adm&channel=ch&include_clients=false", b"");
+    let (_, body) = b.http(
+        "GET",
+        "/stats?format=json&topic=adm&channel=ch&include_clients=false",
+        b"",
+    );
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v["topics"].as_array().unwrap().len(), 1);
     assert_eq!(v["topics"][0]["channels"][0]["channel_name"], "ch");
@@ -432,7 +474,13 @@ fn stats_json_has_what_nsqadmin_reads() {
     let info: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_has(
         &info,
-        &["version", "broadcast_address", "hostname", "http_port", "tcp_port"],
+        &[
+            "version",
+            "broadcast_address",
+            "hostname",
+            "http_port",
+            "tcp_port",
+        ],
         "info",
     );
     assert_eq!(info["http_port"], b.http.port());
