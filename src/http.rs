@@ -396,16 +396,20 @@ fn early_reject(server: &Server, head: &Head) -> Option<Response> {
     }
 }
 
+/// A query string Go's url.ParseQuery rejects (a bad `%` escape, a `;`, bad UTF-8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BadQuery;
+
 /// Go's url.ParseQuery: `&`-separated pairs, `+` is a space, `%XX` escapes; a bad
 /// escape or a `;` is an error (nsqd: 400 INVALID_REQUEST).
-pub fn parse_query(q: &str) -> Result<Vec<(String, String)>, ()> {
+pub fn parse_query(q: &str) -> Result<Vec<(String, String)>, BadQuery> {
     let mut out = Vec::new();
     for part in q.split('&') {
         if part.is_empty() {
             continue;
         }
         if part.contains(';') {
-            return Err(());
+            return Err(BadQuery);
         }
         let (k, v) = part.split_once('=').unwrap_or((part, ""));
         out.push((unescape(k)?, unescape(v)?));
@@ -413,7 +417,7 @@ pub fn parse_query(q: &str) -> Result<Vec<(String, String)>, ()> {
     Ok(out)
 }
 
-fn unescape(s: &str) -> Result<String, ()> {
+fn unescape(s: &str) -> Result<String, BadQuery> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -421,16 +425,16 @@ fn unescape(s: &str) -> Result<String, ()> {
         match b[i] {
             b'+' => out.push(b' '),
             b'%' => {
-                let h = b.get(i + 1..i + 3).ok_or(())?;
-                let hex = std::str::from_utf8(h).map_err(|_| ())?;
-                out.push(u8::from_str_radix(hex, 16).map_err(|_| ())?);
+                let h = b.get(i + 1..i + 3).ok_or(BadQuery)?;
+                let hex = std::str::from_utf8(h).map_err(|_| BadQuery)?;
+                out.push(u8::from_str_radix(hex, 16).map_err(|_| BadQuery)?);
                 i += 2;
             }
             c => out.push(c),
         }
         i += 1;
     }
-    String::from_utf8(out).map_err(|_| ())
+    String::from_utf8(out).map_err(|_| BadQuery)
 }
 
 struct Params(Vec<(String, String)>);
@@ -489,7 +493,7 @@ async fn route(server: &Rc<Server>, head: &Head, body: Bytes) -> Response {
     }
     let params = match parse_query(&head.query) {
         Ok(p) => Params(p),
-        Err(()) => return Response::v1_err(400, "INVALID_REQUEST"),
+        Err(BadQuery) => return Response::v1_err(400, "INVALID_REQUEST"),
     };
     match head.path.as_str() {
         "/ping" => match health(server).await {

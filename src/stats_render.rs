@@ -51,7 +51,7 @@ struct StatsDoc<'a> {
     shards: Vec<&'a ShardCounters>,
 }
 
-fn merged<'a>(shards: &'a [ShardStats]) -> (Vec<&'a TopicStats>, Vec<&'a ClientStats>) {
+fn merged(shards: &[ShardStats]) -> (Vec<&TopicStats>, Vec<&ClientStats>) {
     let mut topics: Vec<&TopicStats> = shards.iter().flat_map(|s| s.topics.iter()).collect();
     topics.sort_by(|a, b| a.topic_name.cmp(&b.topic_name));
     let producers = shards.iter().flat_map(|s| s.producers.iter()).collect();

@@ -95,7 +95,7 @@ mod tests {
         assert_eq!(http_date(t), "Sun, 29 Nov 2026 19:39:42 GMT");
         assert_eq!(rfc3339(t - 1), "2026-11-29T19:39:41Z");
         assert_eq!(
-            log_stamp(t as i64 * 1_000_000_000 + 709417000),
+            log_stamp(t * 1_000_000_000 + 709417000),
             "2026/11/29 19:39:42.709417"
         );
     }

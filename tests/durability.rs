@@ -382,7 +382,7 @@ fn clean_restart_redelivers_nothing_finished() {
             let (_, d) = read_frame_skip_hb(&mut s).unwrap();
             let (_, _, id, msg) = parse_message(&d);
             let i = parse_body(&msg).unwrap();
-            if i % 5 == 0 {
+            if i.is_multiple_of(5) {
                 held.push(i); // left in flight
             } else {
                 fin.insert(i);

@@ -394,7 +394,10 @@ fn bad_magic_gets_one_e_bad_protocol_frame_then_close() {
 
 /// (bytes after the magic, frames expected before the close). Each is sent, then the
 /// client half-closes its side (EOF), so the server's reply can still be read.
-fn truncated_cases() -> Vec<(&'static str, Vec<u8>, Vec<(i32, &'static str)>)> {
+/// (name, bytes sent before the half-close, frames expected back).
+type TruncatedCase = (&'static str, Vec<u8>, Vec<(i32, &'static str)>);
+
+fn truncated_cases() -> Vec<TruncatedCase> {
     vec![
         ("half a command line", b"PUB trunc".to_vec(), vec![]),
         ("half a command word", b"SU".to_vec(), vec![]),

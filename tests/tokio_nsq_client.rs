@@ -72,18 +72,14 @@ fn consumer_with(
 /// Waits for the consumer's single connection to finish IDENTIFY + SUB (the `Healthy`
 /// event is sent only after SUB was answered with `OK`).
 async fn wait_consumer_healthy(c: &mut NSQConsumer, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match timeout(left, c.consume()).await {
-            Ok(Some(NSQEvent::Healthy())) => return,
-            Ok(Some(NSQEvent::Unhealthy())) => {
-                panic!("{what}: tokio-nsq consumer connection failed during IDENTIFY/SUB")
-            }
-            Ok(Some(other)) => panic!("{what}: unexpected event before Healthy: {other:?}"),
-            Ok(None) => panic!("{what}: consumer event stream ended"),
-            Err(_) => panic!("{what}: consumer did not become healthy within 15 s"),
+    match timeout(Duration::from_secs(15), c.consume()).await {
+        Ok(Some(NSQEvent::Healthy())) => {}
+        Ok(Some(NSQEvent::Unhealthy())) => {
+            panic!("{what}: tokio-nsq consumer connection failed during IDENTIFY/SUB")
         }
+        Ok(Some(other)) => panic!("{what}: unexpected event before Healthy: {other:?}"),
+        Ok(None) => panic!("{what}: consumer event stream ended"),
+        Err(_) => panic!("{what}: consumer did not become healthy within 15 s"),
     }
 }
 
@@ -393,7 +389,7 @@ async fn requeue_once_comes_back_with_attempts_2() {
                         "{what}: {:?} delivered twice with attempts=1",
                         String::from_utf8_lossy(&body)
                     );
-                    let delay = if first.len() % 2 == 0 {
+                    let delay = if first.len().is_multiple_of(2) {
                         Duration::ZERO
                     } else {
                         Duration::from_millis(300)

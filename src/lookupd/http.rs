@@ -514,7 +514,7 @@ impl Params {
     fn from(req: &Request) -> Result<Params, Response> {
         parse_query(req.query.as_deref().unwrap_or(""))
             .map(Params)
-            .map_err(|()| Response::v1_err(400, "INVALID_REQUEST"))
+            .map_err(|_| Response::v1_err(400, "INVALID_REQUEST"))
     }
 
     fn get(&self, k: &str) -> Option<&str> {

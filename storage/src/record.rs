@@ -124,7 +124,7 @@ pub fn decode(data: &bytes::Bytes, at: usize, salt: u32) -> Decoded {
     if len == 0 {
         return Decoded::End;
     }
-    if len < RECORD_OVERHEAD - 8 || len > MAX_BODY + RECORD_OVERHEAD {
+    if !(RECORD_OVERHEAD - 8..=MAX_BODY + RECORD_OVERHEAD).contains(&len) {
         return Decoded::Corrupt {
             reason: format!("record length {len} out of range"),
             skip: 0,

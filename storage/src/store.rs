@@ -169,7 +169,7 @@ impl TopicStore {
             };
             let mut count = 0u64;
             let res = scan_file(&path, &mut seg.salt, |rec, off| {
-                if count % INDEX_EVERY == 0 {
+                if count.is_multiple_of(INDEX_EVERY) {
                     seg.index.push((rec.seq, off));
                 }
                 count += 1;
@@ -808,7 +808,7 @@ async fn writer_task(store: Rc<TopicStore>) {
                 if let Some(seg) = segs.get_mut(&a.base) {
                     let mut off = a.pos;
                     for &(seq, len) in &recs[i..j] {
-                        if seg.index.is_empty() || seq % INDEX_EVERY == 0 {
+                        if seg.index.is_empty() || seq.is_multiple_of(INDEX_EVERY) {
                             seg.index.push((seq, off));
                         }
                         off += len as u64;

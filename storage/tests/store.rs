@@ -17,7 +17,7 @@ fn rec(seq: u64) -> StoredRecord {
     StoredRecord {
         seq,
         timestamp: 1_000 + seq as i64,
-        defer_until: if seq % 7 == 0 { 99 } else { 0 },
+        defer_until: if seq.is_multiple_of(7) { 99 } else { 0 },
         id: 0x1000 + seq,
         attempts: (seq % 3) as u16,
         body: Bytes::from(format!("message-{seq}-{}", "x".repeat((seq % 50) as usize))),
