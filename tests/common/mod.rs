@@ -27,7 +27,7 @@ pub struct Broker {
 
 impl Broker {
     /// Starts `nsqd --shards <shards> <extra...>` on 127.0.0.1:0 for TCP and HTTP with a
-    /// fresh data path. Panics (test failure) if it does not come up within 20 s.
+    /// fresh data path. Panics (test failure) if it does not come up within 60 s.
     pub fn start(shards: usize, extra: &[&str]) -> Broker {
         let data_dir = std::env::temp_dir().join(format!(
             "nsqd-test-{}-{}",
@@ -69,7 +69,8 @@ impl Broker {
             }
         });
         let (mut tcp, mut http) = (None, None);
-        let deadline = Instant::now() + Duration::from_secs(20);
+        // Generous: CI runs many brokers at once on two cores.
+        let deadline = Instant::now() + Duration::from_secs(60);
         while tcp.is_none() || http.is_none() {
             let left = deadline.saturating_duration_since(Instant::now());
             let line = rx
