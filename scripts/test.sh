@@ -120,7 +120,7 @@ elif [[ -n "${NSQD_BIN:-}" ]]; then
   read -r -a NSQD_CMD <<<"$NSQD_BIN"
 else
   if [[ $PROFILE == release ]]; then
-    run_step "cargo build --release" cargo build --release --bin nsqd || BUILD_OK=0
+    run_step "cargo build --release" cargo build --release --bin nsqd --bin nsqlookupd -p nsq-bench || BUILD_OK=0
   else
     run_step "cargo build" cargo build --workspace --all-targets || BUILD_OK=0
   fi
@@ -284,6 +284,26 @@ for n in $SHARDS; do
   fi
   [[ $broker_failed -eq 1 ]] && show_broker_log "$label"
 done
+
+# ------------------------------------------------- nsqlookupd + load generator
+# pynsq discovering the broker through this repository's nsqlookupd, and the nsq-bench
+# smoke test (every bench mode against the broker, counts checked, compare.sh).
+if [[ $MOCK -eq 0 && $BUILD_OK -eq 1 ]]; then
+  PROFILE_DIR="$ROOT/target/$PROFILE"
+  if [[ -x "$ROOT/.venv/bin/python" ]]; then
+    for n in $SHARDS; do
+      run_step "pynsq via nsqlookupd --shards=$n" "$ROOT/.venv/bin/python" \
+        "$ROOT/scripts/clients/pynsq_lookupd.py" "$PROFILE_DIR/nsqd" "$PROFILE_DIR/nsqlookupd" "$n"
+    done
+  else
+    record FAIL "pynsq via nsqlookupd" "no .venv (client setup failed)"
+  fi
+  if [[ $PROFILE == release ]]; then
+    run_step "nsq-bench smoke" bash "$ROOT/scripts/bench-smoke.sh" --release
+  else
+    run_step "nsq-bench smoke" bash "$ROOT/scripts/bench-smoke.sh"
+  fi
+fi
 
 # -------------------------------------------------------------------- summary
 section "summary ($(( $(date +%s) - T_START ))s)"
