@@ -176,7 +176,26 @@ async fn shard_main(
     let mut senders = None;
     let mut receivers = None;
     if let Some(m) = mesh {
-        let (s, r) = m.join().await.map_err(|_| "mesh join failed".to_string())?;
+        // A cross-executor wake-up can be missed while an executor goes to sleep; one
+        // that nothing else wakes would then wait a long time (seen: 20 s on a loaded
+        // machine). A short ticker keeps the executor polling its remote channels
+        // until the mesh is joined; afterwards the shard's 10 ms timer does the same.
+        let ticking = Rc::new(std::cell::Cell::new(true));
+        let t2 = ticking.clone();
+        let ticker = glommio::spawn_local(async move {
+            while t2.get() {
+                glommio::timer::sleep(Duration::from_millis(2)).await;
+            }
+        });
+        let joined = m.join().await;
+        ticking.set(false);
+        ticker.await;
+        let (s, r) = joined.map_err(|_| "mesh join failed".to_string())?;
+        // glommio numbers mesh peers by executor id, which follows spawn order.
+        if s.peer_id() != index {
+            return Err(format!("shard {index} joined the mesh as peer {}", s.peer_id()));
+        }
+        log::debug!("shard {index}: mesh joined");
         senders = Some(Rc::new(s));
         receivers = Some(r);
     }
@@ -211,7 +230,9 @@ async fn shard_main(
         glommio::spawn_local(crate::statsd::statsd_loop(server.clone())).detach();
     }
     // --- end statsd ---
+    log::debug!("shard {index}: listeners bound");
     shard.recover().await;
+    log::debug!("shard {index}: recovered");
     let tcp_task = glommio::spawn_local(tcp::accept_loop(server.clone(), tcp));
     let http_task = glommio::spawn_local(http::accept_loop(server.clone(), http));
     let _ = ready.send(Ok(index));
