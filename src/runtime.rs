@@ -49,32 +49,36 @@ pub fn allowed_cpus() -> Vec<usize> {
     cpus
 }
 
-/// Resolves `addr`; with port 0 it reserves a concrete port by binding (not listening) a
-/// SO_REUSEPORT socket, which the caller holds until every shard has bound the port.
-fn reserve(addr: &str) -> Result<(SocketAddr, Option<socket2::Socket>), String> {
+/// Binds and listens on `addr` exclusively, as nsqd does (an address in use is an error,
+/// even if its holder used SO_REUSEPORT). Every shard accepts on a duplicate of this one
+/// socket, so the kernel hands each connection to one idle shard.
+fn listen(addr: &str) -> Result<(SocketAddr, socket2::Socket), String> {
     let sa = addr
         .to_socket_addrs()
         .map_err(|e| format!("invalid address {addr}: {e}"))?
         .next()
         .ok_or_else(|| format!("invalid address {addr}"))?;
-    if sa.port() != 0 {
-        return Ok((sa, None));
-    }
     let domain = if sa.is_ipv6() {
         socket2::Domain::IPV6
     } else {
         socket2::Domain::IPV4
     };
     let s = socket2::Socket::new(domain, socket2::Type::STREAM, None).map_err(|e| e.to_string())?;
-    s.set_reuse_port(true).map_err(|e| e.to_string())?;
+    // Go's listeners set SO_REUSEADDR (rebinding over TIME_WAIT), never SO_REUSEPORT.
+    s.set_reuse_address(true).map_err(|e| e.to_string())?;
     s.bind(&sa.into())
         .map_err(|e| format!("listen ({addr}) failed - {e}"))?;
+    s.listen(1024)
+        .map_err(|e| format!("listen ({addr}) failed - {e}"))?;
+    // Non-blocking for good: glommio toggles O_NONBLOCK around its first accept attempt,
+    // and the file description (so its flags) is shared by every shard's duplicate.
+    s.set_nonblocking(true).map_err(|e| e.to_string())?;
     let local = s
         .local_addr()
         .ok()
         .and_then(|a| a.as_socket())
-        .ok_or_else(|| "cannot read reserved port".to_string())?;
-    Ok((local, Some(s)))
+        .ok_or_else(|| "cannot read the listening address".to_string())?;
+    Ok((local, s))
 }
 
 /// Runs the broker until SIGINT or SIGTERM, then shuts down gracefully.
@@ -89,8 +93,8 @@ pub fn run(cfg: Config) -> Result<(), String> {
         .map_err(|e| format!("failed to lock data-path - {e}"))?;
     lock.try_lock()
         .map_err(|_| "failed to lock data-path".to_string())?;
-    let (tcp_addr, tcp_hold) = reserve(&cfg.tcp_address)?;
-    let (http_addr, http_hold) = reserve(&cfg.http_address)?;
+    let (tcp_addr, tcp_sock) = listen(&cfg.tcp_address)?;
+    let (http_addr, http_sock) = listen(&cfg.http_address)?;
 
     let term = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -109,11 +113,26 @@ pub fn run(cfg: Config) -> Result<(), String> {
         let mesh = mesh.clone();
         let ready = ready_tx.clone();
         let term = term.clone();
+        let dup = |s: &socket2::Socket| {
+            s.try_clone()
+                .map(std::os::fd::OwnedFd::from)
+                .map_err(|e| format!("failed to share the listening socket: {e}"))
+        };
+        let listeners = (dup(&tcp_sock)?, dup(&http_sock)?);
         let h = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("shard-{i}"))
             .spawn(move || async move {
-                let r =
-                    shard_main(i, cpu, cfg, mesh, tcp_addr, http_addr, ready.clone(), term).await;
+                let r = shard_main(
+                    i,
+                    cpu,
+                    cfg,
+                    mesh,
+                    (tcp_addr, http_addr),
+                    listeners,
+                    ready.clone(),
+                    term,
+                )
+                .await;
                 if let Err(e) = r {
                     let _ = ready.send(Err(e));
                 }
@@ -129,8 +148,8 @@ pub fn run(cfg: Config) -> Result<(), String> {
             Err(_) => return Err("a shard failed to start".into()),
         }
     }
-    drop(tcp_hold);
-    drop(http_hold);
+    drop(tcp_sock);
+    drop(http_sock);
     log::info!("TCP: listening on {tcp_addr}");
     log::info!("HTTP: listening on {http_addr}");
     // Shards exit on their own after SIGINT/SIGTERM; a watchdog makes sure a stuck
@@ -166,8 +185,8 @@ async fn shard_main(
     cpu: usize,
     cfg: Arc<Config>,
     mesh: Option<MeshBuilder<ShardMsg, glommio::channels::channel_mesh::Full>>,
-    tcp_addr: SocketAddr,
-    http_addr: SocketAddr,
+    (tcp_addr, http_addr): (SocketAddr, SocketAddr),
+    (tcp_fd, http_fd): (std::os::fd::OwnedFd, std::os::fd::OwnedFd),
     ready: mpsc::Sender<Result<usize, String>>,
     term: Arc<AtomicBool>,
 ) -> Result<(), String> {
@@ -217,10 +236,11 @@ async fn shard_main(
             .detach();
         }
     }
-    let tcp =
-        TcpListener::bind(tcp_addr).map_err(|e| format!("listen ({tcp_addr}) failed - {e}"))?;
-    let http =
-        TcpListener::bind(http_addr).map_err(|e| format!("listen ({http_addr}) failed - {e}"))?;
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    // SAFETY: each fd is a listening socket this shard now owns (a dup made for it).
+    let tcp = unsafe { TcpListener::from_raw_fd(tcp_fd.into_raw_fd()) };
+    // SAFETY: as above.
+    let http = unsafe { TcpListener::from_raw_fd(http_fd.into_raw_fd()) };
     // nsqd always runs its lookup loop: peers can be added later with
     // PUT /config/nsqlookupd_tcp_addresses, and they must then learn every registration.
     shard.lookup_enabled.set(true);

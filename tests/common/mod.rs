@@ -73,9 +73,15 @@ impl Broker {
         let deadline = Instant::now() + Duration::from_secs(60);
         while tcp.is_none() || http.is_none() {
             let left = deadline.saturating_duration_since(Instant::now());
-            let line = rx
-                .recv_timeout(left)
-                .unwrap_or_else(|_| panic!("nsqd did not start: {:?}", log.lock().unwrap()));
+            let line = match rx.recv_timeout(left) {
+                Ok(l) => l,
+                Err(_) => {
+                    // Do not leave the process behind when the test fails here.
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("nsqd did not start: {:?}", log.lock().unwrap())
+                }
+            };
             if let Some(a) = line.split("TCP: listening on ").nth(1) {
                 tcp = Some(a.trim().parse().expect("tcp addr"));
             }
