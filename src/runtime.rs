@@ -212,7 +212,10 @@ async fn shard_main(
         let (s, r) = joined.map_err(|_| "mesh join failed".to_string())?;
         // glommio numbers mesh peers by executor id, which follows spawn order.
         if s.peer_id() != index {
-            return Err(format!("shard {index} joined the mesh as peer {}", s.peer_id()));
+            return Err(format!(
+                "shard {index} joined the mesh as peer {}",
+                s.peer_id()
+            ));
         }
         log::debug!("shard {index}: mesh joined");
         senders = Some(Rc::new(s));
