@@ -78,13 +78,13 @@ SHARDS=1 start backlog
 curl -s -X POST "http://$HTTP_backlog/topic/create?topic=backlog" >/dev/null
 curl -s -X POST "http://$HTTP_backlog/channel/create?topic=backlog&channel=c" >/dev/null
 "$BENCH" pub -q --nsqd-tcp-address "$ADDR_backlog" --topic backlog --runfor "$BACKLOG_RUNFOR" \
-  --size 200 --batch-size 200 --json | python3 -c 'import json,sys; d=json.load(sys.stdin); print(f"published {d[\"sent\"]} messages at {d[\"pub_msgs_per_sec\"]:.0f}/s")'
+  --size 200 --batch-size 200 --json | python3 -c 'import json,sys; d=json.load(sys.stdin); print("published %d messages at %.0f/s" % (d["sent"], d["pub_msgs_per_sec"]))'
 sleep 3
 echo "RSS with the backlog: $(awk '/VmRSS/ {print $2, $3}' "/proc/$PID_backlog/status")"
 curl -s "http://$HTTP_backlog/stats?format=json&topic=backlog" | python3 -c '
 import json, sys
 c = json.load(sys.stdin)["topics"][0]["channels"][0]
-print(f"channel depth {c[\"depth\"]}, of which on disk only {c[\"backend_depth\"]}")'
+print("channel depth %d, of which on disk only %d" % (c["depth"], c["backend_depth"]))'
 echo "on disk: $(du -sh "$WORK/backlog" | cut -f1)"
 kill -KILL "$PID_backlog"; wait "$PID_backlog" 2>/dev/null || true
 sync
