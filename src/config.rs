@@ -106,7 +106,8 @@ fn default_node_id() -> u16 {
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "nsqd",
-    version = "1.3.0",
+    version = "v1.3.0 (built w/rust)",
+    override_usage = "nsqd [OPTIONS]",
     about = "A thread-per-core, shared-nothing drop-in replacement for nsqd (protocol V2, nsqd's HTTP API and flags)"
 )]
 pub struct Cli {

@@ -91,8 +91,12 @@ pub fn run(cfg: Config) -> Result<(), String> {
     // nsqd locks its data path so two daemons never share it.
     let lock = std::fs::File::create(data_path.join(".nsqd.lock"))
         .map_err(|e| format!("failed to lock data-path - {e}"))?;
-    lock.try_lock()
-        .map_err(|_| "failed to lock data-path".to_string())?;
+    lock.try_lock().map_err(|_| {
+        format!(
+            "failed to lock data-path: --data-path={} in use (possibly by another instance of nsqd)",
+            data_path.display()
+        )
+    })?;
     let (tcp_addr, tcp_sock) = listen(&cfg.tcp_address)?;
     let (http_addr, http_sock) = listen(&cfg.http_address)?;
 
