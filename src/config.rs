@@ -180,6 +180,10 @@ pub struct Cli {
     /// maximum deflate compression level a client can negotiate (1-9)
     #[arg(long, default_value_t = 6)]
     pub max_deflate_level: i64,
+    /// enable snappy feature negotiation (client compression)
+    #[arg(long, default_value = "true", value_parser = parse_go_bool, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true")]
+    pub snappy: bool,
     /// log level: debug, info, warn, error or fatal
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -326,6 +330,7 @@ impl Config {
             max_channel_consumers: cli.max_channel_consumers,
             client_timeout: Duration::from_secs(60),
             max_deflate_level: cli.max_deflate_level,
+            snappy: cli.snappy,
             data_path: Some(if cli.data_path.is_empty() {
                 std::path::PathBuf::from(".")
             } else {

@@ -4,6 +4,7 @@
 //! messagePump).
 
 use crate::protocol::identify::{apply_identify, default_settings, identify_response};
+use crate::protocol::snappy::{SnappyDecoder, SnappyEncoder};
 use crate::protocol::{self, Command, Context, Limits, FRAME_ERROR, FRAME_RESPONSE, MAGIC_V2};
 use crate::server::Server;
 use bytes::{Bytes, BytesMut};
@@ -136,7 +137,7 @@ async fn new_connection(server: Rc<Server>, stream: TcpStream) {
         peer.clone(),
         settings,
     ));
-    run_connection(server, stream, client, buf).await;
+    run_connection(server, stream, client, buf, Vec::new()).await;
 }
 
 /// Resumes a connection handed over by another shard.
@@ -146,12 +147,23 @@ pub async fn resume(server: Rc<Server>, h: HandOff) {
     let stream = unsafe { TcpStream::from_raw_fd(h.fd.into_raw_fd()) };
     let client = Rc::new(Client::from_snapshot(h.client));
     let buf = BytesMut::from(&h.pending[..]);
-    run_connection(server, SharedStream::new(stream), client, buf).await;
+    run_connection(
+        server,
+        SharedStream::new(stream),
+        client,
+        buf,
+        h.pending_raw,
+    )
+    .await;
 }
 
 enum Outcome {
     Closed,
-    HandOff { target: usize, pending: BytesMut },
+    HandOff {
+        target: usize,
+        pending: BytesMut,
+        pending_raw: Vec<u8>,
+    },
 }
 
 async fn run_connection(
@@ -159,6 +171,7 @@ async fn run_connection(
     stream: SharedStream,
     client: Rc<Client>,
     buf: BytesMut,
+    pending_raw: Vec<u8>,
 ) {
     server.shard.register_client(&client);
     apply_deadlines(&stream, &client);
@@ -169,7 +182,11 @@ async fn run_connection(
         client.clone(),
         handing_off.clone(),
     ));
-    let outcome = reader_loop(&server, &stream, &client, buf).await;
+    let decoder = client
+        .snappy
+        .get()
+        .then(|| SnappyDecoder::with_pending(pending_raw));
+    let outcome = reader_loop(&server, &stream, &client, buf, decoder).await;
     if let Outcome::HandOff { .. } = outcome {
         handing_off.set(true);
     }
@@ -180,7 +197,11 @@ async fn run_connection(
         Outcome::Closed => {
             log::debug!("PROTOCOL(V2): [{}] exiting ioloop", client.remote_address);
         }
-        Outcome::HandOff { target, pending } => {
+        Outcome::HandOff {
+            target,
+            pending,
+            pending_raw,
+        } => {
             // SAFETY: the stream is alive (we hold `stream`), so its fd is valid here.
             let dup = unsafe { BorrowedFd::borrow_raw(stream.fd()) }.try_clone_to_owned();
             drop(stream);
@@ -196,6 +217,7 @@ async fn run_connection(
                 fd,
                 client: client.snapshot(),
                 pending: pending.to_vec(),
+                pending_raw,
             };
             server.shard.count_handoff_sent();
             if let Some(mesh) = server.mesh() {
@@ -234,6 +256,7 @@ async fn reader_loop(
     stream: &SharedStream,
     client: &Rc<Client>,
     mut buf: BytesMut,
+    mut decoder: Option<SnappyDecoder>,
 ) -> Outcome {
     let limits = limits(server);
     let mut eof = false;
@@ -263,11 +286,25 @@ async fn reader_loop(
                         return Outcome::HandOff {
                             target,
                             pending: buf,
+                            pending_raw: decoder.map(|d| d.pending().to_vec()).unwrap_or_default(),
                         };
                     }
                     let frame = buf.split_to(n).freeze();
-                    if exec(server, stream, client, cmd, &frame).await.is_err() {
-                        return Outcome::Closed;
+                    match exec(server, stream, client, cmd, &frame).await {
+                        Err(Fatal) => return Outcome::Closed,
+                        Ok(false) => {}
+                        Ok(true) => {
+                            // IDENTIFY switched the stream to snappy: what follows it,
+                            // read already or not, is compressed.
+                            let rest = buf.split();
+                            let mut d = SnappyDecoder::default();
+                            let mut out = Vec::new();
+                            if d.feed(&rest, &mut out).is_err() {
+                                return Outcome::Closed;
+                            }
+                            buf.extend_from_slice(&out);
+                            decoder = Some(d);
+                        }
                     }
                 }
                 Err(e) => {
@@ -301,6 +338,18 @@ async fn reader_loop(
             }
             Ok(n) => {
                 buf.truncate(old + n);
+                if let Some(d) = decoder.as_mut() {
+                    let raw = buf.split_off(old);
+                    let mut out = Vec::new();
+                    if let Err(e) = d.feed(&raw, &mut out) {
+                        log::info!(
+                            "PROTOCOL(V2): [{}] snappy stream error - {e}",
+                            client.remote_address
+                        );
+                        return Outcome::Closed;
+                    }
+                    buf.extend_from_slice(&out);
+                }
                 chunk = if n == chunk {
                     (chunk * 2).min(READ_CHUNK)
                 } else if n < chunk / 4 {
@@ -338,7 +387,7 @@ fn hand_off_target(server: &Server, client: &Client, cmd: &Command) -> Option<us
 /// Marker: the command failed fatally; its error frame is queued.
 struct Fatal;
 
-fn fatal(client: &Client, text: String) -> Result<(), Fatal> {
+fn fatal<T>(client: &Client, text: String) -> Result<T, Fatal> {
     log::info!("PROTOCOL(V2): [{}] {}", client.remote_address, text);
     client.send_frame(FRAME_ERROR, text.as_bytes());
     Err(Fatal)
@@ -350,12 +399,12 @@ async fn exec(
     client: &Rc<Client>,
     cmd: Command,
     frame: &Bytes,
-) -> Result<(), Fatal> {
+) -> Result<bool, Fatal> {
     let shard = &server.shard;
     match cmd {
         Command::Nop | Command::RdyIgnored => {}
         Command::Identify { body } => {
-            let negotiate = {
+            let negotiated = {
                 let mut s = client.settings.borrow_mut();
                 match apply_identify(&frame[body], &mut s, &shard.opts) {
                     Ok(n) => n,
@@ -366,11 +415,23 @@ async fn exec(
                 }
             };
             apply_deadlines(stream, client);
-            if negotiate {
-                let resp = identify_response(&client.settings.borrow(), &shard.opts);
-                client.send_frame(FRAME_RESPONSE, &resp);
-            } else {
+            if !negotiated.negotiate {
                 client.send_frame(FRAME_RESPONSE, b"OK");
+                return Ok(false);
+            }
+            let already = client.snappy.get();
+            let resp = identify_response(
+                &client.settings.borrow(),
+                &shard.opts,
+                negotiated.snappy || already,
+            );
+            client.send_frame(FRAME_RESPONSE, &resp);
+            if negotiated.snappy && !already {
+                // nsqd: the JSON reply goes out plain, then an OK over the new transport.
+                client.snappy.set(true);
+                client.compress_from.set(Some(client.out.borrow().len()));
+                client.send_frame(FRAME_RESPONSE, b"OK");
+                return Ok(true);
             }
         }
         Command::Auth { .. } => return fatal(client, "E_AUTH_DISABLED AUTH disabled".into()),
@@ -465,7 +526,7 @@ async fn exec(
             publish(server, client, &topic, bodies, None, "E_MPUB_FAILED MPUB").await?;
         }
     }
-    Ok(())
+    Ok(false)
 }
 
 async fn publish(
@@ -497,6 +558,8 @@ async fn writer_loop(
     handing_off: Rc<Cell<bool>>,
 ) {
     let mut spare: Vec<u8> = Vec::with_capacity(16 * 1024);
+    // A connection handed over from another shard may already speak snappy.
+    let mut encoder = client.snappy.get().then(SnappyEncoder::continuing);
     let mut hb_interval = client.settings.borrow().heartbeat_interval;
     let mut next_hb = hb_interval.map(|d| Instant::now() + d);
     loop {
@@ -526,7 +589,22 @@ async fn writer_loop(
             std::mem::swap(&mut *client.out.borrow_mut(), &mut spare);
             client.flush_now.set(false);
             client.buffered_since.set(None);
-            let res = stream.write_all(&spare).await;
+            let res = match (client.compress_from.take(), encoder.as_mut()) {
+                (Some(off), _) => {
+                    // The IDENTIFY reply (before `off`) goes out plain; snappy after it.
+                    let mut enc = SnappyEncoder::default();
+                    let mut framed = spare[..off.min(spare.len())].to_vec();
+                    enc.encode(&spare[off.min(spare.len())..], &mut framed);
+                    encoder = Some(enc);
+                    stream.write_all(&framed).await
+                }
+                (None, Some(enc)) => {
+                    let mut framed = Vec::with_capacity(spare.len() / 2 + 64);
+                    enc.encode(&spare, &mut framed);
+                    stream.write_all(&framed).await
+                }
+                (None, None) => stream.write_all(&spare).await,
+            };
             client.drained.notify();
             server.shard.count_bytes_out(spare.len() as u64);
             spare.clear();

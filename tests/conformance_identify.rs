@@ -128,13 +128,13 @@ fn reply_reflects_flags_and_client_settings() {
 }
 
 #[test]
-fn tls_snappy_deflate_are_refused_and_connection_stays_plain() {
+fn tls_and_deflate_are_refused_and_connection_stays_plain() {
     let b = Broker::start(1, &[]);
     let mut s = b.connect_v2();
     send(
         &mut s,
         &identify_cmd(
-            r#"{"feature_negotiation":true,"tls_v1":true,"snappy":true,"deflate":true,"deflate_level":3}"#,
+            r#"{"feature_negotiation":true,"tls_v1":true,"deflate":true,"deflate_level":3}"#,
         ),
     );
     expect_frame(&mut s, 0, DEFAULT_IDENTIFY_REPLY.as_bytes());
@@ -515,5 +515,103 @@ fn client_identity_shows_in_stats() {
         assert_eq!(client["hostname"], "127.0.0.1");
         assert_eq!(client["user_agent"], "");
         assert_eq!(client["remote_address"], anon_local.as_str());
+    }
+}
+
+/// IDENTIFY with snappy: the JSON reply (snappy true) comes in clear text, then the
+/// stream switches to the snappy framing format in both directions: a stream identifier
+/// chunk and an `OK` frame, then commands and answers framed (nsqd: IDENTIFY upgrade).
+#[test]
+fn snappy_negotiation_switches_both_directions() {
+    use std::io::{Read, Write};
+    for shards in SHARD_COUNTS {
+        let b = Broker::start(shards, &[]);
+        let mut s = b.connect_v2();
+        s.write_all(&identify_cmd(
+            r#"{"feature_negotiation":true,"snappy":true}"#,
+        ))
+        .unwrap();
+        let (ft, json) = read_frame(&mut s).unwrap();
+        assert_eq!(ft, 0);
+        let v: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        assert_eq!(v["snappy"], true, "shards={shards}");
+        assert_eq!(v["deflate"], false);
+        // The stream identifier chunk, byte for byte.
+        let mut id = [0u8; 10];
+        s.read_exact(&mut id).unwrap();
+        assert_eq!(&id, b"\xff\x06\x00\x00sNaPpY");
+        // Everything after it decodes with a reference snappy frame decoder.
+        let mut dec =
+            snap::read::FrameDecoder::new(SnapStream(s.try_clone().unwrap(), Some(id.to_vec())));
+        let mut ok = [0u8; 10];
+        dec.read_exact(&mut ok).unwrap();
+        assert_eq!(ok.to_vec(), frame(0, b"OK"));
+        // A framed PUB to a topic on another shard (the producer is handed off) and SUB.
+        let mut enc = snap::write::FrameEncoder::new(s.try_clone().unwrap());
+        enc.write_all(&pub_cmd(&format!("snap_{shards}"), b"compressed hello"))
+            .unwrap();
+        enc.flush().unwrap();
+        let mut resp = [0u8; 10];
+        dec.read_exact(&mut resp).unwrap();
+        assert_eq!(resp.to_vec(), frame(0, b"OK"), "shards={shards}");
+        let mut c = b.connect_v2();
+        c.write_all(&identify_cmd(
+            r#"{"feature_negotiation":true,"snappy":true}"#,
+        ))
+        .unwrap();
+        read_frame(&mut c).unwrap();
+        let mut cid = [0u8; 10];
+        c.read_exact(&mut cid).unwrap();
+        let mut cdec =
+            snap::read::FrameDecoder::new(SnapStream(c.try_clone().unwrap(), Some(cid.to_vec())));
+        let mut cok = [0u8; 10];
+        cdec.read_exact(&mut cok).unwrap();
+        let mut cenc = snap::write::FrameEncoder::new(c.try_clone().unwrap());
+        cenc.write_all(format!("SUB snap_{shards} ch\nRDY 1\n").as_bytes())
+            .unwrap();
+        cenc.flush().unwrap();
+        let mut sub_ok = [0u8; 10];
+        cdec.read_exact(&mut sub_ok).unwrap();
+        assert_eq!(sub_ok.to_vec(), frame(0, b"OK"));
+        let mut hdr = [0u8; 8];
+        cdec.read_exact(&mut hdr).unwrap();
+        let size = i32::from_be_bytes(hdr[0..4].try_into().unwrap()) as usize;
+        let mut data = vec![0u8; size - 4];
+        cdec.read_exact(&mut data).unwrap();
+        assert_eq!(i32::from_be_bytes(hdr[4..8].try_into().unwrap()), 2);
+        assert_eq!(
+            parse_message(&data).3,
+            b"compressed hello",
+            "shards={shards}"
+        );
+    }
+    // --snappy=false: not granted, and the connection stays plain.
+    let b = Broker::start(1, &["--snappy=false"]);
+    let mut s = b.connect_v2();
+    s.write_all(&identify_cmd(
+        r#"{"feature_negotiation":true,"snappy":true}"#,
+    ))
+    .unwrap();
+    let (_, json) = read_frame(&mut s).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&json).unwrap();
+    assert_eq!(v["snappy"], false);
+    s.write_all(&pub_cmd("plain", b"x")).unwrap();
+    assert_eq!(read_frame(&mut s).unwrap(), (0, b"OK".to_vec()));
+}
+
+/// Replays already-read bytes, then reads the socket (for snap's frame decoder).
+struct SnapStream(std::net::TcpStream, Option<Vec<u8>>);
+
+impl std::io::Read for SnapStream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if let Some(p) = self.1.take() {
+            let n = p.len().min(buf.len());
+            buf[..n].copy_from_slice(&p[..n]);
+            if n < p.len() {
+                self.1 = Some(p[n..].to_vec());
+            }
+            return Ok(n);
+        }
+        self.0.read(buf)
     }
 }

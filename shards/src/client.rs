@@ -51,6 +51,8 @@ pub struct ClientSnapshot {
     pub finish_count: u64,
     pub requeue_count: u64,
     pub pub_counts: Vec<(String, u64)>,
+    /// The connection speaks the snappy framing format (negotiated by IDENTIFY).
+    pub snappy: bool,
 }
 
 /// The shard-side view of one connection.
@@ -85,6 +87,11 @@ pub struct Client {
     /// Wakes a reader that stopped reading because `out` was too full (the writer
     /// drained some).
     pub drained: Notify,
+    /// Snappy framing negotiated (stats `snappy`).
+    pub snappy: Cell<bool>,
+    /// Offset in `out` from which the writer must compress: the bytes before it (the
+    /// IDENTIFY reply) still go out plain.
+    pub compress_from: Cell<Option<usize>>,
 }
 
 impl Client {
@@ -108,6 +115,8 @@ impl Client {
             wake: Notify::default(),
             closed: Cell::new(false),
             drained: Notify::default(),
+            snappy: Cell::new(false),
+            compress_from: Cell::new(None),
         }
     }
 
@@ -119,6 +128,7 @@ impl Client {
         c.finish_count.set(s.finish_count);
         c.requeue_count.set(s.requeue_count);
         *c.pub_counts.borrow_mut() = s.pub_counts;
+        c.snappy.set(s.snappy);
         Client {
             connect_ts: s.connect_ts,
             ..c
@@ -136,6 +146,7 @@ impl Client {
             finish_count: self.finish_count.get(),
             requeue_count: self.requeue_count.get(),
             pub_counts: self.pub_counts.borrow().clone(),
+            snappy: self.snappy.get(),
         }
     }
 

@@ -16,6 +16,8 @@ pub struct HandOff {
     pub fd: OwnedFd,
     pub client: ClientSnapshot,
     pub pending: Vec<u8>,
+    /// Received bytes not yet decoded (an incomplete snappy chunk).
+    pub pending_raw: Vec<u8>,
 }
 
 /// Admin operations that must run on the topic's owner (HTTP API, nsqd: http.go).

@@ -38,6 +38,8 @@ pub struct Options {
     pub client_timeout: Duration,
     /// `--max-deflate-level` (reported in IDENTIFY and /info).
     pub max_deflate_level: i64,
+    /// `--snappy`: clients may negotiate snappy compression.
+    pub snappy: bool,
     /// `--data-path`: where non-ephemeral topics keep their segment logs; `None` keeps
     /// everything in memory.
     pub data_path: Option<std::path::PathBuf>,
@@ -69,6 +71,7 @@ impl Default for Options {
             max_channel_consumers: 0,
             client_timeout: Duration::from_secs(60),
             max_deflate_level: 6,
+            snappy: true,
             data_path: None,
             sync_every: 2500,
             sync_timeout: Duration::from_secs(2),

@@ -678,7 +678,7 @@ pub fn client_stats(c: &Client, topic: &str) -> ClientStats {
         connect_ts: c.connect_ts,
         sample_rate: s.sample_rate as i32,
         deflate: false,
-        snappy: false,
+        snappy: c.snappy.get(),
         user_agent: s.user_agent.clone(),
         authed: false,
         auth_identity: String::new(),

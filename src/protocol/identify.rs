@@ -56,6 +56,15 @@ fn ms(d: Duration) -> i64 {
     d.as_millis() as i64
 }
 
+/// What an accepted IDENTIFY asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Negotiated {
+    /// `feature_negotiation`: answer with the JSON reply instead of `OK`.
+    pub negotiate: bool,
+    /// Switch the connection to the snappy framing format after the reply.
+    pub snappy: bool,
+}
+
 /// Default settings of a connection before IDENTIFY (nsqd newClientV2): client_id and
 /// hostname are the peer's IP.
 pub fn default_settings(peer_ip: &str, opts: &Options) -> ClientSettings {
@@ -73,14 +82,14 @@ pub fn default_settings(peer_ip: &str, opts: &Options) -> ClientSettings {
 }
 
 /// Decodes and validates an IDENTIFY body against `opts`, applying it to `settings`.
-/// Returns whether feature negotiation was asked for. Errors are nsqd's fatal
+/// Returns what was negotiated. Errors are nsqd's fatal
 /// `E_BAD_BODY IDENTIFY ...` texts, checked in nsqd's order: heartbeat, output buffer
 /// timeout, output buffer size, sample rate, msg timeout.
 pub fn apply_identify(
     body: &[u8],
     settings: &mut ClientSettings,
     opts: &Options,
-) -> Result<bool, ProtocolError> {
+) -> Result<Negotiated, ProtocolError> {
     let req: IdentifyRequest =
         serde_json::from_slice(body).map_err(|_| bad("failed to decode JSON body".into()))?;
     let mut s = settings.clone();
@@ -132,12 +141,18 @@ pub fn apply_identify(
     };
     s.identified = true;
     *settings = s;
-    Ok(req.feature_negotiation.unwrap_or(false))
+    let negotiate = req.feature_negotiation.unwrap_or(false);
+    Ok(Negotiated {
+        negotiate,
+        // Compression is only switched on by a negotiating IDENTIFY (nsqd).
+        snappy: negotiate && opts.snappy && req.snappy.unwrap_or(false),
+    })
 }
 
-/// The JSON reply to a negotiating IDENTIFY. TLS, snappy and deflate are not offered yet,
-/// so they are always false; deflate_level is nsqd's 6 capped by --max-deflate-level.
-pub fn identify_response(settings: &ClientSettings, opts: &Options) -> Vec<u8> {
+/// The JSON reply to a negotiating IDENTIFY. `snappy` is what was granted; TLS and deflate
+/// are not offered yet, so they are always false; deflate_level is nsqd's 6 capped by
+/// --max-deflate-level.
+pub fn identify_response(settings: &ClientSettings, opts: &Options, snappy: bool) -> Vec<u8> {
     let r = IdentifyResponse {
         max_rdy_count: opts.max_rdy_count,
         version: VERSION,
@@ -147,7 +162,7 @@ pub fn identify_response(settings: &ClientSettings, opts: &Options) -> Vec<u8> {
         deflate: false,
         deflate_level: 6.min(opts.max_deflate_level),
         max_deflate_level: opts.max_deflate_level,
-        snappy: false,
+        snappy,
         sample_rate: settings.sample_rate as i64,
         auth_required: false,
         output_buffer_size: settings.output_buffer_size as i64,

@@ -16,6 +16,7 @@
 
 pub mod client;
 pub mod identify;
+pub mod snappy;
 
 use nsq_shards::names::{is_valid_channel_name, is_valid_topic_name};
 use nsq_shards::ClientState;
