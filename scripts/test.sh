@@ -34,7 +34,7 @@ CLIENTS_ONLY=0
 PROFILE=debug
 MOCK=0
 SHARDS="1 2 4"
-SCENARIOS="pynsq gnsq nsqjs pynsq-snappy"
+SCENARIOS="pynsq gnsq nsqjs pynsq-snappy pynsq-deflate"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --clients-only) CLIENTS_ONLY=1 ;;
@@ -212,6 +212,7 @@ scenario_cmd() { # name -> command array in SCN
   case "$1" in
     pynsq) SCN=("$ROOT/.venv/bin/python" "$ROOT/scripts/clients/pynsq_scenario.py") ;;
     pynsq-snappy) SCN=("$ROOT/.venv/bin/python" "$ROOT/scripts/clients/pynsq_snappy_scenario.py") ;;
+    pynsq-deflate) SCN=(env PYNSQ_COMPRESSION=deflate "$ROOT/.venv/bin/python" "$ROOT/scripts/clients/pynsq_snappy_scenario.py") ;;
     gnsq) SCN=("$ROOT/.venv/bin/python" "$ROOT/scripts/clients/gnsq_scenario.py") ;;
     nsqjs) SCN=(node "$ROOT/scripts/clients/nsqjs_scenario.js") ;;
     *) return 1 ;;

@@ -184,6 +184,10 @@ pub struct Cli {
     #[arg(long, default_value = "true", value_parser = parse_go_bool, num_args = 0..=1,
           require_equals = true, default_missing_value = "true")]
     pub snappy: bool,
+    /// enable deflate feature negotiation (client compression)
+    #[arg(long, default_value = "true", value_parser = parse_go_bool, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true")]
+    pub deflate: bool,
     /// log level: debug, info, warn, error or fatal
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -331,6 +335,7 @@ impl Config {
             client_timeout: Duration::from_secs(60),
             max_deflate_level: cli.max_deflate_level,
             snappy: cli.snappy,
+            deflate: cli.deflate,
             data_path: Some(if cli.data_path.is_empty() {
                 std::path::PathBuf::from(".")
             } else {

@@ -3,8 +3,88 @@
 //! connection to the shard that owns its topic (nsqd: tcp.go, protocol_v2.go IOLoop and
 //! messagePump).
 
+use crate::protocol::deflate::{remember_output, DeflateDecoder, DeflateEncoder};
 use crate::protocol::identify::{apply_identify, default_settings, identify_response};
 use crate::protocol::snappy::{SnappyDecoder, SnappyEncoder};
+use nsq_shards::client::Compression;
+
+/// The inbound side of a compressed connection.
+enum Decoder {
+    Snappy(SnappyDecoder),
+    Deflate(DeflateDecoder),
+}
+
+impl Decoder {
+    /// The decoder for `c`, continuing a stream from its hand-off state if given.
+    fn new(
+        c: Compression,
+        pending_raw: Vec<u8>,
+        history: Vec<u8>,
+    ) -> Result<Option<Decoder>, String> {
+        Ok(match c {
+            Compression::None => None,
+            Compression::Snappy => Some(Decoder::Snappy(SnappyDecoder::with_pending(pending_raw))),
+            Compression::Deflate(_) => Some(Decoder::Deflate(DeflateDecoder::new(history)?)),
+        })
+    }
+
+    fn feed(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+        match self {
+            Decoder::Snappy(d) => d.feed(data, out),
+            Decoder::Deflate(d) => d.feed(data, out),
+        }
+    }
+
+    /// True when the stream can move to another shard now (deflate: at a flush point).
+    fn can_hand_off(&self) -> bool {
+        match self {
+            Decoder::Snappy(_) => true,
+            Decoder::Deflate(d) => d.at_flush_point(),
+        }
+    }
+
+    /// (undecoded bytes, inflate window) to move with the connection.
+    fn handoff_state(&self) -> (Vec<u8>, Vec<u8>) {
+        match self {
+            Decoder::Snappy(d) => (d.pending().to_vec(), Vec::new()),
+            Decoder::Deflate(d) => (Vec::new(), d.history().to_vec()),
+        }
+    }
+}
+
+/// The outbound side of a compressed connection.
+enum Encoder {
+    Snappy(SnappyEncoder),
+    Deflate(DeflateEncoder),
+}
+
+impl Encoder {
+    /// The encoder for `c`; `continuing` for a connection moved from another shard
+    /// (snappy: no second stream identifier; deflate: primed with `history`).
+    fn new(c: Compression, continuing: bool, history: &[u8]) -> Result<Option<Encoder>, String> {
+        Ok(match c {
+            Compression::None => None,
+            Compression::Snappy if continuing => Some(Encoder::Snappy(SnappyEncoder::continuing())),
+            Compression::Snappy => Some(Encoder::Snappy(SnappyEncoder::default())),
+            Compression::Deflate(level) => {
+                Some(Encoder::Deflate(DeflateEncoder::new(level, history)?))
+            }
+        })
+    }
+
+    fn encode(&mut self, client: &Client, data: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+        match self {
+            Encoder::Snappy(e) => {
+                e.encode(data, out);
+                Ok(())
+            }
+            Encoder::Deflate(e) => {
+                remember_output(&mut client.deflate_out_history.borrow_mut(), data);
+                e.encode(data, out)
+            }
+        }
+    }
+}
 use crate::protocol::{self, Command, Context, Limits, FRAME_ERROR, FRAME_RESPONSE, MAGIC_V2};
 use crate::server::Server;
 use bytes::{Bytes, BytesMut};
@@ -137,7 +217,7 @@ async fn new_connection(server: Rc<Server>, stream: TcpStream) {
         peer.clone(),
         settings,
     ));
-    run_connection(server, stream, client, buf, Vec::new()).await;
+    run_connection(server, stream, client, buf, Vec::new(), Vec::new()).await;
 }
 
 /// Resumes a connection handed over by another shard.
@@ -153,6 +233,7 @@ pub async fn resume(server: Rc<Server>, h: HandOff) {
         client,
         buf,
         h.pending_raw,
+        h.inflate_history,
     )
     .await;
 }
@@ -163,6 +244,7 @@ enum Outcome {
         target: usize,
         pending: BytesMut,
         pending_raw: Vec<u8>,
+        inflate_history: Vec<u8>,
     },
 }
 
@@ -172,6 +254,7 @@ async fn run_connection(
     client: Rc<Client>,
     buf: BytesMut,
     pending_raw: Vec<u8>,
+    inflate_history: Vec<u8>,
 ) {
     server.shard.register_client(&client);
     apply_deadlines(&stream, &client);
@@ -182,10 +265,17 @@ async fn run_connection(
         client.clone(),
         handing_off.clone(),
     ));
-    let decoder = client
-        .snappy
-        .get()
-        .then(|| SnappyDecoder::with_pending(pending_raw));
+    let decoder = match Decoder::new(client.compression.get(), pending_raw, inflate_history) {
+        Ok(d) => d,
+        Err(e) => {
+            log::error!(
+                "PROTOCOL(V2): [{}] cannot resume compression - {e}",
+                client.remote_address
+            );
+            stream.shutdown();
+            return;
+        }
+    };
     let outcome = reader_loop(&server, &stream, &client, buf, decoder).await;
     if let Outcome::HandOff { .. } = outcome {
         handing_off.set(true);
@@ -201,6 +291,7 @@ async fn run_connection(
             target,
             pending,
             pending_raw,
+            inflate_history,
         } => {
             // SAFETY: the stream is alive (we hold `stream`), so its fd is valid here.
             let dup = unsafe { BorrowedFd::borrow_raw(stream.fd()) }.try_clone_to_owned();
@@ -218,6 +309,7 @@ async fn run_connection(
                 client: client.snapshot(),
                 pending: pending.to_vec(),
                 pending_raw,
+                inflate_history,
             };
             server.shard.count_handoff_sent();
             if let Some(mesh) = server.mesh() {
@@ -256,7 +348,7 @@ async fn reader_loop(
     stream: &SharedStream,
     client: &Rc<Client>,
     mut buf: BytesMut,
-    mut decoder: Option<SnappyDecoder>,
+    mut decoder: Option<Decoder>,
 ) -> Outcome {
     let limits = limits(server);
     let mut eof = false;
@@ -283,10 +375,28 @@ async fn reader_loop(
                 Ok(None) => break,
                 Ok(Some((cmd, n))) => {
                     if let Some(target) = hand_off_target(server, client, &cmd) {
+                        // A deflate stream moves only at a client flush point: read on
+                        // (the client flushes each command) until it is at one.
+                        while let Some(d) = decoder.as_mut().filter(|d| !d.can_hand_off()) {
+                            let mut raw = vec![0u8; 16 * 1024];
+                            match stream.read(&mut raw).await {
+                                Ok(n) if n > 0 => {
+                                    let mut out = Vec::new();
+                                    if d.feed(&raw[..n], &mut out).is_err() {
+                                        return Outcome::Closed;
+                                    }
+                                    buf.extend_from_slice(&out);
+                                }
+                                _ => return Outcome::Closed,
+                            }
+                        }
+                        let (pending_raw, inflate_history) =
+                            decoder.map(|d| d.handoff_state()).unwrap_or_default();
                         return Outcome::HandOff {
                             target,
                             pending: buf,
-                            pending_raw: decoder.map(|d| d.pending().to_vec()).unwrap_or_default(),
+                            pending_raw,
+                            inflate_history,
                         };
                     }
                     let frame = buf.split_to(n).freeze();
@@ -294,10 +404,14 @@ async fn reader_loop(
                         Err(Fatal) => return Outcome::Closed,
                         Ok(false) => {}
                         Ok(true) => {
-                            // IDENTIFY switched the stream to snappy: what follows it,
-                            // read already or not, is compressed.
+                            // IDENTIFY switched the stream to snappy or deflate: what
+                            // follows it, read already or not, is compressed.
                             let rest = buf.split();
-                            let mut d = SnappyDecoder::default();
+                            let Ok(Some(mut d)) =
+                                Decoder::new(client.compression.get(), Vec::new(), Vec::new())
+                            else {
+                                return Outcome::Closed;
+                            };
                             let mut out = Vec::new();
                             if d.feed(&rest, &mut out).is_err() {
                                 return Outcome::Closed;
@@ -343,7 +457,7 @@ async fn reader_loop(
                     let mut out = Vec::new();
                     if let Err(e) = d.feed(&raw, &mut out) {
                         log::info!(
-                            "PROTOCOL(V2): [{}] snappy stream error - {e}",
+                            "PROTOCOL(V2): [{}] compressed stream error - {e}",
                             client.remote_address
                         );
                         return Outcome::Closed;
@@ -419,16 +533,31 @@ async fn exec(
                 client.send_frame(FRAME_RESPONSE, b"OK");
                 return Ok(false);
             }
-            let already = client.snappy.get();
-            let resp = identify_response(
-                &client.settings.borrow(),
-                &shard.opts,
-                negotiated.snappy || already,
-            );
+            if negotiated.snappy && negotiated.deflate {
+                return fatal(
+                    client,
+                    "E_IDENTIFY_FAILED cannot enable both deflate and snappy compression".into(),
+                );
+            }
+            let current = client.compression.get();
+            let mut shown = negotiated;
+            if current != Compression::None {
+                // Already compressed (a repeated IDENTIFY): no second upgrade.
+                shown.snappy = current == Compression::Snappy;
+                shown.deflate = matches!(current, Compression::Deflate(_));
+            }
+            let resp = identify_response(&client.settings.borrow(), &shard.opts, &shown);
             client.send_frame(FRAME_RESPONSE, &resp);
-            if negotiated.snappy && !already {
+            let want = if negotiated.snappy {
+                Compression::Snappy
+            } else if negotiated.deflate {
+                Compression::Deflate(negotiated.deflate_level.clamp(1, 9) as u32)
+            } else {
+                Compression::None
+            };
+            if current == Compression::None && want != Compression::None {
                 // nsqd: the JSON reply goes out plain, then an OK over the new transport.
-                client.snappy.set(true);
+                client.compression.set(want);
                 client.compress_from.set(Some(client.out.borrow().len()));
                 client.send_frame(FRAME_RESPONSE, b"OK");
                 return Ok(true);
@@ -558,8 +687,13 @@ async fn writer_loop(
     handing_off: Rc<Cell<bool>>,
 ) {
     let mut spare: Vec<u8> = Vec::with_capacity(16 * 1024);
-    // A connection handed over from another shard may already speak snappy.
-    let mut encoder = client.snappy.get().then(SnappyEncoder::continuing);
+    // A connection handed over from another shard may already be compressed.
+    let mut encoder = {
+        let hist = client.deflate_out_history.borrow().clone();
+        Encoder::new(client.compression.get(), true, &hist)
+            .ok()
+            .flatten()
+    };
     let mut hb_interval = client.settings.borrow().heartbeat_interval;
     let mut next_hb = hb_interval.map(|d| Instant::now() + d);
     loop {
@@ -591,17 +725,27 @@ async fn writer_loop(
             client.buffered_since.set(None);
             let res = match (client.compress_from.take(), encoder.as_mut()) {
                 (Some(off), _) => {
-                    // The IDENTIFY reply (before `off`) goes out plain; snappy after it.
-                    let mut enc = SnappyEncoder::default();
-                    let mut framed = spare[..off.min(spare.len())].to_vec();
-                    enc.encode(&spare[off.min(spare.len())..], &mut framed);
-                    encoder = Some(enc);
-                    stream.write_all(&framed).await
+                    // The IDENTIFY reply (before `off`) goes out plain, the rest compressed.
+                    let off = off.min(spare.len());
+                    let mut framed = spare[..off].to_vec();
+                    match Encoder::new(client.compression.get(), false, &[]) {
+                        Ok(Some(mut enc)) => {
+                            let r = enc.encode(&client, &spare[off..], &mut framed);
+                            encoder = Some(enc);
+                            match r {
+                                Ok(()) => stream.write_all(&framed).await,
+                                Err(e) => Err(io::Error::other(e)),
+                            }
+                        }
+                        _ => Err(io::Error::other("no encoder")),
+                    }
                 }
                 (None, Some(enc)) => {
                     let mut framed = Vec::with_capacity(spare.len() / 2 + 64);
-                    enc.encode(&spare, &mut framed);
-                    stream.write_all(&framed).await
+                    match enc.encode(&client, &spare, &mut framed) {
+                        Ok(()) => stream.write_all(&framed).await,
+                        Err(e) => Err(io::Error::other(e)),
+                    }
                 }
                 (None, None) => stream.write_all(&spare).await,
             };

@@ -128,14 +128,12 @@ fn reply_reflects_flags_and_client_settings() {
 }
 
 #[test]
-fn tls_and_deflate_are_refused_and_connection_stays_plain() {
+fn tls_is_refused_and_connection_stays_plain() {
     let b = Broker::start(1, &[]);
     let mut s = b.connect_v2();
     send(
         &mut s,
-        &identify_cmd(
-            r#"{"feature_negotiation":true,"tls_v1":true,"deflate":true,"deflate_level":3}"#,
-        ),
+        &identify_cmd(r#"{"feature_negotiation":true,"tls_v1":true}"#),
     );
     expect_frame(&mut s, 0, DEFAULT_IDENTIFY_REPLY.as_bytes());
     // No upgrade and no extra OK frame: the next frame is the PUB reply in clear text.
@@ -614,4 +612,95 @@ impl std::io::Read for SnapStream {
         }
         self.0.read(buf)
     }
+}
+
+/// Reads whatever arrives within `wait` and inflates it (raw DEFLATE, sync-flushed).
+fn read_inflated(
+    s: &mut std::net::TcpStream,
+    inf: &mut flate2::Decompress,
+    want: usize,
+) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while out.len() < want && std::time::Instant::now() < deadline {
+        let mut buf = [0u8; 65536];
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "connection closed");
+        let mut chunk = Vec::with_capacity(n * 8 + 4096);
+        inf.decompress_vec(&buf[..n], &mut chunk, flate2::FlushDecompress::Sync)
+            .unwrap();
+        out.extend(chunk);
+    }
+    out
+}
+
+fn deflated(c: &mut flate2::Compress, data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len() + 1024);
+    c.compress_vec(data, &mut out, flate2::FlushCompress::Sync)
+        .unwrap();
+    out
+}
+
+/// IDENTIFY with deflate: reply in clear text with the negotiated level, then raw
+/// DEFLATE both ways (an OK first), also after the connection moves to the topic's shard;
+/// asking for both snappy and deflate is nsqd's E_IDENTIFY_FAILED.
+#[test]
+fn deflate_negotiation_switches_both_directions() {
+    use std::io::Write;
+    for shards in SHARD_COUNTS {
+        let b = Broker::start(shards, &[]);
+        let mut s = b.connect_v2();
+        s.write_all(&identify_cmd(
+            r#"{"feature_negotiation":true,"deflate":true,"deflate_level":3}"#,
+        ))
+        .unwrap();
+        let (_, json) = read_frame(&mut s).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        assert_eq!(v["deflate"], true, "shards={shards}");
+        assert_eq!(v["deflate_level"], 3);
+        assert_eq!(v["snappy"], false);
+        let mut inf = flate2::Decompress::new(false);
+        let mut def = flate2::Compress::new(flate2::Compression::new(6), false);
+        assert_eq!(read_inflated(&mut s, &mut inf, 10), frame(0, b"OK"));
+        let topic = format!("defl_{shards}");
+        s.write_all(&deflated(&mut def, &pub_cmd(&topic, b"deflated hello")))
+            .unwrap();
+        assert_eq!(read_inflated(&mut s, &mut inf, 10), frame(0, b"OK"));
+        // A consumer that negotiates deflate, then SUBs (handed to the owner shard).
+        let mut c = b.connect_v2();
+        c.write_all(&identify_cmd(
+            r#"{"feature_negotiation":true,"deflate":true}"#,
+        ))
+        .unwrap();
+        read_frame(&mut c).unwrap();
+        let mut cinf = flate2::Decompress::new(false);
+        let mut cdef = flate2::Compress::new(flate2::Compression::new(6), false);
+        assert_eq!(read_inflated(&mut c, &mut cinf, 10), frame(0, b"OK"));
+        c.write_all(&deflated(&mut cdef, format!("SUB {topic} ch\n").as_bytes()))
+            .unwrap();
+        assert_eq!(read_inflated(&mut c, &mut cinf, 10), frame(0, b"OK"));
+        c.write_all(&deflated(&mut cdef, b"RDY 1\n")).unwrap();
+        let got = read_inflated(&mut c, &mut cinf, 8 + 26 + 14);
+        assert_eq!(i32::from_be_bytes(got[4..8].try_into().unwrap()), 2);
+        assert_eq!(
+            parse_message(&got[8..]).3,
+            b"deflated hello",
+            "shards={shards}"
+        );
+    }
+    let b = Broker::start(1, &[]);
+    let mut s = b.connect_v2();
+    s.write_all(&identify_cmd(
+        r#"{"feature_negotiation":true,"deflate":true,"snappy":true}"#,
+    ))
+    .unwrap();
+    assert_eq!(
+        read_frame(&mut s).unwrap(),
+        (
+            1,
+            b"E_IDENTIFY_FAILED cannot enable both deflate and snappy compression".to_vec()
+        )
+    );
+    assert_closed(&mut s);
 }

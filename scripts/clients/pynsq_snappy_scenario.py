@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""pynsq with snappy=True on both sides (IDENTIFY negotiates snappy, then every byte in
-both directions is in the snappy framing format, also after the broker hands the
-consumer's connection to the shard that owns the topic).
+"""pynsq with snappy=True (or deflate=True) on both sides: IDENTIFY negotiates the
+compression, then every byte in both directions is compressed, also after the broker
+hands the connections to the shard that owns the topic.
 
-Usage: pynsq_snappy_scenario.py <tcp host:port> <http host:port>
+Usage: pynsq_snappy_scenario.py <tcp host:port> <http host:port> [snappy|deflate]
 Publishes 2,000 messages (small, incompressible and large compressible bodies) with a
 snappy Writer via MPUB and PUB; a snappy Reader must receive every one, and /stats must
 show the consumer with snappy true. Exit 0 on success, 1 with a reason on failure.
@@ -19,9 +19,11 @@ import nsq
 import tornado.ioloop
 
 TCP, HTTP = sys.argv[1], sys.argv[2]
+MODE = sys.argv[3] if len(sys.argv) > 3 else os.environ.get("PYNSQ_COMPRESSION", "snappy")
+OPTS = {"snappy": True} if MODE == "snappy" else {"deflate": True, "deflate_level": 6}
 N = 2000
 TIMEOUT = float(os.environ.get("SCENARIO_TIMEOUT", "120"))
-topic = "snappy_%d" % (int(time.time() * 1000) % 10_000_000)
+topic = "%s_%d" % (MODE, int(time.time() * 1000) % 10_000_000)
 rnd = random.Random(7)
 bodies = []
 for i in range(N):
@@ -44,7 +46,7 @@ def check_stats():
         for t in d["topics"] or []:
             for ch in t["channels"]:
                 for c in ch["clients"] or []:
-                    snappy_seen.append(c["snappy"])
+                    snappy_seen.append(c[MODE])
     except Exception as e:  # noqa: BLE001
         errors.append("stats: %r" % e)
 
@@ -62,9 +64,9 @@ def done(conn, data):
         errors.append("publish error: %r" % data)
 
 
-writer = nsq.Writer([TCP], snappy=True)
+writer = nsq.Writer([TCP], **OPTS)
 nsq.Reader(message_handler=handler, nsqd_tcp_addresses=[TCP], topic=topic, channel="c",
-           snappy=True, max_in_flight=200)
+           max_in_flight=200, **OPTS)
 
 
 def publish():
@@ -82,8 +84,8 @@ if errors:
 if got != want:
     fail.append("received %d of %d distinct messages" % (len(got & want), len(want)))
 if snappy_seen != [True]:
-    fail.append("/stats clients snappy: %r (want [True])" % snappy_seen)
+    fail.append("/stats clients %s: %r (want [True])" % (MODE, snappy_seen))
 if fail:
-    print("FAIL pynsq snappy: " + " | ".join(fail))
+    print("FAIL pynsq %s: %s" % (MODE, " | ".join(fail)))
     sys.exit(1)
-print("PASS pynsq snappy: %d messages over snappy connections" % N)
+print("PASS pynsq %s: %d messages over %s connections" % (MODE, N, MODE))

@@ -11,6 +11,15 @@ use serde::{Deserialize, Serialize};
 use std::cell::{Cell, RefCell};
 use std::time::{Duration, Instant};
 
+/// Stream compression negotiated by IDENTIFY (nsqd: snappy framing or raw deflate).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Compression {
+    None,
+    Snappy,
+    /// Raw DEFLATE at this level (1-9).
+    Deflate(u32),
+}
+
 /// nsqd's client states as shown in /stats (`state`). V2 clients use 0, 3 and 4 only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ClientState {
@@ -51,8 +60,11 @@ pub struct ClientSnapshot {
     pub finish_count: u64,
     pub requeue_count: u64,
     pub pub_counts: Vec<(String, u64)>,
-    /// The connection speaks the snappy framing format (negotiated by IDENTIFY).
-    pub snappy: bool,
+    /// The compression the connection negotiated with IDENTIFY.
+    pub compression: Compression,
+    /// With deflate: the last 32 KiB the server sent (the peer's inflate window), to
+    /// prime the compressor that continues the stream on the new shard.
+    pub deflate_out_history: Vec<u8>,
 }
 
 /// The shard-side view of one connection.
@@ -87,8 +99,10 @@ pub struct Client {
     /// Wakes a reader that stopped reading because `out` was too full (the writer
     /// drained some).
     pub drained: Notify,
-    /// Snappy framing negotiated (stats `snappy`).
-    pub snappy: Cell<bool>,
+    /// Compression negotiated (stats `snappy` / `deflate`).
+    pub compression: Cell<Compression>,
+    /// With deflate: the last 32 KiB sent (kept by the writer for a hand-off).
+    pub deflate_out_history: RefCell<Vec<u8>>,
     /// Offset in `out` from which the writer must compress: the bytes before it (the
     /// IDENTIFY reply) still go out plain.
     pub compress_from: Cell<Option<usize>>,
@@ -115,7 +129,8 @@ impl Client {
             wake: Notify::default(),
             closed: Cell::new(false),
             drained: Notify::default(),
-            snappy: Cell::new(false),
+            compression: Cell::new(Compression::None),
+            deflate_out_history: RefCell::new(Vec::new()),
             compress_from: Cell::new(None),
         }
     }
@@ -128,7 +143,8 @@ impl Client {
         c.finish_count.set(s.finish_count);
         c.requeue_count.set(s.requeue_count);
         *c.pub_counts.borrow_mut() = s.pub_counts;
-        c.snappy.set(s.snappy);
+        c.compression.set(s.compression);
+        *c.deflate_out_history.borrow_mut() = s.deflate_out_history;
         Client {
             connect_ts: s.connect_ts,
             ..c
@@ -146,7 +162,8 @@ impl Client {
             finish_count: self.finish_count.get(),
             requeue_count: self.requeue_count.get(),
             pub_counts: self.pub_counts.borrow().clone(),
-            snappy: self.snappy.get(),
+            compression: self.compression.get(),
+            deflate_out_history: self.deflate_out_history.borrow().clone(),
         }
     }
 

@@ -18,6 +18,8 @@ pub struct HandOff {
     pub pending: Vec<u8>,
     /// Received bytes not yet decoded (an incomplete snappy chunk).
     pub pending_raw: Vec<u8>,
+    /// With deflate: the last 32 KiB inflated (the client's deflate window).
+    pub inflate_history: Vec<u8>,
 }
 
 /// Admin operations that must run on the topic's owner (HTTP API, nsqd: http.go).

@@ -40,6 +40,8 @@ pub struct Options {
     pub max_deflate_level: i64,
     /// `--snappy`: clients may negotiate snappy compression.
     pub snappy: bool,
+    /// `--deflate`: clients may negotiate deflate compression.
+    pub deflate: bool,
     /// `--data-path`: where non-ephemeral topics keep their segment logs; `None` keeps
     /// everything in memory.
     pub data_path: Option<std::path::PathBuf>,
@@ -72,6 +74,7 @@ impl Default for Options {
             client_timeout: Duration::from_secs(60),
             max_deflate_level: 6,
             snappy: true,
+            deflate: true,
             data_path: None,
             sync_every: 2500,
             sync_timeout: Duration::from_secs(2),

@@ -63,6 +63,11 @@ pub struct Negotiated {
     pub negotiate: bool,
     /// Switch the connection to the snappy framing format after the reply.
     pub snappy: bool,
+    /// Deflate asked for and allowed by `--deflate`.
+    pub deflate: bool,
+    /// nsqd's deflateLevel: the client's level if > 0 (and deflate is on), else 6, capped
+    /// by `--max-deflate-level`.
+    pub deflate_level: i64,
 }
 
 /// Default settings of a connection before IDENTIFY (nsqd newClientV2): client_id and
@@ -142,27 +147,33 @@ pub fn apply_identify(
     s.identified = true;
     *settings = s;
     let negotiate = req.feature_negotiation.unwrap_or(false);
+    // Compression is only switched on by a negotiating IDENTIFY (nsqd).
+    let deflate = negotiate && opts.deflate && req.deflate.unwrap_or(false);
+    let mut deflate_level = 6;
+    if deflate && req.deflate_level.unwrap_or(0) > 0 {
+        deflate_level = req.deflate_level.unwrap_or(6);
+    }
     Ok(Negotiated {
         negotiate,
-        // Compression is only switched on by a negotiating IDENTIFY (nsqd).
         snappy: negotiate && opts.snappy && req.snappy.unwrap_or(false),
+        deflate,
+        deflate_level: deflate_level.min(opts.max_deflate_level),
     })
 }
 
-/// The JSON reply to a negotiating IDENTIFY. `snappy` is what was granted; TLS and deflate
-/// are not offered yet, so they are always false; deflate_level is nsqd's 6 capped by
-/// --max-deflate-level.
-pub fn identify_response(settings: &ClientSettings, opts: &Options, snappy: bool) -> Vec<u8> {
+/// The JSON reply to a negotiating IDENTIFY: `snappy` and `deflate` as granted (TLS is not
+/// offered yet, so `tls_v1` is false).
+pub fn identify_response(settings: &ClientSettings, opts: &Options, n: &Negotiated) -> Vec<u8> {
     let r = IdentifyResponse {
         max_rdy_count: opts.max_rdy_count,
         version: VERSION,
         max_msg_timeout: ms(opts.max_msg_timeout),
         msg_timeout: ms(settings.msg_timeout),
         tls_v1: false,
-        deflate: false,
-        deflate_level: 6.min(opts.max_deflate_level),
+        deflate: n.deflate,
+        deflate_level: n.deflate_level,
         max_deflate_level: opts.max_deflate_level,
-        snappy,
+        snappy: n.snappy,
         sample_rate: settings.sample_rate as i64,
         auth_required: false,
         output_buffer_size: settings.output_buffer_size as i64,

@@ -15,6 +15,7 @@
 //! answer it, without waiting for (or allocating) a body that will never be used.
 
 pub mod client;
+pub mod deflate;
 pub mod identify;
 pub mod snappy;
 
