@@ -185,8 +185,8 @@ pub fn indexed_name(base: &str, i: usize, n: usize) -> String {
     }
 }
 
-/// Go's `time.ParseDuration` (`300ms`, `1.5h`, `2h45m`, units ns us µs ms s m h), plus a
-/// bare number meaning seconds.
+/// Go's `time.ParseDuration` (`300ms`, `1.5h`, `2h45m`, units ns us µs ms s m h; the
+/// broker's own parser), plus a bare number meaning seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     if s.is_empty() {
@@ -198,35 +198,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         }
         return Err(format!("invalid duration {s:?}"));
     }
-    let mut rest = s;
-    let mut total = 0f64;
-    while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(|| format!("missing unit in duration {s:?}"))?;
-        if num_len == 0 {
-            return Err(format!("invalid duration {s:?}"));
-        }
-        let n: f64 = rest[..num_len]
-            .parse()
-            .map_err(|_| format!("invalid duration {s:?}"))?;
-        rest = &rest[num_len..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let scale = match &rest[..unit_len] {
-            "ns" => 1e-9,
-            "us" | "µs" | "μs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            u => return Err(format!("unknown unit {u:?} in duration {s:?}")),
-        };
-        total += n * scale;
-        rest = &rest[unit_len..];
-    }
-    Ok(Duration::from_secs_f64(total))
+    nsqd::config::parse_duration(s)
 }
 
 #[cfg(test)]

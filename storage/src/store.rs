@@ -201,30 +201,7 @@ impl TopicStore {
             next_seq = next_seq.max(seg.end_seq);
             segments.insert(base, seg);
         }
-        let dir_fd =
-            std::fs::File::open(&dir).map_err(|e| format!("open {}: {e}", dir.display()))?;
-        let store = Rc::new(TopicStore {
-            dir,
-            cfg,
-            segments: RefCell::new(segments),
-            readers: RefCell::new(HashMap::new()),
-            pending: RefCell::new(Vec::new()),
-            pending_recs: RefCell::new(Vec::new()),
-            next_seq: Cell::new(next_seq),
-            durable_seq: Cell::new(next_seq),
-            waiters: RefCell::new(Vec::new()),
-            wake: Rc::new(crate::Notify::default()),
-            closing: Cell::new(false),
-            error: RefCell::new(None),
-            done: Rc::new(crate::Notify::default()),
-            finished: Cell::new(false),
-            dir_fd,
-            opens: Cell::new(0),
-            destroyed: Cell::new(false),
-            salt: new_salt(),
-            drain_waiters: RefCell::new(Vec::new()),
-        });
-        glommio::spawn_local(writer_task(store.clone())).detach();
+        let store = TopicStore::start(dir, cfg, segments, next_seq)?;
         Ok(Recovered {
             store,
             tail,
@@ -237,12 +214,22 @@ impl TopicStore {
     /// its writer task. The directory is created at once; segment files lazily.
     pub fn create(dir: PathBuf, cfg: StoreConfig, next_seq: u64) -> Result<Rc<TopicStore>, String> {
         std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+        TopicStore::start(dir, cfg, BTreeMap::new(), next_seq)
+    }
+
+    /// Builds the store around its (recovered or empty) segments and spawns its writer.
+    fn start(
+        dir: PathBuf,
+        cfg: StoreConfig,
+        segments: BTreeMap<u64, Segment>,
+        next_seq: u64,
+    ) -> Result<Rc<TopicStore>, String> {
         let dir_fd =
             std::fs::File::open(&dir).map_err(|e| format!("open {}: {e}", dir.display()))?;
         let store = Rc::new(TopicStore {
             dir,
             cfg,
-            segments: RefCell::new(BTreeMap::new()),
+            segments: RefCell::new(segments),
             readers: RefCell::new(HashMap::new()),
             pending: RefCell::new(Vec::new()),
             pending_recs: RefCell::new(Vec::new()),
