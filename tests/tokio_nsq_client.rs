@@ -490,7 +490,7 @@ async fn collect_and_finish(c: &mut NSQConsumer, n: usize, what: &str) -> Vec<Ve
 /// of each kind, one consumer of each kind on its own channel. Bodies mix small,
 /// incompressible (random) and large compressible ones (several 64 KiB snappy chunks).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "with deflate, tokio-nsq 0.14's producer got 146 of 150 acknowledgements (not investigated); raw-DEFLATE and snappy clients are covered by conformance_identify.rs and the pynsq snappy/deflate scenarios"]
+#[ignore = "with deflate, tokio-nsq 0.14's producer misses its last 3-4 acknowledgements unless the test pauses (one /stats request) before reading them, then passes 3/3; suspected client-side inflate buffering, not investigated further. Raw-DEFLATE and snappy peers are covered by conformance_identify.rs and the pynsq snappy/deflate scenarios"]
 async fn snappy_and_deflate_connections_round_trip() {
     const M: usize = 300;
     let mut seed = 0x2545_F491_4F6C_DD1Du64;
