@@ -8,34 +8,19 @@ use crate::stats_render;
 use crate::tcp::SharedStream;
 use crate::timefmt;
 use bytes::{Bytes, BytesMut};
-use futures::future::{select, Either};
 use glommio::net::{TcpListener, TcpStream};
 use nsq_shards::mesh::{AdminError, AdminOp};
 use nsq_shards::names::{is_valid_channel_name, is_valid_topic_name};
 use nsq_shards::stats::StatsRequest;
-use std::pin::pin;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 /// Largest request head accepted (Go's default is 1 MiB; 64 KiB is plenty here).
 const MAX_HEAD: usize = 64 * 1024;
 
+/// Serves HTTP on this shard's listener until shutdown.
 pub async fn accept_loop(server: Rc<Server>, listener: TcpListener) {
-    loop {
-        let accept = pin!(listener.accept());
-        let stop = pin!(server.shard.shutdown.wait());
-        match select(accept, stop).await {
-            Either::Left((Ok(stream), _)) => {
-                let s = server.clone();
-                glommio::spawn_local(async move { serve(s, stream).await }).detach();
-            }
-            Either::Left((Err(e), _)) => {
-                log::error!("HTTP: accept error - {e}");
-                glommio::timer::sleep(Duration::from_millis(10)).await;
-            }
-            Either::Right(_) => break,
-        }
-    }
+    crate::server::accept_until_shutdown(server, listener, "HTTP", serve).await
 }
 
 /// A response: status, the handler's own headers (Go writes them sorted), the body, the

@@ -127,3 +127,33 @@ impl Server {
         out
     }
 }
+
+/// Accepts connections on `listener` until the shard shuts down, running `serve` for each
+/// on its own task (`what` names the listener in logs: "TCP", "HTTP").
+pub async fn accept_until_shutdown<F, Fut>(
+    server: Rc<Server>,
+    listener: glommio::net::TcpListener,
+    what: &'static str,
+    serve: F,
+) where
+    F: Fn(Rc<Server>, glommio::net::TcpStream) -> Fut,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
+    use futures::future::{select, Either};
+    use std::pin::pin;
+    loop {
+        let accept = pin!(listener.accept());
+        let stop = pin!(server.shard.shutdown.wait());
+        match select(accept, stop).await {
+            Either::Left((Ok(stream), _)) => {
+                glommio::spawn_local(serve(server.clone(), stream)).detach();
+            }
+            Either::Left((Err(e), _)) => {
+                // Out of fds or similar: back off briefly instead of spinning.
+                log::error!("{what}: accept error - {e}");
+                glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            Either::Right(_) => break,
+        }
+    }
+}

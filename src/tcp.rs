@@ -88,7 +88,7 @@ impl Encoder {
 use crate::protocol::{self, Command, Context, Limits, FRAME_ERROR, FRAME_RESPONSE, MAGIC_V2};
 use crate::server::Server;
 use bytes::{Bytes, BytesMut};
-use futures::future::{select, Either};
+use futures::future::select;
 use glommio::net::{TcpListener, TcpStream};
 use nsq_shards::client::Client;
 use nsq_shards::mesh::{HandOff, ShardMsg};
@@ -162,21 +162,7 @@ impl SharedStream {
 
 /// Accepts connections on this shard's listener until shutdown.
 pub async fn accept_loop(server: Rc<Server>, listener: TcpListener) {
-    loop {
-        let accept = pin!(listener.accept());
-        let stop = pin!(server.shard.shutdown.wait());
-        match select(accept, stop).await {
-            Either::Left((Ok(stream), _)) => {
-                let s = server.clone();
-                glommio::spawn_local(async move { new_connection(s, stream).await }).detach();
-            }
-            Either::Left((Err(e), _)) => {
-                log::error!("TCP: accept error - {e}");
-                glommio::timer::sleep(Duration::from_millis(10)).await;
-            }
-            Either::Right(_) => break,
-        }
-    }
+    crate::server::accept_until_shutdown(server, listener, "TCP", new_connection).await
 }
 
 async fn new_connection(server: Rc<Server>, stream: TcpStream) {
