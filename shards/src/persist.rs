@@ -211,8 +211,16 @@ impl Shard {
         Ok((count, nch))
     }
 
-    /// Writes the metadata of every durable topic and deletes segments every channel has
-    /// passed. Runs every `--sync-timeout` and at shutdown.
+    /// Writes the metadata of every durable topic and applies segment retention. Runs
+    /// every `--sync-timeout` and at shutdown.
+    ///
+    /// Retention: by default a segment is deleted once every channel has passed it (its
+    /// records are all below the topic's low watermark). With `--retention-time` or
+    /// `--retention-bytes` ([`crate::Options::retains`]) such a consumed segment is kept
+    /// for replay, and goes (oldest first; the segment being written never does) once
+    /// its newest record is older than `--retention-time`, or while the topic's segment
+    /// files add up to more than `--retention-bytes`. The retained range is then
+    /// measured for `/stats`.
     pub async fn checkpoint(&self) {
         let work: Vec<(Rc<nsq_storage::TopicStore>, TopicMeta, u64)> = {
             let mut topics = self.topics.borrow_mut();
@@ -226,6 +234,7 @@ impl Shard {
                 .collect()
         };
         for (st, m, low) in work {
+            let name = m.name.clone();
             let dir = st.dir().to_path_buf();
             let res = glommio::executor()
                 .spawn_blocking(move || meta::write_blocking(&dir, &m))
@@ -236,7 +245,85 @@ impl Shard {
                     st.dir().display()
                 );
             }
-            st.delete_before(low).await;
+            // A seek during the write may have moved a cursor back: never delete what a
+            // channel now needs, nor what the metadata just written still points at.
+            let now_low = {
+                let topics = self.topics.borrow();
+                match topics.get(&name) {
+                    Some(t) if t.store.as_ref().is_some_and(|s| Rc::ptr_eq(s, &st)) => {
+                        t.low_watermark()
+                    }
+                    _ => continue,
+                }
+            };
+            let low = low.min(now_low);
+            if self.opts.retains() {
+                let cut = self.retention_cut(&st, low).await;
+                st.delete_before(cut).await;
+                self.measure_retained(&name, &st).await;
+            } else {
+                st.delete_before(low).await;
+            }
+        }
+    }
+
+    /// Under `--retention-time` / `--retention-bytes`: the sequence below which the
+    /// store's segments may be deleted (see [`Shard::checkpoint`]). Only segments wholly
+    /// below `low` (consumed by every channel) qualify. A segment's age is its last
+    /// record's publish time; when that record cannot be read, the next readable one's
+    /// (newer) is used, and a read error keeps the segment.
+    async fn retention_cut(&self, st: &nsq_storage::TopicStore, low: u64) -> u64 {
+        let segs = st.segment_list().await;
+        let max_bytes = self.opts.retention_bytes;
+        let max_age = self.opts.retention_time.as_nanos().min(i64::MAX as u128) as i64;
+        let cutoff = crate::message::now_unix_nanos().saturating_sub(max_age);
+        let mut total: u64 = segs.iter().map(|s| s.bytes).sum();
+        let mut cut = 0;
+        for s in segs.iter().take(segs.len().saturating_sub(1)) {
+            if s.end_seq > low {
+                break;
+            }
+            let over_size = max_bytes > 0 && total > max_bytes;
+            let expired = !over_size
+                && max_age > 0
+                && match st.read(s.end_seq.saturating_sub(1), 1).await {
+                    Ok(recs) => recs.first().is_none_or(|r| r.timestamp < cutoff),
+                    Err(_) => false,
+                };
+            if !(over_size || expired) {
+                break;
+            }
+            cut = s.end_seq;
+            total = total.saturating_sub(s.bytes);
+        }
+        cut
+    }
+
+    /// Measures what `topic` retains for replay into [`crate::topic::Retained`].
+    async fn measure_retained(&self, topic: &str, st: &nsq_storage::TopicStore) {
+        let bytes = st.segment_list().await.iter().map(|s| s.bytes).sum();
+        let (oldest, head, mem_ts) = {
+            let topics = self.topics.borrow();
+            let Some(t) = topics.get(topic) else { return };
+            let oldest = t.oldest_retained();
+            (oldest, t.log.head, t.log.get(oldest).map(|r| r.timestamp))
+        };
+        let oldest_timestamp = match mem_ts {
+            _ if oldest >= head => 0,
+            Some(ts) => ts,
+            None => st
+                .read(oldest, 1)
+                .await
+                .ok()
+                .and_then(|r| r.first().map(|r| r.timestamp))
+                .unwrap_or(0),
+        };
+        if let Some(t) = self.topics.borrow_mut().get_mut(topic) {
+            t.retained = crate::topic::Retained {
+                oldest_timestamp,
+                messages: t.log.head.saturating_sub(oldest),
+                bytes,
+            };
         }
     }
 

@@ -4,7 +4,7 @@
 
 use crate::channel::InFlightError;
 use crate::client::{Client, ClientState};
-use crate::mesh::{AdminError, AdminOp};
+use crate::mesh::{AdminError, AdminOp, SeekTo};
 use crate::message::MessageId;
 use crate::options::Options;
 use crate::signal::Event;
@@ -493,6 +493,8 @@ impl Shard {
                 ch.empty(&topic.log);
                 topic.trim(self.opts.mem_queue_size);
             }
+            // It may need the disk: callers go through `admin_async`.
+            AdminOp::SeekChannel(..) => return Err(AdminError::Internal),
             AdminOp::PauseChannel(t, c, paused) => {
                 let topic = topics.get_mut(&t).ok_or(AdminError::TopicNotFound)?;
                 let ch = topic
@@ -507,6 +509,76 @@ impl Shard {
             }
         }
         Ok(())
+    }
+
+    /// Runs an admin operation on a topic this shard owns, waiting for the disk when it
+    /// must (`SeekChannel`); the others complete at once as with [`Shard::admin`].
+    pub async fn admin_async(&self, op: AdminOp) -> Result<(), AdminError> {
+        match op {
+            AdminOp::SeekChannel(t, c, to) => self.seek_channel(&t, &c, to).await.map(|_| ()),
+            op => self.admin(op),
+        }
+    }
+
+    /// `POST /channel/seek` (beyond nsqd) on a topic this shard owns: moves the channel's
+    /// cursor to the oldest retained message (`Oldest`), past the newest one the channel
+    /// was given (`Newest`: the topic's pump position), or to the first retained message
+    /// published at or after a time (`Timestamp`, Unix ns; past the newest when none
+    /// is that recent). The in-memory tail is searched first, then the store
+    /// ([`nsq_storage::TopicStore::seek_timestamp`]); the result is kept within
+    /// [oldest retained, pump position]. What happens to the channel's messages is
+    /// [`crate::channel::Channel::seek`]'s rule. The new cursor is persisted by the next
+    /// checkpoint like any cursor. Returns the new cursor; errors: `TopicNotFound`,
+    /// `ChannelNotFound` (also when either was deleted during the disk search),
+    /// `Internal` when the disk read failed (logged).
+    pub async fn seek_channel(
+        &self,
+        topic: &str,
+        channel: &str,
+        to: SeekTo,
+    ) -> Result<u64, AdminError> {
+        let plan = {
+            let topics = self.topics.borrow();
+            let t = topics.get(topic).ok_or(AdminError::TopicNotFound)?;
+            if !t.channels.contains_key(channel) {
+                return Err(AdminError::ChannelNotFound);
+            }
+            match to {
+                SeekTo::Oldest => Ok(t.oldest_retained()),
+                SeekTo::Newest => Ok(t.log.pumped),
+                SeekTo::Timestamp(ts) => match (t.seek_in_memory(ts), &t.store) {
+                    (Ok(seq), _) => Ok(seq),
+                    (Err(first), None) => Ok(first),
+                    (Err(first), Some(st)) => Err((st.clone(), ts, first)),
+                },
+            }
+        };
+        let target = match plan {
+            Ok(seq) => seq,
+            Err((store, ts, first)) => match store.seek_timestamp(ts).await {
+                Ok(found) => found.map_or(first, |s| s.min(first)),
+                Err(e) => {
+                    log::error!("TOPIC({topic}) CHANNEL({channel}): seek failed - {e}");
+                    return Err(AdminError::Internal);
+                }
+            },
+        };
+        let mut topics = self.topics.borrow_mut();
+        let t = topics.get_mut(topic).ok_or(AdminError::TopicNotFound)?;
+        let target = target.max(t.oldest_retained()).min(t.log.pumped);
+        let ch = t
+            .channels
+            .get_mut(channel)
+            .ok_or(AdminError::ChannelNotFound)?;
+        let from = ch.cursor;
+        ch.seek(target);
+        log::info!("TOPIC({topic}) CHANNEL({channel}): seek {to:?}: cursor {from} -> {target}");
+        let out = ch.dispatch(&t.log, Instant::now());
+        bump(&self.counters.messages_out, out);
+        t.dirty = true;
+        t.trim(self.opts.mem_queue_size);
+        self.schedule_disk_reads(t);
+        Ok(target)
     }
 
     /// This shard's part of /stats.
@@ -546,6 +618,7 @@ impl Shard {
         if req.counters_only {
             names.clear();
         }
+        let retains = self.opts.retains();
         for name in names {
             if !req.topic.is_empty() && *name != req.topic {
                 continue;
@@ -589,6 +662,9 @@ impl Shard {
                 message_bytes: t.message_bytes,
                 paused: t.paused,
                 e2e_processing_latency: E2eLatency::default(),
+                retained_oldest_timestamp: retains.then_some(t.retained.oldest_timestamp),
+                retained_messages: retains.then_some(t.retained.messages),
+                retained_bytes: retains.then_some(t.retained.bytes),
             });
         }
         let mut producers = Vec::new();

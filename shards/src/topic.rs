@@ -173,7 +173,21 @@ pub struct Topic {
     pub store: Option<Rc<TopicStore>>,
     /// Metadata changed since the last checkpoint.
     pub dirty: bool,
+    /// The retained range as of the last checkpoint (only with `--retention-time` or
+    /// `--retention-bytes`; see `Shard::checkpoint`).
+    pub retained: Retained,
     ids: IdGenerator,
+}
+
+/// What a topic keeps for replay (`/stats`: `retained_*`), measured at each checkpoint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Retained {
+    /// Publish time (Unix ns) of the oldest retained message; 0 when none.
+    pub oldest_timestamp: i64,
+    /// Messages from the oldest retained one to the newest.
+    pub messages: u64,
+    /// Bytes of the topic's segment files.
+    pub bytes: u64,
 }
 
 impl Topic {
@@ -188,6 +202,7 @@ impl Topic {
             message_bytes: 0,
             store: None,
             dirty: true,
+            retained: Retained::default(),
             ids: IdGenerator::new(node_id),
         }
     }
@@ -303,6 +318,34 @@ impl Topic {
             to = to.max(keep_from.min(store.readable_seq()));
         }
         self.log.trim_to(to);
+    }
+
+    /// The oldest sequence a channel can seek to: the oldest record still on disk or
+    /// in memory.
+    pub fn oldest_retained(&self) -> u64 {
+        let disk = self.store.as_ref().and_then(|s| s.first_seq());
+        disk.unwrap_or(self.log.base).min(self.log.base)
+    }
+
+    /// The first in-memory sequence whose record was published at or after `ts_ns`
+    /// (Unix ns): `Ok(seq)`; `Err(first)` when even the oldest in-memory record (at
+    /// `first`, the memory tail) is that recent, so older ones must be looked for on
+    /// disk; `Ok(head)` when every record in memory is older.
+    pub fn seek_in_memory(&self, ts_ns: i64) -> Result<u64, u64> {
+        let mut first = true;
+        for (i, r) in self.log.records.iter().enumerate() {
+            let Some(r) = r else { continue };
+            if r.timestamp >= ts_ns {
+                let seq = self.log.base + i as u64;
+                return if first { Err(seq) } else { Ok(seq) };
+            }
+            first = false;
+        }
+        if first {
+            Err(self.log.head)
+        } else {
+            Ok(self.log.head)
+        }
     }
 
     /// Adds a channel (no-op if present). It starts reading at the pump position.

@@ -33,6 +33,9 @@ const RECOVERY_CHUNK: usize = 8 * 1024 * 1024;
 /// DmaStreamWriter buffer size.
 const WRITE_BUFFER: usize = 256 * 1024;
 
+mod replay;
+pub use replay::SegmentInfo;
+
 /// Sync and rotation policy (nsqd flags --sync-every, --sync-timeout,
 /// --max-bytes-per-file).
 #[derive(Clone, Debug)]
