@@ -174,7 +174,10 @@ pub fn parse_time_ns(s: &str) -> Option<i64> {
             }
             let oh: i64 = o.get(0..2)?.parse().ok()?;
             let om: i64 = o.get(3..5)?.parse().ok()?;
-            if !o[0..2].bytes().chain(o[3..5].bytes()).all(|c| c.is_ascii_digit())
+            if !o[0..2]
+                .bytes()
+                .chain(o[3..5].bytes())
+                .all(|c| c.is_ascii_digit())
                 || oh > 23
                 || om > 59
             {

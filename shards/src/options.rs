@@ -56,7 +56,8 @@ pub struct Options {
     /// record is older than this; zero = no time limit (see [`Options::retains`]).
     pub retention_time: Duration,
     /// `--retention-bytes` (beyond nsqd), per topic: consumed segments are kept until the
-    /// topic's segment files exceed this many bytes (oldest go first); 0 = no size limit.
+    /// topic's sealed segment files exceed this many bytes (oldest go first; the segment
+    /// being written is not counted); 0 = no size limit.
     pub retention_bytes: u64,
 }
 

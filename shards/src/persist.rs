@@ -218,9 +218,9 @@ impl Shard {
     /// records are all below the topic's low watermark). With `--retention-time` or
     /// `--retention-bytes` ([`crate::Options::retains`]) such a consumed segment is kept
     /// for replay, and goes (oldest first; the segment being written never does) once
-    /// its newest record is older than `--retention-time`, or while the topic's segment
-    /// files add up to more than `--retention-bytes`. The retained range is then
-    /// measured for `/stats`.
+    /// its newest record is older than `--retention-time`, or while the topic's sealed
+    /// segment files add up to more than `--retention-bytes` (the segment being written
+    /// is not counted). The retained range is then measured for `/stats`.
     pub async fn checkpoint(&self) {
         let work: Vec<(Rc<nsq_storage::TopicStore>, TopicMeta, u64)> = {
             let mut topics = self.topics.borrow_mut();
@@ -277,9 +277,12 @@ impl Shard {
         let max_bytes = self.opts.retention_bytes;
         let max_age = self.opts.retention_time.as_nanos().min(i64::MAX as u128) as i64;
         let cutoff = crate::message::now_unix_nanos().saturating_sub(max_age);
-        let mut total: u64 = segs.iter().map(|s| s.bytes).sum();
+        // The segment being written is never deleted and not counted (its file is
+        // preallocated ahead of what it holds).
+        let sealed = &segs[..segs.len().saturating_sub(1)];
+        let mut total: u64 = sealed.iter().map(|s| s.bytes).sum();
         let mut cut = 0;
-        for s in segs.iter().take(segs.len().saturating_sub(1)) {
+        for s in sealed {
             if s.end_seq > low {
                 break;
             }

@@ -75,6 +75,22 @@ pub struct Shard {
     pub me: RefCell<Weak<Shard>>,
 }
 
+/// Returns `Pending` once (after asking to be polled again), so that what follows runs
+/// after the code that spawned the task has returned.
+async fn yield_once() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            std::task::Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}
+
 /// What a publisher waits for when its publish must be durable: the topic's store and
 /// the sequence every record below which must be synced.
 pub struct DurableWait {
@@ -257,6 +273,10 @@ impl Shard {
                 let (topic, channel, from) = (t.name.clone(), ch.name.clone(), ch.cursor);
                 let store = store.clone();
                 glommio::spawn_local(async move {
+                    // glommio polls a spawned task at once, while the caller still
+                    // holds the topics borrow: a read that completes without waiting
+                    // (nothing readable) must not borrow them before that returns.
+                    yield_once().await;
                     me.disk_read(store, topic, channel, from).await;
                 })
                 .detach();
@@ -563,6 +583,22 @@ impl Shard {
                 }
             },
         };
+        // Records below the memory tail are read back from disk: those not yet flushed
+        // there (the writer buffers until the next sync) are made readable first.
+        let unflushed = {
+            let topics = self.topics.borrow();
+            let t = topics.get(topic).ok_or(AdminError::TopicNotFound)?;
+            t.store
+                .as_ref()
+                .filter(|st| target < t.log.base && st.readable_seq() < t.log.base)
+                .map(|st| (st.clone(), t.log.base))
+        };
+        if let Some((st, base)) = unflushed {
+            if let Err(e) = st.wait_durable(base).await {
+                log::error!("TOPIC({topic}) CHANNEL({channel}): seek failed - {e}");
+                return Err(AdminError::Internal);
+            }
+        }
         let mut topics = self.topics.borrow_mut();
         let t = topics.get_mut(topic).ok_or(AdminError::TopicNotFound)?;
         let target = target.max(t.oldest_retained()).min(t.log.pumped);
