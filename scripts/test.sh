@@ -46,7 +46,7 @@ while [[ $# -gt 0 ]]; do
     --shards=*) SHARDS="${1#*=}" ;;
     --scenarios) SCENARIOS="$2"; shift ;;
     --scenarios=*) SCENARIOS="${1#*=}" ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
