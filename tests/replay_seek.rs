@@ -526,3 +526,33 @@ fn retention_bytes_and_default() {
     let depth = b.channel_stats(t, "c").unwrap()["depth"].as_u64().unwrap();
     assert!(depth < 300, "depth {depth}");
 }
+
+/// A seek right after the messages were consumed, before the writer flushed them (it
+/// buffers until the next sync): memory no longer holds them, so the seek first makes
+/// them readable on disk.
+#[test]
+fn seek_reaches_records_not_yet_flushed() {
+    for shards in [1, 2] {
+        let b = Broker::start(shards, &["--retention-time=1h", "--sync-timeout=30s"]);
+        for topic in topic_names("unflushed", 2) {
+            b.admin(&format!("/topic/create?topic={topic}"));
+            b.admin(&format!("/channel/create?topic={topic}&channel=c"));
+            mpub(&b, &topic, "a", 0, 50);
+            std::thread::sleep(Duration::from_millis(20));
+            mpub(&b, &topic, "b", 50, 100);
+            let mut s = b.subscribe(&topic, "c");
+            send(&mut s, &line("RDY 200"));
+            let first = consume(&mut s, 100);
+            seek(
+                &b,
+                &topic,
+                "c",
+                &format!("timestamp={}", secs(first[50].ts)),
+            );
+            assert_eq!(bodies(&consume(&mut s, 50)), names("b", 50, 100), "{topic}");
+            seek(&b, &topic, "c", "position=oldest");
+            assert_eq!(bodies(&consume(&mut s, 100)), bodies(&first), "{topic}");
+            assert_no_frame(&mut s, Duration::from_millis(200));
+        }
+    }
+}

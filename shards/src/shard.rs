@@ -557,6 +557,26 @@ impl Shard {
         channel: &str,
         to: SeekTo,
     ) -> Result<u64, AdminError> {
+        // Records below the memory tail are on disk only: those the writer has not
+        // flushed yet (it buffers until the next sync) are made readable first, for the
+        // search and for the channel's reads.
+        let unflushed = {
+            let topics = self.topics.borrow();
+            let t = topics.get(topic).ok_or(AdminError::TopicNotFound)?;
+            if !t.channels.contains_key(channel) {
+                return Err(AdminError::ChannelNotFound);
+            }
+            t.store
+                .as_ref()
+                .filter(|st| to != SeekTo::Newest && st.readable_seq() < t.log.base)
+                .map(|st| (st.clone(), t.log.base))
+        };
+        if let Some((st, base)) = unflushed {
+            if let Err(e) = st.wait_durable(base).await {
+                log::error!("TOPIC({topic}) CHANNEL({channel}): seek failed - {e}");
+                return Err(AdminError::Internal);
+            }
+        }
         let plan = {
             let topics = self.topics.borrow();
             let t = topics.get(topic).ok_or(AdminError::TopicNotFound)?;
@@ -583,22 +603,6 @@ impl Shard {
                 }
             },
         };
-        // Records below the memory tail are read back from disk: those not yet flushed
-        // there (the writer buffers until the next sync) are made readable first.
-        let unflushed = {
-            let topics = self.topics.borrow();
-            let t = topics.get(topic).ok_or(AdminError::TopicNotFound)?;
-            t.store
-                .as_ref()
-                .filter(|st| target < t.log.base && st.readable_seq() < t.log.base)
-                .map(|st| (st.clone(), t.log.base))
-        };
-        if let Some((st, base)) = unflushed {
-            if let Err(e) = st.wait_durable(base).await {
-                log::error!("TOPIC({topic}) CHANNEL({channel}): seek failed - {e}");
-                return Err(AdminError::Internal);
-            }
-        }
         let mut topics = self.topics.borrow_mut();
         let t = topics.get_mut(topic).ok_or(AdminError::TopicNotFound)?;
         let target = target.max(t.oldest_retained()).min(t.log.pumped);
