@@ -381,3 +381,64 @@ impl Topic {
         self.dirty = true;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(seq: u64, timestamp: i64) -> Record {
+        Record {
+            seq,
+            id: MessageId(seq),
+            timestamp,
+            defer_until: None,
+            body: Bytes::from(format!("m{seq}")),
+        }
+    }
+
+    /// Memory holds sequences 10..20 (15 lost), published at 100 + 10 * (seq - 10).
+    fn topic() -> Topic {
+        let mut t = Topic::new("t", 0);
+        let recs = (10..20)
+            .filter(|s| *s != 15)
+            .map(|s| rec(s, 100 + 10 * (s as i64 - 10)));
+        t.log.restore(10, 20, recs);
+        t.log.pumped = 20;
+        t
+    }
+
+    #[test]
+    fn seek_in_memory_finds_the_first_record_at_or_after() {
+        let t = topic();
+        // Older than or exactly the memory tail: maybe more on disk.
+        assert_eq!(t.seek_in_memory(0), Err(10));
+        assert_eq!(t.seek_in_memory(100), Err(10));
+        assert_eq!(t.seek_in_memory(101), Ok(11));
+        assert_eq!(t.seek_in_memory(120), Ok(12));
+        // 15 is gone: the next one.
+        assert_eq!(t.seek_in_memory(145), Ok(16));
+        assert_eq!(t.seek_in_memory(190), Ok(19));
+        // Newer than everything: the head.
+        assert_eq!(t.seek_in_memory(191), Ok(20));
+        assert_eq!(Topic::new("e", 0).seek_in_memory(5), Err(0), "empty log");
+        assert_eq!(t.oldest_retained(), 10, "no store: the memory tail");
+    }
+
+    #[test]
+    fn channel_seek_drops_requeued_and_deferred() {
+        let t = topic();
+        let mut ch = Channel::new("c", 18);
+        ch.requeued.push_back(rec(11, 0).message());
+        ch.requeued.push_back(rec(19, 0).message());
+        ch.defer(rec(12, 0).message(), Instant::now());
+        ch.defer_published(rec(19, 0).message(), Instant::now());
+        assert_eq!(ch.depth(&t.log), 2 - 1 + 2);
+        ch.seek(12);
+        assert_eq!(ch.cursor, 12);
+        assert!(ch.requeued.is_empty() && ch.deferred.is_empty() && ch.skip.is_empty());
+        assert_eq!(ch.depth(&t.log), 8);
+        assert_eq!(ch.low_watermark(), 12);
+        ch.seek(20);
+        assert_eq!(ch.depth(&t.log), 0);
+    }
+}
