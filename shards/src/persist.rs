@@ -258,9 +258,17 @@ impl Shard {
             };
             let low = low.min(now_low);
             if self.opts.retains() {
-                let cut = self.retention_cut(&st, low).await;
+                let segs = st.segment_list().await;
+                let cut = self.retention_cut(&st, &segs, low).await;
                 st.delete_before(cut).await;
-                self.measure_retained(&name, &st).await;
+                // What delete_before leaves: segments reaching past the cut, and the last.
+                let left: u64 = segs
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, s)| s.end_seq > cut || i + 1 == segs.len())
+                    .map(|(_, s)| s.bytes)
+                    .sum();
+                self.measure_retained(&name, &st, left).await;
             } else {
                 st.delete_before(low).await;
             }
@@ -272,8 +280,12 @@ impl Shard {
     /// below `low` (consumed by every channel) qualify. A segment's age is its last
     /// record's publish time; when that record cannot be read, the next readable one's
     /// (newer) is used, and a read error keeps the segment.
-    async fn retention_cut(&self, st: &nsq_storage::TopicStore, low: u64) -> u64 {
-        let segs = st.segment_list().await;
+    async fn retention_cut(
+        &self,
+        st: &nsq_storage::TopicStore,
+        segs: &[nsq_storage::SegmentInfo],
+        low: u64,
+    ) -> u64 {
         let max_bytes = self.opts.retention_bytes;
         let max_age = self.opts.retention_time.as_nanos().min(i64::MAX as u128) as i64;
         let cutoff = crate::message::now_unix_nanos().saturating_sub(max_age);
@@ -302,9 +314,9 @@ impl Shard {
         cut
     }
 
-    /// Measures what `topic` retains for replay into [`crate::topic::Retained`].
-    async fn measure_retained(&self, topic: &str, st: &nsq_storage::TopicStore) {
-        let bytes = st.segment_list().await.iter().map(|s| s.bytes).sum();
+    /// Measures what `topic` retains for replay into [`crate::topic::Retained`];
+    /// `bytes` is what its segment files hold.
+    async fn measure_retained(&self, topic: &str, st: &nsq_storage::TopicStore, bytes: u64) {
         let (oldest, head, mem_ts) = {
             let topics = self.topics.borrow();
             let Some(t) = topics.get(topic) else { return };

@@ -577,6 +577,15 @@ impl Shard {
                 return Err(AdminError::Internal);
             }
         }
+        enum Plan {
+            At(u64),
+            /// Search the store for `ts`; `first` is the oldest in-memory match.
+            Disk {
+                store: Rc<nsq_storage::TopicStore>,
+                ts: i64,
+                first: u64,
+            },
+        }
         let plan = {
             let topics = self.topics.borrow();
             let t = topics.get(topic).ok_or(AdminError::TopicNotFound)?;
@@ -584,18 +593,22 @@ impl Shard {
                 return Err(AdminError::ChannelNotFound);
             }
             match to {
-                SeekTo::Oldest => Ok(t.oldest_retained()),
-                SeekTo::Newest => Ok(t.log.pumped),
+                SeekTo::Oldest => Plan::At(t.oldest_retained()),
+                SeekTo::Newest => Plan::At(t.log.pumped),
                 SeekTo::Timestamp(ts) => match (t.seek_in_memory(ts), &t.store) {
-                    (Ok(seq), _) => Ok(seq),
-                    (Err(first), None) => Ok(first),
-                    (Err(first), Some(st)) => Err((st.clone(), ts, first)),
+                    (Ok(seq), _) => Plan::At(seq),
+                    (Err(first), None) => Plan::At(first),
+                    (Err(first), Some(st)) => Plan::Disk {
+                        store: st.clone(),
+                        ts,
+                        first,
+                    },
                 },
             }
         };
         let target = match plan {
-            Ok(seq) => seq,
-            Err((store, ts, first)) => match store.seek_timestamp(ts).await {
+            Plan::At(seq) => seq,
+            Plan::Disk { store, ts, first } => match store.seek_timestamp(ts).await {
                 Ok(found) => found.map_or(first, |s| s.min(first)),
                 Err(e) => {
                     log::error!("TOPIC({topic}) CHANNEL({channel}): seek failed - {e}");
