@@ -361,8 +361,8 @@ fn seek_survives_restart() {
                 b.wait_channel_field(topic, "c", "depth", 20);
             }
             if kill {
-                // Two checkpoints' time.
-                std::thread::sleep(Duration::from_millis(400));
+                // Several checkpoints' time.
+                std::thread::sleep(Duration::from_millis(1000));
                 let _ = b.child.kill();
                 let _ = b.child.wait();
             } else {
@@ -393,7 +393,7 @@ fn retention_time_keeps_consumed_segments_until_they_expire() {
     let b = Broker::start(
         2,
         &[
-            "--retention-time=5s",
+            "--retention-time=10s",
             "--max-bytes-per-file=4096",
             "--sync-timeout=100ms",
         ],
@@ -426,7 +426,7 @@ fn retention_time_keeps_consumed_segments_until_they_expire() {
     seek(&b, done, "c", "position=oldest");
     assert_eq!(bodies(&consume(&mut s, 300)), names("m", 0, 300));
     // Once the window has passed, consumed segments go (the one being written stays).
-    let gone = wait_until(Duration::from_secs(15), || {
+    let gone = wait_until(Duration::from_secs(25), || {
         segment_files(&b.data_dir, done).len() == 1
     });
     assert!(
