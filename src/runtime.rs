@@ -373,17 +373,27 @@ async fn shard_main(
     Ok(())
 }
 
-/// Writes topic metadata and applies retention every --sync-timeout until shutdown.
+/// Writes topic metadata and applies retention every --sync-timeout until shutdown, and
+/// soon after a topic or channel is created or deleted (changes within
+/// [`META_COALESCE`] share one write).
 async fn checkpoint_loop(shard: Rc<Shard>) {
     loop {
         let sleep = pin!(glommio::timer::sleep(shard.opts.sync_timeout));
+        let changed = pin!(shard.meta_wake.wait());
         let stop = pin!(shard.shutdown.wait());
-        if let Either::Right(_) = select(sleep, stop).await {
-            return;
+        match select(select(sleep, changed), stop).await {
+            Either::Right(_) => return,
+            Either::Left((Either::Right(_), _)) => {
+                glommio::timer::sleep(META_COALESCE).await;
+            }
+            Either::Left((Either::Left(_), _)) => {}
         }
         shard.checkpoint().await;
     }
 }
+
+/// How long a metadata change waits for others before the checkpoint it triggers.
+const META_COALESCE: Duration = Duration::from_millis(20);
 
 /// Shard 0 talks to nsqlookupd; the other shards forward their registration changes
 /// to it in batches.

@@ -70,6 +70,9 @@ pub struct Shard {
     pub lookup_events: RefCell<Vec<LookupEvent>>,
     pub lookup_wake: crate::signal::Notify,
     pub lookup_enabled: Cell<bool>,
+    /// A topic or channel was created or deleted: the checkpoint task writes metadata
+    /// soon (nsqd: Notify persists metadata on every such change).
+    pub meta_wake: crate::signal::Notify,
     next_client: Cell<u64>,
     /// This shard as an `Rc`, for tasks its synchronous methods spawn.
     pub me: RefCell<Weak<Shard>>,
@@ -105,6 +108,7 @@ impl Shard {
             lookup_events: RefCell::new(Vec::new()),
             lookup_wake: crate::signal::Notify::default(),
             lookup_enabled: Cell::new(false),
+            meta_wake: crate::signal::Notify::default(),
             next_client: Cell::new(1),
             me: RefCell::new(Weak::new()),
         }
@@ -115,8 +119,11 @@ impl Shard {
         owner_of(topic, self.count) == self.index
     }
 
-    /// Queues a registration change for nsqlookupd.
+    /// A topic or channel came or went (nsqd: NSQD.Notify): queues the registration
+    /// change for nsqlookupd and asks for a metadata checkpoint, so that a crash soon
+    /// after does not forget the topic or channel.
     pub fn notify_lookup(&self, ev: LookupEvent) {
+        self.meta_wake.notify();
         if self.lookup_enabled.get() {
             self.lookup_events.borrow_mut().push(ev);
             self.lookup_wake.notify();
