@@ -350,6 +350,7 @@ async fn shard_main(
     let _ = ready.send(Ok(index));
 
     let checkpoints = glommio::spawn_local(checkpoint_loop(shard.clone()));
+    let store_pump = glommio::spawn_local(shard.clone().store_loop());
     loop {
         let t0 = Instant::now();
         glommio::timer::sleep(TICK).await;
@@ -369,6 +370,7 @@ async fn shard_main(
         glommio::timer::sleep(Duration::from_millis(5)).await;
     }
     checkpoints.await;
+    store_pump.await;
     shard.close_stores().await;
     Ok(())
 }

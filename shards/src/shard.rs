@@ -9,7 +9,7 @@ use crate::message::MessageId;
 use crate::options::Options;
 use crate::signal::Event;
 use crate::stats::*;
-use crate::topic::{PublishError, Topic};
+use crate::topic::{PublishError, StoreMode, Topic, STORE_DELAY};
 use bytes::Bytes;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -73,6 +73,8 @@ pub struct Shard {
     /// A topic or channel was created or deleted: the checkpoint task writes metadata
     /// soon (nsqd: Notify persists metadata on every such change).
     pub meta_wake: crate::signal::Notify,
+    /// A topic holds records not yet handed to its store: wakes `store_loop`.
+    pub store_wake: crate::signal::Notify,
     next_client: Cell<u64>,
     /// This shard as an `Rc`, for tasks its synchronous methods spawn.
     pub me: RefCell<Weak<Shard>>,
@@ -109,6 +111,7 @@ impl Shard {
             lookup_wake: crate::signal::Notify::default(),
             lookup_enabled: Cell::new(false),
             meta_wake: crate::signal::Notify::default(),
+            store_wake: crate::signal::Notify::default(),
             next_client: Cell::new(1),
             me: RefCell::new(Weak::new()),
         }
@@ -190,6 +193,7 @@ impl Shard {
             log::info!("TOPIC({name}): created");
             self.notify_lookup(LookupEvent::Register(name.to_string(), None));
             let mut t = Topic::new(name, self.opts.node_id);
+            t.store_mode = self.store_mode();
             if let (Some(dp), false) = (&self.opts.data_path, t.ephemeral) {
                 match nsq_storage::TopicStore::create(
                     nsq_storage::topic_dir(dp, name),
@@ -224,8 +228,18 @@ impl Shard {
         let (n, end) = t.publish(bodies, defer_until, self.opts.mem_queue_size);
         bump(&self.counters.messages_in, n);
         bump(&self.counters.bytes_in, bytes);
+        let must_sync =
+            self.opts.sync_every <= 1 || t.store.as_ref().is_some_and(|st| st.error().is_some());
+        if t.stored < t.log.head {
+            // Deferred store mode: what exceeds the memory queue goes now (all of it when
+            // this publish must be durable); the rest when it is due, unless finished.
+            let cutoff = crate::message::now_unix_nanos() - STORE_DELAY.as_nanos() as i64;
+            if t.store_pump(cutoff, self.opts.mem_queue_size, must_sync) {
+                self.store_wake.notify();
+            }
+        }
         let wait = t.store.as_ref().and_then(|st| {
-            let durable = (self.opts.sync_every <= 1 || st.error().is_some()).then_some(end);
+            let durable = must_sync.then_some(end);
             (durable.is_some() || st.pending_bytes() > STORE_PENDING_HIGH).then(|| DurableWait {
                 store: st.clone(),
                 durable,
@@ -233,6 +247,17 @@ impl Shard {
         });
         self.dispatch_topic(t);
         Ok(wait)
+    }
+
+    /// When durable topics hand records to their stores: at publish with
+    /// `--sync-every=1` (each publish is synced before it is answered), otherwise
+    /// deferred so that records finished quickly never reach the disk.
+    pub fn store_mode(&self) -> StoreMode {
+        if self.opts.sync_every <= 1 {
+            StoreMode::Immediate
+        } else {
+            StoreMode::Deferred
+        }
     }
 
     /// The store policy from the options.
