@@ -89,6 +89,15 @@ pub struct DurableWait {
     pub durable: Option<u64>,
 }
 
+/// A read from the store for one lagging channel.
+struct DiskRead {
+    topic: String,
+    channel: String,
+    from: u64,
+    hint: Option<nsq_storage::ReadPos>,
+    epoch: u64,
+}
+
 /// Bytes a topic's store may have waiting for its writer before publishers wait
 /// (backpressure: memory stays bounded when publishing outruns the disk).
 pub const STORE_PENDING_HIGH: usize = 32 << 20;
@@ -278,60 +287,76 @@ impl Shard {
     }
 
     /// Starts a read from the store for every channel of `t` whose cursor is below the
-    /// memory tail and that has nothing buffered (without stalling anything else).
+    /// memory tail and whose read-ahead buffer runs low (without stalling anything else).
     fn schedule_disk_reads(&self, t: &mut Topic) {
         let Some(store) = t.store.clone() else { return };
+        let base = t.log.base;
         for ch in t.channels.values_mut() {
-            if ch.wants_disk && !ch.disk_inflight && !ch.paused {
-                ch.disk_inflight = true;
-                let me = self.me.borrow().upgrade();
-                let Some(me) = me else { return };
-                let (topic, channel, from) = (t.name.clone(), ch.name.clone(), ch.cursor);
-                let store = store.clone();
-                glommio::spawn_local(async move {
-                    me.disk_read(store, topic, channel, from).await;
-                })
-                .detach();
-            }
+            let Some(from) = ch.disk_read_from(base) else {
+                continue;
+            };
+            let me = self.me.borrow().upgrade();
+            let Some(me) = me else { return };
+            ch.disk_inflight = true;
+            let read = DiskRead {
+                topic: t.name.clone(),
+                channel: ch.name.clone(),
+                from,
+                hint: ch.disk_pos,
+                epoch: ch.disk_epoch,
+            };
+            let store = store.clone();
+            glommio::spawn_local(async move {
+                me.disk_read(store, read).await;
+            })
+            .detach();
         }
     }
 
-    async fn disk_read(
-        &self,
-        store: Rc<nsq_storage::TopicStore>,
-        topic: String,
-        channel: String,
-        from: u64,
-    ) {
-        let res = store.read(from, 512).await;
+    async fn disk_read(&self, store: Rc<nsq_storage::TopicStore>, r: DiskRead) {
+        let (max, max_bytes) = crate::channel::DISK_READ_BATCH;
+        let res = store.read_at(r.from, max, max_bytes, r.hint).await;
         let mut topics = self.topics.borrow_mut();
-        let Some(t) = topics.get_mut(&topic) else {
+        let Some(t) = topics.get_mut(&r.topic) else {
             return;
         };
         let base = t.log.base;
-        let Some(ch) = t.channels.get_mut(&channel) else {
+        let Some(ch) = t.channels.get_mut(&r.channel) else {
             return;
         };
+        if ch.disk_epoch != r.epoch {
+            // The cursor jumped meanwhile (empty, seek): this read is stale.
+            ch.disk_inflight = false;
+            self.schedule_disk_reads(t);
+            return;
+        }
         ch.disk_inflight = false;
         match res {
-            Ok(recs) if !recs.is_empty() => {
-                if ch.cursor == from {
-                    ch.wants_disk = false;
-                    ch.disk
-                        .extend(recs.into_iter().map(crate::topic::Record::from_stored));
-                }
+            Ok((recs, pos)) if !recs.is_empty() => {
+                ch.wants_disk = false;
+                ch.disk_pos = pos;
+                ch.push_disk(recs.into_iter().map(crate::topic::Record::from_stored));
             }
             Ok(_) => {
-                // Nothing on disk at or after the cursor below the memory tail: those
+                // Nothing on disk at or after `from` below the memory tail: those
                 // records are gone (corrupt or deleted); continue from memory.
-                if ch.cursor == from && from < base {
-                    log::error!("TOPIC({topic}) CHANNEL({channel}): records {from}..{base} missing on disk; skipped");
+                if ch.disk.is_empty() && ch.cursor <= r.from && r.from < base {
+                    log::error!(
+                        "TOPIC({}) CHANNEL({}): records {}..{base} missing on disk; skipped",
+                        r.topic,
+                        r.channel,
+                        r.from
+                    );
                     ch.cursor = base;
                 }
                 ch.wants_disk = false;
             }
             Err(e) => {
-                log::error!("TOPIC({topic}) CHANNEL({channel}): disk read failed - {e}");
+                log::error!(
+                    "TOPIC({}) CHANNEL({}): disk read failed - {e}",
+                    r.topic,
+                    r.channel
+                );
                 ch.wants_disk = false;
             }
         }
@@ -352,7 +377,7 @@ impl Shard {
         let mut disk = false;
         for ch in t.channels.values_mut() {
             out += ch.dispatch(&t.log, now);
-            disk |= ch.wants_disk;
+            disk |= ch.disk_read_from(t.log.base).is_some();
         }
         bump(&self.counters.messages_out, out);
         t.trim(self.opts.mem_queue_size);
@@ -366,7 +391,7 @@ impl Shard {
         if let Some(t) = topics.get_mut(topic) {
             if let Some(ch) = t.channels.get_mut(channel) {
                 let out = ch.dispatch(&t.log, Instant::now());
-                let disk = ch.wants_disk;
+                let disk = ch.disk_read_from(t.log.base).is_some();
                 if out > 0 {
                     bump(&self.counters.messages_out, out);
                     t.trim(self.opts.mem_queue_size);
