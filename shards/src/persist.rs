@@ -269,7 +269,7 @@ impl Shard {
             let low = low.min(now_low);
             if self.opts.retains() {
                 let segs = st.segment_list().await;
-                let cut = self.retention_cut(&st, &segs, low).await;
+                let cut = self.retention_cut(&name, &st, &segs, low).await;
                 st.delete_before(cut).await;
                 // What delete_before leaves: segments reaching past the cut, and the last.
                 let left: u64 = segs
@@ -293,6 +293,7 @@ impl Shard {
     /// the time rule).
     async fn retention_cut(
         &self,
+        topic: &str,
         st: &nsq_storage::TopicStore,
         segs: &[nsq_storage::SegmentInfo],
         low: u64,
@@ -312,29 +313,58 @@ impl Shard {
             let over_size = max_bytes > 0 && total > max_bytes;
             let expired = !over_size
                 && max_age > 0
-                && match st.read(s.end_seq.saturating_sub(1), 1).await {
-                    Ok(recs) => recs.first().is_some_and(|r| r.timestamp < cutoff),
-                    Err(_) => false,
-                };
+                && self
+                    .segment_newest(topic, st, s)
+                    .await
+                    .is_some_and(|ts| ts < cutoff);
             if !(over_size || expired) {
                 break;
             }
             cut = s.end_seq;
             total = total.saturating_sub(s.bytes);
         }
+        if let Some(t) = self.topics.borrow_mut().get_mut(topic) {
+            // Forget deleted segments.
+            t.segment_newest = t.segment_newest.split_off(&cut);
+        }
         cut
+    }
+
+    /// The newest publish time (Unix ns) in sealed segment `s`, read once and then
+    /// remembered in the topic; `None` when nothing is readable there or the read failed.
+    async fn segment_newest(
+        &self,
+        topic: &str,
+        st: &nsq_storage::TopicStore,
+        s: &nsq_storage::SegmentInfo,
+    ) -> Option<i64> {
+        let memo = |t: &Topic| t.segment_newest.get(&s.base).copied();
+        if let Some(ts) = self.topics.borrow().get(topic).and_then(memo) {
+            return Some(ts);
+        }
+        let ts = match st.read(s.end_seq.saturating_sub(1), 1).await {
+            Ok(recs) => recs.first().map(|r| r.timestamp)?,
+            Err(_) => return None,
+        };
+        if let Some(t) = self.topics.borrow_mut().get_mut(topic) {
+            t.segment_newest.insert(s.base, ts);
+        }
+        Some(ts)
     }
 
     /// Measures what `topic` retains for replay into [`crate::topic::Retained`];
     /// `bytes` is what its segment files hold.
     async fn measure_retained(&self, topic: &str, st: &nsq_storage::TopicStore, bytes: u64) {
-        let (oldest, head, mem_ts) = {
+        let (oldest, head, known_ts) = {
             let topics = self.topics.borrow();
             let Some(t) = topics.get(topic) else { return };
             let oldest = t.oldest_retained();
-            (oldest, t.log.head, t.log.get(oldest).map(|r| r.timestamp))
+            let known = (t.retained.oldest_seq == oldest && t.retained.oldest_timestamp != 0)
+                .then_some(t.retained.oldest_timestamp);
+            let ts = known.or_else(|| t.log.get(oldest).map(|r| r.timestamp));
+            (oldest, t.log.head, ts)
         };
-        let oldest_timestamp = match mem_ts {
+        let oldest_timestamp = match known_ts {
             _ if oldest >= head => 0,
             Some(ts) => ts,
             None => st
@@ -346,6 +376,7 @@ impl Shard {
         };
         if let Some(t) = self.topics.borrow_mut().get_mut(topic) {
             t.retained = crate::topic::Retained {
+                oldest_seq: oldest,
                 oldest_timestamp,
                 messages: t.log.head.saturating_sub(oldest),
                 bytes,

@@ -200,6 +200,9 @@ pub struct Topic {
     /// The retained range as of the last checkpoint (only with `--retention-time` or
     /// `--retention-bytes`; see `Shard::checkpoint`).
     pub retained: Retained,
+    /// Retention's memo of the newest publish time (Unix ns) in each sealed segment, by
+    /// base sequence: a sealed segment never changes, so it is read once.
+    pub segment_newest: BTreeMap<u64, i64>,
     /// Records below this sequence were handed to the store or found finished by every
     /// channel (and so never written); the ones from here to the head exist only in
     /// memory, which must keep them.
@@ -211,6 +214,8 @@ pub struct Topic {
 /// What a topic keeps for replay (`/stats`: `retained_*`), measured at each checkpoint.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Retained {
+    /// Sequence of the oldest retained message (the head when none).
+    pub oldest_seq: u64,
     /// Publish time (Unix ns) of the oldest retained message; 0 when none.
     pub oldest_timestamp: i64,
     /// Messages from the oldest retained one to the newest.
@@ -232,6 +237,7 @@ impl Topic {
             store: None,
             dirty: true,
             retained: Retained::default(),
+            segment_newest: BTreeMap::new(),
             stored: 0,
             store_mode: StoreMode::Immediate,
             ids: IdGenerator::new(node_id),
