@@ -83,10 +83,10 @@ impl InFlightError {
 
 /// Read ahead from the store while fewer than this many records, or bytes of bodies,
 /// are buffered for a lagging channel.
-pub const DISK_READ_AHEAD: (usize, usize) = (512, 4 << 20);
+pub const DISK_READ_AHEAD: (usize, usize) = (16384, 4 << 20);
 
 /// Records, and bytes of bodies, read from the store at once.
-pub const DISK_READ_BATCH: (usize, usize) = (512, 4 << 20);
+pub const DISK_READ_BATCH: (usize, usize) = (8192, 2 << 20);
 
 pub struct Channel {
     pub name: String,

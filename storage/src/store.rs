@@ -432,7 +432,11 @@ impl TopicStore {
                 if data.is_empty() {
                     break;
                 }
-                let (recs, skipped, stop) = record::scan(&data, 0, salt, last);
+                // Decode only about what is asked for (plus the records below `seq` a
+                // window started from the sparse index holds); what is left of the
+                // window is read again by the next call, at the position returned.
+                let limit = (max - out.len()).saturating_add(INDEX_EVERY as usize);
+                let (recs, skipped, stop) = record::scan_up_to(&data, 0, salt, last, limit);
                 if let Some((r, _)) = recs.last() {
                     last = Some(r.seq);
                 }
