@@ -7,8 +7,8 @@
 #   4. cargo test --workspace
 #   5. scripts/setup-clients.sh (pinned pynsq, gnsq, nsqjs)
 #   6. for --shards 1, 2 and 4: start target/debug/nsqd on loopback ports chosen by the
-#      kernel (with --retention-time=1h, which the pynsq-seek replay scenario needs and
-#      the others do not notice), run every real-client scenario
+#      kernel (default sync policy; with 4 shards also --retention-time=1h, which the
+#      pynsq-seek replay scenario needs and runs with), run every real-client scenario
 #      (scripts/clients/*_scenario.*) against it, stop it with SIGTERM and require exit
 #      status 0 and no panic in its log.
 #
@@ -57,8 +57,17 @@ if [[ -z "$SCENARIOS" ]]; then
   [[ $MOCK -eq 0 ]] && SCENARIOS+=" pynsq-seek"
 fi
 # Replay (pynsq-seek) needs consumed messages retained; the mock takes no such flag.
-BROKER_FLAGS=()
-[[ $MOCK -eq 0 ]] && BROKER_FLAGS=(--retention-time=1h)
+# The broker runs with its default sync policy (records every channel finished quickly are
+# never written) except for the shard counts in RETENTION_SHARDS, where it keeps consumed
+# records (--retention-time=1h, every record written at publish) for the pynsq-seek replay
+# scenario, which runs only there.
+RETENTION_SHARDS="${RETENTION_SHARDS:-4}"
+broker_flags() { # shards
+  BROKER_FLAGS=()
+  if [[ $MOCK -eq 0 && " $RETENTION_SHARDS " == *" $1 "* ]]; then
+    BROKER_FLAGS=(--retention-time=1h)
+  fi
+}
 
 CLIENT_BUDGET_S="${CLIENT_BUDGET_S:-600}"
 export SCENARIO_TIMEOUT="${SCENARIO_TIMEOUT:-120}"
@@ -241,7 +250,8 @@ for n in $SHARDS; do
     for s in $SCENARIOS; do record FAIL "$s $label" "not run: $( [[ $BUILD_OK -eq 0 ]] && echo 'no broker binary' || echo 'client setup failed')"; done
     continue
   fi
-  section "broker ${NSQD_CMD[*]} --shards=$n"
+  broker_flags "$n"
+  section "broker ${NSQD_CMD[*]} --shards=$n ${BROKER_FLAGS[*]+${BROKER_FLAGS[*]}}"
   if ! start_broker "$n"; then
     show_broker_log "$label"
     record FAIL "nsqd start $label" "did not come up"
@@ -252,6 +262,9 @@ for n in $SHARDS; do
   echo "broker pid $BROKER_PID: tcp $TCP_ADDR, http $HTTP_ADDR"
   broker_failed=0
   for s in $SCENARIOS; do
+    if [[ $s == pynsq-seek && ${#BROKER_FLAGS[@]} -eq 0 ]]; then
+      continue  # replay needs retention: runs with the shard counts in RETENTION_SHARDS
+    fi
     left=$(( CLIENT_BUDGET_S - ($(date +%s) - CLIENT_T0) ))
     if [[ $left -lt 60 ]]; then
       record FAIL "$s $label" "not run: client time budget (${CLIENT_BUDGET_S}s) spent"
