@@ -514,6 +514,13 @@ impl Config {
     }
 }
 
+impl Config {
+    /// An option's resolved value by cfg name (as nsqd's `Options` holds it).
+    pub fn option(&self, cfg: &str) -> Option<&crate::config_file::GoValue> {
+        self.options.iter().find(|(n, _)| *n == cfg).map(|(_, v)| v)
+    }
+}
+
 /// nsqd.New's TLS and auth checks, with its messages: a client auth policy implies
 /// `--tls-required`; requiring TLS needs a certificate; the root CA file must hold a
 /// certificate; the auth request method is get or post (nsqd master).

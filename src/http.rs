@@ -751,7 +751,7 @@ async fn do_stats(server: &Server, p: &Params) -> Response {
     if p.get("format") == Some("json") {
         Response::v1_json(stats_render::json(server, &req, &shards, include_mem))
     } else {
-        Response::v1_text(stats_render::text(server, &shards, include_mem))
+        Response::v1_text(stats_render::text(server, &req, &shards, include_mem))
     }
 }
 
@@ -815,7 +815,7 @@ async fn do_config(server: &Server, head: &Head, body: &[u8]) -> Response {
         "broadcast_tcp_port" if c.broadcast_tcp_port == 0 => server.tcp_port.into(),
         "broadcast_http_port" if c.broadcast_http_port == 0 => server.http_port.into(),
         _ => {
-            let Some((_, value)) = c.options.iter().find(|(name, _)| *name == opt) else {
+            let Some(value) = c.option(opt) else {
                 return Response::v1_err(400, "INVALID_OPTION");
             };
             return match value.config_body() {

@@ -51,29 +51,38 @@ struct StatsDoc<'a> {
     shards: Vec<&'a ShardCounters>,
 }
 
-fn merged(shards: &[ShardStats]) -> (Vec<&TopicStats>, Vec<&ClientStats>) {
+/// Every shard's topics (by name) and producers. A `topic=` filter naming no topic gives
+/// no topics (`None`: JSON `null`) and no producers, as nsqd's GetStats returns early;
+/// a known topic without the `channel=` filter's channel gives `Some([])`.
+fn merged<'a>(
+    req: &StatsRequest,
+    shards: &'a [ShardStats],
+) -> (Option<Vec<&'a TopicStats>>, Vec<&'a ClientStats>) {
+    if !req.topic.is_empty() && !shards.iter().any(|s| s.topic_found) {
+        return (None, Vec::new());
+    }
     let mut topics: Vec<&TopicStats> = shards.iter().flat_map(|s| s.topics.iter()).collect();
     topics.sort_by(|a, b| a.topic_name.cmp(&b.topic_name));
     let producers = shards.iter().flat_map(|s| s.producers.iter()).collect();
-    (topics, producers)
+    (Some(topics), producers)
 }
 
-/// `/stats?format=json`. An unknown `topic=` filter gives `"topics":null` like nsqd;
-/// no producers gives `"producers":null`.
+/// `/stats?format=json`. An unknown `topic=` filter gives `"topics":null` (and
+/// `"producers":null`) like nsqd, a known topic without the `channel=` filter's channel
+/// `"topics":[]`; no producers gives `"producers":null`.
 pub fn json(
     server: &Server,
     req: &StatsRequest,
     shards: &[ShardStats],
     include_mem: bool,
 ) -> Vec<u8> {
-    let (topics, producers) = merged(shards);
+    let (topics, producers) = merged(req, shards);
     let health = health_text(shards);
-    let topic_exists = req.topic.is_empty() || !topics.is_empty();
     let doc = StatsDoc {
         version: VERSION,
         health: &health,
         start_time: server.cfg.start_time,
-        topics: topic_exists.then_some(topics),
+        topics,
         memory: include_mem.then(memory),
         producers: (!producers.is_empty()).then_some(producers),
         shards: shards.iter().map(|s| &s.counters).collect(),
@@ -121,8 +130,14 @@ fn client_line(c: &ClientStats) -> String {
 }
 
 /// `/stats` (text), laid out like nsqd's printStats, then a `Shards:` section.
-pub fn text(server: &Server, shards: &[ShardStats], include_mem: bool) -> Vec<u8> {
-    let (topics, producers) = merged(shards);
+pub fn text(
+    server: &Server,
+    req: &StatsRequest,
+    shards: &[ShardStats],
+    include_mem: bool,
+) -> Vec<u8> {
+    let (topics, producers) = merged(req, shards);
+    let topics = topics.unwrap_or_default();
     let mut w = String::new();
     let start = server.cfg.start_time;
     let uptime = std::time::Duration::from_nanos(

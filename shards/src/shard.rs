@@ -665,6 +665,7 @@ impl Shard {
             producers,
             counters,
             client_count,
+            topic_found: !req.topic.is_empty() && topics.contains_key(&req.topic),
         }
     }
 

@@ -136,4 +136,8 @@ pub struct ShardStats {
     pub counters: ShardCounters,
     /// Every client on the shard (producers and consumers), for `client_count` checks.
     pub client_count: usize,
+    /// The request's `topic` filter names a topic of this shard (even when the `channel`
+    /// filter then leaves it out): nsqd answers `"topics":[]` then, `null` for an
+    /// unknown topic.
+    pub topic_found: bool,
 }
