@@ -175,14 +175,23 @@ fn accepted_flags_start_the_broker() {
     };
     assert_eq!(get("queue_scan_worker_pool_max"), (200, "8".into()));
     assert_eq!(get("queue_scan_selection_count"), (200, "30".into()));
-    assert_eq!(get("http_client_connect_timeout"), (200, "3000000000".into()));
-    assert_eq!(get("http_client_request_timeout"), (200, "6000000000".into()));
+    assert_eq!(
+        get("http_client_connect_timeout"),
+        (200, "3000000000".into())
+    );
+    assert_eq!(
+        get("http_client_request_timeout"),
+        (200, "6000000000".into())
+    );
     assert_eq!(get("https_address"), (200, "127.0.0.1:0".into()));
     assert_eq!(get("tls_min_version"), (200, "771".into()));
     assert_eq!(get("tls_required"), (200, "0".into()));
     assert_eq!(get("auth_http_request_method"), (200, "post".into()));
     assert_eq!(get("auth_http_addresses"), (200, "[]".into()));
-    assert_eq!(get("e2e_processing_latency_percentiles"), (200, "[0.99]".into()));
+    assert_eq!(
+        get("e2e_processing_latency_percentiles"),
+        (200, "[0.99]".into())
+    );
     assert_eq!(
         get("e2e_processing_latency_window_time"),
         (200, "300000000000".into())
@@ -228,7 +237,11 @@ fn fails(args: &[&str]) -> String {
     };
     let mut err = String::new();
     use std::io::Read;
-    let _ = child.stderr.take().expect("stderr").read_to_string(&mut err);
+    let _ = child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err);
     assert_eq!(status.code(), Some(1), "{args:?}: {err}");
     err
 }
@@ -242,13 +255,17 @@ fn tls_and_auth_are_refused_not_ignored() {
     ] {
         let err = fails(args);
         assert!(
-            err.contains("FATAL: failed to instantiate nsqd - TLS is not supported by this broker yet"),
+            err.contains(
+                "FATAL: failed to instantiate nsqd - TLS is not supported by this broker yet"
+            ),
             "{args:?}: {err}"
         );
     }
     let err = fails(&["--auth-http-address=127.0.0.1:4181"]);
     assert!(
-        err.contains("FATAL: failed to instantiate nsqd - AUTH is not supported by this broker yet"),
+        err.contains(
+            "FATAL: failed to instantiate nsqd - AUTH is not supported by this broker yet"
+        ),
         "{err}"
     );
     // nsqd's own checks come first, with its messages.

@@ -13,7 +13,9 @@ use serde_json::Value;
 use std::io::Write;
 
 /// (topic, [channel]) pairs of a /stats JSON `topics` value, or None for `null`.
-fn shape(v: &Value) -> Option<Vec<(String, Vec<String>)>> {
+type Shape = Option<Vec<(String, Vec<String>)>>;
+
+fn shape(v: &Value) -> Shape {
     let topics = v.as_array()?;
     Some(
         topics
@@ -33,7 +35,7 @@ fn shape(v: &Value) -> Option<Vec<(String, Vec<String>)>> {
     )
 }
 
-fn owned(v: &[(&str, &[&str])]) -> Option<Vec<(String, Vec<String>)>> {
+fn owned(v: &[(&str, &[&str])]) -> Shape {
     Some(
         v.iter()
             .map(|(t, cs)| (t.to_string(), cs.iter().map(|c| c.to_string()).collect()))
@@ -49,11 +51,14 @@ fn filter_combinations_match_nsqd() {
         let mut p = b.connect_v2();
         p.write_all(&pub_cmd("t", b"hi")).unwrap();
         assert_eq!(read_frame(&mut p).unwrap(), (0, b"OK".to_vec()));
-        assert_eq!(b.http("POST", "/channel/create?topic=t&channel=c", b"").0, 200);
+        assert_eq!(
+            b.http("POST", "/channel/create?topic=t&channel=c", b"").0,
+            200
+        );
         assert_eq!(b.http("POST", "/topic/create?topic=u", b"").0, 200);
 
         let with_c: &[(&str, &[&str])] = &[("t", &["c"])];
-        let cases: &[(&str, Option<Vec<(String, Vec<String>)>>, bool)] = &[
+        let cases: &[(&str, Shape, bool)] = &[
             ("", owned(&[("t", &["c"]), ("u", &[])]), true),
             ("topic=t", owned(with_c), true),
             ("topic=nope", None, false),
@@ -85,7 +90,11 @@ fn filter_combinations_match_nsqd() {
             );
         }
         // Without clients, producers are null for every filter.
-        let (_, body) = b.http("GET", "/stats?format=json&include_clients=false&topic=t", b"");
+        let (_, body) = b.http(
+            "GET",
+            "/stats?format=json&include_clients=false&topic=t",
+            b"",
+        );
         let v: Value = serde_json::from_slice(&body).expect("json");
         assert!(v["producers"].is_null(), "{v}");
         drop(p);
