@@ -761,11 +761,15 @@ static LOG_LEVEL: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new
 
 fn log_level_number(c: &crate::config::Config) -> u8 {
     match LOG_LEVEL.load(std::sync::atomic::Ordering::Relaxed) {
-        0 => match c.log_level {
-            log::LevelFilter::Debug | log::LevelFilter::Trace => 1,
-            log::LevelFilter::Info => 2,
-            log::LevelFilter::Warn => 3,
-            _ => 4,
+        // The level as given (flag or file): `fatal` is 5, though it logs as `error`.
+        0 => match c.option("log_level") {
+            Some(crate::config_file::GoValue::Int(n @ 1..=5)) => *n as u8,
+            _ => match c.log_level {
+                log::LevelFilter::Debug | log::LevelFilter::Trace => 1,
+                log::LevelFilter::Info => 2,
+                log::LevelFilter::Warn => 3,
+                _ => 4,
+            },
         },
         n => n,
     }
