@@ -385,10 +385,6 @@ pub struct Config {
     /// Every nsqd option after resolution (flag > config file > default), by cfg name:
     /// what `GET /config/<name>` answers for options that do not change at run time.
     pub options: Vec<(&'static str, crate::config_file::GoValue)>,
-    /// `--e2e-processing-latency-percentile` (largest first from flags, file order from
-    /// `--config`) and `--e2e-processing-latency-window-time`.
-    pub e2e_percentiles: Vec<f64>,
-    pub e2e_window: Duration,
 }
 
 /// Rewrites Go-style `-long-flag` arguments into `--long-flag`.
@@ -485,6 +481,9 @@ impl Config {
                 cli.sync_timeout
             },
             max_bytes_per_file: cli.max_bytes_per_file.max(4096),
+            // Largest first from flags, file order from --config (as nsqd).
+            e2e_percentiles: cli.e2e_processing_latency_percentile.clone(),
+            e2e_window: cli.e2e_processing_latency_window_time,
         };
         Ok(Config {
             tcp_address: cli.tcp_address,
@@ -508,8 +507,6 @@ impl Config {
             statsd_exclude_ephemeral: cli.statsd_exclude_ephemeral,
             lookupd_ping_interval: cli.lookupd_ping_interval,
             options,
-            e2e_percentiles: cli.e2e_processing_latency_percentile,
-            e2e_window: cli.e2e_processing_latency_window_time,
         })
     }
 }

@@ -129,6 +129,30 @@ fn client_line(c: &ClientStats) -> String {
     )
 }
 
+/// The `e2e%:` column: each percentile's value, `, `-separated (nsqd: quantile.Result
+/// String with stringy.NanoSecondToHuman: `1.2ms`, `850.0us`).
+fn e2e_text(e: &nsq_shards::stats::E2eLatency) -> String {
+    let human = |v: f64| {
+        let (v, unit) = if v > 1e9 {
+            (v / 1e9, "s")
+        } else if v > 1e6 {
+            (v / 1e6, "ms")
+        } else if v > 1e3 {
+            (v / 1e3, "us")
+        } else {
+            (v, "ns")
+        };
+        format!("{v:.1}{unit}")
+    };
+    let parts: Vec<String> = e
+        .percentiles
+        .iter()
+        .flatten()
+        .map(|p| human(p.value as f64))
+        .collect();
+    parts.join(", ")
+}
+
 /// `/stats` (text), laid out like nsqd's printStats, then a `Shards:` section.
 pub fn text(
     server: &Server,
@@ -173,14 +197,18 @@ pub fn text(
         let p = if t.paused { "*P " } else { "   " };
         let _ = writeln!(
             w,
-            "\n{p}[{:<15}] depth: {:<5} be-depth: {:<5} msgs: {:<8} e2e%: ",
-            t.topic_name, t.depth, t.backend_depth, t.message_count
+            "\n{p}[{:<15}] depth: {:<5} be-depth: {:<5} msgs: {:<8} e2e%: {}",
+            t.topic_name,
+            t.depth,
+            t.backend_depth,
+            t.message_count,
+            e2e_text(&t.e2e_processing_latency)
         );
         for c in &t.channels {
             let p = if c.paused { "   *P " } else { "      " };
             let _ = writeln!(
                 w,
-                "{p}[{:<25}] depth: {:<5} be-depth: {:<5} inflt: {:<4} def: {:<4} re-q: {:<5} timeout: {:<5} msgs: {:<8} e2e%: ",
+                "{p}[{:<25}] depth: {:<5} be-depth: {:<5} inflt: {:<4} def: {:<4} re-q: {:<5} timeout: {:<5} msgs: {:<8} e2e%: {}",
                 c.channel_name,
                 c.depth,
                 c.backend_depth,
@@ -188,7 +216,8 @@ pub fn text(
                 c.deferred_count,
                 c.requeue_count,
                 c.timeout_count,
-                c.message_count
+                c.message_count,
+                e2e_text(&c.e2e_processing_latency)
             );
             for cl in c.clients.iter().flatten() {
                 let _ = writeln!(w, "        {}", client_line(cl));

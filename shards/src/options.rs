@@ -52,6 +52,10 @@ pub struct Options {
     pub sync_timeout: Duration,
     /// `--max-bytes-per-file`: segment size before rotation.
     pub max_bytes_per_file: u64,
+    /// `--e2e-processing-latency-percentile` (empty: not tracked) and
+    /// `--e2e-processing-latency-window-time` (see [`crate::quantile`]).
+    pub e2e_percentiles: Vec<f64>,
+    pub e2e_window: Duration,
 }
 
 impl Default for Options {
@@ -79,6 +83,8 @@ impl Default for Options {
             sync_every: 2500,
             sync_timeout: Duration::from_secs(2),
             max_bytes_per_file: 104857600,
+            e2e_percentiles: Vec::new(),
+            e2e_window: Duration::from_secs(600),
         }
     }
 }

@@ -179,10 +179,7 @@ impl Stream {
             if l == 0 {
                 return 0.0;
             }
-            let mut i = (l as f64 * q) as usize;
-            if i > 0 {
-                i -= 1;
-            }
+            let i = ((l as f64 * q) as usize).saturating_sub(1);
             self.maybe_sort();
             return self.b[i.min(l - 1)].value;
         }
