@@ -258,10 +258,10 @@ pub struct Cli {
     /// timeout for HTTP request (Go duration)
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub http_client_request_timeout: Duration,
-    /// accepted for compatibility; not needed by this design (per-channel timer heaps, no queue scan)
+    /// accepted for compatibility; not needed by this design (each shard's timer pass covers all its channels: no queue scan)
     #[arg(long, default_value_t = 4)]
     pub queue_scan_worker_pool_max: i64,
-    /// accepted for compatibility; not needed by this design (per-channel timer heaps, no queue scan)
+    /// accepted for compatibility; not needed by this design (each shard's timer pass covers all its channels: no queue scan)
     #[arg(long, default_value_t = 20)]
     pub queue_scan_selection_count: i64,
     /// message processing time percentiles (as float (0, 1.0]) to track (can be given multiple times or comma separated '1.0,0.99,0.95', default none)

@@ -761,7 +761,9 @@ pub static OPTIONS: &[OptSpec] = &[
         "AuthHTTPRequestMethod",
         Str
     ),
-    // This broker's own options (nsqd ignores these keys as unknown).
+    // This broker's own options (nsqd ignores these keys as unknown). The seek/retention
+    // flags join here as `opt!("retention_time", retention_time, "RetentionTime",
+    // Duration)` and `opt!("retention_bytes", retention_bytes, "RetentionBytes", Int)`.
     OptSpec {
         cfg: "shards",
         arg: "shards",

@@ -73,7 +73,13 @@ const NSQD_1_3_0_FLAGS: &[(&str, Option<&str>)] = &[
 ];
 
 /// This broker's own flags (nsqd has none of these).
-const OWN_FLAGS: &[&str] = &["shards", "lookupd-ping-interval", "help"];
+const OWN_FLAGS: &[&str] = &[
+    "shards",
+    "lookupd-ping-interval",
+    "help",
+    "retention-time",
+    "retention-bytes",
+];
 
 #[test]
 fn every_nsqd_flag_exists() {
