@@ -7,6 +7,7 @@
 //! `nsq-shards` crate.
 
 pub mod config;
+pub mod config_file;
 pub mod http;
 pub mod logger;
 pub mod lookup;

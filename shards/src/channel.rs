@@ -123,6 +123,9 @@ pub struct Channel {
     /// when they were published (nsqd gives a DPUB to each channel at once); the cursor
     /// steps over them.
     pub skip: std::collections::BTreeSet<u64>,
+    /// FIN latencies when `--e2e-processing-latency-percentile` is set (nsqd:
+    /// e2eProcessingLatencyStream); created by the shard on the first FIN.
+    pub e2e: Option<crate::quantile::Quantile>,
 }
 
 impl Channel {
@@ -148,6 +151,7 @@ impl Channel {
             disk_pos: None,
             disk_epoch: 0,
             skip: std::collections::BTreeSet::new(),
+            e2e: None,
         }
     }
 
@@ -402,7 +406,10 @@ impl Channel {
 
     /// FIN: the message is done (nsqd FinishMessage).
     pub fn finish(&mut self, client: &Client, id: MessageId) -> Result<(), InFlightError> {
-        self.take_owned(client, id)?;
+        let f = self.take_owned(client, id)?;
+        if let Some(q) = self.e2e.as_mut() {
+            q.insert(crate::message::now_unix_nanos(), f.msg.timestamp);
+        }
         client.in_flight.set((client.in_flight.get() - 1).max(0));
         client.finish_count.set(client.finish_count.get() + 1);
         self.compact_heap();
