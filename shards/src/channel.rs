@@ -3,9 +3,10 @@
 //! in_flight_pqueue.go, protocol_v2.go messagePump).
 
 use crate::client::{Client, ClientState};
-use crate::message::{Message, MessageId};
+use crate::message::{unix_nanos_from_instant, Message, MessageId};
 use crate::names::is_ephemeral;
 use crate::topic::{Log, Record};
+use nsq_storage::journal::EventKind;
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -110,6 +111,9 @@ pub struct Channel {
     /// when they were published (nsqd gives a DPUB to each channel at once); the cursor
     /// steps over them.
     pub skip: std::collections::BTreeSet<u64>,
+    /// The topic's store, for journaling requeues, redeliveries and their FINs, so that
+    /// attempts and requeue delays survive a crash (durable channels only).
+    pub journal: Option<Rc<nsq_storage::TopicStore>>,
 }
 
 impl Channel {
@@ -132,6 +136,14 @@ impl Channel {
             wants_disk: false,
             disk_inflight: false,
             skip: std::collections::BTreeSet::new(),
+            journal: None,
+        }
+    }
+
+    /// Journals an event of this channel when it is durable.
+    fn journal(&self, kind: EventKind, msg: &Message, due_unix_ns: i64) {
+        if let Some(st) = &self.journal {
+            st.journal(kind, &self.name, msg.seq, msg.attempts, due_unix_ns);
         }
     }
 
@@ -282,6 +294,10 @@ impl Channel {
                 continue;
             }
             msg.attempts = msg.attempts.wrapping_add(1);
+            if msg.attempts >= 2 {
+                // A redelivery: its attempts must not go back after a crash.
+                self.journal(EventKind::Delivered, &msg, 0);
+            }
             client.in_flight.set(client.in_flight.get() + 1);
             client.message_count.set(client.message_count.get() + 1);
             client.buffer_message(&msg);
@@ -322,7 +338,11 @@ impl Channel {
 
     /// FIN: the message is done (nsqd FinishMessage).
     pub fn finish(&mut self, client: &Client, id: MessageId) -> Result<(), InFlightError> {
-        self.take_owned(client, id)?;
+        let f = self.take_owned(client, id)?;
+        if f.msg.attempts >= 2 {
+            // Only messages delivered more than once have journal events to close.
+            self.journal(EventKind::Finished, &f.msg, 0);
+        }
         client.in_flight.set((client.in_flight.get() - 1).max(0));
         client.finish_count.set(client.finish_count.get() + 1);
         self.compact_heap();
@@ -342,9 +362,12 @@ impl Channel {
         client.requeue_count.set(client.requeue_count.get() + 1);
         self.requeue_count += 1;
         if delay.is_zero() {
+            self.journal(EventKind::Requeued, &f.msg, 0);
             self.requeued.push_back(f.msg);
         } else {
-            self.defer(f.msg, now + delay);
+            let due = now + delay;
+            self.journal(EventKind::Requeued, &f.msg, unix_nanos_from_instant(due));
+            self.defer(f.msg, due);
         }
         self.compact_heap();
         Ok(())
@@ -420,6 +443,9 @@ impl Channel {
     /// consumers' in-flight counts.
     pub fn empty(&mut self, log: &Log) {
         self.cursor = log.pumped;
+        if let Some(st) = &self.journal {
+            st.journal(EventKind::Emptied, &self.name, self.cursor, 0, 0);
+        }
         self.skip.clear();
         self.disk.clear();
         self.wants_disk = false;

@@ -11,6 +11,8 @@
 //! Data is laid out by topic name, not by shard, so a restart with another `--shards`
 //! finds everything.
 
+pub mod index;
+pub mod journal;
 pub mod meta;
 pub mod record;
 pub mod store;

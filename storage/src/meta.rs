@@ -40,6 +40,11 @@ pub struct TopicMeta {
     #[serde(default)]
     pub holes: Vec<(u64, u64)>,
     pub channels: Vec<ChannelMeta>,
+    /// The last journal generation whose events this metadata includes; recovery
+    /// replays only newer ones ([`crate::journal`]). 0 in metadata written before the
+    /// journal existed.
+    #[serde(default)]
+    pub journal_gen: u64,
 }
 
 fn meta_path(dir: &Path) -> PathBuf {
@@ -98,6 +103,7 @@ mod tests {
                     due_unix_ns: 0,
                 }],
             }],
+            journal_gen: 4,
         };
         write_blocking(d.path(), &m).unwrap();
         assert_eq!(read_blocking(d.path()), Ok(Some(m)));
