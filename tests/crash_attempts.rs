@@ -1,0 +1,89 @@
+//! Attempts and requeue delays survive kill -9 (issue 8, item 3): with
+//! `--sync-every=1`, a message delivered and REQ'd three times comes back after a crash
+//! with attempts 4, not before its REQ delay, and a message finished after a redelivery
+//! is not delivered again. No metadata checkpoint runs between the REQs and the kill
+//! (`--sync-timeout=60s`), so only the delivery journal can carry this state.
+
+mod common;
+
+use common::*;
+use std::time::{Duration, Instant};
+
+const ARGS: [&str; 2] = ["--sync-every=1", "--sync-timeout=60s"];
+
+#[test]
+fn kill_9_keeps_attempts_and_requeue_delay() {
+    for shards in [1usize, 2] {
+        let dir = std::env::temp_dir().join(format!(
+            "nsqd-crash-attempts-{shards}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // The topic and channel exist in meta.json (a clean restart writes it).
+        let mut b = Broker::start_in(&dir, shards, &ARGS);
+        b.admin("/topic/create?topic=poison");
+        b.admin("/channel/create?topic=poison&channel=c");
+        b.tcp_pub("poison", b"message-a");
+        b.tcp_pub("poison", b"message-b");
+        assert_eq!(b.terminate().map(|s| s.success()), Some(true));
+
+        let mut b = Broker::start_in(&dir, shards, &ARGS);
+        let mut s = b.subscribe("poison", "c");
+        send(&mut s, &line("RDY 1"));
+        let mut req_at = None;
+        for attempt in 1..=3u16 {
+            let m = read_msg(&mut s);
+            assert_eq!(
+                (m.body.as_slice(), m.attempts),
+                (&b"message-a"[..], attempt)
+            );
+            if attempt < 3 {
+                send(&mut s, &line(&format!("REQ {} 0", m.id)));
+            } else {
+                send(&mut s, &line(&format!("REQ {} 3000", m.id)));
+                req_at = Some(Instant::now());
+            }
+        }
+        // b: requeued once, then finished on its second delivery.
+        let m = read_msg(&mut s);
+        assert_eq!((m.body.as_slice(), m.attempts), (&b"message-b"[..], 1));
+        send(&mut s, &line(&format!("REQ {} 0", m.id)));
+        let m = read_msg(&mut s);
+        assert_eq!((m.body.as_slice(), m.attempts), (&b"message-b"[..], 2));
+        send(&mut s, &line(&format!("FIN {}", m.id)));
+        b.wait_channel_field("poison", "c", "in_flight_count", 0);
+        b.wait_channel_field("poison", "c", "deferred_count", 1);
+        let _ = b.child.kill();
+        let _ = b.child.wait();
+        drop(s);
+
+        let b = Broker::start_in(&dir, shards, &ARGS);
+        let ch = b.channel_stats("poison", "c").expect("channel recovered");
+        assert_eq!(
+            ch["deferred_count"], 1,
+            "shards={shards}: REQ delay kept: {ch}"
+        );
+        assert_eq!(ch["depth"], 0, "shards={shards}: b is finished: {ch}");
+        let mut s = b.subscribe("poison", "c");
+        send(&mut s, &line("RDY 10"));
+        let m = read_msg(&mut s);
+        let waited = req_at.unwrap().elapsed();
+        assert_eq!(
+            (m.body.as_slice(), m.attempts),
+            (&b"message-a"[..], 4),
+            "shards={shards}: attempts never go back"
+        );
+        assert!(
+            waited >= Duration::from_millis(2900),
+            "shards={shards}: delivered {waited:?} after a 3 s REQ"
+        );
+        send(&mut s, &line(&format!("FIN {}", m.id)));
+        assert_no_frame(&mut s, Duration::from_millis(500));
+        let log = b.log.lock().unwrap().join("\n");
+        assert!(log.contains("journal events"), "{log}");
+        drop(s);
+        drop(b);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
