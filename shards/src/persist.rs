@@ -20,6 +20,9 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::Instant;
 
+/// Records read per disk read when recovery brings back pending messages.
+const PENDING_READ: usize = 256;
+
 /// The metadata of a topic as it stands.
 pub fn topic_meta(t: &Topic) -> TopicMeta {
     let mut channels = Vec::new();
@@ -230,17 +233,33 @@ impl Shard {
         if !t.paused && !t.channels.is_empty() {
             t.log.pumped = head;
         }
-        // Bring back the unfinished messages below each cursor, with attempts and due time.
+        // Bring back the unfinished messages below each cursor, with attempts and due time:
+        // from the memory tail, else from disk in windows of neighbouring records (pending
+        // messages cluster near the cursors), in sequence order.
+        pending_all.sort_by_key(|(_, p)| p.seq);
+        let mut window: BTreeMap<u64, Record> = BTreeMap::new();
         for (chn, p) in pending_all {
-            let recs = rec.store.read(p.seq, 1).await.unwrap_or_default();
-            let Some(r) = recs.into_iter().find(|r| r.seq == p.seq) else {
+            let mut found = t.log.get(p.seq).cloned();
+            if found.is_none() {
+                if !window.contains_key(&p.seq) {
+                    window = rec
+                        .store
+                        .read(p.seq, PENDING_READ)
+                        .await
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|r| (r.seq, Record::from_stored(r)))
+                        .collect();
+                }
+                found = window.get(&p.seq).cloned();
+            }
+            let Some(r) = found else {
                 log::error!(
                     "TOPIC({name}) CHANNEL({chn}): pending message {} missing on disk",
                     p.seq
                 );
                 continue;
             };
-            let r = Record::from_stored(r);
             let msg = Message {
                 attempts: p.attempts,
                 ..r.message()
