@@ -16,6 +16,12 @@
 #   TCP port answers AND /stats shows the channel's full depth: after kill -9 (the
 #   segment being written is scanned) and after SIGTERM (every segment sealed). Goals:
 #   < 1 s after kill -9, < 200 ms after SIGTERM. Needs about GIB GiB free under TMPDIR.
+#
+#        scripts/storage-bench.sh start-synthetic [GIB...]   (default: 10)
+#   The same start measurement on a synthetic backlog that needs only 100 MiB of disk:
+#   every segment but the newest is a sparse file with a real side index (start-up never
+#   reads a sealed segment's records), the newest holds real records; "kill -9" = the
+#   newest segment has no index (it is scanned), "SIGTERM" = it has one.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -85,6 +91,75 @@ channel_depth() {
 import json, sys
 print(sum(c["depth"] for t in (json.load(sys.stdin).get("topics") or []) for c in (t.get("channels") or [])))'
 }
+
+# gen_synthetic DATA GIB NO_INDEX_LAST -> prints the message count (see start-synthetic).
+gen_synthetic() {
+  python3 - "$@" <<'PY'
+# Synthetic backlog: GIB GiB of 100 MiB segments of 200 B messages. Every segment but the
+# newest is a sparse file (header only, then a hole up to its size) with a real side index;
+# the newest segment holds real records. With NO_INDEX_LAST=1 the newest has no index
+# (as after kill -9). Prints the message count.
+import os, struct, sys, zlib, json
+data, gib, no_idx_last = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "1"
+d = os.path.join(data, "topics", "t-backlog"); os.makedirs(d, exist_ok=True)
+SEG = 100 * 1024 * 1024; BODY = 200; REC = 8 + 39 + BODY; HDR = 32; EVERY = 256; SALT = 0x1234567
+per = (SEG - HDR) // REC
+nseg = max(1, int(gib * 1024 ** 3 // SEG))
+def header(base): return b"NSQRSEG\0" + struct.pack(">IQI", 1, base, SALT) + b"\0" * 8
+def index(base, count, end):
+    ents = [(base + i, HDR + i * REC) for i in range(0, count, EVERY)]
+    b = b"NSQRIDX\0" + struct.pack(">IQIQQQQQI", 1, base, SALT, end, end, count, base, base + count - 1, len(ents))
+    b += b"".join(struct.pack(">QQ", s, o) for s, o in ents)
+    return b + struct.pack(">I", zlib.crc32(b))
+body = b"x" * BODY
+for k in range(nseg):
+    base = k * per; path = os.path.join(d, f"{base:020}.seg"); end = HDR + per * REC
+    last = k == nseg - 1
+    with open(path, "wb") as f:
+        f.write(header(base))
+        if last:
+            buf = bytearray()
+            for s in range(base, base + per):
+                p = struct.pack(">BIQqqQH", 1, SALT, s, 1, 0, s, 0) + body
+                buf += struct.pack(">II", len(p), zlib.crc32(p)) + p
+            f.write(buf)
+        else:
+            f.truncate(end)
+    if not (last and no_idx_last):
+        with open(os.path.join(d, f"{base:020}.idx"), "wb") as f:
+            f.write(index(base, per, end))
+total = nseg * per
+meta = {"version": 1, "name": "backlog", "paused": False, "pumped": total, "holes": [],
+        "channels": [{"name": "c", "paused": False, "cursor": 0, "pending": []}], "journal_gen": 0}
+open(os.path.join(d, "meta.json"), "w").write(json.dumps(meta))
+print(total)
+PY
+}
+
+if [ "$MODE" = start-synthetic ]; then
+  shift
+  SIZES=("$@")
+  [ ${#SIZES[@]} -gt 0 ] || SIZES=(10)
+  echo "== start time on a synthetic backlog (sparse sealed segments, real indexes and newest segment; shards=${START_SHARDS:-1})"
+  printf '%-8s %-12s %-14s %10s %s\n' backlog messages after "start_ms" "goal"
+  for gib in "${SIZES[@]}"; do
+    for case in kill9 term; do
+      DATA="$WORK/synth-$gib-$case"; LOG="$WORK/synth-$gib-$case.log"
+      depth=$(gen_synthetic "$DATA" "$gib" "$([ $case = kill9 ] && echo 1 || echo 0)")
+      sync
+      if echo 3 2>/dev/null >/proc/sys/vm/drop_caches; then cache="cold"; else cache="warm"; fi
+      read -r ms pid _ _ < <(timed_start "$DATA" "$LOG" "$depth")
+      PIDS+=("$pid")
+      label=$([ $case = kill9 ] && echo "kill -9" || echo "SIGTERM")
+      goal=$([ $case = kill9 ] && echo "< 1000" || echo "< 200")
+      printf '%-8s %-12s %-14s %10s %s\n' "${gib}GiB" "$depth" "$label ($cache)" "$ms" "$goal"
+      stop KILL "$pid"
+      grep -o "TOPIC(backlog): recovered .*" "$LOG" | sed 's/^/    /'
+      rm -rf "$DATA"
+    done
+  done
+  exit 0
+fi
 
 if [ "$MODE" = start ]; then
   shift
