@@ -112,9 +112,9 @@ impl Shard {
             }
             let started = Instant::now();
             match self.recover_topic(name, root.join(&dir_name)).await {
-                Ok((n, ch, (sealed, scanned))) => log::info!(
+                Ok((n, ch, (sealed, scanned, bytes))) => log::info!(
                     "TOPIC({name}): recovered {n} messages on disk, {ch} channels in {:?} \
-                     ({sealed} segments from their index, {scanned} scanned)",
+                     ({sealed} segments from their index, {scanned} scanned: {bytes} bytes)",
                     started.elapsed()
                 ),
                 Err(e) => log::error!("TOPIC({name}): recovery failed - {e}"),
@@ -123,12 +123,13 @@ impl Shard {
     }
 
     /// Recovers one topic: its store, `meta.json`, then the journal. Returns the messages
-    /// on disk, the channels, and (segments taken from their index, segments scanned).
+    /// on disk, the channels, and (segments taken from their index, segments scanned,
+    /// bytes scanned).
     async fn recover_topic(
         &self,
         name: &str,
         dir: PathBuf,
-    ) -> Result<(u64, usize, (usize, usize)), String> {
+    ) -> Result<(u64, usize, (usize, usize, u64)), String> {
         let keep = self.opts.mem_queue_size.max(1) as usize;
         let rec = nsq_storage::TopicStore::open(dir.clone(), self.store_config(), keep).await?;
         let d2 = dir.clone();
@@ -150,7 +151,7 @@ impl Shard {
         let n_events = events.len();
         let mut folded = journal::fold(events);
         rec.store.journal_recovered(meta_gen);
-        let segs = (rec.sealed_segments, rec.scanned_segments);
+        let segs = (rec.sealed_segments, rec.scanned_segments, rec.scanned_bytes);
         let mut t = Topic::new(name, self.opts.node_id);
         let head = rec.next_seq;
         let tail_base = rec.tail.front().map(|r| r.seq).unwrap_or(head);

@@ -9,6 +9,13 @@
 //! positions kept in its metadata). A segment without a valid index is scanned as before,
 //! so segments written before this format existed still recover, and get an index.
 //!
+//! The segment being written gets a *partial* index, `<base>.pidx`, in the same format:
+//! rewritten (temporary file, rename; not fsynced) after a sync every `--sync-timeout` or
+//! 8 MiB, it describes the synced prefix up to its data end, and recovery after a crash
+//! scans the segment only from there. Its file length field equals its data end; it is
+//! trusted when the segment is at least that long and has the same salt, and removed once
+//! the segment is sealed.
+//!
 //! ```text
 //! index file (all integers big-endian):
 //!   [8]  magic "NSQRIDX\0"

@@ -12,9 +12,12 @@
 //! * A segment is sealed when nothing more goes into it (rotation, clean close, or
 //!   recovery of a segment a crash left open): its side index `<base>.idx`
 //!   ([`crate::index`]) holds its record count, sequence range and sparse index.
+//! * The segment being written is checkpointed too: after a sync, every
+//!   `--sync-timeout` or [`PARTIAL_EVERY`] bytes, `<base>.pidx` describes its synced
+//!   prefix (same format).
 //! * Recovery reads the index of each sealed segment and scans (CRC-checking every
 //!   record) only segments without a valid one: in practice the one being written when
-//!   the process died. Corrupt records and torn tails found by a scan are logged with
+//!   the process died, and that one only after its last partial index. Corrupt records and torn tails found by a scan are logged with
 //!   file and offset and skipped; corrupt records of sealed segments are found, logged
 //!   and skipped when a channel reads them. Only the newest segment's last records are
 //!   loaded into memory. Writing then continues in a new segment.
@@ -42,6 +45,10 @@ const READ_WINDOW: usize = 256 * 1024;
 const RECOVERY_CHUNK: usize = 8 * 1024 * 1024;
 /// DmaStreamWriter buffer size.
 const WRITE_BUFFER: usize = 256 * 1024;
+/// The open segment's partial index is rewritten after a sync once this many bytes were
+/// added since the last one (or `--sync-timeout` passed): a crash leaves at most about
+/// this much (plus what was not synced) to scan.
+const PARTIAL_EVERY: u64 = 8 * 1024 * 1024;
 /// At most this many bytes of the newest sealed segment are read back at start-up for
 /// the memory tail; older records are read from disk when a channel needs them.
 const TAIL_BYTES: u64 = 16 * 1024 * 1024;
@@ -143,6 +150,8 @@ pub struct TopicStore {
     journal_covered: Cell<u64>,
     /// Generations that have a file on disk.
     journal_files: RefCell<BTreeSet<u64>>,
+    /// A partial index of the open segment is being written.
+    partial_busy: Cell<bool>,
 }
 
 /// A random salt for a new writer instance.
@@ -173,6 +182,8 @@ pub struct Recovered {
     /// Segments scanned record by record (no valid index: left open by a crash, or
     /// written before indexes existed).
     pub scanned_segments: usize,
+    /// Bytes those scans read (a segment with a partial index is scanned from its end).
+    pub scanned_bytes: u64,
 }
 
 fn seg_path(dir: &Path, base: u64) -> PathBuf {
@@ -183,14 +194,53 @@ fn idx_path(dir: &Path, base: u64) -> PathBuf {
     dir.join(format!("{base:020}.idx"))
 }
 
+/// The partial index of the segment being written: it describes the segment's synced
+/// prefix (same format as a sealed index; its data end is where a scan resumes).
+fn pidx_path(dir: &Path, base: u64) -> PathBuf {
+    dir.join(format!("{base:020}.pidx"))
+}
+
 fn io_err(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
 
-/// A segment file found at recovery: its base and trusted side index.
+/// A segment file found at recovery: its base, trusted side index, or else trusted
+/// partial index (its synced prefix, as of the last checkpoint of the open segment).
 struct Found {
     base: u64,
     index: Option<SegmentIndex>,
+    partial: Option<SegmentIndex>,
+}
+
+/// The salt in a segment file's header (blocking), if it has a valid one.
+fn header_salt(seg: &Path) -> Option<u32> {
+    use std::io::Read;
+    let mut h = [0u8; SEGMENT_HEADER_LEN];
+    std::fs::File::open(seg).ok()?.read_exact(&mut h).ok()?;
+    record::parse_segment_header(&h).ok().map(|(_, salt)| salt)
+}
+
+/// Reads and checks an index file of segment `base` (`size` bytes now); `sealed`
+/// requires the size recorded at sealing, a partial index only a prefix of the file.
+fn read_index(path: &Path, base: u64, size: u64, sealed: bool) -> Result<SegmentIndex, String> {
+    let ix = std::fs::read(path)
+        .map_err(|e| e.to_string())
+        .and_then(|b| crate::index::decode(&b))?;
+    if ix.base != base {
+        Err(format!("index of base {} in the file of {base}", ix.base))
+    } else if sealed && ix.file_len != size {
+        Err(format!(
+            "segment is {size} bytes, {} when sealed",
+            ix.file_len
+        ))
+    } else if !sealed && ix.data_end > size {
+        Err(format!(
+            "segment is {size} bytes, shorter than the indexed {}",
+            ix.data_end
+        ))
+    } else {
+        Ok(ix)
+    }
 }
 
 /// Lists a topic directory (blocking): segment files with their sizes and valid side
@@ -199,6 +249,7 @@ struct Found {
 fn survey_blocking(dir: &Path) -> (Vec<Found>, BTreeSet<u64>) {
     let mut segs = BTreeMap::new();
     let mut idxs = BTreeSet::new();
+    let mut pidxs = BTreeSet::new();
     let mut journals = BTreeSet::new();
     let names: Vec<String> = std::fs::read_dir(dir)
         .map(|rd| {
@@ -215,59 +266,73 @@ fn survey_blocking(dir: &Path) -> (Vec<Found>, BTreeSet<u64>) {
             segs.insert(b, size);
         } else if let Some(b) = n.strip_suffix(".idx").and_then(|b| b.parse::<u64>().ok()) {
             idxs.insert(b);
+        } else if let Some(b) = n.strip_suffix(".pidx").and_then(|b| b.parse::<u64>().ok()) {
+            pidxs.insert(b);
         } else if let Some(g) = crate::journal::parse_name(&n) {
             journals.insert(g);
-        } else if n.ends_with(".idx.tmp") {
+        } else if n.ends_with(".idx.tmp") || n.ends_with(".pidx.tmp") {
             let _ = std::fs::remove_file(dir.join(&n));
         }
     }
     let mut found = Vec::new();
     for (&base, &size) in &segs {
         let mut index = None;
-        if idxs.contains(&base) {
-            let p = idx_path(dir, base);
-            let checked = std::fs::read(&p)
-                .map_err(|e| e.to_string())
-                .and_then(|b| crate::index::decode(&b))
-                .and_then(|ix| {
-                    if ix.base != base {
-                        Err(format!("index of base {} in the file of {base}", ix.base))
-                    } else if ix.file_len != size {
-                        Err(format!(
-                            "segment is {size} bytes, {} when sealed",
-                            ix.file_len
-                        ))
-                    } else {
-                        Ok(ix)
-                    }
-                });
+        let mut partial = None;
+        for (sealed, set, path) in [
+            (true, &idxs, idx_path(dir, base)),
+            (false, &pidxs, pidx_path(dir, base)),
+        ] {
+            if !set.contains(&base) {
+                continue;
+            }
+            if index.is_some() {
+                // Sealed after its last partial index: that one is obsolete.
+                let _ = std::fs::remove_file(&path);
+                continue;
+            }
+            let checked = read_index(&path, base, size, sealed).and_then(|ix| {
+                if sealed || header_salt(&seg_path(dir, base)) == Some(ix.salt) {
+                    Ok(ix)
+                } else {
+                    Err("partial index of another writer".into())
+                }
+            });
             match checked {
-                Ok(ix) => index = Some(ix),
+                Ok(ix) if sealed => index = Some(ix),
+                Ok(ix) => partial = Some(ix),
                 Err(e) => {
                     log::warn!(
                         "STORE: {} not used - {e}; scanning the segment",
-                        p.display()
+                        path.display()
                     );
-                    let _ = std::fs::remove_file(&p);
+                    let _ = std::fs::remove_file(&path);
                 }
             }
         }
-        found.push(Found { base, index });
+        found.push(Found {
+            base,
+            index,
+            partial,
+        });
     }
     for b in idxs.iter().filter(|b| !segs.contains_key(b)) {
         let _ = std::fs::remove_file(idx_path(dir, *b));
+    }
+    for b in pidxs.iter().filter(|b| !segs.contains_key(b)) {
+        let _ = std::fs::remove_file(pidx_path(dir, *b));
     }
     (found, journals)
 }
 
 /// Seals a segment (blocking): optionally syncs its data (a segment recovered after a
 /// crash may hold data the dead process never synced), then writes its side index
-/// atomically (temporary file, fsync, rename). `seg` and `idx` may be `/proc/self/fd`
-/// paths. Returns the error text on failure; an unsealed segment is only slower to
-/// recover.
+/// atomically (temporary file, fsync, rename) and removes its partial index. `seg`,
+/// `idx` and `pidx` may be `/proc/self/fd` paths. Returns the error text on failure; an
+/// unsealed segment is only slower to recover.
 fn seal_blocking(
     seg: &Path,
     idx: &Path,
+    pidx: &Path,
     mut ix: SegmentIndex,
     sync_data: bool,
 ) -> Result<(), String> {
@@ -291,7 +356,20 @@ fn seal_blocking(
         t.write_all(&crate::index::encode(&ix)).map_err(io_err)?;
         t.sync_all().map_err(io_err)?;
     }
-    std::fs::rename(&tmp, idx).map_err(io_err)
+    std::fs::rename(&tmp, idx).map_err(io_err)?;
+    let _ = std::fs::remove_file(pidx);
+    Ok(())
+}
+
+/// Writes the partial index of the open segment (blocking): temporary file, rename. Not
+/// fsynced: a partial index lost or torn by a power failure only means a longer scan
+/// (its CRC rejects a torn one).
+fn write_partial_blocking(pidx: &Path, ix: &SegmentIndex) -> Result<(), String> {
+    let mut tmp = pidx.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, crate::index::encode(ix)).map_err(io_err)?;
+    std::fs::rename(&tmp, pidx).map_err(io_err)
 }
 
 impl TopicStore {
@@ -315,7 +393,7 @@ impl TopicStore {
         let mut next_seq = 0u64;
         let mut first_seq = None;
         let mut to_seal = Vec::new();
-        let (mut sealed_n, mut scanned_n) = (0, 0);
+        let (mut sealed_n, mut scanned_n, mut scanned_bytes) = (0, 0, 0);
         let newest = found.last().map(|f| f.base);
         for f in found {
             let base = f.base;
@@ -339,28 +417,41 @@ impl TopicStore {
                 }
                 seg.index = ix.entries;
             } else {
+                // Scanned: from the start, or from where the last partial index of the
+                // open segment ends (what was written after that checkpoint).
                 scanned_n += 1;
+                let mut from = SEGMENT_HEADER_LEN as u64;
+                let partial = f.partial.is_some();
+                if let Some(px) = f.partial {
+                    seg.salt = px.salt;
+                    seg.end_seq = px.last_seq + 1;
+                    seg.count = px.count;
+                    seg.index = px.entries;
+                    from = px.data_end;
+                }
+                let collect = is_newest && keep > 0 && !partial;
                 let mut salt = 0;
-                let res = scan_file(
-                    &path,
-                    SEGMENT_HEADER_LEN as u64,
-                    None,
-                    &mut salt,
-                    |rec, off| {
-                        seg.note(rec.seq, off);
-                        if is_newest && keep > 0 {
-                            if tail.len() == keep {
-                                tail.pop_front();
-                            }
-                            tail.push_back(rec);
+                let res = scan_file(&path, from, None, &mut salt, |rec, off| {
+                    if rec.seq < seg.end_seq && seg.count > 0 {
+                        return;
+                    }
+                    seg.note(rec.seq, off);
+                    if collect {
+                        if tail.len() == keep {
+                            tail.pop_front();
                         }
-                    },
-                )
+                        tail.push_back(rec);
+                    }
+                })
                 .await;
                 seg.salt = salt;
                 match res {
                     Ok(end) => {
+                        scanned_bytes += end.saturating_sub(from);
                         if let Some(ix) = seg.sealed_index(base, end) {
+                            if partial && is_newest && keep > 0 {
+                                load_tail(&path, &ix, keep, &mut tail).await;
+                            }
                             to_seal.push(ix);
                         }
                     }
@@ -404,6 +495,7 @@ impl TopicStore {
             next_seq,
             sealed_segments: sealed_n,
             scanned_segments: scanned_n,
+            scanned_bytes,
         })
     }
 
@@ -415,10 +507,11 @@ impl TopicStore {
         }
         let seg = self.fd_path(&seg_path(&self.dir, ix.base));
         let idx = self.fd_path(&idx_path(&self.dir, ix.base));
+        let pidx = self.fd_path(&pidx_path(&self.dir, ix.base));
         let base = ix.base;
         self.opens.set(self.opens.get() + 1);
         let res = glommio::executor()
-            .spawn_blocking(move || seal_blocking(&seg, &idx, ix, sync_data))
+            .spawn_blocking(move || seal_blocking(&seg, &idx, &pidx, ix, sync_data))
             .await;
         self.opens.set(self.opens.get() - 1);
         if let Err(e) = res {
@@ -470,6 +563,7 @@ impl TopicStore {
             journal_gen: Cell::new(1),
             journal_covered: Cell::new(0),
             journal_files: RefCell::new(BTreeSet::new()),
+            partial_busy: Cell::new(false),
         });
         glommio::spawn_local(writer_task(store.clone())).detach();
         Ok(store)
@@ -704,9 +798,11 @@ impl TopicStore {
             log::info!("STORE: deleting segment {}", p.display());
             let fp = self.fd_path(&p);
             let ip = self.fd_path(&idx_path(&self.dir, b));
+            let pp = self.fd_path(&pidx_path(&self.dir, b));
             let _ = glommio::executor()
                 .spawn_blocking(move || {
                     let _ = std::fs::remove_file(ip);
+                    let _ = std::fs::remove_file(pp);
                     std::fs::remove_file(fp)
                 })
                 .await;
@@ -1074,6 +1170,37 @@ async fn seal_closed(store: &TopicStore, base: u64, data_end: u64) {
     }
 }
 
+/// Checkpoints the open segment: writes, in the background, the partial index of its
+/// synced prefix (`data_end` bytes), so that recovery after a crash scans only what was
+/// written after it. Skipped while the previous one is still being written.
+fn write_partial(store: &Rc<TopicStore>, base: u64, data_end: u64) {
+    if store.partial_busy.get() || store.destroyed.get() {
+        return;
+    }
+    let ix = store
+        .segments
+        .borrow()
+        .get(&base)
+        .and_then(|s| s.sealed_index(base, data_end));
+    let Some(mut ix) = ix else { return };
+    ix.file_len = data_end;
+    store.partial_busy.set(true);
+    store.opens.set(store.opens.get() + 1);
+    let st = store.clone();
+    glommio::spawn_local(async move {
+        let p = st.fd_path(&pidx_path(&st.dir, base));
+        let res = glommio::executor()
+            .spawn_blocking(move || write_partial_blocking(&p, &ix))
+            .await;
+        st.opens.set(st.opens.get() - 1);
+        st.partial_busy.set(false);
+        if let Err(e) = res {
+            log::warn!("STORE: partial index of {} - {e}", st.dir.display());
+        }
+    })
+    .detach();
+}
+
 /// The journal file the writer appends to.
 struct JournalFile {
     gen: u64,
@@ -1176,6 +1303,7 @@ async fn writer_task(store: Rc<TopicStore>) {
     let mut journal: Option<JournalFile> = None;
     let mut unsynced: u64 = 0;
     let mut last_sync = Instant::now();
+    let mut last_partial = (Instant::now(), 0u64, 0u64);
     loop {
         let has_pending = !store.pending.borrow().is_empty();
         let has_journal = !store.journal_pending.borrow().is_empty();
@@ -1326,6 +1454,14 @@ async fn writer_task(store: Rc<TopicStore>) {
                             store.durable_seq.set(store.durable_seq.get().max(seq));
                         }
                         *store.error.borrow_mut() = None;
+                        let (at, base, pos) = last_partial;
+                        if at.elapsed() >= store.cfg.sync_timeout
+                            || base != a.base
+                            || a.pos >= pos + PARTIAL_EVERY
+                        {
+                            last_partial = (Instant::now(), a.base, a.pos);
+                            write_partial(&store, a.base, a.pos);
+                        }
                     }
                     Err(e) => {
                         let e = format!("sync {}: {e}", store.dir.display());

@@ -367,3 +367,59 @@ fn journal_events_are_written_synced_and_dropped_once_covered() {
         s.close().await;
     });
 }
+
+#[test]
+fn after_a_crash_only_what_follows_the_open_segments_last_checkpoint_is_scanned() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-partial");
+    let p2 = path.clone();
+    run(move || async move {
+        let s = TopicStore::open(p2, cfg(1 << 30, 1), 0)
+            .await
+            .unwrap()
+            .store;
+        for i in 0..2000u64 {
+            s.append(&rec(i));
+        }
+        s.wait_durable(2000).await.unwrap();
+        // A sync after --sync-timeout (50 ms here) writes the open segment's partial index.
+        glommio::timer::sleep(Duration::from_millis(80)).await;
+        s.append(&rec(2000));
+        s.wait_durable(2001).await.unwrap();
+        glommio::timer::sleep(Duration::from_millis(30)).await;
+        for i in 2001..2100u64 {
+            s.append(&rec(i));
+        }
+        s.wait_durable(2100).await.unwrap();
+        // No close: a crash.
+    });
+    assert_eq!(files_with(&path, ".pidx").len(), 1, "partial index written");
+    let seg_len = std::fs::metadata(files_with(&path, ".seg").remove(0))
+        .unwrap()
+        .len();
+    let p3 = path.clone();
+    run(move || async move {
+        let r = TopicStore::open(p3, cfg(1 << 30, 1), 10).await.unwrap();
+        assert_eq!(r.next_seq, 2100);
+        assert_eq!(r.scanned_segments, 1);
+        assert!(
+            r.scanned_bytes < seg_len / 4,
+            "scanned {} of {seg_len} bytes",
+            r.scanned_bytes
+        );
+        let tail: Vec<u64> = r.tail.iter().map(|r| r.seq).collect();
+        assert_eq!(tail, (2090..2100).collect::<Vec<_>>());
+        let all = r.store.read(0, 5000).await.unwrap();
+        assert_eq!(all.len(), 2100);
+        for (i, got) in all.iter().enumerate() {
+            assert_eq!(got, &rec(i as u64));
+        }
+        glommio::timer::sleep(Duration::from_millis(200)).await;
+        r.store.close().await;
+    });
+    assert_eq!(files_with(&path, ".idx").len(), 1, "sealed after recovery");
+    assert!(
+        files_with(&path, ".pidx").is_empty(),
+        "partial index removed"
+    );
+}
