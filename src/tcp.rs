@@ -666,6 +666,9 @@ async fn publish(
 /// Drains the client's output buffer to the socket: at once for responses, errors, a
 /// full buffer or a client that stopped being ready; otherwise after the client's
 /// output_buffer_timeout. Also sends `_heartbeat_` every heartbeat interval.
+/// Output buffer capacity a connection keeps however little it sends (bytes).
+const SPARE_KEEP: usize = 1 << 20;
+
 async fn writer_loop(
     server: Rc<Server>,
     stream: SharedStream,
@@ -737,10 +740,13 @@ async fn writer_loop(
             };
             client.drained.notify();
             server.shard.count_bytes_out(spare.len() as u64);
-            spare.clear();
-            if spare.capacity() > 1 << 20 {
+            // Keep the buffer's capacity while it is in use (a consumer with a large RDY
+            // window gets RDY messages at once: regrowing from 16 KiB each time cost a
+            // copy of everything on every doubling); give it back once traffic drops.
+            if spare.capacity() > SPARE_KEEP && spare.len() < spare.capacity() / 8 {
                 spare = Vec::with_capacity(16 * 1024);
             }
+            spare.clear();
             if res.is_err() {
                 client.closed.set(true);
                 break;

@@ -9,7 +9,7 @@ use crate::message::MessageId;
 use crate::options::Options;
 use crate::signal::Event;
 use crate::stats::*;
-use crate::topic::{PublishError, Topic};
+use crate::topic::{PublishError, StoreMode, Topic, STORE_DELAY};
 use bytes::Bytes;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -70,6 +70,11 @@ pub struct Shard {
     pub lookup_events: RefCell<Vec<LookupEvent>>,
     pub lookup_wake: crate::signal::Notify,
     pub lookup_enabled: Cell<bool>,
+    /// A topic or channel was created or deleted: the checkpoint task writes metadata
+    /// soon (nsqd: Notify persists metadata on every such change).
+    pub meta_wake: crate::signal::Notify,
+    /// A topic holds records not yet handed to its store: wakes `store_loop`.
+    pub store_wake: crate::signal::Notify,
     next_client: Cell<u64>,
     /// This shard as an `Rc`, for tasks its synchronous methods spawn.
     pub me: RefCell<Weak<Shard>>,
@@ -82,6 +87,15 @@ pub struct DurableWait {
     /// Wait until every record below this sequence is synced (`--sync-every=1`, or after
     /// a disk error).
     pub durable: Option<u64>,
+}
+
+/// A read from the store for one lagging channel.
+struct DiskRead {
+    topic: String,
+    channel: String,
+    from: u64,
+    hint: Option<nsq_storage::ReadPos>,
+    epoch: u64,
 }
 
 /// Bytes a topic's store may have waiting for its writer before publishers wait
@@ -105,6 +119,8 @@ impl Shard {
             lookup_events: RefCell::new(Vec::new()),
             lookup_wake: crate::signal::Notify::default(),
             lookup_enabled: Cell::new(false),
+            meta_wake: crate::signal::Notify::default(),
+            store_wake: crate::signal::Notify::default(),
             next_client: Cell::new(1),
             me: RefCell::new(Weak::new()),
         }
@@ -115,8 +131,11 @@ impl Shard {
         owner_of(topic, self.count) == self.index
     }
 
-    /// Queues a registration change for nsqlookupd.
+    /// A topic or channel came or went (nsqd: NSQD.Notify): queues the registration
+    /// change for nsqlookupd and asks for a metadata checkpoint, so that a crash soon
+    /// after does not forget the topic or channel.
     pub fn notify_lookup(&self, ev: LookupEvent) {
+        self.meta_wake.notify();
         if self.lookup_enabled.get() {
             self.lookup_events.borrow_mut().push(ev);
             self.lookup_wake.notify();
@@ -183,6 +202,7 @@ impl Shard {
             log::info!("TOPIC({name}): created");
             self.notify_lookup(LookupEvent::Register(name.to_string(), None));
             let mut t = Topic::new(name, self.opts.node_id);
+            t.store_mode = self.store_mode();
             if let (Some(dp), false) = (&self.opts.data_path, t.ephemeral) {
                 match nsq_storage::TopicStore::create(
                     nsq_storage::topic_dir(dp, name),
@@ -217,8 +237,18 @@ impl Shard {
         let (n, end) = t.publish(bodies, defer_until, self.opts.mem_queue_size);
         bump(&self.counters.messages_in, n);
         bump(&self.counters.bytes_in, bytes);
+        let must_sync =
+            self.opts.sync_every <= 1 || t.store.as_ref().is_some_and(|st| st.error().is_some());
+        if t.stored < t.log.head {
+            // Deferred store mode: what exceeds the memory queue goes now (all of it when
+            // this publish must be durable); the rest when it is due, unless finished.
+            let cutoff = crate::message::now_unix_nanos() - STORE_DELAY.as_nanos() as i64;
+            if t.store_pump(cutoff, self.opts.mem_queue_size, must_sync) {
+                self.store_wake.notify();
+            }
+        }
         let wait = t.store.as_ref().and_then(|st| {
-            let durable = (self.opts.sync_every <= 1 || st.error().is_some()).then_some(end);
+            let durable = must_sync.then_some(end);
             (durable.is_some() || st.pending_bytes() > STORE_PENDING_HIGH).then(|| DurableWait {
                 store: st.clone(),
                 durable,
@@ -226,6 +256,17 @@ impl Shard {
         });
         self.dispatch_topic(t);
         Ok(wait)
+    }
+
+    /// When durable topics hand records to their stores: at publish with
+    /// `--sync-every=1` (each publish is synced before it is answered), otherwise
+    /// deferred so that records finished quickly never reach the disk.
+    pub fn store_mode(&self) -> StoreMode {
+        if self.opts.sync_every <= 1 {
+            StoreMode::Immediate
+        } else {
+            StoreMode::Deferred
+        }
     }
 
     /// The store policy from the options.
@@ -246,60 +287,76 @@ impl Shard {
     }
 
     /// Starts a read from the store for every channel of `t` whose cursor is below the
-    /// memory tail and that has nothing buffered (without stalling anything else).
+    /// memory tail and whose read-ahead buffer runs low (without stalling anything else).
     fn schedule_disk_reads(&self, t: &mut Topic) {
         let Some(store) = t.store.clone() else { return };
+        let base = t.log.base;
         for ch in t.channels.values_mut() {
-            if ch.wants_disk && !ch.disk_inflight && !ch.paused {
-                ch.disk_inflight = true;
-                let me = self.me.borrow().upgrade();
-                let Some(me) = me else { return };
-                let (topic, channel, from) = (t.name.clone(), ch.name.clone(), ch.cursor);
-                let store = store.clone();
-                glommio::spawn_local(async move {
-                    me.disk_read(store, topic, channel, from).await;
-                })
-                .detach();
-            }
+            let Some(from) = ch.disk_read_from(base) else {
+                continue;
+            };
+            let me = self.me.borrow().upgrade();
+            let Some(me) = me else { return };
+            ch.disk_inflight = true;
+            let read = DiskRead {
+                topic: t.name.clone(),
+                channel: ch.name.clone(),
+                from,
+                hint: ch.disk_pos,
+                epoch: ch.disk_epoch,
+            };
+            let store = store.clone();
+            glommio::spawn_local(async move {
+                me.disk_read(store, read).await;
+            })
+            .detach();
         }
     }
 
-    async fn disk_read(
-        &self,
-        store: Rc<nsq_storage::TopicStore>,
-        topic: String,
-        channel: String,
-        from: u64,
-    ) {
-        let res = store.read(from, 512).await;
+    async fn disk_read(&self, store: Rc<nsq_storage::TopicStore>, r: DiskRead) {
+        let (max, max_bytes) = crate::channel::DISK_READ_BATCH;
+        let res = store.read_at(r.from, max, max_bytes, r.hint).await;
         let mut topics = self.topics.borrow_mut();
-        let Some(t) = topics.get_mut(&topic) else {
+        let Some(t) = topics.get_mut(&r.topic) else {
             return;
         };
         let base = t.log.base;
-        let Some(ch) = t.channels.get_mut(&channel) else {
+        let Some(ch) = t.channels.get_mut(&r.channel) else {
             return;
         };
+        if ch.disk_epoch != r.epoch {
+            // The cursor jumped meanwhile (empty, seek): this read is stale.
+            ch.disk_inflight = false;
+            self.schedule_disk_reads(t);
+            return;
+        }
         ch.disk_inflight = false;
         match res {
-            Ok(recs) if !recs.is_empty() => {
-                if ch.cursor == from {
-                    ch.wants_disk = false;
-                    ch.disk
-                        .extend(recs.into_iter().map(crate::topic::Record::from_stored));
-                }
+            Ok((recs, pos)) if !recs.is_empty() => {
+                ch.wants_disk = false;
+                ch.disk_pos = pos;
+                ch.push_disk(recs.into_iter().map(crate::topic::Record::from_stored));
             }
             Ok(_) => {
-                // Nothing on disk at or after the cursor below the memory tail: those
+                // Nothing on disk at or after `from` below the memory tail: those
                 // records are gone (corrupt or deleted); continue from memory.
-                if ch.cursor == from && from < base {
-                    log::error!("TOPIC({topic}) CHANNEL({channel}): records {from}..{base} missing on disk; skipped");
+                if ch.disk.is_empty() && ch.cursor <= r.from && r.from < base {
+                    log::error!(
+                        "TOPIC({}) CHANNEL({}): records {}..{base} missing on disk; skipped",
+                        r.topic,
+                        r.channel,
+                        r.from
+                    );
                     ch.cursor = base;
                 }
                 ch.wants_disk = false;
             }
             Err(e) => {
-                log::error!("TOPIC({topic}) CHANNEL({channel}): disk read failed - {e}");
+                log::error!(
+                    "TOPIC({}) CHANNEL({}): disk read failed - {e}",
+                    r.topic,
+                    r.channel
+                );
                 ch.wants_disk = false;
             }
         }
@@ -320,7 +377,7 @@ impl Shard {
         let mut disk = false;
         for ch in t.channels.values_mut() {
             out += ch.dispatch(&t.log, now);
-            disk |= ch.wants_disk;
+            disk |= ch.disk_read_from(t.log.base).is_some();
         }
         bump(&self.counters.messages_out, out);
         t.trim(self.opts.mem_queue_size);
@@ -334,7 +391,7 @@ impl Shard {
         if let Some(t) = topics.get_mut(topic) {
             if let Some(ch) = t.channels.get_mut(channel) {
                 let out = ch.dispatch(&t.log, Instant::now());
-                let disk = ch.wants_disk;
+                let disk = ch.disk_read_from(t.log.base).is_some();
                 if out > 0 {
                     bump(&self.counters.messages_out, out);
                     t.trim(self.opts.mem_queue_size);
