@@ -955,13 +955,14 @@ impl TopicStore {
         self.segments.borrow().len()
     }
 
-    /// Flushes, syncs and stops the writer task.
+    /// Flushes, syncs and stops the writer task, and waits for segment seals in flight.
     pub async fn close(&self) {
         self.closing.set(true);
         self.wake.notify();
         while !self.finished.get() {
             self.done.wait().await;
         }
+        self.no_opens().await;
     }
 
     /// Topic delete: moves the directory aside at once (so a topic of the same name can
@@ -1498,7 +1499,16 @@ async fn writer_task(store: Rc<TopicStore>) {
                         store.durable_seq.set(store.durable_seq.get().max(seq));
                     }
                     if ok && closed {
-                        seal_closed(&store, a.base, a.pos).await;
+                        // In the background: publishers waiting for a sync need not
+                        // wait for the index file's fsync too.
+                        // (Counted as an open: `close` waits for it.)
+                        let (st, base, end) = (store.clone(), a.base, a.pos);
+                        store.opens.set(store.opens.get() + 1);
+                        glommio::spawn_local(async move {
+                            seal_closed(&st, base, end).await;
+                            st.opens.set(st.opens.get() - 1);
+                        })
+                        .detach();
                     }
                 }
             }
