@@ -889,10 +889,10 @@ impl TopicStore {
     }
 
     /// Journals what happened to message `seq` of `channel` (see [`crate::journal`]):
-    /// the event is written by the writer task with the next batch of records and synced
-    /// with them (`--sync-every`, `--sync-timeout`). `attempts` counts deliveries so far;
-    /// `due_unix_ns` is the requeue due time (Unix ns, 0 = none). No-op once the topic is
-    /// deleted.
+    /// the event reaches its file (the page cache) the task turn after, and is synced by
+    /// the writer task with the records, counted toward `--sync-every` like a record.
+    /// `attempts` counts deliveries so far; `due_unix_ns` is the requeue due time (Unix
+    /// ns, 0 = none). No-op once the topic is deleted or the store closed.
     pub fn journal(
         &self,
         kind: EventKind,
@@ -939,7 +939,9 @@ impl TopicStore {
     }
 
     /// `meta.json` covering generations up to `gen` is written: their journal files are
-    /// deleted (by the writer task, or here once it has stopped).
+    /// deleted (by the journal flusher task, or here once the store has stopped).
+    /// Checkpoints of one topic must not overlap (a later generation must not be covered
+    /// by an older `meta.json` written last).
     pub async fn journal_covered(&self, gen: u64) {
         self.journal_covered
             .set(self.journal_covered.get().max(gen));
