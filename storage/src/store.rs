@@ -57,6 +57,9 @@ const PARTIAL_EVERY: u64 = 8 * 1024 * 1024;
 /// the memory tail; older records are read from disk when a channel needs them.
 const TAIL_BYTES: u64 = 16 * 1024 * 1024;
 
+mod replay;
+pub use replay::SegmentInfo;
+
 /// Sync and rotation policy (nsqd flags --sync-every, --sync-timeout,
 /// --max-bytes-per-file).
 #[derive(Clone, Debug)]
