@@ -76,11 +76,11 @@ fn sealed_segments_are_not_rescanned_and_corruption_is_found_when_read() {
     let _ = b.child.kill();
     let _ = b.child.wait();
     let mut b = Broker::start_in(&dir, 1, &args);
-    let line = recovered_line(&b);
-    assert!(line.contains("recovered 200 messages"), "{line}");
+    let recovered = recovered_line(&b);
+    assert!(recovered.contains("recovered 200 messages"), "{recovered}");
     assert!(
-        line.contains(", 1 scanned"),
-        "only the open segment is scanned: {line}"
+        recovered.contains(", 1 scanned"),
+        "only the open segment is scanned: {recovered}"
     );
     assert_eq!(b.channel_stats("big", "c").unwrap()["depth"], 200);
     // Clean shutdown seals everything: nothing is scanned.
@@ -93,8 +93,8 @@ fn sealed_segments_are_not_rescanned_and_corruption_is_found_when_read() {
     std::fs::write(&segs[0], &first).unwrap();
 
     let b = Broker::start_in(&dir, 1, &args);
-    let line = recovered_line(&b);
-    assert!(line.contains(", 0 scanned"), "{line}");
+    let recovered = recovered_line(&b);
+    assert!(recovered.contains(", 0 scanned"), "{recovered}");
     assert_eq!(b.channel_stats("big", "c").unwrap()["depth"], 200);
     let log = b.log.lock().unwrap().join("\n");
     assert!(
@@ -103,7 +103,7 @@ fn sealed_segments_are_not_rescanned_and_corruption_is_found_when_read() {
     );
     // A consumer reaches the corrupt record: it is logged and skipped, the rest arrives.
     let mut s = b.subscribe("big", "c");
-    send(&mut s, &line_cmd("RDY 100"));
+    send(&mut s, &line("RDY 100"));
     s.set_read_timeout(Some(Duration::from_millis(1500)))
         .unwrap();
     let mut got = BTreeSet::new();
@@ -113,7 +113,7 @@ fn sealed_segments_are_not_rescanned_and_corruption_is_found_when_read() {
         let i: u64 = text[5..11].parse().unwrap();
         assert_eq!(msg, body(i), "intact body");
         got.insert(i);
-        send(&mut s, &line_cmd(&format!("FIN {id}")));
+        send(&mut s, &line(&format!("FIN {id}")));
     }
     assert_eq!(got.len(), 199, "every other message delivered");
     assert!(!got.contains(&2));
@@ -125,8 +125,4 @@ fn sealed_segments_are_not_rescanned_and_corruption_is_found_when_read() {
     drop(s);
     drop(b);
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-fn line_cmd(cmd: &str) -> Vec<u8> {
-    line(cmd)
 }
