@@ -476,7 +476,10 @@ fn listener(addr: &str, flag: &str) -> Result<(SocketAddr, socket2::Socket), Str
                  AmbientCapabilities=CAP_NET_BIND_SERVICE), or choose another {flag}"
             );
         } else {
-            let _ = write!(line, "; fix: give {flag} as <addr>:<port>, e.g. 0.0.0.0:4150");
+            let _ = write!(
+                line,
+                "; fix: give {flag} as <addr>:<port>, e.g. 0.0.0.0:4150"
+            );
         }
         line
     })

@@ -11,9 +11,9 @@ use futures::future::{select, Either};
 use glommio::channels::channel_mesh::MeshBuilder;
 use glommio::net::TcpListener;
 use glommio::{LocalExecutorBuilder, Placement};
-use sd_notify::NotifyState;
 use nsq_shards::mesh::ShardMsg;
 use nsq_shards::Shard;
+use sd_notify::NotifyState;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::pin::pin;
 use std::rc::Rc;
@@ -176,9 +176,26 @@ pub fn run(cfg: Config, ready: crate::preflight::Ready) -> Result<(), String> {
     } = ready;
 
     let term = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, term.clone()).map_err(|e| e.to_string())?;
-    }
+    // SIGINT/SIGTERM: tell systemd the shutdown starts (STOPPING=1), then the shards.
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .map_err(|e| format!("cannot handle SIGINT/SIGTERM: {e}"))?;
+    let term_set = term.clone();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            for _ in signals.forever() {
+                if !term_set.load(Ordering::SeqCst) {
+                    if let Err(e) = sd_notify::notify(&[NotifyState::Stopping]) {
+                        log::warn!("sd_notify STOPPING=1 failed: {e}");
+                    }
+                }
+                term_set.store(true, Ordering::SeqCst);
+            }
+        })
+        .map_err(|e| format!("cannot start the signal thread: {e}"))?;
 
     let n = cfg.shards;
     let cpus = allowed_cpus();
@@ -241,7 +258,9 @@ pub fn run(cfg: Config, ready: crate::preflight::Ready) -> Result<(), String> {
                     Some(Err(e)) => e.to_string(),
                     _ => "unknown reason".into(),
                 };
-                return Err(format!("shard {i} could not start its io_uring executor: {why}"));
+                return Err(format!(
+                    "shard {i} could not start its io_uring executor: {why}"
+                ));
             }
             Err(_) => return Err("a shard failed to start".into()),
         }
@@ -274,11 +293,6 @@ pub fn run(cfg: Config, ready: crate::preflight::Ready) -> Result<(), String> {
             Err(mpsc::RecvTimeoutError::Timeout) => {}
         }
         if term.load(Ordering::Relaxed) {
-            if deadline.is_none() {
-                if let Err(e) = sd_notify::notify(&[NotifyState::Stopping]) {
-                    log::warn!("sd_notify STOPPING=1 failed: {e}");
-                }
-            }
             let d = *deadline.get_or_insert_with(|| Instant::now() + SHUTDOWN_GRACE);
             if Instant::now() >= d {
                 log::error!("shutdown took longer than {SHUTDOWN_GRACE:?}; exiting anyway");

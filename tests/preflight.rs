@@ -145,7 +145,10 @@ fn block_io_uring(cmd: &mut Command, errno: u32) {
 
 #[test]
 fn io_uring_blocked_by_seccomp_names_the_profile() {
-    for (errno, name) in [(libc::EPERM as u32, "EPERM"), (libc::ENOSYS as u32, "ENOSYS")] {
+    for (errno, name) in [
+        (libc::EPERM as u32, "EPERM"),
+        (libc::ENOSYS as u32, "ENOSYS"),
+    ] {
         let dir = temp_path(&format!("seccomp-{name}"));
         let mut cmd = nsqd(&dir, &["--shards=2"]);
         block_io_uring(&mut cmd, errno);
@@ -172,7 +175,11 @@ fn data_path_that_is_a_file_or_cannot_be_created() {
     let lines = fatal_lines(&run(nsqd(&file, &[])));
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert!(lines[0].contains("is not a directory"), "{}", lines[0]);
-    assert!(lines[0].contains(&file.display().to_string()), "{}", lines[0]);
+    assert!(
+        lines[0].contains(&file.display().to_string()),
+        "{}",
+        lines[0]
+    );
 
     let under_file = file.join("data");
     let lines = fatal_lines(&run(nsqd(&under_file, &[])));
@@ -271,7 +278,9 @@ fn more_shards_than_cpus_is_a_warning() {
     assert_eq!(b.http("GET", "/ping", b"").0, 200);
     let log = b.log_text();
     assert!(
-        log.contains(&format!("WARNING: --shards={shards} is more than the {cpus} CPUs")),
+        log.contains(&format!(
+            "WARNING: --shards={shards} is more than the {cpus} CPUs"
+        )),
         "{log}"
     );
     assert!(log.contains("fix: --shards="), "{log}");
