@@ -239,11 +239,10 @@ fn io_uring_unavailable(e: i32) -> String {
                        seccomp=deploy/seccomp-io_uring.json; Kubernetes: securityContext \
                        seccompProfile type Localhost, see README \"Deploying\")";
     match e {
-        libc::EPERM if disabled.as_deref() == Some("2") => format!(
-            "io_uring is disabled: io_uring_setup failed with EPERM and sysctl \
-             kernel.io_uring_disabled = 2; fix: sysctl -w kernel.io_uring_disabled=0 \
-             (persist it in /etc/sysctl.d/)"
-        ),
+        libc::EPERM if disabled.as_deref() == Some("2") => "io_uring is disabled: \
+             io_uring_setup failed with EPERM and sysctl kernel.io_uring_disabled = 2; fix: \
+             sysctl -w kernel.io_uring_disabled=0 (persist it in /etc/sysctl.d/)"
+            .to_string(),
         libc::EPERM if disabled.as_deref() == Some("1") && seccomp != "2" => {
             let group = read_trim("/proc/sys/kernel/io_uring_group").unwrap_or_default();
             format!(
@@ -310,7 +309,7 @@ fn has_ipc_lock() -> bool {
 fn fmt_limit(bytes: u64) -> String {
     if bytes == u64::MAX {
         "unlimited".into()
-    } else if bytes >= 1 << 20 && bytes % (1 << 20) == 0 {
+    } else if bytes >= 1 << 20 && bytes.is_multiple_of(1 << 20) {
         format!("{} MiB", bytes >> 20)
     } else {
         format!("{} KiB", bytes / 1024)
