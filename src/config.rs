@@ -223,6 +223,10 @@ pub struct Cli {
     #[arg(long, default_value = "false", value_parser = parse_go_bool, num_args = 0..=1,
           require_equals = true, default_missing_value = "true")]
     pub statsd_exclude_ephemeral: bool,
+    /// check what the host must provide (io_uring, locked memory, CPUs, data path, ports),
+    /// print each problem with its fix, and exit (0: ready to run, 1: problems)
+    #[arg(long)]
+    pub preflight: bool,
     /// (testing) interval between PINGs to each nsqlookupd
     #[arg(long, hide = true, default_value = "15s", value_parser = parse_duration)]
     pub lookupd_ping_interval: Duration,
@@ -264,6 +268,8 @@ pub struct Config {
     pub statsd_exclude_ephemeral: bool,
     /// How often shard 0 PINGs each nsqlookupd (nsqd: 15 s; a hidden flag for tests).
     pub lookupd_ping_interval: Duration,
+    /// `--preflight`: run the host checks and exit instead of serving.
+    pub preflight_only: bool,
 }
 
 /// Rewrites Go-style `-long-flag` arguments into `--long-flag`.
@@ -370,6 +376,7 @@ impl Config {
             statsd_udp_packet_size: cli.statsd_udp_packet_size,
             statsd_exclude_ephemeral: cli.statsd_exclude_ephemeral,
             lookupd_ping_interval: cli.lookupd_ping_interval,
+            preflight_only: cli.preflight,
         })
     }
 }

@@ -16,6 +16,19 @@ fn main() {
     // What the host must provide (io_uring, locked memory, the data path, the ports),
     // checked before any shard starts: one line per problem, each with its fix.
     let ready = match nsqd::preflight::check(&cfg) {
+        Ok(r) if cfg.preflight_only => {
+            for w in r.warnings {
+                log::warn!("{w}");
+            }
+            eprintln!(
+                "{prefix}preflight: ok ({} shards, data path {}, TCP {}, HTTP {})",
+                cfg.shards,
+                r.data_path.display(),
+                r.tcp.0,
+                r.http.0
+            );
+            std::process::exit(0);
+        }
         Ok(r) => r,
         Err(failed) => {
             for w in failed.warnings {

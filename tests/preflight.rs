@@ -285,3 +285,23 @@ fn more_shards_than_cpus_is_a_warning() {
     );
     assert!(log.contains("fix: --shards="), "{log}");
 }
+
+#[test]
+fn preflight_flag_checks_and_exits() {
+    let dir = temp_path("flag");
+    let out = run(nsqd(&dir, &["--preflight", "--shards=1"]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("preflight: ok (1 shards"), "{stderr}");
+    assert!(
+        !stderr.contains("listening on"),
+        "it must not serve: {stderr}"
+    );
+
+    let file = temp_path("flag-file");
+    std::fs::write(&file, b"x").unwrap();
+    let lines = fatal_lines(&run(nsqd(&file, &["--preflight"])));
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let _ = std::fs::remove_file(&file);
+    let _ = std::fs::remove_dir_all(&dir);
+}
