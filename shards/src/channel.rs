@@ -511,6 +511,28 @@ impl Channel {
         }
     }
 
+    /// `POST /channel/seek` (beyond nsqd): the cursor moves to `seq` (forwards or
+    /// backwards, also below the memory tail: the records are then read back from disk).
+    /// Everything the channel holds that is not in flight is dropped: requeued and
+    /// deferred messages below `seq` because they precede the new cursor, those at or
+    /// above it because the cursor delivers them again (a message published with a
+    /// defer time still in the future is deferred again when the cursor passes it).
+    /// In-flight messages are left alone (FIN, REQ and TOUCH keep working); the cursor
+    /// steps over those at or above `seq`, so a message is never in flight twice.
+    /// Messages the cursor reaches are delivered with attempts 1.
+    pub fn seek(&mut self, seq: u64) {
+        self.cursor = seq;
+        self.requeued.clear();
+        self.deferred.clear();
+        self.skip.clear();
+        for f in self.in_flight.values() {
+            if f.msg.seq >= seq {
+                self.skip.insert(f.msg.seq);
+            }
+        }
+        self.clear_disk();
+    }
+
     /// Adds a subscribed client. `max` 0 means unlimited.
     pub fn add_client(&mut self, client: Rc<Client>, max: usize) -> Result<(), String> {
         if self.clients.iter().any(|c| c.id == client.id) {

@@ -221,8 +221,16 @@ impl Shard {
         Ok((count, nch))
     }
 
-    /// Writes the metadata of every durable topic and deletes segments every channel has
-    /// passed. Runs every `--sync-timeout` and at shutdown.
+    /// Writes the metadata of every durable topic and applies segment retention. Runs
+    /// every `--sync-timeout` and at shutdown.
+    ///
+    /// Retention: by default a segment is deleted once every channel has passed it (its
+    /// records are all below the topic's low watermark). With `--retention-time` or
+    /// `--retention-bytes` ([`crate::Options::retains`]) such a consumed segment is kept
+    /// for replay, and goes (oldest first; the segment being written never does) once
+    /// its newest record is older than `--retention-time`, or while the topic's sealed
+    /// segment files add up to more than `--retention-bytes` (the segment being written
+    /// is not counted). The retained range is then measured for `/stats`.
     pub async fn checkpoint(&self) {
         let work: Vec<(Rc<nsq_storage::TopicStore>, TopicMeta, u64)> = {
             let mut topics = self.topics.borrow_mut();
@@ -236,6 +244,7 @@ impl Shard {
                 .collect()
         };
         for (st, m, low) in work {
+            let name = m.name.clone();
             let dir = st.dir().to_path_buf();
             let res = glommio::executor()
                 .spawn_blocking(move || meta::write_blocking(&dir, &m))
@@ -246,7 +255,132 @@ impl Shard {
                     st.dir().display()
                 );
             }
-            st.delete_before(low).await;
+            // A seek during the write may have moved a cursor back: never delete what a
+            // channel now needs, nor what the metadata just written still points at.
+            let now_low = {
+                let topics = self.topics.borrow();
+                match topics.get(&name) {
+                    Some(t) if t.store.as_ref().is_some_and(|s| Rc::ptr_eq(s, &st)) => {
+                        t.low_watermark()
+                    }
+                    _ => continue,
+                }
+            };
+            let low = low.min(now_low);
+            if self.opts.retains() {
+                let segs = st.segment_list().await;
+                let cut = self.retention_cut(&name, &st, &segs, low).await;
+                st.delete_before(cut).await;
+                // What delete_before leaves: segments reaching past the cut, and the last.
+                let left: u64 = segs
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, s)| s.end_seq > cut || i + 1 == segs.len())
+                    .map(|(_, s)| s.bytes)
+                    .sum();
+                self.measure_retained(&name, &st, left).await;
+            } else {
+                st.delete_before(low).await;
+            }
+        }
+    }
+
+    /// Under `--retention-time` / `--retention-bytes`: the sequence below which the
+    /// store's segments may be deleted (see [`Shard::checkpoint`]). Only segments wholly
+    /// below `low` (consumed by every channel) qualify. A segment's age is its last
+    /// record's publish time; when that record cannot be read, the next readable one's
+    /// (newer) is used; with none readable, or on a read error, the segment is kept (for
+    /// the time rule).
+    async fn retention_cut(
+        &self,
+        topic: &str,
+        st: &nsq_storage::TopicStore,
+        segs: &[nsq_storage::SegmentInfo],
+        low: u64,
+    ) -> u64 {
+        let max_bytes = self.opts.retention_bytes;
+        let max_age = self.opts.retention_time.as_nanos().min(i64::MAX as u128) as i64;
+        let cutoff = crate::message::now_unix_nanos().saturating_sub(max_age);
+        // The segment being written is never deleted and not counted (its file is
+        // preallocated ahead of what it holds).
+        let sealed = &segs[..segs.len().saturating_sub(1)];
+        let mut total: u64 = sealed.iter().map(|s| s.bytes).sum();
+        let mut cut = 0;
+        for s in sealed {
+            if s.end_seq > low {
+                break;
+            }
+            let over_size = max_bytes > 0 && total > max_bytes;
+            let expired = !over_size
+                && max_age > 0
+                && self
+                    .segment_newest(topic, st, s)
+                    .await
+                    .is_some_and(|ts| ts < cutoff);
+            if !(over_size || expired) {
+                break;
+            }
+            cut = s.end_seq;
+            total = total.saturating_sub(s.bytes);
+        }
+        if let Some(t) = self.topics.borrow_mut().get_mut(topic) {
+            // Forget deleted segments.
+            t.segment_newest = t.segment_newest.split_off(&cut);
+        }
+        cut
+    }
+
+    /// The newest publish time (Unix ns) in sealed segment `s`, read once and then
+    /// remembered in the topic; `None` when nothing is readable there or the read failed.
+    async fn segment_newest(
+        &self,
+        topic: &str,
+        st: &nsq_storage::TopicStore,
+        s: &nsq_storage::SegmentInfo,
+    ) -> Option<i64> {
+        let memo = |t: &Topic| t.segment_newest.get(&s.base).copied();
+        if let Some(ts) = self.topics.borrow().get(topic).and_then(memo) {
+            return Some(ts);
+        }
+        let ts = match st.read(s.end_seq.saturating_sub(1), 1).await {
+            Ok(recs) => recs.first().map(|r| r.timestamp)?,
+            Err(_) => return None,
+        };
+        if let Some(t) = self.topics.borrow_mut().get_mut(topic) {
+            t.segment_newest.insert(s.base, ts);
+        }
+        Some(ts)
+    }
+
+    /// Measures what `topic` retains for replay into [`crate::topic::Retained`];
+    /// `bytes` is what its segment files hold.
+    async fn measure_retained(&self, topic: &str, st: &nsq_storage::TopicStore, bytes: u64) {
+        let (oldest, head, known_ts) = {
+            let topics = self.topics.borrow();
+            let Some(t) = topics.get(topic) else { return };
+            let oldest = t.oldest_retained();
+            let known = (t.retained.oldest_seq == oldest && t.retained.oldest_timestamp != 0)
+                .then_some(t.retained.oldest_timestamp);
+            let ts = known.or_else(|| t.log.get(oldest).map(|r| r.timestamp));
+            (oldest, t.log.head, ts)
+        };
+        let oldest_timestamp = match known_ts {
+            _ if oldest >= head => 0,
+            Some(ts) => ts,
+            None => st
+                .read(oldest, 1)
+                .await
+                .ok()
+                .and_then(|r| r.first().map(|r| r.timestamp))
+                .unwrap_or(0),
+        };
+        if let Some(t) = self.topics.borrow_mut().get_mut(topic) {
+            t.retained = crate::topic::Retained {
+                oldest_seq: oldest,
+                oldest_timestamp,
+                messages: t.log.head.saturating_sub(oldest),
+                bytes,
+            };
         }
     }
 

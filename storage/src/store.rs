@@ -35,6 +35,9 @@ const SPARE_MAX: usize = 64 << 20;
 /// DmaStreamWriter buffer size.
 const WRITE_BUFFER: usize = 256 * 1024;
 
+mod replay;
+pub use replay::SegmentInfo;
+
 /// Sync and rotation policy (nsqd flags --sync-every, --sync-timeout,
 /// --max-bytes-per-file).
 #[derive(Clone, Debug)]
