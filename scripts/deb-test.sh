@@ -25,8 +25,9 @@ fi
 export PATH="$HOME/.cargo/bin:$PATH"
 
 echo "== cargo deb"
-DEB=$(cargo deb --quiet 2>/dev/null | tail -1)
-[[ -f $DEB ]] || { echo "FAIL: cargo deb produced no package"; exit 1; }
+out=$(cargo deb 2>&1) || { echo "$out"; echo "FAIL: cargo deb"; exit 1; }
+DEB=$(printf '%s\n' "$out" | grep '\.deb$' | tail -1)
+[[ -f $DEB ]] || { echo "$out"; echo "FAIL: cargo deb produced no package"; exit 1; }
 echo "$DEB"
 dpkg-deb --info "$DEB" | sed -n '/Package:/,$p'
 dpkg-deb --contents "$DEB"
