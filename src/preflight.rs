@@ -21,6 +21,7 @@ use std::fs::File;
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 /// glommio's I/O memory per executor (glommio 0.9 `DEFAULT_IO_MEMORY`, 10 MiB), which the
 /// runtime leaves at its default.
@@ -105,8 +106,18 @@ pub fn check(cfg: &Config) -> Result<Ready, Failed> {
         .clone()
         .unwrap_or_else(|| PathBuf::from("."));
     let lock = data_dir(&data_path).map_err(|e| problems.push(e)).ok();
-    let tcp = listener(&cfg.tcp_address, "--tcp-address").map_err(|e| problems.push(e));
-    let http = listener(&cfg.http_address, "--http-address").map_err(|e| problems.push(e));
+    // An address in use is retried for a while (a previous instance may still be
+    // releasing it), both addresses within the same window; not when another broker
+    // holds the data path, which then holds the addresses too.
+    let retry_until = if lock.is_some() {
+        Instant::now() + crate::runtime::BIND_RETRY
+    } else {
+        Instant::now()
+    };
+    let tcp =
+        listener(&cfg.tcp_address, "--tcp-address", retry_until).map_err(|e| problems.push(e));
+    let http =
+        listener(&cfg.http_address, "--http-address", retry_until).map_err(|e| problems.push(e));
     match (lock, tcp, http) {
         (Some(lock), Ok(tcp), Ok(http)) if problems.is_empty() => Ok(Ready {
             data_path,
@@ -458,8 +469,12 @@ fn lock_holder(f: &File) -> Option<u32> {
 }
 
 /// Binds `addr` as the runtime will serve it, with a fix hint on failure.
-fn listener(addr: &str, flag: &str) -> Result<(SocketAddr, socket2::Socket), String> {
-    crate::runtime::listen(addr).map_err(|e| {
+fn listener(
+    addr: &str,
+    flag: &str,
+    retry_until: Instant,
+) -> Result<(SocketAddr, socket2::Socket), String> {
+    crate::runtime::listen(addr, retry_until).map_err(|e| {
         let mut line = e;
         let port = addr.rsplit(':').next().unwrap_or("");
         if line.contains("in use") {

@@ -92,28 +92,32 @@ pub fn allowed_cpus() -> Vec<usize> {
 }
 
 /// How long a bind that finds its address in use is retried before giving up.
-const BIND_RETRY: Duration = Duration::from_secs(2);
+pub(crate) const BIND_RETRY: Duration = Duration::from_secs(2);
 
-/// Binds `s` to `sa`, retrying for up to [`BIND_RETRY`] while the address is in use.
+/// Binds `s` to `sa`, retrying until `deadline` (normally [`BIND_RETRY`] from start-up)
+/// while the address is in use.
 ///
 /// After a `kill -9`, the dead process's listening socket can stay bound for tens of
 /// milliseconds while the kernel tears down its io_uring instances (pending accepts hold a
 /// reference to it), so a supervisor's immediate restart would otherwise fail. An address
 /// still taken after the retry fails with nsqd's message:
 /// `listen (ADDR) failed - Address already in use (os error 98)`.
-fn bind_retrying(s: &socket2::Socket, sa: &SocketAddr, addr: &str) -> Result<(), String> {
-    let started = Instant::now();
+fn bind_retrying(
+    s: &socket2::Socket,
+    sa: &SocketAddr,
+    addr: &str,
+    deadline: Instant,
+) -> Result<(), String> {
     let mut logged = false;
     loop {
         match s.bind(&(*sa).into()) {
             Ok(()) => return Ok(()),
-            Err(e)
-                if e.kind() == std::io::ErrorKind::AddrInUse && started.elapsed() < BIND_RETRY =>
-            {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
                 if !logged {
                     log::warn!(
-                        "listen ({addr}): address in use; retrying for up to {BIND_RETRY:?} \
-                         (a previous instance may still be releasing it)"
+                        "listen ({addr}): address in use; retrying for up to {:?} \
+                         (a previous instance may still be releasing it)",
+                        deadline.saturating_duration_since(Instant::now())
                     );
                     logged = true;
                 }
@@ -127,7 +131,10 @@ fn bind_retrying(s: &socket2::Socket, sa: &SocketAddr, addr: &str) -> Result<(),
 /// Binds and listens on `addr` exclusively, as nsqd does (an address in use is an error,
 /// even if its holder used SO_REUSEPORT). Every shard accepts on a duplicate of this one
 /// socket, so the kernel hands each connection to one idle shard.
-pub(crate) fn listen(addr: &str) -> Result<(SocketAddr, socket2::Socket), String> {
+pub(crate) fn listen(
+    addr: &str,
+    retry_until: Instant,
+) -> Result<(SocketAddr, socket2::Socket), String> {
     let sa = addr
         .to_socket_addrs()
         .map_err(|e| format!("invalid address {addr}: {e}"))?
@@ -141,7 +148,7 @@ pub(crate) fn listen(addr: &str) -> Result<(SocketAddr, socket2::Socket), String
     let s = socket2::Socket::new(domain, socket2::Type::STREAM, None).map_err(|e| e.to_string())?;
     // Go's listeners set SO_REUSEADDR (rebinding over TIME_WAIT), never SO_REUSEPORT.
     s.set_reuse_address(true).map_err(|e| e.to_string())?;
-    bind_retrying(&s, &sa, addr)?;
+    bind_retrying(&s, &sa, addr, retry_until)?;
     s.listen(1024)
         .map_err(|e| format!("listen ({addr}) failed - {e}"))?;
     // Non-blocking for good: glommio toggles O_NONBLOCK around its first accept attempt,
