@@ -24,8 +24,8 @@ if ! command -v cargo-deb >/dev/null && [[ ! -x $HOME/.cargo/bin/cargo-deb ]]; t
 fi
 export PATH="$HOME/.cargo/bin:$PATH"
 
-echo "== cargo deb"
-out=$(cargo deb 2>&1) || { echo "$out"; echo "FAIL: cargo deb"; exit 1; }
+echo "== cargo deb --strip"
+out=$(cargo deb --strip 2>&1) || { echo "$out"; echo "FAIL: cargo deb"; exit 1; }
 DEB=$(printf '%s\n' "$out" | grep '\.deb$' | tail -1)
 [[ -f $DEB ]] || { echo "$out"; echo "FAIL: cargo deb produced no package"; exit 1; }
 echo "$DEB"
