@@ -2,8 +2,8 @@
 # Builds the Debian package with cargo-deb (installed with `cargo install` if missing),
 # installs it with dpkg, checks it, and removes (purges) it again:
 #   - /usr/bin/nsqd --version and /usr/bin/nsqlookupd --version run;
-#   - the units, /etc/nsqd/nsqd.cfg (a conffile), /var/lib/nsqd (owned by nsqd) and the
-#     system users nsqd and nsqlookupd exist;
+#   - the units (which `systemd-analyze verify` accepts), /etc/nsqd/nsqd.cfg (a
+#     conffile), /var/lib/nsqd (owned by nsqd) and the users nsqd and nsqlookupd exist;
 #   - the preflight passes as user nsqd on /var/lib/nsqd (nsqd --preflight), or, when
 #     systemd started the service, /ping answers on 4151;
 #   - after `dpkg --purge` the binaries, the config and the data directory are gone.
@@ -49,6 +49,16 @@ check /usr/bin/nsqlookupd --version
 /usr/bin/nsqd --version
 check test -f /lib/systemd/system/nsqd.service -o -f /usr/lib/systemd/system/nsqd.service
 check test -f /lib/systemd/system/nsqlookupd.service -o -f /usr/lib/systemd/system/nsqlookupd.service
+if command -v systemd-analyze >/dev/null; then
+  for u in nsqd nsqlookupd; do
+    unit=$(ls /usr/lib/systemd/system/$u.service /lib/systemd/system/$u.service 2>/dev/null | head -1)
+    if out=$(systemd-analyze verify "$unit" 2>&1) && [[ -z $out ]]; then
+      echo "ok: systemd-analyze verify $unit"
+    else
+      echo "FAIL: systemd-analyze verify $unit: $out"; fail=1
+    fi
+  done
+fi
 check grep -qx /etc/nsqd/nsqd.cfg /var/lib/dpkg/info/nsqd-rs.conffiles
 check getent passwd nsqd
 check getent passwd nsqlookupd
