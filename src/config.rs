@@ -229,6 +229,10 @@ pub struct Cli {
     /// (beyond nsqd) keep consumed messages for replay until a topic's segment files exceed this many bytes, oldest first (0: no size limit)
     #[arg(long, default_value_t = 0)]
     pub retention_bytes: u64,
+    /// check what the host must provide (io_uring, locked memory, CPUs, data path, ports),
+    /// print each problem with its fix, and exit (0: ready to run, 1: problems)
+    #[arg(long)]
+    pub preflight: bool,
     /// (testing) interval between PINGs to each nsqlookupd
     #[arg(long, hide = true, default_value = "15s", value_parser = parse_duration)]
     pub lookupd_ping_interval: Duration,
@@ -391,6 +395,8 @@ pub struct Config {
     /// Every nsqd option after resolution (flag > config file > default), by cfg name:
     /// what `GET /config/<name>` answers for options that do not change at run time.
     pub options: Vec<(&'static str, crate::config_file::GoValue)>,
+    /// `--preflight`: run the host checks and exit instead of serving.
+    pub preflight_only: bool,
 }
 
 /// Rewrites Go-style `-long-flag` arguments into `--long-flag`.
@@ -515,6 +521,7 @@ impl Config {
             statsd_exclude_ephemeral: cli.statsd_exclude_ephemeral,
             lookupd_ping_interval: cli.lookupd_ping_interval,
             options,
+            preflight_only: cli.preflight,
         })
     }
 }

@@ -13,6 +13,7 @@ pub mod logger;
 pub mod lookup;
 pub mod lookupd;
 pub mod metrics;
+pub mod preflight;
 pub mod protocol;
 pub mod runtime;
 pub mod server;

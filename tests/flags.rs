@@ -79,6 +79,7 @@ const OWN_FLAGS: &[&str] = &[
     "help",
     "retention-time",
     "retention-bytes",
+    "preflight",
 ];
 
 #[test]
