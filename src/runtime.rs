@@ -170,6 +170,16 @@ pub fn run(cfg: Config) -> Result<(), String> {
             data_path.display()
         )
     })?;
+    // Moving from nsqd: its queued messages become ours before any shard recovers.
+    crate::import_nsqd::run(
+        &data_path,
+        &crate::import_nsqd::ImportOptions {
+            max_msg_size: cfg.opts.max_msg_size,
+            max_bytes_per_file: cfg.opts.max_bytes_per_file,
+            node_id: cfg.opts.node_id,
+        },
+    )
+    .map_err(|e| format!("failed to import nsqd data - {e}"))?;
     let (tcp_addr, tcp_sock) = listen(&cfg.tcp_address)?;
     let (http_addr, http_sock) = listen(&cfg.http_address)?;
 

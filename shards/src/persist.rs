@@ -18,6 +18,9 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::Instant;
 
+/// Pending messages read back per disk read at recovery.
+const PENDING_BATCH: usize = 256;
+
 /// The metadata of a topic as it stands.
 pub fn topic_meta(t: &Topic) -> TopicMeta {
     let mut channels = Vec::new();
@@ -178,9 +181,29 @@ impl Shard {
             t.log.pumped = head;
         }
         // Bring back the unfinished messages below each cursor, with attempts and due time.
+        // Each channel's list is sorted: read them in batches (a channel may hold many,
+        // e.g. a backlog imported from nsqd), each body copied out of the read window so
+        // that a kept message does not pin the whole window.
+        let mut batch: std::collections::VecDeque<nsq_storage::StoredRecord> = Default::default();
         for (chn, p) in pending_all {
-            let recs = rec.store.read(p.seq, 1).await.unwrap_or_default();
-            let Some(r) = recs.into_iter().find(|r| r.seq == p.seq) else {
+            while batch.front().is_some_and(|r| r.seq < p.seq) {
+                batch.pop_front();
+            }
+            if batch.front().is_none_or(|r| r.seq > p.seq) {
+                batch = rec
+                    .store
+                    .read(p.seq, PENDING_BATCH)
+                    .await
+                    .unwrap_or_default()
+                    .into_iter()
+                    .collect();
+            }
+            let found = batch.front().filter(|r| r.seq == p.seq).map(|r| {
+                let mut r = r.clone();
+                r.body = bytes::Bytes::copy_from_slice(&r.body);
+                r
+            });
+            let Some(r) = found else {
                 // Expected when every channel finished it after the checkpoint and
                 // before it was due to be written (it was then never written).
                 log::debug!(
