@@ -687,4 +687,119 @@ mod tests {
         assert_eq!(&got[1].body[..], b"ccc");
         let _ = std::fs::remove_dir_all(&d);
     }
+
+    fn opts() -> ImportOptions {
+        ImportOptions {
+            max_msg_size: 1024,
+            max_bytes_per_file: 4096,
+            node_id: 1,
+        }
+    }
+
+    fn nsqd_dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("import-unit-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(
+            d.join("nsqd.dat"),
+            br#"{"topics":[{"name":"t","paused":false,"channels":[{"name":"c","paused":true}]}],"version":"1.3.0"}"#,
+        )
+        .unwrap();
+        // 300 messages: more than one 4 KiB segment. One ID is not lowercase hex.
+        let mut data = Vec::new();
+        for i in 0..300u64 {
+            let id = if i == 7 {
+                *b"0123456789ABCDEF"
+            } else {
+                format!("{:016x}", 0xabc000 + i)
+                    .into_bytes()
+                    .try_into()
+                    .unwrap()
+            };
+            data.extend(rec(i as i64, 0, &id, format!("m{i}").as_bytes()));
+        }
+        std::fs::write(queue_file(&d, "t", 0), &data).unwrap();
+        std::fs::write(
+            queue_meta_file(&d, "t"),
+            format!("300\n0,0\n0,{}\n", data.len()),
+        )
+        .unwrap();
+        std::fs::write(
+            queue_file(&d, "t:c", 0),
+            rec(5, 2, b"00000000000000ff", b"own"),
+        )
+        .unwrap();
+        std::fs::write(queue_meta_file(&d, "t:c"), "1\n0,0\n0,31\n").unwrap();
+        d
+    }
+
+    #[test]
+    fn builds_segments_and_meta() {
+        let d = nsqd_dir("build");
+        run(&d, &opts()).unwrap();
+        let dir = d.join("topics/t-t");
+        let m = nsq_storage::meta::read_blocking(&dir).unwrap().unwrap();
+        assert_eq!((m.pumped, m.next_seq, m.paused), (1, 301, false));
+        assert_eq!(m.channels.len(), 1);
+        let c = &m.channels[0];
+        assert_eq!((c.name.as_str(), c.paused, c.cursor), ("c", true, 1));
+        assert_eq!(
+            c.pending,
+            vec![PendingMessage {
+                seq: 0,
+                attempts: 2,
+                due_unix_ns: 0
+            }]
+        );
+        let mut segs: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+            .collect();
+        segs.sort();
+        assert!(segs.len() > 1, "rotated at --max-bytes-per-file");
+        let mut seqs = Vec::new();
+        for p in &segs {
+            let data = bytes::Bytes::from(std::fs::read(p).unwrap());
+            assert_eq!(data.len() % BLOCK as usize, 0);
+            let (base, salt) = record::parse_segment_header(&data).unwrap();
+            let (recs, skipped, _) = record::scan(&data, record::SEGMENT_HEADER_LEN, salt, None);
+            assert!(skipped.is_empty());
+            assert_eq!(recs.first().map(|(r, _)| r.seq), Some(base));
+            seqs.extend(recs.into_iter().map(|(r, _)| (r.seq, r.id, r.body)));
+        }
+        assert_eq!(seqs.len(), 301);
+        assert_eq!(seqs[0], (0, 0xff, bytes::Bytes::from_static(b"own")));
+        assert_eq!(seqs[1].1, 0xabc000);
+        assert_eq!(&seqs[300].2[..], b"m299");
+        assert!(d.join("nsqd.dat.imported").exists() && d.join(MARKER).exists());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn crash_before_the_marker_redoes_after_it_finishes() {
+        // Before the marker: a half-built staging area is thrown away.
+        let d = nsqd_dir("crash1");
+        std::fs::create_dir_all(d.join(STAGING).join("t-junk")).unwrap();
+        run(&d, &opts()).unwrap();
+        assert!(!d.join("topics/t-junk").exists());
+        assert!(d.join("topics/t-t/meta.json").exists());
+        assert!(!d.join(STAGING).exists());
+        let _ = std::fs::remove_dir_all(&d);
+        // After the marker: the moves and renames are finished, nothing is rebuilt.
+        let d = nsqd_dir("crash2");
+        run(&d, &opts()).unwrap();
+        std::fs::create_dir_all(d.join(STAGING)).unwrap();
+        std::fs::rename(d.join("topics/t-t"), d.join(STAGING).join("t-t")).unwrap();
+        std::fs::rename(
+            d.join("t.diskqueue.000000.dat.imported"),
+            d.join("t.diskqueue.000000.dat"),
+        )
+        .unwrap();
+        run(&d, &opts()).unwrap();
+        assert!(d.join("topics/t-t/meta.json").exists());
+        assert!(d.join("t.diskqueue.000000.dat.imported").exists());
+        assert!(!d.join("t.diskqueue.000000.dat").exists());
+        let _ = std::fs::remove_dir_all(&d);
+    }
 }

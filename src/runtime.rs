@@ -170,6 +170,16 @@ pub fn run(cfg: Config) -> Result<(), String> {
             data_path.display()
         )
     })?;
+    // The directory itself too, as nsqd does (internal/dirlock): an upstream nsqd still
+    // running on this path holds that lock, and its files must not be imported under it.
+    let dir_lock =
+        std::fs::File::open(&data_path).map_err(|e| format!("failed to lock data-path - {e}"))?;
+    dir_lock.try_lock().map_err(|_| {
+        format!(
+            "failed to lock data-path: --data-path={} in use (possibly by another instance of nsqd)",
+            data_path.display()
+        )
+    })?;
     // Moving from nsqd: its queued messages become ours before any shard recovers.
     crate::import_nsqd::run(
         &data_path,
