@@ -131,7 +131,7 @@ pub struct Cli {
     pub data_path: String,
     /// number of messages to keep in memory per topic/channel (the cap of #ephemeral ones)
     #[arg(long, default_value_t = 10000)]
-    pub mem_queue_size: u64,
+    pub mem_queue_size: i64,
     /// number of bytes per segment file before rolling to a new one
     #[arg(long, default_value_t = 104857600)]
     pub max_bytes_per_file: u64,
@@ -464,7 +464,8 @@ impl Config {
         let hostname = hostname();
         let opts = Options {
             node_id: node_id as u16,
-            mem_queue_size: cli.mem_queue_size,
+            // nsqd 1.3.0 keeps no memory queue for a size <= 0 (NewTopic, NewChannel).
+            mem_queue_size: cli.mem_queue_size.max(0) as u64,
             max_msg_size: cli.max_msg_size,
             max_body_size: cli.max_body_size,
             msg_timeout: cli.msg_timeout,

@@ -390,6 +390,12 @@ fn early_reject(server: &Server, head: &Head) -> Option<Response> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BadQuery;
 
+/// Routes whose handler never reads the query string (nsqd: doPing, doInfo, doConfig,
+/// and this broker's /metrics and /shards), so a malformed one is not an error there.
+fn ignores_query(path: &str) -> bool {
+    matches!(path, "/ping" | "/info" | "/metrics" | "/shards") || path.starts_with("/config/")
+}
+
 /// Go's url.ParseQuery: `&`-separated pairs, `+` is a space, `%XX` escapes; a bad
 /// escape or a `;` is an error (nsqd: 400 INVALID_REQUEST).
 pub fn parse_query(q: &str) -> Result<Vec<(String, String)>, BadQuery> {
@@ -483,6 +489,9 @@ async fn route(server: &Rc<Server>, head: &Head, body: Bytes) -> Response {
     }
     let params = match parse_query(&head.query) {
         Ok(p) => Params(p),
+        // nsqd parses the query only in handlers that read it (http_api.NewReqParams):
+        // /ping, /info and /config answer whatever the query holds.
+        Err(BadQuery) if ignores_query(&head.path) => Params(Vec::new()),
         Err(BadQuery) => return Response::v1_err(400, "INVALID_REQUEST"),
     };
     match head.path.as_str() {

@@ -44,19 +44,17 @@ fn main() {
             for w in failed.warnings {
                 log::warn!("{w}");
             }
+            // nsqd's start-up failure line, one per problem, each with its fix.
+            let stamp = nsqd::timefmt::log_stamp(nsq_shards::message::now_unix_nanos());
             for p in failed.problems {
-                eprintln!("{prefix}FATAL: {p}");
+                eprintln!("[nsqd] {stamp} FATAL: failed to instantiate nsqd - {p}");
             }
             std::process::exit(1);
         }
     };
     match nsqd::runtime::run(cfg, ready) {
         Ok(()) => std::process::exit(0),
-        Err(e) => {
-            log::error!("{e}");
-            eprintln!("{prefix}FATAL: {e}");
-            std::process::exit(1);
-        }
+        Err(e) => fatal(&format!("failed to instantiate nsqd - {e}")),
     }
 }
 

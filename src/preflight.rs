@@ -438,8 +438,8 @@ fn data_dir(path: &Path) -> Result<File, String> {
                 lock_path.display()
             )
         })?;
-    if lock.try_lock().is_err() {
-        let holder = lock_holder(&lock)
+    if let Err(holder) = lock_waiting_for_exit(&lock) {
+        let holder = holder
             .map(|pid| format!(" (pid {pid})"))
             .unwrap_or_default();
         return Err(format!(
@@ -449,6 +449,43 @@ fn data_dir(path: &Path) -> Result<File, String> {
         ));
     }
     Ok(lock)
+}
+
+/// Takes an exclusive flock on `f`. After a kill -9 the dead broker keeps its locks until
+/// the kernel has torn down its io_uring instances (tens of milliseconds): a holder that
+/// is exiting is waited for (up to [`LOCK_RETRY`]), as a supervisor's immediate restart
+/// needs; one that is running is not. Err carries the holder's pid when known.
+pub(crate) fn lock_waiting_for_exit(f: &File) -> Result<(), Option<u32>> {
+    let deadline = Instant::now() + LOCK_RETRY;
+    while f.try_lock().is_err() {
+        let holder = lock_holder(f);
+        if Instant::now() < deadline && holder.is_none_or(process_exiting) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            continue;
+        }
+        return Err(holder);
+    }
+    Ok(())
+}
+
+/// How long a data-path lock held by an exiting process is waited for.
+const LOCK_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// True when process `pid` is gone or exiting (PF_EXITING in /proc/PID/stat's flags, or
+/// a zombie): its locks are about to be released.
+fn process_exiting(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return false;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let state = fields.first().copied().unwrap_or("");
+    let flags: u64 = fields.get(6).and_then(|f| f.parse().ok()).unwrap_or(0);
+    const PF_EXITING: u64 = 0x4;
+    state == "Z" || state == "X" || flags & PF_EXITING != 0
 }
 
 /// The pid holding a flock on `f`, from /proc/locks (`1: FLOCK ADVISORY WRITE <pid>

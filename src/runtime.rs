@@ -101,7 +101,7 @@ pub(crate) const BIND_RETRY: Duration = Duration::from_secs(2);
 /// milliseconds while the kernel tears down its io_uring instances (pending accepts hold a
 /// reference to it), so a supervisor's immediate restart would otherwise fail. An address
 /// still taken after the retry fails with nsqd's message:
-/// `listen (ADDR) failed - Address already in use (os error 98)`.
+/// `listen (ADDR) failed - listen tcp ADDR: bind: address already in use`.
 fn bind_retrying(
     s: &socket2::Socket,
     sa: &SocketAddr,
@@ -123,9 +123,26 @@ fn bind_retrying(
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
-            Err(e) => return Err(format!("listen ({addr}) failed - {e}")),
+            Err(e) => {
+                return Err(format!(
+                    "listen ({addr}) failed - {}",
+                    go_net_error("bind", addr, &e)
+                ))
+            }
         }
     }
+}
+
+/// Go's text for a failed socket call (net.OpError): `listen tcp ADDR: OP: ERRNO TEXT`,
+/// e.g. `listen tcp 127.0.0.1:4150: bind: address already in use`, as nsqd prints it.
+fn go_net_error(op: &str, addr: &str, e: &std::io::Error) -> String {
+    let text = e.to_string();
+    let text = text
+        .split(" (os error")
+        .next()
+        .unwrap_or(&text)
+        .to_lowercase();
+    format!("listen tcp {addr}: {op}: {text}")
 }
 
 /// Binds and listens on `addr` exclusively, as nsqd does (an address in use is an error,
@@ -149,8 +166,12 @@ pub(crate) fn listen(
     // Go's listeners set SO_REUSEADDR (rebinding over TIME_WAIT), never SO_REUSEPORT.
     s.set_reuse_address(true).map_err(|e| e.to_string())?;
     bind_retrying(&s, &sa, addr, retry_until)?;
-    s.listen(1024)
-        .map_err(|e| format!("listen ({addr}) failed - {e}"))?;
+    s.listen(1024).map_err(|e| {
+        format!(
+            "listen ({addr}) failed - {}",
+            go_net_error("listen", addr, &e)
+        )
+    })?;
     // Non-blocking for good: glommio toggles O_NONBLOCK around its first accept attempt,
     // and the file description (so its flags) is shared by every shard's duplicate.
     s.set_nonblocking(true).map_err(|e| e.to_string())?;
@@ -186,7 +207,7 @@ pub fn run(cfg: Config, ready: crate::preflight::Ready) -> Result<(), String> {
     // running on this path holds that lock, and its files must not be imported under it.
     let dir_lock =
         std::fs::File::open(&data_path).map_err(|e| format!("failed to lock data-path - {e}"))?;
-    dir_lock.try_lock().map_err(|_| {
+    crate::preflight::lock_waiting_for_exit(&dir_lock).map_err(|_| {
         format!(
             "failed to lock data-path: --data-path={} in use (possibly by another instance of nsqd)",
             data_path.display()
@@ -465,6 +486,9 @@ async fn shard_main(
     glommio::spawn_local(lookup_task(server.clone())).detach();
     log::debug!("shard {index}: listeners bound");
     shard.recover().await;
+    // Recovered topics and channels are on disk already: their registration events
+    // need no metadata checkpoint.
+    shard.meta_wake.clear();
     log::debug!("shard {index}: recovered");
     // nsqd loads all of its metadata before it serves anything. A shard that finished
     // early must not answer (a SUB, /stats, a /pub) while another still reads its topics

@@ -243,9 +243,13 @@ fn ports_in_use_one_line_each() {
         .arg(format!("--data-path={}", dir.display()));
     let lines = fatal_lines(&run(cmd));
     assert_eq!(lines.len(), 2, "{lines:?}");
-    assert!(lines[0].contains(&format!("listen ({t}) failed - Address already in use")));
+    assert!(lines[0].contains(&format!(
+        "listen ({t}) failed - listen tcp {t}: bind: address already in use"
+    )));
     assert!(lines[0].contains("--tcp-address"), "{}", lines[0]);
-    assert!(lines[1].contains(&format!("listen ({h}) failed - Address already in use")));
+    assert!(lines[1].contains(&format!(
+        "listen ({h}) failed - listen tcp {h}: bind: address already in use"
+    )));
     assert!(lines[1].contains("--http-address"), "{}", lines[1]);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -266,7 +270,10 @@ fn several_problems_at_once() {
     assert_eq!(lines.len(), 3, "{lines:?}");
     assert!(lines[0].contains("locked-memory limit"), "{lines:?}");
     assert!(lines[1].contains("is not a directory"), "{lines:?}");
-    assert!(lines[2].contains("Address already in use"), "{lines:?}");
+    assert!(
+        lines[2].contains("bind: address already in use"),
+        "{lines:?}"
+    );
     let _ = std::fs::remove_file(&file);
 }
 

@@ -257,9 +257,15 @@ fn immediate_restart_after_kill9() {
         }
         let _ = read_msg(&mut sub);
         let idle = std::net::TcpStream::connect(b.http).unwrap();
-        kill9(&mut b);
-        drop((sub, p, idle));
+        // As a supervisor does: SIGKILL, then start the new process at once, before the
+        // old one has finished exiting (its data-path lock and sockets are still held).
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &b.child.id().to_string()])
+            .status();
+        let mut old = b;
         b = Broker::spawn_on(&dir, 2, tcp, http, &["--sync-every=1"]);
+        let _ = old.child.wait();
+        drop((sub, p, idle, old));
         wait_ping(&mut b, Duration::from_secs(60));
         assert!(
             b.exited().is_none(),

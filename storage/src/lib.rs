@@ -42,6 +42,11 @@ impl Notify {
         }
     }
 
+    /// Drops a pending notification (a `wait` then waits for the next `notify`).
+    pub fn clear(&self) {
+        self.flag.set(false);
+    }
+
     pub async fn wait(&self) {
         std::future::poll_fn(|cx| {
             if self.flag.replace(false) {

@@ -1060,6 +1060,10 @@ async fn scan_open_file(
     let mut data_end = pos;
     let mut carry: Vec<u8> = Vec::new();
     let mut carry_at = pos;
+    // Problems seen since the last valid record. Garbage followed by a valid record is
+    // corruption (logged as an error); garbage up to the end of the data is the unwritten
+    // rest of the last DMA block after a crash (stale buffer bytes), which is expected.
+    let mut suspect: Vec<(u64, String)> = Vec::new();
     while pos < size {
         let want = RECOVERY_CHUNK.min((size - pos) as usize);
         let rr = file.read_at(pos, want).await.map_err(io_err)?;
@@ -1080,6 +1084,12 @@ async fn scan_open_file(
                         end = true;
                         break;
                     }
+                    for (off, reason) in suspect.drain(..) {
+                        log::error!(
+                            "STORE: {} offset {off}: {reason}; record skipped",
+                            path.display()
+                        );
+                    }
                     last = Some(r.seq);
                     f(r, carry_at + at as u64);
                     at += n;
@@ -1091,11 +1101,7 @@ async fn scan_open_file(
                 }
                 Decoded::Incomplete => break,
                 Decoded::Corrupt { reason, skip } => {
-                    log::error!(
-                        "STORE: {} offset {}: {reason}; record skipped",
-                        path.display(),
-                        carry_at + at as u64
-                    );
+                    suspect.push((carry_at + at as u64, reason.to_string()));
                     if skip > 0 {
                         at += skip;
                     } else {
@@ -1117,14 +1123,15 @@ async fn scan_open_file(
         }
         carry = data[at..].to_vec();
         carry_at += at as u64;
-        if pos >= size && !carry.is_empty() {
-            log::error!(
-                "STORE: {} offset {}: torn record at the end ({} bytes); skipped",
-                path.display(),
-                carry_at,
-                carry.len()
-            );
-        }
+    }
+    let trailing = size.saturating_sub(data_end);
+    if !suspect.is_empty() || (!carry.is_empty() && pos >= size) {
+        log::info!(
+            "STORE: {} offset {data_end}: the {trailing} bytes after the last record hold no \
+             whole record (a torn record, or the unwritten end of the segment when the \
+             broker stopped); ignored",
+            path.display()
+        );
     }
     Ok(data_end)
 }
