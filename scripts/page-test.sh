@@ -131,7 +131,7 @@ code="$(curl -s -o /dev/null -w '%{http_code}' "http://$HTTP/nope")"
 
 # ---------------------------------------------------------------- the browser
 echo "headless Chromium: $("$CHROMIUM" --version 2>/dev/null | head -1); driver $("$CHROMEDRIVER" --version | head -1); python $PY"
-if ! timeout -k 5 $((PAGE_WAIT_S + 120)) "$PY" "$ROOT/scripts/page_check.py" "$HTTP" "$SHOT" "${TOPICS[@]}" \
+if ! timeout -k 5 $((PAGE_WAIT_S + 120)) "$PY" "$ROOT/scripts/page_check.py" --hot=page_hot "$HTTP" "$SHOT" "${TOPICS[@]}" \
   2>&1 | tee "$LOGDIR/page-check.log"; then
   fail "page checks (see above)"
 fi

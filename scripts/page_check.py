@@ -4,7 +4,8 @@
 topic table lists the expected topics with their shard, a shard is marked hottest, and
 the browser console has no errors. Saves a screenshot.
 
-Usage: page_check.py HTTP_ADDR SCREENSHOT.png TOPIC [TOPIC...]
+Usage: page_check.py [--hot=TOPIC] HTTP_ADDR SCREENSHOT.png TOPIC [TOPIC...]
+(--hot: the shard that owns TOPIC must be the one marked hottest)
 Environment: PAGE_WAIT_S (seconds of samples to collect first, default 8),
 CHROMEDRIVER (default: chromedriver on PATH), CHROMIUM (default: chromium on PATH).
 Exits 0 when every check passes, 1 otherwise (one FAIL line per problem).
@@ -24,7 +25,11 @@ def main():
     if len(sys.argv) < 4:
         print(__doc__)
         return 2
-    addr, shot, topics = sys.argv[1], sys.argv[2], sys.argv[3:]
+    args = sys.argv[1:]
+    hot_topic = None
+    if args and args[0].startswith("--hot="):
+        hot_topic = args.pop(0)[len("--hot="):]
+    addr, shot, topics = args[0], args[1], args[2:]
     wait_s = float(os.environ.get("PAGE_WAIT_S", "8"))
     opts = webdriver.ChromeOptions()
     binary = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
@@ -105,6 +110,12 @@ def main():
             if r["kind"] == "topic" and r["topic"] in topics:
                 check(r["cells"][2] != "?", f"topic {r['topic']} has a shard ({r['cells'][2]})")
         check(any(r["kind"] == "channel" for r in rows), "table lists channels")
+        if hot_topic:
+            hot_shard = driver.execute_script(
+                "const c = document.querySelector('#cards .card.hot'); return c ? c.dataset.shard : null")
+            owner = next((r["cells"][2] for r in rows if r["kind"] == "topic" and r["topic"] == hot_topic), None)
+            check(hot_shard is not None and hot_shard == owner,
+                  f"the hottest shard ({hot_shard}) owns {hot_topic} ({owner})")
 
         # Sorting: click "Messages" (descending first), then back to the grouped order.
         driver.execute_script("document.querySelector('#topics th[data-key=messages]').click()")
@@ -112,7 +123,9 @@ def main():
             "return Array.from(document.querySelectorAll('#rows tr')).map(tr => tr.dataset.topic + '/' + tr.dataset.channel)")
         sorted_ok = driver.execute_script(
             "return document.querySelector('#topics th[data-key=messages]').classList.contains('desc')")
-        check(sorted_ok and len(order) == len(rows), "table sorts by a clicked column")
+        check(sorted_ok and len(order) == len(rows)
+              and (not hot_topic or order[0].startswith(hot_topic + "/")),
+              f"table sorts by a clicked column (messages, descending: first {order[:1]})")
         driver.execute_script("document.querySelector('#topics th[data-key=topic]').click()")
 
         # Console: no errors (uncaught exceptions, failed requests, ...).
