@@ -11,6 +11,9 @@
 #      pynsq-seek replay scenario needs and runs with), run every real-client scenario
 #      (scripts/clients/*_scenario.*) against it, stop it with SIGTERM and require exit
 #      status 0 and no panic in its log.
+#   7. pynsq through nsqlookupd, the nsq-bench smoke test (scripts/bench-smoke.sh) and
+#      the live shard page in headless Chromium (scripts/page-test.sh; SKIP when
+#      chromium, chromedriver or python3-selenium are missing).
 #
 # Prints a summary and exits non-zero if anything failed.
 #
@@ -46,7 +49,7 @@ while [[ $# -gt 0 ]]; do
     --shards=*) SHARDS="${1#*=}" ;;
     --scenarios) SCENARIOS="$2"; shift ;;
     --scenarios=*) SCENARIOS="${1#*=}" ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^set -uo/ {exit} NR > 1' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -328,6 +331,21 @@ if [[ $MOCK -eq 0 && $BUILD_OK -eq 1 ]]; then
     run_step "nsq-bench smoke" bash "$ROOT/scripts/bench-smoke.sh" --release
   else
     run_step "nsq-bench smoke" bash "$ROOT/scripts/bench-smoke.sh"
+  fi
+  # The live shard page (GET /) in headless Chromium; exit 77 = browser not installed.
+  page_flags=(--no-build)
+  [[ $PROFILE == release ]] && page_flags+=(--release)
+  section "shard page in headless Chromium: scripts/page-test.sh ${page_flags[*]}"
+  t0=$(date +%s)
+  bash "$ROOT/scripts/page-test.sh" "${page_flags[@]}"
+  rc=$?
+  dt=$(( $(date +%s) - t0 ))
+  if [[ $rc -eq 0 ]]; then
+    record PASS "shard page (Chromium)" "${dt}s"
+  elif [[ $rc -eq 77 ]]; then
+    record SKIP "shard page (Chromium)" "chromium, chromedriver or python3-selenium not installed"
+  else
+    record FAIL "shard page (Chromium)" "exit $rc, ${dt}s"
   fi
 fi
 

@@ -461,7 +461,7 @@ fn method_not_allowed(allowed: &[&str]) -> Response {
 
 async fn route(server: &Rc<Server>, head: &Head, body: Bytes) -> Response {
     let allowed: &[&str] = match head.path.as_str() {
-        "/ping" | "/info" | "/stats" | "/metrics" | "/shards" => &["GET"],
+        "/ping" | "/info" | "/stats" | "/metrics" | "/shards" | "/" => &["GET"],
         "/pub" | "/mpub" | "/topic/create" | "/topic/delete" | "/topic/empty" | "/topic/pause"
         | "/topic/unpause" | "/channel/create" | "/channel/delete" | "/channel/empty"
         | "/channel/pause" | "/channel/unpause" | "/channel/seek" => &["POST"],
@@ -526,9 +526,23 @@ async fn route(server: &Rc<Server>, head: &Head, body: Bytes) -> Response {
                 ..Default::default()
             };
             let shards = server.gather_stats(&req).await;
-            let counters: Vec<_> = shards.iter().map(|s| &s.counters).collect();
-            Response::v1_json(serde_json::to_vec(&counters).unwrap_or_default())
+            /// A shard's counters plus the names of its topics.
+            #[derive(serde::Serialize)]
+            struct ShardView<'a> {
+                #[serde(flatten)]
+                counters: &'a nsq_shards::stats::ShardCounters,
+                topic_names: &'a [String],
+            }
+            let view: Vec<_> = shards
+                .iter()
+                .map(|s| ShardView {
+                    counters: &s.counters,
+                    topic_names: &s.topic_names,
+                })
+                .collect();
+            Response::v1_json(serde_json::to_vec(&view).unwrap_or_default())
         }
+        "/" => shards_page(),
         "/topic/create" => match topic_param(&params, true) {
             Err(r) => r,
             Ok(t) => {
@@ -567,6 +581,26 @@ async fn route(server: &Rc<Server>, head: &Head, body: Bytes) -> Response {
             admin(server, op).await
         }
         _ => do_config(server, head, &body).await,
+    }
+}
+
+/// The live per-shard page (beyond nsqd, which answers 404 at `/`): one self-contained
+/// HTML file with inline CSS and JS, embedded in the binary, that polls `/shards` and
+/// `/stats` every second.
+pub const SHARDS_PAGE: &str = include_str!("page/shards.html");
+
+fn shards_page() -> Response {
+    Response {
+        status: 200,
+        headers: vec![
+            ("Cache-Control", "no-cache".into()),
+            ("Content-Type", "text/html; charset=utf-8".into()),
+        ],
+        body: SHARDS_PAGE.as_bytes().to_vec(),
+        sniffed_type: None,
+        close: false,
+        http10: false,
+        keep_alive_header: false,
     }
 }
 

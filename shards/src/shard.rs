@@ -740,7 +740,9 @@ impl Shard {
                 counters.deferred += ch.deferred.len() as u64;
             }
         }
+        let mut topic_names = Vec::new();
         if req.counters_only {
+            topic_names = names.iter().map(|n| n.to_string()).collect();
             names.clear();
         }
         let retains = self.opts.retains();
@@ -810,6 +812,7 @@ impl Shard {
             counters,
             client_count,
             topic_found: !req.topic.is_empty() && topics.contains_key(&req.topic),
+            topic_names,
         }
     }
 

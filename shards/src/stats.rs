@@ -179,4 +179,7 @@ pub struct ShardStats {
     /// filter then leaves it out): nsqd answers `"topics":[]` then, `null` for an
     /// unknown topic.
     pub topic_found: bool,
+    /// The names of the shard's topics, sorted; filled only for a `counters_only`
+    /// request (GET /shards lists them: which shard owns which topic).
+    pub topic_names: Vec<String>,
 }
