@@ -663,9 +663,20 @@ async fn publish(
     }
 }
 
-/// Drains the client's output buffer to the socket: at once for responses, errors, a
-/// full buffer or a client that stopped being ready; otherwise after the client's
-/// output_buffer_timeout. Also sends `_heartbeat_` every heartbeat interval.
+/// Drains the client's output buffer to the socket with nsqd's flush rules (nsqd:
+/// protocol_v2.go messagePump): responses and errors at once; message frames when the
+/// buffer holds output_buffer_size bytes, when the client stops being ready (rule 1), and
+/// when the channel has nothing left to send it (rule 2, "we would block in this loop
+/// anyway"); output_buffer_timeout (ms) bounds how long a message may wait in any case.
+///
+/// nsqd's Go code approximates rule 2 with its output-buffer ticker, so the last messages
+/// before a lull wait up to a whole output_buffer_timeout (250 ms by default). Here a
+/// delivery round ([`nsq_shards::channel::Channel::dispatch`]) hands a client everything
+/// the channel has for it, so when the writer runs after a round, rule 2 holds: it yields
+/// once, so that the rounds of every task runnable now (other producers' publishes) join
+/// the same write, and then flushes. A busy shard thus still sends one write per many
+/// messages, and an idle one sends a message as soon as it is delivered. Also sends
+/// `_heartbeat_` every heartbeat interval.
 async fn writer_loop(
     server: Rc<Server>,
     stream: SharedStream,
@@ -682,6 +693,8 @@ async fn writer_loop(
     };
     let mut hb_interval = client.settings.borrow().heartbeat_interval;
     let mut next_hb = hb_interval.map(|d| Instant::now() + d);
+    // Set after yielding once for rule 2, so that the next pass flushes.
+    let mut coalesced = false;
     loop {
         let now = Instant::now();
         let (obs, obt, hb) = {
@@ -699,13 +712,20 @@ async fn writer_loop(
         let closed = client.closed.get();
         let (len, since) = (client.out.borrow().len(), client.buffered_since.get());
         let flush_at = since.map(|t| t + obt);
-        let due = len > 0
-            && (closed
-                || client.flush_now.get()
-                || obt.is_zero()
-                || len >= obs
-                || flush_at.is_none_or(|t| t <= now));
-        if due {
+        let urgent = closed
+            || client.flush_now.get()
+            || obt.is_zero()
+            || len >= obs
+            || flush_at.is_none_or(|t| t <= now);
+        if len > 0 && !urgent && !coalesced {
+            // Rule 2: the round that buffered these frames is over. Let the tasks that
+            // are runnable now finish their rounds first, then send it all in one write.
+            coalesced = true;
+            yield_now().await;
+            continue;
+        }
+        if len > 0 {
+            coalesced = false;
             std::mem::swap(&mut *client.out.borrow_mut(), &mut spare);
             client.flush_now.set(false);
             client.buffered_since.set(None);
@@ -778,4 +798,18 @@ async fn writer_loop(
     if !handing_off.get() {
         stream.shutdown();
     }
+}
+
+/// Gives way once to the other tasks of this executor that are runnable now (the task is
+/// queued again behind them).
+fn yield_now() -> impl std::future::Future<Output = ()> {
+    let mut yielded = false;
+    futures::future::poll_fn(move |cx| {
+        if yielded {
+            return std::task::Poll::Ready(());
+        }
+        yielded = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    })
 }
