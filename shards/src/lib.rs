@@ -15,6 +15,7 @@ pub mod persist;
 pub mod shard;
 pub mod signal;
 pub mod stats;
+pub mod timers;
 pub mod topic;
 
 pub use channel::Channel;

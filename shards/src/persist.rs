@@ -207,12 +207,16 @@ impl Shard {
                 Some(c.clone()),
             ));
         }
+        for ch in t.channels.values_mut() {
+            self.schedule_timer(name, ch);
+        }
         self.topics.borrow_mut().insert(name.to_string(), t);
         Ok((count, nch))
     }
 
-    /// Writes the metadata of every durable topic and deletes segments every channel has
-    /// passed. Runs every `--sync-timeout` and at shutdown.
+    /// Writes the metadata of every durable topic whose metadata changed since it was
+    /// last written (an idle topic costs one comparison, no disk write), and deletes
+    /// segments every channel has passed. Runs every `--sync-timeout` and at shutdown.
     pub async fn checkpoint(&self) {
         let work: Vec<(Rc<nsq_storage::TopicStore>, TopicMeta, u64)> = {
             let mut topics = self.topics.borrow_mut();
@@ -220,21 +224,34 @@ impl Shard {
                 .values_mut()
                 .filter_map(|t| {
                     let st = t.store.clone()?;
+                    let m = topic_meta(t);
+                    if t.written_meta.as_ref() == Some(&m) {
+                        return None;
+                    }
                     t.dirty = false;
-                    Some((st, topic_meta(t), t.low_watermark()))
+                    Some((st, m, t.low_watermark()))
                 })
                 .collect()
         };
         for (st, m, low) in work {
             let dir = st.dir().to_path_buf();
+            let written = m.clone();
             let res = glommio::executor()
                 .spawn_blocking(move || meta::write_blocking(&dir, &m))
                 .await;
-            if let Err(e) = res {
-                log::error!(
+            match res {
+                Ok(()) => {
+                    let mut topics = self.topics.borrow_mut();
+                    if let Some(t) = topics.get_mut(&written.name) {
+                        if t.store.as_ref().is_some_and(|s| Rc::ptr_eq(s, &st)) {
+                            t.written_meta = Some(written);
+                        }
+                    }
+                }
+                Err(e) => log::error!(
                     "STORE: metadata write for {} failed - {e}",
                     st.dir().display()
-                );
+                ),
             }
             st.delete_before(low).await;
         }

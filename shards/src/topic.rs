@@ -173,6 +173,9 @@ pub struct Topic {
     pub store: Option<Rc<TopicStore>>,
     /// Metadata changed since the last checkpoint.
     pub dirty: bool,
+    /// The metadata last written to the store's `meta.json` (a checkpoint skips the
+    /// write when nothing changed).
+    pub written_meta: Option<nsq_storage::meta::TopicMeta>,
     ids: IdGenerator,
 }
 
@@ -188,6 +191,7 @@ impl Topic {
             message_bytes: 0,
             store: None,
             dirty: true,
+            written_meta: None,
             ids: IdGenerator::new(node_id),
         }
     }
