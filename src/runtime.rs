@@ -1,7 +1,8 @@
 //! Process start-up and shutdown: one glommio executor per shard, each pinned to one CPU
 //! of the process's affinity set (round robin when there are more shards than CPUs),
-//! joined into a full channel mesh, each binding the TCP and HTTP ports with
-//! SO_REUSEPORT so the kernel spreads accepted connections over the shards.
+//! joined into a full channel mesh. The TCP and HTTP addresses are bound once, before
+//! recovery (clients wait in the accept backlog); every shard accepts on a duplicate of
+//! each socket, and none serves anything until every shard has recovered its topics.
 
 use crate::config::Config;
 use crate::server::Server;
@@ -15,7 +16,7 @@ use nsq_shards::Shard;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::pin::pin;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -30,6 +31,46 @@ const IDLE_TICK: Duration = Duration::from_millis(100);
 
 /// Longest a graceful shutdown may take before the process exits regardless.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
+
+/// The point every shard reaches once its topics are recovered; no shard serves before
+/// all have arrived (nsqd: LoadMetadata runs before Main starts the listeners' loops).
+pub struct RecoveryBarrier {
+    shards: usize,
+    arrived: AtomicUsize,
+    failed: AtomicBool,
+}
+
+impl RecoveryBarrier {
+    pub fn new(shards: usize) -> RecoveryBarrier {
+        RecoveryBarrier {
+            shards,
+            arrived: AtomicUsize::new(0),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    /// A shard could not start: the others stop waiting.
+    pub fn fail(&self) {
+        self.failed.store(true, Ordering::SeqCst);
+    }
+
+    /// Counts this shard as recovered and waits for the others. Polls every millisecond
+    /// rather than relying on a cross-executor wake-up (one can be missed while an
+    /// executor goes to sleep). Returns false if a shard failed to start. (A SIGTERM
+    /// meanwhile is handled once serving starts: the shards then shut down gracefully.)
+    pub async fn arrive_and_wait(&self) -> bool {
+        self.arrived.fetch_add(1, Ordering::SeqCst);
+        loop {
+            if self.failed.load(Ordering::SeqCst) {
+                return false;
+            }
+            if self.arrived.load(Ordering::SeqCst) >= self.shards {
+                return true;
+            }
+            glommio::timer::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
 
 /// CPUs this process may run on, from /proc/self/status (`Cpus_allowed_list`).
 pub fn allowed_cpus() -> Vec<usize> {
@@ -54,6 +95,39 @@ pub fn allowed_cpus() -> Vec<usize> {
     cpus
 }
 
+/// How long a bind that finds its address in use is retried before giving up.
+const BIND_RETRY: Duration = Duration::from_secs(2);
+
+/// Binds `s` to `sa`, retrying for up to [`BIND_RETRY`] while the address is in use.
+///
+/// After a `kill -9`, the dead process's listening socket can stay bound for tens of
+/// milliseconds while the kernel tears down its io_uring instances (pending accepts hold a
+/// reference to it), so a supervisor's immediate restart would otherwise fail. An address
+/// still taken after the retry fails with nsqd's message:
+/// `listen (ADDR) failed - Address already in use (os error 98)`.
+fn bind_retrying(s: &socket2::Socket, sa: &SocketAddr, addr: &str) -> Result<(), String> {
+    let started = Instant::now();
+    let mut logged = false;
+    loop {
+        match s.bind(&(*sa).into()) {
+            Ok(()) => return Ok(()),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse && started.elapsed() < BIND_RETRY =>
+            {
+                if !logged {
+                    log::warn!(
+                        "listen ({addr}): address in use; retrying for up to {BIND_RETRY:?} \
+                         (a previous instance may still be releasing it)"
+                    );
+                    logged = true;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return Err(format!("listen ({addr}) failed - {e}")),
+        }
+    }
+}
+
 /// Binds and listens on `addr` exclusively, as nsqd does (an address in use is an error,
 /// even if its holder used SO_REUSEPORT). Every shard accepts on a duplicate of this one
 /// socket, so the kernel hands each connection to one idle shard.
@@ -71,8 +145,7 @@ fn listen(addr: &str) -> Result<(SocketAddr, socket2::Socket), String> {
     let s = socket2::Socket::new(domain, socket2::Type::STREAM, None).map_err(|e| e.to_string())?;
     // Go's listeners set SO_REUSEADDR (rebinding over TIME_WAIT), never SO_REUSEPORT.
     s.set_reuse_address(true).map_err(|e| e.to_string())?;
-    s.bind(&sa.into())
-        .map_err(|e| format!("listen ({addr}) failed - {e}"))?;
+    bind_retrying(&s, &sa, addr)?;
     s.listen(1024)
         .map_err(|e| format!("listen ({addr}) failed - {e}"))?;
     // Non-blocking for good: glommio toggles O_NONBLOCK around its first accept attempt,
@@ -115,6 +188,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
     let mesh = (n > 1).then(|| MeshBuilder::<ShardMsg, _>::full(n, 4096));
     let cfg = Arc::new(cfg);
     let (ready_tx, ready_rx) = mpsc::channel::<Result<usize, String>>();
+    let recovery = Arc::new(RecoveryBarrier::new(n));
     let mut handles = Vec::new();
     for i in 0..n {
         let cpu = cpus[i % cpus.len()];
@@ -122,6 +196,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
         let mesh = mesh.clone();
         let ready = ready_tx.clone();
         let term = term.clone();
+        let recovery = recovery.clone();
         let dup = |s: &socket2::Socket| {
             s.try_clone()
                 .map(std::os::fd::OwnedFd::from)
@@ -140,9 +215,11 @@ pub fn run(cfg: Config) -> Result<(), String> {
                     listeners,
                     ready.clone(),
                     term,
+                    recovery.clone(),
                 )
                 .await;
                 if let Err(e) = r {
+                    recovery.fail();
                     let _ = ready.send(Err(e));
                 }
             })
@@ -198,6 +275,7 @@ async fn shard_main(
     (tcp_fd, http_fd): (std::os::fd::OwnedFd, std::os::fd::OwnedFd),
     ready: mpsc::Sender<Result<usize, String>>,
     term: Arc<AtomicBool>,
+    recovery: Arc<RecoveryBarrier>,
 ) -> Result<(), String> {
     let shard = Rc::new(Shard::new(index, cfg.shards, cpu, cfg.opts.clone()));
     *shard.me.borrow_mut() = Rc::downgrade(&shard);
@@ -238,6 +316,26 @@ async fn shard_main(
         http_port: http_addr.port(),
         mesh: senders,
     });
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    // SAFETY: each fd is a listening socket this shard now owns (a dup made for it).
+    let tcp = unsafe { TcpListener::from_raw_fd(tcp_fd.into_raw_fd()) };
+    // SAFETY: as above.
+    let http = unsafe { TcpListener::from_raw_fd(http_fd.into_raw_fd()) };
+    // nsqd always runs its lookup loop: peers can be added later with
+    // PUT /config/nsqlookupd_tcp_addresses, and they must then learn every registration.
+    shard.lookup_enabled.set(true);
+    glommio::spawn_local(lookup_task(server.clone())).detach();
+    log::debug!("shard {index}: listeners bound");
+    shard.recover().await;
+    log::debug!("shard {index}: recovered");
+    // nsqd loads all of its metadata before it serves anything. A shard that finished
+    // early must not answer (a SUB, /stats, a /pub) while another still reads its topics
+    // back: every shard waits here until all have recovered. Connections wait in the
+    // kernel's accept backlog meanwhile, and mesh messages (hand-offs, forwarded
+    // publishes, stats requests) wait in their channels.
+    if !recovery.arrive_and_wait().await {
+        return Err("a shard failed to start".into());
+    }
     if let Some(mut r) = receivers {
         for (_peer, rx) in r.streams() {
             let server = server.clone();
@@ -249,28 +347,16 @@ async fn shard_main(
             .detach();
         }
     }
-    use std::os::fd::{FromRawFd, IntoRawFd};
-    // SAFETY: each fd is a listening socket this shard now owns (a dup made for it).
-    let tcp = unsafe { TcpListener::from_raw_fd(tcp_fd.into_raw_fd()) };
-    // SAFETY: as above.
-    let http = unsafe { TcpListener::from_raw_fd(http_fd.into_raw_fd()) };
-    // nsqd always runs its lookup loop: peers can be added later with
-    // PUT /config/nsqlookupd_tcp_addresses, and they must then learn every registration.
-    shard.lookup_enabled.set(true);
-    glommio::spawn_local(lookup_task(server.clone())).detach();
-    // --- statsd (src/statsd.rs): shard 0 pushes every shard's stats. ---
+    // statsd (src/statsd.rs): shard 0 pushes every shard's stats.
     if index == 0 && !cfg.statsd_address.is_empty() {
         glommio::spawn_local(crate::statsd::statsd_loop(server.clone())).detach();
     }
-    // --- end statsd ---
-    log::debug!("shard {index}: listeners bound");
-    shard.recover().await;
-    log::debug!("shard {index}: recovered");
     let tcp_task = glommio::spawn_local(tcp::accept_loop(server.clone(), tcp));
     let http_task = glommio::spawn_local(http::accept_loop(server.clone(), http));
     let _ = ready.send(Ok(index));
 
     let checkpoints = glommio::spawn_local(checkpoint_loop(shard.clone()));
+    let store_pump = glommio::spawn_local(shard.clone().store_loop());
     timer_loop(&shard, &term).await;
     // Graceful shutdown (nsqd Exit): stop accepting, close clients, let writers flush.
     shard.shutdown.set();
@@ -282,6 +368,7 @@ async fn shard_main(
         glommio::timer::sleep(Duration::from_millis(5)).await;
     }
     checkpoints.await;
+    store_pump.await;
     shard.close_stores().await;
     Ok(())
 }
@@ -325,17 +412,27 @@ async fn timer_loop(shard: &Rc<Shard>, term: &AtomicBool) {
     }
 }
 
-/// Writes topic metadata and applies retention every --sync-timeout until shutdown.
+/// Writes topic metadata and applies retention every --sync-timeout until shutdown, and
+/// soon after a topic or channel is created or deleted (changes within
+/// [`META_COALESCE`] share one write).
 async fn checkpoint_loop(shard: Rc<Shard>) {
     loop {
         let sleep = pin!(glommio::timer::sleep(shard.opts.sync_timeout));
+        let changed = pin!(shard.meta_wake.wait());
         let stop = pin!(shard.shutdown.wait());
-        if let Either::Right(_) = select(sleep, stop).await {
-            return;
+        match select(select(sleep, changed), stop).await {
+            Either::Right(_) => return,
+            Either::Left((Either::Right(_), _)) => {
+                glommio::timer::sleep(META_COALESCE).await;
+            }
+            Either::Left((Either::Left(_), _)) => {}
         }
         shard.checkpoint().await;
     }
 }
+
+/// How long a metadata change waits for others before the checkpoint it triggers.
+const META_COALESCE: Duration = Duration::from_millis(20);
 
 /// Shard 0 talks to nsqlookupd; the other shards forward their registration changes
 /// to it in batches.

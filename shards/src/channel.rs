@@ -174,6 +174,20 @@ impl Channel {
         low
     }
 
+    /// Calls `f` with the sequence of every message this channel holds in flight,
+    /// requeued or deferred (unfinished although the cursor may have passed it).
+    pub fn pending_seqs(&self, mut f: impl FnMut(u64)) {
+        for fl in self.in_flight.values() {
+            f(fl.msg.seq);
+        }
+        for m in &self.requeued {
+            f(m.seq);
+        }
+        for Reverse(d) in self.deferred.iter() {
+            f(d.msg.seq);
+        }
+    }
+
     /// A message deferred at publish time goes straight to the deferred heap; the cursor
     /// will step over its record.
     pub fn defer_published(&mut self, msg: Message, due: Instant) {

@@ -11,7 +11,7 @@
 use crate::channel::Channel;
 use crate::message::{instant_from_unix_nanos, unix_nanos_from_instant, Message};
 use crate::shard::{owner_of, Shard};
-use crate::topic::{Record, Topic};
+use crate::topic::{Record, Topic, STORE_DELAY};
 use nsq_storage::meta::{self, ChannelMeta, PendingMessage, TopicMeta, META_VERSION};
 use std::cmp::Reverse;
 use std::path::PathBuf;
@@ -62,6 +62,7 @@ pub fn topic_meta(t: &Topic) -> TopicMeta {
         pumped: t.log.pumped,
         holes: t.log.holes.clone(),
         channels,
+        next_seq: t.log.head,
     }
 }
 
@@ -130,7 +131,14 @@ impl Shard {
                 None
             });
         let mut t = Topic::new(name, self.opts.node_id);
-        let head = rec.next_seq;
+        t.store_mode = self.store_mode();
+        // The newest records may never have been written (finished first): continue
+        // after the newest sequence the metadata knew, never reusing one.
+        let head = rec
+            .next_seq
+            .max(m.as_ref().map(|m| m.next_seq).unwrap_or(0));
+        rec.store.advance_to(head);
+        t.stored = head;
         let tail_base = rec.tail.front().map(|r| r.seq).unwrap_or(head);
         t.log.restore(
             tail_base,
@@ -173,7 +181,9 @@ impl Shard {
         for (chn, p) in pending_all {
             let recs = rec.store.read(p.seq, 1).await.unwrap_or_default();
             let Some(r) = recs.into_iter().find(|r| r.seq == p.seq) else {
-                log::error!(
+                // Expected when every channel finished it after the checkpoint and
+                // before it was due to be written (it was then never written).
+                log::debug!(
                     "TOPIC({name}) CHANNEL({chn}): pending message {} missing on disk",
                     p.seq
                 );
@@ -257,8 +267,44 @@ impl Shard {
         }
     }
 
+    /// Hands due records of every topic to its store (see `Topic::store_pump`): those
+    /// older than [`STORE_DELAY`], or all of them with `all`. Returns true while records
+    /// are left for later.
+    pub fn pump_stores(&self, all: bool) -> bool {
+        let cutoff = crate::message::now_unix_nanos() - STORE_DELAY.as_nanos() as i64;
+        let mq = self.opts.mem_queue_size;
+        let mut left = false;
+        for t in self.topics.borrow_mut().values_mut() {
+            if t.store.is_some() && t.stored < t.log.head {
+                left |= t.store_pump(cutoff, mq, all);
+                t.trim(mq);
+            }
+        }
+        left
+    }
+
+    /// Runs until shutdown: while some topic holds records not yet handed to its store,
+    /// hands over the due ones every half [`STORE_DELAY`].
+    pub async fn store_loop(self: Rc<Self>) {
+        use futures::future::{select, Either};
+        loop {
+            let wake = std::pin::pin!(self.store_wake.wait());
+            let stop = std::pin::pin!(self.shutdown.wait());
+            if let Either::Right(_) = select(wake, stop).await {
+                return;
+            }
+            loop {
+                glommio::timer::sleep(STORE_DELAY / 2).await;
+                if self.shutdown.is_set() || !self.pump_stores(false) {
+                    break;
+                }
+            }
+        }
+    }
+
     /// Shutdown: flush and sync every store, then write the exact channel state.
     pub async fn close_stores(&self) {
+        self.pump_stores(true);
         let stores: Vec<_> = self
             .topics
             .borrow()

@@ -10,7 +10,7 @@ use crate::options::Options;
 use crate::signal::Event;
 use crate::stats::*;
 use crate::timers::TimerQueue;
-use crate::topic::{PublishError, Topic};
+use crate::topic::{PublishError, StoreMode, Topic, STORE_DELAY};
 use bytes::Bytes;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, HashMap};
@@ -71,6 +71,11 @@ pub struct Shard {
     pub lookup_events: RefCell<Vec<LookupEvent>>,
     pub lookup_wake: crate::signal::Notify,
     pub lookup_enabled: Cell<bool>,
+    /// A topic or channel was created or deleted: the checkpoint task writes metadata
+    /// soon (nsqd: Notify persists metadata on every such change).
+    pub meta_wake: crate::signal::Notify,
+    /// A topic holds records not yet handed to its store: wakes `store_loop`.
+    pub store_wake: crate::signal::Notify,
     next_client: Cell<u64>,
     /// Channels with an in-flight timeout or a deferred message, by the earliest due
     /// instant, as (topic, channel) (see crate::timers).
@@ -119,6 +124,8 @@ impl Shard {
             lookup_events: RefCell::new(Vec::new()),
             lookup_wake: crate::signal::Notify::default(),
             lookup_enabled: Cell::new(false),
+            meta_wake: crate::signal::Notify::default(),
+            store_wake: crate::signal::Notify::default(),
             next_client: Cell::new(1),
             timers: RefCell::new(TimerQueue::default()),
             timer_wake: crate::signal::Notify::default(),
@@ -132,8 +139,11 @@ impl Shard {
         owner_of(topic, self.count) == self.index
     }
 
-    /// Queues a registration change for nsqlookupd.
+    /// A topic or channel came or went (nsqd: NSQD.Notify): queues the registration
+    /// change for nsqlookupd and asks for a metadata checkpoint, so that a crash soon
+    /// after does not forget the topic or channel.
     pub fn notify_lookup(&self, ev: LookupEvent) {
+        self.meta_wake.notify();
         if self.lookup_enabled.get() {
             self.lookup_events.borrow_mut().push(ev);
             self.lookup_wake.notify();
@@ -200,6 +210,7 @@ impl Shard {
             log::info!("TOPIC({name}): created");
             self.notify_lookup(LookupEvent::Register(name.to_string(), None));
             let mut t = Topic::new(name, self.opts.node_id);
+            t.store_mode = self.store_mode();
             if let (Some(dp), false) = (&self.opts.data_path, t.ephemeral) {
                 match nsq_storage::TopicStore::create(
                     nsq_storage::topic_dir(dp, name),
@@ -234,8 +245,18 @@ impl Shard {
         let (n, end) = t.publish(bodies, defer_until, self.opts.mem_queue_size);
         bump(&self.counters.messages_in, n);
         bump(&self.counters.bytes_in, bytes);
+        let must_sync =
+            self.opts.sync_every <= 1 || t.store.as_ref().is_some_and(|st| st.error().is_some());
+        if t.stored < t.log.head {
+            // Deferred store mode: what exceeds the memory queue goes now (all of it when
+            // this publish must be durable); the rest when it is due, unless finished.
+            let cutoff = crate::message::now_unix_nanos() - STORE_DELAY.as_nanos() as i64;
+            if t.store_pump(cutoff, self.opts.mem_queue_size, must_sync) {
+                self.store_wake.notify();
+            }
+        }
         let wait = t.store.as_ref().and_then(|st| {
-            let durable = (self.opts.sync_every <= 1 || st.error().is_some()).then_some(end);
+            let durable = must_sync.then_some(end);
             (durable.is_some() || st.pending_bytes() > STORE_PENDING_HIGH).then(|| DurableWait {
                 store: st.clone(),
                 durable,
@@ -249,6 +270,17 @@ impl Shard {
             self.trim_pending.borrow_mut().insert(t.name.clone());
         }
         Ok(wait)
+    }
+
+    /// When durable topics hand records to their stores: at publish with
+    /// `--sync-every=1` (each publish is synced before it is answered), otherwise
+    /// deferred so that records finished quickly never reach the disk.
+    pub fn store_mode(&self) -> StoreMode {
+        if self.opts.sync_every <= 1 {
+            StoreMode::Immediate
+        } else {
+            StoreMode::Deferred
+        }
     }
 
     /// The store policy from the options.

@@ -10,6 +10,15 @@
 //! Memory keeps the newest records (about `--mem-queue-size`, more while the store has
 //! not flushed them); a channel whose cursor falls below the memory tail reads the older
 //! records back from the store in batches.
+//!
+//! When records reach the store ([`StoreMode`]): with `--sync-every=1` (and with
+//! retention, which must keep everything) each record is appended at publish, as before.
+//! Otherwise the disk stays off the path of consumers that keep up: a record is handed to
+//! the store once it is [`STORE_DELAY`] old, or once `--mem-queue-size` newer records
+//! exist (memory stays bounded, as nsqd's memory queue spills to its disk queue), and it
+//! is not written at all if every channel has finished it by then. nsqd writes only what
+//! overflows its memory queue and loses all of that memory on a crash; here everything
+//! unfinished reaches the disk within `STORE_DELAY` + `--sync-timeout` of its publish.
 
 use crate::channel::Channel;
 use crate::message::{
@@ -20,7 +29,22 @@ use bytes::Bytes;
 use nsq_storage::{StoredRecord, TopicStore};
 use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How old an unfinished record may get before it is handed to the store (under
+/// [`StoreMode::Deferred`]). Records every channel finishes sooner are never written.
+pub const STORE_DELAY: Duration = Duration::from_millis(100);
+
+/// When a durable topic's records are appended to its segment store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreMode {
+    /// At publish: every record is written (`--sync-every=1`, or retention keeps
+    /// consumed records for replay).
+    Immediate,
+    /// After [`STORE_DELAY`] or when `--mem-queue-size` newer records exist, and only
+    /// if some channel has not finished it (the default sync policy).
+    Deferred,
+}
 
 /// One published message as the topic holds it.
 #[derive(Clone, Debug)]
@@ -176,6 +200,11 @@ pub struct Topic {
     /// The metadata last written to the store's `meta.json` (a checkpoint skips the
     /// write when nothing changed).
     pub written_meta: Option<nsq_storage::meta::TopicMeta>,
+    /// Records below this sequence were handed to the store or found finished by every
+    /// channel (and so never written); the ones from here to the head exist only in
+    /// memory, which must keep them.
+    pub stored: u64,
+    pub store_mode: StoreMode,
     ids: IdGenerator,
 }
 
@@ -192,6 +221,8 @@ impl Topic {
             store: None,
             dirty: true,
             written_meta: None,
+            stored: 0,
+            store_mode: StoreMode::Immediate,
             ids: IdGenerator::new(node_id),
         }
     }
@@ -241,10 +272,13 @@ impl Topic {
                 defer_until,
                 body,
             };
-            if let Some(store) = &self.store {
+            if let (Some(store), StoreMode::Immediate) = (&self.store, self.store_mode) {
                 store.append(&rec.to_stored());
             }
             self.log.push(rec);
+        }
+        if self.store.is_none() || self.store_mode == StoreMode::Immediate {
+            self.stored = self.log.head;
         }
         let first_new = self.log.head - n;
         let direct = defer_until.is_some_and(|d| d > Instant::now())
@@ -295,7 +329,8 @@ impl Topic {
     }
 
     /// Frees memory: records every channel has read go; with a store, the memory tail is
-    /// also cut to `mem_queue_size` records once they are readable from disk.
+    /// also cut to `mem_queue_size` records once they are readable from disk. Records not
+    /// yet handed to the store always stay.
     pub fn trim(&mut self, mem_queue_size: u64) {
         let mut low = self.log.pumped;
         for ch in self.channels.values() {
@@ -304,9 +339,75 @@ impl Topic {
         let mut to = low;
         if let Some(store) = &self.store {
             let keep_from = self.log.head.saturating_sub(mem_queue_size);
-            to = to.max(keep_from.min(store.readable_seq()));
+            // Below `stored`, a record is either on disk or finished everywhere; once the
+            // store has flushed all it was given, all of that may leave memory.
+            let on_disk = if store.readable_seq() >= store.next_seq() {
+                self.stored
+            } else {
+                store.readable_seq()
+            };
+            to = to.max(keep_from.min(on_disk)).min(self.stored);
         }
         self.log.trim_to(to);
+    }
+
+    /// Hands records to the store (under [`StoreMode::Deferred`]): every record published
+    /// at or before `cutoff_ns` (Unix ns), every record older than the newest
+    /// `mem_queue_size`, and with `all` every record. A record every channel has finished
+    /// (below all cursors and not in flight, requeued or deferred anywhere) is not
+    /// written. Returns true while records are left for later.
+    pub fn store_pump(&mut self, cutoff_ns: i64, mem_queue_size: u64, all: bool) -> bool {
+        let head = self.log.head;
+        let Some(store) = self.store.clone() else {
+            self.stored = head;
+            return false;
+        };
+        if self.stored >= head {
+            return false;
+        }
+        let force_to = if all {
+            head
+        } else {
+            head.saturating_sub(mem_queue_size)
+        };
+        let mut upto = self.stored.max(force_to);
+        while upto < head {
+            match self.log.get(upto) {
+                Some(r) if r.timestamp > cutoff_ns => break,
+                _ => upto += 1,
+            }
+        }
+        if upto <= self.stored {
+            return true;
+        }
+        // Records at or above the lowest cursor (or not yet pumped) are unread somewhere.
+        let mut unread_from = self.log.pumped;
+        for ch in self.channels.values() {
+            unread_from = unread_from.min(ch.cursor);
+        }
+        // Below it, only what some channel holds in flight, requeued or deferred.
+        let mut pending: Vec<u64> = Vec::new();
+        if self.stored < unread_from {
+            let range = self.stored..unread_from.min(upto);
+            for ch in self.channels.values() {
+                ch.pending_seqs(|seq| {
+                    if range.contains(&seq) {
+                        pending.push(seq);
+                    }
+                });
+            }
+            pending.sort_unstable();
+        }
+        for seq in self.stored..upto {
+            if seq < unread_from && pending.binary_search(&seq).is_err() {
+                continue;
+            }
+            if let Some(r) = self.log.get(seq) {
+                store.append(&r.to_stored());
+            }
+        }
+        self.stored = upto;
+        upto < head
     }
 
     /// Adds a channel (no-op if present). It starts reading at the pump position.

@@ -40,6 +40,11 @@ pub struct TopicMeta {
     #[serde(default)]
     pub holes: Vec<(u64, u64)>,
     pub channels: Vec<ChannelMeta>,
+    /// The sequence the next published record gets. The newest records may be absent
+    /// from the segments (finished before they were written); a restart must not reuse
+    /// their sequences. 0 in metadata written before this field existed.
+    #[serde(default)]
+    pub next_seq: u64,
 }
 
 fn meta_path(dir: &Path) -> PathBuf {
@@ -98,6 +103,7 @@ mod tests {
                     due_unix_ns: 0,
                 }],
             }],
+            next_seq: 0,
         };
         write_blocking(d.path(), &m).unwrap();
         assert_eq!(read_blocking(d.path()), Ok(Some(m)));

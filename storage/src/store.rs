@@ -280,12 +280,27 @@ impl TopicStore {
         self.error.borrow().clone()
     }
 
-    /// Queues a record (its `seq` must be `next_seq()`); written by the writer task.
+    /// Queues a record; written by the writer task. Its `seq` must be at least
+    /// `next_seq()`: sequences skipped over are absent from the log (records every
+    /// channel finished before they were written).
     pub fn append(&self, rec: &StoredRecord) {
+        debug_assert!(rec.seq >= self.next_seq.get());
         let len = record::encode(rec, self.salt, &mut self.pending.borrow_mut());
         self.pending_recs.borrow_mut().push((rec.seq, len as u32));
         self.next_seq.set(rec.seq + 1);
         self.wake.notify();
+    }
+
+    /// Moves the next sequence to at least `seq` without writing anything: the sequences
+    /// in between are absent (recovery of a topic whose newest records were finished
+    /// before they were written).
+    pub fn advance_to(&self, seq: u64) {
+        if seq > self.next_seq.get() {
+            self.next_seq.set(seq);
+            if self.pending.borrow().is_empty() {
+                self.durable_seq.set(self.durable_seq.get().max(seq));
+            }
+        }
     }
 
     /// Bytes appended and not yet handed to the writer.
@@ -795,7 +810,12 @@ async fn writer_task(store: Rc<TopicStore>) {
                 if let Some(seg) = segs.get_mut(&a.base) {
                     let mut off = a.pos;
                     for &(seq, len) in &recs[i..j] {
-                        if seg.index.is_empty() || seq.is_multiple_of(INDEX_EVERY) {
+                        // Sequences may have gaps: index by distance, not by value.
+                        if seg
+                            .index
+                            .last()
+                            .is_none_or(|&(q, _)| seq >= q + INDEX_EVERY)
+                        {
                             seg.index.push((seq, off));
                         }
                         off += len as u64;

@@ -751,3 +751,81 @@ pub fn assert_v1_text_ok(raw: &[u8]) {
         b"OK",
     );
 }
+
+/// A loopback port that was free a moment ago (bound to port 0, then released), for a
+/// broker that must come back on the same ports after a restart.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+impl Broker {
+    /// Starts `nsqd` on the given loopback ports and data path (kept when dropped) and
+    /// returns at once, without waiting for it: callers wait the way users and
+    /// supervisors do, by polling the port (see [`wait_port_answers`]).
+    pub fn spawn_on(
+        data_dir: &std::path::Path,
+        shards: usize,
+        tcp_port: u16,
+        http_port: u16,
+        extra: &[&str],
+    ) -> Broker {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_nsqd"));
+        cmd.arg(format!("--tcp-address=127.0.0.1:{tcp_port}"))
+            .arg(format!("--http-address=127.0.0.1:{http_port}"))
+            .arg(format!("--shards={shards}"))
+            .arg(format!("--data-path={}", data_dir.display()))
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn nsqd");
+        let stderr = child.stderr.take().expect("stderr");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if std::env::var_os("NSQD_TEST_LOG").is_some() {
+                    eprintln!("{line}");
+                }
+                log2.lock().unwrap().push(line);
+            }
+        });
+        Broker {
+            child,
+            tcp: SocketAddr::from(([127, 0, 0, 1], tcp_port)),
+            http: SocketAddr::from(([127, 0, 0, 1], http_port)),
+            data_dir: data_dir.to_path_buf(),
+            log,
+            remove_data: false,
+        }
+    }
+
+    /// Whether the process has exited (and with what status).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Every log line so far, joined.
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+}
+
+/// Polls `addr` every millisecond until a TCP connect succeeds (the first moment the
+/// port answers, as a client or a supervisor's health check sees it) and returns that
+/// connection. Panics after `within`.
+pub fn wait_port_answers(addr: SocketAddr, within: Duration) -> TcpStream {
+    let deadline = Instant::now() + within;
+    loop {
+        match TcpStream::connect_timeout(&addr, Duration::from_millis(100)) {
+            Ok(s) => return s,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "{addr} never answered: {e}");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+}
