@@ -263,10 +263,7 @@ impl Shard {
             })
         });
         self.dispatch_topic(t);
-        if t.store
-            .as_ref()
-            .is_some_and(|st| st.readable_seq() < t.log.head)
-        {
+        if memory_may_shrink(t) {
             self.trim_pending.borrow_mut().insert(t.name.clone());
         }
         Ok(wait)
@@ -539,9 +536,7 @@ impl Shard {
             let done = match topics.get_mut(&name) {
                 Some(t) => {
                     t.trim(self.opts.mem_queue_size);
-                    t.store
-                        .as_ref()
-                        .is_none_or(|st| st.readable_seq() >= t.log.head)
+                    !memory_may_shrink(t)
                 }
                 None => true,
             };
@@ -780,6 +775,15 @@ impl Shard {
     pub fn count_bytes_out(&self, n: u64) {
         bump(&self.counters.bytes_out, n);
     }
+}
+
+/// True while `t`'s memory tail may still shrink without any channel moving: some of its
+/// records are not yet handed to its store or not yet readable from disk (see
+/// `Topic::trim`).
+fn memory_may_shrink(t: &Topic) -> bool {
+    t.store
+        .as_ref()
+        .is_some_and(|st| t.stored < t.log.head || st.readable_seq() < st.next_seq())
 }
 
 /// A client's /stats entry. `topic` filters pub_counts like nsqd (which lists only the
