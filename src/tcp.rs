@@ -90,7 +90,7 @@ use crate::server::Server;
 use bytes::{Bytes, BytesMut};
 use futures::future::select;
 use glommio::net::{TcpListener, TcpStream};
-use nsq_shards::client::Client;
+use nsq_shards::client::{Client, OutputTicker};
 use nsq_shards::mesh::{HandOff, ShardMsg};
 use nsq_shards::{owner_of, ClientState, MessageId};
 use std::cell::{Cell, RefCell};
@@ -515,6 +515,11 @@ async fn exec(
                 }
             };
             apply_deadlines(stream, client);
+            // nsqd's messagePump makes a new output-buffer ticker at IDENTIFY.
+            let obt = client.settings.borrow().output_buffer_timeout;
+            client
+                .output_ticker
+                .set(OutputTicker::new(Instant::now(), obt));
             if !negotiated.negotiate {
                 client.send_frame(FRAME_RESPONSE, b"OK");
                 return Ok(false);
@@ -664,19 +669,15 @@ async fn publish(
 }
 
 /// Drains the client's output buffer to the socket with nsqd's flush rules (nsqd:
-/// protocol_v2.go messagePump): responses and errors at once; message frames when the
-/// buffer holds output_buffer_size bytes, when the client stops being ready (rule 1), and
-/// when the channel has nothing left to send it (rule 2, "we would block in this loop
-/// anyway"); output_buffer_timeout (ms) bounds how long a message may wait in any case.
-///
-/// nsqd's Go code approximates rule 2 with its output-buffer ticker, so the last messages
-/// before a lull wait up to a whole output_buffer_timeout (250 ms by default). Here a
-/// delivery round ([`nsq_shards::channel::Channel::dispatch`]) hands a client everything
-/// the channel has for it, so when the writer runs after a round, rule 2 holds: it yields
-/// once, so that the rounds of every task runnable now (other producers' publishes) join
-/// the same write, and then flushes. A busy shard thus still sends one write per many
-/// messages, and an idle one sends a message as soon as it is delivered. Also sends
-/// `_heartbeat_` every heartbeat interval.
+/// protocol_v2.go messagePump and Send): responses and errors at once; message frames
+/// when the buffer holds output_buffer_size bytes, when the client is not ready, and at
+/// a tick of the client's output-buffer ticker (every output_buffer_timeout, see
+/// [`nsq_shards::client::OutputTicker`]). As in nsqd, the ticker holds one tick that
+/// passed while nothing was buffered, so a message to a consumer that was idle for a
+/// period goes out at once; in a stream a message waits at most one period (250 ms by
+/// default) for a tick, or less for a full buffer. With output_buffer_timeout 0 a
+/// delivery round is flushed as soon as the writer runs. Also sends `_heartbeat_` every
+/// heartbeat interval.
 async fn writer_loop(
     server: Rc<Server>,
     stream: SharedStream,
@@ -693,8 +694,6 @@ async fn writer_loop(
     };
     let mut hb_interval = client.settings.borrow().heartbeat_interval;
     let mut next_hb = hb_interval.map(|d| Instant::now() + d);
-    // Set after yielding once for rule 2, so that the next pass flushes.
-    let mut coalesced = false;
     loop {
         let now = Instant::now();
         let (obs, obt, hb) = {
@@ -710,25 +709,25 @@ async fn writer_loop(
             next_hb = hb.map(|d| now + d);
         }
         let closed = client.closed.get();
-        let (len, since) = (client.out.borrow().len(), client.buffered_since.get());
-        let flush_at = since.map(|t| t + obt);
-        let urgent = closed
-            || client.flush_now.get()
-            || obt.is_zero()
-            || len >= obs
-            || flush_at.is_none_or(|t| t <= now);
-        if len > 0 && !urgent && !coalesced {
-            // Rule 2: the round that buffered these frames is over. Let the tasks that
-            // are runnable now finish their rounds first, then send it all in one write.
-            coalesced = true;
-            yield_now().await;
-            continue;
+        let len = client.out.borrow().len();
+        if !client.is_ready() {
+            // nsqd flushes a client that is not ready (buffer_message and RDY ask for it
+            // with flush_now) and counts its messagePump as flushed.
+            client.pump_flushed.set(true);
         }
-        if len > 0 {
-            coalesced = false;
+        // While messages went out since the last flush, the pump takes the ticks.
+        let mut ticker = client.output_ticker.get();
+        let tick = !client.pump_flushed.get() && ticker.due(now);
+        if tick {
+            ticker.take(now);
+            client.output_ticker.set(ticker);
+            client.pump_flushed.set(true);
+        }
+        let due =
+            len > 0 && (closed || client.flush_now.get() || obt.is_zero() || len >= obs || tick);
+        if due {
             std::mem::swap(&mut *client.out.borrow_mut(), &mut spare);
             client.flush_now.set(false);
-            client.buffered_since.set(None);
             let res = match (client.compress_from.take(), encoder.as_mut()) {
                 (Some(off), _) => {
                     // The IDENTIFY reply (before `off`) goes out plain, the rest compressed.
@@ -778,8 +777,8 @@ async fn writer_loop(
             }
         }
         let mut wake_at = next_hb;
-        if len > 0 {
-            wake_at = match (wake_at, flush_at) {
+        if !client.pump_flushed.get() {
+            wake_at = match (wake_at, ticker.next_tick()) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
@@ -798,18 +797,4 @@ async fn writer_loop(
     if !handing_off.get() {
         stream.shutdown();
     }
-}
-
-/// Gives way once to the other tasks of this executor that are runnable now (the task is
-/// queued again behind them).
-fn yield_now() -> impl std::future::Future<Output = ()> {
-    let mut yielded = false;
-    futures::future::poll_fn(move |cx| {
-        if yielded {
-            return std::task::Poll::Ready(());
-        }
-        yielded = true;
-        cx.waker().wake_by_ref();
-        std::task::Poll::Pending
-    })
 }

@@ -49,7 +49,7 @@ fn timeouts_and_deferred_messages_fire_on_time_beside_idle_channels() {
             let delivered = Instant::now();
             let again = read_msg(&mut c);
             let took = delivered.elapsed();
-            assert_eq!((again.id, again.attempts), (m.id, 2), "shards={shards}");
+            assert_eq!((&again.id, again.attempts), (&m.id, 2), "shards={shards}");
             assert!(
                 took >= Duration::from_millis(900) && took < Duration::from_secs(1) + SLACK,
                 "in-flight timeout of 1 s fired after {took:?} (shards={shards})"
@@ -61,7 +61,7 @@ fn timeouts_and_deferred_messages_fire_on_time_beside_idle_channels() {
             let req_at = Instant::now();
             let third = read_msg(&mut c);
             let took = req_at.elapsed();
-            assert_eq!((third.id, third.attempts), (m.id, 3));
+            assert_eq!((&third.id, third.attempts), (&m.id, 3));
             assert!(
                 took >= Duration::from_millis(250) && took < Duration::from_millis(300) + SLACK,
                 "REQ 300 ms came back after {took:?} (shards={shards})"
