@@ -271,7 +271,12 @@ fn run(args: Args) -> i32 {
         .rate_schedule
         .as_ref()
         .filter(|s| s.len() > 1 && mode == Mode::Pubsub)
-        .map(|s| (t0 + s.last_phase_start(), (s.last_rate() * 0.1).max(1000.0) as u64));
+        .map(|s| {
+            (
+                t0 + s.last_phase_start(),
+                (s.last_rate() * 0.1).max(1000.0) as u64,
+            )
+        });
     let mut drained_at: Option<Instant> = None;
     let mut check_drain = |now: Instant| {
         if let (Some((from, limit)), None) = (burst, drained_at) {

@@ -119,6 +119,10 @@ pub struct ClientSnapshot {
     /// With deflate: the last 32 KiB the server sent (the peer's inflate window), to
     /// prime the compressor that continues the stream on the new shard.
     pub deflate_out_history: Vec<u8>,
+    /// The output-buffer ticker and messagePump `flushed` state: the ticker keeps its
+    /// phase (from IDENTIFY) on the new shard, as nsqd's would.
+    pub output_ticker: OutputTicker,
+    pub pump_flushed: bool,
 }
 
 /// The shard-side view of one connection.
@@ -204,6 +208,8 @@ impl Client {
         c.requeue_count.set(s.requeue_count);
         *c.pub_counts.borrow_mut() = s.pub_counts;
         c.compression.set(s.compression);
+        c.output_ticker.set(s.output_ticker);
+        c.pump_flushed.set(s.pump_flushed);
         *c.deflate_out_history.borrow_mut() = s.deflate_out_history;
         Client {
             connect_ts: s.connect_ts,
@@ -224,6 +230,8 @@ impl Client {
             pub_counts: self.pub_counts.borrow().clone(),
             compression: self.compression.get(),
             deflate_out_history: self.deflate_out_history.borrow().clone(),
+            output_ticker: self.output_ticker.get(),
+            pump_flushed: self.pump_flushed.get(),
         }
     }
 
