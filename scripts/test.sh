@@ -7,8 +7,10 @@
 #   4. cargo test --workspace
 #   5. scripts/setup-clients.sh (pinned pynsq, gnsq, nsqjs)
 #   6. for --shards 1, 2 and 4: start target/debug/nsqd on loopback ports chosen by the
-#      kernel, run every real-client scenario (scripts/clients/*_scenario.*) against it,
-#      stop it with SIGTERM and require exit status 0 and no panic in its log.
+#      kernel (default sync policy; with 4 shards also --retention-time=1h, which the
+#      pynsq-seek replay scenario needs and runs with), run every real-client scenario
+#      (scripts/clients/*_scenario.*) against it, stop it with SIGTERM and require exit
+#      status 0 and no panic in its log.
 #
 # Prints a summary and exits non-zero if anything failed.
 #
@@ -17,9 +19,9 @@
 #   --release        build and run target/release/nsqd instead of the debug binary
 #   --mock           run the client scenarios against scripts/clients/mock_nsqd.py (a
 #                    tiny Python stand-in) to check the scenarios themselves; implies
-#                    --clients-only
+#                    --clients-only (pynsq-seek is left out: the mock has no seek)
 #   --shards "1 2 4" shard counts for step 6
-#   --scenarios "pynsq gnsq nsqjs"
+#   --scenarios "pynsq gnsq nsqjs pynsq-snappy pynsq-deflate pynsq-seek"
 # Environment:
 #   NSQD_BIN          broker command to run instead of the cargo-built binary
 #   CLIENT_BUDGET_S   time budget of step 6 in seconds (default 600); scenarios that
@@ -34,7 +36,7 @@ CLIENTS_ONLY=0
 PROFILE=debug
 MOCK=0
 SHARDS="1 2 4"
-SCENARIOS="pynsq gnsq nsqjs pynsq-snappy pynsq-deflate"
+SCENARIOS=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --clients-only) CLIENTS_ONLY=1 ;;
@@ -44,11 +46,28 @@ while [[ $# -gt 0 ]]; do
     --shards=*) SHARDS="${1#*=}" ;;
     --scenarios) SCENARIOS="$2"; shift ;;
     --scenarios=*) SCENARIOS="${1#*=}" ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
+
+if [[ -z "$SCENARIOS" ]]; then
+  SCENARIOS="pynsq gnsq nsqjs pynsq-snappy pynsq-deflate"
+  [[ $MOCK -eq 0 ]] && SCENARIOS+=" pynsq-seek"
+fi
+# Replay (pynsq-seek) needs consumed messages retained; the mock takes no such flag.
+# The broker runs with its default sync policy (records every channel finished quickly are
+# never written) except for the shard counts in RETENTION_SHARDS, where it keeps consumed
+# records (--retention-time=1h, every record written at publish) for the pynsq-seek replay
+# scenario, which runs only there.
+RETENTION_SHARDS="${RETENTION_SHARDS:-4}"
+broker_flags() { # shards
+  BROKER_FLAGS=()
+  if [[ $MOCK -eq 0 && " $RETENTION_SHARDS " == *" $1 "* ]]; then
+    BROKER_FLAGS=(--retention-time=1h)
+  fi
+}
 
 CLIENT_BUDGET_S="${CLIENT_BUDGET_S:-600}"
 export SCENARIO_TIMEOUT="${SCENARIO_TIMEOUT:-120}"
@@ -161,7 +180,7 @@ start_broker() {
   BROKER_LOG="$LOGDIR/nsqd-shards-$shards.log"
   : >"$BROKER_LOG"
   "${NSQD_CMD[@]}" --tcp-address=127.0.0.1:0 --http-address=127.0.0.1:0 \
-    --shards="$shards" --data-path="$data" >>"$BROKER_LOG" 2>&1 &
+    --shards="$shards" --data-path="$data" ${BROKER_FLAGS[@]+"${BROKER_FLAGS[@]}"} >>"$BROKER_LOG" 2>&1 &
   BROKER_PID=$!
   local deadline=$(( $(date +%s) + 20 ))
   TCP_ADDR=""; HTTP_ADDR=""
@@ -213,6 +232,7 @@ scenario_cmd() { # name -> command array in SCN
     pynsq) SCN=("$ROOT/.venv/bin/python" "$ROOT/scripts/clients/pynsq_scenario.py") ;;
     pynsq-snappy) SCN=("$ROOT/.venv/bin/python" "$ROOT/scripts/clients/pynsq_snappy_scenario.py") ;;
     pynsq-deflate) SCN=(env PYNSQ_COMPRESSION=deflate "$ROOT/.venv/bin/python" "$ROOT/scripts/clients/pynsq_snappy_scenario.py") ;;
+    pynsq-seek) SCN=("$ROOT/.venv/bin/python" "$ROOT/scripts/clients/pynsq_seek_scenario.py") ;;
     gnsq) SCN=("$ROOT/.venv/bin/python" "$ROOT/scripts/clients/gnsq_scenario.py") ;;
     nsqjs) SCN=(node "$ROOT/scripts/clients/nsqjs_scenario.js") ;;
     *) return 1 ;;
@@ -230,7 +250,8 @@ for n in $SHARDS; do
     for s in $SCENARIOS; do record FAIL "$s $label" "not run: $( [[ $BUILD_OK -eq 0 ]] && echo 'no broker binary' || echo 'client setup failed')"; done
     continue
   fi
-  section "broker ${NSQD_CMD[*]} --shards=$n"
+  broker_flags "$n"
+  section "broker ${NSQD_CMD[*]} --shards=$n ${BROKER_FLAGS[*]+${BROKER_FLAGS[*]}}"
   if ! start_broker "$n"; then
     show_broker_log "$label"
     record FAIL "nsqd start $label" "did not come up"
@@ -241,6 +262,9 @@ for n in $SHARDS; do
   echo "broker pid $BROKER_PID: tcp $TCP_ADDR, http $HTTP_ADDR"
   broker_failed=0
   for s in $SCENARIOS; do
+    if [[ $s == pynsq-seek && ${#BROKER_FLAGS[@]} -eq 0 ]]; then
+      continue  # replay needs retention: runs with the shard counts in RETENTION_SHARDS
+    fi
     left=$(( CLIENT_BUDGET_S - ($(date +%s) - CLIENT_T0) ))
     if [[ $left -lt 60 ]]; then
       record FAIL "$s $label" "not run: client time budget (${CLIENT_BUDGET_S}s) spent"

@@ -223,6 +223,12 @@ pub struct Cli {
     #[arg(long, default_value = "false", value_parser = parse_go_bool, num_args = 0..=1,
           require_equals = true, default_missing_value = "true")]
     pub statsd_exclude_ephemeral: bool,
+    /// (beyond nsqd) keep consumed messages for replay (POST /channel/seek) until they are older than this (Go duration; 0: a segment goes once every channel has consumed it)
+    #[arg(long, default_value = "0", value_parser = parse_duration)]
+    pub retention_time: Duration,
+    /// (beyond nsqd) keep consumed messages for replay until a topic's segment files exceed this many bytes, oldest first (0: no size limit)
+    #[arg(long, default_value_t = 0)]
+    pub retention_bytes: u64,
     /// (testing) interval between PINGs to each nsqlookupd
     #[arg(long, hide = true, default_value = "15s", value_parser = parse_duration)]
     pub lookupd_ping_interval: Duration,
@@ -348,6 +354,8 @@ impl Config {
                 cli.sync_timeout
             },
             max_bytes_per_file: cli.max_bytes_per_file.max(4096),
+            retention_time: cli.retention_time,
+            retention_bytes: cli.retention_bytes,
         };
         Ok(Config {
             tcp_address: cli.tcp_address,

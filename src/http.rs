@@ -9,7 +9,7 @@ use crate::tcp::SharedStream;
 use crate::timefmt;
 use bytes::{Bytes, BytesMut};
 use glommio::net::{TcpListener, TcpStream};
-use nsq_shards::mesh::{AdminError, AdminOp};
+use nsq_shards::mesh::{AdminError, AdminOp, SeekTo};
 use nsq_shards::names::{is_valid_channel_name, is_valid_topic_name};
 use nsq_shards::stats::StatsRequest;
 use std::rc::Rc;
@@ -453,7 +453,7 @@ async fn route(server: &Rc<Server>, head: &Head, body: Bytes) -> Response {
         "/ping" | "/info" | "/stats" | "/metrics" | "/shards" => &["GET"],
         "/pub" | "/mpub" | "/topic/create" | "/topic/delete" | "/topic/empty" | "/topic/pause"
         | "/topic/unpause" | "/channel/create" | "/channel/delete" | "/channel/empty"
-        | "/channel/pause" | "/channel/unpause" => &["POST"],
+        | "/channel/pause" | "/channel/unpause" | "/channel/seek" => &["POST"],
         p if p.starts_with("/config/") && p.len() > "/config/".len() && !p[8..].contains('/') => {
             &["GET", "PUT"]
         }
@@ -544,6 +544,10 @@ async fn route(server: &Rc<Server>, head: &Head, body: Bytes) -> Response {
                 "/channel/delete" => AdminOp::DeleteChannel(t, c),
                 "/channel/empty" => AdminOp::EmptyChannel(t, c),
                 "/channel/pause" => AdminOp::PauseChannel(t, c, true),
+                "/channel/seek" => match seek_param(&params) {
+                    Ok(to) => AdminOp::SeekChannel(t, c, to),
+                    Err(r) => return r,
+                },
                 _ => AdminOp::PauseChannel(t, c, false),
             };
             admin(server, op).await
@@ -579,11 +583,31 @@ fn topic_channel_params(p: &Params) -> Result<(String, String), Response> {
     Ok((t.to_string(), c.to_string()))
 }
 
+/// Where `POST /channel/seek` goes (beyond nsqd), checked after topic and channel as
+/// nsqd checks its arguments in order: `timestamp` (Unix seconds, fractions allowed, or
+/// RFC 3339; see [`timefmt::parse_time_ns`]) or `position` (`oldest` / `newest`), exactly
+/// one of them. 400 MISSING_ARG_TIMESTAMP when neither is given, INVALID_ARG_TIMESTAMP
+/// for a time that does not parse, INVALID_ARG_POSITION for another position or when
+/// both are given.
+fn seek_param(p: &Params) -> Result<SeekTo, Response> {
+    match (p.get("timestamp"), p.get("position")) {
+        (None, None) => Err(Response::v1_err(400, "MISSING_ARG_TIMESTAMP")),
+        (Some(_), Some(_)) => Err(Response::v1_err(400, "INVALID_ARG_POSITION")),
+        (Some(ts), None) => timefmt::parse_time_ns(ts)
+            .map(SeekTo::Timestamp)
+            .ok_or_else(|| Response::v1_err(400, "INVALID_ARG_TIMESTAMP")),
+        (None, Some("oldest")) => Ok(SeekTo::Oldest),
+        (None, Some("newest")) => Ok(SeekTo::Newest),
+        (None, Some(_)) => Err(Response::v1_err(400, "INVALID_ARG_POSITION")),
+    }
+}
+
 async fn admin(server: &Server, op: AdminOp) -> Response {
     match server.admin(op).await {
         Ok(()) => Response::v1_empty(),
         Err(AdminError::TopicNotFound) => Response::v1_err(404, "TOPIC_NOT_FOUND"),
         Err(AdminError::ChannelNotFound) => Response::v1_err(404, "CHANNEL_NOT_FOUND"),
+        Err(AdminError::Internal) => Response::v1_err(500, "INTERNAL_ERROR"),
     }
 }
 

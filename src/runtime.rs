@@ -11,7 +11,7 @@ use futures::future::{select, Either};
 use glommio::channels::channel_mesh::MeshBuilder;
 use glommio::net::TcpListener;
 use glommio::{LocalExecutorBuilder, Placement};
-use nsq_shards::mesh::ShardMsg;
+use nsq_shards::mesh::{AdminOp, ShardMsg};
 use nsq_shards::Shard;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::pin::pin;
@@ -490,7 +490,16 @@ fn handle_mesh(server: &Rc<Server>, msg: ShardMsg) {
             let _ = reply.send(shard.stats(&req));
         }
         ShardMsg::Admin { op, reply } => {
-            let _ = reply.send(shard.admin(op));
+            if let AdminOp::SeekChannel(..) = op {
+                // It may read the disk: not on the mesh receiver's task.
+                let s = server.clone();
+                glommio::spawn_local(async move {
+                    let _ = reply.send(s.shard.admin_async(op).await);
+                })
+                .detach();
+            } else {
+                let _ = reply.send(shard.admin(op));
+            }
         }
         ShardMsg::Lookup(events) => {
             shard.lookup_events.borrow_mut().extend(events);

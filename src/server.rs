@@ -72,19 +72,10 @@ impl Server {
 
     /// Runs an admin operation on the topic's owner.
     pub async fn admin(&self, op: AdminOp) -> Result<(), AdminError> {
-        let topic = match &op {
-            AdminOp::CreateTopic(t)
-            | AdminOp::DeleteTopic(t)
-            | AdminOp::EmptyTopic(t)
-            | AdminOp::PauseTopic(t, _)
-            | AdminOp::CreateChannel(t, _)
-            | AdminOp::DeleteChannel(t, _)
-            | AdminOp::EmptyChannel(t, _)
-            | AdminOp::PauseChannel(t, _, _) => t.clone(),
-        };
+        let topic = op.topic().to_string();
         let owner = owner_of(&topic, self.shard.count);
         if owner == self.shard.index {
-            return self.shard.admin(op);
+            return self.shard.admin_async(op).await;
         }
         let Some(mesh) = self.mesh() else {
             return Err(AdminError::TopicNotFound);

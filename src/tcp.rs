@@ -668,6 +668,9 @@ async fn publish(
     }
 }
 
+/// Output buffer capacity a connection keeps however little it sends (bytes).
+const SPARE_KEEP: usize = 1 << 20;
+
 /// Drains the client's output buffer to the socket with nsqd's flush rules (nsqd:
 /// protocol_v2.go messagePump and Send): responses and errors at once; message frames
 /// when the buffer holds output_buffer_size bytes, when the client is not ready, and at
@@ -756,10 +759,13 @@ async fn writer_loop(
             };
             client.drained.notify();
             server.shard.count_bytes_out(spare.len() as u64);
-            spare.clear();
-            if spare.capacity() > 1 << 20 {
+            // Keep the buffer's capacity while it is in use (a consumer with a large RDY
+            // window gets RDY messages at once: regrowing from 16 KiB each time cost a
+            // copy of everything on every doubling); give it back once traffic drops.
+            if spare.capacity() > SPARE_KEEP && spare.len() < spare.capacity() / 8 {
                 spare = Vec::with_capacity(16 * 1024);
             }
+            spare.clear();
             if res.is_err() {
                 client.closed.set(true);
                 break;

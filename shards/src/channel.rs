@@ -81,6 +81,13 @@ impl InFlightError {
     }
 }
 
+/// Read ahead from the store while fewer than this many records, or bytes of bodies,
+/// are buffered for a lagging channel.
+pub const DISK_READ_AHEAD: (usize, usize) = (16384, 4 << 20);
+
+/// Records, and bytes of bodies, read from the store at once.
+pub const DISK_READ_BATCH: (usize, usize) = (8192, 2 << 20);
+
 pub struct Channel {
     pub name: String,
     pub ephemeral: bool,
@@ -106,6 +113,12 @@ pub struct Channel {
     pub wants_disk: bool,
     /// A read from the store is under way.
     pub disk_inflight: bool,
+    /// Body bytes held in `disk`.
+    pub disk_bytes: usize,
+    /// Where the last read from the store ended (the next sequential read starts there).
+    pub disk_pos: Option<nsq_storage::ReadPos>,
+    /// Bumped whenever the cursor jumps (empty, seek): a read started before is dropped.
+    pub disk_epoch: u64,
     /// Sequences at or above the cursor already handed to this channel's deferred heap
     /// when they were published (nsqd gives a DPUB to each channel at once); the cursor
     /// steps over them.
@@ -134,6 +147,9 @@ impl Channel {
             disk: VecDeque::new(),
             wants_disk: false,
             disk_inflight: false,
+            disk_bytes: 0,
+            disk_pos: None,
+            disk_epoch: 0,
             skip: std::collections::BTreeSet::new(),
             timer_scheduled: None,
         }
@@ -232,9 +248,9 @@ impl Channel {
             let rec = if self.cursor < log.base {
                 // Below the memory tail: serve from what was read back from disk.
                 while self.disk.front().is_some_and(|r| r.seq < self.cursor) {
-                    self.disk.pop_front();
+                    self.pop_disk();
                 }
-                match self.disk.pop_front() {
+                match self.pop_disk() {
                     Some(r) => {
                         self.cursor = r.seq;
                         r
@@ -245,6 +261,10 @@ impl Channel {
                     }
                 }
             } else {
+                if !self.disk.is_empty() {
+                    // Caught up with the memory tail: what is left was read ahead in vain.
+                    self.clear_disk();
+                }
                 match log.get(self.cursor) {
                     Some(r) => r.clone(),
                     None => {
@@ -262,6 +282,52 @@ impl Channel {
             }
         }
         None
+    }
+
+    fn pop_disk(&mut self) -> Option<Record> {
+        let r = self.disk.pop_front()?;
+        self.disk_bytes -= r.body.len();
+        Some(r)
+    }
+
+    /// Adds records read back from the store (in sequence order, after those held).
+    pub fn push_disk(&mut self, recs: impl IntoIterator<Item = Record>) {
+        for r in recs {
+            self.disk_bytes += r.body.len();
+            self.disk.push_back(r);
+        }
+    }
+
+    /// Drops what was read back from the store (the cursor jumped).
+    pub fn clear_disk(&mut self) {
+        self.disk.clear();
+        self.disk_bytes = 0;
+        self.disk_pos = None;
+        self.wants_disk = false;
+        self.disk_epoch += 1;
+    }
+
+    /// Where the next read from the store should start, if one should start now: the
+    /// cursor is below the memory tail (`log_base`), no read is under way, and less than
+    /// [`DISK_READ_AHEAD`] records or bytes are buffered. Reading ahead keeps the disk
+    /// busy while buffered records are delivered, so a lagging channel catches up at the
+    /// disk's speed rather than one read's latency per batch.
+    pub fn disk_read_from(&self, log_base: u64) -> Option<u64> {
+        if self.disk_inflight || self.paused || self.cursor >= log_base {
+            return None;
+        }
+        if !self.wants_disk
+            && (self.disk.len() >= DISK_READ_AHEAD.0 || self.disk_bytes >= DISK_READ_AHEAD.1)
+        {
+            return None;
+        }
+        let from = self
+            .disk
+            .back()
+            .map(|r| r.seq + 1)
+            .unwrap_or(self.cursor)
+            .max(self.cursor);
+        (from < log_base).then_some(from)
     }
 
     /// True when a ready message exists and a client can take it.
@@ -475,8 +541,7 @@ impl Channel {
     pub fn empty(&mut self, log: &Log) {
         self.cursor = log.pumped;
         self.skip.clear();
-        self.disk.clear();
-        self.wants_disk = false;
+        self.clear_disk();
         self.requeued.clear();
         self.in_flight.clear();
         self.in_flight_heap.clear();
@@ -484,6 +549,28 @@ impl Channel {
         for c in &self.clients {
             c.in_flight.set(0);
         }
+    }
+
+    /// `POST /channel/seek` (beyond nsqd): the cursor moves to `seq` (forwards or
+    /// backwards, also below the memory tail: the records are then read back from disk).
+    /// Everything the channel holds that is not in flight is dropped: requeued and
+    /// deferred messages below `seq` because they precede the new cursor, those at or
+    /// above it because the cursor delivers them again (a message published with a
+    /// defer time still in the future is deferred again when the cursor passes it).
+    /// In-flight messages are left alone (FIN, REQ and TOUCH keep working); the cursor
+    /// steps over those at or above `seq`, so a message is never in flight twice.
+    /// Messages the cursor reaches are delivered with attempts 1.
+    pub fn seek(&mut self, seq: u64) {
+        self.cursor = seq;
+        self.requeued.clear();
+        self.deferred.clear();
+        self.skip.clear();
+        for f in self.in_flight.values() {
+            if f.msg.seq >= seq {
+                self.skip.insert(f.msg.seq);
+            }
+        }
+        self.clear_disk();
     }
 
     /// Adds a subscribed client. `max` 0 means unlimited.

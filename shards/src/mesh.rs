@@ -33,6 +33,37 @@ pub enum AdminOp {
     DeleteChannel(String, String),
     EmptyChannel(String, String),
     PauseChannel(String, String, bool),
+    /// `POST /channel/seek` (beyond nsqd): move a channel's cursor (see
+    /// `Shard::seek_channel`). Runs on its own task on the owner: it may read the disk.
+    SeekChannel(String, String, SeekTo),
+}
+
+impl AdminOp {
+    /// The topic the operation is about (its owner shard runs it).
+    pub fn topic(&self) -> &str {
+        match self {
+            AdminOp::CreateTopic(t)
+            | AdminOp::DeleteTopic(t)
+            | AdminOp::EmptyTopic(t)
+            | AdminOp::PauseTopic(t, _)
+            | AdminOp::CreateChannel(t, _)
+            | AdminOp::DeleteChannel(t, _)
+            | AdminOp::EmptyChannel(t, _)
+            | AdminOp::PauseChannel(t, _, _)
+            | AdminOp::SeekChannel(t, _, _) => t,
+        }
+    }
+}
+
+/// Where `POST /channel/seek` moves a channel's cursor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SeekTo {
+    /// The oldest message still retained (on disk or in memory).
+    Oldest,
+    /// After the newest message the channel was given: only new messages follow.
+    Newest,
+    /// The first retained message published at or after this time (Unix ns).
+    Timestamp(i64),
 }
 
 /// Why an admin operation failed, as nsqd's HTTP error texts.
@@ -40,6 +71,9 @@ pub enum AdminOp {
 pub enum AdminError {
     TopicNotFound,
     ChannelNotFound,
+    /// A disk read failed (channel seek); logged on the owner shard. HTTP 500
+    /// INTERNAL_ERROR.
+    Internal,
 }
 
 pub enum ShardMsg {

@@ -52,6 +52,25 @@ pub struct Options {
     pub sync_timeout: Duration,
     /// `--max-bytes-per-file`: segment size before rotation.
     pub max_bytes_per_file: u64,
+    /// `--retention-time` (beyond nsqd): consumed segments are kept until their newest
+    /// record is older than this; zero = no time limit (see [`Options::retains`]).
+    pub retention_time: Duration,
+    /// `--retention-bytes` (beyond nsqd), per topic: consumed segments are kept until the
+    /// topic's sealed segment files exceed this many bytes (oldest go first; the segment
+    /// being written is not counted); 0 = no size limit.
+    pub retention_bytes: u64,
+}
+
+impl Options {
+    /// True when consumed messages are retained for replay (`--retention-time` or
+    /// `--retention-bytes` set): then every record of a non-ephemeral topic must be
+    /// written to its segment log, even one every channel finished before the writer got
+    /// to it, and segments every channel has passed are deleted only by the retention
+    /// rule (`Shard::checkpoint`). False (the default): a segment goes once every channel
+    /// has passed it, as nsqd forgets a message once every channel has it.
+    pub fn retains(&self) -> bool {
+        !self.retention_time.is_zero() || self.retention_bytes > 0
+    }
 }
 
 impl Default for Options {
@@ -79,6 +98,8 @@ impl Default for Options {
             sync_every: 2500,
             sync_timeout: Duration::from_secs(2),
             max_bytes_per_file: 104857600,
+            retention_time: Duration::ZERO,
+            retention_bytes: 0,
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use crate::channel::InFlightError;
 use crate::client::{Client, ClientState};
-use crate::mesh::{AdminError, AdminOp};
+use crate::mesh::{AdminError, AdminOp, SeekTo};
 use crate::message::MessageId;
 use crate::options::Options;
 use crate::signal::Event;
@@ -90,6 +90,22 @@ pub struct Shard {
     pub me: RefCell<Weak<Shard>>,
 }
 
+/// Returns `Pending` once (after asking to be polled again), so that what follows runs
+/// after the code that spawned the task has returned.
+async fn yield_once() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            std::task::Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}
+
 /// What a publisher waits for when its publish must be durable: the topic's store and
 /// the sequence every record below which must be synced.
 pub struct DurableWait {
@@ -97,6 +113,15 @@ pub struct DurableWait {
     /// Wait until every record below this sequence is synced (`--sync-every=1`, or after
     /// a disk error).
     pub durable: Option<u64>,
+}
+
+/// A read from the store for one lagging channel.
+struct DiskRead {
+    topic: String,
+    channel: String,
+    from: u64,
+    hint: Option<nsq_storage::ReadPos>,
+    epoch: u64,
 }
 
 /// Bytes a topic's store may have waiting for its writer before publishers wait
@@ -270,10 +295,12 @@ impl Shard {
     }
 
     /// When durable topics hand records to their stores: at publish with
-    /// `--sync-every=1` (each publish is synced before it is answered), otherwise
-    /// deferred so that records finished quickly never reach the disk.
+    /// `--sync-every=1` (each publish is synced before it is answered) and with
+    /// retention (`--retention-time` / `--retention-bytes`: replay needs every record,
+    /// see [`Options::retains`]), otherwise deferred so that records finished quickly
+    /// never reach the disk.
     pub fn store_mode(&self) -> StoreMode {
-        if self.opts.sync_every <= 1 {
+        if self.opts.sync_every <= 1 || self.opts.retains() {
             StoreMode::Immediate
         } else {
             StoreMode::Deferred
@@ -298,65 +325,85 @@ impl Shard {
     }
 
     /// Starts a read from the store for every channel of `t` whose cursor is below the
-    /// memory tail and that has nothing buffered (without stalling anything else).
+    /// memory tail and whose read-ahead buffer runs low (without stalling anything else).
     fn schedule_disk_reads(&self, t: &mut Topic) {
         let Some(store) = t.store.clone() else { return };
+        let base = t.log.base;
         for ch in t.channels.values_mut() {
-            if ch.wants_disk && !ch.disk_inflight && !ch.paused {
-                ch.disk_inflight = true;
-                let me = self.me.borrow().upgrade();
-                let Some(me) = me else { return };
-                let (topic, channel, from) = (t.name.clone(), ch.name.clone(), ch.cursor);
-                let store = store.clone();
-                glommio::spawn_local(async move {
-                    me.disk_read(store, topic, channel, from).await;
-                })
-                .detach();
-            }
+            let Some(from) = ch.disk_read_from(base) else {
+                continue;
+            };
+            let me = self.me.borrow().upgrade();
+            let Some(me) = me else { return };
+            ch.disk_inflight = true;
+            let read = DiskRead {
+                topic: t.name.clone(),
+                channel: ch.name.clone(),
+                from,
+                hint: ch.disk_pos,
+                epoch: ch.disk_epoch,
+            };
+            let store = store.clone();
+            glommio::spawn_local(async move {
+                // glommio polls a spawned task at once, while the caller still holds
+                // the topics borrow: a read that completes without waiting (nothing
+                // readable) must not borrow them before that returns.
+                yield_once().await;
+                me.disk_read(store, read).await;
+            })
+            .detach();
         }
     }
 
-    async fn disk_read(
-        &self,
-        store: Rc<nsq_storage::TopicStore>,
-        topic: String,
-        channel: String,
-        from: u64,
-    ) {
-        let res = store.read(from, 512).await;
+    async fn disk_read(&self, store: Rc<nsq_storage::TopicStore>, r: DiskRead) {
+        let (max, max_bytes) = crate::channel::DISK_READ_BATCH;
+        let res = store.read_at(r.from, max, max_bytes, r.hint).await;
         let mut topics = self.topics.borrow_mut();
-        let Some(t) = topics.get_mut(&topic) else {
+        let Some(t) = topics.get_mut(&r.topic) else {
             return;
         };
         let base = t.log.base;
-        let Some(ch) = t.channels.get_mut(&channel) else {
+        let Some(ch) = t.channels.get_mut(&r.channel) else {
             return;
         };
+        if ch.disk_epoch != r.epoch {
+            // The cursor jumped meanwhile (empty, seek): this read is stale.
+            ch.disk_inflight = false;
+            self.schedule_disk_reads(t);
+            return;
+        }
         ch.disk_inflight = false;
         match res {
-            Ok(recs) if !recs.is_empty() => {
-                if ch.cursor == from {
-                    ch.wants_disk = false;
-                    ch.disk
-                        .extend(recs.into_iter().map(crate::topic::Record::from_stored));
-                }
+            Ok((recs, pos)) if !recs.is_empty() => {
+                ch.wants_disk = false;
+                ch.disk_pos = pos;
+                ch.push_disk(recs.into_iter().map(crate::topic::Record::from_stored));
             }
             Ok(_) => {
-                // Nothing on disk at or after the cursor below the memory tail: those
+                // Nothing on disk at or after `from` below the memory tail: those
                 // records are gone (corrupt or deleted); continue from memory.
-                if ch.cursor == from && from < base {
-                    log::error!("TOPIC({topic}) CHANNEL({channel}): records {from}..{base} missing on disk; skipped");
+                if ch.disk.is_empty() && ch.cursor <= r.from && r.from < base {
+                    log::error!(
+                        "TOPIC({}) CHANNEL({}): records {}..{base} missing on disk; skipped",
+                        r.topic,
+                        r.channel,
+                        r.from
+                    );
                     ch.cursor = base;
                 }
                 ch.wants_disk = false;
             }
             Err(e) => {
-                log::error!("TOPIC({topic}) CHANNEL({channel}): disk read failed - {e}");
+                log::error!(
+                    "TOPIC({}) CHANNEL({}): disk read failed - {e}",
+                    r.topic,
+                    r.channel
+                );
                 ch.wants_disk = false;
             }
         }
         let out = ch.dispatch(&t.log, Instant::now());
-        self.schedule_timer(&topic, ch);
+        self.schedule_timer(&r.topic, ch);
         bump(&self.counters.messages_out, out);
         self.schedule_disk_reads(t);
     }
@@ -373,7 +420,7 @@ impl Shard {
         let mut disk = false;
         for ch in t.channels.values_mut() {
             out += ch.dispatch(&t.log, now);
-            disk |= ch.wants_disk;
+            disk |= ch.disk_read_from(t.log.base).is_some();
             self.schedule_timer(&t.name, ch);
         }
         bump(&self.counters.messages_out, out);
@@ -388,7 +435,7 @@ impl Shard {
         if let Some(t) = topics.get_mut(topic) {
             if let Some(ch) = t.channels.get_mut(channel) {
                 let out = ch.dispatch(&t.log, Instant::now());
-                let disk = ch.wants_disk;
+                let disk = ch.disk_read_from(t.log.base).is_some();
                 self.schedule_timer(topic, ch);
                 if out > 0 {
                     bump(&self.counters.messages_out, out);
@@ -620,6 +667,8 @@ impl Shard {
                 ch.empty(&topic.log);
                 topic.trim(self.opts.mem_queue_size);
             }
+            // It may need the disk: callers go through `admin_async`.
+            AdminOp::SeekChannel(..) => return Err(AdminError::Internal),
             AdminOp::PauseChannel(t, c, paused) => {
                 let topic = topics.get_mut(&t).ok_or(AdminError::TopicNotFound)?;
                 let ch = topic
@@ -635,6 +684,112 @@ impl Shard {
             }
         }
         Ok(())
+    }
+
+    /// Runs an admin operation on a topic this shard owns, waiting for the disk when it
+    /// must (`SeekChannel`); the others complete at once as with [`Shard::admin`].
+    pub async fn admin_async(&self, op: AdminOp) -> Result<(), AdminError> {
+        match op {
+            AdminOp::SeekChannel(t, c, to) => self.seek_channel(&t, &c, to).await.map(|_| ()),
+            op => self.admin(op),
+        }
+    }
+
+    /// `POST /channel/seek` (beyond nsqd) on a topic this shard owns: moves the channel's
+    /// cursor to the oldest retained message (`Oldest`), past the newest one the channel
+    /// was given (`Newest`: the topic's pump position), or to the first retained message
+    /// published at or after a time (`Timestamp`, Unix ns; past the newest when none
+    /// is that recent). The in-memory tail is searched first, then the store
+    /// ([`nsq_storage::TopicStore::seek_timestamp`]); the result is kept within
+    /// [oldest retained, pump position]. What happens to the channel's messages is
+    /// [`crate::channel::Channel::seek`]'s rule. The new cursor is persisted by the next
+    /// checkpoint like any cursor. Returns the new cursor; errors: `TopicNotFound`,
+    /// `ChannelNotFound` (also when either was deleted during the disk search),
+    /// `Internal` when the disk read failed (logged).
+    pub async fn seek_channel(
+        &self,
+        topic: &str,
+        channel: &str,
+        to: SeekTo,
+    ) -> Result<u64, AdminError> {
+        // Records below the memory tail are on disk only: those the writer has not
+        // flushed yet (it buffers until the next sync) are made readable first, for the
+        // search and for the channel's reads.
+        let unflushed = {
+            let topics = self.topics.borrow();
+            let t = topics.get(topic).ok_or(AdminError::TopicNotFound)?;
+            if !t.channels.contains_key(channel) {
+                return Err(AdminError::ChannelNotFound);
+            }
+            // (Only what was handed to the store: records finished before they were
+            // due to be written never are, without retention.)
+            t.store.as_ref().and_then(|st| {
+                let upto = t.log.base.min(st.next_seq());
+                (to != SeekTo::Newest && st.readable_seq() < upto).then(|| (st.clone(), upto))
+            })
+        };
+        if let Some((st, upto)) = unflushed {
+            if let Err(e) = st.wait_durable(upto).await {
+                log::error!("TOPIC({topic}) CHANNEL({channel}): seek failed - {e}");
+                return Err(AdminError::Internal);
+            }
+        }
+        enum Plan {
+            At(u64),
+            /// Search the store for `ts`; `first` is the oldest in-memory match.
+            Disk {
+                store: Rc<nsq_storage::TopicStore>,
+                ts: i64,
+                first: u64,
+            },
+        }
+        let plan = {
+            let topics = self.topics.borrow();
+            let t = topics.get(topic).ok_or(AdminError::TopicNotFound)?;
+            if !t.channels.contains_key(channel) {
+                return Err(AdminError::ChannelNotFound);
+            }
+            match to {
+                SeekTo::Oldest => Plan::At(t.oldest_retained()),
+                SeekTo::Newest => Plan::At(t.log.pumped),
+                SeekTo::Timestamp(ts) => match (t.seek_in_memory(ts), &t.store) {
+                    (Ok(seq), _) => Plan::At(seq),
+                    (Err(first), None) => Plan::At(first),
+                    (Err(first), Some(st)) => Plan::Disk {
+                        store: st.clone(),
+                        ts,
+                        first,
+                    },
+                },
+            }
+        };
+        let target = match plan {
+            Plan::At(seq) => seq,
+            Plan::Disk { store, ts, first } => match store.seek_timestamp(ts).await {
+                Ok(found) => found.map_or(first, |s| s.min(first)),
+                Err(e) => {
+                    log::error!("TOPIC({topic}) CHANNEL({channel}): seek failed - {e}");
+                    return Err(AdminError::Internal);
+                }
+            },
+        };
+        let mut topics = self.topics.borrow_mut();
+        let t = topics.get_mut(topic).ok_or(AdminError::TopicNotFound)?;
+        let target = target.max(t.oldest_retained()).min(t.log.pumped);
+        let ch = t
+            .channels
+            .get_mut(channel)
+            .ok_or(AdminError::ChannelNotFound)?;
+        let from = ch.cursor;
+        ch.seek(target);
+        log::info!("TOPIC({topic}) CHANNEL({channel}): seek {to:?}: cursor {from} -> {target}");
+        let out = ch.dispatch(&t.log, Instant::now());
+        self.schedule_timer(topic, ch);
+        bump(&self.counters.messages_out, out);
+        t.dirty = true;
+        t.trim(self.opts.mem_queue_size);
+        self.schedule_disk_reads(t);
+        Ok(target)
     }
 
     /// This shard's part of /stats.
@@ -674,6 +829,7 @@ impl Shard {
         if req.counters_only {
             names.clear();
         }
+        let retains = self.opts.retains();
         for name in names {
             if !req.topic.is_empty() && *name != req.topic {
                 continue;
@@ -717,6 +873,9 @@ impl Shard {
                 message_bytes: t.message_bytes,
                 paused: t.paused,
                 e2e_processing_latency: E2eLatency::default(),
+                retained_oldest_timestamp: retains.then_some(t.retained.oldest_timestamp),
+                retained_messages: retains.then_some(t.retained.messages),
+                retained_bytes: retains.then_some(t.retained.bytes),
             });
         }
         let mut producers = Vec::new();

@@ -85,6 +85,16 @@ pub struct TopicStats {
     pub message_bytes: u64,
     pub paused: bool,
     pub e2e_processing_latency: E2eLatency,
+    /// Beyond nsqd, only with `--retention-time` / `--retention-bytes`: the publish time
+    /// (Unix ns) of the oldest retained message (0 = none), as of the last checkpoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retained_oldest_timestamp: Option<i64>,
+    /// Messages from the oldest retained one to the newest, as of the last checkpoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retained_messages: Option<u64>,
+    /// Bytes of the topic's segment files, as of the last checkpoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retained_bytes: Option<u64>,
 }
 
 /// What a /stats request asks of every shard.

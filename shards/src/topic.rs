@@ -200,12 +200,31 @@ pub struct Topic {
     /// The metadata last written to the store's `meta.json` (a checkpoint skips the
     /// write when nothing changed).
     pub written_meta: Option<nsq_storage::meta::TopicMeta>,
+    /// The retained range as of the last checkpoint (only with `--retention-time` or
+    /// `--retention-bytes`; see `Shard::checkpoint`).
+    pub retained: Retained,
+    /// Retention's memo of the newest publish time (Unix ns) in each sealed segment, by
+    /// base sequence: a sealed segment never changes, so it is read once.
+    pub segment_newest: BTreeMap<u64, i64>,
     /// Records below this sequence were handed to the store or found finished by every
     /// channel (and so never written); the ones from here to the head exist only in
     /// memory, which must keep them.
     pub stored: u64,
     pub store_mode: StoreMode,
     ids: IdGenerator,
+}
+
+/// What a topic keeps for replay (`/stats`: `retained_*`), measured at each checkpoint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Retained {
+    /// Sequence of the oldest retained message (the head when none).
+    pub oldest_seq: u64,
+    /// Publish time (Unix ns) of the oldest retained message; 0 when none.
+    pub oldest_timestamp: i64,
+    /// Messages from the oldest retained one to the newest.
+    pub messages: u64,
+    /// Bytes of the topic's segment files.
+    pub bytes: u64,
 }
 
 impl Topic {
@@ -221,6 +240,8 @@ impl Topic {
             store: None,
             dirty: true,
             written_meta: None,
+            retained: Retained::default(),
+            segment_newest: BTreeMap::new(),
             stored: 0,
             store_mode: StoreMode::Immediate,
             ids: IdGenerator::new(node_id),
@@ -351,6 +372,34 @@ impl Topic {
         self.log.trim_to(to);
     }
 
+    /// The oldest sequence a channel can seek to: the oldest record still on disk or
+    /// in memory.
+    pub fn oldest_retained(&self) -> u64 {
+        let disk = self.store.as_ref().and_then(|s| s.first_seq());
+        disk.unwrap_or(self.log.base).min(self.log.base)
+    }
+
+    /// The first in-memory sequence whose record was published at or after `ts_ns`
+    /// (Unix ns): `Ok(seq)`; `Err(first)` when even the oldest in-memory record (at
+    /// `first`, the memory tail) is that recent, so older ones must be looked for on
+    /// disk; `Ok(head)` when every record in memory is older.
+    pub fn seek_in_memory(&self, ts_ns: i64) -> Result<u64, u64> {
+        let mut first = true;
+        for (i, r) in self.log.records.iter().enumerate() {
+            let Some(r) = r else { continue };
+            if r.timestamp >= ts_ns {
+                let seq = self.log.base + i as u64;
+                return if first { Err(seq) } else { Ok(seq) };
+            }
+            first = false;
+        }
+        if first {
+            Err(self.log.head)
+        } else {
+            Ok(self.log.head)
+        }
+    }
+
     /// Hands records to the store (under [`StoreMode::Deferred`]): every record published
     /// at or before `cutoff_ns` (Unix ns), every record older than the newest
     /// `mem_queue_size`, and with `all` every record. A record every channel has finished
@@ -441,5 +490,66 @@ impl Topic {
             }
         }
         self.dirty = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(seq: u64, timestamp: i64) -> Record {
+        Record {
+            seq,
+            id: MessageId(seq),
+            timestamp,
+            defer_until: None,
+            body: Bytes::from(format!("m{seq}")),
+        }
+    }
+
+    /// Memory holds sequences 10..20 (15 lost), published at 100 + 10 * (seq - 10).
+    fn topic() -> Topic {
+        let mut t = Topic::new("t", 0);
+        let recs = (10..20)
+            .filter(|s| *s != 15)
+            .map(|s| rec(s, 100 + 10 * (s as i64 - 10)));
+        t.log.restore(10, 20, recs);
+        t.log.pumped = 20;
+        t
+    }
+
+    #[test]
+    fn seek_in_memory_finds_the_first_record_at_or_after() {
+        let t = topic();
+        // Older than or exactly the memory tail: maybe more on disk.
+        assert_eq!(t.seek_in_memory(0), Err(10));
+        assert_eq!(t.seek_in_memory(100), Err(10));
+        assert_eq!(t.seek_in_memory(101), Ok(11));
+        assert_eq!(t.seek_in_memory(120), Ok(12));
+        // 15 is gone: the next one.
+        assert_eq!(t.seek_in_memory(145), Ok(16));
+        assert_eq!(t.seek_in_memory(190), Ok(19));
+        // Newer than everything: the head.
+        assert_eq!(t.seek_in_memory(191), Ok(20));
+        assert_eq!(Topic::new("e", 0).seek_in_memory(5), Err(0), "empty log");
+        assert_eq!(t.oldest_retained(), 10, "no store: the memory tail");
+    }
+
+    #[test]
+    fn channel_seek_drops_requeued_and_deferred() {
+        let t = topic();
+        let mut ch = Channel::new("c", 18);
+        ch.requeued.push_back(rec(11, 0).message());
+        ch.requeued.push_back(rec(19, 0).message());
+        ch.defer(rec(12, 0).message(), Instant::now());
+        ch.defer_published(rec(19, 0).message(), Instant::now());
+        assert_eq!(ch.depth(&t.log), 2 - 1 + 2);
+        ch.seek(12);
+        assert_eq!(ch.cursor, 12);
+        assert!(ch.requeued.is_empty() && ch.deferred.is_empty() && ch.skip.is_empty());
+        assert_eq!(ch.depth(&t.log), 8);
+        assert_eq!(ch.low_watermark(), 12);
+        ch.seek(20);
+        assert_eq!(ch.depth(&t.log), 0);
     }
 }

@@ -16,7 +16,7 @@ pub mod record;
 pub mod store;
 
 pub use record::StoredRecord;
-pub use store::{Recovered, StoreConfig, TopicStore};
+pub use store::{ReadPos, Recovered, SegmentInfo, StoreConfig, TopicStore};
 
 use std::cell::{Cell, RefCell};
 use std::task::{Poll, Waker};

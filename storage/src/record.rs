@@ -178,13 +178,26 @@ pub struct Skipped {
 /// an incomplete record starts).
 pub fn scan(
     data: &bytes::Bytes,
+    at: usize,
+    salt: u32,
+    after: Option<u64>,
+) -> (Vec<(StoredRecord, usize)>, Vec<Skipped>, usize) {
+    scan_up_to(data, at, salt, after, usize::MAX)
+}
+
+/// [`scan`], stopping after `max` records (the offset returned is then where the next
+/// record starts), so a reader that wants a few records of a large window does not
+/// decode and CRC-check all of it.
+pub fn scan_up_to(
+    data: &bytes::Bytes,
     mut at: usize,
     salt: u32,
     mut after: Option<u64>,
+    max: usize,
 ) -> (Vec<(StoredRecord, usize)>, Vec<Skipped>, usize) {
     let mut recs = Vec::new();
     let mut skipped = Vec::new();
-    while at < data.len() {
+    while at < data.len() && recs.len() < max {
         match decode(data, at, salt) {
             Decoded::Record(r, n) => {
                 if after.is_some_and(|a| r.seq <= a) {

@@ -27,11 +27,16 @@ use std::time::{Duration, Instant};
 /// One sparse index entry per this many records.
 pub const INDEX_EVERY: u64 = 256;
 /// Bytes read per disk read when a channel catches up from disk.
-const READ_WINDOW: usize = 256 * 1024;
+const READ_WINDOW: usize = 1024 * 1024;
 /// Bytes read per step during recovery.
 const RECOVERY_CHUNK: usize = 8 * 1024 * 1024;
+/// Largest pending buffer kept for reuse (bytes); a bigger one (a burst) is freed.
+const SPARE_MAX: usize = 64 << 20;
 /// DmaStreamWriter buffer size.
 const WRITE_BUFFER: usize = 256 * 1024;
+
+mod replay;
+pub use replay::SegmentInfo;
 
 /// Sync and rotation policy (nsqd flags --sync-every, --sync-timeout,
 /// --max-bytes-per-file).
@@ -68,6 +73,9 @@ pub struct TopicStore {
     pending: RefCell<Vec<u8>>,
     /// (sequence, encoded length) of each pending record.
     pending_recs: RefCell<Vec<(u64, u32)>>,
+    /// The other half of the double buffer (empty, with its capacity kept).
+    spare: RefCell<Vec<u8>>,
+    spare_recs: RefCell<Vec<(u64, u32)>>,
     /// Next sequence to append.
     next_seq: Cell<u64>,
     /// Records below this are fdatasync'ed.
@@ -104,6 +112,15 @@ fn new_salt() -> u32 {
             .unwrap_or(0),
     );
     (h.finish() as u32).max(1)
+}
+
+/// Where a sequential read stopped: the record with sequence >= `seq` starts at byte
+/// `offset` of the segment that begins at sequence `base`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadPos {
+    pub base: u64,
+    pub offset: u64,
+    pub seq: u64,
 }
 
 /// What recovery found in a topic's directory.
@@ -233,6 +250,8 @@ impl TopicStore {
             readers: RefCell::new(HashMap::new()),
             pending: RefCell::new(Vec::new()),
             pending_recs: RefCell::new(Vec::new()),
+            spare: RefCell::new(Vec::new()),
+            spare_recs: RefCell::new(Vec::new()),
             next_seq: Cell::new(next_seq),
             durable_seq: Cell::new(next_seq),
             waiters: RefCell::new(Vec::new()),
@@ -340,9 +359,27 @@ impl TopicStore {
     /// Reads up to `max` records with sequence >= `from`, only from data already flushed
     /// to disk, following sequence order across segments. Corrupt records are skipped.
     pub async fn read(&self, from: u64, max: usize) -> Result<Vec<StoredRecord>, String> {
+        self.read_at(from, max, usize::MAX, None)
+            .await
+            .map(|(recs, _)| recs)
+    }
+
+    /// Like [`read`](Self::read), stopping once `max_bytes` of bodies were read (at least
+    /// one record), and starting at `hint` when it is the position a previous read
+    /// ended at for `from` (a sequential reader then never re-reads from the sparse
+    /// index). Returns the records and the position after the last one.
+    pub async fn read_at(
+        &self,
+        from: u64,
+        max: usize,
+        max_bytes: usize,
+        hint: Option<ReadPos>,
+    ) -> Result<(Vec<StoredRecord>, Option<ReadPos>), String> {
         let mut out = Vec::new();
+        let mut bytes = 0usize;
+        let mut end_pos = None;
         let mut seq = from;
-        while out.len() < max {
+        while out.len() < max && bytes < max_bytes {
             let found = {
                 let segs = self.segments.borrow();
                 segs.range(..=seq)
@@ -354,13 +391,17 @@ impl TopicStore {
                         })
                     })
                     .map(|(b, s)| {
-                        let start = s
-                            .index
-                            .iter()
-                            .rev()
-                            .find(|(q, _)| *q <= seq)
-                            .map(|(_, o)| *o)
-                            .unwrap_or(SEGMENT_HEADER_LEN as u64);
+                        let hinted = hint
+                            .filter(|h| h.base == *b && h.seq == seq && seq == from)
+                            .map(|h| h.offset);
+                        let start = hinted.unwrap_or_else(|| {
+                            s.index
+                                .iter()
+                                .rev()
+                                .find(|(q, _)| *q <= seq)
+                                .map(|(_, o)| *o)
+                                .unwrap_or(SEGMENT_HEADER_LEN as u64)
+                        });
                         (*b, s.path.clone(), start, s.readable_seq, s.salt)
                     })
             };
@@ -391,7 +432,11 @@ impl TopicStore {
                 if data.is_empty() {
                     break;
                 }
-                let (recs, skipped, stop) = record::scan(&data, 0, salt, last);
+                // Decode only about what is asked for (plus the records below `seq` a
+                // window started from the sparse index holds); what is left of the
+                // window is read again by the next call, at the position returned.
+                let limit = (max - out.len()).saturating_add(INDEX_EVERY as usize);
+                let (recs, skipped, stop) = record::scan_up_to(&data, 0, salt, last, limit);
                 if let Some((r, _)) = recs.last() {
                     last = Some(r.seq);
                 }
@@ -403,7 +448,7 @@ impl TopicStore {
                         s.reason
                     );
                 }
-                for (r, _) in recs {
+                for (r, at) in recs {
                     if r.seq >= readable {
                         break 'window;
                     }
@@ -412,8 +457,14 @@ impl TopicStore {
                     }
                     seq = r.seq + 1;
                     progressed = true;
+                    bytes += r.body.len();
+                    end_pos = Some(ReadPos {
+                        base,
+                        offset: off + (at + record::RECORD_OVERHEAD + r.body.len()) as u64,
+                        seq,
+                    });
                     out.push(r);
-                    if out.len() >= max {
+                    if out.len() >= max || bytes >= max_bytes {
                         break 'window;
                     }
                 }
@@ -439,7 +490,7 @@ impl TopicStore {
                 }
             }
         }
-        Ok(out)
+        Ok((out, end_pos))
     }
 
     async fn reader(&self, base: u64, path: &Path) -> Result<Rc<DmaFile>, String> {
@@ -750,8 +801,12 @@ async fn writer_task(store: Rc<TopicStore>) {
                 wake.await;
             }
         }
-        let buf = std::mem::take(&mut *store.pending.borrow_mut());
-        let recs = std::mem::take(&mut *store.pending_recs.borrow_mut());
+        // Double buffering: publishers encode into the spare pair (which keeps its
+        // capacity, so no reallocation or page faults) while this batch is written.
+        let mut buf = std::mem::take(&mut *store.spare.borrow_mut());
+        std::mem::swap(&mut buf, &mut *store.pending.borrow_mut());
+        let mut recs = std::mem::take(&mut *store.spare_recs.borrow_mut());
+        std::mem::swap(&mut recs, &mut *store.pending_recs.borrow_mut());
         for w in store.drain_waiters.borrow_mut().drain(..) {
             let _ = w.send(());
         }
@@ -844,6 +899,12 @@ async fn writer_task(store: Rc<TopicStore>) {
             }
             start += bytes as usize;
             i = j;
+        }
+        if buf.capacity() <= SPARE_MAX {
+            buf.clear();
+            recs.clear();
+            *store.spare.borrow_mut() = buf;
+            *store.spare_recs.borrow_mut() = recs;
         }
         let waiting = !store.waiters.borrow().is_empty();
         let due = unsynced >= store.cfg.sync_every

@@ -1,0 +1,110 @@
+//! Replay support (beyond nsqd): listing a topic's segments with their sizes (retention
+//! by size and the retained range in `/stats`) and finding the first record published at
+//! or after a time (`POST /channel/seek`). Only reads; kept apart from the write path.
+
+use super::TopicStore;
+
+/// One segment file as [`TopicStore::segment_list`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentInfo {
+    /// Sequence of its first record (also in its file name).
+    pub base: u64,
+    /// One past the last sequence written to it.
+    pub end_seq: u64,
+    /// Records below this sequence are flushed and readable.
+    pub readable_seq: u64,
+    /// Size of the file in bytes (0 when it cannot be stat'ed).
+    pub bytes: u64,
+}
+
+/// Records read per step while scanning for a timestamp.
+const SEEK_BATCH: usize = 512;
+
+impl TopicStore {
+    /// Every segment, oldest first; the last one is the segment being written. Sizes come
+    /// from one `stat` per file (run off the executor thread).
+    pub async fn segment_list(&self) -> Vec<SegmentInfo> {
+        let segs: Vec<(SegmentInfo, std::path::PathBuf)> = self
+            .segments
+            .borrow()
+            .iter()
+            .map(|(b, s)| {
+                let info = SegmentInfo {
+                    base: *b,
+                    end_seq: s.end_seq,
+                    readable_seq: s.readable_seq,
+                    bytes: 0,
+                };
+                (info, self.fd_path(&s.path))
+            })
+            .collect();
+        glommio::executor()
+            .spawn_blocking(move || {
+                segs.into_iter()
+                    .map(|(mut info, p)| {
+                        info.bytes = std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
+                        info
+                    })
+                    .collect()
+            })
+            .await
+    }
+
+    /// The sequence of the oldest record on disk (the first segment's base), if any.
+    pub fn first_seq(&self) -> Option<u64> {
+        self.segments.borrow().keys().next().copied()
+    }
+
+    /// The sequence of the first readable record whose timestamp (Unix ns, the publish
+    /// time) is at or after `ts_ns`; `None` when every readable record is older (or none
+    /// is readable). Records are in publish order, so timestamps only grow with the
+    /// sequence (barring a wall clock stepped back): a binary search over the sparse
+    /// index entries of every segment (one small read per probe) finds the last entry
+    /// published before `ts_ns`, then at most about [`super::INDEX_EVERY`] records are
+    /// scanned. Corrupt records are skipped as by [`TopicStore::read`]; errors are I/O
+    /// errors of the read.
+    pub async fn seek_timestamp(&self, ts_ns: i64) -> Result<Option<u64>, String> {
+        let probes: Vec<u64> = self
+            .segments
+            .borrow()
+            .values()
+            .flat_map(|s| {
+                let readable = s.readable_seq;
+                s.index
+                    .iter()
+                    .map(|(q, _)| *q)
+                    .filter(move |q| *q < readable)
+            })
+            .collect();
+        if probes.is_empty() {
+            return Ok(None);
+        }
+        // Invariant: every probe below `lo` starts with a record older than `ts_ns`;
+        // every probe at or above `hi` starts with one at or after it (or none).
+        let (mut lo, mut hi) = (0usize, probes.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let older = match self.read(probes[mid], 1).await?.first() {
+                Some(r) => r.timestamp < ts_ns,
+                None => false,
+            };
+            if older {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        // Scan from the last probe that starts older (or from the first probe).
+        let mut from = probes[lo.saturating_sub(1)];
+        loop {
+            let recs = self.read(from, SEEK_BATCH).await?;
+            let Some(last) = recs.last() else {
+                return Ok(None);
+            };
+            if let Some(r) = recs.iter().find(|r| r.timestamp >= ts_ns) {
+                return Ok(Some(r.seq));
+            }
+            from = last.seq + 1;
+        }
+    }
+}
