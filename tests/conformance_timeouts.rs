@@ -405,6 +405,29 @@ fn output_buffer_ticker_holds_one_tick_for_an_idle_consumer() {
 }
 
 #[test]
+fn output_buffer_timeout_off_flushes_every_delivery() {
+    // output_buffer_timeout -1 (0): no ticker; this broker flushes each delivery round
+    // (nsqd would hold a partial buffer until it fills), message after message.
+    let b = Broker::start(1, &[]);
+    let mut c = b.subscribe_identified(r#"{"output_buffer_timeout":-1}"#, "obuf_off", "ch");
+    send(&mut c, b"RDY 10\n");
+    send(&mut c, &pub_cmd("obuf_off_sync", b"s"));
+    expect_ok(&mut c);
+    for body in ["one", "two", "three"] {
+        let start = Instant::now();
+        b.http_pub("obuf_off", body.as_bytes());
+        let m = read_msg(&mut c);
+        assert_eq!(show(&m.body), body);
+        assert!(
+            start.elapsed() < Duration::from_millis(200),
+            "{body}: {:?}",
+            start.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
 fn unbuffered_client_gets_messages_at_once() {
     let b = Broker::start(1, &[]);
     let mut c = b.subscribe_identified(r#"{"output_buffer_size":-1}"#, "unbuf", "ch");

@@ -266,11 +266,19 @@ impl Client {
             out.len()
         };
         let was_flushed = self.pump_flushed.replace(false);
-        if len >= self.settings.borrow().output_buffer_size || !self.is_ready() {
+        let (full, untimed) = {
+            let s = self.settings.borrow();
+            (
+                len >= s.output_buffer_size,
+                s.output_buffer_timeout.is_zero(),
+            )
+        };
+        if full || !self.is_ready() {
             self.flush_now.set(true);
             self.wake.notify();
-        } else if was_flushed {
-            // The writer may be waiting without a timer: it must start taking ticks.
+        } else if was_flushed || untimed {
+            // The writer may be waiting without a timer: it must start taking ticks, or
+            // (output_buffer_timeout 0) flush this delivery round.
             self.wake.notify();
         }
     }
