@@ -86,18 +86,18 @@ fn trim_frac(s: String) -> String {
     }
 }
 
-fn default_shards() -> usize {
+pub(crate) fn default_shards() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
 }
 
-fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     gethostname::gethostname().to_string_lossy().into_owned()
 }
 
 /// nsqd's default node id: crc32(md5(hostname)) % 1024.
-fn default_node_id() -> u16 {
+pub(crate) fn default_node_id() -> u16 {
     use md5::Digest;
     let digest = md5::Md5::digest(hostname().as_bytes());
     (crc32fast::hash(&digest) % 1024) as u16
@@ -229,9 +229,131 @@ pub struct Cli {
     /// (beyond nsqd) keep consumed messages for replay until a topic's segment files exceed this many bytes, oldest first (0: no size limit)
     #[arg(long, default_value_t = 0)]
     pub retention_bytes: u64,
+    /// check what the host must provide (io_uring, locked memory, CPUs, data path, ports),
+    /// print each problem with its fix, and exit (0: ready to run, 1: problems)
+    #[arg(long)]
+    pub preflight: bool,
     /// (testing) interval between PINGs to each nsqlookupd
     #[arg(long, hide = true, default_value = "15s", value_parser = parse_duration)]
     pub lookupd_ping_interval: Duration,
+
+    // -----------------------------------------------------------------------------------
+    // The rest of nsqd 1.3.0's flags (apps/nsqd/options.go), so that any nsqd command line
+    // starts this broker. TLS and AUTH are not implemented: setting them fails at start-up
+    // (see `Config::refuse_unsupported`), never silently runs without them.
+    // -----------------------------------------------------------------------------------
+    /// path to a TOML config file (nsqd's cfg names; a flag given here overrides the file)
+    #[arg(long, default_value = "")]
+    pub config: String,
+    /// [deprecated] has no effect, use --log-level
+    #[arg(long, default_value = "false", value_parser = parse_go_bool, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true")]
+    pub verbose: bool,
+    /// [deprecated] use --node-id
+    #[arg(long, default_value = "false", value_parser = parse_go_bool, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true")]
+    pub worker_id: bool,
+    /// <addr>:<port> to listen on for HTTPS clients (TLS: not supported yet)
+    #[arg(long, default_value = "0.0.0.0:4152")]
+    pub https_address: String,
+    /// <addr>:<port> or a full url to query auth server (may be given multiple times; AUTH: not supported yet)
+    #[arg(long = "auth-http-address")]
+    pub auth_http_address: Vec<String>,
+    /// HTTP method to use for auth server requests: get or post (nsqd master)
+    #[arg(long, default_value = "get")]
+    pub auth_http_request_method: String,
+    /// timeout for HTTP connect (Go duration)
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub http_client_connect_timeout: Duration,
+    /// timeout for HTTP request (Go duration)
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub http_client_request_timeout: Duration,
+    /// accepted for compatibility; not needed by this design (each shard's timer pass covers all its channels: no queue scan)
+    #[arg(long, default_value_t = 4)]
+    pub queue_scan_worker_pool_max: i64,
+    /// accepted for compatibility; not needed by this design (each shard's timer pass covers all its channels: no queue scan)
+    #[arg(long, default_value_t = 20)]
+    pub queue_scan_selection_count: i64,
+    /// message processing time percentiles (as float (0, 1.0]) to track (can be given multiple times or comma separated '1.0,0.99,0.95', default none)
+    #[arg(long = "e2e-processing-latency-percentile", value_delimiter = ',')]
+    pub e2e_processing_latency_percentile: Vec<f64>,
+    /// calculate end to end latency quantiles for this duration of time (Go duration)
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub e2e_processing_latency_window_time: Duration,
+    /// path to certificate file (TLS: not supported yet)
+    #[arg(long, default_value = "")]
+    pub tls_cert: String,
+    /// path to key file (TLS: not supported yet)
+    #[arg(long, default_value = "")]
+    pub tls_key: String,
+    /// client certificate auth policy ('require' or 'require-verify'; TLS: not supported yet)
+    #[arg(long, default_value = "")]
+    pub tls_client_auth_policy: String,
+    /// path to certificate authority file
+    #[arg(long, default_value = "")]
+    pub tls_root_ca_file: String,
+    /// require TLS for client connections (true, false, tcp-https; TLS: not supported yet)
+    #[arg(long, default_value = "false", value_parser = parse_tls_required, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true")]
+    pub tls_required: u8,
+    /// minimum SSL/TLS version acceptable ('tls1.0', 'tls1.1', 'tls1.2' or 'tls1.3')
+    #[arg(long, default_value = "tls1.0", value_parser = parse_tls_min_version)]
+    pub tls_min_version: u16,
+    /// cfg names of list options the config file set to a Go nil slice (`/config` shows
+    /// `null` for them, as nsqd does); see [`crate::config_file`].
+    #[arg(skip)]
+    pub go_nil_lists: Vec<&'static str>,
+}
+
+impl Cli {
+    /// Parses the command line (Go-style `-flag` too), then `--config FILE` under it:
+    /// a flag given on the command line overrides the file, the file overrides the
+    /// default (nsqd: go-options Resolve). Exits like clap on a bad command line.
+    pub fn load(
+        args: impl IntoIterator<Item = String>,
+    ) -> Result<Cli, crate::config_file::LoadError> {
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Cli::command().get_matches_from(normalize_args(args));
+        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        // nsqd's FloatArray flag keeps its values sorted, largest first.
+        cli.e2e_processing_latency_percentile
+            .sort_by(|a, b| b.total_cmp(a));
+        crate::config_file::apply(&mut cli, &matches)?;
+        Ok(cli)
+    }
+}
+
+/// nsqd's `--tls-required` values (nsqd: nsqd.go TLSNotRequired, TLSRequiredExceptHTTP,
+/// TLSRequired).
+pub const TLS_NOT_REQUIRED: u8 = 0;
+pub const TLS_REQUIRED_EXCEPT_HTTP: u8 = 1;
+pub const TLS_REQUIRED: u8 = 2;
+
+/// `--tls-required`: `tcp-https`, or a Go bool (nsqd: apps/nsqd/options.go
+/// tlsRequiredOption.Set). Returns 0, 1 or 2 (the `TLS_*` constants).
+pub fn parse_tls_required(s: &str) -> Result<u8, String> {
+    let s = s.to_ascii_lowercase();
+    if s == "tcp-https" {
+        return Ok(TLS_REQUIRED_EXCEPT_HTTP);
+    }
+    match parse_go_bool(&s) {
+        Ok(true) => Ok(TLS_REQUIRED),
+        Ok(false) => Ok(TLS_NOT_REQUIRED),
+        Err(_) => Err("parse error".into()),
+    }
+}
+
+/// `--tls-min-version`: `tls1.0`..`tls1.3` (any case) as Go's `tls.VersionTLS1x` number
+/// (0x0301..0x0304); an empty value keeps the default tls1.0 (nsqd:
+/// tlsMinVersionOption.Set).
+pub fn parse_tls_min_version(s: &str) -> Result<u16, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "" | "tls1.0" => Ok(0x0301),
+        "tls1.1" => Ok(0x0302),
+        "tls1.2" => Ok(0x0303),
+        "tls1.3" => Ok(0x0304),
+        other => Err(format!("unknown tlsVersionOption {other:?}")),
+    }
 }
 
 /// Go's strconv.ParseBool, as nsqd's bool flags take it (`-flag`, `-flag=false`).
@@ -270,6 +392,11 @@ pub struct Config {
     pub statsd_exclude_ephemeral: bool,
     /// How often shard 0 PINGs each nsqlookupd (nsqd: 15 s; a hidden flag for tests).
     pub lookupd_ping_interval: Duration,
+    /// Every nsqd option after resolution (flag > config file > default), by cfg name:
+    /// what `GET /config/<name>` answers for options that do not change at run time.
+    pub options: Vec<(&'static str, crate::config_file::GoValue)>,
+    /// `--preflight`: run the host checks and exit instead of serving.
+    pub preflight_only: bool,
 }
 
 /// Rewrites Go-style `-long-flag` arguments into `--long-flag`.
@@ -300,16 +427,28 @@ pub fn parse_level(s: &str) -> Option<log::LevelFilter> {
 impl Config {
     /// Validates the command line (nsqd's startup checks).
     pub fn from_cli(cli: Cli) -> Result<Config, String> {
+        let options = crate::config_file::resolved(&cli);
         let node_id = match cli.node_id {
             None => default_node_id() as i64,
             Some(n) => n,
         };
-        if !(0..1024).contains(&node_id) {
-            return Err("--node-id must be [0,1024)".into());
-        }
+        // nsqd.New's checks, in its order.
         if !(1..=9).contains(&cli.max_deflate_level) {
             return Err("--max-deflate-level must be [1,9]".into());
         }
+        if !(0..1024).contains(&node_id) {
+            return Err("--node-id must be [0,1024)".into());
+        }
+        check_tls_and_auth(&cli)?;
+        for v in &cli.e2e_processing_latency_percentile {
+            if *v <= 0.0 || *v > 1.0 || v.is_nan() {
+                return Err(format!(
+                    "invalid E2E processing latency percentile: {}",
+                    crate::config_file::go_float_v(*v)
+                ));
+            }
+        }
+        refuse_unsupported(&cli)?;
         let log_level = parse_level(&cli.log_level)
             .ok_or_else(|| format!("invalid log-level {}", cli.log_level))?;
         if cli.statsd_interval.is_zero() {
@@ -356,6 +495,9 @@ impl Config {
             max_bytes_per_file: cli.max_bytes_per_file.max(4096),
             retention_time: cli.retention_time,
             retention_bytes: cli.retention_bytes,
+            // Largest first from flags, file order from --config (as nsqd).
+            e2e_percentiles: cli.e2e_processing_latency_percentile.clone(),
+            e2e_window: cli.e2e_processing_latency_window_time,
         };
         Ok(Config {
             tcp_address: cli.tcp_address,
@@ -378,8 +520,74 @@ impl Config {
             statsd_udp_packet_size: cli.statsd_udp_packet_size,
             statsd_exclude_ephemeral: cli.statsd_exclude_ephemeral,
             lookupd_ping_interval: cli.lookupd_ping_interval,
+            options,
+            preflight_only: cli.preflight,
         })
     }
+}
+
+impl Config {
+    /// An option's resolved value by cfg name (as nsqd's `Options` holds it).
+    pub fn option(&self, cfg: &str) -> Option<&crate::config_file::GoValue> {
+        self.options.iter().find(|(n, _)| *n == cfg).map(|(_, v)| v)
+    }
+}
+
+/// nsqd.New's TLS and auth checks, with its messages: a client auth policy implies
+/// `--tls-required`; requiring TLS needs a certificate; the root CA file must hold a
+/// certificate; the auth request method is get or post (nsqd master).
+fn check_tls_and_auth(cli: &Cli) -> Result<(), String> {
+    let mut tls_required = cli.tls_required;
+    if !cli.tls_client_auth_policy.is_empty() && tls_required == TLS_NOT_REQUIRED {
+        tls_required = TLS_REQUIRED;
+    }
+    if cli.tls_cert.is_empty() && cli.tls_key.is_empty() && tls_required != TLS_NOT_REQUIRED {
+        return Err("cannot require TLS client connections without TLS key and cert".into());
+    }
+    if !cli.tls_root_ca_file.is_empty() {
+        let path = &cli.tls_root_ca_file;
+        let pem = std::fs::read(path).map_err(|e| {
+            let why = match e.kind() {
+                std::io::ErrorKind::NotFound => "no such file or directory".to_string(),
+                std::io::ErrorKind::PermissionDenied => "permission denied".to_string(),
+                _ => e.to_string(),
+            };
+            format!("failed to build client TLS config - open {path}: {why}")
+        })?;
+        if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+            return Err(
+                "failed to build client TLS config - failed to append certificate to pool".into(),
+            );
+        }
+    }
+    if cli.auth_http_request_method != "post" && cli.auth_http_request_method != "get" {
+        return Err("--auth-http-request-method must be post or get".into());
+    }
+    Ok(())
+}
+
+/// TLS and AUTH are not implemented: an operator who asked for them gets a start-up error,
+/// never a broker silently running without them. `--tls-root-ca-file` and
+/// `--tls-min-version` alone change nothing in nsqd without a certificate or an auth
+/// server, so they are accepted.
+fn refuse_unsupported(cli: &Cli) -> Result<(), String> {
+    if !cli.tls_cert.is_empty() || !cli.tls_key.is_empty() {
+        return Err(
+            "TLS is not supported by this broker yet: --tls-cert/--tls-key \
+                    (tls_cert/tls_key) are set; remove them to run without TLS, or keep nsqd \
+                    on this host"
+                .into(),
+        );
+    }
+    if !cli.auth_http_address.is_empty() {
+        return Err(
+            "AUTH is not supported by this broker yet: --auth-http-address \
+                    (auth_http_addresses) is set; remove it to run without authorization, or \
+                    keep nsqd on this host"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -279,6 +279,11 @@ async fn read_chunked(
 }
 
 async fn serve(server: Rc<Server>, stream: TcpStream) {
+    // The access log names the client as nsqd does (Go's `req.RemoteAddr`).
+    let remote = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "unknown".into());
     let stream = SharedStream::new(stream);
     stream.set_read_timeout(Some(Duration::from_secs(60)));
     stream.set_write_timeout(Some(Duration::from_secs(60)));
@@ -353,7 +358,7 @@ async fn serve(server: Rc<Server>, stream: TcpStream) {
             } else {
                 format!("?{}", head.query)
             },
-            "client",
+            remote,
             started.elapsed()
         );
         let close = resp.close || !head.keep_alive;
@@ -770,7 +775,7 @@ async fn do_stats(server: &Server, p: &Params) -> Response {
     if p.get("format") == Some("json") {
         Response::v1_json(stats_render::json(server, &req, &shards, include_mem))
     } else {
-        Response::v1_text(stats_render::text(server, &shards, include_mem))
+        Response::v1_text(stats_render::text(server, &req, &shards, include_mem))
     }
 }
 
@@ -780,11 +785,15 @@ static LOG_LEVEL: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new
 
 fn log_level_number(c: &crate::config::Config) -> u8 {
     match LOG_LEVEL.load(std::sync::atomic::Ordering::Relaxed) {
-        0 => match c.log_level {
-            log::LevelFilter::Debug | log::LevelFilter::Trace => 1,
-            log::LevelFilter::Info => 2,
-            log::LevelFilter::Warn => 3,
-            _ => 4,
+        // The level as given (flag or file): `fatal` is 5, though it logs as `error`.
+        0 => match c.option("log_level") {
+            Some(crate::config_file::GoValue::Int(n @ 1..=5)) => *n as u8,
+            _ => match c.log_level {
+                log::LevelFilter::Debug | log::LevelFilter::Trace => 1,
+                log::LevelFilter::Info => 2,
+                log::LevelFilter::Warn => 3,
+                _ => 4,
+            },
         },
         n => n,
     }
@@ -823,35 +832,25 @@ async fn do_config(server: &Server, head: &Head, body: &[u8]) -> Response {
             _ => return Response::v1_err(400, "INVALID_OPTION"),
         }
     }
-    let o = &server.shard.opts;
     let c = &server.cfg;
     let raw = |s: &str| Response::v1_text(s.as_bytes().to_vec());
+    // Options nsqd changes after start: PUT-able ones, the ports resolved from the
+    // listeners (nsqd.New) and the statsd prefix with `%s` replaced.
     let v: serde_json::Value = match opt {
         "nsqlookupd_tcp_addresses" => crate::lookup::peer_addresses_json(server),
-        "tcp_address" => return raw(&c.tcp_address),
-        "http_address" => return raw(&c.http_address),
-        "broadcast_address" => return raw(&c.broadcast_address),
-        "data_path" => return raw(&c.data_path),
-        "statsd_address" => return raw(&c.statsd_address),
-        "statsd_prefix" => return raw(&crate::statsd::server_prefix(server)),
-        "statsd_interval" => (c.statsd_interval.as_nanos() as u64).into(),
-        "statsd_mem_stats" => c.statsd_mem_stats.into(),
-        "statsd_udp_packet_size" => c.statsd_udp_packet_size.into(),
-        "statsd_exclude_ephemeral" => c.statsd_exclude_ephemeral.into(),
-        "mem_queue_size" => o.mem_queue_size.into(),
-        "max_msg_size" => o.max_msg_size.into(),
-        "max_body_size" => o.max_body_size.into(),
-        "max_rdy_count" => o.max_rdy_count.into(),
-        "max_output_buffer_size" => o.max_output_buffer_size.into(),
-        "max_channel_consumers" => o.max_channel_consumers.into(),
-        "msg_timeout" => (o.msg_timeout.as_nanos() as u64).into(),
-        "max_msg_timeout" => (o.max_msg_timeout.as_nanos() as u64).into(),
-        "max_req_timeout" => (o.max_req_timeout.as_nanos() as u64).into(),
-        "max_heartbeat_interval" => (o.max_heartbeat_interval.as_nanos() as u64).into(),
-        "output_buffer_timeout" => (o.output_buffer_timeout.as_nanos() as u64).into(),
-        "id" => o.node_id.into(),
         "log_level" => log_level_number(c).into(),
-        _ => return Response::v1_err(400, "INVALID_OPTION"),
+        "statsd_prefix" => return raw(&crate::statsd::server_prefix(server)),
+        "broadcast_tcp_port" if c.broadcast_tcp_port == 0 => server.tcp_port.into(),
+        "broadcast_http_port" if c.broadcast_http_port == 0 => server.http_port.into(),
+        _ => {
+            let Some(value) = c.option(opt) else {
+                return Response::v1_err(400, "INVALID_OPTION");
+            };
+            return match value.config_body() {
+                (true, text) => raw(&text),
+                (false, json) => Response::v1_json(json.into_bytes()),
+            };
+        }
     };
     Response::v1_json(v.to_string().into_bytes())
 }

@@ -7,11 +7,13 @@
 //! `nsq-shards` crate.
 
 pub mod config;
+pub mod config_file;
 pub mod http;
 pub mod logger;
 pub mod lookup;
 pub mod lookupd;
 pub mod metrics;
+pub mod preflight;
 pub mod protocol;
 pub mod runtime;
 pub mod server;

@@ -47,7 +47,11 @@ static PEER_GEN: AtomicU64 = AtomicU64::new(0);
 fn peer_config(server: &Server) -> PeerList {
     match &*PEER_CONFIG.lock().unwrap_or_else(|e| e.into_inner()) {
         Some(v) => v.clone(),
-        None => Some(server.cfg.lookupd_tcp_addresses.clone()),
+        // A config file's nil list stays `null` (nsqd: go-options coerceStringSlice).
+        None => match server.cfg.option("nsqlookupd_tcp_addresses") {
+            Some(crate::config_file::GoValue::StrList(None)) => None,
+            _ => Some(server.cfg.lookupd_tcp_addresses.clone()),
+        },
     }
 }
 

@@ -13,6 +13,7 @@ use glommio::net::TcpListener;
 use glommio::{LocalExecutorBuilder, Placement};
 use nsq_shards::mesh::{AdminOp, ShardMsg};
 use nsq_shards::Shard;
+use sd_notify::NotifyState;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::pin::pin;
 use std::rc::Rc;
@@ -96,28 +97,32 @@ pub fn allowed_cpus() -> Vec<usize> {
 }
 
 /// How long a bind that finds its address in use is retried before giving up.
-const BIND_RETRY: Duration = Duration::from_secs(2);
+pub(crate) const BIND_RETRY: Duration = Duration::from_secs(2);
 
-/// Binds `s` to `sa`, retrying for up to [`BIND_RETRY`] while the address is in use.
+/// Binds `s` to `sa`, retrying until `deadline` (normally [`BIND_RETRY`] from start-up)
+/// while the address is in use.
 ///
 /// After a `kill -9`, the dead process's listening socket can stay bound for tens of
 /// milliseconds while the kernel tears down its io_uring instances (pending accepts hold a
 /// reference to it), so a supervisor's immediate restart would otherwise fail. An address
 /// still taken after the retry fails with nsqd's message:
 /// `listen (ADDR) failed - Address already in use (os error 98)`.
-fn bind_retrying(s: &socket2::Socket, sa: &SocketAddr, addr: &str) -> Result<(), String> {
-    let started = Instant::now();
+fn bind_retrying(
+    s: &socket2::Socket,
+    sa: &SocketAddr,
+    addr: &str,
+    deadline: Instant,
+) -> Result<(), String> {
     let mut logged = false;
     loop {
         match s.bind(&(*sa).into()) {
             Ok(()) => return Ok(()),
-            Err(e)
-                if e.kind() == std::io::ErrorKind::AddrInUse && started.elapsed() < BIND_RETRY =>
-            {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
                 if !logged {
                     log::warn!(
-                        "listen ({addr}): address in use; retrying for up to {BIND_RETRY:?} \
-                         (a previous instance may still be releasing it)"
+                        "listen ({addr}): address in use; retrying for up to {:?} \
+                         (a previous instance may still be releasing it)",
+                        deadline.saturating_duration_since(Instant::now())
                     );
                     logged = true;
                 }
@@ -131,7 +136,10 @@ fn bind_retrying(s: &socket2::Socket, sa: &SocketAddr, addr: &str) -> Result<(),
 /// Binds and listens on `addr` exclusively, as nsqd does (an address in use is an error,
 /// even if its holder used SO_REUSEPORT). Every shard accepts on a duplicate of this one
 /// socket, so the kernel hands each connection to one idle shard.
-fn listen(addr: &str) -> Result<(SocketAddr, socket2::Socket), String> {
+pub(crate) fn listen(
+    addr: &str,
+    retry_until: Instant,
+) -> Result<(SocketAddr, socket2::Socket), String> {
     let sa = addr
         .to_socket_addrs()
         .map_err(|e| format!("invalid address {addr}: {e}"))?
@@ -145,7 +153,7 @@ fn listen(addr: &str) -> Result<(SocketAddr, socket2::Socket), String> {
     let s = socket2::Socket::new(domain, socket2::Type::STREAM, None).map_err(|e| e.to_string())?;
     // Go's listeners set SO_REUSEADDR (rebinding over TIME_WAIT), never SO_REUSEPORT.
     s.set_reuse_address(true).map_err(|e| e.to_string())?;
-    bind_retrying(&s, &sa, addr)?;
+    bind_retrying(&s, &sa, addr, retry_until)?;
     s.listen(1024)
         .map_err(|e| format!("listen ({addr}) failed - {e}"))?;
     // Non-blocking for good: glommio toggles O_NONBLOCK around its first accept attempt,
@@ -159,35 +167,53 @@ fn listen(addr: &str) -> Result<(SocketAddr, socket2::Socket), String> {
     Ok((local, s))
 }
 
-/// Runs the broker until SIGINT or SIGTERM, then shuts down gracefully.
-pub fn run(cfg: Config) -> Result<(), String> {
+/// Runs the broker until SIGINT or SIGTERM, then shuts down gracefully, on what the
+/// preflight checked and prepared (`crate::preflight::check`): the data path's lock, held
+/// until this returns, and the bound listeners.
+///
+/// Under systemd (`NOTIFY_SOCKET` set, `Type=notify`) it sends `READY=1` once every shard
+/// has recovered and accepts, and `STOPPING=1` when a shutdown starts (sd_notify(3)).
+pub fn run(cfg: Config, ready: crate::preflight::Ready) -> Result<(), String> {
     log::info!("nsqd v1.3.0 (rust, {} shards)", cfg.shards);
     log::info!("ID: {}", cfg.opts.node_id);
-    let data_path = cfg.opts.data_path.clone().unwrap_or_else(|| ".".into());
-    std::fs::create_dir_all(&data_path)
-        .map_err(|e| format!("failed to create data-path {} - {e}", data_path.display()))?;
-    // nsqd locks its data path so two daemons never share it.
-    let lock = std::fs::File::create(data_path.join(".nsqd.lock"))
-        .map_err(|e| format!("failed to lock data-path - {e}"))?;
-    lock.try_lock().map_err(|_| {
-        format!(
-            "failed to lock data-path: --data-path={} in use (possibly by another instance of nsqd)",
-            data_path.display()
-        )
-    })?;
-    let (tcp_addr, tcp_sock) = listen(&cfg.tcp_address)?;
-    let (http_addr, http_sock) = listen(&cfg.http_address)?;
+    for w in &ready.warnings {
+        log::warn!("{w}");
+    }
+    // nsqd locks its data path so two daemons never share it; the lock goes with `_lock`.
+    let crate::preflight::Ready {
+        lock: _lock,
+        tcp: (tcp_addr, tcp_sock),
+        http: (http_addr, http_sock),
+        ..
+    } = ready;
 
     let term = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, term.clone()).map_err(|e| e.to_string())?;
-    }
+    // SIGINT/SIGTERM: tell systemd the shutdown starts (STOPPING=1), then the shards.
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .map_err(|e| format!("cannot handle SIGINT/SIGTERM: {e}"))?;
+    let term_set = term.clone();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            for _ in signals.forever() {
+                if !term_set.load(Ordering::SeqCst) {
+                    if let Err(e) = sd_notify::notify(&[NotifyState::Stopping]) {
+                        log::warn!("sd_notify STOPPING=1 failed: {e}");
+                    }
+                }
+                term_set.store(true, Ordering::SeqCst);
+            }
+        })
+        .map_err(|e| format!("cannot start the signal thread: {e}"))?;
 
     let n = cfg.shards;
     let cpus = allowed_cpus();
     let mesh = (n > 1).then(|| MeshBuilder::<ShardMsg, _>::full(n, 4096));
     let cfg = Arc::new(cfg);
-    let (ready_tx, ready_rx) = mpsc::channel::<Result<usize, String>>();
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<usize, StartError>>();
     let recovery = Arc::new(RecoveryBarrier::new(n));
     let mut handles = Vec::new();
     for i in 0..n {
@@ -203,46 +229,71 @@ pub fn run(cfg: Config) -> Result<(), String> {
                 .map_err(|e| format!("failed to share the listening socket: {e}"))
         };
         let listeners = (dup(&tcp_sock)?, dup(&http_sock)?);
+        let guard = ExecutorGuard {
+            index: i,
+            ready: ready.clone(),
+            recovery: recovery.clone(),
+            armed: true,
+        };
         let h = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("shard-{i}"))
-            .spawn(move || async move {
-                let r = shard_main(
+            .spawn(move || {
+                let mut guard = guard;
+                guard.armed = false;
+                drop(guard);
+                shard_future(
                     i,
                     cpu,
                     cfg,
                     mesh,
                     (tcp_addr, http_addr),
                     listeners,
-                    ready.clone(),
+                    ready,
                     term,
-                    recovery.clone(),
+                    recovery,
                 )
-                .await;
-                if let Err(e) = r {
-                    recovery.fail();
-                    let _ = ready.send(Err(e));
-                }
             })
             .map_err(|e| format!("failed to start shard {i}: {e}"))?;
-        handles.push(h);
+        handles.push(Some(h));
     }
     drop(ready_tx);
+    let mut aborted = false;
     for _ in 0..n {
         match ready_rx.recv() {
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(e),
+            Ok(Err(StartError::Aborted)) => aborted = true,
+            Ok(Err(StartError::Shard(e))) => return Err(e),
+            Ok(Err(StartError::Executor(i))) => {
+                // The thread has ended (its closure was dropped uncalled): its join
+                // result is glommio's reason.
+                let why = match handles.get_mut(i).and_then(Option::take).map(|h| h.join()) {
+                    Some(Err(e)) => e.to_string(),
+                    _ => "unknown reason".into(),
+                };
+                return Err(format!(
+                    "shard {i} could not start its io_uring executor: {why}"
+                ));
+            }
             Err(_) => return Err("a shard failed to start".into()),
         }
+    }
+    if aborted {
+        return Err("a shard failed to start".into());
     }
     drop(tcp_sock);
     drop(http_sock);
     log::info!("TCP: listening on {tcp_addr}");
     log::info!("HTTP: listening on {http_addr}");
+    SERVING.store(true, Ordering::SeqCst);
+    // systemd Type=notify: `systemctl start` returns now, with every shard serving.
+    if let Err(e) = sd_notify::notify(&[NotifyState::Ready]) {
+        log::warn!("sd_notify READY=1 failed: {e}");
+    }
     // Shards exit on their own after SIGINT/SIGTERM; a watchdog makes sure a stuck
     // shard cannot keep the process alive (its data is crash-safe anyway).
     let (done_tx, done_rx) = mpsc::channel::<()>();
     std::thread::spawn(move || {
-        for h in handles {
+        for h in handles.into_iter().flatten() {
             let _ = h.join();
         }
         let _ = done_tx.send(());
@@ -265,6 +316,78 @@ pub fn run(cfg: Config) -> Result<(), String> {
     Ok(())
 }
 
+/// Why a shard did not report itself serving.
+enum StartError {
+    /// Its start-up failed (the message says why).
+    Shard(String),
+    /// Another shard failed, so this one stopped waiting at the recovery barrier.
+    Aborted,
+    /// glommio could not create the executor of this shard (its io_uring rings, its
+    /// locked memory): the thread ended without running the shard.
+    Executor(usize),
+}
+
+impl From<String> for StartError {
+    fn from(e: String) -> StartError {
+        StartError::Shard(e)
+    }
+}
+
+type ReadyTx = mpsc::Sender<Result<usize, StartError>>;
+
+/// Set once every shard serves; before that, a panic is a start-up failure (see main).
+pub static SERVING: AtomicBool = AtomicBool::new(false);
+
+/// Reports a shard whose executor never ran: glommio drops the closure given to
+/// `LocalExecutorBuilder::spawn` uncalled when it cannot build the executor, and the
+/// thread's error would otherwise reach nobody (the other shards keep waiting).
+struct ExecutorGuard {
+    index: usize,
+    ready: ReadyTx,
+    recovery: Arc<RecoveryBarrier>,
+    armed: bool,
+}
+
+impl Drop for ExecutorGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            self.recovery.fail();
+            let _ = self.ready.send(Err(StartError::Executor(self.index)));
+        }
+    }
+}
+
+/// One shard's whole life; its start-up errors go to the main thread through `ready`.
+#[allow(clippy::too_many_arguments)]
+async fn shard_future(
+    i: usize,
+    cpu: usize,
+    cfg: Arc<Config>,
+    mesh: Option<MeshBuilder<ShardMsg, glommio::channels::channel_mesh::Full>>,
+    addrs: (SocketAddr, SocketAddr),
+    listeners: (std::os::fd::OwnedFd, std::os::fd::OwnedFd),
+    ready: ReadyTx,
+    term: Arc<AtomicBool>,
+    recovery: Arc<RecoveryBarrier>,
+) {
+    let r = shard_main(
+        i,
+        cpu,
+        cfg,
+        mesh,
+        addrs,
+        listeners,
+        ready.clone(),
+        term,
+        recovery.clone(),
+    )
+    .await;
+    if let Err(e) = r {
+        recovery.fail();
+        let _ = ready.send(Err(e));
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn shard_main(
     index: usize,
@@ -273,10 +396,10 @@ async fn shard_main(
     mesh: Option<MeshBuilder<ShardMsg, glommio::channels::channel_mesh::Full>>,
     (tcp_addr, http_addr): (SocketAddr, SocketAddr),
     (tcp_fd, http_fd): (std::os::fd::OwnedFd, std::os::fd::OwnedFd),
-    ready: mpsc::Sender<Result<usize, String>>,
+    ready: ReadyTx,
     term: Arc<AtomicBool>,
     recovery: Arc<RecoveryBarrier>,
-) -> Result<(), String> {
+) -> Result<(), StartError> {
     let shard = Rc::new(Shard::new(index, cfg.shards, cpu, cfg.opts.clone()));
     *shard.me.borrow_mut() = Rc::downgrade(&shard);
     let mut senders = None;
@@ -300,10 +423,10 @@ async fn shard_main(
         let (s, r) = joined.map_err(|_| "mesh join failed".to_string())?;
         // glommio numbers mesh peers by executor id, which follows spawn order.
         if s.peer_id() != index {
-            return Err(format!(
+            return Err(StartError::Shard(format!(
                 "shard {index} joined the mesh as peer {}",
                 s.peer_id()
-            ));
+            )));
         }
         log::debug!("shard {index}: mesh joined");
         senders = Some(Rc::new(s));
@@ -334,7 +457,7 @@ async fn shard_main(
     // kernel's accept backlog meanwhile, and mesh messages (hand-offs, forwarded
     // publishes, stats requests) wait in their channels.
     if !recovery.arrive_and_wait().await {
-        return Err("a shard failed to start".into());
+        return Err(StartError::Aborted);
     }
     if let Some(mut r) = receivers {
         for (_peer, rx) in r.streams() {

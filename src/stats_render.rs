@@ -51,29 +51,38 @@ struct StatsDoc<'a> {
     shards: Vec<&'a ShardCounters>,
 }
 
-fn merged(shards: &[ShardStats]) -> (Vec<&TopicStats>, Vec<&ClientStats>) {
+/// Every shard's topics (by name) and producers. A `topic=` filter naming no topic gives
+/// no topics (`None`: JSON `null`) and no producers, as nsqd's GetStats returns early;
+/// a known topic without the `channel=` filter's channel gives `Some([])`.
+fn merged<'a>(
+    req: &StatsRequest,
+    shards: &'a [ShardStats],
+) -> (Option<Vec<&'a TopicStats>>, Vec<&'a ClientStats>) {
+    if !req.topic.is_empty() && !shards.iter().any(|s| s.topic_found) {
+        return (None, Vec::new());
+    }
     let mut topics: Vec<&TopicStats> = shards.iter().flat_map(|s| s.topics.iter()).collect();
     topics.sort_by(|a, b| a.topic_name.cmp(&b.topic_name));
     let producers = shards.iter().flat_map(|s| s.producers.iter()).collect();
-    (topics, producers)
+    (Some(topics), producers)
 }
 
-/// `/stats?format=json`. An unknown `topic=` filter gives `"topics":null` like nsqd;
-/// no producers gives `"producers":null`.
+/// `/stats?format=json`. An unknown `topic=` filter gives `"topics":null` (and
+/// `"producers":null`) like nsqd, a known topic without the `channel=` filter's channel
+/// `"topics":[]`; no producers gives `"producers":null`.
 pub fn json(
     server: &Server,
     req: &StatsRequest,
     shards: &[ShardStats],
     include_mem: bool,
 ) -> Vec<u8> {
-    let (topics, producers) = merged(shards);
+    let (topics, producers) = merged(req, shards);
     let health = health_text(shards);
-    let topic_exists = req.topic.is_empty() || !topics.is_empty();
     let doc = StatsDoc {
         version: VERSION,
         health: &health,
         start_time: server.cfg.start_time,
-        topics: topic_exists.then_some(topics),
+        topics,
         memory: include_mem.then(memory),
         producers: (!producers.is_empty()).then_some(producers),
         shards: shards.iter().map(|s| &s.counters).collect(),
@@ -120,9 +129,39 @@ fn client_line(c: &ClientStats) -> String {
     )
 }
 
+/// The `e2e%:` column: each percentile's value, `, `-separated (nsqd: quantile.Result
+/// String with stringy.NanoSecondToHuman: `1.2ms`, `850.0us`).
+fn e2e_text(e: &nsq_shards::stats::E2eLatency) -> String {
+    let human = |v: f64| {
+        let (v, unit) = if v > 1e9 {
+            (v / 1e9, "s")
+        } else if v > 1e6 {
+            (v / 1e6, "ms")
+        } else if v > 1e3 {
+            (v / 1e3, "us")
+        } else {
+            (v, "ns")
+        };
+        format!("{v:.1}{unit}")
+    };
+    let parts: Vec<String> = e
+        .percentiles
+        .iter()
+        .flatten()
+        .map(|p| human(p.value as f64))
+        .collect();
+    parts.join(", ")
+}
+
 /// `/stats` (text), laid out like nsqd's printStats, then a `Shards:` section.
-pub fn text(server: &Server, shards: &[ShardStats], include_mem: bool) -> Vec<u8> {
-    let (topics, producers) = merged(shards);
+pub fn text(
+    server: &Server,
+    req: &StatsRequest,
+    shards: &[ShardStats],
+    include_mem: bool,
+) -> Vec<u8> {
+    let (topics, producers) = merged(req, shards);
+    let topics = topics.unwrap_or_default();
     let mut w = String::new();
     let start = server.cfg.start_time;
     let uptime = std::time::Duration::from_nanos(
@@ -158,14 +197,18 @@ pub fn text(server: &Server, shards: &[ShardStats], include_mem: bool) -> Vec<u8
         let p = if t.paused { "*P " } else { "   " };
         let _ = writeln!(
             w,
-            "\n{p}[{:<15}] depth: {:<5} be-depth: {:<5} msgs: {:<8} e2e%: ",
-            t.topic_name, t.depth, t.backend_depth, t.message_count
+            "\n{p}[{:<15}] depth: {:<5} be-depth: {:<5} msgs: {:<8} e2e%: {}",
+            t.topic_name,
+            t.depth,
+            t.backend_depth,
+            t.message_count,
+            e2e_text(&t.e2e_processing_latency)
         );
         for c in &t.channels {
             let p = if c.paused { "   *P " } else { "      " };
             let _ = writeln!(
                 w,
-                "{p}[{:<25}] depth: {:<5} be-depth: {:<5} inflt: {:<4} def: {:<4} re-q: {:<5} timeout: {:<5} msgs: {:<8} e2e%: ",
+                "{p}[{:<25}] depth: {:<5} be-depth: {:<5} inflt: {:<4} def: {:<4} re-q: {:<5} timeout: {:<5} msgs: {:<8} e2e%: {}",
                 c.channel_name,
                 c.depth,
                 c.backend_depth,
@@ -173,7 +216,8 @@ pub fn text(server: &Server, shards: &[ShardStats], include_mem: bool) -> Vec<u8
                 c.deferred_count,
                 c.requeue_count,
                 c.timeout_count,
-                c.message_count
+                c.message_count,
+                e2e_text(&c.e2e_processing_latency)
             );
             for cl in c.clients.iter().flatten() {
                 let _ = writeln!(w, "        {}", client_line(cl));

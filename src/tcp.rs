@@ -125,6 +125,25 @@ impl SharedStream {
         futures::future::poll_fn(|cx| Pin::new(&mut *self.0.borrow_mut()).poll_read(cx, buf)).await
     }
 
+    /// Reads up to `max` bytes appended to `buf` without zero-filling the space first
+    /// (a memset of the whole read area per read cost about as much as the copy of the
+    /// data itself). Returns the bytes read; 0 at end of stream.
+    pub async fn read_append(&self, buf: &mut BytesMut, max: usize) -> io::Result<usize> {
+        buf.reserve(max);
+        let spare = &mut buf.spare_capacity_mut()[..max];
+        // SAFETY: the slice covers `max` bytes of `buf`'s allocated capacity. Its bytes
+        // may be uninitialised; the read only ever writes into it (glommio copies what
+        // recv returned, or the kernel writes it) and never reads it, and only the
+        // `n` bytes it reports as written become part of `buf` below.
+        let area: &mut [u8] =
+            unsafe { std::slice::from_raw_parts_mut(spare.as_mut_ptr().cast::<u8>(), max) };
+        let n = self.read(area).await?;
+        let n = n.min(max);
+        // SAFETY: the read initialised the first `n` bytes of the spare capacity.
+        unsafe { buf.set_len(buf.len() + n) };
+        Ok(n)
+    }
+
     pub async fn write_all(&self, mut data: &[u8]) -> io::Result<()> {
         use futures::io::AsyncWrite;
         while !data.is_empty() {
@@ -428,16 +447,14 @@ async fn reader_loop(
             return Outcome::Closed;
         }
         let old = buf.len();
-        // The read area is zeroed before each read, so its size follows the traffic:
-        // small for a trickle of commands, READ_CHUNK for a busy producer.
-        buf.resize(old + chunk, 0);
-        match stream.read(&mut buf[old..]).await {
+        // The read size follows the traffic: small for a trickle of commands (a buffer
+        // whose frames are still referenced cannot be reused, so each read may allocate),
+        // READ_CHUNK for a busy producer.
+        match stream.read_append(&mut buf, chunk).await {
             Ok(0) => {
-                buf.truncate(old);
                 eof = true;
             }
             Ok(n) => {
-                buf.truncate(old + n);
                 if let Some(d) = decoder.as_mut() {
                     let raw = buf.split_off(old);
                     let mut out = Vec::new();

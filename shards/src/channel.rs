@@ -3,9 +3,10 @@
 //! in_flight_pqueue.go, protocol_v2.go messagePump).
 
 use crate::client::{Client, ClientState};
-use crate::message::{Message, MessageId};
+use crate::message::{unix_nanos_from_instant, Message, MessageId};
 use crate::names::is_ephemeral;
 use crate::topic::{Log, Record};
+use nsq_storage::journal::EventKind;
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -126,6 +127,12 @@ pub struct Channel {
     /// The earliest instant this channel is registered at in its shard's timer queue
     /// (crate::timers), if any.
     timer_scheduled: Option<Instant>,
+    /// FIN latencies when `--e2e-processing-latency-percentile` is set (nsqd:
+    /// e2eProcessingLatencyStream); created by the shard on the first FIN.
+    pub e2e: Option<crate::quantile::Quantile>,
+    /// The topic's store, for journaling requeues, redeliveries and their FINs, so that
+    /// attempts and requeue delays survive a crash (durable channels only).
+    pub journal: Option<Rc<nsq_storage::TopicStore>>,
 }
 
 impl Channel {
@@ -152,6 +159,15 @@ impl Channel {
             disk_epoch: 0,
             skip: std::collections::BTreeSet::new(),
             timer_scheduled: None,
+            e2e: None,
+            journal: None,
+        }
+    }
+
+    /// Journals an event of this channel when it is durable.
+    fn journal(&self, kind: EventKind, msg: &Message, due_unix_ns: i64) {
+        if let Some(st) = &self.journal {
+            st.journal(kind, &self.name, msg.seq, msg.attempts, due_unix_ns);
         }
     }
 
@@ -366,6 +382,10 @@ impl Channel {
                 continue;
             }
             msg.attempts = msg.attempts.wrapping_add(1);
+            if msg.attempts >= 2 {
+                // A redelivery: its attempts must not go back after a crash.
+                self.journal(EventKind::Delivered, &msg, 0);
+            }
             client.in_flight.set(client.in_flight.get() + 1);
             client.message_count.set(client.message_count.get() + 1);
             client.buffer_message(&msg);
@@ -406,7 +426,14 @@ impl Channel {
 
     /// FIN: the message is done (nsqd FinishMessage).
     pub fn finish(&mut self, client: &Client, id: MessageId) -> Result<(), InFlightError> {
-        self.take_owned(client, id)?;
+        let f = self.take_owned(client, id)?;
+        if let Some(q) = self.e2e.as_mut() {
+            q.insert(crate::message::now_unix_nanos(), f.msg.timestamp);
+        }
+        if f.msg.attempts >= 2 {
+            // Only messages delivered more than once have journal events to close.
+            self.journal(EventKind::Finished, &f.msg, 0);
+        }
         client.in_flight.set((client.in_flight.get() - 1).max(0));
         client.finish_count.set(client.finish_count.get() + 1);
         self.compact_heap();
@@ -426,9 +453,12 @@ impl Channel {
         client.requeue_count.set(client.requeue_count.get() + 1);
         self.requeue_count += 1;
         if delay.is_zero() {
+            self.journal(EventKind::Requeued, &f.msg, 0);
             self.requeued.push_back(f.msg);
         } else {
-            self.defer(f.msg, now + delay);
+            let due = now + delay;
+            self.journal(EventKind::Requeued, &f.msg, unix_nanos_from_instant(due));
+            self.defer(f.msg, due);
         }
         self.compact_heap();
         Ok(())
@@ -540,6 +570,9 @@ impl Channel {
     /// consumers' in-flight counts.
     pub fn empty(&mut self, log: &Log) {
         self.cursor = log.pumped;
+        if let Some(st) = &self.journal {
+            st.journal(EventKind::Emptied, &self.name, self.cursor, 0, 0);
+        }
         self.skip.clear();
         self.clear_disk();
         self.requeued.clear();

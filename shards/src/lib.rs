@@ -12,6 +12,7 @@ pub mod message;
 pub mod names;
 pub mod options;
 pub mod persist;
+pub mod quantile;
 pub mod shard;
 pub mod signal;
 pub mod stats;

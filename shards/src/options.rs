@@ -52,6 +52,10 @@ pub struct Options {
     pub sync_timeout: Duration,
     /// `--max-bytes-per-file`: segment size before rotation.
     pub max_bytes_per_file: u64,
+    /// `--e2e-processing-latency-percentile` (empty: not tracked) and
+    /// `--e2e-processing-latency-window-time` (see [`crate::quantile`]).
+    pub e2e_percentiles: Vec<f64>,
+    pub e2e_window: Duration,
     /// `--retention-time` (beyond nsqd): consumed segments are kept until their newest
     /// record is older than this; zero = no time limit (see [`Options::retains`]).
     pub retention_time: Duration,
@@ -100,6 +104,8 @@ impl Default for Options {
             max_bytes_per_file: 104857600,
             retention_time: Duration::ZERO,
             retention_bytes: 0,
+            e2e_percentiles: Vec::new(),
+            e2e_window: Duration::from_secs(600),
         }
     }
 }

@@ -12,11 +12,16 @@ use crate::channel::Channel;
 use crate::message::{instant_from_unix_nanos, unix_nanos_from_instant, Message};
 use crate::shard::{owner_of, Shard};
 use crate::topic::{Record, Topic, STORE_DELAY};
+use nsq_storage::journal::{self, MessageState};
 use nsq_storage::meta::{self, ChannelMeta, PendingMessage, TopicMeta, META_VERSION};
 use std::cmp::Reverse;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::Instant;
+
+/// Records read per disk read when recovery brings back pending messages.
+const PENDING_READ: usize = 256;
 
 /// The metadata of a topic as it stands.
 pub fn topic_meta(t: &Topic) -> TopicMeta {
@@ -63,6 +68,7 @@ pub fn topic_meta(t: &Topic) -> TopicMeta {
         holes: t.log.holes.clone(),
         channels,
         next_seq: t.log.head,
+        journal_gen: 0,
     }
 }
 
@@ -107,8 +113,9 @@ impl Shard {
             }
             let started = Instant::now();
             match self.recover_topic(name, root.join(&dir_name)).await {
-                Ok((n, ch)) => log::info!(
-                    "TOPIC({name}): recovered {n} messages on disk, {ch} channels in {:?}",
+                Ok((n, ch, (sealed, scanned, bytes))) => log::info!(
+                    "TOPIC({name}): recovered {n} messages on disk, {ch} channels in {:?} \
+                     ({sealed} segments from their index, {scanned} scanned: {bytes} bytes)",
                     started.elapsed()
                 ),
                 Err(e) => log::error!("TOPIC({name}): recovery failed - {e}"),
@@ -116,7 +123,14 @@ impl Shard {
         }
     }
 
-    async fn recover_topic(&self, name: &str, dir: PathBuf) -> Result<(u64, usize), String> {
+    /// Recovers one topic: its store, `meta.json`, then the journal. Returns the messages
+    /// on disk, the channels, and (segments taken from their index, segments scanned,
+    /// bytes scanned).
+    async fn recover_topic(
+        &self,
+        name: &str,
+        dir: PathBuf,
+    ) -> Result<(u64, usize, (usize, usize, u64)), String> {
         let keep = self.opts.mem_queue_size.max(1) as usize;
         let rec = nsq_storage::TopicStore::open(dir.clone(), self.store_config(), keep).await?;
         let d2 = dir.clone();
@@ -130,6 +144,15 @@ impl Shard {
                 );
                 None
             });
+        let meta_gen = m.as_ref().map(|m| m.journal_gen).unwrap_or(0);
+        let d3 = dir.clone();
+        let events = glommio::executor()
+            .spawn_blocking(move || journal::read_blocking(&d3, meta_gen))
+            .await;
+        let n_events = events.len();
+        let mut folded = journal::fold(events);
+        rec.store.journal_recovered(meta_gen);
+        let segs = (rec.sealed_segments, rec.scanned_segments, rec.scanned_bytes);
         let mut t = Topic::new(name, self.opts.node_id);
         t.store_mode = self.store_mode();
         // The newest records may never have been written (finished first): continue
@@ -157,19 +180,61 @@ impl Shard {
                     if !crate::names::is_valid_channel_name(&c.name) {
                         continue;
                     }
-                    let mut ch = Channel::new(&c.name, c.cursor.clamp(first, head));
-                    ch.paused = c.paused;
-                    t.channels.insert(c.name.clone(), ch);
-                    for p in &c.pending {
-                        if p.seq < head && p.seq >= first {
-                            pending_all.push((c.name.clone(), p.clone()));
+                    let fold = folded.remove(&c.name).unwrap_or_default();
+                    let mut cursor = c.cursor;
+                    // The checkpoint's pending messages, then what the journal says
+                    // happened to them and to others since (nsqd keeps neither across
+                    // a crash).
+                    let mut states: BTreeMap<u64, MessageState> = BTreeMap::new();
+                    if let Some(to) = fold.emptied_to {
+                        cursor = cursor.max(to);
+                    } else {
+                        for p in &c.pending {
+                            states.insert(
+                                p.seq,
+                                MessageState::Pending {
+                                    attempts: p.attempts,
+                                    due_unix_ns: p.due_unix_ns,
+                                },
+                            );
                         }
                     }
+                    states.extend(fold.states);
+                    let mut ch = Channel::new(&c.name, cursor.clamp(first, head));
+                    ch.paused = c.paused;
+                    ch.journal = t.store.clone();
+                    for (seq, st) in states {
+                        if seq >= head || seq < first {
+                            continue;
+                        }
+                        match st {
+                            MessageState::Pending {
+                                attempts,
+                                due_unix_ns,
+                            } => pending_all.push((
+                                c.name.clone(),
+                                PendingMessage {
+                                    seq,
+                                    attempts,
+                                    due_unix_ns,
+                                },
+                            )),
+                            // Finished after the checkpoint: the cursor steps over it.
+                            MessageState::Finished if seq >= ch.cursor => {
+                                ch.skip.insert(seq);
+                            }
+                            MessageState::Finished => {}
+                        }
+                    }
+                    t.channels.insert(c.name.clone(), ch);
                 }
             }
             None => {
                 t.log.pumped = first;
             }
+        }
+        if n_events > 0 {
+            log::info!("TOPIC({name}): applied {n_events} journal events");
         }
         // Records written after the last checkpoint were pumped to the channels before
         // the restart if the topic had channels and was not paused: nsqd's pump would
@@ -177,10 +242,27 @@ impl Shard {
         if !t.paused && !t.channels.is_empty() {
             t.log.pumped = head;
         }
-        // Bring back the unfinished messages below each cursor, with attempts and due time.
+        // Bring back the unfinished messages below each cursor, with attempts and due time:
+        // from the memory tail, else from disk in windows of neighbouring records (pending
+        // messages cluster near the cursors), in sequence order.
+        pending_all.sort_by_key(|(_, p)| p.seq);
+        let mut window: BTreeMap<u64, Record> = BTreeMap::new();
         for (chn, p) in pending_all {
-            let recs = rec.store.read(p.seq, 1).await.unwrap_or_default();
-            let Some(r) = recs.into_iter().find(|r| r.seq == p.seq) else {
+            let mut found = t.log.get(p.seq).cloned();
+            if found.is_none() {
+                if !window.contains_key(&p.seq) {
+                    window = rec
+                        .store
+                        .read(p.seq, PENDING_READ)
+                        .await
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|r| (r.seq, Record::from_stored(r)))
+                        .collect();
+                }
+                found = window.get(&p.seq).cloned();
+            }
+            let Some(r) = found else {
                 // Expected when every channel finished it after the checkpoint and
                 // before it was due to be written (it was then never written).
                 log::debug!(
@@ -189,14 +271,13 @@ impl Shard {
                 );
                 continue;
             };
-            let r = Record::from_stored(r);
             let msg = Message {
                 attempts: p.attempts,
                 ..r.message()
             };
             if let Some(ch) = t.channels.get_mut(&chn) {
-                // A pending message at or above the cursor was deferred at publish time:
-                // the cursor must step over its record.
+                // A pending message at or above the cursor was deferred at publish time
+                // or journaled after the checkpoint: the cursor must step over its record.
                 if p.seq >= ch.cursor {
                     ch.skip.insert(p.seq);
                 }
@@ -221,7 +302,7 @@ impl Shard {
             self.schedule_timer(name, ch);
         }
         self.topics.borrow_mut().insert(name.to_string(), t);
-        Ok((count, nch))
+        Ok((count, nch, segs))
     }
 
     /// Writes the metadata of every durable topic whose metadata changed since it was
@@ -239,38 +320,54 @@ impl Shard {
         // Retention by time must run for idle topics too; otherwise a topic whose
         // metadata did not change has nothing to do.
         let retains = self.opts.retains();
-        type Work = (Rc<nsq_storage::TopicStore>, String, Option<TopicMeta>, u64);
+        type Work = (
+            Rc<nsq_storage::TopicStore>,
+            String,
+            Option<(TopicMeta, TopicMeta)>,
+            u64,
+        );
         let work: Vec<Work> = {
             let mut topics = self.topics.borrow_mut();
             topics
                 .values_mut()
                 .filter_map(|t| {
                     let st = t.store.clone()?;
-                    let m = topic_meta(t);
-                    let changed = t.written_meta.as_ref() != Some(&m);
+                    // `journal_gen` is 0 here; a new journal event also counts as a change.
+                    let mut m = topic_meta(t);
+                    let changed = t.written_meta.as_ref() != Some(&m) || st.journal_has_events();
                     if !changed && !retains {
                         return None;
                     }
                     t.dirty = false;
-                    Some((st, t.name.clone(), changed.then_some(m), t.low_watermark()))
+                    let written = m.clone();
+                    // Same synchronous step: the snapshot includes every event journaled
+                    // so far, and later events go to the next generation.
+                    m.journal_gen = st.journal_snapshot();
+                    Some((
+                        st,
+                        t.name.clone(),
+                        changed.then_some((m, written)),
+                        t.low_watermark(),
+                    ))
                 })
                 .collect()
         };
         for (st, name, m, low) in work {
             let res = match m {
-                Some(m) => {
+                Some((m, written)) => {
                     let dir = st.dir().to_path_buf();
-                    let written = m.clone();
+                    let gen = m.journal_gen;
                     glommio::executor()
                         .spawn_blocking(move || meta::write_blocking(&dir, &m))
                         .await
-                        .map(|()| Some(written))
+                        .map(|()| Some((gen, written)))
                 }
                 None => Ok(None),
             };
             match res {
                 Ok(None) => {}
-                Ok(Some(written)) => {
+                Ok(Some((gen, written))) => {
+                    st.journal_covered(gen).await;
                     let mut topics = self.topics.borrow_mut();
                     if let Some(t) = topics.get_mut(&name) {
                         if t.store.as_ref().is_some_and(|s| Rc::ptr_eq(s, &st)) {

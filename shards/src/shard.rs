@@ -500,7 +500,17 @@ impl Shard {
     }
 
     pub fn finish(&self, c: &Client, id: MessageId) -> Result<(), InFlightError> {
-        self.with_channel(c, |ch| ch.finish(c, id))
+        let opts = &self.opts;
+        self.with_channel(c, |ch| {
+            if ch.e2e.is_none() && !opts.e2e_percentiles.is_empty() {
+                ch.e2e = Some(crate::quantile::Quantile::new(
+                    opts.e2e_window,
+                    &opts.e2e_percentiles,
+                    crate::message::now_unix_nanos(),
+                ));
+            }
+            ch.finish(c, id)
+        })
     }
 
     pub fn requeue(&self, c: &Client, id: MessageId, delay: Duration) -> Result<(), InFlightError> {
@@ -794,6 +804,7 @@ impl Shard {
 
     /// This shard's part of /stats.
     pub fn stats(&self, req: &StatsRequest) -> ShardStats {
+        let now_ns = crate::message::now_unix_nanos();
         let health_error = self.health();
         let topics = self.topics.borrow();
         let mut names: Vec<&String> = topics.keys().collect();
@@ -858,7 +869,7 @@ impl Shard {
                     client_count: ch.clients.len(),
                     clients,
                     paused: ch.paused,
-                    e2e_processing_latency: E2eLatency::default(),
+                    e2e_processing_latency: channel_e2e(ch, &self.opts, now_ns),
                 });
             }
             if !req.channel.is_empty() && channels.is_empty() {
@@ -872,7 +883,7 @@ impl Shard {
                 message_count: t.message_count,
                 message_bytes: t.message_bytes,
                 paused: t.paused,
-                e2e_processing_latency: E2eLatency::default(),
+                e2e_processing_latency: topic_e2e(t, &self.opts, now_ns),
                 retained_oldest_timestamp: retains.then_some(t.retained.oldest_timestamp),
                 retained_messages: retains.then_some(t.retained.messages),
                 retained_bytes: retains.then_some(t.retained.bytes),
@@ -895,6 +906,7 @@ impl Shard {
             producers,
             counters,
             client_count,
+            topic_found: !req.topic.is_empty() && topics.contains_key(&req.topic),
         }
     }
 
@@ -986,4 +998,31 @@ pub fn client_stats(c: &Client, topic: &str) -> ClientStats {
         tls_negotiated_protocol: String::new(),
         tls_negotiated_protocol_is_mutual: false,
     }
+}
+
+/// A channel's `e2e_processing_latency` (nsqd: Channel stats, Quantile.Result): zeros
+/// for a channel with no FIN yet, `{"count":0,"percentiles":null}` when not configured.
+fn channel_e2e(ch: &crate::channel::Channel, opts: &Options, now: i64) -> E2eLatency {
+    if opts.e2e_percentiles.is_empty() {
+        return E2eLatency::default();
+    }
+    let mut q = ch.e2e.clone().unwrap_or_else(|| {
+        crate::quantile::Quantile::new(opts.e2e_window, &opts.e2e_percentiles, now)
+    });
+    E2eLatency::from_result(q.result(now))
+}
+
+/// A topic's `e2e_processing_latency`: its channels' streams merged (nsqd:
+/// AggregateChannelE2eProcessingLatency); none without channels.
+fn topic_e2e(t: &crate::topic::Topic, opts: &Options, now: i64) -> E2eLatency {
+    if opts.e2e_percentiles.is_empty() || t.channels.is_empty() {
+        return E2eLatency::default();
+    }
+    let mut agg = crate::quantile::Quantile::new(opts.e2e_window, &opts.e2e_percentiles, now);
+    for ch in t.channels.values() {
+        if let Some(q) = &ch.e2e {
+            agg.merge(q);
+        }
+    }
+    E2eLatency::from_result(agg.result(now))
 }

@@ -12,8 +12,37 @@ pub struct E2eLatency {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Percentile {
+    #[serde(serialize_with = "go_float")]
     pub quantile: f64,
+    /// ns (nsqd's float64 of an integer number of ns).
     pub value: i64,
+}
+
+/// encoding/json writes a whole float64 without a fraction (`1`, not `1.0`).
+fn go_float<S: serde::Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        s.serialize_i64(*v as i64)
+    } else {
+        s.serialize_f64(*v)
+    }
+}
+
+impl E2eLatency {
+    /// From a [`crate::quantile::Quantile`] result.
+    pub fn from_result((count, values): (u64, Vec<(f64, f64)>)) -> E2eLatency {
+        E2eLatency {
+            count,
+            percentiles: Some(
+                values
+                    .into_iter()
+                    .map(|(quantile, value)| Percentile {
+                        quantile,
+                        value: value as i64,
+                    })
+                    .collect(),
+            ),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -147,4 +176,8 @@ pub struct ShardStats {
     pub counters: ShardCounters,
     /// Every client on the shard (producers and consumers), for `client_count` checks.
     pub client_count: usize,
+    /// The request's `topic` filter names a topic of this shard (even when the `channel`
+    /// filter then leaves it out): nsqd answers `"topics":[]` then, `null` for an
+    /// unknown topic.
+    pub topic_found: bool,
 }

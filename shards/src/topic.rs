@@ -464,7 +464,10 @@ impl Topic {
         if self.channels.contains_key(name) {
             return false;
         }
-        let ch = Channel::new(name, self.log.pumped);
+        let mut ch = Channel::new(name, self.log.pumped);
+        if !ch.ephemeral {
+            ch.journal = self.store.clone();
+        }
         self.channels.insert(name.to_string(), ch);
         self.dirty = true;
         self.pump(mem_queue_size);

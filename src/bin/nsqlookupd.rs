@@ -1,5 +1,6 @@
 //! The `nsqlookupd` binary: flags, logging, then the TCP and HTTP servers until SIGINT or
-//! SIGTERM.
+//! SIGTERM. Under systemd (`NOTIFY_SOCKET`) it sends READY=1 once both listeners accept
+//! and STOPPING=1 on shutdown.
 
 use nsqd::lookupd::{config, NsqLookupd, VERSION};
 
@@ -45,7 +46,12 @@ fn main() {
         log::error!("{e}");
         std::process::exit(1);
     }
+    // systemd Type=notify (deploy/nsqlookupd.service): both listeners accept now.
+    if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
+        log::warn!("sd_notify READY=1 failed: {e}");
+    }
     let _ = signals.forever().next();
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     log::info!("TCP: closing {}", ctx.tcp_addr);
     log::info!("HTTP: closing {}", ctx.http_addr);
     std::process::exit(0);

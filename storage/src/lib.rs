@@ -1,16 +1,22 @@
 //! Durable storage for the thread-per-core nsqd: per-topic segment logs on io_uring
 //! (glommio DMA files) with CRC-framed records ([`record`], format version
-//! [`record::FORMAT_VERSION`]), group commit, recovery and retention ([`store`]), and
-//! atomically written metadata ([`meta`]).
+//! [`record::FORMAT_VERSION`]), side indexes of sealed segments ([`index`]), group
+//! commit, recovery and retention ([`store`]), a delivery journal of attempts and
+//! requeues between checkpoints ([`journal`]), and atomically written metadata
+//! ([`meta`]).
 //!
 //! Layout under `--data-path`:
 //! ```text
 //! <data-path>/topics/t-<topic>/<base sequence, 20 digits>.seg   segment files
+//! <data-path>/topics/t-<topic>/<base sequence, 20 digits>.idx   index of a sealed segment
+//! <data-path>/topics/t-<topic>/journal-<generation, 20 digits>.log  delivery journal
 //! <data-path>/topics/t-<topic>/meta.json                          topic metadata
 //! ```
 //! Data is laid out by topic name, not by shard, so a restart with another `--shards`
 //! finds everything.
 
+pub mod index;
+pub mod journal;
 pub mod meta;
 pub mod record;
 pub mod store;

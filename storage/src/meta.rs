@@ -45,6 +45,11 @@ pub struct TopicMeta {
     /// their sequences. 0 in metadata written before this field existed.
     #[serde(default)]
     pub next_seq: u64,
+    /// The last journal generation whose events this metadata includes; recovery
+    /// replays only newer ones ([`crate::journal`]). 0 in metadata written before the
+    /// journal existed.
+    #[serde(default)]
+    pub journal_gen: u64,
 }
 
 fn meta_path(dir: &Path) -> PathBuf {
@@ -104,6 +109,7 @@ mod tests {
                 }],
             }],
             next_seq: 0,
+            journal_gen: 4,
         };
         write_blocking(d.path(), &m).unwrap();
         assert_eq!(read_blocking(d.path()), Ok(Some(m)));

@@ -171,3 +171,255 @@ fn corrupt_and_torn_records_are_skipped() {
         r.store.close().await;
     });
 }
+
+fn files_with(dir: &std::path::Path, ext: &str) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().ends_with(ext))
+        .collect();
+    v.sort();
+    v
+}
+
+fn gap_rec(seq: u64) -> StoredRecord {
+    StoredRecord {
+        seq,
+        timestamp: 7,
+        defer_until: 0,
+        id: seq,
+        attempts: 0,
+        body: Bytes::from(format!("gap-{seq}-{}", "y".repeat(60))),
+    }
+}
+
+#[test]
+fn sealed_segments_recover_from_their_index_with_gaps_and_corruption_found_at_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-sealed");
+    let p2 = path.clone();
+    // Sequences with gaps (as when records every channel finished are never written).
+    let seqs: Vec<u64> = (0..1500u64).map(|i| i * 3 + (i % 2)).collect();
+    let s2 = seqs.clone();
+    run(move || async move {
+        let s = TopicStore::open(p2, cfg(16 * 1024, 100), 0)
+            .await
+            .unwrap()
+            .store;
+        for &q in &s2 {
+            s.append(&gap_rec(q));
+        }
+        s.wait_durable(s2[s2.len() - 1] + 1).await.unwrap();
+        s.close().await;
+    });
+    let segs = files_with(&path, ".seg");
+    let idxs = files_with(&path, ".idx");
+    assert!(segs.len() > 3, "rotation happened");
+    assert_eq!(
+        segs.len(),
+        idxs.len(),
+        "every segment sealed (rotation and close)"
+    );
+    // Corrupt a record in the middle of the first (sealed) segment.
+    let mut first = std::fs::read(&segs[0]).unwrap();
+    let mid = first.len() / 2;
+    first[mid] ^= 0x5a;
+    std::fs::write(&segs[0], &first).unwrap();
+    let p3 = path.clone();
+    let s3 = seqs.clone();
+    run(move || async move {
+        let r = TopicStore::open(p3.clone(), cfg(16 * 1024, 100), 50)
+            .await
+            .unwrap();
+        assert_eq!(r.scanned_segments, 0, "nothing re-scanned");
+        assert_eq!(r.sealed_segments, segs.len());
+        assert_eq!(r.next_seq, s3[s3.len() - 1] + 1);
+        assert_eq!(r.first_seq, 0);
+        let tail: Vec<u64> = r.tail.iter().map(|r| r.seq).collect();
+        assert!(!tail.is_empty() && tail.len() <= 50);
+        assert_eq!(
+            &s3[s3.len() - tail.len()..],
+            &tail[..],
+            "tail is the newest records"
+        );
+        // Reading skips exactly the corrupt record and returns every other one.
+        let all: Vec<u64> = r
+            .store
+            .read(0, 5000)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.seq)
+            .collect();
+        assert_eq!(all.len(), s3.len() - 1, "one corrupt record skipped");
+        assert!(all.iter().all(|q| s3.contains(q)));
+        let mid: Vec<u64> = r
+            .store
+            .read(s3[700], 3)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.seq)
+            .collect();
+        assert_eq!(mid, s3[700..703].to_vec());
+        // New writes continue after the last sequence, in a new segment.
+        r.store.append(&gap_rec(r.next_seq + 5));
+        r.store.wait_durable(r.next_seq + 6).await.unwrap();
+        r.store.close().await;
+    });
+}
+
+#[test]
+fn a_segment_left_open_by_a_crash_is_scanned_once_then_sealed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-crash");
+    let p2 = path.clone();
+    run(move || async move {
+        let s = TopicStore::open(p2, cfg(1 << 30, 1), 0)
+            .await
+            .unwrap()
+            .store;
+        for i in 0..300u64 {
+            s.append(&rec(i));
+        }
+        s.wait_durable(300).await.unwrap();
+        // No close: the executor ends as if the process was killed.
+    });
+    assert!(files_with(&path, ".idx").is_empty());
+    for round in 0..2 {
+        let p3 = path.clone();
+        run(move || async move {
+            let r = TopicStore::open(p3, cfg(1 << 30, 1), 10).await.unwrap();
+            assert_eq!(r.next_seq, 300);
+            assert_eq!(r.tail.len(), 10);
+            assert_eq!(r.tail.back().unwrap(), &rec(299));
+            assert_eq!(
+                r.scanned_segments,
+                if round == 0 { 1 } else { 0 },
+                "round {round}"
+            );
+            // Give the background seal time to finish, then crash again.
+            glommio::timer::sleep(Duration::from_millis(200)).await;
+        });
+    }
+    // A segment whose size no longer matches its index is scanned again.
+    let seg = files_with(&path, ".seg").remove(0);
+    let data = std::fs::read(&seg).unwrap();
+    let mut off = 32usize;
+    let mut last = off;
+    while off + 4 <= data.len() {
+        let len = u32::from_be_bytes(data[off..off + 4].try_into().unwrap()) as usize;
+        if len == 0 {
+            break;
+        }
+        last = off;
+        off += 8 + len;
+    }
+    std::fs::write(&seg, &data[..last + 10]).unwrap();
+    let p4 = path.clone();
+    run(move || async move {
+        let r = TopicStore::open(p4, cfg(1 << 30, 1), 1000).await.unwrap();
+        assert_eq!(r.scanned_segments, 1);
+        assert_eq!(r.next_seq, 299, "torn last record dropped");
+        assert_eq!(r.tail.len(), 299);
+    });
+}
+
+#[test]
+fn journal_events_are_written_synced_and_dropped_once_covered() {
+    use nsq_storage::journal::{self, EventKind, MessageState};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-j");
+    let p2 = path.clone();
+    run(move || async move {
+        let s = TopicStore::open(p2.clone(), cfg(1 << 30, 1), 0)
+            .await
+            .unwrap()
+            .store;
+        s.append(&rec(0));
+        s.journal(EventKind::Requeued, "c", 0, 3, 12345);
+        s.wait_durable(1).await.unwrap();
+        glommio::timer::sleep(Duration::from_millis(20)).await;
+        // Written (and synced) without a close: a crash keeps it.
+        let evs = journal::read_blocking(&p2, 0);
+        assert_eq!(evs.len(), 1);
+        let f = journal::fold(evs);
+        assert_eq!(
+            f["c"].states[&0],
+            MessageState::Pending {
+                attempts: 3,
+                due_unix_ns: 12345
+            }
+        );
+        // A checkpoint covers generation 1; later events go to generation 2.
+        let g = s.journal_snapshot();
+        s.journal(EventKind::Finished, "c", 0, 4, 0);
+        s.journal_covered(g).await;
+        glommio::timer::sleep(Duration::from_millis(50)).await;
+        let evs = journal::read_blocking(&p2, g);
+        assert_eq!(evs.len(), 1);
+        assert_eq!(evs[0].kind, EventKind::Finished);
+        assert!(
+            !journal::path(&p2, g).exists(),
+            "covered generation deleted"
+        );
+        s.close().await;
+    });
+}
+
+#[test]
+fn after_a_crash_only_what_follows_the_open_segments_last_checkpoint_is_scanned() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-partial");
+    let p2 = path.clone();
+    run(move || async move {
+        let s = TopicStore::open(p2, cfg(1 << 30, 1), 0)
+            .await
+            .unwrap()
+            .store;
+        for i in 0..2000u64 {
+            s.append(&rec(i));
+        }
+        s.wait_durable(2000).await.unwrap();
+        // A sync after --sync-timeout (50 ms here) writes the open segment's partial index.
+        glommio::timer::sleep(Duration::from_millis(80)).await;
+        s.append(&rec(2000));
+        s.wait_durable(2001).await.unwrap();
+        glommio::timer::sleep(Duration::from_millis(30)).await;
+        for i in 2001..2100u64 {
+            s.append(&rec(i));
+        }
+        s.wait_durable(2100).await.unwrap();
+        // No close: a crash.
+    });
+    assert_eq!(files_with(&path, ".pidx").len(), 1, "partial index written");
+    let seg_len = std::fs::metadata(files_with(&path, ".seg").remove(0))
+        .unwrap()
+        .len();
+    let p3 = path.clone();
+    run(move || async move {
+        let r = TopicStore::open(p3, cfg(1 << 30, 1), 10).await.unwrap();
+        assert_eq!(r.next_seq, 2100);
+        assert_eq!(r.scanned_segments, 1);
+        assert!(
+            r.scanned_bytes < seg_len / 4,
+            "scanned {} of {seg_len} bytes",
+            r.scanned_bytes
+        );
+        let tail: Vec<u64> = r.tail.iter().map(|r| r.seq).collect();
+        assert_eq!(tail, (2090..2100).collect::<Vec<_>>());
+        let all = r.store.read(0, 5000).await.unwrap();
+        assert_eq!(all.len(), 2100);
+        for (i, got) in all.iter().enumerate() {
+            assert_eq!(got, &rec(i as u64));
+        }
+        glommio::timer::sleep(Duration::from_millis(200)).await;
+        r.store.close().await;
+    });
+    assert_eq!(files_with(&path, ".idx").len(), 1, "sealed after recovery");
+    assert!(
+        files_with(&path, ".pidx").is_empty(),
+        "partial index removed"
+    );
+}

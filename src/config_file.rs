@@ -1,0 +1,996 @@
+//! `--config FILE`: nsqd's TOML config file, resolved the way nsqd resolves it, and the
+//! table of nsqd's option names that `GET /config/<name>` answers from.
+//!
+//! nsqd (apps/nsqd/main.go) decodes the file into a `map[string]interface{}` with
+//! BurntSushi/toml, runs `config.Validate` (tls_required, tls_min_version, log_level) and
+//! then mreiferson/go-options v1.0.0 `Resolve`, which walks nsqd's `Options` struct in field
+//! order and takes, for each field: the command-line flag if it was given, else the file's
+//! value under the field's cfg name, else the default. This module follows that source:
+//!
+//! * unknown keys (and tables) are ignored;
+//! * a value of another type is coerced as go-options does: a string is parsed (integers
+//!   in base 10, Go durations, Go bools), an integer duration is **milliseconds**, an
+//!   integer bool is `n == 0` (go-options' inverted test: `snappy = 0` enables snappy), a
+//!   non-string value for a string option is Go's `%s` of it (`%!s(int64=5)`), a string for
+//!   a list is split on `,`, and any other value for a list gives an empty (`null`) list;
+//! * a value that cannot be coerced is fatal with go-options' message
+//!   (`Resolve failed to coerce value abc (10000) for field MemQueueSize - strconv.ParseInt:
+//!   parsing "abc": invalid syntax`), printed through Go's plain `log` (no prefix);
+//! * a list element of the wrong type makes nsqd panic; here it is a fatal error naming the
+//!   key instead.
+
+use crate::config::{go_duration_string, parse_go_bool, Cli};
+use clap::parser::ValueSource;
+use clap::ArgMatches;
+use std::time::Duration;
+
+/// An option's value as nsqd's `Options` holds it, for `/config` and go-options' messages.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GoValue {
+    Int(i64),
+    Bool(bool),
+    /// A `time.Duration`, ns.
+    Dur(i64),
+    Str(String),
+    /// `None` is a nil slice (JSON `null`).
+    StrList(Option<Vec<String>>),
+    FloatList(Option<Vec<f64>>),
+}
+
+impl GoValue {
+    /// The body `GET /config/<name>` answers: a string raw, anything else as JSON
+    /// (durations in ns). Returns (is_raw_string, body).
+    pub fn config_body(&self) -> (bool, String) {
+        match self {
+            GoValue::Str(s) => (true, s.clone()),
+            GoValue::Int(n) | GoValue::Dur(n) => (false, n.to_string()),
+            GoValue::Bool(b) => (false, b.to_string()),
+            GoValue::StrList(None) | GoValue::FloatList(None) => (false, "null".into()),
+            GoValue::StrList(Some(v)) => (false, serde_json::json!(v).to_string()),
+            GoValue::FloatList(Some(v)) => {
+                let items: Vec<String> = v.iter().map(|f| go_float_json(*f)).collect();
+                (false, format!("[{}]", items.join(",")))
+            }
+        }
+    }
+
+    /// Go's `%v` of the value (`1m0s`, `[a b]`).
+    pub fn go_v(&self) -> String {
+        match self {
+            GoValue::Int(n) => n.to_string(),
+            GoValue::Bool(b) => b.to_string(),
+            GoValue::Dur(ns) => {
+                let s = go_duration_string(Duration::from_nanos(ns.unsigned_abs()));
+                if *ns < 0 {
+                    format!("-{s}")
+                } else {
+                    s
+                }
+            }
+            GoValue::Str(s) => s.clone(),
+            GoValue::StrList(v) => format!("[{}]", v.clone().unwrap_or_default().join(" ")),
+            GoValue::FloatList(v) => {
+                let items: Vec<String> = v.iter().flatten().map(|f| go_float_v(*f)).collect();
+                format!("[{}]", items.join(" "))
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Go number and duration text
+// ---------------------------------------------------------------------------------------
+
+/// (negative, shortest round-trip digits, decimal exponent of the first digit).
+fn float_digits(f: f64) -> (bool, String, i32) {
+    let e = format!("{:e}", f.abs());
+    let (mant, exp) = e.split_once('e').unwrap_or((&e, "0"));
+    (
+        f.is_sign_negative() && f != 0.0,
+        mant.replace('.', ""),
+        exp.parse().unwrap_or(0),
+    )
+}
+
+fn fixed(digits: &str, exp: i32) -> String {
+    let n = digits.len() as i32;
+    if exp < 0 {
+        format!("0.{}{}", "0".repeat((-exp - 1) as usize), digits)
+    } else if exp + 1 >= n {
+        format!("{}{}", digits, "0".repeat((exp + 1 - n) as usize))
+    } else {
+        format!(
+            "{}.{}",
+            &digits[..(exp + 1) as usize],
+            &digits[(exp + 1) as usize..]
+        )
+    }
+}
+
+fn sci(digits: &str, exp: i32, min_exp_digits: usize) -> String {
+    let mant = if digits.len() > 1 {
+        format!("{}.{}", &digits[..1], &digits[1..])
+    } else {
+        digits.to_string()
+    };
+    let sign = if exp < 0 { '-' } else { '+' };
+    format!(
+        "{mant}e{sign}{:0w$}",
+        exp.unsigned_abs(),
+        w = min_exp_digits
+    )
+}
+
+/// Go's `%v` of a float64 (`strconv.FormatFloat(f, 'g', -1, 64)`: `1.5`, `1`, `1e+21`,
+/// `1e-05`).
+pub fn go_float_v(f: f64) -> String {
+    if !f.is_finite() {
+        return if f.is_nan() {
+            "NaN".into()
+        } else if f > 0.0 {
+            "+Inf".into()
+        } else {
+            "-Inf".into()
+        };
+    }
+    let (neg, digits, exp) = float_digits(f);
+    let body = if f == 0.0 {
+        "0".into()
+    } else if !(-4..21).contains(&exp) {
+        sci(&digits, exp, 2)
+    } else {
+        fixed(&digits, exp)
+    };
+    if neg {
+        format!("-{body}")
+    } else {
+        body
+    }
+}
+
+/// encoding/json's float64: fixed notation, exponent form below 1e-6 or from 1e21
+/// (`1e-7`, `1e+21`).
+pub fn go_float_json(f: f64) -> String {
+    if !f.is_finite() || f == 0.0 {
+        return "0".into();
+    }
+    let (neg, digits, exp) = float_digits(f);
+    let a = f.abs();
+    let body = if !(1e-6..1e21).contains(&a) {
+        sci(&digits, exp, 1)
+    } else {
+        fixed(&digits, exp)
+    };
+    if neg {
+        format!("-{body}")
+    } else {
+        body
+    }
+}
+
+/// Go's `strconv.Quote` for the ASCII text our messages carry.
+fn go_quote(s: &str) -> String {
+    format!("{s:?}")
+}
+
+/// Go's `time.ParseDuration`, with its error texts (`time: missing unit in duration
+/// "60"`). Returns ns.
+pub fn parse_go_duration(orig: &str) -> Result<i64, String> {
+    let invalid = || format!("time: invalid duration {}", go_quote(orig));
+    let mut s = orig;
+    let mut neg = false;
+    if let Some(c) = s.chars().next() {
+        if c == '-' || c == '+' {
+            neg = c == '-';
+            s = &s[1..];
+        }
+    }
+    if s == "0" {
+        return Ok(0);
+    }
+    if s.is_empty() {
+        return Err(invalid());
+    }
+    let mut total: f64 = 0.0;
+    while !s.is_empty() {
+        // [digits][.digits], at least one digit (Go: leadingInt, leadingFraction).
+        let int_len = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let mut num_len = int_len;
+        if s[int_len..].starts_with('.') {
+            let frac = &s[int_len + 1..];
+            num_len += 1 + frac
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(frac.len());
+        }
+        let num = &s[..num_len];
+        if num.is_empty() || num == "." {
+            return Err(invalid());
+        }
+        let v: f64 = num.parse().map_err(|_| invalid())?;
+        s = &s[num_len..];
+        let unit_len = s
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(s.len());
+        if unit_len == 0 {
+            return Err(format!("time: missing unit in duration {}", go_quote(orig)));
+        }
+        let unit = &s[..unit_len];
+        let scale = match unit {
+            "ns" => 1.0,
+            "us" | "\u{b5}s" | "\u{3bc}s" => 1e3,
+            "ms" => 1e6,
+            "s" => 1e9,
+            "m" => 60e9,
+            "h" => 3600e9,
+            _ => {
+                return Err(format!(
+                    "time: unknown unit {} in duration {}",
+                    go_quote(unit),
+                    go_quote(orig)
+                ))
+            }
+        };
+        total += v * scale;
+        if total > i64::MAX as f64 {
+            return Err(invalid());
+        }
+        s = &s[unit_len..];
+    }
+    let ns = total.round() as i64;
+    Ok(if neg { -ns } else { ns })
+}
+
+fn go_parse_int(s: &str) -> Result<i64, String> {
+    s.parse::<i64>().map_err(|_| {
+        let digits = s.strip_prefix(['+', '-']).unwrap_or(s);
+        let why = if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+            "value out of range"
+        } else {
+            "invalid syntax"
+        };
+        format!("strconv.ParseInt: parsing {}: {why}", go_quote(s))
+    })
+}
+
+fn go_parse_float(s: &str) -> Result<f64, String> {
+    s.parse::<f64>().map_err(|_| {
+        format!(
+            "strconv.ParseFloat: parsing {}: invalid syntax",
+            go_quote(s)
+        )
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// TOML values as Go sees them (BurntSushi/toml into interface{})
+// ---------------------------------------------------------------------------------------
+
+/// Go's `%T` of the decoded value.
+fn go_type(v: &toml::Value) -> &'static str {
+    match v {
+        toml::Value::String(_) => "string",
+        toml::Value::Integer(_) => "int64",
+        toml::Value::Float(_) => "float64",
+        toml::Value::Boolean(_) => "bool",
+        toml::Value::Datetime(_) => "time.Time",
+        toml::Value::Array(_) => "[]interface {}",
+        toml::Value::Table(_) => "map[string]interface {}",
+    }
+}
+
+/// Go's `%v` (`verb_s` false) or `%s` (true) of the decoded value.
+fn go_fmt(v: &toml::Value, verb_s: bool) -> String {
+    let bad = |t: &str, x: String| {
+        if verb_s {
+            format!("%!s({t}={x})")
+        } else {
+            x
+        }
+    };
+    match v {
+        toml::Value::String(s) => s.clone(),
+        toml::Value::Integer(n) => bad("int64", n.to_string()),
+        toml::Value::Float(f) => bad("float64", go_float_v(*f)),
+        toml::Value::Boolean(b) => bad("bool", b.to_string()),
+        toml::Value::Datetime(d) => d.to_string(),
+        toml::Value::Array(a) => {
+            let items: Vec<String> = a.iter().map(|x| go_fmt(x, verb_s)).collect();
+            format!("[{}]", items.join(" "))
+        }
+        toml::Value::Table(t) => {
+            let items: Vec<String> = t
+                .iter()
+                .map(|(k, x)| format!("{k}:{}", go_fmt(x, verb_s)))
+                .collect();
+            format!("map[{}]", items.join(" "))
+        }
+    }
+}
+
+/// The Go type of an nsqd option, which decides how a file value is coerced.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Kind {
+    Int,
+    Bool,
+    Duration,
+    Str,
+    StrList,
+    FloatList,
+}
+
+/// Why a value could not be coerced: go-options' error, or a case where nsqd panics.
+enum CoerceError {
+    Go(String),
+    Panic(String),
+}
+
+/// go-options' `coerce` of a decoded value into `kind`.
+fn coerce(kind: Kind, v: &toml::Value) -> Result<GoValue, CoerceError> {
+    use toml::Value as T;
+    let wrong = |what: &str| CoerceError::Go(format!("invalid {what} value type {}", go_type(v)));
+    Ok(match kind {
+        Kind::Int => match v {
+            T::String(s) => GoValue::Int(go_parse_int(s).map_err(CoerceError::Go)?),
+            T::Integer(n) => GoValue::Int(*n),
+            _ => return Err(wrong("int64")),
+        },
+        Kind::Bool => match v {
+            T::Boolean(b) => GoValue::Bool(*b),
+            T::String(s) => GoValue::Bool(parse_go_bool(s).map_err(|_| {
+                CoerceError::Go(format!(
+                    "strconv.ParseBool: parsing {}: invalid syntax",
+                    go_quote(s)
+                ))
+            })?),
+            // go-options v1.0.0 coerceBool: `reflect.ValueOf(v).Int() == 0`.
+            T::Integer(n) => GoValue::Bool(*n == 0),
+            _ => return Err(wrong("bool")),
+        },
+        Kind::Duration => match v {
+            T::String(s) => GoValue::Dur(parse_go_duration(s).map_err(CoerceError::Go)?),
+            // go-options: "treat like ms".
+            T::Integer(n) => GoValue::Dur(n.saturating_mul(1_000_000)),
+            _ => return Err(wrong("time.Duration")),
+        },
+        Kind::Str => GoValue::Str(go_fmt(v, true)),
+        Kind::StrList => match v {
+            T::String(s) => GoValue::StrList(Some(s.split(',').map(String::from).collect())),
+            T::Array(a) => {
+                let mut out = Vec::with_capacity(a.len());
+                for x in a {
+                    match x {
+                        T::String(s) => out.push(s.clone()),
+                        _ => {
+                            return Err(CoerceError::Panic(format!(
+                                "interface conversion: interface {{}} is {}, not string",
+                                go_type(x)
+                            )))
+                        }
+                    }
+                }
+                GoValue::StrList((!out.is_empty()).then_some(out))
+            }
+            _ => GoValue::StrList(None),
+        },
+        Kind::FloatList => match v {
+            T::String(s) => {
+                let mut out = Vec::new();
+                for part in s.split(',') {
+                    out.push(go_parse_float(part.trim()).map_err(CoerceError::Go)?);
+                }
+                GoValue::FloatList(Some(out))
+            }
+            T::Array(a) => {
+                let mut out = Vec::with_capacity(a.len());
+                for x in a {
+                    match x {
+                        T::Float(f) => out.push(*f),
+                        _ => {
+                            return Err(CoerceError::Panic(format!(
+                                "interface conversion: interface {{}} is {}, not float64",
+                                go_type(x)
+                            )))
+                        }
+                    }
+                }
+                GoValue::FloatList((!out.is_empty()).then_some(out))
+            }
+            _ => GoValue::FloatList(None),
+        },
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// The option table
+// ---------------------------------------------------------------------------------------
+
+/// Converts between a `Cli` field and nsqd's Go value.
+trait GoField: Sized {
+    fn to_go(&self) -> GoValue;
+    fn from_go(v: GoValue) -> Result<Self, String>;
+}
+
+fn out_of_range<T>(n: i64, lo: i128, hi: i128) -> Result<T, String> {
+    Err(format!(
+        "value {n} out of range [{lo},{hi}] for this broker"
+    ))
+}
+
+macro_rules! int_field {
+    ($($t:ty),*) => {$(
+        impl GoField for $t {
+            fn to_go(&self) -> GoValue {
+                GoValue::Int(*self as i64)
+            }
+            fn from_go(v: GoValue) -> Result<Self, String> {
+                match v {
+                    GoValue::Int(n) => <$t>::try_from(n)
+                        .or_else(|_| out_of_range(n, <$t>::MIN as i128, <$t>::MAX as i128)),
+                    other => Err(format!("unexpected value {other:?}")),
+                }
+            }
+        }
+    )*};
+}
+int_field!(u8, u16, i64, u64, usize);
+
+impl GoField for bool {
+    fn to_go(&self) -> GoValue {
+        GoValue::Bool(*self)
+    }
+    fn from_go(v: GoValue) -> Result<Self, String> {
+        match v {
+            GoValue::Bool(b) => Ok(b),
+            other => Err(format!("unexpected value {other:?}")),
+        }
+    }
+}
+
+impl GoField for Duration {
+    fn to_go(&self) -> GoValue {
+        GoValue::Dur(self.as_nanos().min(i64::MAX as u128) as i64)
+    }
+    fn from_go(v: GoValue) -> Result<Self, String> {
+        match v {
+            GoValue::Dur(ns) if ns >= 0 => Ok(Duration::from_nanos(ns as u64)),
+            GoValue::Dur(_) => Err("negative durations are not supported".into()),
+            other => Err(format!("unexpected value {other:?}")),
+        }
+    }
+}
+
+impl GoField for String {
+    fn to_go(&self) -> GoValue {
+        GoValue::Str(self.clone())
+    }
+    fn from_go(v: GoValue) -> Result<Self, String> {
+        match v {
+            GoValue::Str(s) => Ok(s),
+            other => Err(format!("unexpected value {other:?}")),
+        }
+    }
+}
+
+impl GoField for Vec<String> {
+    fn to_go(&self) -> GoValue {
+        GoValue::StrList(Some(self.clone()))
+    }
+    fn from_go(v: GoValue) -> Result<Self, String> {
+        match v {
+            GoValue::StrList(l) => Ok(l.unwrap_or_default()),
+            other => Err(format!("unexpected value {other:?}")),
+        }
+    }
+}
+
+impl GoField for Vec<f64> {
+    fn to_go(&self) -> GoValue {
+        GoValue::FloatList(Some(self.clone()))
+    }
+    fn from_go(v: GoValue) -> Result<Self, String> {
+        match v {
+            GoValue::FloatList(l) => Ok(l.unwrap_or_default()),
+            other => Err(format!("unexpected value {other:?}")),
+        }
+    }
+}
+
+/// One nsqd option: its cfg name (TOML key and `/config/<name>`), the `Cli` field (clap id)
+/// of its flag, nsqd's `Options` field name (go-options' messages) and its Go type.
+pub struct OptSpec {
+    pub cfg: &'static str,
+    pub arg: &'static str,
+    pub go_field: &'static str,
+    pub kind: Kind,
+    /// The current value, as nsqd's `Options` would hold it.
+    pub get: fn(&Cli) -> GoValue,
+    set: fn(&mut Cli, GoValue) -> Result<(), String>,
+}
+
+macro_rules! opt {
+    ($cfg:literal, $field:ident, $go:literal, $kind:ident) => {
+        OptSpec {
+            cfg: $cfg,
+            arg: stringify!($field),
+            go_field: $go,
+            kind: Kind::$kind,
+            get: |c| GoField::to_go(&c.$field),
+            set: |c, v| {
+                c.$field = GoField::from_go(v)?;
+                Ok(())
+            },
+        }
+    };
+}
+
+fn level_number(name: &str) -> i64 {
+    match name.to_ascii_lowercase().as_str() {
+        "debug" => 1,
+        "info" => 2,
+        "warn" => 3,
+        "error" => 4,
+        "fatal" => 5,
+        _ => 0,
+    }
+}
+
+/// nsqd 1.3.0's options in `Options` struct order (nsqd/options.go; go-options resolves,
+/// and so fails, in this order), then nsqd master's `auth_http_request_method`, then this
+/// broker's own (`shards`). The queue-scan options have no effect here (see README).
+pub static OPTIONS: &[OptSpec] = &[
+    OptSpec {
+        cfg: "id",
+        arg: "node_id",
+        go_field: "ID",
+        kind: Kind::Int,
+        get: |c| {
+            GoValue::Int(
+                c.node_id
+                    .unwrap_or_else(|| crate::config::default_node_id() as i64),
+            )
+        },
+        set: |c, v| {
+            c.node_id = Some(GoField::from_go(v)?);
+            Ok(())
+        },
+    },
+    OptSpec {
+        cfg: "log_level",
+        arg: "log_level",
+        go_field: "LogLevel",
+        kind: Kind::Int,
+        get: |c| GoValue::Int(level_number(&c.log_level)),
+        set: |c, v| {
+            let names = ["debug", "info", "warn", "error", "fatal"];
+            match v {
+                GoValue::Int(n @ 1..=5) => {
+                    c.log_level = names[n as usize - 1].to_string();
+                    Ok(())
+                }
+                other => Err(format!("invalid log level {}", other.go_v())),
+            }
+        },
+    },
+    opt!("log_prefix", log_prefix, "LogPrefix", Str),
+    opt!("tcp_address", tcp_address, "TCPAddress", Str),
+    opt!("http_address", http_address, "HTTPAddress", Str),
+    opt!("https_address", https_address, "HTTPSAddress", Str),
+    OptSpec {
+        cfg: "broadcast_address",
+        arg: "broadcast_address",
+        go_field: "BroadcastAddress",
+        kind: Kind::Str,
+        get: |c| {
+            GoValue::Str(
+                c.broadcast_address
+                    .clone()
+                    .unwrap_or_else(crate::config::hostname),
+            )
+        },
+        set: |c, v| {
+            c.broadcast_address = Some(GoField::from_go(v)?);
+            Ok(())
+        },
+    },
+    opt!(
+        "broadcast_tcp_port",
+        broadcast_tcp_port,
+        "BroadcastTCPPort",
+        Int
+    ),
+    opt!(
+        "broadcast_http_port",
+        broadcast_http_port,
+        "BroadcastHTTPPort",
+        Int
+    ),
+    opt!(
+        "nsqlookupd_tcp_addresses",
+        lookupd_tcp_address,
+        "NSQLookupdTCPAddresses",
+        StrList
+    ),
+    opt!(
+        "auth_http_addresses",
+        auth_http_address,
+        "AuthHTTPAddresses",
+        StrList
+    ),
+    opt!(
+        "http_client_connect_timeout",
+        http_client_connect_timeout,
+        "HTTPClientConnectTimeout",
+        Duration
+    ),
+    opt!(
+        "http_client_request_timeout",
+        http_client_request_timeout,
+        "HTTPClientRequestTimeout",
+        Duration
+    ),
+    opt!("data_path", data_path, "DataPath", Str),
+    opt!("mem_queue_size", mem_queue_size, "MemQueueSize", Int),
+    opt!(
+        "max_bytes_per_file",
+        max_bytes_per_file,
+        "MaxBytesPerFile",
+        Int
+    ),
+    opt!("sync_every", sync_every, "SyncEvery", Int),
+    opt!("sync_timeout", sync_timeout, "SyncTimeout", Duration),
+    opt!(
+        "queue_scan_selection_count",
+        queue_scan_selection_count,
+        "QueueScanSelectionCount",
+        Int
+    ),
+    opt!(
+        "queue_scan_worker_pool_max",
+        queue_scan_worker_pool_max,
+        "QueueScanWorkerPoolMax",
+        Int
+    ),
+    opt!("msg_timeout", msg_timeout, "MsgTimeout", Duration),
+    opt!(
+        "max_msg_timeout",
+        max_msg_timeout,
+        "MaxMsgTimeout",
+        Duration
+    ),
+    opt!("max_msg_size", max_msg_size, "MaxMsgSize", Int),
+    opt!("max_body_size", max_body_size, "MaxBodySize", Int),
+    opt!(
+        "max_req_timeout",
+        max_req_timeout,
+        "MaxReqTimeout",
+        Duration
+    ),
+    opt!(
+        "max_heartbeat_interval",
+        max_heartbeat_interval,
+        "MaxHeartbeatInterval",
+        Duration
+    ),
+    opt!("max_rdy_count", max_rdy_count, "MaxRdyCount", Int),
+    opt!(
+        "max_output_buffer_size",
+        max_output_buffer_size,
+        "MaxOutputBufferSize",
+        Int
+    ),
+    opt!(
+        "max_output_buffer_timeout",
+        max_output_buffer_timeout,
+        "MaxOutputBufferTimeout",
+        Duration
+    ),
+    opt!(
+        "min_output_buffer_timeout",
+        min_output_buffer_timeout,
+        "MinOutputBufferTimeout",
+        Duration
+    ),
+    opt!(
+        "output_buffer_timeout",
+        output_buffer_timeout,
+        "OutputBufferTimeout",
+        Duration
+    ),
+    opt!(
+        "max_channel_consumers",
+        max_channel_consumers,
+        "MaxChannelConsumers",
+        Int
+    ),
+    opt!("statsd_address", statsd_address, "StatsdAddress", Str),
+    opt!("statsd_prefix", statsd_prefix, "StatsdPrefix", Str),
+    opt!(
+        "statsd_interval",
+        statsd_interval,
+        "StatsdInterval",
+        Duration
+    ),
+    opt!("statsd_mem_stats", statsd_mem_stats, "StatsdMemStats", Bool),
+    opt!(
+        "statsd_udp_packet_size",
+        statsd_udp_packet_size,
+        "StatsdUDPPacketSize",
+        Int
+    ),
+    opt!(
+        "statsd_exclude_ephemeral",
+        statsd_exclude_ephemeral,
+        "StatsdExcludeEphemeral",
+        Bool
+    ),
+    opt!(
+        "e2e_processing_latency_window_time",
+        e2e_processing_latency_window_time,
+        "E2EProcessingLatencyWindowTime",
+        Duration
+    ),
+    opt!(
+        "e2e_processing_latency_percentiles",
+        e2e_processing_latency_percentile,
+        "E2EProcessingLatencyPercentiles",
+        FloatList
+    ),
+    opt!("tls_cert", tls_cert, "TLSCert", Str),
+    opt!("tls_key", tls_key, "TLSKey", Str),
+    opt!(
+        "tls_client_auth_policy",
+        tls_client_auth_policy,
+        "TLSClientAuthPolicy",
+        Str
+    ),
+    opt!("tls_root_ca_file", tls_root_ca_file, "TLSRootCAFile", Str),
+    opt!("tls_required", tls_required, "TLSRequired", Int),
+    opt!("tls_min_version", tls_min_version, "TLSMinVersion", Int),
+    opt!("deflate", deflate, "DeflateEnabled", Bool),
+    opt!(
+        "max_deflate_level",
+        max_deflate_level,
+        "MaxDeflateLevel",
+        Int
+    ),
+    opt!("snappy", snappy, "SnappyEnabled", Bool),
+    // nsqd master.
+    opt!(
+        "auth_http_request_method",
+        auth_http_request_method,
+        "AuthHTTPRequestMethod",
+        Str
+    ),
+    // This broker's own options (nsqd ignores these keys as unknown).
+    opt!("retention_time", retention_time, "RetentionTime", Duration),
+    opt!("retention_bytes", retention_bytes, "RetentionBytes", Int),
+    OptSpec {
+        cfg: "shards",
+        arg: "shards",
+        go_field: "Shards",
+        kind: Kind::Int,
+        get: |c| GoValue::Int(c.shards.unwrap_or_else(crate::config::default_shards) as i64),
+        set: |c, v| {
+            c.shards = Some(GoField::from_go(v)?);
+            Ok(())
+        },
+    },
+];
+
+/// The option with this cfg name.
+pub fn spec(cfg: &str) -> Option<&'static OptSpec> {
+    OPTIONS.iter().find(|o| o.cfg == cfg)
+}
+
+/// Every option's value after resolution, by cfg name: what `GET /config/<name>` shows
+/// for options that do not change at run time. A list the file set to a nil slice stays
+/// `null`, as in nsqd.
+pub fn resolved(cli: &Cli) -> Vec<(&'static str, GoValue)> {
+    OPTIONS
+        .iter()
+        .map(|o| {
+            let v = if cli.go_nil_lists.contains(&o.cfg) {
+                match o.kind {
+                    Kind::FloatList => GoValue::FloatList(None),
+                    _ => GoValue::StrList(None),
+                }
+            } else {
+                (o.get)(cli)
+            };
+            (o.cfg, v)
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// Loading
+// ---------------------------------------------------------------------------------------
+
+/// A start-up failure while reading the config file, in the form nsqd prints it.
+#[derive(Debug, PartialEq)]
+pub enum LoadError {
+    /// nsqd's `logFatal` (`[nsqd] <date time.µs> FATAL: <msg>`).
+    Fatal(String),
+    /// go-options' `log.Fatalf` through Go's default logger (`<date time> ERROR: <msg>`).
+    Resolve(String),
+}
+
+impl LoadError {
+    /// The stderr line nsqd prints for it.
+    pub fn line(&self) -> String {
+        let stamp = crate::timefmt::log_stamp(nsq_shards::message::now_unix_nanos());
+        match self {
+            LoadError::Fatal(m) => format!("[nsqd] {stamp} FATAL: {m}"),
+            LoadError::Resolve(m) => format!("{} ERROR: {m}", &stamp[..19.min(stamp.len())]),
+        }
+    }
+}
+
+/// nsqd's `config.Validate`: tls_required, tls_min_version and log_level are translated
+/// (from Go's `%v` of the value) before resolution; a bad one is fatal.
+fn validate(table: &mut toml::Table) -> Result<(), LoadError> {
+    if let Some(v) = table.get("tls_required") {
+        let text = go_fmt(v, false);
+        let n = crate::config::parse_tls_required(&text)
+            .map_err(|_| LoadError::Fatal(format!("failed parsing tls_required {text}")))?;
+        table.insert("tls_required".into(), toml::Value::String(n.to_string()));
+    }
+    if let Some(v) = table.get("tls_min_version") {
+        let text = go_fmt(v, false);
+        let n = crate::config::parse_tls_min_version(&text)
+            .map_err(|_| LoadError::Fatal(format!("failed parsing tls_min_version {text}")))?;
+        if text.is_empty() {
+            table.remove("tls_min_version");
+        } else {
+            table.insert("tls_min_version".into(), toml::Value::String(n.to_string()));
+        }
+    }
+    if let Some(v) = table.get("log_level") {
+        let text = go_fmt(v, false);
+        let n = level_number(&text);
+        if n == 0 {
+            return Err(LoadError::Fatal(format!("failed parsing log_level {text}")));
+        }
+        table.insert("log_level".into(), toml::Value::Integer(n));
+    }
+    Ok(())
+}
+
+/// Reads `cli.config` (when set) and applies its values to every option whose flag was
+/// not given on the command line (`matches` tells which were).
+pub fn apply(cli: &mut Cli, matches: &ArgMatches) -> Result<(), LoadError> {
+    if cli.config.is_empty() {
+        return Ok(());
+    }
+    let path = cli.config.clone();
+    let fail = |e: String| LoadError::Fatal(format!("failed to load config file {path} - {e}"));
+    let text = std::fs::read_to_string(&path).map_err(|e| fail(e.to_string()))?;
+    let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        // BurntSushi's form: `toml: line N: <what>`.
+        let line = e
+            .span()
+            .map(|r| text[..r.start.min(text.len())].matches('\n').count() + 1)
+            .unwrap_or(1);
+        fail(format!("toml: line {line}: {}", e.message().trim()))
+    })?;
+    validate(&mut table)?;
+    apply_table(cli, matches, &table, &path)
+}
+
+fn apply_table(
+    cli: &mut Cli,
+    matches: &ArgMatches,
+    table: &toml::Table,
+    path: &str,
+) -> Result<(), LoadError> {
+    for o in OPTIONS {
+        if matches.value_source(o.arg) == Some(ValueSource::CommandLine) {
+            continue;
+        }
+        let Some(v) = table.get(o.cfg) else { continue };
+        let current = (o.get)(cli).go_v();
+        let resolve_err = |why: String| {
+            LoadError::Resolve(format!(
+                "Resolve failed to coerce value {} ({current}) for field {} - {why}",
+                go_fmt(v, false),
+                o.go_field
+            ))
+        };
+        let value = match coerce(o.kind, v) {
+            Ok(x) => x,
+            Err(CoerceError::Go(why)) => return Err(resolve_err(why)),
+            Err(CoerceError::Panic(why)) => {
+                return Err(LoadError::Fatal(format!(
+                    "failed to load config file {path} - {}: {why}",
+                    o.cfg
+                )))
+            }
+        };
+        if matches!(value, GoValue::StrList(None) | GoValue::FloatList(None)) {
+            cli.go_nil_lists.push(o.cfg);
+        } else {
+            cli.go_nil_lists.retain(|c| *c != o.cfg);
+        }
+        (o.set)(cli, value).map_err(resolve_err)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_floats() {
+        assert_eq!(go_float_v(1.5), "1.5");
+        assert_eq!(go_float_v(1.0), "1");
+        assert_eq!(go_float_v(0.99), "0.99");
+        assert_eq!(go_float_v(1e21), "1e+21");
+        assert_eq!(go_float_v(0.00001), "1e-05");
+        assert_eq!(go_float_v(123456.0), "123456");
+        assert_eq!(go_float_json(0.99), "0.99");
+        assert_eq!(go_float_json(1.0), "1");
+        assert_eq!(go_float_json(1e-7), "1e-7");
+    }
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(parse_go_duration("60s"), Ok(60_000_000_000));
+        assert_eq!(parse_go_duration("1h30m"), Ok(5_400_000_000_000));
+        assert_eq!(parse_go_duration("1.5ms"), Ok(1_500_000));
+        assert_eq!(parse_go_duration("0"), Ok(0));
+        assert_eq!(parse_go_duration("-2s"), Ok(-2_000_000_000));
+        assert_eq!(
+            parse_go_duration("60"),
+            Err("time: missing unit in duration \"60\"".into())
+        );
+        assert_eq!(
+            parse_go_duration("5x"),
+            Err("time: unknown unit \"x\" in duration \"5x\"".into())
+        );
+        assert_eq!(
+            parse_go_duration("abc"),
+            Err("time: invalid duration \"abc\"".into())
+        );
+        assert_eq!(
+            parse_go_duration("1.5.5s"),
+            Err("time: missing unit in duration \"1.5.5s\"".into())
+        );
+        assert_eq!(
+            parse_go_duration(""),
+            Err("time: invalid duration \"\"".into())
+        );
+    }
+
+    #[test]
+    fn go_coercions() {
+        let t: toml::Table = "a = 5\nb = 1.5\nc = true\nd = [\"x\", 2]\ne = \"s\""
+            .parse()
+            .unwrap();
+        assert_eq!(go_fmt(&t["a"], true), "%!s(int64=5)");
+        assert_eq!(go_fmt(&t["b"], true), "%!s(float64=1.5)");
+        assert_eq!(go_fmt(&t["c"], true), "%!s(bool=true)");
+        assert_eq!(go_fmt(&t["d"], true), "[x %!s(int64=2)]");
+        assert_eq!(go_fmt(&t["d"], false), "[x 2]");
+        assert!(matches!(
+            coerce(Kind::Bool, &t["a"]),
+            Ok(GoValue::Bool(false))
+        ));
+        assert!(matches!(
+            coerce(Kind::Duration, &t["a"]),
+            Ok(GoValue::Dur(5_000_000))
+        ));
+        assert!(matches!(
+            coerce(Kind::StrList, &t["a"]),
+            Ok(GoValue::StrList(None))
+        ));
+        assert!(matches!(
+            coerce(Kind::StrList, &t["d"]),
+            Err(CoerceError::Panic(_))
+        ));
+        match coerce(Kind::Int, &t["b"]) {
+            Err(CoerceError::Go(m)) => assert_eq!(m, "invalid int64 value type float64"),
+            _ => panic!("float for an int"),
+        }
+    }
+}

@@ -1,0 +1,520 @@
+//! Preflight: what the runtime needs from the host, checked before any shard starts.
+//!
+//! glommio reports a host it cannot run on with a panic ("Failed to register a probe ...")
+//! or an error that reaches the user as "a shard failed to start". Instead, every check
+//! here runs, and each problem becomes one line saying what is wrong, the value found and
+//! how to fix it; `main` prints them and exits 1. Checks:
+//! - io_uring: a raw `io_uring_setup` (seccomp filters and `kernel.io_uring_disabled`
+//!   answer EPERM, kernels without io_uring ENOSYS) and the opcode probe glommio needs
+//!   (Linux >= 5.8);
+//! - `RLIMIT_MEMLOCK` against what the shards register with io_uring (see
+//!   [`MEMLOCK_PER_SHARD`]);
+//! - the CPUs this process may use against `--shards` (a warning: more shards than CPUs
+//!   works, slower);
+//! - the data path: a directory, writable, not locked by another broker (its lock is
+//!   taken here and kept for the life of the process, nsqd: dirlock);
+//! - the TCP and HTTP addresses: bound here, exclusively, and handed to the runtime.
+
+use crate::config::Config;
+use std::fmt::Write as _;
+use std::fs::File;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// glommio's I/O memory per executor (glommio 0.9 `DEFAULT_IO_MEMORY`, 10 MiB), which the
+/// runtime leaves at its default.
+const IO_MEMORY: u64 = 10 << 20;
+
+/// Rings per executor that register the I/O memory: main, latency and poll (glommio 0.9
+/// `Reactor::new`). The kernel charges each registration separately to the user's
+/// locked memory (io_uring/rsrc.c `io_account_mem`; only pages already registered in the
+/// same ring are shared).
+const RINGS_PER_SHARD: u64 = 3;
+
+/// Bytes of locked memory one shard registers: 30 MiB.
+pub const MEMLOCK_PER_SHARD: u64 = IO_MEMORY * RINGS_PER_SHARD;
+
+/// Below this `RLIMIT_MEMLOCK`, glommio refuses to create an executor at all (glommio 0.9
+/// `Reactor::new`, `MIN_MEMLOCK_LIMIT`: 512 KiB).
+pub const GLOMMIO_MIN_MEMLOCK: u64 = 512 * 1024;
+
+/// io_uring opcodes glommio 0.9 requires (`GLOMMIO_URING_OPS`), as (number, name).
+const REQUIRED_OPS: &[(u8, &str)] = &[
+    (0, "NOP"),
+    (1, "READV"),
+    (2, "WRITEV"),
+    (3, "FSYNC"),
+    (4, "READ_FIXED"),
+    (5, "WRITE_FIXED"),
+    (6, "POLL_ADD"),
+    (7, "POLL_REMOVE"),
+    (9, "SENDMSG"),
+    (10, "RECVMSG"),
+    (11, "TIMEOUT"),
+    (12, "TIMEOUT_REMOVE"),
+    (13, "ACCEPT"),
+    (15, "LINK_TIMEOUT"),
+    (16, "CONNECT"),
+    (17, "FALLOCATE"),
+    (18, "OPENAT"),
+    (19, "CLOSE"),
+    (21, "STATX"),
+    (22, "READ"),
+    (23, "WRITE"),
+    (26, "SEND"),
+    (27, "RECV"),
+];
+
+/// What a successful preflight hands to the runtime: the data path's lock (held until the
+/// process exits) and the two listening sockets.
+pub struct Ready {
+    pub data_path: PathBuf,
+    pub lock: File,
+    pub tcp: (SocketAddr, socket2::Socket),
+    pub http: (SocketAddr, socket2::Socket),
+    /// Conditions the broker runs with but should not (logged as warnings).
+    pub warnings: Vec<String>,
+}
+
+/// A failed preflight: one line per problem (what, the value found, the fix), and the
+/// warnings found on the way.
+pub struct Failed {
+    pub problems: Vec<String>,
+    pub warnings: Vec<String>,
+}
+
+/// Runs every check; nothing here panics.
+pub fn check(cfg: &Config) -> Result<Ready, Failed> {
+    let mut problems = Vec::new();
+    let mut warnings = Vec::new();
+    if let Err(e) = io_uring() {
+        problems.push(e);
+    }
+    match memlock(cfg.shards) {
+        Ok(Some(w)) => warnings.push(w),
+        Ok(None) => {}
+        Err(e) => problems.push(e),
+    }
+    if let Some(w) = cpus(cfg.shards) {
+        warnings.push(w);
+    }
+    let data_path = cfg
+        .opts
+        .data_path
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("."));
+    let lock = data_dir(&data_path).map_err(|e| problems.push(e)).ok();
+    // An address in use is retried for a while (a previous instance may still be
+    // releasing it), both addresses within the same window; not when another broker
+    // holds the data path, which then holds the addresses too.
+    let retry_until = if lock.is_some() {
+        Instant::now() + crate::runtime::BIND_RETRY
+    } else {
+        Instant::now()
+    };
+    let tcp =
+        listener(&cfg.tcp_address, "--tcp-address", retry_until).map_err(|e| problems.push(e));
+    let http =
+        listener(&cfg.http_address, "--http-address", retry_until).map_err(|e| problems.push(e));
+    match (lock, tcp, http) {
+        (Some(lock), Ok(tcp), Ok(http)) if problems.is_empty() => Ok(Ready {
+            data_path,
+            lock,
+            tcp,
+            http,
+            warnings,
+        }),
+        _ => Err(Failed { problems, warnings }),
+    }
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// `io_uring_params` (include/uapi/linux/io_uring.h): 120 bytes, all zero on input
+/// except what the kernel fills in.
+#[repr(C, align(8))]
+struct IoUringParams([u32; 30]);
+
+/// `io_uring_probe` with room for 256 `io_uring_probe_op`s (8 bytes each: op, resv,
+/// flags u16, resv2 u32) after its 16-byte header (last_op, ops_len, resv, resv2[3]).
+#[repr(C, align(8))]
+struct IoUringProbe([u8; 16 + 256 * 8]);
+
+const IORING_REGISTER_PROBE: libc::c_long = 8;
+const IO_URING_OP_SUPPORTED: u8 = 1;
+
+/// Creates and closes a 2-entry ring, then asks it which opcodes the kernel supports.
+fn io_uring() -> Result<(), String> {
+    let mut params = IoUringParams([0; 30]);
+    // SAFETY: io_uring_setup(2) reads and writes exactly one io_uring_params, which
+    // `params` is (zeroed, correctly sized and aligned) and outlives the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_io_uring_setup,
+            2 as libc::c_long,
+            &mut params as *mut IoUringParams,
+        )
+    };
+    if fd < 0 {
+        return Err(io_uring_unavailable(errno()));
+    }
+    let fd = fd as libc::c_int;
+    let mut probe = IoUringProbe([0; 16 + 256 * 8]);
+    // SAFETY: `fd` is the ring just created; IORING_REGISTER_PROBE writes at most
+    // 16 + nr_args * 8 bytes into `probe`, which has room for nr_args = 256.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_io_uring_register,
+            fd as libc::c_long,
+            IORING_REGISTER_PROBE,
+            probe.0.as_mut_ptr(),
+            256 as libc::c_long,
+        )
+    };
+    let probe_errno = errno();
+    // SAFETY: `fd` is owned here and closed once.
+    unsafe { libc::close(fd) };
+    let release = kernel_release();
+    if r < 0 {
+        return Err(format!(
+            "io_uring is too old: the opcode probe failed with {} on kernel {release}; \
+             fix: run on Linux 5.8 or newer",
+            errno_name(probe_errno)
+        ));
+    }
+    let ops_len = probe.0[1] as usize;
+    let supported = |op: u8| {
+        let i = op as usize;
+        i < ops_len && probe.0[16 + i * 8 + 2] & IO_URING_OP_SUPPORTED != 0
+    };
+    let missing: Vec<&str> = REQUIRED_OPS
+        .iter()
+        .filter(|(op, _)| !supported(*op))
+        .map(|(_, name)| *name)
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "io_uring is too old: kernel {release} lacks the opcodes {}; \
+             fix: run on Linux 5.8 or newer",
+            missing.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+fn errno_name(e: i32) -> String {
+    let name = match e {
+        libc::EPERM => "EPERM",
+        libc::ENOSYS => "ENOSYS",
+        libc::ENOMEM => "ENOMEM",
+        libc::EINVAL => "EINVAL",
+        libc::EACCES => "EACCES",
+        libc::EMFILE => "EMFILE",
+        _ => return format!("errno {e}"),
+    };
+    name.to_string()
+}
+
+fn read_trim(path: &str) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// A field of /proc/self/status (`Seccomp`, `CapEff`, ...).
+fn proc_status(field: &str) -> Option<String> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .map(|v| v.trim().to_string())
+}
+
+/// The line for an `io_uring_setup` that failed with `e`.
+fn io_uring_unavailable(e: i32) -> String {
+    let release = kernel_release();
+    let disabled = read_trim("/proc/sys/kernel/io_uring_disabled");
+    let seccomp = proc_status("Seccomp").unwrap_or_default();
+    let seccomp_fix = "run under a seccomp profile that allows io_uring_setup, io_uring_enter \
+                       and io_uring_register (docker run --security-opt \
+                       seccomp=deploy/seccomp-io_uring.json; Kubernetes: securityContext \
+                       seccompProfile type Localhost, see README \"Deploying\")";
+    match e {
+        libc::EPERM if disabled.as_deref() == Some("2") => "io_uring is disabled: \
+             io_uring_setup failed with EPERM and sysctl kernel.io_uring_disabled = 2; fix: \
+             sysctl -w kernel.io_uring_disabled=0 (persist it in /etc/sysctl.d/)"
+            .to_string(),
+        libc::EPERM if disabled.as_deref() == Some("1") && seccomp != "2" => {
+            let group = read_trim("/proc/sys/kernel/io_uring_group").unwrap_or_default();
+            format!(
+                "io_uring is restricted: io_uring_setup failed with EPERM and sysctl \
+                 kernel.io_uring_disabled = 1 (only members of group id {group} from \
+                 kernel.io_uring_group may use it); fix: add the broker's user to that \
+                 group or sysctl -w kernel.io_uring_disabled=0"
+            )
+        }
+        libc::EPERM | libc::EACCES | libc::ENOSYS if seccomp == "2" => format!(
+            "io_uring is blocked by a seccomp filter: io_uring_setup failed with {} \
+             (Seccomp: 2 in /proc/self/status; Docker 25+ and containerd block io_uring by \
+             default); fix: {seccomp_fix}",
+            errno_name(e)
+        ),
+        libc::ENOSYS => format!(
+            "io_uring is not available: io_uring_setup failed with ENOSYS on kernel \
+             {release} (built without CONFIG_IO_URING, or a sandbox such as gVisor); fix: \
+             run on Linux 5.8 or newer with io_uring, or {seccomp_fix}"
+        ),
+        libc::ENOMEM => format!(
+            "io_uring_setup failed with ENOMEM on kernel {release} (before 5.12 rings count \
+             against the locked-memory limit, now {}); fix: raise it (ulimit -l unlimited; \
+             systemd LimitMEMLOCK=infinity; docker --ulimit memlock=-1)",
+            fmt_limit(memlock_limit().unwrap_or(0))
+        ),
+        _ => format!(
+            "io_uring is not available: io_uring_setup failed with {} on kernel {release} \
+             (kernel.io_uring_disabled = {}, Seccomp = {}); fix: allow io_uring: sysctl -w \
+             kernel.io_uring_disabled=0, or {seccomp_fix}",
+            errno_name(e),
+            disabled.as_deref().unwrap_or("n/a"),
+            if seccomp.is_empty() { "n/a" } else { &seccomp }
+        ),
+    }
+}
+
+/// The soft `RLIMIT_MEMLOCK` in bytes (`u64::MAX` for unlimited).
+fn memlock_limit() -> Option<u64> {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit(2) writes one rlimit into `rl`, which outlives the call.
+    let r = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl) };
+    if r != 0 {
+        return None;
+    }
+    Some(if rl.rlim_cur == libc::RLIM_INFINITY {
+        u64::MAX
+    } else {
+        rl.rlim_cur
+    })
+}
+
+/// Whether the process has CAP_IPC_LOCK (bit 14 of CapEff), which exempts its io_uring
+/// registrations from the locked-memory limit.
+fn has_ipc_lock() -> bool {
+    proc_status("CapEff")
+        .and_then(|v| u64::from_str_radix(&v, 16).ok())
+        .is_some_and(|caps| caps & (1 << 14) != 0)
+}
+
+fn fmt_limit(bytes: u64) -> String {
+    if bytes == u64::MAX {
+        "unlimited".into()
+    } else if bytes >= 1 << 20 && bytes.is_multiple_of(1 << 20) {
+        format!("{} MiB", bytes >> 20)
+    } else {
+        format!("{} KiB", bytes / 1024)
+    }
+}
+
+/// The fix for a locked-memory limit, sized for `need` bytes.
+fn memlock_fix(need: u64) -> String {
+    let mib = need.div_ceil(1 << 20);
+    format!(
+        "fix: ulimit -l {} (or unlimited) in the shell that starts nsqd; systemd: \
+         LimitMEMLOCK={mib}M (or infinity) in the unit; docker: --ulimit memlock={}:{} \
+         (bytes, or -1 for unlimited)",
+        mib * 1024,
+        mib << 20,
+        mib << 20
+    )
+}
+
+/// Errors when glommio cannot start at all; warns when the shards' I/O buffers cannot all
+/// be registered (glommio then uses unregistered buffers: slower storage I/O).
+fn memlock(shards: usize) -> Result<Option<String>, String> {
+    let Some(limit) = memlock_limit() else {
+        return Ok(None);
+    };
+    let need = MEMLOCK_PER_SHARD * shards as u64;
+    if limit < GLOMMIO_MIN_MEMLOCK {
+        return Err(format!(
+            "locked-memory limit (RLIMIT_MEMLOCK) is {}: the io_uring runtime needs at least \
+             {} to start and {} for --shards={shards} ({} per shard); {}",
+            fmt_limit(limit),
+            fmt_limit(GLOMMIO_MIN_MEMLOCK),
+            fmt_limit(need),
+            fmt_limit(MEMLOCK_PER_SHARD),
+            memlock_fix(need)
+        ));
+    }
+    if limit < need && !has_ipc_lock() {
+        return Ok(Some(format!(
+            "locked-memory limit (RLIMIT_MEMLOCK) is {}, below the {} that --shards={shards} \
+             register with io_uring ({} per shard, counted per user): storage I/O falls back \
+             to unregistered buffers (slower); {}",
+            fmt_limit(limit),
+            fmt_limit(need),
+            fmt_limit(MEMLOCK_PER_SHARD),
+            memlock_fix(need)
+        )));
+    }
+    Ok(None)
+}
+
+/// Warns when there are more shards than CPUs this process may use (its affinity set,
+/// and its cgroup CPU quota as `available_parallelism` reads it).
+fn cpus(shards: usize) -> Option<String> {
+    let affinity = crate::runtime::allowed_cpus().len();
+    let usable = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(affinity)
+        .min(affinity);
+    (shards > usable).then(|| {
+        let list = proc_status("Cpus_allowed_list").unwrap_or_default();
+        format!(
+            "--shards={shards} is more than the {usable} CPUs this process may use \
+             (Cpus_allowed_list {list}, and any cgroup CPU quota): shards share CPUs round \
+             robin (slower); fix: --shards={usable} or give the process more CPUs (taskset, \
+             systemd CPUAffinity=, docker --cpuset-cpus/--cpus)"
+        )
+    })
+}
+
+/// Checks the data path and takes its lock (nsqd: dirlock, `.nsqd.lock` here).
+fn data_dir(path: &Path) -> Result<File, String> {
+    let shown = path.display();
+    let fix_perm = "fix: create it and give the broker's user write access (e.g. chown \
+                    nsqd:nsqd /var/lib/nsqd; systemd with ProtectSystem=strict: \
+                    ReadWritePaths=/var/lib/nsqd), or choose another --data-path";
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_dir() => {
+            return Err(format!(
+                "--data-path={shown} is not a directory (found a file); fix: point \
+                 --data-path at a directory, or remove that file"
+            ))
+        }
+        Ok(_) => {}
+        Err(_) => {
+            if let Err(e) = std::fs::create_dir_all(path) {
+                return Err(format!(
+                    "--data-path={shown} does not exist and cannot be created: {e}; {fix_perm}"
+                ));
+            }
+        }
+    }
+    let probe = path.join(format!(".nsqd.preflight.{}", std::process::id()));
+    let written = File::options()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&probe)
+        .and_then(|mut f| f.write_all(b"nsqd preflight\n"));
+    let _ = std::fs::remove_file(&probe);
+    if let Err(e) = written {
+        return Err(format!(
+            "--data-path={shown} is not writable: creating a file there failed: {e}; {fix_perm}"
+        ));
+    }
+    let lock_path = path.join(".nsqd.lock");
+    let lock = File::options()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .map_err(|e| {
+            format!(
+                "--data-path={shown}: cannot open its lock file {}: {e}; {fix_perm}",
+                lock_path.display()
+            )
+        })?;
+    if lock.try_lock().is_err() {
+        let holder = lock_holder(&lock)
+            .map(|pid| format!(" (pid {pid})"))
+            .unwrap_or_default();
+        return Err(format!(
+            "--data-path={shown} is locked by another running broker{holder}; fix: stop that \
+             broker, or give this one its own --data-path (and its own --tcp-address and \
+             --http-address)"
+        ));
+    }
+    Ok(lock)
+}
+
+/// The pid holding a flock on `f`, from /proc/locks (`1: FLOCK ADVISORY WRITE <pid>
+/// <maj>:<min>:<inode> 0 EOF`).
+fn lock_holder(f: &File) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let ino = f.metadata().ok()?.ino();
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    let mut out = None;
+    for line in locks.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let inode = fields.get(5).and_then(|d| d.rsplit(':').next());
+        if fields.get(1) == Some(&"FLOCK") && inode == Some(&ino.to_string()) {
+            out = fields.get(4).and_then(|p| p.parse().ok());
+        }
+    }
+    out
+}
+
+/// Binds `addr` as the runtime will serve it, with a fix hint on failure.
+fn listener(
+    addr: &str,
+    flag: &str,
+    retry_until: Instant,
+) -> Result<(SocketAddr, socket2::Socket), String> {
+    crate::runtime::listen(addr, retry_until).map_err(|e| {
+        let mut line = e;
+        let port = addr.rsplit(':').next().unwrap_or("");
+        if line.contains("in use") {
+            let _ = write!(
+                line,
+                "; fix: stop the process listening there (ss -ltnp 'sport = :{port}') or \
+                 choose another {flag}"
+            );
+        } else if line.contains("ermission denied") {
+            let _ = write!(
+                line,
+                "; fix: ports below 1024 need CAP_NET_BIND_SERVICE (systemd: \
+                 AmbientCapabilities=CAP_NET_BIND_SERVICE), or choose another {flag}"
+            );
+        } else {
+            let _ = write!(
+                line,
+                "; fix: give {flag} as <addr>:<port>, e.g. 0.0.0.0:4150"
+            );
+        }
+        line
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_format() {
+        assert_eq!(fmt_limit(64 * 1024), "64 KiB");
+        assert_eq!(fmt_limit(MEMLOCK_PER_SHARD * 2), "60 MiB");
+        assert_eq!(fmt_limit(u64::MAX), "unlimited");
+        assert!(memlock_fix(MEMLOCK_PER_SHARD).contains("LimitMEMLOCK=30M"));
+        assert!(memlock_fix(MEMLOCK_PER_SHARD).contains("ulimit -l 30720"));
+    }
+
+    #[test]
+    fn io_uring_lines_name_the_cause() {
+        let l = io_uring_unavailable(libc::ENOSYS);
+        assert!(l.contains("ENOSYS") && l.contains("fix:"), "{l}");
+    }
+}

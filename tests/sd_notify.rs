@@ -1,0 +1,227 @@
+//! systemd's notify protocol (`Type=notify`, sd_notify(3)), as systemd sees it through
+//! `NOTIFY_SOCKET`: nothing is sent while the shards recover a backlog; `READY=1` once
+//! every shard has recovered and the listeners serve (so `systemctl start` returns when
+//! the broker is really up: `/ping` answers at once and `/stats` shows the whole
+//! backlog); `STOPPING=1` when SIGTERM starts the shutdown; nothing else. nsqlookupd (which
+//! keeps no data) sends READY=1 once its listeners accept, and STOPPING=1 on SIGTERM.
+
+mod common;
+
+use common::*;
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::os::unix::net::UnixDatagram;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// 100,000 messages of 200 bytes: about 25 MB of records, enough for recovery to take a
+/// while in the debug build.
+const BACKLOG: u64 = 100_000;
+
+fn now_stamp() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64;
+    nsqd::timefmt::log_stamp(nanos)
+}
+
+/// The `YYYY/MM/DD HH:MM:SS.ffffff` stamp of a log line (fixed width, so its string
+/// order is time order).
+fn stamp_of(line: &str) -> &str {
+    let rest = line.strip_prefix("[nsqd] ").unwrap_or(line);
+    rest.get(..26).unwrap_or(rest)
+}
+
+fn fill(b: &Broker, topic: &str, n: u64) {
+    let mut s = b.connect_v2();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let body = vec![b'x'; 200];
+    let bodies: Vec<&[u8]> = (0..1000).map(|_| body.as_slice()).collect();
+    let cmd = mpub_cmd(topic, &bodies);
+    for _ in 0..n / 1000 {
+        s.write_all(&cmd).unwrap();
+        let (ft, d) = read_frame_skip_hb(&mut s).unwrap();
+        assert_eq!((ft, d.as_slice()), (0, &b"OK"[..]));
+    }
+}
+
+fn depth(http: SocketAddr, topic: &str) -> u64 {
+    let (code, body) = split_http(&http_raw(http, "GET", "/stats?format=json", b""));
+    assert_eq!(code, 200);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    v["topics"]
+        .as_array()
+        .and_then(|ts| ts.iter().find(|t| t["topic_name"] == topic))
+        .and_then(|t| t["depth"].as_u64())
+        .unwrap_or(0)
+}
+
+#[test]
+fn ready_after_recovery_and_stopping_on_sigterm() {
+    let dir = std::env::temp_dir().join(format!("nsqd-sd-notify-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    {
+        let mut b = Broker::start_in(&dir, 2, &[]);
+        fill(&b, "backlog", BACKLOG);
+        assert!(b.terminate().is_some_and(|st| st.success()));
+    }
+
+    let sock_path = dir.join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nsqd"))
+        .arg("--tcp-address=127.0.0.1:0")
+        .arg("--http-address=127.0.0.1:0")
+        .arg("--shards=2")
+        .arg("--log-level=debug")
+        .arg(format!("--data-path={}", dir.display()))
+        .env("NOTIFY_SOCKET", &sock_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log = Arc::new(Mutex::new(Vec::<String>::new()));
+    let stderr = child.stderr.take().unwrap();
+    let log2 = log.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            log2.lock().unwrap().push(line);
+        }
+    });
+    let log_text = |log: &Arc<Mutex<Vec<String>>>| log.lock().unwrap().join("\n");
+
+    // The first datagram, whenever it comes, must be READY=1.
+    sock.set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    let n = sock.recv(&mut buf).expect("a datagram within 60 s");
+    let ready_at = now_stamp();
+    let received = Instant::now();
+    assert_eq!(
+        String::from_utf8_lossy(&buf[..n]).trim(),
+        "READY=1",
+        "{}",
+        log_text(&log)
+    );
+
+    // Serving at once: the ports answer /ping and /stats shows the whole backlog.
+    let lines_with = |needle: &str| -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let found: Vec<String> = log
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|l| l.contains(needle))
+                .cloned()
+                .collect();
+            if !found.is_empty() || Instant::now() > deadline {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    let http_line = lines_with("HTTP: listening on ");
+    let http: SocketAddr = http_line[0]
+        .split("HTTP: listening on ")
+        .nth(1)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let (code, body) = split_http(&http_raw(http, "GET", "/ping", b""));
+    assert_eq!((code, body.as_slice()), (200, &b"OK"[..]));
+    assert!(
+        received.elapsed() < Duration::from_secs(2),
+        "/ping after READY=1 took {:?}",
+        received.elapsed()
+    );
+    assert_eq!(depth(http, "backlog"), BACKLOG);
+
+    // Sent after, not before, every shard recovered (log stamps and this clock are the
+    // same wall clock; the log line is written before the datagram is sent).
+    for shard in 0..2 {
+        let rec = lines_with(&format!("shard {shard}: recovered"));
+        assert!(!rec.is_empty(), "no recovery line: {}", log_text(&log));
+        assert!(
+            stamp_of(&rec[0]) <= ready_at.as_str(),
+            "READY=1 (received {ready_at}) before {}",
+            rec[0]
+        );
+    }
+    let topic = lines_with("TOPIC(backlog): recovered");
+    assert!(
+        !topic.is_empty() && stamp_of(&topic[0]) <= ready_at.as_str(),
+        "READY=1 at {ready_at} vs {topic:?}"
+    );
+
+    // SIGTERM: STOPPING=1, then a clean exit, and nothing more.
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    let n = sock.recv(&mut buf).expect("STOPPING=1 after SIGTERM");
+    assert_eq!(String::from_utf8_lossy(&buf[..n]).trim(), "STOPPING=1");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "no exit: {}", log_text(&log));
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}: {}", log_text(&log));
+    sock.set_nonblocking(true).unwrap();
+    assert!(
+        sock.recv(&mut buf).is_err(),
+        "unexpected datagram {:?}",
+        String::from_utf8_lossy(&buf)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn nsqlookupd_ready_and_stopping() {
+    let dir = std::env::temp_dir().join(format!("nsqlookupd-sd-notify-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock_path = dir.join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nsqlookupd"))
+        .arg("--tcp-address=127.0.0.1:0")
+        .arg("--http-address=127.0.0.1:0")
+        .env("NOTIFY_SOCKET", &sock_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut buf = [0u8; 512];
+    let n = sock.recv(&mut buf).expect("READY=1");
+    assert_eq!(String::from_utf8_lossy(&buf[..n]).trim(), "READY=1");
+    // Both listeners were announced before READY=1, and the HTTP one answers.
+    let mut http = None;
+    for line in lines.by_ref().take(10) {
+        let line = line.unwrap();
+        if let Some(a) = line.split("HTTP: listening on ").nth(1) {
+            http = Some(a.trim().parse::<SocketAddr>().unwrap());
+            break;
+        }
+    }
+    let http = http.expect("HTTP: listening on");
+    let (code, _) = split_http(&http_raw(http, "GET", "/ping", b""));
+    assert_eq!(code, 200);
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    let n = sock.recv(&mut buf).expect("STOPPING=1");
+    assert_eq!(String::from_utf8_lossy(&buf[..n]).trim(), "STOPPING=1");
+    assert!(child.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
