@@ -9,6 +9,7 @@
 pub mod config;
 pub mod config_file;
 pub mod http;
+pub mod import_nsqd;
 pub mod logger;
 pub mod lookup;
 pub mod lookupd;
