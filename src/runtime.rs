@@ -21,9 +21,14 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-/// How often each shard runs its timer pass (in-flight timeouts, deferred messages) and
-/// checks for a shutdown signal. nsqd scans every 100 ms.
+/// Shortest interval between two timer passes of a shard: timers due within it are
+/// handled together (in-flight timeouts and deferred messages fire at most this late).
+/// nsqd's queueScanLoop scans every 100 ms.
 const TICK: Duration = Duration::from_millis(10);
+
+/// Longest a shard's timer loop sleeps when nothing is due sooner: how quickly it notices
+/// a shutdown signal.
+const IDLE_TICK: Duration = Duration::from_millis(100);
 
 /// Longest a graceful shutdown may take before the process exits regardless.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
@@ -445,7 +450,8 @@ async fn shard_main(
         // A cross-executor wake-up can be missed while an executor goes to sleep; one
         // that nothing else wakes would then wait a long time (seen: 20 s on a loaded
         // machine). A short ticker keeps the executor polling its remote channels
-        // until the mesh is joined; afterwards the shard's 10 ms timer does the same.
+        // until the mesh is joined; afterwards the shard's timer loop (at least every
+        // IDLE_TICK) does the same.
         let ticking = Rc::new(std::cell::Cell::new(true));
         let t2 = ticking.clone();
         let ticker = glommio::spawn_local(async move {
@@ -519,15 +525,7 @@ async fn shard_main(
 
     let checkpoints = glommio::spawn_local(checkpoint_loop(shard.clone()));
     let store_pump = glommio::spawn_local(shard.clone().store_loop());
-    loop {
-        let t0 = Instant::now();
-        glommio::timer::sleep(TICK).await;
-        shard.record_loop_lag(t0.elapsed().saturating_sub(TICK).as_micros() as u64);
-        if term.load(Ordering::Relaxed) {
-            break;
-        }
-        shard.process_timers();
-    }
+    timer_loop(&shard, &term).await;
     // Graceful shutdown (nsqd Exit): stop accepting, close clients, let writers flush.
     shard.shutdown.set();
     tcp_task.await;
@@ -541,6 +539,45 @@ async fn shard_main(
     store_pump.await;
     shard.close_stores().await;
     Ok(())
+}
+
+/// The shard's timer loop (nsqd: nsqd.go queueScanLoop) until SIGINT/SIGTERM: it sleeps
+/// until the earliest timer of the shard's channels is due (at least [`TICK`] after the
+/// previous pass, at most [`IDLE_TICK`]), woken early when an earlier timer is
+/// registered, and then visits only the channels with something due. Idle channels cost
+/// nothing. Loop lag (/shards, /metrics) is how late a timed wake-up came, in µs.
+async fn timer_loop(shard: &Rc<Shard>, term: &AtomicBool) {
+    let mut last_pass = Instant::now();
+    let mut next_refresh = last_pass + nsq_shards::shard::TIMER_REFRESH;
+    loop {
+        let now = Instant::now();
+        let wake_at = shard
+            .next_timer_due()
+            .map_or(now + IDLE_TICK, |d| d.max(last_pass + TICK))
+            .min(now + IDLE_TICK);
+        let sleep = pin!(glommio::timer::sleep(
+            wake_at.saturating_duration_since(now)
+        ));
+        let woken = pin!(shard.timer_wake.wait());
+        if let Either::Left(_) = select(sleep, woken).await {
+            let late = Instant::now().saturating_duration_since(wake_at);
+            shard.record_loop_lag(late.as_micros() as u64);
+        }
+        if term.load(Ordering::Relaxed) {
+            break;
+        }
+        let now = Instant::now();
+        if shard.next_timer_due().is_some_and(|d| d > now) && now < wake_at {
+            // Woken for a timer registered earlier than the planned wake-up: sleep again.
+            continue;
+        }
+        if now >= next_refresh {
+            shard.schedule_all_timers();
+            next_refresh = now + nsq_shards::shard::TIMER_REFRESH;
+        }
+        shard.process_timers(now);
+        last_pass = now;
+    }
 }
 
 /// Writes topic metadata and applies retention every --sync-timeout until shutdown, and

@@ -90,7 +90,7 @@ use crate::server::Server;
 use bytes::{Bytes, BytesMut};
 use futures::future::select;
 use glommio::net::{TcpListener, TcpStream};
-use nsq_shards::client::Client;
+use nsq_shards::client::{Client, OutputTicker};
 use nsq_shards::mesh::{HandOff, ShardMsg};
 use nsq_shards::{owner_of, ClientState, MessageId};
 use std::cell::{Cell, RefCell};
@@ -532,6 +532,11 @@ async fn exec(
                 }
             };
             apply_deadlines(stream, client);
+            // nsqd's messagePump makes a new output-buffer ticker at IDENTIFY.
+            let obt = client.settings.borrow().output_buffer_timeout;
+            client
+                .output_ticker
+                .set(OutputTicker::new(Instant::now(), obt));
             if !negotiated.negotiate {
                 client.send_frame(FRAME_RESPONSE, b"OK");
                 return Ok(false);
@@ -680,12 +685,19 @@ async fn publish(
     }
 }
 
-/// Drains the client's output buffer to the socket: at once for responses, errors, a
-/// full buffer or a client that stopped being ready; otherwise after the client's
-/// output_buffer_timeout. Also sends `_heartbeat_` every heartbeat interval.
 /// Output buffer capacity a connection keeps however little it sends (bytes).
 const SPARE_KEEP: usize = 1 << 20;
 
+/// Drains the client's output buffer to the socket with nsqd's flush rules (nsqd:
+/// protocol_v2.go messagePump and Send): responses and errors at once; message frames
+/// when the buffer holds output_buffer_size bytes, when the client is not ready, and at
+/// a tick of the client's output-buffer ticker (every output_buffer_timeout, see
+/// [`nsq_shards::client::OutputTicker`]). As in nsqd, the ticker holds one tick that
+/// passed while nothing was buffered, so a message to a consumer that was idle for a
+/// period goes out at once; in a stream a message waits at most one period (250 ms by
+/// default) for a tick, or less for a full buffer. With output_buffer_timeout 0 a
+/// delivery round is flushed as soon as the writer runs. Also sends `_heartbeat_` every
+/// heartbeat interval.
 async fn writer_loop(
     server: Rc<Server>,
     stream: SharedStream,
@@ -717,18 +729,25 @@ async fn writer_loop(
             next_hb = hb.map(|d| now + d);
         }
         let closed = client.closed.get();
-        let (len, since) = (client.out.borrow().len(), client.buffered_since.get());
-        let flush_at = since.map(|t| t + obt);
-        let due = len > 0
-            && (closed
-                || client.flush_now.get()
-                || obt.is_zero()
-                || len >= obs
-                || flush_at.is_none_or(|t| t <= now));
+        let len = client.out.borrow().len();
+        if !client.is_ready() {
+            // nsqd flushes a client that is not ready (buffer_message and RDY ask for it
+            // with flush_now) and counts its messagePump as flushed.
+            client.pump_flushed.set(true);
+        }
+        // While messages went out since the last flush, the pump takes the ticks.
+        let mut ticker = client.output_ticker.get();
+        let tick = !client.pump_flushed.get() && ticker.due(now);
+        if tick {
+            ticker.take(now);
+            client.output_ticker.set(ticker);
+            client.pump_flushed.set(true);
+        }
+        let due =
+            len > 0 && (closed || client.flush_now.get() || obt.is_zero() || len >= obs || tick);
         if due {
             std::mem::swap(&mut *client.out.borrow_mut(), &mut spare);
             client.flush_now.set(false);
-            client.buffered_since.set(None);
             let res = match (client.compress_from.take(), encoder.as_mut()) {
                 (Some(off), _) => {
                     // The IDENTIFY reply (before `off`) goes out plain, the rest compressed.
@@ -781,8 +800,8 @@ async fn writer_loop(
             }
         }
         let mut wake_at = next_hb;
-        if len > 0 {
-            wake_at = match (wake_at, flush_at) {
+        if !client.pump_flushed.get() {
+            wake_at = match (wake_at, ticker.next_tick()) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };

@@ -368,6 +368,66 @@ fn output_buffer_timeout_delays_small_messages() {
 }
 
 #[test]
+fn output_buffer_ticker_holds_one_tick_for_an_idle_consumer() {
+    // nsqd's messagePump flushes buffered messages at ticks of its output-buffer ticker,
+    // made at IDENTIFY; Go's ticker channel holds one tick nobody took, so after a
+    // consumer was idle for longer than a period its next message goes out at once,
+    // and the one right after it waits for the next regular tick.
+    let b = Broker::start(1, &[]);
+    let mut c = b.connect_v2();
+    send(
+        &mut c,
+        &identify_cmd(r#"{"output_buffer_size":16384,"output_buffer_timeout":1000}"#),
+    );
+    let identified = Instant::now();
+    expect_ok(&mut c);
+    send(&mut c, b"SUB obuf_idle ch\n");
+    expect_ok(&mut c);
+    send(&mut c, b"RDY 10\n");
+    std::thread::sleep(Duration::from_millis(1300));
+    let start = Instant::now();
+    b.http_pub("obuf_idle", b"first");
+    let m = read_msg(&mut c);
+    assert_eq!(show(&m.body), "first");
+    assert!(
+        start.elapsed() < Duration::from_millis(500),
+        "an idle consumer's message waited for a tick: {:?}",
+        start.elapsed()
+    );
+    b.http_pub("obuf_idle", b"second");
+    let m = read_msg(&mut c);
+    assert_eq!(show(&m.body), "second");
+    let at = identified.elapsed();
+    assert!(
+        at >= Duration::from_millis(1900) && at < Duration::from_millis(3500),
+        "the second message goes out at the tick 2 s after IDENTIFY, came at {at:?}"
+    );
+}
+
+#[test]
+fn output_buffer_timeout_off_flushes_every_delivery() {
+    // output_buffer_timeout -1 (0): no ticker; this broker flushes each delivery round
+    // (nsqd would hold a partial buffer until it fills), message after message.
+    let b = Broker::start(1, &[]);
+    let mut c = b.subscribe_identified(r#"{"output_buffer_timeout":-1}"#, "obuf_off", "ch");
+    send(&mut c, b"RDY 10\n");
+    send(&mut c, &pub_cmd("obuf_off_sync", b"s"));
+    expect_ok(&mut c);
+    for body in ["one", "two", "three"] {
+        let start = Instant::now();
+        b.http_pub("obuf_off", body.as_bytes());
+        let m = read_msg(&mut c);
+        assert_eq!(show(&m.body), body);
+        assert!(
+            start.elapsed() < Duration::from_millis(200),
+            "{body}: {:?}",
+            start.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
 fn unbuffered_client_gets_messages_at_once() {
     let b = Broker::start(1, &[]);
     let mut c = b.subscribe_identified(r#"{"output_buffer_size":-1}"#, "unbuf", "ch");

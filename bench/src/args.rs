@@ -95,6 +95,14 @@ pub struct Args {
     #[arg(long, default_value_t = 0.0)]
     pub rate: f64,
 
+    /// Open-loop rate phases `DURATION@RATE[,...]` (msgs/s over all producers), e.g.
+    /// `10s@400000,20s@100000` for a burst and then a lower rate. Replaces --rate and
+    /// --runfor (the run lasts the sum of the phases). With two or more phases the report
+    /// gives how long after the last phase started the consumers' backlog took to drain
+    /// (`drain_ms`) and the latency of messages published after that
+    #[arg(long = "rate-schedule", value_parser = crate::schedule::Schedule::parse)]
+    pub rate_schedule: Option<crate::schedule::Schedule>,
+
     /// Publish with DPUB deferred by this many ms (one DPUB per message)
     #[arg(long = "deferred-ms", default_value_t = 0)]
     pub deferred_ms: u64,
@@ -137,6 +145,23 @@ pub struct Args {
 }
 
 impl Args {
+    /// The open-loop pacing for all producers together, if any (--rate-schedule, or
+    /// --rate as one phase).
+    pub fn pacing(&self) -> Option<crate::schedule::Schedule> {
+        match &self.rate_schedule {
+            Some(s) => Some(s.clone()),
+            None if self.rate > 0.0 => Some(crate::schedule::Schedule::constant(self.rate)),
+            None => None,
+        }
+    }
+
+    /// Applies --rate-schedule to --runfor (the sum of its phases).
+    pub fn normalize(&mut self) {
+        if let Some(s) = &self.rate_schedule {
+            self.runfor = s.total();
+        }
+    }
+
     pub fn pipeline(&self) -> usize {
         self.pipeline
             .unwrap_or(if self.mode == Mode::Pub { 16 } else { 4 })
@@ -163,6 +188,9 @@ impl Args {
         }
         if self.rate < 0.0 || !self.rate.is_finite() {
             return Err("--rate must be >= 0".into());
+        }
+        if self.rate_schedule.is_some() && (!self.warmup.is_zero() || self.rate > 0.0) {
+            return Err("--rate-schedule replaces --rate and takes no --warmup".into());
         }
         if self.nsqd_tcp_address.is_empty() {
             return Err("need an --nsqd-tcp-address".into());

@@ -19,6 +19,9 @@ pub struct ConsumerStats {
     pub foreign: AtomicU64,
     /// Publish-to-delivery latency in µs of messages published after the warmup.
     pub hist: Mutex<Histogram<u64>>,
+    /// Latency in µs of messages published after the backlog of a --rate-schedule
+    /// drained.
+    pub hist_after: Mutex<Histogram<u64>>,
     /// SUB was answered OK and RDY sent.
     pub subscribed: AtomicBool,
     /// The thread has finished (error or stop).
@@ -31,6 +34,7 @@ impl ConsumerStats {
             received: AtomicU64::new(0),
             foreign: AtomicU64::new(0),
             hist: Mutex::new(crate::new_hist()),
+            hist_after: Mutex::new(crate::new_hist()),
             subscribed: AtomicBool::new(false),
             done: AtomicBool::new(false),
         }
@@ -158,6 +162,7 @@ fn consume(
     let mut oks = 0;
     let check_stop = || shared.stop_consumers.load(Ordering::SeqCst);
     let mut latencies: Vec<u64> = Vec::with_capacity(8192);
+    let mut after: Vec<u64> = Vec::new();
     let mut measure_from_cached = shared.measure_from_ns.load(Ordering::SeqCst);
     loop {
         match stream.read(&mut buf[end..]) {
@@ -185,6 +190,7 @@ fn consume(
         if measure_from_cached == 0 {
             measure_from_cached = shared.measure_from_ns.load(Ordering::Relaxed);
         }
+        let drained_ns = shared.drained_ns.load(Ordering::Relaxed);
         let now_ns = now_unix_ns();
         let mut ours = 0u64;
         let mut foreign = 0u64;
@@ -225,6 +231,9 @@ fn consume(
                                 }
                                 if measure_from_cached != 0 && h.ts_ns >= measure_from_cached {
                                     latencies.push(now_ns.saturating_sub(h.ts_ns) / 1000);
+                                }
+                                if drained_ns != 0 && h.ts_ns >= drained_ns {
+                                    after.push(now_ns.saturating_sub(h.ts_ns) / 1000);
                                 }
                             }
                         }
@@ -275,6 +284,14 @@ fn consume(
             }
             drop(h);
             latencies.clear();
+        }
+        if !after.is_empty() {
+            let mut h = stats.hist_after.lock().unwrap();
+            for &l in &after {
+                h.saturating_record(l);
+            }
+            drop(h);
+            after.clear();
         }
         if ours > 0 {
             stats.received.fetch_add(ours, Ordering::Relaxed);

@@ -13,6 +13,7 @@ mod args;
 mod consumer;
 mod producer;
 mod report;
+mod schedule;
 
 use args::{indexed_name, Args, Mode};
 use clap::Parser;
@@ -96,6 +97,9 @@ pub struct Shared {
     pub abort: AtomicBool,
     /// Unix ns from which latencies are recorded (0 = not yet known).
     pub measure_from_ns: AtomicU64,
+    /// Unix ns at which the backlog of a --rate-schedule run drained (0 = not yet):
+    /// consumers also record the latency of messages published after it.
+    pub drained_ns: AtomicU64,
     pub error_count: AtomicU64,
     pub errors: Mutex<Vec<String>>,
 }
@@ -121,7 +125,8 @@ struct ConsumerSlot {
 }
 
 fn main() {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    args.normalize();
     if let Err(e) = args.validate() {
         eprintln!("nsq-bench: {e}");
         std::process::exit(2);
@@ -151,6 +156,7 @@ fn run(args: Args) -> i32 {
         stop_consumers: AtomicBool::new(false),
         abort: AtomicBool::new(false),
         measure_from_ns: AtomicU64::new(0),
+        drained_ns: AtomicU64::new(0),
         error_count: AtomicU64::new(0),
         errors: Mutex::new(Vec::new()),
     });
@@ -258,6 +264,29 @@ fn run(args: Args) -> i32 {
         }
         h
     };
+    // A schedule of several phases: when, after its last phase started, the channels'
+    // backlog (acknowledged x channels - received) fell to what 100 ms of the last rate
+    // (at least 1000 messages) leaves in flight.
+    let burst = a
+        .rate_schedule
+        .as_ref()
+        .filter(|s| s.len() > 1 && mode == Mode::Pubsub)
+        .map(|s| {
+            (
+                t0 + s.last_phase_start(),
+                (s.last_rate() * 0.1).max(1000.0) as u64,
+            )
+        });
+    let mut drained_at: Option<Instant> = None;
+    let mut check_drain = |now: Instant| {
+        if let (Some((from, limit)), None) = (burst, drained_at) {
+            let expected = acked() * shared.channels.len() as u64;
+            if now >= from && expected.saturating_sub(received()) <= limit {
+                drained_at = Some(now);
+                shared.drained_ns.store(now_unix_ns(), Ordering::SeqCst);
+            }
+        }
+    };
 
     // Run: a progress line every second, counters sampled at the window's edges. A `sub`
     // run also ends once something arrived and then nothing for --idle-timeout (a drained
@@ -277,10 +306,14 @@ fn run(args: Args) -> i32 {
         if mode == Mode::Sub {
             next = next.min(now + Duration::from_millis(20));
         }
+        if burst.is_some() && shared.drained_ns.load(Ordering::Relaxed) == 0 {
+            next = next.min(now + Duration::from_millis(20));
+        }
         if next > now {
             std::thread::sleep(next - now);
         }
         let now = Instant::now();
+        check_drain(now);
         if !measured_started && now >= measure_start {
             window_start = (acked(), received());
             measured_started = true;
@@ -389,6 +422,7 @@ fn run(args: Args) -> i32 {
                 })
             });
             let now = Instant::now();
+            check_drain(now);
             let total = received();
             if total != last_total {
                 last_total = total;
@@ -408,6 +442,14 @@ fn run(args: Args) -> i32 {
     }
     shared.stop_consumers.store(true, Ordering::SeqCst);
     let hist = merged_hist();
+    let drain = burst.map(|(from, _)| {
+        let mut after = new_hist();
+        for c in &consumers {
+            let _ = after.add(&*c.stats.hist_after.lock().unwrap());
+        }
+        let ms = drained_at.map(|t| t.saturating_duration_since(from).as_secs_f64() * 1e3);
+        (ms, after)
+    });
     let mut per_channel: Vec<report::ChannelResult> = Vec::new();
     let mut seen_by: Vec<Option<Seen>> = (0..shared.topics.len() * shared.channels.len())
         .map(|_| None)
@@ -482,6 +524,7 @@ fn run(args: Args) -> i32 {
         ack_latency: ack_hist,
         channels: per_channel,
         topics: shared.topics.clone(),
+        drain,
     };
     r.print(a.json);
     r.exit_code()

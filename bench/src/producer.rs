@@ -140,7 +140,7 @@ fn write_loop(
     let topics = &shared.topics;
     let mut seq = vec![0u64; topics.len()];
     let filler: Vec<u8> = (0..a.size).map(|i| b'a' + (i % 26) as u8).collect();
-    let per_producer_rate = a.rate / a.producers as f64;
+    let pacing = a.pacing().map(|s| s.scaled(1.0 / a.producers as f64));
     let mut buf = Vec::with_capacity(a.batch_size * (a.size + 4) + 256);
     client::encode_magic(&mut buf);
     if let Err(e) = stream.write_all(&buf) {
@@ -159,10 +159,10 @@ fn write_loop(
             break;
         }
         let mut n = batch;
-        if per_producer_rate > 0.0 {
-            let due = ((now - t0).as_secs_f64() * per_producer_rate) as u64;
+        if let Some(p) = &pacing {
+            let due = p.due(now - t0) as u64;
             if due <= written {
-                let next = t0 + Duration::from_secs_f64((written + 1) as f64 / per_producer_rate);
+                let next = t0 + p.time_of((written + 1) as f64);
                 std::thread::sleep(next.min(end).saturating_duration_since(now));
                 continue;
             }

@@ -44,6 +44,10 @@ pub struct Results {
     pub ack_latency: Histogram<u64>,
     pub channels: Vec<ChannelResult>,
     pub topics: Vec<String>,
+    /// With a --rate-schedule of several phases: ms from the start of the last phase
+    /// until the backlog drained (None: it did not), and the publish-to-delivery latency
+    /// (µs) of messages published after that.
+    pub drain: Option<(Option<f64>, Histogram<u64>)>,
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -112,6 +116,7 @@ impl Results {
             ack_latency: crate::new_hist(),
             channels: Vec::new(),
             topics: shared.topics.clone(),
+            drain: None,
         }
     }
 
@@ -163,7 +168,7 @@ impl Results {
             })
             .collect();
         let a = &self.args;
-        json!({
+        let mut v = json!({
             "mode": self.mode.name(),
             "ok": self.exit_code() == 0,
             "pub_msgs_per_sec": self.pub_rate().round(),
@@ -190,7 +195,12 @@ impl Results {
                 "deferred_ms": a.deferred_ms, "pipeline": a.pipeline(),
                 "runfor_s": a.runfor.as_secs_f64(), "warmup_s": a.warmup.as_secs_f64(),
             },
-        })
+        });
+        if let Some((ms, after)) = &self.drain {
+            v["drain_ms"] = json!(ms.map(|m| m.round()));
+            v["latency_after_drain_us"] = quantiles(after);
+        }
+        v
     }
 
     pub fn table(&self) -> String {
@@ -264,6 +274,18 @@ impl Results {
         }
         if self.mode.publishes() {
             row("pub ack", &self.ack_latency);
+        }
+        if let Some((_, after)) = &self.drain {
+            row("after drain", after);
+        }
+        if let Some((ms, _)) = &self.drain {
+            match ms {
+                Some(ms) => s.push_str(&format!(
+                    "backlog drained {:.2}s after the last rate phase started\n",
+                    ms / 1000.0
+                )),
+                None => s.push_str("backlog did not drain\n"),
+            }
         }
         s.push_str(&format!(
             "sent {}  received {}  lost {}  duplicates {}  foreign {}  errors {}\n",

@@ -124,6 +124,9 @@ pub struct Channel {
     /// when they were published (nsqd gives a DPUB to each channel at once); the cursor
     /// steps over them.
     pub skip: std::collections::BTreeSet<u64>,
+    /// The earliest instant this channel is registered at in its shard's timer queue
+    /// (crate::timers), if any.
+    timer_scheduled: Option<Instant>,
     /// FIN latencies when `--e2e-processing-latency-percentile` is set (nsqd:
     /// e2eProcessingLatencyStream); created by the shard on the first FIN.
     pub e2e: Option<crate::quantile::Quantile>,
@@ -155,6 +158,7 @@ impl Channel {
             disk_pos: None,
             disk_epoch: 0,
             skip: std::collections::BTreeSet::new(),
+            timer_scheduled: None,
             e2e: None,
             journal: None,
         }
@@ -516,13 +520,49 @@ impl Channel {
         moved
     }
 
-    /// The earliest instant a timer of this channel fires, if any.
+    /// The earliest instant a timer of this channel fires, if any (finished or touched
+    /// messages may still have entries in the in-flight heap: see `prune_in_flight_heap`).
     pub fn next_timer(&self) -> Option<Instant> {
         let a = self.in_flight_heap.peek().map(|Reverse((d, _))| *d);
         let b = self.deferred.peek().map(|Reverse(d)| d.due);
         match (a, b) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
+        }
+    }
+
+    /// Drops the heap entries at the top of the in-flight heap whose message was finished,
+    /// requeued or touched since, so that `next_timer` gives a live deadline.
+    fn prune_in_flight_heap(&mut self) {
+        while let Some(Reverse((deadline, id))) = self.in_flight_heap.peek().copied() {
+            if matches!(self.in_flight.get(&id), Some(f) if f.deadline == deadline) {
+                break;
+            }
+            self.in_flight_heap.pop();
+        }
+    }
+
+    /// The instant at which the shard's timer queue must visit this channel, when that is
+    /// earlier than the instant it is registered at (or it is not registered): its
+    /// earliest live in-flight deadline or deferred due time. The channel then counts as
+    /// registered at that instant; `None` means nothing new to register. The shard calls
+    /// this after every change to the channel's in-flight or deferred messages (nsqd
+    /// instead scans channels every 100 ms in queueScanLoop).
+    pub fn timer_to_schedule(&mut self) -> Option<Instant> {
+        self.prune_in_flight_heap();
+        let next = self.next_timer()?;
+        if self.timer_scheduled.is_some_and(|s| s <= next) {
+            return None;
+        }
+        self.timer_scheduled = Some(next);
+        Some(next)
+    }
+
+    /// The shard's timer queue visited this channel at `now`: registrations at or before
+    /// `now` are used up (call `process_timers(now)`, then `timer_to_schedule`).
+    pub fn timer_fired(&mut self, now: Instant) {
+        if self.timer_scheduled.is_some_and(|s| s <= now) {
+            self.timer_scheduled = None;
         }
     }
 
@@ -591,5 +631,154 @@ impl Channel {
             c.state.set(ClientState::Closing);
             c.kill();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The timer rules of a channel with an injected clock (`now` is a parameter of every
+    //! method that reads the time).
+    use super::*;
+    use crate::client::ClientSettings;
+    use crate::topic::Topic;
+    use bytes::Bytes;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// A subscribed client with RDY 100 and a msg_timeout of 1 s.
+    fn client(id: u64) -> Rc<Client> {
+        let c = Client::new(
+            id,
+            "test".into(),
+            ClientSettings {
+                client_id: "c".into(),
+                hostname: "h".into(),
+                user_agent: String::new(),
+                heartbeat_interval: None,
+                output_buffer_size: 16384,
+                output_buffer_timeout: ms(250),
+                sample_rate: 0,
+                msg_timeout: ms(1000),
+                identified: false,
+            },
+        );
+        c.state.set(ClientState::Subscribed);
+        c.ready_count.set(100);
+        Rc::new(c)
+    }
+
+    /// A topic with channel "ch" and `n` messages delivered to one client at `t0`.
+    fn delivered(n: usize, t0: Instant) -> (Topic, Rc<Client>, Vec<MessageId>) {
+        let mut t = Topic::new("t", 1);
+        t.create_channel("ch", 10_000);
+        let c = client(1);
+        let ch = t.channels.get_mut("ch").unwrap();
+        ch.add_client(c.clone(), 0).unwrap();
+        t.publish((0..n).map(|_| Bytes::from_static(b"m")), None, 10_000);
+        let ch = t.channels.get_mut("ch").unwrap();
+        assert_eq!(ch.dispatch(&t.log, t0), n as u64);
+        let mut ids: Vec<MessageId> = ch.in_flight.keys().copied().collect();
+        ids.sort();
+        (t, c, ids)
+    }
+
+    #[test]
+    fn idle_channel_has_no_timer() {
+        let mut ch = Channel::new("ch", 0);
+        assert_eq!(ch.next_timer(), None);
+        assert_eq!(ch.timer_to_schedule(), None);
+    }
+
+    #[test]
+    fn in_flight_timeout_is_registered_once_and_fires_at_the_deadline() {
+        let t0 = Instant::now();
+        let (mut t, c, ids) = delivered(2, t0);
+        let ch = t.channels.get_mut("ch").unwrap();
+        assert_eq!(ch.timer_to_schedule(), Some(t0 + ms(1000)));
+        // Registered already at that instant: nothing new to register.
+        assert_eq!(ch.timer_to_schedule(), None);
+        ch.finish(&c, ids[0]).unwrap();
+        assert_eq!(ch.timer_to_schedule(), None);
+        assert_eq!(ch.process_timers(t0 + ms(999)), 0);
+        ch.timer_fired(t0 + ms(1000));
+        assert_eq!(
+            ch.process_timers(t0 + ms(1000)),
+            1,
+            "only the unfinished one"
+        );
+        assert_eq!(ch.timeout_count, 1);
+        assert_eq!(c.in_flight.get(), 0);
+        assert_eq!(ch.requeued.len(), 1);
+        assert_eq!(ch.timer_to_schedule(), None, "nothing left in flight");
+        // Delivered again at 1.5 s: a new deadline at 2.5 s is registered.
+        assert_eq!(ch.dispatch(&t.log, t0 + ms(1500)), 1);
+        assert_eq!(ch.timer_to_schedule(), Some(t0 + ms(2500)));
+    }
+
+    #[test]
+    fn finished_messages_leave_no_timer_behind() {
+        let t0 = Instant::now();
+        let (mut t, c, ids) = delivered(3, t0);
+        let ch = t.channels.get_mut("ch").unwrap();
+        for id in ids {
+            ch.finish(&c, id).unwrap();
+        }
+        assert_eq!(ch.timer_to_schedule(), None);
+        assert_eq!(ch.next_timer(), None, "stale heap entries pruned");
+    }
+
+    #[test]
+    fn touch_moves_the_deadline_and_a_visit_reregisters_it() {
+        let t0 = Instant::now();
+        let (mut t, c, ids) = delivered(1, t0);
+        let ch = t.channels.get_mut("ch").unwrap();
+        assert_eq!(ch.timer_to_schedule(), Some(t0 + ms(1000)));
+        ch.touch(&c, ids[0], t0 + ms(800), ms(15 * 60 * 1000))
+            .unwrap();
+        // Still registered at 1 s, earlier than the new deadline: nothing to add.
+        assert_eq!(ch.timer_to_schedule(), None);
+        ch.timer_fired(t0 + ms(1000));
+        assert_eq!(ch.process_timers(t0 + ms(1000)), 0);
+        assert_eq!(ch.timer_to_schedule(), Some(t0 + ms(1800)));
+        ch.timer_fired(t0 + ms(1800));
+        assert_eq!(ch.process_timers(t0 + ms(1800)), 1);
+    }
+
+    #[test]
+    fn deferred_message_registers_an_earlier_instant() {
+        let t0 = Instant::now();
+        let (mut t, c, ids) = delivered(2, t0);
+        let ch = t.channels.get_mut("ch").unwrap();
+        assert_eq!(ch.timer_to_schedule(), Some(t0 + ms(1000)));
+        // REQ with 300 ms at 100 ms: due at 400 ms, before the in-flight deadline.
+        ch.requeue(&c, ids[0], ms(300), t0 + ms(100)).unwrap();
+        assert_eq!(ch.deferred.len(), 1);
+        assert_eq!(ch.timer_to_schedule(), Some(t0 + ms(400)));
+        ch.timer_fired(t0 + ms(400));
+        assert_eq!(ch.process_timers(t0 + ms(399)), 0);
+        assert_eq!(ch.process_timers(t0 + ms(400)), 1);
+        assert_eq!(ch.requeued.len(), 1);
+        // The channel tracks only its earliest registration, so the in-flight deadline
+        // at 1 s is registered again (the queue pops a key once per pass).
+        assert_eq!(ch.timer_to_schedule(), Some(t0 + ms(1000)));
+        ch.timer_fired(t0 + ms(1000));
+        assert_eq!(ch.process_timers(t0 + ms(1000)), 1);
+        assert_eq!(ch.timer_to_schedule(), None);
+    }
+
+    #[test]
+    fn dpub_goes_to_the_deferred_heap_with_its_due_time() {
+        let t0 = Instant::now();
+        let mut t = Topic::new("t", 1);
+        t.create_channel("ch", 10_000);
+        let due = t0 + ms(60_000);
+        t.publish([Bytes::from_static(b"later")], Some(due), 10_000);
+        let ch = t.channels.get_mut("ch").unwrap();
+        assert_eq!(ch.deferred.len(), 1);
+        assert_eq!(ch.timer_to_schedule(), Some(due));
+        assert_eq!(ch.process_timers(due - ms(1)), 0);
+        assert_eq!(ch.process_timers(due), 1);
     }
 }

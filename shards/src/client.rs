@@ -47,6 +47,60 @@ pub struct ClientSettings {
     pub identified: bool,
 }
 
+/// nsqd's output-buffer ticker (protocol_v2.go messagePump: `outputBufferTicker`, made
+/// when the connection starts and again at each IDENTIFY): it ticks every
+/// output_buffer_timeout from its origin, and the writer flushes a client's buffered
+/// messages at a tick. Like Go's ticker channel it holds one tick that nobody took: a
+/// client whose messagePump was `flushed` (nothing buffered, not taking ticks) when a
+/// tick passed gets its next message flushed at once, so a lone message to an idle
+/// consumer does not wait; during a stream, messages wait for the next tick (at most one
+/// period) or for a full buffer. With a zero period there are no ticks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutputTicker {
+    origin: Instant,
+    period: Duration,
+    /// The tick taken last (the origin before the first).
+    taken: Instant,
+}
+
+impl OutputTicker {
+    /// A ticker started at `now` with `period` (output_buffer_timeout).
+    pub fn new(now: Instant, period: Duration) -> OutputTicker {
+        OutputTicker {
+            origin: now,
+            period,
+            taken: now,
+        }
+    }
+
+    /// The first tick after the one taken last (held until taken), or `None` without
+    /// ticks.
+    pub fn next_tick(&self) -> Option<Instant> {
+        let p = self.period.as_nanos();
+        if p == 0 {
+            return None;
+        }
+        let k = (self.taken - self.origin).as_nanos() / p + 1;
+        Some(self.origin + Duration::from_nanos((k * p).min(u64::MAX as u128) as u64))
+    }
+
+    /// True when a tick is waiting to be taken at `now`.
+    pub fn due(&self, now: Instant) -> bool {
+        self.next_tick().is_some_and(|t| t <= now)
+    }
+
+    /// Takes the waiting tick at `now`: the next one comes a whole period after the
+    /// latest tick at or before `now` (ticks in between are dropped, as Go's are).
+    pub fn take(&mut self, now: Instant) {
+        let p = self.period.as_nanos();
+        if p == 0 || now < self.origin {
+            return;
+        }
+        let k = (now - self.origin).as_nanos() / p;
+        self.taken = self.origin + Duration::from_nanos((k * p).min(u64::MAX as u128) as u64);
+    }
+}
+
 /// Everything about a client that moves with its connection when it is handed to another
 /// shard (plain data, `Send`).
 #[derive(Clone, Debug)]
@@ -65,6 +119,10 @@ pub struct ClientSnapshot {
     /// With deflate: the last 32 KiB the server sent (the peer's inflate window), to
     /// prime the compressor that continues the stream on the new shard.
     pub deflate_out_history: Vec<u8>,
+    /// The output-buffer ticker and messagePump `flushed` state: the ticker keeps its
+    /// phase (from IDENTIFY) on the new shard, as nsqd's would.
+    pub output_ticker: OutputTicker,
+    pub pump_flushed: bool,
 }
 
 /// The shard-side view of one connection.
@@ -87,8 +145,12 @@ pub struct Client {
     pub subscription: RefCell<Option<(String, String)>>,
     /// Frames waiting for the writer task.
     pub out: RefCell<Vec<u8>>,
-    /// When the oldest unflushed message frame was buffered.
-    pub buffered_since: Cell<Option<Instant>>,
+    /// The output-buffer ticker (nsqd: messagePump's outputBufferTicker).
+    pub output_ticker: Cell<OutputTicker>,
+    /// nsqd messagePump's `flushed`: false once a message frame was buffered, true again
+    /// after a flush by the output-buffer ticker or for a client that is not ready. While
+    /// it is false the writer takes the ticker's ticks.
+    pub pump_flushed: Cell<bool>,
     /// Set when `out` must go out now (a response, an error, or the client stopped
     /// being ready).
     pub flush_now: Cell<bool>,
@@ -110,6 +172,7 @@ pub struct Client {
 
 impl Client {
     pub fn new(id: u64, remote_address: String, settings: ClientSettings) -> Client {
+        let ticker = OutputTicker::new(Instant::now(), settings.output_buffer_timeout);
         Client {
             id,
             remote_address,
@@ -124,7 +187,8 @@ impl Client {
             pub_counts: RefCell::new(Vec::new()),
             subscription: RefCell::new(None),
             out: RefCell::new(Vec::with_capacity(4096)),
-            buffered_since: Cell::new(None),
+            output_ticker: Cell::new(ticker),
+            pump_flushed: Cell::new(true),
             flush_now: Cell::new(false),
             wake: Notify::default(),
             closed: Cell::new(false),
@@ -144,6 +208,8 @@ impl Client {
         c.requeue_count.set(s.requeue_count);
         *c.pub_counts.borrow_mut() = s.pub_counts;
         c.compression.set(s.compression);
+        c.output_ticker.set(s.output_ticker);
+        c.pump_flushed.set(s.pump_flushed);
         *c.deflate_out_history.borrow_mut() = s.deflate_out_history;
         Client {
             connect_ts: s.connect_ts,
@@ -164,6 +230,8 @@ impl Client {
             pub_counts: self.pub_counts.borrow().clone(),
             compression: self.compression.get(),
             deflate_out_history: self.deflate_out_history.borrow().clone(),
+            output_ticker: self.output_ticker.get(),
+            pump_flushed: self.pump_flushed.get(),
         }
     }
 
@@ -188,21 +256,31 @@ impl Client {
         self.wake.notify();
     }
 
-    /// Buffers one message frame: the first buffered frame starts the output-buffer timer;
-    /// a full buffer or a client that stops being ready flushes now.
+    /// Buffers one message frame (nsqd: SendMessage). A full buffer or a client that
+    /// stops being ready flushes now; otherwise the writer waits for the output-buffer
+    /// ticker (see [`OutputTicker`]).
     pub fn buffer_message(&self, msg: &Message) {
         let len = {
             let mut out = self.out.borrow_mut();
             msg.write_frame(&mut out);
             out.len()
         };
-        if self.buffered_since.get().is_none() {
-            self.buffered_since.set(Some(Instant::now()));
-        }
-        if len >= self.settings.borrow().output_buffer_size || !self.is_ready() {
+        let was_flushed = self.pump_flushed.replace(false);
+        let (full, untimed) = {
+            let s = self.settings.borrow();
+            (
+                len >= s.output_buffer_size,
+                s.output_buffer_timeout.is_zero(),
+            )
+        };
+        if full || !self.is_ready() {
             self.flush_now.set(true);
+            self.wake.notify();
+        } else if was_flushed || untimed {
+            // The writer may be waiting without a timer: it must start taking ticks, or
+            // (output_buffer_timeout 0) flush this delivery round.
+            self.wake.notify();
         }
-        self.wake.notify();
     }
 
     /// Counts a publish to `topic` for stats `pub_counts`.
@@ -219,5 +297,47 @@ impl Client {
     pub fn kill(&self) {
         self.closed.set(true);
         self.wake.notify();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn ticker_ticks_every_period_from_its_origin() {
+        let t0 = Instant::now();
+        let mut t = OutputTicker::new(t0, ms(250));
+        assert_eq!(t.next_tick(), Some(t0 + ms(250)));
+        assert!(!t.due(t0 + ms(249)));
+        assert!(t.due(t0 + ms(250)));
+        t.take(t0 + ms(260));
+        assert_eq!(t.next_tick(), Some(t0 + ms(500)));
+        assert!(!t.due(t0 + ms(499)));
+    }
+
+    #[test]
+    fn a_tick_nobody_took_is_held_and_later_ones_dropped() {
+        let t0 = Instant::now();
+        let mut t = OutputTicker::new(t0, ms(250));
+        // Idle for 3.5 periods: one tick is held, so a message now is flushed at once.
+        assert!(t.due(t0 + ms(875)));
+        t.take(t0 + ms(875));
+        // The next tick is the regular one after the latest passed (750 ms).
+        assert_eq!(t.next_tick(), Some(t0 + ms(1000)));
+    }
+
+    #[test]
+    fn zero_period_never_ticks() {
+        let t0 = Instant::now();
+        let mut t = OutputTicker::new(t0, Duration::ZERO);
+        assert_eq!(t.next_tick(), None);
+        assert!(!t.due(t0 + ms(10_000)));
+        t.take(t0 + ms(10_000));
+        assert_eq!(t.next_tick(), None);
     }
 }

@@ -16,6 +16,7 @@ pub mod quantile;
 pub mod shard;
 pub mod signal;
 pub mod stats;
+pub mod timers;
 pub mod topic;
 
 pub use channel::Channel;

@@ -303,12 +303,16 @@ impl Shard {
                 Some(c.clone()),
             ));
         }
+        for ch in t.channels.values_mut() {
+            self.schedule_timer(name, ch);
+        }
         self.topics.borrow_mut().insert(name.to_string(), t);
         Ok((count, nch, segs))
     }
 
-    /// Writes the metadata of every durable topic and applies segment retention. Runs
-    /// every `--sync-timeout` and at shutdown.
+    /// Writes the metadata of every durable topic whose metadata changed since it was
+    /// last written (an idle topic costs one comparison, no disk write) and applies
+    /// segment retention. Runs every `--sync-timeout` and at shutdown.
     ///
     /// Retention: by default a segment is deleted once every channel has passed it (its
     /// records are all below the topic's low watermark). With `--retention-time` or
@@ -318,30 +322,64 @@ impl Shard {
     /// segment files add up to more than `--retention-bytes` (the segment being written
     /// is not counted). The retained range is then measured for `/stats`.
     pub async fn checkpoint(&self) {
-        let work: Vec<(Rc<nsq_storage::TopicStore>, TopicMeta, u64)> = {
+        // Retention by time must run for idle topics too; otherwise a topic whose
+        // metadata did not change has nothing to do.
+        let retains = self.opts.retains();
+        type Work = (
+            Rc<nsq_storage::TopicStore>,
+            String,
+            Option<(TopicMeta, TopicMeta)>,
+            u64,
+        );
+        let work: Vec<Work> = {
             let mut topics = self.topics.borrow_mut();
             topics
                 .values_mut()
                 .filter_map(|t| {
                     let st = t.store.clone()?;
-                    t.dirty = false;
+                    // `journal_gen` is 0 here; a new journal event also counts as a change.
                     let mut m = topic_meta(t);
+                    let changed = t.written_meta.as_ref() != Some(&m) || st.journal_has_events();
+                    if !changed && !retains {
+                        return None;
+                    }
+                    t.dirty = false;
+                    let written = m.clone();
                     // Same synchronous step: the snapshot includes every event journaled
                     // so far, and later events go to the next generation.
                     m.journal_gen = st.journal_snapshot();
-                    Some((st, m, t.low_watermark()))
+                    Some((
+                        st,
+                        t.name.clone(),
+                        changed.then_some((m, written)),
+                        t.low_watermark(),
+                    ))
                 })
                 .collect()
         };
-        for (st, m, low) in work {
-            let name = m.name.clone();
-            let dir = st.dir().to_path_buf();
-            let gen = m.journal_gen;
-            let res = glommio::executor()
-                .spawn_blocking(move || meta::write_blocking(&dir, &m))
-                .await;
+        for (st, name, m, low) in work {
+            let res = match m {
+                Some((m, written)) => {
+                    let dir = st.dir().to_path_buf();
+                    let gen = m.journal_gen;
+                    glommio::executor()
+                        .spawn_blocking(move || meta::write_blocking(&dir, &m))
+                        .await
+                        .map(|()| Some((gen, written)))
+                }
+                None => Ok(None),
+            };
             match res {
-                Ok(()) => st.journal_covered(gen).await,
+                Ok(None) => {}
+                Ok(Some((gen, written))) => {
+                    st.journal_covered(gen).await;
+                    let mut topics = self.topics.borrow_mut();
+                    if let Some(t) = topics.get_mut(&name) {
+                        if t.store.as_ref().is_some_and(|s| Rc::ptr_eq(s, &st)) {
+                            t.written_meta = Some(written);
+                        }
+                    }
+                }
                 Err(e) => log::error!(
                     "STORE: metadata write for {} failed - {e}",
                     st.dir().display()

@@ -9,10 +9,11 @@ use crate::message::MessageId;
 use crate::options::Options;
 use crate::signal::Event;
 use crate::stats::*;
+use crate::timers::TimerQueue;
 use crate::topic::{PublishError, StoreMode, Topic, STORE_DELAY};
 use bytes::Bytes;
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
 
@@ -76,6 +77,15 @@ pub struct Shard {
     /// A topic holds records not yet handed to its store: wakes `store_loop`.
     pub store_wake: crate::signal::Notify,
     next_client: Cell<u64>,
+    /// Channels with an in-flight timeout or a deferred message, by the earliest due
+    /// instant, as (topic, channel) (see crate::timers).
+    pub timers: RefCell<TimerQueue<(String, String)>>,
+    /// Wakes the shard's timer loop when a timer earlier than every registered one was
+    /// registered (the loop may be sleeping until a later instant).
+    pub timer_wake: crate::signal::Notify,
+    /// Durable topics whose memory tail may still shrink when their store makes more
+    /// records readable from disk (see `Topic::trim`); each timer pass trims them.
+    trim_pending: RefCell<BTreeSet<String>>,
     /// This shard as an `Rc`, for tasks its synchronous methods spawn.
     pub me: RefCell<Weak<Shard>>,
 }
@@ -118,6 +128,10 @@ struct DiskRead {
 /// (backpressure: memory stays bounded when publishing outruns the disk).
 pub const STORE_PENDING_HIGH: usize = 32 << 20;
 
+/// How often a shard re-registers the timers of all its channels (a safety net for the
+/// timer queue; nsqd: QueueScanRefreshInterval, 5 s).
+pub const TIMER_REFRESH: Duration = Duration::from_secs(5);
+
 /// Why a SUB could not join its channel (`E_SUB_FAILED SUB failed <text>`).
 pub type SubError = String;
 
@@ -138,6 +152,9 @@ impl Shard {
             meta_wake: crate::signal::Notify::default(),
             store_wake: crate::signal::Notify::default(),
             next_client: Cell::new(1),
+            timers: RefCell::new(TimerQueue::default()),
+            timer_wake: crate::signal::Notify::default(),
+            trim_pending: RefCell::new(BTreeSet::new()),
             me: RefCell::new(Weak::new()),
         }
     }
@@ -271,6 +288,9 @@ impl Shard {
             })
         });
         self.dispatch_topic(t);
+        if memory_may_shrink(t) {
+            self.trim_pending.borrow_mut().insert(t.name.clone());
+        }
         Ok(wait)
     }
 
@@ -383,6 +403,7 @@ impl Shard {
             }
         }
         let out = ch.dispatch(&t.log, Instant::now());
+        self.schedule_timer(&r.topic, ch);
         bump(&self.counters.messages_out, out);
         self.schedule_disk_reads(t);
     }
@@ -400,6 +421,7 @@ impl Shard {
         for ch in t.channels.values_mut() {
             out += ch.dispatch(&t.log, now);
             disk |= ch.disk_read_from(t.log.base).is_some();
+            self.schedule_timer(&t.name, ch);
         }
         bump(&self.counters.messages_out, out);
         t.trim(self.opts.mem_queue_size);
@@ -414,6 +436,7 @@ impl Shard {
             if let Some(ch) = t.channels.get_mut(channel) {
                 let out = ch.dispatch(&t.log, Instant::now());
                 let disk = ch.disk_read_from(t.log.base).is_some();
+                self.schedule_timer(topic, ch);
                 if out > 0 {
                     bump(&self.counters.messages_out, out);
                     t.trim(self.opts.mem_queue_size);
@@ -499,27 +522,99 @@ impl Shard {
         self.with_channel(c, |ch| ch.touch(c, id, Instant::now(), max))
     }
 
-    /// One pass of the shard's timer: expired in-flight messages and due deferred
-    /// messages go back to their channel's queue and are delivered again.
-    pub fn process_timers(&self) {
-        let now = Instant::now();
+    /// Registers `ch` (of `topic`) in the shard's timer queue if its earliest in-flight
+    /// deadline or deferred due time moved earlier than where it is registered. Called
+    /// after every change to a channel's timers; wakes the timer loop when the new
+    /// instant is the earliest of the shard.
+    pub fn schedule_timer(&self, topic: &str, ch: &mut crate::channel::Channel) {
+        let Some(due) = ch.timer_to_schedule() else {
+            return;
+        };
+        let mut timers = self.timers.borrow_mut();
+        let earliest = timers.next_due().is_none_or(|d| due < d);
+        timers.push(due, (topic.to_string(), ch.name.clone()));
+        drop(timers);
+        if earliest {
+            self.timer_wake.notify();
+        }
+    }
+
+    /// Registers the timers of every channel (after recovery, and every
+    /// [`TIMER_REFRESH`] as a safety net; nsqd's queueScanLoop likewise refreshes its
+    /// channel list every 5 s). Costs one look at each channel.
+    pub fn schedule_all_timers(&self) {
         let mut topics = self.topics.borrow_mut();
-        let mut out = 0;
         for t in topics.values_mut() {
-            let mut any = false;
             for ch in t.channels.values_mut() {
-                if ch.process_timers(now) > 0 || ch.clients.iter().any(|c| c.is_ready()) {
-                    out += ch.dispatch(&t.log, now);
-                    any = true;
-                }
+                self.schedule_timer(&t.name, ch);
             }
-            if any {
+        }
+    }
+
+    /// When the next timer of this shard is due (an in-flight timeout or a deferred
+    /// message of some channel), if any.
+    pub fn next_timer_due(&self) -> Option<Instant> {
+        self.timers.borrow().next_due()
+    }
+
+    /// One pass of the shard's timer at `now` (nsqd: queueScanLoop): the channels whose
+    /// earliest timer is due move expired in-flight messages and due deferred messages
+    /// back to their queue and deliver them again; the other channels are not visited.
+    /// Also trims the memory tail of topics whose store made more records readable, and
+    /// delivers to every ready consumer of this shard whose channel has messages (a
+    /// safety net: every change that makes a client ready delivers at once). Returns how
+    /// many channels were visited for timers.
+    pub fn process_timers(&self, now: Instant) -> usize {
+        let due = self.timers.borrow_mut().pop_due(now);
+        let visited = due.len();
+        let mut out = 0;
+        let mut topics = self.topics.borrow_mut();
+        for (tn, cn) in due {
+            let Some(t) = topics.get_mut(&tn) else {
+                continue;
+            };
+            let Some(ch) = t.channels.get_mut(&cn) else {
+                continue;
+            };
+            ch.timer_fired(now);
+            let mut disk = false;
+            if ch.process_timers(now) > 0 {
+                out += ch.dispatch(&t.log, now);
+                disk = ch.wants_disk;
+            }
+            self.schedule_timer(&tn, ch);
+            if disk {
                 self.schedule_disk_reads(t);
             }
-            // Memory is also freed as the store makes records readable from disk.
-            t.trim(self.opts.mem_queue_size);
         }
+        // Memory is also freed as the store makes records readable from disk.
+        let pending: Vec<String> = self.trim_pending.borrow().iter().cloned().collect();
+        for name in pending {
+            let done = match topics.get_mut(&name) {
+                Some(t) => {
+                    t.trim(self.opts.mem_queue_size);
+                    !memory_may_shrink(t)
+                }
+                None => true,
+            };
+            if done {
+                self.trim_pending.borrow_mut().remove(&name);
+            }
+        }
+        drop(topics);
         bump(&self.counters.messages_out, out);
+        let ready: Vec<(String, String)> = self
+            .clients
+            .borrow()
+            .values()
+            .filter_map(|w| w.upgrade())
+            .filter(|c| c.is_ready())
+            .filter_map(|c| c.subscription.borrow().clone())
+            .collect();
+        for (t, ch) in ready {
+            self.dispatch_channel(&t, &ch);
+        }
+        visited
     }
 
     /// Runs an admin operation on a topic this shard owns (nsqd: http.go handlers).
@@ -594,6 +689,7 @@ impl Shard {
                 if !paused {
                     let out = ch.dispatch(&topic.log, Instant::now());
                     bump(&self.counters.messages_out, out);
+                    self.schedule_timer(&t, ch);
                 }
             }
         }
@@ -698,6 +794,7 @@ impl Shard {
         ch.seek(target);
         log::info!("TOPIC({topic}) CHANNEL({channel}): seek {to:?}: cursor {from} -> {target}");
         let out = ch.dispatch(&t.log, Instant::now());
+        self.schedule_timer(topic, ch);
         bump(&self.counters.messages_out, out);
         t.dirty = true;
         t.trim(self.opts.mem_queue_size);
@@ -852,6 +949,15 @@ impl Shard {
     pub fn count_bytes_out(&self, n: u64) {
         bump(&self.counters.bytes_out, n);
     }
+}
+
+/// True while `t`'s memory tail may still shrink without any channel moving: some of its
+/// records are not yet handed to its store or not yet readable from disk (see
+/// `Topic::trim`).
+fn memory_may_shrink(t: &Topic) -> bool {
+    t.store
+        .as_ref()
+        .is_some_and(|st| t.stored < t.log.head || st.readable_seq() < st.next_seq())
 }
 
 /// A client's /stats entry. `topic` filters pub_counts like nsqd (which lists only the

@@ -157,7 +157,8 @@ pub struct ShardCounters {
     pub cross_shard_received: u64,
     pub handoffs_sent: u64,
     pub handoffs_received: u64,
-    /// How late the shard's 10 ms timer tick last fired, in microseconds (event-loop lag).
+    /// How late the shard's timer loop last woke from a timed sleep, in microseconds
+    /// (event-loop lag).
     pub loop_lag_us: u64,
     /// The largest such lateness seen, in microseconds.
     pub loop_lag_max_us: u64,

@@ -197,6 +197,9 @@ pub struct Topic {
     pub store: Option<Rc<TopicStore>>,
     /// Metadata changed since the last checkpoint.
     pub dirty: bool,
+    /// The metadata last written to the store's `meta.json` (a checkpoint skips the
+    /// write when nothing changed).
+    pub written_meta: Option<nsq_storage::meta::TopicMeta>,
     /// The retained range as of the last checkpoint (only with `--retention-time` or
     /// `--retention-bytes`; see `Shard::checkpoint`).
     pub retained: Retained,
@@ -236,6 +239,7 @@ impl Topic {
             message_bytes: 0,
             store: None,
             dirty: true,
+            written_meta: None,
             retained: Retained::default(),
             segment_newest: BTreeMap::new(),
             stored: 0,

@@ -921,6 +921,19 @@ impl TopicStore {
         self.journal_wake.notify();
     }
 
+    /// True when events were journaled since the last [`TopicStore::journal_snapshot`]
+    /// (the current generation has some, pending or in its file): a checkpoint must then
+    /// write `meta.json` to cover them even if the metadata itself did not change.
+    pub fn journal_has_events(&self) -> bool {
+        let g = self.journal_gen.get();
+        self.journal_files.borrow().contains(&g)
+            || self
+                .journal_pending
+                .borrow()
+                .iter()
+                .any(|(pg, b)| *pg == g && !b.is_empty())
+    }
+
     /// Starts a new journal generation and returns the one a metadata snapshot taken now
     /// covers (store it in `meta.json` as `journal_gen`). Call it in the same synchronous
     /// step that builds the snapshot.
