@@ -239,7 +239,7 @@ pub struct Cli {
 
     // -----------------------------------------------------------------------------------
     // The rest of nsqd 1.3.0's flags (apps/nsqd/options.go), so that any nsqd command line
-    // starts this broker. TLS and AUTH are not implemented: setting them fails at start-up
+    // starts this broker. AUTH is not implemented: setting it fails at start-up
     // (see `Config::refuse_unsupported`), never silently runs without them.
     // -----------------------------------------------------------------------------------
     /// path to a TOML config file (nsqd's cfg names; a flag given here overrides the file)
@@ -253,7 +253,7 @@ pub struct Cli {
     #[arg(long, default_value = "false", value_parser = parse_go_bool, num_args = 0..=1,
           require_equals = true, default_missing_value = "true")]
     pub worker_id: bool,
-    /// <addr>:<port> to listen on for HTTPS clients (TLS: not supported yet)
+    /// <addr>:<port> to listen on for HTTPS clients
     #[arg(long, default_value = "0.0.0.0:4152")]
     pub https_address: String,
     /// <addr>:<port> or a full url to query auth server (may be given multiple times; AUTH: not supported yet)
@@ -280,19 +280,19 @@ pub struct Cli {
     /// calculate end to end latency quantiles for this duration of time (Go duration)
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     pub e2e_processing_latency_window_time: Duration,
-    /// path to certificate file (TLS: not supported yet)
+    /// path to certificate file
     #[arg(long, default_value = "")]
     pub tls_cert: String,
-    /// path to key file (TLS: not supported yet)
+    /// path to key file
     #[arg(long, default_value = "")]
     pub tls_key: String,
-    /// client certificate auth policy ('require' or 'require-verify'; TLS: not supported yet)
+    /// client certificate auth policy ('require' or 'require-verify')
     #[arg(long, default_value = "")]
     pub tls_client_auth_policy: String,
     /// path to certificate authority file
     #[arg(long, default_value = "")]
     pub tls_root_ca_file: String,
-    /// require TLS for client connections (true, false, tcp-https; TLS: not supported yet)
+    /// require TLS for client connections (true, false, tcp-https)
     #[arg(long, default_value = "false", value_parser = parse_tls_required, num_args = 0..=1,
           require_equals = true, default_missing_value = "true")]
     pub tls_required: u8,
@@ -397,6 +397,13 @@ pub struct Config {
     pub options: Vec<(&'static str, crate::config_file::GoValue)>,
     /// `--preflight`: run the host checks and exit instead of serving.
     pub preflight_only: bool,
+    /// The TLS server configuration (`--tls-cert` and `--tls-key` set), see [`crate::tls`].
+    pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+    /// `--tls-required` after nsqd's adjustment (a client auth policy implies it): one of
+    /// the `TLS_*` constants.
+    pub tls_required: u8,
+    /// `--https-address`: served (over TLS) only when `tls` is set, as nsqd does.
+    pub https_address: String,
 }
 
 /// Rewrites Go-style `-long-flag` arguments into `--long-flag`.
@@ -439,7 +446,7 @@ impl Config {
         if !(0..1024).contains(&node_id) {
             return Err("--node-id must be [0,1024)".into());
         }
-        check_tls_and_auth(&cli)?;
+        let (tls, tls_required) = check_tls_and_auth(&cli)?;
         for v in &cli.e2e_processing_latency_percentile {
             if *v <= 0.0 || *v > 1.0 || v.is_nan() {
                 return Err(format!(
@@ -523,6 +530,9 @@ impl Config {
             lookupd_ping_interval: cli.lookupd_ping_interval,
             options,
             preflight_only: cli.preflight,
+            tls,
+            tls_required,
+            https_address: cli.https_address.clone(),
         })
     }
 }
@@ -537,12 +547,21 @@ impl Config {
 /// nsqd.New's TLS and auth checks, with its messages: a client auth policy implies
 /// `--tls-required`; requiring TLS needs a certificate; the root CA file must hold a
 /// certificate; the auth request method is get or post (nsqd master).
-fn check_tls_and_auth(cli: &Cli) -> Result<(), String> {
+type TlsSetup = (Option<std::sync::Arc<rustls::ServerConfig>>, u8);
+
+fn check_tls_and_auth(cli: &Cli) -> Result<TlsSetup, String> {
     let mut tls_required = cli.tls_required;
     if !cli.tls_client_auth_policy.is_empty() && tls_required == TLS_NOT_REQUIRED {
         tls_required = TLS_REQUIRED;
     }
-    if cli.tls_cert.is_empty() && cli.tls_key.is_empty() && tls_required != TLS_NOT_REQUIRED {
+    let tls = crate::tls::server_config(&crate::tls::TlsOptions {
+        cert: &cli.tls_cert,
+        key: &cli.tls_key,
+        client_auth_policy: &cli.tls_client_auth_policy,
+        root_ca_file: &cli.tls_root_ca_file,
+        min_version: cli.tls_min_version,
+    })?;
+    if tls.is_none() && tls_required != TLS_NOT_REQUIRED {
         return Err("cannot require TLS client connections without TLS key and cert".into());
     }
     if !cli.tls_root_ca_file.is_empty() {
@@ -564,22 +583,12 @@ fn check_tls_and_auth(cli: &Cli) -> Result<(), String> {
     if cli.auth_http_request_method != "post" && cli.auth_http_request_method != "get" {
         return Err("--auth-http-request-method must be post or get".into());
     }
-    Ok(())
+    Ok((tls, tls_required))
 }
 
-/// TLS and AUTH are not implemented: an operator who asked for them gets a start-up error,
-/// never a broker silently running without them. `--tls-root-ca-file` and
-/// `--tls-min-version` alone change nothing in nsqd without a certificate or an auth
-/// server, so they are accepted.
+/// AUTH is not implemented: an operator who asked for it gets a start-up error, never a
+/// broker silently running without it.
 fn refuse_unsupported(cli: &Cli) -> Result<(), String> {
-    if !cli.tls_cert.is_empty() || !cli.tls_key.is_empty() {
-        return Err(
-            "TLS is not supported by this broker yet: --tls-cert/--tls-key \
-                    (tls_cert/tls_key) are set; remove them to run without TLS, or keep nsqd \
-                    on this host"
-                .into(),
-        );
-    }
     if !cli.auth_http_address.is_empty() {
         return Err(
             "AUTH is not supported by this broker yet: --auth-http-address \

@@ -22,3 +22,4 @@ pub mod stats_render;
 pub mod statsd;
 pub mod tcp;
 pub mod timefmt;
+pub mod tls;

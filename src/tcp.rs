@@ -112,17 +112,205 @@ const READ_CHUNK: usize = 64 * 1024;
 /// A socket shared by the connection's reader and writer tasks. Each poll borrows it
 /// only for the duration of the poll (never across an await); glommio keeps separate
 /// read and write sources, so the two directions do not disturb each other.
+///
+/// With TLS (after IDENTIFY `tls_v1`, or on the HTTPS listener) it holds the rustls
+/// session: `read` returns decrypted bytes and `write_all` encrypts, so the reader and
+/// writer loops above it stay the same. Without TLS the plain path is what it was: one
+/// `is_tls` check per call, no extra copy.
 #[derive(Clone)]
-pub struct SharedStream(Rc<RefCell<TcpStream>>);
+pub struct SharedStream(Rc<StreamInner>);
+
+struct StreamInner {
+    tcp: RefCell<TcpStream>,
+    is_tls: Cell<bool>,
+    tls: RefCell<Option<Box<rustls::ServerConnection>>>,
+    /// Held by whoever writes to the socket: TLS records must reach the socket in the
+    /// order rustls made them (the reader writes during a handshake, the writer always),
+    /// and the IDENTIFY reply must be on the wire before the TLS handshake starts.
+    write_lock: futures::lock::Mutex<()>,
+    /// Scratch buffers for ciphertext (taken out while in use).
+    rbuf: Cell<Vec<u8>>,
+    wbuf: Cell<Vec<u8>>,
+}
+
+/// Ciphertext read per socket read with TLS: at most one full record, so the plaintext
+/// it decrypts to always fits rustls' 16 KiB received-plaintext buffer.
+const TLS_READ_CHUNK: usize = 16 * 1024;
 
 impl SharedStream {
     pub fn new(s: TcpStream) -> SharedStream {
-        SharedStream(Rc::new(RefCell::new(s)))
+        SharedStream(Rc::new(StreamInner {
+            tcp: RefCell::new(s),
+            is_tls: Cell::new(false),
+            tls: RefCell::new(None),
+            write_lock: futures::lock::Mutex::new(()),
+            rbuf: Cell::new(Vec::new()),
+            wbuf: Cell::new(Vec::new()),
+        }))
+    }
+
+    /// A stream resumed with its TLS session (a connection handed over by another shard).
+    pub fn with_tls(s: TcpStream, conn: Box<rustls::ServerConnection>) -> SharedStream {
+        let st = SharedStream::new(s);
+        *st.0.tls.borrow_mut() = Some(conn);
+        st.0.is_tls.set(true);
+        st
+    }
+
+    /// (version, cipher suite) of the TLS session, named as Go's crypto/tls names them.
+    pub fn tls_info(&self) -> Option<(String, String)> {
+        let g = self.0.tls.borrow();
+        let c = g.as_ref()?;
+        let version = match c.protocol_version() {
+            Some(rustls::ProtocolVersion::TLSv1_3) => "TLS1.3".to_string(),
+            Some(rustls::ProtocolVersion::TLSv1_2) => "TLS1.2".to_string(),
+            Some(v) => format!("{v:?}"),
+            None => String::new(),
+        };
+        let suite = c
+            .negotiated_cipher_suite()
+            .and_then(|s| s.suite().as_str())
+            .unwrap_or_default()
+            .to_string();
+        Some((version, suite))
+    }
+
+    pub fn is_tls(&self) -> bool {
+        self.0.is_tls.get()
+    }
+
+    /// Takes the TLS session out (to move it with the connection to another shard).
+    pub fn take_tls(&self) -> Option<Box<rustls::ServerConnection>> {
+        self.0.is_tls.set(false);
+        self.0.tls.borrow_mut().take()
+    }
+
+    async fn raw_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        use futures::io::AsyncRead;
+        futures::future::poll_fn(|cx| Pin::new(&mut *self.0.tcp.borrow_mut()).poll_read(cx, buf))
+            .await
     }
 
     pub async fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        use futures::io::AsyncRead;
-        futures::future::poll_fn(|cx| Pin::new(&mut *self.0.borrow_mut()).poll_read(cx, buf)).await
+        if !self.is_tls() {
+            return self.raw_read(buf).await;
+        }
+        self.tls_read(buf).await
+    }
+
+    /// Reads decrypted bytes: what rustls holds already, else ciphertext from the
+    /// socket until a record completes. 0 at end of stream (close_notify or EOF).
+    async fn tls_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::io::Read;
+        loop {
+            {
+                let mut g = self.0.tls.borrow_mut();
+                let conn = g.as_mut().ok_or_else(|| io::Error::other("no TLS session"))?;
+                match conn.reader().read(buf) {
+                    Ok(n) => return Ok(n),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    // EOF without close_notify: the peer went away.
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
+                    Err(e) => return Err(e),
+                }
+            }
+            if !self.read_ciphertext().await? {
+                return Ok(0);
+            }
+        }
+    }
+
+    /// Reads one chunk of ciphertext into the session and processes it (writing what the
+    /// session answers, as during a handshake). False at end of stream.
+    async fn read_ciphertext(&self) -> io::Result<bool> {
+        let mut raw = self.0.rbuf.take();
+        raw.resize(TLS_READ_CHUNK, 0);
+        let r = self.raw_read(&mut raw).await;
+        let res = match r {
+            Ok(0) => Ok(false),
+            Ok(n) => self.feed_ciphertext(&raw[..n.min(raw.len())]).map(|_| true),
+            Err(e) => Err(e),
+        };
+        self.0.rbuf.set(raw);
+        let flushed = self.flush_tls().await;
+        let more = res?;
+        flushed?;
+        Ok(more)
+    }
+
+    /// Hands received ciphertext to the session. On a TLS error the alert rustls queued
+    /// goes out with the next flush and the error is returned.
+    fn feed_ciphertext(&self, mut data: &[u8]) -> io::Result<()> {
+        let mut g = self.0.tls.borrow_mut();
+        let conn = g.as_mut().ok_or_else(|| io::Error::other("no TLS session"))?;
+        while !data.is_empty() {
+            conn.read_tls(&mut data)?;
+            if let Err(e) = conn.process_new_packets() {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes what the session has to send (handshake messages, alerts, records).
+    async fn flush_tls(&self) -> io::Result<()> {
+        let _g = self.0.write_lock.lock().await;
+        self.flush_tls_locked().await
+    }
+
+    async fn flush_tls_locked(&self) -> io::Result<()> {
+        let mut out = self.0.wbuf.take();
+        out.clear();
+        {
+            let mut g = self.0.tls.borrow_mut();
+            if let Some(conn) = g.as_mut() {
+                while conn.wants_write() {
+                    conn.write_tls(&mut out)?;
+                }
+            }
+        }
+        let r = self.raw_write_all(&out).await;
+        if out.capacity() > 1 << 20 {
+            out = Vec::new();
+        }
+        self.0.wbuf.set(out);
+        r
+    }
+
+    /// Server side of the TLS handshake on this connection, started after the IDENTIFY
+    /// reply went out plain (nsqd: clientV2.UpgradeTLS). `early` is what was read past
+    /// the IDENTIFY already: the start of the client's handshake.
+    pub async fn accept_tls(
+        &self,
+        config: std::sync::Arc<rustls::ServerConfig>,
+        early: &[u8],
+    ) -> io::Result<()> {
+        let mut conn = rustls::ServerConnection::new(config).map_err(io::Error::other)?;
+        // Output is bounded by the client's output buffer already.
+        conn.set_buffer_limit(None);
+        {
+            // Everything queued before this point has been written plain.
+            let _g = self.0.write_lock.lock().await;
+            *self.0.tls.borrow_mut() = Some(Box::new(conn));
+            self.0.is_tls.set(true);
+        }
+        let fed = self.feed_ciphertext(early);
+        self.flush_tls().await?;
+        fed?;
+        loop {
+            let handshaking = self
+                .0
+                .tls
+                .borrow()
+                .as_ref()
+                .is_some_and(|c| c.is_handshaking());
+            if !handshaking {
+                return Ok(());
+            }
+            if !self.read_ciphertext().await? {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+        }
     }
 
     /// Reads up to `max` bytes appended to `buf` without zero-filling the space first
@@ -133,8 +321,9 @@ impl SharedStream {
         let spare = &mut buf.spare_capacity_mut()[..max];
         // SAFETY: the slice covers `max` bytes of `buf`'s allocated capacity. Its bytes
         // may be uninitialised; the read only ever writes into it (glommio copies what
-        // recv returned, or the kernel writes it) and never reads it, and only the
-        // `n` bytes it reports as written become part of `buf` below.
+        // recv returned, the kernel writes it, or rustls copies decrypted bytes into it)
+        // and never reads it, and only the `n` bytes it reports as written become part
+        // of `buf` below.
         let area: &mut [u8] =
             unsafe { std::slice::from_raw_parts_mut(spare.as_mut_ptr().cast::<u8>(), max) };
         let n = self.read(area).await?;
@@ -144,11 +333,11 @@ impl SharedStream {
         Ok(n)
     }
 
-    pub async fn write_all(&self, mut data: &[u8]) -> io::Result<()> {
+    async fn raw_write_all(&self, mut data: &[u8]) -> io::Result<()> {
         use futures::io::AsyncWrite;
         while !data.is_empty() {
             let n = futures::future::poll_fn(|cx| {
-                Pin::new(&mut *self.0.borrow_mut()).poll_write(cx, data)
+                Pin::new(&mut *self.0.tcp.borrow_mut()).poll_write(cx, data)
             })
             .await?;
             if n == 0 {
@@ -159,8 +348,28 @@ impl SharedStream {
         Ok(())
     }
 
+    pub async fn write_all(&self, data: &[u8]) -> io::Result<()> {
+        let _g = self.0.write_lock.lock().await;
+        if !self.is_tls() {
+            return self.raw_write_all(data).await;
+        }
+        {
+            use std::io::Write;
+            let mut g = self.0.tls.borrow_mut();
+            let conn = g.as_mut().ok_or_else(|| io::Error::other("no TLS session"))?;
+            conn.writer().write_all(data)?;
+        }
+        self.flush_tls_locked().await
+    }
+
+    /// Waits until no write is in progress (what was handed to `write_all` is on the
+    /// socket).
+    pub async fn writes_done(&self) {
+        let _g = self.0.write_lock.lock().await;
+    }
+
     pub fn fd(&self) -> i32 {
-        self.0.borrow().as_raw_fd()
+        self.0.tcp.borrow().as_raw_fd()
     }
 
     /// Shuts both directions so a blocked reader wakes up with EOF.
@@ -171,11 +380,11 @@ impl SharedStream {
     }
 
     pub fn set_read_timeout(&self, d: Option<Duration>) {
-        let _ = self.0.borrow().set_read_timeout(d);
+        let _ = self.0.tcp.borrow().set_read_timeout(d);
     }
 
     pub fn set_write_timeout(&self, d: Option<Duration>) {
-        let _ = self.0.borrow().set_write_timeout(d);
+        let _ = self.0.tcp.borrow().set_write_timeout(d);
     }
 }
 
@@ -232,9 +441,20 @@ pub async fn resume(server: Rc<Server>, h: HandOff) {
     let stream = unsafe { TcpStream::from_raw_fd(h.fd.into_raw_fd()) };
     let client = Rc::new(Client::from_snapshot(h.client));
     let buf = BytesMut::from(&h.pending[..]);
+    let stream = match h.tls.map(|t| t.downcast::<rustls::ServerConnection>()) {
+        None => SharedStream::new(stream),
+        Some(Ok(conn)) => SharedStream::with_tls(stream, conn),
+        Some(Err(_)) => {
+            log::error!(
+                "hand-off of {} failed: not a TLS session",
+                client.remote_address
+            );
+            return;
+        }
+    };
     run_connection(
         server,
-        SharedStream::new(stream),
+        stream,
         client,
         buf,
         h.pending_raw,
@@ -300,6 +520,11 @@ async fn run_connection(
         } => {
             // SAFETY: the stream is alive (we hold `stream`), so its fd is valid here.
             let dup = unsafe { BorrowedFd::borrow_raw(stream.fd()) }.try_clone_to_owned();
+            // The writer has finished (awaited above): the session has nothing left to
+            // send, and what it received but was not read yet moves with it.
+            let tls = stream
+                .take_tls()
+                .map(|t| t as Box<dyn std::any::Any + Send>);
             drop(stream);
             let Ok(fd) = dup else {
                 log::error!(
@@ -315,6 +540,7 @@ async fn run_connection(
                 pending: pending.to_vec(),
                 pending_raw,
                 inflate_history,
+                tls,
             };
             server.shard.count_handoff_sent();
             if let Some(mesh) = server.mesh() {
@@ -370,6 +596,21 @@ async fn reader_loop(
                 client.wake.notify();
                 client.drained.wait().await;
             }
+            if server.cfg.tls_required != crate::config::TLS_NOT_REQUIRED && !stream.is_tls() {
+                // nsqd: enforceTLSPolicy, as soon as a command's line is read.
+                if let Some(word) = command_word(&buf) {
+                    if word != b"IDENTIFY" {
+                        let _ = fatal::<()>(
+                            client,
+                            format!(
+                                "E_INVALID cannot {} in current state (TLS required)",
+                                String::from_utf8_lossy(word)
+                            ),
+                        );
+                        return Outcome::Closed;
+                    }
+                }
+            }
             let ctx = Context {
                 state: client.state.get(),
                 heartbeats_enabled: client.settings.borrow().heartbeat_interval.is_some(),
@@ -407,8 +648,29 @@ async fn reader_loop(
                     let frame = buf.split_to(n).freeze();
                     match exec(server, stream, client, cmd, &frame).await {
                         Err(Fatal) => return Outcome::Closed,
-                        Ok(false) => {}
-                        Ok(true) => {
+                        Ok(Upgrade::None) => {}
+                        Ok(Upgrade::Tls(want)) => {
+                            // What follows the IDENTIFY is the client's TLS handshake.
+                            let early = buf.split();
+                            if let Err(e) = upgrade_tls(server, stream, client, &early).await {
+                                log::info!(
+                                    "PROTOCOL(V2): [{}] E_IDENTIFY_FAILED IDENTIFY failed {e}",
+                                    client.remote_address
+                                );
+                                return Outcome::Closed;
+                            }
+                            client.send_frame(FRAME_RESPONSE, b"OK");
+                            if want != Compression::None {
+                                client.compression.set(want);
+                                client.compress_from.set(Some(client.out.borrow().len()));
+                                client.send_frame(FRAME_RESPONSE, b"OK");
+                                let Ok(d) = Decoder::new(want, Vec::new(), Vec::new()) else {
+                                    return Outcome::Closed;
+                                };
+                                decoder = d;
+                            }
+                        }
+                        Ok(Upgrade::Compression) => {
                             // IDENTIFY switched the stream to snappy or deflate: what
                             // follows it, read already or not, is compressed.
                             let rest = buf.split();
@@ -501,6 +763,65 @@ fn hand_off_target(server: &Server, client: &Client, cmd: &Command) -> Option<us
     (owner != shard.index).then_some(owner)
 }
 
+/// The first word of the command line in `buf` (nsqd's params[0]), once the line is
+/// complete.
+fn command_word(buf: &[u8]) -> Option<&[u8]> {
+    let end = buf.iter().position(|&b| b == b'\n')?;
+    let mut line = &buf[..end];
+    if let Some(l) = line.strip_suffix(b"\r") {
+        line = l;
+    }
+    Some(line.split(|&b| b == b' ').next().unwrap_or(line))
+}
+
+/// The IDENTIFY reply is queued: gets it onto the wire plain, then runs the server side
+/// of the TLS handshake (nsqd: IDENTIFY, clientV2.UpgradeTLS, with its 5 s deadline).
+async fn upgrade_tls(
+    server: &Server,
+    stream: &SharedStream,
+    client: &Client,
+    early: &[u8],
+) -> io::Result<()> {
+    let Some(cfg) = server.cfg.tls.clone() else {
+        return Err(io::Error::other("TLS is not configured"));
+    };
+    while !client.out.borrow().is_empty() && !client.closed.get() {
+        client.flush_now.set(true);
+        client.wake.notify();
+        client.drained.wait().await;
+    }
+    log::info!(
+        "PROTOCOL(V2): [{}] upgrading connection to TLS",
+        client.remote_address
+    );
+    let hs = stream.accept_tls(cfg, early);
+    let r = glommio::timer::timeout(Duration::from_secs(5), async {
+        hs.await.map_err(|e| glommio::GlommioError::IoError(e))
+    })
+    .await;
+    match r {
+        Ok(()) => {
+            *client.tls.borrow_mut() = stream.tls_info();
+            Ok(())
+        }
+        Err(glommio::GlommioError::IoError(e)) => Err(e),
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "TLS handshake timed out",
+        )),
+    }
+}
+
+/// What a command asks of the connection once its reply is queued.
+enum Upgrade {
+    None,
+    /// IDENTIFY switched the stream to snappy or deflate.
+    Compression,
+    /// IDENTIFY granted `tls_v1`: the TLS handshake follows the reply, then the given
+    /// compression if any.
+    Tls(Compression),
+}
+
 /// Marker: the command failed fatally; its error frame is queued.
 struct Fatal;
 
@@ -516,7 +837,7 @@ async fn exec(
     client: &Rc<Client>,
     cmd: Command,
     frame: &Bytes,
-) -> Result<bool, Fatal> {
+) -> Result<Upgrade, Fatal> {
     let shard = &server.shard;
     match cmd {
         Command::Nop | Command::RdyIgnored => {}
@@ -539,7 +860,7 @@ async fn exec(
                 .set(OutputTicker::new(Instant::now(), obt));
             if !negotiated.negotiate {
                 client.send_frame(FRAME_RESPONSE, b"OK");
-                return Ok(false);
+                return Ok(Upgrade::None);
             }
             if negotiated.snappy && negotiated.deflate {
                 return fatal(
@@ -549,6 +870,9 @@ async fn exec(
             }
             let current = client.compression.get();
             let mut shown = negotiated;
+            // A TLS connection is not upgraded twice (a repeated IDENTIFY).
+            let tls = negotiated.tls_v1 && server.cfg.tls.is_some() && !stream.is_tls();
+            shown.tls_v1 = tls;
             if current != Compression::None {
                 // Already compressed (a repeated IDENTIFY): no second upgrade.
                 shown.snappy = current == Compression::Snappy;
@@ -563,12 +887,20 @@ async fn exec(
             } else {
                 Compression::None
             };
-            if current == Compression::None && want != Compression::None {
+            let want = if current == Compression::None {
+                want
+            } else {
+                Compression::None
+            };
+            if tls {
+                return Ok(Upgrade::Tls(want));
+            }
+            if want != Compression::None {
                 // nsqd: the JSON reply goes out plain, then an OK over the new transport.
                 client.compression.set(want);
                 client.compress_from.set(Some(client.out.borrow().len()));
                 client.send_frame(FRAME_RESPONSE, b"OK");
-                return Ok(true);
+                return Ok(Upgrade::Compression);
             }
         }
         Command::Auth { .. } => return fatal(client, "E_AUTH_DISABLED AUTH disabled".into()),
@@ -663,7 +995,7 @@ async fn exec(
             publish(server, client, &topic, bodies, None, "E_MPUB_FAILED MPUB").await?;
         }
     }
-    Ok(false)
+    Ok(Upgrade::None)
 }
 
 async fn publish(

@@ -123,6 +123,8 @@ pub struct ClientSnapshot {
     /// phase (from IDENTIFY) on the new shard, as nsqd's would.
     pub output_ticker: OutputTicker,
     pub pump_flushed: bool,
+    /// With TLS: (version, cipher suite) as nsqd's /stats names them.
+    pub tls: Option<(String, String)>,
 }
 
 /// The shard-side view of one connection.
@@ -151,6 +153,8 @@ pub struct Client {
     /// after a flush by the output-buffer ticker or for a client that is not ready. While
     /// it is false the writer takes the ticker's ticks.
     pub pump_flushed: Cell<bool>,
+    /// With TLS: (version, cipher suite) as nsqd's /stats names them.
+    pub tls: RefCell<Option<(String, String)>>,
     /// Set when `out` must go out now (a response, an error, or the client stopped
     /// being ready).
     pub flush_now: Cell<bool>,
@@ -189,6 +193,7 @@ impl Client {
             out: RefCell::new(Vec::with_capacity(4096)),
             output_ticker: Cell::new(ticker),
             pump_flushed: Cell::new(true),
+            tls: RefCell::new(None),
             flush_now: Cell::new(false),
             wake: Notify::default(),
             closed: Cell::new(false),
@@ -210,6 +215,7 @@ impl Client {
         c.compression.set(s.compression);
         c.output_ticker.set(s.output_ticker);
         c.pump_flushed.set(s.pump_flushed);
+        *c.tls.borrow_mut() = s.tls;
         *c.deflate_out_history.borrow_mut() = s.deflate_out_history;
         Client {
             connect_ts: s.connect_ts,
@@ -232,6 +238,7 @@ impl Client {
             deflate_out_history: self.deflate_out_history.borrow().clone(),
             output_ticker: self.output_ticker.get(),
             pump_flushed: self.pump_flushed.get(),
+            tls: self.tls.borrow().clone(),
         }
     }
 

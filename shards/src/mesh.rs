@@ -20,6 +20,10 @@ pub struct HandOff {
     pub pending_raw: Vec<u8>,
     /// With deflate: the last 32 KiB inflated (the client's deflate window).
     pub inflate_history: Vec<u8>,
+    /// The connection's TLS session (a `rustls::ServerConnection`, which is `Send`), so a
+    /// TLS connection continues on the new shard mid-stream. Typed `Any` to keep this
+    /// crate free of the TLS library.
+    pub tls: Option<Box<dyn std::any::Any + Send>>,
 }
 
 /// Admin operations that must run on the topic's owner (HTTP API, nsqd: http.go).

@@ -61,6 +61,9 @@ fn ms(d: Duration) -> i64 {
 pub struct Negotiated {
     /// `feature_negotiation`: answer with the JSON reply instead of `OK`.
     pub negotiate: bool,
+    /// `tls_v1` asked for (granted only by a broker with a certificate; in the reply,
+    /// as granted).
+    pub tls_v1: bool,
     /// Switch the connection to the snappy framing format after the reply.
     pub snappy: bool,
     /// Deflate asked for and allowed by `--deflate`.
@@ -155,21 +158,21 @@ pub fn apply_identify(
     }
     Ok(Negotiated {
         negotiate,
+        tls_v1: negotiate && req.tls_v1.unwrap_or(false),
         snappy: negotiate && opts.snappy && req.snappy.unwrap_or(false),
         deflate,
         deflate_level: deflate_level.min(opts.max_deflate_level),
     })
 }
 
-/// The JSON reply to a negotiating IDENTIFY: `snappy` and `deflate` as granted (TLS is not
-/// offered yet, so `tls_v1` is false).
+/// The JSON reply to a negotiating IDENTIFY: `tls_v1`, `snappy` and `deflate` as granted.
 pub fn identify_response(settings: &ClientSettings, opts: &Options, n: &Negotiated) -> Vec<u8> {
     let r = IdentifyResponse {
         max_rdy_count: opts.max_rdy_count,
         version: VERSION,
         max_msg_timeout: ms(opts.max_msg_timeout),
         msg_timeout: ms(settings.msg_timeout),
-        tls_v1: false,
+        tls_v1: n.tls_v1,
         deflate: n.deflate,
         deflate_level: n.deflate_level,
         max_deflate_level: opts.max_deflate_level,
