@@ -23,6 +23,20 @@ pub async fn accept_loop(server: Rc<Server>, listener: TcpListener) {
     crate::server::accept_until_shutdown(server, listener, "HTTP", serve).await
 }
 
+/// Serves the HTTP API over TLS on this shard's HTTPS listener until shutdown (nsqd:
+/// `--https-address`, opened when a certificate is set).
+pub async fn accept_loop_tls(server: Rc<Server>, listener: TcpListener) {
+    crate::server::accept_until_shutdown(server, listener, "HTTPS", serve_tls).await
+}
+
+async fn serve(server: Rc<Server>, stream: TcpStream) {
+    serve_conn(server, stream, false).await
+}
+
+async fn serve_tls(server: Rc<Server>, stream: TcpStream) {
+    serve_conn(server, stream, true).await
+}
+
 /// A response: status, the handler's own headers (Go writes them sorted), the body, the
 /// sniffed Content-Type Go adds after Content-Length for handlers that set none, and
 /// whether the connection closes.
@@ -278,7 +292,7 @@ async fn read_chunked(
     }
 }
 
-async fn serve(server: Rc<Server>, stream: TcpStream) {
+async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool) {
     // The access log names the client as nsqd does (Go's `req.RemoteAddr`).
     let remote = stream
         .peer_addr()
@@ -287,6 +301,25 @@ async fn serve(server: Rc<Server>, stream: TcpStream) {
     let stream = SharedStream::new(stream);
     stream.set_read_timeout(Some(Duration::from_secs(60)));
     stream.set_write_timeout(Some(Duration::from_secs(60)));
+    if tls {
+        let Some(cfg) = server.cfg.tls.clone() else {
+            return;
+        };
+        let hs = stream.accept_tls(cfg, &[]);
+        let r = glommio::timer::timeout(Duration::from_secs(10), async {
+            hs.await.map_err(glommio::GlommioError::IoError)
+        })
+        .await;
+        if let Err(e) = r {
+            // Go's http.Server logs a failed handshake the same way.
+            log::info!("http: TLS handshake error from {remote}: {e}");
+            stream.shutdown();
+            return;
+        }
+    }
+    // nsqd's ServeHTTP: with --tls-required=true the plain listener answers every request
+    // with 403 and the HTTPS port.
+    let refuse = !tls && server.cfg.tls_required == crate::config::TLS_REQUIRED;
     let mut buf = BytesMut::with_capacity(16 * 1024);
     loop {
         let head = loop {
@@ -309,7 +342,11 @@ async fn serve(server: Rc<Server>, stream: TcpStream) {
         let _ = buf.split_to(head.head_len);
         let started = Instant::now();
         // Limits checked before the body is read (nsqd checks ContentLength first).
-        let early = early_reject(&server, &head);
+        let early = if refuse {
+            None
+        } else {
+            early_reject(&server, &head)
+        };
         if let Some(mut r) = early {
             r.close = true;
             r.http10 = head.http10;
@@ -344,7 +381,11 @@ async fn serve(server: Rc<Server>, stream: TcpStream) {
             }
             buf.split_to(len as usize).freeze()
         };
-        let mut resp = route(&server, &head, body).await;
+        let mut resp = if refuse {
+            tls_required_response(server.https_port)
+        } else {
+            route(&server, &head, body).await
+        };
         resp.http10 = head.http10;
         resp.close |= head.asked_close;
         resp.keep_alive_header = head.http10 && head.keep_alive && !resp.close;
@@ -370,6 +411,13 @@ async fn serve(server: Rc<Server>, stream: TcpStream) {
             return;
         }
     }
+}
+
+/// nsqd's answer on its plain HTTP listener when TLS is required (http.go ServeHTTP).
+fn tls_required_response(https_port: u16) -> Response {
+    let mut r = Response::v1_err(403, "TLS_REQUIRED");
+    r.body = format!("{{\"message\": \"TLS_REQUIRED\", \"https_port\": {https_port}}}").into_bytes();
+    r
 }
 
 /// nsqd's ContentLength checks on /pub and /mpub, answered before reading the body.

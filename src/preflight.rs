@@ -74,6 +74,8 @@ pub struct Ready {
     pub lock: File,
     pub tcp: (SocketAddr, socket2::Socket),
     pub http: (SocketAddr, socket2::Socket),
+    /// The HTTPS listener: with a TLS certificate and `--https-address` set (nsqd).
+    pub https: Option<(SocketAddr, socket2::Socket)>,
     /// Conditions the broker runs with but should not (logged as warnings).
     pub warnings: Vec<String>,
 }
@@ -118,12 +120,20 @@ pub fn check(cfg: &Config) -> Result<Ready, Failed> {
         listener(&cfg.tcp_address, "--tcp-address", retry_until).map_err(|e| problems.push(e));
     let http =
         listener(&cfg.http_address, "--http-address", retry_until).map_err(|e| problems.push(e));
-    match (lock, tcp, http) {
-        (Some(lock), Ok(tcp), Ok(http)) if problems.is_empty() => Ok(Ready {
+    let https = if cfg.tls.is_some() && !cfg.https_address.is_empty() {
+        listener(&cfg.https_address, "--https-address", retry_until)
+            .map(Some)
+            .map_err(|e| problems.push(e))
+    } else {
+        Ok(None)
+    };
+    match (lock, tcp, http, https) {
+        (Some(lock), Ok(tcp), Ok(http), Ok(https)) if problems.is_empty() => Ok(Ready {
             data_path,
             lock,
             tcp,
             http,
+            https,
             warnings,
         }),
         _ => Err(Failed { problems, warnings }),

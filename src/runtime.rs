@@ -205,8 +205,13 @@ pub fn run(cfg: Config, ready: crate::preflight::Ready) -> Result<(), String> {
         lock: _lock,
         tcp: (tcp_addr, tcp_sock),
         http: (http_addr, http_sock),
+        https,
         ..
     } = ready;
+    let (https_addr, https_sock) = match https {
+        Some((a, s)) => (Some(a), Some(s)),
+        None => (None, None),
+    };
     let data_path = cfg.opts.data_path.clone().unwrap_or_else(|| ".".into());
     // The directory itself too, as nsqd does (internal/dirlock): an upstream nsqd still
     // running on this path holds that lock, and its files must not be imported under it.
@@ -270,7 +275,11 @@ pub fn run(cfg: Config, ready: crate::preflight::Ready) -> Result<(), String> {
                 .map(std::os::fd::OwnedFd::from)
                 .map_err(|e| format!("failed to share the listening socket: {e}"))
         };
-        let listeners = (dup(&tcp_sock)?, dup(&http_sock)?);
+        let listeners = (
+            dup(&tcp_sock)?,
+            dup(&http_sock)?,
+            https_sock.as_ref().map(dup).transpose()?,
+        );
         let guard = ExecutorGuard {
             index: i,
             ready: ready.clone(),
@@ -288,7 +297,7 @@ pub fn run(cfg: Config, ready: crate::preflight::Ready) -> Result<(), String> {
                     cpu,
                     cfg,
                     mesh,
-                    (tcp_addr, http_addr),
+                    (tcp_addr, http_addr, https_addr),
                     listeners,
                     ready,
                     term,
@@ -324,8 +333,12 @@ pub fn run(cfg: Config, ready: crate::preflight::Ready) -> Result<(), String> {
     }
     drop(tcp_sock);
     drop(http_sock);
+    drop(https_sock);
     log::info!("TCP: listening on {tcp_addr}");
     log::info!("HTTP: listening on {http_addr}");
+    if let Some(a) = https_addr {
+        log::info!("HTTPS: listening on {a}");
+    }
     SERVING.store(true, Ordering::SeqCst);
     // systemd Type=notify: `systemctl start` returns now, with every shard serving.
     if let Err(e) = sd_notify::notify(&[NotifyState::Ready]) {
@@ -399,6 +412,13 @@ impl Drop for ExecutorGuard {
     }
 }
 
+/// A shard's listening sockets: TCP, HTTP and (with TLS) HTTPS.
+type Listeners = (
+    std::os::fd::OwnedFd,
+    std::os::fd::OwnedFd,
+    Option<std::os::fd::OwnedFd>,
+);
+
 /// One shard's whole life; its start-up errors go to the main thread through `ready`.
 #[allow(clippy::too_many_arguments)]
 async fn shard_future(
@@ -406,8 +426,8 @@ async fn shard_future(
     cpu: usize,
     cfg: Arc<Config>,
     mesh: Option<MeshBuilder<ShardMsg, glommio::channels::channel_mesh::Full>>,
-    addrs: (SocketAddr, SocketAddr),
-    listeners: (std::os::fd::OwnedFd, std::os::fd::OwnedFd),
+    addrs: (SocketAddr, SocketAddr, Option<SocketAddr>),
+    listeners: Listeners,
     ready: ReadyTx,
     term: Arc<AtomicBool>,
     recovery: Arc<RecoveryBarrier>,
@@ -436,8 +456,8 @@ async fn shard_main(
     cpu: usize,
     cfg: Arc<Config>,
     mesh: Option<MeshBuilder<ShardMsg, glommio::channels::channel_mesh::Full>>,
-    (tcp_addr, http_addr): (SocketAddr, SocketAddr),
-    (tcp_fd, http_fd): (std::os::fd::OwnedFd, std::os::fd::OwnedFd),
+    (tcp_addr, http_addr, https_addr): (SocketAddr, SocketAddr, Option<SocketAddr>),
+    (tcp_fd, http_fd, https_fd): Listeners,
     ready: ReadyTx,
     term: Arc<AtomicBool>,
     recovery: Arc<RecoveryBarrier>,
@@ -479,6 +499,7 @@ async fn shard_main(
         cfg: Rc::new((*cfg).clone()),
         tcp_port: tcp_addr.port(),
         http_port: http_addr.port(),
+        https_port: https_addr.map(|a| a.port()).unwrap_or(0),
         mesh: senders,
     });
     use std::os::fd::{FromRawFd, IntoRawFd};
@@ -486,6 +507,8 @@ async fn shard_main(
     let tcp = unsafe { TcpListener::from_raw_fd(tcp_fd.into_raw_fd()) };
     // SAFETY: as above.
     let http = unsafe { TcpListener::from_raw_fd(http_fd.into_raw_fd()) };
+    // SAFETY: as above.
+    let https = https_fd.map(|fd| unsafe { TcpListener::from_raw_fd(fd.into_raw_fd()) });
     // nsqd always runs its lookup loop: peers can be added later with
     // PUT /config/nsqlookupd_tcp_addresses, and they must then learn every registration.
     shard.lookup_enabled.set(true);
@@ -521,6 +544,7 @@ async fn shard_main(
     }
     let tcp_task = glommio::spawn_local(tcp::accept_loop(server.clone(), tcp));
     let http_task = glommio::spawn_local(http::accept_loop(server.clone(), http));
+    let https_task = https.map(|l| glommio::spawn_local(http::accept_loop_tls(server.clone(), l)));
     let _ = ready.send(Ok(index));
 
     let checkpoints = glommio::spawn_local(checkpoint_loop(shard.clone()));
@@ -530,6 +554,9 @@ async fn shard_main(
     shard.shutdown.set();
     tcp_task.await;
     http_task.await;
+    if let Some(t) = https_task {
+        t.await;
+    }
     shard.close_all_clients();
     let deadline = Instant::now() + Duration::from_secs(2);
     while !shard.clients.borrow().is_empty() && Instant::now() < deadline {

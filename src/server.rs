@@ -32,6 +32,8 @@ pub struct Server {
     /// Real listening addresses (after port 0 was resolved).
     pub tcp_port: u16,
     pub http_port: u16,
+    /// The HTTPS listener's port (0 without one).
+    pub https_port: u16,
     pub mesh: Option<Rc<Senders<ShardMsg>>>,
 }
 

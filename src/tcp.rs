@@ -796,7 +796,7 @@ async fn upgrade_tls(
     );
     let hs = stream.accept_tls(cfg, early);
     let r = glommio::timer::timeout(Duration::from_secs(5), async {
-        hs.await.map_err(|e| glommio::GlommioError::IoError(e))
+        hs.await.map_err(glommio::GlommioError::IoError)
     })
     .await;
     match r {
