@@ -416,7 +416,8 @@ async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool) {
 /// nsqd's answer on its plain HTTP listener when TLS is required (http.go ServeHTTP).
 fn tls_required_response(https_port: u16) -> Response {
     let mut r = Response::v1_err(403, "TLS_REQUIRED");
-    r.body = format!("{{\"message\": \"TLS_REQUIRED\", \"https_port\": {https_port}}}").into_bytes();
+    r.body =
+        format!("{{\"message\": \"TLS_REQUIRED\", \"https_port\": {https_port}}}").into_bytes();
     r
 }
 

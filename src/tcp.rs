@@ -205,7 +205,9 @@ impl SharedStream {
         loop {
             {
                 let mut g = self.0.tls.borrow_mut();
-                let conn = g.as_mut().ok_or_else(|| io::Error::other("no TLS session"))?;
+                let conn = g
+                    .as_mut()
+                    .ok_or_else(|| io::Error::other("no TLS session"))?;
                 match conn.reader().read(buf) {
                     Ok(n) => return Ok(n),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -242,7 +244,9 @@ impl SharedStream {
     /// goes out with the next flush and the error is returned.
     fn feed_ciphertext(&self, mut data: &[u8]) -> io::Result<()> {
         let mut g = self.0.tls.borrow_mut();
-        let conn = g.as_mut().ok_or_else(|| io::Error::other("no TLS session"))?;
+        let conn = g
+            .as_mut()
+            .ok_or_else(|| io::Error::other("no TLS session"))?;
         while !data.is_empty() {
             conn.read_tls(&mut data)?;
             if let Err(e) = conn.process_new_packets() {
@@ -356,7 +360,9 @@ impl SharedStream {
         {
             use std::io::Write;
             let mut g = self.0.tls.borrow_mut();
-            let conn = g.as_mut().ok_or_else(|| io::Error::other("no TLS session"))?;
+            let conn = g
+                .as_mut()
+                .ok_or_else(|| io::Error::other("no TLS session"))?;
             conn.writer().write_all(data)?;
         }
         self.flush_tls_locked().await

@@ -87,10 +87,12 @@ fn build(o: &TlsOptions) -> Result<ServerConfig, String> {
         // Go's RequireAndVerifyClientCert, against --tls-root-ca-file.
         "require-verify" => {
             if roots.is_empty() {
-                return Err("--tls-client-auth-policy=require-verify needs the client CA in \
+                return Err(
+                    "--tls-client-auth-policy=require-verify needs the client CA in \
                             --tls-root-ca-file (this broker does not verify client \
                             certificates against the system roots)"
-                    .into());
+                        .into(),
+                );
             }
             let v = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                 .build()

@@ -996,8 +996,18 @@ pub fn client_stats(c: &Client, topic: &str) -> ClientStats {
         auth_identity_url: String::new(),
         pub_counts,
         tls: c.tls.borrow().is_some(),
-        tls_cipher_suite: c.tls.borrow().as_ref().map(|t| t.1.clone()).unwrap_or_default(),
-        tls_version: c.tls.borrow().as_ref().map(|t| t.0.clone()).unwrap_or_default(),
+        tls_cipher_suite: c
+            .tls
+            .borrow()
+            .as_ref()
+            .map(|t| t.1.clone())
+            .unwrap_or_default(),
+        tls_version: c
+            .tls
+            .borrow()
+            .as_ref()
+            .map(|t| t.0.clone())
+            .unwrap_or_default(),
         tls_negotiated_protocol: String::new(),
         tls_negotiated_protocol_is_mutual: false,
     }
