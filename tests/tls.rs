@@ -262,6 +262,17 @@ fn pub_sub_over_tls_across_shards() {
             }
             subs.push(sub);
         }
+        if shards > 1 {
+            // The TLS sessions did move between shards.
+            let (_, text) = b.http("GET", "/stats", b"");
+            let text = String::from_utf8_lossy(&text).to_string();
+            let received: u64 = text
+                .lines()
+                .filter_map(|l| l.split("handoffs: ").nth(1))
+                .filter_map(|h| h.trim().split('/').nth(1)?.parse::<u64>().ok())
+                .sum();
+            assert!(received > 0, "no hand-off: {text}");
+        }
         let stats = b.stats();
         let clients: Vec<&serde_json::Value> = stats["topics"]
             .as_array()
