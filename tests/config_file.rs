@@ -380,9 +380,16 @@ fn bad_values_are_fatal_with_nsqds_messages() {
 
 #[test]
 fn unsupported_features_fail_at_startup() {
-    let tls = fails_with("tls", "tls_cert = \"cert.pem\"\ntls_key = \"key.pem\"\n");
+    // TLS is supported: a certificate that cannot be read fails as in nsqd.
+    let tls = fails_with(
+        "tls",
+        "tls_cert = \"/nonexistent/cert.pem\"\ntls_key = \"/nonexistent/key.pem\"\n",
+    );
     assert!(
-        tls.starts_with("[nsqd] FATAL: failed to instantiate nsqd - TLS is not supported"),
+        tls.starts_with(
+            "[nsqd] FATAL: failed to instantiate nsqd - failed to build TLS config - open \
+             /nonexistent/cert.pem: no such file or directory"
+        ),
         "{tls}"
     );
     let auth = fails_with("auth", "auth_http_addresses = [\"127.0.0.1:4181\"]\n");

@@ -128,7 +128,7 @@ fn reply_reflects_flags_and_client_settings() {
 }
 
 #[test]
-fn tls_is_refused_and_connection_stays_plain() {
+fn tls_is_refused_without_a_certificate_and_connection_stays_plain() {
     let b = Broker::start(1, &[]);
     let mut s = b.connect_v2();
     send(

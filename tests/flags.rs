@@ -254,17 +254,19 @@ fn fails(args: &[&str]) -> String {
 }
 
 #[test]
-fn tls_and_auth_are_refused_not_ignored() {
-    for args in [
-        &["--tls-cert=cert.pem", "--tls-key=key.pem"][..],
-        &["--tls-cert=cert.pem"][..],
-        &["-tls-key=key.pem"][..],
+fn tls_files_are_checked_and_auth_is_refused() {
+    // nsqd's messages (tls.LoadX509KeyPair opens the certificate, then the key).
+    for (args, file) in [
+        (&["--tls-cert=cert.pem", "--tls-key=key.pem"][..], "cert.pem"),
+        (&["--tls-cert=cert.pem"][..], "cert.pem"),
+        (&["-tls-key=key.pem"][..], ""),
     ] {
         let err = fails(args);
         assert!(
-            err.contains(
-                "FATAL: failed to instantiate nsqd - TLS is not supported by this broker yet"
-            ),
+            err.contains(&format!(
+                "FATAL: failed to instantiate nsqd - failed to build TLS config - open {file}: \
+                 no such file or directory"
+            )),
             "{args:?}: {err}"
         );
     }
