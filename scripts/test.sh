@@ -11,7 +11,7 @@
 #      pynsq-seek replay scenario needs and runs with), run every real-client scenario
 #      (scripts/clients/*_scenario.*) against it, stop it with SIGTERM and require exit
 #      status 0 and no panic in its log.
-#   7. pynsq through nsqlookupd, the nsq-bench smoke test (scripts/bench-smoke.sh) and
+#   7. pynsq through nsqlookupd, pynsq over TLS (scripts/clients/pynsq_tls.py), the nsq-bench smoke test (scripts/bench-smoke.sh) and
 #      the live shard page in headless Chromium (scripts/page-test.sh; SKIP when
 #      chromium, chromedriver or python3-selenium are missing).
 #
@@ -323,6 +323,10 @@ if [[ $MOCK -eq 0 && $BUILD_OK -eq 1 ]]; then
     for n in $SHARDS; do
       run_step "pynsq via nsqlookupd --shards=$n" "$ROOT/.venv/bin/python" \
         "$ROOT/scripts/clients/pynsq_lookupd.py" "$PROFILE_DIR/nsqd" "$PROFILE_DIR/nsqlookupd" "$n"
+      # pynsq with tls_v1=True (and snappy inside TLS) against a broker with a fresh
+      # self-signed certificate (openssl req); the script starts and stops that broker.
+      run_step "pynsq TLS --shards=$n" "$ROOT/.venv/bin/python" \
+        "$ROOT/scripts/clients/pynsq_tls.py" "$PROFILE_DIR/nsqd" "$n"
     done
   else
     record FAIL "pynsq via nsqlookupd" "no .venv (client setup failed)"
