@@ -11,9 +11,10 @@
 #      pynsq-seek replay scenario needs and runs with), run every real-client scenario
 #      (scripts/clients/*_scenario.*) against it, stop it with SIGTERM and require exit
 #      status 0 and no panic in its log.
-#   7. pynsq through nsqlookupd, pynsq over TLS (scripts/clients/pynsq_tls.py), the nsq-bench smoke test (scripts/bench-smoke.sh) and
-#      the live shard page in headless Chromium (scripts/page-test.sh; SKIP when
-#      chromium, chromedriver or python3-selenium are missing).
+#   7. pynsq through nsqlookupd, pynsq over TLS (scripts/clients/pynsq_tls.py), the
+#      nsq-bench smoke test (scripts/bench-smoke.sh) and the live shard page in headless
+#      Chromium (scripts/page-test.sh; SKIP when chromium, chromedriver or
+#      python3-selenium are missing).
 #
 # Prints a summary and exits non-zero if anything failed.
 #

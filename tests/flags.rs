@@ -257,7 +257,10 @@ fn fails(args: &[&str]) -> String {
 fn tls_files_are_checked_and_auth_is_refused() {
     // nsqd's messages (tls.LoadX509KeyPair opens the certificate, then the key).
     for (args, file) in [
-        (&["--tls-cert=cert.pem", "--tls-key=key.pem"][..], "cert.pem"),
+        (
+            &["--tls-cert=cert.pem", "--tls-key=key.pem"][..],
+            "cert.pem",
+        ),
         (&["--tls-cert=cert.pem"][..], "cert.pem"),
         (&["-tls-key=key.pem"][..], ""),
     ] {
