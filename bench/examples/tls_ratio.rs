@@ -192,6 +192,19 @@ fn main() {
         .with_no_client_auth(),
     );
     let (mut plain, mut tls) = (0f64, 0f64);
+    // TLS_RATIO_ONLY=plain|tls runs only that mode once (to measure the broker's CPU
+    // time per mode from outside).
+    match std::env::var("TLS_RATIO_ONLY").as_deref() {
+        Ok("plain") => {
+            println!("plain: {:.0} msgs/s", run(&a[1], None, n, size, p));
+            return;
+        }
+        Ok("tls") => {
+            println!("TLS: {:.0} msgs/s", run(&a[1], Some(&cfg), n, size, p));
+            return;
+        }
+        _ => {}
+    }
     for round in 0..2 {
         let r = run(&a[1], None, n, size, p);
         println!("round {round} plain: {r:.0} msgs/s");
