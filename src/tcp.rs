@@ -123,19 +123,27 @@ pub struct SharedStream(Rc<StreamInner>);
 struct StreamInner {
     tcp: RefCell<TcpStream>,
     is_tls: Cell<bool>,
-    tls: RefCell<Option<Box<rustls::ServerConnection>>>,
+    tls: RefCell<Option<Box<TlsSession>>>,
     /// Held by whoever writes to the socket: TLS records must reach the socket in the
     /// order rustls made them (the reader writes during a handshake, the writer always),
     /// and the IDENTIFY reply must be on the wire before the TLS handshake starts.
     write_lock: futures::lock::Mutex<()>,
-    /// Scratch buffers for ciphertext (taken out while in use).
-    rbuf: Cell<Vec<u8>>,
+    /// Scratch buffer for outgoing ciphertext (taken out while in use).
     wbuf: Cell<Vec<u8>>,
 }
 
-/// Ciphertext read per socket read with TLS: at most one full record, so the plaintext
-/// it decrypts to always fits rustls' 16 KiB received-plaintext buffer.
-const TLS_READ_CHUNK: usize = 16 * 1024;
+/// A connection's TLS state: the rustls session and the ciphertext read from the socket
+/// but not given to rustls yet (rustls takes it a record at a time, as its 16 KiB
+/// plaintext buffer drains). All of it moves with a connection handed to another shard.
+pub struct TlsSession {
+    conn: rustls::ServerConnection,
+    pending: Vec<u8>,
+    pos: usize,
+    end: usize,
+}
+
+/// Ciphertext asked of the socket per read with TLS (as READ_CHUNK for plain reads).
+const TLS_READ_CHUNK: usize = 64 * 1024;
 
 impl SharedStream {
     pub fn new(s: TcpStream) -> SharedStream {
@@ -144,15 +152,14 @@ impl SharedStream {
             is_tls: Cell::new(false),
             tls: RefCell::new(None),
             write_lock: futures::lock::Mutex::new(()),
-            rbuf: Cell::new(Vec::new()),
             wbuf: Cell::new(Vec::new()),
         }))
     }
 
     /// A stream resumed with its TLS session (a connection handed over by another shard).
-    pub fn with_tls(s: TcpStream, conn: Box<rustls::ServerConnection>) -> SharedStream {
+    pub fn with_tls(s: TcpStream, session: Box<TlsSession>) -> SharedStream {
         let st = SharedStream::new(s);
-        *st.0.tls.borrow_mut() = Some(conn);
+        *st.0.tls.borrow_mut() = Some(session);
         st.0.is_tls.set(true);
         st
     }
@@ -160,7 +167,7 @@ impl SharedStream {
     /// (version, cipher suite) of the TLS session, named as Go's crypto/tls names them.
     pub fn tls_info(&self) -> Option<(String, String)> {
         let g = self.0.tls.borrow();
-        let c = g.as_ref()?;
+        let c = &g.as_ref()?.conn;
         let version = match c.protocol_version() {
             Some(rustls::ProtocolVersion::TLSv1_3) => "TLS1.3".to_string(),
             Some(rustls::ProtocolVersion::TLSv1_2) => "TLS1.2".to_string(),
@@ -180,7 +187,7 @@ impl SharedStream {
     }
 
     /// Takes the TLS session out (to move it with the connection to another shard).
-    pub fn take_tls(&self) -> Option<Box<rustls::ServerConnection>> {
+    pub fn take_tls(&self) -> Option<Box<TlsSession>> {
         self.0.is_tls.set(false);
         self.0.tls.borrow_mut().take()
     }
@@ -198,62 +205,116 @@ impl SharedStream {
         self.tls_read(buf).await
     }
 
-    /// Reads decrypted bytes: what rustls holds already, else ciphertext from the
-    /// socket until a record completes. 0 at end of stream (close_notify or EOF).
+    /// Reads decrypted bytes: as many as the session and the ciphertext read already
+    /// give (up to `buf.len()`), else waits for the socket. 0 at end of stream
+    /// (close_notify, or EOF without it).
     async fn tls_read(&self, buf: &mut [u8]) -> io::Result<usize> {
         use std::io::Read;
+        let mut filled = 0;
         loop {
-            {
+            let fed = {
                 let mut g = self.0.tls.borrow_mut();
-                let conn = g
+                let s = g
                     .as_mut()
                     .ok_or_else(|| io::Error::other("no TLS session"))?;
-                match conn.reader().read(buf) {
-                    Ok(n) => return Ok(n),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    // EOF without close_notify: the peer went away.
-                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
-                    Err(e) => return Err(e),
+                loop {
+                    match s.conn.reader().read(&mut buf[filled..]) {
+                        Ok(0) => return Ok(filled),
+                        Ok(n) => {
+                            filled += n;
+                            if filled == buf.len() {
+                                return Ok(filled);
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        // EOF without close_notify: the peer went away.
+                        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(filled),
+                        Err(e) if filled > 0 => {
+                            log::debug!("TLS read: {e}");
+                            return Ok(filled);
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                if s.pos < s.end {
+                    Some(feed_one(s))
+                } else {
+                    None
+                }
+            };
+            match fed {
+                Some(r) => self.after_feed(r).await?,
+                None if filled > 0 => return Ok(filled),
+                None => {
+                    if !self.read_socket().await? {
+                        return Ok(filled);
+                    }
                 }
             }
-            if !self.read_ciphertext().await? {
-                return Ok(0);
-            }
         }
     }
 
-    /// Reads one chunk of ciphertext into the session and processes it (writing what the
-    /// session answers, as during a handshake). False at end of stream.
-    async fn read_ciphertext(&self) -> io::Result<bool> {
-        let mut raw = self.0.rbuf.take();
-        raw.resize(TLS_READ_CHUNK, 0);
-        let r = self.raw_read(&mut raw).await;
-        let res = match r {
-            Ok(0) => Ok(false),
-            Ok(n) => self.feed_ciphertext(&raw[..n.min(raw.len())]).map(|_| true),
-            Err(e) => Err(e),
-        };
-        self.0.rbuf.set(raw);
-        let flushed = self.flush_tls().await;
-        let more = res?;
-        flushed?;
-        Ok(more)
+    /// Writes what processing received records made the session want to send (a
+    /// handshake flight, an alert); returns a processing error after sending its alert.
+    async fn after_feed(&self, r: io::Result<()>) -> io::Result<()> {
+        let wants = self
+            .0
+            .tls
+            .borrow()
+            .as_ref()
+            .is_some_and(|s| s.conn.wants_write());
+        if wants {
+            let flushed = self.flush_tls().await;
+            r?;
+            return flushed;
+        }
+        r
     }
 
-    /// Hands received ciphertext to the session. On a TLS error the alert rustls queued
-    /// goes out with the next flush and the error is returned.
-    fn feed_ciphertext(&self, mut data: &[u8]) -> io::Result<()> {
+    /// Reads ciphertext from the socket into the session's pending buffer (which must be
+    /// used up). False at end of stream, which the session is told.
+    async fn read_socket(&self) -> io::Result<bool> {
+        let mut raw = match self.0.tls.borrow_mut().as_mut() {
+            Some(s) => std::mem::take(&mut s.pending),
+            None => return Err(io::Error::other("no TLS session")),
+        };
+        if raw.len() < TLS_READ_CHUNK {
+            raw.resize(TLS_READ_CHUNK, 0);
+        }
+        let r = self.raw_read(&mut raw).await;
         let mut g = self.0.tls.borrow_mut();
-        let conn = g
+        let s = g
             .as_mut()
             .ok_or_else(|| io::Error::other("no TLS session"))?;
-        while !data.is_empty() {
-            conn.read_tls(&mut data)?;
-            if let Err(e) = conn.process_new_packets() {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+        s.pending = raw;
+        s.pos = 0;
+        s.end = 0;
+        match r? {
+            0 => {
+                // rustls learns of the EOF from an empty read.
+                let _ = s.conn.read_tls(&mut &[][..]);
+                Ok(false)
+            }
+            n => {
+                s.end = n.min(s.pending.len());
+                Ok(true)
             }
         }
-        Ok(())
+    }
+
+    /// Advances the handshake: processes pending ciphertext or reads more. False at EOF.
+    async fn handshake_step(&self) -> io::Result<bool> {
+        let fed = {
+            let mut g = self.0.tls.borrow_mut();
+            let s = g
+                .as_mut()
+                .ok_or_else(|| io::Error::other("no TLS session"))?;
+            (s.pos < s.end).then(|| feed_one(s))
+        };
+        match fed {
+            Some(r) => self.after_feed(r).await.map(|_| true),
+            None => self.read_socket().await,
+        }
     }
 
     /// Writes what the session has to send (handshake messages, alerts, records).
@@ -267,9 +328,9 @@ impl SharedStream {
         out.clear();
         {
             let mut g = self.0.tls.borrow_mut();
-            if let Some(conn) = g.as_mut() {
-                while conn.wants_write() {
-                    conn.write_tls(&mut out)?;
+            if let Some(s) = g.as_mut() {
+                while s.conn.wants_write() {
+                    s.conn.write_tls(&mut out)?;
                 }
             }
         }
@@ -292,26 +353,31 @@ impl SharedStream {
         let mut conn = rustls::ServerConnection::new(config).map_err(io::Error::other)?;
         // Output is bounded by the client's output buffer already.
         conn.set_buffer_limit(None);
+        let mut pending = early.to_vec();
+        pending.resize(TLS_READ_CHUNK.max(early.len()), 0);
+        let session = TlsSession {
+            conn,
+            pending,
+            pos: 0,
+            end: early.len(),
+        };
         {
             // Everything queued before this point has been written plain.
             let _g = self.0.write_lock.lock().await;
-            *self.0.tls.borrow_mut() = Some(Box::new(conn));
+            *self.0.tls.borrow_mut() = Some(Box::new(session));
             self.0.is_tls.set(true);
         }
-        let fed = self.feed_ciphertext(early);
-        self.flush_tls().await?;
-        fed?;
         loop {
             let handshaking = self
                 .0
                 .tls
                 .borrow()
                 .as_ref()
-                .is_some_and(|c| c.is_handshaking());
+                .is_some_and(|s| s.conn.is_handshaking());
             if !handshaking {
                 return Ok(());
             }
-            if !self.read_ciphertext().await? {
+            if !self.handshake_step().await? {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             }
         }
@@ -360,10 +426,10 @@ impl SharedStream {
         {
             use std::io::Write;
             let mut g = self.0.tls.borrow_mut();
-            let conn = g
+            let s = g
                 .as_mut()
                 .ok_or_else(|| io::Error::other("no TLS session"))?;
-            conn.writer().write_all(data)?;
+            s.conn.writer().write_all(data)?;
         }
         self.flush_tls_locked().await
     }
@@ -392,6 +458,23 @@ impl SharedStream {
     pub fn set_write_timeout(&self, d: Option<Duration>) {
         let _ = self.0.tcp.borrow().set_write_timeout(d);
     }
+}
+
+/// Gives rustls the next piece of pending ciphertext (it takes up to a record's worth)
+/// and processes it. A TLS error queues an alert and is returned.
+fn feed_one(s: &mut TlsSession) -> io::Result<()> {
+    let mut rd = &s.pending[s.pos..s.end];
+    let before = rd.len();
+    let r = s.conn.read_tls(&mut rd);
+    s.pos += before - rd.len();
+    if r? == 0 && before > 0 {
+        // Never spin on input rustls does not take.
+        return Err(io::Error::other("TLS: received data not accepted"));
+    }
+    s.conn
+        .process_new_packets()
+        .map(|_| ())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
 /// Accepts connections on this shard's listener until shutdown.
@@ -447,7 +530,7 @@ pub async fn resume(server: Rc<Server>, h: HandOff) {
     let stream = unsafe { TcpStream::from_raw_fd(h.fd.into_raw_fd()) };
     let client = Rc::new(Client::from_snapshot(h.client));
     let buf = BytesMut::from(&h.pending[..]);
-    let stream = match h.tls.map(|t| t.downcast::<rustls::ServerConnection>()) {
+    let stream = match h.tls.map(|t| t.downcast::<TlsSession>()) {
         None => SharedStream::new(stream),
         Some(Ok(conn)) => SharedStream::with_tls(stream, conn),
         Some(Err(_)) => {
