@@ -174,11 +174,12 @@ impl SharedStream {
             Some(v) => format!("{v:?}"),
             None => String::new(),
         };
+        // Go names the TLS 1.3 suites TLS_AES_128_GCM_SHA256 (rustls: TLS13_...).
         let suite = c
             .negotiated_cipher_suite()
             .and_then(|s| s.suite().as_str())
             .unwrap_or_default()
-            .to_string();
+            .replacen("TLS13_", "TLS_", 1);
         Some((version, suite))
     }
 
