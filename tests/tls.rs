@@ -327,6 +327,42 @@ fn tls_then_snappy() {
 }
 
 #[test]
+fn tls_then_deflate() {
+    use flate2::read::DeflateDecoder;
+    use flate2::write::DeflateEncoder;
+    let pki = Pki::new();
+    for shards in [1, 2, 4] {
+        let b = start(shards, &pki, &[]);
+        let (reply, tls) = identify_tls(&b, default_client(&pki), r#","deflate":true"#);
+        assert_eq!(reply["deflate"], true);
+        let tls = tls.expect("handshake");
+        // The OK after the TLS OK comes deflated over TLS.
+        let mut r = DeflateDecoder::new(tls);
+        expect_ok_on(&mut r);
+        // SUB (a hand-off at a client flush point with more than one shard), then a
+        // message published on another connection, all deflated inside TLS.
+        let topic = format!("deflate_tls_{shards}");
+        let mut w = DeflateEncoder::new(Vec::new(), flate2::Compression::new(6));
+        w.write_all(format!("SUB {topic} ch\nRDY 5\n").as_bytes())
+            .unwrap();
+        w.flush().unwrap();
+        r.get_mut().write_all(w.get_ref()).unwrap();
+        expect_ok_on(&mut r);
+        let mut p = tls_conn(&b, &pki);
+        for i in 0..3 {
+            p.write_all(&pub_cmd(&topic, format!("hello {i}").as_bytes()))
+                .unwrap();
+            expect_ok_on(&mut p);
+        }
+        for i in 0..3 {
+            let (ft, data) = next_frame(&mut r);
+            assert_eq!(ft, 2, "{}", show(&data));
+            assert_eq!(parse_message(&data).3, format!("hello {i}").as_bytes());
+        }
+    }
+}
+
+#[test]
 fn tls_required_refuses_plain_commands() {
     let pki = Pki::new();
     let b = start(2, &pki, &["--tls-required"]);
