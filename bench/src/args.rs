@@ -135,6 +135,16 @@ pub struct Args {
     #[arg(long = "output-buffer-size", allow_hyphen_values = true)]
     pub output_buffer_size: Option<i64>,
 
+    /// Connect over TLS (IDENTIFY tls_v1), trusting the CA certificates in this PEM file;
+    /// the broker's certificate must name the host of --nsqd-tcp-address (or --tls-name)
+    #[arg(long = "tls-ca")]
+    pub tls_ca: Option<std::path::PathBuf>,
+
+    /// The name the broker's certificate must carry with --tls-ca (default: the host of
+    /// the address)
+    #[arg(long = "tls-name")]
+    pub tls_name: Option<String>,
+
     /// Print one JSON object with the results on stdout (the table goes to stderr)
     #[arg(long)]
     pub json: bool,

@@ -6,7 +6,7 @@ use crate::{now_unix_ns, read_header, Shared};
 use hdrhistogram::Histogram;
 use nsqd::protocol::client::{self, Decoded, Frame};
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -132,11 +132,6 @@ fn consume(
     seen: &mut Seen,
 ) -> Result<(), String> {
     let a = &shared.args;
-    let mut stream: TcpStream =
-        crate::connect(sub.addr).map_err(|e| format!("connect {}: {e}", sub.addr))?;
-    stream
-        .set_read_timeout(Some(Duration::from_millis(100)))
-        .map_err(|e| e.to_string())?;
     let mut identify = format!(
         r#"{{"client_id":"{}","hostname":"nsq-bench","user_agent":"nsq-bench/{}""#,
         sub.name,
@@ -148,10 +143,17 @@ fn consume(
     if let Some(s) = a.output_buffer_size {
         identify.push_str(&format!(r#","output_buffer_size":{s}"#));
     }
+    let mut stream = crate::connect_stream(shared, sub.addr, &identify)
+        .map_err(|e| format!("connect {}: {e}", sub.addr))?;
+    stream
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .map_err(|e| e.to_string())?;
     identify.push('}');
     let mut out = Vec::with_capacity(64 * 1024);
-    client::encode_magic(&mut out);
-    client::encode_identify(&mut out, identify.as_bytes());
+    if !stream.is_tls() {
+        client::encode_magic(&mut out);
+        client::encode_identify(&mut out, identify.as_bytes());
+    }
     client::encode_sub(&mut out, sub.topic, sub.channel);
     stream.write_all(&out).map_err(|e| format!("write: {e}"))?;
     out.clear();
@@ -159,7 +161,8 @@ fn consume(
     let mut buf = vec![0u8; 1024 * 1024];
     let (mut start, mut end) = (0usize, 0usize);
     // IDENTIFY and SUB answers.
-    let mut oks = 0;
+    // With TLS the IDENTIFY was answered during the upgrade.
+    let mut oks = if stream.is_tls() { 1 } else { 0 };
     let check_stop = || shared.stop_consumers.load(Ordering::SeqCst);
     let mut latencies: Vec<u64> = Vec::with_capacity(8192);
     let mut after: Vec<u64> = Vec::new();

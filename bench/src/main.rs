@@ -14,6 +14,7 @@ mod consumer;
 mod producer;
 mod report;
 mod schedule;
+mod tls;
 
 use args::{indexed_name, Args, Mode};
 use clap::Parser;
@@ -84,6 +85,24 @@ pub fn connect(addr: &str) -> io::Result<TcpStream> {
     Err(last)
 }
 
+/// Connects to `addr`; with --tls-ca also sends the magic and IDENTIFY (`identify`: a
+/// JSON object without its closing brace) with tls_v1 and upgrades the connection.
+pub fn connect_stream(shared: &Shared, addr: &str, identify: &str) -> io::Result<tls::Stream> {
+    let s = connect(addr)?;
+    match &shared.tls {
+        None => Ok(tls::Stream::Plain(s)),
+        Some(cfg) => {
+            let host = shared.args.tls_name.clone().unwrap_or_else(|| {
+                addr.rsplit_once(':')
+                    .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'))
+                    .unwrap_or(addr)
+                    .to_string()
+            });
+            tls::upgrade(s, cfg, &host, identify)
+        }
+    }
+}
+
 /// State shared by every thread.
 pub struct Shared {
     pub args: Args,
@@ -102,6 +121,8 @@ pub struct Shared {
     pub drained_ns: AtomicU64,
     pub error_count: AtomicU64,
     pub errors: Mutex<Vec<String>>,
+    /// --tls-ca: the TLS client configuration.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl Shared {
@@ -147,6 +168,16 @@ fn run(args: Args) -> i32 {
     let channels: Vec<String> = (0..args.channels)
         .map(|i| indexed_name(&args.channel, i, args.channels))
         .collect();
+    let tls = match &args.tls_ca {
+        None => None,
+        Some(p) => match tls::client_config(p) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                eprintln!("nsq-bench: --tls-ca: {e}");
+                return 2;
+            }
+        },
+    };
     let shared = Arc::new(Shared {
         args: args.clone(),
         run_id,
@@ -159,6 +190,7 @@ fn run(args: Args) -> i32 {
         drained_ns: AtomicU64::new(0),
         error_count: AtomicU64::new(0),
         errors: Mutex::new(Vec::new()),
+        tls,
     });
     let a = &shared.args;
 

@@ -2,12 +2,13 @@
 //! and a reader thread matching the `OK`s to them in order, with up to --pipeline writes
 //! outstanding.
 
+use crate::tls::Stream;
 use crate::{now_unix_ns, write_header, Shared, HEADER};
 use hdrhistogram::Histogram;
 use nsqd::protocol::client::{self, Decoded, Frame, MpubEncoder};
 use std::collections::VecDeque;
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -66,7 +67,8 @@ pub fn run(
     stats: Arc<ProducerStats>,
 ) -> Histogram<u64> {
     let hist = crate::new_hist();
-    let stream = match crate::connect(&addr) {
+    let identify = format!(r#"{{"client_id":"producer-{id}","user_agent":"nsq-bench""#);
+    let stream = match crate::connect_stream(&shared, &addr, &identify) {
         Ok(s) => s,
         Err(e) => {
             shared.error(format!("producer {id}: connect {addr}: {e}"));
@@ -129,7 +131,7 @@ pub fn run(
 fn write_loop(
     shared: &Shared,
     id: u32,
-    stream: Option<TcpStream>,
+    stream: Option<Stream>,
     t0: Instant,
     end: Instant,
     window: &Window,
@@ -142,7 +144,10 @@ fn write_loop(
     let filler: Vec<u8> = (0..a.size).map(|i| b'a' + (i % 26) as u8).collect();
     let pacing = a.pacing().map(|s| s.scaled(1.0 / a.producers as f64));
     let mut buf = Vec::with_capacity(a.batch_size * (a.size + 4) + 256);
-    client::encode_magic(&mut buf);
+    if !stream.is_tls() {
+        // (With TLS the magic went out before the upgrade.)
+        client::encode_magic(&mut buf);
+    }
     if let Err(e) = stream.write_all(&buf) {
         shared.error(format!("producer {id}: write: {e}"));
         return;
@@ -241,7 +246,7 @@ fn write_loop(
 fn read_acks(
     shared: Arc<Shared>,
     id: u32,
-    mut stream: TcpStream,
+    mut stream: Stream,
     window: Arc<Window>,
     stats: Arc<ProducerStats>,
 ) -> Histogram<u64> {
