@@ -5,6 +5,7 @@
 //! single-threaded: a client lives on exactly one shard at a time and moves between
 //! shards only as a [`ClientSnapshot`] inside a connection hand-off.
 
+use crate::auth::AuthState;
 use crate::message::Message;
 use crate::signal::Notify;
 use serde::{Deserialize, Serialize};
@@ -65,6 +66,10 @@ pub struct ClientSnapshot {
     /// With deflate: the last 32 KiB the server sent (the peer's inflate window), to
     /// prime the compressor that continues the stream on the new shard.
     pub deflate_out_history: Vec<u8>,
+    /// The secret of the last AUTH (kept to query the auth server again on expiry).
+    pub auth_secret: Option<Vec<u8>>,
+    /// What the auth server granted (nsqd: clientV2.AuthState).
+    pub auth: Option<AuthState>,
 }
 
 /// The shard-side view of one connection.
@@ -106,6 +111,10 @@ pub struct Client {
     /// Offset in `out` from which the writer must compress: the bytes before it (the
     /// IDENTIFY reply) still go out plain.
     pub compress_from: Cell<Option<usize>>,
+    /// The secret of the last AUTH (nsqd: clientV2.AuthSecret).
+    pub auth_secret: RefCell<Option<Vec<u8>>>,
+    /// What the auth server granted, None before AUTH (nsqd: clientV2.AuthState).
+    pub auth: RefCell<Option<AuthState>>,
 }
 
 impl Client {
@@ -132,6 +141,8 @@ impl Client {
             compression: Cell::new(Compression::None),
             deflate_out_history: RefCell::new(Vec::new()),
             compress_from: Cell::new(None),
+            auth_secret: RefCell::new(None),
+            auth: RefCell::new(None),
         }
     }
 
@@ -145,6 +156,8 @@ impl Client {
         *c.pub_counts.borrow_mut() = s.pub_counts;
         c.compression.set(s.compression);
         *c.deflate_out_history.borrow_mut() = s.deflate_out_history;
+        *c.auth_secret.borrow_mut() = s.auth_secret;
+        *c.auth.borrow_mut() = s.auth;
         Client {
             connect_ts: s.connect_ts,
             ..c
@@ -164,7 +177,17 @@ impl Client {
             pub_counts: self.pub_counts.borrow().clone(),
             compression: self.compression.get(),
             deflate_out_history: self.deflate_out_history.borrow().clone(),
+            auth_secret: self.auth_secret.borrow().clone(),
+            auth: self.auth.borrow().clone(),
         }
+    }
+
+    /// nsqd `HasAuthorizations`: AUTH succeeded with at least one authorization.
+    pub fn has_authorizations(&self) -> bool {
+        self.auth
+            .borrow()
+            .as_ref()
+            .is_some_and(|a| !a.authorizations.is_empty())
     }
 
     /// nsqd `IsReadyForMessages`: subscribed, RDY > 0 and in-flight below RDY.
