@@ -277,7 +277,11 @@ async fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
 }
 
 /// One HTTP/1.1 request with `Connection: close`; returns the body of a 200 reply.
-async fn http_request(cfg: &AuthConfig, endpoint: &str, body: Option<&str>) -> Result<Vec<u8>, String> {
+async fn http_request(
+    cfg: &AuthConfig,
+    endpoint: &str,
+    body: Option<&str>,
+) -> Result<Vec<u8>, String> {
     let url = parse_url(endpoint)?;
     let sa = resolve(url.host, url.port).await?;
     let mut stream = glommio::net::TcpStream::connect_timeout(sa, cfg.connect_timeout)
@@ -393,8 +397,8 @@ fn dechunk(mut b: &[u8]) -> Result<Vec<u8>, String> {
             .ok_or("unexpected EOF in chunk size")?;
         let line = String::from_utf8_lossy(&b[..nl]);
         let size_hex = line.split(';').next().unwrap_or("").trim();
-        let size =
-            usize::from_str_radix(size_hex, 16).map_err(|_| format!("bad chunk size {size_hex:?}"))?;
+        let size = usize::from_str_radix(size_hex, 16)
+            .map_err(|_| format!("bad chunk size {size_hex:?}"))?;
         b = &b[nl + 2..];
         if size == 0 {
             return Ok(out);
@@ -458,10 +462,7 @@ async fn query_client(cfg: &AuthConfig, client: &Client) -> Result<AuthState, St
         secret: &secret,
     };
     query_any(cfg, &req).await.map_err(|e| {
-        log::warn!(
-            "PROTOCOL(V2): [{}] AUTH failed {e}",
-            client.remote_address
-        );
+        log::warn!("PROTOCOL(V2): [{}] AUTH failed {e}", client.remote_address);
         "E_AUTH_FAILED AUTH failed".to_string()
     })
 }
@@ -541,7 +542,10 @@ mod tests {
         let u = parse_url("http://[::1]:81").unwrap();
         assert_eq!((u.host, u.port, u.target.as_str()), ("::1", 81, "/"));
         let u = parse_url("HTTP://auth.example?a").unwrap();
-        assert_eq!((u.host, u.port, u.target.as_str()), ("auth.example", 80, "/?a"));
+        assert_eq!(
+            (u.host, u.port, u.target.as_str()),
+            ("auth.example", 80, "/?a")
+        );
         assert!(parse_url("https://x/auth").is_err());
         assert!(parse_url("http://:80/").is_err());
         assert!(parse_url("http://h:99999/").is_err());
@@ -558,11 +562,18 @@ mod tests {
         .unwrap();
         assert_eq!(b, b"{\"a\":1");
         let (s, r, b) = parse_response(b"HTTP/1.0 403 Forbidden\r\n\r\nno").unwrap();
-        assert_eq!((s, r.as_str(), b.as_slice()), (403, "Forbidden", &b"no"[..]));
+        assert_eq!(
+            (s, r.as_str(), b.as_slice()),
+            (403, "Forbidden", &b"no"[..])
+        );
         assert!(parse_response(b"HTTP/1.1 200 OK\r\nContent-Le").is_err());
         assert!(parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n{}").is_err());
-        assert!(reply_complete(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"));
-        assert!(!reply_complete(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n{}"));
+        assert!(reply_complete(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+        ));
+        assert!(!reply_complete(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n{}"
+        ));
     }
 
     #[test]

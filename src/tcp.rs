@@ -587,10 +587,12 @@ async fn exec(
                 return Ok(true);
             }
         }
-        Command::Auth { body } => match crate::auth::auth(&server.cfg.auth, client, &frame[body]).await {
-            Ok(resp) => client.send_frame(FRAME_RESPONSE, &resp),
-            Err(text) => return fatal(client, text),
-        },
+        Command::Auth { body } => {
+            match crate::auth::auth(&server.cfg.auth, client, &frame[body]).await {
+                Ok(resp) => client.send_frame(FRAME_RESPONSE, &resp),
+                Err(text) => return fatal(client, text),
+            }
+        }
         Command::Sub { topic, channel } => {
             if let Err(text) =
                 crate::auth::check(&server.cfg.auth, client, "SUB", &topic, &channel).await

@@ -62,14 +62,15 @@ impl Authorization {
         } else {
             self.subscribe
         };
-        permitted
-            && self.topic.is_match(topic)
-            && self.channels.iter().any(|c| c.is_match(channel))
+        permitted && self.topic.is_match(topic) && self.channels.iter().any(|c| c.is_match(channel))
     }
 }
 
 fn one_line(e: &regex::Error) -> String {
-    e.to_string().split_whitespace().collect::<Vec<_>>().join(" ")
+    e.to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The auth server's answer for one secret, cached until `expires`.

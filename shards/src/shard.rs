@@ -884,7 +884,10 @@ pub fn client_stats(c: &Client, topic: &str) -> ClientStats {
         snappy: c.compression.get() == crate::client::Compression::Snappy,
         user_agent: s.user_agent.clone(),
         authed: c.has_authorizations(),
-        auth_identity: auth.as_ref().map(|a| a.identity.clone()).unwrap_or_default(),
+        auth_identity: auth
+            .as_ref()
+            .map(|a| a.identity.clone())
+            .unwrap_or_default(),
         auth_identity_url: auth
             .as_ref()
             .map(|a| a.identity_url.clone())
