@@ -36,8 +36,9 @@ pub struct AuthConfig {
     pub addresses: Vec<String>,
     /// POST a JSON body instead of GET with a query string (nsqd master).
     pub post: bool,
+    /// Limit for the TCP connect; zero: none.
     pub connect_timeout: Duration,
-    /// Limit for the whole request: connect, send and the full reply.
+    /// Limit for the whole request: connect, send and the full reply; zero: none.
     pub request_timeout: Duration,
 }
 
@@ -145,6 +146,10 @@ async fn query(cfg: &AuthConfig, addr: &str, req: &AuthRequest<'_>) -> Result<Au
         (format!("{endpoint}?{}", req.query_string()), None)
     };
     let fetch = pin!(http_request(cfg, &endpoint, body.as_deref()));
+    // Go's http.Client: a zero Timeout means no limit.
+    if cfg.request_timeout.is_zero() {
+        return parse_reply(&fetch.await?, Instant::now());
+    }
     let limit = pin!(glommio::timer::sleep(cfg.request_timeout));
     let reply = match select(fetch, limit).await {
         Either::Left((r, _)) => r?,
@@ -284,9 +289,13 @@ async fn http_request(
 ) -> Result<Vec<u8>, String> {
     let url = parse_url(endpoint)?;
     let sa = resolve(url.host, url.port).await?;
-    let mut stream = glommio::net::TcpStream::connect_timeout(sa, cfg.connect_timeout)
-        .await
-        .map_err(|e| format!("dial tcp {sa}: {e}"))?;
+    // Go's net.Dialer: a zero Timeout means no limit (glommio refuses a zero timeout).
+    let connected = if cfg.connect_timeout.is_zero() {
+        glommio::net::TcpStream::connect(sa).await
+    } else {
+        glommio::net::TcpStream::connect_timeout(sa, cfg.connect_timeout).await
+    };
+    let mut stream = connected.map_err(|e| format!("dial tcp {sa}: {e}"))?;
     let method = if body.is_some() { "POST" } else { "GET" };
     let mut req = format!(
         "{method} {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: nsqd/{}\r\n\

@@ -194,6 +194,14 @@ fn identify_reports_auth_required() {
     // /config shows the address as nsqd's cfg name.
     let (code, body) = b.http("GET", "/config/auth_http_addresses", b"");
     assert_eq!((code, show(&body)), (200, format!("[\"{}\"]", auth.addr)));
+
+    // The config file's `auth_http_addresses` turns AUTH on too.
+    let cfg = b.data_dir.join("auth.toml");
+    std::fs::write(&cfg, format!("auth_http_addresses = [\"{}\"]\n", auth.addr)).unwrap();
+    let b2 = Broker::start(1, &[&format!("--config={}", cfg.display())]);
+    let mut s = b2.connect_v2();
+    send(&mut s, &pub_cmd("t", b"x"));
+    expect_fatal(&mut s, "E_AUTH_FIRST AUTH required before PUB");
 }
 
 #[test]
@@ -556,6 +564,13 @@ fn authorization_survives_shard_hand_off() {
             expect_ok(&mut p);
             assert_eq!(read_msg(&mut sub).body, b"m1");
         }
+        // Some of those connections did move to another shard.
+        let stats = b.stats();
+        let moved: u64 = stats["shards"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|s| s["handoffs_sent"].as_u64()).sum())
+            .unwrap_or(0);
+        assert!(moved > 0, "no hand-off happened: {}", stats["shards"]);
         // A producer moved to its topic's shard re-queries with its secret after expiry.
         let before = auth.requests().len();
         let mut producers: Vec<TcpStream> = topics
