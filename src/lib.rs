@@ -10,6 +10,7 @@ pub mod auth;
 pub mod config;
 pub mod config_file;
 pub mod http;
+pub mod import_nsqd;
 pub mod logger;
 pub mod lookup;
 pub mod lookupd;

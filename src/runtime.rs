@@ -181,6 +181,27 @@ pub fn run(cfg: Config, ready: crate::preflight::Ready) -> Result<(), String> {
         http: (http_addr, http_sock),
         ..
     } = ready;
+    let data_path = cfg.opts.data_path.clone().unwrap_or_else(|| ".".into());
+    // The directory itself too, as nsqd does (internal/dirlock): an upstream nsqd still
+    // running on this path holds that lock, and its files must not be imported under it.
+    let dir_lock =
+        std::fs::File::open(&data_path).map_err(|e| format!("failed to lock data-path - {e}"))?;
+    dir_lock.try_lock().map_err(|_| {
+        format!(
+            "failed to lock data-path: --data-path={} in use (possibly by another instance of nsqd)",
+            data_path.display()
+        )
+    })?;
+    // Moving from nsqd: its queued messages become ours before any shard recovers.
+    crate::import_nsqd::run(
+        &data_path,
+        &crate::import_nsqd::ImportOptions {
+            max_msg_size: cfg.opts.max_msg_size,
+            max_bytes_per_file: cfg.opts.max_bytes_per_file,
+            node_id: cfg.opts.node_id,
+        },
+    )
+    .map_err(|e| format!("failed to import nsqd data - {e}"))?;
 
     let term = Arc::new(AtomicBool::new(false));
     // SIGINT/SIGTERM: tell systemd the shutdown starts (STOPPING=1), then the shards.

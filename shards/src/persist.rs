@@ -260,7 +260,12 @@ impl Shard {
                         .map(|r| (r.seq, Record::from_stored(r)))
                         .collect();
                 }
-                found = window.get(&p.seq).cloned();
+                // A copy of the body, so that a kept message does not pin the whole
+                // read window (a channel may hold many, e.g. a backlog imported from nsqd).
+                found = window.get(&p.seq).cloned().map(|mut r| {
+                    r.body = bytes::Bytes::copy_from_slice(&r.body);
+                    r
+                });
             }
             let Some(r) = found else {
                 // Expected when every channel finished it after the checkpoint and
