@@ -315,7 +315,9 @@ for n in $SHARDS; do
 done
 
 # ------------------------------------------------- nsqlookupd + load generator
-# pynsq discovering the broker through this repository's nsqlookupd, and the nsq-bench
+# pynsq discovering the broker through this repository's nsqlookupd, pynsq with
+# auth_secret against a broker with --auth-http-address (pynsq_auth.py starts its own
+# broker and a tiny auth server), and the nsq-bench
 # smoke test (every bench mode against the broker, counts checked, compare.sh).
 if [[ $MOCK -eq 0 && $BUILD_OK -eq 1 ]]; then
   PROFILE_DIR="$ROOT/target/$PROFILE"
@@ -323,9 +325,11 @@ if [[ $MOCK -eq 0 && $BUILD_OK -eq 1 ]]; then
     for n in $SHARDS; do
       run_step "pynsq via nsqlookupd --shards=$n" "$ROOT/.venv/bin/python" \
         "$ROOT/scripts/clients/pynsq_lookupd.py" "$PROFILE_DIR/nsqd" "$PROFILE_DIR/nsqlookupd" "$n"
+      run_step "pynsq with AUTH --shards=$n" "$ROOT/.venv/bin/python" \
+        "$ROOT/scripts/clients/pynsq_auth.py" "$PROFILE_DIR/nsqd" "$n"
     done
   else
-    record FAIL "pynsq via nsqlookupd" "no .venv (client setup failed)"
+    record FAIL "pynsq via nsqlookupd / with AUTH" "no .venv (client setup failed)"
   fi
   if [[ $PROFILE == release ]]; then
     run_step "nsq-bench smoke" bash "$ROOT/scripts/bench-smoke.sh" --release

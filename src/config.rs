@@ -239,8 +239,8 @@ pub struct Cli {
 
     // -----------------------------------------------------------------------------------
     // The rest of nsqd 1.3.0's flags (apps/nsqd/options.go), so that any nsqd command line
-    // starts this broker. TLS and AUTH are not implemented: setting them fails at start-up
-    // (see `Config::refuse_unsupported`), never silently runs without them.
+    // starts this broker. TLS is not implemented: setting it fails at start-up
+    // (see `Config::refuse_unsupported`), never silently runs without it.
     // -----------------------------------------------------------------------------------
     /// path to a TOML config file (nsqd's cfg names; a flag given here overrides the file)
     #[arg(long, default_value = "")]
@@ -256,7 +256,7 @@ pub struct Cli {
     /// <addr>:<port> to listen on for HTTPS clients (TLS: not supported yet)
     #[arg(long, default_value = "0.0.0.0:4152")]
     pub https_address: String,
-    /// <addr>:<port> or a full url to query auth server (may be given multiple times; AUTH: not supported yet)
+    /// <addr>:<port> or a full url to query auth server (may be given multiple times)
     #[arg(long = "auth-http-address")]
     pub auth_http_address: Vec<String>,
     /// HTTP method to use for auth server requests: get or post (nsqd master)
@@ -397,6 +397,9 @@ pub struct Config {
     pub options: Vec<(&'static str, crate::config_file::GoValue)>,
     /// `--preflight`: run the host checks and exit instead of serving.
     pub preflight_only: bool,
+    /// The auth servers and the HTTP client settings for them (AUTH is enabled when
+    /// `auth.addresses` is not empty).
+    pub auth: crate::auth::AuthConfig,
 }
 
 /// Rewrites Go-style `-long-flag` arguments into `--long-flag`.
@@ -523,6 +526,12 @@ impl Config {
             lookupd_ping_interval: cli.lookupd_ping_interval,
             options,
             preflight_only: cli.preflight,
+            auth: crate::auth::AuthConfig {
+                addresses: cli.auth_http_address,
+                post: cli.auth_http_request_method == "post",
+                connect_timeout: cli.http_client_connect_timeout,
+                request_timeout: cli.http_client_request_timeout,
+            },
         })
     }
 }
@@ -567,24 +576,15 @@ fn check_tls_and_auth(cli: &Cli) -> Result<(), String> {
     Ok(())
 }
 
-/// TLS and AUTH are not implemented: an operator who asked for them gets a start-up error,
-/// never a broker silently running without them. `--tls-root-ca-file` and
-/// `--tls-min-version` alone change nothing in nsqd without a certificate or an auth
-/// server, so they are accepted.
+/// TLS is not implemented: an operator who asked for it gets a start-up error, never a
+/// broker silently running without it. `--tls-root-ca-file` and `--tls-min-version` alone
+/// change nothing in nsqd without a certificate, so they are accepted.
 fn refuse_unsupported(cli: &Cli) -> Result<(), String> {
     if !cli.tls_cert.is_empty() || !cli.tls_key.is_empty() {
         return Err(
             "TLS is not supported by this broker yet: --tls-cert/--tls-key \
                     (tls_cert/tls_key) are set; remove them to run without TLS, or keep nsqd \
                     on this host"
-                .into(),
-        );
-    }
-    if !cli.auth_http_address.is_empty() {
-        return Err(
-            "AUTH is not supported by this broker yet: --auth-http-address \
-                    (auth_http_addresses) is set; remove it to run without authorization, or \
-                    keep nsqd on this host"
                 .into(),
         );
     }

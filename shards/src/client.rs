@@ -5,6 +5,7 @@
 //! single-threaded: a client lives on exactly one shard at a time and moves between
 //! shards only as a [`ClientSnapshot`] inside a connection hand-off.
 
+use crate::auth::AuthState;
 use crate::message::Message;
 use crate::signal::Notify;
 use serde::{Deserialize, Serialize};
@@ -123,6 +124,10 @@ pub struct ClientSnapshot {
     /// phase (from IDENTIFY) on the new shard, as nsqd's would.
     pub output_ticker: OutputTicker,
     pub pump_flushed: bool,
+    /// The secret of the last AUTH (kept to query the auth server again on expiry).
+    pub auth_secret: Option<Vec<u8>>,
+    /// What the auth server granted (nsqd: clientV2.AuthState).
+    pub auth: Option<AuthState>,
 }
 
 /// The shard-side view of one connection.
@@ -168,6 +173,10 @@ pub struct Client {
     /// Offset in `out` from which the writer must compress: the bytes before it (the
     /// IDENTIFY reply) still go out plain.
     pub compress_from: Cell<Option<usize>>,
+    /// The secret of the last AUTH (nsqd: clientV2.AuthSecret).
+    pub auth_secret: RefCell<Option<Vec<u8>>>,
+    /// What the auth server granted, None before AUTH (nsqd: clientV2.AuthState).
+    pub auth: RefCell<Option<AuthState>>,
 }
 
 impl Client {
@@ -196,6 +205,8 @@ impl Client {
             compression: Cell::new(Compression::None),
             deflate_out_history: RefCell::new(Vec::new()),
             compress_from: Cell::new(None),
+            auth_secret: RefCell::new(None),
+            auth: RefCell::new(None),
         }
     }
 
@@ -211,6 +222,8 @@ impl Client {
         c.output_ticker.set(s.output_ticker);
         c.pump_flushed.set(s.pump_flushed);
         *c.deflate_out_history.borrow_mut() = s.deflate_out_history;
+        *c.auth_secret.borrow_mut() = s.auth_secret;
+        *c.auth.borrow_mut() = s.auth;
         Client {
             connect_ts: s.connect_ts,
             ..c
@@ -232,7 +245,17 @@ impl Client {
             deflate_out_history: self.deflate_out_history.borrow().clone(),
             output_ticker: self.output_ticker.get(),
             pump_flushed: self.pump_flushed.get(),
+            auth_secret: self.auth_secret.borrow().clone(),
+            auth: self.auth.borrow().clone(),
         }
+    }
+
+    /// nsqd `HasAuthorizations`: AUTH succeeded with at least one authorization.
+    pub fn has_authorizations(&self) -> bool {
+        self.auth
+            .borrow()
+            .as_ref()
+            .is_some_and(|a| !a.authorizations.is_empty())
     }
 
     /// nsqd `IsReadyForMessages`: subscribed, RDY > 0 and in-flight below RDY.

@@ -964,6 +964,7 @@ fn memory_may_shrink(t: &Topic) -> bool {
 /// first topic because of an upstream `break`).
 pub fn client_stats(c: &Client, topic: &str) -> ClientStats {
     let s = c.settings.borrow();
+    let auth = c.auth.borrow();
     let pub_counts = c
         .pub_counts
         .borrow()
@@ -991,9 +992,15 @@ pub fn client_stats(c: &Client, topic: &str) -> ClientStats {
         deflate: matches!(c.compression.get(), crate::client::Compression::Deflate(_)),
         snappy: c.compression.get() == crate::client::Compression::Snappy,
         user_agent: s.user_agent.clone(),
-        authed: false,
-        auth_identity: String::new(),
-        auth_identity_url: String::new(),
+        authed: c.has_authorizations(),
+        auth_identity: auth
+            .as_ref()
+            .map(|a| a.identity.clone())
+            .unwrap_or_default(),
+        auth_identity_url: auth
+            .as_ref()
+            .map(|a| a.identity_url.clone())
+            .unwrap_or_default(),
         pub_counts,
         tls: false,
         tls_cipher_suite: String::new(),
