@@ -145,22 +145,33 @@ async fn query(cfg: &AuthConfig, addr: &str, req: &AuthRequest<'_>) -> Result<Au
     } else {
         (format!("{endpoint}?{}", req.query_string()), None)
     };
-    let fetch = pin!(http_request(cfg, &endpoint, body.as_deref()));
+    let reply = timed_request(cfg, &endpoint, body.as_deref()).await?;
+    parse_reply(&reply, Instant::now())
+}
+
+/// One HTTP request (GET, or POST with a JSON `body`) with nsqd's HTTP client settings:
+/// `cfg.connect_timeout` for the TCP connect and `cfg.request_timeout` for the whole
+/// request (zero: no limit, as in Go). Sends nsqd's `Accept` header for the v1 API
+/// (nsqd: http_api.Client GETV1/POSTV1); returns the body of a 200 reply. Runs on the
+/// calling task: the executor serves everything else meanwhile.
+pub async fn timed_request(
+    cfg: &AuthConfig,
+    endpoint: &str,
+    body: Option<&str>,
+) -> Result<Vec<u8>, String> {
+    let fetch = pin!(http_request(cfg, endpoint, body));
     // Go's http.Client: a zero Timeout means no limit.
     if cfg.request_timeout.is_zero() {
-        return parse_reply(&fetch.await?, Instant::now());
+        return fetch.await;
     }
     let limit = pin!(glommio::timer::sleep(cfg.request_timeout));
-    let reply = match select(fetch, limit).await {
-        Either::Left((r, _)) => r?,
-        Either::Right(_) => {
-            return Err(format!(
-                "request to {endpoint} timed out after {}",
-                crate::config::go_duration_string(cfg.request_timeout)
-            ))
-        }
-    };
-    parse_reply(&reply, Instant::now())
+    match select(fetch, limit).await {
+        Either::Left((r, _)) => r,
+        Either::Right(_) => Err(format!(
+            "request to {endpoint} timed out after {}",
+            crate::config::go_duration_string(cfg.request_timeout)
+        )),
+    }
 }
 
 /// The JSON reply (nsqd: auth.State). Go ignores unknown keys and takes `null` as empty.

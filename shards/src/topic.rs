@@ -188,6 +188,11 @@ pub struct Topic {
     pub name: String,
     pub ephemeral: bool,
     pub paused: bool,
+    /// Created while nsqlookupd is asked for the topic's channels (nsqd: GetTopic starts
+    /// the topic's pump only after creating them): the pump waits, as when paused, until
+    /// the answer (or its failure) releases it with this token. Not a paused flag: /stats
+    /// and the metadata do not show it.
+    pub held: Option<u64>,
     pub log: Log,
     /// Sorted by name, as /stats lists them.
     pub channels: BTreeMap<String, Channel>,
@@ -233,6 +238,7 @@ impl Topic {
             name: name.to_string(),
             ephemeral: is_ephemeral(name),
             paused: false,
+            held: None,
             log: Log::default(),
             channels: BTreeMap::new(),
             message_count: 0,
@@ -304,6 +310,7 @@ impl Topic {
         let first_new = self.log.head - n;
         let direct = defer_until.is_some_and(|d| d > Instant::now())
             && !self.paused
+            && self.held.is_none()
             && !self.channels.is_empty();
         self.pump(mem_queue_size);
         if let (true, Some(due)) = (direct, defer_until) {
@@ -320,10 +327,10 @@ impl Topic {
         (n, self.log.head)
     }
 
-    /// Moves the pump position to the head when the topic has channels and is not
-    /// paused, counting the messages into each channel.
+    /// Moves the pump position to the head when the topic has channels and is neither
+    /// paused nor held, counting the messages into each channel.
     pub fn pump(&mut self, mem_queue_size: u64) {
-        if self.paused || self.channels.is_empty() {
+        if self.paused || self.held.is_some() || self.channels.is_empty() {
             return;
         }
         let n = self.depth();
