@@ -416,11 +416,6 @@ impl Peer {
                 )));
             }
         };
-        log::info!(
-            "LOOKUPD({}): peer info {}",
-            self.addr,
-            String::from_utf8_lossy(&resp)
-        );
         let broadcast = info.broadcast_address.clone().unwrap_or_default();
         if broadcast.is_empty() {
             log::error!("LOOKUPD({}): no broadcast address", self.addr);
@@ -431,6 +426,12 @@ impl Peer {
                 Some(join_host_port(&broadcast, info.http_port.unwrap_or(0))),
             );
         }
+        // Logged once the HTTP address is recorded (tests wait for this line).
+        log::info!(
+            "LOOKUPD({}): peer info {}",
+            self.addr,
+            String::from_utf8_lossy(&resp)
+        );
         log::debug!(
             "LOOKUPD({}): tcp_port {:?} version {:?}",
             self.addr,
