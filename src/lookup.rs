@@ -160,7 +160,12 @@ pub async fn lookupd_topic_channels(
         let body = crate::auth::timed_request(cfg, &endpoint, None).await?;
         serde_json::from_slice::<Resp>(&body)
             .map(|r| r.channels.unwrap_or_default())
-            .map_err(|e| format!("JSON unmarshal error {e} - {}", String::from_utf8_lossy(&body)))
+            .map_err(|e| {
+                format!(
+                    "JSON unmarshal error {e} - {}",
+                    String::from_utf8_lossy(&body)
+                )
+            })
     });
     let mut channels = BTreeSet::new();
     let mut errs = Vec::new();
@@ -171,7 +176,10 @@ pub async fn lookupd_topic_channels(
         }
     }
     if !addrs.is_empty() && errs.len() == addrs.len() {
-        return Err(format!("failed to query any nsqlookupd: {}", errs.join("\n")));
+        return Err(format!(
+            "failed to query any nsqlookupd: {}",
+            errs.join("\n")
+        ));
     }
     let errs = (!errs.is_empty()).then(|| errs.join("\n"));
     Ok((channels.into_iter().collect(), errs))
@@ -595,4 +603,35 @@ pub async fn lookup_loop(server: Rc<Server>) {
         p.close();
     }
     log::info!("LOOKUP: closing");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_addresses_from_identify() {
+        assert_eq!(join_host_port("10.0.0.1", 4161), "10.0.0.1:4161");
+        assert_eq!(join_host_port("::1", 4161), "[::1]:4161");
+        let i: PeerInfo = serde_json::from_slice(
+            br#"{"broadcast_address":"h","hostname":"x","http_port":4161,"tcp_port":4160,"version":"1.3.0","extra":1}"#,
+        )
+        .expect("parses");
+        assert_eq!(
+            (i.broadcast_address.as_deref(), i.http_port),
+            (Some("h"), Some(4161))
+        );
+        let i: PeerInfo = serde_json::from_slice(br#"{"broadcast_address":null}"#).expect("null");
+        assert!(i.broadcast_address.is_none());
+        assert!(serde_json::from_slice::<PeerInfo>(b"OK").is_err());
+        assert!(serde_json::from_slice::<PeerInfo>(br#"{"http_port":"x"}"#).is_err());
+
+        set_lookupd_http("a:4160", Some("a:4161".into()));
+        set_lookupd_http("b:4160", Some("b:4161".into()));
+        set_lookupd_http("a:4160", Some("a2:4161".into()));
+        assert_eq!(lookupd_http_addrs(), ["a2:4161", "b:4161"]);
+        set_lookupd_http("a:4160", None);
+        set_lookupd_http("b:4160", None);
+        assert!(lookupd_http_addrs().is_empty());
+    }
 }

@@ -236,7 +236,8 @@ fn channels_known_to_lookupd_get_the_first_message() {
         let topics = topic_names("lq", 8);
         for t in &topics {
             for c in ["c1", "c2", "c3%23ephemeral"] {
-                let (code, v) = l.request("POST", &format!("/channel/create?topic={t}&channel={c}"));
+                let (code, v) =
+                    l.request("POST", &format!("/channel/create?topic={t}&channel={c}"));
                 assert_eq!(code, 200, "lookupd /channel/create: {v}");
             }
         }

@@ -546,6 +546,25 @@ mod tests {
     }
 
     #[test]
+    fn held_topic_pumps_only_when_released() {
+        let mut t = Topic::new("h", 0);
+        t.held = Some(7);
+        t.publish([Bytes::from_static(b"a")], None, 100);
+        // A channel created while held (a SUB) waits with the others.
+        t.create_channel("sub", 100);
+        assert_eq!((t.depth(), t.log.pumped), (1, 0));
+        t.create_channel("c1", 100);
+        t.create_channel("c2", 100);
+        assert_eq!(t.channels["c1"].depth(&t.log), 0);
+        t.held = None;
+        t.pump(100);
+        assert_eq!(t.depth(), 0);
+        for c in ["sub", "c1", "c2"] {
+            assert_eq!(t.channels[c].depth(&t.log), 1, "{c}");
+        }
+    }
+
+    #[test]
     fn channel_seek_drops_requeued_and_deferred() {
         let t = topic();
         let mut ch = Channel::new("c", 18);
