@@ -8,9 +8,11 @@
 //!   over HTTP and every topic shows `c1` and `c2` (not the #ephemeral one) with the
 //!   message in each, with 1, 2 and 4 shards (topics on every shard);
 //! * a lookupd whose HTTP API hangs neither blocks nor loses the publish: the topic waits
-//!   at most `--http-client-request-timeout`, then starts without channels and its
-//!   backlog goes to the first channel created;
-//! * a lookupd whose HTTP API is down: the other lookupd's channels are still created.
+//!   at most `--http-client-request-timeout` (a channel created meanwhile gets nothing
+//!   until then), then starts without channels and its backlog goes to the first channel
+//!   created;
+//! * a lookupd whose HTTP API is down: the other lookupd's channels are still created;
+//! * a SUB that creates the topic: its channel and lookupd's share the first message.
 
 mod common;
 
@@ -284,7 +286,7 @@ fn hanging_lookupd_delays_the_pump_not_the_publish() {
             shards,
             &[
                 &format!("--lookupd-tcp-address={fake}"),
-                "--http-client-request-timeout=1500ms",
+                "--http-client-request-timeout=3s",
             ],
         );
         wait_identified(&b, 1);
@@ -301,6 +303,18 @@ fn hanging_lookupd_delays_the_pump_not_the_publish() {
             !held.lock().unwrap_or_else(|e| e.into_inner()).is_empty(),
             "the broker asked the hanging lookupd"
         );
+        // A channel created meanwhile waits too: the pump starts only when the query ends.
+        let (code, _) = b.http(
+            "POST",
+            &format!("/channel/create?topic={}&channel=early", topics[0]),
+            b"",
+        );
+        assert_eq!(code, 200);
+        assert_eq!(
+            topic_stats(&b, &topics[0]),
+            Some((1, vec![("early".to_string(), 0)])),
+            "shards={shards}: held until the lookupd query ends"
+        );
         // After the request timeout the topics start without channels; the first channel
         // then gets the backlog, as for any topic without channels.
         let ok = common::wait_until(Duration::from_secs(10), || {
@@ -315,7 +329,11 @@ fn hanging_lookupd_delays_the_pump_not_the_publish() {
                 >= topics.len()
         });
         assert!(ok, "no timeout logged: {:?}", b.log.lock().unwrap());
-        for t in &topics {
+        let ok = common::wait_until(Duration::from_secs(5), || {
+            topic_stats(&b, &topics[0]) == Some((0, vec![("early".to_string(), 1)]))
+        });
+        assert!(ok, "shards={shards}: {:?}", topic_stats(&b, &topics[0]));
+        for t in &topics[1..] {
             let (code, _) = b.http("POST", &format!("/channel/create?topic={t}&channel=x"), b"");
             assert_eq!(code, 200);
             let ok = common::wait_until(Duration::from_secs(5), || {
@@ -364,5 +382,36 @@ fn lookupd_http_down_is_skipped() {
         });
         assert!(ok, "{:?}", b2.log.lock().unwrap());
         assert_eq!(topic_stats(&b2, t), Some((1, vec![])));
+    }
+}
+
+#[test]
+fn subscriber_creating_the_topic_and_lookupd_channels_share_the_first_message() {
+    for shards in SHARD_COUNTS {
+        let l = Lookupd::start();
+        let topics = topic_names("lqs", 4);
+        for t in &topics {
+            let (code, v) = l.request("POST", &format!("/channel/create?topic={t}&channel=c1"));
+            assert_eq!(code, 200, "{v}");
+        }
+        let b = Broker::start(shards, &[&format!("--lookupd-tcp-address={}", l.tcp)]);
+        wait_identified(&b, 1);
+        for t in &topics {
+            // SUB creates the topic (on its owner, maybe another shard): its own channel
+            // and lookupd's c1 both get the message published right after.
+            let mut s = b.subscribe(t, "mine");
+            common::send(&mut s, b"RDY 1\n");
+            publish(&b, t, b"hello");
+            s.set_read_timeout(Some(Duration::from_secs(10)))
+                .expect("timeout");
+            let m = common::read_msg(&mut s);
+            assert_eq!(m.body, b"hello", "shards={shards} {t}");
+            let ok = common::wait_until(Duration::from_secs(10), || {
+                topic_stats(&b, t).is_some_and(|(d, cs)| {
+                    d == 0 && cs.contains(&("c1".to_string(), 1)) && cs.len() == 2
+                })
+            });
+            assert!(ok, "shards={shards} {t}: {:?}", topic_stats(&b, t));
+        }
     }
 }
