@@ -218,8 +218,15 @@ pub fn install_channel_query(server: &Rc<Server>) {
                     "failed to query nsqlookupd for channels to pre-create for topic {topic} - {e}"
                 )
             };
-            let channels = match lookupd_topic_channels(&server.cfg.auth, &topic, &addrs).await
-            {
+            // A shutdown ends the wait: the topic keeps its backlog unpumped (in its
+            // store), and the next start pumps it to the channels it has then.
+            let query = std::pin::pin!(lookupd_topic_channels(&server.cfg.auth, &topic, &addrs));
+            let stop = std::pin::pin!(server.shard.shutdown.wait());
+            let answer = match futures::future::select(query, stop).await {
+                futures::future::Either::Left((a, _)) => a,
+                futures::future::Either::Right(_) => return,
+            };
+            let channels = match answer {
                 Ok((c, None)) => c,
                 Ok((c, Some(e))) => {
                     warn(&e);
