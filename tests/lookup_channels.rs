@@ -286,14 +286,14 @@ fn hanging_lookupd_delays_the_pump_not_the_publish() {
             shards,
             &[
                 &format!("--lookupd-tcp-address={fake}"),
-                "--http-client-request-timeout=3s",
+                "--http-client-request-timeout=4s",
             ],
         );
         wait_identified(&b, 1);
         let topics = topic_names("lqh", 4);
         for t in &topics {
             let took = publish(&b, t, b"m");
-            assert!(took < Duration::from_millis(1000), "pub {t} took {took:?}");
+            assert!(took < Duration::from_millis(3000), "pub {t} took {took:?}");
         }
         // The query hangs: the message waits in the topic (nothing pumped, no channel).
         for t in &topics {
@@ -363,7 +363,7 @@ fn lookupd_http_down_is_skipped() {
         );
         wait_identified(&b, 2);
         let took = publish(&b, t, b"m");
-        assert!(took < Duration::from_millis(1000), "pub took {took:?}");
+        assert!(took < Duration::from_millis(3000), "pub took {took:?}");
         let ok = common::wait_until(Duration::from_secs(10), || {
             topic_stats(&b, t) == Some((0, two_channels(1)))
         });
