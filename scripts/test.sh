@@ -316,7 +316,9 @@ for n in $SHARDS; do
 done
 
 # ------------------------------------------------- nsqlookupd + load generator
-# pynsq discovering the broker through this repository's nsqlookupd, and the nsq-bench
+# pynsq discovering the broker through this repository's nsqlookupd, pynsq with
+# auth_secret against a broker with --auth-http-address (pynsq_auth.py starts its own
+# broker and a tiny auth server), and the nsq-bench
 # smoke test (every bench mode against the broker, counts checked, compare.sh).
 if [[ $MOCK -eq 0 && $BUILD_OK -eq 1 ]]; then
   PROFILE_DIR="$ROOT/target/$PROFILE"
@@ -328,9 +330,11 @@ if [[ $MOCK -eq 0 && $BUILD_OK -eq 1 ]]; then
       # self-signed certificate (openssl req); the script starts and stops that broker.
       run_step "pynsq TLS --shards=$n" "$ROOT/.venv/bin/python" \
         "$ROOT/scripts/clients/pynsq_tls.py" "$PROFILE_DIR/nsqd" "$n"
+      run_step "pynsq with AUTH --shards=$n" "$ROOT/.venv/bin/python" \
+        "$ROOT/scripts/clients/pynsq_auth.py" "$PROFILE_DIR/nsqd" "$n"
     done
   else
-    record FAIL "pynsq via nsqlookupd" "no .venv (client setup failed)"
+    record FAIL "pynsq via nsqlookupd / with AUTH" "no .venv (client setup failed)"
   fi
   if [[ $PROFILE == release ]]; then
     run_step "nsq-bench smoke" bash "$ROOT/scripts/bench-smoke.sh" --release

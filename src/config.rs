@@ -239,8 +239,7 @@ pub struct Cli {
 
     // -----------------------------------------------------------------------------------
     // The rest of nsqd 1.3.0's flags (apps/nsqd/options.go), so that any nsqd command line
-    // starts this broker. AUTH is not implemented: setting it fails at start-up
-    // (see `Config::refuse_unsupported`), never silently runs without them.
+    // starts this broker; TLS (src/tls.rs) and AUTH (src/auth.rs) included.
     // -----------------------------------------------------------------------------------
     /// path to a TOML config file (nsqd's cfg names; a flag given here overrides the file)
     #[arg(long, default_value = "")]
@@ -256,7 +255,7 @@ pub struct Cli {
     /// <addr>:<port> to listen on for HTTPS clients
     #[arg(long, default_value = "0.0.0.0:4152")]
     pub https_address: String,
-    /// <addr>:<port> or a full url to query auth server (may be given multiple times; AUTH: not supported yet)
+    /// <addr>:<port> or a full url to query auth server (may be given multiple times)
     #[arg(long = "auth-http-address")]
     pub auth_http_address: Vec<String>,
     /// HTTP method to use for auth server requests: get or post (nsqd master)
@@ -404,6 +403,9 @@ pub struct Config {
     pub tls_required: u8,
     /// `--https-address`: served (over TLS) only when `tls` is set, as nsqd does.
     pub https_address: String,
+    /// The auth servers and the HTTP client settings for them (AUTH is enabled when
+    /// `auth.addresses` is not empty).
+    pub auth: crate::auth::AuthConfig,
 }
 
 /// Rewrites Go-style `-long-flag` arguments into `--long-flag`.
@@ -455,7 +457,6 @@ impl Config {
                 ));
             }
         }
-        refuse_unsupported(&cli)?;
         let log_level = parse_level(&cli.log_level)
             .ok_or_else(|| format!("invalid log-level {}", cli.log_level))?;
         if cli.statsd_interval.is_zero() {
@@ -533,6 +534,12 @@ impl Config {
             tls,
             tls_required,
             https_address: cli.https_address.clone(),
+            auth: crate::auth::AuthConfig {
+                addresses: cli.auth_http_address,
+                post: cli.auth_http_request_method == "post",
+                connect_timeout: cli.http_client_connect_timeout,
+                request_timeout: cli.http_client_request_timeout,
+            },
         })
     }
 }
@@ -584,20 +591,6 @@ fn check_tls_and_auth(cli: &Cli) -> Result<TlsSetup, String> {
         return Err("--auth-http-request-method must be post or get".into());
     }
     Ok((tls, tls_required))
-}
-
-/// AUTH is not implemented: an operator who asked for it gets a start-up error, never a
-/// broker silently running without it.
-fn refuse_unsupported(cli: &Cli) -> Result<(), String> {
-    if !cli.auth_http_address.is_empty() {
-        return Err(
-            "AUTH is not supported by this broker yet: --auth-http-address \
-                    (auth_http_addresses) is set; remove it to run without authorization, or \
-                    keep nsqd on this host"
-                .into(),
-        );
-    }
-    Ok(())
 }
 
 #[cfg(test)]

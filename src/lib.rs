@@ -6,6 +6,7 @@
 //! core (topics, channels, in-flight and deferred heaps, the mesh messages) lives in the
 //! `nsq-shards` crate.
 
+pub mod auth;
 pub mod config;
 pub mod config_file;
 pub mod http;

@@ -23,7 +23,7 @@ use nsq_shards::shard::LookupEvent;
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 /// nsqd's dial timeout and per-read/write deadline.
@@ -77,6 +77,186 @@ pub async fn set_peer_addresses(server: &Server, addrs: PeerList) {
         // generation.
         let _ = mesh.send_to(0, ShardMsg::Lookup(Vec::new())).await;
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// The lookupd HTTP addresses (nsqd: lookupdHTTPAddrs). Shard 0 learns them from each
+// peer's IDENTIFY response (`broadcast_address` + `http_port`) and every shard reads them
+// when it creates a topic, to ask lookupd for the topic's channels. Process-wide
+// config-like state (it changes only when a peer (re)connects or the peer list changes),
+// so a `RwLock` set by shard 0 rather than a mesh message to every shard.
+// ---------------------------------------------------------------------------------------
+
+/// (peer TCP address, `host:port` of its HTTP API), in peer order. A peer's entry stays
+/// while it is disconnected (nsqd keeps `lp.Info` until the next IDENTIFY answers).
+static LOOKUPD_HTTP: RwLock<Vec<(String, String)>> = RwLock::new(Vec::new());
+
+/// The HTTP addresses of the lookupd peers that answered IDENTIFY with a broadcast
+/// address (nsqd: lookupdHTTPAddrs).
+pub fn lookupd_http_addrs() -> Vec<String> {
+    LOOKUPD_HTTP
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .map(|(_, h)| h.clone())
+        .collect()
+}
+
+/// Records (or, with `None`, forgets) a peer's HTTP address.
+fn set_lookupd_http(peer: &str, http: Option<String>) {
+    let mut v = LOOKUPD_HTTP.write().unwrap_or_else(|e| e.into_inner());
+    match (v.iter().position(|(p, _)| p == peer), http) {
+        (Some(i), Some(h)) => v[i].1 = h,
+        (None, Some(h)) => v.push((peer.to_string(), h)),
+        (Some(i), None) => {
+            v.remove(i);
+        }
+        (None, None) => {}
+    }
+}
+
+/// What nsqd reads from lookupd's IDENTIFY response (nsqd: lookup_peer.go peerInfo).
+/// Go leaves missing and `null` fields at zero and ignores unknown keys.
+#[derive(serde::Deserialize, Debug, Default)]
+struct PeerInfo {
+    #[serde(default)]
+    tcp_port: Option<i64>,
+    #[serde(default)]
+    http_port: Option<i64>,
+    #[serde(default)]
+    version: Option<String>,
+    #[serde(default)]
+    broadcast_address: Option<String>,
+}
+
+/// Go's `net.JoinHostPort`: an IPv6 host (any host with a colon) in brackets.
+fn join_host_port(host: &str, port: i64) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// The channels every lookupd knows for `topic` (nsqd: ClusterInfo.GetLookupdTopicChannels):
+/// `GET http://<addr>/channels?topic=<topic>` on all of them at once, the union sorted.
+/// `Err` when none answered; otherwise the channels and, when some failed, their errors.
+pub async fn lookupd_topic_channels(
+    cfg: &crate::auth::AuthConfig,
+    topic: &str,
+    addrs: &[String],
+) -> Result<(Vec<String>, Option<String>), String> {
+    #[derive(serde::Deserialize)]
+    struct Resp {
+        #[serde(default)]
+        channels: Option<Vec<String>>,
+    }
+    let queries = addrs.iter().map(|addr| async move {
+        let endpoint = format!(
+            "http://{addr}/channels?topic={}",
+            crate::auth::query_escape(topic.as_bytes())
+        );
+        log::info!("CI: querying nsqlookupd {endpoint}");
+        let body = crate::auth::timed_request(cfg, &endpoint, None).await?;
+        serde_json::from_slice::<Resp>(&body)
+            .map(|r| r.channels.unwrap_or_default())
+            .map_err(|e| {
+                format!(
+                    "JSON unmarshal error {e} - {}",
+                    String::from_utf8_lossy(&body)
+                )
+            })
+    });
+    let mut channels = BTreeSet::new();
+    let mut errs = Vec::new();
+    for r in futures::future::join_all(queries).await {
+        match r {
+            Ok(c) => channels.extend(c),
+            Err(e) => errs.push(e),
+        }
+    }
+    if !addrs.is_empty() && errs.len() == addrs.len() {
+        return Err(format!(
+            "failed to query any nsqlookupd: {}",
+            errs.join("\n")
+        ));
+    }
+    let errs = (!errs.is_empty()).then(|| errs.join("\n"));
+    Ok((channels.into_iter().collect(), errs))
+}
+
+/// Installs the shard's topic-creation hook once recovery is over (nsqd: GetTopic when
+/// not loading): with lookupd HTTP addresses known, a new topic holds its pump while a
+/// task asks every lookupd for the topic's channels, then creates them (but no
+/// `#ephemeral` one) and starts the pump ([`nsq_shards::Shard::release_topic`]), so that
+/// a message published meanwhile reaches every channel the cluster knows. The query runs
+/// on its own task, bounded by `--http-client-connect-timeout` and
+/// `--http-client-request-timeout`: a lookupd that hangs or is down delays the pump by at
+/// most that long and never blocks the shard or the publisher.
+pub fn install_channel_query(server: &Rc<Server>) {
+    let weak = Rc::downgrade(server);
+    let hook = move |topic: &str, token: u64| -> bool {
+        let Some(server) = weak.upgrade() else {
+            return false;
+        };
+        let addrs = lookupd_http_addrs();
+        if addrs.is_empty() {
+            if !peer_addresses(&server).is_empty() {
+                log::error!(
+                    "no available nsqlookupd to query for channels to pre-create for topic {topic}"
+                );
+            }
+            return false;
+        }
+        let topic = topic.to_string();
+        glommio::spawn_local(async move {
+            // Never touch the topics from inside the creating call (glommio may poll a
+            // new task at once).
+            glommio::executor().yield_now().await;
+            let warn = |e: &str| {
+                log::warn!(
+                    "failed to query nsqlookupd for channels to pre-create for topic {topic} - {e}"
+                )
+            };
+            // A shutdown ends the wait: the topic keeps its backlog unpumped (in its
+            // store), and the next start pumps it to the channels it has then.
+            let query = std::pin::pin!(lookupd_topic_channels(&server.cfg.auth, &topic, &addrs));
+            let stop = std::pin::pin!(server.shard.shutdown.wait());
+            let answer = match futures::future::select(query, stop).await {
+                futures::future::Either::Left((a, _)) => a,
+                futures::future::Either::Right(_) => return,
+            };
+            let channels = match answer {
+                Ok((c, None)) => c,
+                Ok((c, Some(e))) => {
+                    warn(&e);
+                    c
+                }
+                Err(e) => {
+                    warn(&e);
+                    Vec::new()
+                }
+            };
+            // nsqd skips #ephemeral channels (no consumer would keep them); a name this
+            // broker could not create from a client is skipped too (lookupd could hold
+            // anything).
+            let channels: Vec<String> = channels
+                .into_iter()
+                .filter(|c| !c.ends_with("#ephemeral"))
+                .filter(|c| {
+                    let ok = nsq_shards::names::is_valid_channel_name(c);
+                    if !ok {
+                        log::warn!("TOPIC({topic}): lookupd channel {c:?} has an invalid name; not created");
+                    }
+                    ok
+                })
+                .collect();
+            server.shard.release_topic(&topic, token, &channels);
+        })
+        .detach();
+        true
+    };
+    *server.shard.topic_created.borrow_mut() = Some(Box::new(hook));
 }
 
 /// The V1 command line for an event.
@@ -240,10 +420,38 @@ impl Peer {
             s.shutdown();
             return Err(std::io::Error::other("lookupd returned E_INVALID"));
         }
+        // nsqd: json.Unmarshal into lp.Info; a reply it cannot parse closes the peer.
+        let info: PeerInfo = match serde_json::from_slice(&resp) {
+            Ok(i) => i,
+            Err(_) => {
+                s.shutdown();
+                return Err(std::io::Error::other(format!(
+                    "parsing response - {}",
+                    String::from_utf8_lossy(&resp)
+                )));
+            }
+        };
+        let broadcast = info.broadcast_address.clone().unwrap_or_default();
+        if broadcast.is_empty() {
+            log::error!("LOOKUPD({}): no broadcast address", self.addr);
+            set_lookupd_http(&self.addr, None);
+        } else {
+            set_lookupd_http(
+                &self.addr,
+                Some(join_host_port(&broadcast, info.http_port.unwrap_or(0))),
+            );
+        }
+        // Logged once the HTTP address is recorded (tests wait for this line).
         log::info!(
             "LOOKUPD({}): peer info {}",
             self.addr,
             String::from_utf8_lossy(&resp)
+        );
+        log::debug!(
+            "LOOKUPD({}): tcp_port {:?} version {:?}",
+            self.addr,
+            info.tcp_port,
+            info.version
         );
         self.conn = Some(s);
         for ev in registry.snapshot() {
@@ -319,6 +527,7 @@ fn reconcile(peers: &mut Vec<Peer>, want: &[String]) {
         if !keep {
             log::info!("LOOKUP({}): removing peer", p.addr);
             p.close();
+            set_lookupd_http(&p.addr, None);
         }
         keep
     });
@@ -401,4 +610,35 @@ pub async fn lookup_loop(server: Rc<Server>) {
         p.close();
     }
     log::info!("LOOKUP: closing");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_addresses_from_identify() {
+        assert_eq!(join_host_port("10.0.0.1", 4161), "10.0.0.1:4161");
+        assert_eq!(join_host_port("::1", 4161), "[::1]:4161");
+        let i: PeerInfo = serde_json::from_slice(
+            br#"{"broadcast_address":"h","hostname":"x","http_port":4161,"tcp_port":4160,"version":"1.3.0","extra":1}"#,
+        )
+        .expect("parses");
+        assert_eq!(
+            (i.broadcast_address.as_deref(), i.http_port),
+            (Some("h"), Some(4161))
+        );
+        let i: PeerInfo = serde_json::from_slice(br#"{"broadcast_address":null}"#).expect("null");
+        assert!(i.broadcast_address.is_none());
+        assert!(serde_json::from_slice::<PeerInfo>(b"OK").is_err());
+        assert!(serde_json::from_slice::<PeerInfo>(br#"{"http_port":"x"}"#).is_err());
+
+        set_lookupd_http("a:4160", Some("a:4161".into()));
+        set_lookupd_http("b:4160", Some("b:4161".into()));
+        set_lookupd_http("a:4160", Some("a2:4161".into()));
+        assert_eq!(lookupd_http_addrs(), ["a2:4161", "b:4161"]);
+        set_lookupd_http("a:4160", None);
+        set_lookupd_http("b:4160", None);
+        assert!(lookupd_http_addrs().is_empty());
+    }
 }

@@ -527,6 +527,9 @@ async fn shard_main(
     if !recovery.arrive_and_wait().await {
         return Err(StartError::Aborted);
     }
+    // From now on a new topic asks nsqlookupd for its channels first (nsqd: GetTopic,
+    // which skips this while loading metadata).
+    crate::lookup::install_channel_query(&server);
     if let Some(mut r) = receivers {
         for (_peer, rx) in r.streams() {
             let server = server.clone();

@@ -674,6 +674,9 @@ async fn reader_loop(
     let limits = limits(server);
     let mut eof = false;
     let mut chunk = MIN_READ_CHUNK;
+    let auth_enabled = server.cfg.auth.enabled();
+    // True once the MPUB at the start of `buf` passed its auth check.
+    let mut mpub_checked = false;
     loop {
         loop {
             if client.closed.get() {
@@ -699,6 +702,18 @@ async fn reader_loop(
                         );
                         return Outcome::Closed;
                     }
+                }
+            }
+            // nsqd checks AUTH for MPUB before it reads the body (so a denied MPUB
+            // answers at once and its body errors come after the auth errors).
+            if auth_enabled && !mpub_checked {
+                if let Some(topic) = protocol::mpub_line_topic(&buf) {
+                    let auth = &server.cfg.auth;
+                    if let Err(text) = crate::auth::check(auth, client, "MPUB", &topic, "").await {
+                        let _ = fatal::<()>(client, text);
+                        return Outcome::Closed;
+                    }
+                    mpub_checked = true;
                 }
             }
             let ctx = Context {
@@ -736,6 +751,7 @@ async fn reader_loop(
                         };
                     }
                     let frame = buf.split_to(n).freeze();
+                    mpub_checked = false;
                     match exec(server, stream, client, cmd, &frame).await {
                         Err(Fatal) => return Outcome::Closed,
                         Ok(Upgrade::None) => {}
@@ -968,7 +984,12 @@ async fn exec(
                 shown.snappy = current == Compression::Snappy;
                 shown.deflate = matches!(current, Compression::Deflate(_));
             }
-            let resp = identify_response(&client.settings.borrow(), &shard.opts, &shown);
+            let resp = identify_response(
+                &client.settings.borrow(),
+                &shard.opts,
+                &shown,
+                server.cfg.auth.enabled(),
+            );
             client.send_frame(FRAME_RESPONSE, &resp);
             let want = if negotiated.snappy {
                 Compression::Snappy
@@ -993,8 +1014,18 @@ async fn exec(
                 return Ok(Upgrade::Compression);
             }
         }
-        Command::Auth { .. } => return fatal(client, "E_AUTH_DISABLED AUTH disabled".into()),
+        Command::Auth { body } => {
+            match crate::auth::auth(&server.cfg.auth, client, &frame[body]).await {
+                Ok(resp) => client.send_frame(FRAME_RESPONSE, &resp),
+                Err(text) => return fatal(client, text),
+            }
+        }
         Command::Sub { topic, channel } => {
+            if let Err(text) =
+                crate::auth::check(&server.cfg.auth, client, "SUB", &topic, &channel).await
+            {
+                return fatal(client, text);
+            }
             if let Err(e) = shard.subscribe(client, &topic, &channel) {
                 return fatal(client, format!("E_SUB_FAILED SUB failed {e}"));
             }
@@ -1067,6 +1098,10 @@ async fn exec(
             client.send_frame(FRAME_RESPONSE, b"CLOSE_WAIT");
         }
         Command::Pub { topic, body } => {
+            if let Err(text) = crate::auth::check(&server.cfg.auth, client, "PUB", &topic, "").await
+            {
+                return fatal(client, text);
+            }
             let bodies = vec![frame.slice(body)];
             publish(server, client, &topic, bodies, None, "E_PUB_FAILED PUB").await?;
         }
@@ -1075,11 +1110,17 @@ async fn exec(
             defer_ms,
             body,
         } => {
+            if let Err(text) =
+                crate::auth::check(&server.cfg.auth, client, "DPUB", &topic, "").await
+            {
+                return fatal(client, text);
+            }
             let bodies = vec![frame.slice(body)];
             let defer =
                 (defer_ms > 0).then(|| Instant::now() + Duration::from_millis(defer_ms as u64));
             publish(server, client, &topic, bodies, defer, "E_DPUB_FAILED DPUB").await?;
         }
+        // MPUB's auth check ran before its body was decoded (see `reader_loop`).
         Command::Mpub { topic, bodies } => {
             let bodies = bodies.into_iter().map(|r| frame.slice(r)).collect();
             publish(server, client, &topic, bodies, None, "E_MPUB_FAILED MPUB").await?;

@@ -392,9 +392,4 @@ fn unsupported_features_fail_at_startup() {
         ),
         "{tls}"
     );
-    let auth = fails_with("auth", "auth_http_addresses = [\"127.0.0.1:4181\"]\n");
-    assert!(
-        auth.starts_with("[nsqd] FATAL: failed to instantiate nsqd - AUTH is not supported"),
-        "{auth}"
-    );
 }

@@ -474,7 +474,7 @@ fn req_and_touch_allowed_while_closing() {
 }
 
 // ----------------------------------------------------------------------------------------
-// AUTH (disabled in this build)
+// AUTH without --auth-http-address (tests/auth.rs has it with an auth server)
 // ----------------------------------------------------------------------------------------
 
 #[test]

@@ -2,8 +2,8 @@
 //! list below is `nsqd --help` of 1.3.0 (apps/nsqd/options.go), plus
 //! `--auth-http-request-method` from nsqd's master branch. Deprecated flags are accepted
 //! and ignored silently, as nsqd 1.3.0 does (it prints no warning for them); flags of
-//! features this broker does not implement (TLS, AUTH) are accepted but fail at start-up
-//! when they ask for the feature.
+//! the feature this broker does not implement (TLS) are accepted but fail at start-up
+//! when they ask for it.
 
 mod common;
 
@@ -172,6 +172,8 @@ fn accepted_flags_start_the_broker() {
             "--tls-min-version=tls1.2",
             "--tls-required=false",
             "--auth-http-request-method=post",
+            "--auth-http-address=127.0.0.1:4181",
+            "-auth-http-address=http://127.0.0.1:4182/a",
             "--e2e-processing-latency-percentile=0.99",
             "--e2e-processing-latency-window-time=5m",
         ],
@@ -194,7 +196,13 @@ fn accepted_flags_start_the_broker() {
     assert_eq!(get("tls_min_version"), (200, "771".into()));
     assert_eq!(get("tls_required"), (200, "0".into()));
     assert_eq!(get("auth_http_request_method"), (200, "post".into()));
-    assert_eq!(get("auth_http_addresses"), (200, "[]".into()));
+    assert_eq!(
+        get("auth_http_addresses"),
+        (
+            200,
+            r#"["127.0.0.1:4181","http://127.0.0.1:4182/a"]"#.into()
+        )
+    );
     assert_eq!(
         get("e2e_processing_latency_percentiles"),
         (200, "[0.99]".into())
@@ -254,7 +262,7 @@ fn fails(args: &[&str]) -> String {
 }
 
 #[test]
-fn tls_files_are_checked_and_auth_is_refused() {
+fn tls_files_are_checked() {
     // nsqd's messages (tls.LoadX509KeyPair opens the certificate, then the key).
     for (args, file) in [
         (
@@ -273,13 +281,6 @@ fn tls_files_are_checked_and_auth_is_refused() {
             "{args:?}: {err}"
         );
     }
-    let err = fails(&["--auth-http-address=127.0.0.1:4181"]);
-    assert!(
-        err.contains(
-            "FATAL: failed to instantiate nsqd - AUTH is not supported by this broker yet"
-        ),
-        "{err}"
-    );
     // nsqd's own checks come first, with its messages.
     for (args, msg) in [
         (

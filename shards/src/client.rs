@@ -5,6 +5,7 @@
 //! single-threaded: a client lives on exactly one shard at a time and moves between
 //! shards only as a [`ClientSnapshot`] inside a connection hand-off.
 
+use crate::auth::AuthState;
 use crate::message::Message;
 use crate::signal::Notify;
 use serde::{Deserialize, Serialize};
@@ -125,6 +126,10 @@ pub struct ClientSnapshot {
     pub pump_flushed: bool,
     /// With TLS: (version, cipher suite) as nsqd's /stats names them.
     pub tls: Option<(String, String)>,
+    /// The secret of the last AUTH (kept to query the auth server again on expiry).
+    pub auth_secret: Option<Vec<u8>>,
+    /// What the auth server granted (nsqd: clientV2.AuthState).
+    pub auth: Option<AuthState>,
 }
 
 /// The shard-side view of one connection.
@@ -172,6 +177,10 @@ pub struct Client {
     /// Offset in `out` from which the writer must compress: the bytes before it (the
     /// IDENTIFY reply) still go out plain.
     pub compress_from: Cell<Option<usize>>,
+    /// The secret of the last AUTH (nsqd: clientV2.AuthSecret).
+    pub auth_secret: RefCell<Option<Vec<u8>>>,
+    /// What the auth server granted, None before AUTH (nsqd: clientV2.AuthState).
+    pub auth: RefCell<Option<AuthState>>,
 }
 
 impl Client {
@@ -201,6 +210,8 @@ impl Client {
             compression: Cell::new(Compression::None),
             deflate_out_history: RefCell::new(Vec::new()),
             compress_from: Cell::new(None),
+            auth_secret: RefCell::new(None),
+            auth: RefCell::new(None),
         }
     }
 
@@ -217,6 +228,8 @@ impl Client {
         c.pump_flushed.set(s.pump_flushed);
         *c.tls.borrow_mut() = s.tls;
         *c.deflate_out_history.borrow_mut() = s.deflate_out_history;
+        *c.auth_secret.borrow_mut() = s.auth_secret;
+        *c.auth.borrow_mut() = s.auth;
         Client {
             connect_ts: s.connect_ts,
             ..c
@@ -239,7 +252,17 @@ impl Client {
             output_ticker: self.output_ticker.get(),
             pump_flushed: self.pump_flushed.get(),
             tls: self.tls.borrow().clone(),
+            auth_secret: self.auth_secret.borrow().clone(),
+            auth: self.auth.borrow().clone(),
         }
+    }
+
+    /// nsqd `HasAuthorizations`: AUTH succeeded with at least one authorization.
+    pub fn has_authorizations(&self) -> bool {
+        self.auth
+            .borrow()
+            .as_ref()
+            .is_some_and(|a| !a.authorizations.is_empty())
     }
 
     /// nsqd `IsReadyForMessages`: subscribed, RDY > 0 and in-flight below RDY.

@@ -5,6 +5,7 @@
 //! Nothing here parses bytes from a socket (that is the root crate's codec) and nothing
 //! here is shared between threads except the `mesh` messages, which move by value.
 
+pub mod auth;
 pub mod channel;
 pub mod client;
 pub mod mesh;

@@ -36,6 +36,13 @@ pub enum LookupEvent {
     Unregister(String, Option<String>),
 }
 
+/// Called on the topic's owner when a topic is created outside recovery, with the topic
+/// name and a token (nsqd: GetTopic asks nsqlookupd for the topic's channels before it
+/// starts the topic's pump). Returns true when it started a query whose answer will come
+/// back through [`Shard::release_topic`] with that token; the topic holds its pump
+/// until then. It must not touch the shard's topics synchronously.
+pub type TopicCreatedHook = Box<dyn Fn(&str, u64) -> bool>;
+
 /// Counters kept per shard (the per-shard /stats section).
 #[derive(Default)]
 pub struct Counters {
@@ -88,6 +95,9 @@ pub struct Shard {
     trim_pending: RefCell<BTreeSet<String>>,
     /// This shard as an `Rc`, for tasks its synchronous methods spawn.
     pub me: RefCell<Weak<Shard>>,
+    /// Set once recovery is over (see [`TopicCreatedHook`]).
+    pub topic_created: RefCell<Option<TopicCreatedHook>>,
+    next_hold: Cell<u64>,
 }
 
 /// Returns `Pending` once (after asking to be polled again), so that what follows runs
@@ -156,6 +166,8 @@ impl Shard {
             timer_wake: crate::signal::Notify::default(),
             trim_pending: RefCell::new(BTreeSet::new()),
             me: RefCell::new(Weak::new()),
+            topic_created: RefCell::new(None),
+            next_hold: Cell::new(1),
         }
     }
 
@@ -244,6 +256,13 @@ impl Shard {
                 ) {
                     Ok(st) => t.store = Some(st),
                     Err(e) => log::error!("TOPIC({name}): no durable store - {e}"),
+                }
+            }
+            if let Some(hook) = self.topic_created.borrow().as_ref() {
+                let token = self.next_hold.get();
+                self.next_hold.set(token + 1);
+                if hook(name, token) {
+                    t.held = Some(token);
                 }
             }
             topics.insert(name.to_string(), t);
@@ -406,6 +425,33 @@ impl Shard {
         self.schedule_timer(&r.topic, ch);
         bump(&self.counters.messages_out, out);
         self.schedule_disk_reads(t);
+    }
+
+    /// The answer to a topic's [`TopicCreatedHook`] query: creates `channels` (those
+    /// nsqlookupd knows for the topic) all at once, then starts the topic's pump, so
+    /// that every one of them gets what was published meanwhile. Ignored when the topic
+    /// is gone or is another one by now (deleted and created again: another token).
+    pub fn release_topic(&self, topic: &str, token: u64, channels: &[String]) {
+        let mq = self.opts.mem_queue_size;
+        let mut topics = self.topics.borrow_mut();
+        let Some(t) = topics.get_mut(topic) else {
+            return;
+        };
+        if t.held != Some(token) {
+            return;
+        }
+        for c in channels {
+            if t.create_channel(c, mq) {
+                log::info!("TOPIC({topic}): new channel({c})");
+                self.notify_lookup(LookupEvent::Register(topic.to_string(), Some(c.clone())));
+            }
+        }
+        t.held = None;
+        t.pump(mq);
+        self.dispatch_topic(t);
+        if memory_may_shrink(t) {
+            self.trim_pending.borrow_mut().insert(t.name.clone());
+        }
     }
 
     /// Creates a topic (no-op if it exists).
@@ -964,6 +1010,7 @@ fn memory_may_shrink(t: &Topic) -> bool {
 /// first topic because of an upstream `break`).
 pub fn client_stats(c: &Client, topic: &str) -> ClientStats {
     let s = c.settings.borrow();
+    let auth = c.auth.borrow();
     let pub_counts = c
         .pub_counts
         .borrow()
@@ -991,9 +1038,15 @@ pub fn client_stats(c: &Client, topic: &str) -> ClientStats {
         deflate: matches!(c.compression.get(), crate::client::Compression::Deflate(_)),
         snappy: c.compression.get() == crate::client::Compression::Snappy,
         user_agent: s.user_agent.clone(),
-        authed: false,
-        auth_identity: String::new(),
-        auth_identity_url: String::new(),
+        authed: c.has_authorizations(),
+        auth_identity: auth
+            .as_ref()
+            .map(|a| a.identity.clone())
+            .unwrap_or_default(),
+        auth_identity_url: auth
+            .as_ref()
+            .map(|a| a.identity_url.clone())
+            .unwrap_or_default(),
         pub_counts,
         tls: c.tls.borrow().is_some(),
         tls_cipher_suite: c

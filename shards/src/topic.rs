@@ -188,6 +188,11 @@ pub struct Topic {
     pub name: String,
     pub ephemeral: bool,
     pub paused: bool,
+    /// Created while nsqlookupd is asked for the topic's channels (nsqd: GetTopic starts
+    /// the topic's pump only after creating them): the pump waits, as when paused, until
+    /// the answer (or its failure) releases it with this token. Not a paused flag: /stats
+    /// and the metadata do not show it.
+    pub held: Option<u64>,
     pub log: Log,
     /// Sorted by name, as /stats lists them.
     pub channels: BTreeMap<String, Channel>,
@@ -233,6 +238,7 @@ impl Topic {
             name: name.to_string(),
             ephemeral: is_ephemeral(name),
             paused: false,
+            held: None,
             log: Log::default(),
             channels: BTreeMap::new(),
             message_count: 0,
@@ -304,6 +310,7 @@ impl Topic {
         let first_new = self.log.head - n;
         let direct = defer_until.is_some_and(|d| d > Instant::now())
             && !self.paused
+            && self.held.is_none()
             && !self.channels.is_empty();
         self.pump(mem_queue_size);
         if let (true, Some(due)) = (direct, defer_until) {
@@ -320,10 +327,10 @@ impl Topic {
         (n, self.log.head)
     }
 
-    /// Moves the pump position to the head when the topic has channels and is not
-    /// paused, counting the messages into each channel.
+    /// Moves the pump position to the head when the topic has channels and is neither
+    /// paused nor held, counting the messages into each channel.
     pub fn pump(&mut self, mem_queue_size: u64) {
-        if self.paused || self.channels.is_empty() {
+        if self.paused || self.held.is_some() || self.channels.is_empty() {
             return;
         }
         let n = self.depth();
@@ -536,6 +543,25 @@ mod tests {
         assert_eq!(t.seek_in_memory(191), Ok(20));
         assert_eq!(Topic::new("e", 0).seek_in_memory(5), Err(0), "empty log");
         assert_eq!(t.oldest_retained(), 10, "no store: the memory tail");
+    }
+
+    #[test]
+    fn held_topic_pumps_only_when_released() {
+        let mut t = Topic::new("h", 0);
+        t.held = Some(7);
+        t.publish([Bytes::from_static(b"a")], None, 100);
+        // A channel created while held (a SUB) waits with the others.
+        t.create_channel("sub", 100);
+        assert_eq!((t.depth(), t.log.pumped), (1, 0));
+        t.create_channel("c1", 100);
+        t.create_channel("c2", 100);
+        assert_eq!(t.channels["c1"].depth(&t.log), 0);
+        t.held = None;
+        t.pump(100);
+        assert_eq!(t.depth(), 0);
+        for c in ["sub", "c1", "c2"] {
+            assert_eq!(t.channels[c].depth(&t.log), 1, "{c}");
+        }
     }
 
     #[test]

@@ -165,8 +165,15 @@ pub fn apply_identify(
     })
 }
 
-/// The JSON reply to a negotiating IDENTIFY: `tls_v1`, `snappy` and `deflate` as granted.
-pub fn identify_response(settings: &ClientSettings, opts: &Options, n: &Negotiated) -> Vec<u8> {
+/// The JSON reply to a negotiating IDENTIFY: `tls_v1`, `snappy` and `deflate` as granted;
+/// `auth_required` when an auth server is configured
+/// (nsqd: IsAuthEnabled).
+pub fn identify_response(
+    settings: &ClientSettings,
+    opts: &Options,
+    n: &Negotiated,
+    auth_required: bool,
+) -> Vec<u8> {
     let r = IdentifyResponse {
         max_rdy_count: opts.max_rdy_count,
         version: VERSION,
@@ -178,7 +185,7 @@ pub fn identify_response(settings: &ClientSettings, opts: &Options, n: &Negotiat
         max_deflate_level: opts.max_deflate_level,
         snappy: n.snappy,
         sample_rate: settings.sample_rate as i64,
-        auth_required: false,
+        auth_required,
         output_buffer_size: settings.output_buffer_size as i64,
         output_buffer_timeout: ms(settings.output_buffer_timeout),
     };

@@ -506,6 +506,27 @@ pub fn decode(buf: &[u8], ctx: &Context) -> Decoded {
     }
 }
 
+/// The topic of an `MPUB <topic>\n` line at the start of `buf` once the line is complete
+/// and the topic valid, else None (the line's own errors come from [`decode`]). nsqd
+/// checks AUTH for MPUB right after the topic name, before it reads the body: the caller
+/// runs that check with this topic before it decodes the body.
+pub fn mpub_line_topic(buf: &[u8]) -> Option<String> {
+    if !buf.starts_with(b"MPUB ") {
+        return None;
+    }
+    let scan = &buf[..buf.len().min(MAX_LINE)];
+    let nl = memchr(b'\n', scan)?;
+    let mut line = &buf[..nl];
+    if line.last() == Some(&b'\r') {
+        line = &line[..line.len() - 1];
+    }
+    let topic = line.split(|&b| b == b' ').nth(1)?;
+    std::str::from_utf8(topic)
+        .ok()
+        .filter(|t| is_valid_topic_name(t))
+        .map(str::to_string)
+}
+
 fn valid_topic(p: &[u8], code: &'static str, prefix: &str) -> Result<String, ProtocolError> {
     std::str::from_utf8(p)
         .ok()

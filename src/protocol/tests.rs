@@ -190,3 +190,17 @@ fn go_quote_escapes() {
     assert_eq!(go_quote(b"bad!topic"), "\"bad!topic\"");
     assert_eq!(go_quote(b"a\"b\\\n\x01\xff"), "\"a\\\"b\\\\\\n\\x01\\xff\"");
 }
+
+#[test]
+fn mpub_line_topic_before_the_body() {
+    assert_eq!(mpub_line_topic(b"MPUB t\n"), Some("t".to_string()));
+    assert_eq!(
+        mpub_line_topic(b"MPUB t\r\n\x00\x00"),
+        Some("t".to_string())
+    );
+    assert_eq!(mpub_line_topic(b"MPUB t x\n"), Some("t".to_string()));
+    assert_eq!(mpub_line_topic(b"MPUB t"), None, "line not complete");
+    assert_eq!(mpub_line_topic(b"MPUB bad!\n"), None, "decode reports it");
+    assert_eq!(mpub_line_topic(b"MPUB\n"), None);
+    assert_eq!(mpub_line_topic(b"PUB t\n"), None);
+}
