@@ -550,3 +550,62 @@ fn bad_certificate_files_fail_start_up() {
         "{err}"
     );
 }
+
+/// A one-shot-per-connection auth server: records each request line, grants everything.
+fn auth_server() -> (std::net::SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen2 = seen.clone();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { break };
+            let mut req = Vec::new();
+            let mut b = [0u8; 1024];
+            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut b) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => req.extend_from_slice(&b[..n]),
+                }
+            }
+            let line = String::from_utf8_lossy(&req)
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            seen2.lock().unwrap().push(line);
+            let body = r#"{"ttl":3600,"identity":"i","identity_url":"","authorizations":[{"topic":".*","channels":[".*"],"permissions":["subscribe","publish"]}]}"#;
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (addr, seen)
+}
+
+#[test]
+fn auth_over_tls_tells_the_auth_server() {
+    let pki = Pki::new();
+    let (auth, seen) = auth_server();
+    let a = format!("--auth-http-address={auth}");
+    let b = start(2, &pki, &[&a]);
+    let (reply, t) = identify_tls(&b, default_client(&pki), "");
+    assert_eq!(reply["auth_required"], true);
+    let mut t = t.expect("handshake");
+    let mut cmd = b"AUTH\n".to_vec();
+    cmd.extend(sized(b"s3cret"));
+    t.write_all(&cmd).unwrap();
+    let (ft, data) = next_frame(&mut t);
+    assert_eq!(ft, 0, "{}", show(&data));
+    t.write_all(&pub_cmd("authed_tls", b"x")).unwrap();
+    expect_ok_on(&mut t);
+    let lines = seen.lock().unwrap().clone();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("secret=s3cret") && l.contains("tls=true")),
+        "{lines:?}"
+    );
+}
