@@ -475,12 +475,17 @@ pub async fn auth(cfg: &AuthConfig, client: &Client, secret: &[u8]) -> Result<Ve
 /// as nsqd) and becomes `E_AUTH_FAILED AUTH failed`.
 async fn query_client(cfg: &AuthConfig, client: &Client) -> Result<AuthState, String> {
     let secret = client.auth_secret.borrow().clone().unwrap_or_default();
+    // nsqd: the TLS state and the client certificate's common name.
+    let common_name = client
+        .tls
+        .borrow()
+        .as_ref()
+        .map(|t| t.2.clone())
+        .unwrap_or_default();
     let req = AuthRequest {
         remote_ip: remote_ip(&client.remote_address),
-        // nsqd sends the TLS state; the client certificate's common name is not read
-        // here (empty, as nsqd sends it without a client certificate).
         tls: client.tls.borrow().is_some(),
-        common_name: "",
+        common_name: &common_name,
         secret: &secret,
     };
     query_any(cfg, &req).await.map_err(|e| {

@@ -164,8 +164,9 @@ impl SharedStream {
         st
     }
 
-    /// (version, cipher suite) of the TLS session, named as Go's crypto/tls names them.
-    pub fn tls_info(&self) -> Option<(String, String)> {
+    /// (version, cipher suite) of the TLS session, named as Go's crypto/tls names them,
+    /// and the common name of the client's certificate (empty without one).
+    pub fn tls_info(&self) -> Option<(String, String, String)> {
         let g = self.0.tls.borrow();
         let c = &g.as_ref()?.conn;
         let version = match c.protocol_version() {
@@ -180,7 +181,12 @@ impl SharedStream {
             .and_then(|s| s.suite().as_str())
             .unwrap_or_default()
             .replacen("TLS13_", "TLS_", 1);
-        Some((version, suite))
+        let cn = c
+            .peer_certificates()
+            .and_then(|certs| certs.first())
+            .and_then(|cert| crate::tls::subject_common_name(cert))
+            .unwrap_or_default();
+        Some((version, suite, cn))
     }
 
     pub fn is_tls(&self) -> bool {

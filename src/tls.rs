@@ -168,3 +168,90 @@ impl ClientCertVerifier for AnyClientCert {
         self.algs.supported_schemes()
     }
 }
+
+/// One DER element at the start of `d`: (tag, contents, rest). None if malformed.
+fn der(d: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let tag = *d.first()?;
+    let first = *d.get(1)? as usize;
+    let (len, hdr) = if first < 0x80 {
+        (first, 2)
+    } else {
+        let n = first & 0x7f;
+        if n == 0 || n > 4 {
+            return None;
+        }
+        let mut len = 0usize;
+        for i in 0..n {
+            len = (len << 8) | *d.get(2 + i)? as usize;
+        }
+        (len, 2 + n)
+    };
+    let end = hdr.checked_add(len)?;
+    Some((tag, d.get(hdr..end)?, d.get(end..)?))
+}
+
+/// The subject common name (OID 2.5.4.3) of a DER certificate, as Go's
+/// `Subject.CommonName` (the last one if several). None if absent or malformed.
+pub fn subject_common_name(cert: &[u8]) -> Option<String> {
+    let (_, certificate, _) = der(cert)?;
+    let (_, tbs, _) = der(certificate)?;
+    let mut rest = tbs;
+    // [0] version is optional.
+    if rest.first() == Some(&0xa0) {
+        rest = der(rest)?.2;
+    }
+    // serialNumber, signature, issuer, validity, then subject.
+    for _ in 0..4 {
+        rest = der(rest)?.2;
+    }
+    let (_, subject, _) = der(rest)?;
+    let mut cn = None;
+    let mut rdns = subject;
+    while !rdns.is_empty() {
+        let (_, set, next) = der(rdns)?;
+        rdns = next;
+        let mut atvs = set;
+        while !atvs.is_empty() {
+            let (_, atv, next) = der(atvs)?;
+            atvs = next;
+            let (tag, oid, value) = der(atv)?;
+            if tag == 0x06 && oid == [0x55, 0x04, 0x03] {
+                let (_, text, _) = der(value)?;
+                cn = Some(String::from_utf8_lossy(text).into_owned());
+            }
+        }
+    }
+    cn
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn common_name_from_a_certificate_and_no_panic_on_bad_bytes() {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut p = rcgen::CertificateParams::new(vec!["x".to_string()]).expect("params");
+        p.distinguished_name
+            .push(rcgen::DnType::OrganizationName, "org");
+        p.distinguished_name
+            .push(rcgen::DnType::CommonName, "worker-7");
+        let cert = p.self_signed(&key).expect("cert");
+        let der = cert.der().to_vec();
+        assert_eq!(subject_common_name(&der).as_deref(), Some("worker-7"));
+        for n in 0..der.len() {
+            let _ = subject_common_name(&der[..n]);
+        }
+        let mut flipped = der.clone();
+        for i in 0..flipped.len() {
+            flipped[i] ^= 0xff;
+            let _ = subject_common_name(&flipped);
+            flipped[i] ^= 0xff;
+        }
+        assert_eq!(subject_common_name(&[]), None);
+        assert_eq!(
+            subject_common_name(&[0x30, 0x84, 0xff, 0xff, 0xff, 0xff]),
+            None
+        );
+    }
+}

@@ -586,6 +586,33 @@ fn auth_server() -> (std::net::SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
 }
 
 #[test]
+fn auth_over_tls_sends_the_client_certificate_common_name() {
+    let pki = Pki::new();
+    let (auth, seen) = auth_server();
+    let a = format!("--auth-http-address={auth}");
+    let b = start(1, &pki, &[&a, "--tls-client-auth-policy=require"]);
+    let cfg = client_config(
+        &pki,
+        Some((pki.client_cert.clone(), pki.client_key.clone())),
+        rustls::ALL_VERSIONS,
+    );
+    let (_, t) = identify_tls(&b, cfg, "");
+    let mut t = t.expect("handshake");
+    let mut cmd = b"AUTH\n".to_vec();
+    cmd.extend(sized(b"k"));
+    t.write_all(&cmd).unwrap();
+    let (ft, data) = next_frame(&mut t);
+    assert_eq!(ft, 0, "{}", show(&data));
+    let lines = seen.lock().unwrap().clone();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("common_name=client&") && l.contains("tls=true")),
+        "{lines:?}"
+    );
+}
+
+#[test]
 fn auth_over_tls_tells_the_auth_server() {
     let pki = Pki::new();
     let (auth, seen) = auth_server();

@@ -124,8 +124,9 @@ pub struct ClientSnapshot {
     /// phase (from IDENTIFY) on the new shard, as nsqd's would.
     pub output_ticker: OutputTicker,
     pub pump_flushed: bool,
-    /// With TLS: (version, cipher suite) as nsqd's /stats names them.
-    pub tls: Option<(String, String)>,
+    /// With TLS: (version, cipher suite) as nsqd's /stats names them, and the client
+    /// certificate's common name (empty without one).
+    pub tls: Option<(String, String, String)>,
     /// The secret of the last AUTH (kept to query the auth server again on expiry).
     pub auth_secret: Option<Vec<u8>>,
     /// What the auth server granted (nsqd: clientV2.AuthState).
@@ -158,8 +159,9 @@ pub struct Client {
     /// after a flush by the output-buffer ticker or for a client that is not ready. While
     /// it is false the writer takes the ticker's ticks.
     pub pump_flushed: Cell<bool>,
-    /// With TLS: (version, cipher suite) as nsqd's /stats names them.
-    pub tls: RefCell<Option<(String, String)>>,
+    /// With TLS: (version, cipher suite) as nsqd's /stats names them, and the client
+    /// certificate's common name (empty without one).
+    pub tls: RefCell<Option<(String, String, String)>>,
     /// Set when `out` must go out now (a response, an error, or the client stopped
     /// being ready).
     pub flush_now: Cell<bool>,
