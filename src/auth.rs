@@ -4,8 +4,9 @@
 //! (nsqd: protocol_v2.go CheckAuth, client_v2.go IsAuthorized).
 //!
 //! ```text
-//! GET  http://<addr>/auth?common_name=&remote_ip=<ip>&secret=<secret>&tls=false
-//! POST http://<addr>/auth   {"common_name":[""],"remote_ip":["<ip>"],"secret":["<secret>"],"tls":["false"]}
+//! GET  http://<addr>/auth?common_name=<cn>&remote_ip=<ip>&secret=<secret>&tls=<bool>
+//! POST http://<addr>/auth   {"common_name":["<cn>"],"remote_ip":["<ip>"],"secret":["<secret>"],"tls":["<bool>"]}
+//! (tls: the connection is TLS; cn: its client certificate's common name, else empty)
 //! 200  {"ttl":<secs>,"identity":"..","identity_url":"..",
 //!       "authorizations":[{"topic":"<re>","channels":["<re>"..],"permissions":["subscribe"|"publish"]}]}
 //! ```
