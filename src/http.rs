@@ -173,15 +173,19 @@ pub struct Head {
     pub head_len: usize,
 }
 
+/// A malformed request head (a 400).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BadHead;
+
 /// Parses a request head (`Ok(None)`: incomplete; `Err`: malformed, a 400). Public for
 /// the fuzz targets (fuzz/).
-pub fn parse_head(buf: &[u8]) -> Result<Option<Head>, ()> {
+pub fn parse_head(buf: &[u8]) -> Result<Option<Head>, BadHead> {
     let mut headers = [httparse::EMPTY_HEADER; 64];
     let mut req = httparse::Request::new(&mut headers);
     let n = match req.parse(buf) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => return Ok(None),
-        Err(_) => return Err(()),
+        Err(_) => return Err(BadHead),
     };
     let target = req.path.unwrap_or("/");
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
@@ -192,7 +196,7 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<Head>, ()> {
     for h in req.headers.iter() {
         let v = std::str::from_utf8(h.value).unwrap_or("").trim();
         if h.name.eq_ignore_ascii_case("content-length") {
-            content_length = Some(v.parse::<u64>().map_err(|_| ())?);
+            content_length = Some(v.parse::<u64>().map_err(|_| BadHead)?);
         } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
             chunked = v.eq_ignore_ascii_case("chunked");
         } else if h.name.eq_ignore_ascii_case("connection") {

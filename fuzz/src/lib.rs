@@ -308,10 +308,12 @@ pub fn identify(data: &[u8]) {
     let mut k = Knobs(data);
     let f = k.byte();
     let body = k.rest();
-    let mut opts = nsq_shards::Options::default();
-    opts.snappy = f & 1 != 0;
-    opts.deflate = f & 2 != 0;
-    opts.max_deflate_level = (f >> 4) as i64 % 9 + 1;
+    let opts = nsq_shards::Options {
+        snappy: f & 1 != 0,
+        deflate: f & 2 != 0,
+        max_deflate_level: (f >> 4) as i64 % 9 + 1,
+        ..Default::default()
+    };
     let mut s = default_settings("127.0.0.1", &opts);
     let before = s.clone();
     match apply_identify(body, &mut s, &opts) {
@@ -433,18 +435,15 @@ pub fn deflate(data: &[u8]) {
 /// The HTTP request head parser: a complete head lies within the input, parses the
 /// same from exactly its own bytes, and its query goes through parse_query.
 pub fn http_head(data: &[u8]) {
-    match nsqd::http::parse_head(data) {
-        Ok(Some(h)) => {
-            assert!(h.head_len <= data.len());
-            assert!(!h.path.contains('?'));
-            let again = nsqd::http::parse_head(&data[..h.head_len])
-                .expect("own head refused")
-                .expect("own head incomplete");
-            assert_eq!(again.head_len, h.head_len);
-            assert_eq!(again.query, h.query);
-            let _ = nsqd::http::parse_query(&h.query);
-        }
-        Ok(None) | Err(()) => {}
+    if let Ok(Some(h)) = nsqd::http::parse_head(data) {
+        assert!(h.head_len <= data.len());
+        assert!(!h.path.contains('?'));
+        let again = nsqd::http::parse_head(&data[..h.head_len])
+            .expect("own head refused")
+            .expect("own head incomplete");
+        assert_eq!(again.head_len, h.head_len);
+        assert_eq!(again.query, h.query);
+        let _ = nsqd::http::parse_query(&h.query);
     }
 }
 

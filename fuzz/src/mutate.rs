@@ -8,7 +8,7 @@ impl Rng {
     pub fn new(seed: u64) -> Rng {
         Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
     }
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;
         x ^= x << 25;
@@ -20,7 +20,7 @@ impl Rng {
         if n == 0 {
             0
         } else {
-            (self.next() % n as u64) as usize
+            (self.next_u64() % n as u64) as usize
         }
     }
 }
@@ -55,7 +55,7 @@ pub fn mutate(v: &mut Vec<u8>, other: &[u8], rng: &mut Rng, max_len: usize) {
             }
             1 if !v.is_empty() => {
                 let i = rng.below(v.len());
-                v[i] = rng.next() as u8;
+                v[i] = rng.next_u64() as u8;
             }
             2 if v.len() >= 4 => {
                 let i = rng.below(v.len() - 3);
@@ -76,7 +76,7 @@ pub fn mutate(v: &mut Vec<u8>, other: &[u8], rng: &mut Rng, max_len: usize) {
                 let i = rng.below(v.len() + 1);
                 let n = 1 + rng.below(16);
                 for _ in 0..n {
-                    v.insert(i, rng.next() as u8);
+                    v.insert(i, rng.next_u64() as u8);
                 }
             }
             5 if !v.is_empty() => {
