@@ -358,6 +358,9 @@ async fn reader_loop(
     let limits = limits(server);
     let mut eof = false;
     let mut chunk = MIN_READ_CHUNK;
+    // Progress through an incomplete MPUB (buf only grows at its end until a command
+    // is consumed).
+    let mut resume = protocol::Resume::default();
     loop {
         loop {
             if client.closed.get() {
@@ -376,9 +379,10 @@ async fn reader_loop(
                 limits,
                 eof,
             };
-            match protocol::decode(&buf, &ctx) {
+            match protocol::decode_resume(&buf, &ctx, &mut resume) {
                 Ok(None) => break,
                 Ok(Some((cmd, n))) => {
+                    resume.clear();
                     if let Some(target) = hand_off_target(server, client, &cmd) {
                         // A deflate stream moves only at a client flush point: read on
                         // (the client flushes each command) until it is at one.

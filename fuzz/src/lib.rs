@@ -200,18 +200,28 @@ fn check_command(cmd: &Command, n: usize, buf: &[u8], ctx: &Context) {
 
 /// Decodes a whole stream as the connection does; returns the commands and the final
 /// outcome (`None`: clean end or more bytes wanted).
+/// (`resumable`: through `decode_resume`, as the connection does, keeping its progress
+/// across reads; else plain `decode`).
 fn decode_stream(
     reads: &[&[u8]],
     ctx: &Context,
+    resumable: bool,
 ) -> (Vec<(Command, Vec<u8>)>, Option<protocol::ProtocolError>) {
     let mut buf: Vec<u8> = Vec::new();
     let mut out = Vec::new();
     let mut i = 0;
+    let mut resume = protocol::Resume::default();
     loop {
         let last = i >= reads.len();
         let c = Context { eof: last, ..*ctx };
-        match protocol::decode(&buf, &c) {
+        let r = if resumable {
+            protocol::decode_resume(&buf, &c, &mut resume)
+        } else {
+            protocol::decode(&buf, &c)
+        };
+        match r {
             Ok(Some((cmd, n))) => {
+                resume.clear();
                 check_command(&cmd, n, &buf, &c);
                 out.push((cmd, buf[..n].to_vec()));
                 buf.drain(..n);
@@ -256,9 +266,11 @@ pub fn v2_decode(data: &[u8]) {
         limits: limits(lim),
         eof: false,
     };
-    let whole = decode_stream(&[stream], &ctx);
-    let pieces = decode_stream(&splits(stream, seed), &ctx);
+    let whole = decode_stream(&[stream], &ctx, false);
+    let pieces = decode_stream(&splits(stream, seed), &ctx, false);
     assert_eq!(whole, pieces, "decode differs with the split into reads");
+    let resumed = decode_stream(&splits(stream, seed), &ctx, true);
+    assert_eq!(whole, resumed, "decode_resume differs from decode");
 }
 
 /// The client-side frame decoder (nsq-bench and the tests use it): a frame never exceeds
