@@ -4,7 +4,8 @@
 #   1. cargo fmt --all -- --check
 #   2. cargo clippy --workspace --all-targets -- -D warnings
 #   3. cargo build (debug: overflow checks and debug assertions stay on)
-#   4. cargo test --workspace
+#   4. cargo test --workspace, then the fuzz smoke: every fuzz target for 10 s
+#      (scripts/fuzz.sh; FUZZ_SMOKE_SECONDS, FUZZ_SMOKE_ENGINE=afl)
 #   5. scripts/setup-clients.sh (pinned pynsq, gnsq, nsqjs)
 #   6. for --shards 1, 2 and 4: start target/debug/nsqd on loopback ports chosen by the
 #      kernel (default sync policy; with 4 shards also --retention-time=1h, which the
@@ -162,6 +163,20 @@ if [[ $CLIENTS_ONLY -eq 0 ]]; then
     fi
   else
     record FAIL "cargo test" "not run: build failed"
+  fi
+fi
+
+# ------------------------------------------------------------- fuzz smoke
+# Every fuzz target (fuzz/src/lib.rs) for FUZZ_SMOKE_SECONDS (default 10) each: the
+# in-process smoke fuzzer by default (no instrumented build: CI time), AFL++ with
+# FUZZ_SMOKE_ENGINE=afl (needs cargo-afl; about 6 min more for the instrumented build).
+# Long runs: scripts/fuzz.sh [SECONDS] (RELIABILITY.md).
+if [[ $CLIENTS_ONLY -eq 0 ]]; then
+  if [[ $BUILD_OK -eq 1 ]]; then
+    run_step "fuzz smoke" env FUZZ_ENGINE="${FUZZ_SMOKE_ENGINE:-smoke}" \
+      bash "$ROOT/scripts/fuzz.sh" "${FUZZ_SMOKE_SECONDS:-10}"
+  else
+    record FAIL "fuzz smoke" "not run: build failed"
   fi
 fi
 

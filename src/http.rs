@@ -173,26 +173,33 @@ fn status_text(code: u16) -> &'static str {
 }
 
 /// A parsed request head.
-struct Head {
-    method: String,
-    path: String,
-    query: String,
-    content_length: Option<u64>,
-    chunked: bool,
-    keep_alive: bool,
+#[derive(Debug)]
+pub struct Head {
+    pub method: String,
+    pub path: String,
+    pub query: String,
+    pub content_length: Option<u64>,
+    pub chunked: bool,
+    pub keep_alive: bool,
     /// The request said `Connection: close`.
-    asked_close: bool,
-    http10: bool,
-    head_len: usize,
+    pub asked_close: bool,
+    pub http10: bool,
+    pub head_len: usize,
 }
 
-fn parse_head(buf: &[u8]) -> Result<Option<Head>, ()> {
+/// A malformed request head (a 400).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BadHead;
+
+/// Parses a request head (`Ok(None)`: incomplete; `Err`: malformed, a 400). Public for
+/// the fuzz targets (fuzz/).
+pub fn parse_head(buf: &[u8]) -> Result<Option<Head>, BadHead> {
     let mut headers = [httparse::EMPTY_HEADER; 64];
     let mut req = httparse::Request::new(&mut headers);
     let n = match req.parse(buf) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => return Ok(None),
-        Err(_) => return Err(()),
+        Err(_) => return Err(BadHead),
     };
     let target = req.path.unwrap_or("/");
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
@@ -203,7 +210,7 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, ()> {
     for h in req.headers.iter() {
         let v = std::str::from_utf8(h.value).unwrap_or("").trim();
         if h.name.eq_ignore_ascii_case("content-length") {
-            content_length = Some(v.parse::<u64>().map_err(|_| ())?);
+            content_length = Some(v.parse::<u64>().map_err(|_| BadHead)?);
         } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
             chunked = v.eq_ignore_ascii_case("chunked");
         } else if h.name.eq_ignore_ascii_case("connection") {
@@ -777,40 +784,63 @@ async fn do_mpub(server: &Server, p: &Params, body: Bytes) -> Response {
         None => false,
         Some(v) => bool_param(Some(v)).unwrap_or(true),
     };
+    let msgs: Vec<Bytes> = match parse_mpub_body(&body, binary, &limits(o)) {
+        Ok(ranges) => ranges.into_iter().map(|r| body.slice(r)).collect(),
+        Err((500, text)) => return Response::v1_err(500, text),
+        Err((status, text)) => {
+            server.create_topic(&topic).await;
+            return Response::v1_err(status, text);
+        }
+    };
+    if msgs.is_empty() {
+        server.create_topic(&topic).await;
+        return Response::v1_text(b"OK".to_vec());
+    }
+    publish_response(server.publish(&topic, msgs, None).await)
+}
+
+fn limits(o: &nsq_shards::Options) -> crate::protocol::Limits {
+    crate::protocol::Limits {
+        max_msg_size: o.max_msg_size,
+        max_body_size: o.max_body_size,
+        max_rdy_count: o.max_rdy_count,
+        max_req_timeout_ms: o.max_req_timeout.as_millis() as i64,
+    }
+}
+
+/// Splits a `/mpub` body into its messages (byte ranges of `body`): binary (nsqd
+/// readMPUB: `[int32 count]([int32 size][bytes])...`) or newline-separated text (empty
+/// lines skipped). The error is the HTTP status and nsqd's text (413 errors create the
+/// topic first, as nsqd does). Public for the fuzz targets (fuzz/).
+pub fn parse_mpub_body(
+    body: &[u8],
+    binary: bool,
+    limits: &crate::protocol::Limits,
+) -> Result<Vec<std::ops::Range<usize>>, (u16, &'static str)> {
     let mut msgs = Vec::new();
     if binary {
-        // nsqd readMPUB over the raw body: [int32 count]([int32 size][bytes])...
         let mut framed = b"MPUB t\n".to_vec();
         framed.extend_from_slice(&(body.len().max(1) as u32).to_be_bytes());
         let prefix = framed.len();
-        framed.extend_from_slice(&body);
+        framed.extend_from_slice(body);
         let ctx = crate::protocol::Context {
             state: nsq_shards::ClientState::Init,
             heartbeats_enabled: true,
-            limits: crate::protocol::Limits {
-                max_msg_size: o.max_msg_size,
-                max_body_size: o.max_body_size,
-                max_rdy_count: o.max_rdy_count,
-                max_req_timeout_ms: o.max_req_timeout.as_millis() as i64,
-            },
+            limits: *limits,
             eof: true,
         };
         match crate::protocol::decode(&framed, &ctx) {
             Ok(Some((crate::protocol::Command::Mpub { bodies, .. }, _))) => {
                 for r in bodies {
-                    msgs.push(body.slice(r.start - prefix..r.end - prefix));
+                    msgs.push(r.start - prefix..r.end - prefix);
                 }
             }
-            Err(e) => {
-                server.create_topic(&topic).await;
-                return Response::v1_err(413, e.code.trim_start_matches("E_"));
-            }
-            _ => return Response::v1_err(500, "INTERNAL_ERROR"),
+            Err(e) => return Err((413, e.code.trim_start_matches("E_"))),
+            _ => return Err((500, "INTERNAL_ERROR")),
         }
     } else {
-        if body.len() as i64 > o.max_body_size {
-            server.create_topic(&topic).await;
-            return Response::v1_err(413, "BODY_TOO_BIG");
+        if body.len() as i64 > limits.max_body_size {
+            return Err((413, "BODY_TOO_BIG"));
         }
         let mut start = 0;
         while start < body.len() {
@@ -820,20 +850,15 @@ async fn do_mpub(server: &Server, p: &Params, body: Bytes) -> Response {
                 .map(|p| start + p)
                 .unwrap_or(body.len());
             if end > start {
-                if (end - start) as i64 > o.max_msg_size {
-                    server.create_topic(&topic).await;
-                    return Response::v1_err(413, "MSG_TOO_BIG");
+                if (end - start) as i64 > limits.max_msg_size {
+                    return Err((413, "MSG_TOO_BIG"));
                 }
-                msgs.push(body.slice(start..end));
+                msgs.push(start..end);
             }
             start = end + 1;
         }
     }
-    if msgs.is_empty() {
-        server.create_topic(&topic).await;
-        return Response::v1_text(b"OK".to_vec());
-    }
-    publish_response(server.publish(&topic, msgs, None).await)
+    Ok(msgs)
 }
 
 /// nsqd: 503 EXITING while shutting down; a disk error is 500 INTERNAL_ERROR.

@@ -683,6 +683,9 @@ async fn reader_loop(
     let auth_enabled = server.cfg.auth.enabled();
     // True once the MPUB at the start of `buf` passed its auth check.
     let mut mpub_checked = false;
+    // Progress through an incomplete MPUB (buf only grows at its end until a command
+    // is consumed).
+    let mut resume = protocol::Resume::default();
     loop {
         loop {
             if client.closed.get() {
@@ -728,9 +731,10 @@ async fn reader_loop(
                 limits,
                 eof,
             };
-            match protocol::decode(&buf, &ctx) {
+            match protocol::decode_resume(&buf, &ctx, &mut resume) {
                 Ok(None) => break,
                 Ok(Some((cmd, n))) => {
+                    resume.clear();
                     if let Some(target) = hand_off_target(server, client, &cmd) {
                         // A deflate stream moves only at a client flush point: read on
                         // (the client flushes each command) until it is at one.

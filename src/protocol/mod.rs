@@ -298,8 +298,33 @@ fn message_id(p: &[u8]) -> Result<[u8; 16], ProtocolError> {
     p.try_into().map_err(|_| invalid("invalid message ID"))
 }
 
+/// Where the decoding of an incomplete MPUB stopped, so that the next call (with the
+/// same buffer, grown at its end) goes on from there instead of walking every message
+/// again: without it an MPUB of many small messages arriving in small reads costs
+/// reads x messages (a 5 MB MPUB of 1-byte messages in 2 KiB reads: about 4 s of CPU).
+#[derive(Debug, Default, Clone)]
+pub struct Resume {
+    /// (next message index, its offset in the buffer, the bodies so far).
+    mpub: Option<(i64, usize, Vec<Range<usize>>)>,
+}
+
+impl Resume {
+    /// Forgets the progress (call it when the buffer's start changes: a command was
+    /// consumed).
+    pub fn clear(&mut self) {
+        self.mpub = None;
+    }
+}
+
 /// Decodes the next command of `buf` (the bytes after the magic).
 pub fn decode(buf: &[u8], ctx: &Context) -> Decoded {
+    decode_resume(buf, ctx, &mut Resume::default())
+}
+
+/// [`decode`] that keeps its progress through an incomplete MPUB in `resume`. The caller
+/// passes the same `resume` while `buf` only grows at its end, and clears it once a
+/// command is consumed. The result is the same as [`decode`]'s.
+pub fn decode_resume(buf: &[u8], ctx: &Context, resume: &mut Resume) -> Decoded {
     let scan = &buf[..buf.len().min(MAX_LINE)];
     let Some(nl) = memchr(b'\n', scan) else {
         if buf.len() >= MAX_LINE {
@@ -497,7 +522,7 @@ pub fn decode(buf: &[u8], ctx: &Context) -> Decoded {
                 return Err(invalid("MPUB insufficient number of parameters"));
             }
             let topic = valid_topic(params[1], "E_BAD_TOPIC", "E_BAD_TOPIC MPUB")?;
-            decode_mpub_body(buf, pos, ctx, topic.clone()).map_err(|mut e| {
+            decode_mpub_body(buf, pos, ctx, topic.clone(), resume).map_err(|mut e| {
                 e.creates_topic = Some(topic);
                 e
             })
@@ -540,7 +565,13 @@ fn valid_topic(p: &[u8], code: &'static str, prefix: &str) -> Result<String, Pro
         })
 }
 
-fn decode_mpub_body(buf: &[u8], pos: usize, ctx: &Context, topic: String) -> Decoded {
+fn decode_mpub_body(
+    buf: &[u8],
+    pos: usize,
+    ctx: &Context,
+    topic: String,
+    resume: &mut Resume,
+) -> Decoded {
     let l = &ctx.limits;
     let bad_body = |t: String| ProtocolError::new("E_BAD_BODY", t);
     let bad_msg = |t: String| ProtocolError::new("E_BAD_MESSAGE", t);
@@ -567,11 +598,20 @@ fn decode_mpub_body(buf: &[u8], pos: usize, ctx: &Context, topic: String) -> Dec
         return Err(bad_body(format!("MPUB invalid message count {count}")));
     }
     p += 4;
-    let mut bodies = Vec::with_capacity(count as usize);
-    for i in 0..count {
-        need!(buf, p, 4, ctx, || bad_msg(format!(
-            "MPUB failed to read message({i}) body size"
-        )));
+    let (first, mut bodies) = match resume.mpub.take() {
+        Some((i, at, bodies)) if at <= buf.len() => {
+            p = at;
+            (i, bodies)
+        }
+        _ => (0, Vec::with_capacity(count.min(1024) as usize)),
+    };
+    for i in first..count {
+        if !need(buf, p, 4, ctx, || {
+            bad_msg(format!("MPUB failed to read message({i}) body size"))
+        })? {
+            resume.mpub = Some((i, p, bodies));
+            return Ok(None);
+        }
         let size = read_i32(buf, p).unwrap_or(0) as i64;
         if size <= 0 {
             return Err(bad_msg(format!(
@@ -584,10 +624,13 @@ fn decode_mpub_body(buf: &[u8], pos: usize, ctx: &Context, topic: String) -> Dec
                 size, l.max_msg_size
             )));
         }
+        if !need(buf, p + 4, size as usize, ctx, || {
+            bad_msg("MPUB failed to read message body".into())
+        })? {
+            resume.mpub = Some((i, p, bodies));
+            return Ok(None);
+        }
         p += 4;
-        need!(buf, p, size as usize, ctx, || bad_msg(
-            "MPUB failed to read message body".into()
-        ));
         bodies.push(p..p + size as usize);
         p += size as usize;
     }

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Coverage-guided fuzzing of every parser (the targets of fuzz/src/lib.rs), on stable Rust.
+#
+#   scripts/fuzz.sh [SECONDS_PER_TARGET]      (default 60)
+#
+# With cargo-afl installed (`cargo install cargo-afl`; it builds its own AFL++ runtime)
+# every target runs under AFL++ for SECONDS_PER_TARGET: the instrumented binary is built
+# into target/afl/ (`cargo afl build --features afl -p nsq-fuzz`), seeded from
+# fuzz/corpus/<target>/, with its findings in target/fuzz-out/<target>/. Without
+# cargo-afl (or with FUZZ_ENGINE=smoke) it runs the in-process smoke fuzzer
+# (fuzz-smoke: corpus plus mutated inputs) for the same time.
+# Exits non-zero on any crash (a panic: an invariant the harness asserts, or a parser
+# panic) or hang (one input over FUZZ_TIMEOUT_MS under AFL++, 1 s in the smoke fuzzer); crashing inputs are copied to fuzz/artifacts/<target>/.
+#
+# Environment:
+#   FUZZ_ENGINE   afl | smoke (default: afl when cargo-afl is installed, else smoke)
+#   FUZZ_TARGETS  space-separated subset of the targets (default: all)
+#   FUZZ_JOBS     targets fuzzed at once (default 1; the machine may be shared)
+#   FUZZ_TIMEOUT_MS  AFL++ hang threshold per input (default 3000; loaded CI machines)
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+SECS="${1:-60}"
+ENGINE="${FUZZ_ENGINE:-}"
+if [[ -z "$ENGINE" ]]; then
+  if cargo afl --version >/dev/null 2>&1; then ENGINE=afl; else ENGINE=smoke; fi
+fi
+TARGETS="${FUZZ_TARGETS:-$(ls fuzz/corpus)}"
+JOBS="${FUZZ_JOBS:-1}"
+
+if [[ "$ENGINE" == smoke ]]; then
+  echo "== fuzz (in-process smoke fuzzer, ${SECS} s per target)"
+  cargo build -q -p nsq-fuzz --bin fuzz-smoke || exit 1
+  # shellcheck disable=SC2086
+  exec target/debug/fuzz-smoke "$SECS" $TARGETS
+fi
+
+echo "== fuzz (AFL++ via cargo-afl, ${SECS} s per target)"
+export CARGO_TARGET_DIR="$ROOT/target/afl"
+cargo afl build -q --features afl -p nsq-fuzz --bin fuzz-afl || exit 1
+BIN="$CARGO_TARGET_DIR/debug/fuzz-afl"
+OUT="$ROOT/target/fuzz-out"
+mkdir -p "$OUT"
+export AFL_NO_UI=1 AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 \
+  AFL_NO_AFFINITY=1
+
+run_one() { # target
+  local t="$1"
+  rm -rf "${OUT:?}/$t"
+  FUZZ_TARGET="$t" timeout $((SECS + 120)) cargo afl fuzz -V "$SECS" -t "${FUZZ_TIMEOUT_MS:-3000}" -m none \
+    -i "fuzz/corpus/$t" -o "$OUT/$t" "$BIN" >"$OUT/$t.log" 2>&1
+  echo "rc=$?" >>"$OUT/$t.log"
+}
+
+running=0
+for t in $TARGETS; do
+  run_one "$t" &
+  running=$((running + 1))
+  if [[ $running -ge $JOBS ]]; then wait -n; running=$((running - 1)); fi
+done
+wait
+
+fail=0
+printf '%-18s %12s %10s %8s %6s %6s\n' target execs execs/s corpus crash hang
+for t in $TARGETS; do
+  st="$OUT/$t/default/fuzzer_stats"
+  if [[ ! -f "$st" ]]; then
+    echo "$t: AFL++ did not run (see $OUT/$t.log):"; tail -5 "$OUT/$t.log"; fail=1; continue
+  fi
+  get() { awk -v k="$1" '$1 == k {print $3}' "$st"; }
+  crashes=$(get saved_crashes); hangs=$(get saved_hangs)
+  printf '%-18s %12s %10s %8s %6s %6s\n' "$t" "$(get execs_done)" "$(get execs_per_sec)" \
+    "$(get corpus_count)" "$crashes" "$hangs"
+  if [[ "$crashes" != 0 || "$hangs" != 0 ]]; then
+    fail=1
+    mkdir -p "fuzz/artifacts/$t"
+    cp "$OUT/$t"/default/crashes/id* "$OUT/$t"/default/hangs/id* "fuzz/artifacts/$t/" 2>/dev/null
+    echo "   $t: inputs copied to fuzz/artifacts/$t/ (replay: FUZZ_TARGET=$t $BIN < FILE)"
+  fi
+done
+[[ $fail -eq 0 ]] && echo "fuzz: no crashes, no hangs" || echo "fuzz: FAILED"
+exit $fail
