@@ -206,6 +206,11 @@ impl Channel {
         low
     }
 
+    /// Messages this channel holds in flight, requeued or deferred.
+    pub fn pending_count(&self) -> usize {
+        self.in_flight.len() + self.requeued.len() + self.deferred.len()
+    }
+
     /// Calls `f` with the sequence of every message this channel holds in flight,
     /// requeued or deferred (unfinished although the cursor may have passed it).
     pub fn pending_seqs(&self, mut f: impl FnMut(u64)) {

@@ -12,6 +12,9 @@ use crate::channel::Channel;
 use crate::message::{instant_from_unix_nanos, unix_nanos_from_instant, Message};
 use crate::shard::{owner_of, Shard};
 use crate::topic::{Record, Topic, STORE_DELAY};
+
+/// How often the store task looks at records not yet handed to the store.
+const STORE_TICK: std::time::Duration = std::time::Duration::from_millis(10);
 use nsq_storage::journal::{self, MessageState};
 use nsq_storage::meta::{self, ChannelMeta, PendingMessage, TopicMeta, META_VERSION};
 use std::cmp::Reverse;
@@ -523,6 +526,7 @@ impl Shard {
         let mut left = false;
         for t in self.topics.borrow_mut().values_mut() {
             if t.store.is_some() && t.stored < t.log.head {
+                t.skip_finished();
                 left |= t.store_pump(cutoff, mq, all);
                 t.trim(mq);
             }
@@ -531,7 +535,8 @@ impl Shard {
     }
 
     /// Runs until shutdown: while some topic holds records not yet handed to its store,
-    /// hands over the due ones every half [`STORE_DELAY`].
+    /// every [`STORE_TICK`] lets go of the finished ones (never written) and hands the
+    /// due ones over.
     pub async fn store_loop(self: Rc<Self>) {
         use futures::future::{select, Either};
         loop {
@@ -541,7 +546,7 @@ impl Shard {
                 return;
             }
             loop {
-                glommio::timer::sleep(STORE_DELAY / 2).await;
+                glommio::timer::sleep(STORE_TICK).await;
                 if self.shutdown.is_set() || !self.pump_stores(false) {
                     break;
                 }

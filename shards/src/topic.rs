@@ -35,6 +35,10 @@ use std::time::{Duration, Instant};
 /// [`StoreMode::Deferred`]). Records every channel finishes sooner are never written.
 pub const STORE_DELAY: Duration = Duration::from_millis(100);
 
+/// At most this many messages held in flight, requeued or deferred by a topic's channels
+/// for `trim` to let finished records go at once (the check walks all of them).
+const SKIP_INLINE_MAX: usize = 512;
+
 /// When a durable topic's records are appended to its segment store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StoreMode {
@@ -360,6 +364,16 @@ impl Topic {
     /// also cut to `mem_queue_size` records once they are readable from disk. Records not
     /// yet handed to the store always stay.
     pub fn trim(&mut self, mem_queue_size: u64) {
+        if self.store.is_some() && self.stored < self.log.head {
+            // Let finished records go now rather than at the store task's next tick, when
+            // that is cheap (few messages held by the channels): large messages then stay
+            // in memory, and in the CPU caches, no longer than an #ephemeral topic keeps
+            // them.
+            let held: usize = self.channels.values().map(|c| c.pending_count()).sum();
+            if held <= SKIP_INLINE_MAX {
+                self.skip_finished();
+            }
+        }
         let mut low = self.log.pumped;
         for ch in self.channels.values() {
             low = low.min(ch.cursor);
@@ -405,6 +419,30 @@ impl Topic {
         } else {
             Ok(self.log.head)
         }
+    }
+
+    /// Moves `stored` over the records every channel has already finished (below every
+    /// cursor and held by none): they will never be written, so memory may let them go
+    /// at once instead of after [`STORE_DELAY`] (large messages would otherwise pin
+    /// `STORE_DELAY` worth of traffic in memory).
+    pub fn skip_finished(&mut self) {
+        let mut unread_from = self.log.pumped;
+        for ch in self.channels.values() {
+            unread_from = unread_from.min(ch.cursor);
+        }
+        let from = self.stored;
+        if from >= unread_from {
+            return;
+        }
+        let mut first_pending = unread_from;
+        for ch in self.channels.values() {
+            ch.pending_seqs(|seq| {
+                if seq >= from && seq < first_pending {
+                    first_pending = seq;
+                }
+            });
+        }
+        self.stored = first_pending;
     }
 
     /// Hands records to the store (under [`StoreMode::Deferred`]): every record published
