@@ -12,7 +12,8 @@
 #      pynsq-seek replay scenario needs and runs with), run every real-client scenario
 #      (scripts/clients/*_scenario.*) against it, stop it with SIGTERM and require exit
 #      status 0 and no panic in its log.
-#   7. pynsq through nsqlookupd, pynsq over TLS (scripts/clients/pynsq_tls.py), the
+#   7. pynsq through nsqlookupd, pynsq and nsqjs over TLS (scripts/clients/pynsq_tls.py,
+#      nsqjs_tls.js), the
 #      nsq-bench smoke test (scripts/bench-smoke.sh) and the live shard page in headless
 #      Chromium (scripts/page-test.sh; SKIP when chromium, chromedriver or
 #      python3-selenium are missing).
@@ -350,6 +351,15 @@ if [[ $MOCK -eq 0 && $BUILD_OK -eq 1 ]]; then
     done
   else
     record FAIL "pynsq via nsqlookupd / with AUTH" "no .venv (client setup failed)"
+  fi
+  # nsqjs with tls: true (the script makes its own certificate and broker).
+  if [[ -d "$ROOT/scripts/clients/node_modules/nsqjs" ]]; then
+    for n in $SHARDS; do
+      run_step "nsqjs TLS --shards=$n" node "$ROOT/scripts/clients/nsqjs_tls.js" \
+        "$PROFILE_DIR/nsqd" "$n"
+    done
+  else
+    record FAIL "nsqjs TLS" "no scripts/clients/node_modules (client setup failed)"
   fi
   if [[ $PROFILE == release ]]; then
     run_step "nsq-bench smoke" bash "$ROOT/scripts/bench-smoke.sh" --release
