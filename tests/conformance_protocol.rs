@@ -60,6 +60,18 @@ fn invalid_command_is_fatal() {
     let mut s = b.connect_v2();
     send(&mut s, b"ASDF\n");
     expect_fatal(&mut s, "E_INVALID invalid command ASDF");
+
+    // Bytes that are not UTF-8 come back as sent (nsqd 1.3.0: frame size 0x22).
+    let mut s = b.connect_v2();
+    send(&mut s, b"\xffFOO\n");
+    let raw = read_raw_frame(&mut s).unwrap();
+    let want = [
+        &[0x00, 0x00, 0x00, 0x22, 0x00, 0x00, 0x00, 0x01][..],
+        b"E_INVALID invalid command \xffFOO",
+    ]
+    .concat();
+    assert_eq!(show(&raw), show(&want));
+    assert_closed(&mut s);
 }
 
 #[test]

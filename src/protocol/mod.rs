@@ -115,6 +115,9 @@ pub struct ProtocolError {
     /// MPUB creates its topic before reading the body; a body error still leaves the
     /// topic created.
     pub creates_topic: Option<String>,
+    /// The text's exact bytes when they are not UTF-8 (nsqd echoes a client's bytes as
+    /// sent, e.g. in `E_INVALID invalid command <name>`); `text` is then lossy.
+    pub raw_text: Option<Vec<u8>>,
 }
 
 impl ProtocolError {
@@ -124,6 +127,7 @@ impl ProtocolError {
             text: text.into(),
             silent: false,
             creates_topic: None,
+            raw_text: None,
         }
     }
 
@@ -133,12 +137,18 @@ impl ProtocolError {
             text: String::new(),
             silent: true,
             creates_topic: None,
+            raw_text: None,
         }
     }
 
-    /// The error frame's data: `"<code> <text>"`.
+    /// The error frame's data: `"<code> <text>"`, with the text's exact bytes.
     pub fn frame_data(&self) -> Vec<u8> {
-        format!("{} {}", self.code, self.text).into_bytes()
+        let mut out = format!("{} ", self.code).into_bytes();
+        match &self.raw_text {
+            Some(raw) => out.extend_from_slice(raw),
+            None => out.extend_from_slice(self.text.as_bytes()),
+        }
+        out
     }
 }
 
@@ -527,7 +537,15 @@ pub fn decode_resume(buf: &[u8], ctx: &Context, resume: &mut Resume) -> Decoded 
                 e
             })
         }
-        _ => Err(invalid(format!("invalid command {}", lossy(name)))),
+        _ => {
+            let mut e = invalid(format!("invalid command {}", lossy(name)));
+            if std::str::from_utf8(name).is_err() {
+                let mut raw = b"invalid command ".to_vec();
+                raw.extend_from_slice(name);
+                e.raw_text = Some(raw);
+            }
+            Err(e)
+        }
     }
 }
 

@@ -204,3 +204,15 @@ fn mpub_line_topic_before_the_body() {
     assert_eq!(mpub_line_topic(b"MPUB\n"), None);
     assert_eq!(mpub_line_topic(b"PUB t\n"), None);
 }
+
+#[test]
+fn invalid_command_echoes_non_utf8_bytes_as_sent() {
+    // nsqd: fmt.Sprintf("invalid command %s", cmd) writes the client's bytes unchanged.
+    let e = decode(b"\xffFOO\n", &ctx(ClientState::Init)).expect_err("expected an error");
+    assert_eq!(
+        e.frame_data(),
+        b"E_INVALID invalid command \xffFOO".to_vec()
+    );
+    let e = decode(b"ASDF\n", &ctx(ClientState::Init)).expect_err("expected an error");
+    assert_eq!(e.frame_data(), b"E_INVALID invalid command ASDF".to_vec());
+}
