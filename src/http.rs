@@ -122,6 +122,16 @@ impl Response {
         }
     }
 
+    /// The response to `head`'s request: a HEAD request gets the headers only (Go's
+    /// server discards a HEAD handler's body; its Content-Length stays).
+    fn encode_for(&self, head: &Head) -> Vec<u8> {
+        let mut out = self.encode();
+        if head.method == "HEAD" {
+            out.truncate(out.len() - self.body.len());
+        }
+        out
+    }
+
     fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(256 + self.body.len());
         out.extend_from_slice(
@@ -357,7 +367,7 @@ async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool) {
         if let Some(mut r) = early {
             r.close = true;
             r.http10 = head.http10;
-            let _ = stream.write_all(&r.encode()).await;
+            let _ = stream.write_all(&r.encode_for(&head)).await;
             stream.shutdown();
             return;
         }
@@ -377,7 +387,7 @@ async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool) {
             if len > limit.max(16 << 20) {
                 let mut r = Response::v1_err(413, "BODY_TOO_BIG");
                 r.close = true;
-                let _ = stream.write_all(&r.encode()).await;
+                let _ = stream.write_all(&r.encode_for(&head)).await;
                 stream.shutdown();
                 return;
             }
@@ -410,7 +420,7 @@ async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool) {
             started.elapsed()
         );
         let close = resp.close || !head.keep_alive;
-        if stream.write_all(&resp.encode()).await.is_err() {
+        if stream.write_all(&resp.encode_for(&head)).await.is_err() {
             return;
         }
         if close {

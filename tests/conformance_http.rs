@@ -1179,3 +1179,32 @@ fn options_and_head() {
     assert_eq!(head[0], "HTTP/1.1 405 Method Not Allowed", "{}", show(&raw));
     assert!(head.iter().any(|h| h == "Allow: GET, OPTIONS"), "{head:?}");
 }
+
+/// A HEAD request gets the headers only (Go's server drops a HEAD handler's body), so the
+/// next response on a keep-alive connection starts right after them.
+#[test]
+fn head_requests_get_no_body() {
+    let b = Broker::start(1, &[]);
+    for path in ["/nope", "/ping", "/pub"] {
+        let mut s = std::net::TcpStream::connect(b.http).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let req = format!(
+            "HEAD {path} HTTP/1.1\r\nHost: x\r\n\r\nGET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        );
+        std::io::Write::write_all(&mut s, req.as_bytes()).unwrap();
+        let mut out = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut s, &mut out);
+        let end = out
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("HEAD response head")
+            + 4;
+        assert!(
+            out[end..].starts_with(b"HTTP/1.1 200 OK\r\n"),
+            "HEAD {path}: bytes after the head: {}",
+            show(&out[end..])
+        );
+        assert!(out.ends_with(b"\r\n\r\nOK"), "{}", show(&out));
+    }
+}
