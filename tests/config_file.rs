@@ -9,8 +9,6 @@ mod common;
 
 use common::Broker;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 fn write_file(name: &str, text: &str) -> PathBuf {
     let p = std::env::temp_dir().join(format!("nsqd-cfg-{}-{name}.toml", std::process::id()));
@@ -243,39 +241,7 @@ fn go_options_coercions() {
 /// Runs nsqd with `args` and expects it to exit 1 at start-up; returns its first stderr
 /// line without the timestamp.
 fn startup_failure(args: &[&str]) -> String {
-    let dir = std::env::temp_dir().join(format!("nsqd-cfg-fail-{}", std::process::id()));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nsqd"))
-        .args([
-            "--tcp-address=127.0.0.1:0",
-            "--http-address=127.0.0.1:0",
-            "--shards=1",
-            &format!("--data-path={}", dir.display()),
-        ])
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn nsqd");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("wait") {
-            break st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("nsqd {args:?} did not exit");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut err = String::new();
-    use std::io::Read;
-    let _ = child
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut err);
-    assert_eq!(status.code(), Some(1), "{args:?}: {err}");
+    let err = common::nsqd_startup_failure(args);
     let line = err.lines().next().unwrap_or("").to_string();
     // "[nsqd] 2026/11/30 07:55:37.318106 FATAL: ..." or "2026/11/30 07:55:30 ERROR: ...".
     let (prefix, rest) = match line.strip_prefix("[nsqd] ") {

@@ -219,33 +219,6 @@ fn kill_9_during_consumption_and_metadata_writes_redelivers_unfinished() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn segments(topic_dir: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(topic_dir)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
-        .collect();
-    v.sort();
-    v
-}
-
-/// Offsets of the records of a segment file (format v1: 32-byte header, then
-/// `[u32 len][u32 crc][len bytes]`).
-fn record_offsets(data: &[u8]) -> Vec<usize> {
-    let mut off = 32;
-    let mut v = Vec::new();
-    while off + 8 <= data.len() {
-        let len = u32::from_be_bytes(data[off..off + 4].try_into().unwrap()) as usize;
-        if len == 0 || off + 8 + len > data.len() {
-            break;
-        }
-        v.push(off);
-        off += 8 + len;
-    }
-    v
-}
-
 #[test]
 fn corrupt_and_truncated_segments_are_skipped_and_logged() {
     let dir = keep_dir("corrupt");

@@ -7,35 +7,7 @@ mod common;
 
 use common::*;
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
-
-fn segments(topic_dir: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(topic_dir)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
-        .collect();
-    v.sort();
-    v
-}
-
-/// Offsets of the records of a segment file (32-byte header, then `[u32 len][u32 crc]
-/// [len bytes]`).
-fn record_offsets(data: &[u8]) -> Vec<usize> {
-    let mut off = 32;
-    let mut v = Vec::new();
-    while off + 8 <= data.len() {
-        let len = u32::from_be_bytes(data[off..off + 4].try_into().unwrap()) as usize;
-        if len == 0 || off + 8 + len > data.len() {
-            break;
-        }
-        v.push(off);
-        off += 8 + len;
-    }
-    v
-}
 
 fn body(i: u64) -> Vec<u8> {
     format!("fast-{i:06}-{}", "z".repeat(40)).into_bytes()

@@ -10,8 +10,6 @@ mod common;
 use clap::CommandFactory;
 use common::Broker;
 use nsqd::config::Cli;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 /// `nsqd --help` of nsqd v1.3.0, every flag, with a value it accepts.
 const NSQD_1_3_0_FLAGS: &[(&str, Option<&str>)] = &[
@@ -225,40 +223,7 @@ fn accepted_flags_start_the_broker() {
 
 /// Runs nsqd with `args`; expects exit status 1 and returns stderr.
 fn fails(args: &[&str]) -> String {
-    let dir = std::env::temp_dir().join(format!("nsqd-flags-{}", std::process::id()));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nsqd"))
-        .args([
-            "--tcp-address=127.0.0.1:0",
-            "--http-address=127.0.0.1:0",
-            "--shards=1",
-            &format!("--data-path={}", dir.display()),
-        ])
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn nsqd");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("wait") {
-            break st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("nsqd {args:?} kept running");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut err = String::new();
-    use std::io::Read;
-    let _ = child
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut err);
-    assert_eq!(status.code(), Some(1), "{args:?}: {err}");
-    err
+    common::nsqd_startup_failure(args)
 }
 
 #[test]

@@ -829,3 +829,75 @@ pub fn wait_port_answers(addr: SocketAddr, within: Duration) -> TcpStream {
         }
     }
 }
+
+/// Runs `nsqd` (1 shard, loopback ports chosen by the kernel, a data path under the temp
+/// directory) with `args`, expects it to exit with status 1 at start-up within 30 s, and
+/// returns its stderr.
+pub fn nsqd_startup_failure(args: &[&str]) -> String {
+    let dir = std::env::temp_dir().join(format!(
+        "nsqd-startup-fail-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    ));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nsqd"))
+        .args([
+            "--tcp-address=127.0.0.1:0",
+            "--http-address=127.0.0.1:0",
+            "--shards=1",
+            &format!("--data-path={}", dir.display()),
+        ])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn nsqd");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("nsqd {args:?} kept running");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    let _ = child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(status.code(), Some(1), "{args:?}: {err}");
+    err
+}
+
+/// The segment files of a topic directory, in order.
+pub fn segments(topic_dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<std::path::PathBuf> = std::fs::read_dir(topic_dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Offsets of the records of a segment file (format v1: 32-byte header, then
+/// `[u32 len][u32 crc][len bytes]`; a zero length ends the data).
+pub fn record_offsets(data: &[u8]) -> Vec<usize> {
+    let mut off = 32;
+    let mut v = Vec::new();
+    while off + 8 <= data.len() {
+        let len = u32::from_be_bytes(data[off..off + 4].try_into().unwrap()) as usize;
+        if len == 0 || off + 8 + len > data.len() {
+            break;
+        }
+        v.push(off);
+        off += 8 + len;
+    }
+    v
+}
