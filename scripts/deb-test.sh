@@ -40,6 +40,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
+if [[ -e /var/lib/nsqd ]]; then
+  echo "note: /var/lib/nsqd exists before the install:"; ls -la /var/lib/nsqd
+fi
 echo "== dpkg -i"
 dpkg -i "$DEB"
 check test -x /usr/bin/nsqd
@@ -74,6 +77,8 @@ else
     echo "ok: nsqd --preflight as nsqd"
   else
     echo "FAIL: nsqd --preflight as nsqd"; fail=1
+    id nsqd; ls -la /var/lib/nsqd; stat /var/lib /var/lib/nsqd
+    echo "pid 1: $(ps -p 1 -o comm= 2>/dev/null)"; mount | grep -E ' / | /var' || true
   fi
 fi
 

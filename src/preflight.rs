@@ -437,11 +437,17 @@ fn data_dir(path: &Path) -> Result<File, String> {
         ));
     }
     let lock_path = path.join(".nsqd.lock");
+    // flock needs no write access: a lock file left by another user (a root-run broker
+    // before the package's user existed) is opened read-only rather than refused.
     let lock = File::options()
         .write(true)
         .create(true)
         .truncate(false)
         .open(&lock_path)
+        .or_else(|e| match e.kind() {
+            std::io::ErrorKind::PermissionDenied if lock_path.is_file() => File::open(&lock_path),
+            _ => Err(e),
+        })
         .map_err(|e| {
             format!(
                 "--data-path={shown}: cannot open its lock file {}: {e}; {fix_perm}",
