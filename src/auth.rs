@@ -484,13 +484,16 @@ async fn query_client(cfg: &AuthConfig, client: &Client) -> Result<AuthState, St
         .map(|t| t.2.clone())
         .unwrap_or_default();
     let req = AuthRequest {
-        remote_ip: remote_ip(&client.remote_address),
+        remote_ip: remote_ip(client.remote_address()),
         tls: client.tls.borrow().is_some(),
         common_name: &common_name,
         secret: &secret,
     };
     query_any(cfg, &req).await.map_err(|e| {
-        log::warn!("PROTOCOL(V2): [{}] AUTH failed {e}", client.remote_address);
+        log::warn!(
+            "PROTOCOL(V2): [{}] AUTH failed {e}",
+            client.remote_address()
+        );
         "E_AUTH_FAILED AUTH failed".to_string()
     })
 }

@@ -543,7 +543,7 @@ pub async fn resume(server: Rc<Server>, h: HandOff) {
         Some(Err(_)) => {
             log::error!(
                 "hand-off of {} failed: not a TLS session",
-                client.remote_address
+                client.remote_address()
             );
             return;
         }
@@ -591,7 +591,7 @@ async fn run_connection(
         Err(e) => {
             log::error!(
                 "PROTOCOL(V2): [{}] cannot resume compression - {e}",
-                client.remote_address
+                client.remote_address()
             );
             stream.shutdown();
             return;
@@ -606,7 +606,7 @@ async fn run_connection(
     server.shard.client_gone(&client);
     match outcome {
         Outcome::Closed => {
-            log::debug!("PROTOCOL(V2): [{}] exiting ioloop", client.remote_address);
+            log::debug!("PROTOCOL(V2): [{}] exiting ioloop", client.remote_address());
         }
         Outcome::HandOff {
             target,
@@ -625,7 +625,7 @@ async fn run_connection(
             let Ok(fd) = dup else {
                 log::error!(
                     "hand-off of {} failed: cannot dup the socket",
-                    client.remote_address
+                    client.remote_address()
                 );
                 return;
             };
@@ -726,7 +726,7 @@ async fn reader_loop(
                 }
             }
             let ctx = Context {
-                state: client.state.get(),
+                state: client.state(),
                 heartbeats_enabled: client.settings.borrow().heartbeat_interval.is_some(),
                 limits,
                 eof,
@@ -771,7 +771,7 @@ async fn reader_loop(
                             if let Err(e) = upgrade_tls(server, stream, client, &early).await {
                                 log::info!(
                                     "PROTOCOL(V2): [{}] E_IDENTIFY_FAILED IDENTIFY failed {e}",
-                                    client.remote_address
+                                    client.remote_address()
                                 );
                                 return Outcome::Closed;
                             }
@@ -811,7 +811,7 @@ async fn reader_loop(
                     if !e.silent {
                         log::info!(
                             "PROTOCOL(V2): [{}] {} {}",
-                            client.remote_address,
+                            client.remote_address(),
                             e.code,
                             e.text
                         );
@@ -839,7 +839,7 @@ async fn reader_loop(
                     if let Err(e) = d.feed(&raw, &mut out) {
                         log::info!(
                             "PROTOCOL(V2): [{}] compressed stream error - {e}",
-                            client.remote_address
+                            client.remote_address()
                         );
                         return Outcome::Closed;
                     }
@@ -869,7 +869,7 @@ fn hand_off_target(server: &Server, client: &Client, cmd: &Command) -> Option<us
     let topic = match cmd {
         Command::Sub { topic, .. } => topic,
         Command::Pub { topic, .. } | Command::Mpub { topic, .. } | Command::Dpub { topic, .. }
-            if client.state.get() == ClientState::Init && client.pub_counts.borrow().is_empty() =>
+            if client.state() == ClientState::Init && client.pub_counts().is_empty() =>
         {
             topic
         }
@@ -908,7 +908,7 @@ async fn upgrade_tls(
     }
     log::info!(
         "PROTOCOL(V2): [{}] upgrading connection to TLS",
-        client.remote_address
+        client.remote_address()
     );
     let hs = stream.accept_tls(cfg, early);
     let r = glommio::timer::timeout(Duration::from_secs(5), async {
@@ -942,7 +942,7 @@ enum Upgrade {
 struct Fatal;
 
 fn fatal<T>(client: &Client, text: String) -> Result<T, Fatal> {
-    log::info!("PROTOCOL(V2): [{}] {}", client.remote_address, text);
+    log::info!("PROTOCOL(V2): [{}] {}", client.remote_address(), text);
     client.send_frame(FRAME_ERROR, text.as_bytes());
     Err(Fatal)
 }
@@ -1042,7 +1042,7 @@ async fn exec(
             client.send_frame(FRAME_RESPONSE, b"OK");
         }
         Command::Rdy { count } => {
-            client.ready_count.set(count);
+            client.set_ready_count(count);
             if !client.is_ready() && !client.out.borrow().is_empty() {
                 client.flush_now.set(true);
                 client.wake.notify();
@@ -1069,7 +1069,7 @@ async fn exec(
             if delay > max {
                 log::info!(
                     "PROTOCOL(V2): [{}] REQ timeout {} out of range 0-{}. Setting to max.",
-                    client.remote_address,
+                    client.remote_address(),
                     timeout_ms,
                     max.as_millis()
                 );
@@ -1103,8 +1103,8 @@ async fn exec(
             }
         }
         Command::Cls => {
-            client.ready_count.set(0);
-            client.state.set(ClientState::Closing);
+            client.set_ready_count(0);
+            client.set_state(ClientState::Closing);
             client.send_frame(FRAME_RESPONSE, b"CLOSE_WAIT");
         }
         Command::Pub { topic, body } => {

@@ -19,30 +19,68 @@ pub struct Authorization {
     pub publish: bool,
 }
 
+/// Why an authorization in the auth server's reply is invalid (nsqd:
+/// internal/auth/authorizations.go `QueryAuthd`). `Display` gives nsqd's text, which
+/// becomes part of `E_AUTH_FAILED`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthorizationError {
+    /// `unknown permission <p>`
+    UnknownPermission(String),
+    /// `unable to compile topic "<pattern>" <regex error on one line>`
+    BadTopicPattern { pattern: String, error: String },
+    /// `unable to compile channel "<pattern>" <regex error on one line>`
+    BadChannelPattern { pattern: String, error: String },
+}
+
+impl std::fmt::Display for AuthorizationError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AuthorizationError::UnknownPermission(p) => write!(f, "unknown permission {p}"),
+            AuthorizationError::BadTopicPattern { pattern, error } => {
+                write!(f, "unable to compile topic {pattern:?} {error}")
+            }
+            AuthorizationError::BadChannelPattern { pattern, error } => {
+                write!(f, "unable to compile channel {pattern:?} {error}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for AuthorizationError {}
+
+impl From<AuthorizationError> for String {
+    fn from(e: AuthorizationError) -> String {
+        e.to_string()
+    }
+}
+
 impl Authorization {
     /// Compiles one authorization from the auth server's reply, with nsqd's validation
-    /// errors: `unknown permission <p>`, `unable to compile topic %q <err>`,
-    /// `unable to compile channel %q <err>` (permissions are checked first, as nsqd does).
+    /// errors ([`AuthorizationError`]; permissions are checked first, as nsqd does).
     pub fn new(
         topic: &str,
         channels: &[String],
         permissions: &[String],
-    ) -> Result<Authorization, String> {
+    ) -> Result<Authorization, AuthorizationError> {
         let (mut subscribe, mut publish) = (false, false);
         for p in permissions {
             match p.as_str() {
                 "subscribe" => subscribe = true,
                 "publish" => publish = true,
-                _ => return Err(format!("unknown permission {p}")),
+                _ => return Err(AuthorizationError::UnknownPermission(p.clone())),
             }
         }
-        let topic = Regex::new(topic)
-            .map_err(|e| format!("unable to compile topic {topic:?} {}", one_line(&e)))?;
+        let topic = Regex::new(topic).map_err(|e| AuthorizationError::BadTopicPattern {
+            pattern: topic.to_string(),
+            error: one_line(&e),
+        })?;
         let channels = channels
             .iter()
             .map(|c| {
-                Regex::new(c)
-                    .map_err(|e| format!("unable to compile channel {c:?} {}", one_line(&e)))
+                Regex::new(c).map_err(|e| AuthorizationError::BadChannelPattern {
+                    pattern: c.clone(),
+                    error: one_line(&e),
+                })
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Authorization {
@@ -136,13 +174,16 @@ mod tests {
 
     #[test]
     fn validation_errors() {
-        assert_eq!(
-            Authorization::new("t", &[], &s(&["subscribe", "admin"])).unwrap_err(),
-            "unknown permission admin"
-        );
+        let e = Authorization::new("t", &[], &s(&["subscribe", "admin"])).unwrap_err();
+        assert_eq!(e, AuthorizationError::UnknownPermission("admin".into()));
+        assert_eq!(e.to_string(), "unknown permission admin");
         let e = Authorization::new("(", &[], &s(&["publish"])).unwrap_err();
+        assert!(matches!(e, AuthorizationError::BadTopicPattern { .. }));
+        let e = e.to_string();
         assert!(e.starts_with("unable to compile topic \"(\" "), "{e}");
         let e = Authorization::new("t", &s(&["[z-a]"]), &[]).unwrap_err();
+        assert!(matches!(e, AuthorizationError::BadChannelPattern { .. }));
+        let e = e.to_string();
         assert!(e.starts_with("unable to compile channel \"[z-a]\" "), "{e}");
     }
 

@@ -74,11 +74,51 @@ pub enum InFlightError {
 }
 
 impl InFlightError {
+    /// nsqd's text after `E_FIN_FAILED FIN <id> failed ` (and REQ's, TOUCH's).
     pub fn text(self) -> &'static str {
         match self {
             InFlightError::NotInFlight => "ID not in flight",
             InFlightError::NotOwner => "client does not own message",
         }
+    }
+}
+
+impl std::fmt::Display for InFlightError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.text())
+    }
+}
+
+impl std::error::Error for InFlightError {}
+
+/// A channel already has `--max-channel-consumers` clients (`max`): a SUB is refused
+/// (nsqd: channel.AddClient; the shard words it as
+/// [`SubError::TooManyConsumers`](crate::shard::SubError::TooManyConsumers)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConsumerLimit {
+    pub max: usize,
+}
+
+impl std::fmt::Display for ConsumerLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "exceeds limit of {}", self.max)
+    }
+}
+
+impl std::error::Error for ConsumerLimit {}
+
+/// The delay of `REQ <id> <timeout_ms>`: `timeout_ms` clamped to [0, `max`]
+/// (`--max-req-timeout`), with `true` when it was out of range. nsqd clamps with no
+/// error and only logs (nsqd: protocol_v2.go REQ); the caller logs the original value.
+pub fn clamp_req_timeout(timeout_ms: i64, max: Duration) -> (Duration, bool) {
+    if timeout_ms < 0 {
+        return (Duration::ZERO, true);
+    }
+    let delay = Duration::from_millis(timeout_ms as u64);
+    if delay > max {
+        (max, true)
+    } else {
+        (delay, false)
     }
 }
 
@@ -89,50 +129,54 @@ pub const DISK_READ_AHEAD: (usize, usize) = (16384, 4 << 20);
 /// Records, and bytes of bodies, read from the store at once.
 pub const DISK_READ_BATCH: (usize, usize) = (8192, 2 << 20);
 
+/// One channel of a topic. Its fields are the crate's: outside it, read them through the
+/// accessors and change them through the operations (`dispatch`, `finish`, `requeue`,
+/// `touch`, `process_timers`, `empty`, `seek`, ...), each of which takes the time as
+/// `now` and does no I/O beyond journaling (durable channels).
 pub struct Channel {
-    pub name: String,
-    pub ephemeral: bool,
-    pub paused: bool,
+    pub(crate) name: String,
+    pub(crate) ephemeral: bool,
+    pub(crate) paused: bool,
     /// Next log sequence this channel reads.
-    pub cursor: u64,
+    pub(crate) cursor: u64,
     /// Messages ready again (REQ 0, timeouts, due deferred): delivered before the cursor
     /// moves on.
-    pub requeued: VecDeque<Message>,
-    pub in_flight: IdMap<InFlight>,
+    pub(crate) requeued: VecDeque<Message>,
+    pub(crate) in_flight: IdMap<InFlight>,
     /// (deadline, id); entries whose message was finished or touched are skipped when
     /// popped and compacted away when they outnumber the live ones.
     in_flight_heap: BinaryHeap<Reverse<(Instant, MessageId)>>,
-    pub deferred: BinaryHeap<Reverse<Deferred>>,
-    pub clients: Vec<Rc<Client>>,
+    pub(crate) deferred: BinaryHeap<Reverse<Deferred>>,
+    pub(crate) clients: Vec<Rc<Client>>,
     next_client: usize,
-    pub message_count: u64,
-    pub requeue_count: u64,
-    pub timeout_count: u64,
+    pub(crate) message_count: u64,
+    pub(crate) requeue_count: u64,
+    pub(crate) timeout_count: u64,
     /// Records read back from the store for a cursor below the memory tail.
-    pub disk: VecDeque<Record>,
+    pub(crate) disk: VecDeque<Record>,
     /// The cursor is below the memory tail and `disk` is empty: a read is wanted.
-    pub wants_disk: bool,
+    pub(crate) wants_disk: bool,
     /// A read from the store is under way.
-    pub disk_inflight: bool,
+    pub(crate) disk_inflight: bool,
     /// Body bytes held in `disk`.
-    pub disk_bytes: usize,
+    pub(crate) disk_bytes: usize,
     /// Where the last read from the store ended (the next sequential read starts there).
-    pub disk_pos: Option<nsq_storage::ReadPos>,
+    pub(crate) disk_pos: Option<nsq_storage::ReadPos>,
     /// Bumped whenever the cursor jumps (empty, seek): a read started before is dropped.
-    pub disk_epoch: u64,
+    pub(crate) disk_epoch: u64,
     /// Sequences at or above the cursor already handed to this channel's deferred heap
     /// when they were published (nsqd gives a DPUB to each channel at once); the cursor
     /// steps over them.
-    pub skip: std::collections::BTreeSet<u64>,
+    pub(crate) skip: std::collections::BTreeSet<u64>,
     /// The earliest instant this channel is registered at in its shard's timer queue
     /// (crate::timers), if any.
     timer_scheduled: Option<Instant>,
     /// FIN latencies when `--e2e-processing-latency-percentile` is set (nsqd:
     /// e2eProcessingLatencyStream); created by the shard on the first FIN.
-    pub e2e: Option<crate::quantile::Quantile>,
+    pub(crate) e2e: Option<crate::quantile::Quantile>,
     /// The topic's store, for journaling requeues, redeliveries and their FINs, so that
     /// attempts and requeue delays survive a crash (durable channels only).
-    pub journal: Option<Rc<nsq_storage::TopicStore>>,
+    pub(crate) journal: Option<Rc<nsq_storage::TopicStore>>,
 }
 
 impl Channel {
@@ -162,6 +206,79 @@ impl Channel {
             e2e: None,
             journal: None,
         }
+    }
+
+    /// The channel's name (with its `#ephemeral` suffix, if any).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// True for an `#ephemeral` channel (never persisted; overflow beyond
+    /// `--mem-queue-size` dropped).
+    pub fn is_ephemeral(&self) -> bool {
+        self.ephemeral
+    }
+
+    /// True while the channel is paused (no delivery; nsqd: Channel.IsPaused).
+    pub fn is_paused(&self) -> bool {
+        self.paused
+    }
+
+    /// Pauses or unpauses delivery. Unpausing does not deliver by itself: call `dispatch`.
+    pub fn set_paused(&mut self, paused: bool) {
+        self.paused = paused;
+    }
+
+    /// The next log sequence this channel reads.
+    pub fn cursor(&self) -> u64 {
+        self.cursor
+    }
+
+    /// Messages delivered and not yet finished, requeued or timed out (`in_flight_count`).
+    pub fn in_flight_count(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// The in-flight message `id`, if it is in flight.
+    pub fn in_flight(&self, id: MessageId) -> Option<&InFlight> {
+        self.in_flight.get(&id)
+    }
+
+    /// Messages waiting for their due time (`deferred_count`).
+    pub fn deferred_count(&self) -> usize {
+        self.deferred.len()
+    }
+
+    /// Messages ready again (REQ 0, timed out, due deferred) and not yet redelivered;
+    /// part of `depth`.
+    pub fn requeued_count(&self) -> usize {
+        self.requeued.len()
+    }
+
+    /// The subscribed clients, in the order delivery goes round.
+    pub fn clients(&self) -> &[Rc<Client>] {
+        &self.clients
+    }
+
+    /// Messages the topic handed to this channel (stats `message_count`; requeues and
+    /// timeouts do not add to it).
+    pub fn message_count(&self) -> u64 {
+        self.message_count
+    }
+
+    /// REQs, delayed or not (stats `requeue_count`).
+    pub fn requeue_count(&self) -> u64 {
+        self.requeue_count
+    }
+
+    /// In-flight messages that timed out (stats `timeout_count`).
+    pub fn timeout_count(&self) -> u64 {
+        self.timeout_count
+    }
+
+    /// FIN latencies, when `--e2e-processing-latency-percentile` is set and a FIN came.
+    pub fn e2e(&self) -> Option<&crate::quantile::Quantile> {
+        self.e2e.as_ref()
     }
 
     /// Journals an event of this channel when it is durable.
@@ -611,13 +728,14 @@ impl Channel {
         self.clear_disk();
     }
 
-    /// Adds a subscribed client. `max` 0 means unlimited.
-    pub fn add_client(&mut self, client: Rc<Client>, max: usize) -> Result<(), String> {
+    /// Adds a subscribed client (no-op when it is already there). `max` 0 means
+    /// unlimited; otherwise a channel with `max` clients refuses more.
+    pub fn add_client(&mut self, client: Rc<Client>, max: usize) -> Result<(), ConsumerLimit> {
         if self.clients.iter().any(|c| c.id == client.id) {
             return Ok(());
         }
         if max > 0 && self.clients.len() >= max {
-            return Err(format!("exceeds limit of {max}"));
+            return Err(ConsumerLimit { max });
         }
         self.clients.push(client);
         Ok(())
@@ -640,150 +758,4 @@ impl Channel {
 }
 
 #[cfg(test)]
-mod tests {
-    //! The timer rules of a channel with an injected clock (`now` is a parameter of every
-    //! method that reads the time).
-    use super::*;
-    use crate::client::ClientSettings;
-    use crate::topic::Topic;
-    use bytes::Bytes;
-
-    fn ms(n: u64) -> Duration {
-        Duration::from_millis(n)
-    }
-
-    /// A subscribed client with RDY 100 and a msg_timeout of 1 s.
-    fn client(id: u64) -> Rc<Client> {
-        let c = Client::new(
-            id,
-            "test".into(),
-            ClientSettings {
-                client_id: "c".into(),
-                hostname: "h".into(),
-                user_agent: String::new(),
-                heartbeat_interval: None,
-                output_buffer_size: 16384,
-                output_buffer_timeout: ms(250),
-                sample_rate: 0,
-                msg_timeout: ms(1000),
-                identified: false,
-            },
-        );
-        c.state.set(ClientState::Subscribed);
-        c.ready_count.set(100);
-        Rc::new(c)
-    }
-
-    /// A topic with channel "ch" and `n` messages delivered to one client at `t0`.
-    fn delivered(n: usize, t0: Instant) -> (Topic, Rc<Client>, Vec<MessageId>) {
-        let mut t = Topic::new("t", 1);
-        t.create_channel("ch", 10_000);
-        let c = client(1);
-        let ch = t.channels.get_mut("ch").unwrap();
-        ch.add_client(c.clone(), 0).unwrap();
-        t.publish((0..n).map(|_| Bytes::from_static(b"m")), None, 10_000);
-        let ch = t.channels.get_mut("ch").unwrap();
-        assert_eq!(ch.dispatch(&t.log, t0), n as u64);
-        let mut ids: Vec<MessageId> = ch.in_flight.keys().copied().collect();
-        ids.sort();
-        (t, c, ids)
-    }
-
-    #[test]
-    fn idle_channel_has_no_timer() {
-        let mut ch = Channel::new("ch", 0);
-        assert_eq!(ch.next_timer(), None);
-        assert_eq!(ch.timer_to_schedule(), None);
-    }
-
-    #[test]
-    fn in_flight_timeout_is_registered_once_and_fires_at_the_deadline() {
-        let t0 = Instant::now();
-        let (mut t, c, ids) = delivered(2, t0);
-        let ch = t.channels.get_mut("ch").unwrap();
-        assert_eq!(ch.timer_to_schedule(), Some(t0 + ms(1000)));
-        // Registered already at that instant: nothing new to register.
-        assert_eq!(ch.timer_to_schedule(), None);
-        ch.finish(&c, ids[0]).unwrap();
-        assert_eq!(ch.timer_to_schedule(), None);
-        assert_eq!(ch.process_timers(t0 + ms(999)), 0);
-        ch.timer_fired(t0 + ms(1000));
-        assert_eq!(
-            ch.process_timers(t0 + ms(1000)),
-            1,
-            "only the unfinished one"
-        );
-        assert_eq!(ch.timeout_count, 1);
-        assert_eq!(c.in_flight.get(), 0);
-        assert_eq!(ch.requeued.len(), 1);
-        assert_eq!(ch.timer_to_schedule(), None, "nothing left in flight");
-        // Delivered again at 1.5 s: a new deadline at 2.5 s is registered.
-        assert_eq!(ch.dispatch(&t.log, t0 + ms(1500)), 1);
-        assert_eq!(ch.timer_to_schedule(), Some(t0 + ms(2500)));
-    }
-
-    #[test]
-    fn finished_messages_leave_no_timer_behind() {
-        let t0 = Instant::now();
-        let (mut t, c, ids) = delivered(3, t0);
-        let ch = t.channels.get_mut("ch").unwrap();
-        for id in ids {
-            ch.finish(&c, id).unwrap();
-        }
-        assert_eq!(ch.timer_to_schedule(), None);
-        assert_eq!(ch.next_timer(), None, "stale heap entries pruned");
-    }
-
-    #[test]
-    fn touch_moves_the_deadline_and_a_visit_reregisters_it() {
-        let t0 = Instant::now();
-        let (mut t, c, ids) = delivered(1, t0);
-        let ch = t.channels.get_mut("ch").unwrap();
-        assert_eq!(ch.timer_to_schedule(), Some(t0 + ms(1000)));
-        ch.touch(&c, ids[0], t0 + ms(800), ms(15 * 60 * 1000))
-            .unwrap();
-        // Still registered at 1 s, earlier than the new deadline: nothing to add.
-        assert_eq!(ch.timer_to_schedule(), None);
-        ch.timer_fired(t0 + ms(1000));
-        assert_eq!(ch.process_timers(t0 + ms(1000)), 0);
-        assert_eq!(ch.timer_to_schedule(), Some(t0 + ms(1800)));
-        ch.timer_fired(t0 + ms(1800));
-        assert_eq!(ch.process_timers(t0 + ms(1800)), 1);
-    }
-
-    #[test]
-    fn deferred_message_registers_an_earlier_instant() {
-        let t0 = Instant::now();
-        let (mut t, c, ids) = delivered(2, t0);
-        let ch = t.channels.get_mut("ch").unwrap();
-        assert_eq!(ch.timer_to_schedule(), Some(t0 + ms(1000)));
-        // REQ with 300 ms at 100 ms: due at 400 ms, before the in-flight deadline.
-        ch.requeue(&c, ids[0], ms(300), t0 + ms(100)).unwrap();
-        assert_eq!(ch.deferred.len(), 1);
-        assert_eq!(ch.timer_to_schedule(), Some(t0 + ms(400)));
-        ch.timer_fired(t0 + ms(400));
-        assert_eq!(ch.process_timers(t0 + ms(399)), 0);
-        assert_eq!(ch.process_timers(t0 + ms(400)), 1);
-        assert_eq!(ch.requeued.len(), 1);
-        // The channel tracks only its earliest registration, so the in-flight deadline
-        // at 1 s is registered again (the queue pops a key once per pass).
-        assert_eq!(ch.timer_to_schedule(), Some(t0 + ms(1000)));
-        ch.timer_fired(t0 + ms(1000));
-        assert_eq!(ch.process_timers(t0 + ms(1000)), 1);
-        assert_eq!(ch.timer_to_schedule(), None);
-    }
-
-    #[test]
-    fn dpub_goes_to_the_deferred_heap_with_its_due_time() {
-        let t0 = Instant::now();
-        let mut t = Topic::new("t", 1);
-        t.create_channel("ch", 10_000);
-        let due = t0 + ms(60_000);
-        t.publish([Bytes::from_static(b"later")], Some(due), 10_000);
-        let ch = t.channels.get_mut("ch").unwrap();
-        assert_eq!(ch.deferred.len(), 1);
-        assert_eq!(ch.timer_to_schedule(), Some(due));
-        assert_eq!(ch.process_timers(due - ms(1)), 0);
-        assert_eq!(ch.process_timers(due), 1);
-    }
-}
+mod tests;

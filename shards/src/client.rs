@@ -134,23 +134,28 @@ pub struct ClientSnapshot {
 }
 
 /// The shard-side view of one connection.
+///
+/// Its identity, state, RDY, counters and subscription are the crate's: the connection
+/// reads and sets them through methods. The output plumbing (`out`, the flush and wake
+/// signals, compression, TLS, auth) is still shared with the root crate's reader and
+/// writer tasks as public cells.
 pub struct Client {
-    pub id: u64,
-    pub remote_address: String,
+    pub(crate) id: u64,
+    pub(crate) remote_address: String,
     /// Unix seconds when the TCP connection was accepted.
-    pub connect_ts: i64,
+    pub(crate) connect_ts: i64,
     pub settings: RefCell<ClientSettings>,
-    pub state: Cell<ClientState>,
+    pub(crate) state: Cell<ClientState>,
     /// RDY: the most messages this client may have in flight (a window, not used up).
-    pub ready_count: Cell<i64>,
-    pub in_flight: Cell<i64>,
-    pub message_count: Cell<u64>,
-    pub finish_count: Cell<u64>,
-    pub requeue_count: Cell<u64>,
+    pub(crate) ready_count: Cell<i64>,
+    pub(crate) in_flight: Cell<i64>,
+    pub(crate) message_count: Cell<u64>,
+    pub(crate) finish_count: Cell<u64>,
+    pub(crate) requeue_count: Cell<u64>,
     /// Messages published per topic by this connection (stats `pub_counts`).
-    pub pub_counts: RefCell<Vec<(String, u64)>>,
+    pub(crate) pub_counts: RefCell<Vec<(String, u64)>>,
     /// (topic, channel) after SUB.
-    pub subscription: RefCell<Option<(String, String)>>,
+    pub(crate) subscription: RefCell<Option<(String, String)>>,
     /// Frames waiting for the writer task.
     pub out: RefCell<Vec<u8>>,
     /// The output-buffer ticker (nsqd: messagePump's outputBufferTicker).
@@ -257,6 +262,71 @@ impl Client {
             auth_secret: self.auth_secret.borrow().clone(),
             auth: self.auth.borrow().clone(),
         }
+    }
+
+    /// The process-unique client id (the shard index in the top bits).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The peer's `ip:port` as nsqd logs and shows it.
+    pub fn remote_address(&self) -> &str {
+        &self.remote_address
+    }
+
+    /// Unix seconds when the TCP connection was accepted.
+    pub fn connect_ts(&self) -> i64 {
+        self.connect_ts
+    }
+
+    /// The connection's state (stats `state`).
+    pub fn state(&self) -> ClientState {
+        self.state.get()
+    }
+
+    pub fn set_state(&self, state: ClientState) {
+        self.state.set(state);
+    }
+
+    /// RDY: the most messages this client may have in flight at once.
+    pub fn ready_count(&self) -> i64 {
+        self.ready_count.get()
+    }
+
+    /// RDY `count` (already range-checked against `--max-rdy-count` by the codec). A
+    /// window, not a budget: it is not used up by deliveries (nsqd: SetReadyCount).
+    pub fn set_ready_count(&self, count: i64) {
+        self.ready_count.set(count);
+    }
+
+    /// Messages delivered to this client and not yet finished, requeued or timed out.
+    pub fn in_flight_count(&self) -> i64 {
+        self.in_flight.get()
+    }
+
+    /// Messages delivered to this client (stats `message_count`).
+    pub fn message_count(&self) -> u64 {
+        self.message_count.get()
+    }
+
+    /// FINs (stats `finish_count`).
+    pub fn finish_count(&self) -> u64 {
+        self.finish_count.get()
+    }
+
+    /// REQs (stats `requeue_count`).
+    pub fn requeue_count(&self) -> u64 {
+        self.requeue_count.get()
+    }
+
+    /// Messages published per topic by this connection (stats `pub_counts`).
+    pub fn pub_counts(&self) -> std::cell::Ref<'_, Vec<(String, u64)>> {
+        self.pub_counts.borrow()
+    }
+
+    /// (topic, channel) after SUB.
+    pub fn subscription(&self) -> Option<(String, String)> {
+        self.subscription.borrow().clone()
     }
 
     /// nsqd `HasAuthorizations`: AUTH succeeded with at least one authorization.

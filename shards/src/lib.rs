@@ -5,6 +5,8 @@
 //! Nothing here parses bytes from a socket (that is the root crate's codec) and nothing
 //! here is shared between threads except the `mesh` messages, which move by value.
 
+#![forbid(unsafe_code)]
+
 pub mod auth;
 pub mod channel;
 pub mod client;

@@ -142,8 +142,39 @@ pub const STORE_PENDING_HIGH: usize = 32 << 20;
 /// timer queue; nsqd: QueueScanRefreshInterval, 5 s).
 pub const TIMER_REFRESH: Duration = Duration::from_secs(5);
 
-/// Why a SUB could not join its channel (`E_SUB_FAILED SUB failed <text>`).
-pub type SubError = String;
+/// Why a SUB could not join its channel. `Display` gives nsqd's text, which the
+/// connection sends as `E_SUB_FAILED SUB failed <text>` (nsqd: protocol_v2.go SUB).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubError {
+    /// The broker is shutting down: `exiting`.
+    Exiting,
+    /// The channel has `--max-channel-consumers` clients already:
+    /// `consumers for <topic>:<channel> exceeds limit of <max>`.
+    TooManyConsumers {
+        topic: String,
+        channel: String,
+        max: usize,
+    },
+}
+
+impl std::fmt::Display for SubError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SubError::Exiting => f.write_str("exiting"),
+            SubError::TooManyConsumers {
+                topic,
+                channel,
+                max,
+            } => write!(
+                f,
+                "consumers for {topic}:{channel} {}",
+                crate::channel::ConsumerLimit { max: *max }
+            ),
+        }
+    }
+}
+
+impl std::error::Error for SubError {}
 
 impl Shard {
     pub fn new(index: usize, count: usize, cpu: usize, opts: Options) -> Shard {
@@ -497,7 +528,7 @@ impl Shard {
     /// SUB on this shard: creates topic and channel, adds the client (nsqd: SUB).
     pub fn subscribe(&self, c: &Rc<Client>, topic: &str, channel: &str) -> Result<(), SubError> {
         if self.shutdown.is_set() {
-            return Err("exiting".into());
+            return Err(SubError::Exiting);
         }
         let mut topics = self.topics.borrow_mut();
         let t = self.get_or_create_topic(&mut topics, topic);
@@ -510,7 +541,11 @@ impl Shard {
         }
         let ch = t.channels.get_mut(channel).expect("created above");
         ch.add_client(c.clone(), self.opts.max_channel_consumers)
-            .map_err(|e| format!("consumers for {topic}:{channel} {e}"))?;
+            .map_err(|e| SubError::TooManyConsumers {
+                topic: topic.to_string(),
+                channel: channel.to_string(),
+                max: e.max,
+            })?;
         *c.subscription.borrow_mut() = Some((topic.to_string(), channel.to_string()));
         c.state.set(ClientState::Subscribed);
         Ok(())
@@ -1092,3 +1127,4 @@ fn topic_e2e(t: &crate::topic::Topic, opts: &Options, now: i64) -> E2eLatency {
     }
     E2eLatency::from_result(agg.result(now))
 }
+

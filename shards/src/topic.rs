@@ -180,13 +180,22 @@ pub enum PublishError {
 }
 
 impl PublishError {
+    /// nsqd's text after `E_PUB_FAILED <cmd> failed ` (`exiting`, or the disk error).
     pub fn text(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl std::fmt::Display for PublishError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            PublishError::Exiting => "exiting".into(),
-            PublishError::Disk(e) => e.clone(),
+            PublishError::Exiting => f.write_str("exiting"),
+            PublishError::Disk(e) => f.write_str(e),
         }
     }
 }
+
+impl std::error::Error for PublishError {}
 
 pub struct Topic {
     pub name: String,

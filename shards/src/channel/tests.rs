@@ -1,0 +1,939 @@
+//! The rules of a channel with an injected clock: every method that reads the time takes
+//! `now`, so a test moves a base `Instant` forward by hand and never sleeps. Topics here
+//! have no store (as with no `--data-path`): everything stays in memory.
+//!
+//! Groups: timers (registration in the shard's timer queue), msg timeout, TOUCH, REQ,
+//! deferred delivery, RDY windows, the topic backlog, #ephemeral overflow, empty, delete,
+//! pause, FIN errors, client disconnect, attempts, ordering, depth and counters.
+
+use super::*;
+use crate::client::ClientSettings;
+use crate::topic::Topic;
+use bytes::Bytes;
+
+/// `--mem-queue-size` for the tests that do not test it.
+const MQ: u64 = 10_000;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// A test clock: a base instant plus the offsets a test passes in.
+#[derive(Clone, Copy)]
+struct Clock(Instant);
+
+impl Clock {
+    fn new() -> Clock {
+        Clock(Instant::now())
+    }
+    /// `n` ms after the base.
+    fn at(self, n: u64) -> Instant {
+        self.0 + ms(n)
+    }
+}
+
+/// A subscribed client with RDY `rdy` and a msg_timeout of `timeout_ms`.
+fn client_with(id: u64, rdy: i64, timeout_ms: u64) -> Rc<Client> {
+    let c = Client::new(
+        id,
+        "test".into(),
+        ClientSettings {
+            client_id: "c".into(),
+            hostname: "h".into(),
+            user_agent: String::new(),
+            heartbeat_interval: None,
+            output_buffer_size: 16384,
+            output_buffer_timeout: ms(250),
+            sample_rate: 0,
+            msg_timeout: ms(timeout_ms),
+            identified: false,
+        },
+    );
+    c.set_state(ClientState::Subscribed);
+    c.set_ready_count(rdy);
+    Rc::new(c)
+}
+
+/// A subscribed client with RDY 100 and a msg_timeout of 1 s.
+fn client(id: u64) -> Rc<Client> {
+    client_with(id, 100, 1000)
+}
+
+/// A memory-only topic "t" with channel `name`.
+fn topic_with(name: &str) -> Topic {
+    let mut t = Topic::new("t", 1);
+    t.create_channel(name, MQ);
+    t
+}
+
+/// Publishes bodies "m<first>".."m<first + n - 1>".
+fn publish(t: &mut Topic, first: usize, n: usize) {
+    t.publish(
+        (first..first + n).map(|i| Bytes::from(format!("m{i}"))),
+        None,
+        MQ,
+    );
+}
+
+/// Subscribes `c` to channel `ch` of `t`.
+fn sub(t: &mut Topic, ch: &str, c: &Rc<Client>) {
+    t.channels
+        .get_mut(ch)
+        .unwrap()
+        .add_client(c.clone(), 0)
+        .unwrap();
+}
+
+fn chan<'a>(t: &'a mut Topic, ch: &str) -> &'a mut Channel {
+    t.channels.get_mut(ch).unwrap()
+}
+
+/// Delivers what channel `ch` can deliver at `now`.
+fn dispatch(t: &mut Topic, ch: &str, now: Instant) -> u64 {
+    let ch = t.channels.get_mut(ch).unwrap();
+    ch.dispatch(&t.log, now)
+}
+
+fn depth(t: &Topic, ch: &str) -> u64 {
+    t.channels[ch].depth(&t.log)
+}
+
+/// A message frame as the client would read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Frame {
+    attempts: u16,
+    id: MessageId,
+    body: String,
+}
+
+/// Takes the message frames buffered for `c`.
+fn frames(c: &Client) -> Vec<Frame> {
+    let out = std::mem::take(&mut *c.out.borrow_mut());
+    let mut v = Vec::new();
+    let mut p = 0;
+    while p < out.len() {
+        let size = u32::from_be_bytes(out[p..p + 4].try_into().unwrap()) as usize;
+        let f = &out[p + 4..p + 4 + size];
+        assert_eq!(&f[..4], &2u32.to_be_bytes(), "a message frame");
+        let attempts = u16::from_be_bytes(f[12..14].try_into().unwrap());
+        let id = MessageId::from_hex(&f[14..30]).unwrap();
+        let body = String::from_utf8(f[30..].to_vec()).unwrap();
+        v.push(Frame { attempts, id, body });
+        p += 4 + size;
+    }
+    v
+}
+
+fn bodies(fs: &[Frame]) -> Vec<&str> {
+    fs.iter().map(|f| f.body.as_str()).collect()
+}
+
+/// Topic "t" with channel "ch" and `n` messages delivered to one client at `t0`.
+fn delivered(n: usize, t0: Instant) -> (Topic, Rc<Client>, Vec<MessageId>) {
+    let mut t = topic_with("ch");
+    let c = client(1);
+    sub(&mut t, "ch", &c);
+    publish(&mut t, 0, n);
+    assert_eq!(dispatch(&mut t, "ch", t0), n as u64);
+    let ids = frames(&c).iter().map(|f| f.id).collect();
+    (t, c, ids)
+}
+
+// ----------------------------------------------------------------- timer registration
+
+#[test]
+fn idle_channel_has_no_timer() {
+    let mut ch = Channel::new("ch", 0);
+    assert_eq!(ch.next_timer(), None);
+    assert_eq!(ch.timer_to_schedule(), None);
+}
+
+#[test]
+fn in_flight_timeout_is_registered_once_and_fires_at_the_deadline() {
+    let t0 = Instant::now();
+    let (mut t, c, ids) = delivered(2, t0);
+    let ch = chan(&mut t, "ch");
+    assert_eq!(ch.timer_to_schedule(), Some(t0 + ms(1000)));
+    // Registered already at that instant: nothing new to register.
+    assert_eq!(ch.timer_to_schedule(), None);
+    ch.finish(&c, ids[0]).unwrap();
+    assert_eq!(ch.timer_to_schedule(), None);
+    assert_eq!(ch.process_timers(t0 + ms(999)), 0);
+    ch.timer_fired(t0 + ms(1000));
+    assert_eq!(
+        ch.process_timers(t0 + ms(1000)),
+        1,
+        "only the unfinished one"
+    );
+    assert_eq!(ch.timeout_count(), 1);
+    assert_eq!(c.in_flight_count(), 0);
+    assert_eq!(ch.requeued_count(), 1);
+    assert_eq!(ch.timer_to_schedule(), None, "nothing left in flight");
+    // Delivered again at 1.5 s: a new deadline at 2.5 s is registered.
+    assert_eq!(dispatch(&mut t, "ch", t0 + ms(1500)), 1);
+    assert_eq!(chan(&mut t, "ch").timer_to_schedule(), Some(t0 + ms(2500)));
+}
+
+#[test]
+fn finished_messages_leave_no_timer_behind() {
+    let t0 = Instant::now();
+    let (mut t, c, ids) = delivered(3, t0);
+    let ch = chan(&mut t, "ch");
+    for id in ids {
+        ch.finish(&c, id).unwrap();
+    }
+    assert_eq!(ch.timer_to_schedule(), None);
+    assert_eq!(ch.next_timer(), None, "stale heap entries pruned");
+}
+
+#[test]
+fn touch_moves_the_deadline_and_a_visit_reregisters_it() {
+    let t0 = Instant::now();
+    let (mut t, c, ids) = delivered(1, t0);
+    let ch = chan(&mut t, "ch");
+    assert_eq!(ch.timer_to_schedule(), Some(t0 + ms(1000)));
+    ch.touch(&c, ids[0], t0 + ms(800), ms(15 * 60 * 1000))
+        .unwrap();
+    // Still registered at 1 s, earlier than the new deadline: nothing to add.
+    assert_eq!(ch.timer_to_schedule(), None);
+    ch.timer_fired(t0 + ms(1000));
+    assert_eq!(ch.process_timers(t0 + ms(1000)), 0);
+    assert_eq!(ch.timer_to_schedule(), Some(t0 + ms(1800)));
+    ch.timer_fired(t0 + ms(1800));
+    assert_eq!(ch.process_timers(t0 + ms(1800)), 1);
+}
+
+#[test]
+fn deferred_message_registers_an_earlier_instant() {
+    let t0 = Instant::now();
+    let (mut t, c, ids) = delivered(2, t0);
+    let ch = chan(&mut t, "ch");
+    assert_eq!(ch.timer_to_schedule(), Some(t0 + ms(1000)));
+    // REQ with 300 ms at 100 ms: due at 400 ms, before the in-flight deadline.
+    ch.requeue(&c, ids[0], ms(300), t0 + ms(100)).unwrap();
+    assert_eq!(ch.deferred_count(), 1);
+    assert_eq!(ch.timer_to_schedule(), Some(t0 + ms(400)));
+    ch.timer_fired(t0 + ms(400));
+    assert_eq!(ch.process_timers(t0 + ms(399)), 0);
+    assert_eq!(ch.process_timers(t0 + ms(400)), 1);
+    assert_eq!(ch.requeued_count(), 1);
+    // The channel tracks only its earliest registration, so the in-flight deadline
+    // at 1 s is registered again (the queue pops a key once per pass).
+    assert_eq!(ch.timer_to_schedule(), Some(t0 + ms(1000)));
+    ch.timer_fired(t0 + ms(1000));
+    assert_eq!(ch.process_timers(t0 + ms(1000)), 1);
+    assert_eq!(ch.timer_to_schedule(), None);
+}
+
+#[test]
+fn dpub_goes_to_the_deferred_heap_with_its_due_time() {
+    let t0 = Instant::now();
+    let mut t = topic_with("ch");
+    let due = t0 + ms(60_000);
+    t.publish([Bytes::from_static(b"later")], Some(due), MQ);
+    let ch = chan(&mut t, "ch");
+    assert_eq!(ch.deferred_count(), 1);
+    assert_eq!(ch.timer_to_schedule(), Some(due));
+    assert_eq!(ch.process_timers(due - ms(1)), 0);
+    assert_eq!(ch.process_timers(due), 1);
+}
+
+// ------------------------------------------------------------------------ msg timeout
+
+#[test]
+fn timed_out_message_is_requeued_and_redelivered_with_attempts_incremented() {
+    let clk = Clock::new();
+    let (mut t, c, ids) = delivered(1, clk.at(0));
+    assert_eq!(
+        chan(&mut t, "ch").in_flight(ids[0]).unwrap().msg.attempts,
+        1
+    );
+    assert_eq!(
+        chan(&mut t, "ch").process_timers(clk.at(999)),
+        0,
+        "not before"
+    );
+    assert_eq!(chan(&mut t, "ch").in_flight_count(), 1);
+    assert_eq!(chan(&mut t, "ch").process_timers(clk.at(1000)), 1);
+    let ch = chan(&mut t, "ch");
+    assert_eq!((ch.in_flight_count(), ch.requeued_count()), (0, 1));
+    assert_eq!(ch.timeout_count(), 1);
+    assert_eq!(c.in_flight_count(), 0, "the owner's in_flight goes down");
+    assert_eq!(dispatch(&mut t, "ch", clk.at(1001)), 1);
+    let f = frames(&c);
+    assert_eq!(
+        (f[0].id, f[0].attempts, f[0].body.as_str()),
+        (ids[0], 2, "m0")
+    );
+}
+
+#[test]
+fn msg_timeout_is_the_clients_own() {
+    let clk = Clock::new();
+    let mut t = topic_with("ch");
+    let c = client_with(1, 10, 5000);
+    sub(&mut t, "ch", &c);
+    publish(&mut t, 0, 1);
+    dispatch(&mut t, "ch", clk.at(0));
+    let id = frames(&c)[0].id;
+    let ch = chan(&mut t, "ch");
+    assert_eq!(ch.in_flight(id).unwrap().deadline, clk.at(5000));
+    assert_eq!(ch.process_timers(clk.at(4999)), 0);
+    assert_eq!(ch.process_timers(clk.at(5000)), 1);
+}
+
+#[test]
+fn a_timeout_is_not_a_requeue() {
+    let clk = Clock::new();
+    let (mut t, c, _) = delivered(2, clk.at(0));
+    let ch = chan(&mut t, "ch");
+    assert_eq!(ch.process_timers(clk.at(1000)), 2);
+    assert_eq!((ch.timeout_count(), ch.requeue_count()), (2, 0));
+    assert_eq!(c.requeue_count(), 0);
+    assert_eq!(
+        ch.message_count(),
+        2,
+        "timeouts do not add to message_count"
+    );
+}
+
+#[test]
+fn timed_out_messages_are_requeued_in_deadline_order() {
+    let clk = Clock::new();
+    let mut t = topic_with("ch");
+    let c = client(1);
+    sub(&mut t, "ch", &c);
+    publish(&mut t, 0, 1);
+    dispatch(&mut t, "ch", clk.at(200));
+    publish(&mut t, 1, 1);
+    dispatch(&mut t, "ch", clk.at(100));
+    // m1 was delivered "earlier" (100 ms), so its deadline comes first.
+    assert_eq!(chan(&mut t, "ch").process_timers(clk.at(1150)), 1);
+    assert_eq!(chan(&mut t, "ch").process_timers(clk.at(1200)), 1);
+    frames(&c);
+    dispatch(&mut t, "ch", clk.at(1300));
+    assert_eq!(bodies(&frames(&c)), ["m1", "m0"]);
+}
+
+// ------------------------------------------------------------------------------ TOUCH
+
+#[test]
+fn touch_resets_the_deadline_to_now_plus_msg_timeout() {
+    let clk = Clock::new();
+    let (mut t, c, ids) = delivered(1, clk.at(0));
+    let ch = chan(&mut t, "ch");
+    ch.touch(&c, ids[0], clk.at(800), ms(900_000)).unwrap();
+    assert_eq!(ch.in_flight(ids[0]).unwrap().deadline, clk.at(1800));
+    assert_eq!(
+        ch.process_timers(clk.at(1000)),
+        0,
+        "the old deadline is gone"
+    );
+    assert_eq!(ch.process_timers(clk.at(1799)), 0);
+    assert_eq!(ch.process_timers(clk.at(1800)), 1);
+    assert_eq!(ch.timeout_count(), 1);
+}
+
+#[test]
+fn touch_never_extends_past_delivery_plus_max_msg_timeout() {
+    let clk = Clock::new();
+    let (mut t, c, ids) = delivered(1, clk.at(0));
+    let ch = chan(&mut t, "ch");
+    // max-msg-timeout 1.5 s: a TOUCH at 0.9 s would give 1.9 s, capped at 1.5 s.
+    ch.touch(&c, ids[0], clk.at(900), ms(1500)).unwrap();
+    assert_eq!(ch.in_flight(ids[0]).unwrap().deadline, clk.at(1500));
+    // Touching again later gains nothing more.
+    ch.touch(&c, ids[0], clk.at(1400), ms(1500)).unwrap();
+    assert_eq!(ch.process_timers(clk.at(1499)), 0);
+    assert_eq!(ch.process_timers(clk.at(1500)), 1);
+}
+
+#[test]
+fn touch_of_a_message_not_in_flight_fails() {
+    let clk = Clock::new();
+    let (mut t, c, ids) = delivered(1, clk.at(0));
+    let ch = chan(&mut t, "ch");
+    assert_eq!(
+        ch.touch(&c, MessageId(ids[0].0 + 99), clk.at(10), ms(900_000)),
+        Err(InFlightError::NotInFlight)
+    );
+    // Timed out: no longer in flight either.
+    ch.process_timers(clk.at(1000));
+    assert_eq!(
+        ch.touch(&c, ids[0], clk.at(1001), ms(900_000)),
+        Err(InFlightError::NotInFlight)
+    );
+}
+
+#[test]
+fn touch_of_another_clients_message_fails_and_keeps_its_deadline() {
+    let clk = Clock::new();
+    let (mut t, _c, ids) = delivered(1, clk.at(0));
+    let other = client(2);
+    let ch = chan(&mut t, "ch");
+    assert_eq!(
+        ch.touch(&other, ids[0], clk.at(500), ms(900_000)),
+        Err(InFlightError::NotOwner)
+    );
+    assert_eq!(ch.in_flight(ids[0]).unwrap().deadline, clk.at(1000));
+}
+
+// -------------------------------------------------------------------------------- REQ
+
+#[test]
+fn req_zero_puts_the_message_back_at_once() {
+    let clk = Clock::new();
+    let (mut t, c, ids) = delivered(1, clk.at(0));
+    let ch = chan(&mut t, "ch");
+    ch.requeue(&c, ids[0], Duration::ZERO, clk.at(10)).unwrap();
+    assert_eq!((ch.in_flight_count(), ch.deferred_count()), (0, 0));
+    assert_eq!(depth(&t, "ch"), 1);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(10)), 1);
+    let f = frames(&c);
+    assert_eq!((f[0].id, f[0].attempts), (ids[0], 2));
+}
+
+#[test]
+fn req_with_a_delay_defers_until_due_and_not_before() {
+    let clk = Clock::new();
+    let (mut t, c, ids) = delivered(1, clk.at(0));
+    chan(&mut t, "ch")
+        .requeue(&c, ids[0], ms(5000), clk.at(100))
+        .unwrap();
+    assert_eq!(chan(&mut t, "ch").deferred_count(), 1);
+    assert_eq!(depth(&t, "ch"), 0, "deferred messages are not in depth");
+    assert_eq!(chan(&mut t, "ch").process_timers(clk.at(5099)), 0);
+    assert_eq!(
+        dispatch(&mut t, "ch", clk.at(5099)),
+        0,
+        "not before it is due"
+    );
+    assert_eq!(chan(&mut t, "ch").process_timers(clk.at(5100)), 1);
+    assert_eq!(chan(&mut t, "ch").deferred_count(), 0);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(5100)), 1);
+    assert_eq!(frames(&c)[0].attempts, 2);
+}
+
+#[test]
+fn deferred_messages_come_due_in_due_order() {
+    let clk = Clock::new();
+    let (mut t, c, ids) = delivered(3, clk.at(0));
+    let ch = chan(&mut t, "ch");
+    ch.requeue(&c, ids[0], ms(3000), clk.at(0)).unwrap();
+    ch.requeue(&c, ids[1], ms(1000), clk.at(0)).unwrap();
+    ch.requeue(&c, ids[2], ms(2000), clk.at(0)).unwrap();
+    assert_eq!(ch.process_timers(clk.at(1000)), 1);
+    assert_eq!(ch.process_timers(clk.at(2500)), 1);
+    assert_eq!(ch.process_timers(clk.at(3000)), 1);
+    dispatch(&mut t, "ch", clk.at(3000));
+    assert_eq!(bodies(&frames(&c)), ["m1", "m2", "m0"]);
+}
+
+#[test]
+fn req_counts_on_channel_and_client_delayed_or_not() {
+    let clk = Clock::new();
+    let (mut t, c, ids) = delivered(2, clk.at(0));
+    let ch = chan(&mut t, "ch");
+    ch.requeue(&c, ids[0], Duration::ZERO, clk.at(0)).unwrap();
+    ch.requeue(&c, ids[1], ms(100), clk.at(0)).unwrap();
+    assert_eq!(ch.requeue_count(), 2);
+    assert_eq!(ch.timeout_count(), 0);
+    assert_eq!((c.requeue_count(), c.in_flight_count()), (2, 0));
+}
+
+#[test]
+fn req_of_a_message_not_in_flight_or_not_owned_fails_and_changes_nothing() {
+    let clk = Clock::new();
+    let (mut t, c, ids) = delivered(1, clk.at(0));
+    let other = client(2);
+    let ch = chan(&mut t, "ch");
+    assert_eq!(
+        ch.requeue(&c, MessageId(12345), Duration::ZERO, clk.at(0)),
+        Err(InFlightError::NotInFlight)
+    );
+    assert_eq!(
+        ch.requeue(&other, ids[0], Duration::ZERO, clk.at(0)),
+        Err(InFlightError::NotOwner)
+    );
+    assert_eq!((ch.in_flight_count(), ch.requeue_count()), (1, 0));
+    assert_eq!((c.in_flight_count(), other.requeue_count()), (1, 0));
+}
+
+#[test]
+fn req_timeout_is_clamped_to_zero_and_max_req_timeout() {
+    let max = ms(3_600_000);
+    assert_eq!(clamp_req_timeout(0, max), (Duration::ZERO, false));
+    assert_eq!(clamp_req_timeout(1500, max), (ms(1500), false));
+    assert_eq!(clamp_req_timeout(3_600_000, max), (max, false));
+    assert_eq!(clamp_req_timeout(3_600_001, max), (max, true));
+    assert_eq!(clamp_req_timeout(i64::MAX, max), (max, true));
+    assert_eq!(clamp_req_timeout(-1, max), (Duration::ZERO, true));
+}
+
+// ------------------------------------------------------------------ deferred publishes
+
+#[test]
+fn dpub_is_delivered_at_its_due_time_and_not_before() {
+    let clk = Clock::new();
+    let mut t = topic_with("ch");
+    let c = client(1);
+    sub(&mut t, "ch", &c);
+    let due = Instant::now() + ms(60_000);
+    t.publish([Bytes::from_static(b"later")], Some(due), MQ);
+    publish(&mut t, 0, 1);
+    assert_eq!(depth(&t, "ch"), 1, "only the undeferred one is ready");
+    assert_eq!(dispatch(&mut t, "ch", clk.at(0)), 1);
+    let f = frames(&c);
+    assert_eq!(bodies(&f), ["m0"]);
+    chan(&mut t, "ch").finish(&c, f[0].id).unwrap();
+    assert_eq!(chan(&mut t, "ch").process_timers(due - ms(1)), 0);
+    assert_eq!(dispatch(&mut t, "ch", due - ms(1)), 0);
+    assert_eq!(chan(&mut t, "ch").process_timers(due), 1);
+    assert_eq!(dispatch(&mut t, "ch", due), 1);
+    let f = frames(&c);
+    assert_eq!((f[0].body.as_str(), f[0].attempts), ("later", 1));
+}
+
+#[test]
+fn a_record_deferred_in_the_past_is_delivered_at_once() {
+    let clk = Clock::new();
+    let mut t = topic_with("ch");
+    let c = client(1);
+    sub(&mut t, "ch", &c);
+    t.publish([Bytes::from_static(b"due")], Some(clk.at(0)), MQ);
+    assert_eq!(chan(&mut t, "ch").deferred_count(), 0);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(1)), 1);
+}
+
+// ------------------------------------------------------------------------ RDY windows
+
+#[test]
+fn no_more_in_flight_than_rdy_and_the_window_is_not_used_up() {
+    let clk = Clock::new();
+    let mut t = topic_with("ch");
+    let c = client_with(1, 2, 1000);
+    sub(&mut t, "ch", &c);
+    publish(&mut t, 0, 5);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(0)), 2);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(1)), 0, "window full");
+    assert_eq!(c.in_flight_count(), 2);
+    assert!(!c.is_ready());
+    let ids: Vec<_> = frames(&c).iter().map(|f| f.id).collect();
+    chan(&mut t, "ch").finish(&c, ids[0]).unwrap();
+    assert!(
+        c.is_ready(),
+        "a FIN opens the window again without a new RDY"
+    );
+    assert_eq!(dispatch(&mut t, "ch", clk.at(2)), 1);
+    assert_eq!(chan(&mut t, "ch").in_flight_count(), 2);
+    assert_eq!(depth(&t, "ch"), 2);
+}
+
+#[test]
+fn rdy_zero_stops_delivery() {
+    let clk = Clock::new();
+    let mut t = topic_with("ch");
+    let c = client_with(1, 0, 1000);
+    sub(&mut t, "ch", &c);
+    publish(&mut t, 0, 3);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(0)), 0);
+    assert_eq!(depth(&t, "ch"), 3);
+    c.set_ready_count(1);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(1)), 1);
+    c.set_ready_count(0);
+    frames(&c);
+    chan(&mut t, "ch")
+        .requeue(&c, MessageId(0), Duration::ZERO, clk.at(2))
+        .ok();
+    assert_eq!(dispatch(&mut t, "ch", clk.at(3)), 0);
+    assert!(frames(&c).is_empty());
+}
+
+#[test]
+fn lowering_rdy_below_in_flight_waits_until_in_flight_drops_below_it() {
+    let clk = Clock::new();
+    let (mut t, c, ids) = delivered(3, clk.at(0));
+    publish(&mut t, 3, 2);
+    c.set_ready_count(2);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(1)), 0);
+    chan(&mut t, "ch").finish(&c, ids[0]).unwrap();
+    assert_eq!(dispatch(&mut t, "ch", clk.at(2)), 0, "2 in flight, RDY 2");
+    chan(&mut t, "ch").finish(&c, ids[1]).unwrap();
+    assert_eq!(dispatch(&mut t, "ch", clk.at(3)), 1);
+}
+
+#[test]
+fn ready_clients_take_turns() {
+    let clk = Clock::new();
+    let mut t = topic_with("ch");
+    let (a, b) = (client(1), client(2));
+    sub(&mut t, "ch", &a);
+    sub(&mut t, "ch", &b);
+    publish(&mut t, 0, 4);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(0)), 4);
+    assert_eq!(bodies(&frames(&a)), ["m0", "m2"]);
+    assert_eq!(bodies(&frames(&b)), ["m1", "m3"]);
+}
+
+#[test]
+fn a_client_that_is_not_subscribed_or_closed_gets_nothing() {
+    let clk = Clock::new();
+    let mut t = topic_with("ch");
+    let c = client(1);
+    sub(&mut t, "ch", &c);
+    publish(&mut t, 0, 1);
+    c.set_state(ClientState::Closing);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(0)), 0);
+    c.set_state(ClientState::Subscribed);
+    c.kill();
+    assert_eq!(dispatch(&mut t, "ch", clk.at(0)), 0);
+    assert_eq!(depth(&t, "ch"), 1);
+}
+
+// ---------------------------------------------------------------------- topic backlog
+
+#[test]
+fn the_first_channel_takes_the_topics_backlog_later_ones_only_new_messages() {
+    let clk = Clock::new();
+    let mut t = Topic::new("t", 1);
+    publish(&mut t, 0, 3);
+    assert_eq!(t.depth(), 3, "no channel: the messages wait in the topic");
+    t.create_channel("first", MQ);
+    assert_eq!(t.depth(), 0);
+    assert_eq!(depth(&t, "first"), 3);
+    assert_eq!(t.channels["first"].message_count(), 3);
+    t.create_channel("second", MQ);
+    assert_eq!(depth(&t, "second"), 0);
+    publish(&mut t, 3, 1);
+    assert_eq!((depth(&t, "first"), depth(&t, "second")), (4, 1));
+    let c = client(1);
+    sub(&mut t, "second", &c);
+    dispatch(&mut t, "second", clk.at(0));
+    assert_eq!(bodies(&frames(&c)), ["m3"]);
+}
+
+#[test]
+fn without_channels_messages_pile_up_in_the_topic_again() {
+    let mut t = topic_with("ch");
+    publish(&mut t, 0, 2);
+    t.channels.remove("ch");
+    publish(&mut t, 2, 3);
+    assert_eq!(t.depth(), 3);
+    t.create_channel("new", MQ);
+    assert_eq!((t.depth(), depth(&t, "new")), (0, 3));
+}
+
+#[test]
+fn a_paused_topic_keeps_its_messages_until_unpaused() {
+    let mut t = topic_with("ch");
+    t.paused = true;
+    publish(&mut t, 0, 2);
+    assert_eq!((t.depth(), depth(&t, "ch")), (2, 0));
+    t.paused = false;
+    t.pump(MQ);
+    assert_eq!((t.depth(), depth(&t, "ch")), (0, 2));
+}
+
+// ------------------------------------------------------------------ #ephemeral overflow
+
+#[test]
+fn an_ephemeral_channel_drops_the_oldest_beyond_mem_queue_size() {
+    let clk = Clock::new();
+    let mut t = Topic::new("t", 1);
+    t.create_channel("c#ephemeral", 3);
+    let c = client(1);
+    sub(&mut t, "c#ephemeral", &c);
+    c.set_ready_count(0);
+    t.publish((0..5).map(|i| Bytes::from(format!("m{i}"))), None, 3);
+    assert_eq!(depth(&t, "c#ephemeral"), 3);
+    c.set_ready_count(10);
+    assert_eq!(dispatch(&mut t, "c#ephemeral", clk.at(0)), 3);
+    assert_eq!(bodies(&frames(&c)), ["m2", "m3", "m4"]);
+}
+
+#[test]
+fn a_durable_channel_keeps_what_exceeds_mem_queue_size() {
+    let mut t = Topic::new("t", 1);
+    t.create_channel("c", 3);
+    t.publish((0..5).map(|i| Bytes::from(format!("m{i}"))), None, 3);
+    assert_eq!(depth(&t, "c"), 5);
+}
+
+#[test]
+fn an_ephemeral_topic_without_channels_drops_beyond_mem_queue_size() {
+    let mut t = Topic::new("t#ephemeral", 1);
+    let (n, _) = t.publish((0..5).map(|i| Bytes::from(format!("m{i}"))), None, 3);
+    assert_eq!((n, t.depth(), t.message_count), (3, 3, 5));
+}
+
+// ------------------------------------------------------------------------------ empty
+
+#[test]
+fn empty_clears_in_flight_deferred_requeued_and_backlog() {
+    let clk = Clock::new();
+    let (mut t, c, ids) = delivered(3, clk.at(0));
+    publish(&mut t, 3, 2);
+    let ch = chan(&mut t, "ch");
+    ch.requeue(&c, ids[0], Duration::ZERO, clk.at(1)).unwrap();
+    ch.requeue(&c, ids[1], ms(500), clk.at(1)).unwrap();
+    assert_eq!((ch.in_flight_count(), ch.deferred_count()), (1, 1));
+    assert_eq!(depth(&t, "ch"), 3);
+    t.channels.get_mut("ch").unwrap().empty(&t.log);
+    let ch = &t.channels["ch"];
+    assert_eq!(ch.depth(&t.log), 0);
+    assert_eq!((ch.in_flight_count(), ch.deferred_count()), (0, 0));
+    assert_eq!(c.in_flight_count(), 0, "consumers' in_flight zeroed");
+    let ch = chan(&mut t, "ch");
+    assert_eq!(ch.next_timer(), None);
+    assert_eq!(ch.process_timers(clk.at(10_000)), 0);
+    assert_eq!(ch.finish(&c, ids[2]), Err(InFlightError::NotInFlight));
+}
+
+#[test]
+fn after_empty_new_messages_are_delivered() {
+    let clk = Clock::new();
+    let (mut t, c, _) = delivered(2, clk.at(0));
+    t.channels.get_mut("ch").unwrap().empty(&t.log);
+    publish(&mut t, 2, 1);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(1)), 1);
+    assert_eq!(bodies(&frames(&c)), ["m2"]);
+}
+
+// ------------------------------------------------------------------------ delete
+
+#[test]
+fn close_clients_closes_every_subscriber() {
+    let mut t = topic_with("ch");
+    let (a, b) = (client(1), client(2));
+    sub(&mut t, "ch", &a);
+    sub(&mut t, "ch", &b);
+    let ch = chan(&mut t, "ch");
+    ch.close_clients();
+    assert!(ch.clients().is_empty());
+    for c in [&a, &b] {
+        assert_eq!(c.state(), ClientState::Closing);
+        assert!(c.closed.get());
+        assert!(!c.is_ready());
+    }
+}
+
+// ------------------------------------------------------------------------------ pause
+
+#[test]
+fn a_paused_channel_delivers_nothing_and_accumulates() {
+    let clk = Clock::new();
+    let (mut t, c, ids) = delivered(1, clk.at(0));
+    chan(&mut t, "ch").set_paused(true);
+    publish(&mut t, 1, 2);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(1)), 0);
+    assert_eq!(depth(&t, "ch"), 2);
+    // In-flight messages are unaffected.
+    chan(&mut t, "ch").finish(&c, ids[0]).unwrap();
+    chan(&mut t, "ch").set_paused(false);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(2)), 2);
+    assert_eq!(bodies(&frames(&c)), ["m1", "m2"]);
+}
+
+#[test]
+fn in_flight_times_out_while_paused_but_waits_for_unpause() {
+    let clk = Clock::new();
+    let (mut t, c, ids) = delivered(1, clk.at(0));
+    chan(&mut t, "ch").set_paused(true);
+    assert_eq!(chan(&mut t, "ch").process_timers(clk.at(1000)), 1);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(1001)), 0);
+    assert_eq!(depth(&t, "ch"), 1);
+    chan(&mut t, "ch").set_paused(false);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(1002)), 1);
+    let f = frames(&c);
+    assert_eq!((f[0].id, f[0].attempts), (ids[0], 2));
+}
+
+// -------------------------------------------------------------------------------- FIN
+
+#[test]
+fn fin_of_an_unknown_id_fails() {
+    let clk = Clock::new();
+    let (mut t, c, _) = delivered(1, clk.at(0));
+    let ch = chan(&mut t, "ch");
+    assert_eq!(
+        ch.finish(&c, MessageId(0xdead)),
+        Err(InFlightError::NotInFlight)
+    );
+    assert_eq!(ch.in_flight_count(), 1);
+    assert_eq!(InFlightError::NotInFlight.to_string(), "ID not in flight");
+}
+
+#[test]
+fn fin_of_another_clients_message_fails_and_the_owner_can_still_fin() {
+    let clk = Clock::new();
+    let (mut t, c, ids) = delivered(1, clk.at(0));
+    let other = client(2);
+    let ch = chan(&mut t, "ch");
+    assert_eq!(ch.finish(&other, ids[0]), Err(InFlightError::NotOwner));
+    assert_eq!(
+        InFlightError::NotOwner.to_string(),
+        "client does not own message"
+    );
+    assert_eq!(other.finish_count(), 0);
+    ch.finish(&c, ids[0]).unwrap();
+    assert_eq!(
+        ch.finish(&c, ids[0]),
+        Err(InFlightError::NotInFlight),
+        "twice"
+    );
+}
+
+#[test]
+fn fin_counts_and_frees_a_slot() {
+    let clk = Clock::new();
+    let (mut t, c, ids) = delivered(2, clk.at(0));
+    let ch = chan(&mut t, "ch");
+    ch.finish(&c, ids[1]).unwrap();
+    assert_eq!((c.finish_count(), c.in_flight_count()), (1, 1));
+    assert_eq!(ch.in_flight_count(), 1);
+    assert!(ch.in_flight(ids[1]).is_none());
+    assert_eq!(ch.requeue_count(), 0);
+}
+
+// ---------------------------------------------------------------- client disconnect
+
+#[test]
+fn a_gone_clients_in_flight_times_out_then_goes_to_another_client() {
+    let clk = Clock::new();
+    let (mut t, c, ids) = delivered(1, clk.at(0));
+    let other = client(2);
+    sub(&mut t, "ch", &other);
+    chan(&mut t, "ch").remove_client(c.id());
+    // Not requeued at once (nsqd): still in flight until its timeout.
+    assert_eq!(chan(&mut t, "ch").in_flight_count(), 1);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(10)), 0);
+    assert_eq!(
+        chan(&mut t, "ch").finish(&other, ids[0]),
+        Err(InFlightError::NotOwner)
+    );
+    assert_eq!(chan(&mut t, "ch").process_timers(clk.at(1000)), 1);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(1000)), 1);
+    let f = frames(&other);
+    assert_eq!((f[0].id, f[0].attempts), (ids[0], 2));
+    assert_eq!(chan(&mut t, "ch").clients().len(), 1);
+}
+
+#[test]
+fn add_client_twice_keeps_one_and_the_consumer_limit_refuses_more() {
+    let mut t = topic_with("ch");
+    let (a, b) = (client(1), client(2));
+    let ch = chan(&mut t, "ch");
+    ch.add_client(a.clone(), 1).unwrap();
+    ch.add_client(a.clone(), 1).unwrap();
+    assert_eq!(ch.clients().len(), 1);
+    let e = ch.add_client(b.clone(), 1).unwrap_err();
+    assert_eq!(e, ConsumerLimit { max: 1 });
+    assert_eq!(e.to_string(), "exceeds limit of 1");
+    ch.add_client(b, 0).unwrap();
+    assert_eq!(ch.clients().len(), 2, "0 = unlimited");
+}
+
+// --------------------------------------------------------------------------- attempts
+
+#[test]
+fn attempts_grow_by_one_per_delivery() {
+    let clk = Clock::new();
+    let (mut t, c, ids) = delivered(1, clk.at(0));
+    let mut now = 0;
+    for want in 2..=5u16 {
+        chan(&mut t, "ch")
+            .requeue(&c, ids[0], Duration::ZERO, clk.at(now))
+            .unwrap();
+        now += 10;
+        dispatch(&mut t, "ch", clk.at(now));
+        assert_eq!(frames(&c)[0].attempts, want);
+    }
+    // A timeout counts the same as a REQ.
+    chan(&mut t, "ch").process_timers(clk.at(now + 1000));
+    dispatch(&mut t, "ch", clk.at(now + 1000));
+    assert_eq!(frames(&c)[0].attempts, 6);
+}
+
+// --------------------------------------------------------------------------- ordering
+
+#[test]
+fn messages_go_out_in_publish_order() {
+    let clk = Clock::new();
+    let mut t = topic_with("ch");
+    let c = client(1);
+    sub(&mut t, "ch", &c);
+    publish(&mut t, 0, 10);
+    dispatch(&mut t, "ch", clk.at(0));
+    let f = frames(&c);
+    let want: Vec<String> = (0..10).map(|i| format!("m{i}")).collect();
+    assert_eq!(
+        bodies(&f),
+        want.iter().map(String::as_str).collect::<Vec<_>>()
+    );
+    assert!(f.windows(2).all(|w| w[0].id < w[1].id), "ids ascend");
+}
+
+#[test]
+fn requeued_messages_go_before_unread_ones() {
+    let clk = Clock::new();
+    let mut t = topic_with("ch");
+    let c = client_with(1, 1, 1000);
+    sub(&mut t, "ch", &c);
+    publish(&mut t, 0, 3);
+    dispatch(&mut t, "ch", clk.at(0));
+    let id = frames(&c)[0].id;
+    chan(&mut t, "ch")
+        .requeue(&c, id, Duration::ZERO, clk.at(1))
+        .unwrap();
+    dispatch(&mut t, "ch", clk.at(2));
+    assert_eq!(bodies(&frames(&c)), ["m0"]);
+}
+
+// ------------------------------------------------------------------ depth and counters
+
+#[test]
+fn depth_counts_ready_messages_only() {
+    let clk = Clock::new();
+    let mut t = topic_with("ch");
+    let c = client_with(1, 3, 1000);
+    sub(&mut t, "ch", &c);
+    publish(&mut t, 0, 5);
+    assert_eq!(depth(&t, "ch"), 5);
+    dispatch(&mut t, "ch", clk.at(0));
+    assert_eq!(depth(&t, "ch"), 2, "in flight is not depth");
+    let ids: Vec<_> = frames(&c).iter().map(|f| f.id).collect();
+    let ch = chan(&mut t, "ch");
+    ch.requeue(&c, ids[0], ms(100), clk.at(1)).unwrap();
+    assert_eq!(depth(&t, "ch"), 2, "deferred is not depth");
+    chan(&mut t, "ch")
+        .requeue(&c, ids[1], Duration::ZERO, clk.at(1))
+        .unwrap();
+    assert_eq!(depth(&t, "ch"), 3, "requeued is depth");
+    let ch = &t.channels["ch"];
+    assert_eq!((ch.in_flight_count(), ch.deferred_count()), (1, 1));
+    assert_eq!(ch.pending_count(), 3);
+}
+
+#[test]
+fn message_and_client_counters() {
+    let clk = Clock::new();
+    let mut t = topic_with("ch");
+    let c = client(1);
+    sub(&mut t, "ch", &c);
+    publish(&mut t, 0, 3);
+    publish(&mut t, 3, 2);
+    assert_eq!(t.channels["ch"].message_count(), 5);
+    dispatch(&mut t, "ch", clk.at(0));
+    assert_eq!((c.message_count(), c.in_flight_count()), (5, 5));
+    let id = frames(&c)[0].id;
+    chan(&mut t, "ch")
+        .requeue(&c, id, Duration::ZERO, clk.at(1))
+        .unwrap();
+    dispatch(&mut t, "ch", clk.at(2));
+    assert_eq!(c.message_count(), 6, "a redelivery counts for the client");
+    assert_eq!(
+        t.channels["ch"].message_count(),
+        5,
+        "but not for the channel"
+    );
+}
