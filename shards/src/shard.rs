@@ -1128,3 +1128,132 @@ fn topic_e2e(t: &crate::topic::Topic, opts: &Options, now: i64) -> E2eLatency {
     E2eLatency::from_result(agg.result(now))
 }
 
+#[cfg(test)]
+mod tests {
+    //! SUB, pause and delete through the shard (no store, no runtime needed).
+    use super::*;
+    use crate::client::ClientSettings;
+
+    fn client(shard: &Shard) -> Rc<Client> {
+        let c = Rc::new(Client::new(
+            shard.new_client_id(),
+            "127.0.0.1:1".into(),
+            ClientSettings {
+                client_id: "c".into(),
+                hostname: "h".into(),
+                user_agent: String::new(),
+                heartbeat_interval: None,
+                output_buffer_size: 16384,
+                output_buffer_timeout: Duration::from_millis(250),
+                sample_rate: 0,
+                msg_timeout: Duration::from_secs(60),
+                identified: false,
+            },
+        ));
+        shard.register_client(&c);
+        c
+    }
+
+    fn shard(max_channel_consumers: usize) -> Shard {
+        Shard::new(
+            0,
+            1,
+            0,
+            Options {
+                max_channel_consumers,
+                ..Options::default()
+            },
+        )
+    }
+
+    fn in_flight(s: &Shard, t: &str, c: &str) -> usize {
+        s.topics.borrow()[t].channels[c].in_flight_count()
+    }
+
+    #[test]
+    fn sub_beyond_max_channel_consumers_is_refused_with_nsqds_text() {
+        let s = shard(1);
+        let (a, b) = (client(&s), client(&s));
+        s.subscribe(&a, "t", "c").unwrap();
+        assert_eq!(a.state(), ClientState::Subscribed);
+        assert_eq!(a.subscription(), Some(("t".into(), "c".into())));
+        let e = s.subscribe(&b, "t", "c").unwrap_err();
+        assert_eq!(
+            e,
+            SubError::TooManyConsumers {
+                topic: "t".into(),
+                channel: "c".into(),
+                max: 1
+            }
+        );
+        assert_eq!(e.to_string(), "consumers for t:c exceeds limit of 1");
+        assert_eq!(b.state(), ClientState::Init);
+        assert_eq!(b.subscription(), None);
+        // Another channel of the topic is not affected.
+        s.subscribe(&b, "t", "d").unwrap();
+    }
+
+    #[test]
+    fn sub_while_exiting_is_refused() {
+        let s = shard(0);
+        let c = client(&s);
+        s.shutdown.set();
+        let e = s.subscribe(&c, "t", "c").unwrap_err();
+        assert_eq!(
+            (e.clone(), e.to_string()),
+            (SubError::Exiting, "exiting".into())
+        );
+        assert!(s.topics.borrow().is_empty(), "nothing created");
+    }
+
+    #[test]
+    fn pause_channel_stops_delivery_and_unpause_resumes_it() {
+        let s = shard(0);
+        let c = client(&s);
+        s.subscribe(&c, "t", "c").unwrap();
+        c.set_ready_count(10);
+        s.admin(AdminOp::PauseChannel("t".into(), "c".into(), true))
+            .unwrap();
+        s.publish_local("t", vec![Bytes::from_static(b"a")], None)
+            .unwrap();
+        assert_eq!(in_flight(&s, "t", "c"), 0);
+        s.client_ready_changed(&c);
+        assert_eq!(in_flight(&s, "t", "c"), 0, "still paused");
+        s.admin(AdminOp::PauseChannel("t".into(), "c".into(), false))
+            .unwrap();
+        assert_eq!(in_flight(&s, "t", "c"), 1, "unpause delivers");
+        assert_eq!(c.message_count(), 1);
+    }
+
+    #[test]
+    fn delete_channel_closes_its_consumers_and_forgets_its_messages() {
+        let s = shard(0);
+        let c = client(&s);
+        s.subscribe(&c, "t", "c").unwrap();
+        c.set_ready_count(10);
+        s.publish_local("t", vec![Bytes::from_static(b"a")], None)
+            .unwrap();
+        assert_eq!(in_flight(&s, "t", "c"), 1);
+        s.admin(AdminOp::DeleteChannel("t".into(), "c".into()))
+            .unwrap();
+        assert!(c.closed.get());
+        assert_eq!(c.state(), ClientState::Closing);
+        assert!(!s.topics.borrow()["t"].channels.contains_key("c"));
+        assert_eq!(
+            s.admin(AdminOp::DeleteChannel("t".into(), "c".into())),
+            Err(AdminError::ChannelNotFound)
+        );
+        // FIN of what was in flight fails now.
+        let id = MessageId(0);
+        assert!(s.finish(&c, id).is_err());
+    }
+
+    #[test]
+    fn ephemeral_channel_and_topic_go_with_their_last_client() {
+        let s = shard(0);
+        let c = client(&s);
+        s.subscribe(&c, "t#ephemeral", "c#ephemeral").unwrap();
+        s.client_gone(&c);
+        assert!(s.topics.borrow().is_empty());
+    }
+}
