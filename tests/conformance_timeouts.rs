@@ -73,7 +73,9 @@ fn msg_timeout_flag_requeues_after_about_one_second() {
                 el >= Duration::from_millis(900),
                 "redelivered after {el:?}, before msg-timeout"
             );
-            assert!(el < Duration::from_millis(3000), "redelivered after {el:?}");
+            // Upper bound widened from 3 s: the timeout's precision is checked with an
+            // injected clock in shards/src/channel/tests.rs (msg timeout group).
+            assert!(el < Duration::from_secs(10), "redelivered after {el:?}");
             let third = read_msg(&mut c);
             assert_eq!(third.attempts, 3, "attempts keep counting");
             send(&mut c, &line(&format!("FIN {}", third.id)));
@@ -99,8 +101,10 @@ fn many_in_flight_messages_all_time_out() {
     send(&mut c, b"RDY 0\n");
     let start = Instant::now();
     b.wait_channel_field("many_to", "ch", "timeout_count", 100);
+    // Upper bound widened from 2.5 s: timeout precision is unit-tested with an injected
+    // clock (shards/src/channel/tests.rs); this checks that all of them time out.
     assert!(
-        start.elapsed() < Duration::from_millis(2500),
+        start.elapsed() < Duration::from_secs(10),
         "{:?}",
         start.elapsed()
     );
@@ -153,7 +157,9 @@ fn touch_uses_the_clients_msg_timeout() {
         el >= Duration::from_millis(1350),
         "timed out {el:?} after delivery despite TOUCH at 500 ms"
     );
-    assert!(el < Duration::from_millis(3500), "{el:?}");
+    // Upper bound widened from 3.5 s (TOUCH's new deadline is unit-tested with an
+    // injected clock in shards/src/channel/tests.rs); the broker's 60 s would exceed it.
+    assert!(el < Duration::from_secs(10), "{el:?}");
 }
 
 #[test]
@@ -175,6 +181,10 @@ fn touch_cannot_extend_past_max_msg_timeout() {
     assert_eq!(again.id, m.id);
     assert_eq!(again.attempts, 2);
     assert!(el >= Duration::from_millis(900), "{el:?}");
+    // Kept at 1.5 s: this bound is the rule itself (without the cap the message would
+    // come back at about 1.8 s), and the only end-to-end check that --max-msg-timeout
+    // reaches the channel; the cap's arithmetic is unit-tested in
+    // shards/src/channel/tests.rs.
     assert!(
         el < Duration::from_millis(1500),
         "TOUCH extended past max-msg-timeout: redelivered after {el:?}"
@@ -209,7 +219,9 @@ fn req_with_delay_defers_the_message() {
                 el >= Duration::from_millis(650),
                 "shards={shards}: redelivered after {el:?}"
             );
-            assert!(el < Duration::from_millis(3000), "{el:?}");
+            // Upper bound widened from 3 s: deferred delivery at the due time (and not
+            // before) is unit-tested with an injected clock (shards/src/channel/tests.rs).
+            assert!(el < Duration::from_secs(10), "{el:?}");
         }
     }
 }
@@ -244,8 +256,10 @@ fn req_timeout_is_clamped_to_max_req_timeout() {
     assert_eq!(again.id, m.id);
     assert_eq!(again.attempts, 2);
     assert!(el >= Duration::from_millis(900), "{el:?}");
+    // Upper bound widened from 3 s: unclamped, the delay would be 1 hour; the clamp and
+    // deferred timing are unit-tested (shards/src/channel/tests.rs).
     assert!(
-        el < Duration::from_millis(3000),
+        el < Duration::from_secs(10),
         "REQ delay was not clamped: {el:?}"
     );
     assert_eq!(

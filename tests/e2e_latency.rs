@@ -37,8 +37,9 @@ fn fin_latencies_fill_stats() {
                 "--e2e-processing-latency-window-time=10m",
             ],
         );
-        // Several topics, so some are owned by another shard than the connection's.
-        for topic in ["t0", "t1", "t2"] {
+        // Topics on every shard (picked by the broker's hash), so some are owned by
+        // another shard than the connection's.
+        for topic in &topic_names("t", 4) {
             let mut s = b.connect_v2();
             s.write_all(format!("SUB {topic} c\nRDY 10\n").as_bytes())
                 .unwrap();

@@ -231,12 +231,11 @@ fn pub_sub_over_tls_across_shards() {
     let pki = Pki::new();
     for shards in SHARD_COUNTS {
         let b = start(shards, &pki, &[]);
-        // Several topics: with more than one shard most are owned by a shard other than
-        // the one that accepted the connection, so SUB (and the first PUB) hand the TLS
-        // session over mid-stream.
+        // Topics on every shard (picked by the broker's hash): with more than one shard
+        // some are owned by a shard other than the one that accepted the connection, so
+        // SUB (and the first PUB) hand the TLS session over mid-stream.
         let mut subs = Vec::new();
-        for t in 0..6 {
-            let topic = format!("tls_{shards}_{t}");
+        for topic in topic_names(&format!("tls_{shards}"), 6) {
             let mut sub = tls_conn(&b, &pki);
             sub_rdy(&mut sub, &topic, "ch");
             let mut publ = tls_conn(&b, &pki);

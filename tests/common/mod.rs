@@ -505,15 +505,17 @@ pub fn wait_until(within: Duration, mut f: impl FnMut() -> bool) -> bool {
     }
 }
 
-/// Test topic names spread over shards: with a fixed hash, several names make it very
-/// likely that some topics are owned by a different shard than the connection.
+/// Test topic names spread over shards by the broker's own hash
+/// ([`nsq_shards::owner_of`]): name `i` is owned by shard `i % s` for every shard count
+/// `s` in [`SHARD_COUNTS`] (1, 2 and 4), so `n >= s` names cover every shard and some
+/// topic is certainly owned by a shard other than the one a connection landed on.
 pub fn topic_names(prefix: &str, n: usize) -> Vec<String> {
     (0..n)
         .map(|i| {
-            format!(
-                "{prefix}_{i}_{}",
-                ["a", "bb", "ccc", "dddd", "e5", "f6", "g7", "h8"][i % 8]
-            )
+            (0..)
+                .map(|k| format!("{prefix}_{i}_{k}"))
+                .find(|name| nsq_shards::owner_of(name, 4) == i % 4)
+                .expect("some suffix hashes to each shard")
         })
         .collect()
 }
