@@ -2,7 +2,8 @@
 # The one command that runs every test of this repository:
 #
 #   1. cargo fmt --all -- --check
-#   2. cargo clippy --workspace --all-targets -- -D warnings
+#   2. cargo clippy --workspace --all-targets -- -D warnings, then
+#      RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps (no broken doc links)
 #   3. cargo build (debug: overflow checks and debug assertions stay on)
 #   4. cargo test --workspace, then the fuzz smoke: every fuzz target for 10 s
 #      (scripts/fuzz.sh; FUZZ_SMOKE_SECONDS, FUZZ_SMOKE_ENGINE=afl)
@@ -137,6 +138,7 @@ if [[ $CLIENTS_ONLY -eq 0 ]]; then
     echo "WARNING: clippy is not installed; skipping cargo clippy" >&2
     record SKIP "cargo clippy" "clippy not installed"
   fi
+  run_step "cargo doc" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 fi
 
 if [[ $MOCK -eq 1 ]]; then

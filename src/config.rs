@@ -110,6 +110,9 @@ pub(crate) fn default_node_id() -> u16 {
     override_usage = "nsqd [OPTIONS]",
     about = "A thread-per-core, shared-nothing drop-in replacement for nsqd (protocol V2, nsqd's HTTP API and flags)"
 )]
+// The field docs are the `--help` text, verbatim (`<addr>:<port>`, `[deprecated]` as
+// nsqd prints them), not Markdown for rustdoc.
+#[allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
 pub struct Cli {
     /// <addr>:<port> to listen on for TCP clients
     #[arg(long, default_value = "0.0.0.0:4150")]

@@ -36,6 +36,8 @@ impl Mode {
 /// duplicates per channel. Exits 1 on protocol errors or lost messages, 2 on bad usage.
 #[derive(Parser, Debug, Clone)]
 #[command(name = "nsq-bench", version)]
+// The field docs are the `--help` text, verbatim (`nsq_bench_<runid>`), not Markdown.
+#[allow(rustdoc::invalid_html_tags)]
 pub struct Args {
     /// pub, sub or pubsub
     #[arg(value_enum)]

@@ -13,7 +13,7 @@ use nsq_shards::ClientState;
 use nsqd::protocol::{self, Command, Context, Limits};
 use std::ops::Range;
 
-/// A fuzz target: its name (also its corpus folder, fuzz/corpus/<name>) and harness.
+/// A fuzz target: its name (also its corpus folder, `fuzz/corpus/<name>`) and harness.
 pub struct Target {
     pub name: &'static str,
     pub run: fn(&[u8]),

@@ -535,7 +535,7 @@ impl Shard {
     }
 
     /// Runs until shutdown: while some topic holds records not yet handed to its store,
-    /// every [`STORE_TICK`] lets go of the finished ones (never written) and hands the
+    /// every `STORE_TICK` lets go of the finished ones (never written) and hands the
     /// due ones over.
     pub async fn store_loop(self: Rc<Self>) {
         use futures::future::{select, Either};

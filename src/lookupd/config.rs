@@ -14,6 +14,9 @@ use std::time::Duration;
     disable_version_flag = true,
     about = "nsqlookupd: the NSQ directory service (TCP protocol V1 for nsqd, HTTP for clients)"
 )]
+// The field docs are the `--help` text, verbatim (`<addr>:<port>`, `[deprecated]` as
+// nsqd prints them), not Markdown for rustdoc.
+#[allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
 pub struct Cli {
     /// path to config file
     #[arg(long)]
@@ -56,7 +59,7 @@ pub struct Config {
     pub print_version: bool,
 }
 
-/// Parses the arguments (argv[0] first) and the config file they name. Errors are the
+/// Parses the arguments (`argv[0]` first) and the config file they name. Errors are the
 /// message to print before exiting with status 1; `--help` exits from clap.
 pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Config, String> {
     let matches = Cli::command().get_matches_from(crate::config::normalize_args(args));

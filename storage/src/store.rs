@@ -13,7 +13,7 @@
 //!   recovery of a segment a crash left open): its side index `<base>.idx`
 //!   ([`crate::index`]) holds its record count, sequence range and sparse index.
 //! * The segment being written is checkpointed too: after a sync, every
-//!   `--sync-timeout` or [`PARTIAL_EVERY`] bytes, `<base>.pidx` describes its synced
+//!   `--sync-timeout` or `PARTIAL_EVERY` bytes, `<base>.pidx` describes its synced
 //!   prefix (same format).
 //! * Recovery reads the index of each sealed segment and scans (CRC-checking every
 //!   record) only segments without a valid one: in practice the one being written when
@@ -199,7 +199,7 @@ pub struct ReadPos {
 pub struct Recovered {
     pub store: Rc<TopicStore>,
     /// The newest records of the newest segment (at most `keep` of them and about
-    /// [`TAIL_BYTES`] bytes), oldest first; older ones are read back when needed.
+    /// `TAIL_BYTES` bytes), oldest first; older ones are read back when needed.
     pub tail: VecDeque<StoredRecord>,
     /// The oldest sequence still on disk.
     pub first_seq: u64,

@@ -1,9 +1,11 @@
 //! In-process smoke fuzzer (no AFL needed): for each target, runs its corpus
-//! (fuzz/corpus/<target>/) and then mutated inputs for a time, and fails on a panic
-//! (an invariant or a crash; the input is saved under fuzz/artifacts/<target>/) or on one
-//! input that runs for over a second (a hang).
+//! (`fuzz/corpus/<target>/`) and then mutated inputs for a time, and fails on a panic
+//! (an invariant or a crash; the input is saved under `fuzz/artifacts/<target>/`) or on
+//! one input that runs for over a second (a hang).
 //!
-//!   fuzz-smoke [SECONDS_PER_TARGET] [TARGET...]     (default 10 s, every target)
+//! ```text
+//! fuzz-smoke [SECONDS_PER_TARGET] [TARGET...]     (default 10 s, every target)
+//! ```
 use nsq_fuzz::mutate::{mutate, Rng};
 use nsq_fuzz::{target, TARGETS};
 use std::panic::{catch_unwind, AssertUnwindSafe};
