@@ -544,14 +544,17 @@ fn snappy_negotiation_switches_both_directions() {
         let mut ok = [0u8; 10];
         dec.read_exact(&mut ok).unwrap();
         assert_eq!(ok.to_vec(), frame(0, b"OK"));
-        // A framed PUB to a topic on another shard (the producer is handed off) and SUB.
+        // Framed PUBs to a topic on every shard (picked by the broker's hash), so with
+        // more than one shard the producer is certainly handed off, then a SUB.
+        let topics = topic_names(&format!("snap_{shards}"), shards);
         let mut enc = snap::write::FrameEncoder::new(s.try_clone().unwrap());
-        enc.write_all(&pub_cmd(&format!("snap_{shards}"), b"compressed hello"))
-            .unwrap();
-        enc.flush().unwrap();
-        let mut resp = [0u8; 10];
-        dec.read_exact(&mut resp).unwrap();
-        assert_eq!(resp.to_vec(), frame(0, b"OK"), "shards={shards}");
+        for t in &topics {
+            enc.write_all(&pub_cmd(t, b"compressed hello")).unwrap();
+            enc.flush().unwrap();
+            let mut resp = [0u8; 10];
+            dec.read_exact(&mut resp).unwrap();
+            assert_eq!(resp.to_vec(), frame(0, b"OK"), "shards={shards} {t}");
+        }
         let mut c = b.connect_v2();
         c.write_all(&identify_cmd(
             r#"{"feature_negotiation":true,"snappy":true}"#,
@@ -565,7 +568,7 @@ fn snappy_negotiation_switches_both_directions() {
         let mut cok = [0u8; 10];
         cdec.read_exact(&mut cok).unwrap();
         let mut cenc = snap::write::FrameEncoder::new(c.try_clone().unwrap());
-        cenc.write_all(format!("SUB snap_{shards} ch\nRDY 1\n").as_bytes())
+        cenc.write_all(format!("SUB {} ch\nRDY 1\n", topics[0]).as_bytes())
             .unwrap();
         cenc.flush().unwrap();
         let mut sub_ok = [0u8; 10];
