@@ -450,7 +450,7 @@ pub async fn auth(cfg: &AuthConfig, client: &Client, secret: &[u8]) -> Result<Ve
     if !cfg.enabled() {
         return Err("E_AUTH_DISABLED AUTH disabled".into());
     }
-    *client.auth_secret.borrow_mut() = Some(secret.to_vec());
+    client.set_auth_secret(Some(secret.to_vec()));
     let state = query_client(cfg, client).await?;
     let resp = {
         let mut out = String::from("{");
@@ -465,7 +465,7 @@ pub async fn auth(cfg: &AuthConfig, client: &Client, secret: &[u8]) -> Result<Ve
         out.push('}');
         out
     };
-    *client.auth.borrow_mut() = Some(state);
+    client.set_auth(Some(state));
     if !client.has_authorizations() {
         return Err("E_UNAUTHORIZED AUTH no authorizations found".into());
     }
@@ -475,17 +475,16 @@ pub async fn auth(cfg: &AuthConfig, client: &Client, secret: &[u8]) -> Result<Ve
 /// Queries with the client's secret; a failure is logged (never shown to the client,
 /// as nsqd) and becomes `E_AUTH_FAILED AUTH failed`.
 async fn query_client(cfg: &AuthConfig, client: &Client) -> Result<AuthState, String> {
-    let secret = client.auth_secret.borrow().clone().unwrap_or_default();
+    let secret = client.auth_secret().unwrap_or_default();
     // nsqd: the TLS state and the client certificate's common name.
     let common_name = client
-        .tls
-        .borrow()
+        .tls()
         .as_ref()
         .map(|t| t.2.clone())
         .unwrap_or_default();
     let req = AuthRequest {
         remote_ip: remote_ip(client.remote_address()),
-        tls: client.tls.borrow().is_some(),
+        tls: client.tls().is_some(),
         common_name: &common_name,
         secret: &secret,
     };
@@ -517,17 +516,15 @@ pub async fn check(
         return Err(format!("E_AUTH_FIRST AUTH required before {cmd}"));
     }
     let expired = client
-        .auth
-        .borrow()
+        .auth()
         .as_ref()
         .is_some_and(|a| a.is_expired(Instant::now()));
     if expired {
         let state = query_client(cfg, client).await?;
-        *client.auth.borrow_mut() = Some(state);
+        client.set_auth(Some(state));
     }
     let allowed = client
-        .auth
-        .borrow()
+        .auth()
         .as_ref()
         .is_some_and(|a| a.is_allowed(topic, channel));
     if !allowed {

@@ -79,7 +79,7 @@ impl Encoder {
                 Ok(())
             }
             Encoder::Deflate(e) => {
-                remember_output(&mut client.deflate_out_history.borrow_mut(), data);
+                remember_output(&mut client.deflate_out_history_mut(), data);
                 e.encode(data, out)
             }
         }
@@ -586,7 +586,7 @@ async fn run_connection(
         client.clone(),
         handing_off.clone(),
     ));
-    let decoder = match Decoder::new(client.compression.get(), pending_raw, inflate_history) {
+    let decoder = match Decoder::new(client.compression(), pending_raw, inflate_history) {
         Ok(d) => d,
         Err(e) => {
             log::error!(
@@ -629,7 +629,7 @@ async fn run_connection(
                 );
                 return;
             };
-            client.closed.set(false);
+            client.set_closed(false);
             let h = HandOff {
                 fd,
                 client: client.snapshot(),
@@ -655,7 +655,7 @@ async fn run_connection(
 /// nsqd's deadlines: reads must arrive within 2 x heartbeat interval, each write within
 /// one interval; no deadlines with heartbeats disabled.
 fn apply_deadlines(stream: &SharedStream, client: &Client) {
-    let hb = client.settings.borrow().heartbeat_interval;
+    let hb = client.settings().heartbeat_interval;
     stream.set_read_timeout(hb.map(|d| d * 2));
     stream.set_write_timeout(hb);
 }
@@ -688,15 +688,15 @@ async fn reader_loop(
     let mut resume = protocol::Resume::default();
     loop {
         loop {
-            if client.closed.get() {
+            if client.is_closed() {
                 return Outcome::Closed;
             }
             // Backpressure: a client that does not read its replies stops being read
             // (nsqd blocks on its write the same way) instead of growing the buffer.
-            while client.out.borrow().len() > OUT_HIGH_WATER && !client.closed.get() {
-                client.flush_now.set(true);
-                client.wake.notify();
-                client.drained.wait().await;
+            while client.out().len() > OUT_HIGH_WATER && !client.is_closed() {
+                client.set_flush_now(true);
+                client.wake().notify();
+                client.drained().wait().await;
             }
             if server.cfg.tls_required != crate::config::TLS_NOT_REQUIRED && !stream.is_tls() {
                 // nsqd: enforceTLSPolicy, as soon as a command's line is read.
@@ -727,7 +727,7 @@ async fn reader_loop(
             }
             let ctx = Context {
                 state: client.state(),
-                heartbeats_enabled: client.settings.borrow().heartbeat_interval.is_some(),
+                heartbeats_enabled: client.settings().heartbeat_interval.is_some(),
                 limits,
                 eof,
             };
@@ -777,8 +777,8 @@ async fn reader_loop(
                             }
                             client.send_frame(FRAME_RESPONSE, b"OK");
                             if want != Compression::None {
-                                client.compression.set(want);
-                                client.compress_from.set(Some(client.out.borrow().len()));
+                                client.set_compression(want);
+                                client.set_compress_from(Some(client.out().len()));
                                 client.send_frame(FRAME_RESPONSE, b"OK");
                                 let Ok(d) = Decoder::new(want, Vec::new(), Vec::new()) else {
                                     return Outcome::Closed;
@@ -791,7 +791,7 @@ async fn reader_loop(
                             // follows it, read already or not, is compressed.
                             let rest = buf.split();
                             let Ok(Some(mut d)) =
-                                Decoder::new(client.compression.get(), Vec::new(), Vec::new())
+                                Decoder::new(client.compression(), Vec::new(), Vec::new())
                             else {
                                 return Outcome::Closed;
                             };
@@ -901,10 +901,10 @@ async fn upgrade_tls(
     let Some(cfg) = server.cfg.tls.clone() else {
         return Err(io::Error::other("TLS is not configured"));
     };
-    while !client.out.borrow().is_empty() && !client.closed.get() {
-        client.flush_now.set(true);
-        client.wake.notify();
-        client.drained.wait().await;
+    while !client.out().is_empty() && !client.is_closed() {
+        client.set_flush_now(true);
+        client.wake().notify();
+        client.drained().wait().await;
     }
     log::info!(
         "PROTOCOL(V2): [{}] upgrading connection to TLS",
@@ -917,7 +917,7 @@ async fn upgrade_tls(
     .await;
     match r {
         Ok(()) => {
-            *client.tls.borrow_mut() = stream.tls_info();
+            client.set_tls(stream.tls_info());
             Ok(())
         }
         Err(glommio::GlommioError::IoError(e)) => Err(e),
@@ -959,7 +959,7 @@ async fn exec(
         Command::Nop | Command::RdyIgnored => {}
         Command::Identify { body } => {
             let negotiated = {
-                let mut s = client.settings.borrow_mut();
+                let mut s = client.settings_mut();
                 match apply_identify(&frame[body], &mut s, &shard.opts) {
                     Ok(n) => n,
                     Err(e) => {
@@ -970,10 +970,8 @@ async fn exec(
             };
             apply_deadlines(stream, client);
             // nsqd's messagePump makes a new output-buffer ticker at IDENTIFY.
-            let obt = client.settings.borrow().output_buffer_timeout;
-            client
-                .output_ticker
-                .set(OutputTicker::new(Instant::now(), obt));
+            let obt = client.settings().output_buffer_timeout;
+            client.set_output_ticker(OutputTicker::new(Instant::now(), obt));
             if !negotiated.negotiate {
                 client.send_frame(FRAME_RESPONSE, b"OK");
                 return Ok(Upgrade::None);
@@ -984,7 +982,7 @@ async fn exec(
                     "E_IDENTIFY_FAILED cannot enable both deflate and snappy compression".into(),
                 );
             }
-            let current = client.compression.get();
+            let current = client.compression();
             let mut shown = negotiated;
             // A TLS connection is not upgraded twice (a repeated IDENTIFY).
             let tls = negotiated.tls_v1 && server.cfg.tls.is_some() && !stream.is_tls();
@@ -995,7 +993,7 @@ async fn exec(
                 shown.deflate = matches!(current, Compression::Deflate(_));
             }
             let resp = identify_response(
-                &client.settings.borrow(),
+                &client.settings(),
                 &shard.opts,
                 &shown,
                 server.cfg.auth.enabled(),
@@ -1018,8 +1016,8 @@ async fn exec(
             }
             if want != Compression::None {
                 // nsqd: the JSON reply goes out plain, then an OK over the new transport.
-                client.compression.set(want);
-                client.compress_from.set(Some(client.out.borrow().len()));
+                client.set_compression(want);
+                client.set_compress_from(Some(client.out().len()));
                 client.send_frame(FRAME_RESPONSE, b"OK");
                 return Ok(Upgrade::Compression);
             }
@@ -1043,9 +1041,9 @@ async fn exec(
         }
         Command::Rdy { count } => {
             client.set_ready_count(count);
-            if !client.is_ready() && !client.out.borrow().is_empty() {
-                client.flush_now.set(true);
-                client.wake.notify();
+            if !client.is_ready() && !client.out().is_empty() {
+                client.set_flush_now(true);
+                client.wake().notify();
             }
             shard.client_ready_changed(client);
         }
@@ -1180,17 +1178,17 @@ async fn writer_loop(
     let mut spare: Vec<u8> = Vec::with_capacity(16 * 1024);
     // A connection handed over from another shard may already be compressed.
     let mut encoder = {
-        let hist = client.deflate_out_history.borrow().clone();
-        Encoder::new(client.compression.get(), true, &hist)
+        let hist = client.deflate_out_history().clone();
+        Encoder::new(client.compression(), true, &hist)
             .ok()
             .flatten()
     };
-    let mut hb_interval = client.settings.borrow().heartbeat_interval;
+    let mut hb_interval = client.settings().heartbeat_interval;
     let mut next_hb = hb_interval.map(|d| Instant::now() + d);
     loop {
         let now = Instant::now();
         let (obs, obt, hb) = {
-            let s = client.settings.borrow();
+            let s = client.settings();
             (
                 s.output_buffer_size,
                 s.output_buffer_timeout,
@@ -1201,32 +1199,31 @@ async fn writer_loop(
             hb_interval = hb;
             next_hb = hb.map(|d| now + d);
         }
-        let closed = client.closed.get();
-        let len = client.out.borrow().len();
+        let closed = client.is_closed();
+        let len = client.out().len();
         if !client.is_ready() {
             // nsqd flushes a client that is not ready (buffer_message and RDY ask for it
             // with flush_now) and counts its messagePump as flushed.
-            client.pump_flushed.set(true);
+            client.set_pump_flushed(true);
         }
         // While messages went out since the last flush, the pump takes the ticks.
-        let mut ticker = client.output_ticker.get();
-        let tick = !client.pump_flushed.get() && ticker.due(now);
+        let mut ticker = client.output_ticker();
+        let tick = !client.pump_flushed() && ticker.due(now);
         if tick {
             ticker.take(now);
-            client.output_ticker.set(ticker);
-            client.pump_flushed.set(true);
+            client.set_output_ticker(ticker);
+            client.set_pump_flushed(true);
         }
-        let due =
-            len > 0 && (closed || client.flush_now.get() || obt.is_zero() || len >= obs || tick);
+        let due = len > 0 && (closed || client.flush_now() || obt.is_zero() || len >= obs || tick);
         if due {
-            std::mem::swap(&mut *client.out.borrow_mut(), &mut spare);
-            client.flush_now.set(false);
-            let res = match (client.compress_from.take(), encoder.as_mut()) {
+            std::mem::swap(&mut *client.out_mut(), &mut spare);
+            client.set_flush_now(false);
+            let res = match (client.take_compress_from(), encoder.as_mut()) {
                 (Some(off), _) => {
                     // The IDENTIFY reply (before `off`) goes out plain, the rest compressed.
                     let off = off.min(spare.len());
                     let mut framed = spare[..off].to_vec();
-                    match Encoder::new(client.compression.get(), false, &[]) {
+                    match Encoder::new(client.compression(), false, &[]) {
                         Ok(Some(mut enc)) => {
                             let r = enc.encode(&client, &spare[off..], &mut framed);
                             encoder = Some(enc);
@@ -1247,7 +1244,7 @@ async fn writer_loop(
                 }
                 (None, None) => stream.write_all(&spare).await,
             };
-            client.drained.notify();
+            client.drained().notify();
             server.shard.count_bytes_out(spare.len() as u64);
             // Keep the buffer's capacity while it is in use (a consumer with a large RDY
             // window gets RDY messages at once: regrowing from 16 KiB each time cost a
@@ -1257,7 +1254,7 @@ async fn writer_loop(
             }
             spare.clear();
             if res.is_err() {
-                client.closed.set(true);
+                client.set_closed(true);
                 break;
             }
             continue;
@@ -1273,13 +1270,13 @@ async fn writer_loop(
             }
         }
         let mut wake_at = next_hb;
-        if !client.pump_flushed.get() {
+        if !client.pump_flushed() {
             wake_at = match (wake_at, ticker.next_tick()) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
         }
-        let wait = pin!(client.wake.wait());
+        let wait = pin!(client.wake().wait());
         match wake_at {
             Some(t) => {
                 let sleep = pin!(glommio::timer::sleep(t.saturating_duration_since(now)));
@@ -1288,8 +1285,8 @@ async fn writer_loop(
             None => wait.await,
         }
     }
-    client.closed.set(true);
-    client.drained.notify();
+    client.set_closed(true);
+    client.drained().notify();
     if !handing_off.get() {
         stream.shutdown();
     }

@@ -9,7 +9,7 @@ use crate::auth::AuthState;
 use crate::message::Message;
 use crate::signal::Notify;
 use serde::{Deserialize, Serialize};
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, Ref, RefCell, RefMut};
 use std::time::{Duration, Instant};
 
 /// Stream compression negotiated by IDENTIFY (nsqd: snappy framing or raw deflate).
@@ -133,18 +133,14 @@ pub struct ClientSnapshot {
     pub auth: Option<AuthState>,
 }
 
-/// The shard-side view of one connection.
-///
-/// Its identity, state, RDY, counters and subscription are the crate's: the connection
-/// reads and sets them through methods. The output plumbing (`out`, the flush and wake
-/// signals, compression, TLS, auth) is still shared with the root crate's reader and
-/// writer tasks as public cells.
+/// The shard-side view of one connection. Its fields are the crate's: the connection's
+/// reader and writer tasks (root crate) read and set them through methods.
 pub struct Client {
     pub(crate) id: u64,
     pub(crate) remote_address: String,
     /// Unix seconds when the TCP connection was accepted.
     pub(crate) connect_ts: i64,
-    pub settings: RefCell<ClientSettings>,
+    pub(crate) settings: RefCell<ClientSettings>,
     pub(crate) state: Cell<ClientState>,
     /// RDY: the most messages this client may have in flight (a window, not used up).
     pub(crate) ready_count: Cell<i64>,
@@ -157,37 +153,37 @@ pub struct Client {
     /// (topic, channel) after SUB.
     pub(crate) subscription: RefCell<Option<(String, String)>>,
     /// Frames waiting for the writer task.
-    pub out: RefCell<Vec<u8>>,
+    pub(crate) out: RefCell<Vec<u8>>,
     /// The output-buffer ticker (nsqd: messagePump's outputBufferTicker).
-    pub output_ticker: Cell<OutputTicker>,
+    pub(crate) output_ticker: Cell<OutputTicker>,
     /// nsqd messagePump's `flushed`: false once a message frame was buffered, true again
     /// after a flush by the output-buffer ticker or for a client that is not ready. While
     /// it is false the writer takes the ticker's ticks.
-    pub pump_flushed: Cell<bool>,
+    pub(crate) pump_flushed: Cell<bool>,
     /// With TLS: (version, cipher suite) as nsqd's /stats names them, and the client
     /// certificate's common name (empty without one).
-    pub tls: RefCell<Option<(String, String, String)>>,
+    pub(crate) tls: RefCell<Option<(String, String, String)>>,
     /// Set when `out` must go out now (a response, an error, or the client stopped
     /// being ready).
-    pub flush_now: Cell<bool>,
+    pub(crate) flush_now: Cell<bool>,
     /// Wakes the writer task.
-    pub wake: Notify,
+    pub(crate) wake: Notify,
     /// Set once the connection is going away (read error, fatal error, kill).
-    pub closed: Cell<bool>,
+    pub(crate) closed: Cell<bool>,
     /// Wakes a reader that stopped reading because `out` was too full (the writer
     /// drained some).
-    pub drained: Notify,
+    pub(crate) drained: Notify,
     /// Compression negotiated (stats `snappy` / `deflate`).
-    pub compression: Cell<Compression>,
+    pub(crate) compression: Cell<Compression>,
     /// With deflate: the last 32 KiB sent (kept by the writer for a hand-off).
-    pub deflate_out_history: RefCell<Vec<u8>>,
+    pub(crate) deflate_out_history: RefCell<Vec<u8>>,
     /// Offset in `out` from which the writer must compress: the bytes before it (the
     /// IDENTIFY reply) still go out plain.
-    pub compress_from: Cell<Option<usize>>,
+    pub(crate) compress_from: Cell<Option<usize>>,
     /// The secret of the last AUTH (nsqd: clientV2.AuthSecret).
-    pub auth_secret: RefCell<Option<Vec<u8>>>,
+    pub(crate) auth_secret: RefCell<Option<Vec<u8>>>,
     /// What the auth server granted, None before AUTH (nsqd: clientV2.AuthState).
-    pub auth: RefCell<Option<AuthState>>,
+    pub(crate) auth: RefCell<Option<AuthState>>,
 }
 
 impl Client {
@@ -327,6 +323,125 @@ impl Client {
     /// (topic, channel) after SUB.
     pub fn subscription(&self) -> Option<(String, String)> {
         self.subscription.borrow().clone()
+    }
+
+    /// The settings IDENTIFY negotiated.
+    pub fn settings(&self) -> Ref<'_, ClientSettings> {
+        self.settings.borrow()
+    }
+
+    pub fn settings_mut(&self) -> RefMut<'_, ClientSettings> {
+        self.settings.borrow_mut()
+    }
+
+    /// Frames waiting for the writer task.
+    pub fn out(&self) -> Ref<'_, Vec<u8>> {
+        self.out.borrow()
+    }
+
+    pub fn out_mut(&self) -> RefMut<'_, Vec<u8>> {
+        self.out.borrow_mut()
+    }
+
+    /// The output-buffer ticker (nsqd: messagePump's outputBufferTicker).
+    pub fn output_ticker(&self) -> OutputTicker {
+        self.output_ticker.get()
+    }
+
+    pub fn set_output_ticker(&self, ticker: OutputTicker) {
+        self.output_ticker.set(ticker);
+    }
+
+    /// nsqd messagePump's `flushed` (see the field).
+    pub fn pump_flushed(&self) -> bool {
+        self.pump_flushed.get()
+    }
+
+    pub fn set_pump_flushed(&self, flushed: bool) {
+        self.pump_flushed.set(flushed);
+    }
+
+    /// With TLS: (version, cipher suite, client certificate common name).
+    pub fn tls(&self) -> Ref<'_, Option<(String, String, String)>> {
+        self.tls.borrow()
+    }
+
+    pub fn set_tls(&self, tls: Option<(String, String, String)>) {
+        *self.tls.borrow_mut() = tls;
+    }
+
+    /// True when `out` must go out now.
+    pub fn flush_now(&self) -> bool {
+        self.flush_now.get()
+    }
+
+    pub fn set_flush_now(&self, now: bool) {
+        self.flush_now.set(now);
+    }
+
+    /// Wakes the writer task.
+    pub fn wake(&self) -> &Notify {
+        &self.wake
+    }
+
+    /// True once the connection is going away.
+    pub fn is_closed(&self) -> bool {
+        self.closed.get()
+    }
+
+    pub fn set_closed(&self, closed: bool) {
+        self.closed.set(closed);
+    }
+
+    /// Wakes a reader that waits for the writer to drain `out`.
+    pub fn drained(&self) -> &Notify {
+        &self.drained
+    }
+
+    /// The compression IDENTIFY negotiated.
+    pub fn compression(&self) -> Compression {
+        self.compression.get()
+    }
+
+    pub fn set_compression(&self, c: Compression) {
+        self.compression.set(c);
+    }
+
+    /// With deflate: the last 32 KiB sent (the peer's inflate window).
+    pub fn deflate_out_history(&self) -> Ref<'_, Vec<u8>> {
+        self.deflate_out_history.borrow()
+    }
+
+    pub fn deflate_out_history_mut(&self) -> RefMut<'_, Vec<u8>> {
+        self.deflate_out_history.borrow_mut()
+    }
+
+    /// Sets the offset in `out` from which the writer must compress.
+    pub fn set_compress_from(&self, from: Option<usize>) {
+        self.compress_from.set(from);
+    }
+
+    /// Takes the offset in `out` from which the writer must compress, if one is set.
+    pub fn take_compress_from(&self) -> Option<usize> {
+        self.compress_from.take()
+    }
+
+    /// The secret of the last AUTH.
+    pub fn auth_secret(&self) -> Option<Vec<u8>> {
+        self.auth_secret.borrow().clone()
+    }
+
+    pub fn set_auth_secret(&self, secret: Option<Vec<u8>>) {
+        *self.auth_secret.borrow_mut() = secret;
+    }
+
+    /// What the auth server granted, None before AUTH.
+    pub fn auth(&self) -> Ref<'_, Option<AuthState>> {
+        self.auth.borrow()
+    }
+
+    pub fn set_auth(&self, state: Option<AuthState>) {
+        *self.auth.borrow_mut() = state;
     }
 
     /// nsqd `HasAuthorizations`: AUTH succeeded with at least one authorization.
