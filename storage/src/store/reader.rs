@@ -1,0 +1,165 @@
+//! Reads by sequence from flushed segment data (nsqd: diskqueue.go readOne, which reads
+//! the next message at one read position; here any channel reads from any sequence
+//! through the segments' sparse indexes).
+
+use super::{io_err, ReadPos, TopicStore, INDEX_EVERY, READ_WINDOW};
+use crate::record::{self, StoredRecord, SEGMENT_HEADER_LEN};
+use bytes::Bytes;
+use glommio::io::DmaFile;
+use std::path::Path;
+use std::rc::Rc;
+
+impl TopicStore {
+    /// Reads up to `max` records with sequence >= `from`, only from data already flushed
+    /// to disk, following sequence order across segments. Corrupt records are skipped.
+    pub async fn read(&self, from: u64, max: usize) -> Result<Vec<StoredRecord>, String> {
+        self.read_at(from, max, usize::MAX, None)
+            .await
+            .map(|(recs, _)| recs)
+    }
+
+    /// Like [`read`](Self::read), stopping once `max_bytes` of bodies were read (at least
+    /// one record), and starting at `hint` when it is the position a previous read
+    /// ended at for `from` (a sequential reader then never re-reads from the sparse
+    /// index). Returns the records and the position after the last one.
+    pub async fn read_at(
+        &self,
+        from: u64,
+        max: usize,
+        max_bytes: usize,
+        hint: Option<ReadPos>,
+    ) -> Result<(Vec<StoredRecord>, Option<ReadPos>), String> {
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        let mut end_pos = None;
+        let mut seq = from;
+        while out.len() < max && bytes < max_bytes {
+            let found = {
+                let segs = self.segments.borrow();
+                segs.range(..=seq)
+                    .next_back()
+                    .filter(|(_, s)| seq < s.readable_seq)
+                    .or_else(|| {
+                        segs.range(seq..).next().filter(|(_, s)| {
+                            s.readable_seq > *s.index.first().map(|(q, _)| q).unwrap_or(&u64::MAX)
+                        })
+                    })
+                    .map(|(b, s)| {
+                        let hinted = hint
+                            .filter(|h| h.base == *b && h.seq == seq && seq == from)
+                            .map(|h| h.offset);
+                        let start = hinted.unwrap_or_else(|| {
+                            s.index
+                                .iter()
+                                .rev()
+                                .find(|(q, _)| *q <= seq)
+                                .map(|(_, o)| *o)
+                                .unwrap_or(SEGMENT_HEADER_LEN as u64)
+                        });
+                        (*b, s.path.clone(), start, s.readable_seq, s.salt)
+                    })
+            };
+            let Some((base, path, mut off, readable, salt)) = found else {
+                break;
+            };
+            let mut last: Option<u64> = None;
+            let file = self.reader(base, &path).await?;
+            let mut progressed = false;
+            'window: loop {
+                let mut want = READ_WINDOW;
+                let data = loop {
+                    let rr = file.read_at(off, want).await.map_err(io_err)?;
+                    let data = Bytes::copy_from_slice(&rr);
+                    // Make sure at least one whole record fits.
+                    if data.len() >= 8 {
+                        let len = u32::from_be_bytes([data[0], data[1], data[2], data[3]]) as usize;
+                        if len + 8 > data.len()
+                            && data.len() == want
+                            && len <= record::MAX_BODY + 64
+                        {
+                            want = len + 8;
+                            continue;
+                        }
+                    }
+                    break data;
+                };
+                if data.is_empty() {
+                    break;
+                }
+                // Decode only about what is asked for (plus the records below `seq` a
+                // window started from the sparse index holds); what is left of the
+                // window is read again by the next call, at the position returned.
+                let limit = (max - out.len()).saturating_add(INDEX_EVERY as usize);
+                let (recs, skipped, stop) = record::scan_up_to(&data, 0, salt, last, limit);
+                if let Some((r, _)) = recs.last() {
+                    last = Some(r.seq);
+                }
+                for s in skipped {
+                    log::error!(
+                        "STORE: {} offset {}: {}; record skipped",
+                        path.display(),
+                        off + s.offset as u64,
+                        s.reason
+                    );
+                }
+                for (r, at) in recs {
+                    if r.seq >= readable {
+                        break 'window;
+                    }
+                    if r.seq < seq {
+                        continue;
+                    }
+                    seq = r.seq + 1;
+                    progressed = true;
+                    bytes += r.body.len();
+                    end_pos = Some(ReadPos {
+                        base,
+                        offset: off + (at + record::RECORD_OVERHEAD + r.body.len()) as u64,
+                        seq,
+                    });
+                    out.push(r);
+                    if out.len() >= max || bytes >= max_bytes {
+                        break 'window;
+                    }
+                }
+                if stop == 0 || stop < data.len() && data.len() < want {
+                    break;
+                }
+                off += stop as u64;
+                if seq >= readable {
+                    break;
+                }
+            }
+            if !progressed {
+                // Nothing readable at `seq` in this segment: move to the next one.
+                let next = self
+                    .segments
+                    .borrow()
+                    .range(seq + 1..)
+                    .next()
+                    .map(|(b, _)| *b);
+                match next {
+                    Some(b) if b > seq => seq = b,
+                    _ => break,
+                }
+            }
+        }
+        Ok((out, end_pos))
+    }
+
+    pub(super) async fn reader(&self, base: u64, path: &Path) -> Result<Rc<DmaFile>, String> {
+        if let Some(f) = self.readers.borrow().get(&base) {
+            return Ok(f.clone());
+        }
+        if self.destroyed.get() {
+            return Err("topic deleted".into());
+        }
+        let fd_path = self.fd_path(path);
+        self.opens.set(self.opens.get() + 1);
+        let f = DmaFile::open(&fd_path).await.map_err(io_err);
+        self.opens.set(self.opens.get() - 1);
+        let f = Rc::new(f?);
+        self.readers.borrow_mut().insert(base, f.clone());
+        Ok(f)
+    }
+}
