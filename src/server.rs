@@ -22,7 +22,11 @@ pub async fn wait_durable(
         .await;
     match w.durable {
         None => Ok(()),
-        Some(seq) => w.store.wait_durable(seq).await.map_err(PublishError::Disk),
+        Some(seq) => w
+            .store
+            .wait_durable(seq)
+            .await
+            .map_err(|e| PublishError::Disk(e.into())),
     }
 }
 

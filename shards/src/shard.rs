@@ -341,6 +341,7 @@ impl Shard {
             .borrow()
             .values()
             .find_map(|t| t.store.as_ref().and_then(|s| s.error()))
+            .map(String::from)
     }
 
     /// Starts a read from the store for every channel of `t` whose cursor is below the

@@ -4,6 +4,7 @@
 //! being written (its synced prefix), so recovery scans only what came after it.
 
 use super::{idx_path, io_err, pidx_path, seg_path, TopicStore};
+use crate::error::StoreError;
 use crate::index::SegmentIndex;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -19,7 +20,7 @@ pub(super) fn seal_blocking(
     pidx: &Path,
     mut ix: SegmentIndex,
     sync_data: bool,
-) -> Result<(), String> {
+) -> Result<(), StoreError> {
     use std::io::Write;
     let f = std::fs::File::open(seg).map_err(io_err)?;
     if sync_data {
@@ -27,10 +28,10 @@ pub(super) fn seal_blocking(
     }
     ix.file_len = f.metadata().map_err(io_err)?.len();
     if ix.file_len < ix.data_end {
-        return Err(format!(
+        return Err(StoreError::invalid_data(format!(
             "segment is {} bytes, shorter than its data ({})",
             ix.file_len, ix.data_end
-        ));
+        )));
     }
     let mut tmp = idx.as_os_str().to_owned();
     tmp.push(".tmp");
@@ -48,7 +49,7 @@ pub(super) fn seal_blocking(
 /// Writes the partial index of the open segment (blocking): temporary file, rename. Not
 /// fsynced: a partial index lost or torn by a power failure only means a longer scan
 /// (its CRC rejects a torn one).
-pub(super) fn write_partial_blocking(pidx: &Path, ix: &SegmentIndex) -> Result<(), String> {
+pub(super) fn write_partial_blocking(pidx: &Path, ix: &SegmentIndex) -> Result<(), StoreError> {
     let mut tmp = pidx.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);

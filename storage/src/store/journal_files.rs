@@ -4,6 +4,7 @@
 
 use super::retention::delete_covered_journals;
 use super::{io_err, TopicStore};
+use crate::error::StoreError;
 use crate::journal::EventKind;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -108,7 +109,7 @@ pub(super) fn journal_write(
     jf: &mut Option<JournalFile>,
     gen: u64,
     data: &[u8],
-) -> Result<(), String> {
+) -> Result<(), StoreError> {
     use std::io::Write;
     if jf.as_ref().is_some_and(|j| j.gen != gen) {
         if let Some(j) = jf.take().filter(|j| j.dirty) {
@@ -119,7 +120,7 @@ pub(super) fn journal_write(
         Some(j) => j,
         None => {
             if store.destroyed.get() {
-                return Err("topic deleted".into());
+                return Err(StoreError::topic_deleted());
             }
             let path = store.fd_path(&crate::journal::path(&store.dir, gen));
             let file = std::fs::OpenOptions::new()

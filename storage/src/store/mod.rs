@@ -38,6 +38,7 @@
 //! * [`journal_files`]: the delivery journal's files (no nsqd counterpart),
 //! * `replay`: segment listing and timestamp seek (no nsqd counterpart).
 
+use crate::error::StoreError;
 use crate::index::SegmentIndex;
 use crate::record::{self, StoredRecord};
 use futures::channel::oneshot;
@@ -131,7 +132,7 @@ impl Segment {
 
 struct Waiter {
     seq: u64,
-    tx: oneshot::Sender<Result<(), String>>,
+    tx: oneshot::Sender<Result<(), StoreError>>,
 }
 
 /// The disk side of one topic.
@@ -154,7 +155,7 @@ pub struct TopicStore {
     wake: Rc<crate::Notify>,
     closing: Cell<bool>,
     /// The last write or sync error, cleared by the next success (nsqd's health).
-    error: RefCell<Option<String>>,
+    error: RefCell<Option<StoreError>>,
     /// Set once the writer task has finished (after `close`).
     done: Rc<crate::Notify>,
     finished: Cell<bool>,
@@ -247,15 +248,21 @@ fn pidx_path(dir: &Path, base: u64) -> PathBuf {
     dir.join(format!("{base:020}.pidx"))
 }
 
-fn io_err(e: impl std::fmt::Display) -> String {
-    e.to_string()
+/// An I/O error (std's or glommio's) as a [`StoreError`] that keeps its kind.
+fn io_err<E: std::fmt::Display + Into<std::io::Error>>(e: E) -> StoreError {
+    StoreError::io(e)
 }
 
 impl TopicStore {
     /// Creates the store of a new topic (its directory must not hold old data) and spawns
     /// its writer task. The directory is created at once; segment files lazily.
-    pub fn create(dir: PathBuf, cfg: StoreConfig, next_seq: u64) -> Result<Rc<TopicStore>, String> {
-        std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    pub fn create(
+        dir: PathBuf,
+        cfg: StoreConfig,
+        next_seq: u64,
+    ) -> Result<Rc<TopicStore>, StoreError> {
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| io_err(e).context(format_args!("create {}", dir.display())))?;
         TopicStore::start(dir, cfg, BTreeMap::new(), next_seq)
     }
 
@@ -265,9 +272,9 @@ impl TopicStore {
         cfg: StoreConfig,
         segments: BTreeMap<u64, Segment>,
         next_seq: u64,
-    ) -> Result<Rc<TopicStore>, String> {
-        let dir_fd =
-            std::fs::File::open(&dir).map_err(|e| format!("open {}: {e}", dir.display()))?;
+    ) -> Result<Rc<TopicStore>, StoreError> {
+        let dir_fd = std::fs::File::open(&dir)
+            .map_err(|e| io_err(e).context(format_args!("open {}", dir.display())))?;
         let store = Rc::new(TopicStore {
             dir,
             cfg,
@@ -331,7 +338,7 @@ impl TopicStore {
     }
 
     /// The last disk error, if the store is unhealthy.
-    pub fn error(&self) -> Option<String> {
+    pub fn error(&self) -> Option<StoreError> {
         self.error.borrow().clone()
     }
 
@@ -375,7 +382,10 @@ impl TopicStore {
 
     /// Completes once every record below `seq` is durable (group commit), or with the
     /// disk error that prevented it.
-    pub fn wait_durable(&self, seq: u64) -> impl std::future::Future<Output = Result<(), String>> {
+    pub fn wait_durable(
+        &self,
+        seq: u64,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> {
         let rx = if self.durable_seq.get() >= seq {
             None
         } else {
@@ -387,7 +397,7 @@ impl TopicStore {
         async move {
             match rx {
                 None => Ok(()),
-                Some(rx) => rx.await.unwrap_or_else(|_| Err("exiting".into())),
+                Some(rx) => rx.await.unwrap_or_else(|_| Err(StoreError::exiting())),
             }
         }
     }

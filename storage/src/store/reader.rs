@@ -3,6 +3,7 @@
 //! through the segments' sparse indexes).
 
 use super::{io_err, ReadPos, TopicStore, INDEX_EVERY, READ_WINDOW};
+use crate::error::StoreError;
 use crate::record::{self, StoredRecord, SEGMENT_HEADER_LEN};
 use bytes::Bytes;
 use glommio::io::DmaFile;
@@ -12,7 +13,7 @@ use std::rc::Rc;
 impl TopicStore {
     /// Reads up to `max` records with sequence >= `from`, only from data already flushed
     /// to disk, following sequence order across segments. Corrupt records are skipped.
-    pub async fn read(&self, from: u64, max: usize) -> Result<Vec<StoredRecord>, String> {
+    pub async fn read(&self, from: u64, max: usize) -> Result<Vec<StoredRecord>, StoreError> {
         self.read_at(from, max, usize::MAX, None)
             .await
             .map(|(recs, _)| recs)
@@ -28,7 +29,7 @@ impl TopicStore {
         max: usize,
         max_bytes: usize,
         hint: Option<ReadPos>,
-    ) -> Result<(Vec<StoredRecord>, Option<ReadPos>), String> {
+    ) -> Result<(Vec<StoredRecord>, Option<ReadPos>), StoreError> {
         let mut out = Vec::new();
         let mut bytes = 0usize;
         let mut end_pos = None;
@@ -147,12 +148,12 @@ impl TopicStore {
         Ok((out, end_pos))
     }
 
-    pub(super) async fn reader(&self, base: u64, path: &Path) -> Result<Rc<DmaFile>, String> {
+    pub(super) async fn reader(&self, base: u64, path: &Path) -> Result<Rc<DmaFile>, StoreError> {
         if let Some(f) = self.readers.borrow().get(&base) {
             return Ok(f.clone());
         }
         if self.destroyed.get() {
-            return Err("topic deleted".into());
+            return Err(StoreError::topic_deleted());
         }
         let fd_path = self.fd_path(path);
         self.opens.set(self.opens.get() + 1);

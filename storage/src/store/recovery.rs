@@ -6,6 +6,7 @@ use super::{
     idx_path, io_err, pidx_path, seg_path, Recovered, Segment, StoreConfig, TopicStore,
     INDEX_EVERY, RECOVERY_CHUNK, TAIL_BYTES,
 };
+use crate::error::StoreError;
 use crate::index::SegmentIndex;
 use crate::record::{self, Decoded, StoredRecord, SEGMENT_HEADER_LEN};
 use bytes::Bytes;
@@ -36,22 +37,25 @@ pub(super) fn read_index(
     base: u64,
     size: u64,
     sealed: bool,
-) -> Result<SegmentIndex, String> {
+) -> Result<SegmentIndex, StoreError> {
     let ix = std::fs::read(path)
-        .map_err(|e| e.to_string())
-        .and_then(|b| crate::index::decode(&b))?;
+        .map_err(io_err)
+        .and_then(|b| crate::index::decode(&b).map_err(StoreError::invalid_data))?;
     if ix.base != base {
-        Err(format!("index of base {} in the file of {base}", ix.base))
+        Err(StoreError::invalid_data(format!(
+            "index of base {} in the file of {base}",
+            ix.base
+        )))
     } else if sealed && ix.file_len != size {
-        Err(format!(
+        Err(StoreError::invalid_data(format!(
             "segment is {size} bytes, {} when sealed",
             ix.file_len
-        ))
+        )))
     } else if !sealed && ix.data_end > size {
-        Err(format!(
+        Err(StoreError::invalid_data(format!(
             "segment is {size} bytes, shorter than the indexed {}",
             ix.data_end
-        ))
+        )))
     } else {
         Ok(ix)
     }
@@ -108,7 +112,7 @@ pub(super) fn survey_blocking(dir: &Path) -> (Vec<Found>, BTreeSet<u64>) {
                 if sealed || header_salt(&seg_path(dir, base)) == Some(ix.salt) {
                     Ok(ix)
                 } else {
-                    Err("partial index of another writer".into())
+                    Err(StoreError::invalid_data("partial index of another writer"))
                 }
             });
             match checked {
@@ -144,12 +148,16 @@ impl TopicStore {
     /// segments are taken from their side index without reading their records; other
     /// segments are scanned and then sealed in the background. Spawns the writer task on
     /// the current executor. Errors: the directory cannot be created or opened.
-    pub async fn open(dir: PathBuf, cfg: StoreConfig, keep: usize) -> Result<Recovered, String> {
+    pub async fn open(
+        dir: PathBuf,
+        cfg: StoreConfig,
+        keep: usize,
+    ) -> Result<Recovered, StoreError> {
         let d = dir.clone();
         glommio::executor()
             .spawn_blocking(move || std::fs::create_dir_all(&d))
             .await
-            .map_err(|e| format!("create {}: {e}", dir.display()))?;
+            .map_err(|e| io_err(e).context(format_args!("create {}", dir.display())))?;
         let d = dir.clone();
         let (found, journals) = glommio::executor()
             .spawn_blocking(move || survey_blocking(&d))
@@ -277,7 +285,7 @@ pub(super) async fn scan_file(
     limit: Option<u64>,
     salt_out: &mut u32,
     mut f: impl FnMut(StoredRecord, u64),
-) -> Result<u64, String> {
+) -> Result<u64, StoreError> {
     let file = DmaFile::open(path).await.map_err(io_err)?;
     let res = scan_open_file(&file, path, start, limit, salt_out, &mut f).await;
     let _ = file.close().await;
@@ -291,13 +299,13 @@ pub(super) async fn scan_open_file(
     limit: Option<u64>,
     salt_out: &mut u32,
     f: &mut impl FnMut(StoredRecord, u64),
-) -> Result<u64, String> {
+) -> Result<u64, StoreError> {
     let mut size = file.file_size().await.map_err(io_err)?;
     if let Some(l) = limit {
         size = size.min(l);
     }
     let head = file.read_at(0, SEGMENT_HEADER_LEN).await.map_err(io_err)?;
-    let (base, salt) = record::parse_segment_header(&head)?;
+    let (base, salt) = record::parse_segment_header(&head).map_err(StoreError::invalid_data)?;
     *salt_out = salt;
     let mut last: Option<u64> = base.checked_sub(1);
     let mut pos = start.max(SEGMENT_HEADER_LEN as u64);

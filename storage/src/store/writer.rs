@@ -7,6 +7,7 @@ use super::checkpoint::{seal_closed, write_partial};
 use super::journal_files::{flush_journal, sync_journal};
 use super::retention::delete_covered_journals;
 use super::{io_err, seg_path, Segment, TopicStore, PARTIAL_EVERY, SPARE_MAX, WRITE_BUFFER};
+use crate::error::StoreError;
 use crate::record::{self, SEGMENT_HEADER_LEN};
 use futures::io::AsyncWriteExt;
 use glommio::io::{DmaFile, DmaStreamWriter, DmaStreamWriterBuilder};
@@ -15,9 +16,9 @@ use std::rc::Rc;
 use std::time::Instant;
 
 impl TopicStore {
-    pub(super) fn fail_waiters(&self, e: &str) {
+    pub(super) fn fail_waiters(&self, e: &StoreError) {
         for w in self.waiters.borrow_mut().drain(..) {
-            let _ = w.tx.send(Err(e.to_string()));
+            let _ = w.tx.send(Err(e.clone()));
         }
     }
 
@@ -49,9 +50,9 @@ pub(super) struct Active {
     synced: bool,
 }
 
-pub(super) async fn open_segment(store: &TopicStore, base: u64) -> Result<Active, String> {
+pub(super) async fn open_segment(store: &TopicStore, base: u64) -> Result<Active, StoreError> {
     if store.destroyed.get() {
-        return Err("topic deleted".into());
+        return Err(StoreError::topic_deleted());
     }
     let path = seg_path(&store.dir, base);
     store.opens.set(store.opens.get() + 1);
@@ -150,7 +151,7 @@ pub(super) async fn writer_task(store: Rc<TopicStore>) {
         }
         if store.destroyed.get() {
             // Topic deleted: nothing more goes to disk.
-            store.fail_waiters("exiting");
+            store.fail_waiters(&StoreError::exiting());
             if let Some(mut a) = active.take() {
                 let _ = a.writer.close().await;
             }
@@ -233,7 +234,7 @@ pub(super) async fn writer_task(store: Rc<TopicStore>) {
                     mark_readable(&store, a, flushed);
                 }
                 Err(e) => {
-                    let e = format!("write {}: {e}", store.dir.display());
+                    let e = io_err(e).context(format_args!("write {}", store.dir.display()));
                     log::error!("STORE: {e}");
                     *store.error.borrow_mut() = Some(e.clone());
                     store.fail_waiters(&e);
@@ -281,7 +282,7 @@ pub(super) async fn writer_task(store: Rc<TopicStore>) {
                         }
                     }
                     Err(e) => {
-                        let e = format!("sync {}: {e}", store.dir.display());
+                        let e = io_err(e).context(format_args!("sync {}", store.dir.display()));
                         log::error!("STORE: {e}");
                         *store.error.borrow_mut() = Some(e.clone());
                         store.fail_waiters(&e);
@@ -311,7 +312,7 @@ pub(super) async fn writer_task(store: Rc<TopicStore>) {
                 }
             }
             *store.journal_file.borrow_mut() = None;
-            store.fail_waiters("exiting");
+            store.fail_waiters(&StoreError::exiting());
             break;
         }
     }
