@@ -18,6 +18,8 @@
 //! Data is laid out by topic name, not by shard, so a restart with another `--shards`
 //! finds everything.
 
+#![forbid(unsafe_code)]
+
 pub mod error;
 pub mod index;
 pub mod journal;

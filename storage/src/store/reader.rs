@@ -7,7 +7,7 @@ use crate::error::StoreError;
 use crate::record::{self, StoredRecord, SEGMENT_HEADER_LEN};
 use bytes::Bytes;
 use glommio::io::DmaFile;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 impl TopicStore {
@@ -35,55 +35,21 @@ impl TopicStore {
         let mut end_pos = None;
         let mut seq = from;
         while out.len() < max && bytes < max_bytes {
-            let found = {
-                let segs = self.segments.borrow();
-                segs.range(..=seq)
-                    .next_back()
-                    .filter(|(_, s)| seq < s.readable_seq)
-                    .or_else(|| {
-                        segs.range(seq..).next().filter(|(_, s)| {
-                            s.readable_seq > *s.index.first().map(|(q, _)| q).unwrap_or(&u64::MAX)
-                        })
-                    })
-                    .map(|(b, s)| {
-                        let hinted = hint
-                            .filter(|h| h.base == *b && h.seq == seq && seq == from)
-                            .map(|h| h.offset);
-                        let start = hinted.unwrap_or_else(|| {
-                            s.index
-                                .iter()
-                                .rev()
-                                .find(|(q, _)| *q <= seq)
-                                .map(|(_, o)| *o)
-                                .unwrap_or(SEGMENT_HEADER_LEN as u64)
-                        });
-                        (*b, s.path.clone(), start, s.readable_seq, s.salt)
-                    })
-            };
-            let Some((base, path, mut off, readable, salt)) = found else {
+            let Some(Located {
+                base,
+                path,
+                start: mut off,
+                readable,
+                salt,
+            }) = self.locate(seq, (seq == from).then_some(hint).flatten())
+            else {
                 break;
             };
             let mut last: Option<u64> = None;
             let file = self.reader(base, &path).await?;
             let mut progressed = false;
             'window: loop {
-                let mut want = READ_WINDOW;
-                let data = loop {
-                    let rr = file.read_at(off, want).await.map_err(io_err)?;
-                    let data = Bytes::copy_from_slice(&rr);
-                    // Make sure at least one whole record fits.
-                    if data.len() >= 8 {
-                        let len = u32::from_be_bytes([data[0], data[1], data[2], data[3]]) as usize;
-                        if len + 8 > data.len()
-                            && data.len() == want
-                            && len <= record::MAX_BODY + 64
-                        {
-                            want = len + 8;
-                            continue;
-                        }
-                    }
-                    break data;
-                };
+                let (data, want) = read_window(&file, off).await?;
                 if data.is_empty() {
                     break;
                 }
@@ -148,6 +114,42 @@ impl TopicStore {
         Ok((out, end_pos))
     }
 
+    /// The segment a read at `seq` starts in and the byte offset to start at: the
+    /// segment holding `seq` if it is readable there, else the next one with readable
+    /// records; the offset is `hint`'s when it is for `seq` in that segment, else the
+    /// sparse index entry at or below `seq`.
+    fn locate(&self, seq: u64, hint: Option<ReadPos>) -> Option<Located> {
+        let segs = self.segments.borrow();
+        segs.range(..=seq)
+            .next_back()
+            .filter(|(_, s)| seq < s.readable_seq)
+            .or_else(|| {
+                segs.range(seq..).next().filter(|(_, s)| {
+                    s.readable_seq > *s.index.first().map(|(q, _)| q).unwrap_or(&u64::MAX)
+                })
+            })
+            .map(|(b, s)| {
+                let hinted = hint
+                    .filter(|h| h.base == *b && h.seq == seq)
+                    .map(|h| h.offset);
+                let start = hinted.unwrap_or_else(|| {
+                    s.index
+                        .iter()
+                        .rev()
+                        .find(|(q, _)| *q <= seq)
+                        .map(|(_, o)| *o)
+                        .unwrap_or(SEGMENT_HEADER_LEN as u64)
+                });
+                Located {
+                    base: *b,
+                    path: s.path.clone(),
+                    start,
+                    readable: s.readable_seq,
+                    salt: s.salt,
+                }
+            })
+    }
+
     pub(super) async fn reader(&self, base: u64, path: &Path) -> Result<Rc<DmaFile>, StoreError> {
         if let Some(f) = self.readers.borrow().get(&base) {
             return Ok(f.clone());
@@ -162,5 +164,35 @@ impl TopicStore {
         let f = Rc::new(f?);
         self.readers.borrow_mut().insert(base, f.clone());
         Ok(f)
+    }
+}
+
+/// Where a read starts: see [`TopicStore::locate`].
+struct Located {
+    base: u64,
+    path: PathBuf,
+    /// Byte offset in the segment.
+    start: u64,
+    /// The segment's records below this sequence are readable.
+    readable: u64,
+    salt: u32,
+}
+
+/// Reads [`READ_WINDOW`] bytes at `off`, more when the first record is longer, so at
+/// least one whole record fits. Returns the data and the size asked for (the data is
+/// shorter at the end of the file).
+async fn read_window(file: &DmaFile, off: u64) -> Result<(Bytes, usize), StoreError> {
+    let mut want = READ_WINDOW;
+    loop {
+        let rr = file.read_at(off, want).await.map_err(io_err)?;
+        let data = Bytes::copy_from_slice(&rr);
+        if data.len() >= 8 {
+            let len = u32::from_be_bytes([data[0], data[1], data[2], data[3]]) as usize;
+            if len + 8 > data.len() && data.len() == want && len <= record::MAX_BODY + 64 {
+                want = len + 8;
+                continue;
+            }
+        }
+        return Ok((data, want));
     }
 }

@@ -173,66 +173,13 @@ impl TopicStore {
             let base = f.base;
             let path = seg_path(&dir, base);
             let is_newest = Some(base) == newest;
-            let mut seg = Segment {
-                path: path.clone(),
-                salt: 0,
-                end_seq: base,
-                index: Vec::new(),
-                count: 0,
-                readable_seq: base,
-            };
-            if let Some(ix) = f.index {
-                sealed_n += 1;
-                seg.salt = ix.salt;
-                seg.end_seq = ix.last_seq + 1;
-                seg.count = ix.count;
-                if is_newest && keep > 0 {
-                    load_tail(&path, &ix, keep, &mut tail).await;
-                }
-                seg.index = ix.entries;
-            } else {
-                // Scanned: from the start, or from where the last partial index of the
-                // open segment ends (what was written after that checkpoint).
-                scanned_n += 1;
-                let mut from = SEGMENT_HEADER_LEN as u64;
-                let partial = f.partial.is_some();
-                if let Some(px) = f.partial {
-                    seg.salt = px.salt;
-                    seg.end_seq = px.last_seq + 1;
-                    seg.count = px.count;
-                    seg.index = px.entries;
-                    from = px.data_end;
-                }
-                let collect = is_newest && keep > 0 && !partial;
-                let mut salt = 0;
-                let res = scan_file(&path, from, None, &mut salt, |rec, off| {
-                    if rec.seq < seg.end_seq && seg.count > 0 {
-                        return;
-                    }
-                    seg.note(rec.seq, off);
-                    if collect {
-                        if tail.len() == keep {
-                            tail.pop_front();
-                        }
-                        tail.push_back(rec);
-                    }
-                })
-                .await;
-                seg.salt = salt;
-                match res {
-                    Ok(end) => {
-                        scanned_bytes += end.saturating_sub(from);
-                        if let Some(ix) = seg.sealed_index(base, end) {
-                            if partial && is_newest && keep > 0 {
-                                load_tail(&path, &ix, keep, &mut tail).await;
-                            }
-                            to_seal.push(ix);
-                        }
-                    }
-                    Err(e) => log::error!(
-                        "STORE: segment {} unreadable - {e}; skipped",
-                        path.display()
-                    ),
+            let (mut seg, how) = recover_segment(&path, base, f, is_newest, keep, &mut tail).await;
+            match how {
+                How::Sealed => sealed_n += 1,
+                How::Scanned { bytes, seal } => {
+                    scanned_n += 1;
+                    scanned_bytes += bytes;
+                    to_seal.extend(seal);
                 }
             }
             if seg.count == 0 {
@@ -420,5 +367,95 @@ pub(super) async fn load_tail(
             path.display()
         );
         tail.clear();
+    }
+}
+
+/// How a segment was recovered.
+enum How {
+    /// From its side index.
+    Sealed,
+    /// Scanned (`bytes` read); `seal` is the index to write for it.
+    Scanned {
+        bytes: u64,
+        seal: Option<SegmentIndex>,
+    },
+}
+
+/// Recovers one segment file found at `path` (base sequence `base`): from its sealed
+/// index, or by a scan from its start or the end of its partial index. Loads the newest
+/// `keep` records into `tail` when it is the newest segment. A segment that cannot be
+/// read is logged and comes back empty.
+async fn recover_segment(
+    path: &Path,
+    base: u64,
+    f: Found,
+    is_newest: bool,
+    keep: usize,
+    tail: &mut VecDeque<StoredRecord>,
+) -> (Segment, How) {
+    let mut seg = Segment {
+        path: path.to_path_buf(),
+        salt: 0,
+        end_seq: base,
+        index: Vec::new(),
+        count: 0,
+        readable_seq: base,
+    };
+    if let Some(ix) = f.index {
+        seg.salt = ix.salt;
+        seg.end_seq = ix.last_seq + 1;
+        seg.count = ix.count;
+        if is_newest && keep > 0 {
+            load_tail(path, &ix, keep, tail).await;
+        }
+        seg.index = ix.entries;
+        return (seg, How::Sealed);
+    }
+    {
+        // Scanned: from the start, or from where the last partial index of the
+        // open segment ends (what was written after that checkpoint).
+        let mut from = SEGMENT_HEADER_LEN as u64;
+        let partial = f.partial.is_some();
+        if let Some(px) = f.partial {
+            seg.salt = px.salt;
+            seg.end_seq = px.last_seq + 1;
+            seg.count = px.count;
+            seg.index = px.entries;
+            from = px.data_end;
+        }
+        let collect = is_newest && keep > 0 && !partial;
+        let mut salt = 0;
+        let mut bytes = 0;
+        let mut seal = None;
+        let res = scan_file(path, from, None, &mut salt, |rec, off| {
+            if rec.seq < seg.end_seq && seg.count > 0 {
+                return;
+            }
+            seg.note(rec.seq, off);
+            if collect {
+                if tail.len() == keep {
+                    tail.pop_front();
+                }
+                tail.push_back(rec);
+            }
+        })
+        .await;
+        seg.salt = salt;
+        match res {
+            Ok(end) => {
+                bytes = end.saturating_sub(from);
+                if let Some(ix) = seg.sealed_index(base, end) {
+                    if partial && is_newest && keep > 0 {
+                        load_tail(path, &ix, keep, tail).await;
+                    }
+                    seal = Some(ix);
+                }
+            }
+            Err(e) => log::error!(
+                "STORE: segment {} unreadable - {e}; skipped",
+                path.display()
+            ),
+        }
+        (seg, How::Scanned { bytes, seal })
     }
 }

@@ -120,26 +120,19 @@ pub(super) async fn abandon(store: &TopicStore, a: Option<Active>) {
     }
 }
 
+/// The store's writer task, until the store closes or its topic is deleted (nsqd:
+/// diskqueue.go ioLoop): waits for appended records, journal events or publishers
+/// waiting for durability; writes the batch; syncs when due; releases the waiters.
 pub(super) async fn writer_task(store: Rc<TopicStore>) {
-    let mut active: Option<Active> = None;
-    let mut unsynced: u64 = 0;
-    let mut last_sync = Instant::now();
-    let mut last_partial = (Instant::now(), 0u64, 0u64);
+    let mut w = Writer {
+        store: store.clone(),
+        active: None,
+        unsynced: 0,
+        last_sync: Instant::now(),
+        last_partial: (Instant::now(), 0, 0),
+    };
     loop {
-        let has_pending = !store.pending.borrow().is_empty();
-        let has_journal = store.journal_written.get() > 0;
-        let has_waiters = !store.waiters.borrow().is_empty();
-        let closing = store.closing.get();
-        if !has_pending && !has_waiters && !closing && !has_journal {
-            let wake = std::pin::pin!(store.wake.wait());
-            if unsynced > 0 {
-                let left = store.cfg.sync_timeout.saturating_sub(last_sync.elapsed());
-                let sleep = std::pin::pin!(glommio::timer::sleep(left));
-                futures::future::select(wake, sleep).await;
-            } else {
-                wake.await;
-            }
-        }
+        w.wait_for_work().await;
         // Double buffering: publishers encode into the spare pair (which keeps its
         // capacity, so no reallocation or page faults) while this batch is written.
         let mut buf = std::mem::take(&mut *store.spare.borrow_mut());
@@ -152,56 +145,112 @@ pub(super) async fn writer_task(store: Rc<TopicStore>) {
         if store.destroyed.get() {
             // Topic deleted: nothing more goes to disk.
             store.fail_waiters(&StoreError::exiting());
-            if let Some(mut a) = active.take() {
+            if let Some(mut a) = w.active.take() {
                 let _ = a.writer.close().await;
             }
             *store.journal_file.borrow_mut() = None;
             break;
         }
-        let mut failed = false;
+        let failed = !w.write_batch(&buf, &recs).await;
+        if buf.capacity() <= SPARE_MAX {
+            buf.clear();
+            recs.clear();
+            *store.spare.borrow_mut() = buf;
+            *store.spare_recs.borrow_mut() = recs;
+        }
+        // Journal events share the records' sync policy and group commit; any still
+        // pending are written first, so the sync below covers every event so far.
+        w.unsynced += flush_journal(&store) + store.journal_written.replace(0);
+        delete_covered_journals(&store).await;
+        let waiting = !store.waiters.borrow().is_empty();
+        let due = w.unsynced >= store.cfg.sync_every
+            || (w.unsynced > 0 && w.last_sync.elapsed() >= store.cfg.sync_timeout)
+            || (waiting && !failed)
+            || store.closing.get();
+        if due && !failed {
+            w.sync().await;
+        }
+        if store.closing.get()
+            && store.pending.borrow().is_empty()
+            && store.journal_pending.borrow().is_empty()
+        {
+            w.close().await;
+            break;
+        }
+    }
+    store.finished.set(true);
+    store.journal_wake.notify();
+    for w in store.drain_waiters.borrow_mut().drain(..) {
+        let _ = w.send(());
+    }
+    store.done.notify();
+}
+
+/// The writer task's state between batches.
+struct Writer {
+    store: Rc<TopicStore>,
+    /// The segment being written.
+    active: Option<Active>,
+    /// Records and journal events written since the last sync.
+    unsynced: u64,
+    last_sync: Instant,
+    /// (when, segment base, data end) of the last partial index written.
+    last_partial: (Instant, u64, u64),
+}
+
+impl Writer {
+    /// Sleeps until there is something to do, or `--sync-timeout` after unsynced writes.
+    async fn wait_for_work(&self) {
+        let store = &self.store;
+        let has_pending = !store.pending.borrow().is_empty();
+        let has_journal = store.journal_written.get() > 0;
+        let has_waiters = !store.waiters.borrow().is_empty();
+        let closing = store.closing.get();
+        if has_pending || has_waiters || closing || has_journal {
+            return;
+        }
+        let wake = std::pin::pin!(store.wake.wait());
+        if self.unsynced > 0 {
+            let left = store
+                .cfg
+                .sync_timeout
+                .saturating_sub(self.last_sync.elapsed());
+            let sleep = std::pin::pin!(glommio::timer::sleep(left));
+            futures::future::select(wake, sleep).await;
+        } else {
+            wake.await;
+        }
+    }
+
+    /// Writes the batch `buf` (records `recs`: sequence, encoded length) into segments,
+    /// rotating at `max_bytes_per_file` (nsqd: writeOne). False after a failure (logged,
+    /// recorded as the store's error, waiters failed).
+    async fn write_batch(&mut self, buf: &[u8], recs: &[(u64, u32)]) -> bool {
+        let store = self.store.clone();
         let mut i = 0usize;
         let mut start = 0usize;
-        while i < recs.len() && !failed {
-            if active
+        while i < recs.len() {
+            if self
+                .active
                 .as_ref()
                 .is_some_and(|a| a.pos >= store.cfg.max_bytes_per_file)
             {
-                if let Some(mut a) = active.take() {
-                    // Rotation: the closed segment is synced, so all of it is durable.
-                    let ok = a.writer.sync().await.is_ok();
-                    let closed = a.writer.close().await.is_ok();
-                    let upto = (a.written > 0).then_some(a.written);
-                    mark_readable(&store, &mut a, u64::MAX);
-                    if let (true, Some(seq)) = (ok, upto) {
-                        store.durable_seq.set(store.durable_seq.get().max(seq));
-                    }
-                    if ok && closed {
-                        // In the background: publishers waiting for a sync need not
-                        // wait for the index file's fsync too.
-                        // (Counted as an open: `close` waits for it.)
-                        let (st, base, end) = (store.clone(), a.base, a.pos);
-                        store.opens.set(store.opens.get() + 1);
-                        glommio::spawn_local(async move {
-                            seal_closed(&st, base, end).await;
-                            st.opens.set(st.opens.get() - 1);
-                        })
-                        .detach();
-                    }
-                }
+                self.rotate().await;
             }
-            if active.is_none() {
+            if self.active.is_none() {
                 match open_segment(&store, recs[i].0).await {
-                    Ok(a) => active = Some(a),
+                    Ok(a) => self.active = Some(a),
                     Err(e) => {
                         log::error!("STORE: {} - {e}", store.dir.display());
                         *store.error.borrow_mut() = Some(e.clone());
                         store.fail_waiters(&e);
-                        failed = true;
-                        break;
+                        return false;
                     }
                 }
             }
-            let Some(a) = active.as_mut() else { break };
+            let Some(a) = self.active.as_mut() else {
+                break;
+            };
             // Records that go into this segment: up to the one that crosses the limit.
             let mut j = i;
             let mut bytes = 0u64;
@@ -212,24 +261,14 @@ pub(super) async fn writer_task(store: Rc<TopicStore>) {
                     break;
                 }
             }
-            {
-                let mut segs = store.segments.borrow_mut();
-                if let Some(seg) = segs.get_mut(&a.base) {
-                    let mut off = a.pos;
-                    for &(seq, len) in &recs[i..j] {
-                        // Sequences may have gaps: index by count, not by value.
-                        seg.note(seq, off);
-                        off += len as u64;
-                    }
-                }
-            }
+            note_records(&store, a, &recs[i..j]);
             let chunk = &buf[start..start + bytes as usize];
             match a.writer.write_all(chunk).await {
                 Ok(()) => {
                     a.pos += bytes;
                     a.unflushed.push_back((a.pos, recs[j - 1].0 + 1));
                     a.written = recs[j - 1].0 + 1;
-                    unsynced += (j - i) as u64;
+                    self.unsynced += (j - i) as u64;
                     let flushed = a.writer.current_flushed_pos();
                     mark_readable(&store, a, flushed);
                 }
@@ -238,88 +277,112 @@ pub(super) async fn writer_task(store: Rc<TopicStore>) {
                     log::error!("STORE: {e}");
                     *store.error.borrow_mut() = Some(e.clone());
                     store.fail_waiters(&e);
-                    abandon(&store, active.take()).await;
-                    failed = true;
+                    abandon(&store, self.active.take()).await;
+                    return false;
                 }
             }
             start += bytes as usize;
             i = j;
         }
-        if buf.capacity() <= SPARE_MAX {
-            buf.clear();
-            recs.clear();
-            *store.spare.borrow_mut() = buf;
-            *store.spare_recs.borrow_mut() = recs;
+        true
+    }
+
+    /// Closes the full segment: synced, so all of it is durable, then sealed in the
+    /// background (nsqd: writeOne's rotation to the next file).
+    async fn rotate(&mut self) {
+        let store = &self.store;
+        let Some(mut a) = self.active.take() else {
+            return;
+        };
+        let ok = a.writer.sync().await.is_ok();
+        let closed = a.writer.close().await.is_ok();
+        let upto = (a.written > 0).then_some(a.written);
+        mark_readable(store, &mut a, u64::MAX);
+        if let (true, Some(seq)) = (ok, upto) {
+            store.durable_seq.set(store.durable_seq.get().max(seq));
         }
-        // Journal events share the records' sync policy and group commit; any still
-        // pending are written first, so the sync below covers every event so far.
-        unsynced += flush_journal(&store) + store.journal_written.replace(0);
-        delete_covered_journals(&store).await;
-        let waiting = !store.waiters.borrow().is_empty();
-        let due = unsynced >= store.cfg.sync_every
-            || (unsynced > 0 && last_sync.elapsed() >= store.cfg.sync_timeout)
-            || (waiting && !failed)
-            || store.closing.get();
-        if due && !failed {
-            sync_journal(&store).await;
-            if let Some(a) = active.as_mut() {
-                match a.writer.sync().await {
-                    Ok(_) => {
-                        a.synced = true;
-                        let upto = (a.written > 0).then_some(a.written);
-                        mark_readable(&store, a, u64::MAX);
-                        if let Some(seq) = upto {
-                            store.durable_seq.set(store.durable_seq.get().max(seq));
-                        }
-                        *store.error.borrow_mut() = None;
-                        let (at, base, pos) = last_partial;
-                        if at.elapsed() >= store.cfg.sync_timeout
-                            || base != a.base
-                            || a.pos >= pos + PARTIAL_EVERY
-                        {
-                            last_partial = (Instant::now(), a.base, a.pos);
-                            write_partial(&store, a.base, a.pos);
-                        }
-                    }
-                    Err(e) => {
-                        let e = io_err(e).context(format_args!("sync {}", store.dir.display()));
-                        log::error!("STORE: {e}");
-                        *store.error.borrow_mut() = Some(e.clone());
-                        store.fail_waiters(&e);
-                        abandon(&store, active.take()).await;
-                    }
-                }
-            }
-            unsynced = 0;
-            last_sync = Instant::now();
-            if active.is_none() && store.pending.borrow().is_empty() {
-                // Nothing left unwritten: everything appended so far is durable.
-                store
-                    .durable_seq
-                    .set(store.durable_seq.get().max(store.next_seq.get()));
-            }
-            store.release_waiters();
-        }
-        if store.closing.get()
-            && store.pending.borrow().is_empty()
-            && store.journal_pending.borrow().is_empty()
-        {
-            if let Some(mut a) = active.take() {
-                let closed = a.writer.close().await.is_ok();
-                mark_readable(&store, &mut a, u64::MAX);
-                if closed && a.synced {
-                    seal_closed(&store, a.base, a.pos).await;
-                }
-            }
-            *store.journal_file.borrow_mut() = None;
-            store.fail_waiters(&StoreError::exiting());
-            break;
+        if ok && closed {
+            // In the background: publishers waiting for a sync need not wait for the
+            // index file's fsync too. (Counted as an open: `close` waits for it.)
+            let (st, base, end) = (store.clone(), a.base, a.pos);
+            store.opens.set(store.opens.get() + 1);
+            glommio::spawn_local(async move {
+                seal_closed(&st, base, end).await;
+                st.opens.set(st.opens.get() - 1);
+            })
+            .detach();
         }
     }
-    store.finished.set(true);
-    store.journal_wake.notify();
-    for w in store.drain_waiters.borrow_mut().drain(..) {
-        let _ = w.send(());
+
+    /// Syncs the journal and the open segment (nsqd: sync), checkpoints the segment's
+    /// partial index when due, and releases the publishers waiting for durability.
+    async fn sync(&mut self) {
+        let store = self.store.clone();
+        sync_journal(&store).await;
+        if let Some(a) = self.active.as_mut() {
+            match a.writer.sync().await {
+                Ok(_) => {
+                    a.synced = true;
+                    let upto = (a.written > 0).then_some(a.written);
+                    mark_readable(&store, a, u64::MAX);
+                    if let Some(seq) = upto {
+                        store.durable_seq.set(store.durable_seq.get().max(seq));
+                    }
+                    *store.error.borrow_mut() = None;
+                    let (at, base, pos) = self.last_partial;
+                    if at.elapsed() >= store.cfg.sync_timeout
+                        || base != a.base
+                        || a.pos >= pos + PARTIAL_EVERY
+                    {
+                        self.last_partial = (Instant::now(), a.base, a.pos);
+                        write_partial(&store, a.base, a.pos);
+                    }
+                }
+                Err(e) => {
+                    let e = io_err(e).context(format_args!("sync {}", store.dir.display()));
+                    log::error!("STORE: {e}");
+                    *store.error.borrow_mut() = Some(e.clone());
+                    store.fail_waiters(&e);
+                    abandon(&store, self.active.take()).await;
+                }
+            }
+        }
+        self.unsynced = 0;
+        self.last_sync = Instant::now();
+        if self.active.is_none() && store.pending.borrow().is_empty() {
+            // Nothing left unwritten: everything appended so far is durable.
+            store
+                .durable_seq
+                .set(store.durable_seq.get().max(store.next_seq.get()));
+        }
+        store.release_waiters();
     }
-    store.done.notify();
+
+    /// Clean close: closes (and seals, if synced) the open segment and fails whoever
+    /// still waits.
+    async fn close(&mut self) {
+        let store = &self.store;
+        if let Some(mut a) = self.active.take() {
+            let closed = a.writer.close().await.is_ok();
+            mark_readable(store, &mut a, u64::MAX);
+            if closed && a.synced {
+                seal_closed(store, a.base, a.pos).await;
+            }
+        }
+        *store.journal_file.borrow_mut() = None;
+        store.fail_waiters(&StoreError::exiting());
+    }
+}
+
+/// Adds records about to be written at the segment's position to its count and sparse
+/// index (sequences may have gaps: indexed by count, not by value).
+fn note_records(store: &TopicStore, a: &Active, recs: &[(u64, u32)]) {
+    let mut segs = store.segments.borrow_mut();
+    if let Some(seg) = segs.get_mut(&a.base) {
+        let mut off = a.pos;
+        for &(seq, len) in recs {
+            seg.note(seq, off);
+            off += len as u64;
+        }
+    }
 }
