@@ -4,7 +4,7 @@
 
 use crate::protocol::identify::VERSION;
 use crate::server::Server;
-use crate::stats_render;
+use crate::stats::render as stats_render;
 use crate::tcp::SharedStream;
 use crate::timefmt;
 use bytes::{Bytes, BytesMut};
@@ -577,7 +577,7 @@ async fn route(server: &Rc<Server>, head: &Head, body: Bytes) -> Response {
             let shards = server.gather_stats(&req).await;
             let mut r = Response::plain(
                 200,
-                crate::metrics::prometheus(&shards, server.cfg.start_time).into_bytes(),
+                crate::stats::prometheus::prometheus(&shards, server.cfg.start_time).into_bytes(),
             );
             r.sniffed_type = None;
             r.headers.push((
@@ -966,7 +966,7 @@ async fn do_config(server: &Server, head: &Head, body: &[u8]) -> Response {
     let v: serde_json::Value = match opt {
         "nsqlookupd_tcp_addresses" => crate::lookup::peer_addresses_json(server),
         "log_level" => log_level_number(c).into(),
-        "statsd_prefix" => return raw(&crate::statsd::server_prefix(server)),
+        "statsd_prefix" => return raw(&crate::stats::statsd::server_prefix(server)),
         "broadcast_tcp_port" if c.broadcast_tcp_port == 0 => server.tcp_port.into(),
         "broadcast_http_port" if c.broadcast_http_port == 0 => server.http_port.into(),
         _ => {

@@ -543,7 +543,7 @@ async fn shard_main(
     }
     // statsd (src/statsd.rs): shard 0 pushes every shard's stats.
     if index == 0 && !cfg.statsd_address.is_empty() {
-        glommio::spawn_local(crate::statsd::statsd_loop(server.clone())).detach();
+        glommio::spawn_local(crate::stats::statsd::statsd_loop(server.clone())).detach();
     }
     let tcp_task = glommio::spawn_local(tcp::accept_loop(server.clone(), tcp));
     let http_task = glommio::spawn_local(http::accept_loop(server.clone(), http));

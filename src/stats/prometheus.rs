@@ -2,6 +2,7 @@
 //! channel metrics (labelled by topic, channel and shard), per-shard counters and process
 //! metrics. GET /shards: the per-shard counters as JSON.
 
+use super::process::{open_fds, Process};
 use nsq_shards::stats::ShardStats;
 use std::fmt::Write;
 
@@ -28,21 +29,6 @@ fn render(out: &mut String, f: Family) {
             let _ = writeln!(out, "{}{{{}}} {}", f.name, labels, v);
         }
     }
-}
-
-fn proc_stat() -> (f64, f64, f64) {
-    // (cpu seconds, resident bytes, open fds)
-    let ticks = 100.0;
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ut: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    let st: f64 = f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    let rss_pages: f64 = f.get(21).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    let fds = std::fs::read_dir("/proc/self/fd")
-        .map(|d| d.count())
-        .unwrap_or(0) as f64;
-    ((ut + st) / ticks, rss_pages * 4096.0, fds)
 }
 
 /// Renders every shard's stats (gathered with clients included) as Prometheus text.
@@ -242,7 +228,8 @@ pub fn prometheus(shards: &[ShardStats], start_time: i64) -> String {
             },
         );
     }
-    let (cpu, rss, fds) = proc_stat();
+    let p = Process::read();
+    let (cpu, rss, fds) = (p.cpu_seconds, p.resident_bytes as f64, open_fds() as f64);
     for (name, help, kind, v) in [
         (
             "process_cpu_seconds_total",

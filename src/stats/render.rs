@@ -1,6 +1,7 @@
 //! /stats rendering: nsqd's JSON schema and text layout (nsqd: http.go doStats,
 //! printStats), merged from every shard's snapshot, plus this broker's per-shard section.
 
+use super::process::Memory;
 use crate::config::go_duration_string;
 use crate::protocol::identify::VERSION;
 use crate::server::Server;
@@ -8,35 +9,6 @@ use crate::timefmt;
 use nsq_shards::stats::{ClientStats, ShardCounters, ShardStats, StatsRequest, TopicStats};
 use serde::Serialize;
 use std::fmt::Write;
-
-/// Process memory, in nsqd's `memory` keys. There is no GC here: the GC fields are 0 and
-/// the heap fields come from /proc/self/statm (resident and virtual bytes).
-#[derive(Serialize, Default)]
-struct Memory {
-    heap_objects: u64,
-    heap_idle_bytes: u64,
-    heap_in_use_bytes: u64,
-    heap_released_bytes: u64,
-    gc_pause_usec_100: u64,
-    gc_pause_usec_99: u64,
-    gc_pause_usec_95: u64,
-    next_gc_bytes: u64,
-    gc_total_runs: u64,
-}
-
-fn memory() -> Memory {
-    let page = 4096u64;
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let mut it = statm
-        .split_whitespace()
-        .map(|v| v.parse::<u64>().unwrap_or(0));
-    let _size = it.next().unwrap_or(0);
-    let resident = it.next().unwrap_or(0);
-    Memory {
-        heap_in_use_bytes: resident * page,
-        ..Default::default()
-    }
-}
 
 #[derive(Serialize)]
 struct StatsDoc<'a> {
@@ -83,7 +55,7 @@ pub fn json(
         health: &health,
         start_time: server.cfg.start_time,
         topics,
-        memory: include_mem.then(memory),
+        memory: include_mem.then(Memory::read),
         producers: (!producers.is_empty()).then_some(producers),
         shards: shards.iter().map(|s| &s.counters).collect(),
     };
@@ -172,7 +144,7 @@ pub fn text(
     let _ = writeln!(w, "uptime {}", go_duration_string(uptime));
     let _ = writeln!(w, "\nHealth: {}", health_text(shards));
     if include_mem {
-        let m = memory();
+        let m = Memory::read();
         let _ = writeln!(w, "\nMemory:");
         for (k, v) in [
             ("heap_objects", m.heap_objects),

@@ -13,6 +13,7 @@
 //! since the previous push (wrapping like nsqd's uint64 subtraction cast to int64).
 //! Nothing here touches the data path: it only reads stats snapshots.
 
+use super::process::Memory;
 use crate::server::Server;
 use nsq_shards::stats::{ShardStats, StatsRequest, TopicStats};
 use std::collections::HashMap;
@@ -218,34 +219,6 @@ pub fn pack(lines: &[String], size: usize) -> Vec<Vec<u8>> {
     out
 }
 
-/// nsqd's memory gauges. There is no GC here: `heap_in_use_bytes` is the resident set
-/// size (as in /stats), the rest are 0.
-#[derive(Default)]
-pub struct Memory {
-    pub heap_objects: u64,
-    pub heap_idle_bytes: u64,
-    pub heap_in_use_bytes: u64,
-    pub heap_released_bytes: u64,
-    pub gc_pause_usec_100: u64,
-    pub gc_pause_usec_99: u64,
-    pub gc_pause_usec_95: u64,
-    pub next_gc_bytes: u64,
-    pub gc_total_runs: u64,
-}
-
-fn memory() -> Memory {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let resident = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0);
-    Memory {
-        heap_in_use_bytes: resident * 4096,
-        ..Default::default()
-    }
-}
-
 /// Resolves the statsd address off the executor thread (DNS may block).
 async fn resolve(addr: &str) -> Option<SocketAddr> {
     if let Ok(sa) = addr.parse::<SocketAddr>() {
@@ -286,7 +259,7 @@ async fn push(server: &Server, prev: &mut Previous, spread: Duration) {
     let shards: Vec<ShardStats> = server.gather_stats(&req).await;
     let mut topics: Vec<&TopicStats> = shards.iter().flat_map(|s| s.topics.iter()).collect();
     topics.sort_by(|a, b| a.topic_name.cmp(&b.topic_name));
-    let mem = c.statsd_mem_stats.then(memory);
+    let mem = c.statsd_mem_stats.then(Memory::read);
     let lines = render(
         &topics,
         prev,
