@@ -194,7 +194,12 @@ pub(crate) fn listen(
 ///
 /// Under systemd (`NOTIFY_SOCKET` set, `Type=notify`) it sends `READY=1` once every shard
 /// has recovered and accepts, and `STOPPING=1` when a shutdown starts (sd_notify(3)).
-pub fn run(cfg: Config, ready: crate::preflight::Ready) -> Result<(), String> {
+/// `on_serving` runs then too (main stops treating panics as start-up failures).
+pub fn run(
+    cfg: Config,
+    ready: crate::preflight::Ready,
+    on_serving: impl FnOnce(),
+) -> Result<(), String> {
     log::info!("nsqd v1.3.0 (rust, {} shards)", cfg.shards);
     log::info!("ID: {}", cfg.opts.node_id);
     for w in &ready.warnings {
@@ -339,7 +344,7 @@ pub fn run(cfg: Config, ready: crate::preflight::Ready) -> Result<(), String> {
     if let Some(a) = https_addr {
         log::info!("HTTPS: listening on {a}");
     }
-    SERVING.store(true, Ordering::SeqCst);
+    on_serving();
     // systemd Type=notify: `systemctl start` returns now, with every shard serving.
     if let Err(e) = sd_notify::notify(&[NotifyState::Ready]) {
         log::warn!("sd_notify READY=1 failed: {e}");
@@ -389,9 +394,6 @@ impl From<String> for StartError {
 }
 
 type ReadyTx = mpsc::Sender<Result<usize, StartError>>;
-
-/// Set once every shard serves; before that, a panic is a start-up failure (see main).
-pub static SERVING: AtomicBool = AtomicBool::new(false);
 
 /// Reports a shard whose executor never ran: glommio drops the closure given to
 /// `LocalExecutorBuilder::spawn` uncalled when it cannot build the executor, and the
@@ -702,6 +704,19 @@ fn handle_mesh(server: &Rc<Server>, msg: ShardMsg) {
         ShardMsg::Lookup(events) => {
             shard.lookup_events.borrow_mut().extend(events);
             shard.lookup_wake.notify();
+        }
+        ShardMsg::NodeChange { update, reply } => {
+            // It waits for every shard: not on the mesh receiver's task.
+            let s = server.clone();
+            glommio::spawn_local(async move {
+                s.apply_node_settings_everywhere(update).await;
+                let _ = reply.send(());
+            })
+            .detach();
+        }
+        ShardMsg::NodeApply { update, reply } => {
+            shard.node.apply(&update);
+            let _ = reply.send(());
         }
     }
 }

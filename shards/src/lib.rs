@@ -11,6 +11,7 @@ pub mod client;
 pub mod mesh;
 pub mod message;
 pub mod names;
+pub mod node;
 pub mod options;
 pub mod persist;
 pub mod quantile;

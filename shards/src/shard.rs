@@ -77,6 +77,9 @@ pub struct Shard {
     /// addresses are configured).
     pub lookup_events: RefCell<Vec<LookupEvent>>,
     pub lookup_wake: crate::signal::Notify,
+    /// This shard's copy of the node-wide settings that change at run time (shard 0
+    /// owns them: see [`crate::node`]).
+    pub node: crate::node::NodeSettings,
     pub lookup_enabled: Cell<bool>,
     /// A topic or channel was created or deleted: the checkpoint task writes metadata
     /// soon (nsqd: Notify persists metadata on every such change).
@@ -158,6 +161,7 @@ impl Shard {
             shutdown: Event::default(),
             lookup_events: RefCell::new(Vec::new()),
             lookup_wake: crate::signal::Notify::default(),
+            node: crate::node::NodeSettings::default(),
             lookup_enabled: Cell::new(false),
             meta_wake: crate::signal::Notify::default(),
             store_wake: crate::signal::Notify::default(),
