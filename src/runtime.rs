@@ -21,9 +21,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-/// Shortest interval between two timer passes of a shard: timers due within it are
-/// handled together (in-flight timeouts and deferred messages fire at most this late).
-/// nsqd's queueScanLoop scans every 100 ms.
+/// Shortest interval between two timer passes of a shard ([`timer_loop`], which with
+/// `Shard::process_timers` is nsqd's queueScanLoop): timers due within it are handled
+/// together (in-flight timeouts and deferred messages fire at most this late). nsqd's
+/// queueScanLoop scans a random sample of channels every 100 ms
+/// (queueScanInterval); here only the channels with a timer due are visited.
 const TICK: Duration = Duration::from_millis(10);
 
 /// Longest a shard's timer loop sleeps when nothing is due sooner: how quickly it notices

@@ -16,10 +16,10 @@ pub mod options;
 pub mod persist;
 pub mod quantile;
 pub mod shard;
-pub mod signal;
 pub mod stats;
 pub mod timers;
 pub mod topic;
+pub mod wake;
 
 pub use channel::Channel;
 pub use client::{Client, ClientState};
