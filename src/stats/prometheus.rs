@@ -3,7 +3,7 @@
 //! metrics. GET /shards: the per-shard counters as JSON.
 
 use super::process::{open_fds, Process};
-use nsq_shards::stats::ShardStats;
+use nsq_shards::stats::{ChannelStats, ShardCounters, ShardStats, TopicStats};
 use std::fmt::Write;
 
 fn esc(v: &str) -> String {
@@ -31,203 +31,203 @@ fn render(out: &mut String, f: Family) {
     }
 }
 
+/// A metric family's (name, help, type).
+type Spec = (&'static str, &'static str, &'static str);
+
+/// Per topic, labelled by topic and shard; values from [`topic_values`].
+const TOPIC_FAMILIES: &[Spec] = &[
+    (
+        "nsq_topic_depth",
+        "Messages waiting in the topic (not yet pumped to channels).",
+        "gauge",
+    ),
+    (
+        "nsq_topic_messages_total",
+        "Messages published to the topic.",
+        "counter",
+    ),
+    (
+        "nsq_topic_message_bytes_total",
+        "Bytes published to the topic.",
+        "counter",
+    ),
+    ("nsq_topic_paused", "1 when the topic is paused.", "gauge"),
+];
+
+/// Per channel, labelled by topic, channel and shard; values from [`channel_values`].
+const CHANNEL_FAMILIES: &[Spec] = &[
+    (
+        "nsq_channel_depth",
+        "Messages ready for delivery on the channel.",
+        "gauge",
+    ),
+    (
+        "nsq_channel_in_flight",
+        "Messages delivered and not yet finished.",
+        "gauge",
+    ),
+    (
+        "nsq_channel_deferred",
+        "Messages waiting for their defer time.",
+        "gauge",
+    ),
+    (
+        "nsq_channel_messages_total",
+        "Messages the channel received from its topic.",
+        "counter",
+    ),
+    (
+        "nsq_channel_requeued_total",
+        "Messages requeued (REQ).",
+        "counter",
+    ),
+    (
+        "nsq_channel_timed_out_total",
+        "Messages that timed out in flight.",
+        "counter",
+    ),
+    ("nsq_channel_clients", "Subscribed clients.", "gauge"),
+    (
+        "nsq_channel_paused",
+        "1 when the channel is paused.",
+        "gauge",
+    ),
+];
+
+/// Per shard, labelled by shard and CPU; values from [`shard_values`].
+const SHARD_FAMILIES: &[Spec] = &[
+    ("nsq_shard_topics", "Topics owned by the shard.", "gauge"),
+    (
+        "nsq_shard_clients",
+        "TCP connections on the shard.",
+        "gauge",
+    ),
+    (
+        "nsq_shard_messages_in_total",
+        "Messages published on the shard.",
+        "counter",
+    ),
+    (
+        "nsq_shard_messages_out_total",
+        "Messages delivered by the shard.",
+        "counter",
+    ),
+    (
+        "nsq_shard_bytes_out_total",
+        "Bytes written to consumers and producers.",
+        "counter",
+    ),
+    (
+        "nsq_shard_cross_shard_sent_total",
+        "Publishes forwarded to another shard.",
+        "counter",
+    ),
+    (
+        "nsq_shard_cross_shard_received_total",
+        "Publishes received from another shard.",
+        "counter",
+    ),
+    (
+        "nsq_shard_handoffs_received_total",
+        "Connections handed to this shard.",
+        "counter",
+    ),
+    (
+        "nsq_shard_loop_lag_seconds",
+        "Lateness of the shard's last timer tick.",
+        "gauge",
+    ),
+];
+
+/// Empty families for `specs`, in order.
+fn families(specs: &[Spec]) -> Vec<Family<'static>> {
+    specs
+        .iter()
+        .map(|&(name, help, kind)| Family {
+            name,
+            help,
+            kind,
+            samples: Vec::new(),
+        })
+        .collect()
+}
+
+/// Adds one sample with `labels` to each family, in order.
+fn push_samples<const N: usize>(fs: &mut [Family], labels: &str, vals: [f64; N]) {
+    for (f, v) in fs.iter_mut().zip(vals) {
+        f.samples.push((labels.to_string(), v));
+    }
+}
+
+fn topic_values(t: &TopicStats) -> [f64; 4] {
+    [
+        t.depth as f64,
+        t.message_count as f64,
+        t.message_bytes as f64,
+        t.paused as u8 as f64,
+    ]
+}
+
+fn channel_values(c: &ChannelStats) -> [f64; 8] {
+    [
+        c.depth as f64,
+        c.in_flight_count as f64,
+        c.deferred_count as f64,
+        c.message_count as f64,
+        c.requeue_count as f64,
+        c.timeout_count as f64,
+        c.client_count as f64,
+        c.paused as u8 as f64,
+    ]
+}
+
+fn shard_values(c: &ShardCounters) -> [f64; 9] {
+    [
+        c.topics as f64,
+        c.clients as f64,
+        c.messages_in as f64,
+        c.messages_out as f64,
+        c.bytes_out as f64,
+        c.cross_shard_sent as f64,
+        c.cross_shard_received as f64,
+        c.handoffs_received as f64,
+        c.loop_lag_us as f64 / 1e6,
+    ]
+}
+
 /// Renders every shard's stats (gathered with clients included) as Prometheus text.
 pub fn prometheus(shards: &[ShardStats], start_time: i64) -> String {
     let mut out = String::new();
-    let mut topic_f = vec![
-        (
-            "nsq_topic_depth",
-            "Messages waiting in the topic (not yet pumped to channels).",
-            "gauge",
-            vec![],
-        ),
-        (
-            "nsq_topic_messages_total",
-            "Messages published to the topic.",
-            "counter",
-            vec![],
-        ),
-        (
-            "nsq_topic_message_bytes_total",
-            "Bytes published to the topic.",
-            "counter",
-            vec![],
-        ),
-        (
-            "nsq_topic_paused",
-            "1 when the topic is paused.",
-            "gauge",
-            vec![],
-        ),
-    ];
-    let mut chan_f = vec![
-        (
-            "nsq_channel_depth",
-            "Messages ready for delivery on the channel.",
-            "gauge",
-            vec![],
-        ),
-        (
-            "nsq_channel_in_flight",
-            "Messages delivered and not yet finished.",
-            "gauge",
-            vec![],
-        ),
-        (
-            "nsq_channel_deferred",
-            "Messages waiting for their defer time.",
-            "gauge",
-            vec![],
-        ),
-        (
-            "nsq_channel_messages_total",
-            "Messages the channel received from its topic.",
-            "counter",
-            vec![],
-        ),
-        (
-            "nsq_channel_requeued_total",
-            "Messages requeued (REQ).",
-            "counter",
-            vec![],
-        ),
-        (
-            "nsq_channel_timed_out_total",
-            "Messages that timed out in flight.",
-            "counter",
-            vec![],
-        ),
-        (
-            "nsq_channel_clients",
-            "Subscribed clients.",
-            "gauge",
-            vec![],
-        ),
-        (
-            "nsq_channel_paused",
-            "1 when the channel is paused.",
-            "gauge",
-            vec![],
-        ),
-    ];
-    let mut shard_f = vec![
-        (
-            "nsq_shard_topics",
-            "Topics owned by the shard.",
-            "gauge",
-            vec![],
-        ),
-        (
-            "nsq_shard_clients",
-            "TCP connections on the shard.",
-            "gauge",
-            vec![],
-        ),
-        (
-            "nsq_shard_messages_in_total",
-            "Messages published on the shard.",
-            "counter",
-            vec![],
-        ),
-        (
-            "nsq_shard_messages_out_total",
-            "Messages delivered by the shard.",
-            "counter",
-            vec![],
-        ),
-        (
-            "nsq_shard_bytes_out_total",
-            "Bytes written to consumers and producers.",
-            "counter",
-            vec![],
-        ),
-        (
-            "nsq_shard_cross_shard_sent_total",
-            "Publishes forwarded to another shard.",
-            "counter",
-            vec![],
-        ),
-        (
-            "nsq_shard_cross_shard_received_total",
-            "Publishes received from another shard.",
-            "counter",
-            vec![],
-        ),
-        (
-            "nsq_shard_handoffs_received_total",
-            "Connections handed to this shard.",
-            "counter",
-            vec![],
-        ),
-        (
-            "nsq_shard_loop_lag_seconds",
-            "Lateness of the shard's last timer tick.",
-            "gauge",
-            vec![],
-        ),
-    ];
+    let mut topic_f = families(TOPIC_FAMILIES);
+    let mut chan_f = families(CHANNEL_FAMILIES);
+    let mut shard_f = families(SHARD_FAMILIES);
     for s in shards {
         let sh = s.counters.shard;
         for t in &s.topics {
             let l = format!("topic=\"{}\",shard=\"{sh}\"", esc(&t.topic_name));
-            let vals = [
-                t.depth as f64,
-                t.message_count as f64,
-                t.message_bytes as f64,
-                t.paused as u8 as f64,
-            ];
-            for (f, v) in topic_f.iter_mut().zip(vals) {
-                f.3.push((l.clone(), v));
-            }
+            push_samples(&mut topic_f, &l, topic_values(t));
             for c in &t.channels {
                 let l = format!(
                     "topic=\"{}\",channel=\"{}\",shard=\"{sh}\"",
                     esc(&t.topic_name),
                     esc(&c.channel_name)
                 );
-                let vals = [
-                    c.depth as f64,
-                    c.in_flight_count as f64,
-                    c.deferred_count as f64,
-                    c.message_count as f64,
-                    c.requeue_count as f64,
-                    c.timeout_count as f64,
-                    c.client_count as f64,
-                    c.paused as u8 as f64,
-                ];
-                for (f, v) in chan_f.iter_mut().zip(vals) {
-                    f.3.push((l.clone(), v));
-                }
+                push_samples(&mut chan_f, &l, channel_values(c));
             }
         }
         let c = &s.counters;
         let l = format!("shard=\"{sh}\",cpu=\"{}\"", c.cpu);
-        let vals = [
-            c.topics as f64,
-            c.clients as f64,
-            c.messages_in as f64,
-            c.messages_out as f64,
-            c.bytes_out as f64,
-            c.cross_shard_sent as f64,
-            c.cross_shard_received as f64,
-            c.handoffs_received as f64,
-            c.loop_lag_us as f64 / 1e6,
-        ];
-        for (f, v) in shard_f.iter_mut().zip(vals) {
-            f.3.push((l.clone(), v));
-        }
+        push_samples(&mut shard_f, &l, shard_values(c));
     }
-    for (name, help, kind, samples) in topic_f.into_iter().chain(chan_f).chain(shard_f) {
-        render(
-            &mut out,
-            Family {
-                name,
-                help,
-                kind,
-                samples,
-            },
-        );
+    for f in topic_f.into_iter().chain(chan_f).chain(shard_f) {
+        render(&mut out, f);
     }
+    process_metrics(&mut out, start_time);
+    out
+}
+
+/// The process_* metrics of the Prometheus client libraries.
+fn process_metrics(out: &mut String, start_time: i64) {
     let p = Process::read();
     let (cpu, rss, fds) = (p.cpu_seconds, p.resident_bytes as f64, open_fds() as f64);
     for (name, help, kind, v) in [
@@ -257,7 +257,7 @@ pub fn prometheus(shards: &[ShardStats], start_time: i64) -> String {
         ),
     ] {
         render(
-            &mut out,
+            out,
             Family {
                 name,
                 help,
@@ -266,5 +266,4 @@ pub fn prometheus(shards: &[ShardStats], start_time: i64) -> String {
             },
         );
     }
-    out
 }
