@@ -254,15 +254,16 @@ pub(super) async fn scan_open_file(
     let head = file.read_at(0, SEGMENT_HEADER_LEN).await.map_err(io_err)?;
     let (base, salt) = record::parse_segment_header(&head).map_err(StoreError::invalid_data)?;
     *salt_out = salt;
-    let mut last: Option<u64> = base.checked_sub(1);
     let mut pos = start.max(SEGMENT_HEADER_LEN as u64);
-    let mut data_end = pos;
+    let mut scan = Scanner {
+        path,
+        salt,
+        last: base.checked_sub(1),
+        data_end: pos,
+        suspect: Vec::new(),
+    };
     let mut carry: Vec<u8> = Vec::new();
     let mut carry_at = pos;
-    // Problems seen since the last valid record. Garbage followed by a valid record is
-    // corruption (logged as an error); garbage up to the end of the data is the unwritten
-    // rest of the last DMA block after a crash (stale buffer bytes), which is expected.
-    let mut suspect: Vec<(u64, String)> = Vec::new();
     while pos < size {
         let want = RECOVERY_CHUNK.min((size - pos) as usize);
         let rr = file.read_at(pos, want).await.map_err(io_err)?;
@@ -273,58 +274,15 @@ pub(super) async fn scan_open_file(
         let mut buf = std::mem::take(&mut carry);
         buf.extend_from_slice(&rr);
         let data = Bytes::from(buf);
-        let mut at = 0usize;
-        let mut end = false;
-        while at < data.len() {
-            match record::decode(&data, at, salt) {
-                Decoded::Record(r, n) => {
-                    if last.is_some_and(|l| r.seq <= l) {
-                        // Stale bytes of a reused buffer: the end of this segment.
-                        end = true;
-                        break;
-                    }
-                    for (off, reason) in suspect.drain(..) {
-                        log::error!(
-                            "STORE: {} offset {off}: {reason}; record skipped",
-                            path.display()
-                        );
-                    }
-                    last = Some(r.seq);
-                    f(r, carry_at + at as u64);
-                    at += n;
-                    data_end = carry_at + at as u64;
-                }
-                Decoded::End => {
-                    end = true;
-                    break;
-                }
-                Decoded::Incomplete => break,
-                Decoded::Corrupt { reason, skip } => {
-                    suspect.push((carry_at + at as u64, reason.to_string()));
-                    if skip > 0 {
-                        at += skip;
-                    } else {
-                        at += 1;
-                        while at < data.len()
-                            && !matches!(
-                                record::decode(&data, at, salt),
-                                Decoded::Record(..) | Decoded::Incomplete
-                            )
-                        {
-                            at += 1;
-                        }
-                    }
-                }
-            }
-        }
-        if end {
+        let Some(at) = scan.records(&data, carry_at, f) else {
             break;
-        }
+        };
         carry = data[at..].to_vec();
         carry_at += at as u64;
     }
+    let data_end = scan.data_end;
     let trailing = size.saturating_sub(data_end);
-    if !suspect.is_empty() || (!carry.is_empty() && pos >= size) {
+    if !scan.suspect.is_empty() || (!carry.is_empty() && pos >= size) {
         log::info!(
             "STORE: {} offset {data_end}: the {trailing} bytes after the last record hold no \
              whole record (a torn record, or the unwritten end of the segment when the \
@@ -333,6 +291,80 @@ pub(super) async fn scan_open_file(
         );
     }
     Ok(data_end)
+}
+
+/// The state of a scan of one segment file.
+struct Scanner<'a> {
+    path: &'a Path,
+    /// The salt of the segment's records (from its header).
+    salt: u32,
+    /// Sequence of the last valid record.
+    last: Option<u64>,
+    /// Offset just after the last valid record.
+    data_end: u64,
+    /// Problems seen since the last valid record. Garbage followed by a valid record is
+    /// corruption (logged as an error); garbage up to the end of the data is the
+    /// unwritten rest of the last DMA block after a crash (stale buffer bytes), which is
+    /// expected.
+    suspect: Vec<(u64, String)>,
+}
+
+impl Scanner<'_> {
+    /// Decodes the records in `data` (read at file offset `data_at`), calling `f` for
+    /// each valid one. Returns where an incomplete record starts (to be completed by the
+    /// next read), or `None` at the end of the segment's records.
+    fn records(
+        &mut self,
+        data: &Bytes,
+        data_at: u64,
+        f: &mut impl FnMut(StoredRecord, u64),
+    ) -> Option<usize> {
+        let mut at = 0usize;
+        while at < data.len() {
+            match record::decode(data, at, self.salt) {
+                Decoded::Record(r, n) => {
+                    if self.last.is_some_and(|l| r.seq <= l) {
+                        // Stale bytes of a reused buffer: the end of this segment.
+                        return None;
+                    }
+                    for (off, reason) in self.suspect.drain(..) {
+                        log::error!(
+                            "STORE: {} offset {off}: {reason}; record skipped",
+                            self.path.display()
+                        );
+                    }
+                    self.last = Some(r.seq);
+                    f(r, data_at + at as u64);
+                    at += n;
+                    self.data_end = data_at + at as u64;
+                }
+                Decoded::End => return None,
+                Decoded::Incomplete => break,
+                Decoded::Corrupt { reason, skip } => {
+                    self.suspect.push((data_at + at as u64, reason.to_string()));
+                    at += if skip > 0 {
+                        skip
+                    } else {
+                        self.resync(data, at + 1) - at
+                    };
+                }
+            }
+        }
+        Some(at)
+    }
+
+    /// The first offset from `at` where a record (or an incomplete one) may start.
+    fn resync(&self, data: &Bytes, mut at: usize) -> usize {
+        while at < data.len()
+            && !matches!(
+                record::decode(data, at, self.salt),
+                Decoded::Record(..) | Decoded::Incomplete
+            )
+        {
+            at += 1;
+        }
+        at
+    }
 }
 
 /// Loads the newest records of a sealed segment into `tail`: at most `keep` records and
