@@ -40,18 +40,21 @@ impl TopicStore {
 
     /// Topic delete: moves the directory aside at once (so a topic of the same name can
     /// start afresh), then stops the writer and removes the files in the background.
+    /// The aside name holds the process id and this store's random salt, unique among
+    /// the stores a process creates (if a name is taken anyway, the directory is removed
+    /// where it is).
     pub fn destroy(self: &Rc<Self>) {
-        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = self
             .dir
             .file_name()
             .map(|f| f.to_string_lossy().into_owned())
             .unwrap_or_default();
         let topic = name.strip_prefix("t-").unwrap_or(&name).to_string();
-        let aside = self
-            .dir
-            .with_file_name(format!(".deleted-{topic}-{}-{n}", std::process::id()));
+        let aside = self.dir.with_file_name(format!(
+            ".deleted-{topic}-{}-{:08x}",
+            std::process::id(),
+            self.salt
+        ));
         let moved = std::fs::rename(&self.dir, &aside).is_ok();
         self.destroyed.set(true);
         self.wake.notify();
