@@ -545,7 +545,7 @@ async fn shard_main(
             .detach();
         }
     }
-    // statsd (src/statsd.rs): shard 0 pushes every shard's stats.
+    // statsd (src/stats/statsd.rs): shard 0 pushes every shard's stats.
     if index == 0 && !cfg.statsd_address.is_empty() {
         glommio::spawn_local(crate::stats::statsd::statsd_loop(server.clone())).detach();
     }
