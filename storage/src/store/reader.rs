@@ -30,75 +30,23 @@ impl TopicStore {
         max_bytes: usize,
         hint: Option<ReadPos>,
     ) -> Result<(Vec<StoredRecord>, Option<ReadPos>), StoreError> {
-        let mut out = Vec::new();
-        let mut bytes = 0usize;
-        let mut end_pos = None;
-        let mut seq = from;
-        while out.len() < max && bytes < max_bytes {
-            let Some(Located {
-                base,
-                path,
-                start: mut off,
-                readable,
-                salt,
-            }) = self.locate(seq, (seq == from).then_some(hint).flatten())
-            else {
+        let mut batch = Batch {
+            out: Vec::new(),
+            bytes: 0,
+            end_pos: None,
+            seq: from,
+            max,
+            max_bytes,
+        };
+        while !batch.full() {
+            let hint = (batch.seq == from).then_some(hint).flatten();
+            let Some(loc) = self.locate(batch.seq, hint) else {
                 break;
             };
-            let mut last: Option<u64> = None;
-            let file = self.reader(base, &path).await?;
-            let mut progressed = false;
-            'window: loop {
-                let (data, want) = read_window(&file, off).await?;
-                if data.is_empty() {
-                    break;
-                }
-                // Decode only about what is asked for (plus the records below `seq` a
-                // window started from the sparse index holds); what is left of the
-                // window is read again by the next call, at the position returned.
-                let limit = (max - out.len()).saturating_add(INDEX_EVERY as usize);
-                let (recs, skipped, stop) = record::scan_up_to(&data, 0, salt, last, limit);
-                if let Some((r, _)) = recs.last() {
-                    last = Some(r.seq);
-                }
-                for s in skipped {
-                    log::error!(
-                        "STORE: {} offset {}: {}; record skipped",
-                        path.display(),
-                        off + s.offset as u64,
-                        s.reason
-                    );
-                }
-                for (r, at) in recs {
-                    if r.seq >= readable {
-                        break 'window;
-                    }
-                    if r.seq < seq {
-                        continue;
-                    }
-                    seq = r.seq + 1;
-                    progressed = true;
-                    bytes += r.body.len();
-                    end_pos = Some(ReadPos {
-                        base,
-                        offset: off + (at + record::RECORD_OVERHEAD + r.body.len()) as u64,
-                        seq,
-                    });
-                    out.push(r);
-                    if out.len() >= max || bytes >= max_bytes {
-                        break 'window;
-                    }
-                }
-                if stop == 0 || stop < data.len() && data.len() < want {
-                    break;
-                }
-                off += stop as u64;
-                if seq >= readable {
-                    break;
-                }
-            }
-            if !progressed {
+            let file = self.reader(loc.base, &loc.path).await?;
+            if !batch.read_segment(&file, loc).await? {
                 // Nothing readable at `seq` in this segment: move to the next one.
+                let seq = batch.seq;
                 let next = self
                     .segments
                     .borrow()
@@ -106,12 +54,12 @@ impl TopicStore {
                     .next()
                     .map(|(b, _)| *b);
                 match next {
-                    Some(b) if b > seq => seq = b,
+                    Some(b) if b > seq => batch.seq = b,
                     _ => break,
                 }
             }
         }
-        Ok((out, end_pos))
+        Ok((batch.out, batch.end_pos))
     }
 
     /// The segment a read at `seq` starts in and the byte offset to start at: the
@@ -194,5 +142,90 @@ async fn read_window(file: &DmaFile, off: u64) -> Result<(Bytes, usize), StoreEr
             }
         }
         return Ok((data, want));
+    }
+}
+
+/// A read in progress: what it collected and where it stands.
+struct Batch {
+    out: Vec<StoredRecord>,
+    /// Bytes of the bodies in `out`.
+    bytes: usize,
+    /// The position after the last record in `out`.
+    end_pos: Option<ReadPos>,
+    /// The next sequence wanted.
+    seq: u64,
+    max: usize,
+    max_bytes: usize,
+}
+
+impl Batch {
+    /// True once it holds `max` records or `max_bytes` of bodies.
+    fn full(&self) -> bool {
+        self.out.len() >= self.max || self.bytes >= self.max_bytes
+    }
+
+    /// Reads records from `seq` on in the segment at `loc`, window by window, until the
+    /// batch is full or the segment's readable records end. False when it found no
+    /// record at or after `seq` there.
+    async fn read_segment(&mut self, file: &DmaFile, loc: Located) -> Result<bool, StoreError> {
+        let Located {
+            base,
+            path,
+            start: mut off,
+            readable,
+            salt,
+        } = loc;
+        let mut last: Option<u64> = None;
+        let mut progressed = false;
+        'window: loop {
+            let (data, want) = read_window(file, off).await?;
+            if data.is_empty() {
+                break;
+            }
+            // Decode only about what is asked for (plus the records below `seq` a
+            // window started from the sparse index holds); what is left of the
+            // window is read again by the next call, at the position returned.
+            let limit = (self.max - self.out.len()).saturating_add(INDEX_EVERY as usize);
+            let (recs, skipped, stop) = record::scan_up_to(&data, 0, salt, last, limit);
+            if let Some((r, _)) = recs.last() {
+                last = Some(r.seq);
+            }
+            for s in skipped {
+                log::error!(
+                    "STORE: {} offset {}: {}; record skipped",
+                    path.display(),
+                    off + s.offset as u64,
+                    s.reason
+                );
+            }
+            for (r, at) in recs {
+                if r.seq >= readable {
+                    break 'window;
+                }
+                if r.seq < self.seq {
+                    continue;
+                }
+                self.seq = r.seq + 1;
+                progressed = true;
+                self.bytes += r.body.len();
+                self.end_pos = Some(ReadPos {
+                    base,
+                    offset: off + (at + record::RECORD_OVERHEAD + r.body.len()) as u64,
+                    seq: self.seq,
+                });
+                self.out.push(r);
+                if self.full() {
+                    break 'window;
+                }
+            }
+            if stop == 0 || stop < data.len() && data.len() < want {
+                break;
+            }
+            off += stop as u64;
+            if self.seq >= readable {
+                break;
+            }
+        }
+        Ok(progressed)
     }
 }
