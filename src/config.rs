@@ -385,7 +385,7 @@ pub struct Config {
     /// Unix seconds at start.
     pub start_time: i64,
     /// statsd (nsqd: statsd.go); an empty address disables it. The prefix is as given
-    /// (`%s` is replaced once the HTTP port is known, see [`crate::statsd::prefix`]).
+    /// (`%s` is replaced once the HTTP port is known, see [`crate::stats::statsd::prefix`]).
     pub statsd_address: String,
     pub statsd_prefix: String,
     pub statsd_interval: Duration,

@@ -4,7 +4,7 @@
 
 use crate::protocol::identify::VERSION;
 use crate::server::Server;
-use crate::stats_render;
+use crate::stats::render as stats_render;
 use crate::tcp::SharedStream;
 use crate::timefmt;
 use bytes::{Bytes, BytesMut};
@@ -577,7 +577,7 @@ async fn route(server: &Rc<Server>, head: &Head, body: Bytes) -> Response {
             let shards = server.gather_stats(&req).await;
             let mut r = Response::plain(
                 200,
-                crate::metrics::prometheus(&shards, server.cfg.start_time).into_bytes(),
+                crate::stats::prometheus::prometheus(&shards, server.cfg.start_time).into_bytes(),
             );
             r.sniffed_type = None;
             r.headers.push((
@@ -906,12 +906,11 @@ async fn do_stats(server: &Server, p: &Params) -> Response {
     }
 }
 
-/// nsqd's log level for /config: 1 debug .. 5 fatal; 0 until a PUT changed it (then the
-/// command line's level applies). Process-wide: a PUT may land on any shard.
-static LOG_LEVEL: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-
-fn log_level_number(c: &crate::config::Config) -> u8 {
-    match LOG_LEVEL.load(std::sync::atomic::Ordering::Relaxed) {
+/// nsqd's log level for /config: 1 debug .. 5 fatal. `set` is the level a PUT set (0
+/// until one did: then the command line's level applies), from the node-wide settings
+/// (a PUT may land on any shard: see `nsq_shards::node`).
+fn log_level_number(c: &crate::config::Config, set: u8) -> u8 {
+    match set {
         // The level as given (flag or file): `fatal` is 5, though it logs as `error`.
         0 => match c.option("log_level") {
             Some(crate::config_file::GoValue::Int(n @ 1..=5)) => *n as u8,
@@ -953,7 +952,9 @@ async fn do_config(server: &Server, head: &Head, body: &[u8]) -> Response {
                     "fatal" => (5, log::LevelFilter::Error),
                     _ => return Response::v1_err(400, "INVALID_VALUE"),
                 };
-                LOG_LEVEL.store(n, std::sync::atomic::Ordering::Relaxed);
+                server
+                    .change_node_settings(nsq_shards::node::NodeUpdate::LogLevel(n))
+                    .await;
                 log::set_max_level(level);
             }
             _ => return Response::v1_err(400, "INVALID_OPTION"),
@@ -965,8 +966,8 @@ async fn do_config(server: &Server, head: &Head, body: &[u8]) -> Response {
     // listeners (nsqd.New) and the statsd prefix with `%s` replaced.
     let v: serde_json::Value = match opt {
         "nsqlookupd_tcp_addresses" => crate::lookup::peer_addresses_json(server),
-        "log_level" => log_level_number(c).into(),
-        "statsd_prefix" => return raw(&crate::statsd::server_prefix(server)),
+        "log_level" => log_level_number(c, server.shard.node.log_level()).into(),
+        "statsd_prefix" => return raw(&crate::stats::statsd::server_prefix(server)),
         "broadcast_tcp_port" if c.broadcast_tcp_port == 0 => server.tcp_port.into(),
         "broadcast_http_port" if c.broadcast_http_port == 0 => server.http_port.into(),
         _ => {

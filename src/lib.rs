@@ -1,8 +1,8 @@
 //! A thread-per-core, shared-nothing drop-in replacement for nsqd.
 //!
 //! This crate holds the edges: the command line ([`config`]), the protocol V2 codec
-//! ([`protocol`]), the TCP and HTTP servers ([`tcp`], [`http`]), /stats rendering and the
-//! runtime that starts one pinned glommio executor per shard ([`runtime`]). The broker
+//! ([`protocol`]), the TCP and HTTP servers ([`tcp`], [`http`]), /stats, statsd and
+//! /metrics ([`stats`]) and the runtime that starts one pinned glommio executor per shard ([`runtime`]). The broker
 //! core (topics, channels, in-flight and deferred heaps, the mesh messages) lives in the
 //! `nsq-shards` crate.
 
@@ -14,13 +14,11 @@ pub mod import_nsqd;
 pub mod logger;
 pub mod lookup;
 pub mod lookupd;
-pub mod metrics;
 pub mod preflight;
 pub mod protocol;
 pub mod runtime;
 pub mod server;
-pub mod stats_render;
-pub mod statsd;
+pub mod stats;
 pub mod tcp;
 pub mod timefmt;
 pub mod tls;

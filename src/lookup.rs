@@ -18,12 +18,10 @@
 use crate::server::Server;
 use crate::tcp::SharedStream;
 use glommio::net::TcpStream;
-use nsq_shards::mesh::ShardMsg;
+use nsq_shards::node::{NodeUpdate, PeerList};
 use nsq_shards::shard::LookupEvent;
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 /// nsqd's dial timeout and per-read/write deadline.
@@ -33,20 +31,14 @@ const IO_TIMEOUT: Duration = Duration::from_secs(1);
 const MIN_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(15);
 
-// ---------------------------------------------------------------------------------------
-// The run-time peer list (`PUT /config/nsqlookupd_tcp_addresses`). Process-wide, because
-// the HTTP request may land on any shard; only /config and shard 0's lookup loop touch it
-// (never the data path). `None` until the first change: the command line's list.
-// `Some(None)` is a JSON `null` body (Go then reports `null`).
-// ---------------------------------------------------------------------------------------
-
-type PeerList = Option<Vec<String>>;
-static PEER_CONFIG: Mutex<Option<PeerList>> = Mutex::new(None);
-static PEER_GEN: AtomicU64 = AtomicU64::new(0);
+// The run-time peer list (`PUT /config/nsqlookupd_tcp_addresses`) and the lookupd HTTP
+// addresses are node-wide settings: every shard has a copy, shard 0 owns them and makes
+// every change (see `nsq_shards::node`). `None` until the first change: the command
+// line's list. `Some(None)` is a JSON `null` body (Go then reports `null`).
 
 fn peer_config(server: &Server) -> PeerList {
-    match &*PEER_CONFIG.lock().unwrap_or_else(|e| e.into_inner()) {
-        Some(v) => v.clone(),
+    match server.shard.node.lookupd_tcp_addresses() {
+        Some(v) => v,
         // A config file's nil list stays `null` (nsqd: go-options coerceStringSlice).
         None => match server.cfg.option("nsqlookupd_tcp_addresses") {
             Some(crate::config_file::GoValue::StrList(None)) => None,
@@ -68,51 +60,18 @@ pub fn peer_addresses(server: &Server) -> Vec<String> {
 /// Replaces the lookupd peer list and wakes shard 0's lookup loop, which adds and
 /// removes peers to match (nsqd: swapOpts + triggerOptsNotification).
 pub async fn set_peer_addresses(server: &Server, addrs: PeerList) {
-    *PEER_CONFIG.lock().unwrap_or_else(|e| e.into_inner()) = Some(addrs);
-    PEER_GEN.fetch_add(1, Ordering::AcqRel);
-    if server.shard.index == 0 {
-        server.shard.lookup_wake.notify();
-    } else if let Some(mesh) = server.mesh() {
-        // An empty batch only wakes shard 0's lookup loop, which then sees the new
-        // generation.
-        let _ = mesh.send_to(0, ShardMsg::Lookup(Vec::new())).await;
-    }
+    server
+        .change_node_settings(NodeUpdate::LookupdTcpAddresses(addrs))
+        .await;
 }
 
-// ---------------------------------------------------------------------------------------
-// The lookupd HTTP addresses (nsqd: lookupdHTTPAddrs). Shard 0 learns them from each
-// peer's IDENTIFY response (`broadcast_address` + `http_port`) and every shard reads them
-// when it creates a topic, to ask lookupd for the topic's channels. Process-wide
-// config-like state (it changes only when a peer (re)connects or the peer list changes),
-// so a `RwLock` set by shard 0 rather than a mesh message to every shard.
-// ---------------------------------------------------------------------------------------
-
-/// (peer TCP address, `host:port` of its HTTP API), in peer order. A peer's entry stays
-/// while it is disconnected (nsqd keeps `lp.Info` until the next IDENTIFY answers).
-static LOOKUPD_HTTP: RwLock<Vec<(String, String)>> = RwLock::new(Vec::new());
-
-/// The HTTP addresses of the lookupd peers that answered IDENTIFY with a broadcast
-/// address (nsqd: lookupdHTTPAddrs).
-pub fn lookupd_http_addrs() -> Vec<String> {
-    LOOKUPD_HTTP
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .map(|(_, h)| h.clone())
-        .collect()
-}
-
-/// Records (or, with `None`, forgets) a peer's HTTP address.
-fn set_lookupd_http(peer: &str, http: Option<String>) {
-    let mut v = LOOKUPD_HTTP.write().unwrap_or_else(|e| e.into_inner());
-    match (v.iter().position(|(p, _)| p == peer), http) {
-        (Some(i), Some(h)) => v[i].1 = h,
-        (None, Some(h)) => v.push((peer.to_string(), h)),
-        (Some(i), None) => {
-            v.remove(i);
-        }
-        (None, None) => {}
-    }
+/// Records (or, with `None`, forgets) a peer's HTTP address on every shard (nsqd:
+/// lookupdHTTPAddrs; shard 0 learns them from each peer's IDENTIFY answer).
+async fn set_lookupd_http(server: &Server, peer: &str, http: Option<String>) {
+    let peer = peer.to_string();
+    server
+        .change_node_settings(NodeUpdate::LookupdHttp { peer, http })
+        .await;
 }
 
 /// What nsqd reads from lookupd's IDENTIFY response (nsqd: lookup_peer.go peerInfo).
@@ -199,7 +158,7 @@ pub fn install_channel_query(server: &Rc<Server>) {
         let Some(server) = weak.upgrade() else {
             return false;
         };
-        let addrs = lookupd_http_addrs();
+        let addrs = server.shard.node.lookupd_http_addrs();
         if addrs.is_empty() {
             if !peer_addresses(&server).is_empty() {
                 log::error!(
@@ -434,12 +393,14 @@ impl Peer {
         let broadcast = info.broadcast_address.clone().unwrap_or_default();
         if broadcast.is_empty() {
             log::error!("LOOKUPD({}): no broadcast address", self.addr);
-            set_lookupd_http(&self.addr, None);
+            set_lookupd_http(server, &self.addr, None).await;
         } else {
             set_lookupd_http(
+                server,
                 &self.addr,
                 Some(join_host_port(&broadcast, info.http_port.unwrap_or(0))),
-            );
+            )
+            .await;
         }
         // Logged once the HTTP address is recorded (tests wait for this line).
         log::info!(
@@ -521,16 +482,20 @@ impl Peer {
 /// Makes `peers` match the configured list: peers no longer listed are closed, new
 /// addresses are added (duplicates ignored) and dialled, as nsqd's lookupLoop does on an
 /// options notification.
-fn reconcile(peers: &mut Vec<Peer>, want: &[String]) {
+async fn reconcile(server: &Server, peers: &mut Vec<Peer>, want: &[String]) {
+    let mut removed = Vec::new();
     peers.retain_mut(|p| {
         let keep = want.contains(&p.addr);
         if !keep {
             log::info!("LOOKUP({}): removing peer", p.addr);
             p.close();
-            set_lookupd_http(&p.addr, None);
+            removed.push(p.addr.clone());
         }
         keep
     });
+    for addr in removed {
+        set_lookupd_http(server, &addr, None).await;
+    }
     for a in want {
         if !peers.iter().any(|p| &p.addr == a) {
             log::info!("LOOKUP({a}): adding peer");
@@ -547,14 +512,14 @@ pub async fn lookup_loop(server: Rc<Server>) {
     let ping_interval = server.cfg.lookupd_ping_interval;
     let mut registry = Registry::default();
     let mut peers: Vec<Peer> = Vec::new();
-    let mut seen_gen = PEER_GEN.load(Ordering::Acquire);
-    reconcile(&mut peers, &peer_addresses(&server));
+    let mut seen_gen = server.shard.node.lookupd_generation();
+    reconcile(&server, &mut peers, &peer_addresses(&server)).await;
     let mut next_ping = Instant::now() + ping_interval;
     loop {
-        let gen = PEER_GEN.load(Ordering::Acquire);
+        let gen = server.shard.node.lookupd_generation();
         if gen != seen_gen {
             seen_gen = gen;
-            reconcile(&mut peers, &peer_addresses(&server));
+            reconcile(&server, &mut peers, &peer_addresses(&server)).await;
         }
         let events: Vec<LookupEvent> = std::mem::take(&mut *inbox.borrow_mut());
         for ev in &events {
@@ -565,7 +530,7 @@ pub async fn lookup_loop(server: Rc<Server>) {
                 p.command(&server, &registry, Some(cmd.as_bytes())).await;
             }
         }
-        if !inbox.borrow().is_empty() || PEER_GEN.load(Ordering::Acquire) != seen_gen {
+        if !inbox.borrow().is_empty() || server.shard.node.lookupd_generation() != seen_gen {
             continue;
         }
         let now = Instant::now();
@@ -583,7 +548,7 @@ pub async fn lookup_loop(server: Rc<Server>) {
                 p.command(&server, &registry, None).await;
             }
         }
-        if !inbox.borrow().is_empty() || PEER_GEN.load(Ordering::Acquire) != seen_gen {
+        if !inbox.borrow().is_empty() || server.shard.node.lookupd_generation() != seen_gen {
             continue;
         }
         let mut wake_at = next_ping;
@@ -632,13 +597,5 @@ mod tests {
         assert!(i.broadcast_address.is_none());
         assert!(serde_json::from_slice::<PeerInfo>(b"OK").is_err());
         assert!(serde_json::from_slice::<PeerInfo>(br#"{"http_port":"x"}"#).is_err());
-
-        set_lookupd_http("a:4160", Some("a:4161".into()));
-        set_lookupd_http("b:4160", Some("b:4161".into()));
-        set_lookupd_http("a:4160", Some("a2:4161".into()));
-        assert_eq!(lookupd_http_addrs(), ["a2:4161", "b:4161"]);
-        set_lookupd_http("a:4160", None);
-        set_lookupd_http("b:4160", None);
-        assert!(lookupd_http_addrs().is_empty());
     }
 }

@@ -1,4 +1,6 @@
 use nsqd::config::{Cli, Config};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// nsqd's `logFatal` line (`[nsqd] <date time.µs> FATAL: <msg>`; the prefix is nsqd's
 /// constant, not --log-prefix).
@@ -22,7 +24,7 @@ fn main() {
         Err(e) => fatal(&format!("failed to instantiate nsqd - {e}")),
     };
     nsqd::logger::init(&cfg.log_prefix, cfg.log_level);
-    fatal_panics_until_serving(prefix.clone());
+    let serving = fatal_panics_until_serving(prefix.clone());
     // What the host must provide (io_uring, locked memory, the data path, the ports),
     // checked before any shard starts: one line per problem, each with its fix.
     let ready = match nsqd::preflight::check(&cfg) {
@@ -52,7 +54,9 @@ fn main() {
             std::process::exit(1);
         }
     };
-    match nsqd::runtime::run(cfg, ready) {
+    // Once every shard serves, panics are reported as usual.
+    let on_serving = move || serving.store(true, Ordering::SeqCst);
+    match nsqd::runtime::run(cfg, ready, on_serving) {
         Ok(()) => std::process::exit(0),
         Err(e) => fatal(&format!("failed to instantiate nsqd - {e}")),
     }
@@ -60,11 +64,13 @@ fn main() {
 
 /// Until every shard serves, a panic (one inside glommio on a host the preflight did not
 /// foresee) ends the process with one FATAL line instead of a backtrace and a hang; once
-/// serving, panics are reported as usual.
-fn fatal_panics_until_serving(prefix: String) {
+/// serving, panics are reported as usual. Returns the flag to set once every shard serves.
+fn fatal_panics_until_serving(prefix: String) -> Arc<AtomicBool> {
+    let serving = Arc::new(AtomicBool::new(false));
+    let flag = serving.clone();
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        if nsqd::runtime::SERVING.load(std::sync::atomic::Ordering::SeqCst) {
+        if flag.load(Ordering::SeqCst) {
             default(info);
             return;
         }
@@ -81,4 +87,5 @@ fn fatal_panics_until_serving(prefix: String) {
         eprintln!("{prefix}FATAL: start-up failed: {msg}{at}");
         std::process::exit(1);
     }));
+    serving
 }

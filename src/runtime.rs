@@ -21,9 +21,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-/// Shortest interval between two timer passes of a shard: timers due within it are
-/// handled together (in-flight timeouts and deferred messages fire at most this late).
-/// nsqd's queueScanLoop scans every 100 ms.
+/// Shortest interval between two timer passes of a shard ([`timer_loop`], which with
+/// `Shard::process_timers` is nsqd's queueScanLoop): timers due within it are handled
+/// together (in-flight timeouts and deferred messages fire at most this late). nsqd's
+/// queueScanLoop scans a random sample of channels every 100 ms
+/// (queueScanInterval); here only the channels with a timer due are visited.
 const TICK: Duration = Duration::from_millis(10);
 
 /// Longest a shard's timer loop sleeps when nothing is due sooner: how quickly it notices
@@ -194,7 +196,12 @@ pub(crate) fn listen(
 ///
 /// Under systemd (`NOTIFY_SOCKET` set, `Type=notify`) it sends `READY=1` once every shard
 /// has recovered and accepts, and `STOPPING=1` when a shutdown starts (sd_notify(3)).
-pub fn run(cfg: Config, ready: crate::preflight::Ready) -> Result<(), String> {
+/// `on_serving` runs then too (main stops treating panics as start-up failures).
+pub fn run(
+    cfg: Config,
+    ready: crate::preflight::Ready,
+    on_serving: impl FnOnce(),
+) -> Result<(), String> {
     log::info!("nsqd v1.3.0 (rust, {} shards)", cfg.shards);
     log::info!("ID: {}", cfg.opts.node_id);
     for w in &ready.warnings {
@@ -339,7 +346,7 @@ pub fn run(cfg: Config, ready: crate::preflight::Ready) -> Result<(), String> {
     if let Some(a) = https_addr {
         log::info!("HTTPS: listening on {a}");
     }
-    SERVING.store(true, Ordering::SeqCst);
+    on_serving();
     // systemd Type=notify: `systemctl start` returns now, with every shard serving.
     if let Err(e) = sd_notify::notify(&[NotifyState::Ready]) {
         log::warn!("sd_notify READY=1 failed: {e}");
@@ -389,9 +396,6 @@ impl From<String> for StartError {
 }
 
 type ReadyTx = mpsc::Sender<Result<usize, StartError>>;
-
-/// Set once every shard serves; before that, a panic is a start-up failure (see main).
-pub static SERVING: AtomicBool = AtomicBool::new(false);
 
 /// Reports a shard whose executor never ran: glommio drops the closure given to
 /// `LocalExecutorBuilder::spawn` uncalled when it cannot build the executor, and the
@@ -541,9 +545,9 @@ async fn shard_main(
             .detach();
         }
     }
-    // statsd (src/statsd.rs): shard 0 pushes every shard's stats.
+    // statsd (src/stats/statsd.rs): shard 0 pushes every shard's stats.
     if index == 0 && !cfg.statsd_address.is_empty() {
-        glommio::spawn_local(crate::statsd::statsd_loop(server.clone())).detach();
+        glommio::spawn_local(crate::stats::statsd::statsd_loop(server.clone())).detach();
     }
     let tcp_task = glommio::spawn_local(tcp::accept_loop(server.clone(), tcp));
     let http_task = glommio::spawn_local(http::accept_loop(server.clone(), http));
@@ -702,6 +706,19 @@ fn handle_mesh(server: &Rc<Server>, msg: ShardMsg) {
         ShardMsg::Lookup(events) => {
             shard.lookup_events.borrow_mut().extend(events);
             shard.lookup_wake.notify();
+        }
+        ShardMsg::NodeChange { update, reply } => {
+            // It waits for every shard: not on the mesh receiver's task.
+            let s = server.clone();
+            glommio::spawn_local(async move {
+                s.apply_node_settings_everywhere(update).await;
+                let _ = reply.send(());
+            })
+            .detach();
+        }
+        ShardMsg::NodeApply { update, reply } => {
+            shard.node.apply(&update);
+            let _ = reply.send(());
         }
     }
 }

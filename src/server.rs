@@ -6,6 +6,7 @@ use bytes::Bytes;
 use futures::channel::oneshot;
 use glommio::channels::channel_mesh::Senders;
 use nsq_shards::mesh::{AdminError, AdminOp, ShardMsg};
+use nsq_shards::node::NodeUpdate;
 use nsq_shards::stats::{ShardStats, StatsRequest};
 use nsq_shards::topic::PublishError;
 use nsq_shards::{owner_of, Shard};
@@ -22,7 +23,11 @@ pub async fn wait_durable(
         .await;
     match w.durable {
         None => Ok(()),
-        Some(seq) => w.store.wait_durable(seq).await.map_err(PublishError::Disk),
+        Some(seq) => w
+            .store
+            .wait_durable(seq)
+            .await
+            .map_err(|e| PublishError::Disk(e.into())),
     }
 }
 
@@ -95,6 +100,49 @@ impl Server {
 
     pub async fn create_topic(&self, topic: &str) {
         let _ = self.admin(AdminOp::CreateTopic(topic.to_string())).await;
+    }
+
+    /// Makes a change of the node-wide settings on every shard (see [`nsq_shards::node`]):
+    /// on shard 0, which owns them, at once; from another shard through shard 0. Returns
+    /// once every shard has it.
+    pub async fn change_node_settings(&self, update: NodeUpdate) {
+        if self.shard.index == 0 {
+            return self.apply_node_settings_everywhere(update).await;
+        }
+        let Some(mesh) = self.mesh() else {
+            self.shard.node.apply(&update);
+            return;
+        };
+        let (tx, rx) = oneshot::channel();
+        let msg = ShardMsg::NodeChange { update, reply: tx };
+        if mesh.send_to(0, msg).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+
+    /// On shard 0: applies `update` here (waking the lookup loop when the lookupd TCP
+    /// addresses changed), then sends it to every other shard and waits until each has
+    /// applied it. Changes reach every shard in the order shard 0 makes them.
+    pub async fn apply_node_settings_everywhere(&self, update: NodeUpdate) {
+        self.shard.node.apply(&update);
+        if let NodeUpdate::LookupdTcpAddresses(_) = update {
+            self.shard.lookup_wake.notify();
+        }
+        let Some(mesh) = self.mesh() else { return };
+        let mut acks = Vec::new();
+        for i in (0..self.shard.count).filter(|&i| i != self.shard.index) {
+            let (tx, rx) = oneshot::channel();
+            let msg = ShardMsg::NodeApply {
+                update: update.clone(),
+                reply: tx,
+            };
+            if mesh.send_to(i, msg).await.is_ok() {
+                acks.push(rx);
+            }
+        }
+        for rx in acks {
+            let _ = rx.await;
+        }
     }
 
     /// Every shard's stats, in shard order.

@@ -477,7 +477,10 @@ impl Channel {
 
     /// Hands messages to ready clients, round robin, until either runs out (nsqd's
     /// messagePump, with RDY as an in-flight window). Frames are buffered in each
-    /// client's output buffer; the writer tasks flush them.
+    /// client's output buffer; the writer tasks flush them. Together, this and the TCP
+    /// writer task (`src/tcp/writer.rs`) are nsqd's messagePump: this half is its
+    /// receive from the channel and SendMessage (pick a message, start its in-flight
+    /// timeout, frame it), the writer is its flush and heartbeat half.
     pub fn dispatch(&mut self, log: &Log, now: Instant) -> u64 {
         let mut delivered = 0;
         let n = self.clients.len();

@@ -7,7 +7,7 @@
 
 use crate::auth::AuthState;
 use crate::message::Message;
-use crate::signal::Notify;
+use crate::wake::Notify;
 use serde::{Deserialize, Serialize};
 use std::cell::{Cell, Ref, RefCell, RefMut};
 use std::time::{Duration, Instant};

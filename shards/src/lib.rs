@@ -13,14 +13,15 @@ pub mod client;
 pub mod mesh;
 pub mod message;
 pub mod names;
+pub mod node;
 pub mod options;
 pub mod persist;
 pub mod quantile;
 pub mod shard;
-pub mod signal;
 pub mod stats;
 pub mod timers;
 pub mod topic;
+pub mod wake;
 
 pub use channel::Channel;
 pub use client::{Client, ClientState};

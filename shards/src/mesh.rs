@@ -99,4 +99,16 @@ pub enum ShardMsg {
     },
     /// Registration changes for shard 0, which owns the nsqlookupd connections.
     Lookup(Vec<crate::shard::LookupEvent>),
+    /// To shard 0, which owns the node-wide settings: make this change on every shard;
+    /// answered once every shard has it (see [`crate::node`]).
+    NodeChange {
+        update: crate::node::NodeUpdate,
+        reply: oneshot::Sender<()>,
+    },
+    /// From shard 0: apply this change to this shard's copy of the node-wide settings;
+    /// answered once applied.
+    NodeApply {
+        update: crate::node::NodeUpdate,
+        reply: oneshot::Sender<()>,
+    },
 }

@@ -7,10 +7,10 @@ use crate::client::{Client, ClientState};
 use crate::mesh::{AdminError, AdminOp, SeekTo};
 use crate::message::MessageId;
 use crate::options::Options;
-use crate::signal::Event;
 use crate::stats::*;
 use crate::timers::TimerQueue;
 use crate::topic::{PublishError, StoreMode, Topic, STORE_DELAY};
+use crate::wake::Latch;
 use bytes::Bytes;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, HashMap};
@@ -72,24 +72,27 @@ pub struct Shard {
     pub clients: RefCell<HashMap<u64, Weak<Client>>>,
     pub counters: Counters,
     /// Set on SIGINT/SIGTERM: listeners stop, connections close.
-    pub shutdown: Event,
+    pub shutdown: Latch,
     /// Registration changes waiting for the lookup task (only kept when lookupd
     /// addresses are configured).
     pub lookup_events: RefCell<Vec<LookupEvent>>,
-    pub lookup_wake: crate::signal::Notify,
+    pub lookup_wake: crate::wake::Notify,
+    /// This shard's copy of the node-wide settings that change at run time (shard 0
+    /// owns them: see [`crate::node`]).
+    pub node: crate::node::NodeSettings,
     pub lookup_enabled: Cell<bool>,
     /// A topic or channel was created or deleted: the checkpoint task writes metadata
     /// soon (nsqd: Notify persists metadata on every such change).
-    pub meta_wake: crate::signal::Notify,
+    pub meta_wake: crate::wake::Notify,
     /// A topic holds records not yet handed to its store: wakes `store_loop`.
-    pub store_wake: crate::signal::Notify,
+    pub store_wake: crate::wake::Notify,
     next_client: Cell<u64>,
     /// Channels with an in-flight timeout or a deferred message, by the earliest due
     /// instant, as (topic, channel) (see crate::timers).
     pub timers: RefCell<TimerQueue<(String, String)>>,
     /// Wakes the shard's timer loop when a timer earlier than every registered one was
     /// registered (the loop may be sleeping until a later instant).
-    pub timer_wake: crate::signal::Notify,
+    pub timer_wake: crate::wake::Notify,
     /// Durable topics whose memory tail may still shrink when their store makes more
     /// records readable from disk (see `Topic::trim`); each timer pass trims them.
     trim_pending: RefCell<BTreeSet<String>>,
@@ -186,15 +189,16 @@ impl Shard {
             topics: RefCell::new(HashMap::new()),
             clients: RefCell::new(HashMap::new()),
             counters: Counters::default(),
-            shutdown: Event::default(),
+            shutdown: Latch::default(),
             lookup_events: RefCell::new(Vec::new()),
-            lookup_wake: crate::signal::Notify::default(),
+            lookup_wake: crate::wake::Notify::default(),
+            node: crate::node::NodeSettings::default(),
             lookup_enabled: Cell::new(false),
-            meta_wake: crate::signal::Notify::default(),
-            store_wake: crate::signal::Notify::default(),
+            meta_wake: crate::wake::Notify::default(),
+            store_wake: crate::wake::Notify::default(),
             next_client: Cell::new(1),
             timers: RefCell::new(TimerQueue::default()),
-            timer_wake: crate::signal::Notify::default(),
+            timer_wake: crate::wake::Notify::default(),
             trim_pending: RefCell::new(BTreeSet::new()),
             me: RefCell::new(Weak::new()),
             topic_created: RefCell::new(None),
@@ -372,6 +376,7 @@ impl Shard {
             .borrow()
             .values()
             .find_map(|t| t.store.as_ref().and_then(|s| s.error()))
+            .map(String::from)
     }
 
     /// Starts a read from the store for every channel of `t` whose cursor is below the
@@ -638,9 +643,15 @@ impl Shard {
         self.timers.borrow().next_due()
     }
 
-    /// One pass of the shard's timer at `now` (nsqd: queueScanLoop): the channels whose
-    /// earliest timer is due move expired in-flight messages and due deferred messages
-    /// back to their queue and deliver them again; the other channels are not visited.
+    /// One pass of the shard's timer at `now`: this is nsqd's queueScanLoop (nsqd.go),
+    /// run by each shard's timer loop (`src/runtime.rs` timer_loop) for the channels it
+    /// owns. The channels whose earliest timer is due move expired in-flight messages and
+    /// due deferred messages back to their queue and deliver them again; the other
+    /// channels are not visited. How it differs: nsqd wakes every 100 ms, samples 20
+    /// random channels (queueScanSelectionCount) and rescans at once while more than 25 %
+    /// of them were dirty, with a pool of workers; here the shard keeps its channels by
+    /// earliest due time (`timers`), so it visits exactly the due ones, at most `TICK`
+    /// (10 ms) after they are due, with no pool (each shard scans its own).
     /// Also trims the memory tail of topics whose store made more records readable, and
     /// delivers to every ready consumer of this shard whose channel has messages (a
     /// safety net: every change that makes a client ready delivers at once). Returns how

@@ -98,19 +98,42 @@ impl Record {
 /// The topic's log: sequences `[base, head)` are in memory (`None` for a sequence lost
 /// to corruption); everything below `base` is on disk only.
 #[derive(Default)]
+///
+/// Its fields are the crate's (the shard, the channels and recovery keep them
+/// consistent); other crates read them through the accessors.
 pub struct Log {
     records: VecDeque<Option<Record>>,
     /// Sequence of `records[0]`.
-    pub base: u64,
+    pub(crate) base: u64,
     /// Sequence the next record gets.
-    pub head: u64,
+    pub(crate) head: u64,
     /// Records below this were pumped to the channels.
-    pub pumped: u64,
+    pub(crate) pumped: u64,
     /// Ranges `[from, to)` removed by topic empty: channels jump over them.
-    pub holes: Vec<(u64, u64)>,
+    pub(crate) holes: Vec<(u64, u64)>,
 }
 
 impl Log {
+    /// Sequence of the oldest record in memory; everything below is on disk only.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// Sequence the next record gets.
+    pub fn head(&self) -> u64 {
+        self.head
+    }
+
+    /// Records below this sequence were pumped to the channels.
+    pub fn pumped(&self) -> u64 {
+        self.pumped
+    }
+
+    /// Ranges `[from, to)` removed by topic empty: channels jump over them.
+    pub fn holes(&self) -> &[(u64, u64)] {
+        &self.holes
+    }
+
     /// The in-memory record at `seq`: `None` when it is on disk only or gone.
     pub fn get(&self, seq: u64) -> Option<&Record> {
         seq.checked_sub(self.base)

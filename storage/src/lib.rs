@@ -12,15 +12,22 @@
 //! <data-path>/topics/t-<topic>/journal-<generation, 20 digits>.log  delivery journal
 //! <data-path>/topics/t-<topic>/meta.json                          topic metadata
 //! ```
+//! Errors are [`StoreError`]s: the message the logs and health show, and the
+//! `io::ErrorKind` behind it.
+//!
 //! Data is laid out by topic name, not by shard, so a restart with another `--shards`
 //! finds everything.
 
+#![forbid(unsafe_code)]
+
+pub mod error;
 pub mod index;
 pub mod journal;
 pub mod meta;
 pub mod record;
 pub mod store;
 
+pub use error::StoreError;
 pub use record::StoredRecord;
 pub use store::{ReadPos, Recovered, SegmentInfo, StoreConfig, TopicStore};
 

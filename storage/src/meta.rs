@@ -3,6 +3,7 @@
 //! written atomically: write `meta.json.tmp`, fsync, rename over `meta.json`, fsync the
 //! directory.
 
+use crate::error::StoreError;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -74,13 +75,14 @@ pub fn write_blocking(dir: &Path, meta: &TopicMeta) -> std::io::Result<()> {
 
 /// Reads `meta.json` from `dir`; `Ok(None)` when there is none. A corrupt file is an
 /// error (the caller logs it and starts the topic without channel positions).
-pub fn read_blocking(dir: &Path) -> Result<Option<TopicMeta>, String> {
-    match std::fs::read(meta_path(dir)) {
+pub fn read_blocking(dir: &Path) -> Result<Option<TopicMeta>, StoreError> {
+    let path = meta_path(dir);
+    match std::fs::read(&path) {
         Ok(b) => serde_json::from_slice(&b)
             .map(Some)
-            .map_err(|e| format!("{}: {e}", meta_path(dir).display())),
+            .map_err(|e| StoreError::invalid_data(format!("{}: {e}", path.display()))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("{}: {e}", meta_path(dir).display())),
+        Err(e) => Err(StoreError::io(e).context(path.display())),
     }
 }
 

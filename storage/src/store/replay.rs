@@ -3,6 +3,7 @@
 //! or after a time (`POST /channel/seek`). Only reads; kept apart from the write path.
 
 use super::TopicStore;
+use crate::error::StoreError;
 
 /// One segment file as [`TopicStore::segment_list`] reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,7 +64,7 @@ impl TopicStore {
     /// published before `ts_ns`, then at most about [`super::INDEX_EVERY`] records are
     /// scanned. Corrupt records are skipped as by [`TopicStore::read`]; errors are I/O
     /// errors of the read.
-    pub async fn seek_timestamp(&self, ts_ns: i64) -> Result<Option<u64>, String> {
+    pub async fn seek_timestamp(&self, ts_ns: i64) -> Result<Option<u64>, StoreError> {
         let probes: Vec<u64> = self
             .segments
             .borrow()

@@ -1,4 +1,6 @@
-//! Single-threaded wake-up primitives for tasks of one executor (no atomics, no locks).
+//! Single-threaded wake-ups for tasks of one executor (no atomics, no locks; nothing to
+//! do with Unix signals, which `src/runtime.rs` handles): [`Notify`] wakes one waiting
+//! task, [`Latch`] releases every task once (shutdown).
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
@@ -9,15 +11,15 @@ use std::task::{Context, Poll, Waker};
 /// the waiter; `wait` completes once the flag is set, clearing it.
 pub use nsq_storage::Notify;
 
-/// A level-triggered event many tasks can wait for (shutdown): once `set`, every
-/// present and future `wait` completes.
+/// A one-shot, level-triggered latch many tasks can wait for (shutdown): once `set`,
+/// every present and future `wait` completes.
 #[derive(Default)]
-pub struct Event {
+pub struct Latch {
     set: Cell<bool>,
     wakers: RefCell<Vec<Waker>>,
 }
 
-impl Event {
+impl Latch {
     pub fn set(&self) {
         self.set.set(true);
         for w in self.wakers.borrow_mut().drain(..) {
@@ -29,14 +31,15 @@ impl Event {
         self.set.get()
     }
 
-    pub fn wait(&self) -> EventWait<'_> {
-        EventWait(self)
+    pub fn wait(&self) -> LatchWait<'_> {
+        LatchWait(self)
     }
 }
 
-pub struct EventWait<'a>(&'a Event);
+/// The future of [`Latch::wait`].
+pub struct LatchWait<'a>(&'a Latch);
 
-impl Future for EventWait<'_> {
+impl Future for LatchWait<'_> {
     type Output = ();
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         if self.0.set.get() {

@@ -13,8 +13,9 @@
 //! since the previous push (wrapping like nsqd's uint64 subtraction cast to int64).
 //! Nothing here touches the data path: it only reads stats snapshots.
 
+use super::process::Memory;
 use crate::server::Server;
-use nsq_shards::stats::{ShardStats, StatsRequest, TopicStats};
+use nsq_shards::stats::{ChannelStats, ShardStats, StatsRequest, TopicStats};
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::pin::pin;
@@ -106,96 +107,93 @@ pub fn render(
     exclude_ephemeral: bool,
     mem: Option<&Memory>,
 ) -> Vec<String> {
-    let mut out = Lines::new(prefix);
-    let mut next = HashMap::new();
-    let p = &prev.counters;
+    let mut push = Push {
+        out: Lines::new(prefix),
+        prev: &prev.counters,
+        next: HashMap::new(),
+    };
     for t in topics {
-        let tn = &t.topic_name;
-        if exclude_ephemeral && tn.ends_with("#ephemeral") {
+        if exclude_ephemeral && t.topic_name.ends_with("#ephemeral") {
             continue;
         }
-        let (k, d) = delta(
-            p,
-            &mut next,
-            format!("topic.{tn}.message_count"),
-            t.message_count,
-        );
-        out.incr(&k, d);
-        let (k, d) = delta(
-            p,
-            &mut next,
-            format!("topic.{tn}.message_bytes"),
-            t.message_bytes,
-        );
-        out.incr(&k, d);
-        out.gauge(&format!("topic.{tn}.depth"), t.depth as i64);
-        out.gauge(&format!("topic.{tn}.backend_depth"), t.backend_depth as i64);
-        for pc in t.e2e_processing_latency.percentiles.iter().flatten() {
-            out.gauge(
-                &format!(
-                    "topic.{tn}.e2e_processing_latency_{}",
-                    quantile_name(pc.quantile)
-                ),
-                pc.value,
-            );
-        }
+        push.topic(t);
         for c in &t.channels {
-            let cn = &c.channel_name;
-            if exclude_ephemeral && cn.ends_with("#ephemeral") {
+            if exclude_ephemeral && c.channel_name.ends_with("#ephemeral") {
                 continue;
             }
-            let base = format!("topic.{tn}.channel.{cn}");
-            let (k, d) = delta(
-                p,
-                &mut next,
-                format!("{base}.message_count"),
-                c.message_count,
-            );
-            out.incr(&k, d);
-            out.gauge(&format!("{base}.depth"), c.depth as i64);
-            out.gauge(&format!("{base}.backend_depth"), c.backend_depth as i64);
-            out.gauge(&format!("{base}.in_flight_count"), c.in_flight_count as i64);
-            out.gauge(&format!("{base}.deferred_count"), c.deferred_count as i64);
-            let (k, d) = delta(
-                p,
-                &mut next,
-                format!("{base}.requeue_count"),
-                c.requeue_count,
-            );
-            out.incr(&k, d);
-            let (k, d) = delta(
-                p,
-                &mut next,
-                format!("{base}.timeout_count"),
-                c.timeout_count,
-            );
-            out.incr(&k, d);
-            out.gauge(&format!("{base}.clients"), c.client_count as i64);
-            for pc in c.e2e_processing_latency.percentiles.iter().flatten() {
-                out.gauge(
-                    &format!(
-                        "{base}.e2e_processing_latency_{}",
-                        quantile_name(pc.quantile)
-                    ),
-                    pc.value,
-                );
-            }
+            push.channel(&t.topic_name, c);
         }
     }
     if let Some(m) = mem {
-        out.gauge("mem.heap_objects", m.heap_objects as i64);
-        out.gauge("mem.heap_idle_bytes", m.heap_idle_bytes as i64);
-        out.gauge("mem.heap_in_use_bytes", m.heap_in_use_bytes as i64);
-        out.gauge("mem.heap_released_bytes", m.heap_released_bytes as i64);
-        out.gauge("mem.gc_pause_usec_100", m.gc_pause_usec_100 as i64);
-        out.gauge("mem.gc_pause_usec_99", m.gc_pause_usec_99 as i64);
-        out.gauge("mem.gc_pause_usec_95", m.gc_pause_usec_95 as i64);
-        out.gauge("mem.next_gc_bytes", m.next_gc_bytes as i64);
-        let (k, d) = delta(p, &mut next, "mem.gc_runs".into(), m.gc_total_runs);
-        out.incr(&k, d);
+        push.memory(m);
     }
+    let Push { out, next, .. } = push;
     prev.counters = next;
     out.lines
+}
+
+/// One push being rendered: its lines and the counter values it saw.
+struct Push<'a> {
+    out: Lines,
+    /// Counter values of the previous push.
+    prev: &'a HashMap<String, u64>,
+    /// Counter values of this push.
+    next: HashMap<String, u64>,
+}
+
+impl Push<'_> {
+    /// A counter, as its delta since the previous push.
+    fn counter(&mut self, key: String, v: u64) {
+        let (k, d) = delta(self.prev, &mut self.next, key, v);
+        self.out.incr(&k, d);
+    }
+
+    fn gauge(&mut self, stat: &str, v: i64) {
+        self.out.gauge(stat, v);
+    }
+
+    /// A topic's lines (nsqd: statsd.go, per topic).
+    fn topic(&mut self, t: &TopicStats) {
+        let tn = &t.topic_name;
+        self.counter(format!("topic.{tn}.message_count"), t.message_count);
+        self.counter(format!("topic.{tn}.message_bytes"), t.message_bytes);
+        self.gauge(&format!("topic.{tn}.depth"), t.depth as i64);
+        self.gauge(&format!("topic.{tn}.backend_depth"), t.backend_depth as i64);
+        for pc in t.e2e_processing_latency.percentiles.iter().flatten() {
+            let q = quantile_name(pc.quantile);
+            self.gauge(&format!("topic.{tn}.e2e_processing_latency_{q}"), pc.value);
+        }
+    }
+
+    /// A channel's lines (nsqd: statsd.go, per channel).
+    fn channel(&mut self, tn: &str, c: &ChannelStats) {
+        let base = format!("topic.{tn}.channel.{}", c.channel_name);
+        self.counter(format!("{base}.message_count"), c.message_count);
+        self.gauge(&format!("{base}.depth"), c.depth as i64);
+        self.gauge(&format!("{base}.backend_depth"), c.backend_depth as i64);
+        self.gauge(&format!("{base}.in_flight_count"), c.in_flight_count as i64);
+        self.gauge(&format!("{base}.deferred_count"), c.deferred_count as i64);
+        self.counter(format!("{base}.requeue_count"), c.requeue_count);
+        self.counter(format!("{base}.timeout_count"), c.timeout_count);
+        self.gauge(&format!("{base}.clients"), c.client_count as i64);
+        for pc in c.e2e_processing_latency.percentiles.iter().flatten() {
+            let q = quantile_name(pc.quantile);
+            self.gauge(&format!("{base}.e2e_processing_latency_{q}"), pc.value);
+        }
+    }
+
+    /// The memory gauges (nsqd: statsd.go with --statsd-mem-stats).
+    fn memory(&mut self, m: &Memory) {
+        self.gauge("mem.heap_objects", m.heap_objects as i64);
+        self.gauge("mem.heap_idle_bytes", m.heap_idle_bytes as i64);
+        self.gauge("mem.heap_in_use_bytes", m.heap_in_use_bytes as i64);
+        self.gauge("mem.heap_released_bytes", m.heap_released_bytes as i64);
+        self.gauge("mem.gc_pause_usec_100", m.gc_pause_usec_100 as i64);
+        self.gauge("mem.gc_pause_usec_99", m.gc_pause_usec_99 as i64);
+        self.gauge("mem.gc_pause_usec_95", m.gc_pause_usec_95 as i64);
+        self.gauge("mem.next_gc_bytes", m.next_gc_bytes as i64);
+        self.counter("mem.gc_runs".into(), m.gc_total_runs);
+    }
 }
 
 /// Packs lines into packets of at most `size` bytes without splitting a line (nsqd's
@@ -216,34 +214,6 @@ pub fn pack(lines: &[String], size: usize) -> Vec<Vec<u8>> {
         out.push(cur);
     }
     out
-}
-
-/// nsqd's memory gauges. There is no GC here: `heap_in_use_bytes` is the resident set
-/// size (as in /stats), the rest are 0.
-#[derive(Default)]
-pub struct Memory {
-    pub heap_objects: u64,
-    pub heap_idle_bytes: u64,
-    pub heap_in_use_bytes: u64,
-    pub heap_released_bytes: u64,
-    pub gc_pause_usec_100: u64,
-    pub gc_pause_usec_99: u64,
-    pub gc_pause_usec_95: u64,
-    pub next_gc_bytes: u64,
-    pub gc_total_runs: u64,
-}
-
-fn memory() -> Memory {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let resident = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0);
-    Memory {
-        heap_in_use_bytes: resident * 4096,
-        ..Default::default()
-    }
 }
 
 /// Resolves the statsd address off the executor thread (DNS may block).
@@ -286,7 +256,7 @@ async fn push(server: &Server, prev: &mut Previous, spread: Duration) {
     let shards: Vec<ShardStats> = server.gather_stats(&req).await;
     let mut topics: Vec<&TopicStats> = shards.iter().flat_map(|s| s.topics.iter()).collect();
     topics.sort_by(|a, b| a.topic_name.cmp(&b.topic_name));
-    let mem = c.statsd_mem_stats.then(memory);
+    let mem = c.statsd_mem_stats.then(Memory::read);
     let lines = render(
         &topics,
         prev,

@@ -1,6 +1,7 @@
 //! /stats rendering: nsqd's JSON schema and text layout (nsqd: http.go doStats,
 //! printStats), merged from every shard's snapshot, plus this broker's per-shard section.
 
+use super::process::Memory;
 use crate::config::go_duration_string;
 use crate::protocol::identify::VERSION;
 use crate::server::Server;
@@ -8,35 +9,6 @@ use crate::timefmt;
 use nsq_shards::stats::{ClientStats, ShardCounters, ShardStats, StatsRequest, TopicStats};
 use serde::Serialize;
 use std::fmt::Write;
-
-/// Process memory, in nsqd's `memory` keys. There is no GC here: the GC fields are 0 and
-/// the heap fields come from /proc/self/statm (resident and virtual bytes).
-#[derive(Serialize, Default)]
-struct Memory {
-    heap_objects: u64,
-    heap_idle_bytes: u64,
-    heap_in_use_bytes: u64,
-    heap_released_bytes: u64,
-    gc_pause_usec_100: u64,
-    gc_pause_usec_99: u64,
-    gc_pause_usec_95: u64,
-    next_gc_bytes: u64,
-    gc_total_runs: u64,
-}
-
-fn memory() -> Memory {
-    let page = 4096u64;
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let mut it = statm
-        .split_whitespace()
-        .map(|v| v.parse::<u64>().unwrap_or(0));
-    let _size = it.next().unwrap_or(0);
-    let resident = it.next().unwrap_or(0);
-    Memory {
-        heap_in_use_bytes: resident * page,
-        ..Default::default()
-    }
-}
 
 #[derive(Serialize)]
 struct StatsDoc<'a> {
@@ -83,7 +55,7 @@ pub fn json(
         health: &health,
         start_time: server.cfg.start_time,
         topics,
-        memory: include_mem.then(memory),
+        memory: include_mem.then(Memory::read),
         producers: (!producers.is_empty()).then_some(producers),
         shards: shards.iter().map(|s| &s.counters).collect(),
     };
@@ -172,21 +144,7 @@ pub fn text(
     let _ = writeln!(w, "uptime {}", go_duration_string(uptime));
     let _ = writeln!(w, "\nHealth: {}", health_text(shards));
     if include_mem {
-        let m = memory();
-        let _ = writeln!(w, "\nMemory:");
-        for (k, v) in [
-            ("heap_objects", m.heap_objects),
-            ("heap_idle_bytes", m.heap_idle_bytes),
-            ("heap_in_use_bytes", m.heap_in_use_bytes),
-            ("heap_released_bytes", m.heap_released_bytes),
-            ("gc_pause_usec_100", m.gc_pause_usec_100),
-            ("gc_pause_usec_99", m.gc_pause_usec_99),
-            ("gc_pause_usec_95", m.gc_pause_usec_95),
-            ("next_gc_bytes", m.next_gc_bytes),
-            ("gc_total_runs", m.gc_total_runs),
-        ] {
-            let _ = writeln!(w, "   {k:<25}\t{v}");
-        }
+        memory_text(&mut w);
     }
     if topics.is_empty() {
         let _ = writeln!(w, "\nTopics: None");
@@ -194,35 +152,7 @@ pub fn text(
         let _ = write!(w, "\nTopics:");
     }
     for t in &topics {
-        let p = if t.paused { "*P " } else { "   " };
-        let _ = writeln!(
-            w,
-            "\n{p}[{:<15}] depth: {:<5} be-depth: {:<5} msgs: {:<8} e2e%: {}",
-            t.topic_name,
-            t.depth,
-            t.backend_depth,
-            t.message_count,
-            e2e_text(&t.e2e_processing_latency)
-        );
-        for c in &t.channels {
-            let p = if c.paused { "   *P " } else { "      " };
-            let _ = writeln!(
-                w,
-                "{p}[{:<25}] depth: {:<5} be-depth: {:<5} inflt: {:<4} def: {:<4} re-q: {:<5} timeout: {:<5} msgs: {:<8} e2e%: {}",
-                c.channel_name,
-                c.depth,
-                c.backend_depth,
-                c.in_flight_count,
-                c.deferred_count,
-                c.requeue_count,
-                c.timeout_count,
-                c.message_count,
-                e2e_text(&c.e2e_processing_latency)
-            );
-            for cl in c.clients.iter().flatten() {
-                let _ = writeln!(w, "        {}", client_line(cl));
-            }
-        }
+        topic_text(&mut w, t);
     }
     if producers.is_empty() {
         let _ = writeln!(w, "\nProducers: None");
@@ -232,6 +162,64 @@ pub fn text(
             let _ = writeln!(w, "   {}", client_line(c));
         }
     }
+    shards_text(&mut w, shards);
+    w.into_bytes()
+}
+
+/// The memory section of the text /stats (nsqd: printStats with include_mem).
+fn memory_text(w: &mut String) {
+    let m = Memory::read();
+    let _ = writeln!(w, "\nMemory:");
+    for (k, v) in [
+        ("heap_objects", m.heap_objects),
+        ("heap_idle_bytes", m.heap_idle_bytes),
+        ("heap_in_use_bytes", m.heap_in_use_bytes),
+        ("heap_released_bytes", m.heap_released_bytes),
+        ("gc_pause_usec_100", m.gc_pause_usec_100),
+        ("gc_pause_usec_99", m.gc_pause_usec_99),
+        ("gc_pause_usec_95", m.gc_pause_usec_95),
+        ("next_gc_bytes", m.next_gc_bytes),
+        ("gc_total_runs", m.gc_total_runs),
+    ] {
+        let _ = writeln!(w, "   {k:<25}\t{v}");
+    }
+}
+
+/// A topic's line and its channels' lines (with their clients) in the text /stats.
+fn topic_text(w: &mut String, t: &TopicStats) {
+    let p = if t.paused { "*P " } else { "   " };
+    let _ = writeln!(
+        w,
+        "\n{p}[{:<15}] depth: {:<5} be-depth: {:<5} msgs: {:<8} e2e%: {}",
+        t.topic_name,
+        t.depth,
+        t.backend_depth,
+        t.message_count,
+        e2e_text(&t.e2e_processing_latency)
+    );
+    for c in &t.channels {
+        let p = if c.paused { "   *P " } else { "      " };
+        let _ = writeln!(
+            w,
+            "{p}[{:<25}] depth: {:<5} be-depth: {:<5} inflt: {:<4} def: {:<4} re-q: {:<5} timeout: {:<5} msgs: {:<8} e2e%: {}",
+            c.channel_name,
+            c.depth,
+            c.backend_depth,
+            c.in_flight_count,
+            c.deferred_count,
+            c.requeue_count,
+            c.timeout_count,
+            c.message_count,
+            e2e_text(&c.e2e_processing_latency)
+        );
+        for cl in c.clients.iter().flatten() {
+            let _ = writeln!(w, "        {}", client_line(cl));
+        }
+    }
+}
+
+/// This broker's per-shard section of the text /stats.
+fn shards_text(w: &mut String, shards: &[ShardStats]) {
     let _ = writeln!(w, "\nShards:");
     for s in shards {
         let c = &s.counters;
@@ -242,5 +230,4 @@ pub fn text(
             c.cross_shard_sent, c.cross_shard_received, c.handoffs_sent, c.handoffs_received
         );
     }
-    w.into_bytes()
 }

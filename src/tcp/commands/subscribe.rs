@@ -1,0 +1,53 @@
+//! SUB, RDY and CLS: a consumer's subscription and its flow control (nsqd:
+//! protocol_v2.go SUB, RDY, CLS).
+//!
+//! ```text
+//! SUB <topic_name> <channel_name>\n
+//! RDY <count>\n
+//! CLS\n
+//! ```
+//!
+//! A SUB runs on the shard that owns the topic: the reader loop moves the connection
+//! there first (see [`crate::tcp::handoff`]).
+
+use super::{fatal, Fatal};
+use crate::protocol::FRAME_RESPONSE;
+use crate::server::Server;
+use nsq_shards::client::Client;
+use nsq_shards::ClientState;
+use std::rc::Rc;
+
+/// Subscribes the client to `topic`/`channel` after the auth check; queues `OK`.
+pub(super) async fn sub(
+    server: &Server,
+    client: &Rc<Client>,
+    topic: &str,
+    channel: &str,
+) -> Result<(), Fatal> {
+    if let Err(text) = crate::auth::check(&server.cfg.auth, client, "SUB", topic, channel).await {
+        return fatal(client, text);
+    }
+    if let Err(e) = server.shard.subscribe(client, topic, channel) {
+        return fatal(client, format!("E_SUB_FAILED SUB failed {e}"));
+    }
+    client.send_frame(FRAME_RESPONSE, b"OK");
+    Ok(())
+}
+
+/// Sets the client's RDY count (range-checked by the decoder); a client that is no
+/// longer ready gets its buffered output flushed (nsqd: RDY, then messagePump's flush).
+pub(super) fn rdy(server: &Server, client: &Rc<Client>, count: i64) {
+    client.set_ready_count(count);
+    if !client.is_ready() && !client.out().is_empty() {
+        client.set_flush_now(true);
+        client.wake().notify();
+    }
+    server.shard.client_ready_changed(client);
+}
+
+/// Stops deliveries and answers `CLOSE_WAIT`; the client closes the connection.
+pub(super) fn cls(client: &Client) {
+    client.set_ready_count(0);
+    client.set_state(ClientState::Closing);
+    client.send_frame(FRAME_RESPONSE, b"CLOSE_WAIT");
+}

@@ -1,0 +1,95 @@
+//! Compression of a connection's stream after IDENTIFY negotiated snappy or deflate
+//! (nsqd: clientV2.UpgradeSnappy and UpgradeDeflate): the inbound [`Decoder`] feeds the
+//! reader loop, the outbound [`Encoder`] the writer, and both carry their state when the
+//! connection moves to another shard.
+
+use crate::protocol::deflate::{remember_output, DeflateDecoder, DeflateEncoder};
+use crate::protocol::snappy::{SnappyDecoder, SnappyEncoder};
+use nsq_shards::client::{Client, Compression};
+
+/// The inbound side of a compressed connection.
+pub(super) enum Decoder {
+    Snappy(SnappyDecoder),
+    Deflate(DeflateDecoder),
+}
+
+impl Decoder {
+    /// The decoder for `c`, continuing a stream from its hand-off state if given.
+    pub(super) fn new(
+        c: Compression,
+        pending_raw: Vec<u8>,
+        history: Vec<u8>,
+    ) -> Result<Option<Decoder>, String> {
+        Ok(match c {
+            Compression::None => None,
+            Compression::Snappy => Some(Decoder::Snappy(SnappyDecoder::with_pending(pending_raw))),
+            Compression::Deflate(_) => Some(Decoder::Deflate(DeflateDecoder::new(history)?)),
+        })
+    }
+
+    pub(super) fn feed(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+        match self {
+            Decoder::Snappy(d) => d.feed(data, out),
+            Decoder::Deflate(d) => d.feed(data, out),
+        }
+    }
+
+    /// True when the stream can move to another shard now (deflate: at a flush point).
+    pub(super) fn can_hand_off(&self) -> bool {
+        match self {
+            Decoder::Snappy(_) => true,
+            Decoder::Deflate(d) => d.at_flush_point(),
+        }
+    }
+
+    /// (undecoded bytes, inflate window) to move with the connection.
+    pub(super) fn handoff_state(&self) -> (Vec<u8>, Vec<u8>) {
+        match self {
+            Decoder::Snappy(d) => (d.pending().to_vec(), Vec::new()),
+            Decoder::Deflate(d) => (Vec::new(), d.history().to_vec()),
+        }
+    }
+}
+
+/// The outbound side of a compressed connection.
+pub(super) enum Encoder {
+    Snappy(SnappyEncoder),
+    Deflate(DeflateEncoder),
+}
+
+impl Encoder {
+    /// The encoder for `c`; `continuing` for a connection moved from another shard
+    /// (snappy: no second stream identifier; deflate: primed with `history`).
+    pub(super) fn new(
+        c: Compression,
+        continuing: bool,
+        history: &[u8],
+    ) -> Result<Option<Encoder>, String> {
+        Ok(match c {
+            Compression::None => None,
+            Compression::Snappy if continuing => Some(Encoder::Snappy(SnappyEncoder::continuing())),
+            Compression::Snappy => Some(Encoder::Snappy(SnappyEncoder::default())),
+            Compression::Deflate(level) => {
+                Some(Encoder::Deflate(DeflateEncoder::new(level, history)?))
+            }
+        })
+    }
+
+    pub(super) fn encode(
+        &mut self,
+        client: &Client,
+        data: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), String> {
+        match self {
+            Encoder::Snappy(e) => {
+                e.encode(data, out);
+                Ok(())
+            }
+            Encoder::Deflate(e) => {
+                remember_output(&mut client.deflate_out_history_mut(), data);
+                e.encode(data, out)
+            }
+        }
+    }
+}

@@ -1,0 +1,432 @@
+//! One connection's life after its magic: the reader loop that decodes and executes
+//! commands (nsqd: protocol_v2.go IOLoop), started next to the writer task (nsqd:
+//! messagePump, see [`super::writer`]), and what happens when it ends: close, or move
+//! to another shard (see [`super::handoff`]).
+
+use super::commands::{exec, fatal, Fatal, Upgrade};
+use super::compress::Decoder;
+use super::handoff;
+use super::stream::SharedStream;
+use super::writer::writer_loop;
+use crate::protocol::{self, Command, Context, Limits, ProtocolError, FRAME_ERROR, FRAME_RESPONSE};
+use crate::server::Server;
+use bytes::BytesMut;
+use nsq_shards::client::{Client, Compression};
+use std::cell::Cell;
+use std::io;
+use std::rc::Rc;
+use std::time::Duration;
+
+/// Output bytes above which the reader stops taking commands until the writer drains.
+const OUT_HIGH_WATER: usize = 1 << 20;
+
+/// Smallest read size.
+const MIN_READ_CHUNK: usize = 2048;
+
+/// Largest read size (bytes asked of the socket per read when busy).
+pub(super) const READ_CHUNK: usize = 64 * 1024;
+
+/// How the reader loop ended.
+pub(super) enum Outcome {
+    Closed,
+    /// The next command must run on shard `target`: the connection moves there with
+    /// what was read but not executed yet (decompressed in `pending`, still compressed
+    /// in `pending_raw`) and the inflate window.
+    HandOff {
+        target: usize,
+        pending: BytesMut,
+        pending_raw: Vec<u8>,
+        inflate_history: Vec<u8>,
+    },
+}
+
+/// Runs a connection on this shard: the writer task and the reader loop, from `buf`
+/// (read already, decompressed) and the compression state it arrived with (a
+/// connection resumed after a hand-off), until it closes or moves on.
+pub(super) async fn run_connection(
+    server: Rc<Server>,
+    stream: SharedStream,
+    client: Rc<Client>,
+    buf: BytesMut,
+    pending_raw: Vec<u8>,
+    inflate_history: Vec<u8>,
+) {
+    server.shard.register_client(&client);
+    apply_deadlines(&stream, &client);
+    let handing_off = Rc::new(Cell::new(false));
+    let writer = glommio::spawn_local(writer_loop(
+        server.clone(),
+        stream.clone(),
+        client.clone(),
+        handing_off.clone(),
+    ));
+    let decoder = match Decoder::new(client.compression(), pending_raw, inflate_history) {
+        Ok(d) => d,
+        Err(e) => {
+            log::error!(
+                "PROTOCOL(V2): [{}] cannot resume compression - {e}",
+                client.remote_address()
+            );
+            stream.shutdown();
+            return;
+        }
+    };
+    let outcome = Reader::new(&server, buf, decoder)
+        .run(&server, &stream, &client)
+        .await;
+    if let Outcome::HandOff { .. } = outcome {
+        handing_off.set(true);
+    }
+    client.kill();
+    writer.await;
+    server.shard.client_gone(&client);
+    match outcome {
+        Outcome::Closed => {
+            log::debug!("PROTOCOL(V2): [{}] exiting ioloop", client.remote_address());
+        }
+        Outcome::HandOff {
+            target,
+            pending,
+            pending_raw,
+            inflate_history,
+        } => {
+            let moved = handoff::Moved {
+                pending,
+                pending_raw,
+                inflate_history,
+            };
+            handoff::send(&server, stream, &client, target, moved).await;
+        }
+    }
+}
+
+/// nsqd's deadlines: reads must arrive within 2 x heartbeat interval, each write within
+/// one interval; no deadlines with heartbeats disabled.
+pub(super) fn apply_deadlines(stream: &SharedStream, client: &Client) {
+    let hb = client.settings().heartbeat_interval;
+    stream.set_read_timeout(hb.map(|d| d * 2));
+    stream.set_write_timeout(hb);
+}
+
+fn limits(server: &Server) -> Limits {
+    let o = &server.shard.opts;
+    Limits {
+        max_msg_size: o.max_msg_size,
+        max_body_size: o.max_body_size,
+        max_rdy_count: o.max_rdy_count,
+        max_req_timeout_ms: o.max_req_timeout.as_millis() as i64,
+    }
+}
+
+/// The reader loop's state (nsqd: IOLoop's locals).
+struct Reader {
+    /// Read (and decompressed), not executed yet.
+    buf: BytesMut,
+    decoder: Option<Decoder>,
+    eof: bool,
+    /// The next read's size (bytes).
+    chunk: usize,
+    limits: Limits,
+    auth_enabled: bool,
+    /// True once the MPUB at the start of `buf` passed its auth check.
+    mpub_checked: bool,
+    /// Progress through an incomplete MPUB (buf only grows at its end until a command
+    /// is consumed).
+    resume: protocol::Resume,
+}
+
+/// Ends the reader loop with an outcome.
+type Stop = Outcome;
+
+impl Reader {
+    fn new(server: &Server, buf: BytesMut, decoder: Option<Decoder>) -> Reader {
+        Reader {
+            buf,
+            decoder,
+            eof: false,
+            chunk: MIN_READ_CHUNK,
+            limits: limits(server),
+            auth_enabled: server.cfg.auth.enabled(),
+            mpub_checked: false,
+            resume: protocol::Resume::default(),
+        }
+    }
+
+    /// Executes the commands read, reads more, until the connection closes or moves
+    /// (nsqd: IOLoop).
+    async fn run(
+        mut self,
+        server: &Rc<Server>,
+        stream: &SharedStream,
+        client: &Rc<Client>,
+    ) -> Outcome {
+        loop {
+            if let Err(stop) = self.run_buffered(server, stream, client).await {
+                return stop;
+            }
+            if self.eof {
+                return Outcome::Closed;
+            }
+            if self.read_more(stream, client).await.is_err() {
+                return Outcome::Closed;
+            }
+        }
+    }
+
+    /// Executes the complete commands in `buf`; Ok once it needs more input.
+    async fn run_buffered(
+        &mut self,
+        server: &Rc<Server>,
+        stream: &SharedStream,
+        client: &Rc<Client>,
+    ) -> Result<(), Stop> {
+        loop {
+            if client.is_closed() {
+                return Err(Outcome::Closed);
+            }
+            self.before_decode(server, stream, client).await?;
+            let ctx = Context {
+                state: client.state(),
+                heartbeats_enabled: client.settings().heartbeat_interval.is_some(),
+                limits: self.limits,
+                eof: self.eof,
+            };
+            match protocol::decode_resume(&self.buf, &ctx, &mut self.resume) {
+                Ok(None) => return Ok(()),
+                Ok(Some((cmd, n))) => {
+                    self.resume.clear();
+                    self.run_command(server, stream, client, cmd, n).await?;
+                }
+                Err(e) => {
+                    decode_failed(server, client, e).await;
+                    return Err(Outcome::Closed);
+                }
+            }
+        }
+    }
+
+    /// What nsqd checks before a command is decoded: backpressure, the TLS policy and
+    /// MPUB's auth.
+    async fn before_decode(
+        &mut self,
+        server: &Server,
+        stream: &SharedStream,
+        client: &Client,
+    ) -> Result<(), Stop> {
+        // Backpressure: a client that does not read its replies stops being read
+        // (nsqd blocks on its write the same way) instead of growing the buffer.
+        while client.out().len() > OUT_HIGH_WATER && !client.is_closed() {
+            client.set_flush_now(true);
+            client.wake().notify();
+            client.drained().wait().await;
+        }
+        if server.cfg.tls_required != crate::config::TLS_NOT_REQUIRED && !stream.is_tls() {
+            // nsqd: enforceTLSPolicy, as soon as a command's line is read.
+            if let Some(word) = command_word(&self.buf) {
+                if word != b"IDENTIFY" {
+                    let _ = fatal::<()>(
+                        client,
+                        format!(
+                            "E_INVALID cannot {} in current state (TLS required)",
+                            String::from_utf8_lossy(word)
+                        ),
+                    );
+                    return Err(Outcome::Closed);
+                }
+            }
+        }
+        // nsqd checks AUTH for MPUB before it reads the body (so a denied MPUB
+        // answers at once and its body errors come after the auth errors).
+        if self.auth_enabled && !self.mpub_checked {
+            if let Some(topic) = protocol::mpub_line_topic(&self.buf) {
+                let auth = &server.cfg.auth;
+                if let Err(text) = crate::auth::check(auth, client, "MPUB", &topic, "").await {
+                    let _ = fatal::<()>(client, text);
+                    return Err(Outcome::Closed);
+                }
+                self.mpub_checked = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `cmd`, the first `n` bytes of `buf`, here or moves the connection to the
+    /// shard it must run on (the command then runs there).
+    async fn run_command(
+        &mut self,
+        server: &Rc<Server>,
+        stream: &SharedStream,
+        client: &Rc<Client>,
+        cmd: Command,
+        n: usize,
+    ) -> Result<(), Stop> {
+        if let Some(target) = handoff::target(server, client, &cmd) {
+            let (pending_raw, inflate_history) =
+                handoff::wait_flush_point(stream, &mut self.decoder, &mut self.buf).await?;
+            return Err(Outcome::HandOff {
+                target,
+                pending: std::mem::take(&mut self.buf),
+                pending_raw,
+                inflate_history,
+            });
+        }
+        let frame = self.buf.split_to(n).freeze();
+        self.mpub_checked = false;
+        match exec(server, stream, client, cmd, &frame).await {
+            Err(Fatal) => Err(Outcome::Closed),
+            Ok(Upgrade::None) => Ok(()),
+            Ok(Upgrade::Tls(want)) => self.start_tls(server, stream, client, want).await,
+            Ok(Upgrade::Compression) => self.start_compression(client),
+        }
+    }
+
+    /// IDENTIFY granted TLS: what follows it is the client's TLS handshake; then the
+    /// compression it asked for, if any.
+    async fn start_tls(
+        &mut self,
+        server: &Server,
+        stream: &SharedStream,
+        client: &Client,
+        want: Compression,
+    ) -> Result<(), Stop> {
+        let early = self.buf.split();
+        if let Err(e) = upgrade_tls(server, stream, client, &early).await {
+            log::info!(
+                "PROTOCOL(V2): [{}] E_IDENTIFY_FAILED IDENTIFY failed {e}",
+                client.remote_address()
+            );
+            return Err(Outcome::Closed);
+        }
+        client.send_frame(FRAME_RESPONSE, b"OK");
+        if want != Compression::None {
+            client.set_compression(want);
+            client.set_compress_from(Some(client.out().len()));
+            client.send_frame(FRAME_RESPONSE, b"OK");
+            let Ok(d) = Decoder::new(want, Vec::new(), Vec::new()) else {
+                return Err(Outcome::Closed);
+            };
+            self.decoder = d;
+        }
+        Ok(())
+    }
+
+    /// IDENTIFY switched the stream to snappy or deflate: what follows it, read already
+    /// or not, is compressed.
+    fn start_compression(&mut self, client: &Client) -> Result<(), Stop> {
+        let rest = self.buf.split();
+        let Ok(Some(mut d)) = Decoder::new(client.compression(), Vec::new(), Vec::new()) else {
+            return Err(Outcome::Closed);
+        };
+        let mut out = Vec::new();
+        if d.feed(&rest, &mut out).is_err() {
+            return Err(Outcome::Closed);
+        }
+        self.buf.extend_from_slice(&out);
+        self.decoder = Some(d);
+        Ok(())
+    }
+
+    /// Reads from the socket onto `buf`, decompressing; sets `eof` at end of stream.
+    /// Err: the connection is done (a read error or a corrupt compressed stream).
+    async fn read_more(&mut self, stream: &SharedStream, client: &Client) -> Result<(), ()> {
+        let old = self.buf.len();
+        // The read size follows the traffic: small for a trickle of commands (a buffer
+        // whose frames are still referenced cannot be reused, so each read may allocate),
+        // READ_CHUNK for a busy producer.
+        let n = stream
+            .read_append(&mut self.buf, self.chunk)
+            .await
+            .map_err(|_| ())?;
+        if n == 0 {
+            self.eof = true;
+            return Ok(());
+        }
+        if let Some(d) = self.decoder.as_mut() {
+            let raw = self.buf.split_off(old);
+            let mut out = Vec::new();
+            if let Err(e) = d.feed(&raw, &mut out) {
+                log::info!(
+                    "PROTOCOL(V2): [{}] compressed stream error - {e}",
+                    client.remote_address()
+                );
+                return Err(());
+            }
+            self.buf.extend_from_slice(&out);
+        }
+        let chunk = self.chunk;
+        self.chunk = if n == chunk {
+            (chunk * 2).min(READ_CHUNK)
+        } else if n < chunk / 4 {
+            (chunk / 2).max(MIN_READ_CHUNK)
+        } else {
+            chunk
+        };
+        Ok(())
+    }
+}
+
+/// A command that cannot be decoded ends the connection, with its error frame unless
+/// silent (nsqd: IOLoop sends the error of a failed Exec, then closes on a fatal one).
+async fn decode_failed(server: &Server, client: &Client, e: ProtocolError) {
+    if let Some(t) = &e.creates_topic {
+        server.create_topic(t).await;
+    }
+    if !e.silent {
+        log::info!(
+            "PROTOCOL(V2): [{}] {} {}",
+            client.remote_address(),
+            e.code,
+            e.text
+        );
+        client.send_frame(FRAME_ERROR, &e.frame_data());
+    }
+}
+
+/// The first word of the command line in `buf` (nsqd's params[0]), once the line is
+/// complete.
+fn command_word(buf: &[u8]) -> Option<&[u8]> {
+    let end = buf.iter().position(|&b| b == b'\n')?;
+    let mut line = &buf[..end];
+    if let Some(l) = line.strip_suffix(b"\r") {
+        line = l;
+    }
+    Some(line.split(|&b| b == b' ').next().unwrap_or(line))
+}
+
+/// The IDENTIFY reply is queued: gets it onto the wire plain, then runs the server side
+/// of the TLS handshake (nsqd: IDENTIFY, clientV2.UpgradeTLS, with its 5 s deadline).
+async fn upgrade_tls(
+    server: &Server,
+    stream: &SharedStream,
+    client: &Client,
+    early: &[u8],
+) -> io::Result<()> {
+    let Some(cfg) = server.cfg.tls.clone() else {
+        return Err(io::Error::other("TLS is not configured"));
+    };
+    while !client.out().is_empty() && !client.is_closed() {
+        client.set_flush_now(true);
+        client.wake().notify();
+        client.drained().wait().await;
+    }
+    log::info!(
+        "PROTOCOL(V2): [{}] upgrading connection to TLS",
+        client.remote_address()
+    );
+    let hs = stream.accept_tls(cfg, early);
+    let r = glommio::timer::timeout(Duration::from_secs(5), async {
+        hs.await.map_err(glommio::GlommioError::IoError)
+    })
+    .await;
+    match r {
+        Ok(()) => {
+            client.set_tls(stream.tls_info());
+            Ok(())
+        }
+        Err(glommio::GlommioError::IoError(e)) => Err(e),
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "TLS handshake timed out",
+        )),
+    }
+}

@@ -1,0 +1,80 @@
+//! The protocol V2 TCP server (nsqd: tcp.go TCPServer, protocol_v2.go). This module
+//! accepts connections and checks their magic (nsqd: tcp.go Handle); the rest, by
+//! nsqd's names:
+//!
+//! - [`conn`]: the per-connection reader loop (nsqd: protocol_v2.go IOLoop),
+//! - [`commands`]: one function per command (nsqd: protocol_v2.go Exec, IDENTIFY, SUB, ...),
+//! - [`writer`]: output buffering, flushes and heartbeats (the writing half of nsqd's
+//!   messagePump; `Channel::dispatch` in the shards crate is the half that picks
+//!   messages),
+//! - [`handoff`]: moving a connection to the shard that owns its topic (no nsqd
+//!   counterpart: nsqd has one process),
+//! - [`compress`]: snappy and deflate streams (nsqd: clientV2.UpgradeSnappy/Deflate),
+//! - [`stream`]: the socket shared by reader and writer, plain or TLS (nsqd:
+//!   clientV2.UpgradeTLS).
+
+mod commands;
+mod compress;
+mod conn;
+mod handoff;
+mod stream;
+mod writer;
+
+pub use handoff::resume;
+pub use stream::{SharedStream, TlsSession};
+
+use crate::protocol::identify::default_settings;
+use crate::protocol::{self, FRAME_ERROR, MAGIC_V2};
+use crate::server::Server;
+use bytes::BytesMut;
+use conn::{run_connection, READ_CHUNK};
+use glommio::net::{TcpListener, TcpStream};
+use nsq_shards::client::Client;
+use std::rc::Rc;
+
+/// Accepts connections on this shard's listener until shutdown.
+pub async fn accept_loop(server: Rc<Server>, listener: TcpListener) {
+    crate::server::accept_until_shutdown(server, listener, "TCP", new_connection).await
+}
+
+/// Reads and checks the protocol magic, then runs the connection (nsqd: tcp.go Handle).
+async fn new_connection(server: Rc<Server>, stream: TcpStream) {
+    let peer = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "unknown".into());
+    let _ = stream.set_nodelay(true);
+    log::debug!("TCP: new client({peer})");
+    let stream = SharedStream::new(stream);
+    stream.set_read_timeout(Some(server.shard.opts.client_timeout));
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    while buf.len() < 4 {
+        let old = buf.len();
+        buf.resize(old + 64, 0);
+        match stream.read(&mut buf[old..]).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.truncate(old + n),
+        }
+    }
+    if &buf[..4] != MAGIC_V2 {
+        log::info!(
+            "client({peer}) bad protocol magic '{}'",
+            String::from_utf8_lossy(&buf[..4])
+        );
+        let mut out = Vec::new();
+        protocol::write_frame(&mut out, FRAME_ERROR, b"E_BAD_PROTOCOL");
+        let _ = stream.write_all(&out).await;
+        stream.shutdown();
+        return;
+    }
+    let _ = buf.split_to(4);
+    let ip = peer.rsplit_once(':').map(|(h, _)| h).unwrap_or(&peer);
+    let ip = ip.trim_start_matches('[').trim_end_matches(']');
+    let settings = default_settings(ip, &server.shard.opts);
+    let client = Rc::new(Client::new(
+        server.shard.new_client_id(),
+        peer.clone(),
+        settings,
+    ));
+    run_connection(server, stream, client, buf, Vec::new(), Vec::new()).await;
+}

@@ -1,0 +1,226 @@
+//! The connection's writer task: the half of nsqd's messagePump that writes (nsqd:
+//! protocol_v2.go messagePump's flush and heartbeat cases, and Send/Flush). Messages are
+//! chosen and framed into the client's output buffer by `Channel::dispatch` in the
+//! shards crate (the half of messagePump that reads the channel's memoryMsgChan); this
+//! task moves that buffer to the socket, compressing it if IDENTIFY asked for it.
+//! Together they are nsqd's messagePump.
+
+use super::compress::Encoder;
+use super::stream::SharedStream;
+use crate::protocol::FRAME_RESPONSE;
+use crate::server::Server;
+use futures::future::select;
+use nsq_shards::client::{Client, OutputTicker};
+use std::cell::Cell;
+use std::io;
+use std::pin::pin;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+/// Output buffer capacity a connection keeps however little it sends (bytes).
+const SPARE_KEEP: usize = 1 << 20;
+
+/// Drains the client's output buffer to the socket with nsqd's flush rules (nsqd:
+/// protocol_v2.go messagePump and Send): responses and errors at once; message frames
+/// when the buffer holds output_buffer_size bytes, when the client is not ready, and at
+/// a tick of the client's output-buffer ticker (every output_buffer_timeout, see
+/// [`nsq_shards::client::OutputTicker`]). As in nsqd, the ticker holds one tick that
+/// passed while nothing was buffered, so a message to a consumer that was idle for a
+/// period goes out at once; in a stream a message waits at most one period (250 ms by
+/// default) for a tick, or less for a full buffer. With output_buffer_timeout 0 a
+/// delivery round is flushed as soon as the writer runs. Also sends `_heartbeat_` every
+/// heartbeat interval.
+pub(super) async fn writer_loop(
+    server: Rc<Server>,
+    stream: SharedStream,
+    client: Rc<Client>,
+    handing_off: Rc<Cell<bool>>,
+) {
+    let mut out = Output::new(&client);
+    let mut heartbeat = Heartbeat::new(client.settings().heartbeat_interval);
+    loop {
+        let now = Instant::now();
+        let (obs, obt, hb) = {
+            let s = client.settings();
+            (
+                s.output_buffer_size,
+                s.output_buffer_timeout,
+                s.heartbeat_interval,
+            )
+        };
+        heartbeat.follow(hb, now);
+        let closed = client.is_closed();
+        let len = client.out().len();
+        if !client.is_ready() {
+            // nsqd flushes a client that is not ready (buffer_message and RDY ask for it
+            // with flush_now) and counts its messagePump as flushed.
+            client.set_pump_flushed(true);
+        }
+        let (tick, ticker) = take_tick(&client, now);
+        let due = len > 0 && (closed || client.flush_now() || obt.is_zero() || len >= obs || tick);
+        if due {
+            if out.flush(&server, &stream, &client).await.is_err() {
+                client.set_closed(true);
+                break;
+            }
+            continue;
+        }
+        if closed {
+            break;
+        }
+        if heartbeat.send_if_due(&client, now) {
+            continue;
+        }
+        let mut wake_at = heartbeat.next;
+        if !client.pump_flushed() {
+            wake_at = match (wake_at, ticker.next_tick()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        wait(&client, wake_at, now).await;
+    }
+    client.set_closed(true);
+    client.drained().notify();
+    if !handing_off.get() {
+        stream.shutdown();
+    }
+}
+
+/// Takes a due tick of the client's output-buffer ticker: while messages went out since
+/// the last flush, the pump takes the ticks (nsqd: messagePump's outputBufferTicker
+/// case). Returns whether one was taken, and the ticker.
+fn take_tick(client: &Client, now: Instant) -> (bool, OutputTicker) {
+    let mut ticker = client.output_ticker();
+    let tick = !client.pump_flushed() && ticker.due(now);
+    if tick {
+        ticker.take(now);
+        client.set_output_ticker(ticker);
+        client.set_pump_flushed(true);
+    }
+    (tick, ticker)
+}
+
+/// Sleeps until the client's wake-up (new output, RDY, close) or `wake_at`.
+async fn wait(client: &Client, wake_at: Option<Instant>, now: Instant) {
+    let woken = pin!(client.wake().wait());
+    match wake_at {
+        Some(t) => {
+            let sleep = pin!(glommio::timer::sleep(t.saturating_duration_since(now)));
+            select(woken, sleep).await;
+        }
+        None => woken.await,
+    }
+}
+
+/// nsqd's heartbeatTicker: `_heartbeat_` every heartbeat interval (none when disabled).
+struct Heartbeat {
+    interval: Option<Duration>,
+    next: Option<Instant>,
+}
+
+impl Heartbeat {
+    fn new(interval: Option<Duration>) -> Heartbeat {
+        Heartbeat {
+            interval,
+            next: interval.map(|d| Instant::now() + d),
+        }
+    }
+
+    /// Restarts the ticker when IDENTIFY changed the interval.
+    fn follow(&mut self, interval: Option<Duration>, now: Instant) {
+        if interval != self.interval {
+            self.interval = interval;
+            self.next = interval.map(|d| now + d);
+        }
+    }
+
+    /// Queues a heartbeat if one is due; true if it did.
+    fn send_if_due(&mut self, client: &Client, now: Instant) -> bool {
+        match self.next {
+            Some(t) if t <= now => {
+                client.send_frame(FRAME_RESPONSE, b"_heartbeat_");
+                self.next = self.interval.map(|d| t.max(now - d) + d);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The writer's side of the output buffer: the spare buffer swapped with the client's
+/// on each flush, and the compressor if the stream is compressed.
+struct Output {
+    spare: Vec<u8>,
+    encoder: Option<Encoder>,
+}
+
+impl Output {
+    fn new(client: &Client) -> Output {
+        // A connection handed over from another shard may already be compressed.
+        let encoder = {
+            let hist = client.deflate_out_history().clone();
+            Encoder::new(client.compression(), true, &hist)
+                .ok()
+                .flatten()
+        };
+        Output {
+            spare: Vec::with_capacity(16 * 1024),
+            encoder,
+        }
+    }
+
+    /// Writes out everything the client's output buffer holds (nsqd: Flush) and wakes a
+    /// reader waiting for the buffer to drain.
+    async fn flush(
+        &mut self,
+        server: &Server,
+        stream: &SharedStream,
+        client: &Client,
+    ) -> io::Result<()> {
+        std::mem::swap(&mut *client.out_mut(), &mut self.spare);
+        client.set_flush_now(false);
+        let res = self.write(stream, client).await;
+        client.drained().notify();
+        server.shard.count_bytes_out(self.spare.len() as u64);
+        // Keep the buffer's capacity while it is in use (a consumer with a large RDY
+        // window gets RDY messages at once: regrowing from 16 KiB each time cost a
+        // copy of everything on every doubling); give it back once traffic drops.
+        if self.spare.capacity() > SPARE_KEEP && self.spare.len() < self.spare.capacity() / 8 {
+            self.spare = Vec::with_capacity(16 * 1024);
+        }
+        self.spare.clear();
+        res
+    }
+
+    /// Writes `spare` to the socket, compressed from where IDENTIFY switched it on.
+    async fn write(&mut self, stream: &SharedStream, client: &Client) -> io::Result<()> {
+        let spare = &self.spare;
+        match (client.take_compress_from(), self.encoder.as_mut()) {
+            (Some(off), _) => {
+                // The IDENTIFY reply (before `off`) goes out plain, the rest compressed.
+                let off = off.min(spare.len());
+                let mut framed = spare[..off].to_vec();
+                match Encoder::new(client.compression(), false, &[]) {
+                    Ok(Some(mut enc)) => {
+                        let r = enc.encode(client, &spare[off..], &mut framed);
+                        self.encoder = Some(enc);
+                        match r {
+                            Ok(()) => stream.write_all(&framed).await,
+                            Err(e) => Err(io::Error::other(e)),
+                        }
+                    }
+                    _ => Err(io::Error::other("no encoder")),
+                }
+            }
+            (None, Some(enc)) => {
+                let mut framed = Vec::with_capacity(spare.len() / 2 + 64);
+                match enc.encode(client, spare, &mut framed) {
+                    Ok(()) => stream.write_all(&framed).await,
+                    Err(e) => Err(io::Error::other(e)),
+                }
+            }
+            (None, None) => stream.write_all(spare).await,
+        }
+    }
+}

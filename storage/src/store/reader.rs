@@ -1,0 +1,231 @@
+//! Reads by sequence from flushed segment data (nsqd: diskqueue.go readOne, which reads
+//! the next message at one read position; here any channel reads from any sequence
+//! through the segments' sparse indexes).
+
+use super::{io_err, ReadPos, TopicStore, INDEX_EVERY, READ_WINDOW};
+use crate::error::StoreError;
+use crate::record::{self, StoredRecord, SEGMENT_HEADER_LEN};
+use bytes::Bytes;
+use glommio::io::DmaFile;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+impl TopicStore {
+    /// Reads up to `max` records with sequence >= `from`, only from data already flushed
+    /// to disk, following sequence order across segments. Corrupt records are skipped.
+    pub async fn read(&self, from: u64, max: usize) -> Result<Vec<StoredRecord>, StoreError> {
+        self.read_at(from, max, usize::MAX, None)
+            .await
+            .map(|(recs, _)| recs)
+    }
+
+    /// Like [`read`](Self::read), stopping once `max_bytes` of bodies were read (at least
+    /// one record), and starting at `hint` when it is the position a previous read
+    /// ended at for `from` (a sequential reader then never re-reads from the sparse
+    /// index). Returns the records and the position after the last one.
+    pub async fn read_at(
+        &self,
+        from: u64,
+        max: usize,
+        max_bytes: usize,
+        hint: Option<ReadPos>,
+    ) -> Result<(Vec<StoredRecord>, Option<ReadPos>), StoreError> {
+        let mut batch = Batch {
+            out: Vec::new(),
+            bytes: 0,
+            end_pos: None,
+            seq: from,
+            max,
+            max_bytes,
+        };
+        while !batch.full() {
+            let hint = (batch.seq == from).then_some(hint).flatten();
+            let Some(loc) = self.locate(batch.seq, hint) else {
+                break;
+            };
+            let file = self.reader(loc.base, &loc.path).await?;
+            if !batch.read_segment(&file, loc).await? {
+                // Nothing readable at `seq` in this segment: move to the next one.
+                let seq = batch.seq;
+                let next = self
+                    .segments
+                    .borrow()
+                    .range(seq + 1..)
+                    .next()
+                    .map(|(b, _)| *b);
+                match next {
+                    Some(b) if b > seq => batch.seq = b,
+                    _ => break,
+                }
+            }
+        }
+        Ok((batch.out, batch.end_pos))
+    }
+
+    /// The segment a read at `seq` starts in and the byte offset to start at: the
+    /// segment holding `seq` if it is readable there, else the next one with readable
+    /// records; the offset is `hint`'s when it is for `seq` in that segment, else the
+    /// sparse index entry at or below `seq`.
+    fn locate(&self, seq: u64, hint: Option<ReadPos>) -> Option<Located> {
+        let segs = self.segments.borrow();
+        segs.range(..=seq)
+            .next_back()
+            .filter(|(_, s)| seq < s.readable_seq)
+            .or_else(|| {
+                segs.range(seq..).next().filter(|(_, s)| {
+                    s.readable_seq > *s.index.first().map(|(q, _)| q).unwrap_or(&u64::MAX)
+                })
+            })
+            .map(|(b, s)| {
+                let hinted = hint
+                    .filter(|h| h.base == *b && h.seq == seq)
+                    .map(|h| h.offset);
+                let start = hinted.unwrap_or_else(|| {
+                    s.index
+                        .iter()
+                        .rev()
+                        .find(|(q, _)| *q <= seq)
+                        .map(|(_, o)| *o)
+                        .unwrap_or(SEGMENT_HEADER_LEN as u64)
+                });
+                Located {
+                    base: *b,
+                    path: s.path.clone(),
+                    start,
+                    readable: s.readable_seq,
+                    salt: s.salt,
+                }
+            })
+    }
+
+    pub(super) async fn reader(&self, base: u64, path: &Path) -> Result<Rc<DmaFile>, StoreError> {
+        if let Some(f) = self.readers.borrow().get(&base) {
+            return Ok(f.clone());
+        }
+        if self.destroyed.get() {
+            return Err(StoreError::topic_deleted());
+        }
+        let fd_path = self.fd_path(path);
+        self.opens.set(self.opens.get() + 1);
+        let f = DmaFile::open(&fd_path).await.map_err(io_err);
+        self.opens.set(self.opens.get() - 1);
+        let f = Rc::new(f?);
+        self.readers.borrow_mut().insert(base, f.clone());
+        Ok(f)
+    }
+}
+
+/// Where a read starts: see [`TopicStore::locate`].
+struct Located {
+    base: u64,
+    path: PathBuf,
+    /// Byte offset in the segment.
+    start: u64,
+    /// The segment's records below this sequence are readable.
+    readable: u64,
+    salt: u32,
+}
+
+/// Reads [`READ_WINDOW`] bytes at `off`, more when the first record is longer, so at
+/// least one whole record fits. Returns the data and the size asked for (the data is
+/// shorter at the end of the file).
+async fn read_window(file: &DmaFile, off: u64) -> Result<(Bytes, usize), StoreError> {
+    let mut want = READ_WINDOW;
+    loop {
+        let rr = file.read_at(off, want).await.map_err(io_err)?;
+        let data = Bytes::copy_from_slice(&rr);
+        if data.len() >= 8 {
+            let len = u32::from_be_bytes([data[0], data[1], data[2], data[3]]) as usize;
+            if len + 8 > data.len() && data.len() == want && len <= record::MAX_BODY + 64 {
+                want = len + 8;
+                continue;
+            }
+        }
+        return Ok((data, want));
+    }
+}
+
+/// A read in progress: what it collected and where it stands.
+struct Batch {
+    out: Vec<StoredRecord>,
+    /// Bytes of the bodies in `out`.
+    bytes: usize,
+    /// The position after the last record in `out`.
+    end_pos: Option<ReadPos>,
+    /// The next sequence wanted.
+    seq: u64,
+    max: usize,
+    max_bytes: usize,
+}
+
+impl Batch {
+    /// True once it holds `max` records or `max_bytes` of bodies.
+    fn full(&self) -> bool {
+        self.out.len() >= self.max || self.bytes >= self.max_bytes
+    }
+
+    /// Reads records from `seq` on in the segment at `loc`, window by window, until the
+    /// batch is full or the segment's readable records end. False when it found no
+    /// record at or after `seq` there.
+    async fn read_segment(&mut self, file: &DmaFile, loc: Located) -> Result<bool, StoreError> {
+        let Located {
+            base,
+            path,
+            start: mut off,
+            readable,
+            salt,
+        } = loc;
+        let mut last: Option<u64> = None;
+        let mut progressed = false;
+        'window: loop {
+            let (data, want) = read_window(file, off).await?;
+            if data.is_empty() {
+                break;
+            }
+            // Decode only about what is asked for (plus the records below `seq` a
+            // window started from the sparse index holds); what is left of the
+            // window is read again by the next call, at the position returned.
+            let limit = (self.max - self.out.len()).saturating_add(INDEX_EVERY as usize);
+            let (recs, skipped, stop) = record::scan_up_to(&data, 0, salt, last, limit);
+            if let Some((r, _)) = recs.last() {
+                last = Some(r.seq);
+            }
+            for s in skipped {
+                log::error!(
+                    "STORE: {} offset {}: {}; record skipped",
+                    path.display(),
+                    off + s.offset as u64,
+                    s.reason
+                );
+            }
+            for (r, at) in recs {
+                if r.seq >= readable {
+                    break 'window;
+                }
+                if r.seq < self.seq {
+                    continue;
+                }
+                self.seq = r.seq + 1;
+                progressed = true;
+                self.bytes += r.body.len();
+                self.end_pos = Some(ReadPos {
+                    base,
+                    offset: off + (at + record::RECORD_OVERHEAD + r.body.len()) as u64,
+                    seq: self.seq,
+                });
+                self.out.push(r);
+                if self.full() {
+                    break 'window;
+                }
+            }
+            if stop == 0 || stop < data.len() && data.len() < want {
+                break;
+            }
+            off += stop as u64;
+            if self.seq >= readable {
+                break;
+            }
+        }
+        Ok(progressed)
+    }
+}

@@ -1,0 +1,388 @@
+//! The store's writer task (nsqd: diskqueue.go ioLoop's write side, writeOne and
+//! sync): takes the pending buffer of appended records in batches (group commit),
+//! writes them through a `DmaStreamWriter`, rotates segments at `max_bytes_per_file`
+//! and syncs by `--sync-every` / `--sync-timeout` or when a publisher waits.
+
+use super::checkpoint::{seal_closed, write_partial};
+use super::journal_files::{flush_journal, sync_journal};
+use super::retention::delete_covered_journals;
+use super::{io_err, seg_path, Segment, TopicStore, PARTIAL_EVERY, SPARE_MAX, WRITE_BUFFER};
+use crate::error::StoreError;
+use crate::record::{self, SEGMENT_HEADER_LEN};
+use futures::io::AsyncWriteExt;
+use glommio::io::{DmaFile, DmaStreamWriter, DmaStreamWriterBuilder};
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::time::Instant;
+
+impl TopicStore {
+    pub(super) fn fail_waiters(&self, e: &StoreError) {
+        for w in self.waiters.borrow_mut().drain(..) {
+            let _ = w.tx.send(Err(e.clone()));
+        }
+    }
+
+    pub(super) fn release_waiters(&self) {
+        let durable = self.durable_seq.get();
+        let mut ws = self.waiters.borrow_mut();
+        let mut i = 0;
+        while i < ws.len() {
+            if ws[i].seq <= durable {
+                let w = ws.swap_remove(i);
+                let _ = w.tx.send(Ok(()));
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
+pub(super) struct Active {
+    writer: DmaStreamWriter,
+    base: u64,
+    /// Logical write position (header included).
+    pos: u64,
+    /// (end offset, one past the sequence) of each written batch not yet known flushed.
+    unflushed: VecDeque<(u64, u64)>,
+    /// One past the last sequence written into this segment (0 = none yet).
+    written: u64,
+    /// True once a sync of this segment succeeded.
+    synced: bool,
+}
+
+pub(super) async fn open_segment(store: &TopicStore, base: u64) -> Result<Active, StoreError> {
+    if store.destroyed.get() {
+        return Err(StoreError::topic_deleted());
+    }
+    let path = seg_path(&store.dir, base);
+    store.opens.set(store.opens.get() + 1);
+    let file = DmaFile::create(store.fd_path(&path)).await.map_err(io_err);
+    store.opens.set(store.opens.get() - 1);
+    let file = file?;
+    let mut writer = DmaStreamWriterBuilder::new(file)
+        .with_buffer_size(WRITE_BUFFER)
+        .with_write_behind(4)
+        .build();
+    writer
+        .write_all(&record::segment_header(base, store.salt))
+        .await
+        .map_err(io_err)?;
+    store.segments.borrow_mut().insert(
+        base,
+        Segment {
+            path,
+            salt: store.salt,
+            end_seq: base,
+            index: Vec::new(),
+            count: 0,
+            readable_seq: base,
+        },
+    );
+    Ok(Active {
+        writer,
+        base,
+        pos: SEGMENT_HEADER_LEN as u64,
+        unflushed: VecDeque::new(),
+        written: 0,
+        synced: false,
+    })
+}
+
+pub(super) fn mark_readable(store: &TopicStore, a: &mut Active, flushed: u64) {
+    let mut upto = None;
+    while let Some(&(end, seq)) = a.unflushed.front() {
+        if end > flushed {
+            break;
+        }
+        upto = Some(seq);
+        a.unflushed.pop_front();
+    }
+    if let Some(seq) = upto {
+        if let Some(s) = store.segments.borrow_mut().get_mut(&a.base) {
+            s.readable_seq = s.readable_seq.max(seq);
+        }
+    }
+}
+
+/// Gives up a segment after a write or sync error; one that was never synced is
+/// removed, so repeated failures (a full disk) do not leave empty files behind.
+pub(super) async fn abandon(store: &TopicStore, a: Option<Active>) {
+    let Some(a) = a else { return };
+    if !a.synced {
+        let seg = store.segments.borrow_mut().remove(&a.base);
+        drop(a);
+        if let Some(seg) = seg {
+            let p = store.fd_path(&seg.path);
+            let _ = glommio::executor()
+                .spawn_blocking(move || std::fs::remove_file(p))
+                .await;
+        }
+    }
+}
+
+/// The store's writer task, until the store closes or its topic is deleted (nsqd:
+/// diskqueue.go ioLoop): waits for appended records, journal events or publishers
+/// waiting for durability; writes the batch; syncs when due; releases the waiters.
+pub(super) async fn writer_task(store: Rc<TopicStore>) {
+    let mut w = Writer {
+        store: store.clone(),
+        active: None,
+        unsynced: 0,
+        last_sync: Instant::now(),
+        last_partial: (Instant::now(), 0, 0),
+    };
+    loop {
+        w.wait_for_work().await;
+        // Double buffering: publishers encode into the spare pair (which keeps its
+        // capacity, so no reallocation or page faults) while this batch is written.
+        let mut buf = std::mem::take(&mut *store.spare.borrow_mut());
+        std::mem::swap(&mut buf, &mut *store.pending.borrow_mut());
+        let mut recs = std::mem::take(&mut *store.spare_recs.borrow_mut());
+        std::mem::swap(&mut recs, &mut *store.pending_recs.borrow_mut());
+        for w in store.drain_waiters.borrow_mut().drain(..) {
+            let _ = w.send(());
+        }
+        if store.destroyed.get() {
+            // Topic deleted: nothing more goes to disk.
+            store.fail_waiters(&StoreError::exiting());
+            if let Some(mut a) = w.active.take() {
+                let _ = a.writer.close().await;
+            }
+            *store.journal_file.borrow_mut() = None;
+            break;
+        }
+        let failed = !w.write_batch(&buf, &recs).await;
+        if buf.capacity() <= SPARE_MAX {
+            buf.clear();
+            recs.clear();
+            *store.spare.borrow_mut() = buf;
+            *store.spare_recs.borrow_mut() = recs;
+        }
+        // Journal events share the records' sync policy and group commit; any still
+        // pending are written first, so the sync below covers every event so far.
+        w.unsynced += flush_journal(&store) + store.journal_written.replace(0);
+        delete_covered_journals(&store).await;
+        let waiting = !store.waiters.borrow().is_empty();
+        let due = w.unsynced >= store.cfg.sync_every
+            || (w.unsynced > 0 && w.last_sync.elapsed() >= store.cfg.sync_timeout)
+            || (waiting && !failed)
+            || store.closing.get();
+        if due && !failed {
+            w.sync().await;
+        }
+        if store.closing.get()
+            && store.pending.borrow().is_empty()
+            && store.journal_pending.borrow().is_empty()
+        {
+            w.close().await;
+            break;
+        }
+    }
+    store.finished.set(true);
+    store.journal_wake.notify();
+    for w in store.drain_waiters.borrow_mut().drain(..) {
+        let _ = w.send(());
+    }
+    store.done.notify();
+}
+
+/// The writer task's state between batches.
+struct Writer {
+    store: Rc<TopicStore>,
+    /// The segment being written.
+    active: Option<Active>,
+    /// Records and journal events written since the last sync.
+    unsynced: u64,
+    last_sync: Instant,
+    /// (when, segment base, data end) of the last partial index written.
+    last_partial: (Instant, u64, u64),
+}
+
+impl Writer {
+    /// Sleeps until there is something to do, or `--sync-timeout` after unsynced writes.
+    async fn wait_for_work(&self) {
+        let store = &self.store;
+        let has_pending = !store.pending.borrow().is_empty();
+        let has_journal = store.journal_written.get() > 0;
+        let has_waiters = !store.waiters.borrow().is_empty();
+        let closing = store.closing.get();
+        if has_pending || has_waiters || closing || has_journal {
+            return;
+        }
+        let wake = std::pin::pin!(store.wake.wait());
+        if self.unsynced > 0 {
+            let left = store
+                .cfg
+                .sync_timeout
+                .saturating_sub(self.last_sync.elapsed());
+            let sleep = std::pin::pin!(glommio::timer::sleep(left));
+            futures::future::select(wake, sleep).await;
+        } else {
+            wake.await;
+        }
+    }
+
+    /// Writes the batch `buf` (records `recs`: sequence, encoded length) into segments,
+    /// rotating at `max_bytes_per_file` (nsqd: writeOne). False after a failure (logged,
+    /// recorded as the store's error, waiters failed).
+    async fn write_batch(&mut self, buf: &[u8], recs: &[(u64, u32)]) -> bool {
+        let store = self.store.clone();
+        let mut i = 0usize;
+        let mut start = 0usize;
+        while i < recs.len() {
+            if self
+                .active
+                .as_ref()
+                .is_some_and(|a| a.pos >= store.cfg.max_bytes_per_file)
+            {
+                self.rotate().await;
+            }
+            if self.active.is_none() {
+                match open_segment(&store, recs[i].0).await {
+                    Ok(a) => self.active = Some(a),
+                    Err(e) => {
+                        log::error!("STORE: {} - {e}", store.dir.display());
+                        *store.error.borrow_mut() = Some(e.clone());
+                        store.fail_waiters(&e);
+                        return false;
+                    }
+                }
+            }
+            let Some(a) = self.active.as_mut() else {
+                break;
+            };
+            // Records that go into this segment: up to the one that crosses the limit.
+            let mut j = i;
+            let mut bytes = 0u64;
+            while j < recs.len() {
+                bytes += recs[j].1 as u64;
+                j += 1;
+                if a.pos + bytes >= store.cfg.max_bytes_per_file {
+                    break;
+                }
+            }
+            note_records(&store, a, &recs[i..j]);
+            let chunk = &buf[start..start + bytes as usize];
+            match a.writer.write_all(chunk).await {
+                Ok(()) => {
+                    a.pos += bytes;
+                    a.unflushed.push_back((a.pos, recs[j - 1].0 + 1));
+                    a.written = recs[j - 1].0 + 1;
+                    self.unsynced += (j - i) as u64;
+                    let flushed = a.writer.current_flushed_pos();
+                    mark_readable(&store, a, flushed);
+                }
+                Err(e) => {
+                    let e = io_err(e).context(format_args!("write {}", store.dir.display()));
+                    log::error!("STORE: {e}");
+                    *store.error.borrow_mut() = Some(e.clone());
+                    store.fail_waiters(&e);
+                    abandon(&store, self.active.take()).await;
+                    return false;
+                }
+            }
+            start += bytes as usize;
+            i = j;
+        }
+        true
+    }
+
+    /// Closes the full segment: synced, so all of it is durable, then sealed in the
+    /// background (nsqd: writeOne's rotation to the next file).
+    async fn rotate(&mut self) {
+        let store = &self.store;
+        let Some(mut a) = self.active.take() else {
+            return;
+        };
+        let ok = a.writer.sync().await.is_ok();
+        let closed = a.writer.close().await.is_ok();
+        let upto = (a.written > 0).then_some(a.written);
+        mark_readable(store, &mut a, u64::MAX);
+        if let (true, Some(seq)) = (ok, upto) {
+            store.durable_seq.set(store.durable_seq.get().max(seq));
+        }
+        if ok && closed {
+            // In the background: publishers waiting for a sync need not wait for the
+            // index file's fsync too. (Counted as an open: `close` waits for it.)
+            let (st, base, end) = (store.clone(), a.base, a.pos);
+            store.opens.set(store.opens.get() + 1);
+            glommio::spawn_local(async move {
+                seal_closed(&st, base, end).await;
+                st.opens.set(st.opens.get() - 1);
+            })
+            .detach();
+        }
+    }
+
+    /// Syncs the journal and the open segment (nsqd: sync), checkpoints the segment's
+    /// partial index when due, and releases the publishers waiting for durability.
+    async fn sync(&mut self) {
+        let store = self.store.clone();
+        sync_journal(&store).await;
+        if let Some(a) = self.active.as_mut() {
+            match a.writer.sync().await {
+                Ok(_) => {
+                    a.synced = true;
+                    let upto = (a.written > 0).then_some(a.written);
+                    mark_readable(&store, a, u64::MAX);
+                    if let Some(seq) = upto {
+                        store.durable_seq.set(store.durable_seq.get().max(seq));
+                    }
+                    *store.error.borrow_mut() = None;
+                    let (at, base, pos) = self.last_partial;
+                    if at.elapsed() >= store.cfg.sync_timeout
+                        || base != a.base
+                        || a.pos >= pos + PARTIAL_EVERY
+                    {
+                        self.last_partial = (Instant::now(), a.base, a.pos);
+                        write_partial(&store, a.base, a.pos);
+                    }
+                }
+                Err(e) => {
+                    let e = io_err(e).context(format_args!("sync {}", store.dir.display()));
+                    log::error!("STORE: {e}");
+                    *store.error.borrow_mut() = Some(e.clone());
+                    store.fail_waiters(&e);
+                    abandon(&store, self.active.take()).await;
+                }
+            }
+        }
+        self.unsynced = 0;
+        self.last_sync = Instant::now();
+        if self.active.is_none() && store.pending.borrow().is_empty() {
+            // Nothing left unwritten: everything appended so far is durable.
+            store
+                .durable_seq
+                .set(store.durable_seq.get().max(store.next_seq.get()));
+        }
+        store.release_waiters();
+    }
+
+    /// Clean close: closes (and seals, if synced) the open segment and fails whoever
+    /// still waits.
+    async fn close(&mut self) {
+        let store = &self.store;
+        if let Some(mut a) = self.active.take() {
+            let closed = a.writer.close().await.is_ok();
+            mark_readable(store, &mut a, u64::MAX);
+            if closed && a.synced {
+                seal_closed(store, a.base, a.pos).await;
+            }
+        }
+        *store.journal_file.borrow_mut() = None;
+        store.fail_waiters(&StoreError::exiting());
+    }
+}
+
+/// Adds records about to be written at the segment's position to its count and sparse
+/// index (sequences may have gaps: indexed by count, not by value).
+fn note_records(store: &TopicStore, a: &Active, recs: &[(u64, u32)]) {
+    let mut segs = store.segments.borrow_mut();
+    if let Some(seg) = segs.get_mut(&a.base) {
+        let mut off = a.pos;
+        for &(seq, len) in recs {
+            seg.note(seq, off);
+            off += len as u64;
+        }
+    }
+}
