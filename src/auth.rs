@@ -16,7 +16,7 @@
 //! (a host name is resolved on glommio's blocking thread pool, never on the executor).
 
 use crate::lookupd::json::{push_key, push_str};
-use crate::protocol::go_quote;
+use nsq_wire::v2::go_quote;
 use futures::future::{select, Either};
 use futures::io::{AsyncReadExt, AsyncWriteExt};
 use nsq_shards::auth::{AuthState, Authorization};
@@ -314,7 +314,7 @@ async fn http_request(
          Accept: application/vnd.nsq; version=1.0\r\nConnection: close\r\n",
         url.target,
         url.authority,
-        crate::protocol::identify::VERSION
+        nsq_wire::identify::VERSION
     );
     if let Some(b) = body {
         req.push_str(&format!(

@@ -2,7 +2,7 @@
 //! with httparse, keep-alive, and responses with Go's header layout so that bytes match
 //! a real nsqd (apart from the Date value).
 
-use crate::protocol::identify::VERSION;
+use nsq_wire::identify::VERSION;
 use crate::server::Server;
 use crate::stats_render;
 use crate::tcp::SharedStream;
@@ -809,8 +809,8 @@ async fn do_mpub(server: &Server, p: &Params, body: Bytes) -> Response {
     publish_response(server.publish(&topic, msgs, None).await)
 }
 
-fn limits(o: &nsq_shards::Options) -> crate::protocol::Limits {
-    crate::protocol::Limits {
+fn limits(o: &nsq_shards::Options) -> nsq_wire::v2::Limits {
+    nsq_wire::v2::Limits {
         max_msg_size: o.max_msg_size,
         max_body_size: o.max_body_size,
         max_rdy_count: o.max_rdy_count,
@@ -825,7 +825,7 @@ fn limits(o: &nsq_shards::Options) -> crate::protocol::Limits {
 pub fn parse_mpub_body(
     body: &[u8],
     binary: bool,
-    limits: &crate::protocol::Limits,
+    limits: &nsq_wire::v2::Limits,
 ) -> Result<Vec<std::ops::Range<usize>>, (u16, &'static str)> {
     let mut msgs = Vec::new();
     if binary {
@@ -833,14 +833,14 @@ pub fn parse_mpub_body(
         framed.extend_from_slice(&(body.len().max(1) as u32).to_be_bytes());
         let prefix = framed.len();
         framed.extend_from_slice(body);
-        let ctx = crate::protocol::Context {
+        let ctx = nsq_wire::v2::Context {
             state: nsq_shards::ClientState::Init,
             heartbeats_enabled: true,
             limits: *limits,
             eof: true,
         };
-        match crate::protocol::decode(&framed, &ctx) {
-            Ok(Some((crate::protocol::Command::Mpub { bodies, .. }, _))) => {
+        match nsq_wire::v2::decode(&framed, &ctx) {
+            Ok(Some((nsq_wire::v2::Command::Mpub { bodies, .. }, _))) => {
                 for r in bodies {
                     msgs.push(r.start - prefix..r.end - prefix);
                 }

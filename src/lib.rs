@@ -16,7 +16,6 @@ pub mod lookup;
 pub mod lookupd;
 pub mod metrics;
 pub mod preflight;
-pub mod protocol;
 pub mod runtime;
 pub mod server;
 pub mod stats_render;

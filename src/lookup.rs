@@ -290,7 +290,7 @@ pub fn identify_body(server: &Server) -> Vec<u8> {
     m.insert("hostname", c.hostname.clone().into());
     m.insert("http_port", http_port.into());
     m.insert("tcp_port", tcp_port.into());
-    m.insert("version", crate::protocol::identify::VERSION.into());
+    m.insert("version", nsq_wire::identify::VERSION.into());
     serde_json::to_vec(&m).unwrap_or_default()
 }
 

@@ -2,7 +2,7 @@
 //! printStats), merged from every shard's snapshot, plus this broker's per-shard section.
 
 use crate::config::go_duration_string;
-use crate::protocol::identify::VERSION;
+use nsq_wire::identify::VERSION;
 use crate::server::Server;
 use crate::timefmt;
 use nsq_shards::stats::{ClientStats, ShardCounters, ShardStats, StatsRequest, TopicStats};

@@ -3,9 +3,9 @@
 //! connection to the shard that owns its topic (nsqd: tcp.go, protocol_v2.go IOLoop and
 //! messagePump).
 
-use crate::protocol::deflate::{remember_output, DeflateDecoder, DeflateEncoder};
-use crate::protocol::identify::{apply_identify, default_settings, identify_response};
-use crate::protocol::snappy::{SnappyDecoder, SnappyEncoder};
+use nsq_wire::compress::deflate::{remember_output, DeflateDecoder, DeflateEncoder};
+use nsq_wire::identify::{apply_identify, default_settings, identify_response};
+use nsq_wire::compress::snappy::{SnappyDecoder, SnappyEncoder};
 use nsq_shards::client::Compression;
 
 /// The inbound side of a compressed connection.
@@ -85,7 +85,7 @@ impl Encoder {
         }
     }
 }
-use crate::protocol::{self, Command, Context, Limits, FRAME_ERROR, FRAME_RESPONSE, MAGIC_V2};
+use nsq_wire::v2::{self as protocol, Command, Context, Limits, FRAME_ERROR, FRAME_RESPONSE, MAGIC_V2};
 use crate::server::Server;
 use bytes::{Bytes, BytesMut};
 use futures::future::select;

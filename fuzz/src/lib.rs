@@ -10,7 +10,7 @@ pub mod mutate;
 
 use bytes::Bytes;
 use nsq_shards::ClientState;
-use nsqd::protocol::{self, Command, Context, Limits};
+use nsq_wire::v2::{self as protocol, Command, Context, Limits};
 use std::ops::Range;
 
 /// A fuzz target: its name (also its corpus folder, fuzz/corpus/<name>) and harness.
@@ -276,7 +276,7 @@ pub fn v2_decode(data: &[u8]) {
 /// The client-side frame decoder (nsq-bench and the tests use it): a frame never exceeds
 /// the limit, and re-encoding a response or error frame gives its bytes back.
 pub fn v2_client_frame(data: &[u8]) {
-    use protocol::client::{decode_frame_limited, Decoded, Frame};
+    use nsq_wire::client::{decode_frame_limited, Decoded, Frame};
     let mut k = Knobs(data);
     let max = k.byte() as usize * 4 + 8;
     let mut buf = k.rest();
@@ -315,7 +315,7 @@ pub fn v2_client_frame(data: &[u8]) {
 /// IDENTIFY JSON and its negotiation: an accepted body leaves settings within nsqd's
 /// bounds and a reply that is a JSON object; a refused one changes nothing.
 pub fn identify(data: &[u8]) {
-    use nsqd::protocol::identify::{apply_identify, default_settings, identify_response};
+    use nsq_wire::identify::{apply_identify, default_settings, identify_response};
     use std::time::Duration;
     let mut k = Knobs(data);
     let f = k.byte();
@@ -370,7 +370,7 @@ pub fn identify(data: &[u8]) {
 /// The snappy stream decoder: the same output and outcome for any split into reads; and
 /// the encoder's stream of the input decodes back to it, in any split.
 pub fn snappy(data: &[u8]) {
-    use nsqd::protocol::snappy::{SnappyDecoder, SnappyEncoder};
+    use nsq_wire::compress::snappy::{SnappyDecoder, SnappyEncoder};
     let mut k = Knobs(data);
     let seed = k.byte();
     let input = k.rest();
@@ -411,7 +411,7 @@ pub fn snappy(data: &[u8]) {
 /// inflated size is bounded by the caller), the same output for any split; and the
 /// encoder's stream of the input decodes back to it.
 pub fn deflate(data: &[u8]) {
-    use nsqd::protocol::deflate::{DeflateDecoder, DeflateEncoder};
+    use nsq_wire::compress::deflate::{DeflateDecoder, DeflateEncoder};
     let mut k = Knobs(data);
     let seed = k.byte();
     let level = (k.byte() % 10) as u32;

@@ -4,7 +4,8 @@
 use bytes::Bytes;
 use nsq_shards::ClientState;
 use nsq_storage::{index, journal, meta, record};
-use nsqd::protocol::{self, client, Command, Context, Limits};
+use nsq_wire::client;
+use nsq_wire::v2::{self as protocol, Command, Context, Limits};
 use proptest::prelude::*;
 
 const LIMITS: Limits = Limits {
@@ -178,8 +179,8 @@ proptest! {
     #[test]
     fn compression_streams(parts in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..3000), 1..5),
                            cut in 1usize..64, level in 1u32..10) {
-        use nsqd::protocol::deflate::{DeflateDecoder, DeflateEncoder};
-        use nsqd::protocol::snappy::{SnappyDecoder, SnappyEncoder};
+        use nsq_wire::compress::deflate::{DeflateDecoder, DeflateEncoder};
+        use nsq_wire::compress::snappy::{SnappyDecoder, SnappyEncoder};
         let want: Vec<u8> = parts.concat();
         let mut se = SnappyEncoder::default();
         let mut de = DeflateEncoder::new(level, &[]).unwrap();

@@ -10,7 +10,8 @@ pub mod channel;
 pub mod client;
 pub mod mesh;
 pub mod message;
-pub mod names;
+/// Topic and channel name rules, from the wire crate.
+pub use nsq_wire::names;
 pub mod options;
 pub mod persist;
 pub mod quantile;

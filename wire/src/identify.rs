@@ -1,11 +1,65 @@
 //! IDENTIFY: the JSON body, its validation and the feature-negotiation reply
-//! (nsqd: protocol_v2.go IDENTIFY, client_v2.go Identify / Set*).
+//! (nsqd: nsqd/protocol_v2.go IDENTIFY, nsqd/client_v2.go Identify / Set*).
+//!
+//! The broker's flags reach this module as a plain [`IdentifyLimits`] (the broker fills
+//! it from its options), so the codec knows nothing of the broker.
 
-use super::ProtocolError;
-use nsq_shards::client::ClientSettings;
-use nsq_shards::Options;
+use crate::v2::ProtocolError;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
+
+/// The nsqd flags IDENTIFY is checked against and answers with (nsqd: nsqd/options.go).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdentifyLimits {
+    /// `--msg-timeout`: the default msg_timeout.
+    pub msg_timeout: Duration,
+    /// `--max-msg-timeout`: the longest msg_timeout a client may ask for.
+    pub max_msg_timeout: Duration,
+    /// `--max-rdy-count`, reported in the negotiation reply.
+    pub max_rdy_count: i64,
+    /// `--max-heartbeat-interval`: the longest heartbeat_interval.
+    pub max_heartbeat_interval: Duration,
+    /// `--output-buffer-timeout`: the default output_buffer_timeout.
+    pub output_buffer_timeout: Duration,
+    /// `--min-output-buffer-timeout`.
+    pub min_output_buffer_timeout: Duration,
+    /// `--max-output-buffer-timeout`.
+    pub max_output_buffer_timeout: Duration,
+    /// `--max-output-buffer-size`, bytes.
+    pub max_output_buffer_size: i64,
+    /// Client timeout; the default heartbeat interval is half of it.
+    pub client_timeout: Duration,
+    /// `--max-deflate-level` (1-9).
+    pub max_deflate_level: i64,
+    /// `--snappy`: snappy may be negotiated.
+    pub snappy: bool,
+    /// `--deflate`: deflate may be negotiated.
+    pub deflate: bool,
+}
+
+/// Settings a client negotiates with IDENTIFY, plus its identity strings.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ClientSettings {
+    /// IDENTIFY client_id (default: the peer's IP).
+    pub client_id: String,
+    /// IDENTIFY hostname (default: the peer's IP).
+    pub hostname: String,
+    /// IDENTIFY user_agent.
+    pub user_agent: String,
+    /// None when heartbeats are disabled (heartbeat_interval -1).
+    pub heartbeat_interval: Option<Duration>,
+    /// Bytes buffered before a forced flush (1 = unbuffered).
+    pub output_buffer_size: usize,
+    /// Longest a message waits in the buffer; zero = flush at the end of each delivery round.
+    pub output_buffer_timeout: Duration,
+    /// 0 = off, else percent of messages delivered (nsqd: rand(100) <= rate).
+    pub sample_rate: u32,
+    /// How long a delivered message may stay in flight.
+    pub msg_timeout: Duration,
+    /// True once any IDENTIFY was accepted.
+    pub identified: bool,
+}
+
 
 /// The fields nsqd reads from an IDENTIFY body. Unknown keys (`short_id`, `long_id`, ...)
 /// are ignored; a value of the wrong JSON type fails the whole decode, as in Go.
@@ -75,7 +129,8 @@ pub struct Negotiated {
 
 /// Default settings of a connection before IDENTIFY (nsqd newClientV2): client_id and
 /// hostname are the peer's IP.
-pub fn default_settings(peer_ip: &str, opts: &Options) -> ClientSettings {
+pub fn default_settings(peer_ip: &str, opts: impl Into<IdentifyLimits>) -> ClientSettings {
+    let opts = opts.into();
     ClientSettings {
         client_id: peer_ip.to_string(),
         hostname: peer_ip.to_string(),
@@ -89,15 +144,16 @@ pub fn default_settings(peer_ip: &str, opts: &Options) -> ClientSettings {
     }
 }
 
-/// Decodes and validates an IDENTIFY body against `opts`, applying it to `settings`.
+/// Decodes and validates an IDENTIFY body against `opts` (the broker's limits), applying it to `settings`.
 /// Returns what was negotiated. Errors are nsqd's fatal
 /// `E_BAD_BODY IDENTIFY ...` texts, checked in nsqd's order: heartbeat, output buffer
 /// timeout, output buffer size, sample rate, msg timeout.
 pub fn apply_identify(
     body: &[u8],
     settings: &mut ClientSettings,
-    opts: &Options,
+    opts: impl Into<IdentifyLimits>,
 ) -> Result<Negotiated, ProtocolError> {
+    let opts = opts.into();
     let req: IdentifyRequest =
         serde_json::from_slice(body).map_err(|_| bad("failed to decode JSON body".into()))?;
     let mut s = settings.clone();
@@ -170,10 +226,11 @@ pub fn apply_identify(
 /// (nsqd: IsAuthEnabled).
 pub fn identify_response(
     settings: &ClientSettings,
-    opts: &Options,
+    opts: impl Into<IdentifyLimits>,
     n: &Negotiated,
     auth_required: bool,
 ) -> Vec<u8> {
+    let opts = opts.into();
     let r = IdentifyResponse {
         max_rdy_count: opts.max_rdy_count,
         version: VERSION,

@@ -1,4 +1,4 @@
-//! Protocol V2 codec (nsqd: protocol_v2.go), pure: bytes in, commands or errors out. No
+//! Protocol V2 server-side codec (nsqd: nsqd/protocol_v2.go), pure: bytes in, commands or errors out. No
 //! I/O, no async, no broker state.
 //!
 //! ```text
@@ -14,25 +14,27 @@
 //! then body sizes before the body is read, so an error is answered as soon as nsqd would
 //! answer it, without waiting for (or allocating) a body that will never be used.
 
-pub mod client;
-pub mod deflate;
-pub mod identify;
-pub mod snappy;
-
-use nsq_shards::names::{is_valid_channel_name, is_valid_topic_name};
-use nsq_shards::ClientState;
+use crate::names::{is_valid_channel_name, is_valid_topic_name};
+use serde::{Deserialize, Serialize};
 use std::ops::Range;
+
+pub use crate::frame::{write_frame, FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, MAGIC_V2};
+
+/// nsqd's client states (nsqd: protocol_v2.go stateInit / stateSubscribed /
+/// stateClosing), as shown in /stats (`state`). V2 clients use 0, 3 and 4 only; the
+/// codec checks commands against it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClientState {
+    /// Connected, not subscribed (stateInit).
+    Init = 0,
+    /// After SUB (stateSubscribed).
+    Subscribed = 3,
+    /// After CLS (stateClosing).
+    Closing = 4,
+}
 
 /// nsqd's bufio reader size: a command line must fit in it.
 pub const MAX_LINE: usize = 16 * 1024;
-
-/// The 4-byte protocol magic of V2.
-pub const MAGIC_V2: &[u8; 4] = b"  V2";
-
-/// Frame types.
-pub const FRAME_RESPONSE: u32 = 0;
-pub const FRAME_ERROR: u32 = 1;
-pub const FRAME_MESSAGE: u32 = 2;
 
 /// Limits `decode` enforces (nsqd flags).
 #[derive(Clone, Copy, Debug)]
@@ -657,13 +659,6 @@ fn decode_mpub_body(
 
 fn memchr(needle: u8, hay: &[u8]) -> Option<usize> {
     hay.iter().position(|&b| b == needle)
-}
-
-/// Appends a response or error frame.
-pub fn write_frame(out: &mut Vec<u8>, frame_type: u32, data: &[u8]) {
-    out.extend_from_slice(&((data.len() + 4) as u32).to_be_bytes());
-    out.extend_from_slice(&frame_type.to_be_bytes());
-    out.extend_from_slice(data);
 }
 
 #[cfg(test)]

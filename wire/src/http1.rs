@@ -1,0 +1,1 @@
+//! HTTP/1.1 pieces shared by nsqd's and nsqlookupd's HTTP servers.

@@ -1,0 +1,1 @@
+//! nsqlookupd's TCP protocol V1.
