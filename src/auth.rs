@@ -15,7 +15,7 @@
 //! shard's executor keeps serving every other connection while the auth server answers
 //! (a host name is resolved on glommio's blocking thread pool, never on the executor).
 
-use crate::lookupd::json::{push_key, push_str};
+use nsq_wire::json::{push_key, push_str};
 use nsq_wire::v2::go_quote;
 use futures::future::{select, Either};
 use futures::io::{AsyncReadExt, AsyncWriteExt};

@@ -330,20 +330,9 @@ pub struct Config {
     pub auth: crate::auth::AuthConfig,
 }
 
-/// Rewrites Go-style `-long-flag` arguments into `--long-flag`.
-pub fn normalize_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
-    args.into_iter()
-        .enumerate()
-        .map(|(i, a)| {
-            if i > 0 && a.starts_with('-') && !a.starts_with("--") && a.len() > 2 {
-                format!("-{a}")
-            } else {
-                a
-            }
-        })
-        .collect()
-}
+pub use nsq_wire::goflag::normalize_args;
 
+/// A `--log-level` value (debug, info, warn, error, fatal; any case) as a filter.
 pub fn parse_level(s: &str) -> Option<log::LevelFilter> {
     Some(match s.to_ascii_lowercase().as_str() {
         "debug" => log::LevelFilter::Debug,

@@ -7,6 +7,9 @@ use crate::server::Server;
 use crate::stats_render;
 use crate::tcp::SharedStream;
 use crate::timefmt;
+use nsq_wire::http1::{self, Params};
+/// Go's url.ParseQuery, shared with nsqlookupd (public for the fuzz targets).
+pub use nsq_wire::http1::{parse_query, BadQuery};
 use bytes::{Bytes, BytesMut};
 use glommio::net::{TcpListener, TcpStream};
 use nsq_shards::mesh::{AdminError, AdminOp, SeekTo};
@@ -134,21 +137,11 @@ impl Response {
 
     fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(256 + self.body.len());
-        out.extend_from_slice(
-            format!(
-                "{} {} {}\r\n",
-                if self.http10 { "HTTP/1.0" } else { "HTTP/1.1" },
-                self.status,
-                status_text(self.status)
-            )
-            .as_bytes(),
-        );
+        http1::write_status_line(&mut out, !self.http10, self.status);
         for (k, v) in &self.headers {
-            out.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
+            http1::write_header(&mut out, k, v);
         }
-        out.extend_from_slice(
-            format!("Date: {}\r\n", timefmt::http_date(timefmt::now_secs())).as_bytes(),
-        );
+        http1::write_date(&mut out, timefmt::now_secs());
         out.extend_from_slice(format!("Content-Length: {}\r\n", self.body.len()).as_bytes());
         if let Some(t) = self.sniffed_type {
             if !self.body.is_empty() {
@@ -163,22 +156,6 @@ impl Response {
         out.extend_from_slice(b"\r\n");
         out.extend_from_slice(&self.body);
         out
-    }
-}
-
-fn status_text(code: u16) -> &'static str {
-    match code {
-        200 => "OK",
-        400 => "Bad Request",
-        403 => "Forbidden",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        411 => "Length Required",
-        413 => "Request Entity Too Large",
-        431 => "Request Header Fields Too Large",
-        500 => "Internal Server Error",
-        503 => "Service Unavailable",
-        _ => "Unknown",
     }
 }
 
@@ -452,59 +429,10 @@ fn early_reject(server: &Server, head: &Head) -> Option<Response> {
     }
 }
 
-/// A query string Go's url.ParseQuery rejects (a bad `%` escape, a `;`, bad UTF-8).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BadQuery;
-
 /// Routes whose handler never reads the query string (nsqd: doPing, doInfo, doConfig,
 /// and this broker's /metrics and /shards), so a malformed one is not an error there.
 fn ignores_query(path: &str) -> bool {
     matches!(path, "/ping" | "/info" | "/metrics" | "/shards") || path.starts_with("/config/")
-}
-
-/// Go's url.ParseQuery: `&`-separated pairs, `+` is a space, `%XX` escapes; a bad
-/// escape or a `;` is an error (nsqd: 400 INVALID_REQUEST).
-pub fn parse_query(q: &str) -> Result<Vec<(String, String)>, BadQuery> {
-    let mut out = Vec::new();
-    for part in q.split('&') {
-        if part.is_empty() {
-            continue;
-        }
-        if part.contains(';') {
-            return Err(BadQuery);
-        }
-        let (k, v) = part.split_once('=').unwrap_or((part, ""));
-        out.push((unescape(k)?, unescape(v)?));
-    }
-    Ok(out)
-}
-
-fn unescape(s: &str) -> Result<String, BadQuery> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' => {
-                let h = b.get(i + 1..i + 3).ok_or(BadQuery)?;
-                let hex = std::str::from_utf8(h).map_err(|_| BadQuery)?;
-                out.push(u8::from_str_radix(hex, 16).map_err(|_| BadQuery)?);
-                i += 2;
-            }
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8(out).map_err(|_| BadQuery)
-}
-
-struct Params(Vec<(String, String)>);
-
-impl Params {
-    fn get(&self, k: &str) -> Option<&str> {
-        self.0.iter().find(|(a, _)| a == k).map(|(_, v)| v.as_str())
-    }
 }
 
 /// nsqd's boolParams: true/1 and false/0; anything else is unknown.
@@ -941,7 +869,7 @@ async fn do_config(server: &Server, head: &Head, body: &[u8]) -> Response {
                 let Ok(addrs) = serde_json::from_slice::<Option<Vec<String>>>(body) else {
                     return Response::v1_err(400, "INVALID_VALUE");
                 };
-                crate::lookup::set_peer_addresses(server, addrs).await;
+                crate::lookupd_client::set_peer_addresses(server, addrs).await;
             }
             "log_level" => {
                 let text = String::from_utf8_lossy(body);
@@ -964,7 +892,7 @@ async fn do_config(server: &Server, head: &Head, body: &[u8]) -> Response {
     // Options nsqd changes after start: PUT-able ones, the ports resolved from the
     // listeners (nsqd.New) and the statsd prefix with `%s` replaced.
     let v: serde_json::Value = match opt {
-        "nsqlookupd_tcp_addresses" => crate::lookup::peer_addresses_json(server),
+        "nsqlookupd_tcp_addresses" => crate::lookupd_client::peer_addresses_json(server),
         "log_level" => log_level_number(c).into(),
         "statsd_prefix" => return raw(&crate::statsd::server_prefix(server)),
         "broadcast_tcp_port" if c.broadcast_tcp_port == 0 => server.tcp_port.into(),

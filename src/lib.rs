@@ -12,8 +12,7 @@ pub mod config_file;
 pub mod http;
 pub mod import_nsqd;
 pub mod logger;
-pub mod lookup;
-pub mod lookupd;
+pub mod lookupd_client;
 pub mod metrics;
 pub mod preflight;
 pub mod runtime;
@@ -21,5 +20,6 @@ pub mod server;
 pub mod stats_render;
 pub mod statsd;
 pub mod tcp;
-pub mod timefmt;
+/// Go time formats, from the wire crate.
+pub use nsq_wire::timefmt;
 pub mod tls;

@@ -523,20 +523,20 @@ pub fn http_mpub(data: &[u8]) {
 
 // ---------------------------------------------------------------- nsqlookupd V1
 
-fn lookupd_context() -> std::sync::Arc<nsqd::lookupd::Context> {
+fn lookupd_context() -> std::sync::Arc<nsqlookupd::Context> {
     use std::sync::{Arc, OnceLock};
-    static CTX: OnceLock<Arc<nsqd::lookupd::Context>> = OnceLock::new();
+    static CTX: OnceLock<Arc<nsqlookupd::Context>> = OnceLock::new();
     CTX.get_or_init(|| {
         let addr: std::net::SocketAddr = "127.0.0.1:4160".parse().unwrap();
-        Arc::new(nsqd::lookupd::Context {
-            opts: nsqd::lookupd::Options {
+        Arc::new(nsqlookupd::Context {
+            opts: nsqlookupd::Options {
                 tcp_address: "127.0.0.1:4160".into(),
                 http_address: "127.0.0.1:4161".into(),
                 broadcast_address: "fuzz".into(),
                 inactive_producer_timeout: std::time::Duration::from_secs(300),
                 tombstone_lifetime: std::time::Duration::from_secs(45),
             },
-            db: nsqd::lookupd::registration_db::RegistrationDb::new(),
+            db: nsqlookupd::registration_db::RegistrationDb::new(),
             tcp_addr: addr,
             http_addr: addr,
             hostname: "fuzz".into(),
@@ -567,7 +567,7 @@ pub fn lookupd_v1(data: &[u8]) {
         let _ = client.read_to_end(&mut out);
         out
     });
-    nsqd::lookupd::protocol_v1::handle(lookupd_context(), server);
+    nsqlookupd::protocol_v1::handle(lookupd_context(), server);
     let out = writer.join().unwrap();
     let mut rest = &out[..];
     while !rest.is_empty() {
@@ -581,7 +581,7 @@ pub fn lookupd_v1(data: &[u8]) {
 /// nsqlookupd's IDENTIFY JSON decoding: no panic; an accepted body's fields survive a
 /// JSON round trip.
 pub fn lookupd_identify(data: &[u8]) {
-    use nsqd::lookupd::protocol_v1::decode_identify;
+    use nsqlookupd::protocol_v1::decode_identify;
     if let Ok(f) = decode_identify(data) {
         let v = serde_json::json!({
             "hostname": f.hostname,

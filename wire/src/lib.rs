@@ -14,7 +14,10 @@
 //! | [`duration`] | Go durations | Go time.ParseDuration, Duration.String |
 //! | [`errors`] | broker errors to `E_*` codes | nsqd/protocol_v2.go |
 //! | [`lookupd_v1`] | nsqlookupd's TCP protocol V1 | nsqlookupd/lookup_protocol_v1.go, nsqd/lookup_peer.go |
-//! | [`http1`] | HTTP/1.1 request heads, queries, responses | internal/http_api |
+//! | [`json`] | JSON strings escaped as Go's encoding/json | Go encoding/json |
+//! | [`timefmt`] | HTTP dates, RFC 3339, log stamps | Go time.Format |
+//! | [`goflag`] | `-long-flag` command lines | Go flag |
+//! | [`http1`] | HTTP/1.1 status lines, headers, queries, paths | internal/http_api |
 
 #![forbid(unsafe_code)]
 #![allow(missing_docs)]
@@ -24,8 +27,11 @@ pub mod compress;
 pub mod duration;
 pub mod errors;
 pub mod frame;
+pub mod goflag;
 pub mod http1;
 pub mod identify;
+pub mod json;
 pub mod lookupd_v1;
 pub mod names;
+pub mod timefmt;
 pub mod v2;

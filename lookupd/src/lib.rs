@@ -7,7 +7,7 @@
 
 pub mod config;
 pub mod http;
-pub mod json;
+pub mod logger;
 pub mod protocol_v1;
 pub mod registration_db;
 

@@ -3,7 +3,7 @@
 //! command line did not set.
 
 use super::Options;
-use crate::config::parse_duration;
+use nsq_wire::duration::parse_duration;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 use std::time::Duration;
@@ -59,7 +59,7 @@ pub struct Config {
 /// Parses the arguments (argv[0] first) and the config file they name. Errors are the
 /// message to print before exiting with status 1; `--help` exits from clap.
 pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Config, String> {
-    let matches = Cli::command().get_matches_from(crate::config::normalize_args(args));
+    let matches = Cli::command().get_matches_from(nsq_wire::goflag::normalize_args(args));
     let mut cli = Cli::from_arg_matches(&matches).map_err(|e| e.to_string())?;
     if let Some(path) = cli.config.clone() {
         let text = std::fs::read_to_string(&path)
@@ -67,7 +67,7 @@ pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Config, Strin
         apply_config_file(&mut cli, &matches, &text)
             .map_err(|e| format!("failed to load config file {path} - {e}"))?;
     }
-    let log_level = crate::config::parse_level(&cli.log_level).ok_or_else(|| {
+    let log_level = crate::logger::parse_level(&cli.log_level).ok_or_else(|| {
         format!(
             "invalid log level '{}' (debug, info, warn, error, fatal)",
             cli.log_level

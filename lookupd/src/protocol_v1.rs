@@ -13,10 +13,10 @@
 //! Every error is fatal: `"<CODE> <desc>"` is sent and the connection closed. When the
 //! connection ends, the peer is removed from every registration (the keys stay).
 
-use super::json;
+use nsq_wire::json;
 use super::registration_db::{now_nanos, PeerInfo, Producer, Registration};
 use super::Context;
-use nsq_shards::names::{is_valid_channel_name, is_valid_topic_name};
+use nsq_wire::names::{is_valid_channel_name, is_valid_topic_name};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
@@ -209,7 +209,7 @@ impl ClientV1 {
             log::info!(
                 "CLIENT({}): pinged (last ping {})",
                 peer.id,
-                crate::config::go_duration_string(std::time::Duration::from_nanos(
+                nsq_wire::duration::go_duration_string(std::time::Duration::from_nanos(
                     (now - last).max(0) as u64
                 ))
             );
