@@ -581,7 +581,7 @@ pub fn lookupd_v1(data: &[u8]) {
 /// nsqlookupd's IDENTIFY JSON decoding: no panic; an accepted body's fields survive a
 /// JSON round trip.
 pub fn lookupd_identify(data: &[u8]) {
-    use nsqlookupd::protocol_v1::decode_identify;
+    use nsq_wire::lookupd_v1::decode_identify;
     if let Ok(f) = decode_identify(data) {
         let v = serde_json::json!({
             "hostname": f.hostname,

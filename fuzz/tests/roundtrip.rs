@@ -288,12 +288,12 @@ proptest! {
     fn lookupd_v1(data in proptest::collection::vec(any::<u8>(), 0..300), host in "[a-z.]{0,20}",
                   tcp in any::<i64>(), http in any::<i64>()) {
         let mut out = Vec::new();
-        nsqlookupd::protocol_v1::send_response(&mut out, &data).unwrap();
+        nsq_wire::lookupd_v1::write_response(&mut out, &data);
         prop_assert_eq!(u32::from_be_bytes(out[..4].try_into().unwrap()) as usize, data.len());
         prop_assert_eq!(&out[4..], &data[..]);
         let body = serde_json::json!({"hostname": host, "broadcast_address": host, "tcp_port": tcp,
                                       "http_port": http, "version": "1.3.0"}).to_string();
-        let f = nsqlookupd::protocol_v1::decode_identify(body.as_bytes()).unwrap();
+        let f = nsq_wire::lookupd_v1::decode_identify(body.as_bytes()).unwrap();
         prop_assert_eq!((f.hostname, f.tcp_port, f.http_port), (host, tcp, http));
     }
 }
