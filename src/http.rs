@@ -2,19 +2,19 @@
 //! with httparse, keep-alive, and responses with Go's header layout so that bytes match
 //! a real nsqd (apart from the Date value).
 
-use nsq_wire::identify::VERSION;
 use crate::server::Server;
 use crate::stats_render;
 use crate::tcp::SharedStream;
 use crate::timefmt;
-use nsq_wire::http1::{self, Params};
-/// Go's url.ParseQuery, shared with nsqlookupd (public for the fuzz targets).
-pub use nsq_wire::http1::{parse_query, BadQuery};
 use bytes::{Bytes, BytesMut};
 use glommio::net::{TcpListener, TcpStream};
 use nsq_shards::mesh::{AdminError, AdminOp, SeekTo};
 use nsq_shards::names::{is_valid_channel_name, is_valid_topic_name};
 use nsq_shards::stats::StatsRequest;
+use nsq_wire::http1::{self, Params};
+/// Go's url.ParseQuery, shared with nsqlookupd (public for the fuzz targets).
+pub use nsq_wire::http1::{parse_query, BadQuery};
+use nsq_wire::identify::VERSION;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 

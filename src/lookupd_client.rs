@@ -16,11 +16,11 @@
 //! ```
 
 use crate::server::Server;
-use nsq_wire::lookupd_v1;
 use crate::tcp::SharedStream;
 use glommio::net::TcpStream;
 use nsq_shards::mesh::ShardMsg;
 use nsq_shards::shard::LookupEvent;
+use nsq_wire::lookupd_v1;
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -2,10 +2,10 @@
 //! printStats), merged from every shard's snapshot, plus this broker's per-shard section.
 
 use crate::config::go_duration_string;
-use nsq_wire::identify::VERSION;
 use crate::server::Server;
 use crate::timefmt;
 use nsq_shards::stats::{ClientStats, ShardCounters, ShardStats, StatsRequest, TopicStats};
+use nsq_wire::identify::VERSION;
 use serde::Serialize;
 use std::fmt::Write;
 

@@ -3,10 +3,10 @@
 //! connection to the shard that owns its topic (nsqd: tcp.go, protocol_v2.go IOLoop and
 //! messagePump).
 
-use nsq_wire::compress::deflate::{remember_output, DeflateDecoder, DeflateEncoder};
-use nsq_wire::identify::{apply_identify, default_settings, identify_response};
-use nsq_wire::compress::snappy::{SnappyDecoder, SnappyEncoder};
 use nsq_shards::client::Compression;
+use nsq_wire::compress::deflate::{remember_output, DeflateDecoder, DeflateEncoder};
+use nsq_wire::compress::snappy::{SnappyDecoder, SnappyEncoder};
+use nsq_wire::identify::{apply_identify, default_settings, identify_response};
 
 /// The inbound side of a compressed connection.
 enum Decoder {
@@ -85,7 +85,6 @@ impl Encoder {
         }
     }
 }
-use nsq_wire::v2::{self as protocol, Command, Context, Limits, FRAME_ERROR, FRAME_RESPONSE, MAGIC_V2};
 use crate::server::Server;
 use bytes::{Bytes, BytesMut};
 use futures::future::select;
@@ -93,6 +92,9 @@ use glommio::net::{TcpListener, TcpStream};
 use nsq_shards::client::{Client, OutputTicker};
 use nsq_shards::mesh::{HandOff, ShardMsg};
 use nsq_shards::{owner_of, ClientState, MessageId};
+use nsq_wire::v2::{
+    self as protocol, Command, Context, Limits, FRAME_ERROR, FRAME_RESPONSE, MAGIC_V2,
+};
 use std::cell::{Cell, RefCell};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd};

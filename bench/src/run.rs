@@ -54,13 +54,7 @@ pub fn run(args: Args) -> i32 {
 
     let sent_per_topic = producers.sent_per_topic(shared.topics.len());
     if mode == Mode::Pubsub {
-        pubsub::drain(
-            &shared,
-            &producers,
-            &consumers,
-            &sent_per_topic,
-            &mut burst,
-        );
+        pubsub::drain(&shared, &producers, &consumers, &sent_per_topic, &mut burst);
     }
     shared.stop_consumers.store(true, Ordering::SeqCst);
     let hist = consumers.merged_hist();

@@ -193,4 +193,3 @@ pub fn sub_channel_result(shared: &Shared, mut cr: ChannelResult) -> ChannelResu
     }
     cr
 }
-

@@ -3,9 +3,9 @@
 //! command line did not set.
 
 use super::Options;
-use nsq_wire::duration::parse_duration;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
+use nsq_wire::duration::parse_duration;
 use std::time::Duration;
 
 #[derive(Parser, Debug, Clone)]

@@ -4,13 +4,13 @@
 //! header order (handler headers sorted, then Date, Content-Length, a sniffed
 //! Content-Type) and net/http's chunking of bodies over 2048 bytes.
 
-use nsq_wire::json;
 use super::registration_db::{filter_by_active, keys, now_nanos, sub_keys, Producer, Registration};
 use super::Context;
 use nsq_wire::duration::go_duration_string;
 use nsq_wire::http1::{self, parse_query, status_text, unescape_path};
-use nsq_wire::timefmt;
+use nsq_wire::json;
 use nsq_wire::names::{is_valid_channel_name, is_valid_topic_name};
+use nsq_wire::timefmt;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;

@@ -13,10 +13,10 @@
 //! Every error is fatal: `"<CODE> <desc>"` is sent and the connection closed. When the
 //! connection ends, the peer is removed from every registration (the keys stay).
 
-use nsq_wire::json;
-use nsq_wire::lookupd_v1::{self, decode_identify, get_topic_chan, trim_space, FatalClientErr};
 use super::registration_db::{now_nanos, PeerInfo, Producer, Registration};
 use super::Context;
+use nsq_wire::json;
+use nsq_wire::lookupd_v1::{self, decode_identify, get_topic_chan, trim_space, FatalClientErr};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;

@@ -20,6 +20,7 @@ pub mod signal;
 pub mod stats;
 pub mod timers;
 pub mod topic;
+pub mod wire;
 
 pub use channel::Channel;
 pub use client::{Client, ClientState};

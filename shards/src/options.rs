@@ -109,24 +109,3 @@ impl Default for Options {
         }
     }
 }
-
-/// The flags IDENTIFY is checked against, so the wire crate's IDENTIFY functions take
-/// `&Options` directly.
-impl From<&Options> for nsq_wire::identify::IdentifyLimits {
-    fn from(o: &Options) -> Self {
-        nsq_wire::identify::IdentifyLimits {
-            msg_timeout: o.msg_timeout,
-            max_msg_timeout: o.max_msg_timeout,
-            max_rdy_count: o.max_rdy_count,
-            max_heartbeat_interval: o.max_heartbeat_interval,
-            output_buffer_timeout: o.output_buffer_timeout,
-            min_output_buffer_timeout: o.min_output_buffer_timeout,
-            max_output_buffer_timeout: o.max_output_buffer_timeout,
-            max_output_buffer_size: o.max_output_buffer_size,
-            client_timeout: o.client_timeout,
-            max_deflate_level: o.max_deflate_level,
-            snappy: o.snappy,
-            deflate: o.deflate,
-        }
-    }
-}

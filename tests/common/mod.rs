@@ -917,12 +917,21 @@ pub fn nsqlookupd_bin() -> std::path::PathBuf {
         let profile_dir = Path::new(env!("CARGO_BIN_EXE_nsqd"))
             .parent()
             .expect("nsqd binary has a directory");
-        let target_dir = profile_dir.parent().expect("profile directory has a parent");
+        let target_dir = profile_dir
+            .parent()
+            .expect("profile directory has a parent");
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--quiet", "-p", "nsqlookupd", "--bin", "nsqlookupd"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .env("CARGO_TARGET_DIR", target_dir);
+        cmd.args([
+            "build",
+            "--quiet",
+            "-p",
+            "nsqlookupd",
+            "--bin",
+            "nsqlookupd",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("CARGO_TARGET_DIR", target_dir);
         if profile_dir.file_name().is_some_and(|n| n == "release") {
             cmd.arg("--release");
         }

@@ -190,6 +190,7 @@ pub struct Message<'a> {
     pub attempts: u16,
     /// The 16-byte (hex ASCII) message id, as FIN/REQ/TOUCH take it.
     pub id: [u8; 16],
+    /// The message body.
     pub body: &'a [u8],
 }
 
@@ -216,7 +217,10 @@ impl Frame<'_> {
 pub enum Decoded<'a> {
     /// More bytes are needed; `need` is the total the buffer must hold when known
     /// (the header has arrived), else 8.
-    Incomplete { need: usize },
+    Incomplete {
+        /// Bytes the buffer must hold in all.
+        need: usize,
+    },
     /// A frame and the number of bytes it used.
     Frame(Frame<'a>, usize),
 }

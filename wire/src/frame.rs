@@ -29,7 +29,13 @@ pub fn write_frame(out: &mut Vec<u8>, frame_type: u32, data: &[u8]) {
 
 /// Appends a complete message frame (size prefix included) to `out`: `timestamp` is the
 /// publish time in Unix ns, `attempts` the delivery count, `id` the 16 hex digits.
-pub fn write_message_frame(out: &mut Vec<u8>, timestamp: i64, attempts: u16, id: &[u8; 16], body: &[u8]) {
+pub fn write_message_frame(
+    out: &mut Vec<u8>,
+    timestamp: i64,
+    attempts: u16,
+    id: &[u8; 16],
+    body: &[u8],
+) {
     let size = (MESSAGE_FRAME_OVERHEAD - 4 + body.len()) as u32;
     out.reserve(MESSAGE_FRAME_OVERHEAD + body.len());
     out.extend_from_slice(&size.to_be_bytes());
@@ -55,7 +61,13 @@ mod tests {
     fn message_frame_matches_capture() {
         // From a real nsqd 1.3.0 transcript: body "hello", attempts 1.
         let mut out = Vec::new();
-        write_message_frame(&mut out, 1795981184279709710, 1, b"18ad4a3bed269000", b"hello");
+        write_message_frame(
+            &mut out,
+            1795981184279709710,
+            1,
+            b"18ad4a3bed269000",
+            b"hello",
+        );
         let hex: String = out.iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(
             hex,

@@ -23,6 +23,9 @@ mod tests {
     fn single_dash_long_flags() {
         let args = ["nsqd", "-tcp-address=x", "--http-address=y", "-v", "-"];
         let got = normalize_args(args.iter().map(|s| s.to_string()));
-        assert_eq!(got, ["nsqd", "--tcp-address=x", "--http-address=y", "-v", "-"]);
+        assert_eq!(
+            got,
+            ["nsqd", "--tcp-address=x", "--http-address=y", "-v", "-"]
+        );
     }
 }

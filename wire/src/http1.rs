@@ -118,7 +118,10 @@ pub struct Params(pub Vec<(String, String)>);
 impl Params {
     /// The first value of `key`, if any.
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -155,6 +158,9 @@ mod tests {
         write_status_line(&mut v, true, 404);
         write_status_line(&mut v, false, 200);
         write_header(&mut v, "Content-Length", "0");
-        assert_eq!(v, b"HTTP/1.1 404 Not Found\r\nHTTP/1.0 200 OK\r\nContent-Length: 0\r\n");
+        assert_eq!(
+            v,
+            b"HTTP/1.1 404 Not Found\r\nHTTP/1.0 200 OK\r\nContent-Length: 0\r\n"
+        );
     }
 }

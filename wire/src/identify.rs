@@ -60,42 +60,67 @@ pub struct ClientSettings {
     pub identified: bool,
 }
 
-
 /// The fields nsqd reads from an IDENTIFY body. Unknown keys (`short_id`, `long_id`, ...)
 /// are ignored; a value of the wrong JSON type fails the whole decode, as in Go.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 pub struct IdentifyRequest {
+    /// Client identifier (default: the peer's IP).
     pub client_id: Option<String>,
+    /// Client hostname (default: the peer's IP).
     pub hostname: Option<String>,
+    /// Client library and version, e.g. `go-nsq/1.1.0`.
     pub user_agent: Option<String>,
+    /// ms; -1 disables heartbeats, 0 = half the client timeout.
     pub heartbeat_interval: Option<i64>,
+    /// Bytes; -1 disables output buffering, 0 = 16 KiB.
     pub output_buffer_size: Option<i64>,
+    /// ms; -1 disables the timeout, 0 = --output-buffer-timeout.
     pub output_buffer_timeout: Option<i64>,
+    /// Answer with the JSON [`IdentifyResponse`] instead of `OK`.
     pub feature_negotiation: Option<bool>,
+    /// Upgrade the connection to TLS after the reply.
     pub tls_v1: Option<bool>,
+    /// Switch to snappy framing after the reply.
     pub snappy: Option<bool>,
+    /// Switch to raw DEFLATE after the reply.
     pub deflate: Option<bool>,
+    /// DEFLATE level 1-9 (capped by --max-deflate-level).
     pub deflate_level: Option<i64>,
+    /// Percent of messages to deliver, 0-99 (0 = all).
     pub sample_rate: Option<i64>,
+    /// ms a delivered message may stay in flight; 0 = --msg-timeout.
     pub msg_timeout: Option<i64>,
 }
 
 /// The feature-negotiation reply, keys in nsqd 1.3.0's order. Durations in ms.
 #[derive(Debug, Serialize)]
 pub struct IdentifyResponse {
+    /// --max-rdy-count.
     pub max_rdy_count: i64,
+    /// The broker's version ([`VERSION`]).
     pub version: &'static str,
+    /// --max-msg-timeout, ms.
     pub max_msg_timeout: i64,
+    /// The connection's msg_timeout, ms.
     pub msg_timeout: i64,
+    /// TLS granted.
     pub tls_v1: bool,
+    /// DEFLATE granted.
     pub deflate: bool,
+    /// The DEFLATE level in use.
     pub deflate_level: i64,
+    /// --max-deflate-level.
     pub max_deflate_level: i64,
+    /// Snappy granted.
     pub snappy: bool,
+    /// The connection's sample rate, percent.
     pub sample_rate: i64,
+    /// AUTH must come before SUB/PUB (an auth server is configured).
     pub auth_required: bool,
+    /// The connection's output buffer, bytes.
     pub output_buffer_size: i64,
+    /// The connection's output buffer timeout, ms.
     pub output_buffer_timeout: i64,
 }
 

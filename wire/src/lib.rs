@@ -20,7 +20,7 @@
 //! | [`http1`] | HTTP/1.1 status lines, headers, queries, paths | internal/http_api |
 
 #![forbid(unsafe_code)]
-#![allow(missing_docs)]
+#![deny(missing_docs)]
 
 pub mod client;
 pub mod compress;

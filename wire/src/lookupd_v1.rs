@@ -105,7 +105,10 @@ pub fn identify_body(
     version: &str,
 ) -> Vec<u8> {
     let mut m = BTreeMap::new();
-    m.insert("broadcast_address", serde_json::Value::from(broadcast_address));
+    m.insert(
+        "broadcast_address",
+        serde_json::Value::from(broadcast_address),
+    );
     m.insert("hostname", hostname.into());
     m.insert("http_port", http_port.into());
     m.insert("tcp_port", tcp_port.into());

@@ -52,8 +52,12 @@ pub struct Limits {
 /// What `decode` needs to know about the connection.
 #[derive(Clone, Copy, Debug)]
 pub struct Context {
+    /// The connection's state (which commands are allowed).
     pub state: ClientState,
+    /// Heartbeats are on (IDENTIFY heartbeat_interval != -1): RDY/FIN/... are checked
+    /// against them as nsqd does.
     pub heartbeats_enabled: bool,
+    /// The broker's size and count limits.
     pub limits: Limits,
     /// The peer closed its side: a body that cannot complete is a "failed to read" error.
     pub eof: bool,
@@ -62,46 +66,72 @@ pub struct Context {
 /// One decoded command. Byte ranges index the buffer given to `decode`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
+    /// `IDENTIFY\n[int32 len][JSON]`.
     Identify {
+        /// The JSON body.
         body: Range<usize>,
     },
+    /// `AUTH\n[int32 len][secret]`.
     Auth {
+        /// The secret.
         body: Range<usize>,
     },
+    /// `SUB <topic> <channel>\n`, names already validated.
     Sub {
+        /// The topic name.
         topic: String,
+        /// The channel name.
         channel: String,
     },
     /// RDY count, already range-checked.
     Rdy {
+        /// 0..=--max-rdy-count.
         count: i64,
     },
     /// RDY while closing: nsqd ignores it.
     RdyIgnored,
+    /// `FIN <id>\n`.
     Fin {
+        /// The 16-byte hex message id.
         id: [u8; 16],
     },
     /// REQ with its timeout in ms as given (clamping is the caller's job, nsqd logs it).
     Req {
+        /// The 16-byte hex message id.
         id: [u8; 16],
+        /// Requeue delay, ms, as sent.
         timeout_ms: i64,
     },
+    /// `TOUCH <id>\n`.
     Touch {
+        /// The 16-byte hex message id.
         id: [u8; 16],
     },
+    /// `CLS\n`: start closing.
     Cls,
+    /// `NOP\n`.
     Nop,
+    /// `PUB <topic>\n[int32 len][body]`.
     Pub {
+        /// The topic name.
         topic: String,
+        /// The message body.
         body: Range<usize>,
     },
+    /// `MPUB <topic>\n[int32 len][int32 n]([int32 len][body])*`.
     Mpub {
+        /// The topic name.
         topic: String,
+        /// Each message body, in order.
         bodies: Vec<Range<usize>>,
     },
+    /// `DPUB <topic> <ms>\n[int32 len][body]`.
     Dpub {
+        /// The topic name.
         topic: String,
+        /// Deferral, ms, within 0..=--max-req-timeout.
         defer_ms: i64,
+        /// The message body.
         body: Range<usize>,
     },
 }
@@ -110,7 +140,9 @@ pub enum Command {
 /// E_FIN_FAILED / E_REQ_FAILED / E_TOUCH_FAILED come from the broker, not the codec).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProtocolError {
+    /// The NSQ error code (`E_INVALID`, `E_BAD_TOPIC`, ...); empty when silent.
     pub code: &'static str,
+    /// The text after the code.
     pub text: String,
     /// Close without an error frame (nsqd: a read failure such as an over-long line).
     pub silent: bool,
@@ -123,6 +155,7 @@ pub struct ProtocolError {
 }
 
 impl ProtocolError {
+    /// An error frame `"<code> <text>"`.
     pub fn new(code: &'static str, text: impl Into<String>) -> ProtocolError {
         ProtocolError {
             code,
