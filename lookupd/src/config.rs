@@ -2,6 +2,10 @@
 //! Go-style single-dash flags are accepted; a `--config` TOML file fills in what the
 //! command line did not set.
 
+// The flags' doc comments are their --help text in nsqlookupd's words (`<addr>:<port>`,
+// `[deprecated]`), not rustdoc markup.
+#![allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
+
 use super::Options;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
@@ -56,7 +60,7 @@ pub struct Config {
     pub print_version: bool,
 }
 
-/// Parses the arguments (argv[0] first) and the config file they name. Errors are the
+/// Parses the arguments (`argv[0]` first) and the config file they name. Errors are the
 /// message to print before exiting with status 1; `--help` exits from clap.
 pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Config, String> {
     let matches = Cli::command().get_matches_from(nsq_wire::goflag::normalize_args(args));

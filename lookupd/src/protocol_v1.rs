@@ -1,5 +1,6 @@
-//! nsqlookupd's TCP protocol V1, spoken by nsqd (nsqlookupd: tcp.go,
-//! lookup_protocol_v1.go). One thread per connection.
+//! The server of nsqlookupd's TCP protocol V1, spoken by nsqd (nsqlookupd: tcp.go,
+//! lookup_protocol_v1.go). One thread per connection; the bytes (magic, responses,
+//! IDENTIFY bodies, command parameters) are `nsq_wire::lookupd_v1`'s.
 //!
 //! ```text
 //! client: "  V1"                                  magic, once

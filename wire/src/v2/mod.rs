@@ -1,5 +1,6 @@
-//! Protocol V2 server-side codec (nsqd: nsqd/protocol_v2.go), pure: bytes in, commands or errors out. No
-//! I/O, no async, no broker state.
+//! Protocol V2 server-side codec (nsqd: nsqd/protocol_v2.go), pure: bytes in, commands
+//! or errors out. No I/O, no async, no broker state. The frames it answers with are
+//! [`crate::frame`]'s (re-exported here).
 //!
 //! ```text
 //! client -> server   "  V2" once, then commands:
