@@ -509,19 +509,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn go_durations() {
-        assert_eq!(parse_duration("60s"), Ok(Duration::from_secs(60)));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert!(parse_duration("10").is_err());
-        assert!(parse_duration("abc").is_err());
-        assert_eq!(go_duration_string(Duration::from_millis(1235)), "1.235s");
-        assert_eq!(go_duration_string(Duration::from_secs(60)), "1m0s");
-        assert_eq!(go_duration_string(Duration::from_millis(250)), "250ms");
-    }
-
-    #[test]
     fn single_dash_flags() {
         let a =
             normalize_args(["nsqd", "-tcp-address=1:2", "--shards", "2", "-h"].map(String::from));

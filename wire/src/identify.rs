@@ -4,6 +4,7 @@
 //! The broker's flags reach this module as a plain [`IdentifyLimits`] (the broker fills
 //! it from its options), so the codec knows nothing of the broker.
 
+use crate::errors::E_BAD_BODY;
 use crate::v2::ProtocolError;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -128,7 +129,7 @@ pub struct IdentifyResponse {
 pub const VERSION: &str = "1.3.0";
 
 fn bad(text: String) -> ProtocolError {
-    ProtocolError::new("E_BAD_BODY", format!("IDENTIFY {text}"))
+    ProtocolError::new(E_BAD_BODY, format!("IDENTIFY {text}"))
 }
 
 fn ms(d: Duration) -> i64 {

@@ -11,6 +11,7 @@
 //! server: [int32 size][data]                      every response; no frame type
 //! ```
 
+use crate::errors::{E_BAD_CHANNEL, E_BAD_TOPIC, E_INVALID};
 use crate::names::{is_valid_channel_name, is_valid_topic_name};
 use std::collections::BTreeMap;
 
@@ -128,7 +129,7 @@ pub fn trim_space(b: &[u8]) -> &[u8] {
 pub fn get_topic_chan(command: &str, params: &[&[u8]]) -> Result<(String, String), FatalClientErr> {
     if params.is_empty() {
         return Err(FatalClientErr::new(
-            "E_INVALID",
+            E_INVALID,
             format!("{command} insufficient number of params"),
         ));
     }
@@ -139,13 +140,13 @@ pub fn get_topic_chan(command: &str, params: &[&[u8]]) -> Result<(String, String
         .unwrap_or_default();
     if !is_valid_topic_name(&topic) {
         return Err(FatalClientErr::new(
-            "E_BAD_TOPIC",
+            E_BAD_TOPIC,
             format!("{command} topic name '{topic}' is not valid"),
         ));
     }
     if !channel.is_empty() && !is_valid_channel_name(&channel) {
         return Err(FatalClientErr::new(
-            "E_BAD_CHANNEL",
+            E_BAD_CHANNEL,
             format!("{command} channel name '{channel}' is not valid"),
         ));
     }

@@ -15,6 +15,7 @@
 //! then body sizes before the body is read, so an error is answered as soon as nsqd would
 //! answer it, without waiting for (or allocating) a body that will never be used.
 
+use crate::errors::{E_BAD_BODY, E_BAD_CHANNEL, E_BAD_MESSAGE, E_BAD_TOPIC, E_INVALID};
 use crate::names::{is_valid_channel_name, is_valid_topic_name};
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -189,7 +190,7 @@ impl ProtocolError {
 }
 
 fn invalid(text: impl Into<String>) -> ProtocolError {
-    ProtocolError::new("E_INVALID", text)
+    ProtocolError::new(E_INVALID, text)
 }
 
 /// `Ok(Some((command, bytes consumed)))`, `Ok(None)` when more bytes are needed, or the
@@ -394,7 +395,7 @@ pub fn decode_resume(buf: &[u8], ctx: &Context, resume: &mut Resume) -> Decoded 
                 return Err(invalid("cannot IDENTIFY in current state"));
             }
             let spec = BodySpec {
-                code: "E_BAD_BODY",
+                code: E_BAD_BODY,
                 read_size: "IDENTIFY failed to read body size",
                 invalid: "IDENTIFY invalid body size",
                 too_big: "IDENTIFY body too big",
@@ -415,7 +416,7 @@ pub fn decode_resume(buf: &[u8], ctx: &Context, resume: &mut Resume) -> Decoded 
                 return Err(invalid("AUTH invalid number of parameters"));
             }
             let spec = BodySpec {
-                code: "E_BAD_BODY",
+                code: E_BAD_BODY,
                 read_size: "AUTH failed to read body size",
                 invalid: "AUTH invalid body size",
                 too_big: "AUTH body too big",
@@ -438,13 +439,13 @@ pub fn decode_resume(buf: &[u8], ctx: &Context, resume: &mut Resume) -> Decoded 
             if params.len() < 3 {
                 return Err(invalid("SUB insufficient number of parameters"));
             }
-            let topic = valid_topic(params[1], "E_BAD_TOPIC", "SUB")?;
+            let topic = valid_topic(params[1], E_BAD_TOPIC, "SUB")?;
             let channel = std::str::from_utf8(params[2])
                 .ok()
                 .filter(|c| is_valid_channel_name(c))
                 .ok_or_else(|| {
                     ProtocolError::new(
-                        "E_BAD_CHANNEL",
+                        E_BAD_CHANNEL,
                         format!("SUB channel name {} is not valid", go_quote(params[2])),
                     )
                 })?;
@@ -513,9 +514,9 @@ pub fn decode_resume(buf: &[u8], ctx: &Context, resume: &mut Resume) -> Decoded 
             if params.len() < 2 {
                 return Err(invalid("PUB insufficient number of parameters"));
             }
-            let topic = valid_topic(params[1], "E_BAD_TOPIC", "PUB")?;
+            let topic = valid_topic(params[1], E_BAD_TOPIC, "PUB")?;
             let spec = BodySpec {
-                code: "E_BAD_MESSAGE",
+                code: E_BAD_MESSAGE,
                 read_size: "PUB failed to read message body size",
                 invalid: "PUB invalid message body size",
                 too_big: "PUB message too big",
@@ -532,7 +533,7 @@ pub fn decode_resume(buf: &[u8], ctx: &Context, resume: &mut Resume) -> Decoded 
             if params.len() < 3 {
                 return Err(invalid("DPUB insufficient number of parameters"));
             }
-            let topic = valid_topic(params[1], "E_BAD_TOPIC", "DPUB")?;
+            let topic = valid_topic(params[1], E_BAD_TOPIC, "DPUB")?;
             let defer_ms = byte_to_base10(params[2]).ok_or_else(|| {
                 invalid(format!("DPUB could not parse timeout {}", lossy(params[2])))
             })? as i64;
@@ -543,7 +544,7 @@ pub fn decode_resume(buf: &[u8], ctx: &Context, resume: &mut Resume) -> Decoded 
                 )));
             }
             let spec = BodySpec {
-                code: "E_BAD_MESSAGE",
+                code: E_BAD_MESSAGE,
                 read_size: "DPUB failed to read message body size",
                 invalid: "DPUB invalid message body size",
                 too_big: "DPUB message too big",
@@ -567,7 +568,7 @@ pub fn decode_resume(buf: &[u8], ctx: &Context, resume: &mut Resume) -> Decoded 
             if params.len() < 2 {
                 return Err(invalid("MPUB insufficient number of parameters"));
             }
-            let topic = valid_topic(params[1], "E_BAD_TOPIC", "E_BAD_TOPIC MPUB")?;
+            let topic = valid_topic(params[1], E_BAD_TOPIC, "E_BAD_TOPIC MPUB")?;
             decode_mpub_body(buf, pos, ctx, topic.clone(), resume).map_err(|mut e| {
                 e.creates_topic = Some(topic);
                 e
@@ -627,8 +628,8 @@ fn decode_mpub_body(
     resume: &mut Resume,
 ) -> Decoded {
     let l = &ctx.limits;
-    let bad_body = |t: String| ProtocolError::new("E_BAD_BODY", t);
-    let bad_msg = |t: String| ProtocolError::new("E_BAD_MESSAGE", t);
+    let bad_body = |t: String| ProtocolError::new(E_BAD_BODY, t);
+    let bad_msg = |t: String| ProtocolError::new(E_BAD_MESSAGE, t);
     need!(buf, pos, 4, ctx, || bad_body(
         "MPUB failed to read body size".into()
     ));
