@@ -21,9 +21,7 @@ const MAX_HEAD: usize = (1 << 20) + 4096;
 /// net/http buffers this much of a body before it gives up on Content-Length and chunks.
 const CHUNKING_THRESHOLD: usize = 2048;
 
-const JSON: &str = "application/json; charset=utf-8";
-const TEXT: &str = "text/plain; charset=utf-8";
-const HTML: &str = "text/html; charset=utf-8";
+use nsq_wire::http1::{HTML, JSON, NSQ_V1, TEXT};
 
 /// The routes, as registered with httprouter upstream.
 const ROUTES: &[(&str, &str)] = &[
@@ -76,16 +74,11 @@ impl Response {
 
     /// V1 error: `{"message":"<TEXT>"}`.
     pub fn v1_err(status: u16, text: &str) -> Response {
-        let mut body = String::from("{\"message\":");
-        json::push_str(&mut body, text);
-        body.push('}');
+        let body = http1::v1_error_body(text);
         Response::new(
             status,
-            vec![
-                ("Content-Type", JSON.into()),
-                ("X-Nsq-Content-Type", "nsq; version=1.0".into()),
-            ],
-            body.into_bytes(),
+            vec![("Content-Type", JSON.into()), (NSQ_V1.0, NSQ_V1.1.into())],
+            body,
             None,
         )
     }
@@ -94,10 +87,7 @@ impl Response {
     pub fn v1_json(body: String) -> Response {
         Response::new(
             200,
-            vec![
-                ("Content-Type", JSON.into()),
-                ("X-Nsq-Content-Type", "nsq; version=1.0".into()),
-            ],
+            vec![("Content-Type", JSON.into()), (NSQ_V1.0, NSQ_V1.1.into())],
             body.into_bytes(),
             None,
         )
@@ -105,12 +95,7 @@ impl Response {
 
     /// V1 success with nothing to say (Go's `nil`): an empty body and no Content-Type.
     pub fn v1_empty() -> Response {
-        Response::new(
-            200,
-            vec![("X-Nsq-Content-Type", "nsq; version=1.0".into())],
-            Vec::new(),
-            None,
-        )
+        Response::new(200, vec![(NSQ_V1.0, NSQ_V1.1.into())], Vec::new(), None)
     }
 
     /// The PlainText decorator (/ping): raw text, no X-Nsq header.

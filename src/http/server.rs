@@ -42,9 +42,7 @@ pub struct Response {
     pub keep_alive_header: bool,
 }
 
-pub(super) const NSQ_V1: (&str, &str) = ("X-Nsq-Content-Type", "nsq; version=1.0");
-pub(super) const JSON: &str = "application/json; charset=utf-8";
-pub(super) const TEXT: &str = "text/plain; charset=utf-8";
+pub(super) use nsq_wire::http1::{JSON, NSQ_V1, TEXT};
 
 impl Response {
     /// nsqd V1 error: `{"message":"<TEXT>"}` as JSON.
@@ -52,7 +50,7 @@ impl Response {
         Response {
             status,
             headers: vec![("Content-Type", JSON.into()), (NSQ_V1.0, NSQ_V1.1.into())],
-            body: format!("{{\"message\":\"{text}\"}}").into_bytes(),
+            body: http1::v1_error_body(text),
             sniffed_type: None,
             close: false,
             http10: false,

@@ -9,7 +9,25 @@
 //! query:    k=v&k2=v2        `+` is a space, %XX escapes; `;` or a bad escape is an error
 //! ```
 
-use crate::timefmt;
+use crate::{json, timefmt};
+
+/// `Content-Type` of JSON responses.
+pub const JSON: &str = "application/json; charset=utf-8";
+/// `Content-Type` of text responses (Go's sniffed type for plain text).
+pub const TEXT: &str = "text/plain; charset=utf-8";
+/// `Content-Type` of HTML responses.
+pub const HTML: &str = "text/html; charset=utf-8";
+/// The header nsq's V1 API responses carry (nsq: internal/http_api V1 decorator).
+pub const NSQ_V1: (&str, &str) = ("X-Nsq-Content-Type", "nsq; version=1.0");
+
+/// The body of a V1 API error, `{"message":"<text>"}` (nsq: internal/http_api
+/// RespondV1), the text escaped as Go's encoding/json does.
+pub fn v1_error_body(text: &str) -> Vec<u8> {
+    let mut body = String::from("{\"message\":");
+    json::push_str(&mut body, text);
+    body.push('}');
+    body.into_bytes()
+}
 
 /// Net/http's reason phrase for `code` ("Unknown" for a code neither server sends).
 pub fn status_text(code: u16) -> &'static str {
@@ -144,6 +162,14 @@ mod tests {
         assert_eq!(parse_query("a=1;b=2"), Err(BadQuery));
         assert_eq!(parse_query("a=%ff"), Err(BadQuery));
         assert_eq!(Params(q).get("x"), Some("1 2"));
+    }
+
+    #[test]
+    fn v1_error() {
+        assert_eq!(
+            v1_error_body("TOPIC_NOT_FOUND"),
+            br#"{"message":"TOPIC_NOT_FOUND"}"#
+        );
     }
 
     #[test]
