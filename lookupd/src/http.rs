@@ -449,18 +449,18 @@ pub fn serve_conn(ctx: Arc<Context>, stream: TcpStream) {
 }
 
 /// Query parameters (Go's url.Values: the first value of a key wins).
-struct Params(Vec<(String, String)>);
+struct Params(http1::Params);
 
 impl Params {
     /// Parses the raw query; an error is 400 INVALID_REQUEST (http_api.NewReqParams).
     fn from(req: &Request) -> Result<Params, Response> {
         parse_query(req.query.as_deref().unwrap_or(""))
-            .map(Params)
+            .map(|q| Params(http1::Params(q)))
             .map_err(|_| Response::v1_err(400, "INVALID_REQUEST"))
     }
 
     fn get(&self, k: &str) -> Option<&str> {
-        self.0.iter().find(|(a, _)| a == k).map(|(_, v)| v.as_str())
+        self.0.get(k)
     }
 
     fn require(&self, k: &str, missing: &str) -> Result<String, Response> {
