@@ -24,6 +24,10 @@ if ! command -v cargo-deb >/dev/null && [[ ! -x $HOME/.cargo/bin/cargo-deb ]]; t
 fi
 export PATH="$HOME/.cargo/bin:$PATH"
 
+# cargo-deb builds the root package (nsqd); nsqlookupd is its own package (lookupd/), so
+# build both first: the asset target/release/nsqlookupd must exist.
+echo "== cargo build --release -p nsqd -p nsqlookupd"
+cargo build --release -p nsqd -p nsqlookupd || { echo "FAIL: cargo build"; exit 1; }
 echo "== cargo deb --strip"
 out=$(cargo deb --strip 2>&1) || { echo "$out"; echo "FAIL: cargo deb"; exit 1; }
 DEB=$(printf '%s\n' "$out" | grep '\.deb$' | tail -1)

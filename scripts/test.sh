@@ -147,7 +147,7 @@ elif [[ -n "${NSQD_BIN:-}" ]]; then
   read -r -a NSQD_CMD <<<"$NSQD_BIN"
 else
   if [[ $PROFILE == release ]]; then
-    run_step "cargo build --release" cargo build --release -p nsqd -p nsq-bench --bins || BUILD_OK=0
+    run_step "cargo build --release" cargo build --release -p nsqd -p nsqlookupd -p nsq-bench --bins || BUILD_OK=0
   else
     run_step "cargo build" cargo build --workspace --all-targets || BUILD_OK=0
   fi

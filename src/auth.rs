@@ -15,12 +15,12 @@
 //! shard's executor keeps serving every other connection while the auth server answers
 //! (a host name is resolved on glommio's blocking thread pool, never on the executor).
 
-use crate::lookupd::json::{push_key, push_str};
-use crate::protocol::go_quote;
 use futures::future::{select, Either};
 use futures::io::{AsyncReadExt, AsyncWriteExt};
 use nsq_shards::auth::{AuthState, Authorization};
 use nsq_shards::Client;
+use nsq_wire::json::{push_key, push_str};
+use nsq_wire::v2::go_quote;
 use serde::Deserialize;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::pin::pin;
@@ -314,7 +314,7 @@ async fn http_request(
          Accept: application/vnd.nsq; version=1.0\r\nConnection: close\r\n",
         url.target,
         url.authority,
-        crate::protocol::identify::VERSION
+        nsq_wire::identify::VERSION
     );
     if let Some(b) = body {
         req.push_str(&format!(

@@ -1,10 +1,12 @@
 //! A thread-per-core, shared-nothing drop-in replacement for nsqd.
 //!
-//! This crate holds the edges: the command line ([`config`]), the protocol V2 codec
-//! ([`protocol`]), the TCP and HTTP servers ([`tcp`], [`http`]), /stats, statsd and
-//! /metrics ([`stats`]) and the runtime that starts one pinned glommio executor per shard ([`runtime`]). The broker
-//! core (topics, channels, in-flight and deferred heaps, the mesh messages) lives in the
-//! `nsq-shards` crate.
+//! This crate holds the edges: the command line ([`config`]), the TCP and HTTP servers
+//! ([`tcp`], [`http`]), the registration with nsqlookupd ([`lookupd_client`]), /stats
+//! rendering, statsd and /metrics ([`stats`]) and the runtime that starts one pinned glommio executor per shard
+//! ([`runtime`]). The wire formats (the protocol V2 codec, IDENTIFY, names, Go durations,
+//! the lookupd V1 codec, HTTP/1.1 pieces) live in the runtime-free `nsq-wire` crate; the
+//! broker core (topics, channels, in-flight and deferred heaps, the mesh messages) in the
+//! `nsq-shards` crate; nsqlookupd in the `nsqlookupd` crate (lookupd/).
 
 pub mod auth;
 pub mod config;
@@ -12,13 +14,12 @@ pub mod config_file;
 pub mod http;
 pub mod import_nsqd;
 pub mod logger;
-pub mod lookup;
-pub mod lookupd;
+pub mod lookupd_client;
 pub mod preflight;
-pub mod protocol;
 pub mod runtime;
 pub mod server;
 pub mod stats;
 pub mod tcp;
-pub mod timefmt;
+/// Go time formats, from the wire crate.
+pub use nsq_wire::timefmt;
 pub mod tls;

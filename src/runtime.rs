@@ -533,7 +533,7 @@ async fn shard_main(
     }
     // From now on a new topic asks nsqlookupd for its channels first (nsqd: GetTopic,
     // which skips this while loading metadata).
-    crate::lookup::install_channel_query(&server);
+    crate::lookupd_client::install_channel_query(&server);
     if let Some(mut r) = receivers {
         for (_peer, rx) in r.streams() {
             let server = server.clone();
@@ -640,7 +640,7 @@ const META_COALESCE: Duration = Duration::from_millis(20);
 /// to it in batches.
 async fn lookup_task(server: Rc<Server>) {
     if server.shard.index == 0 {
-        crate::lookup::lookup_loop(server).await;
+        crate::lookupd_client::lookup_loop(server).await;
         return;
     }
     loop {

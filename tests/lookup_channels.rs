@@ -33,7 +33,7 @@ struct Lookupd {
 
 impl Lookupd {
     fn start() -> Lookupd {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_nsqlookupd"))
+        let mut child = Command::new(common::nsqlookupd_bin())
             .arg("--tcp-address=127.0.0.1:0")
             .arg("--http-address=127.0.0.1:0")
             .arg("--broadcast-address=127.0.0.1")

@@ -344,7 +344,7 @@ struct Lookupd {
 
 impl Lookupd {
     fn start(tcp: &str, http: &str) -> Lookupd {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_nsqlookupd"))
+        let mut child = Command::new(common::nsqlookupd_bin())
             .arg(format!("--tcp-address={tcp}"))
             .arg(format!("--http-address={http}"))
             .stdout(Stdio::null())

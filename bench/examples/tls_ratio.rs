@@ -11,7 +11,7 @@
 //! time runs from the first publish to the last message received. Runs plain, TLS,
 //! plain, TLS and reports the best of each.
 
-use nsqd::protocol::client::{self as proto, Decoded, Frame};
+use nsq_wire::client::{self as proto, Decoded, Frame};
 use rustls::pki_types::ServerName;
 use std::io::{Read, Write};
 use std::net::TcpStream;

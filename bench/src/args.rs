@@ -238,7 +238,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         }
         return Err(format!("invalid duration {s:?}"));
     }
-    nsqd::config::parse_duration(s)
+    nsq_wire::duration::parse_duration(s)
 }
 
 #[cfg(test)]

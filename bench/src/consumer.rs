@@ -4,7 +4,7 @@
 
 use crate::{now_unix_ns, read_header, Shared};
 use hdrhistogram::Histogram;
-use nsqd::protocol::client::{self, Decoded, Frame};
+use nsq_wire::client::{self, Decoded, Frame};
 use std::io::{ErrorKind, Read, Write};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

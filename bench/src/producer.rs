@@ -5,7 +5,7 @@
 use crate::tls::Stream;
 use crate::{now_unix_ns, write_header, Shared, HEADER};
 use hdrhistogram::Histogram;
-use nsqd::protocol::client::{self, Decoded, Frame, MpubEncoder};
+use nsq_wire::client::{self, Decoded, Frame, MpubEncoder};
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::Shutdown;

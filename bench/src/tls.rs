@@ -65,8 +65,8 @@ pub fn upgrade(
 ) -> io::Result<Stream> {
     let json = format!(r#"{identify},"feature_negotiation":true,"tls_v1":true}}"#);
     let mut out = Vec::new();
-    nsqd::protocol::client::encode_magic(&mut out);
-    nsqd::protocol::client::encode_identify(&mut out, json.as_bytes());
+    nsq_wire::client::encode_magic(&mut out);
+    nsq_wire::client::encode_identify(&mut out, json.as_bytes());
     sock.write_all(&out)?;
     let (ft, reply) = read_frame(&mut sock)?;
     if ft != 0 || !reply.windows(13).any(|w| w == b"\"tls_v1\":true") {

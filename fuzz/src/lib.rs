@@ -10,7 +10,7 @@ pub mod mutate;
 
 use bytes::Bytes;
 use nsq_shards::ClientState;
-use nsqd::protocol::{self, Command, Context, Limits};
+use nsq_wire::v2::{self as protocol, Command, Context, Limits};
 use std::ops::Range;
 
 /// A fuzz target: its name (also its corpus folder, `fuzz/corpus/<name>`) and harness.
@@ -276,7 +276,7 @@ pub fn v2_decode(data: &[u8]) {
 /// The client-side frame decoder (nsq-bench and the tests use it): a frame never exceeds
 /// the limit, and re-encoding a response or error frame gives its bytes back.
 pub fn v2_client_frame(data: &[u8]) {
-    use protocol::client::{decode_frame_limited, Decoded, Frame};
+    use nsq_wire::client::{decode_frame_limited, Decoded, Frame};
     let mut k = Knobs(data);
     let max = k.byte() as usize * 4 + 8;
     let mut buf = k.rest();
@@ -315,7 +315,7 @@ pub fn v2_client_frame(data: &[u8]) {
 /// IDENTIFY JSON and its negotiation: an accepted body leaves settings within nsqd's
 /// bounds and a reply that is a JSON object; a refused one changes nothing.
 pub fn identify(data: &[u8]) {
-    use nsqd::protocol::identify::{apply_identify, default_settings, identify_response};
+    use nsq_wire::identify::{apply_identify, default_settings, identify_response};
     use std::time::Duration;
     let mut k = Knobs(data);
     let f = k.byte();
@@ -370,7 +370,7 @@ pub fn identify(data: &[u8]) {
 /// The snappy stream decoder: the same output and outcome for any split into reads; and
 /// the encoder's stream of the input decodes back to it, in any split.
 pub fn snappy(data: &[u8]) {
-    use nsqd::protocol::snappy::{SnappyDecoder, SnappyEncoder};
+    use nsq_wire::compress::snappy::{SnappyDecoder, SnappyEncoder};
     let mut k = Knobs(data);
     let seed = k.byte();
     let input = k.rest();
@@ -411,7 +411,7 @@ pub fn snappy(data: &[u8]) {
 /// inflated size is bounded by the caller), the same output for any split; and the
 /// encoder's stream of the input decodes back to it.
 pub fn deflate(data: &[u8]) {
-    use nsqd::protocol::deflate::{DeflateDecoder, DeflateEncoder};
+    use nsq_wire::compress::deflate::{DeflateDecoder, DeflateEncoder};
     let mut k = Knobs(data);
     let seed = k.byte();
     let level = (k.byte() % 10) as u32;
@@ -523,20 +523,20 @@ pub fn http_mpub(data: &[u8]) {
 
 // ---------------------------------------------------------------- nsqlookupd V1
 
-fn lookupd_context() -> std::sync::Arc<nsqd::lookupd::Context> {
+fn lookupd_context() -> std::sync::Arc<nsqlookupd::Context> {
     use std::sync::{Arc, OnceLock};
-    static CTX: OnceLock<Arc<nsqd::lookupd::Context>> = OnceLock::new();
+    static CTX: OnceLock<Arc<nsqlookupd::Context>> = OnceLock::new();
     CTX.get_or_init(|| {
         let addr: std::net::SocketAddr = "127.0.0.1:4160".parse().unwrap();
-        Arc::new(nsqd::lookupd::Context {
-            opts: nsqd::lookupd::Options {
+        Arc::new(nsqlookupd::Context {
+            opts: nsqlookupd::Options {
                 tcp_address: "127.0.0.1:4160".into(),
                 http_address: "127.0.0.1:4161".into(),
                 broadcast_address: "fuzz".into(),
                 inactive_producer_timeout: std::time::Duration::from_secs(300),
                 tombstone_lifetime: std::time::Duration::from_secs(45),
             },
-            db: nsqd::lookupd::registration_db::RegistrationDb::new(),
+            db: nsqlookupd::registration_db::RegistrationDb::new(),
             tcp_addr: addr,
             http_addr: addr,
             hostname: "fuzz".into(),
@@ -567,7 +567,7 @@ pub fn lookupd_v1(data: &[u8]) {
         let _ = client.read_to_end(&mut out);
         out
     });
-    nsqd::lookupd::protocol_v1::handle(lookupd_context(), server);
+    nsqlookupd::protocol_v1::handle(lookupd_context(), server);
     let out = writer.join().unwrap();
     let mut rest = &out[..];
     while !rest.is_empty() {
@@ -581,7 +581,7 @@ pub fn lookupd_v1(data: &[u8]) {
 /// nsqlookupd's IDENTIFY JSON decoding: no panic; an accepted body's fields survive a
 /// JSON round trip.
 pub fn lookupd_identify(data: &[u8]) {
-    use nsqd::lookupd::protocol_v1::decode_identify;
+    use nsq_wire::lookupd_v1::decode_identify;
     if let Ok(f) = decode_identify(data) {
         let v = serde_json::json!({
             "hostname": f.hostname,

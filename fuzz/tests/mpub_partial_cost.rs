@@ -5,7 +5,7 @@
 //! where it stopped. The test asserts the resumable decoder stays linear; timings:
 //! `cargo test --release -p nsq-fuzz --test mpub_partial_cost -- --nocapture`.
 use nsq_shards::ClientState;
-use nsqd::protocol::{self, Context, Limits, Resume};
+use nsq_wire::v2::{self as protocol, Context, Limits, Resume};
 use std::time::Instant;
 
 #[test]

@@ -4,7 +4,8 @@
 use bytes::Bytes;
 use nsq_shards::ClientState;
 use nsq_storage::{index, journal, meta, record};
-use nsqd::protocol::{self, client, Command, Context, Limits};
+use nsq_wire::client;
+use nsq_wire::v2::{self as protocol, Command, Context, Limits};
 use proptest::prelude::*;
 
 const LIMITS: Limits = Limits {
@@ -178,8 +179,8 @@ proptest! {
     #[test]
     fn compression_streams(parts in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..3000), 1..5),
                            cut in 1usize..64, level in 1u32..10) {
-        use nsqd::protocol::deflate::{DeflateDecoder, DeflateEncoder};
-        use nsqd::protocol::snappy::{SnappyDecoder, SnappyEncoder};
+        use nsq_wire::compress::deflate::{DeflateDecoder, DeflateEncoder};
+        use nsq_wire::compress::snappy::{SnappyDecoder, SnappyEncoder};
         let want: Vec<u8> = parts.concat();
         let mut se = SnappyEncoder::default();
         let mut de = DeflateEncoder::new(level, &[]).unwrap();
@@ -287,12 +288,12 @@ proptest! {
     fn lookupd_v1(data in proptest::collection::vec(any::<u8>(), 0..300), host in "[a-z.]{0,20}",
                   tcp in any::<i64>(), http in any::<i64>()) {
         let mut out = Vec::new();
-        nsqd::lookupd::protocol_v1::send_response(&mut out, &data).unwrap();
+        nsq_wire::lookupd_v1::write_response(&mut out, &data);
         prop_assert_eq!(u32::from_be_bytes(out[..4].try_into().unwrap()) as usize, data.len());
         prop_assert_eq!(&out[4..], &data[..]);
         let body = serde_json::json!({"hostname": host, "broadcast_address": host, "tcp_port": tcp,
                                       "http_port": http, "version": "1.3.0"}).to_string();
-        let f = nsqd::lookupd::protocol_v1::decode_identify(body.as_bytes()).unwrap();
+        let f = nsq_wire::lookupd_v1::decode_identify(body.as_bytes()).unwrap();
         prop_assert_eq!((f.hostname, f.tcp_port, f.http_port), (host, tcp, http));
     }
 }

@@ -21,32 +21,8 @@ pub enum Compression {
     Deflate(u32),
 }
 
-/// nsqd's client states as shown in /stats (`state`). V2 clients use 0, 3 and 4 only.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ClientState {
-    Init = 0,
-    Subscribed = 3,
-    Closing = 4,
-}
-
-/// Settings a client negotiates with IDENTIFY, plus its identity strings.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ClientSettings {
-    pub client_id: String,
-    pub hostname: String,
-    pub user_agent: String,
-    /// None when heartbeats are disabled (heartbeat_interval -1).
-    pub heartbeat_interval: Option<Duration>,
-    /// Bytes buffered before a forced flush (1 = unbuffered).
-    pub output_buffer_size: usize,
-    /// Longest a message waits in the buffer; zero = flush at the end of each delivery round.
-    pub output_buffer_timeout: Duration,
-    /// 0 = off, else percent of messages delivered (nsqd: rand(100) <= rate).
-    pub sample_rate: u32,
-    pub msg_timeout: Duration,
-    /// True once any IDENTIFY was accepted.
-    pub identified: bool,
-}
+pub use nsq_wire::identify::ClientSettings;
+pub use nsq_wire::v2::ClientState;
 
 /// nsqd's output-buffer ticker (protocol_v2.go messagePump: `outputBufferTicker`, made
 /// when the connection starts and again at each IDENTIFY): it ticks every

@@ -12,7 +12,8 @@ pub mod channel;
 pub mod client;
 pub mod mesh;
 pub mod message;
-pub mod names;
+/// Topic and channel name rules, from the wire crate.
+pub use nsq_wire::names;
 pub mod node;
 pub mod options;
 pub mod persist;
@@ -22,6 +23,7 @@ pub mod stats;
 pub mod timers;
 pub mod topic;
 pub mod wake;
+pub mod wire;
 
 pub use channel::Channel;
 pub use client::{Client, ClientState};

@@ -118,19 +118,18 @@ pub struct Message {
 }
 
 /// Bytes a message frame adds on top of its body (size, type, ts, attempts, id).
-pub const MESSAGE_FRAME_OVERHEAD: usize = 4 + 4 + 8 + 2 + 16;
+pub use nsq_wire::frame::MESSAGE_FRAME_OVERHEAD;
 
 impl Message {
     /// Appends the complete message frame (size prefix included) to `out`.
     pub fn write_frame(&self, out: &mut Vec<u8>) {
-        let size = (4 + 8 + 2 + 16 + self.body.len()) as u32;
-        out.reserve(MESSAGE_FRAME_OVERHEAD + self.body.len());
-        out.extend_from_slice(&size.to_be_bytes());
-        out.extend_from_slice(&2u32.to_be_bytes());
-        out.extend_from_slice(&self.timestamp.to_be_bytes());
-        out.extend_from_slice(&self.attempts.to_be_bytes());
-        out.extend_from_slice(&self.id.to_hex());
-        out.extend_from_slice(&self.body);
+        nsq_wire::frame::write_message_frame(
+            out,
+            self.timestamp,
+            self.attempts,
+            &self.id.to_hex(),
+            &self.body,
+        );
     }
 }
 

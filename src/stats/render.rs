@@ -3,10 +3,10 @@
 
 use super::process::Memory;
 use crate::config::go_duration_string;
-use crate::protocol::identify::VERSION;
 use crate::server::Server;
 use crate::timefmt;
 use nsq_shards::stats::{ClientStats, ShardCounters, ShardStats, StatsRequest, TopicStats};
+use nsq_wire::identify::VERSION;
 use serde::Serialize;
 use std::fmt::Write;
 

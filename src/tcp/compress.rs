@@ -3,9 +3,9 @@
 //! reader loop, the outbound [`Encoder`] the writer, and both carry their state when the
 //! connection moves to another shard.
 
-use crate::protocol::deflate::{remember_output, DeflateDecoder, DeflateEncoder};
-use crate::protocol::snappy::{SnappyDecoder, SnappyEncoder};
 use nsq_shards::client::{Client, Compression};
+use nsq_wire::compress::deflate::{remember_output, DeflateDecoder, DeflateEncoder};
+use nsq_wire::compress::snappy::{SnappyDecoder, SnappyEncoder};
 
 /// The inbound side of a compressed connection.
 pub(super) enum Decoder {

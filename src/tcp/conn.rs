@@ -8,10 +8,12 @@ use super::compress::Decoder;
 use super::handoff;
 use super::stream::SharedStream;
 use super::writer::writer_loop;
-use crate::protocol::{self, Command, Context, Limits, ProtocolError, FRAME_ERROR, FRAME_RESPONSE};
 use crate::server::Server;
 use bytes::BytesMut;
 use nsq_shards::client::{Client, Compression};
+use nsq_wire::v2::{
+    self as protocol, Command, Context, Limits, ProtocolError, FRAME_ERROR, FRAME_RESPONSE,
+};
 use std::cell::Cell;
 use std::io;
 use std::rc::Rc;

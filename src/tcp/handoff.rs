@@ -8,13 +8,13 @@
 use super::compress::Decoder;
 use super::conn::{run_connection, Outcome};
 use super::stream::{SharedStream, TlsSession};
-use crate::protocol::Command;
 use crate::server::Server;
 use bytes::BytesMut;
 use glommio::net::TcpStream;
 use nsq_shards::client::Client;
 use nsq_shards::mesh::{HandOff, ShardMsg};
 use nsq_shards::{owner_of, ClientState};
+use nsq_wire::v2::Command;
 use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd};
 use std::rc::Rc;
 

@@ -23,13 +23,13 @@ mod writer;
 pub use handoff::resume;
 pub use stream::{SharedStream, TlsSession};
 
-use crate::protocol::identify::default_settings;
-use crate::protocol::{self, FRAME_ERROR, MAGIC_V2};
 use crate::server::Server;
 use bytes::BytesMut;
 use conn::{run_connection, READ_CHUNK};
 use glommio::net::{TcpListener, TcpStream};
 use nsq_shards::client::Client;
+use nsq_wire::identify::default_settings;
+use nsq_wire::v2::{self as protocol, FRAME_ERROR, MAGIC_V2};
 use std::rc::Rc;
 
 /// Accepts connections on this shard's listener until shutdown.

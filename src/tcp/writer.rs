@@ -7,10 +7,10 @@
 
 use super::compress::Encoder;
 use super::stream::SharedStream;
-use crate::protocol::FRAME_RESPONSE;
 use crate::server::Server;
 use futures::future::select;
 use nsq_shards::client::{Client, OutputTicker};
+use nsq_wire::v2::FRAME_RESPONSE;
 use std::cell::Cell;
 use std::io;
 use std::pin::pin;

@@ -903,3 +903,45 @@ pub fn record_offsets(data: &[u8]) -> Vec<usize> {
     }
     v
 }
+
+/// The `nsqlookupd` binary, for tests that need both daemons. It belongs to the
+/// `nsqlookupd` package (lookupd/), and cargo sets `CARGO_BIN_EXE_<name>` only for the
+/// binaries of the test's own package, so this runs `cargo build -p nsqlookupd --bin
+/// nsqlookupd` (same profile, same target directory as this test's `nsqd`; a no-op when it
+/// is up to date) once per test process and returns `<target>/<profile>/nsqlookupd`. Cargo
+/// has released the build lock by the time tests run, so this does not wait on the
+/// `cargo test` that started us.
+pub fn nsqlookupd_bin() -> std::path::PathBuf {
+    use std::path::{Path, PathBuf};
+    use std::sync::OnceLock;
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let profile_dir = Path::new(env!("CARGO_BIN_EXE_nsqd"))
+            .parent()
+            .expect("nsqd binary has a directory");
+        let target_dir = profile_dir
+            .parent()
+            .expect("profile directory has a parent");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args([
+            "build",
+            "--quiet",
+            "-p",
+            "nsqlookupd",
+            "--bin",
+            "nsqlookupd",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("CARGO_TARGET_DIR", target_dir);
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("run cargo build -p nsqlookupd");
+        assert!(status.success(), "cargo build -p nsqlookupd failed");
+        let bin = profile_dir.join("nsqlookupd");
+        assert!(bin.exists(), "{} missing after the build", bin.display());
+        bin
+    })
+    .clone()
+}

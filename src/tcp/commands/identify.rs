@@ -9,12 +9,12 @@
 //! ```
 
 use super::{fatal, Fatal, Upgrade};
-use crate::protocol::identify::{apply_identify, identify_response};
-use crate::protocol::FRAME_RESPONSE;
 use crate::server::Server;
 use crate::tcp::conn::apply_deadlines;
 use crate::tcp::stream::SharedStream;
 use nsq_shards::client::{Client, Compression, OutputTicker};
+use nsq_wire::identify::{apply_identify, identify_response};
+use nsq_wire::v2::FRAME_RESPONSE;
 use std::time::Instant;
 
 /// Applies the client's IDENTIFY settings and queues the reply: `OK`, or the negotiated

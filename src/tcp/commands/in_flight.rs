@@ -7,11 +7,11 @@
 //! TOUCH <message_id>\n
 //! ```
 
-use crate::protocol::FRAME_ERROR;
 use crate::server::Server;
 use nsq_shards::channel::InFlightError;
 use nsq_shards::client::Client;
 use nsq_shards::MessageId;
+use nsq_wire::v2::FRAME_ERROR;
 use std::time::Duration;
 
 /// Finishes message `id` (nsqd: FIN); queues `E_FIN_FAILED` if it is not the client's.

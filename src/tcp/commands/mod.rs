@@ -15,10 +15,10 @@ mod publish;
 mod subscribe;
 
 use super::stream::SharedStream;
-use crate::protocol::{Command, FRAME_ERROR};
 use crate::server::Server;
 use bytes::Bytes;
 use nsq_shards::client::{Client, Compression};
+use nsq_wire::v2::{Command, FRAME_ERROR};
 use std::rc::Rc;
 
 /// What a command asks of the connection once its reply is queued.

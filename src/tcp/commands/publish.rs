@@ -16,10 +16,10 @@
 //! [`crate::tcp::handoff`]); later ones to other topics cross the mesh.
 
 use super::{fatal, Fatal};
-use crate::protocol::FRAME_RESPONSE;
 use crate::server::Server;
 use bytes::Bytes;
 use nsq_shards::client::Client;
+use nsq_wire::v2::FRAME_RESPONSE;
 use std::ops::Range;
 use std::rc::Rc;
 use std::time::{Duration, Instant};

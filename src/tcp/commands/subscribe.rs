@@ -11,10 +11,10 @@
 //! there first (see [`crate::tcp::handoff`]).
 
 use super::{fatal, Fatal};
-use crate::protocol::FRAME_RESPONSE;
 use crate::server::Server;
 use nsq_shards::client::Client;
 use nsq_shards::ClientState;
+use nsq_wire::v2::FRAME_RESPONSE;
 use std::rc::Rc;
 
 /// Subscribes the client to `topic`/`channel` after the auth check; queues `OK`.

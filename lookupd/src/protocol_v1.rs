@@ -1,5 +1,6 @@
-//! nsqlookupd's TCP protocol V1, spoken by nsqd (nsqlookupd: tcp.go,
-//! lookup_protocol_v1.go). One thread per connection.
+//! The server of nsqlookupd's TCP protocol V1, spoken by nsqd (nsqlookupd: tcp.go,
+//! lookup_protocol_v1.go). One thread per connection; the bytes (magic, responses,
+//! IDENTIFY bodies, command parameters) are `nsq_wire::lookupd_v1`'s.
 //!
 //! ```text
 //! client: "  V1"                                  magic, once
@@ -13,10 +14,10 @@
 //! Every error is fatal: `"<CODE> <desc>"` is sent and the connection closed. When the
 //! connection ends, the peer is removed from every registration (the keys stay).
 
-use super::json;
 use super::registration_db::{now_nanos, PeerInfo, Producer, Registration};
 use super::Context;
-use nsq_shards::names::{is_valid_channel_name, is_valid_topic_name};
+use nsq_wire::json;
+use nsq_wire::lookupd_v1::{self, decode_identify, get_topic_chan, trim_space, FatalClientErr};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
@@ -25,40 +26,10 @@ use std::sync::Arc;
 /// valid line is under 150 bytes).
 const MAX_LINE: u64 = 1024 * 1024;
 
-/// A fatal client error: `code` and `desc` go on the wire as `"<code> <desc>"`; `parent`
-/// is only logged.
-#[derive(Debug)]
-pub struct FatalClientErr {
-    pub code: &'static str,
-    pub desc: String,
-    pub parent: Option<String>,
-}
-
-impl FatalClientErr {
-    fn new(code: &'static str, desc: impl Into<String>) -> FatalClientErr {
-        FatalClientErr {
-            code,
-            desc: desc.into(),
-            parent: None,
-        }
-    }
-
-    fn with_parent(mut self, parent: impl Into<String>) -> FatalClientErr {
-        self.parent = Some(parent.into());
-        self
-    }
-
-    /// The response payload.
-    pub fn wire(&self) -> String {
-        format!("{} {}", self.code, self.desc)
-    }
-}
-
 /// Writes `[int32 size][data]` (nsq internal/protocol SendResponse).
 pub fn send_response(w: &mut impl Write, data: &[u8]) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(4 + data.len());
-    buf.extend_from_slice(&(data.len() as u32).to_be_bytes());
-    buf.extend_from_slice(data);
+    lookupd_v1::write_response(&mut buf, data);
     w.write_all(&buf)
 }
 
@@ -209,7 +180,7 @@ impl ClientV1 {
             log::info!(
                 "CLIENT({}): pinged (last ping {})",
                 peer.id,
-                crate::config::go_duration_string(std::time::Duration::from_nanos(
+                nsq_wire::duration::go_duration_string(std::time::Duration::from_nanos(
                     (now - last).max(0) as u64
                 ))
             );
@@ -360,115 +331,6 @@ impl ClientV1 {
     }
 }
 
-/// strings.TrimSpace for ASCII whitespace.
-fn trim_space(b: &[u8]) -> &[u8] {
-    let ws = |c: &u8| matches!(c, b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c);
-    let start = b.iter().position(|c| !ws(c)).unwrap_or(b.len());
-    let end = b.iter().rposition(|c| !ws(c)).map_or(start, |i| i + 1);
-    &b[start..end]
-}
-
-/// Topic and optional channel of REGISTER/UNREGISTER (nsqlookupd: getTopicChan).
-fn get_topic_chan(command: &str, params: &[&[u8]]) -> Result<(String, String), FatalClientErr> {
-    if params.is_empty() {
-        return Err(FatalClientErr::new(
-            "E_INVALID",
-            format!("{command} insufficient number of params"),
-        ));
-    }
-    let topic = String::from_utf8_lossy(params[0]).into_owned();
-    let channel = params
-        .get(1)
-        .map(|c| String::from_utf8_lossy(c).into_owned())
-        .unwrap_or_default();
-    if !is_valid_topic_name(&topic) {
-        return Err(FatalClientErr::new(
-            "E_BAD_TOPIC",
-            format!("{command} topic name '{topic}' is not valid"),
-        ));
-    }
-    if !channel.is_empty() && !is_valid_channel_name(&channel) {
-        return Err(FatalClientErr::new(
-            "E_BAD_CHANNEL",
-            format!("{command} channel name '{channel}' is not valid"),
-        ));
-    }
-    Ok((topic, channel))
-}
-
-/// The IDENTIFY fields nsqlookupd keeps.
-#[derive(Debug, Default, PartialEq)]
-pub struct IdentifyFields {
-    pub hostname: String,
-    pub broadcast_address: String,
-    pub tcp_port: i64,
-    pub http_port: i64,
-    pub version: String,
-}
-
-/// Decodes an IDENTIFY body like Go's json.Unmarshal into PeerInfo: keys match
-/// case-insensitively, unknown keys and nulls are ignored, a wrong type (a string port, a
-/// fractional number) or a non-object is an error.
-pub fn decode_identify(body: &[u8]) -> Result<IdentifyFields, String> {
-    let text = String::from_utf8_lossy(body);
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-    let mut f = IdentifyFields::default();
-    let obj = match v {
-        serde_json::Value::Null => return Ok(f),
-        serde_json::Value::Object(o) => o,
-        other => {
-            return Err(format!(
-                "json: cannot unmarshal {} into Go value of type nsqlookupd.PeerInfo",
-                kind(&other)
-            ))
-        }
-    };
-    for (k, val) in obj {
-        if val.is_null() {
-            continue;
-        }
-        let str_field = |val: &serde_json::Value| {
-            val.as_str().map(str::to_owned).ok_or_else(|| {
-                format!(
-                    "json: cannot unmarshal {} into field {k} of type string",
-                    kind(val)
-                )
-            })
-        };
-        let int_field = |val: &serde_json::Value| {
-            val.as_i64().ok_or_else(|| {
-                format!(
-                    "json: cannot unmarshal {} into field {k} of type int",
-                    kind(val)
-                )
-            })
-        };
-        match k.to_ascii_lowercase().as_str() {
-            "hostname" => f.hostname = str_field(&val)?,
-            "broadcast_address" => f.broadcast_address = str_field(&val)?,
-            "version" => f.version = str_field(&val)?,
-            "remote_address" => {
-                str_field(&val)?;
-            }
-            "tcp_port" => f.tcp_port = int_field(&val)?,
-            "http_port" => f.http_port = int_field(&val)?,
-            _ => {}
-        }
-    }
-    Ok(f)
-}
-
-fn kind(v: &serde_json::Value) -> &'static str {
-    match v {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "bool",
-        serde_json::Value::Number(_) => "number",
-        serde_json::Value::String(_) => "string",
-        serde_json::Value::Array(_) => "array",
-        serde_json::Value::Object(_) => "object",
-    }
-}
-
 impl Context {
     /// The IDENTIFY reply: this lookupd's ports, version, broadcast address and hostname
     /// (a Go map, so the keys are sorted).
@@ -488,38 +350,5 @@ impl Context {
         json::push_str(&mut s, super::VERSION);
         s.push('}');
         s
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn identify_decoding() {
-        let f = decode_identify(
-            br#"{"broadcast_address":"a","TCP_PORT":1,"http_port":2,"version":"v","x":[1]}"#,
-        )
-        .unwrap();
-        assert_eq!(
-            (
-                f.broadcast_address.as_str(),
-                f.tcp_port,
-                f.http_port,
-                f.version.as_str()
-            ),
-            ("a", 1, 2, "v")
-        );
-        assert!(decode_identify(br#"{"tcp_port":"1"}"#).is_err());
-        assert!(decode_identify(br#"{"tcp_port":1.5}"#).is_err());
-        assert!(decode_identify(b"[]").is_err());
-        assert!(decode_identify(b"{").is_err());
-        assert_eq!(decode_identify(b"null").unwrap(), IdentifyFields::default());
-    }
-
-    #[test]
-    fn trims() {
-        assert_eq!(trim_space(b" \tPING \r\n"), b"PING");
-        assert_eq!(trim_space(b"\n"), b"");
     }
 }

@@ -2,10 +2,14 @@
 //! Go-style single-dash flags are accepted; a `--config` TOML file fills in what the
 //! command line did not set.
 
+// The flags' doc comments are their --help text in nsqlookupd's words (`<addr>:<port>`,
+// `[deprecated]`), not rustdoc markup.
+#![allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
+
 use super::Options;
-use crate::config::parse_duration;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
+use nsq_wire::duration::parse_duration;
 use std::time::Duration;
 
 #[derive(Parser, Debug, Clone)]
@@ -62,7 +66,7 @@ pub struct Config {
 /// Parses the arguments (`argv[0]` first) and the config file they name. Errors are the
 /// message to print before exiting with status 1; `--help` exits from clap.
 pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Config, String> {
-    let matches = Cli::command().get_matches_from(crate::config::normalize_args(args));
+    let matches = Cli::command().get_matches_from(nsq_wire::goflag::normalize_args(args));
     let mut cli = Cli::from_arg_matches(&matches).map_err(|e| e.to_string())?;
     if let Some(path) = cli.config.clone() {
         let text = std::fs::read_to_string(&path)
@@ -70,7 +74,7 @@ pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Config, Strin
         apply_config_file(&mut cli, &matches, &text)
             .map_err(|e| format!("failed to load config file {path} - {e}"))?;
     }
-    let log_level = crate::config::parse_level(&cli.log_level).ok_or_else(|| {
+    let log_level = crate::logger::parse_level(&cli.log_level).ok_or_else(|| {
         format!(
             "invalid log level '{}' (debug, info, warn, error, fatal)",
             cli.log_level

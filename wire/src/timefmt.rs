@@ -190,8 +190,17 @@ pub fn parse_time_ns(s: &str) -> Option<i64> {
     secs.checked_mul(1_000_000_000)?.checked_add(frac_ns)
 }
 
+/// The wall clock now, Unix seconds.
 pub fn now_secs() -> i64 {
-    nsq_shards::message::now_unix_nanos() / 1_000_000_000
+    now_unix_nanos() / 1_000_000_000
+}
+
+/// The wall clock now, Unix ns (0 before 1970).
+pub fn now_unix_nanos() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
-//! Protocol V2 codec (nsqd: protocol_v2.go), pure: bytes in, commands or errors out. No
-//! I/O, no async, no broker state.
+//! Protocol V2 server-side codec (nsqd: nsqd/protocol_v2.go), pure: bytes in, commands
+//! or errors out. No I/O, no async, no broker state. The frames it answers with are
+//! [`crate::frame`]'s (re-exported here).
 //!
 //! ```text
 //! client -> server   "  V2" once, then commands:
@@ -14,25 +15,28 @@
 //! then body sizes before the body is read, so an error is answered as soon as nsqd would
 //! answer it, without waiting for (or allocating) a body that will never be used.
 
-pub mod client;
-pub mod deflate;
-pub mod identify;
-pub mod snappy;
-
-use nsq_shards::names::{is_valid_channel_name, is_valid_topic_name};
-use nsq_shards::ClientState;
+use crate::errors::{E_BAD_BODY, E_BAD_CHANNEL, E_BAD_MESSAGE, E_BAD_TOPIC, E_INVALID};
+use crate::names::{is_valid_channel_name, is_valid_topic_name};
+use serde::{Deserialize, Serialize};
 use std::ops::Range;
+
+pub use crate::frame::{write_frame, FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, MAGIC_V2};
+
+/// nsqd's client states (nsqd: protocol_v2.go stateInit / stateSubscribed /
+/// stateClosing), as shown in /stats (`state`). V2 clients use 0, 3 and 4 only; the
+/// codec checks commands against it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClientState {
+    /// Connected, not subscribed (stateInit).
+    Init = 0,
+    /// After SUB (stateSubscribed).
+    Subscribed = 3,
+    /// After CLS (stateClosing).
+    Closing = 4,
+}
 
 /// nsqd's bufio reader size: a command line must fit in it.
 pub const MAX_LINE: usize = 16 * 1024;
-
-/// The 4-byte protocol magic of V2.
-pub const MAGIC_V2: &[u8; 4] = b"  V2";
-
-/// Frame types.
-pub const FRAME_RESPONSE: u32 = 0;
-pub const FRAME_ERROR: u32 = 1;
-pub const FRAME_MESSAGE: u32 = 2;
 
 /// Limits `decode` enforces (nsqd flags).
 #[derive(Clone, Copy, Debug)]
@@ -50,8 +54,12 @@ pub struct Limits {
 /// What `decode` needs to know about the connection.
 #[derive(Clone, Copy, Debug)]
 pub struct Context {
+    /// The connection's state (which commands are allowed).
     pub state: ClientState,
+    /// Heartbeats are on (IDENTIFY heartbeat_interval != -1): RDY/FIN/... are checked
+    /// against them as nsqd does.
     pub heartbeats_enabled: bool,
+    /// The broker's size and count limits.
     pub limits: Limits,
     /// The peer closed its side: a body that cannot complete is a "failed to read" error.
     pub eof: bool,
@@ -60,46 +68,72 @@ pub struct Context {
 /// One decoded command. Byte ranges index the buffer given to `decode`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
+    /// `IDENTIFY\n[int32 len][JSON]`.
     Identify {
+        /// The JSON body.
         body: Range<usize>,
     },
+    /// `AUTH\n[int32 len][secret]`.
     Auth {
+        /// The secret.
         body: Range<usize>,
     },
+    /// `SUB <topic> <channel>\n`, names already validated.
     Sub {
+        /// The topic name.
         topic: String,
+        /// The channel name.
         channel: String,
     },
     /// RDY count, already range-checked.
     Rdy {
+        /// 0..=--max-rdy-count.
         count: i64,
     },
     /// RDY while closing: nsqd ignores it.
     RdyIgnored,
+    /// `FIN <id>\n`.
     Fin {
+        /// The 16-byte hex message id.
         id: [u8; 16],
     },
     /// REQ with its timeout in ms as given (clamping is the caller's job, nsqd logs it).
     Req {
+        /// The 16-byte hex message id.
         id: [u8; 16],
+        /// Requeue delay, ms, as sent.
         timeout_ms: i64,
     },
+    /// `TOUCH <id>\n`.
     Touch {
+        /// The 16-byte hex message id.
         id: [u8; 16],
     },
+    /// `CLS\n`: start closing.
     Cls,
+    /// `NOP\n`.
     Nop,
+    /// `PUB <topic>\n[int32 len][body]`.
     Pub {
+        /// The topic name.
         topic: String,
+        /// The message body.
         body: Range<usize>,
     },
+    /// `MPUB <topic>\n[int32 len][int32 n]([int32 len][body])*`.
     Mpub {
+        /// The topic name.
         topic: String,
+        /// Each message body, in order.
         bodies: Vec<Range<usize>>,
     },
+    /// `DPUB <topic> <ms>\n[int32 len][body]`.
     Dpub {
+        /// The topic name.
         topic: String,
+        /// Deferral, ms, within 0..=--max-req-timeout.
         defer_ms: i64,
+        /// The message body.
         body: Range<usize>,
     },
 }
@@ -108,7 +142,9 @@ pub enum Command {
 /// E_FIN_FAILED / E_REQ_FAILED / E_TOUCH_FAILED come from the broker, not the codec).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProtocolError {
+    /// The NSQ error code (`E_INVALID`, `E_BAD_TOPIC`, ...); empty when silent.
     pub code: &'static str,
+    /// The text after the code.
     pub text: String,
     /// Close without an error frame (nsqd: a read failure such as an over-long line).
     pub silent: bool,
@@ -121,6 +157,7 @@ pub struct ProtocolError {
 }
 
 impl ProtocolError {
+    /// An error frame `"<code> <text>"`.
     pub fn new(code: &'static str, text: impl Into<String>) -> ProtocolError {
         ProtocolError {
             code,
@@ -153,7 +190,7 @@ impl ProtocolError {
 }
 
 fn invalid(text: impl Into<String>) -> ProtocolError {
-    ProtocolError::new("E_INVALID", text)
+    ProtocolError::new(E_INVALID, text)
 }
 
 /// `Ok(Some((command, bytes consumed)))`, `Ok(None)` when more bytes are needed, or the
@@ -358,7 +395,7 @@ pub fn decode_resume(buf: &[u8], ctx: &Context, resume: &mut Resume) -> Decoded 
                 return Err(invalid("cannot IDENTIFY in current state"));
             }
             let spec = BodySpec {
-                code: "E_BAD_BODY",
+                code: E_BAD_BODY,
                 read_size: "IDENTIFY failed to read body size",
                 invalid: "IDENTIFY invalid body size",
                 too_big: "IDENTIFY body too big",
@@ -379,7 +416,7 @@ pub fn decode_resume(buf: &[u8], ctx: &Context, resume: &mut Resume) -> Decoded 
                 return Err(invalid("AUTH invalid number of parameters"));
             }
             let spec = BodySpec {
-                code: "E_BAD_BODY",
+                code: E_BAD_BODY,
                 read_size: "AUTH failed to read body size",
                 invalid: "AUTH invalid body size",
                 too_big: "AUTH body too big",
@@ -402,13 +439,13 @@ pub fn decode_resume(buf: &[u8], ctx: &Context, resume: &mut Resume) -> Decoded 
             if params.len() < 3 {
                 return Err(invalid("SUB insufficient number of parameters"));
             }
-            let topic = valid_topic(params[1], "E_BAD_TOPIC", "SUB")?;
+            let topic = valid_topic(params[1], E_BAD_TOPIC, "SUB")?;
             let channel = std::str::from_utf8(params[2])
                 .ok()
                 .filter(|c| is_valid_channel_name(c))
                 .ok_or_else(|| {
                     ProtocolError::new(
-                        "E_BAD_CHANNEL",
+                        E_BAD_CHANNEL,
                         format!("SUB channel name {} is not valid", go_quote(params[2])),
                     )
                 })?;
@@ -477,9 +514,9 @@ pub fn decode_resume(buf: &[u8], ctx: &Context, resume: &mut Resume) -> Decoded 
             if params.len() < 2 {
                 return Err(invalid("PUB insufficient number of parameters"));
             }
-            let topic = valid_topic(params[1], "E_BAD_TOPIC", "PUB")?;
+            let topic = valid_topic(params[1], E_BAD_TOPIC, "PUB")?;
             let spec = BodySpec {
-                code: "E_BAD_MESSAGE",
+                code: E_BAD_MESSAGE,
                 read_size: "PUB failed to read message body size",
                 invalid: "PUB invalid message body size",
                 too_big: "PUB message too big",
@@ -496,7 +533,7 @@ pub fn decode_resume(buf: &[u8], ctx: &Context, resume: &mut Resume) -> Decoded 
             if params.len() < 3 {
                 return Err(invalid("DPUB insufficient number of parameters"));
             }
-            let topic = valid_topic(params[1], "E_BAD_TOPIC", "DPUB")?;
+            let topic = valid_topic(params[1], E_BAD_TOPIC, "DPUB")?;
             let defer_ms = byte_to_base10(params[2]).ok_or_else(|| {
                 invalid(format!("DPUB could not parse timeout {}", lossy(params[2])))
             })? as i64;
@@ -507,7 +544,7 @@ pub fn decode_resume(buf: &[u8], ctx: &Context, resume: &mut Resume) -> Decoded 
                 )));
             }
             let spec = BodySpec {
-                code: "E_BAD_MESSAGE",
+                code: E_BAD_MESSAGE,
                 read_size: "DPUB failed to read message body size",
                 invalid: "DPUB invalid message body size",
                 too_big: "DPUB message too big",
@@ -531,7 +568,7 @@ pub fn decode_resume(buf: &[u8], ctx: &Context, resume: &mut Resume) -> Decoded 
             if params.len() < 2 {
                 return Err(invalid("MPUB insufficient number of parameters"));
             }
-            let topic = valid_topic(params[1], "E_BAD_TOPIC", "E_BAD_TOPIC MPUB")?;
+            let topic = valid_topic(params[1], E_BAD_TOPIC, "E_BAD_TOPIC MPUB")?;
             decode_mpub_body(buf, pos, ctx, topic.clone(), resume).map_err(|mut e| {
                 e.creates_topic = Some(topic);
                 e
@@ -591,8 +628,8 @@ fn decode_mpub_body(
     resume: &mut Resume,
 ) -> Decoded {
     let l = &ctx.limits;
-    let bad_body = |t: String| ProtocolError::new("E_BAD_BODY", t);
-    let bad_msg = |t: String| ProtocolError::new("E_BAD_MESSAGE", t);
+    let bad_body = |t: String| ProtocolError::new(E_BAD_BODY, t);
+    let bad_msg = |t: String| ProtocolError::new(E_BAD_MESSAGE, t);
     need!(buf, pos, 4, ctx, || bad_body(
         "MPUB failed to read body size".into()
     ));
@@ -657,13 +694,6 @@ fn decode_mpub_body(
 
 fn memchr(needle: u8, hay: &[u8]) -> Option<usize> {
     hay.iter().position(|&b| b == needle)
-}
-
-/// Appends a response or error frame.
-pub fn write_frame(out: &mut Vec<u8>, frame_type: u32, data: &[u8]) {
-    out.extend_from_slice(&((data.len() + 4) as u32).to_be_bytes());
-    out.extend_from_slice(&frame_type.to_be_bytes());
-    out.extend_from_slice(data);
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 /// Wall clock in Unix nanoseconds.
 pub fn now_nanos() -> i64 {
-    nsq_shards::message::now_unix_nanos()
+    nsq_wire::timefmt::now_unix_nanos()
 }
 
 /// What an nsqd told us in IDENTIFY, plus the connection's identity.

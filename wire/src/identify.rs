@@ -1,47 +1,127 @@
 //! IDENTIFY: the JSON body, its validation and the feature-negotiation reply
-//! (nsqd: protocol_v2.go IDENTIFY, client_v2.go Identify / Set*).
+//! (nsqd: nsqd/protocol_v2.go IDENTIFY, nsqd/client_v2.go Identify / Set*).
+//!
+//! The broker's flags reach this module as a plain [`IdentifyLimits`] (the broker fills
+//! it from its options), so the codec knows nothing of the broker.
 
-use super::ProtocolError;
-use nsq_shards::client::ClientSettings;
-use nsq_shards::Options;
+use crate::errors::E_BAD_BODY;
+use crate::v2::ProtocolError;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
+
+/// The nsqd flags IDENTIFY is checked against and answers with (nsqd: nsqd/options.go).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdentifyLimits {
+    /// `--msg-timeout`: the default msg_timeout.
+    pub msg_timeout: Duration,
+    /// `--max-msg-timeout`: the longest msg_timeout a client may ask for.
+    pub max_msg_timeout: Duration,
+    /// `--max-rdy-count`, reported in the negotiation reply.
+    pub max_rdy_count: i64,
+    /// `--max-heartbeat-interval`: the longest heartbeat_interval.
+    pub max_heartbeat_interval: Duration,
+    /// `--output-buffer-timeout`: the default output_buffer_timeout.
+    pub output_buffer_timeout: Duration,
+    /// `--min-output-buffer-timeout`.
+    pub min_output_buffer_timeout: Duration,
+    /// `--max-output-buffer-timeout`.
+    pub max_output_buffer_timeout: Duration,
+    /// `--max-output-buffer-size`, bytes.
+    pub max_output_buffer_size: i64,
+    /// Client timeout; the default heartbeat interval is half of it.
+    pub client_timeout: Duration,
+    /// `--max-deflate-level` (1-9).
+    pub max_deflate_level: i64,
+    /// `--snappy`: snappy may be negotiated.
+    pub snappy: bool,
+    /// `--deflate`: deflate may be negotiated.
+    pub deflate: bool,
+}
+
+/// Settings a client negotiates with IDENTIFY, plus its identity strings.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ClientSettings {
+    /// IDENTIFY client_id (default: the peer's IP).
+    pub client_id: String,
+    /// IDENTIFY hostname (default: the peer's IP).
+    pub hostname: String,
+    /// IDENTIFY user_agent.
+    pub user_agent: String,
+    /// None when heartbeats are disabled (heartbeat_interval -1).
+    pub heartbeat_interval: Option<Duration>,
+    /// Bytes buffered before a forced flush (1 = unbuffered).
+    pub output_buffer_size: usize,
+    /// Longest a message waits in the buffer; zero = flush at the end of each delivery round.
+    pub output_buffer_timeout: Duration,
+    /// 0 = off, else percent of messages delivered (nsqd: rand(100) <= rate).
+    pub sample_rate: u32,
+    /// How long a delivered message may stay in flight.
+    pub msg_timeout: Duration,
+    /// True once any IDENTIFY was accepted.
+    pub identified: bool,
+}
 
 /// The fields nsqd reads from an IDENTIFY body. Unknown keys (`short_id`, `long_id`, ...)
 /// are ignored; a value of the wrong JSON type fails the whole decode, as in Go.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 pub struct IdentifyRequest {
+    /// Client identifier (default: the peer's IP).
     pub client_id: Option<String>,
+    /// Client hostname (default: the peer's IP).
     pub hostname: Option<String>,
+    /// Client library and version, e.g. `go-nsq/1.1.0`.
     pub user_agent: Option<String>,
+    /// ms; -1 disables heartbeats, 0 = half the client timeout.
     pub heartbeat_interval: Option<i64>,
+    /// Bytes; -1 disables output buffering, 0 = 16 KiB.
     pub output_buffer_size: Option<i64>,
+    /// ms; -1 disables the timeout, 0 = --output-buffer-timeout.
     pub output_buffer_timeout: Option<i64>,
+    /// Answer with the JSON [`IdentifyResponse`] instead of `OK`.
     pub feature_negotiation: Option<bool>,
+    /// Upgrade the connection to TLS after the reply.
     pub tls_v1: Option<bool>,
+    /// Switch to snappy framing after the reply.
     pub snappy: Option<bool>,
+    /// Switch to raw DEFLATE after the reply.
     pub deflate: Option<bool>,
+    /// DEFLATE level 1-9 (capped by --max-deflate-level).
     pub deflate_level: Option<i64>,
+    /// Percent of messages to deliver, 0-99 (0 = all).
     pub sample_rate: Option<i64>,
+    /// ms a delivered message may stay in flight; 0 = --msg-timeout.
     pub msg_timeout: Option<i64>,
 }
 
 /// The feature-negotiation reply, keys in nsqd 1.3.0's order. Durations in ms.
 #[derive(Debug, Serialize)]
 pub struct IdentifyResponse {
+    /// --max-rdy-count.
     pub max_rdy_count: i64,
+    /// The broker's version ([`VERSION`]).
     pub version: &'static str,
+    /// --max-msg-timeout, ms.
     pub max_msg_timeout: i64,
+    /// The connection's msg_timeout, ms.
     pub msg_timeout: i64,
+    /// TLS granted.
     pub tls_v1: bool,
+    /// DEFLATE granted.
     pub deflate: bool,
+    /// The DEFLATE level in use.
     pub deflate_level: i64,
+    /// --max-deflate-level.
     pub max_deflate_level: i64,
+    /// Snappy granted.
     pub snappy: bool,
+    /// The connection's sample rate, percent.
     pub sample_rate: i64,
+    /// AUTH must come before SUB/PUB (an auth server is configured).
     pub auth_required: bool,
+    /// The connection's output buffer, bytes.
     pub output_buffer_size: i64,
+    /// The connection's output buffer timeout, ms.
     pub output_buffer_timeout: i64,
 }
 
@@ -49,7 +129,7 @@ pub struct IdentifyResponse {
 pub const VERSION: &str = "1.3.0";
 
 fn bad(text: String) -> ProtocolError {
-    ProtocolError::new("E_BAD_BODY", format!("IDENTIFY {text}"))
+    ProtocolError::new(E_BAD_BODY, format!("IDENTIFY {text}"))
 }
 
 fn ms(d: Duration) -> i64 {
@@ -75,7 +155,8 @@ pub struct Negotiated {
 
 /// Default settings of a connection before IDENTIFY (nsqd newClientV2): client_id and
 /// hostname are the peer's IP.
-pub fn default_settings(peer_ip: &str, opts: &Options) -> ClientSettings {
+pub fn default_settings(peer_ip: &str, opts: impl Into<IdentifyLimits>) -> ClientSettings {
+    let opts = opts.into();
     ClientSettings {
         client_id: peer_ip.to_string(),
         hostname: peer_ip.to_string(),
@@ -89,15 +170,16 @@ pub fn default_settings(peer_ip: &str, opts: &Options) -> ClientSettings {
     }
 }
 
-/// Decodes and validates an IDENTIFY body against `opts`, applying it to `settings`.
+/// Decodes and validates an IDENTIFY body against `opts` (the broker's limits), applying it to `settings`.
 /// Returns what was negotiated. Errors are nsqd's fatal
 /// `E_BAD_BODY IDENTIFY ...` texts, checked in nsqd's order: heartbeat, output buffer
 /// timeout, output buffer size, sample rate, msg timeout.
 pub fn apply_identify(
     body: &[u8],
     settings: &mut ClientSettings,
-    opts: &Options,
+    opts: impl Into<IdentifyLimits>,
 ) -> Result<Negotiated, ProtocolError> {
+    let opts = opts.into();
     let req: IdentifyRequest =
         serde_json::from_slice(body).map_err(|_| bad("failed to decode JSON body".into()))?;
     let mut s = settings.clone();
@@ -170,10 +252,11 @@ pub fn apply_identify(
 /// (nsqd: IsAuthEnabled).
 pub fn identify_response(
     settings: &ClientSettings,
-    opts: &Options,
+    opts: impl Into<IdentifyLimits>,
     n: &Negotiated,
     auth_required: bool,
 ) -> Vec<u8> {
+    let opts = opts.into();
     let r = IdentifyResponse {
         max_rdy_count: opts.max_rdy_count,
         version: VERSION,

@@ -2,7 +2,7 @@
 //! SIGTERM. Under systemd (`NOTIFY_SOCKET`) it sends READY=1 once both listeners accept
 //! and STOPPING=1 on shutdown.
 
-use nsqd::lookupd::{config, NsqLookupd, VERSION};
+use nsqlookupd::{config, logger, NsqLookupd, VERSION};
 
 fn main() {
     let cfg = match config::from_args(std::env::args()) {
@@ -16,7 +16,7 @@ fn main() {
         println!("nsqlookupd v{VERSION} (built w/rust)");
         return;
     }
-    nsqd::logger::init(&cfg.log_prefix, cfg.log_level);
+    logger::init(&cfg.log_prefix, cfg.log_level);
     let mut signals = match signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,

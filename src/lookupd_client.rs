@@ -20,6 +20,7 @@ use crate::tcp::SharedStream;
 use glommio::net::TcpStream;
 use nsq_shards::node::{NodeUpdate, PeerList};
 use nsq_shards::shard::LookupEvent;
+use nsq_wire::lookupd_v1;
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -221,10 +222,8 @@ pub fn install_channel_query(server: &Rc<Server>) {
 /// The V1 command line for an event.
 pub fn command(ev: &LookupEvent) -> String {
     match ev {
-        LookupEvent::Register(t, None) => format!("REGISTER {t}\n"),
-        LookupEvent::Register(t, Some(c)) => format!("REGISTER {t} {c}\n"),
-        LookupEvent::Unregister(t, None) => format!("UNREGISTER {t}\n"),
-        LookupEvent::Unregister(t, Some(c)) => format!("UNREGISTER {t} {c}\n"),
+        LookupEvent::Register(t, c) => lookupd_v1::register_line(t, c.as_deref()),
+        LookupEvent::Unregister(t, c) => lookupd_v1::unregister_line(t, c.as_deref()),
     }
 }
 
@@ -241,16 +240,13 @@ pub fn identify_body(server: &Server) -> Vec<u8> {
     } else {
         server.http_port
     };
-    let mut m = BTreeMap::new();
-    m.insert(
-        "broadcast_address",
-        serde_json::Value::from(c.broadcast_address.clone()),
-    );
-    m.insert("hostname", c.hostname.clone().into());
-    m.insert("http_port", http_port.into());
-    m.insert("tcp_port", tcp_port.into());
-    m.insert("version", crate::protocol::identify::VERSION.into());
-    serde_json::to_vec(&m).unwrap_or_default()
+    lookupd_v1::identify_body(
+        &c.broadcast_address,
+        &c.hostname,
+        http_port,
+        tcp_port,
+        nsq_wire::identify::VERSION,
+    )
 }
 
 /// Registrations known to shard 0: topic -> channels.
@@ -310,10 +306,7 @@ struct Peer {
 async fn read_response(s: &SharedStream) -> std::io::Result<Vec<u8>> {
     let mut hdr = [0u8; 4];
     read_exact(s, &mut hdr).await?;
-    let n = u32::from_be_bytes(hdr) as usize;
-    if n > 5 * 1024 * 1024 {
-        return Err(std::io::Error::other("response too big"));
-    }
+    let n = lookupd_v1::response_len(hdr).map_err(std::io::Error::other)?;
     let mut data = vec![0u8; n];
     read_exact(s, &mut data).await?;
     Ok(data)
@@ -360,9 +353,8 @@ impl Peer {
         s.set_read_timeout(Some(IO_TIMEOUT));
         s.set_write_timeout(Some(IO_TIMEOUT));
         let body = identify_body(server);
-        let mut msg = b"  V1IDENTIFY\n".to_vec();
-        msg.extend_from_slice(&(body.len() as u32).to_be_bytes());
-        msg.extend_from_slice(&body);
+        let mut msg = lookupd_v1::MAGIC_V1.to_vec();
+        lookupd_v1::write_identify(&mut msg, &body);
         let r = async {
             s.write_all(&msg).await?;
             read_response(&s).await
@@ -537,7 +529,7 @@ pub async fn lookup_loop(server: Rc<Server>) {
         if now >= next_ping {
             for p in peers.iter_mut() {
                 log::debug!("LOOKUPD({}): sending heartbeat", p.addr);
-                p.command(&server, &registry, Some(b"PING\n")).await;
+                p.command(&server, &registry, Some(lookupd_v1::PING)).await;
             }
             next_ping = Instant::now() + ping_interval;
         }

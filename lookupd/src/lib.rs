@@ -4,10 +4,17 @@
 //! and channels they hold in the [`registration_db`]; consumers and nsqadmin ask the HTTP
 //! API ([`http`]) which nsqd has a topic. It is not on the message path, so it runs on
 //! plain threads: one accept loop per listener and one thread per connection.
+//!
+//! The wire formats are the runtime-free `nsq-wire` crate's: the V1 codec
+//! (`nsq_wire::lookupd_v1`; [`protocol_v1`] is the server around it), HTTP/1.1 status
+//! lines and query decoding (`nsq_wire::http1`), names, Go durations and JSON strings.
+//! This crate does not depend on nsqd or the broker core.
+
+#![forbid(unsafe_code)]
 
 pub mod config;
 pub mod http;
-pub mod json;
+pub mod logger;
 pub mod protocol_v1;
 pub mod registration_db;
 

@@ -12,7 +12,7 @@
 //! Used by the `nsq-bench` load generator and by tests. Every encoder appends to a
 //! `Vec<u8>`, so a caller can batch many commands into one `write`.
 
-use super::{FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, MAGIC_V2};
+use crate::frame::{FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, MAGIC_V2};
 
 /// Appends the protocol magic `"  V2"`.
 pub fn encode_magic(out: &mut Vec<u8>) {
@@ -127,7 +127,7 @@ pub fn encode_mpub<B: AsRef<[u8]>>(out: &mut Vec<u8>, topic: &str, bodies: &[B])
 /// (no per-message allocation):
 ///
 /// ```
-/// use nsqd::protocol::client::MpubEncoder;
+/// use nsq_wire::client::MpubEncoder;
 /// let mut out = Vec::new();
 /// let mut m = MpubEncoder::begin(&mut out, "t");
 /// m.push(&mut out, b"a");
@@ -190,6 +190,7 @@ pub struct Message<'a> {
     pub attempts: u16,
     /// The 16-byte (hex ASCII) message id, as FIN/REQ/TOUCH take it.
     pub id: [u8; 16],
+    /// The message body.
     pub body: &'a [u8],
 }
 
@@ -216,7 +217,10 @@ impl Frame<'_> {
 pub enum Decoded<'a> {
     /// More bytes are needed; `need` is the total the buffer must hold when known
     /// (the header has arrived), else 8.
-    Incomplete { need: usize },
+    Incomplete {
+        /// Bytes the buffer must hold in all.
+        need: usize,
+    },
     /// A frame and the number of bytes it used.
     Frame(Frame<'a>, usize),
 }
@@ -304,7 +308,7 @@ pub fn decode_frame_limited(buf: &[u8], max: usize) -> Result<Decoded<'_>, Frame
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{decode, ClientState, Command, Context, Limits};
+    use crate::v2::{decode, ClientState, Command, Context, Limits};
 
     fn ctx(state: ClientState) -> Context {
         Context {
@@ -474,7 +478,7 @@ mod tests {
 
     fn frame(ftype: u32, data: &[u8]) -> Vec<u8> {
         let mut v = Vec::new();
-        crate::protocol::write_frame(&mut v, ftype, data);
+        crate::frame::write_frame(&mut v, ftype, data);
         v
     }
 

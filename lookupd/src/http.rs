@@ -4,13 +4,13 @@
 //! header order (handler headers sorted, then Date, Content-Length, a sniffed
 //! Content-Type) and net/http's chunking of bodies over 2048 bytes.
 
-use super::json;
 use super::registration_db::{filter_by_active, keys, now_nanos, sub_keys, Producer, Registration};
 use super::Context;
-use crate::config::go_duration_string;
-use crate::http::parse_query;
-use crate::timefmt;
-use nsq_shards::names::{is_valid_channel_name, is_valid_topic_name};
+use nsq_wire::duration::go_duration_string;
+use nsq_wire::http1::{self, parse_query, status_text, unescape_path};
+use nsq_wire::json;
+use nsq_wire::names::{is_valid_channel_name, is_valid_topic_name};
+use nsq_wire::timefmt;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
@@ -21,9 +21,7 @@ const MAX_HEAD: usize = (1 << 20) + 4096;
 /// net/http buffers this much of a body before it gives up on Content-Length and chunks.
 const CHUNKING_THRESHOLD: usize = 2048;
 
-const JSON: &str = "application/json; charset=utf-8";
-const TEXT: &str = "text/plain; charset=utf-8";
-const HTML: &str = "text/html; charset=utf-8";
+use nsq_wire::http1::{HTML, JSON, NSQ_V1, TEXT};
 
 /// The routes, as registered with httprouter upstream.
 const ROUTES: &[(&str, &str)] = &[
@@ -76,16 +74,11 @@ impl Response {
 
     /// V1 error: `{"message":"<TEXT>"}`.
     pub fn v1_err(status: u16, text: &str) -> Response {
-        let mut body = String::from("{\"message\":");
-        json::push_str(&mut body, text);
-        body.push('}');
+        let body = http1::v1_error_body(text);
         Response::new(
             status,
-            vec![
-                ("Content-Type", JSON.into()),
-                ("X-Nsq-Content-Type", "nsq; version=1.0".into()),
-            ],
-            body.into_bytes(),
+            vec![("Content-Type", JSON.into()), (NSQ_V1.0, NSQ_V1.1.into())],
+            body,
             None,
         )
     }
@@ -94,10 +87,7 @@ impl Response {
     pub fn v1_json(body: String) -> Response {
         Response::new(
             200,
-            vec![
-                ("Content-Type", JSON.into()),
-                ("X-Nsq-Content-Type", "nsq; version=1.0".into()),
-            ],
+            vec![("Content-Type", JSON.into()), (NSQ_V1.0, NSQ_V1.1.into())],
             body.into_bytes(),
             None,
         )
@@ -105,12 +95,7 @@ impl Response {
 
     /// V1 success with nothing to say (Go's `nil`): an empty body and no Content-Type.
     pub fn v1_empty() -> Response {
-        Response::new(
-            200,
-            vec![("X-Nsq-Content-Type", "nsq; version=1.0".into())],
-            Vec::new(),
-            None,
-        )
+        Response::new(200, vec![(NSQ_V1.0, NSQ_V1.1.into())], Vec::new(), None)
     }
 
     /// The PlainText decorator (/ping): raw text, no X-Nsq header.
@@ -131,21 +116,11 @@ struct Framing {
 /// connection must close afterwards.
 fn encode(r: &Response, f: &Framing) -> (Vec<u8>, bool) {
     let mut out = Vec::with_capacity(256 + r.body.len());
-    out.extend_from_slice(
-        format!(
-            "HTTP/1.{} {} {}\r\n",
-            if f.http11 { 1 } else { 0 },
-            r.status,
-            status_text(r.status)
-        )
-        .as_bytes(),
-    );
+    http1::write_status_line(&mut out, f.http11, r.status);
     for (k, v) in &r.headers {
-        out.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
+        http1::write_header(&mut out, k, v);
     }
-    out.extend_from_slice(
-        format!("Date: {}\r\n", timefmt::http_date(timefmt::now_secs())).as_bytes(),
-    );
+    http1::write_date(&mut out, timefmt::now_secs());
     let big = r.body.len() > CHUNKING_THRESHOLD;
     let mut close = f.close;
     let mut chunked = false;
@@ -186,20 +161,6 @@ fn encode(r: &Response, f: &Framing) -> (Vec<u8>, bool) {
         }
     }
     (out, close)
-}
-
-fn status_text(code: u16) -> &'static str {
-    match code {
-        200 => "OK",
-        301 => "Moved Permanently",
-        307 => "Temporary Redirect",
-        400 => "Bad Request",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        500 => "Internal Server Error",
-        501 => "Not Implemented",
-        _ => "Unknown",
-    }
 }
 
 /// net/http's answer to a request it cannot parse; the connection then closes.
@@ -326,25 +287,6 @@ fn parse_head(buf: &[u8], remote: &str) -> Result<Option<(Request, usize)>, Head
     )))
 }
 
-/// Percent-decodes a URL path (`+` stays `+`); a bad escape is an error.
-fn unescape_path(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    Some(String::from_utf8_lossy(&out).into_owned())
-}
-
-/// A connection with its own read buffer, so that a request head may span many reads.
 struct Conn {
     stream: TcpStream,
     buf: Vec<u8>,
@@ -507,18 +449,18 @@ pub fn serve_conn(ctx: Arc<Context>, stream: TcpStream) {
 }
 
 /// Query parameters (Go's url.Values: the first value of a key wins).
-struct Params(Vec<(String, String)>);
+struct Params(http1::Params);
 
 impl Params {
     /// Parses the raw query; an error is 400 INVALID_REQUEST (http_api.NewReqParams).
     fn from(req: &Request) -> Result<Params, Response> {
         parse_query(req.query.as_deref().unwrap_or(""))
-            .map(Params)
+            .map(|q| Params(http1::Params(q)))
             .map_err(|_| Response::v1_err(400, "INVALID_REQUEST"))
     }
 
     fn get(&self, k: &str) -> Option<&str> {
-        self.0.iter().find(|(a, _)| a == k).map(|(_, v)| v.as_str())
+        self.0.get(k)
     }
 
     fn require(&self, k: &str, missing: &str) -> Result<String, Response> {

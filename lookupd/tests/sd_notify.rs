@@ -1,0 +1,78 @@
+//! systemd's notify protocol (`Type=notify`, sd_notify(3)) for nsqlookupd: it keeps no
+//! data, so it sends READY=1 once both listeners accept, and STOPPING=1 on SIGTERM.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::net::UnixDatagram;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// One HTTP/1.1 request with `Connection: close`; the raw response.
+fn http_raw(addr: SocketAddr, method: &str, path: &str, body: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).expect("http connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    out
+}
+
+/// Splits a raw HTTP response into (status, body).
+fn split_http(raw: &[u8]) -> (u16, Vec<u8>) {
+    let text = String::from_utf8_lossy(raw);
+    let code = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let pos = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|p| p + 4)
+        .unwrap_or(raw.len());
+    (code, raw[pos..].to_vec())
+}
+
+#[test]
+fn nsqlookupd_ready_and_stopping() {
+    let dir = std::env::temp_dir().join(format!("nsqlookupd-sd-notify-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock_path = dir.join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nsqlookupd"))
+        .arg("--tcp-address=127.0.0.1:0")
+        .arg("--http-address=127.0.0.1:0")
+        .env("NOTIFY_SOCKET", &sock_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut buf = [0u8; 512];
+    let n = sock.recv(&mut buf).expect("READY=1");
+    assert_eq!(String::from_utf8_lossy(&buf[..n]).trim(), "READY=1");
+    // Both listeners were announced before READY=1, and the HTTP one answers.
+    let mut http = None;
+    for line in lines.by_ref().take(10) {
+        let line = line.unwrap();
+        if let Some(a) = line.split("HTTP: listening on ").nth(1) {
+            http = Some(a.trim().parse::<SocketAddr>().unwrap());
+            break;
+        }
+    }
+    let http = http.expect("HTTP: listening on");
+    let (code, _) = split_http(&http_raw(http, "GET", "/ping", b""));
+    assert_eq!(code, 200);
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    let n = sock.recv(&mut buf).expect("STOPPING=1");
+    assert_eq!(String::from_utf8_lossy(&buf[..n]).trim(), "STOPPING=1");
+    assert!(child.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,38 @@
+//! The core's types as the wire crate (nsq-wire) sees them: the one place where broker
+//! options become IDENTIFY limits and core errors become `E_*` texts.
+
+use crate::channel::InFlightError;
+use crate::options::Options;
+use nsq_wire::errors::InFlightFailure;
+use nsq_wire::identify::IdentifyLimits;
+
+/// The flags IDENTIFY is checked against, so the wire crate's IDENTIFY functions take
+/// `&Options` directly.
+impl From<&Options> for IdentifyLimits {
+    fn from(o: &Options) -> Self {
+        IdentifyLimits {
+            msg_timeout: o.msg_timeout,
+            max_msg_timeout: o.max_msg_timeout,
+            max_rdy_count: o.max_rdy_count,
+            max_heartbeat_interval: o.max_heartbeat_interval,
+            output_buffer_timeout: o.output_buffer_timeout,
+            min_output_buffer_timeout: o.min_output_buffer_timeout,
+            max_output_buffer_timeout: o.max_output_buffer_timeout,
+            max_output_buffer_size: o.max_output_buffer_size,
+            client_timeout: o.client_timeout,
+            max_deflate_level: o.max_deflate_level,
+            snappy: o.snappy,
+            deflate: o.deflate,
+        }
+    }
+}
+
+/// The core's in-flight errors as the wire crate words them (`E_FIN_FAILED ...`).
+impl From<InFlightError> for InFlightFailure {
+    fn from(e: InFlightError) -> Self {
+        match e {
+            InFlightError::NotInFlight => Self::NotInFlight,
+            InFlightError::NotOwner => Self::NotOwner,
+        }
+    }
+}

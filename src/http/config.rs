@@ -1,0 +1,80 @@
+//! GET and PUT /config/:opt (nsqd: http.go doConfig).
+
+use super::*;
+
+/// nsqd's log level for /config: 1 debug .. 5 fatal. `set` is the level a PUT set (0
+/// until one did: then the command line's level applies), from the node-wide settings
+/// (a PUT may land on any shard: see `nsq_shards::node`).
+pub(super) fn log_level_number(c: &crate::config::Config, set: u8) -> u8 {
+    match set {
+        // The level as given (flag or file): `fatal` is 5, though it logs as `error`.
+        0 => match c.option("log_level") {
+            Some(crate::config_file::GoValue::Int(n @ 1..=5)) => *n as u8,
+            _ => match c.log_level {
+                log::LevelFilter::Debug | log::LevelFilter::Trace => 1,
+                log::LevelFilter::Info => 2,
+                log::LevelFilter::Warn => 3,
+                _ => 4,
+            },
+        },
+        n => n,
+    }
+}
+
+/// GET and PUT /config/:opt (nsqd: http.go doConfig). PUT changes
+/// `nsqlookupd_tcp_addresses` (a JSON array; shard 0 then adds and removes lookupd peers)
+/// and `log_level` (debug/info/warn/error/fatal), then answers the new value like GET.
+pub(super) async fn do_config(server: &Server, head: &Head, body: &[u8]) -> Response {
+    let opt = &head.path["/config/".len()..];
+    if head.method == "PUT" {
+        let read_max = server.shard.opts.max_msg_size + 1;
+        if body.len() as i64 >= read_max || body.is_empty() {
+            return Response::v1_err(413, "INVALID_VALUE");
+        }
+        match opt {
+            "nsqlookupd_tcp_addresses" => {
+                let Ok(addrs) = serde_json::from_slice::<Option<Vec<String>>>(body) else {
+                    return Response::v1_err(400, "INVALID_VALUE");
+                };
+                crate::lookupd_client::set_peer_addresses(server, addrs).await;
+            }
+            "log_level" => {
+                let text = String::from_utf8_lossy(body);
+                let (n, level) = match text.to_lowercase().as_str() {
+                    "debug" => (1, log::LevelFilter::Debug),
+                    "info" => (2, log::LevelFilter::Info),
+                    "warn" => (3, log::LevelFilter::Warn),
+                    "error" => (4, log::LevelFilter::Error),
+                    "fatal" => (5, log::LevelFilter::Error),
+                    _ => return Response::v1_err(400, "INVALID_VALUE"),
+                };
+                server
+                    .change_node_settings(nsq_shards::node::NodeUpdate::LogLevel(n))
+                    .await;
+                log::set_max_level(level);
+            }
+            _ => return Response::v1_err(400, "INVALID_OPTION"),
+        }
+    }
+    let c = &server.cfg;
+    let raw = |s: &str| Response::v1_text(s.as_bytes().to_vec());
+    // Options nsqd changes after start: PUT-able ones, the ports resolved from the
+    // listeners (nsqd.New) and the statsd prefix with `%s` replaced.
+    let v: serde_json::Value = match opt {
+        "nsqlookupd_tcp_addresses" => crate::lookupd_client::peer_addresses_json(server),
+        "log_level" => log_level_number(c, server.shard.node.log_level()).into(),
+        "statsd_prefix" => return raw(&crate::stats::statsd::server_prefix(server)),
+        "broadcast_tcp_port" if c.broadcast_tcp_port == 0 => server.tcp_port.into(),
+        "broadcast_http_port" if c.broadcast_http_port == 0 => server.http_port.into(),
+        _ => {
+            let Some(value) = c.option(opt) else {
+                return Response::v1_err(400, "INVALID_OPTION");
+            };
+            return match value.config_body() {
+                (true, text) => raw(&text),
+                (false, json) => Response::v1_json(json.into_bytes()),
+            };
+        }
+    };
+    Response::v1_json(v.to_string().into_bytes())
+}

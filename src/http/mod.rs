@@ -1,0 +1,213 @@
+//! nsqd's HTTP API on every shard (nsqd: http.go, internal/http_api): request parsing
+//! with httparse, keep-alive, and responses with Go's header layout so that bytes match
+//! a real nsqd (apart from the Date value).
+//!
+//! `server` runs the connection loop and writes responses; this module routes a request
+//! to its handler: `publish` (/pub, /mpub), `admin` (topic and channel actions), `stats`
+//! (/info, /stats, the page), `config` (/config/:opt).
+
+use crate::server::Server;
+use crate::stats::render as stats_render;
+use crate::tcp::SharedStream;
+use crate::timefmt;
+use bytes::{Bytes, BytesMut};
+use glommio::net::{TcpListener, TcpStream};
+use nsq_shards::mesh::{AdminError, AdminOp, SeekTo};
+use nsq_shards::names::{is_valid_channel_name, is_valid_topic_name};
+use nsq_shards::stats::StatsRequest;
+use nsq_wire::http1::{self, Params};
+/// Go's url.ParseQuery, shared with nsqlookupd (public for the fuzz targets).
+pub use nsq_wire::http1::{parse_query, BadQuery};
+use nsq_wire::identify::VERSION;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+mod admin;
+mod config;
+mod publish;
+mod server;
+mod stats;
+
+use admin::*;
+use config::*;
+pub use publish::parse_mpub_body;
+use publish::*;
+pub use server::{accept_loop, accept_loop_tls, parse_head, BadHead, Head, Response};
+use stats::*;
+pub use stats::{health, SHARDS_PAGE};
+
+/// Routes whose handler never reads the query string (nsqd: doPing, doInfo, doConfig,
+/// and this broker's /metrics and /shards), so a malformed one is not an error there.
+pub(super) fn ignores_query(path: &str) -> bool {
+    matches!(path, "/ping" | "/info" | "/metrics" | "/shards") || path.starts_with("/config/")
+}
+
+/// nsqd's boolParams: true/1 and false/0; anything else is unknown.
+pub(super) fn bool_param(v: Option<&str>) -> Option<bool> {
+    match v? {
+        "true" | "1" => Some(true),
+        "false" | "0" => Some(false),
+        _ => None,
+    }
+}
+
+pub(super) fn method_not_allowed(allowed: &[&str]) -> Response {
+    let mut r = Response::v1_err(405, "METHOD_NOT_ALLOWED");
+    let mut list: Vec<&str> = allowed.to_vec();
+    list.push("OPTIONS");
+    list.sort();
+    r.headers.insert(0, ("Allow", list.join(", ")));
+    r
+}
+
+pub(super) async fn route(server: &Rc<Server>, head: &Head, body: Bytes) -> Response {
+    let allowed: &[&str] = match head.path.as_str() {
+        "/ping" | "/info" | "/stats" | "/metrics" | "/shards" | "/" => &["GET"],
+        "/pub" | "/mpub" | "/topic/create" | "/topic/delete" | "/topic/empty" | "/topic/pause"
+        | "/topic/unpause" | "/channel/create" | "/channel/delete" | "/channel/empty"
+        | "/channel/pause" | "/channel/unpause" | "/channel/seek" => &["POST"],
+        p if p.starts_with("/config/") && p.len() > "/config/".len() && !p[8..].contains('/') => {
+            &["GET", "PUT"]
+        }
+        _ => return Response::v1_err(404, "NOT_FOUND"),
+    };
+    if head.method == "OPTIONS" {
+        let mut list: Vec<&str> = allowed.to_vec();
+        list.push("OPTIONS");
+        list.sort();
+        return Response {
+            status: 200,
+            headers: vec![("Allow", list.join(", "))],
+            body: Vec::new(),
+            sniffed_type: None,
+            close: false,
+            http10: false,
+            keep_alive_header: false,
+        };
+    }
+    if !allowed.contains(&head.method.as_str()) {
+        return method_not_allowed(allowed);
+    }
+    let params = match parse_query(&head.query) {
+        Ok(p) => Params(p),
+        // nsqd parses the query only in handlers that read it (http_api.NewReqParams):
+        // /ping, /info and /config answer whatever the query holds.
+        Err(BadQuery) if ignores_query(&head.path) => Params(Vec::new()),
+        Err(BadQuery) => return Response::v1_err(400, "INVALID_REQUEST"),
+    };
+    match head.path.as_str() {
+        "/ping" => match health(server).await {
+            None => Response::plain(200, b"OK".to_vec()),
+            Some(e) => Response::plain(500, format!("NOK - {e}").into_bytes()),
+        },
+        "/info" => info(server),
+        "/pub" => do_pub(server, &params, body).await,
+        "/mpub" => do_mpub(server, &params, body).await,
+        "/stats" => do_stats(server, &params).await,
+        "/metrics" => {
+            let req = StatsRequest {
+                include_clients: false,
+                ..Default::default()
+            };
+            let shards = server.gather_stats(&req).await;
+            let mut r = Response::plain(
+                200,
+                crate::stats::prometheus::prometheus(&shards, server.cfg.start_time).into_bytes(),
+            );
+            r.sniffed_type = None;
+            r.headers.push((
+                "Content-Type",
+                "text/plain; version=0.0.4; charset=utf-8".into(),
+            ));
+            r
+        }
+        "/shards" => {
+            let req = StatsRequest {
+                counters_only: true,
+                ..Default::default()
+            };
+            let shards = server.gather_stats(&req).await;
+            /// A shard's counters plus the names of its topics.
+            #[derive(serde::Serialize)]
+            struct ShardView<'a> {
+                #[serde(flatten)]
+                counters: &'a nsq_shards::stats::ShardCounters,
+                topic_names: &'a [String],
+            }
+            let view: Vec<_> = shards
+                .iter()
+                .map(|s| ShardView {
+                    counters: &s.counters,
+                    topic_names: &s.topic_names,
+                })
+                .collect();
+            Response::v1_json(serde_json::to_vec(&view).unwrap_or_default())
+        }
+        "/" => shards_page(),
+        "/topic/create" => match topic_param(&params, true) {
+            Err(r) => r,
+            Ok(t) => {
+                server.create_topic(&t).await;
+                Response::v1_empty()
+            }
+        },
+        "/topic/delete" => match topic_param(&params, false) {
+            Err(r) => r,
+            Ok(t) => admin(server, AdminOp::DeleteTopic(t)).await,
+        },
+        "/topic/empty" => match topic_param(&params, true) {
+            Err(r) => r,
+            Ok(t) => admin(server, AdminOp::EmptyTopic(t)).await,
+        },
+        "/topic/pause" | "/topic/unpause" => match topic_param(&params, false) {
+            Err(r) => r,
+            Ok(t) => admin(server, AdminOp::PauseTopic(t, head.path == "/topic/pause")).await,
+        },
+        p if p.starts_with("/channel/") => {
+            let (t, c) = match topic_channel_params(&params) {
+                Ok(v) => v,
+                Err(r) => return r,
+            };
+            let op = match p {
+                "/channel/create" => AdminOp::CreateChannel(t, c),
+                "/channel/delete" => AdminOp::DeleteChannel(t, c),
+                "/channel/empty" => AdminOp::EmptyChannel(t, c),
+                "/channel/pause" => AdminOp::PauseChannel(t, c, true),
+                "/channel/seek" => match seek_param(&params) {
+                    Ok(to) => AdminOp::SeekChannel(t, c, to),
+                    Err(r) => return r,
+                },
+                _ => AdminOp::PauseChannel(t, c, false),
+            };
+            admin(server, op).await
+        }
+        _ => do_config(server, head, &body).await,
+    }
+}
+
+pub(super) fn topic_param(p: &Params, validate: bool) -> Result<String, Response> {
+    let t = p
+        .get("topic")
+        .ok_or_else(|| Response::v1_err(400, "MISSING_ARG_TOPIC"))?;
+    if validate && !is_valid_topic_name(t) {
+        return Err(Response::v1_err(400, "INVALID_TOPIC"));
+    }
+    Ok(t.to_string())
+}
+
+/// nsqd http_api.GetTopicChannelArgs.
+pub(super) fn topic_channel_params(p: &Params) -> Result<(String, String), Response> {
+    let t = p
+        .get("topic")
+        .ok_or_else(|| Response::v1_err(400, "MISSING_ARG_TOPIC"))?;
+    if !is_valid_topic_name(t) {
+        return Err(Response::v1_err(400, "INVALID_ARG_TOPIC"));
+    }
+    let c = p
+        .get("channel")
+        .ok_or_else(|| Response::v1_err(400, "MISSING_ARG_CHANNEL"))?;
+    if !is_valid_channel_name(c) {
+        return Err(Response::v1_err(400, "INVALID_ARG_CHANNEL"));
+    }
+    Ok((t.to_string(), c.to_string()))
+}

@@ -1,0 +1,127 @@
+//! POST /pub and /mpub (nsqd: http.go doPUB, doMPUB).
+
+use super::*;
+
+pub(super) async fn do_pub(server: &Server, p: &Params, body: Bytes) -> Response {
+    let o = &server.shard.opts;
+    if body.len() as i64 > o.max_msg_size {
+        return Response::v1_err(413, "MSG_TOO_BIG");
+    }
+    if body.is_empty() {
+        return Response::v1_err(400, "MSG_EMPTY");
+    }
+    let topic = match topic_param(p, true) {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    let mut defer = None;
+    if let Some(d) = p.get("defer") {
+        let ms = match d.parse::<i64>() {
+            Ok(ms) if ms >= 0 && ms as u128 <= o.max_req_timeout.as_millis() => ms,
+            _ => {
+                server.create_topic(&topic).await;
+                return Response::v1_err(400, "INVALID_DEFER");
+            }
+        };
+        if ms > 0 {
+            defer = Some(Instant::now() + Duration::from_millis(ms as u64));
+        }
+    }
+    publish_response(server.publish(&topic, vec![body], defer).await)
+}
+
+pub(super) async fn do_mpub(server: &Server, p: &Params, body: Bytes) -> Response {
+    let o = &server.shard.opts;
+    let topic = match topic_param(p, true) {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    let binary = match p.get("binary") {
+        None => false,
+        Some(v) => bool_param(Some(v)).unwrap_or(true),
+    };
+    let msgs: Vec<Bytes> = match parse_mpub_body(&body, binary, &limits(o)) {
+        Ok(ranges) => ranges.into_iter().map(|r| body.slice(r)).collect(),
+        Err((500, text)) => return Response::v1_err(500, text),
+        Err((status, text)) => {
+            server.create_topic(&topic).await;
+            return Response::v1_err(status, text);
+        }
+    };
+    if msgs.is_empty() {
+        server.create_topic(&topic).await;
+        return Response::v1_text(b"OK".to_vec());
+    }
+    publish_response(server.publish(&topic, msgs, None).await)
+}
+
+pub(super) fn limits(o: &nsq_shards::Options) -> nsq_wire::v2::Limits {
+    nsq_wire::v2::Limits {
+        max_msg_size: o.max_msg_size,
+        max_body_size: o.max_body_size,
+        max_rdy_count: o.max_rdy_count,
+        max_req_timeout_ms: o.max_req_timeout.as_millis() as i64,
+    }
+}
+
+/// Splits a `/mpub` body into its messages (byte ranges of `body`): binary (nsqd
+/// readMPUB: `[int32 count]([int32 size][bytes])...`) or newline-separated text (empty
+/// lines skipped). The error is the HTTP status and nsqd's text (413 errors create the
+/// topic first, as nsqd does). Public for the fuzz targets (fuzz/).
+pub fn parse_mpub_body(
+    body: &[u8],
+    binary: bool,
+    limits: &nsq_wire::v2::Limits,
+) -> Result<Vec<std::ops::Range<usize>>, (u16, &'static str)> {
+    let mut msgs = Vec::new();
+    if binary {
+        let mut framed = b"MPUB t\n".to_vec();
+        framed.extend_from_slice(&(body.len().max(1) as u32).to_be_bytes());
+        let prefix = framed.len();
+        framed.extend_from_slice(body);
+        let ctx = nsq_wire::v2::Context {
+            state: nsq_shards::ClientState::Init,
+            heartbeats_enabled: true,
+            limits: *limits,
+            eof: true,
+        };
+        match nsq_wire::v2::decode(&framed, &ctx) {
+            Ok(Some((nsq_wire::v2::Command::Mpub { bodies, .. }, _))) => {
+                for r in bodies {
+                    msgs.push(r.start - prefix..r.end - prefix);
+                }
+            }
+            Err(e) => return Err((413, e.code.trim_start_matches("E_"))),
+            _ => return Err((500, "INTERNAL_ERROR")),
+        }
+    } else {
+        if body.len() as i64 > limits.max_body_size {
+            return Err((413, "BODY_TOO_BIG"));
+        }
+        let mut start = 0;
+        while start < body.len() {
+            let end = body[start..]
+                .iter()
+                .position(|&b| b == b'\n')
+                .map(|p| start + p)
+                .unwrap_or(body.len());
+            if end > start {
+                if (end - start) as i64 > limits.max_msg_size {
+                    return Err((413, "MSG_TOO_BIG"));
+                }
+                msgs.push(start..end);
+            }
+            start = end + 1;
+        }
+    }
+    Ok(msgs)
+}
+
+/// nsqd: 503 EXITING while shutting down; a disk error is 500 INTERNAL_ERROR.
+pub(super) fn publish_response(r: Result<(), nsq_shards::topic::PublishError>) -> Response {
+    match r {
+        Ok(()) => Response::v1_text(b"OK".to_vec()),
+        Err(nsq_shards::topic::PublishError::Exiting) => Response::v1_err(503, "EXITING"),
+        Err(nsq_shards::topic::PublishError::Disk(_)) => Response::v1_err(500, "INTERNAL_ERROR"),
+    }
+}

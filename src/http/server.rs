@@ -1,0 +1,415 @@
+//! The HTTP/1.1 server loop of one shard (nsqd: http.go Serve, Go net/http): accept,
+//! optional TLS, request heads (httparse), bodies (Content-Length or chunked), keep-alive,
+//! and responses with Go's header layout. Status lines, headers and the query string are
+//! `nsq_wire::http1`'s, shared with nsqlookupd.
+
+use super::*;
+
+/// Largest request head accepted (Go's default is 1 MiB; 64 KiB is plenty here).
+pub(super) const MAX_HEAD: usize = 64 * 1024;
+
+/// Serves HTTP on this shard's listener until shutdown.
+pub async fn accept_loop(server: Rc<Server>, listener: TcpListener) {
+    crate::server::accept_until_shutdown(server, listener, "HTTP", serve).await
+}
+
+/// Serves the HTTP API over TLS on this shard's HTTPS listener until shutdown (nsqd:
+/// `--https-address`, opened when a certificate is set).
+pub async fn accept_loop_tls(server: Rc<Server>, listener: TcpListener) {
+    crate::server::accept_until_shutdown(server, listener, "HTTPS", serve_tls).await
+}
+
+pub(super) async fn serve(server: Rc<Server>, stream: TcpStream) {
+    serve_conn(server, stream, false).await
+}
+
+pub(super) async fn serve_tls(server: Rc<Server>, stream: TcpStream) {
+    serve_conn(server, stream, true).await
+}
+
+/// A response: status, the handler's own headers (Go writes them sorted), the body, the
+/// sniffed Content-Type Go adds after Content-Length for handlers that set none, and
+/// whether the connection closes.
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Vec<u8>,
+    pub sniffed_type: Option<&'static str>,
+    pub close: bool,
+    /// Answer with an `HTTP/1.0` status line (the request was HTTP/1.0).
+    pub http10: bool,
+    /// Send `Connection: keep-alive` (an HTTP/1.0 request that asked for it).
+    pub keep_alive_header: bool,
+}
+
+pub(super) use nsq_wire::http1::{JSON, NSQ_V1, TEXT};
+
+impl Response {
+    /// nsqd V1 error: `{"message":"<TEXT>"}` as JSON.
+    pub fn v1_err(status: u16, text: &str) -> Response {
+        Response {
+            status,
+            headers: vec![("Content-Type", JSON.into()), (NSQ_V1.0, NSQ_V1.1.into())],
+            body: http1::v1_error_body(text),
+            sniffed_type: None,
+            close: false,
+            http10: false,
+            keep_alive_header: false,
+        }
+    }
+
+    /// nsqd V1 success with a JSON value.
+    pub fn v1_json(body: Vec<u8>) -> Response {
+        Response {
+            status: 200,
+            headers: vec![("Content-Type", JSON.into()), (NSQ_V1.0, NSQ_V1.1.into())],
+            body,
+            sniffed_type: None,
+            close: false,
+            http10: false,
+            keep_alive_header: false,
+        }
+    }
+
+    /// nsqd V1 success with a raw string body (Go sniffs text/plain).
+    pub fn v1_text(body: Vec<u8>) -> Response {
+        Response {
+            status: 200,
+            headers: vec![(NSQ_V1.0, NSQ_V1.1.into())],
+            body,
+            sniffed_type: Some(TEXT),
+            close: false,
+            http10: false,
+            keep_alive_header: false,
+        }
+    }
+
+    /// nsqd V1 success with no body.
+    pub fn v1_empty() -> Response {
+        Response {
+            status: 200,
+            headers: vec![(NSQ_V1.0, NSQ_V1.1.into())],
+            body: Vec::new(),
+            sniffed_type: None,
+            close: false,
+            http10: false,
+            keep_alive_header: false,
+        }
+    }
+
+    /// PlainText decorator (/ping): no X-Nsq header.
+    pub fn plain(status: u16, body: Vec<u8>) -> Response {
+        Response {
+            status,
+            headers: Vec::new(),
+            body,
+            sniffed_type: Some(TEXT),
+            close: false,
+            http10: false,
+            keep_alive_header: false,
+        }
+    }
+
+    /// The response to `head`'s request: a HEAD request gets the headers only (Go's
+    /// server discards a HEAD handler's body; its Content-Length stays).
+    fn encode_for(&self, head: &Head) -> Vec<u8> {
+        let mut out = self.encode();
+        if head.method == "HEAD" {
+            out.truncate(out.len() - self.body.len());
+        }
+        out
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(256 + self.body.len());
+        http1::write_status_line(&mut out, !self.http10, self.status);
+        for (k, v) in &self.headers {
+            http1::write_header(&mut out, k, v);
+        }
+        http1::write_date(&mut out, timefmt::now_secs());
+        out.extend_from_slice(format!("Content-Length: {}\r\n", self.body.len()).as_bytes());
+        if let Some(t) = self.sniffed_type {
+            if !self.body.is_empty() {
+                out.extend_from_slice(format!("Content-Type: {t}\r\n").as_bytes());
+            }
+        }
+        if self.close {
+            out.extend_from_slice(b"Connection: close\r\n");
+        } else if self.keep_alive_header {
+            out.extend_from_slice(b"Connection: keep-alive\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(&self.body);
+        out
+    }
+}
+
+/// A parsed request head.
+#[derive(Debug)]
+pub struct Head {
+    pub method: String,
+    pub path: String,
+    pub query: String,
+    pub content_length: Option<u64>,
+    pub chunked: bool,
+    pub keep_alive: bool,
+    /// The request said `Connection: close`.
+    pub asked_close: bool,
+    pub http10: bool,
+    pub head_len: usize,
+}
+
+/// A malformed request head (a 400).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BadHead;
+
+/// Parses a request head (`Ok(None)`: incomplete; `Err`: malformed, a 400). Public for
+/// the fuzz targets (fuzz/).
+pub fn parse_head(buf: &[u8]) -> Result<Option<Head>, BadHead> {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut req = httparse::Request::new(&mut headers);
+    let n = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(_) => return Err(BadHead),
+    };
+    let target = req.path.unwrap_or("/");
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let mut content_length = None;
+    let mut chunked = false;
+    let mut keep_alive = req.version == Some(1);
+    let mut asked_close = false;
+    for h in req.headers.iter() {
+        let v = std::str::from_utf8(h.value).unwrap_or("").trim();
+        if h.name.eq_ignore_ascii_case("content-length") {
+            content_length = Some(v.parse::<u64>().map_err(|_| BadHead)?);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            chunked = v.eq_ignore_ascii_case("chunked");
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            if v.eq_ignore_ascii_case("close") {
+                keep_alive = false;
+                asked_close = true;
+            } else if v.eq_ignore_ascii_case("keep-alive") {
+                keep_alive = true;
+            }
+        }
+    }
+    Ok(Some(Head {
+        method: req.method.unwrap_or("").to_string(),
+        path: path.to_string(),
+        query: query.to_string(),
+        content_length,
+        chunked,
+        keep_alive,
+        asked_close,
+        http10: req.version == Some(0),
+        head_len: n,
+    }))
+}
+
+pub(super) async fn read_more(stream: &SharedStream, buf: &mut BytesMut) -> bool {
+    let old = buf.len();
+    buf.resize(old + 16 * 1024, 0);
+    match stream.read(&mut buf[old..]).await {
+        Ok(0) | Err(_) => {
+            buf.truncate(old);
+            false
+        }
+        Ok(n) => {
+            buf.truncate(old + n);
+            true
+        }
+    }
+}
+
+/// Reads a chunked body; `None` on malformed input or EOF.
+pub(super) async fn read_chunked(
+    stream: &SharedStream,
+    buf: &mut BytesMut,
+    limit: u64,
+) -> Option<(Vec<u8>, bool)> {
+    let mut body = Vec::new();
+    let mut over = false;
+    loop {
+        let line_end = loop {
+            if let Some(p) = buf.windows(2).position(|w| w == b"\r\n") {
+                break p;
+            }
+            if buf.len() > 1024 || !read_more(stream, buf).await {
+                return None;
+            }
+        };
+        let line = std::str::from_utf8(&buf[..line_end]).ok()?;
+        let size = u64::from_str_radix(line.split(';').next()?.trim(), 16).ok()?;
+        let _ = buf.split_to(line_end + 2);
+        if size == 0 {
+            // Trailers end with an empty line.
+            loop {
+                if let Some(p) = buf.windows(2).position(|w| w == b"\r\n") {
+                    let _ = buf.split_to(p + 2);
+                    if p == 0 {
+                        return Some((body, over));
+                    }
+                    continue;
+                }
+                if !read_more(stream, buf).await {
+                    return None;
+                }
+            }
+        }
+        while (buf.len() as u64) < size + 2 {
+            if !read_more(stream, buf).await {
+                return None;
+            }
+        }
+        if body.len() as u64 + size <= limit {
+            body.extend_from_slice(&buf[..size as usize]);
+        } else {
+            over = true;
+        }
+        let _ = buf.split_to(size as usize + 2);
+    }
+}
+
+pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool) {
+    // The access log names the client as nsqd does (Go's `req.RemoteAddr`).
+    let remote = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "unknown".into());
+    let stream = SharedStream::new(stream);
+    stream.set_read_timeout(Some(Duration::from_secs(60)));
+    stream.set_write_timeout(Some(Duration::from_secs(60)));
+    if tls {
+        let Some(cfg) = server.cfg.tls.clone() else {
+            return;
+        };
+        let hs = stream.accept_tls(cfg, &[]);
+        let r = glommio::timer::timeout(Duration::from_secs(10), async {
+            hs.await.map_err(glommio::GlommioError::IoError)
+        })
+        .await;
+        if let Err(e) = r {
+            // Go's http.Server logs a failed handshake the same way.
+            log::info!("http: TLS handshake error from {remote}: {e}");
+            stream.shutdown();
+            return;
+        }
+    }
+    // nsqd's ServeHTTP: with --tls-required=true the plain listener answers every request
+    // with 403 and the HTTPS port.
+    let refuse = !tls && server.cfg.tls_required == crate::config::TLS_REQUIRED;
+    let mut buf = BytesMut::with_capacity(16 * 1024);
+    loop {
+        let head = loop {
+            match parse_head(&buf) {
+                Ok(Some(h)) => break h,
+                Ok(None) if buf.len() < MAX_HEAD => {
+                    if !read_more(&stream, &mut buf).await {
+                        return;
+                    }
+                }
+                _ => {
+                    let mut r = Response::plain(400, b"400 Bad Request".to_vec());
+                    r.close = true;
+                    let _ = stream.write_all(&r.encode()).await;
+                    stream.shutdown();
+                    return;
+                }
+            }
+        };
+        let _ = buf.split_to(head.head_len);
+        let started = Instant::now();
+        // Limits checked before the body is read (nsqd checks ContentLength first).
+        let early = if refuse {
+            None
+        } else {
+            early_reject(&server, &head)
+        };
+        if let Some(mut r) = early {
+            r.close = true;
+            r.http10 = head.http10;
+            let _ = stream.write_all(&r.encode_for(&head)).await;
+            stream.shutdown();
+            return;
+        }
+        let limit = server
+            .shard
+            .opts
+            .max_body_size
+            .max(server.shard.opts.max_msg_size) as u64
+            + 1;
+        let body: Bytes = if head.chunked {
+            match read_chunked(&stream, &mut buf, limit).await {
+                Some((b, _)) => Bytes::from(b),
+                None => return,
+            }
+        } else {
+            let len = head.content_length.unwrap_or(0);
+            if len > limit.max(16 << 20) {
+                let mut r = Response::v1_err(413, "BODY_TOO_BIG");
+                r.close = true;
+                let _ = stream.write_all(&r.encode_for(&head)).await;
+                stream.shutdown();
+                return;
+            }
+            while (buf.len() as u64) < len {
+                if !read_more(&stream, &mut buf).await {
+                    return;
+                }
+            }
+            buf.split_to(len as usize).freeze()
+        };
+        let mut resp = if refuse {
+            tls_required_response(server.https_port)
+        } else {
+            route(&server, &head, body).await
+        };
+        resp.http10 = head.http10;
+        resp.close |= head.asked_close;
+        resp.keep_alive_header = head.http10 && head.keep_alive && !resp.close;
+        log::info!(
+            "{} {} {}{} ({}) {:?}",
+            resp.status,
+            head.method,
+            head.path,
+            if head.query.is_empty() {
+                String::new()
+            } else {
+                format!("?{}", head.query)
+            },
+            remote,
+            started.elapsed()
+        );
+        let close = resp.close || !head.keep_alive;
+        if stream.write_all(&resp.encode_for(&head)).await.is_err() {
+            return;
+        }
+        if close {
+            stream.shutdown();
+            return;
+        }
+    }
+}
+
+/// nsqd's answer on its plain HTTP listener when TLS is required (http.go ServeHTTP).
+pub(super) fn tls_required_response(https_port: u16) -> Response {
+    let mut r = Response::v1_err(403, "TLS_REQUIRED");
+    r.body =
+        format!("{{\"message\": \"TLS_REQUIRED\", \"https_port\": {https_port}}}").into_bytes();
+    r
+}
+
+/// nsqd's ContentLength checks on /pub and /mpub, answered before reading the body.
+pub(super) fn early_reject(server: &Server, head: &Head) -> Option<Response> {
+    if head.method != "POST" {
+        return None;
+    }
+    let len = head.content_length? as i64;
+    let o = &server.shard.opts;
+    match head.path.as_str() {
+        "/pub" if len > o.max_msg_size => Some(Response::v1_err(413, "MSG_TOO_BIG")),
+        "/mpub" if len > o.max_body_size => Some(Response::v1_err(413, "BODY_TOO_BIG")),
+        _ => None,
+    }
+}

@@ -1,0 +1,283 @@
+//! nsqlookupd's TCP protocol V1, both sides, pure (nsqlookupd: lookup_protocol_v1.go;
+//! nsqd: lookup_peer.go, lookup.go). The server (lookupd/src/protocol_v1.rs) and nsqd's
+//! client (src/lookupd_client.rs) do the I/O.
+//!
+//! ```text
+//! client: "  V1"                                  magic, once
+//! client: PING\n                                  -> OK
+//! client: IDENTIFY\n[int32 size][JSON]            -> JSON about this lookupd
+//! client: REGISTER <topic> [<channel>]\n          -> OK
+//! client: UNREGISTER <topic> [<channel>]\n        -> OK
+//! server: [int32 size][data]                      every response; no frame type
+//! ```
+
+use crate::errors::{E_BAD_CHANNEL, E_BAD_TOPIC, E_INVALID};
+use crate::names::{is_valid_channel_name, is_valid_topic_name};
+use std::collections::BTreeMap;
+
+/// The 4-byte magic a V1 client sends first.
+pub const MAGIC_V1: &[u8; 4] = b"  V1";
+
+/// The PING command line.
+pub const PING: &[u8] = b"PING\n";
+
+/// The largest response nsqd's client accepts, bytes.
+pub const MAX_RESPONSE: usize = 5 * 1024 * 1024;
+
+/// A fatal client error: `code` and `desc` go on the wire as `"<code> <desc>"`; `parent`
+/// is only logged.
+#[derive(Debug)]
+pub struct FatalClientErr {
+    /// The `E_*` code.
+    pub code: &'static str,
+    /// The description after the code.
+    pub desc: String,
+    /// The cause, for the log only.
+    pub parent: Option<String>,
+}
+
+impl FatalClientErr {
+    /// An error with no logged cause.
+    pub fn new(code: &'static str, desc: impl Into<String>) -> FatalClientErr {
+        FatalClientErr {
+            code,
+            desc: desc.into(),
+            parent: None,
+        }
+    }
+
+    /// Adds the cause that is only logged.
+    pub fn with_parent(mut self, parent: impl Into<String>) -> FatalClientErr {
+        self.parent = Some(parent.into());
+        self
+    }
+
+    /// The response payload.
+    pub fn wire(&self) -> String {
+        format!("{} {}", self.code, self.desc)
+    }
+}
+
+/// Appends a response `[int32 size][data]` to `out` (nsq internal/protocol SendResponse).
+pub fn write_response(out: &mut Vec<u8>, data: &[u8]) {
+    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    out.extend_from_slice(data);
+}
+
+/// The size of a response from its 4-byte header; an error above [`MAX_RESPONSE`].
+pub fn response_len(header: [u8; 4]) -> Result<usize, String> {
+    let n = u32::from_be_bytes(header) as usize;
+    if n > MAX_RESPONSE {
+        return Err("response too big".into());
+    }
+    Ok(n)
+}
+
+/// Appends `IDENTIFY\n[int32 size][body]` to `out` (the client's first command after the
+/// magic).
+pub fn write_identify(out: &mut Vec<u8>, body: &[u8]) {
+    out.extend_from_slice(b"IDENTIFY\n");
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(body);
+}
+
+/// The command line `REGISTER <topic>[ <channel>]\n`.
+pub fn register_line(topic: &str, channel: Option<&str>) -> String {
+    match channel {
+        None => format!("REGISTER {topic}\n"),
+        Some(c) => format!("REGISTER {topic} {c}\n"),
+    }
+}
+
+/// The command line `UNREGISTER <topic>[ <channel>]\n`.
+pub fn unregister_line(topic: &str, channel: Option<&str>) -> String {
+    match channel {
+        None => format!("UNREGISTER {topic}\n"),
+        Some(c) => format!("UNREGISTER {topic} {c}\n"),
+    }
+}
+
+/// The IDENTIFY body nsqd sends (nsqd: lookup.go; Go marshals a map, so keys are sorted).
+pub fn identify_body(
+    broadcast_address: &str,
+    hostname: &str,
+    http_port: u16,
+    tcp_port: u16,
+    version: &str,
+) -> Vec<u8> {
+    let mut m = BTreeMap::new();
+    m.insert(
+        "broadcast_address",
+        serde_json::Value::from(broadcast_address),
+    );
+    m.insert("hostname", hostname.into());
+    m.insert("http_port", http_port.into());
+    m.insert("tcp_port", tcp_port.into());
+    m.insert("version", version.into());
+    serde_json::to_vec(&m).unwrap_or_default()
+}
+
+/// strings.TrimSpace for ASCII whitespace.
+pub fn trim_space(b: &[u8]) -> &[u8] {
+    let ws = |c: &u8| matches!(c, b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c);
+    let start = b.iter().position(|c| !ws(c)).unwrap_or(b.len());
+    let end = b.iter().rposition(|c| !ws(c)).map_or(start, |i| i + 1);
+    &b[start..end]
+}
+
+/// Topic and optional channel of REGISTER/UNREGISTER (nsqlookupd: getTopicChan).
+pub fn get_topic_chan(command: &str, params: &[&[u8]]) -> Result<(String, String), FatalClientErr> {
+    if params.is_empty() {
+        return Err(FatalClientErr::new(
+            E_INVALID,
+            format!("{command} insufficient number of params"),
+        ));
+    }
+    let topic = String::from_utf8_lossy(params[0]).into_owned();
+    let channel = params
+        .get(1)
+        .map(|c| String::from_utf8_lossy(c).into_owned())
+        .unwrap_or_default();
+    if !is_valid_topic_name(&topic) {
+        return Err(FatalClientErr::new(
+            E_BAD_TOPIC,
+            format!("{command} topic name '{topic}' is not valid"),
+        ));
+    }
+    if !channel.is_empty() && !is_valid_channel_name(&channel) {
+        return Err(FatalClientErr::new(
+            E_BAD_CHANNEL,
+            format!("{command} channel name '{channel}' is not valid"),
+        ));
+    }
+    Ok((topic, channel))
+}
+
+/// The IDENTIFY fields nsqlookupd keeps.
+#[derive(Debug, Default, PartialEq)]
+pub struct IdentifyFields {
+    /// The peer's hostname.
+    pub hostname: String,
+    /// The address consumers should use to reach the peer.
+    pub broadcast_address: String,
+    /// The peer's TCP port.
+    pub tcp_port: i64,
+    /// The peer's HTTP port.
+    pub http_port: i64,
+    /// The peer's version.
+    pub version: String,
+}
+
+/// Decodes an IDENTIFY body like Go's json.Unmarshal into PeerInfo: keys match
+/// case-insensitively, unknown keys and nulls are ignored, a wrong type (a string port, a
+/// fractional number) or a non-object is an error.
+pub fn decode_identify(body: &[u8]) -> Result<IdentifyFields, String> {
+    let text = String::from_utf8_lossy(body);
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    let mut f = IdentifyFields::default();
+    let obj = match v {
+        serde_json::Value::Null => return Ok(f),
+        serde_json::Value::Object(o) => o,
+        other => {
+            return Err(format!(
+                "json: cannot unmarshal {} into Go value of type nsqlookupd.PeerInfo",
+                kind(&other)
+            ))
+        }
+    };
+    for (k, val) in obj {
+        if val.is_null() {
+            continue;
+        }
+        let str_field = |val: &serde_json::Value| {
+            val.as_str().map(str::to_owned).ok_or_else(|| {
+                format!(
+                    "json: cannot unmarshal {} into field {k} of type string",
+                    kind(val)
+                )
+            })
+        };
+        let int_field = |val: &serde_json::Value| {
+            val.as_i64().ok_or_else(|| {
+                format!(
+                    "json: cannot unmarshal {} into field {k} of type int",
+                    kind(val)
+                )
+            })
+        };
+        match k.to_ascii_lowercase().as_str() {
+            "hostname" => f.hostname = str_field(&val)?,
+            "broadcast_address" => f.broadcast_address = str_field(&val)?,
+            "version" => f.version = str_field(&val)?,
+            "remote_address" => {
+                str_field(&val)?;
+            }
+            "tcp_port" => f.tcp_port = int_field(&val)?,
+            "http_port" => f.http_port = int_field(&val)?,
+            _ => {}
+        }
+    }
+    Ok(f)
+}
+
+fn kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "bool",
+        serde_json::Value::Number(_) => "number",
+        serde_json::Value::String(_) => "string",
+        serde_json::Value::Array(_) => "array",
+        serde_json::Value::Object(_) => "object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identify_decoding() {
+        let f = decode_identify(
+            br#"{"broadcast_address":"a","TCP_PORT":1,"http_port":2,"version":"v","x":[1]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                f.broadcast_address.as_str(),
+                f.tcp_port,
+                f.http_port,
+                f.version.as_str()
+            ),
+            ("a", 1, 2, "v")
+        );
+        assert!(decode_identify(br#"{"tcp_port":"1"}"#).is_err());
+        assert!(decode_identify(br#"{"tcp_port":1.5}"#).is_err());
+        assert!(decode_identify(b"[]").is_err());
+        assert!(decode_identify(b"{").is_err());
+        assert_eq!(decode_identify(b"null").unwrap(), IdentifyFields::default());
+    }
+
+    #[test]
+    fn client_side_bytes() {
+        let mut v = MAGIC_V1.to_vec();
+        write_identify(&mut v, b"{}");
+        v.extend_from_slice(register_line("t", Some("c")).as_bytes());
+        v.extend_from_slice(unregister_line("t", None).as_bytes());
+        assert_eq!(v, b"  V1IDENTIFY\n\0\0\0\x02{}REGISTER t c\nUNREGISTER t\n");
+        let mut r = Vec::new();
+        write_response(&mut r, b"OK");
+        assert_eq!(r, b"\0\0\0\x02OK");
+        assert_eq!(response_len([0, 0, 0, 2]), Ok(2));
+        assert!(response_len([0xff, 0, 0, 0]).is_err());
+        assert_eq!(
+            identify_body("b", "h", 2, 1, "1.3.0"),
+            br#"{"broadcast_address":"b","hostname":"h","http_port":2,"tcp_port":1,"version":"1.3.0"}"#
+        );
+    }
+
+    #[test]
+    fn trims() {
+        assert_eq!(trim_space(b" \tPING \r\n"), b"PING");
+        assert_eq!(trim_space(b"\n"), b"");
+    }
+}
