@@ -2,15 +2,15 @@
 //! accepts connections and checks their magic (nsqd: tcp.go Handle); the rest, by
 //! nsqd's names:
 //!
-//! - [`conn`]: the per-connection reader loop (nsqd: protocol_v2.go IOLoop),
-//! - [`commands`]: one function per command (nsqd: protocol_v2.go Exec, IDENTIFY, SUB, ...),
-//! - [`writer`]: output buffering, flushes and heartbeats (the writing half of nsqd's
+//! - `conn`: the per-connection reader loop (nsqd: protocol_v2.go IOLoop),
+//! - `commands`: one function per command (nsqd: protocol_v2.go Exec, IDENTIFY, SUB, ...),
+//! - `writer`: output buffering, flushes and heartbeats (the writing half of nsqd's
 //!   messagePump; `Channel::dispatch` in the shards crate is the half that picks
 //!   messages),
-//! - [`handoff`]: moving a connection to the shard that owns its topic (no nsqd
+//! - `handoff`: moving a connection to the shard that owns its topic (no nsqd
 //!   counterpart: nsqd has one process),
-//! - [`compress`]: snappy and deflate streams (nsqd: clientV2.UpgradeSnappy/Deflate),
-//! - [`stream`]: the socket shared by reader and writer, plain or TLS (nsqd:
+//! - `compress`: snappy and deflate streams (nsqd: clientV2.UpgradeSnappy/Deflate),
+//! - `stream`: the socket shared by reader and writer, plain or TLS (nsqd:
 //!   clientV2.UpgradeTLS).
 
 mod commands;

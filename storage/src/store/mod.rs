@@ -13,7 +13,7 @@
 //!   recovery of a segment a crash left open): its side index `<base>.idx`
 //!   ([`crate::index`]) holds its record count, sequence range and sparse index.
 //! * The segment being written is checkpointed too: after a sync, every
-//!   `--sync-timeout` or [`PARTIAL_EVERY`] bytes, `<base>.pidx` describes its synced
+//!   `--sync-timeout` or `PARTIAL_EVERY` bytes, `<base>.pidx` describes its synced
 //!   prefix (same format).
 //! * Recovery reads the index of each sealed segment and scans (CRC-checking every
 //!   record) only segments without a valid one: in practice the one being written when
@@ -27,15 +27,15 @@
 //!
 //! By concept, with the parts of nsqd's diskqueue.go they correspond to:
 //!
-//! * [`writer`]: the writer task (diskqueue ioLoop's write side, writeOne, sync),
-//! * [`reader`]: reads by sequence (readOne; nsqd reads one message at a time from a
+//! * `writer`: the writer task (diskqueue ioLoop's write side, writeOne, sync),
+//! * `reader`: reads by sequence (readOne; nsqd reads one message at a time from a
 //!   single read position, here any channel reads from any sequence),
-//! * [`recovery`]: opening a topic's directory after a start or crash (retrieveMetaData,
+//! * `recovery`: opening a topic's directory after a start or crash (retrieveMetaData,
 //!   and the scan nsqd does not do: it trusts its metadata file),
-//! * [`checkpoint`]: side indexes of sealed and open segments (persistMetaData),
-//! * [`retention`]: deleting segments every channel has passed and deleting a topic
+//! * `checkpoint`: side indexes of sealed and open segments (persistMetaData),
+//! * `retention`: deleting segments every channel has passed and deleting a topic
 //!   (moveForward's removal of a read file, Delete/Empty),
-//! * [`journal_files`]: the delivery journal's files (no nsqd counterpart),
+//! * `journal_files`: the delivery journal's files (no nsqd counterpart),
 //! * `replay`: segment listing and timestamp seek (no nsqd counterpart).
 
 use crate::error::StoreError;
@@ -219,7 +219,7 @@ pub struct ReadPos {
 pub struct Recovered {
     pub store: Rc<TopicStore>,
     /// The newest records of the newest segment (at most `keep` of them and about
-    /// [`TAIL_BYTES`] bytes), oldest first; older ones are read back when needed.
+    /// `TAIL_BYTES` bytes), oldest first; older ones are read back when needed.
     pub tail: VecDeque<StoredRecord>,
     /// The oldest sequence still on disk.
     pub first_seq: u64,
