@@ -8,55 +8,50 @@
 //! ```
 
 use crate::server::Server;
-use nsq_shards::channel::InFlightError;
+use nsq_shards::channel::{clamp_req_timeout, InFlightError};
 use nsq_shards::client::Client;
 use nsq_shards::MessageId;
+use nsq_wire::errors::{in_flight_failed, InFlightOp};
 use nsq_wire::v2::FRAME_ERROR;
-use std::time::Duration;
 
 /// Finishes message `id` (nsqd: FIN); queues `E_FIN_FAILED` if it is not the client's.
 pub(super) fn fin(server: &Server, client: &Client, id: &[u8; 16]) {
     let r = parse(id).and_then(|mid| server.shard.finish(client, mid));
-    report(client, "E_FIN_FAILED FIN", id, r);
+    report(client, InFlightOp::Fin, id, r);
 }
 
 /// Requeues message `id` after `timeout_ms`, clamped to `--max-req-timeout` (nsqd: REQ
 /// clamps and logs); queues `E_REQ_FAILED` if it is not the client's.
 pub(super) fn req(server: &Server, client: &Client, id: &[u8; 16], timeout_ms: i64) {
     let max = server.shard.opts.max_req_timeout;
-    let mut delay = Duration::from_millis(timeout_ms.max(0) as u64);
-    if delay > max {
+    let (delay, clamped) = clamp_req_timeout(timeout_ms, max);
+    if clamped && timeout_ms > 0 {
         log::info!(
             "PROTOCOL(V2): [{}] REQ timeout {} out of range 0-{}. Setting to max.",
             client.remote_address(),
             timeout_ms,
             max.as_millis()
         );
-        delay = max;
     }
     let r = parse(id).and_then(|mid| server.shard.requeue(client, mid, delay));
-    report(client, "E_REQ_FAILED REQ", id, r);
+    report(client, InFlightOp::Req, id, r);
 }
 
 /// Resets message `id`'s timeout (nsqd: TOUCH); queues `E_TOUCH_FAILED` if it is not
 /// the client's.
 pub(super) fn touch(server: &Server, client: &Client, id: &[u8; 16]) {
     let r = parse(id).and_then(|mid| server.shard.touch(client, mid));
-    report(client, "E_TOUCH_FAILED TOUCH", id, r);
+    report(client, InFlightOp::Touch, id, r);
 }
 
 fn parse(id: &[u8; 16]) -> Result<MessageId, InFlightError> {
     MessageId::from_hex(id).ok_or(InFlightError::NotInFlight)
 }
 
-/// Queues `<prefix> <id> failed <reason>` for a failed command.
-fn report(client: &Client, prefix: &str, id: &[u8; 16], r: Result<(), InFlightError>) {
+/// Queues `E_FIN_FAILED FIN <id> failed <reason>` (or REQ's, TOUCH's) for a failed command.
+fn report(client: &Client, op: InFlightOp, id: &[u8; 16], r: Result<(), InFlightError>) {
     if let Err(e) = r {
-        let text = format!(
-            "{prefix} {} failed {}",
-            String::from_utf8_lossy(id),
-            e.text()
-        );
+        let text = in_flight_failed(op, id, e.into());
         client.send_frame(FRAME_ERROR, text.as_bytes());
     }
 }

@@ -19,6 +19,7 @@ use super::{fatal, Fatal};
 use crate::server::Server;
 use bytes::Bytes;
 use nsq_shards::client::Client;
+use nsq_wire::errors::{publish_failed, PublishOp};
 use nsq_wire::v2::FRAME_RESPONSE;
 use std::ops::Range;
 use std::rc::Rc;
@@ -36,7 +37,7 @@ pub(super) async fn pub_(
         return fatal(client, text);
     }
     let bodies = vec![frame.slice(body)];
-    publish(server, client, topic, bodies, None, "E_PUB_FAILED PUB").await
+    publish(server, client, topic, bodies, None, PublishOp::Pub).await
 }
 
 /// DPUB: one message deferred by `defer_ms` (range-checked by the decoder).
@@ -53,7 +54,7 @@ pub(super) async fn dpub(
     }
     let bodies = vec![frame.slice(body)];
     let defer = (defer_ms > 0).then(|| Instant::now() + Duration::from_millis(defer_ms as u64));
-    publish(server, client, topic, bodies, defer, "E_DPUB_FAILED DPUB").await
+    publish(server, client, topic, bodies, defer, PublishOp::Dpub).await
 }
 
 /// MPUB: its auth check ran before its body was decoded (see the reader loop in
@@ -66,18 +67,18 @@ pub(super) async fn mpub(
     bodies: Vec<Range<usize>>,
 ) -> Result<(), Fatal> {
     let bodies = bodies.into_iter().map(|r| frame.slice(r)).collect();
-    publish(server, client, topic, bodies, None, "E_MPUB_FAILED MPUB").await
+    publish(server, client, topic, bodies, None, PublishOp::Mpub).await
 }
 
 /// Publishes `bodies` to `topic` (on its owner) and queues `OK`, or fails fatally with
-/// `<err_prefix> failed <reason>`.
+/// `E_PUB_FAILED PUB failed <reason>` (or MPUB's, DPUB's).
 async fn publish(
     server: &Rc<Server>,
     client: &Client,
     topic: &str,
     bodies: Vec<Bytes>,
     defer: Option<Instant>,
-    err_prefix: &str,
+    op: PublishOp,
 ) -> Result<(), Fatal> {
     let n = bodies.len() as u64;
     match server.publish(topic, bodies, defer).await {
@@ -86,6 +87,6 @@ async fn publish(
             client.send_frame(FRAME_RESPONSE, b"OK");
             Ok(())
         }
-        Err(e) => fatal(client, format!("{err_prefix} failed {}", e.text())),
+        Err(e) => fatal(client, publish_failed(op, e.text())),
     }
 }
