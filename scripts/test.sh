@@ -9,7 +9,7 @@
 #   4b. network fuzzing and chaos (RELIABILITY.md): netfuzz (mutated V2/HTTP sessions
 #      against a running broker, checker messages exactly once, 10 s per shard count
 #      1/2/4; NETFUZZ_SECONDS) and chaos (kill -9 under load with --sync-every=1,
-#      5 cycles, no acknowledged message lost; CHAOS_CYCLES)
+#      5 cycles per shard count 1/2/4, no acknowledged message lost; CHAOS_CYCLES)
 #   5. scripts/setup-clients.sh (pinned pynsq, gnsq, nsqjs)
 #   6. for --shards 1, 2 and 4: start target/debug/nsqd on loopback ports chosen by the
 #      kernel (default sync policy; with 4 shards also --retention-time=1h, which the
@@ -200,7 +200,7 @@ if [[ $CLIENTS_ONLY -eq 0 && $MOCK -eq 0 ]]; then
     run_step "netfuzz" timeout -k 5 300 "$ROOT/target/debug/netfuzz" --nsqd "${NSQD_CMD[0]}" \
       --shards 1,2,4 --duration "${NETFUZZ_SECONDS:-10}" --seed "${NETFUZZ_SEED:-$(date +%s)}"
     run_step "chaos kill -9" timeout -k 5 300 "$ROOT/target/debug/chaos" --nsqd "${NSQD_CMD[0]}" \
-      --shards 2 --cycles "${CHAOS_CYCLES:-5}" --seed "${CHAOS_SEED:-$(date +%s)}"
+      --shards 1,2,4 --cycles "${CHAOS_CYCLES:-5}" --seed "${CHAOS_SEED:-$(date +%s)}"
   else
     record FAIL "netfuzz" "not run: build failed"
     record FAIL "chaos kill -9" "not run: build failed"

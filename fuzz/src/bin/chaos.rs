@@ -212,11 +212,14 @@ fn run(
             .collect();
         let redelivered: u64 = m.values().map(|&c| u64::from(c - 1)).sum();
         let unacked = m.keys().filter(|k| !s.acked.contains(k)).count();
+        let most = m.iter().max_by_key(|(&k, &c)| (c, std::cmp::Reverse(k)));
         summary.push(format!(
-            "{}: {} distinct received, {} lost, {redelivered} redeliveries, {unacked} whose PUB got no OK (sent before a kill)",
+            "{}: {} distinct received, {} lost, {redelivered} redeliveries (most: body {:?} delivered {:?} times), {unacked} whose PUB got no OK (sent before a kill)",
             CHANNELS[ci],
             m.len(),
-            lost.len()
+            lost.len(),
+            most.map(|m| *m.0),
+            most.map(|m| *m.1),
         ));
         if !lost.is_empty() {
             errors.push(format!(
