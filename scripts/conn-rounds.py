@@ -6,6 +6,8 @@
 Starts NSQD on loopback ports with a temporary data path; each round opens N connections
 (sending nothing, the V2 magic, or the magic and a NOP), waits until the broker holds
 them, closes them, and prints the RSS (kB) while open and after closing."""
+import socket, sys, time, os, subprocess, tempfile, re
+
 nsqd, shards, n, rounds, magic = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 d = tempfile.mkdtemp()
 log = open(d + "/log", "w")
