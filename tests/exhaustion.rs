@@ -49,8 +49,8 @@ fn cpu_ticks(pid: u32) -> u64 {
 /// Sets RLIMIT_NOFILE of a running process (prlimit(2)); false if not permitted.
 fn set_nofile(pid: u32, soft: u64, hard: u64) -> bool {
     let new = libc::rlimit {
-        rlim_cur: soft as libc::rlim_t,
-        rlim_max: hard as libc::rlim_t,
+        rlim_cur: soft,
+        rlim_max: hard,
     };
     unsafe {
         libc::prlimit(
@@ -76,7 +76,7 @@ fn get_nofile(pid: u32) -> (u64, u64) {
             &mut old,
         )
     };
-    (old.rlim_cur as u64, old.rlim_max as u64)
+    (old.rlim_cur, old.rlim_max)
 }
 
 /// A V2 connection that published one message and got OK within `within`; None if the

@@ -443,7 +443,7 @@ fn consume(
         let mut at = 0;
         while pending.len() - at >= 8 {
             let size = u32::from_be_bytes(pending[at..at + 4].try_into().unwrap()) as usize;
-            if size < 4 || size > 16 << 20 {
+            if !(4..=16 << 20).contains(&size) {
                 return Err(format!("bad frame size {size}"));
             }
             if pending.len() - at < 4 + size {
