@@ -246,7 +246,7 @@ fn run(cfg: &Config) -> Result<(), String> {
     let drain_deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let done = received.lock().unwrap().iter().all(|m| m.len() as u64 >= n);
-        if done || Instant::now() > drain_deadline {
+        if done || Instant::now() > drain_deadline || !broker.alive() {
             break;
         }
         thread::sleep(Duration::from_millis(100));
