@@ -37,6 +37,8 @@ struct State {
     /// Per channel: body -> deliveries.
     received: Vec<HashMap<u64, u32>>,
     foreign: Vec<String>,
+    /// Deliveries by the attempts field of the message frame (1, 2, 3, 4+).
+    attempts: [u64; 4],
 }
 
 fn main() {
@@ -238,11 +240,12 @@ fn run(
     }
     restart_ms.sort_unstable();
     eprintln!(
-        "chaos shards={shards}: {cycles} cycles in {:.1} s, {} PUBs acknowledged of {} sent; {}; restart to listening: median {} ms, max {} ms",
+        "chaos shards={shards}: {cycles} cycles in {:.1} s, {} PUBs acknowledged of {} sent; {}; deliveries by attempts field 1/2/3/4+: {:?}; restart to listening: median {} ms, max {} ms",
         t0.elapsed().as_secs_f64(),
         s.acked.len(),
         s.next,
         summary.join("; "),
+        s.attempts,
         restart_ms.get(restart_ms.len() / 2).copied().unwrap_or(0),
         restart_ms.last().copied().unwrap_or(0),
     );
@@ -326,8 +329,9 @@ fn consume(tcp: SocketAddr, ci: usize, state: &Mutex<State>, stop: &Stop) {
             if ft == 0 && d == b"_heartbeat_" {
                 out.extend_from_slice(b"NOP\n");
             } else if ft == 2 {
-                if let Some((_, id, body)) = net::parse_message(d) {
+                if let Some((attempts, id, body)) = net::parse_message(d) {
                     let mut st = state.lock().unwrap();
+                    st.attempts[usize::from(attempts.clamp(1, 4)) - 1] += 1;
                     match std::str::from_utf8(body)
                         .ok()
                         .and_then(|b| b.strip_prefix("chaos-"))
