@@ -2,6 +2,11 @@
 //!
 //!   netfuzz [--shards 1,2,4] [--duration SECS] [--seed N] [--clients N] [--rate MSGS/S]
 //!           [--nsqd PATH]
+//!   netfuzz --tcp HOST:PORT --http HOST:PORT [--pid PID] [--duration SECS] ...
+//!
+//! The second form fuzzes a broker that is already running (its RSS sampled when `--pid`
+//! is given; the janitor deletes only topics that did not exist at the start; the
+//! broker is left running).
 //!
 //! For each shard count: starts `nsqd` (the binary next to this one, `--nsqd` or
 //! `NSQD_BIN`) on loopback ports with a fresh data path and `--msg-timeout=300s`, then for
@@ -57,7 +62,7 @@ const KINDS: [&str; 9] = [
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "-h" || a == "--help") {
-        eprintln!("usage: netfuzz [--shards 1,2,4] [--duration SECS] [--seed N] [--clients N] [--rate MSGS/S] [--nsqd PATH]");
+        eprintln!("usage: netfuzz [--shards 1,2,4] [--duration SECS] [--seed N] [--clients N] [--rate MSGS/S] [--nsqd PATH]\n       netfuzz --tcp HOST:PORT --http HOST:PORT [--pid PID] [--duration SECS] ...   (a running broker)");
         return;
     }
     let shards = net::shards_arg(&args, "1");
@@ -80,6 +85,25 @@ fn main() {
         duration,
         nsqd.display()
     );
+    // A running broker instead (its RSS sampled when --pid is given).
+    let connect = match (net::arg(&args, "--tcp"), net::arg(&args, "--http")) {
+        (Some(t), Some(h)) => {
+            let parse = |v: &str| -> SocketAddr {
+                v.parse().unwrap_or_else(|_| {
+                    eprintln!("not an address: {v}");
+                    std::process::exit(2)
+                })
+            };
+            let pid = net::arg(&args, "--pid").and_then(|p| p.parse().ok());
+            Some((parse(&t), parse(&h), pid))
+        }
+        (None, None) => None,
+        _ => {
+            eprintln!("--tcp and --http go together");
+            std::process::exit(2)
+        }
+    };
+    let shards = if connect.is_some() { vec![0] } else { shards };
     let mut failed = false;
     for (i, &n) in shards.iter().enumerate() {
         let cfg = Config {
@@ -89,11 +113,13 @@ fn main() {
             seed: seed.wrapping_add(i as u64 * 1_000_003),
             clients,
             rate,
+            connect,
         };
+        let label = cfg.label();
         match run(&cfg) {
-            Ok(()) => eprintln!("netfuzz shards={n}: PASS"),
+            Ok(()) => eprintln!("netfuzz {label}: PASS"),
             Err(e) => {
-                eprintln!("netfuzz shards={n}: FAIL: {e}");
+                eprintln!("netfuzz {label}: FAIL: {e}");
                 failed = true;
             }
         }
@@ -108,6 +134,17 @@ struct Config {
     seed: u64,
     clients: usize,
     rate: u64,
+    /// (tcp, http, pid): fuzz a running broker instead of starting one.
+    connect: Option<(SocketAddr, SocketAddr, Option<u32>)>,
+}
+
+impl Config {
+    fn label(&self) -> String {
+        match self.connect {
+            Some((t, _, _)) => format!("broker at {t}"),
+            None => format!("shards={}", self.shards),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -123,19 +160,43 @@ struct Counters {
 type Received = Arc<Mutex<Vec<HashMap<u64, u32>>>>;
 
 fn run(cfg: &Config) -> Result<(), String> {
-    let ctx = format!("shards={}", cfg.shards);
+    let ctx = cfg.label();
     let data = net::temp_data_dir("netfuzz");
     let extra = vec!["--msg-timeout=300s".to_string()];
-    let mut broker = Broker::start(
-        &cfg.nsqd,
-        &data,
-        cfg.shards,
-        "127.0.0.1:0",
-        "127.0.0.1:0",
-        &extra,
-    )?;
-    let (tcp, http) = (broker.tcp, broker.http);
-    let pid = broker.pid();
+    let mut broker = match cfg.connect {
+        None => Some(Broker::start(
+            &cfg.nsqd,
+            &data,
+            cfg.shards,
+            "127.0.0.1:0",
+            "127.0.0.1:0",
+            &extra,
+        )?),
+        Some(_) => None,
+    };
+    let (tcp, http, pid) = match (&broker, cfg.connect) {
+        (Some(b), _) => (b.tcp, b.http, b.pid()),
+        (None, Some((t, h, p))) => (t, h, p.unwrap_or(0)),
+        (None, None) => unreachable!(),
+    };
+    // Alive: our child's status, or for a running broker its /proc entry (or, without a
+    // pid, its /ping).
+    let alive = move |broker: &mut Option<Broker>| -> bool {
+        match broker {
+            Some(b) => b.alive(),
+            None if pid != 0 => std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            None => net::http(http, "GET", "/ping", b"").is_ok(),
+        }
+    };
+    if broker.is_none() {
+        // A checker topic left by an earlier run would hold foreign bodies.
+        let _ = net::http(
+            http,
+            "POST",
+            &format!("/topic/delete?topic={CHECK_TOPIC}"),
+            b"",
+        );
+    }
     eprintln!(
         "netfuzz {ctx}: broker pid {pid}, tcp {tcp}, http {http}, seed {}",
         cfg.seed
@@ -193,7 +254,7 @@ fn run(cfg: &Config) -> Result<(), String> {
         let (rss, stop) = (rss.clone(), stop_consumers.clone());
         thread::spawn(move || {
             let t0 = Instant::now();
-            while !stop.is_set() {
+            while !stop.is_set() && pid != 0 {
                 rss.lock()
                     .unwrap()
                     .push((t0.elapsed().as_secs_f64(), net::rss_kb(pid)));
@@ -201,7 +262,13 @@ fn run(cfg: &Config) -> Result<(), String> {
             }
         })
     };
-    // Janitor: deletes the fuzz clients' topics every 10 s.
+    // Janitor: deletes the fuzz clients' topics every 10 s (on a running broker, only
+    // topics that were not there at the start).
+    let keep: std::collections::HashSet<String> = if broker.is_none() {
+        topic_names(http)
+    } else {
+        Default::default()
+    };
     let janitor = {
         let stop = stop_load.clone();
         thread::spawn(move || {
@@ -213,7 +280,7 @@ fn run(cfg: &Config) -> Result<(), String> {
                     continue;
                 }
                 next = Instant::now() + Duration::from_secs(10);
-                deleted += clean_topics(http);
+                deleted += clean_topics(http, &keep);
             }
             deleted
         })
@@ -246,7 +313,7 @@ fn run(cfg: &Config) -> Result<(), String> {
     let drain_deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let done = received.lock().unwrap().iter().all(|m| m.len() as u64 >= n);
-        if done || Instant::now() > drain_deadline || !broker.alive() {
+        if done || Instant::now() > drain_deadline || !alive(&mut broker) {
             break;
         }
         thread::sleep(Duration::from_millis(100));
@@ -289,16 +356,20 @@ fn run(cfg: &Config) -> Result<(), String> {
             }
         }
     }
-    let alive = broker.alive();
-    if !alive {
-        errors.push(format!("broker died: {:?}", broker.log_tail(30)));
+    let is_alive = alive(&mut broker);
+    if !is_alive {
+        let tail = broker.as_ref().map(|b| b.log_tail(30)).unwrap_or_default();
+        errors.push(format!("broker died: {tail:?}"));
     } else {
         match net::http(http, "GET", "/ping", b"") {
             Ok((200, b)) if b == b"OK" => {}
             other => errors.push(format!("/ping at the end: {other:?}")),
         }
     }
-    let alarms = broker.alarms.lock().unwrap().clone();
+    let alarms = broker
+        .as_ref()
+        .map(|b| b.alarms.lock().unwrap().clone())
+        .unwrap_or_default();
     if !alarms.is_empty() {
         errors.push(format!("panic/FATAL in the broker log: {alarms:?}"));
     }
@@ -311,7 +382,7 @@ fn run(cfg: &Config) -> Result<(), String> {
     let last = samples.last().map(|s| s.1).unwrap_or(0);
     let at60 = samples.iter().find(|(t, _)| *t >= 60.0).map(|s| s.1);
     let rss_note = match at60 {
-        Some(base) if cfg.duration >= Duration::from_secs(90) => {
+        Some(base) if base > 0 && cfg.duration >= Duration::from_secs(90) => {
             let after = samples
                 .iter()
                 .filter(|(t, _)| *t >= 60.0)
@@ -328,12 +399,11 @@ fn run(cfg: &Config) -> Result<(), String> {
         }
         _ => "growth after the first minute not checked (run under 90 s)".to_string(),
     };
-    let exit = if alive {
-        broker.terminate(Duration::from_secs(20))
-    } else {
-        None
+    let exit = match broker.as_mut() {
+        Some(b) if is_alive => b.terminate(Duration::from_secs(20)),
+        _ => None,
     };
-    if alive && exit != Some(0) {
+    if is_alive && broker.is_some() && exit != Some(0) {
         errors.push(format!("SIGTERM: exit {exit:?}"));
     }
     let kinds: Vec<String> = KINDS
@@ -476,21 +546,29 @@ fn consume(
     Ok(())
 }
 
-/// Deletes every topic but the checker's; returns how many.
-fn clean_topics(http: SocketAddr) -> u64 {
+/// The broker's topic names (empty if /stats fails).
+fn topic_names(http: SocketAddr) -> std::collections::HashSet<String> {
     let Ok((200, body)) = net::http(http, "GET", "/stats?format=json&include_clients=false", b"")
     else {
-        return 0;
+        return Default::default();
     };
     let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) else {
-        return 0;
+        return Default::default();
     };
+    v["topics"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["topic_name"].as_str().map(String::from))
+        .collect()
+}
+
+/// Deletes every topic but the checker's and those in `keep`; returns how many.
+fn clean_topics(http: SocketAddr, keep: &std::collections::HashSet<String>) -> u64 {
     let mut n = 0;
-    for t in v["topics"].as_array().into_iter().flatten() {
-        let Some(name) = t["topic_name"].as_str() else {
-            continue;
-        };
-        if name == CHECK_TOPIC {
+    for name in topic_names(http) {
+        let name = name.as_str();
+        if name == CHECK_TOPIC || keep.contains(name) {
             continue;
         }
         let q: String = name
