@@ -7,6 +7,10 @@
 #   3. cargo build (debug: overflow checks and debug assertions stay on)
 #   4. cargo test --workspace, then the fuzz smoke: every fuzz target for 10 s
 #      (scripts/fuzz.sh; FUZZ_SMOKE_SECONDS, FUZZ_SMOKE_ENGINE=afl)
+#   4b. network fuzzing and chaos (RELIABILITY.md): netfuzz (mutated V2/HTTP sessions
+#      against a running broker, checker messages exactly once, 10 s per shard count
+#      1/2/4; NETFUZZ_SECONDS) and chaos (kill -9 under load with --sync-every=1,
+#      5 cycles per shard count 1/2/4, no acknowledged message lost; CHAOS_CYCLES)
 #   5. scripts/setup-clients.sh (pinned pynsq, gnsq, nsqjs)
 #   6. for --shards 1, 2 and 4: start target/debug/nsqd on loopback ports chosen by the
 #      kernel (default sync policy; with 4 shards also --retention-time=1h, which the
@@ -180,6 +184,28 @@ if [[ $CLIENTS_ONLY -eq 0 ]]; then
       bash "$ROOT/scripts/fuzz.sh" "${FUZZ_SMOKE_SECONDS:-10}"
   else
     record FAIL "fuzz smoke" "not run: build failed"
+  fi
+fi
+
+# ------------------------------------------------- network fuzzing and chaos
+# netfuzz: fuzz clients send mutated valid V2 and HTTP sessions (flips, truncations,
+# splices, huge sizes, drip feeds, abrupt closes) to a running broker while a checker
+# publishes and consumes on its own connections: no crash, /ping answers, every checker
+# message exactly once per channel (NETFUZZ_SECONDS per shard count, default 10).
+# chaos: kill -9 at random instants under load with --sync-every=1, restarted at once
+# on the same data path and ports (CHAOS_CYCLES, default 5): no acknowledged message
+# lost on either channel. Both print their seed; NETFUZZ_SEED / CHAOS_SEED replay one.
+# Long runs and figures: RELIABILITY.md. The tools are debug builds of the nsq-fuzz
+# crate; they drive the broker of this run (NSQD_CMD).
+if [[ $CLIENTS_ONLY -eq 0 && $MOCK -eq 0 ]]; then
+  if [[ $BUILD_OK -eq 1 ]] && cargo build -q -p nsq-fuzz --bin netfuzz --bin chaos; then
+    run_step "netfuzz" timeout -k 5 300 "$ROOT/target/debug/netfuzz" --nsqd "${NSQD_CMD[0]}" \
+      --shards 1,2,4 --duration "${NETFUZZ_SECONDS:-10}" --seed "${NETFUZZ_SEED:-$(date +%s)}"
+    run_step "chaos kill -9" timeout -k 5 300 "$ROOT/target/debug/chaos" --nsqd "${NSQD_CMD[0]}" \
+      --shards 1,2,4 --cycles "${CHAOS_CYCLES:-5}" --seed "${CHAOS_SEED:-$(date +%s)}"
+  else
+    record FAIL "netfuzz" "not run: build failed"
+    record FAIL "chaos kill -9" "not run: build failed"
   fi
 fi
 

@@ -7,6 +7,7 @@
 //! smoke fuzzer (`src/bin/fuzz-smoke.rs`) and in `cargo test` (tests/).
 
 pub mod mutate;
+pub mod net;
 
 use bytes::Bytes;
 use nsq_shards::ClientState;

@@ -222,14 +222,14 @@ pub(super) async fn read_more(stream: &SharedStream, buf: &mut BytesMut) -> bool
     }
 }
 
-/// Reads a chunked body; `None` on malformed input or EOF.
+/// Reads a chunked body; `None` on malformed input or EOF. `(body, true)`: the body went
+/// over `limit`; it holds the first `limit` bytes and the rest is left unread.
 pub(super) async fn read_chunked(
     stream: &SharedStream,
     buf: &mut BytesMut,
     limit: u64,
 ) -> Option<(Vec<u8>, bool)> {
     let mut body = Vec::new();
-    let mut over = false;
     loop {
         let line_end = loop {
             if let Some(p) = buf.windows(2).position(|w| w == b"\r\n") {
@@ -248,7 +248,7 @@ pub(super) async fn read_chunked(
                 if let Some(p) = buf.windows(2).position(|w| w == b"\r\n") {
                     let _ = buf.split_to(p + 2);
                     if p == 0 {
-                        return Some((body, over));
+                        return Some((body, false));
                     }
                     continue;
                 }
@@ -257,16 +257,27 @@ pub(super) async fn read_chunked(
                 }
             }
         }
+        if size > limit - body.len() as u64 {
+            // Over the limit (a huge or endless chunk, or too many): keep what fits, so
+            // the route answers 413, and read no further (the caller closes). Reading the
+            // whole chunk first let a chunk size of 2^64-1 overflow `size + 2` (a panic:
+            // the broker died) and a size of, say, 2^40 grow `buf` without bound.
+            let want = (limit - body.len() as u64) as usize;
+            while buf.len() < want {
+                if !read_more(stream, buf).await {
+                    return None;
+                }
+            }
+            body.extend_from_slice(&buf[..want]);
+            let _ = buf.split_to(want);
+            return Some((body, true));
+        }
         while (buf.len() as u64) < size + 2 {
             if !read_more(stream, buf).await {
                 return None;
             }
         }
-        if body.len() as u64 + size <= limit {
-            body.extend_from_slice(&buf[..size as usize]);
-        } else {
-            over = true;
-        }
+        body.extend_from_slice(&buf[..size as usize]);
         let _ = buf.split_to(size as usize + 2);
     }
 }
@@ -339,9 +350,15 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
             .max_body_size
             .max(server.shard.opts.max_msg_size) as u64
             + 1;
+        // A chunked body over `limit` is cut there (the route answers 413 as nsqd does)
+        // and the connection closes after the reply: the rest is never read.
+        let mut cut = false;
         let body: Bytes = if head.chunked {
             match read_chunked(&stream, &mut buf, limit).await {
-                Some((b, _)) => Bytes::from(b),
+                Some((b, over)) => {
+                    cut = over;
+                    Bytes::from(b)
+                }
                 None => return,
             }
         } else {
@@ -366,7 +383,7 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
             route(&server, &head, body).await
         };
         resp.http10 = head.http10;
-        resp.close |= head.asked_close;
+        resp.close |= head.asked_close || cut;
         resp.keep_alive_header = head.http10 && head.keep_alive && !resp.close;
         log::info!(
             "{} {} {}{} ({}) {:?}",

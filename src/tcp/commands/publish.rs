@@ -87,6 +87,6 @@ async fn publish(
             client.send_frame(FRAME_RESPONSE, b"OK");
             Ok(())
         }
-        Err(e) => fatal(client, publish_failed(op, e.text())),
+        Err(e) => fatal(client, publish_failed(op, &e.text())),
     }
 }

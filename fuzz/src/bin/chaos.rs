@@ -1,0 +1,355 @@
+//! Chaos: kill -9 at random instants under load (RELIABILITY.md, section 4a).
+//!
+//!   chaos [--shards N] [--cycles 50] [--seed N] [--min-ms 200] [--max-ms 1500]
+//!         [--nsqd PATH]
+//!
+//! Starts `nsqd --sync-every=1 --max-bytes-per-file=65536` on two loopback ports and a data
+//! path that stay the same for the whole run, creates topic `chaos` with channels `c0` and
+//! `c1`, then for each cycle: a publisher PUBs (every fifth time an MPUB of 4) numbered
+//! bodies and records which got `OK`, one consumer per channel (RDY 50) records every body
+//! it gets and FINs it, and after a random delay (seeded) the broker is killed with
+//! SIGKILL and restarted at once on the same data path and ports. After the last cycle
+//! it restarts the broker once more and drains both channels (until each has every
+//! acknowledged body, or 60 s), then checks that every acknowledged body reached each
+//! channel (before or after some crash: at-least-once, so redeliveries are counted, not
+//! failures), that nothing foreign was delivered, that no log shows a panic, and that the
+//! final broker exits 0 on SIGTERM. Exit status 1 on any loss or failure.
+
+use nsq_fuzz::mutate::Rng;
+use nsq_fuzz::net::{self, Broker, Stop};
+use std::collections::{BTreeSet, HashMap};
+use std::io::{ErrorKind, Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const TOPIC: &str = "chaos";
+const CHANNELS: [&str; 2] = ["c0", "c1"];
+
+#[derive(Default)]
+struct State {
+    /// Bodies whose PUB/MPUB got OK.
+    acked: BTreeSet<u64>,
+    /// Next body number to publish.
+    next: u64,
+    /// Per channel: body -> deliveries.
+    received: Vec<HashMap<u64, u32>>,
+    foreign: Vec<String>,
+    /// Deliveries by the attempts field of the message frame (1, 2, 3, 4+).
+    attempts: [u64; 4],
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        eprintln!("usage: chaos [--shards N] [--cycles 50] [--seed N] [--min-ms 200] [--max-ms 1500] [--nsqd PATH]");
+        return;
+    }
+    let shards_list = net::shards_arg(&args, "1");
+    let cycles: u64 = net::num_arg(&args, "--cycles", 50);
+    let seed: u64 = net::num_arg(
+        &args,
+        "--seed",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(1),
+    );
+    let min_ms: u64 = net::num_arg(&args, "--min-ms", 200);
+    let max_ms: u64 = net::num_arg(&args, "--max-ms", 1500).max(min_ms + 1);
+    let nsqd = net::arg(&args, "--nsqd")
+        .map(PathBuf::from)
+        .unwrap_or_else(net::default_nsqd);
+    let mut failed = false;
+    for (i, &shards) in shards_list.iter().enumerate() {
+        let s = seed.wrapping_add(i as u64 * 7919);
+        eprintln!("chaos shards={shards}: seed {s}, {cycles} kill -9 cycles, {min_ms}-{max_ms} ms apart, broker {}", nsqd.display());
+        match run(&nsqd, shards, cycles, s, min_ms, max_ms) {
+            Ok(()) => eprintln!("chaos shards={shards}: PASS"),
+            Err(e) => {
+                eprintln!("chaos shards={shards}: FAIL: {e}");
+                failed = true;
+            }
+        }
+    }
+    std::process::exit(i32::from(failed));
+}
+
+fn start(nsqd: &Path, data: &Path, shards: usize, tcp: u16, http: u16) -> Result<Broker, String> {
+    let extra = [
+        "--sync-every=1",
+        "--max-bytes-per-file=65536",
+        "--msg-timeout=30s",
+    ]
+    .map(String::from);
+    let mut last = String::new();
+    // The ports were just released by the killed process; retry briefly if still busy.
+    for _ in 0..20 {
+        match Broker::start(
+            nsqd,
+            data,
+            shards,
+            &format!("127.0.0.1:{tcp}"),
+            &format!("127.0.0.1:{http}"),
+            &extra,
+        ) {
+            Ok(b) => return Ok(b),
+            Err(e) => last = e,
+        }
+        thread::sleep(Duration::from_millis(250));
+    }
+    Err(format!("restart failed: {last}"))
+}
+
+fn run(
+    nsqd: &Path,
+    shards: usize,
+    cycles: u64,
+    seed: u64,
+    min_ms: u64,
+    max_ms: u64,
+) -> Result<(), String> {
+    let data = net::temp_data_dir("chaos");
+    let (tcp_port, http_port) = (net::free_port(), net::free_port());
+    let state = Arc::new(Mutex::new(State {
+        received: vec![HashMap::new(); CHANNELS.len()],
+        ..State::default()
+    }));
+    let mut rng = Rng::new(seed);
+    let mut alarms = Vec::new();
+    let t0 = Instant::now();
+    let mut restart_ms = Vec::new();
+    for cycle in 0..cycles {
+        let t = Instant::now();
+        let mut b = start(nsqd, &data, shards, tcp_port, http_port)?;
+        restart_ms.push(t.elapsed().as_millis() as u64);
+        if cycle == 0 {
+            for path in [
+                format!("/topic/create?topic={TOPIC}"),
+                format!("/channel/create?topic={TOPIC}&channel=c0"),
+                format!("/channel/create?topic={TOPIC}&channel=c1"),
+            ] {
+                match net::http(b.http, "POST", &path, b"") {
+                    Ok((200, _)) => {}
+                    other => return Err(format!("{path}: {other:?}")),
+                }
+            }
+        }
+        let stop = Stop::default();
+        let mut workers = Vec::new();
+        {
+            let (state, stop) = (state.clone(), stop.clone());
+            let tcp = b.tcp;
+            workers.push(thread::spawn(move || publish(tcp, &state, &stop)));
+        }
+        for ci in 0..CHANNELS.len() {
+            let (state, stop) = (state.clone(), stop.clone());
+            let tcp = b.tcp;
+            workers.push(thread::spawn(move || consume(tcp, ci, &state, &stop)));
+        }
+        let delay = min_ms + rng.below((max_ms - min_ms) as usize) as u64;
+        thread::sleep(Duration::from_millis(delay));
+        b.kill9();
+        stop.set();
+        for w in workers {
+            let _ = w.join();
+        }
+        alarms.extend(b.alarms.lock().unwrap().iter().cloned());
+        let s = state.lock().unwrap();
+        eprintln!(
+            "chaos shards={shards} cycle {}: killed after {delay} ms; acknowledged so far {}, received c0 {} c1 {}",
+            cycle + 1,
+            s.acked.len(),
+            s.received[0].len(),
+            s.received[1].len()
+        );
+    }
+    // Final drain.
+    let mut b = start(nsqd, &data, shards, tcp_port, http_port)?;
+    let stop = Stop::default();
+    let drainers: Vec<_> = (0..CHANNELS.len())
+        .map(|ci| {
+            let (state, stop) = (state.clone(), stop.clone());
+            let tcp = b.tcp;
+            thread::spawn(move || consume(tcp, ci, &state, &stop))
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let done = {
+            let s = state.lock().unwrap();
+            s.received
+                .iter()
+                .all(|m| s.acked.iter().all(|k| m.contains_key(k)))
+        };
+        if done || Instant::now() > deadline {
+            break;
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    thread::sleep(Duration::from_millis(500));
+    stop.set();
+    for d in drainers {
+        let _ = d.join();
+    }
+    let mut errors = Vec::new();
+    alarms.extend(b.alarms.lock().unwrap().iter().cloned());
+    if !alarms.is_empty() {
+        errors.push(format!("panic/FATAL in a broker log: {alarms:?}"));
+    }
+    match b.terminate(Duration::from_secs(20)) {
+        Some(0) => {}
+        other => errors.push(format!("final SIGTERM: exit {other:?}")),
+    }
+    let s = state.lock().unwrap();
+    let mut summary = Vec::new();
+    for (ci, m) in s.received.iter().enumerate() {
+        let lost: Vec<u64> = s
+            .acked
+            .iter()
+            .copied()
+            .filter(|k| !m.contains_key(k))
+            .collect();
+        let redelivered: u64 = m.values().map(|&c| u64::from(c - 1)).sum();
+        let unacked = m.keys().filter(|k| !s.acked.contains(k)).count();
+        let most = m.iter().max_by_key(|(&k, &c)| (c, std::cmp::Reverse(k)));
+        summary.push(format!(
+            "{}: {} distinct received, {} lost, {redelivered} redeliveries (most: body {:?} delivered {:?} times), {unacked} whose PUB got no OK (sent before a kill)",
+            CHANNELS[ci],
+            m.len(),
+            lost.len(),
+            most.map(|m| *m.0),
+            most.map(|m| *m.1),
+        ));
+        if !lost.is_empty() {
+            errors.push(format!(
+                "channel {}: {} acknowledged messages lost, e.g. {:?}",
+                CHANNELS[ci],
+                lost.len(),
+                &lost[..lost.len().min(10)]
+            ));
+        }
+    }
+    if !s.foreign.is_empty() {
+        errors.push(format!(
+            "foreign bodies: {:?}",
+            &s.foreign[..s.foreign.len().min(5)]
+        ));
+    }
+    restart_ms.sort_unstable();
+    eprintln!(
+        "chaos shards={shards}: {cycles} cycles in {:.1} s, {} PUBs acknowledged of {} sent; {}; deliveries by attempts field 1/2/3/4+: {:?}; restart to listening: median {} ms, max {} ms",
+        t0.elapsed().as_secs_f64(),
+        s.acked.len(),
+        s.next,
+        summary.join("; "),
+        s.attempts,
+        restart_ms.get(restart_ms.len() / 2).copied().unwrap_or(0),
+        restart_ms.last().copied().unwrap_or(0),
+    );
+    let _ = std::fs::remove_dir_all(&data);
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("; "))
+    }
+}
+
+fn body_of(k: u64) -> Vec<u8> {
+    format!("chaos-{k:010}").into_bytes()
+}
+
+/// Publishes until the connection fails (the kill) or `stop`.
+fn publish(tcp: SocketAddr, state: &Mutex<State>, stop: &Stop) {
+    let Ok(mut s) = net::v2(tcp, Duration::from_secs(10)) else {
+        return;
+    };
+    let mut round = 0u64;
+    while !stop.is_set() {
+        let (cmd, nums) = {
+            let mut st = state.lock().unwrap();
+            let first = st.next;
+            let n = if round % 5 == 4 { 4 } else { 1 };
+            st.next += n;
+            let nums: Vec<u64> = (first..first + n).collect();
+            let cmd = if n == 1 {
+                net::pub_cmd(TOPIC, &body_of(first))
+            } else {
+                net::mpub_cmd(TOPIC, &nums.iter().map(|&k| body_of(k)).collect::<Vec<_>>())
+            };
+            (cmd, nums)
+        };
+        round += 1;
+        if s.write_all(&cmd).is_err() {
+            return;
+        }
+        match net::expect_response(&mut s, |_| {}) {
+            Ok((0, d)) if d == b"OK" => state.lock().unwrap().acked.extend(nums),
+            _ => return,
+        }
+    }
+}
+
+/// Consumes one channel (RDY 50), FINs everything, until the connection fails or `stop`.
+fn consume(tcp: SocketAddr, ci: usize, state: &Mutex<State>, stop: &Stop) {
+    let Ok(mut s) = net::v2(tcp, Duration::from_secs(10)) else {
+        return;
+    };
+    if s.write_all(format!("SUB {TOPIC} {}\nRDY 50\n", CHANNELS[ci]).as_bytes())
+        .is_err()
+    {
+        return;
+    }
+    match net::expect_response(&mut s, |_| {}) {
+        Ok((0, d)) if d == b"OK" => {}
+        _ => return,
+    }
+    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut pending = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    while !stop.is_set() {
+        let n = match s.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
+            Err(_) => return,
+        };
+        pending.extend_from_slice(&buf[..n]);
+        let mut out = Vec::new();
+        let mut at = 0;
+        while pending.len() - at >= 8 {
+            let size = u32::from_be_bytes(pending[at..at + 4].try_into().unwrap()) as usize;
+            if size < 4 || pending.len() - at < 4 + size {
+                break;
+            }
+            let ft = i32::from_be_bytes(pending[at + 4..at + 8].try_into().unwrap());
+            let d = &pending[at + 8..at + 4 + size];
+            if ft == 0 && d == b"_heartbeat_" {
+                out.extend_from_slice(b"NOP\n");
+            } else if ft == 2 {
+                if let Some((attempts, id, body)) = net::parse_message(d) {
+                    let mut st = state.lock().unwrap();
+                    st.attempts[usize::from(attempts.clamp(1, 4)) - 1] += 1;
+                    match std::str::from_utf8(body)
+                        .ok()
+                        .and_then(|b| b.strip_prefix("chaos-"))
+                        .and_then(|n| n.parse::<u64>().ok())
+                    {
+                        Some(k) => *st.received[ci].entry(k).or_insert(0) += 1,
+                        None => st.foreign.push(String::from_utf8_lossy(body).into_owned()),
+                    }
+                    out.extend_from_slice(b"FIN ");
+                    out.extend_from_slice(&id);
+                    out.push(b'\n');
+                }
+            }
+            at += 4 + size;
+        }
+        pending.drain(..at);
+        if !out.is_empty() && s.write_all(&out).is_err() {
+            return;
+        }
+    }
+}
