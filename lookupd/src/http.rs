@@ -344,15 +344,27 @@ impl Conn {
     }
 }
 
-/// Reads and drops a request body (the handlers only use the query string).
-fn discard_body(conn: &mut Conn, req: &Request) -> std::io::Result<()> {
+/// How much of an unread request body is read and dropped so the connection can be
+/// reused (net/http: maxPostHandlerReadBytes, 256 KiB). A longer body is left unread and
+/// the connection closes after the response (`Connection: close`), as Go's server does;
+/// an endless body therefore costs bounded time and memory.
+const MAX_DISCARD: u64 = 256 << 10;
+
+/// Reads and drops a request body (the handlers only use the query string), up to
+/// [`MAX_DISCARD`] bytes. `Ok(false)`: the body is longer; the rest is left unread and
+/// the caller closes after responding. Err: malformed chunking or EOF.
+fn discard_body(conn: &mut Conn, req: &Request) -> std::io::Result<bool> {
     if let Some(n) = req.content_length {
-        return conn.skip(n);
+        if n > MAX_DISCARD {
+            return Ok(false);
+        }
+        return conn.skip(n).map(|()| true);
     }
     if !req.chunked {
-        return Ok(());
+        return Ok(true);
     }
     let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "bad chunk");
+    let mut budget = MAX_DISCARD;
     loop {
         let line = conn.read_line(4096)?;
         let line = String::from_utf8_lossy(&line);
@@ -363,10 +375,14 @@ fn discard_body(conn: &mut Conn, req: &Request) -> std::io::Result<()> {
             loop {
                 let t = conn.read_line(4096)?;
                 if t == b"\r\n" || t == b"\n" {
-                    return Ok(());
+                    return Ok(true);
                 }
             }
         }
+        if size > budget {
+            return Ok(false);
+        }
+        budget -= size;
         conn.skip(size)?;
         let crlf = conn.read_line(2)?;
         if crlf != b"\r\n" && crlf != b"\n" {
@@ -435,9 +451,14 @@ pub fn serve_conn(ctx: Arc<Context>, stream: TcpStream) {
         {
             return;
         }
-        if discard_body(&mut conn, &req).is_err() {
-            let _ = writer.shutdown(Shutdown::Both);
-            return;
+        let mut req = req;
+        match discard_body(&mut conn, &req) {
+            Ok(true) => {}
+            Ok(false) => req.framing.close = true,
+            Err(_) => {
+                let _ = writer.shutdown(Shutdown::Both);
+                return;
+            }
         }
         let resp = route(&ctx, &req);
         let (bytes, close) = encode(&resp, &req.framing);
