@@ -7,7 +7,7 @@
 use super::registration_db::{filter_by_active, keys, now_nanos, sub_keys, Producer, Registration};
 use super::Context;
 use nsq_wire::duration::go_duration_string;
-use nsq_wire::http1::{self, parse_query, status_text, unescape_path};
+use nsq_wire::http1::{self, parse_query, status_text, HeadError};
 use nsq_wire::json;
 use nsq_wire::names::{is_valid_channel_name, is_valid_topic_name};
 use nsq_wire::timefmt;
@@ -164,11 +164,8 @@ fn encode(r: &Response, f: &Framing) -> (Vec<u8>, bool) {
 }
 
 /// net/http's answer to a request it cannot parse; the connection then closes.
-fn server_error(stream: &mut TcpStream, status: &str, text: &str) {
-    let msg = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n{text}"
-    );
-    let _ = stream.write_all(msg.as_bytes());
+fn server_error(stream: &mut TcpStream, e: HeadError) {
+    let _ = stream.write_all(&e.response());
 }
 
 /// A parsed request head.
@@ -196,94 +193,30 @@ impl Request {
     }
 }
 
-enum HeadError {
-    Bad(&'static str),
-    TooLarge,
-    Unsupported,
-}
-
+/// Parses a request head with net/http's rules (nsq_wire::http1) and frames its answer.
 fn parse_head(buf: &[u8], remote: &str) -> Result<Option<(Request, usize)>, HeadError> {
-    let mut headers = [httparse::EMPTY_HEADER; 128];
-    let mut req = httparse::Request::new(&mut headers);
-    let n = match req.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
-        Err(_) => return Err(HeadError::Bad("400 Bad Request")),
+    let Some(h) = http1::parse_request_head(buf)? else {
+        return Ok(None);
     };
-    let method = req.method.unwrap_or("").to_string();
-    let target = req.path.unwrap_or("");
-    let http11 = req.version == Some(1);
-    let mut content_length: Option<u64> = None;
-    let (mut chunked, mut conn_close, mut conn_keep_alive, mut host, mut expect_continue) =
-        (false, false, false, false, false);
-    for h in req.headers.iter() {
-        let v = String::from_utf8_lossy(h.value);
-        let v = v.trim();
-        if h.name.eq_ignore_ascii_case("content-length") {
-            let n: u64 = v.parse().map_err(|_| HeadError::Bad("400 Bad Request"))?;
-            if content_length.is_some_and(|c| c != n) {
-                return Err(HeadError::Bad("400 Bad Request"));
-            }
-            content_length = Some(n);
-        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            if !v.eq_ignore_ascii_case("chunked") {
-                return Err(HeadError::Unsupported);
-            }
-            chunked = true;
-        } else if h.name.eq_ignore_ascii_case("connection") {
-            for tok in v.split(',') {
-                let tok = tok.trim();
-                conn_close |= tok.eq_ignore_ascii_case("close");
-                conn_keep_alive |= tok.eq_ignore_ascii_case("keep-alive");
-            }
-        } else if h.name.eq_ignore_ascii_case("host") {
-            host = true;
-        } else if h.name.eq_ignore_ascii_case("expect") {
-            expect_continue = v.eq_ignore_ascii_case("100-continue");
-        }
-    }
-    if http11 && !host {
-        return Err(HeadError::Bad(
-            "400 Bad Request: missing required Host header",
-        ));
-    }
-    if chunked {
-        content_length = None;
-    }
-    // An absolute-form target (`http://host/path`) routes on its path.
-    let origin = match target.find("://") {
-        Some(i) if !target.starts_with('/') => {
-            let rest = &target[i + 3..];
-            rest.find('/').map_or("/", |j| &rest[j..])
-        }
-        _ => target,
-    };
-    let (raw_path, query) = match origin.split_once('?') {
-        Some((p, q)) => (p, Some(q.to_string())),
-        None => (origin, None),
-    };
-    let path = unescape_path(raw_path).ok_or(HeadError::Bad("400 Bad Request"))?;
-    let keep_alive_10 = !http11 && conn_keep_alive;
     let framing = Framing {
-        head: method == "HEAD",
-        http11,
-        close: conn_close || (!http11 && !conn_keep_alive),
-        keep_alive_10,
+        head: h.method == "HEAD",
+        http11: h.http11,
+        close: !h.keep_alive(),
+        keep_alive_10: !h.http11 && h.conn_keep_alive,
     };
     Ok(Some((
         Request {
-            method,
-            raw_path: raw_path.to_string(),
-            path,
-            query,
+            method: h.method,
+            raw_path: h.raw_path,
+            path: h.path,
+            query: h.query,
             framing,
-            content_length,
-            chunked,
-            expect_continue,
+            content_length: h.content_length,
+            chunked: h.chunked,
+            expect_continue: h.expect_continue,
             remote: remote.to_string(),
         },
-        n,
+        h.head_len,
     )))
 }
 
@@ -411,11 +344,7 @@ pub fn serve_conn(ctx: Arc<Context>, stream: TcpStream) {
             match parse_head(conn.buffered(), &remote) {
                 Ok(Some(v)) => break v,
                 Ok(None) if conn.buffered().len() >= MAX_HEAD => {
-                    server_error(
-                        &mut writer,
-                        "431 Request Header Fields Too Large",
-                        "431 Request Header Fields Too Large",
-                    );
+                    server_error(&mut writer, HeadError::TooLarge);
                     let _ = writer.shutdown(Shutdown::Both);
                     return;
                 }
@@ -424,19 +353,7 @@ pub fn serve_conn(ctx: Arc<Context>, stream: TcpStream) {
                     Ok(_) => {}
                 },
                 Err(e) => {
-                    match e {
-                        HeadError::Bad(s) => server_error(&mut writer, "400 Bad Request", s),
-                        HeadError::TooLarge => server_error(
-                            &mut writer,
-                            "431 Request Header Fields Too Large",
-                            "431 Request Header Fields Too Large",
-                        ),
-                        HeadError::Unsupported => server_error(
-                            &mut writer,
-                            "501 Not Implemented",
-                            "Unsupported transfer encoding",
-                        ),
-                    }
+                    server_error(&mut writer, e);
                     let _ = writer.shutdown(Shutdown::Both);
                     return;
                 }

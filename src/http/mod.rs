@@ -32,7 +32,7 @@ use admin::*;
 use config::*;
 pub use publish::parse_mpub_body;
 use publish::*;
-pub use server::{accept_loop, accept_loop_tls, parse_head, BadHead, Head, Response};
+pub use server::{accept_loop, accept_loop_tls, parse_head, Head, HeadError, Response};
 use stats::*;
 pub use stats::{health, SHARDS_PAGE};
 

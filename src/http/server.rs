@@ -4,6 +4,7 @@
 //! `nsq_wire::http1`'s, shared with nsqlookupd.
 
 use super::*;
+pub use nsq_wire::http1::HeadError;
 
 /// Largest request head accepted (Go's default is 1 MiB; 64 KiB is plenty here).
 pub(super) const MAX_HEAD: usize = 64 * 1024;
@@ -159,51 +160,23 @@ pub struct Head {
     pub head_len: usize,
 }
 
-/// A malformed request head (a 400).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BadHead;
-
-/// Parses a request head (`Ok(None)`: incomplete; `Err`: malformed, a 400). Public for
-/// the fuzz targets (fuzz/).
-pub fn parse_head(buf: &[u8]) -> Result<Option<Head>, BadHead> {
-    let mut headers = [httparse::EMPTY_HEADER; 64];
-    let mut req = httparse::Request::new(&mut headers);
-    let n = match req.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(_) => return Err(BadHead),
+/// Parses a request head with net/http's rules (`nsq_wire::http1::parse_request_head`:
+/// `Ok(None)`: incomplete; `Err`: refused, answered with [`HeadError::response`]). Public
+/// for the fuzz targets (fuzz/).
+pub fn parse_head(buf: &[u8]) -> Result<Option<Head>, HeadError> {
+    let Some(h) = nsq_wire::http1::parse_request_head(buf)? else {
+        return Ok(None);
     };
-    let target = req.path.unwrap_or("/");
-    let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    let mut content_length = None;
-    let mut chunked = false;
-    let mut keep_alive = req.version == Some(1);
-    let mut asked_close = false;
-    for h in req.headers.iter() {
-        let v = std::str::from_utf8(h.value).unwrap_or("").trim();
-        if h.name.eq_ignore_ascii_case("content-length") {
-            content_length = Some(v.parse::<u64>().map_err(|_| BadHead)?);
-        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            chunked = v.eq_ignore_ascii_case("chunked");
-        } else if h.name.eq_ignore_ascii_case("connection") {
-            if v.eq_ignore_ascii_case("close") {
-                keep_alive = false;
-                asked_close = true;
-            } else if v.eq_ignore_ascii_case("keep-alive") {
-                keep_alive = true;
-            }
-        }
-    }
     Ok(Some(Head {
-        method: req.method.unwrap_or("").to_string(),
-        path: path.to_string(),
-        query: query.to_string(),
-        content_length,
-        chunked,
-        keep_alive,
-        asked_close,
-        http10: req.version == Some(0),
-        head_len: n,
+        keep_alive: h.keep_alive(),
+        asked_close: h.conn_close,
+        http10: !h.http11,
+        method: h.method,
+        path: h.path,
+        query: h.query.unwrap_or_default(),
+        content_length: h.content_length,
+        chunked: h.chunked,
+        head_len: h.head_len,
     }))
 }
 
@@ -320,10 +293,14 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
                         return;
                     }
                 }
-                _ => {
-                    let mut r = Response::plain(400, b"400 Bad Request".to_vec());
-                    r.close = true;
-                    let _ = stream.write_all(&r.encode()).await;
+                // net/http's own answers (no Date, no Content-Length), then close.
+                Ok(None) => {
+                    let _ = stream.write_all(&HeadError::TooLarge.response()).await;
+                    stream.shutdown();
+                    return;
+                }
+                Err(e) => {
+                    let _ = stream.write_all(&e.response()).await;
                     stream.shutdown();
                     return;
                 }

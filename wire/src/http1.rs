@@ -190,3 +190,211 @@ mod tests {
         );
     }
 }
+
+/// A parsed HTTP/1.x request head, with net/http's checks applied (Go's
+/// `http.ReadRequest` and `readTransfer`, which nsqd and nsqlookupd both serve with).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestHead {
+    /// The method as sent (`GET`, `POST`, ...).
+    pub method: String,
+    /// The path as sent (still escaped), for logs.
+    pub raw_path: String,
+    /// The unescaped path that routing uses (Go's `URL.Path`); an absolute-form target
+    /// (`http://host/path`) routes on its path.
+    pub path: String,
+    /// The raw query; `None` when the target had no `?`.
+    pub query: Option<String>,
+    /// HTTP/1.1 (else HTTP/1.0).
+    pub http11: bool,
+    /// A `Connection` header held the token `close`.
+    pub conn_close: bool,
+    /// A `Connection` header held the token `keep-alive`.
+    pub conn_keep_alive: bool,
+    /// `Content-Length`, in bytes; `None` when absent or when the body is chunked.
+    pub content_length: Option<u64>,
+    /// `Transfer-Encoding: chunked`.
+    pub chunked: bool,
+    /// `Expect: 100-continue`.
+    pub expect_continue: bool,
+    /// The head's length in bytes, up to and including the empty line.
+    pub head_len: usize,
+}
+
+impl RequestHead {
+    /// Whether the connection stays open after the response, by the request alone
+    /// (HTTP/1.1 unless `Connection: close`; HTTP/1.0 only with `keep-alive`).
+    pub fn keep_alive(&self) -> bool {
+        if self.http11 {
+            !self.conn_close
+        } else {
+            self.conn_keep_alive && !self.conn_close
+        }
+    }
+}
+
+/// Why a request head was refused; [`HeadError::response`] gives net/http's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadError {
+    /// Malformed (`400 Bad Request`, with net/http's text after it).
+    Bad(&'static str),
+    /// Too many header fields, or a head longer than the server's limit (431).
+    TooLarge,
+    /// A `Transfer-Encoding` other than `chunked` (501).
+    Unsupported,
+}
+
+impl HeadError {
+    /// The bytes net/http writes before closing: status line, plain-text type,
+    /// `Connection: close` and the text (no Date, no Content-Length).
+    pub fn response(self) -> Vec<u8> {
+        let (status, text) = match self {
+            HeadError::Bad(text) => ("400 Bad Request", text),
+            HeadError::TooLarge => (
+                "431 Request Header Fields Too Large",
+                "431 Request Header Fields Too Large",
+            ),
+            HeadError::Unsupported => ("501 Not Implemented", "Unsupported transfer encoding"),
+        };
+        format!(
+            "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n{text}"
+        )
+        .into_bytes()
+    }
+}
+
+/// The most header fields a request may carry before it gets 431.
+pub const MAX_HEADERS: usize = 128;
+
+/// Parses a request head from the start of `buf`. `Ok(None)`: incomplete (read more, up
+/// to the server's head limit, then answer [`HeadError::TooLarge`]). Rules as net/http:
+/// HTTP/1.1 needs `Host`; differing `Content-Length`s, an unparsable one or a transfer
+/// coding other than `chunked` are refused; `chunked` wins over `Content-Length`.
+pub fn parse_request_head(buf: &[u8]) -> Result<Option<RequestHead>, HeadError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    let head_len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
+        Err(_) => return Err(HeadError::Bad("400 Bad Request")),
+    };
+    let method = req.method.unwrap_or("").to_string();
+    let target = req.path.unwrap_or("");
+    let http11 = req.version == Some(1);
+    let mut content_length: Option<u64> = None;
+    let (mut chunked, mut conn_close, mut conn_keep_alive, mut host, mut expect_continue) =
+        (false, false, false, false, false);
+    for h in req.headers.iter() {
+        let v = String::from_utf8_lossy(h.value);
+        let v = v.trim();
+        if h.name.eq_ignore_ascii_case("content-length") {
+            let n: u64 = v.parse().map_err(|_| HeadError::Bad("400 Bad Request"))?;
+            if content_length.is_some_and(|c| c != n) {
+                return Err(HeadError::Bad("400 Bad Request"));
+            }
+            content_length = Some(n);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            if !v.eq_ignore_ascii_case("chunked") {
+                return Err(HeadError::Unsupported);
+            }
+            chunked = true;
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            for tok in v.split(',') {
+                let tok = tok.trim();
+                conn_close |= tok.eq_ignore_ascii_case("close");
+                conn_keep_alive |= tok.eq_ignore_ascii_case("keep-alive");
+            }
+        } else if h.name.eq_ignore_ascii_case("host") {
+            host = true;
+        } else if h.name.eq_ignore_ascii_case("expect") {
+            expect_continue = v.eq_ignore_ascii_case("100-continue");
+        }
+    }
+    if http11 && !host {
+        return Err(HeadError::Bad(
+            "400 Bad Request: missing required Host header",
+        ));
+    }
+    if chunked {
+        content_length = None;
+    }
+    let origin = match target.find("://") {
+        Some(i) if !target.starts_with('/') => {
+            let rest = &target[i + 3..];
+            rest.find('/').map_or("/", |j| &rest[j..])
+        }
+        _ => target,
+    };
+    let (raw_path, query) = match origin.split_once('?') {
+        Some((p, q)) => (p, Some(q.to_string())),
+        None => (origin, None),
+    };
+    let path = unescape_path(raw_path).ok_or(HeadError::Bad("400 Bad Request"))?;
+    Ok(Some(RequestHead {
+        method,
+        raw_path: raw_path.to_string(),
+        path,
+        query,
+        http11,
+        conn_close,
+        conn_keep_alive,
+        content_length,
+        chunked,
+        expect_continue,
+        head_len,
+    }))
+}
+
+#[cfg(test)]
+mod head_tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_applies_net_http_rules() {
+        let h = parse_request_head(b"POST /pub%2E?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: keep-alive, close\r\n\r\nhello")
+            .unwrap()
+            .unwrap();
+        assert_eq!((h.method.as_str(), h.path.as_str()), ("POST", "/pub."));
+        assert_eq!(h.raw_path, "/pub%2E");
+        assert_eq!(h.query.as_deref(), Some("topic=t"));
+        assert_eq!(
+            (h.content_length, h.chunked, h.conn_close),
+            (Some(5), false, true)
+        );
+        assert!(!h.keep_alive());
+        assert_eq!(h.head_len, 92);
+        assert_eq!(
+            parse_request_head(b"GET / HTTP/1.1\r\nHost: x\r\n"),
+            Ok(None)
+        );
+        assert_eq!(
+            parse_request_head(b"GET / HTTP/1.1\r\n\r\n"),
+            Err(HeadError::Bad(
+                "400 Bad Request: missing required Host header"
+            ))
+        );
+        assert_eq!(
+            parse_request_head(
+                b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"
+            ),
+            Err(HeadError::Bad("400 Bad Request"))
+        );
+        assert_eq!(
+            parse_request_head(b"GET / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n"),
+            Err(HeadError::Unsupported)
+        );
+        let h = parse_request_head(b"GET http://h:1/a?b HTTP/1.0\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (h.path.as_str(), h.http11, h.keep_alive()),
+            ("/a", false, false)
+        );
+        let many: String = (0..200).map(|i| format!("X-{i}: v\r\n")).collect();
+        let req = format!("GET / HTTP/1.1\r\nHost: x\r\n{many}\r\n");
+        assert_eq!(parse_request_head(req.as_bytes()), Err(HeadError::TooLarge));
+        assert!(String::from_utf8(HeadError::TooLarge.response())
+            .unwrap()
+            .starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"));
+    }
+}
