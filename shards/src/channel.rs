@@ -476,7 +476,11 @@ impl Channel {
     }
 
     /// Hands messages to ready clients, round robin, until either runs out (nsqd's
-    /// messagePump, with RDY as an in-flight window). Frames are buffered in each
+    /// messagePump, with RDY as an in-flight window). A client whose output is over its
+    /// high-water mark ([`Client::output_full`]) is skipped until its writer drains it
+    /// (the writer then asks for a delivery, see [`Client::resume_delivery`]), so a
+    /// consumer that does not read holds about one output buffer of messages whatever
+    /// its RDY, and the rest go to the others. Frames are buffered in each
     /// client's output buffer; the writer tasks flush them. Together, this and the TCP
     /// writer task (`src/tcp/writer.rs`) are nsqd's messagePump: this half is its
     /// receive from the channel and SendMessage (pick a message, start its in-flight
@@ -488,10 +492,19 @@ impl Channel {
             let mut pick = None;
             for i in 0..n {
                 let idx = (self.next_client + i) % n;
-                if self.clients[idx].is_ready() {
-                    pick = Some(idx);
-                    break;
+                let c = &self.clients[idx];
+                if !c.is_ready() {
+                    continue;
                 }
+                if c.output_full() {
+                    // Its socket is not taking what it was sent: the message stays
+                    // here for the others (nsqd: a messagePump blocked in a write
+                    // takes nothing from the channel).
+                    c.hold_back();
+                    continue;
+                }
+                pick = Some(idx);
+                break;
             }
             let Some(idx) = pick else { break };
             self.next_client = (idx + 1) % n;
