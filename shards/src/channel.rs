@@ -177,6 +177,13 @@ pub struct Channel {
     /// The topic's store, for journaling requeues, redeliveries and their FINs, so that
     /// attempts and requeue delays survive a crash (durable channels only).
     pub(crate) journal: Option<Rc<nsq_storage::TopicStore>>,
+    /// Recovery sets this to the topic's head: messages below it may have been delivered
+    /// before the restart (everything between the checkpointed cursor and the head, and
+    /// the checkpoint's pending ones), so their FIN is journaled even after a single
+    /// delivery (see [`Channel::finish`]). The first checkpoint after the restart
+    /// covers those FINs and sets it back to 0 (as for a channel that was not
+    /// recovered), so this costs one event per FIN only until then.
+    pub(crate) recovered_below: u64,
 }
 
 impl Channel {
@@ -205,6 +212,7 @@ impl Channel {
             timer_scheduled: None,
             e2e: None,
             journal: None,
+            recovered_below: 0,
         }
     }
 
@@ -568,8 +576,14 @@ impl Channel {
         if let Some(q) = self.e2e.as_mut() {
             q.insert(crate::message::now_unix_nanos(), f.msg.timestamp);
         }
-        if f.msg.attempts >= 2 {
-            // Only messages delivered more than once have journal events to close.
+        if f.msg.attempts >= 2 || f.msg.seq < self.recovered_below {
+            // A first delivery's FIN needs no event: a crash before the next checkpoint
+            // delivers the message once more, with attempts 1. A message recovered
+            // after a restart may be exactly that redelivery, and its attempts say
+            // nothing (a crash loses a first delivery's increment): without the event,
+            // each crash before a checkpoint would deliver it once more, so a broker
+            // crashing faster than --sync-timeout would replay its whole backlog on
+            // every start.
             self.journal(EventKind::Finished, &f.msg, 0);
         }
         client.in_flight.set((client.in_flight.get() - 1).max(0));
