@@ -158,3 +158,85 @@ fn kill_9_after_channel_empty_does_not_bring_requeued_messages_back() {
     drop(b);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Consumes every message channel `c` of `topic` delivers (RDY 100), FINs each, until
+/// none comes for 500 ms; returns the bodies and their attempts in delivery order.
+fn drain_and_fin(b: &Broker, topic: &str) -> Vec<(String, u16)> {
+    let mut s = b.subscribe(topic, "c");
+    send(&mut s, &line("RDY 100"));
+    s.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut got = Vec::new();
+    while let Ok((ft, data)) = read_frame_skip_hb(&mut s) {
+        assert_eq!(ft, 2, "a message frame");
+        let (_, attempts, id, body) = parse_message(&data);
+        got.push((String::from_utf8(body).unwrap(), attempts));
+        send(&mut s, &line(&format!("FIN {id}")));
+    }
+    b.wait_channel_field(topic, "c", "in_flight_count", 0);
+    // The FINs' journal events reach their file the task turn after (not answered).
+    std::thread::sleep(Duration::from_millis(100));
+    got
+}
+
+/// A crash loop faster than the checkpoint (RELIABILITY.md 4a): kill -9, restart,
+/// consume and FIN everything that came back, kill -9 again before the next checkpoint
+/// (`--sync-timeout=60s`). What was finished after the first restart must not come back
+/// after the second: those messages were recovered as possibly delivered (their
+/// attempts, 1, cannot tell), so their FIN is journaled. Before, every restart delivered
+/// the whole backlog since the last checkpoint again.
+#[test]
+fn kill_9_loop_faster_than_the_checkpoint_does_not_redeliver_what_was_finished() {
+    const N: usize = 20;
+    for (shards, args) in [
+        (1usize, &ARGS[..]),
+        (2, &ARGS[..]),
+        (1, &DEFAULT_POLICY[..]),
+    ] {
+        let ctx = format!("shards={shards} {args:?}");
+        let dir = std::env::temp_dir().join(format!(
+            "nsqd-crash-loop-{shards}-{}-{}",
+            args.len(),
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut b = Broker::start_in(&dir, shards, args);
+        b.admin("/topic/create?topic=loop");
+        b.admin("/channel/create?topic=loop&channel=c");
+        assert_eq!(b.terminate().map(|s| s.success()), Some(true));
+
+        // Run 1: published, written (older than the store delay), delivered once and
+        // finished: not journaled, so the crash brings them back (at least once).
+        let mut b = Broker::start_in(&dir, shards, args);
+        for i in 0..N {
+            b.tcp_pub("loop", format!("m{i:02}").as_bytes());
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let first = drain_and_fin(&b, "loop");
+        assert_eq!(first.len(), N, "{ctx}: run 1 delivers each once: {first:?}");
+        let _ = b.child.kill();
+        let _ = b.child.wait();
+
+        // Run 2: they come back with attempts 1 and are finished again; crash at once.
+        let mut b = Broker::start_in(&dir, shards, args);
+        let second = drain_and_fin(&b, "loop");
+        assert!(second.len() <= N, "{ctx}: {second:?}");
+        if args == &ARGS[..] {
+            // Synced at publish: every one of them is on disk and comes back.
+            assert_eq!(second.len(), N, "{ctx}: {second:?}");
+        }
+        assert!(second.iter().all(|(_, a)| *a == 1), "{ctx}: {second:?}");
+        let _ = b.child.kill();
+        let _ = b.child.wait();
+
+        // Run 3: nothing finished in run 2 is delivered again.
+        let b = Broker::start_in(&dir, shards, args);
+        let ch = b.channel_stats("loop", "c").expect("channel recovered");
+        assert_eq!(ch["depth"].as_i64(), Some(0), "{ctx}: {ch}");
+        let third = drain_and_fin(&b, "loop");
+        assert!(third.is_empty(), "{ctx}: delivered again: {third:?}");
+        drop(b);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -177,6 +177,13 @@ pub struct Channel {
     /// The topic's store, for journaling requeues, redeliveries and their FINs, so that
     /// attempts and requeue delays survive a crash (durable channels only).
     pub(crate) journal: Option<Rc<nsq_storage::TopicStore>>,
+    /// Recovery sets this to the topic's head: messages below it may have been delivered
+    /// before the restart (everything between the checkpointed cursor and the head, and
+    /// the checkpoint's pending ones), so their FIN is journaled even after a single
+    /// delivery (see [`Channel::finish`]). The first checkpoint after the restart
+    /// covers those FINs and sets it back to 0 (as for a channel that was not
+    /// recovered), so this costs one event per FIN only until then.
+    pub(crate) recovered_below: u64,
 }
 
 impl Channel {
@@ -205,6 +212,7 @@ impl Channel {
             timer_scheduled: None,
             e2e: None,
             journal: None,
+            recovered_below: 0,
         }
     }
 
@@ -476,7 +484,11 @@ impl Channel {
     }
 
     /// Hands messages to ready clients, round robin, until either runs out (nsqd's
-    /// messagePump, with RDY as an in-flight window). Frames are buffered in each
+    /// messagePump, with RDY as an in-flight window). A client whose output is over its
+    /// high-water mark ([`Client::output_full`]) is skipped until its writer drains it
+    /// (the writer then asks for a delivery, see [`Client::resume_delivery`]), so a
+    /// consumer that does not read holds about one output buffer of messages whatever
+    /// its RDY, and the rest go to the others. Frames are buffered in each
     /// client's output buffer; the writer tasks flush them. Together, this and the TCP
     /// writer task (`src/tcp/writer.rs`) are nsqd's messagePump: this half is its
     /// receive from the channel and SendMessage (pick a message, start its in-flight
@@ -488,10 +500,19 @@ impl Channel {
             let mut pick = None;
             for i in 0..n {
                 let idx = (self.next_client + i) % n;
-                if self.clients[idx].is_ready() {
-                    pick = Some(idx);
-                    break;
+                let c = &self.clients[idx];
+                if !c.is_ready() {
+                    continue;
                 }
+                if c.output_full() {
+                    // Its socket is not taking what it was sent: the message stays
+                    // here for the others (nsqd: a messagePump blocked in a write
+                    // takes nothing from the channel).
+                    c.hold_back();
+                    continue;
+                }
+                pick = Some(idx);
+                break;
             }
             let Some(idx) = pick else { break };
             self.next_client = (idx + 1) % n;
@@ -555,8 +576,14 @@ impl Channel {
         if let Some(q) = self.e2e.as_mut() {
             q.insert(crate::message::now_unix_nanos(), f.msg.timestamp);
         }
-        if f.msg.attempts >= 2 {
-            // Only messages delivered more than once have journal events to close.
+        if f.msg.attempts >= 2 || f.msg.seq < self.recovered_below {
+            // A first delivery's FIN needs no event: a crash before the next checkpoint
+            // delivers the message once more, with attempts 1. A message recovered
+            // after a restart may be exactly that redelivery, and its attempts say
+            // nothing (a crash loses a first delivery's increment): without the event,
+            // each crash before a checkpoint would deliver it once more, so a broker
+            // crashing faster than --sync-timeout would replay its whole backlog on
+            // every start.
             self.journal(EventKind::Finished, &f.msg, 0);
         }
         client.in_flight.set((client.in_flight.get() - 1).max(0));

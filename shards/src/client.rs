@@ -24,6 +24,10 @@ pub enum Compression {
 pub use nsq_wire::identify::ClientSettings;
 pub use nsq_wire::v2::ClientState;
 
+/// The least pending output (bytes) at which delivery skips a client: see
+/// [`Client::out_high_water`].
+pub const OUT_HIGH_WATER_MIN: usize = 64 * 1024;
+
 /// nsqd's output-buffer ticker (protocol_v2.go messagePump: `outputBufferTicker`, made
 /// when the connection starts and again at each IDENTIFY): it ticks every
 /// output_buffer_timeout from its origin, and the writer flushes a client's buffered
@@ -130,6 +134,13 @@ pub struct Client {
     pub(crate) subscription: RefCell<Option<(String, String)>>,
     /// Frames waiting for the writer task.
     pub(crate) out: RefCell<Vec<u8>>,
+    /// Bytes the writer task took from `out` and has not finished writing to the socket
+    /// (nsqd: a messagePump blocked in its write).
+    pub(crate) writing: Cell<usize>,
+    /// Set when delivery skipped this client because its output was over the high-water
+    /// mark; the writer asks for a delivery once it drains below (see
+    /// [`Client::resume_delivery`]).
+    pub(crate) held_back: Cell<bool>,
     /// The output-buffer ticker (nsqd: messagePump's outputBufferTicker).
     pub(crate) output_ticker: Cell<OutputTicker>,
     /// nsqd messagePump's `flushed`: false once a message frame was buffered, true again
@@ -179,6 +190,8 @@ impl Client {
             pub_counts: RefCell::new(Vec::new()),
             subscription: RefCell::new(None),
             out: RefCell::new(Vec::with_capacity(4096)),
+            writing: Cell::new(0),
+            held_back: Cell::new(false),
             output_ticker: Cell::new(ticker),
             pump_flushed: Cell::new(true),
             tls: RefCell::new(None),
@@ -317,6 +330,56 @@ impl Client {
 
     pub fn out_mut(&self) -> RefMut<'_, Vec<u8>> {
         self.out.borrow_mut()
+    }
+
+    /// The writer task took `bytes` from `out` and is writing them to the socket (0 once
+    /// written).
+    pub fn set_writing(&self, bytes: usize) {
+        self.writing.set(bytes);
+    }
+
+    /// Output not yet written to the socket (bytes): buffered in `out` plus what the
+    /// writer task is writing.
+    pub fn pending_out(&self) -> usize {
+        self.out.borrow().len() + self.writing.get()
+    }
+
+    /// Pending output (bytes) at or above which delivery skips this client:
+    /// max(output_buffer_size, [`OUT_HIGH_WATER_MIN`]). nsqd's messagePump takes no
+    /// message from the channel while its write to the client blocks, so a client that
+    /// does not read holds at most its bufio buffer (output_buffer_size) and the
+    /// message being written, whatever its RDY; here the writer writes everything it
+    /// took at once, so the pending output is the measure. The floor keeps a consumer
+    /// with output buffering off (`output_buffer_size` -1, 1 byte) or tiny batching
+    /// several messages per write instead of one delivery round per message; 64 KiB is
+    /// nsqd's default `--max-output-buffer-size`. A message is still delivered below
+    /// the mark whatever its size, so a client with nothing pending always gets one.
+    pub fn out_high_water(&self) -> usize {
+        self.settings
+            .borrow()
+            .output_buffer_size
+            .max(OUT_HIGH_WATER_MIN)
+    }
+
+    /// True while the pending output is at or above [`Client::out_high_water`]: the
+    /// socket is not taking what was sent, and delivery skips the client.
+    pub fn output_full(&self) -> bool {
+        self.pending_out() >= self.out_high_water()
+    }
+
+    /// Delivery skipped this client for a full output (see [`Client::output_full`]).
+    pub fn hold_back(&self) {
+        self.held_back.set(true);
+    }
+
+    /// True, once, when delivery skipped this client for a full output and the writer
+    /// has drained it below the mark since: the caller must deliver to it again.
+    pub fn resume_delivery(&self) -> bool {
+        if self.held_back.get() && !self.output_full() {
+            self.held_back.set(false);
+            return true;
+        }
+        false
     }
 
     /// The output-buffer ticker (nsqd: messagePump's outputBufferTicker).

@@ -206,6 +206,7 @@ impl Shard {
                     let mut ch = Channel::new(&c.name, cursor.clamp(first, head));
                     ch.paused = c.paused;
                     ch.journal = t.store.clone();
+                    ch.recovered_below = head;
                     for (seq, st) in states {
                         if seq >= head || seq < first {
                             continue;
@@ -380,6 +381,12 @@ impl Shard {
                     if let Some(t) = topics.get_mut(&name) {
                         if t.store.as_ref().is_some_and(|s| Rc::ptr_eq(s, &st)) {
                             t.written_meta = Some(written);
+                            // What the channels finished since recovery is in this
+                            // metadata or in journal events after it: from now on a
+                            // crash redelivers only what was finished since (once).
+                            for ch in t.channels.values_mut() {
+                                ch.recovered_below = 0;
+                            }
                         }
                     }
                 }

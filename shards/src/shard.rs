@@ -700,7 +700,7 @@ impl Shard {
             .borrow()
             .values()
             .filter_map(|w| w.upgrade())
-            .filter(|c| c.is_ready())
+            .filter(|c| c.is_ready() && !c.output_full())
             .filter_map(|c| c.subscription.borrow().clone())
             .collect();
         for (t, ch) in ready {

@@ -29,7 +29,9 @@ const SPARE_KEEP: usize = 1 << 20;
 /// period goes out at once; in a stream a message waits at most one period (250 ms by
 /// default) for a tick, or less for a full buffer. With output_buffer_timeout 0 a
 /// delivery round is flushed as soon as the writer runs. Also sends `_heartbeat_` every
-/// heartbeat interval.
+/// heartbeat interval. After a flush it asks for a delivery to a client that delivery
+/// skipped for a full output (nsqd: messagePump takes the next message once its write
+/// returns).
 pub(super) async fn writer_loop(
     server: Rc<Server>,
     stream: SharedStream,
@@ -62,6 +64,11 @@ pub(super) async fn writer_loop(
             if out.flush(&server, &stream, &client).await.is_err() {
                 client.set_closed(true);
                 break;
+            }
+            if client.resume_delivery() {
+                // Delivery skipped this client while its output was over the
+                // high-water mark: the socket took it, so messages may flow again.
+                server.shard.client_ready_changed(&client);
             }
             continue;
         }
@@ -180,7 +187,11 @@ impl Output {
     ) -> io::Result<()> {
         std::mem::swap(&mut *client.out_mut(), &mut self.spare);
         client.set_flush_now(false);
+        // Counted as pending output until written, so that delivery stops at the
+        // high-water mark while the socket is full (Client::output_full).
+        client.set_writing(self.spare.len());
         let res = self.write(stream, client).await;
+        client.set_writing(0);
         client.drained().notify();
         server.shard.count_bytes_out(self.spare.len() as u64);
         // Keep the buffer's capacity while it is in use (a consumer with a large RDY

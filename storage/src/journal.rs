@@ -7,7 +7,10 @@
 //! a REQ (with the attempts so far and the due time), a redelivery (attempts >= 2: after
 //! a REQ or a timeout), the FIN of a message delivered more than once, and a channel
 //! empty. A crash therefore loses at most the first delivery's increment of a message
-//! that was never requeued or timed out.
+//! that was never requeued or timed out. After a restart, until the first checkpoint,
+//! the FIN of every message that may have been delivered before it (below the head the
+//! topic recovered) is journaled too, whatever its attempts: a crash loses a first
+//! delivery's increment, so attempts cannot tell such a redelivery from a first one.
 //!
 //! Events are appended by the topic's store writer in the same batch as the records and
 //! synced with them (`--sync-every`, `--sync-timeout`; with `--sync-every=1`, in the same
@@ -43,7 +46,7 @@ pub enum EventKind {
     Delivered = 1,
     /// REQ: ready again at `due_unix_ns` (0 = at once).
     Requeued = 2,
-    /// FIN of a message that was journaled before.
+    /// FIN of a message delivered more than once, or recovered after a restart.
     Finished = 3,
     /// The channel was emptied: every message below `seq` (its new cursor) is dropped.
     Emptied = 4,

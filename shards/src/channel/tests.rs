@@ -590,6 +590,80 @@ fn a_client_that_is_not_subscribed_or_closed_gets_nothing() {
     assert_eq!(depth(&t, "ch"), 1);
 }
 
+/// Publishes `n` messages of `size` bytes (the first 8 bytes number them).
+fn publish_big(t: &mut Topic, n: usize, size: usize) {
+    t.publish(
+        (0..n).map(|i| {
+            let mut b = vec![b'x'; size];
+            b[..8].copy_from_slice(format!("{i:08}").as_bytes());
+            Bytes::from(b)
+        }),
+        None,
+        MQ,
+    );
+}
+
+#[test]
+fn a_client_whose_output_is_not_written_gets_no_more_until_it_drains() {
+    // A consumer that does not read: its RDY would take every message, but delivery
+    // stops once its unwritten output reaches the high-water mark (nsqd: messagePump
+    // blocked in a write), and the messages go to the other consumer instead.
+    let clk = Clock::new();
+    let mut t = topic_with("ch");
+    let (stuck, other) = (client_with(1, 2500, 60_000), client_with(2, 1, 60_000));
+    sub(&mut t, "ch", &stuck);
+    sub(&mut t, "ch", &other);
+    const BIG: usize = 1 << 20;
+    publish_big(&mut t, 10, BIG);
+    assert!(BIG > stuck.out_high_water());
+    assert_eq!(dispatch(&mut t, "ch", clk.at(0)), 2);
+    assert_eq!(
+        stuck.in_flight_count(),
+        1,
+        "the first message goes out at once, whatever its size"
+    );
+    assert!(stuck.output_full());
+    assert!(!stuck.resume_delivery(), "nothing written yet");
+    assert_eq!(depth(&t, "ch"), 8, "the rest stays in the channel");
+    // The other consumer keeps getting messages while the stuck one holds one.
+    let id = frames(&other)[0].id;
+    chan(&mut t, "ch").finish(&other, id).unwrap();
+    assert_eq!(dispatch(&mut t, "ch", clk.at(1)), 1);
+    assert_eq!((stuck.in_flight_count(), other.in_flight_count()), (1, 1));
+    // The writer takes the buffer and blocks in the write: still pending output.
+    let taken = std::mem::take(&mut *stuck.out_mut());
+    stuck.set_writing(taken.len());
+    assert_eq!(stuck.pending_out(), taken.len());
+    assert_eq!(dispatch(&mut t, "ch", clk.at(2)), 0);
+    // The socket took it: delivery resumes, once.
+    stuck.set_writing(0);
+    assert!(stuck.resume_delivery());
+    assert!(!stuck.resume_delivery());
+    assert_eq!(dispatch(&mut t, "ch", clk.at(3)), 1);
+    assert_eq!(stuck.in_flight_count(), 2);
+    assert_eq!(depth(&t, "ch"), 6);
+}
+
+#[test]
+fn small_messages_fill_the_output_up_to_the_high_water_mark() {
+    let clk = Clock::new();
+    let mut t = topic_with("ch");
+    let c = client_with(1, 2500, 60_000);
+    sub(&mut t, "ch", &c);
+    const SIZE: usize = 1000;
+    publish_big(&mut t, 2000, SIZE);
+    let hw = c.out_high_water();
+    let n = dispatch(&mut t, "ch", clk.at(0)) as usize;
+    // Frames of 4 + 4 + 26 + SIZE bytes, until the first one that reaches the mark.
+    assert_eq!(n, hw.div_ceil(SIZE + 34));
+    assert!(c.pending_out() >= hw && c.pending_out() < hw + SIZE + 34);
+    assert_eq!(depth(&t, "ch"), 2000 - n as u64);
+    // A reading consumer: every drain lets the next batch through.
+    frames(&c);
+    assert!(c.resume_delivery());
+    assert_eq!(dispatch(&mut t, "ch", clk.at(1)) as usize, n);
+}
+
 // ---------------------------------------------------------------------- topic backlog
 
 #[test]
