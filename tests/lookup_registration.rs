@@ -12,11 +12,10 @@
 
 mod common;
 
-use common::{http_raw, split_http, Broker};
+use common::{sized, Broker, Lookupd};
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -39,12 +38,6 @@ struct FakeLookupd {
 }
 
 const IDENTIFY_REPLY: &[u8] = br#"{"broadcast_address":"fake","hostname":"fake","http_port":4161,"tcp_port":4160,"version":"1.3.0"}"#;
-
-fn sized(data: &[u8]) -> Vec<u8> {
-    let mut v = (data.len() as u32).to_be_bytes().to_vec();
-    v.extend_from_slice(data);
-    v
-}
 
 fn serve_fake(id: usize, s: TcpStream, tx: Sender<Unit>) {
     let mut w = s.try_clone().unwrap();
@@ -336,72 +329,6 @@ fn unreachable_lookupd_is_redialled_with_backoff() {
 // The real nsqlookupd.
 // ---------------------------------------------------------------------------------------
 
-struct Lookupd {
-    child: Child,
-    tcp: SocketAddr,
-    http: SocketAddr,
-}
-
-impl Lookupd {
-    fn start(tcp: &str, http: &str) -> Lookupd {
-        let mut child = Command::new(common::nsqlookupd_bin())
-            .arg(format!("--tcp-address={tcp}"))
-            .arg(format!("--http-address={http}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn nsqlookupd");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if std::env::var_os("NSQD_TEST_LOG").is_some() {
-                    eprintln!("{line}");
-                }
-                let _ = tx.send(line);
-            }
-        });
-        let (mut t, mut h) = (None, None);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while t.is_none() || h.is_none() {
-            let line = rx
-                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                .expect("nsqlookupd did not start");
-            if let Some(a) = line.split("TCP: listening on ").nth(1) {
-                t = Some(a.trim().parse().unwrap());
-            }
-            if let Some(a) = line.split("HTTP: listening on ").nth(1) {
-                h = Some(a.trim().parse().unwrap());
-            }
-        }
-        Lookupd {
-            child,
-            tcp: t.unwrap(),
-            http: h.unwrap(),
-        }
-    }
-
-    fn get(&self, path: &str) -> (u16, serde_json::Value) {
-        let (code, body) = split_http(&http_raw(self.http, "GET", path, b""));
-        (
-            code,
-            serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null),
-        )
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Lookupd {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 /// Polls `f` every 50 ms for up to 10 s.
 fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -432,7 +359,7 @@ fn channels(l: &Lookupd, topic: &str) -> Vec<String> {
 
 #[test]
 fn real_lookupd_registration_restart_and_peer_switch() {
-    let mut a = Lookupd::start("127.0.0.1:0", "127.0.0.1:0");
+    let mut a = Lookupd::start(&[]);
     let b = Broker::start(
         2,
         &[
@@ -481,7 +408,7 @@ fn real_lookupd_registration_restart_and_peer_switch() {
     // everything again (and only what still exists).
     let (tcp, http) = (a.tcp, a.http);
     a.kill();
-    let a2 = Lookupd::start(&tcp.to_string(), &http.to_string());
+    let a2 = Lookupd::start_on(tcp, http, &[]);
     for t in ["lk-a", "lk-b"] {
         eventually(&format!("{t} re-registered"), || lists_broker(&a2, &b, t));
     }
@@ -493,7 +420,7 @@ fn real_lookupd_registration_restart_and_peer_switch() {
 
     // PUT /config/nsqlookupd_tcp_addresses switches peers: the new one gets IDENTIFY and
     // every registration; the old one is closed (and drops this producer).
-    let other = Lookupd::start("127.0.0.1:0", "127.0.0.1:0");
+    let other = Lookupd::start(&[]);
     let body = format!(r#"["{}"]"#, other.tcp);
     let (code, resp) = b.http("PUT", "/config/nsqlookupd_tcp_addresses", body.as_bytes());
     assert_eq!(
