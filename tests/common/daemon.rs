@@ -126,11 +126,21 @@ impl Daemon {
 
     /// [`Daemon::start_listening`] with the command built by `make(tcp, http)` for each try.
     pub fn start_listening_with(
+        make: impl FnMut(SocketAddr, SocketAddr) -> Command,
+    ) -> (Daemon, SocketAddr, SocketAddr) {
+        Daemon::start_listening_picking(|| (free_port(), free_port()), make)
+    }
+
+    /// [`Daemon::start_listening_with`] with the (TCP, HTTP) ports of each try chosen by
+    /// `pick` (the harness's own tests hand it a taken port first).
+    pub fn start_listening_picking(
+        mut pick: impl FnMut() -> (u16, u16),
         mut make: impl FnMut(SocketAddr, SocketAddr) -> Command,
     ) -> (Daemon, SocketAddr, SocketAddr) {
         let mut attempt = 0;
         loop {
-            let (tcp, http) = (loopback(free_port()), loopback(free_port()));
+            let (tcp, http) = pick();
+            let (tcp, http) = (loopback(tcp), loopback(http));
             let mut d = Daemon::spawn_cmd(make(tcp, http));
             match d.wait_for_ports(&[tcp, http], START_TIMEOUT) {
                 Ok(()) => return (d, tcp, http),
