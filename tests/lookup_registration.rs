@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{sized, Broker, Lookupd};
+use common::{eventually, sized, Broker, Lookupd};
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -145,11 +145,6 @@ fn identify_bytes(b: &Broker, broadcast: &str) -> Vec<u8> {
     v
 }
 
-fn post(b: &Broker, path: &str) {
-    let (code, body) = b.http("POST", path, b"");
-    assert_eq!(code, 200, "POST {path}: {}", String::from_utf8_lossy(&body));
-}
-
 fn fake_lookupd_sees_exact_bytes(shards: usize) {
     let fake = FakeLookupd::start();
     let b = Broker::start(
@@ -170,21 +165,18 @@ fn fake_lookupd_sees_exact_bytes(shards: usize) {
     // since events of different shards may reach shard 0 in any order.
     for i in 0..8 {
         let t = format!("reg-{i}");
-        post(&b, &format!("/topic/create?topic={t}"));
+        b.post_ok(&format!("/topic/create?topic={t}"));
         fake.expect(&mut pings, format!("REGISTER {t}\n").as_bytes());
-        post(&b, &format!("/channel/create?topic={t}&channel=ch"));
+        b.post_ok(&format!("/channel/create?topic={t}&channel=ch"));
         fake.expect(&mut pings, format!("REGISTER {t} ch\n").as_bytes());
-        post(
-            &b,
-            &format!("/channel/create?topic={t}&channel=e%23ephemeral"),
-        );
+        b.post_ok(&format!("/channel/create?topic={t}&channel=e%23ephemeral"));
         fake.expect(&mut pings, format!("REGISTER {t} e#ephemeral\n").as_bytes());
-        post(&b, &format!("/channel/delete?topic={t}&channel=ch"));
+        b.post_ok(&format!("/channel/delete?topic={t}&channel=ch"));
         fake.expect(&mut pings, format!("UNREGISTER {t} ch\n").as_bytes());
         if i % 2 == 0 {
             // Deleting a topic unregisters it and each of its channels (nsqd sends
             // these from separate goroutines, so their order is not fixed).
-            post(&b, &format!("/topic/delete?topic={t}"));
+            b.post_ok(&format!("/topic/delete?topic={t}"));
             let got: BTreeSet<Vec<u8>> = (0..2).map(|_| fake.next(&mut pings).1).collect();
             let want: BTreeSet<Vec<u8>> = [
                 format!("UNREGISTER {t}\n").into_bytes(),
@@ -251,12 +243,12 @@ fn reregisters_everything_after_reconnect() {
     let mut pings = 0;
     fake.expect(&mut pings, b"  V1");
     fake.expect(&mut pings, &identify);
-    post(&b, "/topic/create?topic=solo");
+    b.post_ok("/topic/create?topic=solo");
     fake.expect(&mut pings, b"REGISTER solo\n");
-    post(&b, "/topic/create?topic=multi");
+    b.post_ok("/topic/create?topic=multi");
     fake.expect(&mut pings, b"REGISTER multi\n");
     for c in ["c1", "c2"] {
-        post(&b, &format!("/channel/create?topic=multi&channel={c}"));
+        b.post_ok(&format!("/channel/create?topic=multi&channel={c}"));
         fake.expect(&mut pings, format!("REGISTER multi {c}\n").as_bytes());
     }
     fake.drop_connections();
@@ -309,7 +301,7 @@ fn unreachable_lookupd_is_redialled_with_backoff() {
             .filter(|l| l.contains("LOOKUP connecting to"))
             .count()
     };
-    post(&b, "/topic/create?topic=while-down");
+    b.post_ok("/topic/create?topic=while-down");
     let before = dials();
     std::thread::sleep(Duration::from_millis(1500));
     let n = dials() - before;
@@ -328,15 +320,6 @@ fn unreachable_lookupd_is_redialled_with_backoff() {
 // ---------------------------------------------------------------------------------------
 // The real nsqlookupd.
 // ---------------------------------------------------------------------------------------
-
-/// Polls `f` every 50 ms for up to 10 s.
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// Whether lookupd lists this broker as a producer of `topic`.
 fn lists_broker(l: &Lookupd, b: &Broker, topic: &str) -> bool {
@@ -370,12 +353,9 @@ fn real_lookupd_registration_restart_and_peer_switch() {
     );
     // Topic and channels created over HTTP (on whichever shard) reach lookupd.
     for t in ["lk-a", "lk-b", "lk-c"] {
-        post(&b, &format!("/topic/create?topic={t}"));
-        post(&b, &format!("/channel/create?topic={t}&channel=c1"));
-        post(
-            &b,
-            &format!("/channel/create?topic={t}&channel=e%23ephemeral"),
-        );
+        b.post_ok(&format!("/topic/create?topic={t}"));
+        b.post_ok(&format!("/channel/create?topic={t}&channel=c1"));
+        b.post_ok(&format!("/channel/create?topic={t}&channel=e%23ephemeral"));
     }
     for t in ["lk-a", "lk-b", "lk-c"] {
         eventually(&format!("{t} in /lookup"), || lists_broker(&a, &b, t));
@@ -391,8 +371,8 @@ fn real_lookupd_registration_restart_and_peer_switch() {
 
     // Deleting channels unregisters them: the ephemeral one disappears, the other keeps
     // its (non-ephemeral) registration without producers.
-    post(&b, "/channel/delete?topic=lk-a&channel=e%23ephemeral");
-    post(&b, "/channel/delete?topic=lk-a&channel=c1");
+    b.post_ok("/channel/delete?topic=lk-a&channel=e%23ephemeral");
+    b.post_ok("/channel/delete?topic=lk-a&channel=c1");
     eventually("lk-a e#ephemeral gone", || channels(&a, "lk-a") == ["c1"]);
     eventually("lk-a c1 without producers", || {
         let (_, d) = a.get("/debug");
@@ -401,7 +381,7 @@ fn real_lookupd_registration_restart_and_peer_switch() {
             && d["topic:lk-a:"].as_array().is_some_and(|v| v.len() == 1)
     });
     // Deleting a topic unregisters it.
-    post(&b, "/topic/delete?topic=lk-c");
+    b.post_ok("/topic/delete?topic=lk-c");
     eventually("lk-c without producers", || !lists_broker(&a, &b, "lk-c"));
 
     // lookupd restarts on the same ports: nsqd notices at its next PING and registers
@@ -450,7 +430,7 @@ fn real_lookupd_registration_restart_and_peer_switch() {
     eventually("back on the old lookupd", || lists_broker(&a2, &b, "lk-b"));
     assert!(lists_broker(&other, &b, "lk-b"));
     // New registrations go to both.
-    post(&b, "/topic/create?topic=lk-new");
+    b.post_ok("/topic/create?topic=lk-new");
     eventually("lk-new on both", || {
         lists_broker(&a2, &b, "lk-new") && lists_broker(&other, &b, "lk-new")
     });

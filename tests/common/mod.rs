@@ -494,6 +494,15 @@ pub fn wait_until(within: Duration, mut f: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// Polls `f` every 50 ms until it returns true; fails the test naming `what` after 10 s.
+pub fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Test topic names spread over shards by the broker's own hash
 /// ([`nsq_shards::owner_of`]): name `i` is owned by shard `i % s` for every shard count
 /// `s` in [`SHARD_COUNTS`] (1, 2 and 4), so `n >= s` names cover every shard and some
@@ -544,6 +553,12 @@ impl Broker {
         let mut s = self.connect_v2();
         send(&mut s, &pub_cmd(topic, body));
         expect_ok(&mut s);
+    }
+
+    /// POSTs `path` (no body) and asserts status 200 (the body is shown on failure).
+    pub fn post_ok(&self, path: &str) {
+        let (code, body) = self.http("POST", path, b"");
+        assert_eq!(code, 200, "POST {path}: {}", String::from_utf8_lossy(&body));
     }
 
     /// POSTs an admin endpoint and asserts 200 with an empty body.
