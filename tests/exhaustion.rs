@@ -87,7 +87,7 @@ fn pub_conn(b: &Broker, topic: &str, within: Duration) -> Result<TcpStream, TcpS
 #[test]
 fn out_of_file_descriptors_backs_off_and_recovers() {
     let _serial = serial();
-    for shards in [1usize, 2] {
+    for_each_shards(&[1, 2], |shards| {
         let ctx = format!("shards={shards}");
         let mut b = Broker::start(shards, &[]);
         let pid = b.pid();
@@ -258,7 +258,7 @@ fn out_of_file_descriptors_backs_off_and_recovers() {
         );
         let log = b.log.lock().unwrap().join("\n");
         assert!(!log.contains("panicked at"), "{ctx}: panic in the log");
-    }
+    });
 }
 
 /// 20,000 idle V2 connections (the test process and the broker get RLIMIT_NOFILE 50,000;

@@ -4,7 +4,7 @@
 mod common;
 
 use common::hostile::*;
-use common::{fd_count, identify_cmd, sized, Broker, SHARD_COUNTS};
+use common::{fd_count, for_each_shards, identify_cmd, sized, Broker, SHARD_COUNTS};
 use std::io::Write;
 use std::net::TcpStream;
 use std::thread;
@@ -22,7 +22,7 @@ fn ten_thousand_connections_dropped_mid_command() {
     const THREADS: usize = 8;
     const PER_THREAD: usize = 1250;
     const BATCH: usize = 25;
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let ctx = format!("shards={shards}");
         let mut broker = Broker::start(shards, &[]);
         let pid = broker.pid();
@@ -93,5 +93,5 @@ fn ten_thousand_connections_dropped_mid_command() {
             thread::sleep(Duration::from_millis(200));
         }
         assert_nothing_published(&broker, "abort", &ctx);
-    }
+    });
 }

@@ -6,7 +6,8 @@ mod common;
 
 use common::hostile::*;
 use common::{
-    identify_cmd, mpub_cmd, parse_message, proc_status_kb, read_frame_skip_hb, Broker, SHARD_COUNTS,
+    for_each_shards, identify_cmd, mpub_cmd, parse_message, proc_status_kb, read_frame_skip_hb,
+    Broker, SHARD_COUNTS,
 };
 use std::io::Write;
 use std::net::TcpStream;
@@ -26,7 +27,7 @@ fn consumer_that_never_reads_does_not_block_others() {
     const MSGS: usize = 5000;
     const SIZE: usize = 10 * 1024;
     const BATCH: usize = 100;
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let ctx = format!("shards={shards}");
         let mut broker = Broker::start(shards, &[]);
         let pid = broker.pid();
@@ -158,7 +159,7 @@ fn consumer_that_never_reads_does_not_block_others() {
             &mut broker,
             &format!("{ctx}: after the stuck consumer left"),
         );
-    }
+    });
 }
 
 /// A client that pipelines commands and never reads the replies: 400,000 IDENTIFYs
@@ -167,7 +168,7 @@ fn consumer_that_never_reads_does_not_block_others() {
 /// must not buffer the replies without bound, and other clients must not notice.
 #[test]
 fn client_that_never_reads_replies_does_not_block_others() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let ctx = format!("shards={shards}");
         let mut broker = Broker::start(shards, &[]);
         let pid = broker.pid();
@@ -208,5 +209,5 @@ fn client_that_never_reads_replies_does_not_block_others() {
         drop(flooder);
         thread::sleep(Duration::from_millis(200));
         assert_serves(&mut broker, &format!("{ctx}: after the flooder left"));
-    }
+    });
 }
