@@ -51,7 +51,7 @@ fn run(cmd: Command) -> Output {
         .unwrap_or_else(|| panic!("nsqd kept running: {}", d.log_text()));
     Output {
         status,
-        stderr: d.final_log().into_bytes(),
+        stderr: d.stderr_text().into_bytes(),
     }
 }
 

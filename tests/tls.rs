@@ -533,7 +533,7 @@ fn bad_certificate_files_fail_start_up() {
         .wait_exit(Duration::from_secs(60))
         .unwrap_or_else(|| panic!("nsqd kept running: {}", d.log_text()));
     assert!(!status.success());
-    let err = d.final_log();
+    let err = d.stderr_text();
     assert!(
         err.contains(
             "failed to build TLS config - open /nonexistent/cert.pem: no such file or directory"

@@ -231,6 +231,18 @@ impl Daemon {
         self.log.lock().unwrap().join("\n")
     }
 
+    /// The whole stderr of an exited process as it printed it: [`Daemon::final_log`] with
+    /// every line ended by a newline.
+    pub fn stderr_text(&mut self) -> String {
+        self.final_log();
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|l| format!("{l}\n"))
+            .collect()
+    }
+
     /// Every log line so far.
     pub fn log_lines(&self) -> Vec<String> {
         self.log.lock().unwrap().clone()

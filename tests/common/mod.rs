@@ -857,7 +857,7 @@ pub fn nsqd_startup_failure(args: &[&str]) -> String {
         d.kill9();
         panic!("nsqd {args:?} kept running");
     };
-    let err = d.final_log();
+    let err = d.stderr_text();
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(status.code(), Some(1), "{args:?}: {err}");
     err
