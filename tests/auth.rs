@@ -551,7 +551,7 @@ fn slow_auth_server_does_not_block_the_shard() {
 fn authorization_survives_shard_hand_off() {
     let auth = AuthServer::start();
     auth.reply("h", 200, &grant(1, "^ho_", "^ho_", "^c$"));
-    for shards in [2usize, 4] {
+    for_each_shards(&[2, 4], |shards| {
         let b = broker_with(&auth, shards, &[]);
         let topics = topic_names("ho_", 8);
         for t in &topics {
@@ -591,5 +591,5 @@ fn authorization_survives_shard_hand_off() {
             expect_fatal(p, "E_UNAUTHORIZED AUTH failed for PUB on \"not_ho\" \"\"");
         }
         assert_eq!(auth.requests().len(), before + 2 * topics.len());
-    }
+    });
 }

@@ -7,8 +7,9 @@
 
 mod common;
 
-use common::Broker;
+use common::{wait_until, Broker};
 use std::path::PathBuf;
+use std::time::Duration;
 
 fn write_file(name: &str, text: &str) -> PathBuf {
     let p = std::env::temp_dir().join(format!("nsqd-cfg-{}-{name}.toml", std::process::id()));
@@ -96,8 +97,6 @@ fn a_file_that_sets_every_option() {
         ("id", "77"),
         ("log_level", "1"),
         ("log_prefix", "[x] "),
-        ("tcp_address", "127.0.0.1:0"),
-        ("http_address", "127.0.0.1:0"),
         ("https_address", "127.0.0.1:24162"),
         ("broadcast_address", "bhost"),
         ("broadcast_tcp_port", "1234"),
@@ -153,6 +152,9 @@ fn a_file_that_sets_every_option() {
     for (opt, want) in expected {
         assert_eq!(get(&b, opt), (200, want.to_string()), "/config/{opt}");
     }
+    // The harness's ports (picked before the start) win over the file's addresses.
+    assert_eq!(get(&b, "tcp_address"), (200, b.tcp.to_string()));
+    assert_eq!(get(&b, "http_address"), (200, b.http.to_string()));
     assert_eq!(
         get(&b, "data_path"),
         (200, b.data_dir.display().to_string())
@@ -173,6 +175,9 @@ fn a_file_that_sets_every_option() {
         serde_json::from_slice(&b.http("GET", "/info", b"").1).expect("info json");
     assert_eq!(info["max_heartbeat_interval"], 40_000_000_000u64);
     assert_eq!(info["max_deflate_level"], 3);
+    wait_until(Duration::from_secs(10), || {
+        b.log.lock().unwrap().iter().any(|l| l.starts_with("[x] "))
+    });
     assert!(
         b.log.lock().unwrap().iter().any(|l| l.starts_with("[x] ")),
         "log_prefix from the file"

@@ -454,7 +454,7 @@ fn heartbeats_disabled_connection_is_not_dropped_when_idle() {
 
 #[test]
 fn client_identity_shows_in_stats() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         let topics = topic_names("ident_stats", 3);
         let mut conns = Vec::new();
@@ -513,7 +513,7 @@ fn client_identity_shows_in_stats() {
         assert_eq!(client["hostname"], "127.0.0.1");
         assert_eq!(client["user_agent"], "");
         assert_eq!(client["remote_address"], anon_local.as_str());
-    }
+    });
 }
 
 /// IDENTIFY with snappy: the JSON reply (snappy true) comes in clear text, then the
@@ -522,7 +522,7 @@ fn client_identity_shows_in_stats() {
 #[test]
 fn snappy_negotiation_switches_both_directions() {
     use std::io::{Read, Write};
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         let mut s = b.connect_v2();
         s.write_all(&identify_cmd(
@@ -585,7 +585,7 @@ fn snappy_negotiation_switches_both_directions() {
             b"compressed hello",
             "shards={shards}"
         );
-    }
+    });
     // --snappy=false: not granted, and the connection stays plain.
     let b = Broker::start(1, &["--snappy=false"]);
     let mut s = b.connect_v2();
@@ -651,7 +651,7 @@ fn deflated(c: &mut flate2::Compress, data: &[u8]) -> Vec<u8> {
 #[test]
 fn deflate_negotiation_switches_both_directions() {
     use std::io::Write;
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         let mut s = b.connect_v2();
         s.write_all(&identify_cmd(
@@ -691,7 +691,7 @@ fn deflate_negotiation_switches_both_directions() {
             b"deflated hello",
             "shards={shards}"
         );
-    }
+    });
     let b = Broker::start(1, &[]);
     let mut s = b.connect_v2();
     s.write_all(&identify_cmd(

@@ -174,7 +174,7 @@ fn line_longer_than_read_buffer_closes_without_error_frame() {
 
 #[test]
 fn valid_and_invalid_names() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         let long64 = "a".repeat(64);
         let long55_eph = format!("{}#ephemeral", "b".repeat(54)); // 64 with suffix
@@ -225,7 +225,7 @@ fn valid_and_invalid_names() {
                 ),
             );
         }
-    }
+    });
 }
 
 /// Go's %q for the names used above (ASCII printable stays, others escaped as Go does).
@@ -247,7 +247,7 @@ fn go_quote(s: &str) -> String {
 
 #[test]
 fn pub_from_one_connection_to_topics_on_every_shard() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         let topics = topic_names("xs", 6);
         let mut consumers: Vec<_> = topics.iter().map(|t| b.subscribe(t, "c")).collect();
@@ -264,5 +264,5 @@ fn pub_from_one_connection_to_topics_on_every_shard() {
             assert_eq!(show(&m.body), format!("body-{t}"), "shards={shards}");
             assert_eq!(m.attempts, 1);
         }
-    }
+    });
 }

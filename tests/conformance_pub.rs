@@ -255,7 +255,7 @@ fn mpub_truncated_stream_errors() {
 
 #[test]
 fn mpub_creates_topic_before_reading_the_body() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &LIMITS);
         for t in topic_names("mpub_early", 3) {
             let mut s = b.connect_v2();
@@ -274,12 +274,12 @@ fn mpub_creates_topic_before_reading_the_body() {
             expect_fatal(&mut s, "E_BAD_MESSAGE PUB invalid message body size 0");
             assert!(b.topic_stats(&other).is_none());
         }
-    }
+    });
 }
 
 #[test]
 fn mpub_delivers_every_message_in_order() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         for t in topic_names("mpub_dlv", 3) {
             let mut c = b.subscribe(&t, "c");
@@ -296,7 +296,7 @@ fn mpub_delivers_every_message_in_order() {
                 assert!(ids.insert(m.id.clone()), "duplicate id {}", m.id);
             }
         }
-    }
+    });
 }
 
 #[test]
@@ -375,7 +375,7 @@ fn dpub_out_of_range_with_default_max() {
 
 #[test]
 fn dpub_goes_to_the_deferred_queue() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         for t in topic_names("dpub_def", 3) {
             b.admin(&format!("/topic/create?topic={t}"));
@@ -390,12 +390,12 @@ fn dpub_goes_to_the_deferred_queue() {
             let ts = b.topic_stats(&t).unwrap();
             assert_eq!(ts["message_count"], 1);
         }
-    }
+    });
 }
 
 #[test]
 fn dpub_delivers_after_the_delay() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         for t in topic_names("dpub_dlv", 2) {
             let mut c = b.subscribe(&t, "c");
@@ -428,12 +428,12 @@ fn dpub_delivers_after_the_delay() {
                 "deferred message arrived after {el:?}"
             );
         }
-    }
+    });
 }
 
 #[test]
 fn published_message_fields() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         for t in topic_names("fields", 3) {
             let before = now_ns();
@@ -458,7 +458,7 @@ fn published_message_fields() {
                 m.ts
             );
         }
-    }
+    });
 }
 
 #[test]

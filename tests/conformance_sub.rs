@@ -102,7 +102,7 @@ fn sub_bad_channel_matches_transcript() {
 
 #[test]
 fn sub_creates_topic_and_channel() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         let topics = topic_names("subcreate", 4);
         let _conns: Vec<TcpStream> = topics.iter().map(|t| b.subscribe(t, "chan")).collect();
@@ -115,7 +115,7 @@ fn sub_creates_topic_and_channel() {
             assert_eq!(client["state"], 3);
             assert_eq!(client["ready_count"], 0, "RDY starts at 0");
         }
-    }
+    });
 }
 
 // ----------------------------------------------------------------------------------------
@@ -151,7 +151,7 @@ fn rdy_errors() {
 
 #[test]
 fn rdy_without_count_means_one() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         for t in topic_names("rdy_default", 2) {
             let mut c = b.subscribe(&t, "c");
@@ -167,12 +167,12 @@ fn rdy_without_count_means_one() {
             let client = b.channel_stats(&t, "c").unwrap()["clients"][0].clone();
             assert_eq!(client["ready_count"], 1, "shards={shards} {client}");
         }
-    }
+    });
 }
 
 #[test]
 fn rdy_is_a_window_not_a_counter() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         for t in topic_names("rdy_window", 3) {
             let mut c = b.subscribe(&t, "c");
@@ -205,7 +205,7 @@ fn rdy_is_a_window_not_a_counter() {
             assert_eq!(client["message_count"], 5);
             assert_eq!(client["ready_count"], 2, "RDY is never used up");
         }
-    }
+    });
 }
 
 #[test]
@@ -310,7 +310,7 @@ fn fin_req_touch_of_unknown_id_are_not_fatal() {
 
 #[test]
 fn fin_of_another_clients_message() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         for t in topic_names("owner", 2) {
             let mut a = b.subscribe(&t, "c");
@@ -353,7 +353,7 @@ fn fin_of_another_clients_message() {
                 &format!("E_FIN_FAILED FIN {} failed ID not in flight", m.id),
             );
         }
-    }
+    });
 }
 
 #[test]
@@ -378,7 +378,7 @@ fn successful_fin_req_touch_rdy_nop_send_nothing() {
 
 #[test]
 fn req_counters_and_immediate_redelivery() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         for t in topic_names("req0", 2) {
             let mut c = b.subscribe(&t, "c");
@@ -405,7 +405,7 @@ fn req_counters_and_immediate_redelivery() {
             assert_eq!(client["finish_count"], 1);
             assert_eq!(client["message_count"], 2);
         }
-    }
+    });
 }
 
 // ----------------------------------------------------------------------------------------
@@ -526,7 +526,7 @@ fn auth_errors() {
 
 #[test]
 fn every_channel_gets_a_copy() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         for t in topic_names("fanout", 3) {
             let mut c1 = b.subscribe(&t, "ch1");
@@ -554,12 +554,12 @@ fn every_channel_gets_a_copy() {
                 "shards={shards}"
             );
         }
-    }
+    });
 }
 
 #[test]
 fn consumers_of_one_channel_share_the_messages() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         let t = format!("share_{shards}");
         let mut cs: Vec<TcpStream> = (0..3).map(|_| b.subscribe(&t, "c")).collect();
@@ -584,12 +584,12 @@ fn consumers_of_one_channel_share_the_messages() {
             }
         }
         assert_eq!(seen.len(), 60, "shards={shards}");
-    }
+    });
 }
 
 #[test]
 fn first_channel_gets_the_backlog_later_channels_do_not() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         for t in topic_names("backlog", 2) {
             b.http_pub(&t, b"old1");
@@ -607,7 +607,7 @@ fn first_channel_gets_the_backlog_later_channels_do_not() {
             assert_eq!(show(&read_msg(&mut later).body), "new", "shards={shards}");
             assert_eq!(show(&read_msg(&mut first).body), "new");
         }
-    }
+    });
 }
 
 #[test]
@@ -628,7 +628,7 @@ fn max_channel_consumers() {
 
 #[test]
 fn ephemeral_channel_and_topic_go_away_with_the_last_client() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         for base in topic_names("eph", 2) {
             let t = format!("{base}#ephemeral");
@@ -663,7 +663,7 @@ fn ephemeral_channel_and_topic_go_away_with_the_last_client() {
             .channel_stats("durable_t", "durable_c")
             .expect("durable channel stays");
         assert_eq!(ch["client_count"], 0);
-    }
+    });
 }
 
 #[test]

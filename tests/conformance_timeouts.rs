@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 fn msg_timeout_from_identify_then_fin_fails() {
     // Upstream TestClientMsgTimeout: msg_timeout 1000 via IDENTIFY, RDY 0, wait 1.15 s,
     // FIN -> E_FIN_FAILED (non-fatal); timeout_count 1, requeue_count 0.
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         for t in topic_names("msgto", 2) {
             let mut c = b.subscribe_identified(r#"{"msg_timeout":1000}"#, &t, "ch");
@@ -52,12 +52,12 @@ fn msg_timeout_from_identify_then_fin_fails() {
                 1
             );
         }
-    }
+    });
 }
 
 #[test]
 fn msg_timeout_flag_requeues_after_about_one_second() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &["--msg-timeout=1s"]);
         for t in topic_names("msgto_flag", 2) {
             let mut c = b.subscribe(&t, "ch");
@@ -84,7 +84,7 @@ fn msg_timeout_flag_requeues_after_about_one_second() {
             assert_eq!(ch["timeout_count"], 2);
             assert_eq!(ch["message_count"], 1);
         }
-    }
+    });
 }
 
 #[test]
@@ -115,7 +115,7 @@ fn many_in_flight_messages_all_time_out() {
 
 #[test]
 fn touch_extends_the_deadline() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &["--msg-timeout=1s"]);
         let t = format!("touch_{shards}");
         let mut c = b.subscribe(&t, "ch");
@@ -136,7 +136,7 @@ fn touch_extends_the_deadline() {
         assert_eq!(ch["timeout_count"], 0, "shards={shards} {ch}");
         assert_eq!(ch["in_flight_count"], 0);
         assert_eq!(ch["clients"][0]["finish_count"], 1);
-    }
+    });
 }
 
 #[test]
@@ -197,7 +197,7 @@ fn touch_cannot_extend_past_max_msg_timeout() {
 
 #[test]
 fn req_with_delay_defers_the_message() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         for t in topic_names("req_delay", 2) {
             let mut c = b.subscribe(&t, "ch");
@@ -223,7 +223,7 @@ fn req_with_delay_defers_the_message() {
             // before) is unit-tested with an injected clock (shards/src/channel/tests.rs).
             assert!(el < Duration::from_secs(10), "{el:?}");
         }
-    }
+    });
 }
 
 #[test]
@@ -270,7 +270,7 @@ fn req_timeout_is_clamped_to_max_req_timeout() {
 
 #[test]
 fn heartbeat_is_the_first_frame_when_idle() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         let t = format!("hb_{shards}");
         let mut c = b.subscribe_identified(r#"{"heartbeat_interval":1000}"#, &t, "ch");
@@ -291,7 +291,7 @@ fn heartbeat_is_the_first_frame_when_idle() {
         }
         send(&mut c, b"NOP\n");
         assert_open(&mut c);
-    }
+    });
 }
 
 #[test]

@@ -33,7 +33,7 @@ fn drain(c: &mut std::net::TcpStream) -> Vec<String> {
 
 #[test]
 fn ephemeral_topic_drops_beyond_mem_queue_size() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &["--mem-queue-size=5"]);
         for base in topic_names("eph_over", 2) {
             let t = format!("{base}#ephemeral");
@@ -55,12 +55,12 @@ fn ephemeral_topic_drops_beyond_mem_queue_size() {
                 "shards={shards}: the first 5 are kept"
             );
         }
-    }
+    });
 }
 
 #[test]
 fn ephemeral_channel_drops_beyond_mem_queue_size() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &["--mem-queue-size=5"]);
         for t in topic_names("ephch_over", 2) {
             let mut c = b.subscribe(&t, "c#ephemeral");
@@ -75,12 +75,12 @@ fn ephemeral_channel_drops_beyond_mem_queue_size() {
             let got = drain(&mut c);
             assert_eq!(got.len(), 5, "shards={shards}: {got:?}");
         }
-    }
+    });
 }
 
 #[test]
 fn durable_topic_spills_beyond_mem_queue_size_and_loses_nothing() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &["--mem-queue-size=5"]);
         for t in topic_names("spill", 2) {
             mpub_http(&b, &t, 12);
@@ -93,7 +93,7 @@ fn durable_topic_spills_beyond_mem_queue_size_and_loses_nothing() {
             b.wait_channel_field(&t, "c", "in_flight_count", 12);
             assert_eq!(b.channel_stats(&t, "c").unwrap()["message_count"], 12);
         }
-    }
+    });
 }
 
 #[test]
@@ -120,7 +120,7 @@ fn durable_channel_spills_beyond_mem_queue_size() {
 
 #[test]
 fn counters_follow_nsqd_definitions() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         for t in topic_names("counters", 2) {
             b.admin(&format!("/topic/create?topic={t}"));
@@ -146,5 +146,5 @@ fn counters_follow_nsqd_definitions() {
                 assert_eq!(c["in_flight_count"], 0, "{c}");
             }
         }
-    }
+    });
 }

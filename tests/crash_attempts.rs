@@ -67,8 +67,7 @@ fn kill_9_keeps_attempts_and_requeue_delay() {
         send(&mut s, &line(&format!("FIN {}", m.id)));
         b.wait_channel_field("poison", "c", "in_flight_count", 0);
         b.wait_channel_field("poison", "c", "deferred_count", 1);
-        let _ = b.child.kill();
-        let _ = b.child.wait();
+        b.kill9();
         drop(s);
 
         let b = Broker::start_in(&dir, shards, args);
@@ -140,8 +139,7 @@ fn kill_9_after_channel_empty_does_not_bring_requeued_messages_back() {
     // The empty is answered before its journal event reaches the file (a task turn
     // later); REQs have no answer at all.
     std::thread::sleep(Duration::from_millis(100));
-    let _ = b.child.kill();
-    let _ = b.child.wait();
+    b.kill9();
     drop(s);
 
     let b = Broker::start_in(&dir, 1, &ARGS);

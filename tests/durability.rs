@@ -81,11 +81,6 @@ fn drain(b: &Broker, topic: &str, channel: &str, quiet: Duration) -> Vec<u64> {
     got
 }
 
-fn kill9(b: &mut Broker) {
-    let _ = b.child.kill();
-    let _ = b.child.wait();
-}
-
 #[test]
 fn kill_9_with_sync_every_1_loses_no_acknowledged_message() {
     for (round, shards) in [(0u64, 1usize), (1, 2), (2, 1)] {
@@ -115,7 +110,7 @@ fn kill_9_with_sync_every_1_loses_no_acknowledged_message() {
             }
             let n = 300 + fastrand_u64(round * 10 + cycle) % 400;
             let killer = {
-                let pid = b.child.id();
+                let pid = b.pid();
                 let delay = 20 + fastrand_u64(round * 100 + cycle) % 200;
                 std::thread::spawn(move || {
                     std::thread::sleep(Duration::from_millis(delay));
@@ -129,7 +124,7 @@ fn kill_9_with_sync_every_1_loses_no_acknowledged_message() {
             killer.join().unwrap();
             next += n;
             acked_all.extend(acked);
-            kill9(&mut b);
+            b.kill9();
         }
         let b = Broker::start_in(&dir, shards, &["--sync-every=1"]);
         let got: BTreeSet<u64> = drain(&b, "crash", "c", Duration::from_millis(1500))
@@ -168,7 +163,7 @@ fn default_sync_bound_everything_older_than_sync_timeout_survives_kill_9() {
     let acked = publish_until_killed(&b, "bound", 0, 1000);
     assert_eq!(acked.len(), 1000);
     std::thread::sleep(Duration::from_millis(700));
-    kill9(&mut b);
+    b.kill9();
     let b = Broker::start_in(&dir, 2, &[]);
     let got: BTreeSet<u64> = drain(&b, "bound", "c", Duration::from_millis(1500))
         .into_iter()
@@ -202,7 +197,7 @@ fn kill_9_during_consumption_and_metadata_writes_redelivers_unfinished() {
         finished.insert(parse_body(&msg).unwrap());
         s.write_all(format!("FIN {id}\n").as_bytes()).unwrap();
     }
-    kill9(&mut b);
+    b.kill9();
     let b = Broker::start_in(&dir, 1, &[]);
     let got: BTreeSet<u64> = drain(&b, "m", "c", Duration::from_millis(1500))
         .into_iter()
@@ -340,7 +335,7 @@ fn restart_keeps_topics_channels_paused_state_and_deferred_due_times_across_shar
 
 #[test]
 fn clean_restart_redelivers_nothing_finished() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let dir = keep_dir(&format!("clean-{shards}"));
         let mut b = Broker::start_in(&dir, shards, &[]);
         b.http("POST", "/topic/create?topic=cl", b"");
@@ -381,7 +376,7 @@ fn clean_restart_redelivers_nothing_finished() {
         );
         drop(b);
         let _ = std::fs::remove_dir_all(&dir);
-    }
+    });
 }
 
 #[allow(dead_code)]
@@ -437,7 +432,7 @@ fn consume_n(
 /// window (100 ms + --sync-timeout) comes back.
 #[test]
 fn default_policy_skips_finished_messages_and_keeps_unfinished_across_kill_9() {
-    for shards in [1, 2] {
+    for_each_shards(&[1, 2], |shards| {
         let dir = keep_dir(&format!("skip-{shards}"));
         let mut b = Broker::start_in(&dir, shards, &["--sync-timeout=200ms"]);
         b.admin("/topic/create?topic=skip");
@@ -465,7 +460,7 @@ fn default_policy_skips_finished_messages_and_keeps_unfinished_across_kill_9() {
         // Past the window: 100 ms store delay + 200 ms sync timeout, with margin.
         std::thread::sleep(Duration::from_millis(1000));
         let on_disk = records_on_disk(&dir.join("topics/t-skip"));
-        kill9(&mut b);
+        b.kill9();
         eprintln!("shards {shards}: {on_disk} of {N} records written");
         // Only the held half must be written; finished ones may be too when a FIN came
         // later than the store delay (a loaded machine), but not all of them.
@@ -487,5 +482,5 @@ fn default_policy_skips_finished_messages_and_keeps_unfinished_across_kill_9() {
         }
         drop(b);
         let _ = std::fs::remove_dir_all(&dir);
-    }
+    });
 }

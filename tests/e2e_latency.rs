@@ -29,7 +29,7 @@ fn e2e<'a>(v: &'a Value, topic: &str, channel: Option<&str>) -> &'a Value {
 
 #[test]
 fn fin_latencies_fill_stats() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(
             shards,
             &[
@@ -113,7 +113,7 @@ fn fin_latencies_fill_stats() {
             e2e(&st, "empty", None).to_string(),
             r#"{"count":0,"percentiles":null}"#
         );
-    }
+    });
 }
 
 /// The statsd push carries the percentiles as gauges (nsqd: statsd.go

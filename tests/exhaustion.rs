@@ -20,20 +20,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn rss_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-fn fd_count(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.count())
-        .unwrap_or(0)
+    proc_status_kb(pid, "VmRSS:")
 }
 
 /// utime + stime of a process in clock ticks.
@@ -108,10 +95,10 @@ fn pub_conn(b: &Broker, topic: &str, within: Duration) -> Result<TcpStream, TcpS
 #[test]
 fn out_of_file_descriptors_backs_off_and_recovers() {
     let _serial = serial();
-    for shards in [1usize, 2] {
+    for_each_shards(&[1, 2], |shards| {
         let ctx = format!("shards={shards}");
         let mut b = Broker::start(shards, &[]);
-        let pid = b.child.id();
+        let pid = b.pid();
         b.admin("/topic/create?topic=fd");
         b.admin("/channel/create?topic=fd&channel=c");
         let mut consumer = b.subscribe("fd", "c");
@@ -279,7 +266,7 @@ fn out_of_file_descriptors_backs_off_and_recovers() {
         );
         let log = b.log.lock().unwrap().join("\n");
         assert!(!log.contains("panicked at"), "{ctx}: panic in the log");
-    }
+    });
 }
 
 /// 20,000 idle V2 connections (the test process and the broker get RLIMIT_NOFILE 50,000;
@@ -301,7 +288,7 @@ fn twenty_thousand_idle_connections() {
     };
     let mine = raise(me);
     let mut b = Broker::start(2, &[]);
-    let pid = b.child.id();
+    let pid = b.pid();
     let theirs = raise(pid);
     let n = 20_000usize.min(mine.min(theirs) as usize - 250);
     if n < 20_000 {
@@ -407,7 +394,7 @@ fn never_reading_consumer_with_1mib_messages() {
     const MSGS: usize = 96;
     const SIZE: usize = 1024 * 1024;
     let mut b = Broker::start(2, &[]);
-    let pid = b.child.id();
+    let pid = b.pid();
     b.admin("/topic/create?topic=big");
     b.admin("/channel/create?topic=big&channel=stuck");
     b.admin("/channel/create?topic=big&channel=fast");
@@ -493,7 +480,7 @@ fn one_client_opens_a_thousand_channels() {
     let _serial = serial();
     const N: usize = 1000;
     let mut b = Broker::start(2, &[]);
-    let pid = b.child.id();
+    let pid = b.pid();
     b.admin("/topic/create?topic=many");
     let rss0 = rss_kb(pid);
     let mut s = TcpStream::connect(b.http).unwrap();
@@ -588,7 +575,7 @@ fn read_to_close(s: &mut TcpStream, within: Duration) -> (Vec<u8>, bool) {
 fn http_endless_headers_and_bodies_are_cut_off() {
     let _serial = serial();
     let mut b = Broker::start(2, &[]);
-    let pid = b.child.id();
+    let pid = b.pid();
     let rss0 = rss_kb(pid);
     let cap = 256 << 20;
     let cases: Vec<(&str, Vec<u8>, Vec<u8>)> = vec![

@@ -14,12 +14,7 @@ fn body(i: u64) -> Vec<u8> {
 }
 
 fn recovered_line(b: &Broker) -> String {
-    b.log
-        .lock()
-        .unwrap()
-        .iter()
-        .find(|l| l.contains("TOPIC(big): recovered"))
-        .cloned()
+    b.wait_log_line("TOPIC(big): recovered", Duration::from_secs(10))
         .unwrap_or_default()
 }
 
@@ -45,8 +40,7 @@ fn sealed_segments_are_not_rescanned_and_corruption_is_found_when_read() {
     // Let a checkpoint record the channel, then kill -9: rotated segments are sealed;
     // only the one being written is scanned.
     std::thread::sleep(Duration::from_millis(400));
-    let _ = b.child.kill();
-    let _ = b.child.wait();
+    b.kill9();
     let mut b = Broker::start_in(&dir, 1, &args);
     let recovered = recovered_line(&b);
     assert!(recovered.contains("recovered 200 messages"), "{recovered}");

@@ -140,7 +140,7 @@ fn successful_admin_calls_are_empty_200() {
 
 #[test]
 fn create_is_idempotent_and_visible() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         for t in topic_names("create", 4) {
             b.admin(&format!("/topic/create?topic={t}"));
@@ -163,12 +163,12 @@ fn create_is_idempotent_and_visible() {
         }
         let n = b.stats()["topics"].as_array().unwrap().len();
         assert_eq!(n, 4);
-    }
+    });
 }
 
 #[test]
 fn topic_delete_removes_topic_and_closes_consumers() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         for t in topic_names("tdel", 3) {
             let mut c1 = b.subscribe(&t, "a");
@@ -189,12 +189,12 @@ fn topic_delete_removes_topic_and_closes_consumers() {
             assert_eq!(ts["message_count"], 1);
             assert_eq!(ts["channels"].as_array().unwrap().len(), 0);
         }
-    }
+    });
 }
 
 #[test]
 fn channel_delete_closes_its_consumers_only() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         for t in topic_names("cdel", 2) {
             let mut gone = b.subscribe(&t, "gone");
@@ -211,7 +211,7 @@ fn channel_delete_closes_its_consumers_only() {
                 "CHANNEL_NOT_FOUND",
             );
         }
-    }
+    });
 }
 
 #[test]
@@ -250,7 +250,7 @@ fn deleting_an_ephemeral_topics_last_channel_deletes_the_topic() {
 
 #[test]
 fn topic_empty_drains_the_topic_only() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         for t in topic_names("tempty", 2) {
             for i in 0..3 {
@@ -281,12 +281,12 @@ fn topic_empty_drains_the_topic_only() {
             send(&mut c, b"RDY 5\n");
             assert_eq!(show(&read_msg(&mut c).body), "a");
         }
-    }
+    });
 }
 
 #[test]
 fn channel_empty_clears_in_flight_deferred_and_depth() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         for t in topic_names("cempty", 2) {
             let mut c = b.subscribe(&t, "ch");
@@ -325,7 +325,7 @@ fn channel_empty_clears_in_flight_deferred_and_depth() {
             b.http_pub(&t, b"new");
             assert_eq!(show(&read_msg(&mut c).body), "new");
         }
-    }
+    });
 }
 
 // ----------------------------------------------------------------------------------------
@@ -334,7 +334,7 @@ fn channel_empty_clears_in_flight_deferred_and_depth() {
 
 #[test]
 fn paused_channel_stops_delivery() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         for t in topic_names("cpause", 2) {
             let mut c = b.subscribe(&t, "ch");
@@ -364,12 +364,12 @@ fn paused_channel_stops_delivery() {
             );
             assert_eq!(show(&read_msg(&mut c).body), "to both");
         }
-    }
+    });
 }
 
 #[test]
 fn paused_topic_keeps_messages_in_the_topic() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         for t in topic_names("tpause", 2) {
             b.admin(&format!("/topic/create?topic={t}"));
@@ -387,7 +387,7 @@ fn paused_topic_keeps_messages_in_the_topic() {
             assert_eq!(show(&read_msg(&mut c).body), "held", "shards={shards}");
             b.wait_topic_field(&t, "depth", 0);
         }
-    }
+    });
 }
 
 #[test]

@@ -253,6 +253,7 @@ fn second_start_imports_nothing() {
     b.admin("/topic/unpause?topic=frozen");
     let mut audit = b.subscribe("frozen", "audit");
     assert_eq!(receive(&mut audit, 2), delivered(&want.frozen));
+    b.wait_log_line("not imported again", Duration::from_secs(10));
     let log = b.log.lock().unwrap().join("\n");
     assert!(
         log.contains("not imported again"),

@@ -16,77 +16,11 @@
 
 mod common;
 
-use common::{http_raw, split_http, topic_names, Broker, SHARD_COUNTS};
+use common::{for_each_shards, sized, topic_names, Broker, Lookupd, SHARD_COUNTS};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::channel;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// The real nsqlookupd on loopback ports chosen by the kernel, broadcasting 127.0.0.1.
-struct Lookupd {
-    child: Child,
-    tcp: SocketAddr,
-    http: SocketAddr,
-}
-
-impl Lookupd {
-    fn start() -> Lookupd {
-        let mut child = Command::new(common::nsqlookupd_bin())
-            .arg("--tcp-address=127.0.0.1:0")
-            .arg("--http-address=127.0.0.1:0")
-            .arg("--broadcast-address=127.0.0.1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn nsqlookupd");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if std::env::var_os("NSQD_TEST_LOG").is_some() {
-                    eprintln!("{line}");
-                }
-                let _ = tx.send(line);
-            }
-        });
-        let (mut t, mut h) = (None, None);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while t.is_none() || h.is_none() {
-            let line = rx
-                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                .expect("nsqlookupd did not start");
-            if let Some(a) = line.split("TCP: listening on ").nth(1) {
-                t = Some(a.trim().parse().expect("tcp addr"));
-            }
-            if let Some(a) = line.split("HTTP: listening on ").nth(1) {
-                h = Some(a.trim().parse().expect("http addr"));
-            }
-        }
-        Lookupd {
-            child,
-            tcp: t.expect("tcp"),
-            http: h.expect("http"),
-        }
-    }
-
-    fn request(&self, method: &str, path: &str) -> (u16, serde_json::Value) {
-        let (code, body) = split_http(&http_raw(self.http, method, path, b""));
-        (
-            code,
-            serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null),
-        )
-    }
-}
-
-impl Drop for Lookupd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A lookupd TCP endpoint that answers IDENTIFY with `http_port` (and broadcast address
 /// 127.0.0.1) and everything else with OK.
@@ -105,12 +39,6 @@ fn fake_lookupd_tcp(http_port: u16) -> SocketAddr {
         }
     });
     addr
-}
-
-fn sized(data: &[u8]) -> Vec<u8> {
-    let mut v = (data.len() as u32).to_be_bytes().to_vec();
-    v.extend_from_slice(data);
-    v
 }
 
 fn serve_v1(s: TcpStream, identify_reply: &[u8]) {
@@ -233,8 +161,8 @@ fn two_channels(depth: u64) -> Vec<(String, u64)> {
 
 #[test]
 fn channels_known_to_lookupd_get_the_first_message() {
-    for shards in SHARD_COUNTS {
-        let l = Lookupd::start();
+    for_each_shards(&SHARD_COUNTS, |shards| {
+        let l = Lookupd::start(&["--broadcast-address=127.0.0.1"]);
         let topics = topic_names("lq", 8);
         for t in &topics {
             for c in ["c1", "c2", "c3%23ephemeral"] {
@@ -274,12 +202,12 @@ fn channels_known_to_lookupd_get_the_first_message() {
             topic_stats(&b, &topics[0]) == Some((0, two_channels(2)))
         });
         assert!(ok, "shards={shards}: {:?}", topic_stats(&b, &topics[0]));
-    }
+    });
 }
 
 #[test]
 fn hanging_lookupd_delays_the_pump_not_the_publish() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let (http_port, held) = hanging_http();
         let fake = fake_lookupd_tcp(http_port);
         let b = Broker::start(
@@ -341,13 +269,13 @@ fn hanging_lookupd_delays_the_pump_not_the_publish() {
             });
             assert!(ok, "shards={shards} {t}: {:?}", topic_stats(&b, t));
         }
-    }
+    });
 }
 
 #[test]
 fn lookupd_http_down_is_skipped() {
-    for shards in SHARD_COUNTS {
-        let l = Lookupd::start();
+    for_each_shards(&SHARD_COUNTS, |shards| {
+        let l = Lookupd::start(&["--broadcast-address=127.0.0.1"]);
         let t = "lq_down";
         for c in ["c1", "c2"] {
             let (code, v) = l.request("POST", &format!("/channel/create?topic={t}&channel={c}"));
@@ -382,13 +310,13 @@ fn lookupd_http_down_is_skipped() {
         });
         assert!(ok, "{:?}", b2.log.lock().unwrap());
         assert_eq!(topic_stats(&b2, t), Some((1, vec![])));
-    }
+    });
 }
 
 #[test]
 fn subscriber_creating_the_topic_and_lookupd_channels_share_the_first_message() {
-    for shards in SHARD_COUNTS {
-        let l = Lookupd::start();
+    for_each_shards(&SHARD_COUNTS, |shards| {
+        let l = Lookupd::start(&["--broadcast-address=127.0.0.1"]);
         let topics = topic_names("lqs", 4);
         for t in &topics {
             let (code, v) = l.request("POST", &format!("/channel/create?topic={t}&channel=c1"));
@@ -413,5 +341,5 @@ fn subscriber_creating_the_topic_and_lookupd_channels_share_the_first_message() 
             });
             assert!(ok, "shards={shards} {t}: {:?}", topic_stats(&b, t));
         }
-    }
+    });
 }

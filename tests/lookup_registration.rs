@@ -12,11 +12,10 @@
 
 mod common;
 
-use common::{http_raw, split_http, Broker};
+use common::{eventually, sized, Broker, Lookupd};
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -39,12 +38,6 @@ struct FakeLookupd {
 }
 
 const IDENTIFY_REPLY: &[u8] = br#"{"broadcast_address":"fake","hostname":"fake","http_port":4161,"tcp_port":4160,"version":"1.3.0"}"#;
-
-fn sized(data: &[u8]) -> Vec<u8> {
-    let mut v = (data.len() as u32).to_be_bytes().to_vec();
-    v.extend_from_slice(data);
-    v
-}
 
 fn serve_fake(id: usize, s: TcpStream, tx: Sender<Unit>) {
     let mut w = s.try_clone().unwrap();
@@ -152,11 +145,6 @@ fn identify_bytes(b: &Broker, broadcast: &str) -> Vec<u8> {
     v
 }
 
-fn post(b: &Broker, path: &str) {
-    let (code, body) = b.http("POST", path, b"");
-    assert_eq!(code, 200, "POST {path}: {}", String::from_utf8_lossy(&body));
-}
-
 fn fake_lookupd_sees_exact_bytes(shards: usize) {
     let fake = FakeLookupd::start();
     let b = Broker::start(
@@ -177,21 +165,18 @@ fn fake_lookupd_sees_exact_bytes(shards: usize) {
     // since events of different shards may reach shard 0 in any order.
     for i in 0..8 {
         let t = format!("reg-{i}");
-        post(&b, &format!("/topic/create?topic={t}"));
+        b.post_ok(&format!("/topic/create?topic={t}"));
         fake.expect(&mut pings, format!("REGISTER {t}\n").as_bytes());
-        post(&b, &format!("/channel/create?topic={t}&channel=ch"));
+        b.post_ok(&format!("/channel/create?topic={t}&channel=ch"));
         fake.expect(&mut pings, format!("REGISTER {t} ch\n").as_bytes());
-        post(
-            &b,
-            &format!("/channel/create?topic={t}&channel=e%23ephemeral"),
-        );
+        b.post_ok(&format!("/channel/create?topic={t}&channel=e%23ephemeral"));
         fake.expect(&mut pings, format!("REGISTER {t} e#ephemeral\n").as_bytes());
-        post(&b, &format!("/channel/delete?topic={t}&channel=ch"));
+        b.post_ok(&format!("/channel/delete?topic={t}&channel=ch"));
         fake.expect(&mut pings, format!("UNREGISTER {t} ch\n").as_bytes());
         if i % 2 == 0 {
             // Deleting a topic unregisters it and each of its channels (nsqd sends
             // these from separate goroutines, so their order is not fixed).
-            post(&b, &format!("/topic/delete?topic={t}"));
+            b.post_ok(&format!("/topic/delete?topic={t}"));
             let got: BTreeSet<Vec<u8>> = (0..2).map(|_| fake.next(&mut pings).1).collect();
             let want: BTreeSet<Vec<u8>> = [
                 format!("UNREGISTER {t}\n").into_bytes(),
@@ -258,12 +243,12 @@ fn reregisters_everything_after_reconnect() {
     let mut pings = 0;
     fake.expect(&mut pings, b"  V1");
     fake.expect(&mut pings, &identify);
-    post(&b, "/topic/create?topic=solo");
+    b.post_ok("/topic/create?topic=solo");
     fake.expect(&mut pings, b"REGISTER solo\n");
-    post(&b, "/topic/create?topic=multi");
+    b.post_ok("/topic/create?topic=multi");
     fake.expect(&mut pings, b"REGISTER multi\n");
     for c in ["c1", "c2"] {
-        post(&b, &format!("/channel/create?topic=multi&channel={c}"));
+        b.post_ok(&format!("/channel/create?topic=multi&channel={c}"));
         fake.expect(&mut pings, format!("REGISTER multi {c}\n").as_bytes());
     }
     fake.drop_connections();
@@ -316,7 +301,7 @@ fn unreachable_lookupd_is_redialled_with_backoff() {
             .filter(|l| l.contains("LOOKUP connecting to"))
             .count()
     };
-    post(&b, "/topic/create?topic=while-down");
+    b.post_ok("/topic/create?topic=while-down");
     let before = dials();
     std::thread::sleep(Duration::from_millis(1500));
     let n = dials() - before;
@@ -335,81 +320,6 @@ fn unreachable_lookupd_is_redialled_with_backoff() {
 // ---------------------------------------------------------------------------------------
 // The real nsqlookupd.
 // ---------------------------------------------------------------------------------------
-
-struct Lookupd {
-    child: Child,
-    tcp: SocketAddr,
-    http: SocketAddr,
-}
-
-impl Lookupd {
-    fn start(tcp: &str, http: &str) -> Lookupd {
-        let mut child = Command::new(common::nsqlookupd_bin())
-            .arg(format!("--tcp-address={tcp}"))
-            .arg(format!("--http-address={http}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn nsqlookupd");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if std::env::var_os("NSQD_TEST_LOG").is_some() {
-                    eprintln!("{line}");
-                }
-                let _ = tx.send(line);
-            }
-        });
-        let (mut t, mut h) = (None, None);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while t.is_none() || h.is_none() {
-            let line = rx
-                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                .expect("nsqlookupd did not start");
-            if let Some(a) = line.split("TCP: listening on ").nth(1) {
-                t = Some(a.trim().parse().unwrap());
-            }
-            if let Some(a) = line.split("HTTP: listening on ").nth(1) {
-                h = Some(a.trim().parse().unwrap());
-            }
-        }
-        Lookupd {
-            child,
-            tcp: t.unwrap(),
-            http: h.unwrap(),
-        }
-    }
-
-    fn get(&self, path: &str) -> (u16, serde_json::Value) {
-        let (code, body) = split_http(&http_raw(self.http, "GET", path, b""));
-        (
-            code,
-            serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null),
-        )
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Lookupd {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Polls `f` every 50 ms for up to 10 s.
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// Whether lookupd lists this broker as a producer of `topic`.
 fn lists_broker(l: &Lookupd, b: &Broker, topic: &str) -> bool {
@@ -432,7 +342,7 @@ fn channels(l: &Lookupd, topic: &str) -> Vec<String> {
 
 #[test]
 fn real_lookupd_registration_restart_and_peer_switch() {
-    let mut a = Lookupd::start("127.0.0.1:0", "127.0.0.1:0");
+    let mut a = Lookupd::start(&[]);
     let b = Broker::start(
         2,
         &[
@@ -443,12 +353,9 @@ fn real_lookupd_registration_restart_and_peer_switch() {
     );
     // Topic and channels created over HTTP (on whichever shard) reach lookupd.
     for t in ["lk-a", "lk-b", "lk-c"] {
-        post(&b, &format!("/topic/create?topic={t}"));
-        post(&b, &format!("/channel/create?topic={t}&channel=c1"));
-        post(
-            &b,
-            &format!("/channel/create?topic={t}&channel=e%23ephemeral"),
-        );
+        b.post_ok(&format!("/topic/create?topic={t}"));
+        b.post_ok(&format!("/channel/create?topic={t}&channel=c1"));
+        b.post_ok(&format!("/channel/create?topic={t}&channel=e%23ephemeral"));
     }
     for t in ["lk-a", "lk-b", "lk-c"] {
         eventually(&format!("{t} in /lookup"), || lists_broker(&a, &b, t));
@@ -464,8 +371,8 @@ fn real_lookupd_registration_restart_and_peer_switch() {
 
     // Deleting channels unregisters them: the ephemeral one disappears, the other keeps
     // its (non-ephemeral) registration without producers.
-    post(&b, "/channel/delete?topic=lk-a&channel=e%23ephemeral");
-    post(&b, "/channel/delete?topic=lk-a&channel=c1");
+    b.post_ok("/channel/delete?topic=lk-a&channel=e%23ephemeral");
+    b.post_ok("/channel/delete?topic=lk-a&channel=c1");
     eventually("lk-a e#ephemeral gone", || channels(&a, "lk-a") == ["c1"]);
     eventually("lk-a c1 without producers", || {
         let (_, d) = a.get("/debug");
@@ -474,14 +381,14 @@ fn real_lookupd_registration_restart_and_peer_switch() {
             && d["topic:lk-a:"].as_array().is_some_and(|v| v.len() == 1)
     });
     // Deleting a topic unregisters it.
-    post(&b, "/topic/delete?topic=lk-c");
+    b.post_ok("/topic/delete?topic=lk-c");
     eventually("lk-c without producers", || !lists_broker(&a, &b, "lk-c"));
 
     // lookupd restarts on the same ports: nsqd notices at its next PING and registers
     // everything again (and only what still exists).
     let (tcp, http) = (a.tcp, a.http);
     a.kill();
-    let a2 = Lookupd::start(&tcp.to_string(), &http.to_string());
+    let a2 = Lookupd::start_on(tcp, http, &[]);
     for t in ["lk-a", "lk-b"] {
         eventually(&format!("{t} re-registered"), || lists_broker(&a2, &b, t));
     }
@@ -493,7 +400,7 @@ fn real_lookupd_registration_restart_and_peer_switch() {
 
     // PUT /config/nsqlookupd_tcp_addresses switches peers: the new one gets IDENTIFY and
     // every registration; the old one is closed (and drops this producer).
-    let other = Lookupd::start("127.0.0.1:0", "127.0.0.1:0");
+    let other = Lookupd::start(&[]);
     let body = format!(r#"["{}"]"#, other.tcp);
     let (code, resp) = b.http("PUT", "/config/nsqlookupd_tcp_addresses", body.as_bytes());
     assert_eq!(
@@ -523,7 +430,7 @@ fn real_lookupd_registration_restart_and_peer_switch() {
     eventually("back on the old lookupd", || lists_broker(&a2, &b, "lk-b"));
     assert!(lists_broker(&other, &b, "lk-b"));
     // New registrations go to both.
-    post(&b, "/topic/create?topic=lk-new");
+    b.post_ok("/topic/create?topic=lk-new");
     eventually("lk-new on both", || {
         lists_broker(&a2, &b, "lk-new") && lists_broker(&other, &b, "lk-new")
     });

@@ -17,7 +17,7 @@ mod common;
 use common::*;
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
 fn temp_path(name: &str) -> PathBuf {
     let p = std::env::temp_dir().join(format!("nsqd-preflight-{name}-{}", std::process::id()));
@@ -36,10 +36,23 @@ fn nsqd(data_path: &std::path::Path, extra: &[&str]) -> Command {
     cmd
 }
 
-/// Runs the command to its end (the preflight fails within a few seconds) and returns
-/// its output.
-fn run(mut cmd: Command) -> Output {
-    cmd.output().expect("run nsqd")
+/// How a run ended: its exit status and its stderr.
+struct Output {
+    status: std::process::ExitStatus,
+    stderr: Vec<u8>,
+}
+
+/// Runs the command to its end through the harness's spawner (the preflight fails within a
+/// few seconds; 60 s at most) and returns its exit status and stderr.
+fn run(cmd: Command) -> Output {
+    let mut d = Daemon::spawn_cmd(cmd);
+    let status = d
+        .wait_exit(std::time::Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("nsqd kept running: {}", d.log_text()));
+    Output {
+        status,
+        stderr: d.stderr_text().into_bytes(),
+    }
 }
 
 /// Asserts a failed preflight: exit 1, no panic, and returns the FATAL lines.
@@ -223,7 +236,7 @@ fn data_path_locked_by_another_broker() {
         lines[0]
     );
     assert!(
-        lines[0].contains(&format!("(pid {})", first.child.id())),
+        lines[0].contains(&format!("(pid {})", first.pid())),
         "the holder's pid: {}",
         lines[0]
     );

@@ -77,7 +77,7 @@ fn segment_files(data: &Path, topic: &str) -> Vec<(String, u64)> {
 
 #[test]
 fn seek_errors_are_nsqd_style() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &["--retention-time=1h"]);
         // Topics on every shard, so that 404s also come back through the mesh.
         let topics = topic_names("seekerr", 4);
@@ -197,7 +197,7 @@ fn seek_errors_are_nsqd_style() {
             b.topic_stats("nope").is_none(),
             "a refused seek must not create the topic"
         );
-    }
+    });
 }
 
 /// Seek by timestamp, oldest and newest on every shard count, with a memory tail of 10
@@ -205,7 +205,7 @@ fn seek_errors_are_nsqd_style() {
 /// older segment: the channel reads the records back from disk.
 #[test]
 fn seek_by_timestamp_oldest_and_newest() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(
             shards,
             &[
@@ -284,7 +284,7 @@ fn seek_by_timestamp_oldest_and_newest() {
             b.wait_channel_field(&topic, "c", "depth", 311);
         }
         drop(b);
-    }
+    });
 }
 
 /// In-flight messages are left alone by a seek: still FIN-able, not delivered twice;
@@ -363,8 +363,7 @@ fn seek_survives_restart() {
             if kill {
                 // Several checkpoints' time.
                 std::thread::sleep(Duration::from_millis(1000));
-                let _ = b.child.kill();
-                let _ = b.child.wait();
+                b.kill9();
             } else {
                 assert!(b.terminate().is_some_and(|s| s.success()));
             }
@@ -544,7 +543,7 @@ fn retention_bytes_and_default() {
 /// them readable on disk.
 #[test]
 fn seek_reaches_records_not_yet_flushed() {
-    for shards in [1, 2] {
+    for_each_shards(&[1, 2], |shards| {
         let b = Broker::start(shards, &["--retention-time=1h", "--sync-timeout=30s"]);
         for topic in topic_names("unflushed", 2) {
             b.admin(&format!("/topic/create?topic={topic}"));
@@ -566,5 +565,5 @@ fn seek_reaches_records_not_yet_flushed() {
             assert_eq!(bodies(&consume(&mut s, 100)), bodies(&first), "{topic}");
             assert_no_frame(&mut s, Duration::from_millis(200));
         }
-    }
+    });
 }

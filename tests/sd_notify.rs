@@ -8,10 +8,10 @@
 mod common;
 
 use common::*;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::SocketAddr;
 use std::os::unix::net::UnixDatagram;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -71,26 +71,17 @@ fn ready_after_recovery_and_stopping_on_sigterm() {
 
     let sock_path = dir.join("notify.sock");
     let sock = UnixDatagram::bind(&sock_path).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nsqd"))
-        .arg("--tcp-address=127.0.0.1:0")
-        .arg("--http-address=127.0.0.1:0")
+    // Ports picked before the start, as a unit file names them.
+    let http = loopback(free_port());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nsqd"));
+    cmd.arg(format!("--tcp-address={}", loopback(free_port())))
+        .arg(format!("--http-address={http}"))
         .arg("--shards=2")
         .arg("--log-level=debug")
         .arg(format!("--data-path={}", dir.display()))
-        .env("NOTIFY_SOCKET", &sock_path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let log = Arc::new(Mutex::new(Vec::<String>::new()));
-    let stderr = child.stderr.take().unwrap();
-    let log2 = log.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            log2.lock().unwrap().push(line);
-        }
-    });
+        .env("NOTIFY_SOCKET", &sock_path);
+    let mut daemon = Daemon::spawn_cmd(cmd);
+    let log = daemon.log.clone();
     let log_text = |log: &Arc<Mutex<Vec<String>>>| log.lock().unwrap().join("\n");
 
     // The first datagram, whenever it comes, must be READY=1.
@@ -125,13 +116,14 @@ fn ready_after_recovery_and_stopping_on_sigterm() {
         }
     };
     let http_line = lines_with("HTTP: listening on ");
-    let http: SocketAddr = http_line[0]
+    let logged: SocketAddr = http_line[0]
         .split("HTTP: listening on ")
         .nth(1)
         .unwrap()
         .trim()
         .parse()
         .unwrap();
+    assert_eq!(logged, http);
     let (code, body) = split_http(&http_raw(http, "GET", "/ping", b""));
     assert_eq!((code, body.as_slice()), (200, &b"OK"[..]));
     assert!(
@@ -159,20 +151,12 @@ fn ready_after_recovery_and_stopping_on_sigterm() {
     );
 
     // SIGTERM: STOPPING=1, then a clean exit, and nothing more.
-    let _ = Command::new("kill")
-        .arg("-TERM")
-        .arg(child.id().to_string())
-        .status();
+    daemon.signal(15);
     let n = sock.recv(&mut buf).expect("STOPPING=1 after SIGTERM");
     assert_eq!(String::from_utf8_lossy(&buf[..n]).trim(), "STOPPING=1");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        assert!(Instant::now() < deadline, "no exit: {}", log_text(&log));
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = daemon
+        .wait_exit(Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("no exit: {}", log_text(&log)));
     assert!(status.success(), "{status}: {}", log_text(&log));
     sock.set_nonblocking(true).unwrap();
     assert!(

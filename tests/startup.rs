@@ -47,11 +47,6 @@ fn wait_ping(b: &mut Broker, within: Duration) {
     }
 }
 
-fn kill9(b: &mut Broker) {
-    let _ = b.child.kill();
-    let _ = b.child.wait();
-}
-
 /// Publishes `n` messages of `BODY` bytes to `topic` with MPUB, 1,000 at a time,
 /// pipelined.
 fn fill(b: &Broker, topic: &str, n: u64) {
@@ -133,7 +128,7 @@ fn serves_nothing_before_recovery(shards: usize) {
     );
     wait_ping(&mut b, Duration::from_secs(60));
     fill(&b, "big", BACKLOG);
-    kill9(&mut b);
+    b.kill9();
     // Without its partial index the open segment is scanned whole: a long window.
     for e in std::fs::read_dir(dir.join("topics/t-big"))
         .unwrap()
@@ -216,7 +211,7 @@ fn serves_nothing_before_recovery(shards: usize) {
             .find(|l| l.contains("TOPIC(big): recovered"))
             .unwrap_or("")
     );
-    kill9(&mut b);
+    b.kill9();
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -260,11 +255,11 @@ fn immediate_restart_after_kill9() {
         // As a supervisor does: SIGKILL, then start the new process at once, before the
         // old one has finished exiting (its data-path lock and sockets are still held).
         let _ = std::process::Command::new("kill")
-            .args(["-9", &b.child.id().to_string()])
+            .args(["-9", &b.pid().to_string()])
             .status();
         let mut old = b;
         b = Broker::spawn_on(&dir, 2, tcp, http, &["--sync-every=1"]);
-        let _ = old.child.wait();
+        let _ = old.daemon.child.wait();
         drop((sub, p, idle, old));
         wait_ping(&mut b, Duration::from_secs(60));
         assert!(
@@ -284,7 +279,7 @@ fn immediate_restart_after_kill9() {
         st["depth"].as_u64().unwrap_or(0) + in_channels >= published,
         "{published} published, left: {st}"
     );
-    kill9(&mut b);
+    b.kill9();
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -293,7 +288,7 @@ fn immediate_restart_after_kill9() {
 /// published to it after its creation in the channel, not left in the topic.
 #[test]
 fn channel_created_just_before_kill9_survives() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let dir = data_dir(&format!("meta-{shards}"));
         let (tcp, http) = (free_port(), free_port());
         let flags = ["--sync-every=1", "--sync-timeout=1h"];
@@ -304,7 +299,7 @@ fn channel_created_just_before_kill9_survives() {
         let _sub = b.subscribe("fresh", "c2");
         std::thread::sleep(Duration::from_millis(300));
         b.tcp_pub("fresh", b"after");
-        kill9(&mut b);
+        b.kill9();
         let mut b = Broker::spawn_on(&dir, shards, tcp, http, &flags);
         wait_ping(&mut b, Duration::from_secs(60));
         for ch in ["c1", "c2"] {
@@ -313,7 +308,7 @@ fn channel_created_just_before_kill9_survives() {
                 .unwrap_or_else(|| panic!("shards {shards}: channel {ch} lost: {}", b.log_text()));
             assert_eq!(c["depth"], 1, "shards {shards}: {ch}: {c}");
         }
-        kill9(&mut b);
+        b.kill9();
         let _ = std::fs::remove_dir_all(&dir);
-    }
+    });
 }

@@ -45,7 +45,7 @@ fn owned(v: &[(&str, &[&str])]) -> Shape {
 
 #[test]
 fn filter_combinations_match_nsqd() {
-    for shards in SHARD_COUNTS {
+    for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         // A TCP producer, so `producers` is not null when nsqd lists it.
         let mut p = b.connect_v2();
@@ -98,5 +98,5 @@ fn filter_combinations_match_nsqd() {
         let v: Value = serde_json::from_slice(&body).expect("json");
         assert!(v["producers"].is_null(), "{v}");
         drop(p);
-    }
+    });
 }

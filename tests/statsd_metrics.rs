@@ -16,11 +16,6 @@ use std::io::Write;
 use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 
-fn post(b: &Broker, path: &str) {
-    let (code, body) = b.http("POST", path, b"");
-    assert_eq!(code, 200, "POST {path}: {}", String::from_utf8_lossy(&body));
-}
-
 /// Receives statsd packets until `done` says so (or 10 s pass); checks each packet's
 /// size and framing and returns every line.
 fn collect(
@@ -86,9 +81,9 @@ fn statsd_pushes_nsqd_metric_names() {
         (code, String::from_utf8_lossy(&body).to_string()),
         (200, prefix.clone())
     );
-    post(&b, "/topic/create?topic=st");
-    post(&b, "/channel/create?topic=st&channel=ch");
-    post(&b, "/channel/create?topic=st&channel=e%23ephemeral");
+    b.post_ok("/topic/create?topic=st");
+    b.post_ok("/channel/create?topic=st&channel=ch");
+    b.post_ok("/channel/create?topic=st&channel=e%23ephemeral");
     for _ in 0..3 {
         let (code, _) = b.http("POST", "/pub?topic=st", b"abc");
         assert_eq!(code, 200);
@@ -169,11 +164,11 @@ fn statsd_prefix_exclusions_and_packet_size() {
     );
     // `.` and `:` of "<address>:<port>" become `_`, and a trailing `.` is added.
     let prefix = format!("custom.10_0_0_1_{}.x.", b.http.port());
-    post(&b, "/topic/create?topic=a%23ephemeral");
-    post(&b, "/channel/create?topic=a%23ephemeral&channel=c");
-    post(&b, "/topic/create?topic=b");
-    post(&b, "/channel/create?topic=b&channel=c%23ephemeral");
-    post(&b, "/channel/create?topic=b&channel=d");
+    b.post_ok("/topic/create?topic=a%23ephemeral");
+    b.post_ok("/channel/create?topic=a%23ephemeral&channel=c");
+    b.post_ok("/topic/create?topic=b");
+    b.post_ok("/channel/create?topic=b&channel=c%23ephemeral");
+    b.post_ok("/channel/create?topic=b&channel=d");
     let lines = collect(&sock, 100, |ls| {
         ls.iter().any(|l| l.contains("topic.b.channel.d.clients"))
     });
@@ -210,7 +205,7 @@ fn traffic(
 #[test]
 fn metrics_parse_as_prometheus_text() {
     let b = Broker::start(2, &[]);
-    post(&b, "/topic/create?topic=idle");
+    b.post_ok("/topic/create?topic=idle");
     let _conns = traffic(&b, "prom", "ch", 5);
     // wait until the consumer has one message in flight
     let deadline = Instant::now() + Duration::from_secs(10);

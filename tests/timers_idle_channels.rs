@@ -38,7 +38,7 @@ fn with_idle_channels(shards: usize) -> Broker {
 
 #[test]
 fn timeouts_and_deferred_messages_fire_on_time_beside_idle_channels() {
-    for shards in [1, 2] {
+    for_each_shards(&[1, 2], |shards| {
         let b = with_idle_channels(shards);
         for t in topic_names("timed", 2) {
             // In-flight timeout: msg_timeout 1 s, never finished, redelivered after it.
@@ -83,5 +83,5 @@ fn timeouts_and_deferred_messages_fire_on_time_beside_idle_channels() {
             send(&mut c, &line(&format!("FIN {}", d.id)));
             b.wait_channel_field(&t, "ch", "in_flight_count", 0);
         }
-    }
+    });
 }

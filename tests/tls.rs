@@ -13,7 +13,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 type Tls = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
 
@@ -74,7 +74,6 @@ impl Pki {
         vec![
             format!("--tls-cert={}", self.path("cert.pem")),
             format!("--tls-key={}", self.path("key.pem")),
-            "--https-address=127.0.0.1:0".into(),
         ]
     }
 }
@@ -85,25 +84,17 @@ impl Drop for Pki {
     }
 }
 
-fn start(shards: usize, pki: &Pki, extra: &[&str]) -> Broker {
+/// A broker with TLS and an HTTPS listener on a port picked before the start; returns
+/// once the HTTPS port answers too.
+fn start(shards: usize, pki: &Pki, extra: &[&str]) -> (Broker, std::net::SocketAddr) {
+    let https = loopback(free_port());
     let mut flags = pki.flags();
+    flags.push(format!("--https-address={https}"));
     flags.extend(extra.iter().map(|s| s.to_string()));
     let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
-    Broker::start(shards, &refs)
-}
-
-/// The HTTPS address from the broker's log.
-fn https_addr(b: &Broker) -> std::net::SocketAddr {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        for l in b.log.lock().unwrap().iter() {
-            if let Some(a) = l.split("HTTPS: listening on ").nth(1) {
-                return a.trim().parse().unwrap();
-            }
-        }
-        assert!(Instant::now() < deadline, "no HTTPS listener");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let b = Broker::start(shards, &refs);
+    wait_for_port(https, Duration::from_secs(60));
+    (b, https)
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -229,8 +220,8 @@ fn identify_reply_offers_tls_only_with_a_certificate() {
 #[test]
 fn pub_sub_over_tls_across_shards() {
     let pki = Pki::new();
-    for shards in SHARD_COUNTS {
-        let b = start(shards, &pki, &[]);
+    for_each_shards(&SHARD_COUNTS, |shards| {
+        let (b, _) = start(shards, &pki, &[]);
         // Topics on every shard (picked by the broker's hash): with more than one shard
         // some are owned by a shard other than the one that accepted the connection, so
         // SUB (and the first PUB) hand the TLS session over mid-stream.
@@ -292,14 +283,14 @@ fn pub_sub_over_tls_across_shards() {
             // AES-256 first.
             assert_eq!(c["tls_cipher_suite"], "TLS_AES_128_GCM_SHA256", "{c}");
         }
-    }
+    });
 }
 
 #[test]
 fn tls_then_snappy() {
     let pki = Pki::new();
-    for shards in [1, 2] {
-        let b = start(shards, &pki, &[]);
+    for_each_shards(&[1, 2], |shards| {
+        let (b, _) = start(shards, &pki, &[]);
         let (reply, tls) = identify_tls(&b, default_client(&pki), r#","snappy":true"#);
         assert_eq!(
             (reply["tls_v1"].clone(), reply["snappy"].clone()),
@@ -322,7 +313,7 @@ fn tls_then_snappy() {
         let (ft, data) = next_frame(&mut r);
         assert_eq!(ft, 2);
         assert_eq!(parse_message(&data).3, b"hello");
-    }
+    });
 }
 
 #[test]
@@ -330,8 +321,8 @@ fn tls_then_deflate() {
     use flate2::read::DeflateDecoder;
     use flate2::write::DeflateEncoder;
     let pki = Pki::new();
-    for shards in [1, 2, 4] {
-        let b = start(shards, &pki, &[]);
+    for_each_shards(&[1, 2, 4], |shards| {
+        let (b, _) = start(shards, &pki, &[]);
         let (reply, tls) = identify_tls(&b, default_client(&pki), r#","deflate":true"#);
         assert_eq!(reply["deflate"], true);
         let tls = tls.expect("handshake");
@@ -358,13 +349,13 @@ fn tls_then_deflate() {
             assert_eq!(ft, 2, "{}", show(&data));
             assert_eq!(parse_message(&data).3, format!("hello {i}").as_bytes());
         }
-    }
+    });
 }
 
 #[test]
 fn tls_required_refuses_plain_commands() {
     let pki = Pki::new();
-    let b = start(2, &pki, &["--tls-required"]);
+    let (b, https) = start(2, &pki, &["--tls-required"]);
     for (cmd, word) in [
         (b"SUB t c\n".to_vec(), "SUB"),
         (pub_cmd("t", b"x"), "PUB"),
@@ -391,7 +382,6 @@ fn tls_required_refuses_plain_commands() {
     t.write_all(&pub_cmd("t", b"x")).unwrap();
     expect_ok_on(&mut t);
     // Plain HTTP: nsqd's 403 with the HTTPS port; HTTPS serves.
-    let https = https_addr(&b);
     let (code, body) = b.http("GET", "/ping", b"");
     assert_eq!(code, 403);
     assert_eq!(
@@ -408,7 +398,7 @@ fn tls_required_refuses_plain_commands() {
 #[test]
 fn tls_required_tcp_https_keeps_plain_http() {
     let pki = Pki::new();
-    let b = start(1, &pki, &["--tls-required=tcp-https"]);
+    let (b, _) = start(1, &pki, &["--tls-required=tcp-https"]);
     let (code, body) = b.http("GET", "/ping", b"");
     assert_eq!((code, body.as_slice()), (200, b"OK".as_slice()));
     let mut s = b.connect_v2();
@@ -440,8 +430,7 @@ fn https_get(pki: &Pki, addr: std::net::SocketAddr, path: &str) -> (u16, String)
 #[test]
 fn https_serves_the_api() {
     let pki = Pki::new();
-    let b = start(2, &pki, &[]);
-    let https = https_addr(&b);
+    let (b, https) = start(2, &pki, &[]);
     assert_eq!(https_get(&pki, https, "/ping"), (200, "OK".to_string()));
     let (code, body) = https_get(&pki, https, "/info");
     assert_eq!(code, 200);
@@ -453,7 +442,7 @@ fn https_serves_the_api() {
 #[test]
 fn client_auth_require() {
     let pki = Pki::new();
-    let b = start(1, &pki, &["--tls-client-auth-policy=require"]);
+    let (b, _) = start(1, &pki, &["--tls-client-auth-policy=require"]);
     // No certificate: refused.
     let (_, r) = identify_tls(&b, default_client(&pki), "");
     assert!(r.is_err());
@@ -481,7 +470,7 @@ fn client_auth_require() {
 fn client_auth_require_verify() {
     let pki = Pki::new();
     let ca = format!("--tls-root-ca-file={}", pki.path("ca.pem"));
-    let b = start(1, &pki, &["--tls-client-auth-policy=require-verify", &ca]);
+    let (b, _) = start(1, &pki, &["--tls-client-auth-policy=require-verify", &ca]);
     let (_, r) = identify_tls(&b, default_client(&pki), "");
     assert!(r.is_err(), "no certificate must be refused");
     let other = rcgen::generate_simple_self_signed(vec!["x".to_string()]).unwrap();
@@ -506,7 +495,7 @@ fn client_auth_require_verify() {
 #[test]
 fn min_version() {
     let pki = Pki::new();
-    let b = start(1, &pki, &["--tls-min-version=tls1.3"]);
+    let (b, _) = start(1, &pki, &["--tls-min-version=tls1.3"]);
     let (_, r) = identify_tls(
         &b,
         client_config(&pki, None, &[&rustls::version::TLS12]),
@@ -520,7 +509,7 @@ fn min_version() {
     );
     assert!(r.is_ok());
     // The default allows TLS 1.2.
-    let b = start(1, &pki, &[]);
+    let (b, _) = start(1, &pki, &[]);
     let (_, r) = identify_tls(
         &b,
         client_config(&pki, None, &[&rustls::version::TLS12]),
@@ -531,17 +520,20 @@ fn min_version() {
 
 #[test]
 fn bad_certificate_files_fail_start_up() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nsqd"))
-        .args([
+    let mut d = Daemon::spawn(
+        env!("CARGO_BIN_EXE_nsqd"),
+        &[
             "--tls-cert=/nonexistent/cert.pem",
             "--tls-key=/nonexistent/key.pem",
             "--tcp-address=127.0.0.1:0",
             "--http-address=127.0.0.1:0",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+        ],
+    );
+    let status = d
+        .wait_exit(Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("nsqd kept running: {}", d.log_text()));
+    assert!(!status.success());
+    let err = d.stderr_text();
     assert!(
         err.contains(
             "failed to build TLS config - open /nonexistent/cert.pem: no such file or directory"
@@ -589,7 +581,7 @@ fn auth_over_tls_sends_the_client_certificate_common_name() {
     let pki = Pki::new();
     let (auth, seen) = auth_server();
     let a = format!("--auth-http-address={auth}");
-    let b = start(1, &pki, &[&a, "--tls-client-auth-policy=require"]);
+    let (b, _) = start(1, &pki, &[&a, "--tls-client-auth-policy=require"]);
     let cfg = client_config(
         &pki,
         Some((pki.client_cert.clone(), pki.client_key.clone())),
@@ -616,7 +608,7 @@ fn auth_over_tls_tells_the_auth_server() {
     let pki = Pki::new();
     let (auth, seen) = auth_server();
     let a = format!("--auth-http-address={auth}");
-    let b = start(2, &pki, &[&a]);
+    let (b, _) = start(2, &pki, &[&a]);
     let (reply, t) = identify_tls(&b, default_client(&pki), "");
     assert_eq!(reply["auth_required"], true);
     let mut t = t.expect("handshake");

@@ -3,62 +3,26 @@
 //! for byte with captures from nsqlookupd v1.3.0 (inlined below; only the Date value and
 //! the client's ephemeral port differ between runs).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+#[path = "../../tests/common/daemon.rs"]
+mod daemon;
+
+use daemon::Daemon;
+
+/// The nsqlookupd of this package on free loopback ports (see [`Daemon::start_listening`]).
 struct Lookupd {
-    child: Child,
+    daemon: Daemon,
     tcp: SocketAddr,
     http: SocketAddr,
-    log: Arc<Mutex<Vec<String>>>,
 }
 
 impl Lookupd {
     fn start(extra: &[&str]) -> Lookupd {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_nsqlookupd"))
-            .args(["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn nsqlookupd");
-        let stderr = child.stderr.take().expect("stderr");
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let log2 = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if std::env::var_os("NSQD_TEST_LOG").is_some() {
-                    eprintln!("{line}");
-                }
-                let _ = tx.send(line.clone());
-                log2.lock().unwrap().push(line);
-            }
-        });
-        let (mut tcp, mut http) = (None, None);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while tcp.is_none() || http.is_none() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = rx
-                .recv_timeout(left)
-                .unwrap_or_else(|_| panic!("nsqlookupd did not start: {:?}", log.lock().unwrap()));
-            if let Some(a) = line.split("TCP: listening on ").nth(1) {
-                tcp = Some(a.trim().parse().expect("tcp addr"));
-            }
-            if let Some(a) = line.split("HTTP: listening on ").nth(1) {
-                http = Some(a.trim().parse().expect("http addr"));
-            }
-        }
-        Lookupd {
-            child,
-            tcp: tcp.unwrap(),
-            http: http.unwrap(),
-            log,
-        }
+        let (daemon, tcp, http) = Daemon::start_listening(env!("CARGO_BIN_EXE_nsqlookupd"), extra);
+        Lookupd { daemon, tcp, http }
     }
 
     /// A V1 connection that has sent the magic.
@@ -97,14 +61,7 @@ impl Lookupd {
     }
 
     fn log_contains(&self, needle: &str) -> bool {
-        self.log.lock().unwrap().iter().any(|l| l.contains(needle))
-    }
-}
-
-impl Drop for Lookupd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.daemon.log_contains(needle)
     }
 }
 

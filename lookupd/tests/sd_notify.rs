@@ -1,11 +1,15 @@
 //! systemd's notify protocol (`Type=notify`, sd_notify(3)) for nsqlookupd: it keeps no
 //! data, so it sends READY=1 once both listeners accept, and STOPPING=1 on SIGTERM.
 
-use std::io::{BufRead, BufReader, Read, Write};
+#[path = "../../tests/common/daemon.rs"]
+mod daemon;
+
+use daemon::{free_port, loopback, Daemon};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::net::UnixDatagram;
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 /// One HTTP/1.1 request with `Connection: close`; the raw response.
 fn http_raw(addr: SocketAddr, method: &str, path: &str, body: &[u8]) -> Vec<u8> {
@@ -43,36 +47,37 @@ fn nsqlookupd_ready_and_stopping() {
     let sock = UnixDatagram::bind(&sock_path).unwrap();
     sock.set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nsqlookupd"))
-        .arg("--tcp-address=127.0.0.1:0")
-        .arg("--http-address=127.0.0.1:0")
-        .env("NOTIFY_SOCKET", &sock_path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    // Ports picked before the start, as a unit file names them.
+    let http = loopback(free_port());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nsqlookupd"));
+    cmd.arg(format!("--tcp-address={}", loopback(free_port())))
+        .arg(format!("--http-address={http}"))
+        .env("NOTIFY_SOCKET", &sock_path);
+    let mut daemon = Daemon::spawn_cmd(cmd);
     let mut buf = [0u8; 512];
     let n = sock.recv(&mut buf).expect("READY=1");
     assert_eq!(String::from_utf8_lossy(&buf[..n]).trim(), "READY=1");
     // Both listeners were announced before READY=1, and the HTTP one answers.
-    let mut http = None;
-    for line in lines.by_ref().take(10) {
-        let line = line.unwrap();
-        if let Some(a) = line.split("HTTP: listening on ").nth(1) {
-            http = Some(a.trim().parse::<SocketAddr>().unwrap());
-            break;
+    let announced = |what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !daemon.log_contains(what) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
         }
-    }
-    let http = http.expect("HTTP: listening on");
+        daemon.log_contains(what)
+    };
+    assert!(
+        announced(&format!("HTTP: listening on {http}")),
+        "{}",
+        daemon.log_text()
+    );
     let (code, _) = split_http(&http_raw(http, "GET", "/ping", b""));
     assert_eq!(code, 200);
-    let _ = Command::new("kill")
-        .arg("-TERM")
-        .arg(child.id().to_string())
-        .status();
+    daemon.signal(15);
     let n = sock.recv(&mut buf).expect("STOPPING=1");
     assert_eq!(String::from_utf8_lossy(&buf[..n]).trim(), "STOPPING=1");
-    assert!(child.wait().unwrap().success());
+    let status = daemon
+        .wait_exit(Duration::from_secs(20))
+        .expect("exit after SIGTERM");
+    assert!(status.success(), "{status}: {}", daemon.log_text());
     let _ = std::fs::remove_dir_all(&dir);
 }

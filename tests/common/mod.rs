@@ -1,33 +1,71 @@
-//! Test harness: starts the real `nsqd` binary of this crate as a child process on
-//! loopback ports chosen by the kernel, and gives raw-TCP and HTTP helpers.
+//! Test harness: starts the real `nsqd` binary of this crate (and `nsqlookupd` of
+//! lookupd/) as child processes through the one spawner in [`daemon`], and gives raw-TCP
+//! and HTTP helpers.
 //!
-//! The broker prints `TCP: listening on <addr>` and `HTTP: listening on <addr>` to stderr
-//! once every shard is accepting; `Broker::start` waits for both lines.
+//! Every daemon is started on two loopback ports picked just before (a port bound to 0 and
+//! released), and a test waits the way users do: until both ports answer a TCP connect,
+//! never for a log line.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+pub mod daemon;
+pub mod hostile;
+
+#[allow(unused_imports)]
+pub use daemon::{free_port, loopback, wait_for_port, Daemon};
+
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Shard counts every sharding-sensitive test runs with (4 is more than the CI's 2 cores).
 pub const SHARD_COUNTS: [usize; 3] = [1, 2, 4];
 
+/// Runs `body` once per shard count in `counts` (normally [`SHARD_COUNTS`]), in order; a
+/// failure names the shard count it happened with.
+pub fn for_each_shards(counts: &[usize], mut body: impl FnMut(usize)) {
+    for &shards in counts {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(shards)));
+        if let Err(e) = r {
+            eprintln!("failed with --shards={shards}");
+            std::panic::resume_unwind(e);
+        }
+    }
+}
+
 pub struct Broker {
-    pub child: Child,
+    pub daemon: Daemon,
     pub tcp: SocketAddr,
     pub http: SocketAddr,
     pub data_dir: std::path::PathBuf,
-    /// Every stderr line the broker printed so far.
+    /// Every stderr line the broker printed so far (the daemon's log).
     pub log: Arc<Mutex<Vec<String>>>,
     /// Remove `data_dir` when dropped (false for brokers restarted on kept data).
     pub remove_data: bool,
 }
 
+/// The `nsqd` command line the harness runs: the given loopback ports, shard count and
+/// data path, then `extra` (which may override any of them).
+fn nsqd_cmd(
+    data_dir: &std::path::Path,
+    shards: usize,
+    tcp: SocketAddr,
+    http: SocketAddr,
+    extra: &[&str],
+) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nsqd"));
+    cmd.arg(format!("--tcp-address={tcp}"))
+        .arg(format!("--http-address={http}"))
+        .arg(format!("--shards={shards}"))
+        .arg(format!("--data-path={}", data_dir.display()))
+        .args(extra);
+    cmd
+}
+
 impl Broker {
-    /// Starts `nsqd --shards <shards> <extra...>` on 127.0.0.1:0 for TCP and HTTP with a
-    /// fresh data path. Panics (test failure) if it does not come up within 60 s.
+    /// Starts `nsqd --shards <shards> <extra...>` on free loopback ports with a fresh data
+    /// path. Panics (test failure) if its ports do not answer within 60 s.
     pub fn start(shards: usize, extra: &[&str]) -> Broker {
         let data_dir = std::env::temp_dir().join(format!(
             "nsqd-test-{}-{}",
@@ -42,59 +80,17 @@ impl Broker {
     }
 
     /// Starts a broker on an existing data path (a restart), which is kept when the
-    /// broker is dropped.
+    /// broker is dropped; returns once both its ports answer (see
+    /// [`Daemon::start_listening_with`]).
     pub fn start_in(data_dir: &std::path::Path, shards: usize, extra: &[&str]) -> Broker {
-        let data_dir = data_dir.to_path_buf();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_nsqd"));
-        cmd.arg("--tcp-address=127.0.0.1:0")
-            .arg("--http-address=127.0.0.1:0")
-            .arg(format!("--shards={shards}"))
-            .arg(format!("--data-path={}", data_dir.display()))
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("spawn nsqd");
-        let stderr = child.stderr.take().expect("stderr");
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let log2 = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if std::env::var_os("NSQD_TEST_LOG").is_some() {
-                    eprintln!("{line}");
-                }
-                let _ = tx.send(line.clone());
-                log2.lock().unwrap().push(line);
-            }
-        });
-        let (mut tcp, mut http) = (None, None);
-        // Generous: CI runs many brokers at once on two cores.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while tcp.is_none() || http.is_none() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = match rx.recv_timeout(left) {
-                Ok(l) => l,
-                Err(_) => {
-                    // Do not leave the process behind when the test fails here.
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    panic!("nsqd did not start: {:?}", log.lock().unwrap())
-                }
-            };
-            if let Some(a) = line.split("TCP: listening on ").nth(1) {
-                tcp = Some(a.trim().parse().expect("tcp addr"));
-            }
-            if let Some(a) = line.split("HTTP: listening on ").nth(1) {
-                http = Some(a.trim().parse().expect("http addr"));
-            }
-        }
+        let (daemon, tcp, http) =
+            Daemon::start_listening_with(|tcp, http| nsqd_cmd(data_dir, shards, tcp, http, extra));
         Broker {
-            child,
-            tcp: tcp.unwrap(),
-            http: http.unwrap(),
-            data_dir,
-            log,
+            log: daemon.log.clone(),
+            daemon,
+            tcp,
+            http,
+            data_dir: data_dir.to_path_buf(),
             remove_data: false,
         }
     }
@@ -110,16 +106,17 @@ impl Broker {
 
     /// Sends SIGTERM and waits for the exit status (up to 10 s, then SIGKILL).
     pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
-        unsafe_kill(self.child.id(), 15);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                return Some(st);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        None
+        self.daemon.terminate(Duration::from_secs(10))
+    }
+
+    /// `kill -9` and reap (a crash: nothing is flushed).
+    pub fn kill9(&mut self) {
+        self.daemon.kill9();
+    }
+
+    /// The broker's process id.
+    pub fn pid(&self) -> u32 {
+        self.daemon.pid()
     }
 
     /// Performs one HTTP/1.1 request (Connection: close) and returns the raw response
@@ -143,17 +140,9 @@ impl Broker {
 
 static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-fn unsafe_kill(pid: u32, sig: i32) {
-    let _ = Command::new("kill")
-        .arg(format!("-{sig}"))
-        .arg(pid.to_string())
-        .status();
-}
-
 impl Drop for Broker {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.daemon.kill9();
         if self.remove_data {
             let _ = std::fs::remove_dir_all(&self.data_dir);
         }
@@ -505,6 +494,15 @@ pub fn wait_until(within: Duration, mut f: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// Polls `f` every 50 ms until it returns true; fails the test naming `what` after 10 s.
+pub fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Test topic names spread over shards by the broker's own hash
 /// ([`nsq_shards::owner_of`]): name `i` is owned by shard `i % s` for every shard count
 /// `s` in [`SHARD_COUNTS`] (1, 2 and 4), so `n >= s` names cover every shard and some
@@ -555,6 +553,12 @@ impl Broker {
         let mut s = self.connect_v2();
         send(&mut s, &pub_cmd(topic, body));
         expect_ok(&mut s);
+    }
+
+    /// POSTs `path` (no body) and asserts status 200 (the body is shown on failure).
+    pub fn post_ok(&self, path: &str) {
+        let (code, body) = self.http("POST", path, b"");
+        assert_eq!(code, 200, "POST {path}: {}", String::from_utf8_lossy(&body));
     }
 
     /// POSTs an admin endpoint and asserts 200 with an empty body.
@@ -754,19 +758,11 @@ pub fn assert_v1_text_ok(raw: &[u8]) {
     );
 }
 
-/// A loopback port that was free a moment ago (bound to port 0, then released), for a
-/// broker that must come back on the same ports after a restart.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
 impl Broker {
     /// Starts `nsqd` on the given loopback ports and data path (kept when dropped) and
     /// returns at once, without waiting for it: callers wait the way users and
-    /// supervisors do, by polling the port (see [`wait_port_answers`]).
+    /// supervisors do, by polling the port (see [`wait_for_port`]). For restarts on the
+    /// same ports.
     pub fn spawn_on(
         data_dir: &std::path::Path,
         shards: usize,
@@ -774,62 +770,69 @@ impl Broker {
         http_port: u16,
         extra: &[&str],
     ) -> Broker {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_nsqd"));
-        cmd.arg(format!("--tcp-address=127.0.0.1:{tcp_port}"))
-            .arg(format!("--http-address=127.0.0.1:{http_port}"))
-            .arg(format!("--shards={shards}"))
-            .arg(format!("--data-path={}", data_dir.display()))
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("spawn nsqd");
-        let stderr = child.stderr.take().expect("stderr");
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let log2 = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if std::env::var_os("NSQD_TEST_LOG").is_some() {
-                    eprintln!("{line}");
-                }
-                log2.lock().unwrap().push(line);
-            }
-        });
+        let (tcp, http) = (loopback(tcp_port), loopback(http_port));
+        let daemon = Daemon::spawn_cmd(nsqd_cmd(data_dir, shards, tcp, http, extra));
         Broker {
-            child,
-            tcp: SocketAddr::from(([127, 0, 0, 1], tcp_port)),
-            http: SocketAddr::from(([127, 0, 0, 1], http_port)),
+            log: daemon.log.clone(),
+            daemon,
+            tcp,
+            http,
             data_dir: data_dir.to_path_buf(),
-            log,
             remove_data: false,
         }
     }
 
+    /// Restarts at once on the given ports and data path and returns when both ports
+    /// answer (a failure names the log).
+    pub fn restart_on(
+        data_dir: &std::path::Path,
+        shards: usize,
+        tcp_port: u16,
+        http_port: u16,
+        extra: &[&str],
+    ) -> Broker {
+        let mut b = Broker::spawn_on(data_dir, shards, tcp_port, http_port, extra);
+        if let Err(e) = b
+            .daemon
+            .wait_for_ports(&[b.tcp, b.http], daemon::START_TIMEOUT)
+        {
+            panic!("nsqd did not restart: {e}");
+        }
+        b
+    }
+
     /// Whether the process has exited (and with what status).
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.try_wait().ok().flatten()
+        self.daemon.exited()
     }
 
     /// Every log line so far, joined.
     pub fn log_text(&self) -> String {
-        self.log.lock().unwrap().join("\n")
+        self.daemon.log_text()
+    }
+
+    /// The first log line containing `needle`, waiting up to `within` for it: the ports
+    /// answer before the broker's stderr has necessarily reached the test, so a start-up
+    /// line is waited for, not expected at once.
+    pub fn wait_log_line(&self, needle: &str, within: Duration) -> Option<String> {
+        let mut found = None;
+        wait_until(within, || {
+            found = self
+                .log
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|l| l.contains(needle))
+                .cloned();
+            found.is_some()
+        });
+        found
     }
 }
 
-/// Polls `addr` every millisecond until a TCP connect succeeds (the first moment the
-/// port answers, as a client or a supervisor's health check sees it) and returns that
-/// connection. Panics after `within`.
+/// Polls `addr` until a TCP connect succeeds; see [`wait_for_port`].
 pub fn wait_port_answers(addr: SocketAddr, within: Duration) -> TcpStream {
-    let deadline = Instant::now() + within;
-    loop {
-        match TcpStream::connect_timeout(&addr, Duration::from_millis(100)) {
-            Ok(s) => return s,
-            Err(e) => {
-                assert!(Instant::now() < deadline, "{addr} never answered: {e}");
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
-    }
+    wait_for_port(addr, within)
 }
 
 /// Runs `nsqd` (1 shard, loopback ports chosen by the kernel, a data path under the temp
@@ -841,39 +844,72 @@ pub fn nsqd_startup_failure(args: &[&str]) -> String {
         std::process::id(),
         NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
     ));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nsqd"))
-        .args([
-            "--tcp-address=127.0.0.1:0",
-            "--http-address=127.0.0.1:0",
-            "--shards=1",
-            &format!("--data-path={}", dir.display()),
-        ])
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn nsqd");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("wait") {
-            break st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("nsqd {args:?} kept running");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nsqd"));
+    cmd.args([
+        "--tcp-address=127.0.0.1:0",
+        "--http-address=127.0.0.1:0",
+        "--shards=1",
+        &format!("--data-path={}", dir.display()),
+    ])
+    .args(args);
+    let mut d = Daemon::spawn_cmd(cmd);
+    let Some(status) = d.wait_exit(Duration::from_secs(30)) else {
+        d.kill9();
+        panic!("nsqd {args:?} kept running");
     };
-    let mut err = String::new();
-    let _ = child
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut err);
+    let err = d.stderr_text();
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(status.code(), Some(1), "{args:?}: {err}");
     err
+}
+
+/// The real `nsqlookupd` (see [`nsqlookupd_bin`]), killed when dropped.
+pub struct Lookupd {
+    pub daemon: Daemon,
+    pub tcp: SocketAddr,
+    pub http: SocketAddr,
+}
+
+impl Lookupd {
+    /// Starts `nsqlookupd <extra...>` on free loopback ports; returns when both answer.
+    pub fn start(extra: &[&str]) -> Lookupd {
+        let (daemon, tcp, http) = Daemon::start_listening(nsqlookupd_bin(), extra);
+        Lookupd { daemon, tcp, http }
+    }
+
+    /// Starts `nsqlookupd <extra...>` at once on the given addresses (a restart on the
+    /// same ports); returns when both answer.
+    pub fn start_on(tcp: SocketAddr, http: SocketAddr, extra: &[&str]) -> Lookupd {
+        let mut args = vec![
+            format!("--tcp-address={tcp}"),
+            format!("--http-address={http}"),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let mut daemon = Daemon::spawn(nsqlookupd_bin(), &args);
+        if let Err(e) = daemon.wait_for_ports(&[tcp, http], daemon::START_TIMEOUT) {
+            panic!("nsqlookupd did not start: {e}");
+        }
+        Lookupd { daemon, tcp, http }
+    }
+
+    /// (status, JSON body or Null) of one HTTP request.
+    pub fn request(&self, method: &str, path: &str) -> (u16, serde_json::Value) {
+        let (code, body) = split_http(&http_raw(self.http, method, path, b""));
+        (
+            code,
+            serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null),
+        )
+    }
+
+    /// (status, JSON body or Null) of `GET path`.
+    pub fn get(&self, path: &str) -> (u16, serde_json::Value) {
+        self.request("GET", path)
+    }
+
+    /// `kill -9` and reap.
+    pub fn kill(&mut self) {
+        self.daemon.kill9();
+    }
 }
 
 /// The segment files of a topic directory, in order.
@@ -944,4 +980,34 @@ pub fn nsqlookupd_bin() -> std::path::PathBuf {
         bin
     })
     .clone()
+}
+
+/// A field of `/proc/<pid>/status` in kB (e.g. `"VmRSS:"`), 0 when unreadable.
+pub fn proc_status_kb(pid: u32, key: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    text.lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// How many file descriptors the process has open (0 when unreadable).
+pub fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// This machine's hostname, as nsqd reports it in /info and /stats.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .expect("hostname")
+        .trim()
+        .to_string()
+}
+
+/// The body of a raw HTTP response as UTF-8.
+pub fn body_str(raw: &[u8]) -> String {
+    String::from_utf8(split_http(raw).1).expect("utf-8 body")
 }
