@@ -213,8 +213,7 @@ fn kill_9_loop_faster_than_the_checkpoint_does_not_redeliver_what_was_finished()
         std::thread::sleep(Duration::from_millis(300));
         let first = drain_and_fin(&b, "loop");
         assert_eq!(first.len(), N, "{ctx}: run 1 delivers each once: {first:?}");
-        let _ = b.child.kill();
-        let _ = b.child.wait();
+        b.kill9();
 
         // Run 2: they come back with attempts 1 and are finished again; crash at once.
         let mut b = Broker::start_in(&dir, shards, args);
@@ -225,8 +224,7 @@ fn kill_9_loop_faster_than_the_checkpoint_does_not_redeliver_what_was_finished()
             assert_eq!(second.len(), N, "{ctx}: {second:?}");
         }
         assert!(second.iter().all(|(_, a)| *a == 1), "{ctx}: {second:?}");
-        let _ = b.child.kill();
-        let _ = b.child.wait();
+        b.kill9();
 
         // Run 3: nothing finished in run 2 is delivered again.
         let b = Broker::start_in(&dir, shards, args);
