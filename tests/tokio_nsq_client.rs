@@ -236,6 +236,17 @@ async fn fanout_two_channels_two_consumers_each_all_delivered_and_finished() {
             ));
         }
 
+        // Both consumers of each channel have sent RDY before the burst: tokio-nsq sends
+        // it on its rebalance tick, and a consumer that is ready alone takes everything
+        // it can (nsqd, too, gives messages only to clients with RDY > 0).
+        for ch in channels {
+            wait_channel_stats(&broker, topic_name, ch, &what, |c| {
+                c["clients"].as_array().is_some_and(|cl| {
+                    cl.len() == 2 && cl.iter().all(|x| x["ready_count"].as_i64() > Some(0))
+                })
+            });
+        }
+
         let bodies: Vec<Vec<u8>> = (0..N)
             .map(|i| format!("tokio-nsq message {i:05}").into_bytes())
             .collect();
