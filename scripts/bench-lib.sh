@@ -45,33 +45,23 @@ proc_cpu_ticks() {
 
 CLK_TCK="$(getconf CLK_TCK 2>/dev/null || echo 100)"
 
-# start_broker BIN SHARDS DATADIR LOG: starts BIN on free loopback ports; sets BROKER_PID,
-# BROKER_TCP and BROKER_HTTP. Returns 1 if it does not report its addresses within 20 s.
+# shellcheck source=scripts/broker-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/broker-lib.sh"
+
+# start_broker BIN SHARDS DATADIR LOG: starts BIN (this broker or upstream nsqd) on
+# loopback ports picked beforehand; sets BROKER_PID, BROKER_TCP and BROKER_HTTP. Returns
+# 1 if the ports do not answer within 60 s (scripts/broker-lib.sh).
 start_broker() {
   local bin="$1" shards="$2" dir="$3" log="$4"
   mkdir -p "$dir"
-  "$bin" --tcp-address=127.0.0.1:0 --http-address=127.0.0.1:0 --shards "$shards" \
-    --data-path "$dir" >"$log" 2>&1 &
-  BROKER_PID=$!
-  BROKER_TCP=""
-  BROKER_HTTP=""
-  local _
-  for _ in $(seq 1 400); do
-    BROKER_TCP="$(sed -n 's/.*TCP: listening on \([^ ]*\).*/\1/p' "$log" | head -n1)"
-    BROKER_HTTP="$(sed -n 's/.*HTTP: listening on \([^ ]*\).*/\1/p' "$log" | head -n1)"
-    if [[ -n "$BROKER_TCP" && -n "$BROKER_HTTP" ]]; then
-      return 0
-    fi
-    if ! kill -0 "$BROKER_PID" 2>/dev/null; then
-      echo "broker exited during startup; log:" >&2
-      cat "$log" >&2
-      return 1
-    fi
-    sleep 0.05
-  done
-  echo "broker did not report its addresses within 20s; log:" >&2
-  cat "$log" >&2
-  return 1
+  : >"$log"
+  BROKER_PID=""; BROKER_TCP=""; BROKER_HTTP=""
+  if ! start_daemon "$log" BROKER_PID BROKER_TCP BROKER_HTTP -- "$bin" --shards "$shards" \
+    --data-path "$dir"; then
+    echo "broker did not start; log:" >&2
+    cat "$log" >&2
+    return 1
+  fi
 }
 
 # stop_broker: SIGTERM, wait up to 15 s (then SIGKILL). Sets BROKER_RC.

@@ -85,18 +85,10 @@ fail() { FAILED=$((FAILED + 1)); echo "FAIL $1"; }
 # ---------------------------------------------------------------- the broker
 BROKER_LOG="$LOGDIR/page-nsqd.log"
 : >"$BROKER_LOG"
-"$NSQD" --tcp-address=127.0.0.1:0 --http-address=127.0.0.1:0 --shards=4 \
-  --data-path="$WORK" >>"$BROKER_LOG" 2>&1 &
-BROKER_PID=$!
-TCP=""; HTTP=""
-for _ in $(seq 1 200); do
-  TCP="$(grep -oE 'TCP: listening on [^ ]+' "$BROKER_LOG" | head -1 | awk '{print $4}')"
-  HTTP="$(grep -oE 'HTTP: listening on [^ ]+' "$BROKER_LOG" | head -1 | awk '{print $4}')"
-  [[ -n "$TCP" && -n "$HTTP" ]] && break
-  kill -0 "$BROKER_PID" 2>/dev/null || break
-  sleep 0.1
-done
-if [[ -z "$TCP" || -z "$HTTP" ]]; then
+# shellcheck source=scripts/broker-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/broker-lib.sh"
+BROKER_PID=""; TCP=""; HTTP=""
+if ! start_daemon "$BROKER_LOG" BROKER_PID TCP HTTP -- "$NSQD" --shards=4 --data-path="$WORK"; then
   echo "FAIL broker did not start"; tail -n 40 "$BROKER_LOG"; exit 1
 fi
 echo "broker pid $BROKER_PID: tcp $TCP, http $HTTP"

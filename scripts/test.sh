@@ -41,6 +41,8 @@
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/broker-lib.sh
+source "$ROOT/scripts/broker-lib.sh"
 cd "$ROOT"
 
 CLIENTS_ONLY=0
@@ -219,34 +221,17 @@ BROKER_LOG=""
 TCP_ADDR=""
 HTTP_ADDR=""
 
-# start_broker shards: starts the broker in the background on kernel-chosen loopback
-# ports and waits (20 s) for its "TCP: listening on" and "HTTP: listening on" lines.
+# start_broker shards: starts the broker in the background on loopback ports picked
+# beforehand and waits (60 s at most) until both answer (scripts/broker-lib.sh).
 start_broker() {
   local shards="$1"
   local data="$WORK/data-$shards"
   mkdir -p "$data"
   BROKER_LOG="$LOGDIR/nsqd-shards-$shards.log"
   : >"$BROKER_LOG"
-  "${NSQD_CMD[@]}" --tcp-address=127.0.0.1:0 --http-address=127.0.0.1:0 \
-    --shards="$shards" --data-path="$data" ${BROKER_FLAGS[@]+"${BROKER_FLAGS[@]}"} >>"$BROKER_LOG" 2>&1 &
-  BROKER_PID=$!
-  local deadline=$(( $(date +%s) + 20 ))
-  TCP_ADDR=""; HTTP_ADDR=""
-  while [[ $(date +%s) -le $deadline ]]; do
-    TCP_ADDR="$(grep -oE 'TCP: listening on [^ ]+' "$BROKER_LOG" | head -1 | awk '{print $4}')"
-    HTTP_ADDR="$(grep -oE 'HTTP: listening on [^ ]+' "$BROKER_LOG" | head -1 | awk '{print $4}')"
-    if [[ -n "$TCP_ADDR" && -n "$HTTP_ADDR" ]]; then
-      return 0
-    fi
-    if ! kill -0 "$BROKER_PID" 2>/dev/null; then
-      wait "$BROKER_PID"; echo "broker exited early with status $?" >&2
-      BROKER_PID=""
-      return 1
-    fi
-    sleep 0.1
-  done
-  echo "broker did not print both listening lines within 20 s" >&2
-  return 1
+  TCP_ADDR=""; HTTP_ADDR=""; BROKER_PID=""
+  start_daemon "$BROKER_LOG" BROKER_PID TCP_ADDR HTTP_ADDR -- "${NSQD_CMD[@]}" \
+    --shards="$shards" --data-path="$data" ${BROKER_FLAGS[@]+"${BROKER_FLAGS[@]}"}
 }
 
 # stop_broker: SIGTERM, wait up to 15 s; returns the exit status (or 124 if it hung).

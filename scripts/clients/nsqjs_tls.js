@@ -15,6 +15,7 @@
 
 const { spawn, execFileSync } = require('child_process')
 const fs = require('fs')
+const net = require('net')
 const os = require('os')
 const path = require('path')
 const nsq = require('nsqjs')
@@ -71,25 +72,55 @@ function startBroker() {
     '-addext', 'subjectAltName=IP:127.0.0.1', '-keyout', key, '-out', cert,
   ], { stdio: 'ignore' })
   fs.mkdirSync(path.join(dir, 'data'))
-  broker = spawn(nsqdBin, [
-    '--tcp-address=127.0.0.1:0', '--http-address=127.0.0.1:0', '--https-address=127.0.0.1:0',
-    `--shards=${shards}`, `--data-path=${path.join(dir, 'data')}`,
-    `--tls-cert=${cert}`, `--tls-key=${key}`,
-  ], { stdio: ['ignore', 'ignore', 'pipe'] })
+  return startOnFreePorts(cert, key)
+}
+
+// A loopback port the kernel just handed out (bound, then released).
+function freePort() {
   return new Promise((resolve, reject) => {
-    let tcp = null
-    let http = null
-    let text = ''
-    broker.stderr.on('data', (chunk) => {
-      text += chunk.toString()
-      const t = text.match(/TCP: listening on (\S+)/)
-      const h = text.match(/HTTP: listening on (\S+)/)
-      if (t) tcp = t[1]
-      if (h) http = h[1]
-      if (tcp && http) resolve({ tcp, http })
+    const srv = net.createServer()
+    srv.on('error', reject)
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address()
+      srv.close(() => resolve(port))
     })
-    broker.on('exit', (status) => reject(new Error(`nsqd exited (${status}): ${text}`)))
   })
+}
+
+function portAnswers(addr) {
+  const i = addr.lastIndexOf(':')
+  return new Promise((resolve) => {
+    const c = net.connect(parseInt(addr.slice(i + 1), 10), addr.slice(0, i))
+    c.on('connect', () => { c.destroy(); resolve(true) })
+    c.on('error', () => resolve(false))
+  })
+}
+
+// Starts the broker on ports picked beforehand and resolves once they answer, the way a
+// user waits (not on a log line); a port taken meanwhile is retried on fresh ones.
+async function startOnFreePorts(cert, key) {
+  for (let attempt = 0; attempt < 3; attempt++) {
+    const tcp = `127.0.0.1:${await freePort()}`
+    const http = `127.0.0.1:${await freePort()}`
+    const https = `127.0.0.1:${await freePort()}`
+    let text = ''
+    let exited = null
+    broker = spawn(nsqdBin, [
+      `--tcp-address=${tcp}`, `--http-address=${http}`, `--https-address=${https}`,
+      `--shards=${shards}`, `--data-path=${path.join(dir, 'data')}`,
+      `--tls-cert=${cert}`, `--tls-key=${key}`,
+    ], { stdio: ['ignore', 'ignore', 'pipe'] })
+    broker.stderr.on('data', (chunk) => { text += chunk.toString() })
+    broker.on('exit', (status) => { exited = status })
+    const deadline = Date.now() + 60000
+    while (exited === null && Date.now() < deadline) {
+      if (await portAnswers(tcp) && await portAnswers(http)) return { tcp, http }
+      await new Promise((resolve) => setTimeout(resolve, 20))
+    }
+    if (exited === null) throw new Error(`nsqd: ports did not answer within 60 s: ${text}`)
+    if (!/address already in use/i.test(text)) throw new Error(`nsqd exited (${exited}): ${text}`)
+  }
+  throw new Error('nsqd: ports kept being taken')
 }
 
 async function main() {

@@ -25,9 +25,7 @@ import asyncio
 import json
 import logging
 import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -100,46 +98,6 @@ class AuthServer:
 
     def stop(self):
         self.httpd.shutdown()
-
-
-class Daemon:
-    """nsqd with stderr logged to a file; waits for `TCP/HTTP: listening on`."""
-
-    def __init__(self, argv, logdir):
-        self.logpath = os.path.join(logdir, "nsqd.log")
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.tcp = self.http = None
-        self.ready = threading.Event()
-        threading.Thread(target=self._pump, daemon=True).start()
-        if not self.ready.wait(20) or not self.tcp or not self.http:
-            self.stop()
-            raise sc.ScenarioError("nsqd did not start; see %s" % self.logpath)
-
-    def _pump(self):
-        with open(self.logpath, "w") as f:
-            for raw in self.proc.stderr:
-                line = raw.decode("utf-8", "replace")
-                f.write(line)
-                f.flush()
-                m = re.search(r"(TCP|HTTP): listening on (\S+)", line)
-                if m:
-                    if m.group(1) == "TCP":
-                        self.tcp = m.group(2)
-                    else:
-                        self.http = m.group(2)
-                    if self.tcp and self.http:
-                        self.ready.set()
-        self.ready.set()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
 
 
 async def wait_for(cond, timeout, what):
@@ -271,9 +229,10 @@ def main():
     t0 = time.time()
     ok = False
     try:
-        nsqd = Daemon([nsqd_bin, "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+        nsqd = sc.Daemon("nsqd", [nsqd_bin,
                        "--shards=%s" % shards, "--auth-http-address=%s" % auth.addr,
-                       "--data-path=%s" % os.path.join(work, "data")], work)
+                       "--data-path=%s" % os.path.join(work, "data")],
+                         os.path.join(work, "nsqd.log"))
         asyncio.run(asyncio.wait_for(scenario(nsqd, auth, sc.OVERALL_TIMEOUT),
                                      sc.OVERALL_TIMEOUT + 30))
         ok = True

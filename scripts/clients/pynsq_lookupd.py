@@ -24,12 +24,9 @@ import asyncio
 import json
 import logging
 import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
@@ -47,47 +44,6 @@ KEEP = []
 
 def log(text):
     sc.log(NAME, text)
-
-
-class Daemon:
-    """A child process whose stderr is logged to a file; waits for the
-    `TCP: listening on` / `HTTP: listening on` lines."""
-
-    def __init__(self, name, argv, logdir):
-        self.name = name
-        self.logpath = os.path.join(logdir, name + ".log")
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.tcp = self.http = None
-        self.ready = threading.Event()
-        threading.Thread(target=self._pump, daemon=True).start()
-        if not self.ready.wait(20) or not self.tcp or not self.http:
-            self.stop()
-            raise sc.ScenarioError("%s did not start; see %s" % (name, self.logpath))
-
-    def _pump(self):
-        with open(self.logpath, "w") as f:
-            for raw in self.proc.stderr:
-                line = raw.decode("utf-8", "replace")
-                f.write(line)
-                f.flush()
-                m = re.search(r"(TCP|HTTP): listening on (\S+)", line)
-                if m:
-                    if m.group(1) == "TCP":
-                        self.tcp = m.group(2)
-                    else:
-                        self.http = m.group(2)
-                    if self.tcp and self.http:
-                        self.ready.set()
-        self.ready.set()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 async def wait_for(cond, timeout, what):
@@ -220,13 +176,13 @@ def main():
     t0 = time.time()
     ok = False
     try:
-        lookupd = Daemon("nsqlookupd", [lookupd_bin, "--tcp-address=127.0.0.1:0",
-                                        "--http-address=127.0.0.1:0"], work)
+        lookupd = sc.Daemon("nsqlookupd", [lookupd_bin], os.path.join(work, "nsqlookupd.log"))
         daemons.append(lookupd)
-        nsqd = Daemon("nsqd", [nsqd_bin, "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+        nsqd = sc.Daemon("nsqd", [nsqd_bin,
                                "--shards=%s" % shards, "--broadcast-address=127.0.0.1",
                                "--lookupd-tcp-address=%s" % lookupd.tcp,
-                               "--data-path=%s" % os.path.join(work, "data")], work)
+                               "--data-path=%s" % os.path.join(work, "data")],
+                         os.path.join(work, "nsqd.log"))
         daemons.append(nsqd)
         asyncio.run(asyncio.wait_for(scenario(nsqd, lookupd, sc.OVERALL_TIMEOUT),
                                      sc.OVERALL_TIMEOUT + 30))

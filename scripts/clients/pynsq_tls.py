@@ -21,17 +21,18 @@ SIGTERM at exit and must exit 0. Gives up after SCENARIO_TIMEOUT seconds (defaul
 """
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 
-import nsq
-import tornado.ioloop
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import scenario_common as sc  # noqa: E402
+
+import nsq  # noqa: E402
+import tornado.ioloop  # noqa: E402
 
 N = int(os.environ.get("SCENARIO_TLS_MESSAGES", "1000"))
 TIMEOUT = float(os.environ.get("SCENARIO_TIMEOUT", "120"))
@@ -59,31 +60,15 @@ def main():
         data = os.path.join(tmp, "data")
         os.mkdir(data)
         logpath = os.path.join(tmp, "nsqd.log")
-        logf = open(logpath, "w")
-        proc = subprocess.Popen(
-            [nsqd, "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
-             "--https-address=127.0.0.1:0", "--shards=%s" % shards, "--data-path=%s" % data,
-             "--tls-cert=%s" % cert, "--tls-key=%s" % key, "--tls-required=tcp-https"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        addrs = {}
-        ready = threading.Event()
-
-        def pump():
-            for raw in proc.stderr:
-                line = raw.decode("utf-8", "replace")
-                logf.write(line)
-                logf.flush()
-                m = re.search(r"(TCP|HTTP|HTTPS): listening on (\S+)", line)
-                if m:
-                    addrs[m.group(1)] = m.group(2)
-                    if "TCP" in addrs and "HTTP" in addrs:
-                        ready.set()
-            ready.set()
-
-        threading.Thread(target=pump, daemon=True).start()
-        if not ready.wait(20) or "TCP" not in addrs:
-            fail("nsqd did not start; log: %s" % open(logpath).read()[-2000:])
-        tcp, http = addrs["TCP"], addrs["HTTP"]
+        try:
+            daemon = sc.Daemon("nsqd", [nsqd, "--shards=%s" % shards, "--data-path=%s" % data,
+                                        "--tls-cert=%s" % cert, "--tls-key=%s" % key,
+                                        "--tls-required=tcp-https"],
+                               logpath, ports=("tcp", "http", "https"))
+        except sc.ScenarioError as e:
+            fail(str(e))
+        proc = daemon.proc
+        tcp, http = daemon.tcp, daemon.http
         run_scenario(tcp, http, cert)
         proc.terminate()
         rc = proc.wait(15)

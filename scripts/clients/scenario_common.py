@@ -5,6 +5,8 @@ produced and consumed entirely by the real client library under test.
 """
 import json
 import os
+import socket
+import subprocess
 import sys
 import time
 import urllib.error
@@ -18,6 +20,72 @@ OVERALL_TIMEOUT = float(os.environ.get("SCENARIO_TIMEOUT", "120"))
 
 class ScenarioError(Exception):
     pass
+
+
+def free_port():
+    """A loopback port the kernel just handed out (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_answers(addr):
+    host, port = addr.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+class Daemon:
+    """nsqd or nsqlookupd started on loopback ports picked beforehand (one
+    `--<kind>-address=127.0.0.1:P` flag per kind in `ports`), stderr in `logpath`.
+    Returns once every port answers a TCP connect, the way a user waits (not a log
+    line); 60 s at most. A port someone else took meanwhile ("address already in use")
+    is retried on fresh ones, up to 3 times. `addr[kind]`, `tcp`, `http`: the addresses."""
+
+    def __init__(self, name, argv, logpath, ports=("tcp", "http")):
+        self.name, self.logpath, self.proc = name, logpath, None
+        for _ in range(3):
+            self.addr = {k: "127.0.0.1:%d" % free_port() for k in ports}
+            flags = ["--%s-address=%s" % (k, a) for k, a in self.addr.items()]
+            with open(logpath, "a") as logf:
+                mark = logf.tell()
+                self.proc = subprocess.Popen(list(argv) + flags, stdout=subprocess.DEVNULL,
+                                             stderr=logf)
+            deadline = time.time() + 60
+            while time.time() < deadline:
+                if all(port_answers(a) for a in self.addr.values()):
+                    self.tcp, self.http = self.addr.get("tcp"), self.addr.get("http")
+                    return
+                if self.proc.poll() is not None:
+                    break
+                time.sleep(0.02)
+            self.stop()
+            with open(logpath, errors="replace") as f:
+                f.seek(mark)
+                text = f.read()
+            if "address already in use" not in text.lower():
+                raise ScenarioError("%s did not start; log:\n%s" % (name, text[-2000:]))
+        raise ScenarioError("%s: ports kept being taken" % name)
+
+    def log_text(self):
+        with open(self.logpath, errors="replace") as f:
+            return f.read()
+
+    def stop(self):
+        """SIGTERM, then SIGKILL after 10 s; returns the exit status."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
 
 
 def log(name, text):
