@@ -9,6 +9,8 @@
 //! [u32 run id]` (big-endian). In pubsub mode consumers mark (producer, seq) in a bitmap
 //! per channel, so the end report gives exact lost and duplicate counts.
 
+#![forbid(unsafe_code)]
+
 mod args;
 mod body;
 mod conn;

@@ -6,6 +6,8 @@
 //! The same functions run under AFL++ (`src/bin/fuzz-afl.rs`), under the in-process
 //! smoke fuzzer (`src/bin/fuzz-smoke.rs`) and in `cargo test` (tests/).
 
+#![forbid(unsafe_code)]
+
 pub mod mutate;
 pub mod net;
 

@@ -2,6 +2,8 @@
 //! SIGTERM. Under systemd (`NOTIFY_SOCKET`) it sends READY=1 once both listeners accept
 //! and STOPPING=1 on shutdown.
 
+#![forbid(unsafe_code)]
+
 use nsqlookupd::{config, logger, NsqLookupd, VERSION};
 
 fn main() {

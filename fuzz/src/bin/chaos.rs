@@ -15,6 +15,8 @@
 //! failures), that nothing foreign was delivered, that no log shows a panic, and that the
 //! final broker exits 0 on SIGTERM. Exit status 1 on any loss or failure.
 
+#![forbid(unsafe_code)]
+
 use nsq_fuzz::mutate::Rng;
 use nsq_fuzz::net::{self, Broker, Stop};
 use std::collections::{BTreeSet, HashMap};

@@ -6,6 +6,8 @@
 //! ```text
 //! fuzz-smoke [SECONDS_PER_TARGET] [TARGET...]     (default 10 s, every target)
 //! ```
+
+#![forbid(unsafe_code)]
 use nsq_fuzz::mutate::{mutate, Rng};
 use nsq_fuzz::{target, TARGETS};
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -34,6 +34,8 @@
 //! or more) the RSS after the first minute stays within 10 % of its value at 60 s.
 //! Exit status 1 on any failure.
 
+#![forbid(unsafe_code)]
+
 use nsq_fuzz::mutate::{mutate, Rng};
 use nsq_fuzz::net::{self, Broker, Stop};
 use std::collections::HashMap;
