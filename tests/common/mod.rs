@@ -44,8 +44,19 @@ impl Broker {
     /// Starts a broker on an existing data path (a restart), which is kept when the
     /// broker is dropped.
     pub fn start_in(data_dir: &std::path::Path, shards: usize, extra: &[&str]) -> Broker {
+        Broker::start_in_env(data_dir, shards, extra, &[])
+    }
+
+    /// [`Broker::start_in`] with extra environment variables for the broker process.
+    pub fn start_in_env(
+        data_dir: &std::path::Path,
+        shards: usize,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Broker {
         let data_dir = data_dir.to_path_buf();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_nsqd"));
+        cmd.envs(env.iter().copied());
         cmd.arg("--tcp-address=127.0.0.1:0")
             .arg("--http-address=127.0.0.1:0")
             .arg(format!("--shards={shards}"))

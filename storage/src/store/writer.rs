@@ -8,6 +8,7 @@ use super::journal_files::{flush_journal, sync_journal};
 use super::retention::delete_covered_journals;
 use super::{io_err, seg_path, Segment, TopicStore, PARTIAL_EVERY, SPARE_MAX, WRITE_BUFFER};
 use crate::error::StoreError;
+use crate::faults;
 use crate::record::{self, SEGMENT_HEADER_LEN};
 use futures::io::AsyncWriteExt;
 use glommio::io::{DmaFile, DmaStreamWriter, DmaStreamWriterBuilder};
@@ -56,7 +57,10 @@ pub(super) async fn open_segment(store: &TopicStore, base: u64) -> Result<Active
     }
     let path = seg_path(&store.dir, base);
     store.opens.set(store.opens.get() + 1);
-    let file = DmaFile::create(store.fd_path(&path)).await.map_err(io_err);
+    let file = match faults::check(faults::Op::Open).await {
+        Ok(()) => DmaFile::create(store.fd_path(&path)).await.map_err(io_err),
+        Err(e) => Err(io_err(e)),
+    };
     store.opens.set(store.opens.get() - 1);
     let file = file?;
     let mut writer = DmaStreamWriterBuilder::new(file)
@@ -263,7 +267,7 @@ impl Writer {
             }
             note_records(&store, a, &recs[i..j]);
             let chunk = &buf[start..start + bytes as usize];
-            match a.writer.write_all(chunk).await {
+            match write_chunk(&mut a.writer, chunk).await {
                 Ok(()) => {
                     a.pos += bytes;
                     a.unflushed.push_back((a.pos, recs[j - 1].0 + 1));
@@ -294,7 +298,7 @@ impl Writer {
         let Some(mut a) = self.active.take() else {
             return;
         };
-        let ok = a.writer.sync().await.is_ok();
+        let ok = sync_segment(&mut a.writer).await.is_ok();
         let closed = a.writer.close().await.is_ok();
         let upto = (a.written > 0).then_some(a.written);
         mark_readable(store, &mut a, u64::MAX);
@@ -320,7 +324,7 @@ impl Writer {
         let store = self.store.clone();
         sync_journal(&store).await;
         if let Some(a) = self.active.as_mut() {
-            match a.writer.sync().await {
+            match sync_segment(&mut a.writer).await {
                 Ok(_) => {
                     a.synced = true;
                     let upto = (a.written > 0).then_some(a.written);
@@ -372,6 +376,23 @@ impl Writer {
         *store.journal_file.borrow_mut() = None;
         store.fail_waiters(&StoreError::exiting());
     }
+}
+
+/// Writes `chunk` to the segment, through the fault-injection layer ([`faults`]).
+async fn write_chunk(w: &mut DmaStreamWriter, chunk: &[u8]) -> std::io::Result<()> {
+    match faults::write_fault(chunk.len()).await? {
+        None => w.write_all(chunk).await,
+        Some((n, e)) => {
+            w.write_all(&chunk[..n]).await?;
+            Err(e)
+        }
+    }
+}
+
+/// fdatasyncs the segment, through the fault-injection layer ([`faults`]).
+async fn sync_segment(w: &mut DmaStreamWriter) -> Result<(), StoreError> {
+    faults::check(faults::Op::Sync).await.map_err(io_err)?;
+    w.sync().await.map(|_| ()).map_err(io_err)
 }
 
 /// Adds records about to be written at the segment's position to its count and sparse
