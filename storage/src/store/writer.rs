@@ -14,7 +14,10 @@ use futures::io::AsyncWriteExt;
 use glommio::io::{DmaFile, DmaStreamWriter, DmaStreamWriterBuilder};
 use std::collections::VecDeque;
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// The pause before a batch whose write failed is tried again.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 impl TopicStore {
     pub(super) fn fail_waiters(&self, e: &StoreError) {
@@ -108,11 +111,14 @@ pub(super) fn mark_readable(store: &TopicStore, a: &mut Active, flushed: u64) {
     }
 }
 
-/// Gives up a segment after a write or sync error; one that was never synced is
-/// removed, so repeated failures (a full disk) do not leave empty files behind.
+/// Gives up a segment after a write or sync error. One with no record written is
+/// removed, so repeated failures (a full disk) do not leave empty files behind; one with
+/// records keeps them: it is closed (writing out what the stream writer buffers, which a
+/// plain drop would discard) and sealed at the end of its last whole batch, so that
+/// neither reads nor recovery go past it into a torn write.
 pub(super) async fn abandon(store: &TopicStore, a: Option<Active>) {
-    let Some(a) = a else { return };
-    if !a.synced {
+    let Some(mut a) = a else { return };
+    if !a.synced && a.written == 0 {
         let seg = store.segments.borrow_mut().remove(&a.base);
         drop(a);
         if let Some(seg) = seg {
@@ -121,6 +127,48 @@ pub(super) async fn abandon(store: &TopicStore, a: Option<Active>) {
                 .spawn_blocking(move || std::fs::remove_file(p))
                 .await;
         }
+        return;
+    }
+    if a.writer.close().await.is_ok() {
+        mark_readable(store, &mut a, u64::MAX);
+        let ix = store
+            .segments
+            .borrow()
+            .get(&a.base)
+            .and_then(|s| s.sealed_index(a.base, a.pos));
+        if let Some(ix) = ix {
+            store.seal(ix, true).await;
+        }
+    }
+}
+
+/// Puts the records of a batch that could not be written (`buf`, `recs`) back in front
+/// of the pending buffer: they are written with the next batch, so a write error loses
+/// nothing the broker holds (their publishers waiting for durability were told of the
+/// error). Not when the store is closing or deleted: then they are dropped, as before.
+fn requeue(store: &TopicStore, buf: &[u8], recs: &[(u64, u32)]) {
+    if store.closing.get() || store.destroyed.get() || recs.is_empty() {
+        return;
+    }
+    let mut pending = store.pending.borrow_mut();
+    let mut b = Vec::with_capacity(buf.len() + pending.len());
+    b.extend_from_slice(buf);
+    b.extend_from_slice(&pending);
+    *pending = b;
+    let mut pr = store.pending_recs.borrow_mut();
+    let mut r = Vec::with_capacity(recs.len() + pr.len());
+    r.extend_from_slice(recs);
+    r.extend_from_slice(&pr);
+    *pr = r;
+}
+
+/// Takes back from the segment's count and sparse index the `n` records from sequence
+/// `first` on, noted before a write that failed.
+fn unnote_records(store: &TopicStore, a: &Active, first: u64, n: u64) {
+    if let Some(seg) = store.segments.borrow_mut().get_mut(&a.base) {
+        seg.count = seg.count.saturating_sub(n);
+        seg.index.retain(|&(seq, _)| seq < first);
+        seg.end_seq = if a.written > 0 { a.written } else { a.base };
     }
 }
 
@@ -173,6 +221,10 @@ pub(super) async fn writer_task(store: Rc<TopicStore>) {
             || store.closing.get();
         if due && !failed {
             w.sync().await;
+        }
+        if failed && !store.closing.get() {
+            // The records were put back: retry after a pause, not in a loop of errors.
+            glommio::timer::sleep(RETRY_PAUSE).await;
         }
         if store.closing.get()
             && store.pending.borrow().is_empty()
@@ -247,6 +299,7 @@ impl Writer {
                     Err(e) => {
                         log::error!("STORE: {} - {e}", store.dir.display());
                         *store.error.borrow_mut() = Some(e.clone());
+                        requeue(&store, &buf[start..], &recs[i..]);
                         store.fail_waiters(&e);
                         return false;
                     }
@@ -280,6 +333,8 @@ impl Writer {
                     let e = io_err(e).context(format_args!("write {}", store.dir.display()));
                     log::error!("STORE: {e}");
                     *store.error.borrow_mut() = Some(e.clone());
+                    unnote_records(&store, a, recs[i].0, (j - i) as u64);
+                    requeue(&store, &buf[start..], &recs[i..]);
                     store.fail_waiters(&e);
                     abandon(&store, self.active.take()).await;
                     return false;
@@ -323,6 +378,7 @@ impl Writer {
     async fn sync(&mut self) {
         let store = self.store.clone();
         sync_journal(&store).await;
+        let mut ok = true;
         if let Some(a) = self.active.as_mut() {
             match sync_segment(&mut a.writer).await {
                 Ok(_) => {
@@ -348,12 +404,13 @@ impl Writer {
                     *store.error.borrow_mut() = Some(e.clone());
                     store.fail_waiters(&e);
                     abandon(&store, self.active.take()).await;
+                    ok = false;
                 }
             }
         }
         self.unsynced = 0;
         self.last_sync = Instant::now();
-        if self.active.is_none() && store.pending.borrow().is_empty() {
+        if ok && self.active.is_none() && store.pending.borrow().is_empty() {
             // Nothing left unwritten: everything appended so far is durable.
             store
                 .durable_seq
