@@ -289,3 +289,34 @@ fn eio_with_default_sync_policy_loses_no_acknowledged_message() {
     drop(b);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn failed_sync_at_segment_rotation_is_not_acknowledged() {
+    let dir = keep_dir("rotate");
+    // The first sync of the store is the one that closes the first segment, in the middle
+    // of this MPUB's batch (about 16 KB into 4 KB segments).
+    let env = faults("seed=6,sync=eio@nth:1");
+    let b = Broker::start_in_env(
+        &dir,
+        2,
+        &["--sync-every=1", "--max-bytes-per-file=4096"],
+        &env,
+    );
+    let bodies: Vec<Vec<u8>> = (0..160).map(|i| body(1000 + i)).collect();
+    let refs: Vec<&[u8]> = bodies.iter().map(|b| b.as_slice()).collect();
+    let mut s = b.connect_v2();
+    s.write_all(&mpub_cmd("r", &refs)).unwrap();
+    let (ft, d) = read_frame_skip_hb(&mut s).unwrap();
+    let text = String::from_utf8_lossy(&d).into_owned();
+    assert_eq!(ft, 1, "acknowledged although a sync failed: {text}");
+    assert!(
+        text.starts_with("E_MPUB_FAILED MPUB failed sync "),
+        "{text}"
+    );
+    // Healthy again after the next sync; publishes are accepted.
+    let mut p = Publisher::new(&b);
+    p.publish("r", &body(1)).unwrap();
+    assert_eq!(ping(&b), (200, "OK".to_string()));
+    drop(b);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -111,14 +111,15 @@ pub(super) fn mark_readable(store: &TopicStore, a: &mut Active, flushed: u64) {
     }
 }
 
-/// Gives up a segment after a write or sync error. One with no record written is
-/// removed, so repeated failures (a full disk) do not leave empty files behind; one with
-/// records keeps them: it is closed (writing out what the stream writer buffers, which a
-/// plain drop would discard) and sealed at the end of its last whole batch, so that
-/// neither reads nor recovery go past it into a torn write.
-pub(super) async fn abandon(store: &TopicStore, a: Option<Active>) {
+/// Gives up a segment after a write or sync error. One with no record written (or never
+/// synced, when its writer itself failed) is removed, so repeated failures (a full disk)
+/// do not leave empty files behind. When the writer is `sound` (the fault was injected
+/// around it), a segment with records keeps them: it is closed (writing out what the
+/// stream writer buffers, which a plain drop would discard) and sealed at the end of its
+/// last whole batch, so that neither reads nor recovery go past it into a torn write.
+pub(super) async fn abandon(store: &TopicStore, a: Option<Active>, sound: bool) {
     let Some(mut a) = a else { return };
-    if !a.synced && a.written == 0 {
+    if !a.synced && (a.written == 0 || !sound) {
         let seg = store.segments.borrow_mut().remove(&a.base);
         drop(a);
         if let Some(seg) = seg {
@@ -127,6 +128,10 @@ pub(super) async fn abandon(store: &TopicStore, a: Option<Active>) {
                 .spawn_blocking(move || std::fs::remove_file(p))
                 .await;
         }
+        return;
+    }
+    if !sound {
+        // Dropped, not closed (see `write_chunk`): what it had flushed stays.
         return;
     }
     if a.writer.close().await.is_ok() {
@@ -329,14 +334,14 @@ impl Writer {
                     let flushed = a.writer.current_flushed_pos();
                     mark_readable(&store, a, flushed);
                 }
-                Err(e) => {
+                Err((e, sound)) => {
                     let e = io_err(e).context(format_args!("write {}", store.dir.display()));
                     log::error!("STORE: {e}");
                     *store.error.borrow_mut() = Some(e.clone());
                     unnote_records(&store, a, recs[i].0, (j - i) as u64);
                     requeue(&store, &buf[start..], &recs[i..]);
                     store.fail_waiters(&e);
-                    abandon(&store, self.active.take()).await;
+                    abandon(&store, self.active.take(), sound).await;
                     return false;
                 }
             }
@@ -353,10 +358,29 @@ impl Writer {
         let Some(mut a) = self.active.take() else {
             return;
         };
-        let ok = sync_segment(&mut a.writer).await.is_ok();
-        let closed = a.writer.close().await.is_ok();
+        let (ok, sound) = match sync_segment(&mut a.writer).await {
+            Ok(()) => (true, true),
+            Err((e, sound)) => {
+                // As a failed sync of the open segment: unhealthy, and whoever waits for
+                // records of this segment is told, for a later sync of the next segment
+                // must not count them as durable.
+                let e = e.context(format_args!("sync {}", store.dir.display()));
+                log::error!("STORE: {e}");
+                *store.error.borrow_mut() = Some(e.clone());
+                store.fail_waiters(&e);
+                (false, sound)
+            }
+        };
+        // A writer whose own flush failed is dropped, not closed (see `write_chunk`):
+        // only what it flushed is readable.
+        let closed = sound && a.writer.close().await.is_ok();
         let upto = (a.written > 0).then_some(a.written);
-        mark_readable(store, &mut a, u64::MAX);
+        let flushed = if closed {
+            u64::MAX
+        } else {
+            a.writer.current_flushed_pos()
+        };
+        mark_readable(store, &mut a, flushed);
         if let (true, Some(seq)) = (ok, upto) {
             store.durable_seq.set(store.durable_seq.get().max(seq));
         }
@@ -398,12 +422,12 @@ impl Writer {
                         write_partial(&store, a.base, a.pos);
                     }
                 }
-                Err(e) => {
-                    let e = io_err(e).context(format_args!("sync {}", store.dir.display()));
+                Err((e, sound)) => {
+                    let e = e.context(format_args!("sync {}", store.dir.display()));
                     log::error!("STORE: {e}");
                     *store.error.borrow_mut() = Some(e.clone());
                     store.fail_waiters(&e);
-                    abandon(&store, self.active.take()).await;
+                    abandon(&store, self.active.take(), sound).await;
                     ok = false;
                 }
             }
@@ -435,21 +459,28 @@ impl Writer {
     }
 }
 
-/// Writes `chunk` to the segment, through the fault-injection layer ([`faults`]).
-async fn write_chunk(w: &mut DmaStreamWriter, chunk: &[u8]) -> std::io::Result<()> {
-    match faults::write_fault(chunk.len()).await? {
-        None => w.write_all(chunk).await,
-        Some((n, e)) => {
-            w.write_all(&chunk[..n]).await?;
-            Err(e)
+/// Writes `chunk` to the segment, through the fault-injection layer ([`faults`]). The
+/// error says whether the stream writer is still sound (an injected fault before or
+/// after a partial write) or failed itself (then glommio's `close` must not be called:
+/// it asserts on a writer whose flush failed).
+async fn write_chunk(w: &mut DmaStreamWriter, chunk: &[u8]) -> Result<(), (std::io::Error, bool)> {
+    match faults::write_fault(chunk.len()).await {
+        Err(e) => Err((e, true)),
+        Ok(None) => w.write_all(chunk).await.map_err(|e| (e, false)),
+        Ok(Some((n, e))) => {
+            w.write_all(&chunk[..n]).await.map_err(|e| (e, false))?;
+            Err((e, true))
         }
     }
 }
 
-/// fdatasyncs the segment, through the fault-injection layer ([`faults`]).
-async fn sync_segment(w: &mut DmaStreamWriter) -> Result<(), StoreError> {
-    faults::check(faults::Op::Sync).await.map_err(io_err)?;
-    w.sync().await.map(|_| ()).map_err(io_err)
+/// fdatasyncs the segment, through the fault-injection layer ([`faults`]); the error
+/// says whether the stream writer is still sound, as [`write_chunk`]'s.
+async fn sync_segment(w: &mut DmaStreamWriter) -> Result<(), (StoreError, bool)> {
+    faults::check(faults::Op::Sync)
+        .await
+        .map_err(|e| (io_err(e), true))?;
+    w.sync().await.map(|_| ()).map_err(|e| (io_err(e), false))
 }
 
 /// Adds records about to be written at the segment's position to its count and sparse
