@@ -320,3 +320,40 @@ fn failed_sync_at_segment_rotation_is_not_acknowledged() {
     drop(b);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn failed_opens_reads_and_metadata_writes_lose_nothing_acknowledged() {
+    let dir = keep_dir("open-read");
+    // Segment opens 3 and 6 fail (creates at rotation, or a channel's reader), the first
+    // 3 segment reads fail, and every 2nd metadata, index or checkpoint write fails.
+    let env = faults("seed=8,open=eio@nth:3,open=enospc@nth:6,read=eio@count:3,meta=eio@every:2");
+    let b = Broker::start_in_env(
+        &dir,
+        2,
+        &[
+            "--mem-queue-size=5",
+            "--max-bytes-per-file=4096",
+            "--sync-timeout=50ms",
+        ],
+        &env,
+    );
+    let mut p = Publisher::new(&b);
+    let mut acked = Vec::new();
+    for i in 0..300 {
+        match p.publish("o", &body(i)) {
+            Ok(()) => acked.push(i),
+            Err(e) => assert!(e.starts_with("E_PUB_FAILED PUB failed "), "{e}"),
+        }
+        if i % 25 == 0 {
+            std::thread::sleep(Duration::from_millis(60));
+        }
+    }
+    assert!(acked.len() >= 290, "{}", acked.len());
+    std::thread::sleep(Duration::from_millis(300));
+    // A channel created now reads everything back from disk (through the read faults).
+    let got = drain(&b, "o", Duration::from_millis(2000));
+    assert_all_delivered(&acked, &got);
+    assert_eq!(ping(&b), (200, "OK".to_string()));
+    drop(b);
+    let _ = std::fs::remove_dir_all(&dir);
+}
