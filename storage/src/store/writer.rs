@@ -150,12 +150,23 @@ pub(super) async fn abandon(store: &TopicStore, a: Option<Active>, sound: bool) 
 /// Puts the records of a batch that could not be written (`buf`, `recs`) back in front
 /// of the pending buffer: they are written with the next batch, so a write error loses
 /// nothing the broker holds (their publishers waiting for durability were told of the
-/// error). Not when the store is closing or deleted: then they are dropped, as before.
+/// error). Not when the store is closing or deleted, nor beyond [`SPARE_MAX`] bytes held
+/// back (a long outage under load): then they are dropped, as before (logged).
 fn requeue(store: &TopicStore, buf: &[u8], recs: &[(u64, u32)]) {
     if store.closing.get() || store.destroyed.get() || recs.is_empty() {
         return;
     }
     let mut pending = store.pending.borrow_mut();
+    if buf.len() + pending.len() > SPARE_MAX {
+        log::error!(
+            "STORE: {} - {} records (sequences {}..={}) not written: too much held back",
+            store.dir.display(),
+            recs.len(),
+            recs[0].0,
+            recs[recs.len() - 1].0
+        );
+        return;
+    }
     let mut b = Vec::with_capacity(buf.len() + pending.len());
     b.extend_from_slice(buf);
     b.extend_from_slice(&pending);
