@@ -22,7 +22,10 @@
 //!         | "after:" N not the first N operations
 //!         | "count:" N at most N faults from this rule
 //! ```
-//! Without a trigger a rule fires on every operation of its kind. Example:
+//! Without a trigger a rule fires on every operation of its kind. Triggers combine:
+//! with `after:N`, `nth` and `every` count the operations after the first N; the first
+//! rule (in spec order) that fires decides; `count` counts only that rule's faults.
+//! Journal syncs and recovery's reads at start-up are not covered. Example:
 //! `NSQD_STORAGE_FAULTS="seed=7,write=eio@after:100,count:20,sync=delay:200ms@p:0.1"`.
 //! Operations are counted per kind over the whole process (all shards); the PRNG is a
 //! hash of (seed, rule, operation number), so a run of one shard is repeatable.
