@@ -46,12 +46,24 @@ pub(super) struct Active {
     base: u64,
     /// Logical write position (header included).
     pos: u64,
-    /// (end offset, one past the sequence) of each written batch not yet known flushed.
-    unflushed: VecDeque<(u64, u64)>,
+    /// Each written batch not yet known flushed, with a copy of its bytes: if the
+    /// stream writer itself fails, what it had not flushed is lost with it and is
+    /// written again from this copy (bounded by the writer's buffers, about 1.25 MiB).
+    unflushed: VecDeque<Unflushed>,
     /// One past the last sequence written into this segment (0 = none yet).
     written: u64,
     /// True once a sync of this segment succeeded.
     synced: bool,
+}
+
+/// A batch handed to the stream writer and not yet known flushed.
+pub(super) struct Unflushed {
+    /// End offset in the segment.
+    end: u64,
+    /// One past its last sequence.
+    upto: u64,
+    bytes: Vec<u8>,
+    recs: Vec<(u64, u32)>,
 }
 
 pub(super) async fn open_segment(store: &TopicStore, base: u64) -> Result<Active, StoreError> {
@@ -97,11 +109,11 @@ pub(super) async fn open_segment(store: &TopicStore, base: u64) -> Result<Active
 
 pub(super) fn mark_readable(store: &TopicStore, a: &mut Active, flushed: u64) {
     let mut upto = None;
-    while let Some(&(end, seq)) = a.unflushed.front() {
-        if end > flushed {
+    while let Some(u) = a.unflushed.front() {
+        if u.end > flushed {
             break;
         }
-        upto = Some(seq);
+        upto = Some(u.upto);
         a.unflushed.pop_front();
     }
     if let Some(seq) = upto {
@@ -119,7 +131,33 @@ pub(super) fn mark_readable(store: &TopicStore, a: &mut Active, flushed: u64) {
 /// last whole batch, so that neither reads nor recovery go past it into a torn write.
 pub(super) async fn abandon(store: &TopicStore, a: Option<Active>, sound: bool) {
     let Some(mut a) = a else { return };
-    if !a.synced && (a.written == 0 || !sound) {
+    if !sound {
+        // What the failed writer had not flushed is lost with it: those records are
+        // taken out of the segment and written again (in front of the pending ones).
+        let flushed = a.writer.current_flushed_pos();
+        mark_readable(store, &mut a, flushed);
+        let data_end = a
+            .unflushed
+            .front()
+            .map_or(a.pos, |u| u.end - u.bytes.len() as u64);
+        let mut bytes = Vec::new();
+        let mut recs = Vec::new();
+        for u in a.unflushed.drain(..) {
+            bytes.extend_from_slice(&u.bytes);
+            recs.extend_from_slice(&u.recs);
+        }
+        if let Some(&(first, _)) = recs.first() {
+            unnote_records(store, a.base, first, recs.len() as u64);
+        }
+        requeue(store, &bytes, &recs);
+        a.pos = data_end;
+    }
+    let empty = store
+        .segments
+        .borrow()
+        .get(&a.base)
+        .is_none_or(|s| s.count == 0);
+    if !a.synced && (a.written == 0 || empty) {
         let seg = store.segments.borrow_mut().remove(&a.base);
         drop(a);
         if let Some(seg) = seg {
@@ -130,12 +168,16 @@ pub(super) async fn abandon(store: &TopicStore, a: Option<Active>, sound: bool) 
         }
         return;
     }
-    if !sound {
-        // Dropped, not closed (see `write_chunk`): what it had flushed stays.
-        return;
-    }
-    if a.writer.close().await.is_ok() {
+    if sound {
+        if a.writer.close().await.is_err() {
+            return;
+        }
         mark_readable(store, &mut a, u64::MAX);
+    } else {
+        // Dropped, not closed (see `write_chunk`): what it had flushed stays.
+        drop(a.writer);
+    }
+    {
         let ix = store
             .segments
             .borrow()
@@ -180,11 +222,11 @@ fn requeue(store: &TopicStore, buf: &[u8], recs: &[(u64, u32)]) {
 
 /// Takes back from the segment's count and sparse index the `n` records from sequence
 /// `first` on, noted before a write that failed.
-fn unnote_records(store: &TopicStore, a: &Active, first: u64, n: u64) {
-    if let Some(seg) = store.segments.borrow_mut().get_mut(&a.base) {
+fn unnote_records(store: &TopicStore, base: u64, first: u64, n: u64) {
+    if let Some(seg) = store.segments.borrow_mut().get_mut(&base) {
         seg.count = seg.count.saturating_sub(n);
         seg.index.retain(|&(seq, _)| seq < first);
-        seg.end_seq = if a.written > 0 { a.written } else { a.base };
+        seg.end_seq = first.max(base);
     }
 }
 
@@ -307,7 +349,13 @@ impl Writer {
                 .as_ref()
                 .is_some_and(|a| a.pos >= store.cfg.max_bytes_per_file)
             {
-                self.rotate().await;
+                if let Err(failed) = self.rotate().await {
+                    // Its writer failed: the rest of this batch goes back first, then
+                    // (in front of it) what the failed writer had not flushed.
+                    requeue(&store, &buf[start..], &recs[i..]);
+                    abandon(&store, Some(failed), false).await;
+                    return false;
+                }
             }
             if self.active.is_none() {
                 match open_segment(&store, recs[i].0).await {
@@ -339,7 +387,12 @@ impl Writer {
             match write_chunk(&mut a.writer, chunk).await {
                 Ok(()) => {
                     a.pos += bytes;
-                    a.unflushed.push_back((a.pos, recs[j - 1].0 + 1));
+                    a.unflushed.push_back(Unflushed {
+                        end: a.pos,
+                        upto: recs[j - 1].0 + 1,
+                        bytes: chunk.to_vec(),
+                        recs: recs[i..j].to_vec(),
+                    });
                     a.written = recs[j - 1].0 + 1;
                     self.unsynced += (j - i) as u64;
                     let flushed = a.writer.current_flushed_pos();
@@ -349,7 +402,7 @@ impl Writer {
                     let e = io_err(e).context(format_args!("write {}", store.dir.display()));
                     log::error!("STORE: {e}");
                     *store.error.borrow_mut() = Some(e.clone());
-                    unnote_records(&store, a, recs[i].0, (j - i) as u64);
+                    unnote_records(&store, a.base, recs[i].0, (j - i) as u64);
                     requeue(&store, &buf[start..], &recs[i..]);
                     store.fail_waiters(&e);
                     abandon(&store, self.active.take(), sound).await;
@@ -363,39 +416,47 @@ impl Writer {
     }
 
     /// Closes the full segment: synced, so all of it is durable, then sealed in the
-    /// background (nsqd: writeOne's rotation to the next file).
-    async fn rotate(&mut self) {
+    /// background (nsqd: writeOne's rotation to the next file). `Err` gives back a
+    /// segment whose stream writer itself failed (the error recorded, waiters failed),
+    /// for the caller to put its unflushed records back and [`abandon`] it.
+    async fn rotate(&mut self) -> Result<(), Active> {
         let store = &self.store;
         let Some(mut a) = self.active.take() else {
-            return;
+            return Ok(());
         };
-        let (ok, sound) = match sync_segment(&mut a.writer).await {
-            Ok(()) => (true, true),
-            Err((e, sound)) => {
-                // As a failed sync of the open segment: unhealthy, and whoever waits for
-                // records of this segment is told, for a later sync of the next segment
-                // must not count them as durable.
-                let e = e.context(format_args!("sync {}", store.dir.display()));
-                log::error!("STORE: {e}");
-                *store.error.borrow_mut() = Some(e.clone());
-                store.fail_waiters(&e);
-                (false, sound)
-            }
+        let synced = sync_segment(&mut a.writer).await;
+        // A writer whose own flush failed is dropped, not closed (see `write_chunk`).
+        let closed = match &synced {
+            Err((_, false)) => Err(None),
+            _ => a.writer.close().await.map_err(|e| Some(io_err(e))),
         };
-        // A writer whose own flush failed is dropped, not closed (see `write_chunk`):
-        // only what it flushed is readable.
-        let closed = sound && a.writer.close().await.is_ok();
-        let upto = (a.written > 0).then_some(a.written);
-        let flushed = if closed {
-            u64::MAX
-        } else {
-            a.writer.current_flushed_pos()
+        let writer_ok = closed.is_ok();
+        let failed = match (synced, closed) {
+            (Ok(()), Ok(())) => None,
+            (Err((e, _)), _) | (Ok(()), Err(Some(e))) => Some(e),
+            (Ok(()), Err(None)) => None,
         };
-        mark_readable(store, &mut a, flushed);
-        if let (true, Some(seq)) = (ok, upto) {
-            store.durable_seq.set(store.durable_seq.get().max(seq));
+        if let Some(e) = &failed {
+            // As a failed sync of the open segment: unhealthy, and whoever waits for
+            // records of this segment is told, for a later sync of the next segment
+            // must not count them as durable.
+            let e = e
+                .clone()
+                .context(format_args!("sync {}", store.dir.display()));
+            log::error!("STORE: {e}");
+            *store.error.borrow_mut() = Some(e.clone());
+            store.fail_waiters(&e);
         }
-        if ok && closed {
+        if !writer_ok {
+            return Err(a);
+        }
+        mark_readable(store, &mut a, u64::MAX);
+        if failed.is_none() {
+            if a.written > 0 {
+                store
+                    .durable_seq
+                    .set(store.durable_seq.get().max(a.written));
+            }
             // In the background: publishers waiting for a sync need not wait for the
             // index file's fsync too. (Counted as an open: `close` waits for it.)
             let (st, base, end) = (store.clone(), a.base, a.pos);
@@ -406,6 +467,7 @@ impl Writer {
             })
             .detach();
         }
+        Ok(())
     }
 
     /// Syncs the journal and the open segment (nsqd: sync), checkpoints the segment's
