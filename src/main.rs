@@ -24,6 +24,16 @@ fn main() {
         Err(e) => fatal(&format!("failed to instantiate nsqd - {e}")),
     };
     nsqd::logger::init(&cfg.log_prefix, cfg.log_level);
+    // Disk-fault injection for tests (nsq_storage::faults): off unless the variable is set.
+    match nsq_storage::faults::init_from_env() {
+        Ok(true) => log::warn!(
+            "{}={:?}: injecting storage faults",
+            nsq_storage::faults::ENV,
+            std::env::var(nsq_storage::faults::ENV).unwrap_or_default()
+        ),
+        Ok(false) => {}
+        Err(e) => fatal(&format!("failed to instantiate nsqd - {e}")),
+    }
     let serving = fatal_panics_until_serving(prefix.clone());
     // What the host must provide (io_uring, locked memory, the data path, the ports),
     // checked before any shard starts: one line per problem, each with its fix.

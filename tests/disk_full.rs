@@ -21,8 +21,8 @@ impl Drop for Mount {
     }
 }
 
-fn small_fs() -> Option<Mount> {
-    let base = std::env::temp_dir().join(format!("nsqd-diskfull-{}", std::process::id()));
+fn small_fs(name: &str) -> Option<Mount> {
+    let base = std::env::temp_dir().join(format!("nsqd-diskfull-{name}-{}", std::process::id()));
     let img = base.with_extension("img");
     std::fs::create_dir_all(&base).ok()?;
     let f = std::fs::File::create(&img).ok()?;
@@ -50,7 +50,7 @@ fn small_fs() -> Option<Mount> {
 
 #[test]
 fn full_disk_fails_publishes_marks_unhealthy_and_recovers() {
-    let Some(m) = small_fs() else {
+    let Some(m) = small_fs("pub") else {
         eprintln!("SKIPPED: cannot mount a loop filesystem here (needs root and loop devices)");
         return;
     };
@@ -111,5 +111,78 @@ fn full_disk_fails_publishes_marks_unhealthy_and_recovers() {
     assert_eq!(read_frame_skip_hb(&mut p).unwrap(), (0, b"OK".to_vec()));
     let (code, body) = b.http("GET", "/ping", b"");
     assert_eq!((code, body.as_slice()), (200, &b"OK"[..]));
+    drop(b);
+}
+
+/// With the default sync policy a publish is acknowledged before it is written: when the
+/// disk fills under it, the store must keep those records and write them once there is
+/// space (regression: a never-synced segment was deleted with its records, and the
+/// stream writer's unflushed buffer was dropped, after the first ENOSPC).
+#[test]
+fn full_disk_with_default_sync_policy_loses_no_acknowledged_message() {
+    let Some(m) = small_fs("default") else {
+        eprintln!("SKIPPED: cannot mount a loop filesystem here (needs root and loop devices)");
+        return;
+    };
+    let data = m.0.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let b = Broker::start_in(&data, 2, &["--mem-queue-size=5", "--sync-timeout=50ms"]);
+    b.http("POST", "/topic/create?topic=full", b"");
+    b.http("POST", "/channel/create?topic=full&channel=c", b"");
+    // Leave about 1.5 MB free.
+    let filler = m.0.join("filler");
+    {
+        let mut f = std::fs::File::create(&filler).unwrap();
+        let chunk = vec![7u8; 64 * 1024];
+        let mut n = 0;
+        while n < 5_500_000 && f.write_all(&chunk).is_ok() {
+            n += chunk.len();
+        }
+        let _ = f.sync_all();
+    }
+    let body = |i: u64| format!("full-{i:06}-{}", "z".repeat(3000)).into_bytes();
+    let (mut acked, mut failed) = (Vec::new(), 0);
+    let mut s = b.connect_v2();
+    for i in 0..3000u64 {
+        s.write_all(&pub_cmd("full", &body(i))).unwrap();
+        match read_frame_skip_hb(&mut s) {
+            Ok((0, ok)) if ok == b"OK" => acked.push(i),
+            Ok((1, e)) => {
+                let e = String::from_utf8_lossy(&e).into_owned();
+                assert!(e.starts_with("E_PUB_FAILED PUB failed "), "{e}");
+                failed += 1;
+                s = b.connect_v2();
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        if failed > 20 {
+            break;
+        }
+    }
+    assert!(failed > 0, "the disk never filled");
+    std::fs::remove_file(&filler).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let mut c = b.connect_v2();
+    c.write_all(b"SUB full c\nRDY 1000\n").unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut got = std::collections::BTreeSet::new();
+    while let Ok((ft, d)) = read_frame_skip_hb(&mut c) {
+        if ft != 2 {
+            continue;
+        }
+        let (_, _, id, msg) = parse_message(&d);
+        let i: u64 = std::str::from_utf8(&msg[5..11]).unwrap().parse().unwrap();
+        assert_eq!(msg, body(i), "corrupt body");
+        got.insert(i);
+        c.write_all(format!("FIN {id}\n").as_bytes()).unwrap();
+    }
+    let lost: Vec<_> = acked.iter().filter(|i| !got.contains(i)).collect();
+    assert!(
+        lost.is_empty(),
+        "{} acknowledged, lost {lost:?}",
+        acked.len()
+    );
+    let (code, _) = b.http("GET", "/ping", b"");
+    assert_eq!(code, 200);
     drop(b);
 }

@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 pub mod error;
+pub mod faults;
 pub mod index;
 pub mod journal;
 pub mod meta;

@@ -60,6 +60,7 @@ fn meta_path(dir: &Path) -> PathBuf {
 /// Writes `meta` atomically into `dir` (blocking; run it off the executor).
 pub fn write_blocking(dir: &Path, meta: &TopicMeta) -> std::io::Result<()> {
     use std::io::Write;
+    crate::faults::check_blocking(crate::faults::Op::Meta)?;
     std::fs::create_dir_all(dir)?;
     let tmp = dir.join("meta.json.tmp");
     let data = serde_json::to_vec(meta).map_err(std::io::Error::other)?;

@@ -83,8 +83,22 @@ impl Broker {
     /// broker is dropped; returns once both its ports answer (see
     /// [`Daemon::start_listening_with`]).
     pub fn start_in(data_dir: &std::path::Path, shards: usize, extra: &[&str]) -> Broker {
-        let (daemon, tcp, http) =
-            Daemon::start_listening_with(|tcp, http| nsqd_cmd(data_dir, shards, tcp, http, extra));
+        Broker::start_in_env(data_dir, shards, extra, &[])
+    }
+
+    /// [`Broker::start_in`] with extra environment variables for the broker process
+    /// (e.g. `NSQD_STORAGE_FAULTS`).
+    pub fn start_in_env(
+        data_dir: &std::path::Path,
+        shards: usize,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Broker {
+        let (daemon, tcp, http) = Daemon::start_listening_with(|tcp, http| {
+            let mut cmd = nsqd_cmd(data_dir, shards, tcp, http, extra);
+            cmd.envs(env.iter().copied());
+            cmd
+        });
         Broker {
             log: daemon.log.clone(),
             daemon,

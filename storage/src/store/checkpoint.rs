@@ -22,6 +22,7 @@ pub(super) fn seal_blocking(
     sync_data: bool,
 ) -> Result<(), StoreError> {
     use std::io::Write;
+    crate::faults::check_blocking(crate::faults::Op::Meta).map_err(io_err)?;
     let f = std::fs::File::open(seg).map_err(io_err)?;
     if sync_data {
         f.sync_data().map_err(io_err)?;
@@ -50,6 +51,7 @@ pub(super) fn seal_blocking(
 /// fsynced: a partial index lost or torn by a power failure only means a longer scan
 /// (its CRC rejects a torn one).
 pub(super) fn write_partial_blocking(pidx: &Path, ix: &SegmentIndex) -> Result<(), StoreError> {
+    crate::faults::check_blocking(crate::faults::Op::Meta).map_err(io_err)?;
     let mut tmp = pidx.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);

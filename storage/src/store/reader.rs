@@ -107,7 +107,10 @@ impl TopicStore {
         }
         let fd_path = self.fd_path(path);
         self.opens.set(self.opens.get() + 1);
-        let f = DmaFile::open(&fd_path).await.map_err(io_err);
+        let f = match crate::faults::check(crate::faults::Op::Open).await {
+            Ok(()) => DmaFile::open(&fd_path).await.map_err(io_err),
+            Err(e) => Err(io_err(e)),
+        };
         self.opens.set(self.opens.get() - 1);
         let f = Rc::new(f?);
         self.readers.borrow_mut().insert(base, f.clone());
@@ -132,6 +135,9 @@ struct Located {
 async fn read_window(file: &DmaFile, off: u64) -> Result<(Bytes, usize), StoreError> {
     let mut want = READ_WINDOW;
     loop {
+        crate::faults::check(crate::faults::Op::Read)
+            .await
+            .map_err(io_err)?;
         let rr = file.read_at(off, want).await.map_err(io_err)?;
         let data = Bytes::copy_from_slice(&rr);
         if data.len() >= 8 {

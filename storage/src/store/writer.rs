@@ -8,12 +8,16 @@ use super::journal_files::{flush_journal, sync_journal};
 use super::retention::delete_covered_journals;
 use super::{io_err, seg_path, Segment, TopicStore, PARTIAL_EVERY, SPARE_MAX, WRITE_BUFFER};
 use crate::error::StoreError;
+use crate::faults;
 use crate::record::{self, SEGMENT_HEADER_LEN};
 use futures::io::AsyncWriteExt;
 use glommio::io::{DmaFile, DmaStreamWriter, DmaStreamWriterBuilder};
 use std::collections::VecDeque;
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// The pause before a batch whose write failed is tried again.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 impl TopicStore {
     pub(super) fn fail_waiters(&self, e: &StoreError) {
@@ -42,12 +46,24 @@ pub(super) struct Active {
     base: u64,
     /// Logical write position (header included).
     pos: u64,
-    /// (end offset, one past the sequence) of each written batch not yet known flushed.
-    unflushed: VecDeque<(u64, u64)>,
+    /// Each written batch not yet known flushed, with a copy of its bytes: if the
+    /// stream writer itself fails, what it had not flushed is lost with it and is
+    /// written again from this copy (bounded by the writer's buffers, about 1.25 MiB).
+    unflushed: VecDeque<Unflushed>,
     /// One past the last sequence written into this segment (0 = none yet).
     written: u64,
     /// True once a sync of this segment succeeded.
     synced: bool,
+}
+
+/// A batch handed to the stream writer and not yet known flushed.
+pub(super) struct Unflushed {
+    /// End offset in the segment.
+    end: u64,
+    /// One past its last sequence.
+    upto: u64,
+    bytes: Vec<u8>,
+    recs: Vec<(u64, u32)>,
 }
 
 pub(super) async fn open_segment(store: &TopicStore, base: u64) -> Result<Active, StoreError> {
@@ -56,7 +72,10 @@ pub(super) async fn open_segment(store: &TopicStore, base: u64) -> Result<Active
     }
     let path = seg_path(&store.dir, base);
     store.opens.set(store.opens.get() + 1);
-    let file = DmaFile::create(store.fd_path(&path)).await.map_err(io_err);
+    let file = match faults::check(faults::Op::Open).await {
+        Ok(()) => DmaFile::create(store.fd_path(&path)).await.map_err(io_err),
+        Err(e) => Err(io_err(e)),
+    };
     store.opens.set(store.opens.get() - 1);
     let file = file?;
     let mut writer = DmaStreamWriterBuilder::new(file)
@@ -90,11 +109,11 @@ pub(super) async fn open_segment(store: &TopicStore, base: u64) -> Result<Active
 
 pub(super) fn mark_readable(store: &TopicStore, a: &mut Active, flushed: u64) {
     let mut upto = None;
-    while let Some(&(end, seq)) = a.unflushed.front() {
-        if end > flushed {
+    while let Some(u) = a.unflushed.front() {
+        if u.end > flushed {
             break;
         }
-        upto = Some(seq);
+        upto = Some(u.upto);
         a.unflushed.pop_front();
     }
     if let Some(seq) = upto {
@@ -104,11 +123,41 @@ pub(super) fn mark_readable(store: &TopicStore, a: &mut Active, flushed: u64) {
     }
 }
 
-/// Gives up a segment after a write or sync error; one that was never synced is
-/// removed, so repeated failures (a full disk) do not leave empty files behind.
-pub(super) async fn abandon(store: &TopicStore, a: Option<Active>) {
-    let Some(a) = a else { return };
-    if !a.synced {
+/// Gives up a segment after a write or sync error. One with no record written (or never
+/// synced, when its writer itself failed) is removed, so repeated failures (a full disk)
+/// do not leave empty files behind. When the writer is `sound` (the fault was injected
+/// around it), a segment with records keeps them: it is closed (writing out what the
+/// stream writer buffers, which a plain drop would discard) and sealed at the end of its
+/// last whole batch, so that neither reads nor recovery go past it into a torn write.
+pub(super) async fn abandon(store: &TopicStore, a: Option<Active>, sound: bool) {
+    let Some(mut a) = a else { return };
+    if !sound {
+        // What the failed writer had not flushed is lost with it: those records are
+        // taken out of the segment and written again (in front of the pending ones).
+        let flushed = a.writer.current_flushed_pos();
+        mark_readable(store, &mut a, flushed);
+        let data_end = a
+            .unflushed
+            .front()
+            .map_or(a.pos, |u| u.end - u.bytes.len() as u64);
+        let mut bytes = Vec::new();
+        let mut recs = Vec::new();
+        for u in a.unflushed.drain(..) {
+            bytes.extend_from_slice(&u.bytes);
+            recs.extend_from_slice(&u.recs);
+        }
+        if let Some(&(first, _)) = recs.first() {
+            unnote_records(store, a.base, first, recs.len() as u64);
+        }
+        requeue(store, &bytes, &recs);
+        a.pos = data_end;
+    }
+    let empty = store
+        .segments
+        .borrow()
+        .get(&a.base)
+        .is_none_or(|s| s.count == 0);
+    if !a.synced && (a.written == 0 || empty) {
         let seg = store.segments.borrow_mut().remove(&a.base);
         drop(a);
         if let Some(seg) = seg {
@@ -117,6 +166,67 @@ pub(super) async fn abandon(store: &TopicStore, a: Option<Active>) {
                 .spawn_blocking(move || std::fs::remove_file(p))
                 .await;
         }
+        return;
+    }
+    if sound {
+        if a.writer.close().await.is_err() {
+            return;
+        }
+        mark_readable(store, &mut a, u64::MAX);
+    } else {
+        // Dropped, not closed (see `write_chunk`): what it had flushed stays.
+        drop(a.writer);
+    }
+    {
+        let ix = store
+            .segments
+            .borrow()
+            .get(&a.base)
+            .and_then(|s| s.sealed_index(a.base, a.pos));
+        if let Some(ix) = ix {
+            store.seal(ix, true).await;
+        }
+    }
+}
+
+/// Puts the records of a batch that could not be written (`buf`, `recs`) back in front
+/// of the pending buffer: they are written with the next batch, so a write error loses
+/// nothing the broker holds (their publishers waiting for durability were told of the
+/// error). Not when the store is closing or deleted, nor beyond [`SPARE_MAX`] bytes held
+/// back (a long outage under load): then they are dropped, as before (logged).
+fn requeue(store: &TopicStore, buf: &[u8], recs: &[(u64, u32)]) {
+    if store.closing.get() || store.destroyed.get() || recs.is_empty() {
+        return;
+    }
+    let mut pending = store.pending.borrow_mut();
+    if buf.len() + pending.len() > SPARE_MAX {
+        log::error!(
+            "STORE: {} - {} records (sequences {}..={}) not written: too much held back",
+            store.dir.display(),
+            recs.len(),
+            recs[0].0,
+            recs[recs.len() - 1].0
+        );
+        return;
+    }
+    let mut b = Vec::with_capacity(buf.len() + pending.len());
+    b.extend_from_slice(buf);
+    b.extend_from_slice(&pending);
+    *pending = b;
+    let mut pr = store.pending_recs.borrow_mut();
+    let mut r = Vec::with_capacity(recs.len() + pr.len());
+    r.extend_from_slice(recs);
+    r.extend_from_slice(&pr);
+    *pr = r;
+}
+
+/// Takes back from the segment's count and sparse index the `n` records from sequence
+/// `first` on, noted before a write that failed.
+fn unnote_records(store: &TopicStore, base: u64, first: u64, n: u64) {
+    if let Some(seg) = store.segments.borrow_mut().get_mut(&base) {
+        seg.count = seg.count.saturating_sub(n);
+        seg.index.retain(|&(seq, _)| seq < first);
+        seg.end_seq = first.max(base);
     }
 }
 
@@ -169,6 +279,10 @@ pub(super) async fn writer_task(store: Rc<TopicStore>) {
             || store.closing.get();
         if due && !failed {
             w.sync().await;
+        }
+        if failed && !store.closing.get() {
+            // The records were put back: retry after a pause, not in a loop of errors.
+            glommio::timer::sleep(RETRY_PAUSE).await;
         }
         if store.closing.get()
             && store.pending.borrow().is_empty()
@@ -235,7 +349,13 @@ impl Writer {
                 .as_ref()
                 .is_some_and(|a| a.pos >= store.cfg.max_bytes_per_file)
             {
-                self.rotate().await;
+                if let Err(failed) = self.rotate().await {
+                    // Its writer failed: the rest of this batch goes back first, then
+                    // (in front of it) what the failed writer had not flushed.
+                    requeue(&store, &buf[start..], &recs[i..]);
+                    abandon(&store, Some(failed), false).await;
+                    return false;
+                }
             }
             if self.active.is_none() {
                 match open_segment(&store, recs[i].0).await {
@@ -243,6 +363,7 @@ impl Writer {
                     Err(e) => {
                         log::error!("STORE: {} - {e}", store.dir.display());
                         *store.error.borrow_mut() = Some(e.clone());
+                        requeue(&store, &buf[start..], &recs[i..]);
                         store.fail_waiters(&e);
                         return false;
                     }
@@ -263,21 +384,28 @@ impl Writer {
             }
             note_records(&store, a, &recs[i..j]);
             let chunk = &buf[start..start + bytes as usize];
-            match a.writer.write_all(chunk).await {
+            match write_chunk(&mut a.writer, chunk).await {
                 Ok(()) => {
                     a.pos += bytes;
-                    a.unflushed.push_back((a.pos, recs[j - 1].0 + 1));
+                    a.unflushed.push_back(Unflushed {
+                        end: a.pos,
+                        upto: recs[j - 1].0 + 1,
+                        bytes: chunk.to_vec(),
+                        recs: recs[i..j].to_vec(),
+                    });
                     a.written = recs[j - 1].0 + 1;
                     self.unsynced += (j - i) as u64;
                     let flushed = a.writer.current_flushed_pos();
                     mark_readable(&store, a, flushed);
                 }
-                Err(e) => {
+                Err((e, sound)) => {
                     let e = io_err(e).context(format_args!("write {}", store.dir.display()));
                     log::error!("STORE: {e}");
                     *store.error.borrow_mut() = Some(e.clone());
+                    unnote_records(&store, a.base, recs[i].0, (j - i) as u64);
+                    requeue(&store, &buf[start..], &recs[i..]);
                     store.fail_waiters(&e);
-                    abandon(&store, self.active.take()).await;
+                    abandon(&store, self.active.take(), sound).await;
                     return false;
                 }
             }
@@ -288,20 +416,47 @@ impl Writer {
     }
 
     /// Closes the full segment: synced, so all of it is durable, then sealed in the
-    /// background (nsqd: writeOne's rotation to the next file).
-    async fn rotate(&mut self) {
+    /// background (nsqd: writeOne's rotation to the next file). `Err` gives back a
+    /// segment whose stream writer itself failed (the error recorded, waiters failed),
+    /// for the caller to put its unflushed records back and [`abandon`] it.
+    async fn rotate(&mut self) -> Result<(), Active> {
         let store = &self.store;
         let Some(mut a) = self.active.take() else {
-            return;
+            return Ok(());
         };
-        let ok = a.writer.sync().await.is_ok();
-        let closed = a.writer.close().await.is_ok();
-        let upto = (a.written > 0).then_some(a.written);
-        mark_readable(store, &mut a, u64::MAX);
-        if let (true, Some(seq)) = (ok, upto) {
-            store.durable_seq.set(store.durable_seq.get().max(seq));
+        let synced = sync_segment(&mut a.writer).await;
+        // A writer whose own flush failed is dropped, not closed (see `write_chunk`).
+        let closed = match &synced {
+            Err((_, false)) => Err(None),
+            _ => a.writer.close().await.map_err(|e| Some(io_err(e))),
+        };
+        let writer_ok = closed.is_ok();
+        let failed = match (synced, closed) {
+            (Ok(()), Ok(())) => None,
+            (Err((e, _)), _) | (Ok(()), Err(Some(e))) => Some(e),
+            (Ok(()), Err(None)) => None,
+        };
+        if let Some(e) = &failed {
+            // As a failed sync of the open segment: unhealthy, and whoever waits for
+            // records of this segment is told, for a later sync of the next segment
+            // must not count them as durable.
+            let e = e
+                .clone()
+                .context(format_args!("sync {}", store.dir.display()));
+            log::error!("STORE: {e}");
+            *store.error.borrow_mut() = Some(e.clone());
+            store.fail_waiters(&e);
         }
-        if ok && closed {
+        if !writer_ok {
+            return Err(a);
+        }
+        mark_readable(store, &mut a, u64::MAX);
+        if failed.is_none() {
+            if a.written > 0 {
+                store
+                    .durable_seq
+                    .set(store.durable_seq.get().max(a.written));
+            }
             // In the background: publishers waiting for a sync need not wait for the
             // index file's fsync too. (Counted as an open: `close` waits for it.)
             let (st, base, end) = (store.clone(), a.base, a.pos);
@@ -312,6 +467,7 @@ impl Writer {
             })
             .detach();
         }
+        Ok(())
     }
 
     /// Syncs the journal and the open segment (nsqd: sync), checkpoints the segment's
@@ -319,8 +475,9 @@ impl Writer {
     async fn sync(&mut self) {
         let store = self.store.clone();
         sync_journal(&store).await;
+        let mut ok = true;
         if let Some(a) = self.active.as_mut() {
-            match a.writer.sync().await {
+            match sync_segment(&mut a.writer).await {
                 Ok(_) => {
                     a.synced = true;
                     let upto = (a.written > 0).then_some(a.written);
@@ -338,18 +495,19 @@ impl Writer {
                         write_partial(&store, a.base, a.pos);
                     }
                 }
-                Err(e) => {
-                    let e = io_err(e).context(format_args!("sync {}", store.dir.display()));
+                Err((e, sound)) => {
+                    let e = e.context(format_args!("sync {}", store.dir.display()));
                     log::error!("STORE: {e}");
                     *store.error.borrow_mut() = Some(e.clone());
                     store.fail_waiters(&e);
-                    abandon(&store, self.active.take()).await;
+                    abandon(&store, self.active.take(), sound).await;
+                    ok = false;
                 }
             }
         }
         self.unsynced = 0;
         self.last_sync = Instant::now();
-        if self.active.is_none() && store.pending.borrow().is_empty() {
+        if ok && self.active.is_none() && store.pending.borrow().is_empty() {
             // Nothing left unwritten: everything appended so far is durable.
             store
                 .durable_seq
@@ -372,6 +530,30 @@ impl Writer {
         *store.journal_file.borrow_mut() = None;
         store.fail_waiters(&StoreError::exiting());
     }
+}
+
+/// Writes `chunk` to the segment, through the fault-injection layer ([`faults`]). The
+/// error says whether the stream writer is still sound (an injected fault before or
+/// after a partial write) or failed itself (then glommio's `close` must not be called:
+/// it asserts on a writer whose flush failed).
+async fn write_chunk(w: &mut DmaStreamWriter, chunk: &[u8]) -> Result<(), (std::io::Error, bool)> {
+    match faults::write_fault(chunk.len()).await {
+        Err(e) => Err((e, true)),
+        Ok(None) => w.write_all(chunk).await.map_err(|e| (e, false)),
+        Ok(Some((n, e))) => {
+            w.write_all(&chunk[..n]).await.map_err(|e| (e, false))?;
+            Err((e, true))
+        }
+    }
+}
+
+/// fdatasyncs the segment, through the fault-injection layer ([`faults`]); the error
+/// says whether the stream writer is still sound, as [`write_chunk`]'s.
+async fn sync_segment(w: &mut DmaStreamWriter) -> Result<(), (StoreError, bool)> {
+    faults::check(faults::Op::Sync)
+        .await
+        .map_err(|e| (io_err(e), true))?;
+    w.sync().await.map(|_| ()).map_err(|e| (io_err(e), false))
 }
 
 /// Adds records about to be written at the segment's position to its count and sparse
