@@ -360,10 +360,10 @@ def main():
         sampler.start()
         until = time.time() + duration
         for name, script, consumers in (
-                ("py", "pynsq_worker.py", [("soak_a", "py", 20), ("soak_b", "py", 20),
-                                           ("soak_a", "mix", 10), ("soak_b", "mix", 10)]),
-                ("gn", "gnsq_worker.py", [("soak_a", "gn", 20), ("soak_b", "gn", 20),
-                                          ("soak_a", "mix", 10), ("soak_b", "mix", 10)])):
+                ("py", "pynsq_worker.py", [("soak_a", "py", 100), ("soak_b", "py", 100),
+                                           ("soak_a", "mix", 50), ("soak_b", "mix", 50)]),
+                ("gn", "gnsq_worker.py", [("soak_a", "gn", 100), ("soak_b", "gn", 100),
+                                          ("soak_a", "mix", 50), ("soak_b", "mix", 50)])):
             cfg = {"name": name, "tcp": broker.tcp, "http": broker.http, "seed": seed,
                    "events": os.path.join(out, name + ".events.jsonl"), "control": out,
                    "msg_timeout_ms": args.msg_timeout_ms, "topics": TOPICS,
