@@ -284,6 +284,22 @@ def drained(addr):
     return not busy, "; ".join(busy)
 
 
+def channel_counters(addr):
+    """The broker's own per-channel counters at the end (channels deleted during the run
+    started again from 0 when re-created)."""
+    code, body = http(addr, "GET", "/stats?format=json")
+    if code != 200:
+        return {}
+    data = json.loads(body)
+    data = data.get("data", data) if "topics" not in data else data
+    out = {}
+    for t in data.get("topics") or []:
+        for c in t.get("channels") or []:
+            out["%s/%s" % (t["topic_name"], c["channel_name"])] = {
+                k: c.get(k) for k in ("message_count", "requeue_count", "timeout_count")}
+    return out
+
+
 def plot(rows, png, title, warm_s):
     try:
         import matplotlib
@@ -340,6 +356,7 @@ def main():
     log("seed %d, %.0f s, --shards %d, msg timeout %d ms, run dir %s" % (
         seed, duration, args.shards, args.msg_timeout_ms, out))
     problems = []
+    final_stats = {}
     t_start = time.time()
     broker = Broker(args, datadir, os.path.join(out, "nsqd.log"))
     events = common.EventLog(os.path.join(out, "coordinator.events.jsonl"))
@@ -416,6 +433,7 @@ def main():
         if ok_twice < 3:
             problems.append("channels not drained after %.0f s: %s" % (args.drain_timeout, state))
         log("drained in %.1f s" % (time.time() - t_drain))
+        final_stats = channel_counters(broker.http)
         open(os.path.join(out, "stop"), "w").close()
         for name, p in workers:
             try:
@@ -474,7 +492,7 @@ def main():
             problems.append("socket fds after the clients left: %d, idle before them: %d" % (end[3], idle[3]))
         if not lo <= end[4] <= hi:
             problems.append("non-socket fds after the clients left: %d, not in [%d, %d]" % (end[4], lo, hi))
-    title = "soak %.1f min, --shards %d, seed %d: broker RSS and open fds" % (args.minutes, args.shards, seed)
+    title = "soak %.2f min, --shards %d, seed %d: broker RSS and open fds" % (args.minutes, args.shards, seed)
     plotted = plot(sampler.rows, png, title, warm + idle[0])
     # ------------------------------------------------------------ accounting
     paths = [os.path.join(out, n) for n in ("coordinator.events.jsonl", "py.events.jsonl", "gn.events.jsonl")]
@@ -488,7 +506,7 @@ def main():
             ops[e["op"]] = ops.get(e["op"], 0) + 1
     summary = {"seed": seed, "minutes": args.minutes, "shards": args.shards,
                "msg_timeout_ms": args.msg_timeout_ms, "broker_exit": rc, "admin_ops": ops,
-               "messages": fig, "resources": res, "png": png if plotted else None,
+               "messages": fig, "broker_channel_counters": final_stats, "resources": res, "png": png if plotted else None,
                "problems": problems}
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
@@ -505,6 +523,10 @@ def main():
               m["deliveries"], m["delivered_message_channel_pairs"], m["redeliveries"], m["requeued"],
               m["held_to_time_out"], m["touched"], m["fin_sent"], m["fin_failed"]))
     print("  removed: %s" % json.dumps(m["removed"]))
+    print("  broker /stats at the end: timeout_count %d, requeue_count %d (summed over the channels; "
+          "a re-created channel counts from 0)" % (
+              sum(c.get("timeout_count") or 0 for c in final_stats.values()),
+              sum(c.get("requeue_count") or 0 for c in final_stats.values())))
     print("  per channel: %s" % json.dumps(m["per_channel"]))
     print("  admin ops: %s; reader (re)starts %d" % (json.dumps(ops), m["reader_starts"]))
     print("  expected client errors: %s; unexpected: %d" % (json.dumps(m["errors_expected"]),
