@@ -386,6 +386,7 @@ if [[ $MOCK -eq 0 && $BUILD_OK -eq 1 ]]; then
   # channels, #ephemeral channels); every acknowledged message accounted for, no client
   # error it did not cause, broker RSS and fds flat. SOAK_SEED replays a run; its files
   # (events, resources.csv, soak.png) are kept in target/test-logs/soak.
+  run_step "soak checker self-test" python3 "$ROOT/scripts/soak/test_checker.py"
   if [[ -x "$ROOT/.venv/bin/python" ]]; then
     run_step "soak 45 s --shards=2" timeout -k 5 300 "$ROOT/.venv/bin/python" "$ROOT/scripts/soak.py" \
       --minutes 0.75 --shards 2 --nsqd "$PROFILE_DIR/nsqd" --seed "${SOAK_SEED:-$(( $(date +%s) % 100000 ))}" \
