@@ -20,7 +20,8 @@ What runs:
   gnsq Producer publishing PUB, MPUB and DPUB;
 * here: HTTP /pub, /mpub and /pub?defer= publishing, and an admin loop that pauses and
   unpauses channels and topic soak_b, empties and deletes (then re-creates) channel
-  "mix", and deletes and re-creates topic soak_b with its channels;
+  "mix", empties the paused topic soak_b, and deletes and re-creates topic soak_b with
+  its channels;
 * a sampler writing t, VmRSS and the fd count (sockets and others) every 2 s to
   <out>/resources.csv.
 
@@ -218,9 +219,13 @@ class Admin(threading.Thread):
             elif r < 0.65:
                 self.op("channel_delete", topic, "mix", "/channel/delete?" + tc,
                         "/channel/create?" + tc, gap=(0.3, 2.0))
-            elif r < 0.85:
+            elif r < 0.75:
                 self.op("topic_pause", "soak_b", None, "/topic/pause?topic=soak_b",
                         "/topic/unpause?topic=soak_b", gap=(0.5, 2.5))
+            elif r < 0.85:
+                # /topic/empty drops what the paused topic holds for its channels
+                self.op("topic_empty", "soak_b", None, "/topic/pause?topic=soak_b",
+                        "/topic/empty?topic=soak_b", "/topic/unpause?topic=soak_b", gap=(0.5, 2.0))
             elif time.time() - self.last_topic_delete > 12:
                 self.op("topic_delete", "soak_b", None, "/topic/delete?topic=soak_b",
                         "/topic/create?topic=soak_b",

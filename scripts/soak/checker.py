@@ -11,7 +11,7 @@ Rules (RELIABILITY.md, "3. Soak"):
   the channel: it is "in a delete window" and needs no delivery.
 * Every other published message must be delivered on the channel and FINed (a FIN
   counts unless an E_FIN_FAILED naming its id came back to the same reader), or have been
-  removed: an /channel/empty, /channel/delete or /topic/delete of the channel that ended
+  removed: a /channel/empty, /channel/delete, /topic/empty or /topic/delete that ended
   after the message was sent and began at most REMOVAL_HORIZON_S after its answer
   accounts for it. Anything else is unaccounted.
 * Faults in any case: a delivery of a body never sent, on a channel of another topic, a
@@ -78,6 +78,9 @@ def check(events, channels, msg_timeout_s):
             windows[(e["topic"], e["ch"])].append(Window("empty", e["t0"], e["t1"]))
         elif e["op"] == "channel_delete":  # t1: the end of the /channel/create after it
             windows[(e["topic"], e["ch"])].append(Window("channel_delete", e["t0"], e["t1"]))
+        elif e["op"] == "topic_empty":  # [t0, t1]: pause, /topic/empty, unpause
+            for ch in channels.get(e["topic"], []):
+                windows[(e["topic"], ch)].append(Window("topic_empty", e["t0"], e["t1"]))
         elif e["op"] == "topic_delete":
             topic_deletes.append(Window("topic_delete", e["t0"], e["t1"]))
             topic_deletes_of[e["topic"]].append(topic_deletes[-1])
@@ -223,7 +226,7 @@ def check(events, channels, msg_timeout_s):
                 if ok_fins:
                     c["fin"] += 1
                     continue
-                if any(w.kind != "empty" and t0 <= w.t1 and t1 >= w.t0 for w in ws):
+                if any(w.kind not in ("empty", "topic_empty") and t0 <= w.t1 and t1 >= w.t0 for w in ws):
                     c["in_delete_window"] += 1
                     continue
                 fin_t = None

@@ -94,6 +94,14 @@ class Behaviour:
         return ("fin_later", self.rng.uniform(0.01, 0.3))
 
 
+def prune(inflight, now, keep_s=60.0):
+    """Drops what a reader remembers of messages delivered over keep_s ago (an error frame
+    naming one comes back within msg_timeout), so long runs stay small."""
+    if len(inflight) > 5000:
+        for mid in [m for m, v in inflight.items() if now - v[0] > keep_s]:
+            del inflight[mid]
+
+
 def body(src, seq):
     return "soak.%s.%d" % (src, seq)
 

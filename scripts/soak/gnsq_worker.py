@@ -209,6 +209,7 @@ def main():
         LOG.flush()
         draining = CTL.draining()
         for s in slots:
+            common.prune(s.inflight, time.time())
             if not draining and RNG.random() < 0.2 * CFG.get("churn_per_s", 0.03):
                 s.stop()
                 s.start()

@@ -218,6 +218,8 @@ async def main():
         draining = CTL.draining()
         for s in slots:
             r = s.reader
+            if r is not None:
+                common.prune(r.inflight, now)
             # Replace a reader that lost its connection (e.g. its channel was deleted)
             # instead of waiting for pynsq's 15 s reconnect.
             if r is not None and not r.conns and now - max(s.started, s.last_close) > 3:
