@@ -352,8 +352,9 @@ def main():
     rng = random.Random(seed)
     out = args.out or os.path.join(ROOT, "target", "soak", time.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(out, exist_ok=True)
-    for f in ("drain", "stop"):
-        if os.path.exists(os.path.join(out, f)):
+    # A reused run directory: the event logs are appended to, so start them afresh.
+    for f in os.listdir(out):
+        if f in ("drain", "stop") or f.endswith(".events.jsonl"):
             os.remove(os.path.join(out, f))
     png = args.png or os.path.join(out, "soak.png")
     datadir = tempfile.mkdtemp(prefix="nsqd-soak-")
