@@ -30,8 +30,8 @@ mix (both). soak_a/py and soak_a/gn are never emptied or deleted: there every pu
 message must be FINed. After --minutes the publishers stop, the readers FIN everything,
 and the script waits until every channel is drained, stops the workers, SIGTERMs the
 broker and runs the checker (scripts/soak/checker.py). Checks: no unaccounted message,
-no delivery fault, no client error it did not cause, broker exit status 0 and no panic
-in its log, RSS after the warm-up (the first minute, or the first third of a shorter
+no delivery fault, no client error it did not cause, no #ephemeral channel and no client
+left in /stats once the clients are gone, broker exit status 0 and no panic in its log, RSS after the warm-up (the first minute, or the first third of a shorter
 run) within +--rss-growth (20%) of its value then, non-socket fds (files, io_uring)
 within the idle count before the clients came plus one open segment per topic (+-
 --fd-slack, 4) all along, and after the clients left, the socket fds back to the idle
@@ -305,6 +305,25 @@ def channel_counters(addr):
     return out
 
 
+def leftovers(addr):
+    """After every client left: no #ephemeral channel may remain (the last client leaving
+    deletes one) and no channel may still list a client."""
+    code, body = http(addr, "GET", "/stats?format=json")
+    if code != 200:
+        return ["GET /stats after the clients left: %s" % code]
+    data = json.loads(body)
+    data = data.get("data", data) if "topics" not in data else data
+    p = []
+    for t in data.get("topics") or []:
+        for c in t.get("channels") or []:
+            name = "%s/%s" % (t["topic_name"], c["channel_name"])
+            if "#ephemeral" in c["channel_name"]:
+                p.append("ephemeral channel %s still exists after its clients left" % name)
+            if c.get("clients"):
+                p.append("%s still lists %d client(s) after they left" % (name, len(c["clients"])))
+    return p
+
+
 def plot(rows, png, title, warm_s):
     try:
         import matplotlib
@@ -454,6 +473,7 @@ def main():
         time.sleep(3.0)
         sampler.stop_ev.set()
         end = sampler.take()
+        problems += leftovers(broker.http)
         events.close()
     finally:
         for name, p in workers:
