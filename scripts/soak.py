@@ -32,10 +32,12 @@ and the script waits until every channel is drained, stops the workers, SIGTERMs
 broker and runs the checker (scripts/soak/checker.py). Checks: no unaccounted message,
 no delivery fault, no client error it did not cause, no #ephemeral channel and no client
 left in /stats once the clients are gone, broker exit status 0 and no panic in its log, RSS after the warm-up (the first minute, or the first third of a shorter
-run) within +--rss-growth (20%) of its value then, non-socket fds (files, io_uring)
-within the idle count before the clients came plus one open segment per topic (+-
---fd-slack, 4) all along, and after the clients left, the socket fds back to the idle
-count (the listeners) and the others in that same band. Exit status 0 only when all hold. The summary is printed and
+run) within +--rss-growth (20%) of its value then; non-socket fds (files, io_uring)
+in the steady band (the idle count before the clients came plus one open segment per
+topic, +---fd-slack 4) once the clients left, and during the run at most 4 per topic
+above the idle count (a topic being deleted and re-created holds both sets for a
+moment; samples above the steady band are listed in <out>/fd-peaks.txt); and after the
+clients left, the socket fds back to the idle count (the listeners). Exit status 0 only when all hold. The summary is printed and
 written to <out>/summary.json; the plot of the curves to --png (default
 <out>/soak.png).
 """
@@ -127,13 +129,18 @@ class Broker:
                     if line.startswith("VmRSS:"):
                         rss = int(line.split()[1])
             fds = socks = 0
+            others = []
             for fd in os.listdir("/proc/%d/fd" % pid):
                 fds += 1
                 try:
-                    if os.readlink("/proc/%d/fd/%s" % (pid, fd)).startswith("socket:"):
-                        socks += 1
+                    target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
                 except OSError:
-                    pass
+                    continue
+                if target.startswith("socket:"):
+                    socks += 1
+                else:
+                    others.append(target)
+            self.last_others = sorted(others)
             return rss, fds, socks
         except (OSError, ValueError):
             return None
@@ -160,6 +167,8 @@ class Sampler(threading.Thread):
         self.w.writerow(["t_s", "rss_kib", "fds", "socket_fds", "other_fds", "phase"])
         self.phase = "run"
         self.stop_ev = threading.Event()
+        self.others_band = None  # set once the idle count is known
+        self.peaks = []
 
     def take(self):
         s = self.broker.sample()
@@ -167,6 +176,9 @@ class Sampler(threading.Thread):
             return None
         row = (round(time.time() - self.t_start, 2), s[0], s[1], s[2], s[1] - s[2], self.phase)
         self.rows.append(row)
+        if self.others_band is not None and row[4] > self.others_band:
+            # What the broker held open beyond the steady band, for the report.
+            self.peaks.append("%.1f s: %d non-socket fds: %s" % (row[0], row[4], " ".join(self.broker.last_others)))
         self.w.writerow(row)
         self.f.flush()
         return row
@@ -398,6 +410,7 @@ def main():
         sampler.phase = "idle"
         idle = sampler.take()
         sampler.phase = "run"
+        sampler.others_band = idle[4] + len(TOPICS) + args.fd_slack
         log("idle broker: RSS %d KiB, %d fds (%d sockets)" % (idle[1], idle[2], idle[3]))
         sampler.start()
         until = time.time() + duration
@@ -506,11 +519,20 @@ def main():
     # Non-socket fds: the shards' io_uring/eventfd, the data dir, and per topic its
     # directory plus the open segment file (opened at the first publish): idle + one per
     # topic, give or take --fd-slack (a segment rolling over, metadata being written).
+    # While a topic is deleted and re-created its old directory and segment may still be
+    # open next to the new ones for a moment (seen: +9 for one sample 1-2 s after a
+    # /topic/delete, back in the band at the next): during the run the bound is 4 fds per
+    # topic; once the clients have left the steady band must hold again.
     other = [r[4] for r in rows]
     idle_other = idle[2] - idle[3]
     lo, hi = idle_other - args.fd_slack, idle_other + len(TOPICS) + args.fd_slack
-    if max(other) > hi or min(other) < lo:
-        problems.append("non-socket fds left [%d, %d]: %d..%d" % (lo, hi, min(other), max(other)))
+    hi_run = idle_other + 4 * len(TOPICS) + args.fd_slack
+    if max(other) > hi_run or min(other) < lo:
+        problems.append("non-socket fds left [%d, %d] during the run: %d..%d" % (
+            lo, hi_run, min(other), max(other)))
+    res["non_socket_fds_outside_steady_band"] = len(sampler.peaks)
+    with open(os.path.join(out, "fd-peaks.txt"), "w") as f:
+        f.write("".join(p + "\n" for p in sampler.peaks))
     if end is None:
         problems.append("no sample after the clients left")
     else:
@@ -562,6 +584,9 @@ def main():
           "max %d, end %s" % (idle[1], base[0], base[1], res["max"]["rss_kib"],
                               end[1] if end else "-", idle[2], idle[3], res["max"]["fds"],
                               end[2] if end else "-"))
+    print("  non-socket fds: idle %d, steady band [%d, %d], %d sample(s) above it (fd-peaks.txt), "
+          "max %d, end %s" % (idle_other, lo, hi, len(sampler.peaks), max(other),
+                              end[4] if end else "-"))
     print("  plot: %s" % (png if plotted else "none (matplotlib missing)"))
     for p in problems:
         print("  FAIL: %s" % p)
