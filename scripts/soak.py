@@ -31,15 +31,16 @@ message must be FINed. After --minutes the publishers stop, the readers FIN ever
 and the script waits until every channel is drained, stops the workers, SIGTERMs the
 broker and runs the checker (scripts/soak/checker.py). Checks: no unaccounted message,
 no delivery fault, no client error it did not cause, no #ephemeral channel and no client
-left in /stats once the clients are gone, broker exit status 0 and no panic in its log, RSS after the warm-up (the first minute, or the first third of a shorter
-run) within +--rss-growth (20%) of its value then; non-socket fds (files, io_uring)
-in the steady band (the idle count before the clients came plus one open segment per
-topic, +---fd-slack 4) once the clients left, and during the run at most 4 per topic
-above the idle count (+ --fd-slack) (a topic being deleted and re-created holds both sets for a
-moment; samples above the steady band are listed in <out>/fd-peaks.txt); and after the
-clients left, the socket fds back to the idle count (the listeners). Exit status 0 only when all hold. The summary is printed and
-written to <out>/summary.json; the plot of the curves to --png (default
-<out>/soak.png).
+left in /stats once the clients are gone, broker exit status 0 and no panic in its log;
+RSS after the warm-up (the first minute, or the first third of a shorter run) within
++--rss-growth (20%) of its value then; non-socket fds (files, io_uring) during the run
+at most 4 per topic above the idle count before the clients came (+ --fd-slack, 4: a
+topic's journal, journals rotated out but still open a moment, a re-created topic's old
+files), and once the clients left back in the steady band (idle + one open segment per
+topic, +- --fd-slack), with the socket fds back to the idle count (the listeners).
+Samples above the steady band are listed in <out>/fd-peaks.txt. Exit status 0 only when
+all hold. The summary is printed and written to <out>/summary.json, the plot of the
+curves to --png (default <out>/soak.png).
 """
 import argparse
 import csv
