@@ -18,7 +18,8 @@
 #      (scripts/clients/*_scenario.*) against it, stop it with SIGTERM and require exit
 #      status 0 and no panic in its log.
 #   7. pynsq through nsqlookupd, pynsq and nsqjs over TLS (scripts/clients/pynsq_tls.py,
-#      nsqjs_tls.js), the
+#      nsqjs_tls.js), a 45 s soak (scripts/soak.py --minutes 0.75: mixed pynsq/gnsq/HTTP
+#      use with churn, every message accounted for, RSS and fds flat), the
 #      nsq-bench smoke test (scripts/bench-smoke.sh) and the live shard page in headless
 #      Chromium (scripts/page-test.sh; SKIP when chromium, chromedriver or
 #      python3-selenium are missing).
@@ -364,6 +365,19 @@ if [[ $MOCK -eq 0 && $BUILD_OK -eq 1 ]]; then
     done
   else
     record FAIL "pynsq via nsqlookupd / with AUTH" "no .venv (client setup failed)"
+  fi
+  # Soak (RELIABILITY.md "3. Soak"): 45 s of mixed pynsq, gnsq and HTTP use against a
+  # broker of its own (REQ, timeouts, TOUCH, reconnects, pause/empty/delete of topics and
+  # channels, #ephemeral channels); every acknowledged message accounted for, no client
+  # error it did not cause, broker RSS and fds flat. SOAK_SEED replays a run; its files
+  # (events, resources.csv, soak.png) are kept in target/test-logs/soak.
+  run_step "soak checker self-test" python3 "$ROOT/scripts/soak/test_checker.py"
+  if [[ -x "$ROOT/.venv/bin/python" ]]; then
+    run_step "soak 45 s --shards=2" timeout -k 5 300 "$ROOT/.venv/bin/python" "$ROOT/scripts/soak.py" \
+      --minutes 0.75 --shards 2 --nsqd "$PROFILE_DIR/nsqd" --seed "${SOAK_SEED:-$(( $(date +%s) % 100000 ))}" \
+      --out "$LOGDIR/soak"
+  else
+    record FAIL "soak" "no .venv (client setup failed)"
   fi
   # nsqjs with tls: true (the script makes its own certificate and broker).
   if [[ -d "$ROOT/scripts/clients/node_modules/nsqjs" ]]; then
