@@ -710,7 +710,7 @@ fn http_router_details() {
     s.read_to_string(&mut rest).unwrap();
     assert_eq!(
         rest,
-        "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request: missing required Host header"
+        "HTTP/1.1 400 Bad Request: missing required Host header\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request: missing required Host header"
     );
 
     // Bodies over 2048 bytes are chunked, as net/http does.

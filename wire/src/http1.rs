@@ -235,47 +235,75 @@ impl RequestHead {
 /// Why a request head was refused; [`HeadError::response`] gives net/http's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HeadError {
-    /// Malformed (`400 Bad Request`, with net/http's text after it).
+    /// Malformed: net/http's public error, `400 Bad Request` or `400 Bad Request: <why>`
+    /// (its badRequestError), used as both the status line and the body.
     Bad(&'static str),
-    /// Too many header fields, or a head longer than the server's limit (431).
+    /// A head longer than the server's limit (431).
     TooLarge,
     /// A `Transfer-Encoding` other than `chunked` (501).
     Unsupported,
+    /// A protocol version other than HTTP/1.x (505, net/http's statusError).
+    Version,
 }
 
 impl HeadError {
-    /// The bytes net/http writes before closing: status line, plain-text type,
-    /// `Connection: close` and the text (no Date, no Content-Length).
+    /// The bytes net/http writes before closing (server.go `serve`): status line,
+    /// plain-text type, `Connection: close` and the text (no Date, no Content-Length).
     pub fn response(self) -> Vec<u8> {
+        const HEADERS: &str =
+            "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n";
         let (status, text) = match self {
-            HeadError::Bad(text) => ("400 Bad Request", text),
+            HeadError::Bad(public) => (public, public),
             HeadError::TooLarge => (
                 "431 Request Header Fields Too Large",
                 "431 Request Header Fields Too Large",
             ),
             HeadError::Unsupported => ("501 Not Implemented", "Unsupported transfer encoding"),
+            HeadError::Version => (
+                "505 HTTP Version Not Supported: unsupported protocol version",
+                "505 HTTP Version Not Supported: unsupported protocol version",
+            ),
         };
-        format!(
-            "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n{text}"
-        )
-        .into_bytes()
+        format!("HTTP/1.1 {status}{HEADERS}{text}").into_bytes()
     }
 }
 
-/// The most header fields a request may carry before it gets 431.
-pub const MAX_HEADERS: usize = 128;
+/// Header fields parsed on the stack; a request with more is parsed again with room for
+/// [`MAX_HEADERS`] (net/http counts no fields, only the head's size).
+const STACK_HEADERS: usize = 128;
+
+/// The most header fields a request may carry (a head within the servers' 64 KiB limit
+/// cannot hold more).
+pub const MAX_HEADERS: usize = 16 * 1024;
 
 /// Parses a request head from the start of `buf`. `Ok(None)`: incomplete (read more, up
 /// to the server's head limit, then answer [`HeadError::TooLarge`]). Rules as net/http:
 /// HTTP/1.1 needs `Host`; differing `Content-Length`s, an unparsable one or a transfer
 /// coding other than `chunked` are refused; `chunked` wins over `Content-Length`.
 pub fn parse_request_head(buf: &[u8]) -> Result<Option<RequestHead>, HeadError> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
+    let mut headers = [httparse::EMPTY_HEADER; STACK_HEADERS];
+    match parse_with(buf, &mut headers) {
+        Err(HeadError::TooLarge) => {
+            let mut many = vec![httparse::EMPTY_HEADER; MAX_HEADERS];
+            parse_with(buf, &mut many)
+        }
+        r => r,
+    }
+}
+
+fn parse_with<'h, 'b>(
+    buf: &'b [u8],
+    headers: &'h mut [httparse::Header<'b>],
+) -> Result<Option<RequestHead>, HeadError> {
+    let mut req = httparse::Request::new(headers);
     let head_len = match req.parse(buf) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
+        Err(httparse::Error::Version) => return Err(HeadError::Version),
+        Err(httparse::Error::HeaderName) => {
+            return Err(HeadError::Bad("400 Bad Request: invalid header name"))
+        }
         Err(_) => return Err(HeadError::Bad("400 Bad Request")),
     };
     let method = req.method.unwrap_or("").to_string();
@@ -390,11 +418,27 @@ mod head_tests {
             (h.path.as_str(), h.http11, h.keep_alive()),
             ("/a", false, false)
         );
-        let many: String = (0..200).map(|i| format!("X-{i}: v\r\n")).collect();
+        // net/http counts no header fields: 1,000 are fine.
+        let many: String = (0..1000).map(|i| format!("X-{i}: v\r\n")).collect();
         let req = format!("GET / HTTP/1.1\r\nHost: x\r\n{many}\r\n");
-        assert_eq!(parse_request_head(req.as_bytes()), Err(HeadError::TooLarge));
+        assert!(parse_request_head(req.as_bytes()).unwrap().is_some());
         assert!(String::from_utf8(HeadError::TooLarge.response())
             .unwrap()
             .starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"));
+        assert_eq!(
+            String::from_utf8(
+                parse_request_head(b"GET / HTTP/1.1\r\n\r\n").unwrap_err().response()
+            )
+            .unwrap(),
+            "HTTP/1.1 400 Bad Request: missing required Host header\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request: missing required Host header"
+        );
+        assert_eq!(
+            parse_request_head(b"GET / HTTP/2.0\r\nHost: x\r\n\r\n"),
+            Err(HeadError::Version)
+        );
+        assert_eq!(
+            parse_request_head(b"GET / HTTP/1.1\r\nHost: x\r\nBad Name: v\r\n\r\n"),
+            Err(HeadError::Bad("400 Bad Request: invalid header name"))
+        );
     }
 }
