@@ -291,9 +291,9 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<RequestHead>, HeadError> 
     }
 }
 
-fn parse_with<'h, 'b>(
+fn parse_with<'b>(
     buf: &'b [u8],
-    headers: &'h mut [httparse::Header<'b>],
+    headers: &mut [httparse::Header<'b>],
 ) -> Result<Option<RequestHead>, HeadError> {
     let mut req = httparse::Request::new(headers);
     let head_len = match req.parse(buf) {
