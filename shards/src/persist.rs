@@ -160,9 +160,8 @@ impl Shard {
         t.store_mode = self.store_mode();
         // The newest records may never have been written (finished first): continue
         // after the newest sequence the metadata knew, never reusing one.
-        let head = rec
-            .next_seq
-            .max(m.as_ref().map(|m| m.next_seq).unwrap_or(0));
+        let stored_next = rec.next_seq;
+        let head = stored_next.max(m.as_ref().map(|m| m.next_seq).unwrap_or(0));
         rec.store.advance_to(head);
         t.stored = head;
         let tail_base = rec.tail.front().map(|r| r.seq).unwrap_or(head);
@@ -237,6 +236,12 @@ impl Shard {
                 t.log.pumped = first;
             }
         }
+        // Sequences the metadata counted but the store never got (finished by every
+        // channel before they were due to be written, or lost within the sync window after
+        // a crash) are a hole: no depth counts them and cursors step over them.
+        if stored_next < head {
+            t.log.holes.push((stored_next.max(first), head));
+        }
         if n_events > 0 {
             log::info!("TOPIC({name}): applied {n_events} journal events");
         }
@@ -297,7 +302,7 @@ impl Shard {
                 }
             }
         }
-        let count = head - first;
+        let count = stored_next.max(first) - first;
         let nch = t.channels.len();
         t.dirty = false;
         self.notify_lookup(crate::shard::LookupEvent::Register(name.to_string(), None));

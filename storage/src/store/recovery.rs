@@ -483,6 +483,12 @@ async fn recover_segment(
                     seal = Some(ix);
                 }
             }
+            // The newest segment without its header was created just before a crash
+            // and never written to (records are lost only within the sync window).
+            Err(e) if is_newest && e.to_string().contains("bad segment magic") => log::warn!(
+                "STORE: segment {} was never written (created just before a crash); skipped",
+                path.display()
+            ),
             Err(e) => log::error!(
                 "STORE: segment {} unreadable - {e}; skipped",
                 path.display()
