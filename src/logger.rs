@@ -1,44 +1,4 @@
-//! nsqd's log line format on stderr: `[nsqd] 2026/11/29 19:39:41.709417 INFO: message`.
+//! nsqd's log line format on stderr (`[nsqd] 2026/11/29 19:39:41.709417 INFO: message`):
+//! the one logger nsqd and nsqlookupd share, in the wire crate.
 
-use std::io::Write;
-
-struct Logger {
-    prefix: String,
-}
-
-impl log::Log for Logger {
-    fn enabled(&self, m: &log::Metadata) -> bool {
-        // log::max_level(), not the start-up level: PUT /config/log_level changes it.
-        m.level() <= log::max_level() && m.target().starts_with("nsq")
-    }
-
-    fn log(&self, r: &log::Record) {
-        if !self.enabled(r.metadata()) {
-            return;
-        }
-        let level = match r.level() {
-            log::Level::Error => "ERROR",
-            log::Level::Warn => "WARNING",
-            log::Level::Info => "INFO",
-            _ => "DEBUG",
-        };
-        let line = format!(
-            "{}{} {}: {}\n",
-            self.prefix,
-            crate::timefmt::log_stamp(nsq_shards::message::now_unix_nanos()),
-            level,
-            r.args()
-        );
-        let _ = std::io::stderr().lock().write_all(line.as_bytes());
-    }
-
-    fn flush(&self) {}
-}
-
-/// Installs the logger once for the process.
-pub fn init(prefix: &str, level: log::LevelFilter) {
-    let _ = log::set_boxed_logger(Box::new(Logger {
-        prefix: prefix.to_string(),
-    }));
-    log::set_max_level(level);
-}
+pub use nsq_wire::logger::{init, parse_level};

@@ -14,7 +14,7 @@
 
 pub mod config;
 pub mod http;
-pub mod logger;
+pub use nsq_wire::logger;
 pub mod protocol_v1;
 pub mod registration_db;
 

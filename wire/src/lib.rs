@@ -31,6 +31,7 @@ pub mod goflag;
 pub mod http1;
 pub mod identify;
 pub mod json;
+pub mod logger;
 pub mod lookupd_v1;
 pub mod names;
 pub mod timefmt;

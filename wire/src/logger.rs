@@ -1,7 +1,8 @@
-//! nsqlookupd's log line format on stderr:
-//! `[nsqlookupd] 2026/11/29 19:39:41.709417 INFO: message` (nsq: internal/lg).
+//! The log line format nsqd and nsqlookupd share on stderr:
+//! `[nsqd] 2026/11/29 19:39:41.709417 INFO: message` (nsq: internal/lg). The prefix is
+//! `--log-prefix`; the level filter is `log::max_level()`, so PUT /config/log_level applies.
 
-use nsq_wire::timefmt::{log_stamp, now_unix_nanos};
+use crate::timefmt::{log_stamp, now_unix_nanos};
 use std::io::Write;
 
 struct Logger {
