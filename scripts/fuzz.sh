@@ -17,6 +17,8 @@
 #   FUZZ_TARGETS  space-separated subset of the targets (default: all)
 #   FUZZ_JOBS     targets fuzzed at once (default 1; the machine may be shared)
 #   FUZZ_TIMEOUT_MS  AFL++ hang threshold per input (default 3000; loaded CI machines)
+#   FUZZ_EXECS    stop a target after about this many executions (AFL++ -E), SECONDS
+#                 still being the cap (the 10 M runs of RELIABILITY.md: FUZZ_EXECS=10000000)
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -38,8 +40,9 @@ fi
 
 echo "== fuzz (AFL++ via cargo-afl, ${SECS} s per target)"
 export CARGO_TARGET_DIR="$ROOT/target/afl"
-cargo afl build -q --features afl -p nsq-fuzz --bin fuzz-afl || exit 1
-BIN="$CARGO_TARGET_DIR/debug/fuzz-afl"
+# Profile `fuzz` (Cargo.toml): optimised, with overflow checks and debug assertions on.
+cargo afl build -q --profile fuzz --features afl -p nsq-fuzz --bin fuzz-afl || exit 1
+BIN="$CARGO_TARGET_DIR/fuzz/fuzz-afl"
 OUT="$ROOT/target/fuzz-out"
 mkdir -p "$OUT"
 export AFL_NO_UI=1 AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 \
@@ -48,7 +51,9 @@ export AFL_NO_UI=1 AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 \
 run_one() { # target
   local t="$1"
   rm -rf "${OUT:?}/$t"
-  FUZZ_TARGET="$t" timeout $((SECS + 120)) cargo afl fuzz -V "$SECS" -t "${FUZZ_TIMEOUT_MS:-3000}" -m none \
+  # shellcheck disable=SC2046
+  FUZZ_TARGET="$t" timeout $((SECS + 120)) cargo afl fuzz -V "$SECS" \
+    $([[ -n "${FUZZ_EXECS:-}" ]] && echo "-E $FUZZ_EXECS") -t "${FUZZ_TIMEOUT_MS:-3000}" -m none \
     -i "fuzz/corpus/$t" -o "$OUT/$t" "$BIN" >"$OUT/$t.log" 2>&1
   echo "rc=$?" >>"$OUT/$t.log"
 }

@@ -212,3 +212,143 @@ fn head_requests_get_no_body() {
         assert!(out.ends_with(b"\r\n\r\nOK"), "{}", show(&out));
     }
 }
+
+/// A request body that ends in an error (malformed chunked framing, a chunk not followed
+/// by CRLF, a 17-digit or signed chunk size, a space before `;ext`, EOF inside the body)
+/// still gets nsqd's answer: 500 INTERNAL_ERROR from the handlers that read the body
+/// (doPUB, doConfig PUT, doMPUB text), what the bytes before the error give in binary
+/// /mpub (a complete batch publishes), the usual answer elsewhere; "Connection: close"
+/// except for a Content-Length body the handler read to EOF. Expected bytes: nsqd 1.3.0
+/// answering the same requests (client half-closed after sending; Date masked), and the
+/// topics it left: t 1 (the trailing-space chunk size), t2 t3 t5 t6 0, t4 1.
+#[test]
+fn failed_request_bodies_answer_as_nsqd() {
+    let cases: &[(&str, &[u8], &[u8])] = &[
+        (
+            "pub_bad_size",
+            b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n",
+            b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 28\r\nConnection: close\r\n\r\n{\"message\":\"INTERNAL_ERROR\"}",
+        ),
+        (
+            "pub_eof_in_chunk",
+            b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel",
+            b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 28\r\nConnection: close\r\n\r\n{\"message\":\"INTERNAL_ERROR\"}",
+        ),
+        (
+            "pub_plus_size",
+            b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n+5\r\nhello\r\n0\r\n\r\n",
+            b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 28\r\nConnection: close\r\n\r\n{\"message\":\"INTERNAL_ERROR\"}",
+        ),
+        (
+            "pub_no_crlf_after_data",
+            b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n",
+            b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 28\r\nConnection: close\r\n\r\n{\"message\":\"INTERNAL_ERROR\"}",
+        ),
+        (
+            "pub_cl_eof",
+            b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nhello",
+            b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 28\r\n\r\n{\"message\":\"INTERNAL_ERROR\"}",
+        ),
+        (
+            "pub_bad_query_bad_body",
+            b"POST /pub?topic=%zz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 28\r\nConnection: close\r\n\r\n{\"message\":\"INTERNAL_ERROR\"}",
+        ),
+        (
+            "pub_bad_topic_eof",
+            b"POST /pub?topic=a/b HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nhello",
+            b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 28\r\n\r\n{\"message\":\"INTERNAL_ERROR\"}",
+        ),
+        (
+            "mpub_text_bad",
+            b"POST /mpub?topic=t2 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n6\r\na\nb\nc\n\r\nzz\r\n",
+            b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 28\r\nConnection: close\r\n\r\n{\"message\":\"INTERNAL_ERROR\"}",
+        ),
+        (
+            "mpub_text_eof",
+            b"POST /mpub?topic=t3 HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\na\nb\n",
+            b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 28\r\n\r\n{\"message\":\"INTERNAL_ERROR\"}",
+        ),
+        (
+            "mpub_bin_complete_then_bad",
+            b"POST /mpub?topic=t4&binary=true HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n9\r\n\x00\x00\x00\x01\x00\x00\x00\x01z\r\nzz\r\n",
+            b"HTTP/1.1 200 OK\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\nOK",
+        ),
+        (
+            "mpub_bin_short_bad",
+            b"POST /mpub?topic=t5&binary=true HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n6\r\n\x00\x00\x00\x02\x00\x00\r\nzz\r\n",
+            b"HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 25\r\nConnection: close\r\n\r\n{\"message\":\"BAD_MESSAGE\"}",
+        ),
+        (
+            "mpub_bad_topic_bad_body",
+            b"POST /mpub?topic=a/b HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 27\r\nConnection: close\r\n\r\n{\"message\":\"INVALID_TOPIC\"}",
+        ),
+        (
+            "ping_bad",
+            b"GET /ping HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            b"HTTP/1.1 200 OK\r\nDate: X\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\nOK",
+        ),
+        (
+            "config_bad",
+            b"PUT /config/log_level HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n4\r\ninfo\r\nzz\r\n",
+            b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 28\r\nConnection: close\r\n\r\n{\"message\":\"INTERNAL_ERROR\"}",
+        ),
+        (
+            "create_eof",
+            b"POST /topic/create?topic=t6 HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nab",
+            b"HTTP/1.1 200 OK\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        ),
+        (
+            "size_space_ext",
+            b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5 ;x=y\r\nhello\r\n0\r\n\r\n",
+            b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 28\r\nConnection: close\r\n\r\n{\"message\":\"INTERNAL_ERROR\"}",
+        ),
+        (
+            "size_trailing_space",
+            b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5  \r\nhello\r\n0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nOK",
+        ),
+        (
+            "size_17_digits",
+            b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n00000000000000005\r\nhello\r\n0\r\n\r\n",
+            b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 28\r\nConnection: close\r\n\r\n{\"message\":\"INTERNAL_ERROR\"}",
+        ),
+    ];
+    let b = Broker::start(1, &[]);
+    for (name, req, want) in cases {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(b.http).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(req).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got)
+            .unwrap_or_else(|e| panic!("{name}: no close after {}: {e}", show(&got)));
+        let got = mask_date(&got);
+        assert_eq!(show(&got), show(want), "{name}");
+    }
+    let depth = |t: &str| b.topic_stats(t).map(|s| s["depth"].as_u64().unwrap_or(99));
+    for (t, d) in [
+        ("t", 1),
+        ("t2", 0),
+        ("t3", 0),
+        ("t4", 1),
+        ("t5", 0),
+        ("t6", 0),
+    ] {
+        assert_eq!(depth(t), Some(d), "topic {t}");
+    }
+}
+
+/// `Date: <value>` -> `Date: X`.
+fn mask_date(raw: &[u8]) -> Vec<u8> {
+    let Some(p) = raw.windows(6).position(|w| w == b"Date: ") else {
+        return raw.to_vec();
+    };
+    let end = raw[p..]
+        .windows(2)
+        .position(|w| w == b"\r\n")
+        .map_or(raw.len(), |e| p + e);
+    [&raw[..p + 6], b"X", &raw[end..]].concat()
+}

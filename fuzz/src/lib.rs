@@ -548,30 +548,12 @@ fn lookupd_context() -> std::sync::Arc<nsqlookupd::Context> {
     .clone()
 }
 
-fn loopback() -> &'static std::net::TcpListener {
-    use std::sync::OnceLock;
-    static L: OnceLock<std::net::TcpListener> = OnceLock::new();
-    L.get_or_init(|| std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback"))
-}
-
-/// The nsqlookupd V1 TCP codec, the real connection handler over a loopback socket: the
-/// input is what the client sends (then it closes); every reply is a well-formed
-/// `[u32 size][data]` frame, and the handler returns.
+/// The nsqlookupd V1 connection handler (`protocol_v1::serve`, what `handle` runs over
+/// TCP) over memory: the input is what the client sends (then it closes); every reply is
+/// a well-formed `[u32 size][data]` frame, and the handler returns.
 pub fn lookupd_v1(data: &[u8]) {
-    use std::io::{Read, Write};
-    let l = loopback();
-    let mut client = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-    let (server, _) = l.accept().unwrap();
-    let input = data.to_vec();
-    let writer = std::thread::spawn(move || {
-        let _ = client.write_all(&input);
-        let _ = client.shutdown(std::net::Shutdown::Write);
-        let mut out = Vec::new();
-        let _ = client.read_to_end(&mut out);
-        out
-    });
-    nsqlookupd::protocol_v1::handle(lookupd_context(), server);
-    let out = writer.join().unwrap();
+    let mut out = Vec::new();
+    nsqlookupd::protocol_v1::serve(lookupd_context(), "127.0.0.1:4150".into(), data, &mut out);
     let mut rest = &out[..];
     while !rest.is_empty() {
         assert!(rest.len() >= 4, "torn reply frame");
@@ -579,6 +561,12 @@ pub fn lookupd_v1(data: &[u8]) {
         assert!(rest.len() >= 4 + n, "reply frame size {n} beyond the reply");
         rest = &rest[4 + n..];
     }
+    // The connection's end removed the peer from every registration.
+    let db = &lookupd_context().db;
+    assert!(
+        db.lookup_registrations("127.0.0.1:4150").is_empty(),
+        "registrations left after the connection closed"
+    );
 }
 
 /// nsqlookupd's IDENTIFY JSON decoding: no panic; an accepted body's fields survive a
@@ -806,8 +794,17 @@ pub fn import_diskqueue(data: &[u8]) {
     let lim = k.byte() as i64;
     let rest = k.rest();
     let (meta, file) = rest.split_at(n.min(rest.len()));
-    let dir = tempfile::tempdir().unwrap();
-    let dp = dir.path();
+    // One directory per process, its two files rewritten for every input (a fresh
+    // temporary directory per input made this target syscall-bound).
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    // In memory where there is a tmpfs (the disk's journal made this target slow).
+    let dp = DIR
+        .get_or_init(|| {
+            tempfile::tempdir_in("/dev/shm")
+                .or_else(|_| tempfile::tempdir())
+                .unwrap()
+        })
+        .path();
     std::fs::write(nsqd::import_nsqd::queue_meta_file(dp, "t"), meta).unwrap();
     std::fs::write(nsqd::import_nsqd::queue_file(dp, "t", 0), file).unwrap();
     let mut seen = 0u64;

@@ -48,18 +48,25 @@ pub fn handle(ctx: Arc<Context>, stream: TcpStream) {
             return;
         }
     };
+    serve(ctx, addr, stream, &mut writer);
+    let _ = writer.shutdown(Shutdown::Both);
+}
+
+/// The protocol on any byte stream: the magic, then commands until EOF, an I/O error or
+/// a fatal client error (every reply written to `writer`); the caller closes the
+/// connection afterwards. `addr` is the peer as logged. [`handle`] runs it over TCP; the
+/// fuzz target `lookupd_v1` over memory.
+pub fn serve(ctx: Arc<Context>, addr: String, stream: impl Read, writer: &mut impl Write) {
     let mut reader = BufReader::new(stream);
     let mut magic = [0u8; 4];
     if let Err(e) = reader.read_exact(&mut magic) {
         log::error!("failed to read protocol version - {}", io_err_text(&e));
-        let _ = writer.shutdown(Shutdown::Both);
         return;
     }
     let magic_str = String::from_utf8_lossy(&magic).into_owned();
     log::info!("CLIENT({addr}): desired protocol magic '{magic_str}'");
     if &magic != b"  V1" {
-        let _ = send_response(&mut writer, b"E_BAD_PROTOCOL");
-        let _ = writer.shutdown(Shutdown::Both);
+        let _ = send_response(writer, b"E_BAD_PROTOCOL");
         log::error!("client({addr}) bad protocol magic '{magic_str}'");
         return;
     }
@@ -68,10 +75,9 @@ pub fn handle(ctx: Arc<Context>, stream: TcpStream) {
         addr: addr.clone(),
         peer: None,
     };
-    if let Err(e) = client.io_loop(&mut reader, &mut writer) {
+    if let Err(e) = client.io_loop(&mut reader, writer) {
         log::error!("client({addr}) - {e}");
     }
-    let _ = writer.shutdown(Shutdown::Both);
 }
 
 /// Go prints io.EOF as `EOF`.
@@ -94,8 +100,8 @@ impl ClientV1 {
     /// from every registration. The error returned is what Go logs as `client(addr) - err`.
     fn io_loop(
         &mut self,
-        reader: &mut BufReader<TcpStream>,
-        writer: &mut TcpStream,
+        reader: &mut BufReader<impl Read>,
+        writer: &mut impl Write,
     ) -> Result<(), String> {
         let result = self.run(reader, writer);
         log::info!("PROTOCOL(V1): [{}] exiting ioloop", self.addr);
@@ -118,8 +124,8 @@ impl ClientV1 {
 
     fn run(
         &mut self,
-        reader: &mut BufReader<TcpStream>,
-        writer: &mut TcpStream,
+        reader: &mut BufReader<impl Read>,
+        writer: &mut impl Write,
     ) -> Result<(), String> {
         let mut line = Vec::new();
         loop {
@@ -157,7 +163,7 @@ impl ClientV1 {
 
     fn exec(
         &mut self,
-        reader: &mut BufReader<TcpStream>,
+        reader: &mut BufReader<impl Read>,
         params: &[&[u8]],
     ) -> Result<Vec<u8>, FatalClientErr> {
         match params[0] {
@@ -189,7 +195,7 @@ impl ClientV1 {
         b"OK".to_vec()
     }
 
-    fn identify(&mut self, reader: &mut BufReader<TcpStream>) -> Result<Vec<u8>, FatalClientErr> {
+    fn identify(&mut self, reader: &mut BufReader<impl Read>) -> Result<Vec<u8>, FatalClientErr> {
         if self.peer.is_some() {
             return Err(FatalClientErr::new("E_INVALID", "cannot IDENTIFY again"));
         }

@@ -24,6 +24,17 @@ pub(super) fn log_level_number(c: &crate::config::Config, set: u8) -> u8 {
 /// GET and PUT /config/:opt (nsqd: http.go doConfig). PUT changes
 /// `nsqlookupd_tcp_addresses` (a JSON array; shard 0 then adds and removes lookupd peers)
 /// and `log_level` (debug/info/warn/error/fatal), then answers the new value like GET.
+/// doConfig's PUT when reading the body failed: 413 INVALID_VALUE if more than
+/// --max-msg-size had arrived (Go's LimitReader stops before the error), else 500
+/// INTERNAL_ERROR.
+pub(super) fn config_body_error(o: &nsq_shards::Options, body: &[u8]) -> Response {
+    if body.len() as i64 > o.max_msg_size {
+        Response::v1_err(413, "INVALID_VALUE")
+    } else {
+        Response::v1_err(500, "INTERNAL_ERROR")
+    }
+}
+
 pub(super) async fn do_config(server: &Server, head: &Head, body: &[u8]) -> Response {
     let opt = &head.path["/config/".len()..];
     if head.method == "PUT" {

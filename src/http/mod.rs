@@ -60,7 +60,16 @@ pub(super) fn method_not_allowed(allowed: &[&str]) -> Response {
     r
 }
 
-pub(super) async fn route(server: &Rc<Server>, head: &Head, body: Bytes) -> Response {
+/// Answers one request. `body_failed`: the body ended in an error (malformed chunked
+/// framing or EOF) after the bytes in `body`; the handlers that read the body answer as
+/// nsqd's do when their read fails (500 INTERNAL_ERROR, or the error the bytes before
+/// it give), the others ignore it.
+pub(super) async fn route(
+    server: &Rc<Server>,
+    head: &Head,
+    body: Bytes,
+    body_failed: bool,
+) -> Response {
     let allowed: &[&str] = match head.path.as_str() {
         "/ping" | "/info" | "/stats" | "/metrics" | "/shards" | "/" => &["GET"],
         "/pub" | "/mpub" | "/topic/create" | "/topic/delete" | "/topic/empty" | "/topic/pause"
@@ -88,6 +97,15 @@ pub(super) async fn route(server: &Rc<Server>, head: &Head, body: Bytes) -> Resp
     if !allowed.contains(&head.method.as_str()) {
         return method_not_allowed(allowed);
     }
+    // nsqd's doPUB and doConfig (PUT) read the body before anything else.
+    if head.path == "/pub" {
+        if let Some(r) = pub_body_error(&server.shard.opts, &body, body_failed) {
+            return r;
+        }
+    }
+    if head.method == "PUT" && body_failed {
+        return config_body_error(&server.shard.opts, &body);
+    }
     let params = match parse_query(&head.query) {
         Ok(p) => Params(p),
         // nsqd parses the query only in handlers that read it (http_api.NewReqParams):
@@ -102,7 +120,7 @@ pub(super) async fn route(server: &Rc<Server>, head: &Head, body: Bytes) -> Resp
         },
         "/info" => info(server),
         "/pub" => do_pub(server, &params, body).await,
-        "/mpub" => do_mpub(server, &params, body).await,
+        "/mpub" => do_mpub(server, &params, body, body_failed).await,
         "/stats" => do_stats(server, &params).await,
         "/metrics" => {
             let req = StatsRequest {

@@ -2,14 +2,29 @@
 
 use super::*;
 
-pub(super) async fn do_pub(server: &Server, p: &Params, body: Bytes) -> Response {
-    let o = &server.shard.opts;
+/// doPUB's checks of the body, made before the query's (nsqd reads the body first): a
+/// failed read is 500 INTERNAL_ERROR unless more than --max-msg-size had arrived (Go's
+/// LimitReader stops before the error), then MSG_TOO_BIG and MSG_EMPTY.
+pub(super) fn pub_body_error(
+    o: &nsq_shards::Options,
+    body: &[u8],
+    failed: bool,
+) -> Option<Response> {
     if body.len() as i64 > o.max_msg_size {
-        return Response::v1_err(413, "MSG_TOO_BIG");
+        return Some(Response::v1_err(413, "MSG_TOO_BIG"));
+    }
+    if failed {
+        return Some(Response::v1_err(500, "INTERNAL_ERROR"));
     }
     if body.is_empty() {
-        return Response::v1_err(400, "MSG_EMPTY");
+        return Some(Response::v1_err(400, "MSG_EMPTY"));
     }
+    None
+}
+
+/// Publishes one message (nsqd doPUB); the body was checked by [`pub_body_error`].
+pub(super) async fn do_pub(server: &Server, p: &Params, body: Bytes) -> Response {
+    let o = &server.shard.opts;
     let topic = match topic_param(p, true) {
         Ok(t) => t,
         Err(r) => return r,
@@ -30,7 +45,12 @@ pub(super) async fn do_pub(server: &Server, p: &Params, body: Bytes) -> Response
     publish_response(server.publish(&topic, vec![body], defer).await)
 }
 
-pub(super) async fn do_mpub(server: &Server, p: &Params, body: Bytes) -> Response {
+/// Publishes a batch (nsqd doMPUB). `failed`: the body's read ended in an error after
+/// `body`: binary mode reads messages as far as the bytes go (readMPUB stops at its
+/// count, so a complete batch still publishes; a short one is its usual 413); text mode
+/// reads whole lines up to the error (a line's error still wins) and then answers 500
+/// INTERNAL_ERROR, publishing nothing.
+pub(super) async fn do_mpub(server: &Server, p: &Params, body: Bytes, failed: bool) -> Response {
     let o = &server.shard.opts;
     let topic = match topic_param(p, true) {
         Ok(t) => t,
@@ -40,6 +60,15 @@ pub(super) async fn do_mpub(server: &Server, p: &Params, body: Bytes) -> Respons
         None => false,
         Some(v) => bool_param(Some(v)).unwrap_or(true),
     };
+    if failed && !binary {
+        let lines = body.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        let (status, text) = match parse_mpub_body(&body[..lines], false, &limits(o)) {
+            Err((status, text)) if status != 500 => (status, text),
+            _ => (500, "INTERNAL_ERROR"),
+        };
+        server.create_topic(&topic).await;
+        return Response::v1_err(status, text);
+    }
     let msgs: Vec<Bytes> = match parse_mpub_body(&body, binary, &limits(o)) {
         Ok(ranges) => ranges.into_iter().map(|r| body.slice(r)).collect(),
         Err((500, text)) => return Response::v1_err(500, text),

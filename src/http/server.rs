@@ -195,25 +195,53 @@ pub(super) async fn read_more(stream: &SharedStream, buf: &mut BytesMut) -> bool
     }
 }
 
-/// Reads a chunked body; `None` on malformed input or EOF. `(body, true)`: the body went
-/// over `limit`; it holds the first `limit` bytes and the rest is left unread.
+/// How reading a request body ended.
+pub(super) enum BodyRead {
+    /// The whole body.
+    Complete(Vec<u8>),
+    /// A chunked body went over the limit: the first `limit` bytes; the rest is unread.
+    Cut(Vec<u8>),
+    /// Malformed chunked framing, or the connection ended inside the body: what arrived
+    /// before that (Go's body reader returns these bytes, then the error).
+    Failed(Vec<u8>),
+}
+
+/// A chunk-size line as Go's chunked reader takes it: trailing spaces and tabs trimmed,
+/// any `;extension` cut off, then 1 to 16 hex digits and nothing else (no sign, no
+/// space before the `;`). `None`: malformed.
+fn chunk_size(line: &[u8]) -> Option<u64> {
+    let end = line
+        .iter()
+        .rposition(|&b| b != b' ' && b != b'\t')
+        .map_or(0, |i| i + 1);
+    let digits = line[..end].split(|&b| b == b';').next().unwrap_or(&[]);
+    if digits.is_empty() || digits.len() > 16 || !digits.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &d| {
+        Some(n << 4 | (d as char).to_digit(16)? as u64)
+    })
+}
+
+/// Reads a chunked body of at most `limit` bytes.
 pub(super) async fn read_chunked(
     stream: &SharedStream,
     buf: &mut BytesMut,
     limit: u64,
-) -> Option<(Vec<u8>, bool)> {
+) -> BodyRead {
     let mut body = Vec::new();
     loop {
         let line_end = loop {
             if let Some(p) = buf.windows(2).position(|w| w == b"\r\n") {
                 break p;
             }
-            if buf.len() > 1024 || !read_more(stream, buf).await {
-                return None;
+            if buf.len() >= 4096 || !read_more(stream, buf).await {
+                return BodyRead::Failed(body);
             }
         };
-        let line = std::str::from_utf8(&buf[..line_end]).ok()?;
-        let size = u64::from_str_radix(line.split(';').next()?.trim(), 16).ok()?;
+        let Some(size) = chunk_size(&buf[..line_end]) else {
+            return BodyRead::Failed(body);
+        };
         let _ = buf.split_to(line_end + 2);
         if size == 0 {
             // Trailers end with an empty line.
@@ -221,12 +249,12 @@ pub(super) async fn read_chunked(
                 if let Some(p) = buf.windows(2).position(|w| w == b"\r\n") {
                     let _ = buf.split_to(p + 2);
                     if p == 0 {
-                        return Some((body, false));
+                        return BodyRead::Complete(body);
                     }
                     continue;
                 }
                 if !read_more(stream, buf).await {
-                    return None;
+                    return BodyRead::Failed(body);
                 }
             }
         }
@@ -238,17 +266,25 @@ pub(super) async fn read_chunked(
             let want = (limit - body.len() as u64) as usize;
             while buf.len() < want {
                 if !read_more(stream, buf).await {
-                    return None;
+                    body.extend_from_slice(buf);
+                    return BodyRead::Failed(body);
                 }
             }
             body.extend_from_slice(&buf[..want]);
             let _ = buf.split_to(want);
-            return Some((body, true));
+            return BodyRead::Cut(body);
         }
         while (buf.len() as u64) < size + 2 {
             if !read_more(stream, buf).await {
-                return None;
+                let have = buf.len().min(size as usize);
+                body.extend_from_slice(&buf[..have]);
+                return BodyRead::Failed(body);
             }
+        }
+        if &buf[size as usize..size as usize + 2] != b"\r\n" {
+            // Go's chunked reader: "malformed chunked encoding" after the chunk's data.
+            body.extend_from_slice(&buf[..size as usize]);
+            return BodyRead::Failed(body);
         }
         body.extend_from_slice(&buf[..size as usize]);
         let _ = buf.split_to(size as usize + 2);
@@ -329,14 +365,24 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
             + 1;
         // A chunked body over `limit` is cut there (the route answers 413 as nsqd does)
         // and the connection closes after the reply: the rest is never read.
+        // A body that fails (malformed chunked framing, or the connection ends inside
+        // it) still gets its route's answer, as Go's server runs the handler and the
+        // handler's read returns the error: nsqd answers 500 INTERNAL_ERROR where it
+        // reads the body (`route` in http/mod.rs), the others answer as usual; then close.
         let mut cut = false;
+        let mut failed = false;
+        let mut cl_eof = false;
         let body: Bytes = if head.chunked {
             match read_chunked(&stream, &mut buf, limit).await {
-                Some((b, over)) => {
-                    cut = over;
+                BodyRead::Complete(b) => Bytes::from(b),
+                BodyRead::Cut(b) => {
+                    cut = true;
                     Bytes::from(b)
                 }
-                None => return,
+                BodyRead::Failed(b) => {
+                    failed = true;
+                    Bytes::from(b)
+                }
             }
         } else {
             let len = head.content_length.unwrap_or(0);
@@ -349,18 +395,26 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
             }
             while (buf.len() as u64) < len {
                 if !read_more(&stream, &mut buf).await {
-                    return;
+                    failed = true;
+                    cl_eof = true;
+                    break;
                 }
             }
-            buf.split_to(len as usize).freeze()
+            let have = buf.len().min(len as usize);
+            buf.split_to(have).freeze()
         };
         let mut resp = if refuse {
             tls_required_response(server.https_port)
         } else {
-            route(&server, &head, body).await
+            route(&server, &head, body, failed).await
         };
         resp.http10 = head.http10;
-        resp.close |= head.asked_close || cut;
+        // Go's server adds "Connection: close" when a body ended in an error, unless
+        // it was a Content-Length body cut short by EOF that the handler itself read
+        // (Go's body reader then counts as having seen EOF); the connection closes
+        // either way.
+        let close_header = failed && !(cl_eof && handler_read_body(&head, resp.status));
+        resp.close |= head.asked_close || cut || close_header;
         resp.keep_alive_header = head.http10 && head.keep_alive && !resp.close;
         log::info!(
             "{} {} {}{} ({}) {:?}",
@@ -375,7 +429,7 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
             remote,
             started.elapsed()
         );
-        let close = resp.close || !head.keep_alive;
+        let close = resp.close || !head.keep_alive || failed;
         if stream.write_all(&resp.encode_for(&head)).await.is_err() {
             return;
         }
@@ -383,6 +437,21 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
             stream.shutdown();
             return;
         }
+    }
+}
+
+/// Whether nsqd's handler for this request read its body before answering `status`:
+/// doPUB always, doConfig on PUT, doMPUB once the query and topic passed (those errors
+/// are its only 400s); not when the router answered 404 or 405.
+fn handler_read_body(head: &Head, status: u16) -> bool {
+    if status == 404 || status == 405 {
+        return false;
+    }
+    match (head.method.as_str(), head.path.as_str()) {
+        ("POST", "/pub") => true,
+        ("POST", "/mpub") => status != 400,
+        ("PUT", p) => p.starts_with("/config/"),
+        _ => false,
     }
 }
 
