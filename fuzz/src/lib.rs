@@ -410,7 +410,7 @@ pub fn snappy(data: &[u8]) {
     assert_eq!(out, input, "snappy round trip differs");
 }
 
-/// The deflate stream decoder: no panic on any stream (input capped at 64 KiB: the
+/// The deflate stream decoder: no panic on any stream (input capped at 8 KiB: the
 /// inflated size is bounded by the caller), the same output for any split; and the
 /// encoder's stream of the input decodes back to it.
 pub fn deflate(data: &[u8]) {
@@ -419,7 +419,9 @@ pub fn deflate(data: &[u8]) {
     let seed = k.byte();
     let level = (k.byte() % 10) as u32;
     let input = k.rest();
-    let input = &input[..input.len().min(64 * 1024)];
+    // 8 KiB of input (it may inflate to far more): larger inputs made this target run
+    // at under 2,000 executions a second without reaching new code.
+    let input = &input[..input.len().min(8 * 1024)];
     let run = |reads: &[&[u8]]| {
         let mut d = DeflateDecoder::new(Vec::new()).unwrap();
         let mut out = Vec::new();

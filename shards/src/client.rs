@@ -189,7 +189,7 @@ impl Client {
             requeue_count: Cell::new(0),
             pub_counts: RefCell::new(Vec::new()),
             subscription: RefCell::new(None),
-            out: RefCell::new(Vec::with_capacity(4096)),
+            out: RefCell::new(Vec::new()),
             writing: Cell::new(0),
             held_back: Cell::new(false),
             output_ticker: Cell::new(ticker),

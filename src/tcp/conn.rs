@@ -26,7 +26,7 @@ const OUT_HIGH_WATER: usize = 1 << 20;
 const MIN_READ_CHUNK: usize = 2048;
 
 /// Largest read size (bytes asked of the socket per read when busy).
-pub(super) const READ_CHUNK: usize = 64 * 1024;
+const READ_CHUNK: usize = 64 * 1024;
 
 /// How the reader loop ended.
 pub(super) enum Outcome {
@@ -165,6 +165,12 @@ impl Reader {
         loop {
             if let Err(stop) = self.run_buffered(server, stream, client).await {
                 return stop;
+            }
+            // Everything read was consumed: a buffer that grew for a large command (a
+            // 1 MiB PUB, a 5 MiB MPUB) is let go, not kept for the connection's life (the
+            // messages still referencing it keep only their share alive).
+            if self.buf.is_empty() && self.buf.capacity() > 2 * READ_CHUNK {
+                self.buf = BytesMut::new();
             }
             if self.eof {
                 return Outcome::Closed;

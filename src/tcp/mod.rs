@@ -25,7 +25,7 @@ pub use stream::{SharedStream, TlsSession};
 
 use crate::server::Server;
 use bytes::BytesMut;
-use conn::{run_connection, READ_CHUNK};
+use conn::run_connection;
 use glommio::net::{TcpListener, TcpStream};
 use nsq_shards::client::Client;
 use nsq_wire::identify::default_settings;
@@ -47,7 +47,9 @@ async fn new_connection(server: Rc<Server>, stream: TcpStream) {
     log::debug!("TCP: new client({peer})");
     let stream = SharedStream::new(stream);
     stream.set_read_timeout(Some(server.shard.opts.client_timeout));
-    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    // Small: an idle connection holds only what it needs (the reader grows its reads
+    // with the traffic, up to READ_CHUNK).
+    let mut buf = BytesMut::with_capacity(64);
     while buf.len() < 4 {
         let old = buf.len();
         buf.resize(old + 64, 0);

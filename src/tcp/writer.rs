@@ -172,7 +172,8 @@ impl Output {
                 .flatten()
         };
         Output {
-            spare: Vec::with_capacity(16 * 1024),
+            // Grown on first use: an idle connection never needs it.
+            spare: Vec::new(),
             encoder,
         }
     }
