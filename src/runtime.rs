@@ -518,6 +518,12 @@ async fn shard_main(
     shard.lookup_enabled.set(true);
     glommio::spawn_local(lookup_task(server.clone())).detach();
     log::debug!("shard {index}: listeners bound");
+    // Before any data file is opened on this thread (storage/src/probe.rs).
+    if let Some(dir) = &cfg.opts.data_path {
+        if std::env::var_os("NO_PROBE_TMP").is_none() {
+            nsq_storage::probe::probe_direct_io(dir, index).await;
+        }
+    }
     shard.recover().await;
     // Recovered topics and channels are on disk already: their registration events
     // need no metadata checkpoint.

@@ -156,8 +156,11 @@ pub struct Channel {
     pub(crate) disk: VecDeque<Record>,
     /// The cursor is below the memory tail and `disk` is empty: a read is wanted.
     pub(crate) wants_disk: bool,
-    /// A read from the store is under way.
+    /// A read from the store is under way (or a failed one waits for its retry).
     pub(crate) disk_inflight: bool,
+    /// Reads from the store that failed in a row (the retry backs off: 100 ms, doubling,
+    /// at most 5 s).
+    pub(crate) disk_failures: u32,
     /// Body bytes held in `disk`.
     pub(crate) disk_bytes: usize,
     /// Where the last read from the store ended (the next sequential read starts there).
@@ -205,6 +208,7 @@ impl Channel {
             disk: VecDeque::new(),
             wants_disk: false,
             disk_inflight: false,
+            disk_failures: 0,
             disk_bytes: 0,
             disk_pos: None,
             disk_epoch: 0,

@@ -410,6 +410,19 @@ impl Shard {
         }
     }
 
+    /// The pause after a failed read is over: reads may start again.
+    fn retry_disk_read(&self, topic: &str, channel: &str) {
+        let mut topics = self.topics.borrow_mut();
+        let Some(t) = topics.get_mut(topic) else {
+            return;
+        };
+        if let Some(ch) = t.channels.get_mut(channel) {
+            ch.disk_inflight = false;
+            ch.wants_disk = true;
+        }
+        self.schedule_disk_reads(t);
+    }
+
     async fn disk_read(&self, store: Rc<nsq_storage::TopicStore>, r: DiskRead) {
         let (max, max_bytes) = crate::channel::DISK_READ_BATCH;
         let res = store.read_at(r.from, max, max_bytes, r.hint).await;
@@ -428,6 +441,9 @@ impl Shard {
             return;
         }
         ch.disk_inflight = false;
+        if res.is_ok() {
+            ch.disk_failures = 0;
+        }
         match res {
             Ok((recs, pos)) if !recs.is_empty() => {
                 ch.wants_disk = false;
@@ -449,12 +465,27 @@ impl Shard {
                 ch.wants_disk = false;
             }
             Err(e) => {
+                // Retried after a pause that doubles (100 ms .. 5 s): a disk that keeps
+                // failing must not turn into a loop of reads and error lines.
+                ch.disk_failures = ch.disk_failures.saturating_add(1);
+                let delay = Duration::from_millis(100 << (ch.disk_failures - 1).min(6))
+                    .min(Duration::from_secs(5));
                 log::error!(
-                    "TOPIC({}) CHANNEL({}): disk read failed - {e}",
+                    "TOPIC({}) CHANNEL({}): disk read failed - {e}; retrying in {}",
                     r.topic,
-                    r.channel
+                    r.channel,
+                    nsq_wire::duration::go_duration_string(delay)
                 );
                 ch.wants_disk = false;
+                ch.disk_inflight = true;
+                if let Some(me) = self.me.borrow().upgrade() {
+                    let (topic, channel) = (r.topic.clone(), r.channel.clone());
+                    glommio::spawn_local(async move {
+                        glommio::timer::sleep(delay).await;
+                        me.retry_disk_read(&topic, &channel);
+                    })
+                    .detach();
+                }
             }
         }
         let out = ch.dispatch(&t.log, Instant::now());

@@ -25,6 +25,7 @@ pub mod faults;
 pub mod index;
 pub mod journal;
 pub mod meta;
+pub mod probe;
 pub mod record;
 pub mod store;
 

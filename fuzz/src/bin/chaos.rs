@@ -1,7 +1,7 @@
 //! Chaos: kill -9 at random instants under load (RELIABILITY.md, section 4a).
 //!
 //!   chaos [--shards N] [--cycles 50] [--seed N] [--min-ms 200] [--max-ms 1500]
-//!         [--nsqd PATH]
+//!         [--sync every1|default] [--nsqd PATH]
 //!
 //! Starts `nsqd --sync-every=1 --max-bytes-per-file=65536` on two loopback ports and a data
 //! path that stay the same for the whole run, creates topic `chaos` with channels `c0` and
@@ -14,6 +14,14 @@
 //! channel (before or after some crash: at-least-once, so redeliveries are counted, not
 //! failures), that nothing foreign was delivered, that no log shows a panic, and that the
 //! final broker exits 0 on SIGTERM. Exit status 1 on any loss or failure.
+//!
+//! `--sync default` runs the broker with its default sync policy instead (no
+//! `--sync-every=1`) and checks the README's promise for it: an acknowledged message
+//! may be lost only if it was acknowledged within 100 ms + `--sync-timeout` (2 s) of the
+//! kill that lost it (then it is counted as "lost within the window", with its age);
+//! any older one lost is a failure. Channel `c1`'s consumer is slow there (RDY 5, 5 ms
+//! per message), so a backlog has to be stored, not only messages in flight. Use
+//! cycles longer than the window (`--min-ms 3000 --max-ms 6000`).
 
 #![forbid(unsafe_code)]
 
@@ -30,10 +38,16 @@ use std::time::{Duration, Instant};
 const TOPIC: &str = "chaos";
 const CHANNELS: [&str; 2] = ["c0", "c1"];
 
+/// The default policy's loss window: a record reaches the store when 100 ms old and is
+/// synced within `--sync-timeout` (2 s by default).
+const DEFAULT_SYNC_WINDOW: Duration = Duration::from_millis(2100);
+
 #[derive(Default)]
 struct State {
     /// Bodies whose PUB/MPUB got OK.
     acked: BTreeSet<u64>,
+    /// When each body's OK arrived.
+    acked_at: HashMap<u64, Instant>,
     /// Next body number to publish.
     next: u64,
     /// Per channel: body -> deliveries.
@@ -46,7 +60,7 @@ struct State {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "-h" || a == "--help") {
-        eprintln!("usage: chaos [--shards N] [--cycles 50] [--seed N] [--min-ms 200] [--max-ms 1500] [--nsqd PATH]");
+        eprintln!("usage: chaos [--shards N] [--cycles 50] [--seed N] [--min-ms 200] [--max-ms 1500] [--sync every1|default] [--nsqd PATH]");
         return;
     }
     let shards_list = net::shards_arg(&args, "1");
@@ -61,14 +75,34 @@ fn main() {
     );
     let min_ms: u64 = net::num_arg(&args, "--min-ms", 200);
     let max_ms: u64 = net::num_arg(&args, "--max-ms", 1500).max(min_ms + 1);
+    let default_sync = match net::arg(&args, "--sync").as_deref() {
+        None | Some("every1") => false,
+        Some("default") => true,
+        Some(other) => {
+            eprintln!("chaos: --sync takes every1 or default, not {other:?}");
+            std::process::exit(2);
+        }
+    };
     let nsqd = net::arg(&args, "--nsqd")
         .map(PathBuf::from)
         .unwrap_or_else(net::default_nsqd);
     let mut failed = false;
     for (i, &shards) in shards_list.iter().enumerate() {
         let s = seed.wrapping_add(i as u64 * 7919);
-        eprintln!("chaos shards={shards}: seed {s}, {cycles} kill -9 cycles, {min_ms}-{max_ms} ms apart, broker {}", nsqd.display());
-        match run(&nsqd, shards, cycles, s, min_ms, max_ms) {
+        eprintln!(
+            "chaos shards={shards}: seed {s}, {cycles} kill -9 cycles, {min_ms}-{max_ms} ms apart, sync {}, broker {}",
+            if default_sync { "default policy" } else { "every 1" },
+            nsqd.display()
+        );
+        let cfg = Config {
+            shards,
+            cycles,
+            seed: s,
+            min_ms,
+            max_ms,
+            default_sync,
+        };
+        match run(&nsqd, &cfg) {
             Ok(()) => eprintln!("chaos shards={shards}: PASS"),
             Err(e) => {
                 eprintln!("chaos shards={shards}: FAIL: {e}");
@@ -79,13 +113,26 @@ fn main() {
     std::process::exit(i32::from(failed));
 }
 
-fn start(nsqd: &Path, data: &Path, shards: usize, tcp: u16, http: u16) -> Result<Broker, String> {
-    let extra = [
-        "--sync-every=1",
-        "--max-bytes-per-file=65536",
-        "--msg-timeout=30s",
-    ]
-    .map(String::from);
+/// One run's settings.
+struct Config {
+    shards: usize,
+    cycles: u64,
+    seed: u64,
+    min_ms: u64,
+    max_ms: u64,
+    /// The default sync policy instead of `--sync-every=1`.
+    default_sync: bool,
+}
+
+fn start(nsqd: &Path, data: &Path, cfg: &Config, tcp: u16, http: u16) -> Result<Broker, String> {
+    let shards = cfg.shards;
+    let mut extra = vec![
+        "--max-bytes-per-file=65536".to_string(),
+        "--msg-timeout=30s".to_string(),
+    ];
+    if !cfg.default_sync {
+        extra.push("--sync-every=1".into());
+    }
     let mut last = String::new();
     // The ports were just released by the killed process; retry briefly if still busy.
     for _ in 0..20 {
@@ -105,14 +152,15 @@ fn start(nsqd: &Path, data: &Path, shards: usize, tcp: u16, http: u16) -> Result
     Err(format!("restart failed: {last}"))
 }
 
-fn run(
-    nsqd: &Path,
-    shards: usize,
-    cycles: u64,
-    seed: u64,
-    min_ms: u64,
-    max_ms: u64,
-) -> Result<(), String> {
+fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
+    let Config {
+        shards,
+        cycles,
+        seed,
+        min_ms,
+        max_ms,
+        default_sync,
+    } = *cfg;
     let data = net::temp_data_dir("chaos");
     let (tcp_port, http_port) = (net::free_port(), net::free_port());
     let state = Arc::new(Mutex::new(State {
@@ -123,9 +171,10 @@ fn run(
     let mut alarms = Vec::new();
     let t0 = Instant::now();
     let mut restart_ms = Vec::new();
+    let mut kills: Vec<Instant> = Vec::new();
     for cycle in 0..cycles {
         let t = Instant::now();
-        let mut b = start(nsqd, &data, shards, tcp_port, http_port)?;
+        let mut b = start(nsqd, &data, cfg, tcp_port, http_port)?;
         restart_ms.push(t.elapsed().as_millis() as u64);
         if cycle == 0 {
             for path in [
@@ -149,11 +198,13 @@ fn run(
         for ci in 0..CHANNELS.len() {
             let (state, stop) = (state.clone(), stop.clone());
             let tcp = b.tcp;
-            workers.push(thread::spawn(move || consume(tcp, ci, &state, &stop)));
+            let slow = default_sync && ci == 1;
+            workers.push(thread::spawn(move || consume(tcp, ci, slow, &state, &stop)));
         }
         let delay = min_ms + rng.below((max_ms - min_ms) as usize) as u64;
         thread::sleep(Duration::from_millis(delay));
         b.kill9();
+        kills.push(Instant::now());
         stop.set();
         for w in workers {
             let _ = w.join();
@@ -169,24 +220,33 @@ fn run(
         );
     }
     // Final drain.
-    let mut b = start(nsqd, &data, shards, tcp_port, http_port)?;
+    let mut b = start(nsqd, &data, cfg, tcp_port, http_port)?;
     let stop = Stop::default();
     let drainers: Vec<_> = (0..CHANNELS.len())
         .map(|ci| {
             let (state, stop) = (state.clone(), stop.clone());
             let tcp = b.tcp;
-            thread::spawn(move || consume(tcp, ci, &state, &stop))
+            thread::spawn(move || consume(tcp, ci, false, &state, &stop))
         })
         .collect();
     let deadline = Instant::now() + Duration::from_secs(60);
+    // With the default policy some acknowledged bodies may be gone (within the window):
+    // the drain also ends once nothing new arrived for 3 s.
+    let (mut last_count, mut last_change) = (0usize, Instant::now());
     loop {
-        let done = {
+        let (done, count) = {
             let s = state.lock().unwrap();
-            s.received
+            let done = s
+                .received
                 .iter()
-                .all(|m| s.acked.iter().all(|k| m.contains_key(k)))
+                .all(|m| s.acked.iter().all(|k| m.contains_key(k)));
+            (done, s.received.iter().map(HashMap::len).sum::<usize>())
         };
-        if done || Instant::now() > deadline {
+        if count != last_count {
+            (last_count, last_change) = (count, Instant::now());
+        }
+        let quiet = default_sync && last_change.elapsed() > Duration::from_secs(3);
+        if done || quiet || Instant::now() > deadline {
             break;
         }
         thread::sleep(Duration::from_millis(200));
@@ -208,17 +268,35 @@ fn run(
     let s = state.lock().unwrap();
     let mut summary = Vec::new();
     for (ci, m) in s.received.iter().enumerate() {
-        let lost: Vec<u64> = s
+        let mut lost: Vec<u64> = s
             .acked
             .iter()
             .copied()
             .filter(|k| !m.contains_key(k))
             .collect();
+        let mut window_note = String::new();
+        if default_sync {
+            // How long before the kill that followed it each lost body was acknowledged.
+            let age = |k: &u64| -> Option<Duration> {
+                let at = *s.acked_at.get(k)?;
+                kills.iter().find(|&&kt| kt >= at).map(|&kt| kt - at)
+            };
+            let (within, beyond): (Vec<u64>, Vec<u64>) = lost
+                .iter()
+                .partition(|k| age(k).is_some_and(|a| a < DEFAULT_SYNC_WINDOW));
+            let oldest = within.iter().filter_map(age).max().unwrap_or_default();
+            window_note = format!(
+                ", {} lost within the window (acknowledged at most {} ms before the kill)",
+                within.len(),
+                oldest.as_millis()
+            );
+            lost = beyond;
+        }
         let redelivered: u64 = m.values().map(|&c| u64::from(c - 1)).sum();
         let unacked = m.keys().filter(|k| !s.acked.contains(k)).count();
         let most = m.iter().max_by_key(|(&k, &c)| (c, std::cmp::Reverse(k)));
         summary.push(format!(
-            "{}: {} distinct received, {} lost, {redelivered} redeliveries (most: body {:?} delivered {:?} times), {unacked} whose PUB got no OK (sent before a kill)",
+            "{}: {} distinct received, {} lost{window_note}, {redelivered} redeliveries (most: body {:?} delivered {:?} times), {unacked} whose PUB got no OK (sent before a kill)",
             CHANNELS[ci],
             m.len(),
             lost.len(),
@@ -288,18 +366,27 @@ fn publish(tcp: SocketAddr, state: &Mutex<State>, stop: &Stop) {
             return;
         }
         match net::expect_response(&mut s, |_| {}) {
-            Ok((0, d)) if d == b"OK" => state.lock().unwrap().acked.extend(nums),
+            Ok((0, d)) if d == b"OK" => {
+                let now = Instant::now();
+                let mut st = state.lock().unwrap();
+                for &k in &nums {
+                    st.acked_at.insert(k, now);
+                }
+                st.acked.extend(nums);
+            }
             _ => return,
         }
     }
 }
 
 /// Consumes one channel (RDY 50), FINs everything, until the connection fails or `stop`.
-fn consume(tcp: SocketAddr, ci: usize, state: &Mutex<State>, stop: &Stop) {
+/// `slow`: RDY 5 and 5 ms per message, so the channel builds a backlog.
+fn consume(tcp: SocketAddr, ci: usize, slow: bool, state: &Mutex<State>, stop: &Stop) {
     let Ok(mut s) = net::v2(tcp, Duration::from_secs(10)) else {
         return;
     };
-    if s.write_all(format!("SUB {TOPIC} {}\nRDY 50\n", CHANNELS[ci]).as_bytes())
+    let rdy = if slow { 5 } else { 50 };
+    if s.write_all(format!("SUB {TOPIC} {}\nRDY {rdy}\n", CHANNELS[ci]).as_bytes())
         .is_err()
     {
         return;
@@ -345,6 +432,10 @@ fn consume(tcp: SocketAddr, ci: usize, state: &Mutex<State>, stop: &Stop) {
                     out.extend_from_slice(b"FIN ");
                     out.extend_from_slice(&id);
                     out.push(b'\n');
+                    if slow {
+                        drop(st);
+                        thread::sleep(Duration::from_millis(5));
+                    }
                 }
             }
             at += 4 + size;
