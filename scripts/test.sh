@@ -10,7 +10,8 @@
 #   4b. network fuzzing and chaos (RELIABILITY.md): netfuzz (mutated V2/HTTP sessions
 #      against a running broker, checker messages exactly once, 10 s per shard count
 #      1/2/4; NETFUZZ_SECONDS) and chaos (kill -9 under load with --sync-every=1,
-#      5 cycles per shard count 1/2/4, no acknowledged message lost; CHAOS_CYCLES)
+#      5 cycles per shard count 1/2/4, no acknowledged message lost; CHAOS_CYCLES; and
+#      3 cycles with the default sync policy: losses only within its stated window)
 #   5. scripts/setup-clients.sh (pinned pynsq, gnsq, nsqjs)
 #   6. for --shards 1, 2 and 4: start target/debug/nsqd on loopback ports chosen by the
 #      kernel (default sync policy; with 4 shards also --retention-time=1h, which the
@@ -212,7 +213,9 @@ fi
 # message exactly once per channel (NETFUZZ_SECONDS per shard count, default 10).
 # chaos: kill -9 at random instants under load with --sync-every=1, restarted at once
 # on the same data path and ports (CHAOS_CYCLES, default 5): no acknowledged message
-# lost on either channel. Both print their seed; NETFUZZ_SEED / CHAOS_SEED replay one.
+# lost on either channel; then 3 cycles with the default sync policy (a slow channel
+# builds a backlog): nothing acknowledged lost but within 100 ms + --sync-timeout of a
+# kill. Both print their seed; NETFUZZ_SEED / CHAOS_SEED replay one.
 # Long runs and figures: RELIABILITY.md. The tools are debug builds of the nsq-fuzz
 # crate; they drive the broker of this run (NSQD_CMD).
 if [[ $CLIENTS_ONLY -eq 0 && $MOCK -eq 0 ]]; then
@@ -221,9 +224,13 @@ if [[ $CLIENTS_ONLY -eq 0 && $MOCK -eq 0 ]]; then
       --shards 1,2,4 --duration "${NETFUZZ_SECONDS:-10}" --seed "${NETFUZZ_SEED:-$(date +%s)}"
     run_step "chaos kill -9" timeout -k 5 300 "$ROOT/target/debug/chaos" --nsqd "${NSQD_CMD[0]}" \
       --shards 1,2,4 --cycles "${CHAOS_CYCLES:-5}" --seed "${CHAOS_SEED:-$(date +%s)}"
+    run_step "chaos kill -9, default sync" timeout -k 5 300 "$ROOT/target/debug/chaos" \
+      --nsqd "${NSQD_CMD[0]}" --sync default --shards 2 --cycles 3 --min-ms 2500 --max-ms 4000 \
+      --seed "${CHAOS_SEED:-$(date +%s)}"
   else
     record FAIL "netfuzz" "not run: build failed"
     record FAIL "chaos kill -9" "not run: build failed"
+    record FAIL "chaos kill -9, default sync" "not run: build failed"
   fi
 fi
 
