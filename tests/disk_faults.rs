@@ -355,3 +355,42 @@ fn failed_opens_reads_and_metadata_writes_lose_nothing_acknowledged() {
     drop(b);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A disk whose reads keep failing: the channel's read-back is retried after a pause
+/// that doubles (100 ms, 200 ms, ... 5 s), not at once in a loop (a broker whose reads
+/// all failed wrote 44,000 error lines in 12 s, session 4); once reads work the backlog
+/// arrives.
+#[test]
+fn failing_disk_reads_back_off_and_recover() {
+    let dir = keep_dir("read-backoff");
+    // 6 failed reads: retried after 100, 200, 400, 800, 1600 and 3200 ms, so 5 of them
+    // fail within the first 3 s and the backlog arrives after about 6.3 s; in a loop
+    // all 6 failed within milliseconds.
+    let env = faults("seed=9,read=eio@count:6");
+    let b = Broker::start_in_env(&dir, 1, &["--mem-queue-size=5", "--sync-every=1"], &env);
+    let mut p = Publisher::new(&b);
+    let acked: Vec<u64> = (0..100)
+        .filter(|&i| p.publish("rb", &body(i)).is_ok())
+        .collect();
+    assert_eq!(acked.len(), 100);
+    // The channel starts at the oldest message: all but the newest 5 are on disk only.
+    let mut s = b.connect_v2();
+    s.write_all(b"SUB rb c\nRDY 200\n").unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let failed = |b: &Broker| {
+        b.log_text()
+            .lines()
+            .filter(|l| l.contains("disk read failed"))
+            .count()
+    };
+    let in_3s = failed(&b);
+    assert!(
+        (1..=5).contains(&in_3s),
+        "{in_3s} failed reads logged in 3 s (the pauses allow 5)"
+    );
+    drop(s);
+    let got = drain(&b, "rb", Duration::from_secs(20));
+    assert_all_delivered(&acked, &got);
+    drop(b);
+    let _ = std::fs::remove_dir_all(&dir);
+}
