@@ -231,8 +231,11 @@ fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
         .collect();
     let deadline = Instant::now() + Duration::from_secs(60);
     // With the default policy some acknowledged bodies may be gone (within the window):
-    // the drain also ends once nothing new arrived for 3 s.
+    // the drain also ends once nothing new arrived for 10 s (more than the longest pause
+    // between retries of a failed disk read, 5 s).
     let (mut last_count, mut last_change) = (0usize, Instant::now());
+    let drain_start = Instant::now();
+    let mut longest_gap = Duration::ZERO;
     loop {
         let (done, count) = {
             let s = state.lock().unwrap();
@@ -243,14 +246,20 @@ fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
             (done, s.received.iter().map(HashMap::len).sum::<usize>())
         };
         if count != last_count {
+            longest_gap = longest_gap.max(last_change.elapsed());
             (last_count, last_change) = (count, Instant::now());
         }
-        let quiet = default_sync && last_change.elapsed() > Duration::from_secs(3);
+        let quiet = default_sync && last_change.elapsed() > Duration::from_secs(10);
         if done || quiet || Instant::now() > deadline {
             break;
         }
         thread::sleep(Duration::from_millis(200));
     }
+    eprintln!(
+        "chaos shards={shards}: final drain {:.1} s, longest pause between deliveries {:.1} s",
+        drain_start.elapsed().as_secs_f64(),
+        longest_gap.as_secs_f64()
+    );
     thread::sleep(Duration::from_millis(500));
     stop.set();
     for d in drainers {
@@ -341,17 +350,27 @@ fn body_of(k: u64) -> Vec<u8> {
     format!("chaos-{k:010}").into_bytes()
 }
 
-/// Publishes until the connection fails (the kill) or `stop`.
+/// Publishes until the broker is gone (the kill) or `stop`. A refused publish (an
+/// error frame, fatal as nsqd's: the broker closes the connection, e.g. a disk fault
+/// from NSQD_STORAGE_FAULTS) is not acknowledged; the publisher reconnects and goes on.
 fn publish(tcp: SocketAddr, state: &Mutex<State>, stop: &Stop) {
-    let Ok(mut s) = net::v2(tcp, Duration::from_secs(10)) else {
-        return;
-    };
     let mut round = 0u64;
+    while !stop.is_set() {
+        let Ok(mut s) = net::v2(tcp, Duration::from_secs(10)) else {
+            return;
+        };
+        publish_on(&mut s, &mut round, state, stop);
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Publishes on one connection until it fails or `stop`.
+fn publish_on(s: &mut std::net::TcpStream, round: &mut u64, state: &Mutex<State>, stop: &Stop) {
     while !stop.is_set() {
         let (cmd, nums) = {
             let mut st = state.lock().unwrap();
             let first = st.next;
-            let n = if round % 5 == 4 { 4 } else { 1 };
+            let n = if *round % 5 == 4 { 4 } else { 1 };
             st.next += n;
             let nums: Vec<u64> = (first..first + n).collect();
             let cmd = if n == 1 {
@@ -361,11 +380,11 @@ fn publish(tcp: SocketAddr, state: &Mutex<State>, stop: &Stop) {
             };
             (cmd, nums)
         };
-        round += 1;
+        *round += 1;
         if s.write_all(&cmd).is_err() {
             return;
         }
-        match net::expect_response(&mut s, |_| {}) {
+        match net::expect_response(s, |_| {}) {
             Ok((0, d)) if d == b"OK" => {
                 let now = Instant::now();
                 let mut st = state.lock().unwrap();
