@@ -352,3 +352,106 @@ fn mask_date(raw: &[u8]) -> Vec<u8> {
         .map_or(raw.len(), |e| p + e);
     [&raw[..p + 6], b"X", &raw[end..]].concat()
 }
+
+/// A case: name, request head, body sent after a pause, nsqd 1.3.0's answer.
+type HeadCase = (&'static str, &'static [u8], &'static [u8], &'static [u8]);
+
+/// Request heads as Go 1.19's net/http and httprouter take them (nsqd 1.3.0), byte for
+/// byte (Date masked): `Expect: 100-continue` (100 Continue once a handler reads the
+/// body; a handler that does not gets `Connection: close`), other expectations (417),
+/// `OPTIONS *`, request lines (a space in the path, HTTP/1.2 accepted, 0.9/2.0/3.0
+/// refused with 505), header lines (no colon, obsolete folding, control bytes, names
+/// that are not tokens, an empty name), two Host headers, Content-Length syntax (+1, -1,
+/// empty, two that differ), Transfer-Encoding ignored on HTTP/1.0, and httprouter's
+/// redirects (trailing slash, `//`, `..`, case; 301 with an HTML body for GET, 307 for
+/// POST; HEAD has no routes). Expected bytes: nsqd 1.3.0 answering the same requests.
+#[test]
+fn request_heads_answer_as_net_http() {
+    let cases: &[HeadCase] = &[
+        ("expect_cont_pub", b"POST /pub?topic=t1 HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n", b"ab", b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nOK"),
+        ("expect_cont_ping", b"GET /ping HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n", b"ab", b"HTTP/1.1 200 OK\r\nDate: X\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\nOK"),
+        ("expect_cont_toobig", b"POST /pub?topic=t1 HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 99999999\r\n\r\n", b"", b"HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 25\r\nConnection: close\r\n\r\n{\"message\":\"MSG_TOO_BIG\"}"),
+        ("expect_cont_chunked", b"POST /pub?topic=t1 HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nTransfer-Encoding: chunked\r\n\r\n", b"2\r\nab\r\n0\r\n\r\n", b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nOK"),
+        ("expect_cont_http10", b"POST /pub?topic=t1 HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n", b"ab", b"HTTP/1.0 200 OK\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nOK"),
+        ("expect_other", b"POST /pub?topic=t1 HTTP/1.1\r\nHost: x\r\nExpect: foo\r\nContent-Length: 2\r\n\r\n", b"ab", b"HTTP/1.1 417 Expectation Failed\r\nConnection: close\r\nDate: X\r\nContent-Length: 0\r\n\r\n"),
+        ("options_star", b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nDate: X\r\n\r\n"),
+        ("space_in_path", b"GET /pi ng HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"),
+        ("no_colon", b"GET /ping HTTP/1.1\r\nHost: x\r\nBadHeader\r\n\r\n", b"", b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"),
+        ("nul_value", b"GET /ping HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n", b"", b"HTTP/1.1 400 Bad Request: invalid header value\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request: invalid header value"),
+        ("folded", b"GET /ping HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n  cont\r\n\r\n", b"", b"HTTP/1.1 200 OK\r\nDate: X\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nOK"),
+        ("cl_plus", b"POST /pub?topic=t1 HTTP/1.1\r\nHost: x\r\nContent-Length: +1\r\n\r\na", b"", b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"),
+        ("cl_space", b"POST /pub?topic=t1 HTTP/1.1\r\nHost: x\r\nContent-Length:  1 \r\n\r\na", b"", b"HTTP/1.1 200 OK\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nOK"),
+        ("cl_two_same", b"POST /pub?topic=t1 HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\na", b"", b"HTTP/1.1 200 OK\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nOK"),
+        ("cl_two_diff", b"POST /pub?topic=t1 HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab", b"", b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"),
+        ("two_hosts", b"GET /ping HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", b"", b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"),
+        ("chunked_http10", b"POST /pub?topic=t1 HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n", b"", b"HTTP/1.0 400 Bad Request\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 23\r\n\r\n{\"message\":\"MSG_EMPTY\"}"),
+        ("dslash", b"GET //ping HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 301 Moved Permanently\r\nContent-Type: text/html; charset=utf-8\r\nLocation: /ping\r\nDate: X\r\nContent-Length: 40\r\n\r\n<a href=\"/ping\">Moved Permanently</a>.\n\n"),
+        ("trailing_slash", b"GET /ping/ HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 301 Moved Permanently\r\nContent-Type: text/html; charset=utf-8\r\nLocation: /ping\r\nDate: X\r\nContent-Length: 40\r\n\r\n<a href=\"/ping\">Moved Permanently</a>.\n\n"),
+        ("dotdot", b"GET /a/../ping HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 301 Moved Permanently\r\nContent-Type: text/html; charset=utf-8\r\nLocation: /ping\r\nDate: X\r\nContent-Length: 40\r\n\r\n<a href=\"/ping\">Moved Permanently</a>.\n\n"),
+        ("upper", b"GET /PING HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 301 Moved Permanently\r\nContent-Type: text/html; charset=utf-8\r\nLocation: /ping\r\nDate: X\r\nContent-Length: 40\r\n\r\n<a href=\"/ping\">Moved Permanently</a>.\n\n"),
+        ("post_slash", b"POST /pub/?topic=t1 HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\na", b"", b"HTTP/1.1 307 Temporary Redirect\r\nLocation: /pub?topic=t1\r\nDate: X\r\nContent-Length: 0\r\n\r\n"),
+        ("head_slash", b"HEAD /ping/ HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 23\r\n\r\n"),
+        ("stats_slash_q", b"GET /stats/?format=json HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 301 Moved Permanently\r\nContent-Type: text/html; charset=utf-8\r\nLocation: /stats?format=json\r\nDate: X\r\nContent-Length: 53\r\n\r\n<a href=\"/stats?format=json\">Moved Permanently</a>.\n\n"),
+        ("bad_name_space", b"GET /ping HTTP/1.1\r\nHost: x\r\nBad Name: v\r\n\r\n", b"", b"HTTP/1.1 400 Bad Request: invalid header name\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request: invalid header name"),
+        ("space_before_colon", b"GET /ping HTTP/1.1\r\nHost: x\r\nX-A : v\r\n\r\n", b"", b"HTTP/1.1 400 Bad Request: invalid header name\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request: invalid header name"),
+        ("v12", b"GET /ping HTTP/1.2\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 200 OK\r\nDate: X\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nOK"),
+        ("v09", b"GET /ping HTTP/0.9\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 505 HTTP Version Not Supported: unsupported protocol version\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n505 HTTP Version Not Supported: unsupported protocol version"),
+        ("v30", b"GET /ping HTTP/3.0\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 505 HTTP Version Not Supported: unsupported protocol version\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n505 HTTP Version Not Supported: unsupported protocol version"),
+        ("v2", b"GET /ping HTTP/2.0\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 505 HTTP Version Not Supported: unsupported protocol version\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n505 HTTP Version Not Supported: unsupported protocol version"),
+        ("double_space", b"GET  /ping HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"),
+        ("no_proto", b"GET /ping\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"),
+        ("del_value", b"GET /ping HTTP/1.1\r\nHost: x\r\nX-A: a\x7fb\r\n\r\n", b"", b"HTTP/1.1 400 Bad Request: invalid header value\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request: invalid header value"),
+        ("ctl_value", b"GET /ping HTTP/1.1\r\nHost: x\r\nX-A: a\x01b\r\n\r\n", b"", b"HTTP/1.1 400 Bad Request: invalid header value\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request: invalid header value"),
+        ("tab_value", b"GET /ping HTTP/1.1\r\nHost: x\r\nX-A: a\tb\r\n\r\n", b"", b"HTTP/1.1 200 OK\r\nDate: X\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nOK"),
+        ("high_value", b"GET /ping HTTP/1.1\r\nHost: x\r\nX-A: a\xffb\r\n\r\n", b"", b"HTTP/1.1 200 OK\r\nDate: X\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nOK"),
+        ("http10_te_gzip", b"POST /pub?topic=t1 HTTP/1.0\r\nTransfer-Encoding: gzip\r\nContent-Length: 1\r\n\r\na", b"", b"HTTP/1.0 200 OK\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nOK"),
+        ("fold_first", b"GET /ping HTTP/1.1\r\n X-A: 1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"),
+        ("fold_tab", b"GET /ping HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n\tcont\r\n\r\n", b"", b"HTTP/1.1 200 OK\r\nDate: X\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nOK"),
+        ("fold_host", b"GET /ping HTTP/1.1\r\nHost:\r\n x\r\n\r\n", b"", b"HTTP/1.1 200 OK\r\nDate: X\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nOK"),
+        ("empty_cl", b"POST /pub?topic=t1 HTTP/1.1\r\nHost: x\r\nContent-Length: \r\n\r\na", b"", b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 23\r\n\r\n{\"message\":\"MSG_EMPTY\"}"),
+        ("cl_neg", b"POST /pub?topic=t1 HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\na", b"", b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"),
+        ("lf_only", b"GET /ping HTTP/1.1\nHost: x\n\n", b"", b"HTTP/1.1 200 OK\r\nDate: X\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nOK"),
+        ("empty_host_ok", b"GET /ping HTTP/1.1\r\nHost:\r\n\r\n", b"", b"HTTP/1.1 200 OK\r\nDate: X\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nOK"),
+        ("colon_only", b"GET /ping HTTP/1.1\r\nHost: x\r\n: v\r\n\r\n", b"", b"HTTP/1.1 200 OK\r\nDate: X\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nOK"),
+        (
+            "expect_upper",
+            b"POST /pub?topic=t1 HTTP/1.1\r\nHost: x\r\nExpect: 100-Continue\r\nContent-Length: 1\r\n\r\n",
+            b"a",
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nOK",
+        ),
+        (
+            "expect_upper_eof",
+            b"POST /pub?topic=t1 HTTP/1.1\r\nHost: x\r\nExpect: 100-Continue\r\nContent-Length: 1\r\n\r\n",
+            b"",
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 28\r\nConnection: close\r\n\r\n{\"message\":\"INTERNAL_ERROR\"}",
+        ),
+        ("options_star_http10", b"OPTIONS * HTTP/1.0\r\n\r\n", b"", b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\nDate: X\r\n\r\n"),
+        ("get_star", b"GET * HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, OPTIONS, POST, PUT\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 32\r\n\r\n{\"message\":\"METHOD_NOT_ALLOWED\"}"),
+    ];
+    let b = Broker::start(1, &[]);
+    for (name, head, body, want) in cases {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(b.http).unwrap();
+        s.write_all(head).unwrap();
+        let mut got = Vec::new();
+        if !body.is_empty() {
+            // What arrives before the body is sent (100 Continue, or the answer).
+            s.set_read_timeout(Some(Duration::from_millis(300)))
+                .unwrap();
+            let mut chunk = [0u8; 4096];
+            while let Ok(n) = s.read(&mut chunk) {
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&chunk[..n]);
+            }
+            let _ = s.write_all(body);
+        }
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+        got.extend_from_slice(&rest);
+        assert_eq!(show(&mask_date(&got)), show(want), "{name}");
+    }
+}

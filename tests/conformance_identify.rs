@@ -249,9 +249,21 @@ fn bad_json_and_wrong_types() {
         r#"{"feature_negotiation": "yes"}"#,
         r#"{"client_id": 5}"#,
         r#"[1,2]"#,
+        // Go's json.Unmarshal takes no array (serde would, field by field), number,
+        // string or bool for a struct.
+        "[]",
+        "7",
+        r#""x""#,
+        "true",
     ] {
         identify_fatal(&b, json, "E_BAD_BODY IDENTIFY failed to decode JSON body");
     }
+    // ... and `null` leaves the struct as it is: a plain OK.
+    let mut s = b.connect_v2();
+    send(&mut s, &identify_cmd("null"));
+    expect_ok(&mut s);
+    send(&mut s, b"NOP\n");
+    assert_open(&mut s);
 }
 
 #[test]

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 mod admin;
 mod config;
 mod publish;
+mod router;
 mod server;
 mod stats;
 
@@ -60,6 +61,20 @@ pub(super) fn method_not_allowed(allowed: &[&str]) -> Response {
     r
 }
 
+/// Whether nsqd's handler for this request reads the body before it answers anything
+/// (what decides when Go sends `100 Continue`): doPUB and doConfig's PUT at once,
+/// doMPUB once its query and topic are good.
+pub(super) fn reads_body_first(head: &Head) -> bool {
+    match (head.method.as_str(), head.path.as_str()) {
+        ("POST", "/pub") => true,
+        ("PUT", p) => router::has_route("PUT", p),
+        ("POST", "/mpub") => parse_query(&head.query)
+            .ok()
+            .is_some_and(|p| topic_param(&Params(p), true).is_ok()),
+        _ => false,
+    }
+}
+
 /// Answers one request. `body_failed`: the body ended in an error (malformed chunked
 /// framing or EOF) after the bytes in `body`; the handlers that read the body answer as
 /// nsqd's do when their read fails (500 INTERNAL_ERROR, or the error the bytes before
@@ -70,32 +85,29 @@ pub(super) async fn route(
     body: Bytes,
     body_failed: bool,
 ) -> Response {
-    let allowed: &[&str] = match head.path.as_str() {
-        "/ping" | "/info" | "/stats" | "/metrics" | "/shards" | "/" => &["GET"],
-        "/pub" | "/mpub" | "/topic/create" | "/topic/delete" | "/topic/empty" | "/topic/pause"
-        | "/topic/unpause" | "/channel/create" | "/channel/delete" | "/channel/empty"
-        | "/channel/pause" | "/channel/unpause" | "/channel/seek" => &["POST"],
-        p if p.starts_with("/config/") && p.len() > "/config/".len() && !p[8..].contains('/') => {
-            &["GET", "PUT"]
+    if !router::has_route(&head.method, &head.path) {
+        let allowed = router::allowed_methods(&head.path);
+        if let Some(r) = router::redirect(&head.method, &head.path, &head.query) {
+            return r;
         }
-        _ => return Response::v1_err(404, "NOT_FOUND"),
-    };
-    if head.method == "OPTIONS" {
-        let mut list: Vec<&str> = allowed.to_vec();
-        list.push("OPTIONS");
-        list.sort();
-        return Response {
-            status: 200,
-            headers: vec![("Allow", list.join(", "))],
-            body: Vec::new(),
-            sniffed_type: None,
-            close: false,
-            http10: false,
-            keep_alive_header: false,
-        };
-    }
-    if !allowed.contains(&head.method.as_str()) {
-        return method_not_allowed(allowed);
+        if head.method == "OPTIONS" && !allowed.is_empty() {
+            let mut list: Vec<&str> = allowed.to_vec();
+            list.push("OPTIONS");
+            list.sort();
+            return Response {
+                status: 200,
+                headers: vec![("Allow", list.join(", "))],
+                body: Vec::new(),
+                sniffed_type: None,
+                close: false,
+                http10: false,
+                keep_alive_header: false,
+            };
+        }
+        if allowed.is_empty() {
+            return Response::v1_err(404, "NOT_FOUND");
+        }
+        return method_not_allowed(&allowed);
     }
     // nsqd's doPUB and doConfig (PUT) read the body before anything else.
     if head.path == "/pub" {

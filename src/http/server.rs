@@ -128,7 +128,10 @@ impl Response {
             http1::write_header(&mut out, k, v);
         }
         http1::write_date(&mut out, timefmt::now_secs());
-        out.extend_from_slice(format!("Content-Length: {}\r\n", self.body.len()).as_bytes());
+        // A handler that set Content-Length itself has it among its sorted headers.
+        if !self.headers.iter().any(|(k, _)| *k == "Content-Length") {
+            out.extend_from_slice(format!("Content-Length: {}\r\n", self.body.len()).as_bytes());
+        }
         if let Some(t) = self.sniffed_type {
             if !self.body.is_empty() {
                 out.extend_from_slice(format!("Content-Type: {t}\r\n").as_bytes());
@@ -157,6 +160,10 @@ pub struct Head {
     /// The request said `Connection: close`.
     pub asked_close: bool,
     pub http10: bool,
+    /// `Expect: 100-continue`.
+    pub expect_continue: bool,
+    /// Another expectation (net/http answers 417).
+    pub expect_unknown: bool,
     pub head_len: usize,
 }
 
@@ -176,6 +183,8 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<Head>, HeadError> {
         query: h.query.unwrap_or_default(),
         content_length: h.content_length,
         chunked: h.chunked,
+        expect_continue: h.expect_continue,
+        expect_unknown: h.expect_unknown,
         head_len: h.head_len,
     }))
 }
@@ -344,6 +353,17 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
         };
         let _ = buf.split_to(head.head_len);
         let started = Instant::now();
+        // net/http answers these before any handler runs: an unknown expectation (417,
+        // then close) and `OPTIONS *` (globalOptionsHandler: 200, Content-Length 0).
+        if head.expect_unknown {
+            let mut r = Response::plain(417, Vec::new());
+            r.sniffed_type = None;
+            r.headers = vec![("Connection", "close".into())];
+            r.http10 = head.http10;
+            let _ = stream.write_all(&r.encode_for(&head)).await;
+            stream.shutdown();
+            return;
+        }
         // Limits checked before the body is read (nsqd checks ContentLength first).
         let early = if refuse {
             None
@@ -363,6 +383,32 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
             .max_body_size
             .max(server.shard.opts.max_msg_size) as u64
             + 1;
+        // `Expect: 100-continue` (HTTP/1.1, a body announced): Go sends `100 Continue`
+        // when the handler starts reading the body. A handler that answers without
+        // reading it never asks for it: its answer goes out with `Connection: close`
+        // and the body is never read.
+        let announced = head.chunked || head.content_length.unwrap_or(0) > 0;
+        if head.expect_continue && !head.http10 && announced {
+            if !refuse && reads_body_first(&head) {
+                if stream
+                    .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            } else {
+                let mut resp = if refuse {
+                    tls_required_response(server.https_port)
+                } else {
+                    route(&server, &head, Bytes::new(), false).await
+                };
+                resp.close = true;
+                let _ = stream.write_all(&resp.encode_for(&head)).await;
+                stream.shutdown();
+                return;
+            }
+        }
         // A chunked body over `limit` is cut there (the route answers 413 as nsqd does)
         // and the connection closes after the reply: the rest is never read.
         // A body that fails (malformed chunked framing, or the connection ends inside
@@ -405,6 +451,11 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
         };
         let mut resp = if refuse {
             tls_required_response(server.https_port)
+        } else if head.method == "OPTIONS" && head.path == "*" {
+            let mut r = Response::plain(200, Vec::new());
+            r.sniffed_type = None;
+            r.headers = vec![("Content-Length", "0".into())];
+            r
         } else {
             route(&server, &head, body, failed).await
         };
@@ -413,7 +464,11 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
         // it was a Content-Length body cut short by EOF that the handler itself read
         // (Go's body reader then counts as having seen EOF); the connection closes
         // either way.
-        let close_header = failed && !(cl_eof && handler_read_body(&head, resp.status));
+        // (With `Expect: 100-continue` Go's body reader never counts a short body as
+        // having seen EOF, so it closes with the header then too.)
+        let expect_active = head.expect_continue && !head.http10;
+        let close_header =
+            failed && !(cl_eof && !expect_active && handler_read_body(&head, resp.status));
         resp.close |= head.asked_close || cut || close_header;
         resp.keep_alive_header = head.http10 && head.keep_alive && !resp.close;
         log::info!(

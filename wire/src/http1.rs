@@ -42,6 +42,7 @@ pub fn status_text(code: u16) -> &'static str {
         411 => "Length Required",
         413 => "Request Entity Too Large",
         431 => "Request Header Fields Too Large",
+        417 => "Expectation Failed",
         500 => "Internal Server Error",
         501 => "Not Implemented",
         503 => "Service Unavailable",
@@ -214,8 +215,10 @@ pub struct RequestHead {
     pub content_length: Option<u64>,
     /// `Transfer-Encoding: chunked`.
     pub chunked: bool,
-    /// `Expect: 100-continue`.
+    /// `Expect: 100-continue` (a token of an `Expect` header).
     pub expect_continue: bool,
+    /// An `Expect` header without `100-continue` (net/http answers 417).
+    pub expect_unknown: bool,
     /// The head's length in bytes, up to and including the empty line.
     pub head_len: usize,
 }
@@ -268,83 +271,160 @@ impl HeadError {
     }
 }
 
-/// Header fields parsed on the stack; a request with more is parsed again with room for
-/// [`MAX_HEADERS`] (net/http counts no fields, only the head's size).
-const STACK_HEADERS: usize = 128;
-
-/// The most header fields a request may carry (a head within the servers' 64 KiB limit
-/// cannot hold more).
-pub const MAX_HEADERS: usize = 16 * 1024;
-
 /// Parses a request head from the start of `buf`. `Ok(None)`: incomplete (read more, up
-/// to the server's head limit, then answer [`HeadError::TooLarge`]). Rules as net/http:
-/// HTTP/1.1 needs `Host`; differing `Content-Length`s, an unparsable one or a transfer
-/// coding other than `chunked` are refused; `chunked` wins over `Content-Length`.
+/// to the server's head limit, then answer [`HeadError::TooLarge`]). The rules are
+/// those of Go 1.19's net/http (nsqd 1.3.0's), in its order:
+/// * request line (`http.readRequest`): `METHOD SP URI SP PROTO`, cut at the first two
+///   spaces; a missing part, a method that is not a token or a version that is not
+///   `HTTP/d.d` is a plain 400; lines end in LF with an optional CR before it;
+/// * header lines (`textproto.ReadMIMEHeader`): a line without `:` or a first line that
+///   starts with a space is a plain 400; a line starting with a space or tab continues
+///   the previous one (obsolete folding, joined with one space); an empty name is
+///   skipped; more than one `Host` is a plain 400;
+/// * body framing (`readTransfer`): on HTTP/1.0 `Transfer-Encoding` is ignored; on
+///   HTTP/1.1 more than one is a plain 400 and anything but `chunked` 501; `chunked`
+///   wins over `Content-Length`; `Content-Length`s must agree (compared trimmed) and be
+///   digits only (an empty one means none), else a plain 400;
+/// * server checks (`conn.readRequest`): a major version other than 1 is 505; HTTP/1.1
+///   without `Host` is `400 Bad Request: missing required Host header`; a `Host` with
+///   bytes Go refuses is `... malformed Host header`; a header name that is not a token
+///   is `... invalid header name`, a value with a control byte other than tab
+///   `... invalid header value`.
 pub fn parse_request_head(buf: &[u8]) -> Result<Option<RequestHead>, HeadError> {
-    let mut headers = [httparse::EMPTY_HEADER; STACK_HEADERS];
-    match parse_with(buf, &mut headers) {
-        Err(HeadError::TooLarge) => {
-            let mut many = vec![httparse::EMPTY_HEADER; MAX_HEADERS];
-            parse_with(buf, &mut many)
+    const BAD: HeadError = HeadError::Bad("400 Bad Request");
+    // The head: lines up to the first empty one.
+    let mut lines: Vec<&[u8]> = Vec::new();
+    let mut pos = 0;
+    let head_len = loop {
+        let Some(nl) = buf[pos..].iter().position(|&b| b == b'\n') else {
+            return Ok(None);
+        };
+        let mut line = &buf[pos..pos + nl];
+        if line.last() == Some(&b'\r') {
+            line = &line[..line.len() - 1];
         }
-        r => r,
-    }
-}
-
-fn parse_with<'b>(
-    buf: &'b [u8],
-    headers: &mut [httparse::Header<'b>],
-) -> Result<Option<RequestHead>, HeadError> {
-    let mut req = httparse::Request::new(headers);
-    let head_len = match req.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
-        Err(httparse::Error::Version) => return Err(HeadError::Version),
-        Err(httparse::Error::HeaderName) => {
-            return Err(HeadError::Bad("400 Bad Request: invalid header name"))
+        pos += nl + 1;
+        if line.is_empty() {
+            if lines.is_empty() {
+                // Go skips empty lines before the request line (RFC 7230 3.5).
+                continue;
+            }
+            break pos;
         }
-        Err(_) => return Err(HeadError::Bad("400 Bad Request")),
+        lines.push(line);
     };
-    let method = req.method.unwrap_or("").to_string();
-    let target = req.path.unwrap_or("");
-    let http11 = req.version == Some(1);
-    let mut content_length: Option<u64> = None;
-    let (mut chunked, mut conn_close, mut conn_keep_alive, mut host, mut expect_continue) =
-        (false, false, false, false, false);
-    for h in req.headers.iter() {
-        let v = String::from_utf8_lossy(h.value);
-        let v = v.trim();
-        if h.name.eq_ignore_ascii_case("content-length") {
-            let n: u64 = v.parse().map_err(|_| HeadError::Bad("400 Bad Request"))?;
-            if content_length.is_some_and(|c| c != n) {
-                return Err(HeadError::Bad("400 Bad Request"));
+    let request_line = std::str::from_utf8(lines[0]).map_err(|_| BAD)?;
+    let (method, rest) = request_line.split_once(' ').ok_or(BAD)?;
+    let (target, proto) = rest.split_once(' ').ok_or(BAD)?;
+    if method.is_empty() || !method.bytes().all(is_token_byte) {
+        return Err(BAD);
+    }
+    let (major, minor) = parse_http_version(proto).ok_or(BAD)?;
+    // Header fields, with obsolete line folding joined.
+    let mut fields: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+    for (i, line) in lines[1..].iter().enumerate() {
+        if line[0] == b' ' || line[0] == b'\t' {
+            if i == 0 {
+                return Err(BAD);
             }
+            if let Some(last) = fields.last_mut() {
+                let more = trim_ows(line);
+                if !more.is_empty() {
+                    if !last.1.is_empty() {
+                        last.1.push(b' ');
+                    }
+                    last.1.extend_from_slice(more);
+                }
+            }
+            continue;
+        }
+        let colon = line.iter().position(|&b| b == b':').ok_or(BAD)?;
+        let name = &line[..colon];
+        if name.is_empty() {
+            continue;
+        }
+        fields.push((name.to_vec(), trim_ows(&line[colon + 1..]).to_vec()));
+    }
+    let named = |n: &'static str| {
+        fields
+            .iter()
+            .filter(move |(k, _)| k.eq_ignore_ascii_case(n.as_bytes()))
+            .map(|(_, v)| v.as_slice())
+    };
+    let hosts: Vec<&[u8]> = named("host").collect();
+    if hosts.len() > 1 {
+        return Err(BAD);
+    }
+    // readTransfer.
+    let http11 = major == 1 && minor >= 1;
+    let mut chunked = false;
+    let tes: Vec<&[u8]> = named("transfer-encoding").collect();
+    if http11 && !tes.is_empty() {
+        if tes.len() > 1 {
+            return Err(BAD);
+        }
+        if !tes[0].eq_ignore_ascii_case(b"chunked") {
+            return Err(HeadError::Unsupported);
+        }
+        chunked = true;
+    }
+    let mut content_length = None;
+    let lens: Vec<&[u8]> = named("content-length").collect();
+    if let Some(first) = lens.first() {
+        if lens.iter().any(|l| l != first) {
+            return Err(BAD);
+        }
+        if !first.is_empty() && !chunked {
+            if first.len() > 19 || !first.iter().all(u8::is_ascii_digit) {
+                return Err(BAD);
+            }
+            let n: u64 = std::str::from_utf8(first)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|&n| n <= i64::MAX as u64)
+                .ok_or(BAD)?;
             content_length = Some(n);
-        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            if !v.eq_ignore_ascii_case("chunked") {
-                return Err(HeadError::Unsupported);
-            }
-            chunked = true;
-        } else if h.name.eq_ignore_ascii_case("connection") {
-            for tok in v.split(',') {
-                let tok = tok.trim();
-                conn_close |= tok.eq_ignore_ascii_case("close");
-                conn_keep_alive |= tok.eq_ignore_ascii_case("keep-alive");
-            }
-        } else if h.name.eq_ignore_ascii_case("host") {
-            host = true;
-        } else if h.name.eq_ignore_ascii_case("expect") {
-            expect_continue = v.eq_ignore_ascii_case("100-continue");
         }
     }
-    if http11 && !host {
+    // The server's own checks.
+    if major != 1 {
+        return Err(HeadError::Version);
+    }
+    if http11 && hosts.is_empty() {
         return Err(HeadError::Bad(
             "400 Bad Request: missing required Host header",
         ));
     }
-    if chunked {
-        content_length = None;
+    if hosts
+        .first()
+        .is_some_and(|h| !h.iter().all(|&b| valid_host_byte(b)))
+    {
+        return Err(HeadError::Bad("400 Bad Request: malformed Host header"));
+    }
+    for (k, v) in &fields {
+        if !k.iter().copied().all(is_token_byte) {
+            return Err(HeadError::Bad("400 Bad Request: invalid header name"));
+        }
+        if v.iter().any(|&b| (b < b' ' && b != b'\t') || b == 0x7f) {
+            return Err(HeadError::Bad("400 Bad Request: invalid header value"));
+        }
+    }
+    let (mut conn_close, mut conn_keep_alive, mut expect_continue) = (false, false, false);
+    for v in named("connection") {
+        for tok in v.split(|&b| b == b',') {
+            let tok = trim_ows(tok);
+            conn_close |= tok.eq_ignore_ascii_case(b"close");
+            conn_keep_alive |= tok.eq_ignore_ascii_case(b"keep-alive");
+        }
+    }
+    let mut expect_other = false;
+    for v in named("expect") {
+        for tok in v.split(|&b| b == b',') {
+            if trim_ows(tok).eq_ignore_ascii_case(b"100-continue") {
+                expect_continue = true;
+            }
+        }
+        expect_other |= !v.is_empty();
     }
     let origin = match target.find("://") {
         Some(i) if !target.starts_with('/') => {
@@ -357,9 +437,9 @@ fn parse_with<'b>(
         Some((p, q)) => (p, Some(q.to_string())),
         None => (origin, None),
     };
-    let path = unescape_path(raw_path).ok_or(HeadError::Bad("400 Bad Request"))?;
+    let path = unescape_path(raw_path).ok_or(BAD)?;
     Ok(Some(RequestHead {
-        method,
+        method: method.to_string(),
         raw_path: raw_path.to_string(),
         path,
         query,
@@ -369,8 +449,47 @@ fn parse_with<'b>(
         content_length,
         chunked,
         expect_continue,
+        expect_unknown: expect_other && !expect_continue,
         head_len,
     }))
+}
+
+/// Go 1.19's `ParseHTTPVersion`: `HTTP/1.1`, `HTTP/1.0`, or `HTTP/` digit `.` digit.
+fn parse_http_version(v: &str) -> Option<(u8, u8)> {
+    match v {
+        "HTTP/1.1" => return Some((1, 1)),
+        "HTTP/1.0" => return Some((1, 0)),
+        _ => {}
+    }
+    let b = v.as_bytes();
+    if b.len() != 8 || !v.starts_with("HTTP/") || b[6] != b'.' {
+        return None;
+    }
+    let (maj, min) = (b[5], b[7]);
+    (maj.is_ascii_digit() && min.is_ascii_digit()).then(|| (maj - b'0', min - b'0'))
+}
+
+/// An RFC 7230 token byte (httpguts.IsTokenRune).
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// A byte Go's httpguts.ValidHostHeader accepts.
+fn valid_host_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!$&'()*+,-.:;=[]_~%@".contains(&b) || b >= 0x80
+}
+
+/// Trims spaces and tabs at both ends (textproto.TrimBytes).
+fn trim_ows(v: &[u8]) -> &[u8] {
+    let start = v
+        .iter()
+        .position(|&b| b != b' ' && b != b'\t')
+        .unwrap_or(v.len());
+    let end = v
+        .iter()
+        .rposition(|&b| b != b' ' && b != b'\t')
+        .map_or(start, |i| i + 1);
+    &v[start..end]
 }
 
 #[cfg(test)]

@@ -180,8 +180,17 @@ pub fn apply_identify(
     opts: impl Into<IdentifyLimits>,
 ) -> Result<Negotiated, ProtocolError> {
     let opts = opts.into();
-    let req: IdentifyRequest =
+    // Go's json.Unmarshal into a struct: `null` leaves it as it is, any other non-object
+    // (an array too, which serde would take field by field) is a decode error.
+    let value: serde_json::Value =
         serde_json::from_slice(body).map_err(|_| bad("failed to decode JSON body".into()))?;
+    let req: IdentifyRequest = match value {
+        serde_json::Value::Null => IdentifyRequest::default(),
+        v @ serde_json::Value::Object(_) => {
+            serde_json::from_value(v).map_err(|_| bad("failed to decode JSON body".into()))?
+        }
+        _ => return Err(bad("failed to decode JSON body".into())),
+    };
     let mut s = settings.clone();
     s.client_id = req.client_id.unwrap_or_default();
     s.hostname = req.hostname.unwrap_or_default();

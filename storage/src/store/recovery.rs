@@ -486,7 +486,7 @@ async fn recover_segment(
             // The newest segment without its header was created just before a crash
             // and never written to (records are lost only within the sync window).
             Err(e) if is_newest && e.to_string().contains("bad segment magic") => log::warn!(
-                "STORE: segment {} was never written (created just before a crash); skipped",
+                "STORE: segment {} holds no data (created just before the broker stopped or crashed); skipped",
                 path.display()
             ),
             Err(e) => log::error!(
