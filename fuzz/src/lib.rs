@@ -528,26 +528,24 @@ pub fn http_mpub(data: &[u8]) {
 
 // ---------------------------------------------------------------- nsqlookupd V1
 
+/// A fresh nsqlookupd context per input: registration keys stay in the database after
+/// their producers leave (as nsqlookupd's), so one shared database grew with every
+/// input and slowed the target down to a tenth of its speed.
 fn lookupd_context() -> std::sync::Arc<nsqlookupd::Context> {
-    use std::sync::{Arc, OnceLock};
-    static CTX: OnceLock<Arc<nsqlookupd::Context>> = OnceLock::new();
-    CTX.get_or_init(|| {
-        let addr: std::net::SocketAddr = "127.0.0.1:4160".parse().unwrap();
-        Arc::new(nsqlookupd::Context {
-            opts: nsqlookupd::Options {
-                tcp_address: "127.0.0.1:4160".into(),
-                http_address: "127.0.0.1:4161".into(),
-                broadcast_address: "fuzz".into(),
-                inactive_producer_timeout: std::time::Duration::from_secs(300),
-                tombstone_lifetime: std::time::Duration::from_secs(45),
-            },
-            db: nsqlookupd::registration_db::RegistrationDb::new(),
-            tcp_addr: addr,
-            http_addr: addr,
-            hostname: "fuzz".into(),
-        })
+    let addr: std::net::SocketAddr = "127.0.0.1:4160".parse().unwrap();
+    std::sync::Arc::new(nsqlookupd::Context {
+        opts: nsqlookupd::Options {
+            tcp_address: "127.0.0.1:4160".into(),
+            http_address: "127.0.0.1:4161".into(),
+            broadcast_address: "fuzz".into(),
+            inactive_producer_timeout: std::time::Duration::from_secs(300),
+            tombstone_lifetime: std::time::Duration::from_secs(45),
+        },
+        db: nsqlookupd::registration_db::RegistrationDb::new(),
+        tcp_addr: addr,
+        http_addr: addr,
+        hostname: "fuzz".into(),
     })
-    .clone()
 }
 
 /// The nsqlookupd V1 connection handler (`protocol_v1::serve`, what `handle` runs over
@@ -555,7 +553,8 @@ fn lookupd_context() -> std::sync::Arc<nsqlookupd::Context> {
 /// a well-formed `[u32 size][data]` frame, and the handler returns.
 pub fn lookupd_v1(data: &[u8]) {
     let mut out = Vec::new();
-    nsqlookupd::protocol_v1::serve(lookupd_context(), "127.0.0.1:4150".into(), data, &mut out);
+    let ctx = lookupd_context();
+    nsqlookupd::protocol_v1::serve(ctx.clone(), "127.0.0.1:4150".into(), data, &mut out);
     let mut rest = &out[..];
     while !rest.is_empty() {
         assert!(rest.len() >= 4, "torn reply frame");
@@ -564,7 +563,7 @@ pub fn lookupd_v1(data: &[u8]) {
         rest = &rest[4 + n..];
     }
     // The connection's end removed the peer from every registration.
-    let db = &lookupd_context().db;
+    let db = &ctx.db;
     assert!(
         db.lookup_registrations("127.0.0.1:4150").is_empty(),
         "registrations left after the connection closed"
