@@ -411,8 +411,8 @@ pub fn snappy(data: &[u8]) {
 }
 
 /// The deflate stream decoder: no panic on any stream (input capped at 8 KiB: the
-/// inflated size is bounded by the caller), the same output for any split; and the
-/// encoder's stream of the input decodes back to it.
+/// inflated size is bounded by the caller), the same output for any split; and (one
+/// input in four) the encoder's stream of the input decodes back to it.
 pub fn deflate(data: &[u8]) {
     use nsq_wire::compress::deflate::{DeflateDecoder, DeflateEncoder};
     let mut k = Knobs(data);
@@ -436,6 +436,11 @@ pub fn deflate(data: &[u8]) {
     let pieces = run(&splits(input, seed));
     if whole.1.is_none() && pieces.1.is_none() {
         assert_eq!(whole.0, pieces.0, "inflated output differs with the split");
+    }
+    // The round trip on one input in four: a compressor's state (hundreds of KiB to
+    // set up) made it most of this target's time.
+    if seed % 4 != 0 {
+        return;
     }
     let mut enc = DeflateEncoder::new(level, &[]).unwrap();
     let mut wire = Vec::new();
