@@ -28,6 +28,20 @@ fn data_dir(name: &str) -> PathBuf {
     d
 }
 
+/// One `GET /ping`: the status and body, or `None` if the exchange failed.
+fn try_ping(addr: std::net::SocketAddr) -> Option<(u16, Vec<u8>)> {
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    s.write_all(
+        format!("GET /ping HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .ok()?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).ok()?;
+    let (code, body) = split_http(&out);
+    (code != 0).then_some((code, body))
+}
+
 /// Polls `/ping` until it answers 200 OK.
 fn wait_ping(b: &mut Broker, within: Duration) {
     let deadline = Instant::now() + within;
@@ -35,8 +49,10 @@ fn wait_ping(b: &mut Broker, within: Duration) {
         if let Some(st) = b.exited() {
             panic!("nsqd exited with {st}: {}", b.log_text());
         }
-        if std::net::TcpStream::connect(b.http).is_ok() {
-            let (code, body) = b.http("GET", "/ping", b"");
+        // A connect can still reach the killed process's listener for a few ms (the
+        // kernel tears its io_uring down after the exit) and then be refused or reset:
+        // any failed exchange is retried, as a health check would.
+        if let Some((code, body)) = try_ping(b.http) {
             if code == 200 {
                 assert_eq!(body, b"OK");
                 return;
