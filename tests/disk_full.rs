@@ -104,11 +104,25 @@ fn full_disk_fails_publishes_marks_unhealthy_and_recovers() {
     cons.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let (ft, _) = read_frame_skip_hb(&mut cons).unwrap();
     assert_eq!(ft, 2);
-    // Free space: publishing and health recover.
+    // Free space: publishing and health recover. ext4 hands the filler's blocks out
+    // again only once the journal transaction that freed them commits (sync forces it;
+    // otherwise within its 5 s commit interval), so a publisher retries a refused PUB
+    // for a while, as clients do.
     std::fs::remove_file(&filler).unwrap();
-    let mut p = b.connect_v2();
-    p.write_all(&pub_cmd("full", b"after")).unwrap();
-    assert_eq!(read_frame_skip_hb(&mut p).unwrap(), (0, b"OK".to_vec()));
+    let _ = Command::new("sync").arg("-f").arg(&m.0).status();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let mut p = b.connect_v2();
+        p.write_all(&pub_cmd("full", b"after")).unwrap();
+        match read_frame_skip_hb(&mut p) {
+            Ok((0, ok)) if ok == b"OK" => break,
+            other => assert!(
+                std::time::Instant::now() < deadline,
+                "publishing did not recover after the space was freed: {other:?}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let (code, body) = b.http("GET", "/ping", b"");
     assert_eq!((code, body.as_slice()), (200, &b"OK"[..]));
     drop(b);
