@@ -7,7 +7,7 @@
 use super::registration_db::{filter_by_active, keys, now_nanos, sub_keys, Producer, Registration};
 use super::Context;
 use nsq_wire::duration::go_duration_string;
-use nsq_wire::http1::{self, parse_query, status_text, HeadError};
+use nsq_wire::http1::{self, clean_path, parse_query, status_text, HeadError};
 use nsq_wire::json;
 use nsq_wire::names::{is_valid_channel_name, is_valid_topic_name};
 use nsq_wire::timefmt;
@@ -419,26 +419,6 @@ impl Params {
         }
         Ok((t, c))
     }
-}
-
-/// httprouter's CleanPath: resolves `.`, `..` and doubled slashes, keeps a trailing slash.
-fn clean_path(p: &str) -> String {
-    let mut parts: Vec<&str> = Vec::new();
-    for seg in p.split('/') {
-        match seg {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            s => parts.push(s),
-        }
-    }
-    let mut out = format!("/{}", parts.join("/"));
-    let trailing = p.ends_with('/') || p.ends_with("/.") || p.ends_with("/..");
-    if trailing && out != "/" {
-        out.push('/');
-    }
-    out
 }
 
 fn toggle_slash(p: &str) -> String {

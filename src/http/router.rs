@@ -4,6 +4,7 @@
 //! list the methods of a path for OPTIONS and 405, else 404.
 
 use super::Response;
+use nsq_wire::http1::clean_path;
 
 /// `(method, path)` of every route with a fixed path; `/config/:opt` is matched apart.
 const ROUTES: &[(&str, &str)] = &[
@@ -75,26 +76,6 @@ fn case_insensitive(method: &str, path: &str) -> Option<String> {
         return Some(format!("{CONFIG}{}", &path[CONFIG.len()..]));
     }
     None
-}
-
-/// httprouter CleanPath: `.` and `..` resolved, repeated slashes merged, a leading slash
-/// added, a trailing slash kept.
-pub(super) fn clean_path(p: &str) -> String {
-    let mut parts: Vec<&str> = Vec::new();
-    for seg in p.split('/') {
-        match seg {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            s => parts.push(s),
-        }
-    }
-    let mut out = format!("/{}", parts.join("/"));
-    if p.ends_with('/') && out.len() > 1 {
-        out.push('/');
-    }
-    out
 }
 
 /// The redirect httprouter answers for `method` and `path` without a route, if any.

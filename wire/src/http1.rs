@@ -454,6 +454,27 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<RequestHead>, HeadError> 
     }))
 }
 
+/// httprouter's CleanPath (nsqd's and nsqlookupd's router): resolves `.`, `..` and
+/// doubled slashes, adds a leading slash, keeps a trailing one.
+pub fn clean_path(p: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for seg in p.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            s => parts.push(s),
+        }
+    }
+    let mut out = format!("/{}", parts.join("/"));
+    let trailing = p.ends_with('/') || p.ends_with("/.") || p.ends_with("/..");
+    if trailing && out != "/" {
+        out.push('/');
+    }
+    out
+}
+
 /// Go 1.19's `ParseHTTPVersion`: `HTTP/1.1`, `HTTP/1.0`, or `HTTP/` digit `.` digit.
 fn parse_http_version(v: &str) -> Option<(u8, u8)> {
     match v {
