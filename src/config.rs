@@ -335,17 +335,8 @@ pub struct Config {
 
 pub use nsq_wire::goflag::normalize_args;
 
-/// A `--log-level` value (debug, info, warn, error, fatal; any case) as a filter.
-pub fn parse_level(s: &str) -> Option<log::LevelFilter> {
-    Some(match s.to_ascii_lowercase().as_str() {
-        "debug" => log::LevelFilter::Debug,
-        "info" => log::LevelFilter::Info,
-        "warn" => log::LevelFilter::Warn,
-        "error" => log::LevelFilter::Error,
-        "fatal" => log::LevelFilter::Error,
-        _ => return None,
-    })
-}
+/// A `--log-level` value as a filter (one parser for nsqd and nsqlookupd).
+pub use nsq_wire::logger::parse_level;
 
 impl Config {
     /// Validates the command line (nsqd's startup checks).

@@ -161,27 +161,30 @@ mod tests {
                 (r.status, l)
             })
         };
-        assert_eq!(loc("GET", "/ping/", ""), Some((301, "/ping".into())));
-        assert_eq!(loc("GET", "/PING", ""), Some((301, "/ping".into())));
-        assert_eq!(
-            loc("GET", "/stats/", "format=json"),
-            Some((301, "/stats?format=json".into()))
-        );
-        assert_eq!(
-            loc("POST", "/pub/", "topic=t"),
-            Some((307, "/pub?topic=t".into()))
-        );
-        assert_eq!(
-            loc("GET", "/Config/Log_Level", ""),
-            Some((301, "/config/Log_Level".into()))
-        );
-        assert_eq!(
-            loc("PUT", "/config/x/", ""),
-            Some((307, "/config/x".into()))
-        );
-        assert_eq!(loc("GET", "/pub", ""), None);
-        assert_eq!(loc("HEAD", "/ping/", ""), None);
-        assert_eq!(loc("GET", "/nope", ""), None);
-        assert_eq!(loc("GET", "/", ""), None);
+        for (m, p, q, want) in [
+            ("GET", "/ping/", "", Some((301, "/ping"))),
+            ("GET", "/PING", "", Some((301, "/ping"))),
+            (
+                "GET",
+                "/stats/",
+                "format=json",
+                Some((301, "/stats?format=json")),
+            ),
+            ("POST", "/pub/", "topic=t", Some((307, "/pub?topic=t"))),
+            (
+                "GET",
+                "/Config/Log_Level",
+                "",
+                Some((301, "/config/Log_Level")),
+            ),
+            ("PUT", "/config/x/", "", Some((307, "/config/x"))),
+            ("GET", "/pub", "", None),
+            ("HEAD", "/ping/", "", None),
+            ("GET", "/nope", "", None),
+            ("GET", "/", "", None),
+        ] {
+            let want = want.map(|(c, l): (u16, &str)| (c, l.to_string()));
+            assert_eq!(loc(m, p, q), want, "{m} {p}?{q}");
+        }
     }
 }
