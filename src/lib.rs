@@ -15,6 +15,7 @@ pub mod http;
 pub mod import_nsqd;
 pub mod logger;
 pub mod lookupd_client;
+pub mod memory;
 pub mod preflight;
 pub mod runtime;
 pub mod server;

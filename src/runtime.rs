@@ -562,6 +562,12 @@ async fn shard_main(
 
     let checkpoints = glommio::spawn_local(checkpoint_loop(shard.clone()));
     let store_pump = glommio::spawn_local(shard.clone().store_loop());
+    let trims = {
+        let shard = shard.clone();
+        glommio::spawn_local(async move {
+            crate::memory::trim_loop(shard.shutdown.wait()).await;
+        })
+    };
     timer_loop(&shard, &term).await;
     // Graceful shutdown (nsqd Exit): stop accepting, close clients, let writers flush.
     shard.shutdown.set();
@@ -577,6 +583,7 @@ async fn shard_main(
     }
     checkpoints.await;
     store_pump.await;
+    trims.await;
     shard.close_stores().await;
     Ok(())
 }

@@ -1,0 +1,71 @@
+//! Giving memory back after a burst of connections ends.
+//!
+//! Each shard's thread allocates from its own glibc arena. When thousands of
+//! connections close, their memory goes back to that arena's free lists, and the kernel
+//! still counts it (RSS); the next burst may land on the other shards (every shard
+//! accepts from one listening socket, whichever is awake wins), which cannot use it.
+//! Measured before this: a second round of 19,750 idle connections on 2 shards raised
+//! RSS by 0.5 % to 29 % depending on how the rounds split between the shards. Go's
+//! runtime (nsqd) returns freed heap to the kernel in the background (its scavenger);
+//! here each shard asks glibc to do the same (`malloc_trim(0)`: whole free pages of
+//! every arena are handed back with `MADV_DONTNEED`) once at least [`TRIM_AFTER_CLOSES`]
+//! connections on it have ended since its last trim, checked every [`TRIM_CHECK`].
+//! A trim costs about a millisecond per 100 MB of heap; a steady stream of short
+//! connections causes at most one per check interval.
+
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+
+/// Connections (TCP, HTTP, HTTPS) that must have ended on a shard before it trims.
+pub const TRIM_AFTER_CLOSES: u64 = 1024;
+/// How often a shard looks at its count of ended connections.
+pub const TRIM_CHECK: Duration = Duration::from_secs(1);
+
+thread_local! {
+    /// Connections ended on this shard's thread since its last trim.
+    static CLOSED: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Counts one ended connection on the calling shard (called by the accept loop when a
+/// connection's task returns).
+pub fn connection_closed() {
+    CLOSED.with(|c| c.set(c.get() + 1));
+}
+
+/// Runs until `stop` resolves: every [`TRIM_CHECK`], trims the heap when at least
+/// [`TRIM_AFTER_CLOSES`] connections ended on this shard since the last trim.
+pub async fn trim_loop(stop: impl std::future::Future<Output = ()>) {
+    use futures::future::{select, Either};
+    use std::pin::pin;
+    let mut stop = pin!(stop);
+    loop {
+        let tick = pin!(glommio::timer::sleep(TRIM_CHECK));
+        if let Either::Right(_) = select(tick, stop.as_mut()).await {
+            return;
+        }
+        if CLOSED.with(|c| c.get()) < TRIM_AFTER_CLOSES {
+            continue;
+        }
+        CLOSED.with(|c| c.set(0));
+        let t = Instant::now();
+        let released = trim();
+        log::debug!(
+            "heap trimmed after a burst of closed connections ({} in {:?})",
+            if released { "memory released" } else { "nothing to release" },
+            t.elapsed()
+        );
+    }
+}
+
+/// `malloc_trim(0)`; true when glibc released memory. A no-op on other C libraries.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn trim() -> bool {
+    // SAFETY: malloc_trim takes no pointers and only walks glibc's own arenas under
+    // their locks; it is safe to call from any thread at any time.
+    unsafe { libc::malloc_trim(0) == 1 }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn trim() -> bool {
+    false
+}
