@@ -51,7 +51,11 @@ pub async fn trim_loop(stop: impl std::future::Future<Output = ()>) {
         let released = trim();
         log::debug!(
             "heap trimmed after a burst of closed connections ({} in {:?})",
-            if released { "memory released" } else { "nothing to release" },
+            if released {
+                "memory released"
+            } else {
+                "nothing to release"
+            },
             t.elapsed()
         );
     }

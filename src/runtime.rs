@@ -8,6 +8,7 @@ use crate::config::Config;
 use crate::server::Server;
 use crate::{http, tcp};
 use futures::future::{select, Either};
+use futures::FutureExt;
 use glommio::channels::channel_mesh::MeshBuilder;
 use glommio::net::TcpListener;
 use glommio::{LocalExecutorBuilder, Placement};
@@ -698,8 +699,10 @@ fn handle_mesh(server: &Rc<Server>, msg: ShardMsg) {
             }
         }
         ShardMsg::HandOff(h) => {
-            let s = server.clone();
-            glommio::spawn_local(async move { tcp::resume(s, *h).await }).detach();
+            // An adapter, not an `async` block (which would hold the connection's
+            // future twice); its end counts towards this shard's heap trim.
+            let conn = tcp::resume(server.clone(), *h).map(|()| crate::memory::connection_closed());
+            glommio::spawn_local(conn).detach();
         }
         ShardMsg::Stats { req, reply } => {
             let _ = reply.send(shard.stats(&req));

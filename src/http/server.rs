@@ -313,12 +313,13 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
         let Some(cfg) = server.cfg.tls.clone() else {
             return;
         };
-        let hs = stream.accept_tls(cfg, &[]);
+        // Boxed: the handshake's state (10 KB) would otherwise stay in the connection's
+        // task for its whole life.
+        let hs = Box::pin(stream.accept_tls(cfg, &[]));
         let r = glommio::timer::timeout(Duration::from_secs(10), async {
             hs.await.map_err(glommio::GlommioError::IoError)
-        })
-        .await;
-        if let Err(e) = r {
+        });
+        if let Err(e) = Box::pin(r).await {
             // Go's http.Server logs a failed handshake the same way.
             log::info!("http: TLS handshake error from {remote}: {e}");
             stream.shutdown();

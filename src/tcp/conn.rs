@@ -298,7 +298,9 @@ impl Reader {
         want: Compression,
     ) -> Result<(), Stop> {
         let early = self.buf.split();
-        if let Err(e) = upgrade_tls(server, stream, client, &early).await {
+        // Boxed: the handshake's state is 10 KB, which would otherwise sit in every
+        // connection's task, TLS or not, for its whole life.
+        if let Err(e) = Box::pin(upgrade_tls(server, stream, client, &early)).await {
             log::info!(
                 "PROTOCOL(V2): [{}] E_IDENTIFY_FAILED IDENTIFY failed {e}",
                 client.remote_address()
