@@ -124,8 +124,10 @@ fn encode(r: &Response, f: &Framing) -> (Vec<u8>, bool) {
     let big = r.body.len() > CHUNKING_THRESHOLD;
     let mut close = f.close;
     let mut chunked = false;
+    let has = |name: &str| r.headers.iter().any(|(k, _)| *k == name);
     if !big {
-        if !(f.head && r.body.is_empty()) {
+        let head_without_body = f.head && r.body.is_empty();
+        if !head_without_body && !has("Content-Length") {
             out.extend_from_slice(format!("Content-Length: {}\r\n", r.body.len()).as_bytes());
         }
     } else if !f.head {
@@ -142,7 +144,11 @@ fn encode(r: &Response, f: &Framing) -> (Vec<u8>, bool) {
             out.extend_from_slice(format!("Content-Type: {t}\r\n").as_bytes());
         }
     }
-    if close && f.http11 {
+    let handler_closes = r
+        .headers
+        .iter()
+        .any(|(k, v)| *k == "Connection" && v.eq_ignore_ascii_case("close"));
+    if close && f.http11 && !handler_closes {
         out.extend_from_slice(b"Connection: close\r\n");
     } else if !close && f.keep_alive_10 && !f.http11 {
         out.extend_from_slice(b"Connection: keep-alive\r\n");
@@ -181,6 +187,8 @@ struct Request {
     content_length: Option<u64>,
     chunked: bool,
     expect_continue: bool,
+    /// An `Expect` other than `100-continue` (net/http answers 417).
+    expect_unknown: bool,
     remote: String,
 }
 
@@ -214,6 +222,7 @@ fn parse_head(buf: &[u8], remote: &str) -> Result<Option<(Request, usize)>, Head
             content_length: h.content_length,
             chunked: h.chunked,
             expect_continue: h.expect_continue,
+            expect_unknown: h.expect_unknown,
             remote: remote.to_string(),
         },
         h.head_len,
@@ -360,21 +369,28 @@ pub fn serve_conn(ctx: Arc<Context>, stream: TcpStream) {
             }
         };
         conn.consume(n);
-        let has_body = req.chunked || req.content_length.unwrap_or(0) > 0;
-        if req.expect_continue
-            && has_body
-            && req.framing.http11
-            && writer.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").is_err()
-        {
+        let mut req = req;
+        if req.expect_unknown {
+            // net/http (sendExpectationFailed), before any handler: 417, then close.
+            let r = Response::new(417, vec![("Connection", "close".into())], Vec::new(), None);
+            let _ = writer.write_all(&encode(&r, &req.framing).0);
+            let _ = writer.shutdown(Shutdown::Both);
             return;
         }
-        let mut req = req;
-        match discard_body(&mut conn, &req) {
-            Ok(true) => {}
-            Ok(false) => req.framing.close = true,
-            Err(_) => {
-                let _ = writer.shutdown(Shutdown::Both);
-                return;
+        let has_body = req.chunked || req.content_length.unwrap_or(0) > 0;
+        if req.expect_continue && has_body && req.framing.http11 {
+            // net/http sends `100 Continue` when a handler reads the body; nsqlookupd's
+            // never do, so the client is answered without it, with `Connection: close`,
+            // and the body is never read.
+            req.framing.close = true;
+        } else {
+            match discard_body(&mut conn, &req) {
+                Ok(true) => {}
+                Ok(false) => req.framing.close = true,
+                Err(_) => {
+                    let _ = writer.shutdown(Shutdown::Both);
+                    return;
+                }
             }
         }
         let resp = route(&ctx, &req);
@@ -497,8 +513,8 @@ fn redirect(req: &Request, path: &str, code: u16) -> Response {
 fn route(ctx: &Context, req: &Request) -> Response {
     let (m, p) = (req.method.as_str(), req.path.as_str());
     if m == "OPTIONS" && req.raw_path == "*" {
-        // net/http answers `OPTIONS *` itself.
-        return Response::new(200, Vec::new(), Vec::new(), None);
+        // net/http answers `OPTIONS *` itself (globalOptionsHandler sets the length).
+        return Response::new(200, vec![("Content-Length", "0".into())], Vec::new(), None);
     }
     if ROUTES.contains(&(m, p)) {
         return handle(ctx, req);

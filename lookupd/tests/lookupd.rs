@@ -729,6 +729,69 @@ fn http_router_details() {
     assert!(r.ends_with("]}]}\r\n0\r\n\r\n"));
 }
 
+/// What net/http answers before or instead of nsqlookupd's handlers, byte for byte as
+/// Go 1.19's server does for nsqd (the same server code): `Expect: 100-continue` on a
+/// handler that never reads the body (no `100 Continue`, `Connection: close`, the body
+/// never read), another expectation (417), `OPTIONS *`.
+#[test]
+fn expectations_and_options_star_answer_as_net_http() {
+    let l = Lookupd::start(&[]);
+    let cases: &[(&str, &[u8], &str)] = &[
+        (
+            "expect_cont_ping",
+            b"GET /ping HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nDate: x\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\nOK",
+        ),
+        (
+            "expect_cont_create",
+            b"POST /topic/create?topic=expect HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        ),
+        (
+            "expect_other",
+            b"POST /topic/create?topic=t1 HTTP/1.1\r\nHost: x\r\nExpect: foo\r\nContent-Length: 2\r\n\r\nab",
+            "HTTP/1.1 417 Expectation Failed\r\nConnection: close\r\nDate: x\r\nContent-Length: 0\r\n\r\n",
+        ),
+        (
+            "expect_cont_http10",
+            b"GET /ping HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nab",
+            "HTTP/1.0 200 OK\r\nDate: x\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nOK",
+        ),
+        (
+            "options_star_http10",
+            b"OPTIONS * HTTP/1.0\r\n\r\n",
+            "HTTP/1.0 200 OK\r\nContent-Length: 0\r\nDate: x\r\n\r\n",
+        ),
+    ];
+    for (name, req, want) in cases {
+        let mut s = TcpStream::connect(l.http).expect("connect http");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(req).unwrap();
+        // Each of these closes after its answer: read to the end (a `100 Continue`
+        // or a second response would show up here).
+        let mut got = Vec::new();
+        s.read_to_end(&mut got)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let got = String::from_utf8_lossy(&got);
+        assert!(got.matches("HTTP/1.").count() == 1, "{name}: {got}");
+        assert_capture(&got, want);
+    }
+    // The topic whose body was never read was still created (the handler ran).
+    assert!(l.get_body("/topics").contains("\"expect\""));
+    // `OPTIONS *` on HTTP/1.1 keeps the connection.
+    let mut s = TcpStream::connect(l.http).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    assert_capture(
+        &read_response(&mut s),
+        "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nDate: x\r\n\r\n",
+    );
+    s.write_all(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    assert!(read_response(&mut s).ends_with("\r\n\r\nOK"));
+}
+
 impl Lookupd {
     /// A HEAD request: the response has headers only.
     fn http_head_only(&self, target: &str) -> String {
