@@ -8,16 +8,20 @@
 //! RSS by 0.5 % to 29 % depending on how the rounds split between the shards. Go's
 //! runtime (nsqd) returns freed heap to the kernel in the background (its scavenger);
 //! here each shard asks glibc to do the same (`malloc_trim(0)`: whole free pages of
-//! every arena are handed back with `MADV_DONTNEED`) once at least [`TRIM_AFTER_CLOSES`]
-//! connections on it have ended since its last trim, checked every [`TRIM_CHECK`].
-//! A trim costs about a millisecond per 100 MB of heap; a steady stream of short
-//! connections causes at most one per check interval.
+//! every arena are handed back with `MADV_DONTNEED`), checked every [`TRIM_CHECK`]: once
+//! at least [`TRIM_AFTER_CLOSES`] connections on it have ended since its last trim, or
+//! at least [`TRIM_AFTER_QUIET_CLOSES`] and then none for a whole check interval (a
+//! smaller burst that is over). A trim costs about a millisecond per 100 MB of heap; a
+//! steady stream of short connections causes at most one per check interval.
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 /// Connections (TCP, HTTP, HTTPS) that must have ended on a shard before it trims.
 pub const TRIM_AFTER_CLOSES: u64 = 1024;
+/// Connections that must have ended on a shard, none of them in the last
+/// [`TRIM_CHECK`], before it trims.
+pub const TRIM_AFTER_QUIET_CLOSES: u64 = 128;
 /// How often a shard looks at its count of ended connections.
 pub const TRIM_CHECK: Duration = Duration::from_secs(1);
 
@@ -32,20 +36,31 @@ pub fn connection_closed() {
     CLOSED.with(|c| c.set(c.get() + 1));
 }
 
-/// Runs until `stop` resolves: every [`TRIM_CHECK`], trims the heap when at least
-/// [`TRIM_AFTER_CLOSES`] connections ended on this shard since the last trim.
+/// Whether to trim, given the connections ended since the last trim now and at the
+/// previous check.
+fn due(closed: u64, closed_at_last_check: u64) -> bool {
+    closed >= TRIM_AFTER_CLOSES
+        || (closed >= TRIM_AFTER_QUIET_CLOSES && closed == closed_at_last_check)
+}
+
+/// Runs until `stop` resolves: every [`TRIM_CHECK`], trims the heap when enough
+/// connections ended on this shard since the last trim (see the module docs).
 pub async fn trim_loop(stop: impl std::future::Future<Output = ()>) {
     use futures::future::{select, Either};
     use std::pin::pin;
     let mut stop = pin!(stop);
+    let mut last = 0;
     loop {
         let tick = pin!(glommio::timer::sleep(TRIM_CHECK));
         if let Either::Right(_) = select(tick, stop.as_mut()).await {
             return;
         }
-        if CLOSED.with(|c| c.get()) < TRIM_AFTER_CLOSES {
+        let closed = CLOSED.with(|c| c.get());
+        if !due(closed, last) {
+            last = closed;
             continue;
         }
+        last = 0;
         CLOSED.with(|c| c.set(0));
         let t = Instant::now();
         let released = trim();
@@ -72,4 +87,25 @@ fn trim() -> bool {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn trim() -> bool {
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trims_after_a_large_burst_or_a_finished_small_one() {
+        assert!(due(TRIM_AFTER_CLOSES, 0));
+        assert!(due(TRIM_AFTER_CLOSES, TRIM_AFTER_CLOSES - 1));
+        // A small burst: not while connections are still ending, then once they stop.
+        assert!(!due(TRIM_AFTER_QUIET_CLOSES, 0));
+        assert!(due(TRIM_AFTER_QUIET_CLOSES, TRIM_AFTER_QUIET_CLOSES));
+        assert!(due(700, 700));
+        // A few closes never trim on their own.
+        assert!(!due(
+            TRIM_AFTER_QUIET_CLOSES - 1,
+            TRIM_AFTER_QUIET_CLOSES - 1
+        ));
+        assert!(!due(0, 0));
+    }
 }

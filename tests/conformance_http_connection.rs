@@ -455,3 +455,90 @@ fn request_heads_answer_as_net_http() {
         assert_eq!(show(&mask_date(&got)), show(want), "{name}");
     }
 }
+
+/// A body the handler does not read: net/http reads and drops up to 256 KiB of it
+/// (maxPostHandlerReadBytes) and keeps the connection; a longer one (Content-Length of
+/// 256 KiB or more, a chunked body over it) is answered with `Connection: close` and the
+/// connection closes. Expected bytes: nsqd 1.3.0 answering the same requests, then
+/// whether a `GET /ping` on the same connection was answered.
+#[test]
+fn unread_bodies_over_256_kib_close_as_net_http() {
+    use std::io::{Read, Write};
+    const CREATED: &[u8] =
+        b"HTTP/1.1 200 OK\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 0\r\n\r\n";
+    const CREATED_CLOSE: &[u8] = b"HTTP/1.1 200 OK\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    const PING_405_CLOSE: &[u8] = b"HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, OPTIONS\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 32\r\nConnection: close\r\n\r\n{\"message\":\"METHOD_NOT_ALLOWED\"}";
+    let chunked = |total: usize| -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut left = total;
+        while left > 0 {
+            let k = left.min(65536);
+            out.extend_from_slice(format!("{k:x}\r\n").as_bytes());
+            out.extend(std::iter::repeat_n(b'a', k));
+            out.extend_from_slice(b"\r\n");
+            left -= k;
+        }
+        out.extend_from_slice(b"0\r\n\r\n");
+        out
+    };
+    let create_cl = |n: usize| -> Vec<u8> {
+        let mut r = format!(
+            "POST /topic/create?topic=big HTTP/1.1\r\nHost: x\r\nContent-Length: {n}\r\n\r\n"
+        )
+        .into_bytes();
+        r.extend(std::iter::repeat_n(b'a', n));
+        r
+    };
+    let create_chunked = |n: usize| -> Vec<u8> {
+        let mut r = b"POST /topic/create?topic=big HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        r.extend(chunked(n));
+        r
+    };
+    let mut ping_405 = b"POST /ping HTTP/1.1\r\nHost: x\r\nContent-Length: 300000\r\n\r\n".to_vec();
+    ping_405.extend(std::iter::repeat_n(b'a', 300_000));
+    let cases: Vec<(&str, Vec<u8>, &[u8], bool)> = vec![
+        ("cl_300000", create_cl(300_000), CREATED_CLOSE, false),
+        ("cl_262144", create_cl(262_144), CREATED_CLOSE, false),
+        ("cl_262143", create_cl(262_143), CREATED, true),
+        ("chunked_262144", create_chunked(262_144), CREATED, true),
+        (
+            "chunked_262145",
+            create_chunked(262_145),
+            CREATED_CLOSE,
+            false,
+        ),
+        ("ping_405_300000", ping_405, PING_405_CLOSE, false),
+    ];
+    for_each_shards(&[1, 2], |shards| {
+        let b = Broker::start(shards, &[]);
+        for (name, req, want, kept) in &cases {
+            let mut s = std::net::TcpStream::connect(b.http).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s.write_all(req).unwrap();
+            let mut got = Vec::new();
+            let mut chunk = [0u8; 4096];
+            // The answer, and nothing after it yet (a kept connection stays open).
+            while mask_date(&got).len() < want.len() {
+                match s.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&chunk[..n]),
+                }
+            }
+            assert_eq!(
+                show(&mask_date(&got)),
+                show(want),
+                "{shards} shards, {name}"
+            );
+            // Kept alive: the next request on it is answered; else the broker closed it.
+            let _ = s.write_all(b"GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            let mut next = Vec::new();
+            let _ = s.read_to_end(&mut next);
+            assert_eq!(
+                next.starts_with(b"HTTP/1.1 200 OK\r\n"),
+                *kept,
+                "{shards} shards, {name}: after the answer got {:?}",
+                String::from_utf8_lossy(&next)
+            );
+        }
+    });
+}

@@ -450,6 +450,7 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
             let have = buf.len().min(len as usize);
             buf.split_to(have).freeze()
         };
+        let body_len = body.len() as u64;
         let mut resp = if refuse {
             tls_required_response(server.https_port)
         } else if head.method == "OPTIONS" && head.path == "*" {
@@ -470,7 +471,17 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
         let expect_active = head.expect_continue && !head.http10;
         let close_header =
             failed && !(cl_eof && !expect_active && handler_read_body(&head, resp.status));
-        resp.close |= head.asked_close || cut || close_header;
+        // net/http reads and drops at most 256 KiB (maxPostHandlerReadBytes) of a body
+        // the handler left unread; a longer one gets `Connection: close` and the
+        // connection closes (chunkWriter.writeHeader: a Content-Length of 256 KiB or
+        // more, a chunked body over it).
+        let unread_too_big = !failed
+            && (refuse || !handler_read_body(&head, resp.status))
+            && match head.content_length {
+                Some(n) if !head.chunked => n >= MAX_POST_HANDLER_READ,
+                _ => head.chunked && body_len > MAX_POST_HANDLER_READ,
+            };
+        resp.close |= head.asked_close || cut || close_header || unread_too_big;
         resp.keep_alive_header = head.http10 && head.keep_alive && !resp.close;
         log::info!(
             "{} {} {}{} ({}) {:?}",
@@ -499,6 +510,10 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
 /// Whether nsqd's handler for this request read its body before answering `status`:
 /// doPUB always, doConfig on PUT, doMPUB once the query and topic passed (those errors
 /// are its only 400s); not when the router answered 404 or 405.
+/// What net/http reads of a request body its handler did not read, before it gives up
+/// on the connection (Go: maxPostHandlerReadBytes, 256 KiB).
+const MAX_POST_HANDLER_READ: u64 = 256 << 10;
+
 fn handler_read_body(head: &Head, status: u16) -> bool {
     if status == 404 || status == 405 {
         return false;
