@@ -507,13 +507,13 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
     }
 }
 
-/// Whether nsqd's handler for this request read its body before answering `status`:
-/// doPUB always, doConfig on PUT, doMPUB once the query and topic passed (those errors
-/// are its only 400s); not when the router answered 404 or 405.
 /// What net/http reads of a request body its handler did not read, before it gives up
 /// on the connection (Go: maxPostHandlerReadBytes, 256 KiB).
 const MAX_POST_HANDLER_READ: u64 = 256 << 10;
 
+/// Whether nsqd's handler for this request read its body before answering `status`:
+/// doPUB always, doConfig on PUT, doMPUB once the query and topic passed (those errors
+/// are its only 400s); not when the router answered 404 or 405.
 fn handler_read_body(head: &Head, status: u16) -> bool {
     if status == 404 || status == 405 {
         return false;
