@@ -82,9 +82,7 @@ impl Server {
         let topic = op.topic().to_string();
         let owner = owner_of(&topic, self.shard.count);
         if owner == self.shard.index {
-            // Boxed: rare, and its state (1.4 KB) would otherwise sit in every
-            // connection's task (a PUB that creates its topic comes here).
-            return Box::pin(self.shard.admin_async(op)).await;
+            return self.shard.admin_async(op).await;
         }
         let Some(mesh) = self.mesh() else {
             return Err(AdminError::TopicNotFound);

@@ -7,7 +7,9 @@
 use super::registration_db::{filter_by_active, keys, now_nanos, sub_keys, Producer, Registration};
 use super::Context;
 use nsq_wire::duration::go_duration_string;
-use nsq_wire::http1::{self, clean_path, parse_query, status_text, HeadError};
+use nsq_wire::http1::{
+    self, clean_path, parse_query, status_text, HeadError, MAX_POST_HANDLER_READ,
+};
 use nsq_wire::json;
 use nsq_wire::names::{is_valid_channel_name, is_valid_topic_name};
 use nsq_wire::timefmt;
@@ -286,18 +288,14 @@ impl Conn {
     }
 }
 
-/// How much of an unread request body is read and dropped so the connection can be
-/// reused (net/http: maxPostHandlerReadBytes, 256 KiB). A longer body is left unread and
-/// the connection closes after the response (`Connection: close`), as Go's server does;
-/// an endless body therefore costs bounded time and memory.
-const MAX_DISCARD: u64 = 256 << 10;
-
-/// Reads and drops a request body (the handlers only use the query string), up to
-/// [`MAX_DISCARD`] bytes. `Ok(false)`: the body is longer; the rest is left unread and
-/// the caller closes after responding. Err: malformed chunking or EOF.
+/// Reads and drops a request body (the handlers only use the query string), as
+/// net/http does up to [`MAX_POST_HANDLER_READ`]. `Ok(false)`: the body is too long (a
+/// Content-Length of 256 KiB or more, a chunked body over it); the rest is left unread
+/// and the caller closes after responding (`Connection: close`), so an endless body
+/// costs bounded time and memory. Err: malformed chunking or EOF.
 fn discard_body(conn: &mut Conn, req: &Request) -> std::io::Result<bool> {
     if let Some(n) = req.content_length {
-        if n > MAX_DISCARD {
+        if n >= MAX_POST_HANDLER_READ {
             return Ok(false);
         }
         return conn.skip(n).map(|()| true);
@@ -306,7 +304,7 @@ fn discard_body(conn: &mut Conn, req: &Request) -> std::io::Result<bool> {
         return Ok(true);
     }
     let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "bad chunk");
-    let mut budget = MAX_DISCARD;
+    let mut budget = MAX_POST_HANDLER_READ;
     loop {
         let line = conn.read_line(4096)?;
         let line = String::from_utf8_lossy(&line);

@@ -776,6 +776,33 @@ fn expectations_and_options_star_answer_as_net_http() {
         assert!(got.matches("HTTP/1.").count() == 1, "{name}: {got}");
         assert_capture(&got, want);
     }
+    // A body the handler does not read: dropped up to 256 KiB and the connection kept;
+    // a Content-Length of 256 KiB or more gets `Connection: close` (net/http's
+    // maxPostHandlerReadBytes; nsqd 1.3.0 answers its /topic/create the same way).
+    for (n, kept) in [(262_143usize, true), (262_144, false)] {
+        let mut s = TcpStream::connect(l.http).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut req = format!(
+            "POST /topic/create?topic=big HTTP/1.1\r\nHost: x\r\nContent-Length: {n}\r\n\r\n"
+        )
+        .into_bytes();
+        req.extend(std::iter::repeat_n(b'a', n));
+        s.write_all(&req).unwrap();
+        let want = if kept {
+            EMPTY_200.to_string()
+        } else {
+            EMPTY_200.replace("\r\n\r\n", "\r\nConnection: close\r\n\r\n")
+        };
+        assert_capture(&read_response(&mut s), &want);
+        let _ = s.write_all(b"GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let mut next = String::new();
+        let _ = s.read_to_string(&mut next);
+        assert_eq!(
+            next.starts_with("HTTP/1.1 200 OK\r\n"),
+            kept,
+            "{n}: {next:?}"
+        );
+    }
     // The topic whose body was never read was still created (the handler ran).
     assert!(l.get_body("/topics").contains("\"expect\""));
     // `OPTIONS *` on HTTP/1.1 keeps the connection.

@@ -823,7 +823,11 @@ impl Shard {
     /// must (`SeekChannel`); the others complete at once as with [`Shard::admin`].
     pub async fn admin_async(&self, op: AdminOp) -> Result<(), AdminError> {
         match op {
-            AdminOp::SeekChannel(t, c, to) => self.seek_channel(&t, &c, to).await.map(|_| ()),
+            // Boxed: its disk search's state (1.2 KB) would otherwise sit in every
+            // future that awaits an admin operation (every connection's task).
+            AdminOp::SeekChannel(t, c, to) => {
+                Box::pin(self.seek_channel(&t, &c, to)).await.map(|_| ())
+            }
             op => self.admin(op),
         }
     }

@@ -5,6 +5,7 @@
 
 use super::*;
 pub use nsq_wire::http1::HeadError;
+use nsq_wire::http1::MAX_POST_HANDLER_READ;
 
 /// Largest request head accepted (Go's default is 1 MiB; 64 KiB is plenty here).
 pub(super) const MAX_HEAD: usize = 64 * 1024;
@@ -506,10 +507,6 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
         }
     }
 }
-
-/// What net/http reads of a request body its handler did not read, before it gives up
-/// on the connection (Go: maxPostHandlerReadBytes, 256 KiB).
-const MAX_POST_HANDLER_READ: u64 = 256 << 10;
 
 /// Whether nsqd's handler for this request read its body before answering `status`:
 /// doPUB always, doConfig on PUT, doMPUB once the query and topic passed (those errors

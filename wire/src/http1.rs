@@ -20,6 +20,12 @@ pub const HTML: &str = "text/html; charset=utf-8";
 /// The header nsq's V1 API responses carry (nsq: internal/http_api V1 decorator).
 pub const NSQ_V1: (&str, &str) = ("X-Nsq-Content-Type", "nsq; version=1.0");
 
+/// What net/http reads and drops of a request body its handler left unread, so the
+/// connection can be reused (Go: maxPostHandlerReadBytes, 256 KiB). A longer one (a
+/// Content-Length of this much or more, a chunked body over it) is answered with
+/// `Connection: close` and left unread.
+pub const MAX_POST_HANDLER_READ: u64 = 256 << 10;
+
 /// The body of a V1 API error, `{"message":"<text>"}` (nsq: internal/http_api
 /// RespondV1), the text escaped as Go's encoding/json does.
 pub fn v1_error_body(text: &str) -> Vec<u8> {
