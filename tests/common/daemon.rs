@@ -158,13 +158,28 @@ impl Daemon {
         within: Duration,
     ) -> Result<(), StartError> {
         let deadline = Instant::now() + within;
+        let mut foreign_seen = false;
         for &addr in addrs {
             loop {
                 if let Some(st) = self.exited() {
                     return Err(StartError::Exited(st, self.final_log()));
                 }
                 if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
-                    break;
+                    // The port answers; but while the daemon still retries a bind (a port
+                    // taken since it was picked: the broker retries for 2 s), the answer
+                    // may come from whoever holds it, e.g. another test's daemon, which
+                    // that test may then kill under this one's connections.
+                    if listens_on(self.pid(), addr).unwrap_or(true) {
+                        break;
+                    }
+                    if !foreign_seen {
+                        eprintln!(
+                            "{addr} answered, but not from {} (pid {}): still waiting",
+                            self.name,
+                            self.pid()
+                        );
+                        foreign_seen = true;
+                    }
                 }
                 if Instant::now() >= deadline {
                     self.kill9();
@@ -281,6 +296,43 @@ pub fn loopback(port: u16) -> SocketAddr {
 }
 
 /// A loopback port that was free a moment ago (bound to port 0, then released).
+/// Whether process `pid` holds the socket listening on `addr`'s port (Linux: the
+/// listening socket's inode in `/proc/net/tcp{,6}` among the process's fds). `None` when
+/// `/proc` cannot tell (then the caller trusts the connect).
+pub fn listens_on(pid: u32, addr: SocketAddr) -> Option<bool> {
+    let mut inodes = Vec::new();
+    let mut readable = false;
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        readable = true;
+        // "sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid
+        // timeout inode ...": local "0100007F:1F90", state 0A is LISTEN.
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let port = f
+                .get(1)
+                .and_then(|l| l.rsplit(':').next())
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            if port == Some(addr.port()) && f.get(3) == Some(&"0A") {
+                if let Some(inode) = f.get(9) {
+                    inodes.push(format!("socket:[{inode}]"));
+                }
+            }
+        }
+    }
+    if !readable {
+        return None;
+    }
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    Some(fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .map(|l| inodes.iter().any(|i| l.as_os_str() == i.as_str()))
+            .unwrap_or(false)
+    }))
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
