@@ -24,6 +24,13 @@ fn main() {
         Err(e) => fatal(&format!("failed to instantiate nsqd - {e}")),
     };
     nsqd::logger::init(&cfg.log_prefix, cfg.log_level);
+    // A write past the file size limit (RLIMIT_FSIZE, `ulimit -f`) fails with EFBIG,
+    // which the store reports and survives, instead of the signal killing the process
+    // (nsqd's Go runtime ignores SIGXFSZ too: its publishes fail with "file too large").
+    // SAFETY: setting a signal's disposition to SIG_IGN, before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
     // Disk-fault injection for tests (nsq_storage::faults): off unless the variable is set.
     match nsq_storage::faults::init_from_env() {
         Ok(true) => log::warn!(

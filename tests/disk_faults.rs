@@ -173,6 +173,90 @@ fn short_writes_lose_no_acknowledged_message_across_a_restart() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A real short write, from the kernel: under a file size limit (RLIMIT_FSIZE,
+/// `ulimit -f`) a write that crosses it writes what fits and returns that count, and the
+/// next fails with EFBIG. glommio's stream writer counts the short write as complete, so
+/// without a check of the file's length, records past the limit were reported flushed,
+/// synced and acknowledged. Also, SIGXFSZ (sent with EFBIG) killed the broker, where
+/// nsqd ignores it and fails the publish ("file too large"). Now: the broker lives, the
+/// publishes it could not store get `E_MPUB_FAILED`, it goes on in a new segment (the
+/// limit is per file), and after a restart without the limit every acknowledged body is
+/// there.
+#[test]
+fn file_size_limit_short_writes_refuse_publishes_and_lose_nothing_acknowledged() {
+    // 1 MiB + 100 KiB: not a multiple of the stream writer's buffers, so one write
+    // crosses it (a multiple of 4 KiB, as direct I/O writes are).
+    const LIMIT: u64 = (1024 + 100) * 1024;
+    for shards in [1, 2] {
+        let dir = keep_dir(&format!("fsize-{shards}"));
+        let mut b = Broker::start_in_cmd(&dir, shards, &["--sync-every=1"], |cmd| {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit is async-signal-safe; nothing else runs in the child.
+            unsafe {
+                cmd.pre_exec(|| {
+                    let lim = libc::rlimit {
+                        rlim_cur: LIMIT,
+                        rlim_max: LIMIT,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        });
+        b.admin("/topic/create?topic=fsize");
+        b.admin("/channel/create?topic=fsize&channel=c");
+        let (mut acked, mut refused) = (Vec::new(), Vec::new());
+        let mut conn: Option<TcpStream> = None;
+        // 400 MPUBs of 100 bodies (about 10 KB each): about 4 MB, 3 limits crossed.
+        for batch in 0..400u64 {
+            let ids: Vec<u64> = (batch * 100..batch * 100 + 100).collect();
+            let bodies: Vec<Vec<u8>> = ids.iter().map(|&i| body(i)).collect();
+            let refs: Vec<&[u8]> = bodies.iter().map(|v| v.as_slice()).collect();
+            let s = conn.get_or_insert_with(|| b.connect_v2());
+            s.write_all(&mpub_cmd("fsize", &refs)).unwrap();
+            match read_frame_skip_hb(s) {
+                Ok((0, d)) if d == b"OK" => acked.extend(ids),
+                Ok((1, e)) => {
+                    let e = String::from_utf8_lossy(&e).into_owned();
+                    assert!(e.starts_with("E_MPUB_FAILED MPUB failed "), "{e}");
+                    refused.push(e);
+                    let mut s = conn.take().unwrap();
+                    assert_closed(&mut s);
+                }
+                other => panic!("shards {shards}: unexpected reply {other:?}"),
+            }
+        }
+        assert!(b.exited().is_none(), "shards {shards}: the broker died");
+        assert!(
+            !refused.is_empty()
+                && refused
+                    .iter()
+                    .all(|e| e.contains("File too large") || e.contains("short write")),
+            "shards {shards}: {refused:?}"
+        );
+        assert!(
+            acked.len() > 30_000,
+            "shards {shards}: it goes on in a new segment: {} acknowledged",
+            acked.len()
+        );
+        eprintln!(
+            "shards {shards}: {} acknowledged, {} MPUBs refused, e.g. {:?}",
+            acked.len(),
+            refused.len(),
+            refused.first()
+        );
+        b.kill9();
+        drop(b);
+        let b = Broker::start_in(&dir, shards, &[]);
+        let got = drain(&b, "fsize", Duration::from_millis(1500));
+        assert_all_delivered(&acked, &got);
+        drop(b);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 #[test]
 fn slow_writes_and_syncs_slow_publishes_without_errors() {
     let dir = keep_dir("slow");

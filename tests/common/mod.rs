@@ -94,9 +94,22 @@ impl Broker {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Broker {
+        Broker::start_in_cmd(data_dir, shards, extra, |cmd| {
+            cmd.envs(env.iter().copied());
+        })
+    }
+
+    /// [`Broker::start_in`] with the command adjusted by `adjust` before each spawn (e.g.
+    /// a resource limit set in `pre_exec`).
+    pub fn start_in_cmd(
+        data_dir: &std::path::Path,
+        shards: usize,
+        extra: &[&str],
+        mut adjust: impl FnMut(&mut std::process::Command),
+    ) -> Broker {
         let (daemon, tcp, http) = Daemon::start_listening_with(|tcp, http| {
             let mut cmd = nsqd_cmd(data_dir, shards, tcp, http, extra);
-            cmd.envs(env.iter().copied());
+            adjust(&mut cmd);
             cmd
         });
         Broker {

@@ -102,6 +102,11 @@ struct Segment {
     count: u64,
     /// Records with sequence below this are flushed to the file and readable.
     readable_seq: u64,
+    /// Bytes below this offset are flushed (they hold the records below
+    /// `readable_seq`); readers never decode past it, where the file holds a partly
+    /// written stream buffer (or nothing yet). `u64::MAX` for a segment found on disk at
+    /// start-up: all of its file is what it is.
+    readable_end: u64,
 }
 
 impl Segment {

@@ -93,6 +93,7 @@ impl TopicStore {
                     path: s.path.clone(),
                     start,
                     readable: s.readable_seq,
+                    readable_end: s.readable_end,
                     salt: s.salt,
                 }
             })
@@ -126,6 +127,8 @@ struct Located {
     start: u64,
     /// The segment's records below this sequence are readable.
     readable: u64,
+    /// ... and lie below this byte offset (`Segment::readable_end`).
+    readable_end: u64,
     salt: u32,
 }
 
@@ -179,12 +182,21 @@ impl Batch {
             path,
             start: mut off,
             readable,
+            readable_end,
             salt,
         } = loc;
         let mut last: Option<u64> = None;
         let mut progressed = false;
         'window: loop {
-            let (data, want) = read_window(file, off).await?;
+            let (mut data, want) = read_window(file, off).await?;
+            // Past the flushed bytes of the segment being written the file holds a
+            // partly written buffer: decoding it would report torn records that are
+            // not (they are whole in the writer's memory). Cut there; the shorter
+            // window then ends this read as the end of the file would.
+            let flushed = readable_end.saturating_sub(off);
+            if (data.len() as u64) > flushed {
+                data.truncate(flushed as usize);
+            }
             if data.is_empty() {
                 break;
             }

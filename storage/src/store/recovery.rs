@@ -432,6 +432,7 @@ async fn recover_segment(
         index: Vec::new(),
         count: 0,
         readable_seq: base,
+        readable_end: u64::MAX,
     };
     if let Some(ix) = f.index {
         seg.salt = ix.salt;

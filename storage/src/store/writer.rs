@@ -43,6 +43,8 @@ impl TopicStore {
 
 pub(super) struct Active {
     writer: DmaStreamWriter,
+    /// The segment file opened a second time (read-only), to check its length.
+    file: std::fs::File,
     base: u64,
     /// Logical write position (header included).
     pos: u64,
@@ -78,6 +80,8 @@ pub(super) async fn open_segment(store: &TopicStore, base: u64) -> Result<Active
     };
     store.opens.set(store.opens.get() - 1);
     let file = file?;
+    // (An open of the file just created: its directory entry is in memory.)
+    let check = std::fs::File::open(store.fd_path(&path)).map_err(io_err)?;
     let mut writer = DmaStreamWriterBuilder::new(file)
         .with_buffer_size(WRITE_BUFFER)
         .with_write_behind(4)
@@ -95,10 +99,12 @@ pub(super) async fn open_segment(store: &TopicStore, base: u64) -> Result<Active
             index: Vec::new(),
             count: 0,
             readable_seq: base,
+            readable_end: SEGMENT_HEADER_LEN as u64,
         },
     );
     Ok(Active {
         writer,
+        file: check,
         base,
         pos: SEGMENT_HEADER_LEN as u64,
         unflushed: VecDeque::new(),
@@ -107,19 +113,46 @@ pub(super) async fn open_segment(store: &TopicStore, base: u64) -> Result<Active
     })
 }
 
-pub(super) fn mark_readable(store: &TopicStore, a: &mut Active, flushed: u64) {
+/// Marks readable the batches of `a` that end at or below `flushed` (what its stream
+/// writer reports flushed) and that the file really holds: glommio's stream writer takes
+/// a short count from the kernel (a write cut at the file size limit, or at a full disk)
+/// for a complete write, so the file's length is checked too. `Err` (a short write) when
+/// the file is shorter than what the writer reports flushed: what is beyond its end
+/// stays unflushed, for [`abandon`] to write again elsewhere.
+pub(super) fn mark_readable(
+    store: &TopicStore,
+    a: &mut Active,
+    flushed: u64,
+) -> Result<(), StoreError> {
+    let flushed = flushed.min(a.writer.current_flushed_pos());
+    let mut short = None;
+    if a.unflushed.front().is_some_and(|u| u.end <= flushed) {
+        let len = a.file.metadata().map_err(io_err)?.len();
+        if len < flushed.min(a.pos) {
+            short = Some(len);
+        }
+    }
+    let flushed = short.unwrap_or(flushed);
     let mut upto = None;
     while let Some(u) = a.unflushed.front() {
         if u.end > flushed {
             break;
         }
-        upto = Some(u.upto);
+        upto = Some((u.upto, u.end));
         a.unflushed.pop_front();
     }
-    if let Some(seq) = upto {
+    if let Some((seq, end)) = upto {
         if let Some(s) = store.segments.borrow_mut().get_mut(&a.base) {
             s.readable_seq = s.readable_seq.max(seq);
+            s.readable_end = s.readable_end.max(end);
         }
+    }
+    match short {
+        None => Ok(()),
+        Some(len) => Err(io_err(std::io::Error::other(format!(
+            "short write: the file holds {len} bytes of {} written",
+            a.writer.current_flushed_pos()
+        )))),
     }
 }
 
@@ -134,8 +167,8 @@ pub(super) async fn abandon(store: &TopicStore, a: Option<Active>, sound: bool) 
     if !sound {
         // What the failed writer had not flushed is lost with it: those records are
         // taken out of the segment and written again (in front of the pending ones).
-        let flushed = a.writer.current_flushed_pos();
-        mark_readable(store, &mut a, flushed);
+        // (A short write found here leaves its batches unflushed: written again too.)
+        let _ = mark_readable(store, &mut a, u64::MAX);
         let data_end = a
             .unflushed
             .front()
@@ -172,7 +205,9 @@ pub(super) async fn abandon(store: &TopicStore, a: Option<Active>, sound: bool) 
         if a.writer.close().await.is_err() {
             return;
         }
-        mark_readable(store, &mut a, u64::MAX);
+        if let Err(e) = mark_readable(store, &mut a, u64::MAX) {
+            log::error!("STORE: {}: {e}", store.dir.display());
+        }
     } else {
         // Dropped, not closed (see `write_chunk`): what it had flushed stays.
         drop(a.writer);
@@ -395,8 +430,17 @@ impl Writer {
                     });
                     a.written = recs[j - 1].0 + 1;
                     self.unsynced += (j - i) as u64;
-                    let flushed = a.writer.current_flushed_pos();
-                    mark_readable(&store, a, flushed);
+                    if let Err(e) = mark_readable(&store, a, u64::MAX) {
+                        // The segment ends short of what was written: the rest of the
+                        // batch goes back, then (in front of it) what the file lacks.
+                        let e = e.context(format_args!("write {}", store.dir.display()));
+                        log::error!("STORE: {e}");
+                        *store.error.borrow_mut() = Some(e.clone());
+                        requeue(&store, &buf[start + bytes as usize..], &recs[j..]);
+                        store.fail_waiters(&e);
+                        abandon(&store, self.active.take(), false).await;
+                        return false;
+                    }
                 }
                 Err((e, sound)) => {
                     let e = io_err(e).context(format_args!("write {}", store.dir.display()));
@@ -450,7 +494,15 @@ impl Writer {
         if !writer_ok {
             return Err(a);
         }
-        mark_readable(store, &mut a, u64::MAX);
+        if let Err(e) = mark_readable(store, &mut a, u64::MAX) {
+            if failed.is_none() {
+                let e = e.context(format_args!("write {}", store.dir.display()));
+                log::error!("STORE: {e}");
+                *store.error.borrow_mut() = Some(e.clone());
+                store.fail_waiters(&e);
+            }
+            return Err(a);
+        }
         if failed.is_none() {
             if a.written > 0 {
                 store
@@ -477,11 +529,15 @@ impl Writer {
         sync_journal(&store).await;
         let mut ok = true;
         if let Some(a) = self.active.as_mut() {
-            match sync_segment(&mut a.writer).await {
-                Ok(_) => {
+            // Synced, and the file holds all that was written (else a short write).
+            let synced = match sync_segment(&mut a.writer).await {
+                Ok(()) => mark_readable(&store, a, u64::MAX).map_err(|e| (e, false)),
+                Err(e) => Err(e),
+            };
+            match synced {
+                Ok(()) => {
                     a.synced = true;
                     let upto = (a.written > 0).then_some(a.written);
-                    mark_readable(&store, a, u64::MAX);
                     if let Some(seq) = upto {
                         store.durable_seq.set(store.durable_seq.get().max(seq));
                     }
@@ -522,7 +578,9 @@ impl Writer {
         let store = &self.store;
         if let Some(mut a) = self.active.take() {
             let closed = a.writer.close().await.is_ok();
-            mark_readable(store, &mut a, u64::MAX);
+            if let Err(e) = mark_readable(store, &mut a, u64::MAX) {
+                log::error!("STORE: {}: {e}", store.dir.display());
+            }
             if closed && a.synced {
                 seal_closed(store, a.base, a.pos).await;
             }
