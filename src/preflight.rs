@@ -127,6 +127,26 @@ pub fn check(cfg: &Config) -> Result<Ready, Failed> {
     } else {
         Ok(None)
     };
+    // Listening only once every address is bound (see `runtime::listen`).
+    let listening = |(addr, flag): (&str, &str), l: &(SocketAddr, socket2::Socket)| {
+        crate::runtime::listen(addr, &l.1).map_err(|e| format!("{e} ({flag})"))
+    };
+    if let (Some(_), Ok(tcp), Ok(http), Ok(https)) = (&lock, &tcp, &http, &https) {
+        if problems.is_empty() {
+            let mut all = vec![
+                ((cfg.tcp_address.as_str(), "--tcp-address"), tcp),
+                ((cfg.http_address.as_str(), "--http-address"), http),
+            ];
+            if let Some(h) = https {
+                all.push(((cfg.https_address.as_str(), "--https-address"), h));
+            }
+            for (what, l) in all {
+                if let Err(e) = listening(what, l) {
+                    problems.push(e);
+                }
+            }
+        }
+    }
     match (lock, tcp, http, https) {
         (Some(lock), Ok(tcp), Ok(http), Ok(https)) if problems.is_empty() => Ok(Ready {
             data_path,
@@ -521,13 +541,14 @@ fn lock_holder(f: &File) -> Option<u32> {
     out
 }
 
-/// Binds `addr` as the runtime will serve it, with a fix hint on failure.
+/// Binds `addr` as the runtime will serve it (not listening yet), with a fix hint on
+/// failure.
 fn listener(
     addr: &str,
     flag: &str,
     retry_until: Instant,
 ) -> Result<(SocketAddr, socket2::Socket), String> {
-    crate::runtime::listen(addr, retry_until).map_err(|e| {
+    crate::runtime::bind(addr, retry_until).map_err(|e| {
         let mut line = e;
         let port = addr.rsplit(':').next().unwrap_or("");
         if line.contains("in use") {

@@ -153,10 +153,11 @@ fn go_net_error(op: &str, addr: &str, e: &std::io::Error) -> String {
     format!("listen tcp {addr}: {op}: {text}")
 }
 
-/// Binds and listens on `addr` exclusively, as nsqd does (an address in use is an error,
-/// even if its holder used SO_REUSEPORT). Every shard accepts on a duplicate of this one
-/// socket, so the kernel hands each connection to one idle shard.
-pub(crate) fn listen(
+/// Binds `addr` exclusively, as nsqd does (an address in use is an error, even if its
+/// holder used SO_REUSEPORT); [`listen`] then opens it to connections. Every shard
+/// accepts on a duplicate of this one socket, so the kernel hands each connection to one
+/// idle shard.
+pub(crate) fn bind(
     addr: &str,
     retry_until: Instant,
 ) -> Result<(SocketAddr, socket2::Socket), String> {
@@ -174,6 +175,19 @@ pub(crate) fn listen(
     // Go's listeners set SO_REUSEADDR (rebinding over TIME_WAIT), never SO_REUSEPORT.
     s.set_reuse_address(true).map_err(|e| e.to_string())?;
     bind_retrying(&s, &sa, addr, retry_until)?;
+    let local = s
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .ok_or_else(|| "cannot read the listening address".to_string())?;
+    Ok((local, s))
+}
+
+/// Starts listening on a socket [`bind`] bound to `addr`: only once every address is
+/// bound, so a broker that then fails to start (another address taken) never had a
+/// connection queued that its exit would reset (a client sees "connection refused"
+/// meanwhile, and retries).
+pub(crate) fn listen(addr: &str, s: &socket2::Socket) -> Result<(), String> {
     s.listen(1024).map_err(|e| {
         format!(
             "listen ({addr}) failed - {}",
@@ -182,13 +196,7 @@ pub(crate) fn listen(
     })?;
     // Non-blocking for good: glommio toggles O_NONBLOCK around its first accept attempt,
     // and the file description (so its flags) is shared by every shard's duplicate.
-    s.set_nonblocking(true).map_err(|e| e.to_string())?;
-    let local = s
-        .local_addr()
-        .ok()
-        .and_then(|a| a.as_socket())
-        .ok_or_else(|| "cannot read the listening address".to_string())?;
-    Ok((local, s))
+    s.set_nonblocking(true).map_err(|e| e.to_string())
 }
 
 /// Runs the broker until SIGINT or SIGTERM, then shuts down gracefully, on what the

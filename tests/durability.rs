@@ -61,8 +61,10 @@ fn drain(b: &Broker, topic: &str, channel: &str, quiet: Duration) -> Vec<u64> {
     let mut s = b.connect_v2();
     s.write_all(format!("SUB {topic} {channel}\nRDY 500\n").as_bytes())
         .unwrap();
-    // (A "connection reset" here was seen once, in a full `cargo test` run, and did
-    // not recur in 15 runs of this file: the broker's log goes with the failure.)
+    // (A "connection reset" here, seen once in a full `cargo test` run, was the harness
+    // taking another test's broker on a reused HTTP port for this one, which then gave
+    // up its bind retry and exited with this connection in its backlog; the harness now
+    // checks that the daemon itself listens. The broker's log goes with a failure.)
     let (ft, d) = read_frame_skip_hb(&mut s).unwrap_or_else(|e| {
         let log = b.log.lock().unwrap();
         let tail: Vec<&str> = log

@@ -328,3 +328,45 @@ fn channel_created_just_before_kill9_survives() {
         let _ = std::fs::remove_dir_all(&dir);
     });
 }
+
+/// A start that fails on a taken address never accepted a connection on another one:
+/// the broker binds every address (retrying a taken one for 2 s, for a previous instance
+/// still releasing it) before it listens on any. Before, its TCP port accepted during the
+/// HTTP port's retry, and its exit then reset the queued connection: a client's SUB got
+/// "connection reset by peer" 2 s later. Now the client is refused meanwhile (and
+/// retries), and the broker exits with nsqd's message.
+#[test]
+fn a_start_that_fails_on_a_taken_address_never_accepts() {
+    let dir = data_dir("taken");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let http = taken.local_addr().unwrap();
+    let tcp = loopback(free_port());
+    let mut b = Broker::spawn_on(&dir, 2, tcp.port(), http.port(), &[]);
+    let started = Instant::now();
+    let mut tries = 0;
+    while b.exited().is_none() {
+        assert!(started.elapsed() < Duration::from_secs(30), "still running");
+        tries += 1;
+        if let Ok(mut s) = std::net::TcpStream::connect(tcp) {
+            // Accepted: the exit must not reset what it was sent.
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s.write_all(b"  V2SUB t c\nRDY 1\n").unwrap();
+            let mut buf = [0u8; 64];
+            let r = s.read(&mut buf);
+            panic!("the TCP port accepted while the HTTP port was taken: read {r:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let st = b.exited().unwrap();
+    assert_eq!(st.code(), Some(1), "{}", b.log_text());
+    assert!(
+        b.log_text().contains(&format!(
+            "listen ({http}) failed - listen tcp {http}: bind: address already in use"
+        )),
+        "{}",
+        b.log_text()
+    );
+    assert!(tries > 10, "the bind was retried: {tries} connects refused");
+    drop(taken);
+    let _ = std::fs::remove_dir_all(&dir);
+}
