@@ -542,3 +542,87 @@ fn unread_bodies_over_256_kib_close_as_net_http() {
         }
     });
 }
+
+/// A response body over 2 KiB is framed as Go's net/http frames a handler's body that
+/// outgrew its 2 KiB buffer (nsqd 1.3.0, captured on `/stats?format=json` with 30
+/// topics): HTTP/1.1 `Transfer-Encoding: chunked` (one chunk, then `0\r\n\r\n`) and no
+/// Content-Length, the connection kept unless asked otherwise; HTTP/1.0 no length at all,
+/// the body runs to the close (no `Connection: keep-alive` even when asked). Smaller
+/// bodies keep Content-Length.
+#[test]
+fn bodies_over_2_kib_are_chunked_as_net_http() {
+    for_each_shards(&[1, 2], |shards| {
+        let b = Broker::start(shards, &[]);
+        for t in 0..30 {
+            b.admin(&format!("/topic/create?topic=topic{t}"));
+        }
+        // HTTP/1.1, Connection: close.
+        let (raw, closed) = raw_exchange(
+            &b,
+            b"GET /stats?format=json HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        );
+        assert!(closed);
+        let head_end = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        assert_eq!(
+            headers_without_date(&raw),
+            [
+                "HTTP/1.1 200 OK",
+                "Content-Type: application/json; charset=utf-8",
+                "X-Nsq-Content-Type: nsq; version=1.0",
+                "Connection: close",
+                "Transfer-Encoding: chunked",
+            ]
+        );
+        let json = dechunk(&raw[head_end..]);
+        assert!(json.len() > 2048, "{}", json.len());
+        let mut one_chunk = format!("{:x}\r\n", json.len()).into_bytes();
+        one_chunk.extend_from_slice(&json);
+        one_chunk.extend_from_slice(b"\r\n0\r\n\r\n");
+        assert_eq!(&raw[head_end..], &one_chunk[..]);
+        let v: serde_json::Value = serde_json::from_slice(&json).expect("JSON");
+        assert_eq!(v["topics"].as_array().map(|t| t.len()), Some(30));
+        // HTTP/1.1 keep-alive: no Connection header, the next request on the same
+        // connection is answered.
+        let (raw, closed) = raw_exchange(
+            &b,
+            b"GET /stats?format=json HTTP/1.1\r\nHost: x\r\n\r\nGET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        );
+        assert!(closed);
+        let text = String::from_utf8_lossy(&raw);
+        let first_head = text.split("\r\n\r\n").next().unwrap();
+        assert!(
+            first_head.ends_with("\r\nTransfer-Encoding: chunked"),
+            "{first_head}"
+        );
+        assert!(!first_head.contains("Connection:"), "{first_head}");
+        assert!(text.contains("\r\n0\r\n\r\nHTTP/1.1 200 OK\r\n"), "{text}");
+        assert!(
+            text.ends_with("Connection: close\r\n\r\nOK"),
+            "{}",
+            &text[text.len() - 120..]
+        );
+        // HTTP/1.0 asking for keep-alive: no length, no keep-alive, closed after the body.
+        let (raw, closed) = raw_exchange(
+            &b,
+            b"GET /stats?format=json HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+        );
+        assert!(closed, "the body runs to the close");
+        assert_eq!(
+            headers_without_date(&raw),
+            [
+                "HTTP/1.0 200 OK",
+                "Content-Type: application/json; charset=utf-8",
+                "X-Nsq-Content-Type: nsq; version=1.0",
+            ]
+        );
+        let head_end = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        let v: serde_json::Value = serde_json::from_slice(&raw[head_end..]).expect("JSON");
+        assert_eq!(v["topics"].as_array().map(|t| t.len()), Some(30));
+        // A small body keeps its length.
+        let (raw, _) = raw_exchange(
+            &b,
+            b"GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        );
+        assert!(headers_without_date(&raw).contains(&"Content-Length: 2".to_string()));
+    });
+}

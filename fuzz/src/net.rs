@@ -199,7 +199,33 @@ pub fn http(
         .and_then(|h| h.split_whitespace().nth(1))
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| std::io::Error::other("bad status line"))?;
-    Ok((status, out[split + 4..].to_vec()))
+    let head = String::from_utf8_lossy(&out[..split]).to_ascii_lowercase();
+    let body = &out[split + 4..];
+    if head.contains("\r\ntransfer-encoding: chunked") {
+        // A body over 2 KiB comes chunked (as net/http sends it).
+        return Ok((status, dechunk(body)?));
+    }
+    Ok((status, body.to_vec()))
+}
+
+/// Decodes a chunked body (`<hex size>\r\n<data>\r\n` ... `0\r\n\r\n`).
+fn dechunk(mut b: &[u8]) -> std::io::Result<Vec<u8>> {
+    let bad = || std::io::Error::other("bad chunked body");
+    let mut out = Vec::new();
+    loop {
+        let nl = b.windows(2).position(|w| w == b"\r\n").ok_or_else(bad)?;
+        let size = std::str::from_utf8(&b[..nl])
+            .ok()
+            .and_then(|h| usize::from_str_radix(h.trim(), 16).ok())
+            .ok_or_else(bad)?;
+        b = &b[nl + 2..];
+        if size == 0 {
+            return Ok(out);
+        }
+        let data = b.get(..size).ok_or_else(bad)?;
+        out.extend_from_slice(data);
+        b = b.get(size + 2..).ok_or_else(bad)?;
+    }
 }
 
 /// A V2 frame: (frame type, data). 0 response, 1 error, 2 message.

@@ -12,7 +12,6 @@ use nsq_wire::http1::{
 };
 use nsq_wire::json;
 use nsq_wire::names::{is_valid_channel_name, is_valid_topic_name};
-use nsq_wire::timefmt;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
@@ -20,10 +19,8 @@ use std::time::{Duration, Instant};
 
 /// Go's http.Server limit on a request head (DefaultMaxHeaderBytes + 4096).
 const MAX_HEAD: usize = (1 << 20) + 4096;
-/// net/http buffers this much of a body before it gives up on Content-Length and chunks.
-const CHUNKING_THRESHOLD: usize = 2048;
 
-use nsq_wire::http1::{HTML, JSON, NSQ_V1, TEXT};
+use nsq_wire::http1::{Framing, HTML, JSON, NSQ_V1, TEXT};
 
 /// The routes, as registered with httprouter upstream.
 const ROUTES: &[(&str, &str)] = &[
@@ -106,69 +103,10 @@ impl Response {
     }
 }
 
-/// How the request asked for its response to be framed.
-struct Framing {
-    head: bool,
-    http11: bool,
-    close: bool,
-    keep_alive_10: bool,
-}
-
-/// Frames a response like net/http's chunkWriter. Returns the bytes and whether the
-/// connection must close afterwards.
+/// Frames a response for its request ([`http1::encode_response`], net/http's rules).
+/// Returns the bytes and whether the connection must close afterwards.
 fn encode(r: &Response, f: &Framing) -> (Vec<u8>, bool) {
-    let mut out = Vec::with_capacity(256 + r.body.len());
-    http1::write_status_line(&mut out, f.http11, r.status);
-    for (k, v) in &r.headers {
-        http1::write_header(&mut out, k, v);
-    }
-    http1::write_date(&mut out, timefmt::now_secs());
-    let big = r.body.len() > CHUNKING_THRESHOLD;
-    let mut close = f.close;
-    let mut chunked = false;
-    let has = |name: &str| r.headers.iter().any(|(k, _)| *k == name);
-    if !big {
-        let head_without_body = f.head && r.body.is_empty();
-        if !head_without_body && !has("Content-Length") {
-            out.extend_from_slice(format!("Content-Length: {}\r\n", r.body.len()).as_bytes());
-        }
-    } else if !f.head {
-        if f.http11 {
-            chunked = true;
-        } else {
-            // HTTP/1.0 cannot chunk: the body runs until the connection closes.
-            close = true;
-        }
-    }
-    let has_type = r.headers.iter().any(|(k, _)| *k == "Content-Type");
-    if !has_type && !r.body.is_empty() {
-        if let Some(t) = r.sniffed_type {
-            out.extend_from_slice(format!("Content-Type: {t}\r\n").as_bytes());
-        }
-    }
-    let handler_closes = r
-        .headers
-        .iter()
-        .any(|(k, v)| *k == "Connection" && v.eq_ignore_ascii_case("close"));
-    if close && f.http11 && !handler_closes {
-        out.extend_from_slice(b"Connection: close\r\n");
-    } else if !close && f.keep_alive_10 && !f.http11 {
-        out.extend_from_slice(b"Connection: keep-alive\r\n");
-    }
-    if chunked {
-        out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
-    if !f.head {
-        if chunked {
-            out.extend_from_slice(format!("{:x}\r\n", r.body.len()).as_bytes());
-            out.extend_from_slice(&r.body);
-            out.extend_from_slice(b"\r\n0\r\n\r\n");
-        } else {
-            out.extend_from_slice(&r.body);
-        }
-    }
-    (out, close)
+    http1::encode_response(r.status, &r.headers, &r.body, r.sniffed_type, f)
 }
 
 /// net/http's answer to a request it cannot parse; the connection then closes.

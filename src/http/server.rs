@@ -112,40 +112,24 @@ impl Response {
         }
     }
 
-    /// The response to `head`'s request: a HEAD request gets the headers only (Go's
-    /// server discards a HEAD handler's body; its Content-Length stays).
-    fn encode_for(&self, head: &Head) -> Vec<u8> {
-        let mut out = self.encode();
-        if head.method == "HEAD" {
-            out.truncate(out.len() - self.body.len());
-        }
-        out
-    }
-
-    fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(256 + self.body.len());
-        http1::write_status_line(&mut out, !self.http10, self.status);
-        for (k, v) in &self.headers {
-            http1::write_header(&mut out, k, v);
-        }
-        http1::write_date(&mut out, timefmt::now_secs());
-        // A handler that set Content-Length itself has it among its sorted headers.
-        if !self.headers.iter().any(|(k, _)| *k == "Content-Length") {
-            out.extend_from_slice(format!("Content-Length: {}\r\n", self.body.len()).as_bytes());
-        }
-        if let Some(t) = self.sniffed_type {
-            if !self.body.is_empty() {
-                out.extend_from_slice(format!("Content-Type: {t}\r\n").as_bytes());
-            }
-        }
-        if self.close {
-            out.extend_from_slice(b"Connection: close\r\n");
-        } else if self.keep_alive_header {
-            out.extend_from_slice(b"Connection: keep-alive\r\n");
-        }
-        out.extend_from_slice(b"\r\n");
-        out.extend_from_slice(&self.body);
-        out
+    /// The response to `head`'s request, framed as net/http frames it
+    /// ([`http1::encode_response`]: a HEAD request gets the headers only, a body over
+    /// 2 KiB is chunked), and whether the connection must close after it (also when an
+    /// HTTP/1.0 answer's body runs to the close).
+    fn encode_for(&self, head: &Head) -> (Vec<u8>, bool) {
+        let framing = http1::Framing {
+            head: head.method == "HEAD",
+            http11: !self.http10,
+            close: self.close,
+            keep_alive_10: self.keep_alive_header,
+        };
+        http1::encode_response(
+            self.status,
+            &self.headers,
+            &self.body,
+            self.sniffed_type,
+            &framing,
+        )
     }
 }
 
@@ -362,7 +346,7 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
             r.sniffed_type = None;
             r.headers = vec![("Connection", "close".into())];
             r.http10 = head.http10;
-            let _ = stream.write_all(&r.encode_for(&head)).await;
+            let _ = stream.write_all(&r.encode_for(&head).0).await;
             stream.shutdown();
             return;
         }
@@ -375,7 +359,7 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
         if let Some(mut r) = early {
             r.close = true;
             r.http10 = head.http10;
-            let _ = stream.write_all(&r.encode_for(&head)).await;
+            let _ = stream.write_all(&r.encode_for(&head).0).await;
             stream.shutdown();
             return;
         }
@@ -406,7 +390,7 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
                     route(&server, &head, Bytes::new(), false).await
                 };
                 resp.close = true;
-                let _ = stream.write_all(&resp.encode_for(&head)).await;
+                let _ = stream.write_all(&resp.encode_for(&head).0).await;
                 stream.shutdown();
                 return;
             }
@@ -437,7 +421,7 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
             if len > limit.max(16 << 20) {
                 let mut r = Response::v1_err(413, "BODY_TOO_BIG");
                 r.close = true;
-                let _ = stream.write_all(&r.encode_for(&head)).await;
+                let _ = stream.write_all(&r.encode_for(&head).0).await;
                 stream.shutdown();
                 return;
             }
@@ -497,8 +481,9 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
             remote,
             started.elapsed()
         );
-        let close = resp.close || !head.keep_alive || failed;
-        if stream.write_all(&resp.encode_for(&head)).await.is_err() {
+        let (bytes, body_to_close) = resp.encode_for(&head);
+        let close = resp.close || !head.keep_alive || failed || body_to_close;
+        if stream.write_all(&bytes).await.is_err() {
             return;
         }
         if close {

@@ -190,7 +190,8 @@ pub fn http_raw(addr: SocketAddr, method: &str, path_and_query: &str, body: &[u8
     out
 }
 
-/// Splits a raw HTTP response into (status, body).
+/// Splits a raw HTTP response into (status, body); a chunked body (net/http chunks
+/// bodies over 2 KiB) is decoded.
 pub fn split_http(raw: &[u8]) -> (u16, Vec<u8>) {
     let text = String::from_utf8_lossy(raw);
     let code = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
@@ -199,7 +200,34 @@ pub fn split_http(raw: &[u8]) -> (u16, Vec<u8>) {
         .position(|w| w == b"\r\n\r\n")
         .map(|p| p + 4)
         .unwrap_or(raw.len());
+    let chunked = String::from_utf8_lossy(&raw[..pos])
+        .to_ascii_lowercase()
+        .contains("\r\ntransfer-encoding: chunked\r\n");
+    if chunked {
+        return (code, dechunk(&raw[pos..]));
+    }
     (code, raw[pos..].to_vec())
+}
+
+/// Decodes a chunked body (`<hex size>\r\n<data>\r\n` ... `0\r\n\r\n`); panics on
+/// bad framing.
+pub fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let nl = b
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .expect("chunk size line");
+        let size = usize::from_str_radix(std::str::from_utf8(&b[..nl]).unwrap().trim(), 16)
+            .expect("hex chunk size");
+        b = &b[nl + 2..];
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&b[..size]);
+        assert_eq!(&b[size..size + 2], b"\r\n", "chunk end");
+        b = &b[size + 2..];
+    }
 }
 
 /// The response headers of a raw HTTP response, without the Date header (which changes).

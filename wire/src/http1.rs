@@ -74,6 +74,92 @@ pub fn write_date(out: &mut Vec<u8>, unix_secs: i64) {
     write_header(out, "Date", &timefmt::http_date(unix_secs));
 }
 
+/// net/http buffers this much of a response body before it gives up on Content-Length
+/// and chunks (bufferBeforeChunkingSize).
+pub const CHUNKING_THRESHOLD: usize = 2048;
+
+/// How a request asked for its response to be framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Framing {
+    /// A HEAD request: headers only.
+    pub head: bool,
+    /// HTTP/1.1 (else HTTP/1.0).
+    pub http11: bool,
+    /// The connection closes after this response.
+    pub close: bool,
+    /// An HTTP/1.0 request that asked for `Connection: keep-alive`.
+    pub keep_alive_10: bool,
+}
+
+/// Frames a response as Go's net/http does for a handler that set `headers` (written
+/// sorted, as Go writes them) and wrote `body` in one piece (chunkWriter.writeHeader, the
+/// server nsqd and nsqlookupd both answer with): status line, the handler's headers,
+/// `Date`; then `Content-Length` unless the handler set it, or for a body over
+/// [`CHUNKING_THRESHOLD`] `Transfer-Encoding: chunked` (HTTP/1.1) or no length and a
+/// close (HTTP/1.0); a HEAD answer has no body, and no length when it has none or a big
+/// one; the `sniffed_type` (Go's DetectContentType) when the handler set no
+/// Content-Type and the body is not empty; `Connection: close` on HTTP/1.1 when the
+/// connection closes (unless the handler set it), `Connection: keep-alive` on HTTP/1.0
+/// when it stays open. Returns the bytes and whether the connection must close.
+pub fn encode_response(
+    status: u16,
+    headers: &[(&str, String)],
+    body: &[u8],
+    sniffed_type: Option<&str>,
+    f: &Framing,
+) -> (Vec<u8>, bool) {
+    let mut out = Vec::with_capacity(256 + body.len());
+    write_status_line(&mut out, f.http11, status);
+    for (k, v) in headers {
+        write_header(&mut out, k, v);
+    }
+    write_date(&mut out, timefmt::now_secs());
+    let big = body.len() > CHUNKING_THRESHOLD;
+    let mut close = f.close;
+    let mut chunked = false;
+    let has = |name: &str| headers.iter().any(|(k, _)| *k == name);
+    if !big {
+        let head_without_body = f.head && body.is_empty();
+        if !head_without_body && !has("Content-Length") {
+            out.extend_from_slice(format!("Content-Length: {}\r\n", body.len()).as_bytes());
+        }
+    } else if !f.head {
+        if f.http11 {
+            chunked = true;
+        } else {
+            // HTTP/1.0 cannot chunk: the body runs until the connection closes.
+            close = true;
+        }
+    }
+    if !has("Content-Type") && !body.is_empty() {
+        if let Some(t) = sniffed_type {
+            out.extend_from_slice(format!("Content-Type: {t}\r\n").as_bytes());
+        }
+    }
+    let handler_closes = headers
+        .iter()
+        .any(|(k, v)| *k == "Connection" && v.eq_ignore_ascii_case("close"));
+    if close && f.http11 && !handler_closes {
+        out.extend_from_slice(b"Connection: close\r\n");
+    } else if !close && f.keep_alive_10 && !f.http11 {
+        out.extend_from_slice(b"Connection: keep-alive\r\n");
+    }
+    if chunked {
+        out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    if !f.head {
+        if chunked {
+            out.extend_from_slice(format!("{:x}\r\n", body.len()).as_bytes());
+            out.extend_from_slice(body);
+            out.extend_from_slice(b"\r\n0\r\n\r\n");
+        } else {
+            out.extend_from_slice(body);
+        }
+    }
+    (out, close)
+}
+
 /// A query string Go's url.ParseQuery rejects (a bad `%` escape, a `;`, bad UTF-8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BadQuery;
