@@ -146,11 +146,13 @@ pub fn parse_mpub_body(
     Ok(msgs)
 }
 
-/// nsqd: 503 EXITING while shutting down; a disk error is 500 INTERNAL_ERROR.
+/// nsqd: any failure to put the messages (shutting down, or the disk failed) is 503
+/// EXITING (http.go doPUB/doMPUB: `if err != nil { return nil, http_api.Err{503,
+/// "EXITING"} }`).
 pub(super) fn publish_response(r: Result<(), nsq_shards::topic::PublishError>) -> Response {
     match r {
         Ok(()) => Response::v1_text(b"OK".to_vec()),
         Err(nsq_shards::topic::PublishError::Exiting) => Response::v1_err(503, "EXITING"),
-        Err(nsq_shards::topic::PublishError::Disk(_)) => Response::v1_err(500, "INTERNAL_ERROR"),
+        Err(nsq_shards::topic::PublishError::Disk(_)) => Response::v1_err(503, "EXITING"),
     }
 }

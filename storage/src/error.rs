@@ -39,9 +39,20 @@ impl StoreError {
         StoreError::new(io::ErrorKind::NotFound, "topic deleted")
     }
 
-    /// An I/O error (std's or glommio's), its text as it formats it and its kind.
+    /// An I/O error (std's or glommio's), its text and its kind. glommio's decorations
+    /// (`IO error occurred: ` before, `, op: Writing path: Some(..) with fd: Some(..)`
+    /// after) are dropped: the text is the system's (`File too large (os error 27)`), as
+    /// nsqd's errors carry only the system's text after their own context.
     pub fn io<E: fmt::Display + Into<io::Error>>(e: E) -> StoreError {
-        let message = e.to_string();
+        let text = e.to_string();
+        let mut message = text.as_str();
+        while let Some(rest) = message.strip_prefix("IO error occurred: ") {
+            message = rest;
+        }
+        if let Some(i) = message.find(", op: ") {
+            message = &message[..i];
+        }
+        let message = message.to_string();
         StoreError::new(e.into().kind(), message)
     }
 
@@ -88,5 +99,31 @@ impl From<StoreError> for io::Error {
 impl From<StoreError> for String {
     fn from(e: StoreError) -> String {
         e.message
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glommio_decorations_are_dropped_from_the_text() {
+        // What a failed DmaStreamWriter write gives: an enhanced error (op, path, fd),
+        // sometimes wrapped again as a plain glommio I/O error.
+        let enhanced = || glommio::GlommioError::<()>::EnhancedIoError {
+            source: io::Error::from_raw_os_error(27),
+            op: "Writing",
+            path: Some("/proc/self/fd/4/00000000000000000000.seg".into()),
+            fd: Some(23),
+        };
+        let e = StoreError::io(enhanced());
+        assert_eq!(e.message(), "File too large (os error 27)");
+        let wrapped = glommio::GlommioError::<()>::IoError(enhanced().into());
+        let e = StoreError::io(wrapped);
+        assert_eq!(e.message(), "File too large (os error 27)");
+        assert_eq!(e.kind(), io::Error::from_raw_os_error(27).kind());
+        // std's errors keep their text.
+        let e = StoreError::io(io::Error::from_raw_os_error(5));
+        assert_eq!(e.message(), "Input/output error (os error 5)");
     }
 }

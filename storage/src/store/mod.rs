@@ -104,8 +104,9 @@ struct Segment {
     readable_seq: u64,
     /// Bytes below this offset are flushed (they hold the records below
     /// `readable_seq`); readers never decode past it, where the file holds a partly
-    /// written stream buffer (or nothing yet). `u64::MAX` for a segment found on disk at
-    /// start-up: all of its file is what it is.
+    /// written stream buffer (or nothing yet). For a segment found on disk at start-up:
+    /// where its records end (its side index's data end, or where recovery's scan found
+    /// the last whole record).
     readable_end: u64,
 }
 

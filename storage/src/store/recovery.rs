@@ -438,6 +438,7 @@ async fn recover_segment(
         seg.salt = ix.salt;
         seg.end_seq = ix.last_seq + 1;
         seg.count = ix.count;
+        seg.readable_end = ix.data_end;
         if is_newest && keep > 0 {
             load_tail(path, &ix, keep, tail).await;
         }
@@ -477,6 +478,9 @@ async fn recover_segment(
         match res {
             Ok(end) => {
                 bytes = end.saturating_sub(from);
+                // Reads stop where the scan found the last whole record: past it lies a
+                // torn write (or a recycled file's old bytes), already reported here.
+                seg.readable_end = end;
                 if let Some(ix) = seg.sealed_index(base, end) {
                     if partial && is_newest && keep > 0 {
                         load_tail(path, &ix, keep, tail).await;
