@@ -653,14 +653,7 @@ fn reading_the_segment_being_written_reports_no_corruption() {
         &missing[..missing.len().min(20)]
     );
     assert_eq!(got.len() as u64, published, "each message delivered once");
-    let skipped: Vec<String> = b
-        .log
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|l| l.contains("record skipped"))
-        .cloned()
-        .collect();
+    let skipped = log_lines(&b, "record skipped");
     assert!(
         skipped.is_empty(),
         "{} of {published} records reported corrupt, e.g. {:?}",
@@ -717,16 +710,15 @@ fn a_torn_tail_after_kill_9_is_not_read_as_corruption() {
             4500,
             "shards {shards}: every acknowledged message"
         );
-        let skipped: Vec<String> = b
-            .log
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|l| l.contains("record skipped"))
-            .cloned()
-            .collect();
+        let skipped = log_lines(&b, "record skipped");
         assert!(skipped.is_empty(), "shards {shards}: {skipped:?}");
         drop(b);
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// The broker's log lines so far that contain `needle`.
+fn log_lines(b: &Broker, needle: &str) -> Vec<String> {
+    let log = b.log.lock().unwrap();
+    log.iter().filter(|l| l.contains(needle)).cloned().collect()
 }
