@@ -128,21 +128,19 @@ pub fn check(cfg: &Config) -> Result<Ready, Failed> {
         Ok(None)
     };
     // Listening only once every address is bound (see `runtime::listen`).
-    let listening = |(addr, flag): (&str, &str), l: &(SocketAddr, socket2::Socket)| {
-        crate::runtime::listen(addr, &l.1).map_err(|e| format!("{e} ({flag})"))
-    };
     if let (Some(_), Ok(tcp), Ok(http), Ok(https)) = (&lock, &tcp, &http, &https) {
-        if problems.is_empty() {
-            let mut all = vec![
-                ((cfg.tcp_address.as_str(), "--tcp-address"), tcp),
-                ((cfg.http_address.as_str(), "--http-address"), http),
-            ];
-            if let Some(h) = https {
-                all.push(((cfg.https_address.as_str(), "--https-address"), h));
-            }
-            for (what, l) in all {
-                if let Err(e) = listening(what, l) {
-                    problems.push(e);
+        let https = https
+            .as_ref()
+            .map(|h| (&h.1, &cfg.https_address, "--https-address"));
+        let all = [
+            Some((&tcp.1, &cfg.tcp_address, "--tcp-address")),
+            Some((&http.1, &cfg.http_address, "--http-address")),
+            https,
+        ];
+        for (socket, addr, flag) in all.into_iter().flatten() {
+            if problems.is_empty() {
+                if let Err(e) = crate::runtime::listen(addr, socket) {
+                    problems.push(format!("{e} ({flag})"));
                 }
             }
         }
