@@ -17,10 +17,7 @@ use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Go's http.Server limit on a request head (DefaultMaxHeaderBytes + 4096).
-const MAX_HEAD: usize = (1 << 20) + 4096;
-
-use nsq_wire::http1::{Framing, HTML, JSON, NSQ_V1, TEXT};
+use nsq_wire::http1::{Framing, HTML, JSON, MAX_HEAD, NSQ_V1, TEXT};
 
 /// The routes, as registered with httprouter upstream.
 const ROUTES: &[(&str, &str)] = &[
@@ -286,10 +283,16 @@ pub fn serve_conn(ctx: Arc<Context>, stream: TcpStream) {
     };
     loop {
         let (req, n) = loop {
-            match parse_head(conn.buffered(), &remote) {
+            // Parsed within the limit only, as Go reads the head through it.
+            let buffered = conn.buffered();
+            match parse_head(&buffered[..buffered.len().min(MAX_HEAD)], &remote) {
                 Ok(Some(v)) => break v,
                 Ok(None) if conn.buffered().len() >= MAX_HEAD => {
+                    // net/http's closeWriteAndWait: FIN after the answer, the socket
+                    // kept 500 ms (rstAvoidanceDelay) so the client reads it first.
                     server_error(&mut writer, HeadError::TooLarge);
+                    let _ = writer.shutdown(Shutdown::Write);
+                    std::thread::sleep(Duration::from_millis(500));
                     let _ = writer.shutdown(Shutdown::Both);
                     return;
                 }

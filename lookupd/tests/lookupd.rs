@@ -833,3 +833,33 @@ impl Lookupd {
         out.replace("Connection: close\r\n", "")
     }
 }
+
+/// A request head is read through Go's limit, 1 MiB + 4096 bytes (net/http's
+/// initialReadLimitSize; nsqlookupd 1.3.0 serves the same): within it the request is
+/// served; past it comes net/http's 431, the end of the stream, and the connection stays
+/// open 500 ms more (closeWriteAndWait), so what the client still sends is not reset.
+#[test]
+fn request_heads_are_read_up_to_net_http_s_limit() {
+    const LIMIT: usize = (1 << 20) + 4096;
+    const TOO_LARGE: &str = "HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n431 Request Header Fields Too Large";
+    let l = Lookupd::start(&[]);
+    for (len, extra, served) in [(LIMIT, 0, true), (LIMIT + 1, 200_000, false)] {
+        let mut req = b"GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Pad: ".to_vec();
+        req.extend(std::iter::repeat_n(b'a', len - req.len() - 4));
+        req.extend_from_slice(b"\r\n\r\n");
+        req.extend(std::iter::repeat_n(b'z', extra));
+        let mut s = TcpStream::connect(l.http).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = s.write_all(&req);
+        let mut got = Vec::new();
+        let end = s.read_to_end(&mut got);
+        let got = String::from_utf8_lossy(&got);
+        assert!(end.is_ok(), "head of {len}: {end:?} after {got:?}");
+        if served {
+            assert!(got.ends_with("\r\n\r\nOK"), "head of {len}: {got:?}");
+        } else {
+            assert_eq!(got, TOO_LARGE);
+            assert!(s.write_all(b"more").is_ok(), "reset at once");
+        }
+    }
+}

@@ -5,10 +5,7 @@
 
 use super::*;
 pub use nsq_wire::http1::HeadError;
-use nsq_wire::http1::MAX_POST_HANDLER_READ;
-
-/// Largest request head accepted (Go's default is 1 MiB; 64 KiB is plenty here).
-pub(super) const MAX_HEAD: usize = 64 * 1024;
+use nsq_wire::http1::{MAX_HEAD, MAX_POST_HANDLER_READ};
 
 /// Serves HTTP on this shard's listener until shutdown.
 pub async fn accept_loop(server: Rc<Server>, listener: TcpListener) {
@@ -317,7 +314,8 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
     let mut buf = BytesMut::with_capacity(16 * 1024);
     loop {
         let head = loop {
-            match parse_head(&buf) {
+            // Parsed within the limit only, as Go reads the head through it.
+            match parse_head(&buf[..buf.len().min(MAX_HEAD)]) {
                 Ok(Some(h)) => break h,
                 Ok(None) if buf.len() < MAX_HEAD => {
                     if !read_more(&stream, &mut buf).await {
@@ -327,7 +325,7 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
                 // net/http's own answers (no Date, no Content-Length), then close.
                 Ok(None) => {
                     let _ = stream.write_all(&HeadError::TooLarge.response()).await;
-                    stream.shutdown();
+                    stream.close_write_and_wait().await;
                     return;
                 }
                 Err(e) => {
@@ -360,7 +358,12 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
             r.close = true;
             r.http10 = head.http10;
             let _ = stream.write_all(&r.encode_for(&head).0).await;
-            stream.shutdown();
+            // A body of 256 KiB or more left unread: Go's closeWriteAndWait.
+            if head.content_length.unwrap_or(0) >= MAX_POST_HANDLER_READ {
+                stream.close_write_and_wait().await;
+            } else {
+                stream.shutdown();
+            }
             return;
         }
         let limit = server
@@ -422,7 +425,7 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
                 let mut r = Response::v1_err(413, "BODY_TOO_BIG");
                 r.close = true;
                 let _ = stream.write_all(&r.encode_for(&head).0).await;
-                stream.shutdown();
+                stream.close_write_and_wait().await;
                 return;
             }
             while (buf.len() as u64) < len {
@@ -487,7 +490,13 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
             return;
         }
         if close {
-            stream.shutdown();
+            // A body over 256 KiB left unread (or cut at the limit): Go's
+            // closeWriteAndWait (its body's earlyClose); otherwise a plain close.
+            if unread_too_big || cut {
+                stream.close_write_and_wait().await;
+            } else {
+                stream.shutdown();
+            }
             return;
         }
     }

@@ -359,6 +359,19 @@ impl SharedStream {
         let _ = socket2::SockRef::from(&fd).shutdown(std::net::Shutdown::Both);
     }
 
+    /// Ends the connection as Go's net/http does after answering a request whose input
+    /// it left unread (server.go closeWriteAndWait: a head over the limit, a body over
+    /// 256 KiB the handler did not read): FIN after the answer, then the socket stays
+    /// open 500 ms (rstAvoidanceDelay) before both directions shut, so that a client
+    /// still sending reads the answer before its unread input resets the connection.
+    pub async fn close_write_and_wait(&self) {
+        // SAFETY: the fd is owned by the TcpStream inside self, alive for this call.
+        let fd = unsafe { BorrowedFd::borrow_raw(self.fd()) };
+        let _ = socket2::SockRef::from(&fd).shutdown(std::net::Shutdown::Write);
+        glommio::timer::sleep(Duration::from_millis(500)).await;
+        self.shutdown();
+    }
+
     pub fn set_read_timeout(&self, d: Option<Duration>) {
         let _ = self.0.tcp.borrow().set_read_timeout(d);
     }

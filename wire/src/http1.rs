@@ -20,6 +20,12 @@ pub const HTML: &str = "text/html; charset=utf-8";
 /// The header nsq's V1 API responses carry (nsq: internal/http_api V1 decorator).
 pub const NSQ_V1: (&str, &str) = ("X-Nsq-Content-Type", "nsq; version=1.0");
 
+/// The longest request head served, in bytes (request line, headers and the blank line):
+/// Go's http.Server reads a head through a limit of `DefaultMaxHeaderBytes` (1 MiB) plus
+/// 4096 (server.go initialReadLimitSize); a head that does not end within it is answered
+/// [`HeadError::TooLarge`] (431) and the connection closed. nsqd and nsqlookupd use it.
+pub const MAX_HEAD: usize = (1 << 20) + 4096;
+
 /// What net/http reads and drops of a request body its handler left unread, so the
 /// connection can be reused (Go: maxPostHandlerReadBytes, 256 KiB). A longer one (a
 /// Content-Length of this much or more, a chunked body over it) is answered with

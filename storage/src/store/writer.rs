@@ -114,11 +114,15 @@ pub(super) async fn open_segment(store: &TopicStore, base: u64) -> Result<Active
 }
 
 /// Marks readable the batches of `a` that end at or below `flushed` (what its stream
-/// writer reports flushed) and that the file really holds: glommio's stream writer takes
+/// writer reports flushed) and that the file really holds. glommio's stream writer takes
 /// a short count from the kernel (a write cut at the file size limit, or at a full disk)
-/// for a complete write, so the file's length is checked too. `Err` (a short write) when
-/// the file is shorter than what the writer reports flushed: what is beyond its end
-/// stays unflushed, for [`abandon`] to write again elsewhere.
+/// for a complete write, so the file is checked too: its data must run without a hole
+/// from the first batch newly marked to the end of the last ([`data_end`]: one
+/// `lseek(SEEK_HOLE)` per call that marks something). That finds a file that ends short,
+/// and also a short write followed by a complete one at a higher offset (buffers written
+/// concurrently at a full disk), which leaves a hole inside the file's length. `Err` (a
+/// short write) when the data stops short of what the writer reports flushed: what lies
+/// beyond stays unflushed, for [`abandon`] to write again elsewhere.
 pub(super) fn mark_readable(
     store: &TopicStore,
     a: &mut Active,
@@ -126,10 +130,10 @@ pub(super) fn mark_readable(
 ) -> Result<(), StoreError> {
     let flushed = flushed.min(a.writer.current_flushed_pos());
     let mut short = None;
-    if a.unflushed.front().is_some_and(|u| u.end <= flushed) {
-        let len = a.file.metadata().map_err(io_err)?.len();
-        if len < flushed.min(a.pos) {
-            short = Some(len);
+    if let Some(u) = a.unflushed.front().filter(|u| u.end <= flushed) {
+        let end = data_end(&a.file, u.end - u.bytes.len() as u64).map_err(io_err)?;
+        if end < flushed.min(a.pos) {
+            short = Some(end);
         }
     }
     let flushed = short.unwrap_or(flushed);
@@ -149,10 +153,21 @@ pub(super) fn mark_readable(
     }
     match short {
         None => Ok(()),
-        Some(len) => Err(io_err(std::io::Error::other(format!(
-            "short write: the file holds {len} bytes of {} written",
+        Some(end) => Err(io_err(std::io::Error::other(format!(
+            "short write: the file's data stops at byte {end} of {} written",
             a.writer.current_flushed_pos()
         )))),
+    }
+}
+
+/// Where the data of `file` that runs on from byte `from` ends: its first hole at or
+/// after `from` (`lseek(SEEK_HOLE)`; the file's length when it has none there, also on
+/// a filesystem that does not track holes), or `from` when the file ends at or before it.
+fn data_end(file: &std::fs::File, from: u64) -> std::io::Result<u64> {
+    match rustix::fs::seek(file, rustix::fs::SeekFrom::Hole(from)) {
+        Ok(end) => Ok(end),
+        Err(rustix::io::Errno::NXIO) => Ok(from),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -624,5 +639,90 @@ fn note_records(store: &TopicStore, a: &Active, recs: &[(u64, u32)]) {
             seg.note(seq, off);
             off += len as u64;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::StoreConfig;
+
+    /// Three 64 KiB batches written through a new segment's stream writer and flushed;
+    /// with `hole`, 4 KiB inside the second batch is then punched out (what a short
+    /// write followed by a complete one at a higher offset leaves). Returns what
+    /// `mark_readable` gave, the segment's readable end and the batch ends.
+    async fn write_three_batches(
+        store: &TopicStore,
+        base: u64,
+        hole: bool,
+    ) -> (Result<(), StoreError>, u64, Vec<u64>, usize) {
+        let mut a = open_segment(store, base).await.unwrap();
+        let mut ends = Vec::new();
+        for (i, fill) in [b'a', b'b', b'c'].into_iter().enumerate() {
+            let bytes = vec![fill; 64 * 1024];
+            a.writer.write_all(&bytes).await.unwrap();
+            a.pos += bytes.len() as u64;
+            ends.push(a.pos);
+            let seq = base + i as u64;
+            a.unflushed.push_back(Unflushed {
+                end: a.pos,
+                upto: seq + 1,
+                recs: vec![(seq, bytes.len() as u32)],
+                bytes,
+            });
+        }
+        a.writer.flush().await.unwrap();
+        assert_eq!(a.writer.current_flushed_pos(), a.pos);
+        if hole {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&store.segments.borrow()[&base].path)
+                .unwrap();
+            let flags =
+                rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
+            rustix::fs::fallocate(&f, flags, 64 * 1024 + 8192, 4096).unwrap();
+            assert!(
+                f.metadata().unwrap().len() >= a.pos,
+                "the length hides the hole"
+            );
+        }
+        let r = mark_readable(store, &mut a, u64::MAX);
+        let readable = store.segments.borrow()[&base].readable_end;
+        let left = a.unflushed.len();
+        a.writer.close().await.unwrap();
+        (r, readable, ends, left)
+    }
+
+    #[test]
+    fn a_hole_inside_the_written_length_is_a_short_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t");
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .spawn(move || async move {
+                let cfg = StoreConfig {
+                    max_bytes_per_file: 1 << 30,
+                    sync_every: 1 << 20,
+                    sync_timeout: Duration::from_secs(60),
+                };
+                let store = TopicStore::open(path, cfg, 0).await.unwrap().store;
+                // Without a hole: all three batches readable.
+                let (r, readable, ends, left) = write_three_batches(&store, 0, false).await;
+                assert!(r.is_ok(), "{r:?}");
+                assert_eq!((readable, left), (ends[2], 0));
+                // A hole in the second batch: only the first is readable; the other two
+                // stay unflushed (to be written again) and the call fails.
+                let (r, readable, ends, left) = write_three_batches(&store, 100, true).await;
+                let e = r.expect_err("a hole is a short write").to_string();
+                assert!(e.contains("short write"), "{e}");
+                assert!(
+                    e.contains(&format!("stops at byte {}", 64 * 1024 + 8192)),
+                    "{e}"
+                );
+                assert_eq!((readable, left), (ends[0], 2));
+                store.close().await;
+            })
+            .unwrap()
+            .join()
+            .unwrap();
     }
 }
