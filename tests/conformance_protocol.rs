@@ -266,3 +266,125 @@ fn pub_from_one_connection_to_topics_on_every_shard() {
         }
     });
 }
+
+/// How nsqd 1.3.0 ends a connection after a fatal error: with a FIN when it had read
+/// everything the client sent, with a reset when input was left unread (Go's close with
+/// unread data: the kernel resets). nsqd reads the magic with exactly 4 bytes, then the
+/// stream through a 16 KiB buffer, so what decides is whether the client sent more than
+/// the magic, or more than 16 KiB from the failing command on. Each case was measured on
+/// nsqd 1.3.0 (one write, read 300 ms later): the frame, then FIN or reset.
+#[test]
+fn fatal_errors_close_or_reset_as_nsqd() {
+    let size = |n: u32| n.to_be_bytes().to_vec();
+    let cat = |parts: &[&[u8]]| parts.concat();
+    let a = |n: usize| vec![b'a'; n];
+    let bad_protocol = frame(1, b"E_BAD_PROTOCOL");
+    let too_big = frame(1, b"E_BAD_MESSAGE PUB message too big 2000000 > 1048576");
+    let body_too_big = frame(1, b"E_BAD_BODY MPUB body too big 6000000 > 5242880");
+    let invalid = frame(1, b"E_INVALID invalid command FOO");
+    let bad_topic = frame(1, b"E_BAD_TOPIC PUB topic name \"t!\" is not valid");
+    let none = Vec::new();
+    let cases: Vec<(&str, Vec<u8>, &Vec<u8>, bool)> = vec![
+        (
+            "http request",
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+            &bad_protocol,
+            true,
+        ),
+        ("bad magic alone", b"XXXX".to_vec(), &bad_protocol, false),
+        (
+            "bad magic and 1 byte",
+            b"XXXXY".to_vec(),
+            &bad_protocol,
+            true,
+        ),
+        (
+            "size over the limit",
+            cat(&[b"  V2PUB t\n", &size(2_000_000)]),
+            &too_big,
+            false,
+        ),
+        (
+            "size over the limit, 10,000 body bytes",
+            cat(&[b"  V2PUB t\n", &size(2_000_000), &a(10_000)]),
+            &too_big,
+            false,
+        ),
+        (
+            "size over the limit, 20,000 body bytes",
+            cat(&[b"  V2PUB t\n", &size(2_000_000), &a(20_000)]),
+            &too_big,
+            true,
+        ),
+        (
+            "size over the limit, 1 MB body",
+            cat(&[b"  V2PUB t\n", &size(2_000_000), &a(1_000_000)]),
+            &too_big,
+            true,
+        ),
+        (
+            "MPUB body over the limit, 100 bytes",
+            cat(&[b"  V2MPUB t\n", &size(6_000_000), &a(100)]),
+            &body_too_big,
+            false,
+        ),
+        (
+            "MPUB body over the limit, 1 MB",
+            cat(&[b"  V2MPUB t\n", &size(6_000_000), &a(1_000_000)]),
+            &body_too_big,
+            true,
+        ),
+        (
+            "line of 16384 bytes",
+            cat(&[b"  V2", &a(16_384)]),
+            &none,
+            false,
+        ),
+        (
+            "line of 16385 bytes",
+            cat(&[b"  V2", &a(16_385)]),
+            &none,
+            true,
+        ),
+        (
+            "line of 40000 bytes",
+            cat(&[b"  V2", &a(40_000)]),
+            &none,
+            true,
+        ),
+        (
+            "invalid command, more after",
+            cat(&[b"  V2FOO\n", &a(100)]),
+            &invalid,
+            false,
+        ),
+        (
+            "bad topic, more after",
+            cat(&[b"  V2PUB t!\n", &size(5), b"helloNOP\n"]),
+            &bad_topic,
+            false,
+        ),
+    ];
+    for_each_shards(&[1, 2], |shards| {
+        let b = Broker::start(shards, &[]);
+        for (name, input, want, reset) in &cases {
+            let mut s = TcpStream::connect(b.tcp).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let _ = s.write_all(input);
+            std::thread::sleep(Duration::from_millis(300));
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            let end = loop {
+                match s.read(&mut buf) {
+                    Ok(0) => break "FIN",
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break "reset",
+                    Err(e) => panic!("{shards} shards, {name}: {e} after {}", show(&got)),
+                }
+            };
+            assert_eq!(show(&got), show(want), "{shards} shards, {name}");
+            let want_end = if *reset { "reset" } else { "FIN" };
+            assert_eq!(end, want_end, "{shards} shards, {name}");
+        }
+    });
+}

@@ -207,6 +207,7 @@ impl Reader {
                 }
                 Err(e) => {
                     decode_failed(server, client, e).await;
+                    reset_if_nsqd_leaves_input(stream, self.buf.len());
                     return Err(Outcome::Closed);
                 }
             }
@@ -239,6 +240,7 @@ impl Reader {
                             String::from_utf8_lossy(word)
                         ),
                     );
+                    reset_if_nsqd_leaves_input(stream, self.buf.len());
                     return Err(Outcome::Closed);
                 }
             }
@@ -250,6 +252,7 @@ impl Reader {
                 let auth = &server.cfg.auth;
                 if let Err(text) = crate::auth::check(auth, client, "MPUB", &topic, "").await {
                     let _ = fatal::<()>(client, text);
+                    reset_if_nsqd_leaves_input(stream, self.buf.len());
                     return Err(Outcome::Closed);
                 }
                 self.mpub_checked = true;
@@ -281,7 +284,10 @@ impl Reader {
         let frame = self.buf.split_to(n).freeze();
         self.mpub_checked = false;
         match exec(server, stream, client, cmd, &frame).await {
-            Err(Fatal) => Err(Outcome::Closed),
+            Err(Fatal) => {
+                reset_if_nsqd_leaves_input(stream, n + self.buf.len());
+                Err(Outcome::Closed)
+            }
             Ok(Upgrade::None) => Ok(()),
             Ok(Upgrade::Tls(want)) => self.start_tls(server, stream, client, want).await,
             Ok(Upgrade::Compression) => self.start_compression(client),
@@ -377,6 +383,19 @@ impl Reader {
 
 /// A command that cannot be decoded ends the connection, with its error frame unless
 /// silent (nsqd: IOLoop sends the error of a failed Exec, then closes on a fatal one).
+/// nsqd reads a connection through a 16 KiB buffer (bufio, defaultBufferSize): after a
+/// fatal error it closes with what the client sent beyond that window unread, and the
+/// kernel resets the connection instead of closing it (a size over the limit followed
+/// by its long body, an over-long line). The same here: the close is a reset when the
+/// input from the failing command's start (`from_failing` bytes read, plus what the
+/// socket still holds) runs over 16 KiB. (It models the common case, the failing command
+/// at the start of nsqd's window; nsqd's own outcome depends on how the bytes arrived.)
+fn reset_if_nsqd_leaves_input(stream: &SharedStream, from_failing: usize) {
+    if from_failing + stream.unread_input() > protocol::MAX_LINE {
+        stream.reset_on_close();
+    }
+}
+
 async fn decode_failed(server: &Server, client: &Client, e: ProtocolError) {
     if let Some(t) = &e.creates_topic {
         server.create_topic(t).await;

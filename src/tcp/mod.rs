@@ -66,6 +66,11 @@ async fn new_connection(server: Rc<Server>, stream: TcpStream) {
         let mut out = Vec::new();
         protocol::write_frame(&mut out, FRAME_ERROR, b"E_BAD_PROTOCOL");
         let _ = stream.write_all(&out).await;
+        // nsqd reads exactly the 4 bytes of the magic: anything sent after them makes
+        // its close a reset.
+        if buf.len() > 4 || stream.unread_input() > 0 {
+            stream.reset_on_close();
+        }
         stream.shutdown();
         return;
     }

@@ -31,6 +31,8 @@ struct StreamInner {
     write_lock: futures::lock::Mutex<()>,
     /// Scratch buffer for outgoing ciphertext (taken out while in use).
     wbuf: Cell<Vec<u8>>,
+    /// The close is to be a reset ([`SharedStream::reset_on_close`]).
+    reset: Cell<bool>,
 }
 
 /// A connection's TLS state: the rustls session and the ciphertext read from the socket
@@ -54,6 +56,7 @@ impl SharedStream {
             tls: RefCell::new(None),
             write_lock: futures::lock::Mutex::new(()),
             wbuf: Cell::new(Vec::new()),
+            reset: Cell::new(false),
         }))
     }
 
@@ -352,11 +355,40 @@ impl SharedStream {
         self.0.tcp.borrow().as_raw_fd()
     }
 
-    /// Shuts both directions so a blocked reader wakes up with EOF.
+    /// Shuts both directions so a blocked reader wakes up with EOF (only the read side
+    /// after [`SharedStream::reset_on_close`]: no FIN goes out before the reset).
     pub fn shutdown(&self) {
         // SAFETY: the fd is owned by the TcpStream inside self, alive for this call.
         let fd = unsafe { BorrowedFd::borrow_raw(self.fd()) };
-        let _ = socket2::SockRef::from(&fd).shutdown(std::net::Shutdown::Both);
+        let how = if self.0.reset.get() {
+            std::net::Shutdown::Read
+        } else {
+            std::net::Shutdown::Both
+        };
+        let _ = socket2::SockRef::from(&fd).shutdown(how);
+    }
+
+    /// Makes the close abortive (an RST, `SO_LINGER` 0), as the close of a Go nsqd is
+    /// when the client sent what it never read: the kernel then resets the connection
+    /// (Linux tcp_close with unread data), where a close that read everything sends FIN.
+    pub fn reset_on_close(&self) {
+        // SAFETY: the fd is owned by the TcpStream inside self, alive for this call.
+        let fd = unsafe { BorrowedFd::borrow_raw(self.fd()) };
+        let _ = socket2::SockRef::from(&fd).set_linger(Some(Duration::ZERO));
+        self.0.reset.set(true);
+    }
+
+    /// Bytes the socket has received and not given to a read yet (`FIONREAD`; 0 when
+    /// the call fails).
+    pub fn unread_input(&self) -> usize {
+        let mut n: libc::c_int = 0;
+        // SAFETY: FIONREAD stores one c_int through the pointer, which is valid for it.
+        let r = unsafe { libc::ioctl(self.fd(), libc::FIONREAD, &mut n) };
+        if r == 0 {
+            n.max(0) as usize
+        } else {
+            0
+        }
     }
 
     /// Ends the connection as Go's net/http does after answering a request whose input

@@ -89,6 +89,10 @@ impl DeflateDecoder {
     }
 }
 
+/// A non-final stored block of no bytes, starting on a byte boundary: the 3 header bits
+/// padded to a byte, then LEN 0 and NLEN 0xffff (RFC 1951 3.2.4).
+const EMPTY_STORED_BLOCK: [u8; 5] = [0x00, 0x00, 0x00, 0xff, 0xff];
+
 /// Deflates outgoing bytes, sync-flushing every call.
 pub struct DeflateEncoder {
     inner: Compress,
@@ -104,8 +108,17 @@ impl DeflateEncoder {
         Ok(DeflateEncoder { inner })
     }
 
-    /// Appends the deflated, sync-flushed form of `data` to `out`.
-    pub fn encode(&mut self, mut data: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+    /// Appends the deflated, sync-flushed form of `data` to `out`, then one more empty
+    /// stored block, as nsqd's stream has after each flush (Go's compress/flate `Flush`
+    /// ends a block and writes a sync marker; nsqd 1.3.0's bytes after a flush end in
+    /// `00 00 00 ff ff` twice). Byte-aligned after a sync flush, that block is 5 bytes.
+    pub fn encode(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+        self.sync_flushed(data, out)?;
+        out.extend_from_slice(&EMPTY_STORED_BLOCK);
+        Ok(())
+    }
+
+    fn sync_flushed(&mut self, mut data: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
         loop {
             out.reserve(data.len() / 2 + 1024);
             let before_in = self.inner.total_in();
@@ -131,6 +144,25 @@ pub fn remember_output(history: &mut Vec<u8>, data: &[u8]) {
 mod tests {
     use super::*;
     use std::io::Write;
+
+    /// nsqd 1.3.0's deflate stream (level 6) after IDENTIFY, then after one heartbeat:
+    /// the frames' blocks, each flush ending in two empty stored blocks.
+    #[test]
+    fn flushes_end_as_nsqd_s() {
+        let mut enc = DeflateEncoder::new(6, &[]).unwrap();
+        let mut out = Vec::new();
+        enc.encode(b"\x00\x00\x00\x06\x00\x00\x00\x00OK", &mut out)
+            .unwrap();
+        let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        assert_eq!(hex(&out), "6260606063606060f0f706000000ffff000000ffff");
+        out.clear();
+        enc.encode(b"\x00\x00\x00\x0f\x00\x00\x00\x00_heartbeat_", &mut out)
+            .unwrap();
+        assert_eq!(
+            hex(&out),
+            "626060e007b1e23352138b4a9252134be201000000ffff000000ffff"
+        );
+    }
 
     #[test]
     fn interoperates_with_reference_raw_deflate_and_survives_a_handoff() {
