@@ -288,12 +288,8 @@ pub fn serve_conn(ctx: Arc<Context>, stream: TcpStream) {
             match parse_head(&buffered[..buffered.len().min(MAX_HEAD)], &remote) {
                 Ok(Some(v)) => break v,
                 Ok(None) if conn.buffered().len() >= MAX_HEAD => {
-                    // net/http's closeWriteAndWait: FIN after the answer, the socket
-                    // kept 500 ms (rstAvoidanceDelay) so the client reads it first.
                     server_error(&mut writer, HeadError::TooLarge);
-                    let _ = writer.shutdown(Shutdown::Write);
-                    std::thread::sleep(Duration::from_millis(500));
-                    let _ = writer.shutdown(Shutdown::Both);
+                    close_write_and_wait(&writer);
                     return;
                 }
                 Ok(None) => match conn.fill() {
@@ -317,6 +313,7 @@ pub fn serve_conn(ctx: Arc<Context>, stream: TcpStream) {
             return;
         }
         let has_body = req.chunked || req.content_length.unwrap_or(0) > 0;
+        let mut body_left_unread = false;
         if req.expect_continue && has_body && req.framing.http11 {
             // net/http sends `100 Continue` when a handler reads the body; nsqlookupd's
             // never do, so the client is answered without it, with `Connection: close`,
@@ -325,7 +322,10 @@ pub fn serve_conn(ctx: Arc<Context>, stream: TcpStream) {
         } else {
             match discard_body(&mut conn, &req) {
                 Ok(true) => {}
-                Ok(false) => req.framing.close = true,
+                Ok(false) => {
+                    req.framing.close = true;
+                    body_left_unread = true;
+                }
                 Err(_) => {
                     let _ = writer.shutdown(Shutdown::Both);
                     return;
@@ -334,11 +334,29 @@ pub fn serve_conn(ctx: Arc<Context>, stream: TcpStream) {
         }
         let resp = route(&ctx, &req);
         let (bytes, close) = encode(&resp, &req.framing);
-        if writer.write_all(&bytes).is_err() || close {
+        if writer.write_all(&bytes).is_err() {
             let _ = writer.shutdown(Shutdown::Both);
             return;
         }
+        if close {
+            if body_left_unread {
+                close_write_and_wait(&writer);
+            } else {
+                let _ = writer.shutdown(Shutdown::Both);
+            }
+            return;
+        }
     }
+}
+
+/// Ends the connection as net/http does after answering a request whose input it left
+/// unread (server.go closeWriteAndWait: a head over the limit, a body over 256 KiB):
+/// FIN after the answer, then the socket stays open 500 ms (rstAvoidanceDelay), so a
+/// client still sending reads the answer before its unread input resets the connection.
+fn close_write_and_wait(stream: &TcpStream) {
+    let _ = stream.shutdown(Shutdown::Write);
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = stream.shutdown(Shutdown::Both);
 }
 
 /// Query parameters (Go's url.Values: the first value of a key wins).
