@@ -679,3 +679,67 @@ fn request_heads_are_read_up_to_net_http_s_limit() {
         }
     });
 }
+
+/// A `/pub` body over `--max-msg-size` (nsqd answers 413 from its Content-Length without
+/// reading it) is read and dropped by net/http when under 256 KiB, and the connection is
+/// kept; one that ends early gets `Connection: close`; HTTP/1.0 keep-alive is kept too.
+/// nsqd 1.3.0's bytes, with `--max-msg-size=100` (Dates masked).
+#[test]
+fn small_bodies_refused_by_size_keep_the_connection_as_net_http() {
+    use std::io::{Read, Write};
+    const TOO_BIG: &str = "413 Request Entity Too Large\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 25\r\n";
+    const BODY: &str = "\r\n{\"message\":\"MSG_TOO_BIG\"}";
+    let ping = |v: &str| {
+        format!("HTTP/{v} 200 OK\r\nDate: X\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nOK")
+    };
+    let a200 = "a".repeat(200);
+    let cases: Vec<(&str, String, bool, String)> = vec![
+        (
+            "kept",
+            format!("POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 200\r\n\r\n{a200}GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+            false,
+            format!(
+                "HTTP/1.1 {TOO_BIG}{BODY}{}",
+                ping("1.1").replace("\r\n\r\n", "\r\nConnection: close\r\n\r\n")
+            ),
+        ),
+        (
+            "body ends early",
+            format!("POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 200\r\n\r\n{}", &a200[..50]),
+            true,
+            format!("HTTP/1.1 {TOO_BIG}Connection: close\r\n{BODY}"),
+        ),
+        (
+            "HTTP/1.0 keep-alive",
+            format!("POST /pub?topic=t HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: 200\r\n\r\n{a200}GET /ping HTTP/1.0\r\n\r\n"),
+            false,
+            format!("HTTP/1.0 {TOO_BIG}Connection: keep-alive\r\n{BODY}{}", ping("1.0")),
+        ),
+    ];
+    for_each_shards(&[1, 2], |shards| {
+        let b = Broker::start(shards, &["--max-msg-size=100"]);
+        for (name, req, shut, want) in &cases {
+            let mut s = std::net::TcpStream::connect(b.http).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s.write_all(req.as_bytes()).unwrap();
+            if *shut {
+                s.shutdown(std::net::Shutdown::Write).unwrap();
+            }
+            // Each case ends with the broker's close.
+            let mut got = Vec::new();
+            s.read_to_end(&mut got).unwrap();
+            let text = String::from_utf8_lossy(&got)
+                .split("\r\n")
+                .map(|l| {
+                    if l.starts_with("Date: ") {
+                        "Date: X"
+                    } else {
+                        l
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("\r\n");
+            assert_eq!(text, *want, "{shards} shards, {name}");
+        }
+    });
+}

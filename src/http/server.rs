@@ -355,16 +355,35 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
             early_reject(&server, &head)
         };
         if let Some(mut r) = early {
-            r.close = true;
             r.http10 = head.http10;
-            let _ = stream.write_all(&r.encode_for(&head).0).await;
-            // A body of 256 KiB or more left unread: Go's closeWriteAndWait.
-            if head.content_length.unwrap_or(0) >= MAX_POST_HANDLER_READ {
+            let len = head.content_length.unwrap_or(0);
+            if len >= MAX_POST_HANDLER_READ {
+                // A body of 256 KiB or more left unread: `Connection: close`, then Go's
+                // closeWriteAndWait.
+                r.close = true;
+                let _ = stream.write_all(&r.encode_for(&head).0).await;
                 stream.close_write_and_wait().await;
-            } else {
-                stream.shutdown();
+                return;
             }
-            return;
+            // A shorter one net/http reads and drops, and the connection is kept (unless
+            // the body ends early: then `Connection: close`).
+            let mut complete = true;
+            while (buf.len() as u64) < len {
+                if !read_more(&stream, &mut buf).await {
+                    complete = false;
+                    break;
+                }
+            }
+            let _ = buf.split_to(buf.len().min(len as usize));
+            r.close = !complete || head.asked_close;
+            r.keep_alive_header = head.http10 && head.keep_alive && !r.close;
+            let (bytes, body_to_close) = r.encode_for(&head);
+            let close = r.close || !head.keep_alive || body_to_close;
+            if stream.write_all(&bytes).await.is_err() || close {
+                stream.shutdown();
+                return;
+            }
+            continue;
         }
         let limit = server
             .shard
