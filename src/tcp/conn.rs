@@ -381,8 +381,6 @@ impl Reader {
     }
 }
 
-/// A command that cannot be decoded ends the connection, with its error frame unless
-/// silent (nsqd: IOLoop sends the error of a failed Exec, then closes on a fatal one).
 /// nsqd reads a connection through a 16 KiB buffer (bufio, defaultBufferSize): after a
 /// fatal error it closes with what the client sent beyond that window unread, and the
 /// kernel resets the connection instead of closing it (a size over the limit followed
@@ -396,6 +394,8 @@ fn reset_if_nsqd_leaves_input(stream: &SharedStream, from_failing: usize) {
     }
 }
 
+/// A command that cannot be decoded ends the connection, with its error frame unless
+/// silent (nsqd: IOLoop sends the error of a failed Exec, then closes on a fatal one).
 async fn decode_failed(server: &Server, client: &Client, e: ProtocolError) {
     if let Some(t) = &e.creates_topic {
         server.create_topic(t).await;

@@ -358,23 +358,26 @@ impl SharedStream {
     /// Shuts both directions so a blocked reader wakes up with EOF (only the read side
     /// after [`SharedStream::reset_on_close`]: no FIN goes out before the reset).
     pub fn shutdown(&self) {
-        // SAFETY: the fd is owned by the TcpStream inside self, alive for this call.
-        let fd = unsafe { BorrowedFd::borrow_raw(self.fd()) };
         let how = if self.0.reset.get() {
             std::net::Shutdown::Read
         } else {
             std::net::Shutdown::Both
         };
-        let _ = socket2::SockRef::from(&fd).shutdown(how);
+        let _ = self.with_socket(|s| s.shutdown(how));
+    }
+
+    /// Runs `f` on the socket (socket2's view of it, for options and shutdowns).
+    fn with_socket<R>(&self, f: impl FnOnce(socket2::SockRef<'_>) -> R) -> R {
+        // SAFETY: the fd is owned by the TcpStream inside self, alive for this call.
+        let fd = unsafe { BorrowedFd::borrow_raw(self.fd()) };
+        f(socket2::SockRef::from(&fd))
     }
 
     /// Makes the close abortive (an RST, `SO_LINGER` 0), as the close of a Go nsqd is
     /// when the client sent what it never read: the kernel then resets the connection
     /// (Linux tcp_close with unread data), where a close that read everything sends FIN.
     pub fn reset_on_close(&self) {
-        // SAFETY: the fd is owned by the TcpStream inside self, alive for this call.
-        let fd = unsafe { BorrowedFd::borrow_raw(self.fd()) };
-        let _ = socket2::SockRef::from(&fd).set_linger(Some(Duration::ZERO));
+        let _ = self.with_socket(|s| s.set_linger(Some(Duration::ZERO)));
         self.0.reset.set(true);
     }
 
@@ -397,9 +400,7 @@ impl SharedStream {
     /// open 500 ms (rstAvoidanceDelay) before both directions shut, so that a client
     /// still sending reads the answer before its unread input resets the connection.
     pub async fn close_write_and_wait(&self) {
-        // SAFETY: the fd is owned by the TcpStream inside self, alive for this call.
-        let fd = unsafe { BorrowedFd::borrow_raw(self.fd()) };
-        let _ = socket2::SockRef::from(&fd).shutdown(std::net::Shutdown::Write);
+        let _ = self.with_socket(|s| s.shutdown(std::net::Shutdown::Write));
         glommio::timer::sleep(Duration::from_millis(500)).await;
         self.shutdown();
     }
