@@ -743,3 +743,138 @@ fn small_bodies_refused_by_size_keep_the_connection_as_net_http() {
         }
     });
 }
+
+/// What a handler leaves of a body is net/http's: nsqd's handlers read through a
+/// LimitReader (`/pub` and `PUT /config` --max-msg-size + 1 bytes, text `/mpub`
+/// --max-body-size + 1, read through a 4 KiB bufio; binary `/mpub` through its count),
+/// then net/http reads and drops up to 256 KiB + 1 more: the connection is kept if the
+/// body ended within them, closed (`Connection: close`) if not. A text `/mpub` line over
+/// --max-msg-size is refused before the body's size. Expected bytes: nsqd 1.3.0 with
+/// `--max-msg-size=100 --max-body-size=1000`, chunked bodies in 8 KiB chunks, then
+/// whether a `GET /ping` on the same connection was answered.
+#[test]
+fn bodies_left_by_the_handler_follow_net_http_s_256_kib_rule() {
+    use std::io::{Read, Write};
+    const K: usize = 262_144;
+    const MSG_TOO_BIG: &[u8] = b"HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 25\r\n\r\n{\"message\":\"MSG_TOO_BIG\"}";
+    const MSG_TOO_BIG_CLOSE: &[u8] = b"HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 25\r\nConnection: close\r\n\r\n{\"message\":\"MSG_TOO_BIG\"}";
+    const BODY_TOO_BIG: &[u8] = b"HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 26\r\n\r\n{\"message\":\"BODY_TOO_BIG\"}";
+    const BODY_TOO_BIG_CLOSE: &[u8] = b"HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 26\r\nConnection: close\r\n\r\n{\"message\":\"BODY_TOO_BIG\"}";
+    const OK: &[u8] = b"HTTP/1.1 200 OK\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nOK";
+    const OK_CLOSE: &[u8] = b"HTTP/1.1 200 OK\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\nOK";
+    const INVALID_VALUE: &[u8] = b"HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 27\r\n\r\n{\"message\":\"INVALID_VALUE\"}";
+    let chunked = |method: &str, path: &str, body: &[u8]| -> Vec<u8> {
+        let mut out =
+            format!("{method} {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+                .into_bytes();
+        for c in body.chunks(8192) {
+            out.extend_from_slice(format!("{:x}\r\n", c.len()).as_bytes());
+            out.extend_from_slice(c);
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(b"0\r\n\r\n");
+        out
+    };
+    let pub_ = |n: usize| chunked("POST", "/pub?topic=h", &vec![b'x'; n]);
+    let text = |n: usize| {
+        let b: Vec<u8> = b"123456789\n".iter().copied().cycle().take(n).collect();
+        chunked("POST", "/mpub?topic=h", &b)
+    };
+    let big_line = |rest: usize| {
+        let mut b = vec![b'y'; 200];
+        b.push(b'\n');
+        b.extend(std::iter::repeat_n(b'z', rest));
+        chunked("POST", "/mpub?topic=h", &b)
+    };
+    // Two messages, "abc" and "de", then bytes readMPUB never reads.
+    let binary = |trailing: usize| {
+        let mut b = b"\x00\x00\x00\x02\x00\x00\x00\x03abc\x00\x00\x00\x02de".to_vec();
+        b.extend(std::iter::repeat_n(b't', trailing));
+        b
+    };
+    let mut binary_cl = format!(
+        "POST /mpub?topic=h&binary=true HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        binary(10).len()
+    )
+    .into_bytes();
+    binary_cl.extend(binary(10));
+    let cases: Vec<(&str, Vec<u8>, &[u8], bool)> = vec![
+        ("pub_limit_plus_256k", pub_(101 + K), MSG_TOO_BIG, true),
+        (
+            "pub_limit_plus_256k_1",
+            pub_(101 + K + 1),
+            MSG_TOO_BIG_CLOSE,
+            false,
+        ),
+        ("mpub_limit_plus_256k", text(1001 + K), BODY_TOO_BIG, true),
+        (
+            "mpub_limit_plus_256k_1",
+            text(1001 + K + 1),
+            BODY_TOO_BIG_CLOSE,
+            false,
+        ),
+        ("mpub_line_then_256k", big_line(K - 201), MSG_TOO_BIG, true),
+        // The handler's bufio read 1,001 bytes (its limit), not just the line.
+        (
+            "mpub_line_then_256k_500",
+            big_line(K + 500),
+            MSG_TOO_BIG,
+            true,
+        ),
+        (
+            "mpub_line_then_256k_4k",
+            big_line(K + 4096),
+            MSG_TOO_BIG_CLOSE,
+            false,
+        ),
+        (
+            "mpub_line_before_body_limit",
+            big_line(900),
+            MSG_TOO_BIG,
+            true,
+        ),
+        ("mpub_binary_trailing_cl", binary_cl, OK, true),
+        (
+            "mpub_binary_trailing_256k_1",
+            chunked("POST", "/mpub?topic=h&binary=true", &binary(K + 1)),
+            OK_CLOSE,
+            false,
+        ),
+        (
+            "config_over",
+            chunked("PUT", "/config/log_level", &[b'i'; 102]),
+            INVALID_VALUE,
+            true,
+        ),
+    ];
+    for_each_shards(&[1, 2], |shards| {
+        let b = Broker::start(shards, &["--max-msg-size=100", "--max-body-size=1000"]);
+        for (name, req, want, kept) in &cases {
+            let mut s = std::net::TcpStream::connect(b.http).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s.write_all(req).unwrap();
+            let mut got = Vec::new();
+            let mut chunk = [0u8; 4096];
+            while mask_date(&got).len() < want.len() {
+                match s.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&chunk[..n]),
+                }
+            }
+            assert_eq!(
+                show(&mask_date(&got)),
+                show(want),
+                "{shards} shards, {name}"
+            );
+            let _ = s.write_all(b"GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            let mut next = Vec::new();
+            let _ = s.read_to_end(&mut next);
+            assert_eq!(
+                next.starts_with(b"HTTP/1.1 200 OK\r\n"),
+                *kept,
+                "{shards} shards, {name}: after the answer got {:?}",
+                String::from_utf8_lossy(&next)
+            );
+        }
+    });
+}

@@ -31,7 +31,7 @@ mod stats;
 
 use admin::*;
 use config::*;
-pub use publish::parse_mpub_body;
+pub use publish::{parse_mpub_body, MpubParse};
 use publish::*;
 pub use server::{accept_loop, accept_loop_tls, parse_head, Head, HeadError, Response};
 use stats::*;
@@ -102,6 +102,7 @@ pub(super) async fn route(
                 close: false,
                 http10: false,
                 keep_alive_header: false,
+                body_read: None,
             };
         }
         if allowed.is_empty() {

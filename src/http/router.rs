@@ -126,6 +126,7 @@ pub(super) fn redirect(method: &str, path: &str, query: &str) -> Option<Response
         close: false,
         http10: false,
         keep_alive_header: false,
+        body_read: None,
     })
 }
 

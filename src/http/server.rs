@@ -39,6 +39,11 @@ pub struct Response {
     pub http10: bool,
     /// Send `Connection: keep-alive` (an HTTP/1.0 request that asked for it).
     pub keep_alive_header: bool,
+    /// How many bytes of the request body nsqd's handler would have read before it
+    /// answered, when fewer than it was given (doMPUB stops at the first refused message
+    /// and binary mode at its count); `None`: all of them. What is left is net/http's to
+    /// drop (at most 256 KiB) or to close on.
+    pub body_read: Option<usize>,
 }
 
 pub(super) use nsq_wire::http1::{JSON, NSQ_V1, TEXT};
@@ -54,6 +59,7 @@ impl Response {
             close: false,
             http10: false,
             keep_alive_header: false,
+            body_read: None,
         }
     }
 
@@ -67,6 +73,7 @@ impl Response {
             close: false,
             http10: false,
             keep_alive_header: false,
+            body_read: None,
         }
     }
 
@@ -80,6 +87,7 @@ impl Response {
             close: false,
             http10: false,
             keep_alive_header: false,
+            body_read: None,
         }
     }
 
@@ -93,6 +101,7 @@ impl Response {
             close: false,
             http10: false,
             keep_alive_header: false,
+            body_read: None,
         }
     }
 
@@ -106,6 +115,7 @@ impl Response {
             close: false,
             http10: false,
             keep_alive_header: false,
+            body_read: None,
         }
     }
 
@@ -186,17 +196,6 @@ pub(super) async fn read_more(stream: &SharedStream, buf: &mut BytesMut) -> bool
     }
 }
 
-/// How reading a request body ended.
-pub(super) enum BodyRead {
-    /// The whole body.
-    Complete(Vec<u8>),
-    /// A chunked body went over the limit: the first `limit` bytes; the rest is unread.
-    Cut(Vec<u8>),
-    /// Malformed chunked framing, or the connection ended inside the body: what arrived
-    /// before that (Go's body reader returns these bytes, then the error).
-    Failed(Vec<u8>),
-}
-
 /// A chunk-size line as Go's chunked reader takes it: trailing spaces and tabs trimmed,
 /// any `;extension` cut off, then 1 to 16 hex digits and nothing else (no sign, no
 /// space before the `;`). `None`: malformed.
@@ -214,71 +213,121 @@ fn chunk_size(line: &[u8]) -> Option<u64> {
     })
 }
 
-/// Reads a chunked body of at most `limit` bytes.
-pub(super) async fn read_chunked(
-    stream: &SharedStream,
-    buf: &mut BytesMut,
-    limit: u64,
-) -> BodyRead {
-    let mut body = Vec::new();
-    loop {
-        let line_end = loop {
-            if let Some(p) = buf.windows(2).position(|w| w == b"\r\n") {
-                break p;
+/// How a read of a chunked request body stopped.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum ChunkEnd {
+    /// The last chunk and the trailers were read: the body is over.
+    Complete,
+    /// As many data bytes as were asked for were read; the body may go on (Go's
+    /// `io.LimitReader` stops there without looking further).
+    Limit,
+    /// Malformed chunked framing, or the connection ended inside the body.
+    Failed,
+}
+
+/// A chunked request body read in steps, as Go's chunked reader is: by nsqd's handler
+/// through its `LimitReader`, then by net/http dropping what the handler left (at most
+/// 256 KiB more). Keeps its place inside the current chunk between the steps.
+#[derive(Default)]
+pub(super) struct ChunkedBody {
+    /// Data bytes left in the current chunk (its CRLF follows them); `None`: a chunk-size
+    /// line comes next.
+    left: Option<u64>,
+}
+
+impl ChunkedBody {
+    /// Reads up to `max` more data bytes from `buf` and the stream, appending them to
+    /// `out` when given (else dropping them: memory stays bounded whatever the sizes
+    /// say). A chunk size of any value up to 2^64-1 is taken as Go takes it; only the
+    /// bytes that arrive are buffered.
+    pub(super) async fn read(
+        &mut self,
+        stream: &SharedStream,
+        buf: &mut BytesMut,
+        max: u64,
+        mut out: Option<&mut Vec<u8>>,
+    ) -> ChunkEnd {
+        let mut got = 0u64;
+        loop {
+            if got == max {
+                return ChunkEnd::Limit;
             }
-            if buf.len() >= 4096 || !read_more(stream, buf).await {
-                return BodyRead::Failed(body);
-            }
-        };
-        let Some(size) = chunk_size(&buf[..line_end]) else {
-            return BodyRead::Failed(body);
-        };
-        let _ = buf.split_to(line_end + 2);
-        if size == 0 {
-            // Trailers end with an empty line.
-            loop {
-                if let Some(p) = buf.windows(2).position(|w| w == b"\r\n") {
-                    let _ = buf.split_to(p + 2);
-                    if p == 0 {
-                        return BodyRead::Complete(body);
+            match self.left {
+                Some(0) => {
+                    while buf.len() < 2 {
+                        if !read_more(stream, buf).await {
+                            return ChunkEnd::Failed;
+                        }
                     }
-                    continue;
+                    // Go's chunked reader: "malformed chunked encoding" after the data.
+                    if &buf[..2] != b"\r\n" {
+                        return ChunkEnd::Failed;
+                    }
+                    let _ = buf.split_to(2);
+                    self.left = None;
                 }
-                if !read_more(stream, buf).await {
-                    return BodyRead::Failed(body);
+                Some(n) => {
+                    if buf.is_empty() && !read_more(stream, buf).await {
+                        return ChunkEnd::Failed;
+                    }
+                    let take = n.min(max - got).min(buf.len() as u64) as usize;
+                    if let Some(o) = out.as_deref_mut() {
+                        o.extend_from_slice(&buf[..take]);
+                    }
+                    let _ = buf.split_to(take);
+                    got += take as u64;
+                    self.left = Some(n - take as u64);
+                }
+                None => {
+                    let line_end = loop {
+                        if let Some(p) = buf.windows(2).position(|w| w == b"\r\n") {
+                            break p;
+                        }
+                        if buf.len() >= 4096 || !read_more(stream, buf).await {
+                            return ChunkEnd::Failed;
+                        }
+                    };
+                    let Some(size) = chunk_size(&buf[..line_end]) else {
+                        return ChunkEnd::Failed;
+                    };
+                    let _ = buf.split_to(line_end + 2);
+                    if size > 0 {
+                        self.left = Some(size);
+                        continue;
+                    }
+                    // The last chunk: trailers end with an empty line.
+                    loop {
+                        if let Some(p) = buf.windows(2).position(|w| w == b"\r\n") {
+                            let _ = buf.split_to(p + 2);
+                            if p == 0 {
+                                return ChunkEnd::Complete;
+                            }
+                            continue;
+                        }
+                        // Trailer lines are bounded as the head is.
+                        if buf.len() >= MAX_HEAD || !read_more(stream, buf).await {
+                            return ChunkEnd::Failed;
+                        }
+                    }
                 }
             }
         }
-        if size > limit - body.len() as u64 {
-            // Over the limit (a huge or endless chunk, or too many): keep what fits, so
-            // the route answers 413, and read no further (the caller closes). Reading the
-            // whole chunk first let a chunk size of 2^64-1 overflow `size + 2` (a panic:
-            // the broker died) and a size of, say, 2^40 grow `buf` without bound.
-            let want = (limit - body.len() as u64) as usize;
-            while buf.len() < want {
-                if !read_more(stream, buf).await {
-                    body.extend_from_slice(buf);
-                    return BodyRead::Failed(body);
-                }
-            }
-            body.extend_from_slice(&buf[..want]);
-            let _ = buf.split_to(want);
-            return BodyRead::Cut(body);
+    }
+}
+
+/// Reads and drops `n` more bytes of a Content-Length body; false if the connection
+/// ended first.
+async fn discard(stream: &SharedStream, buf: &mut BytesMut, mut n: u64) -> bool {
+    loop {
+        let take = (buf.len() as u64).min(n) as usize;
+        let _ = buf.split_to(take);
+        n -= take as u64;
+        if n == 0 {
+            return true;
         }
-        while (buf.len() as u64) < size + 2 {
-            if !read_more(stream, buf).await {
-                let have = buf.len().min(size as usize);
-                body.extend_from_slice(&buf[..have]);
-                return BodyRead::Failed(body);
-            }
+        if !read_more(stream, buf).await {
+            return false;
         }
-        if &buf[size as usize..size as usize + 2] != b"\r\n" {
-            // Go's chunked reader: "malformed chunked encoding" after the chunk's data.
-            body.extend_from_slice(&buf[..size as usize]);
-            return BodyRead::Failed(body);
-        }
-        body.extend_from_slice(&buf[..size as usize]);
-        let _ = buf.split_to(size as usize + 2);
     }
 }
 
@@ -385,12 +434,15 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
             }
             continue;
         }
-        let limit = server
-            .shard
-            .opts
-            .max_body_size
-            .max(server.shard.opts.max_msg_size) as u64
-            + 1;
+        // How much of the body nsqd's handler reads, through Go's LimitReader: doPUB and
+        // doConfig's PUT --max-msg-size + 1 bytes, doMPUB --max-body-size + 1; the other
+        // handlers (and the TLS-required answer) read none. net/http deals with the rest
+        // after the handler (below).
+        let read_limit = if refuse || !reads_body_first(&head) {
+            0
+        } else {
+            handler_read_limit(&server.shard.opts, &head)
+        };
         // `Expect: 100-continue` (HTTP/1.1, a body announced): Go sends `100 Continue`
         // when the handler starts reading the body. A handler that answers without
         // reading it never asks for it: its answer goes out with `Connection: close`
@@ -417,47 +469,44 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
                 return;
             }
         }
-        // A chunked body over `limit` is cut there (the route answers 413 as nsqd does)
-        // and the connection closes after the reply: the rest is never read.
-        // A body that fails (malformed chunked framing, or the connection ends inside
-        // it) still gets its route's answer, as Go's server runs the handler and the
-        // handler's read returns the error: nsqd answers 500 INTERNAL_ERROR where it
-        // reads the body (`route` in http/mod.rs), the others answer as usual; then close.
-        let mut cut = false;
+        // The handler's read. A body that fails (malformed chunked framing, or the
+        // connection ends inside it) still gets its route's answer, as Go's server runs
+        // the handler and the handler's read returns the error: nsqd answers 500
+        // INTERNAL_ERROR where it reads the body (`route` in http/mod.rs), the others
+        // answer as usual; then close.
+        let announced_len = if head.chunked {
+            None
+        } else {
+            Some(head.content_length.unwrap_or(0))
+        };
+        let mut chunked = ChunkedBody::default();
+        let mut chunk_end = ChunkEnd::Limit;
         let mut failed = false;
         let mut cl_eof = false;
-        let body: Bytes = if head.chunked {
-            match read_chunked(&stream, &mut buf, limit).await {
-                BodyRead::Complete(b) => Bytes::from(b),
-                BodyRead::Cut(b) => {
-                    cut = true;
-                    Bytes::from(b)
-                }
-                BodyRead::Failed(b) => {
-                    failed = true;
-                    Bytes::from(b)
-                }
+        let body: Bytes = match announced_len {
+            _ if read_limit == 0 => Bytes::new(),
+            None => {
+                let mut b = Vec::new();
+                chunk_end = chunked
+                    .read(&stream, &mut buf, read_limit, Some(&mut b))
+                    .await;
+                failed = chunk_end == ChunkEnd::Failed;
+                Bytes::from(b)
             }
-        } else {
-            let len = head.content_length.unwrap_or(0);
-            if len > limit.max(16 << 20) {
-                let mut r = Response::v1_err(413, "BODY_TOO_BIG");
-                r.close = true;
-                let _ = stream.write_all(&r.encode_for(&head).0).await;
-                stream.close_write_and_wait().await;
-                return;
-            }
-            while (buf.len() as u64) < len {
-                if !read_more(&stream, &mut buf).await {
-                    failed = true;
-                    cl_eof = true;
-                    break;
+            Some(len) => {
+                let want = len.min(read_limit);
+                while (buf.len() as u64) < want {
+                    if !read_more(&stream, &mut buf).await {
+                        failed = true;
+                        cl_eof = true;
+                        break;
+                    }
                 }
+                let have = buf.len().min(want as usize);
+                buf.split_to(have).freeze()
             }
-            let have = buf.len().min(len as usize);
-            buf.split_to(have).freeze()
         };
-        let body_len = body.len() as u64;
+        let body_len = body.len();
         let mut resp = if refuse {
             tls_required_response(server.https_port)
         } else if head.method == "OPTIONS" && head.path == "*" {
@@ -470,25 +519,47 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
         };
         resp.http10 = head.http10;
         // Go's server adds "Connection: close" when a body ended in an error, unless
-        // it was a Content-Length body cut short by EOF that the handler itself read
-        // (Go's body reader then counts as having seen EOF); the connection closes
-        // either way.
-        // (With `Expect: 100-continue` Go's body reader never counts a short body as
-        // having seen EOF, so it closes with the header then too.)
+        // it was a Content-Length body cut short by EOF (Go's body reader then counts as
+        // having seen EOF); the connection closes either way. (With `Expect:
+        // 100-continue` Go's body reader never counts a short body as having seen EOF,
+        // so it closes with the header then too.)
         let expect_active = head.expect_continue && !head.http10;
-        let close_header =
-            failed && !(cl_eof && !expect_active && handler_read_body(&head, resp.status));
-        // net/http reads and drops at most 256 KiB (maxPostHandlerReadBytes) of a body
-        // the handler left unread; a longer one gets `Connection: close` and the
-        // connection closes (chunkWriter.writeHeader: a Content-Length of 256 KiB or
-        // more, a chunked body over it).
-        let unread_too_big = !failed
-            && (refuse || !handler_read_body(&head, resp.status))
-            && match head.content_length {
-                Some(n) if !head.chunked => n >= MAX_POST_HANDLER_READ,
-                _ => head.chunked && body_len > MAX_POST_HANDLER_READ,
-            };
-        resp.close |= head.asked_close || cut || close_header || unread_too_big;
+        let close_header = failed && (!cl_eof || expect_active);
+        // What the handler left unread, net/http's (chunkWriter.writeHeader): with
+        // `Expect: 100-continue` the connection closes; a Content-Length body with 256
+        // KiB or more left is not read (too big); otherwise it reads and drops up to 256
+        // KiB + 1 bytes: too big if they were there, the connection kept if the body
+        // ended, closed if it failed. Too big: `Connection: close`, then Go's
+        // closeWriteAndWait.
+        let handler_read = resp.body_read.unwrap_or(body_len).min(body_len);
+        let left = (body_len - handler_read) as u64;
+        let handler_saw_end = match announced_len {
+            None => chunk_end == ChunkEnd::Complete && left == 0,
+            Some(len) => handler_read as u64 == len,
+        };
+        let mut too_big = false;
+        let mut drop_failed = false;
+        if !failed && !handler_saw_end {
+            if expect_active {
+                too_big = true;
+            } else if let Some(len) = announced_len {
+                if len - handler_read as u64 >= MAX_POST_HANDLER_READ {
+                    too_big = true;
+                } else {
+                    drop_failed = !discard(&stream, &mut buf, len - body_len as u64).await;
+                }
+            } else if left > MAX_POST_HANDLER_READ {
+                too_big = true;
+            } else if chunk_end != ChunkEnd::Complete {
+                let budget = MAX_POST_HANDLER_READ + 1 - left;
+                match chunked.read(&stream, &mut buf, budget, None).await {
+                    ChunkEnd::Complete => {}
+                    ChunkEnd::Limit => too_big = true,
+                    ChunkEnd::Failed => drop_failed = true,
+                }
+            }
+        }
+        resp.close |= head.asked_close || close_header || too_big || drop_failed;
         resp.keep_alive_header = head.http10 && head.keep_alive && !resp.close;
         log::info!(
             "{} {} {}{} ({}) {:?}",
@@ -509,9 +580,9 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
             return;
         }
         if close {
-            // A body over 256 KiB left unread (or cut at the limit): Go's
-            // closeWriteAndWait (its body's earlyClose); otherwise a plain close.
-            if unread_too_big || cut {
+            // A body left unread: Go's closeWriteAndWait (its body's earlyClose);
+            // otherwise a plain close.
+            if too_big {
                 stream.close_write_and_wait().await;
             } else {
                 stream.shutdown();
@@ -521,19 +592,17 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
     }
 }
 
-/// Whether nsqd's handler for this request read its body before answering `status`:
-/// doPUB always, doConfig on PUT, doMPUB once the query and topic passed (those errors
-/// are its only 400s); not when the router answered 404 or 405.
-fn handler_read_body(head: &Head, status: u16) -> bool {
-    if status == 404 || status == 405 {
-        return false;
-    }
-    match (head.method.as_str(), head.path.as_str()) {
-        ("POST", "/pub") => true,
-        ("POST", "/mpub") => status != 400,
-        ("PUT", p) => p.starts_with("/config/"),
-        _ => false,
-    }
+/// How many body bytes nsqd's handler reads at most (its LimitReader's size): doPUB
+/// and doConfig's PUT --max-msg-size + 1, doMPUB --max-body-size + 1. (doMPUB's binary
+/// mode reads through its count with no limit; a chunked binary body is read here up to
+/// --max-body-size + 1, so one whose messages add up to more is refused.)
+fn handler_read_limit(o: &nsq_shards::Options, head: &Head) -> u64 {
+    let max = if head.path == "/mpub" {
+        o.max_body_size
+    } else {
+        o.max_msg_size
+    };
+    max.max(0) as u64 + 1
 }
 
 /// nsqd's answer on its plain HTTP listener when TLS is required (http.go ServeHTTP).

@@ -51,6 +51,7 @@ pub(super) fn shards_page() -> Response {
         close: false,
         http10: false,
         keep_alive_header: false,
+        body_read: None,
     }
 }
 
