@@ -24,6 +24,10 @@ pub struct HandOff {
     /// TLS connection continues on the new shard mid-stream. Typed `Any` to keep this
     /// crate free of the TLS library.
     pub tls: Option<Box<dyn std::any::Any + Send>>,
+    /// How many bytes past the start of `pending` a Go nsqd would have read from the
+    /// socket by now (its 16 KiB read buffer), when known: what decides whether a fatal
+    /// error's close is a reset.
+    pub read_ahead: Option<usize>,
 }
 
 /// Admin operations that must run on the topic's owner (HTTP API, nsqd: http.go).

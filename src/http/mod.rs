@@ -31,8 +31,8 @@ mod stats;
 
 use admin::*;
 use config::*;
-pub use publish::{parse_mpub_body, MpubParse};
 use publish::*;
+pub use publish::{parse_mpub_body, MpubParse};
 pub use server::{accept_loop, accept_loop_tls, parse_head, Head, HeadError, Response};
 use stats::*;
 pub use stats::{health, SHARDS_PAGE};

@@ -39,12 +39,15 @@ pub(super) enum Outcome {
         pending: BytesMut,
         pending_raw: Vec<u8>,
         inflate_history: Vec<u8>,
+        read_ahead: Option<usize>,
     },
 }
 
 /// Runs a connection on this shard: the writer task and the reader loop, from `buf`
 /// (read already, decompressed) and the compression state it arrived with (a
-/// connection resumed after a hand-off), until it closes or moves on.
+/// connection resumed after a hand-off), until it closes or moves on. `read_ahead`:
+/// where a Go nsqd's read buffer would stand from the start of `buf` (0 on a new
+/// connection, after its magic), if known.
 pub(super) async fn run_connection(
     server: Rc<Server>,
     stream: SharedStream,
@@ -52,6 +55,7 @@ pub(super) async fn run_connection(
     buf: BytesMut,
     pending_raw: Vec<u8>,
     inflate_history: Vec<u8>,
+    read_ahead: Option<usize>,
 ) {
     server.shard.register_client(&client);
     apply_deadlines(&stream, &client);
@@ -73,7 +77,7 @@ pub(super) async fn run_connection(
             return;
         }
     };
-    let outcome = Reader::new(&server, buf, decoder)
+    let outcome = Reader::new(&server, buf, decoder, read_ahead)
         .run(&server, &stream, &client)
         .await;
     if let Outcome::HandOff { .. } = outcome {
@@ -91,11 +95,13 @@ pub(super) async fn run_connection(
             pending,
             pending_raw,
             inflate_history,
+            read_ahead,
         } => {
             let moved = handoff::Moved {
                 pending,
                 pending_raw,
                 inflate_history,
+                read_ahead,
             };
             handoff::send(&server, stream, &client, target, moved).await;
         }
@@ -135,14 +141,27 @@ struct Reader {
     /// Progress through an incomplete MPUB (buf only grows at its end until a command
     /// is consumed).
     resume: protocol::Resume,
+    /// Where nsqd's read buffer would stand on this connection (plain TCP from its
+    /// start only; `None` after TLS, compression or a hand-off).
+    window: Option<NsqdWindow>,
 }
 
 /// Ends the reader loop with an outcome.
 type Stop = Outcome;
 
 impl Reader {
-    fn new(server: &Server, buf: BytesMut, decoder: Option<Decoder>) -> Reader {
+    /// `read_ahead`: see [`run_connection`]; unknown with compression.
+    fn new(
+        server: &Server,
+        buf: BytesMut,
+        decoder: Option<Decoder>,
+        read_ahead: Option<usize>,
+    ) -> Reader {
+        let window = read_ahead
+            .filter(|_| decoder.is_none())
+            .map(|ahead| NsqdWindow { ahead });
         Reader {
+            window,
             buf,
             decoder,
             eof: false,
@@ -207,7 +226,7 @@ impl Reader {
                 }
                 Err(e) => {
                     decode_failed(server, client, e).await;
-                    reset_if_nsqd_leaves_input(stream, self.buf.len());
+                    self.reset_if_nsqd_leaves_input(stream, 0);
                     return Err(Outcome::Closed);
                 }
             }
@@ -240,7 +259,7 @@ impl Reader {
                             String::from_utf8_lossy(word)
                         ),
                     );
-                    reset_if_nsqd_leaves_input(stream, self.buf.len());
+                    self.reset_if_nsqd_leaves_input(stream, 0);
                     return Err(Outcome::Closed);
                 }
             }
@@ -252,7 +271,7 @@ impl Reader {
                 let auth = &server.cfg.auth;
                 if let Err(text) = crate::auth::check(auth, client, "MPUB", &topic, "").await {
                     let _ = fatal::<()>(client, text);
-                    reset_if_nsqd_leaves_input(stream, self.buf.len());
+                    self.reset_if_nsqd_leaves_input(stream, 0);
                     return Err(Outcome::Closed);
                 }
                 self.mpub_checked = true;
@@ -279,13 +298,18 @@ impl Reader {
                 pending: std::mem::take(&mut self.buf),
                 pending_raw,
                 inflate_history,
+                read_ahead: self.window.map(|w| w.ahead),
             });
         }
         let frame = self.buf.split_to(n).freeze();
         self.mpub_checked = false;
+        if let Some(w) = &mut self.window {
+            w.consume(&frame);
+        }
         match exec(server, stream, client, cmd, &frame).await {
             Err(Fatal) => {
-                reset_if_nsqd_leaves_input(stream, n + self.buf.len());
+                // nsqd had read the whole command (its body too) when it failed.
+                self.reset_if_nsqd_leaves_input(stream, n);
                 Err(Outcome::Closed)
             }
             Ok(Upgrade::None) => Ok(()),
@@ -322,6 +346,7 @@ impl Reader {
                 return Err(Outcome::Closed);
             };
             self.decoder = d;
+            self.window = None;
         }
         Ok(())
     }
@@ -339,6 +364,7 @@ impl Reader {
         }
         self.buf.extend_from_slice(&out);
         self.decoder = Some(d);
+        self.window = None;
         Ok(())
     }
 
@@ -381,16 +407,83 @@ impl Reader {
     }
 }
 
-/// nsqd reads a connection through a 16 KiB buffer (bufio, defaultBufferSize): after a
-/// fatal error it closes with what the client sent beyond that window unread, and the
-/// kernel resets the connection instead of closing it (a size over the limit followed
-/// by its long body, an over-long line). The same here: the close is a reset when the
-/// input from the failing command's start (`from_failing` bytes read, plus what the
-/// socket still holds) runs over 16 KiB. (It models the common case, the failing command
-/// at the start of nsqd's window; nsqd's own outcome depends on how the bytes arrived.)
-fn reset_if_nsqd_leaves_input(stream: &SharedStream, from_failing: usize) {
-    if from_failing + stream.unread_input() > protocol::MAX_LINE {
-        stream.reset_on_close();
+impl Reader {
+    /// nsqd reads a connection through a 16 KiB buffer (bufio, defaultBufferSize): after
+    /// a fatal error it closes with what the client sent beyond its buffer unread, and
+    /// the kernel resets the connection instead of closing it (a size over the limit
+    /// followed by its long body, an over-long line, commands pipelined past a bad one).
+    /// The same here: a reset when the input from the failing command's start (`done`
+    /// bytes of it consumed, what `buf` holds, what the socket still holds) runs past
+    /// nsqd's buffer ([`NsqdWindow`]; where that is unknown, 16 KiB from the failing
+    /// command, the window of a command that starts a read).
+    fn reset_if_nsqd_leaves_input(&self, stream: &SharedStream, done: usize) {
+        let ahead = match self.window {
+            Some(w) if done > 0 => w.ahead + done,
+            Some(w) => w.after_line(&self.buf),
+            None => protocol::MAX_LINE,
+        };
+        stream.reset_on_close_if_input_over(done + self.buf.len(), ahead);
+    }
+}
+
+/// How far nsqd's 16 KiB bufio.Reader would have read a plain connection, counted from
+/// the next unconsumed byte, assuming the client's bytes had all arrived (a pipelined
+/// write): nsqd reads the 4-byte magic straight from the socket, then each command's
+/// line with ReadSlice (a buffer refill keeps the line's start and reads up to 16 KiB
+/// from it) and each size and body with io.ReadFull (bufio copies what it holds, then
+/// reads a body part of 16 KiB or more straight from the socket, or refills 16 KiB).
+#[derive(Clone, Copy, Default)]
+struct NsqdWindow {
+    /// Bytes past the next unconsumed one that nsqd's buffer holds.
+    ahead: usize,
+}
+
+impl NsqdWindow {
+    const SIZE: usize = protocol::MAX_LINE;
+
+    /// Accounts for a command nsqd read whole: its line, and for the commands with a
+    /// body (PUB, DPUB, MPUB, IDENTIFY, AUTH: any frame longer than its line) the 4-byte
+    /// size and the body.
+    fn consume(&mut self, frame: &[u8]) {
+        let n = frame.len();
+        let line = frame.iter().position(|&b| b == b'\n').map_or(n, |p| p + 1);
+        let mut end = self.after(0, line);
+        if n > line {
+            let size_end = (line + 4).min(n);
+            end = NsqdWindow { ahead: end }.after(line, size_end);
+            end = NsqdWindow { ahead: end }.after(size_end, n);
+        }
+        self.ahead = end.saturating_sub(n);
+    }
+
+    /// Where the buffer ends (from the command's start) once bytes `from..to` of the
+    /// command were read, from a buffer ending at `self.ahead`: a line (`from` 0) refills
+    /// from its start; a ReadFull refills from the buffer's end, or reads straight
+    /// through when 16 KiB or more are still wanted.
+    fn after(&self, from: usize, to: usize) -> usize {
+        if to <= self.ahead {
+            return self.ahead;
+        }
+        if from == 0 {
+            return Self::SIZE.max(to);
+        }
+        let start = from.max(self.ahead);
+        if to - start >= Self::SIZE {
+            to
+        } else {
+            start + Self::SIZE
+        }
+    }
+
+    /// Where the buffer ends once nsqd read the line of the command at the start of
+    /// `buf` (the line it failed on; up to 16 KiB when the line has no end).
+    fn after_line(&self, buf: &[u8]) -> usize {
+        let line = buf
+            .iter()
+            .take(Self::SIZE)
+            .position(|&b| b == b'\n')
+            .map_or(Self::SIZE, |p| p + 1);
+        self.after(0, line)
     }
 }
 

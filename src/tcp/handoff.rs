@@ -74,6 +74,8 @@ pub(super) struct Moved {
     pub pending_raw: Vec<u8>,
     /// The inflate window (deflate).
     pub inflate_history: Vec<u8>,
+    /// Where a Go nsqd's read buffer would stand, from the start of `pending`.
+    pub read_ahead: Option<usize>,
 }
 
 /// Sends the connection to shard `target` once its reader and writer have stopped.
@@ -107,6 +109,7 @@ pub(super) async fn send(
         pending_raw: moved.pending_raw,
         inflate_history: moved.inflate_history,
         tls,
+        read_ahead: moved.read_ahead,
     };
     server.shard.count_handoff_sent();
     if let Some(mesh) = server.mesh() {
@@ -145,6 +148,7 @@ pub async fn resume(server: Rc<Server>, h: HandOff) {
         buf,
         h.pending_raw,
         h.inflate_history,
+        h.read_ahead,
     )
     .await;
 }

@@ -83,5 +83,5 @@ async fn new_connection(server: Rc<Server>, stream: TcpStream) {
         peer.clone(),
         settings,
     ));
-    run_connection(server, stream, client, buf, Vec::new(), Vec::new()).await;
+    run_connection(server, stream, client, buf, Vec::new(), Vec::new(), Some(0)).await;
 }

@@ -33,6 +33,9 @@ struct StreamInner {
     wbuf: Cell<Vec<u8>>,
     /// The close is to be a reset ([`SharedStream::reset_on_close`]).
     reset: Cell<bool>,
+    /// Decided at the close: a reset if this many bytes read plus those still in the
+    /// socket run over the limit ([`SharedStream::reset_on_close_if_input_over`]).
+    reset_over: Cell<Option<(usize, usize)>>,
 }
 
 /// A connection's TLS state: the rustls session and the ciphertext read from the socket
@@ -57,6 +60,7 @@ impl SharedStream {
             write_lock: futures::lock::Mutex::new(()),
             wbuf: Cell::new(Vec::new()),
             reset: Cell::new(false),
+            reset_over: Cell::new(None),
         }))
     }
 
@@ -358,6 +362,11 @@ impl SharedStream {
     /// Shuts both directions so a blocked reader wakes up with EOF (only the read side
     /// after [`SharedStream::reset_on_close`]: no FIN goes out before the reset).
     pub fn shutdown(&self) {
+        if let Some((read, limit)) = self.0.reset_over.take() {
+            if read + self.unread_input() > limit {
+                self.reset_on_close();
+            }
+        }
         let how = if self.0.reset.get() {
             std::net::Shutdown::Read
         } else {
@@ -379,6 +388,14 @@ impl SharedStream {
     pub fn reset_on_close(&self) {
         let _ = self.with_socket(|s| s.set_linger(Some(Duration::ZERO)));
         self.0.reset.set(true);
+    }
+
+    /// Makes the close a reset if, at the close, `read` (bytes read but not used) plus
+    /// what the socket still holds runs over `limit`: input a Go nsqd would have left
+    /// unread. Decided at the close, not now, as the kernel decides nsqd's: the rest of
+    /// a client's write may still be on its way when the failing command is read.
+    pub fn reset_on_close_if_input_over(&self, read: usize, limit: usize) {
+        self.0.reset_over.set(Some((read, limit)));
     }
 
     /// Bytes the socket has received and not given to a read yet (`FIONREAD`; 0 when
