@@ -364,7 +364,9 @@ type HeadCase = (&'static str, &'static [u8], &'static [u8], &'static [u8]);
 /// that are not tokens, an empty name), two Host headers, Content-Length syntax (+1, -1,
 /// empty, two that differ), Transfer-Encoding ignored on HTTP/1.0, and httprouter's
 /// redirects (trailing slash, `//`, `..`, case; 301 with an HTML body for GET, 307 for
-/// POST; HEAD has no routes). Expected bytes: nsqd 1.3.0 answering the same requests.
+/// POST; HEAD has no routes), request targets (control bytes, relative, empty, opaque,
+/// bytes that are not UTF-8, `%` escapes). Expected bytes: nsqd 1.3.0 answering the same
+/// requests.
 #[test]
 fn request_heads_answer_as_net_http() {
     let cases: &[HeadCase] = &[
@@ -427,6 +429,21 @@ fn request_heads_answer_as_net_http() {
         ),
         ("options_star_http10", b"OPTIONS * HTTP/1.0\r\n\r\n", b"", b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\nDate: X\r\n\r\n"),
         ("get_star", b"GET * HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, OPTIONS, POST, PUT\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 32\r\n\r\n{\"message\":\"METHOD_NOT_ALLOWED\"}"),
+        // Request targets as url.ParseRequestURI reads them, and query bytes that are not UTF-8.
+        ("target_relative", b"GET x/ping HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"),
+        ("target_control_byte", b"GET /ping?x=\x01 HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"),
+        ("target_tab", b"GET /ping?x=\x09 HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"),
+        ("target_del", b"GET /ping\x7f HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"),
+        ("target_empty", b"GET  HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"),
+        ("target_colon_first", b"GET :x HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"),
+        ("target_not_utf8_query", b"GET /ping?x=\xe9 HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 200 OK\r\nDate: X\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nOK"),
+        ("target_not_utf8_path", b"GET /ping\xe9 HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 23\r\n\r\n{\"message\":\"NOT_FOUND\"}"),
+        ("target_opaque", b"GET http:ping HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 23\r\n\r\n{\"message\":\"NOT_FOUND\"}"),
+        ("target_absolute_no_path", b"GET http://h HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 23\r\n\r\n{\"message\":\"NOT_FOUND\"}"),
+        ("target_bad_escape_sign", b"GET /pi%+6g HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"),
+        ("query_not_utf8_topic", b"POST /topic/create?topic=%ff HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", b"", b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 27\r\n\r\n{\"message\":\"INVALID_TOPIC\"}"),
+        ("query_not_utf8_other", b"GET /ping?x=%ff HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 200 OK\r\nDate: X\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nOK"),
+        ("query_bad_escape_sign", b"POST /topic/create?topic=%+f HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", b"", b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 29\r\n\r\n{\"message\":\"INVALID_REQUEST\"}"),
     ];
     let b = Broker::start(1, &[]);
     for (name, head, body, want) in cases {

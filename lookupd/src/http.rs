@@ -402,11 +402,12 @@ fn toggle_slash(p: &str) -> String {
 }
 
 /// Methods other than `method` with a route at `path`, plus OPTIONS, sorted and joined
-/// (httprouter allowed); `None` when there are none.
+/// (httprouter allowed); for the path `*` every method with a route (server-wide, the
+/// request's own included). `None` when there are none.
 fn allowed(path: &str, method: &str) -> Option<String> {
     let mut list: Vec<&str> = ROUTES
         .iter()
-        .filter(|(m, p)| *p == path && *m != method && *m != "OPTIONS")
+        .filter(|(m, p)| (path == "*" || (*p == path && *m != method)) && *m != "OPTIONS")
         .map(|(m, _)| *m)
         .collect();
     if list.is_empty() {

@@ -732,7 +732,7 @@ fn http_router_details() {
 /// What net/http answers before or instead of nsqlookupd's handlers, byte for byte as
 /// Go 1.19's server does for nsqd (the same server code): `Expect: 100-continue` on a
 /// handler that never reads the body (no `100 Continue`, `Connection: close`, the body
-/// never read), another expectation (417), `OPTIONS *`.
+/// never read), another expectation (417), `OPTIONS *` and `GET *`, request targets.
 #[test]
 fn expectations_and_options_star_answer_as_net_http() {
     let l = Lookupd::start(&[]);
@@ -761,6 +761,19 @@ fn expectations_and_options_star_answer_as_net_http() {
             "options_star_http10",
             b"OPTIONS * HTTP/1.0\r\n\r\n",
             "HTTP/1.0 200 OK\r\nContent-Length: 0\r\nDate: x\r\n\r\n",
+        ),
+        // httprouter: `*` with another method is 405 with every method that has a
+        // route (the request's own included).
+        (
+            "get_star",
+            b"GET * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            "HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, OPTIONS, POST\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: x\r\nContent-Length: 32\r\nConnection: close\r\n\r\n{\"message\":\"METHOD_NOT_ALLOWED\"}",
+        ),
+        // Query bytes that are not UTF-8 are taken, as Go's url.ParseQuery takes them.
+        (
+            "lookup_query_not_utf8",
+            b"GET /lookup?topic=t1&x=%ff HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            "HTTP/1.1 404 Not Found\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: x\r\nContent-Length: 29\r\nConnection: close\r\n\r\n{\"message\":\"TOPIC_NOT_FOUND\"}",
         ),
     ];
     for (name, req, want) in cases {

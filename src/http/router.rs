@@ -80,7 +80,10 @@ fn case_insensitive(method: &str, path: &str) -> Option<String> {
 
 /// The redirect httprouter answers for `method` and `path` without a route, if any.
 pub(super) fn redirect(method: &str, path: &str, query: &str) -> Option<Response> {
-    if !TREES.contains(&method) || path == "/" {
+    // An empty path (an opaque target such as `http:x`) is not redirected: Go's
+    // CleanPath makes it `/`, which nsqd has no route for (the broker's page there is
+    // its own).
+    if !TREES.contains(&method) || path == "/" || path.is_empty() {
         return None;
     }
     let trimmed = path.strip_suffix('/').filter(|t| !t.is_empty());

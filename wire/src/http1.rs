@@ -187,44 +187,46 @@ pub fn parse_query(q: &str) -> Result<Vec<(String, String)>, BadQuery> {
     Ok(out)
 }
 
-/// Go's url.QueryUnescape: `+` is a space, `%XX` a byte; the result must be UTF-8.
+/// Go's url.QueryUnescape: `+` is a space, `%XX` a byte (two hex digits, else an
+/// error). Go keeps the bytes as they are; bytes that are not UTF-8 become U+FFFD here,
+/// which no topic, channel or option name accepts either.
 pub fn unescape_query(s: &str) -> Result<String, BadQuery> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' => {
-                let h = b.get(i + 1..i + 3).ok_or(BadQuery)?;
-                let hex = std::str::from_utf8(h).map_err(|_| BadQuery)?;
-                out.push(u8::from_str_radix(hex, 16).map_err(|_| BadQuery)?);
-                i += 2;
-            }
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8(out).map_err(|_| BadQuery)
+    percent_decode(s.as_bytes(), true)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .ok_or(BadQuery)
 }
 
 /// Percent-decodes a URL path (Go's url.PathUnescape: `+` stays `+`); `None` on a bad
 /// escape. Bytes that are not UTF-8 become U+FFFD.
 pub fn unescape_path(s: &str) -> Option<String> {
-    let b = s.as_bytes();
+    percent_decode(s.as_bytes(), false).map(|b| String::from_utf8_lossy(&b).into_owned())
+}
+
+/// Go's url.unescape: `%` and two hex digits is a byte (anything else after `%` is an
+/// error); `+` is a space in a query (`plus_is_space`).
+fn percent_decode(b: &[u8], plus_is_space: bool) -> Option<Vec<u8>> {
+    let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'%' {
-            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
+        match b[i] {
+            b'%' => {
+                let hi = hex(*b.get(i + 1)?)?;
+                let lo = hex(*b.get(i + 2)?)?;
+                out.push(hi << 4 | lo);
+                i += 3;
+            }
+            b'+' if plus_is_space => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
         }
     }
-    Some(String::from_utf8_lossy(&out).into_owned())
+    Some(out)
 }
 
 /// Query parameters in order (Go's url.Values as nsq reads them: the first value of a key
@@ -259,8 +261,41 @@ mod tests {
         );
         assert_eq!(parse_query("a=%zz"), Err(BadQuery));
         assert_eq!(parse_query("a=1;b=2"), Err(BadQuery));
-        assert_eq!(parse_query("a=%ff"), Err(BadQuery));
+        // Go keeps bytes that are not UTF-8 (U+FFFD here); an escape needs two hex
+        // digits (Rust's from_str_radix would take "+f").
+        assert_eq!(
+            parse_query("a=%ff"),
+            Ok(vec![("a".into(), "\u{fffd}".into())])
+        );
+        assert_eq!(parse_query("a=%+f"), Err(BadQuery));
+        assert_eq!(unescape_path("/%-1"), None);
         assert_eq!(Params(q).get("x"), Some("1 2"));
+    }
+
+    #[test]
+    fn request_targets_as_go_s_parse_request_uri() {
+        let t = |m: &str, raw: &[u8]| {
+            RequestTarget::parse(m, raw).map(|t| (t.path, t.query.unwrap_or_default()))
+        };
+        let ok = |p: &str, q: &str| Some((p.to_string(), q.to_string()));
+        assert_eq!(t("GET", b"/ping?a=1"), ok("/ping", "a=1"));
+        assert_eq!(t("GET", b"*"), ok("*", ""));
+        assert_eq!(t("GET", b"http://h/ping?x"), ok("/ping", "x"));
+        assert_eq!(t("GET", b"HTTP://h"), ok("", ""));
+        assert_eq!(t("GET", b"http:ping"), ok("", ""));
+        assert_eq!(t("GET", b"/a\xe9"), ok("/a\u{fffd}", ""));
+        assert_eq!(t("CONNECT", b"h:80"), ok("", ""));
+        for bad in [
+            &b""[..],
+            b"x/ping",
+            b":x",
+            b"/p\x01",
+            b"/p?\t",
+            b"/p\x7f",
+            b"/%zz",
+        ] {
+            assert_eq!(t("GET", bad), None, "{bad:?}");
+        }
     }
 
     #[test]
@@ -411,13 +446,20 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<RequestHead>, HeadError> 
         }
         lines.push(line);
     };
-    let request_line = std::str::from_utf8(lines[0]).map_err(|_| BAD)?;
-    let (method, rest) = request_line.split_once(' ').ok_or(BAD)?;
-    let (target, proto) = rest.split_once(' ').ok_or(BAD)?;
-    if method.is_empty() || !method.bytes().all(is_token_byte) {
+    let request_line = lines[0];
+    let sp = |b: &[u8]| b.iter().position(|&c| c == b' ');
+    let sp1 = sp(request_line).ok_or(BAD)?;
+    let (method, rest) = (&request_line[..sp1], &request_line[sp1 + 1..]);
+    let sp2 = sp(rest).ok_or(BAD)?;
+    let (target, proto) = (&rest[..sp2], &rest[sp2 + 1..]);
+    if method.is_empty() || !method.iter().all(|&b| is_token_byte(b)) {
         return Err(BAD);
     }
+    // A token is ASCII.
+    let method = String::from_utf8_lossy(method).into_owned();
+    let proto = std::str::from_utf8(proto).map_err(|_| BAD)?;
     let (major, minor) = parse_http_version(proto).ok_or(BAD)?;
+    let target = RequestTarget::parse(&method, target).ok_or(BAD)?;
     // Header fields, with obsolete line folding joined.
     let mut fields: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
     for (i, line) in lines[1..].iter().enumerate() {
@@ -524,23 +566,11 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<RequestHead>, HeadError> 
         }
         expect_other |= !v.is_empty();
     }
-    let origin = match target.find("://") {
-        Some(i) if !target.starts_with('/') => {
-            let rest = &target[i + 3..];
-            rest.find('/').map_or("/", |j| &rest[j..])
-        }
-        _ => target,
-    };
-    let (raw_path, query) = match origin.split_once('?') {
-        Some((p, q)) => (p, Some(q.to_string())),
-        None => (origin, None),
-    };
-    let path = unescape_path(raw_path).ok_or(BAD)?;
     Ok(Some(RequestHead {
-        method: method.to_string(),
-        raw_path: raw_path.to_string(),
-        path,
-        query,
+        method,
+        raw_path: target.raw_path,
+        path: target.path,
+        query: target.query,
         http11,
         conn_close,
         conn_keep_alive,
@@ -550,6 +580,82 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<RequestHead>, HeadError> 
         expect_unknown: expect_other && !expect_continue,
         head_len,
     }))
+}
+
+/// A request target as Go's url.ParseRequestURI reads it (http.readRequest).
+struct RequestTarget {
+    raw_path: String,
+    path: String,
+    query: Option<String>,
+}
+
+impl RequestTarget {
+    /// `None` where Go answers a plain 400: an empty target, a control byte (below 0x20
+    /// or 0x7f), a `:` first, a target that is neither `*`, nor a path, nor has a
+    /// scheme (`x/ping`), a bad `%` escape in the path. Bytes that are not UTF-8 are
+    /// kept as Go keeps them (U+FFFD here once unescaped). An absolute-form target
+    /// (`http://host/path`) routes on its path; one with a scheme and no `/` after it is
+    /// opaque (an empty path, as Go's).
+    fn parse(method: &str, target: &[u8]) -> Option<RequestTarget> {
+        let owned: Vec<u8>;
+        let mut t = target;
+        // CONNECT may name just an authority (Go prefixes "http://").
+        if method == "CONNECT" && !t.starts_with(b"/") {
+            owned = [&b"http://"[..], t].concat();
+            t = &owned;
+        }
+        if t.is_empty() || t.iter().any(|&b| b < 0x20 || b == 0x7f) {
+            return None;
+        }
+        if t == b"*" {
+            return Some(RequestTarget {
+                raw_path: "*".into(),
+                path: "*".into(),
+                query: None,
+            });
+        }
+        // getScheme: letters, then letters, digits, `+`, `-`, `.`, up to a `:`.
+        let mut scheme = false;
+        for (i, &c) in t.iter().enumerate() {
+            match c {
+                b'a'..=b'z' | b'A'..=b'Z' => {}
+                b'0'..=b'9' | b'+' | b'-' | b'.' if i > 0 => {}
+                b':' if i == 0 => return None,
+                b':' => {
+                    scheme = true;
+                    t = &t[i + 1..];
+                    break;
+                }
+                _ => break,
+            }
+        }
+        let (mut rest, query) = match t.iter().position(|&b| b == b'?') {
+            Some(q) => (
+                &t[..q],
+                Some(String::from_utf8_lossy(&t[q + 1..]).into_owned()),
+            ),
+            None => (t, None),
+        };
+        if !rest.starts_with(b"/") {
+            if !scheme {
+                return None;
+            }
+            rest = b"";
+        } else if scheme && rest.starts_with(b"//") {
+            let authority = &rest[2..];
+            rest = authority
+                .iter()
+                .position(|&b| b == b'/')
+                .map_or(&b""[..], |j| &authority[j..]);
+        }
+        let raw_path = String::from_utf8_lossy(rest).into_owned();
+        let path = unescape_path(&raw_path)?;
+        Some(RequestTarget {
+            raw_path,
+            path,
+            query,
+        })
+    }
 }
 
 /// httprouter's CleanPath (nsqd's and nsqlookupd's router): resolves `.`, `..` and
