@@ -16,11 +16,13 @@
 
 use super::registration_db::{now_nanos, PeerInfo, Producer, Registration};
 use super::Context;
+use nsq_wire::gobufio::GoBufReader;
 use nsq_wire::json;
 use nsq_wire::lookupd_v1::{self, decode_identify, get_topic_chan, trim_space, FatalClientErr};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The longest command line read before the connection is dropped (Go has no limit; a
 /// valid line is under 150 bytes).
@@ -48,37 +50,75 @@ pub fn handle(ctx: Arc<Context>, stream: TcpStream) {
             return;
         }
     };
-    serve(ctx, addr, stream, &mut writer);
+    let unread = serve(ctx, addr, stream, &mut writer);
+    // Input nsqlookupd would have left unread: its close is a reset (Go closes with
+    // the data unread and the kernel resets), so this one is too (SO_LINGER 0).
+    if let Some(u) = unread {
+        let waiting = rustix::io::ioctl_fionread(&writer).unwrap_or(0) as usize;
+        if u.buffered + waiting > u.go_ahead {
+            let _ = rustix::net::sockopt::set_socket_linger(&writer, Some(Duration::ZERO));
+            return;
+        }
+    }
     let _ = writer.shutdown(Shutdown::Both);
+}
+
+/// After a fatal error: bytes read past the failing command and not used (`buffered`),
+/// and how many nsqlookupd would have taken from the socket past the same point
+/// (`go_ahead`: its 4 KiB bufio, [`GoBufReader`]; 0 for a bad magic, which Go reads as
+/// exactly 4 bytes).
+pub struct UnreadAtClose {
+    /// Bytes our reader holds past the failing command.
+    pub buffered: usize,
+    /// Bytes Go's reader would hold past it.
+    pub go_ahead: usize,
 }
 
 /// The protocol on any byte stream: the magic, then commands until EOF, an I/O error or
 /// a fatal client error (every reply written to `writer`); the caller closes the
-/// connection afterwards. `addr` is the peer as logged. [`handle`] runs it over TCP; the
-/// fuzz target `lookupd_v1` over memory.
-pub fn serve(ctx: Arc<Context>, addr: String, stream: impl Read, writer: &mut impl Write) {
+/// connection afterwards, with what [`UnreadAtClose`] says after a bad magic or a fatal
+/// error. `addr` is the peer as logged. [`handle`] runs it over TCP; the fuzz target
+/// `lookupd_v1` over memory.
+pub fn serve(
+    ctx: Arc<Context>,
+    addr: String,
+    stream: impl Read,
+    writer: &mut impl Write,
+) -> Option<UnreadAtClose> {
     let mut reader = BufReader::new(stream);
     let mut magic = [0u8; 4];
     if let Err(e) = reader.read_exact(&mut magic) {
         log::error!("failed to read protocol version - {}", io_err_text(&e));
-        return;
+        return None;
     }
     let magic_str = String::from_utf8_lossy(&magic).into_owned();
     log::info!("CLIENT({addr}): desired protocol magic '{magic_str}'");
     if &magic != b"  V1" {
         let _ = send_response(writer, b"E_BAD_PROTOCOL");
         log::error!("client({addr}) bad protocol magic '{magic_str}'");
-        return;
+        return Some(UnreadAtClose {
+            buffered: reader.buffer().len(),
+            go_ahead: 0,
+        });
     }
     let mut client = ClientV1 {
         ctx,
         addr: addr.clone(),
         peer: None,
+        bufio: GoBufReader::new(GO_BUFIO_SIZE),
+        fatal: false,
     };
     if let Err(e) = client.io_loop(&mut reader, writer) {
         log::error!("client({addr}) - {e}");
     }
+    client.fatal.then(|| UnreadAtClose {
+        buffered: reader.buffer().len(),
+        go_ahead: client.bufio.ahead(),
+    })
 }
+
+/// nsqlookupd reads a connection through bufio's default 4 KiB buffer.
+const GO_BUFIO_SIZE: usize = 4096;
 
 /// Go prints io.EOF as `EOF`.
 fn io_err_text(e: &std::io::Error) -> String {
@@ -93,6 +133,10 @@ struct ClientV1 {
     ctx: Arc<Context>,
     addr: String,
     peer: Option<Arc<PeerInfo>>,
+    /// Where nsqlookupd's read buffer would stand.
+    bufio: GoBufReader,
+    /// The loop ended on a fatal client error.
+    fatal: bool,
 }
 
 impl ClientV1 {
@@ -141,6 +185,7 @@ impl ClientV1 {
                 }
                 return Err("EOF".into());
             }
+            self.bufio.read_line(n);
             let trimmed = trim_space(&line);
             let params: Vec<&[u8]> = trimmed.split(|&b| b == b' ').collect();
             match self.exec(reader, &params) {
@@ -151,11 +196,12 @@ impl ClientV1 {
                         .as_ref()
                         .map(|p| format!(" - {p}"))
                         .unwrap_or_default();
-                    log::error!("[{}] - {}{}", self.addr, e.wire(), ctx);
-                    if let Err(se) = send_response(writer, e.wire().as_bytes()) {
+                    self.fatal = true;
+                    log::error!("[{}] - {}{}", self.addr, e.text(), ctx);
+                    if let Err(se) = send_response(writer, &e.wire()) {
                         log::error!("[{}] - {}{}", self.addr, se, ctx);
                     }
-                    return Err(e.wire());
+                    return Err(e.text());
                 }
             }
         }
@@ -171,9 +217,10 @@ impl ClientV1 {
             b"IDENTIFY" => self.identify(reader),
             b"REGISTER" => self.register(&params[1..]),
             b"UNREGISTER" => self.unregister(&params[1..]),
+            // The command is echoed as sent.
             other => Err(FatalClientErr::new(
                 "E_INVALID",
-                format!("invalid command {}", String::from_utf8_lossy(other)),
+                [&b"invalid command "[..], other].concat(),
             )),
         }
     }
@@ -204,6 +251,7 @@ impl ClientV1 {
             FatalClientErr::new("E_BAD_BODY", "IDENTIFY failed to read body size")
                 .with_parent(io_err_text(&e))
         })?;
+        self.bufio.read_full(4);
         let size = i32::from_be_bytes(size);
         let body_err = |parent: String| {
             FatalClientErr::new("E_BAD_BODY", "IDENTIFY failed to read body").with_parent(parent)
@@ -225,6 +273,7 @@ impl ClientV1 {
                 "unexpected EOF".into()
             }));
         }
+        self.bufio.read_full(n);
         let fields = decode_identify(&body).map_err(|e| {
             FatalClientErr::new("E_BAD_BODY", "IDENTIFY failed to decode JSON body").with_parent(e)
         })?;

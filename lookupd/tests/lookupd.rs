@@ -876,3 +876,121 @@ fn request_heads_are_read_up_to_net_http_s_limit() {
         }
     }
 }
+
+/// How nsqlookupd 1.3.0 ends a connection after a fatal error, and what it echoes:
+/// a FIN when it had read everything the client sent, a reset when input was left
+/// unread (Go reads the magic as exactly 4 bytes, then through bufio's 4 KiB buffer);
+/// lines trimmed of Unicode white space (strings.TrimSpace); names echoed as sent, bytes
+/// that are not UTF-8 included. Each case measured on nsqlookupd 1.3.0 (one write, read
+/// 200 ms later; same outcome 3 times out of 3).
+#[test]
+fn fatal_errors_close_or_reset_as_nsqlookupd() {
+    let l = Lookupd::start(&[]);
+    let identify = {
+        let body = br#"{"broadcast_address":"bc","tcp_port":1,"http_port":2,"version":"v"}"#;
+        let mut v = b"IDENTIFY\n".to_vec();
+        v.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        v.extend_from_slice(body);
+        v
+    };
+    let z = |n: usize| vec![b'z'; n];
+    let cat = |parts: &[&[u8]]| parts.concat();
+    let resp = |data: &[u8]| [&(data.len() as u32).to_be_bytes()[..], data].concat();
+    let invalid_bad = resp(b"E_INVALID invalid command BAD");
+    // (name, input, the answer's last frame, how the connection ends)
+    let cases: Vec<(&str, Vec<u8>, Vec<u8>, &str)> = vec![
+        (
+            "bad magic alone",
+            b"XXXX".to_vec(),
+            resp(b"E_BAD_PROTOCOL"),
+            "FIN",
+        ),
+        (
+            "bad magic and 1 byte",
+            b"XXXXy".to_vec(),
+            resp(b"E_BAD_PROTOCOL"),
+            "reset",
+        ),
+        (
+            "BAD, 4092 more",
+            cat(&[b"  V1BAD\n", &z(4092)]),
+            invalid_bad.clone(),
+            "FIN",
+        ),
+        (
+            "BAD, 4093 more",
+            cat(&[b"  V1BAD\n", &z(4093)]),
+            invalid_bad.clone(),
+            "reset",
+        ),
+        (
+            "900 PINGs, BAD, 1000 more",
+            cat(&[b"  V1", &b"PING\n".repeat(900), b"BAD\n", &z(1000)]),
+            invalid_bad.clone(),
+            "FIN",
+        ),
+        (
+            "IDENTIFY {}, 4100 more",
+            cat(&[b"  V1IDENTIFY\n\x00\x00\x00\x02{}", &z(4100)]),
+            resp(b"E_BAD_BODY IDENTIFY missing fields"),
+            "reset",
+        ),
+        (
+            "bad command not UTF-8",
+            b"  V1\xff\xfe\n".to_vec(),
+            resp(b"E_INVALID invalid command \xff\xfe"),
+            "FIN",
+        ),
+        (
+            "topic not UTF-8",
+            cat(&[b"  V1", &identify, b"REGISTER t\xff\n"]),
+            resp(b"E_BAD_TOPIC REGISTER topic name 't\xff' is not valid"),
+            "FIN",
+        ),
+    ];
+    for (name, input, want_last, want_end) in &cases {
+        let mut s = TcpStream::connect(l.tcp).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = s.write_all(input);
+        std::thread::sleep(Duration::from_millis(200));
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        let end = loop {
+            match s.read(&mut buf) {
+                Ok(0) => break "FIN",
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break "reset",
+                Err(e) => panic!("{name}: {e}"),
+            }
+        };
+        assert!(
+            got.ends_with(want_last) || *want_end == "reset",
+            "{name}: got {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        assert_eq!(end, *want_end, "{name}");
+    }
+    // Unicode white space around a line is trimmed: NBSP after PING, LINE SEPARATOR
+    // after a topic; the connection stays open.
+    let mut s = TcpStream::connect(l.tcp).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let input = cat(&[
+        b"  V1PING\xc2\xa0\n",
+        &identify,
+        "REGISTER spaced\u{2028}\n".as_bytes(),
+    ]);
+    s.write_all(&input).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.ends_with(&resp(b"OK")) || got.windows(2).filter(|w| w == b"OK").count() < 2 {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "closed: {:?}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        got.starts_with(&resp(b"OK")),
+        "{:?}",
+        String::from_utf8_lossy(&got)
+    );
+    wait_for(|| l.get_body("/topics").contains("\"spaced\""));
+}

@@ -11,6 +11,7 @@ use super::writer::writer_loop;
 use crate::server::Server;
 use bytes::BytesMut;
 use nsq_shards::client::{Client, Compression};
+use nsq_wire::gobufio::GoBufReader;
 use nsq_wire::v2::{
     self as protocol, Command, Context, Limits, ProtocolError, FRAME_ERROR, FRAME_RESPONSE,
 };
@@ -159,7 +160,7 @@ impl Reader {
     ) -> Reader {
         let window = read_ahead
             .filter(|_| decoder.is_none())
-            .map(|ahead| NsqdWindow { ahead });
+            .map(NsqdWindow::new);
         Reader {
             window,
             buf,
@@ -298,7 +299,7 @@ impl Reader {
                 pending: std::mem::take(&mut self.buf),
                 pending_raw,
                 inflate_history,
-                read_ahead: self.window.map(|w| w.ahead),
+                read_ahead: self.window.map(|w| w.ahead()),
             });
         }
         let frame = self.buf.split_to(n).freeze();
@@ -418,7 +419,7 @@ impl Reader {
     /// command, the window of a command that starts a read).
     fn reset_if_nsqd_leaves_input(&self, stream: &SharedStream, done: usize) {
         let ahead = match self.window {
-            Some(w) if done > 0 => w.ahead + done,
+            Some(w) if done > 0 => w.ahead() + done,
             Some(w) => w.after_line(&self.buf),
             None => protocol::MAX_LINE,
         };
@@ -426,20 +427,20 @@ impl Reader {
     }
 }
 
-/// How far nsqd's 16 KiB bufio.Reader would have read a plain connection, counted from
-/// the next unconsumed byte, assuming the client's bytes had all arrived (a pipelined
-/// write): nsqd reads the 4-byte magic straight from the socket, then each command's
-/// line with ReadSlice (a buffer refill keeps the line's start and reads up to 16 KiB
-/// from it) and each size and body with io.ReadFull (bufio copies what it holds, then
-/// reads a body part of 16 KiB or more straight from the socket, or refills 16 KiB).
-#[derive(Clone, Copy, Default)]
-struct NsqdWindow {
-    /// Bytes past the next unconsumed one that nsqd's buffer holds.
-    ahead: usize,
-}
+/// nsqd's read buffer (bufio, 16 KiB) over a plain connection: nsqd reads the 4-byte
+/// magic straight from the socket, then each command's line with ReadSlice and each size
+/// and body with io.ReadFull.
+#[derive(Clone, Copy)]
+struct NsqdWindow(GoBufReader);
 
 impl NsqdWindow {
-    const SIZE: usize = protocol::MAX_LINE;
+    fn new(ahead: usize) -> NsqdWindow {
+        NsqdWindow(GoBufReader::with_ahead(protocol::MAX_LINE, ahead))
+    }
+
+    fn ahead(&self) -> usize {
+        self.0.ahead()
+    }
 
     /// Accounts for a command nsqd read whole: its line, and for the commands with a
     /// body (PUB, DPUB, MPUB, IDENTIFY, AUTH: any frame longer than its line) the 4-byte
@@ -447,43 +448,24 @@ impl NsqdWindow {
     fn consume(&mut self, frame: &[u8]) {
         let n = frame.len();
         let line = frame.iter().position(|&b| b == b'\n').map_or(n, |p| p + 1);
-        let mut end = self.after(0, line);
+        self.0.read_line(line);
         if n > line {
-            let size_end = (line + 4).min(n);
-            end = NsqdWindow { ahead: end }.after(line, size_end);
-            end = NsqdWindow { ahead: end }.after(size_end, n);
-        }
-        self.ahead = end.saturating_sub(n);
-    }
-
-    /// Where the buffer ends (from the command's start) once bytes `from..to` of the
-    /// command were read, from a buffer ending at `self.ahead`: a line (`from` 0) refills
-    /// from its start; a ReadFull refills from the buffer's end, or reads straight
-    /// through when 16 KiB or more are still wanted.
-    fn after(&self, from: usize, to: usize) -> usize {
-        if to <= self.ahead {
-            return self.ahead;
-        }
-        if from == 0 {
-            return Self::SIZE.max(to);
-        }
-        let start = from.max(self.ahead);
-        if to - start >= Self::SIZE {
-            to
-        } else {
-            start + Self::SIZE
+            let size = (n - line).min(4);
+            self.0.read_full(size);
+            self.0.read_full(n - line - size);
         }
     }
 
     /// Where the buffer ends once nsqd read the line of the command at the start of
     /// `buf` (the line it failed on; up to 16 KiB when the line has no end).
     fn after_line(&self, buf: &[u8]) -> usize {
+        let size = protocol::MAX_LINE;
         let line = buf
             .iter()
-            .take(Self::SIZE)
+            .take(size)
             .position(|&b| b == b'\n')
-            .map_or(Self::SIZE, |p| p + 1);
-        self.after(0, line)
+            .map_or(size, |p| p + 1);
+        self.0.after_line(line)
     }
 }
 

@@ -16,6 +16,7 @@
 //! | [`lookupd_v1`] | nsqlookupd's TCP protocol V1 | nsqlookupd/lookup_protocol_v1.go, nsqd/lookup_peer.go |
 //! | [`json`] | JSON strings escaped as Go's encoding/json | Go encoding/json |
 //! | [`timefmt`] | HTTP dates, RFC 3339, log stamps | Go time.Format |
+//! | [`gobufio`] | where a Go server's read buffer stands (FIN or reset at a close) | Go bufio |
 //! | [`goflag`] | `-long-flag` command lines | Go flag |
 //! | [`http1`] | HTTP/1.1 status lines, headers, queries, paths | internal/http_api |
 
@@ -27,6 +28,7 @@ pub mod compress;
 pub mod duration;
 pub mod errors;
 pub mod frame;
+pub mod gobufio;
 pub mod goflag;
 pub mod http1;
 pub mod identify;

@@ -30,15 +30,16 @@ pub const MAX_RESPONSE: usize = 5 * 1024 * 1024;
 pub struct FatalClientErr {
     /// The `E_*` code.
     pub code: &'static str,
-    /// The description after the code.
-    pub desc: String,
+    /// The description after the code (bytes: a name the client sent is echoed as sent,
+    /// as Go's byte strings are).
+    pub desc: Vec<u8>,
     /// The cause, for the log only.
     pub parent: Option<String>,
 }
 
 impl FatalClientErr {
     /// An error with no logged cause.
-    pub fn new(code: &'static str, desc: impl Into<String>) -> FatalClientErr {
+    pub fn new(code: &'static str, desc: impl Into<Vec<u8>>) -> FatalClientErr {
         FatalClientErr {
             code,
             desc: desc.into(),
@@ -53,8 +54,13 @@ impl FatalClientErr {
     }
 
     /// The response payload.
-    pub fn wire(&self) -> String {
-        format!("{} {}", self.code, self.desc)
+    pub fn wire(&self) -> Vec<u8> {
+        [self.code.as_bytes(), b" ", &self.desc].concat()
+    }
+
+    /// The response payload as text, for logs.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.wire()).into_owned()
     }
 }
 
@@ -117,12 +123,35 @@ pub fn identify_body(
     serde_json::to_vec(&m).unwrap_or_default()
 }
 
-/// strings.TrimSpace for ASCII whitespace.
+/// Go's strings.TrimSpace: Unicode white space (ASCII's, U+0085, U+00A0, U+1680,
+/// U+2000-U+200A, U+2028, U+2029, U+202F, U+205F, U+3000) off both ends of a UTF-8
+/// line; bytes that are not UTF-8 stop it.
 pub fn trim_space(b: &[u8]) -> &[u8] {
-    let ws = |c: &u8| matches!(c, b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c);
-    let start = b.iter().position(|c| !ws(c)).unwrap_or(b.len());
-    let end = b.iter().rposition(|c| !ws(c)).map_or(start, |i| i + 1);
-    &b[start..end]
+    // The first and last UTF-8 characters of `b`, with their lengths (`None`: the
+    // bytes there are not UTF-8, which Go takes as U+FFFD: not a space).
+    let first = |b: &[u8]| {
+        (1..=b.len().min(4)).find_map(|k| {
+            let c = std::str::from_utf8(&b[..k]).ok()?.chars().next()?;
+            Some((c, k))
+        })
+    };
+    let last = |b: &[u8]| {
+        (1..=b.len().min(4)).find_map(|k| {
+            let c = std::str::from_utf8(&b[b.len() - k..])
+                .ok()?
+                .chars()
+                .next()?;
+            Some((c, k))
+        })
+    };
+    let mut s = b;
+    while let Some((_, k)) = first(s).filter(|(c, _)| c.is_whitespace()) {
+        s = &s[k..];
+    }
+    while let Some((_, k)) = last(s).filter(|(c, _)| c.is_whitespace()) {
+        s = &s[..s.len() - k];
+    }
+    s
 }
 
 /// Topic and optional channel of REGISTER/UNREGISTER (nsqlookupd: getTopicChan).
@@ -138,17 +167,21 @@ pub fn get_topic_chan(command: &str, params: &[&[u8]]) -> Result<(String, String
         .get(1)
         .map(|c| String::from_utf8_lossy(c).into_owned())
         .unwrap_or_default();
+    // The name is echoed as sent, bytes that are not UTF-8 included.
+    let refuse = |code, what: &str, name: &[u8]| {
+        let desc = [
+            format!("{command} {what} name '").as_bytes(),
+            name,
+            b"' is not valid",
+        ]
+        .concat();
+        Err(FatalClientErr::new(code, desc))
+    };
     if !is_valid_topic_name(&topic) {
-        return Err(FatalClientErr::new(
-            E_BAD_TOPIC,
-            format!("{command} topic name '{topic}' is not valid"),
-        ));
+        return refuse(E_BAD_TOPIC, "topic", params[0]);
     }
     if !channel.is_empty() && !is_valid_channel_name(&channel) {
-        return Err(FatalClientErr::new(
-            E_BAD_CHANNEL,
-            format!("{command} channel name '{channel}' is not valid"),
-        ));
+        return refuse(E_BAD_CHANNEL, "channel", params[1]);
     }
     Ok((topic, channel))
 }
@@ -279,5 +312,10 @@ mod tests {
     fn trims() {
         assert_eq!(trim_space(b" \tPING \r\n"), b"PING");
         assert_eq!(trim_space(b"\n"), b"");
+        // Unicode white space as Go's unicode.IsSpace (NBSP, LINE SEPARATOR, NEL).
+        assert_eq!(trim_space("\u{a0}PING\u{2028}\u{85}\n".as_bytes()), b"PING");
+        // Bytes that are not UTF-8 are not space.
+        assert_eq!(trim_space(b"\xa0PING\xff \n"), b"\xa0PING\xff");
+        assert_eq!(trim_space("\u{3000}".as_bytes()), b"");
     }
 }
