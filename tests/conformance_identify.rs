@@ -719,3 +719,66 @@ fn deflate_negotiation_switches_both_directions() {
     );
     assert_closed(&mut s);
 }
+
+/// IDENTIFY decoded as Go's encoding/json decodes it into nsqd's identifyDataV2 (each
+/// case measured on nsqd 1.3.0): keys match case-insensitively (Unicode folding: `ſ` is
+/// `s`), the last of repeated keys wins, a `null` leaves the field, `-0` is 0, an
+/// unpaired surrogate is U+FFFD, nesting up to 10,000 levels and any number literal are
+/// fine in an unknown key; an int32 field out of range, `1.0` for an int, nesting past
+/// 10,000 levels fail the decode.
+#[test]
+fn json_decoded_as_go_s_encoding_json() {
+    let b = Broker::start(1, &[]);
+    let deep = |n: usize| {
+        format!(
+            r#"{{"feature_negotiation":true,"x":{}{}}}"#,
+            "[".repeat(n),
+            "]".repeat(n)
+        )
+    };
+    let ok = [
+        (
+            r#"{"feature_negotiation":true,"FEATURE_NEGOTIATION":false}"#,
+            None,
+        ),
+        (
+            r#"{"feature_negotiation":true,"sample_rate":50,"SAMPLE_RATE":null}"#,
+            Some(50),
+        ),
+        (
+            r#"{"feature_negotiation":true,"Sample_Rate":7,"sample_rate":9}"#,
+            Some(9),
+        ),
+        (r#"{"feature_negotiation":true,"ſample_rate":12}"#, Some(12)),
+        (
+            r#"{"feature_negotiation":true,"heartbeat_interval":-0}"#,
+            Some(0),
+        ),
+        (
+            r#"{"feature_negotiation":true,"client_id":"\ud800","x":1e999999}"#,
+            Some(0),
+        ),
+        (&deep(9_998), Some(0)),
+    ];
+    for (json, sample_rate) in ok {
+        let mut s = b.connect_v2();
+        send(&mut s, &identify_cmd(json));
+        match sample_rate {
+            // FEATURE_NEGOTIATION false came last: a plain OK.
+            None => expect_ok(&mut s),
+            Some(rate) => expect_frame(
+                &mut s,
+                0,
+                reply(2500, 900000, 60000, rate, 16384, 250).as_bytes(),
+            ),
+        }
+    }
+    for json in [
+        r#"{"sample_rate":3000000000}"#.to_string(),
+        r#"{"heartbeat_interval":1.0}"#.to_string(),
+        r#"{"deflate":"true"}"#.to_string(),
+        deep(10_000),
+    ] {
+        identify_fatal(&b, &json, "E_BAD_BODY IDENTIFY failed to decode JSON body");
+    }
+}

@@ -61,10 +61,10 @@ pub struct ClientSettings {
     pub identified: bool,
 }
 
-/// The fields nsqd reads from an IDENTIFY body. Unknown keys (`short_id`, `long_id`, ...)
-/// are ignored; a value of the wrong JSON type fails the whole decode, as in Go.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
+/// The fields nsqd reads from an IDENTIFY body ([`decode_identify`]). Unknown keys
+/// (`short_id`, `long_id`, ...) are ignored; a value of the wrong JSON type fails the
+/// whole decode, as in Go.
+#[derive(Debug, Default)]
 pub struct IdentifyRequest {
     /// Client identifier (default: the peer's IP).
     pub client_id: Option<String>,
@@ -153,6 +153,68 @@ pub struct Negotiated {
     pub deflate_level: i64,
 }
 
+/// Decodes an IDENTIFY body as Go's json.Unmarshal into nsqd's identifyDataV2
+/// ([`crate::gojson`]): `null` leaves every field unset, another non-object is an
+/// error; keys match case-insensitively and the last of repeated keys wins; a `null`
+/// value leaves its field; a value of the wrong type (or an integer out of the field's
+/// range: `sample_rate` is an int32) fails the decode. The error is Go's text.
+pub fn decode_identify(body: &[u8]) -> Result<IdentifyRequest, String> {
+    use crate::gojson::{self, bool_field, field_for, int_field, string_field};
+    // identifyDataV2's JSON fields in declaration order.
+    const FIELDS: [&str; 13] = [
+        "client_id",
+        "hostname",
+        "heartbeat_interval",
+        "output_buffer_size",
+        "output_buffer_timeout",
+        "feature_negotiation",
+        "tls_v1",
+        "deflate",
+        "deflate_level",
+        "snappy",
+        "sample_rate",
+        "user_agent",
+        "msg_timeout",
+    ];
+    let members = gojson::object_members(body)
+        .map_err(|e| e.to_string())?
+        .unwrap_or_default();
+    let mut r = IdentifyRequest::default();
+    let mut first_err = None;
+    for (key, v) in &members {
+        let Some(field) = field_for(&FIELDS, key) else {
+            continue;
+        };
+        let set_str =
+            |slot: &mut Option<String>| string_field(field, v).map(|s| *slot = s.or(slot.take()));
+        let set_int =
+            |slot: &mut Option<i64>, bits| int_field(field, v, bits).map(|n| *slot = n.or(*slot));
+        let set_bool = |slot: &mut Option<bool>| bool_field(field, v).map(|b| *slot = b.or(*slot));
+        let res = match field {
+            "client_id" => set_str(&mut r.client_id),
+            "hostname" => set_str(&mut r.hostname),
+            "user_agent" => set_str(&mut r.user_agent),
+            "heartbeat_interval" => set_int(&mut r.heartbeat_interval, 64),
+            "output_buffer_size" => set_int(&mut r.output_buffer_size, 64),
+            "output_buffer_timeout" => set_int(&mut r.output_buffer_timeout, 64),
+            "deflate_level" => set_int(&mut r.deflate_level, 64),
+            "sample_rate" => set_int(&mut r.sample_rate, 32),
+            "msg_timeout" => set_int(&mut r.msg_timeout, 64),
+            "feature_negotiation" => set_bool(&mut r.feature_negotiation),
+            "tls_v1" => set_bool(&mut r.tls_v1),
+            "snappy" => set_bool(&mut r.snappy),
+            _ => set_bool(&mut r.deflate),
+        };
+        if let Err(e) = res {
+            first_err.get_or_insert(e);
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(r),
+    }
+}
+
 /// Default settings of a connection before IDENTIFY (nsqd newClientV2): client_id and
 /// hostname are the peer's IP.
 pub fn default_settings(peer_ip: &str, opts: impl Into<IdentifyLimits>) -> ClientSettings {
@@ -180,17 +242,7 @@ pub fn apply_identify(
     opts: impl Into<IdentifyLimits>,
 ) -> Result<Negotiated, ProtocolError> {
     let opts = opts.into();
-    // Go's json.Unmarshal into a struct: `null` leaves it as it is, any other non-object
-    // (an array too, which serde would take field by field) is a decode error.
-    let value: serde_json::Value =
-        serde_json::from_slice(body).map_err(|_| bad("failed to decode JSON body".into()))?;
-    let req: IdentifyRequest = match value {
-        serde_json::Value::Null => IdentifyRequest::default(),
-        v @ serde_json::Value::Object(_) => {
-            serde_json::from_value(v).map_err(|_| bad("failed to decode JSON body".into()))?
-        }
-        _ => return Err(bad("failed to decode JSON body".into())),
-    };
+    let req = decode_identify(body).map_err(|_| bad("failed to decode JSON body".into()))?;
     let mut s = settings.clone();
     s.client_id = req.client_id.unwrap_or_default();
     s.hostname = req.hostname.unwrap_or_default();

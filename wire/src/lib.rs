@@ -17,6 +17,7 @@
 //! | [`json`] | JSON strings escaped as Go's encoding/json | Go encoding/json |
 //! | [`timefmt`] | HTTP dates, RFC 3339, log stamps | Go time.Format |
 //! | [`gobufio`] | where a Go server's read buffer stands (FIN or reset at a close) | Go bufio |
+//! | [`gojson`] | JSON objects decoded into flat structs as Go's encoding/json | Go encoding/json |
 //! | [`goflag`] | `-long-flag` command lines | Go flag |
 //! | [`http1`] | HTTP/1.1 status lines, headers, queries, paths | internal/http_api |
 
@@ -30,6 +31,7 @@ pub mod errors;
 pub mod frame;
 pub mod gobufio;
 pub mod goflag;
+pub mod gojson;
 pub mod http1;
 pub mod identify;
 pub mod json;

@@ -201,66 +201,54 @@ pub struct IdentifyFields {
     pub version: String,
 }
 
-/// Decodes an IDENTIFY body like Go's json.Unmarshal into PeerInfo: keys match
-/// case-insensitively, unknown keys and nulls are ignored, a wrong type (a string port, a
-/// fractional number) or a non-object is an error.
+/// Decodes an IDENTIFY body like Go's json.Unmarshal into PeerInfo ([`crate::gojson`]):
+/// keys match case-insensitively, the last of repeated keys wins, unknown keys and nulls
+/// are ignored, a wrong type (a string port, a fractional number) or a non-object is an
+/// error (Go's text, for the log).
 pub fn decode_identify(body: &[u8]) -> Result<IdentifyFields, String> {
-    let text = String::from_utf8_lossy(body);
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    use crate::gojson::{self, field_for, int_field, string_field};
+    // PeerInfo's JSON fields in declaration order.
+    const FIELDS: [&str; 6] = [
+        "remote_address",
+        "hostname",
+        "broadcast_address",
+        "tcp_port",
+        "http_port",
+        "version",
+    ];
     let mut f = IdentifyFields::default();
-    let obj = match v {
-        serde_json::Value::Null => return Ok(f),
-        serde_json::Value::Object(o) => o,
-        other => {
+    let members = match gojson::object_members(body) {
+        Ok(m) => m.unwrap_or_default(),
+        Err(gojson::DecodeError::NotObject(k)) => {
             return Err(format!(
-                "json: cannot unmarshal {} into Go value of type nsqlookupd.PeerInfo",
-                kind(&other)
+                "json: cannot unmarshal {k} into Go value of type nsqlookupd.PeerInfo"
             ))
         }
+        Err(e) => return Err(e.to_string()),
     };
-    for (k, val) in obj {
-        if val.is_null() {
+    // Go decodes every member and reports the first type error at the end.
+    let mut first_err = None;
+    for (key, v) in &members {
+        let Some(field) = field_for(&FIELDS, key) else {
             continue;
-        }
-        let str_field = |val: &serde_json::Value| {
-            val.as_str().map(str::to_owned).ok_or_else(|| {
-                format!(
-                    "json: cannot unmarshal {} into field {k} of type string",
-                    kind(val)
-                )
-            })
         };
-        let int_field = |val: &serde_json::Value| {
-            val.as_i64().ok_or_else(|| {
-                format!(
-                    "json: cannot unmarshal {} into field {k} of type int",
-                    kind(val)
-                )
-            })
+        let r = match field {
+            "tcp_port" => int_field(field, v, 64).map(|n| f.tcp_port = n.unwrap_or(f.tcp_port)),
+            "http_port" => int_field(field, v, 64).map(|n| f.http_port = n.unwrap_or(f.http_port)),
+            _ => string_field(field, v).map(|s| match (field, s) {
+                ("hostname", Some(s)) => f.hostname = s,
+                ("broadcast_address", Some(s)) => f.broadcast_address = s,
+                ("version", Some(s)) => f.version = s,
+                _ => {}
+            }),
         };
-        match k.to_ascii_lowercase().as_str() {
-            "hostname" => f.hostname = str_field(&val)?,
-            "broadcast_address" => f.broadcast_address = str_field(&val)?,
-            "version" => f.version = str_field(&val)?,
-            "remote_address" => {
-                str_field(&val)?;
-            }
-            "tcp_port" => f.tcp_port = int_field(&val)?,
-            "http_port" => f.http_port = int_field(&val)?,
-            _ => {}
+        if let Err(e) = r {
+            first_err.get_or_insert(e);
         }
     }
-    Ok(f)
-}
-
-fn kind(v: &serde_json::Value) -> &'static str {
-    match v {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "bool",
-        serde_json::Value::Number(_) => "number",
-        serde_json::Value::String(_) => "string",
-        serde_json::Value::Array(_) => "array",
-        serde_json::Value::Object(_) => "object",
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(f),
     }
 }
 
@@ -288,6 +276,21 @@ mod tests {
         assert!(decode_identify(b"[]").is_err());
         assert!(decode_identify(b"{").is_err());
         assert_eq!(decode_identify(b"null").unwrap(), IdentifyFields::default());
+        // As Go's encoding/json: the last of repeated keys wins (case folded), a null
+        // leaves the field, -0 is 0, unpaired surrogates become U+FFFD.
+        let f = decode_identify(
+            br#"{"tcp_port":1,"TCP_PORT":7,"hostname":"h","hostname":null,"http_port":-0,"version":"\ud800"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                f.tcp_port,
+                f.hostname.as_str(),
+                f.http_port,
+                f.version.as_str()
+            ),
+            (7, "h", 0, "\u{fffd}")
+        );
     }
 
     #[test]
