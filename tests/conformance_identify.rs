@@ -782,3 +782,29 @@ fn json_decoded_as_go_s_encoding_json() {
         identify_fatal(&b, &json, "E_BAD_BODY IDENTIFY failed to decode JSON body");
     }
 }
+
+/// A second IDENTIFY keeps what the first set where it says 0 or nothing (nsqd's
+/// SetHeartbeatInterval, SetOutputBuffer and SetMsgTimeout: 0 is "do nothing"), measured
+/// on nsqd 1.3.0: msg_timeout and the output buffer stay, disabled heartbeats stay
+/// disabled (so SUB is refused).
+#[test]
+fn a_second_identify_keeps_what_the_first_set() {
+    let b = Broker::start(1, &[]);
+    let mut s = b.connect_v2();
+    send(
+        &mut s,
+        &identify_cmd(
+            r#"{"msg_timeout":5000,"output_buffer_size":100,"output_buffer_timeout":100}"#,
+        ),
+    );
+    expect_ok(&mut s);
+    send(&mut s, &identify_cmd(r#"{"feature_negotiation":true}"#));
+    expect_frame(&mut s, 0, reply(2500, 900000, 5000, 0, 100, 100).as_bytes());
+    let mut s = b.connect_v2();
+    send(&mut s, &identify_cmd(r#"{"heartbeat_interval":-1}"#));
+    expect_ok(&mut s);
+    send(&mut s, &identify_cmd("{}"));
+    expect_ok(&mut s);
+    send(&mut s, b"SUB t c\n");
+    expect_fatal(&mut s, "E_INVALID cannot SUB with heartbeats disabled");
+}

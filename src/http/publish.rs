@@ -31,8 +31,10 @@ pub(super) async fn do_pub(server: &Server, p: &Params, body: Bytes) -> Response
     };
     let mut defer = None;
     if let Some(d) = p.get("defer") {
-        let ms = match d.parse::<i64>() {
-            Ok(ms) if ms >= 0 && ms as u128 <= o.max_req_timeout.as_millis() => ms,
+        // Go: ParseInt, then `time.Duration(ms) * time.Millisecond`, which wraps.
+        let max_ns = o.max_req_timeout.as_nanos().min(i64::MAX as u128) as i64;
+        let ms = match d.parse::<i64>().map(|ms| ms.wrapping_mul(1_000_000)) {
+            Ok(ns) if ns >= 0 && ns <= max_ns => ns / 1_000_000,
             _ => {
                 server.create_topic(&topic).await;
                 return Response::v1_err(400, "INVALID_DEFER");

@@ -251,7 +251,9 @@ pub fn apply_identify(
     let hb = req.heartbeat_interval.unwrap_or(0);
     s.heartbeat_interval = match hb {
         -1 => None,
-        0 => Some(opts.client_timeout / 2),
+        // 0 keeps the current value (nsqd's "do nothing (use default)": a second
+        // IDENTIFY leaves what the first one set).
+        0 => s.heartbeat_interval,
         n if n >= 1000 && n <= ms(opts.max_heartbeat_interval) => {
             Some(Duration::from_millis(n as u64))
         }
@@ -261,7 +263,7 @@ pub fn apply_identify(
     let obt = req.output_buffer_timeout.unwrap_or(0);
     s.output_buffer_timeout = match obt {
         -1 => Duration::ZERO,
-        0 => opts.output_buffer_timeout,
+        0 => s.output_buffer_timeout,
         n if n >= ms(opts.min_output_buffer_timeout) && n <= ms(opts.max_output_buffer_timeout) => {
             Duration::from_millis(n as u64)
         }
@@ -273,7 +275,7 @@ pub fn apply_identify(
             s.output_buffer_timeout = Duration::ZERO;
             1
         }
-        0 => 16 * 1024,
+        0 => s.output_buffer_size,
         n if n >= 64 && n <= opts.max_output_buffer_size => n as usize,
         n => return Err(bad(format!("output buffer size ({n}) is invalid"))),
     };
@@ -286,7 +288,7 @@ pub fn apply_identify(
 
     let mt = req.msg_timeout.unwrap_or(0);
     s.msg_timeout = match mt {
-        0 => opts.msg_timeout,
+        0 => s.msg_timeout,
         n if n >= 1000 && n <= ms(opts.max_msg_timeout) => Duration::from_millis(n as u64),
         n => return Err(bad(format!("msg timeout ({n}) is invalid"))),
     };

@@ -259,6 +259,13 @@ pub fn byte_to_base10(b: &[u8]) -> Option<u64> {
     Some(n)
 }
 
+/// nsqd's `time.Duration(ms) * time.Millisecond` for a parsed (unsigned) count of
+/// milliseconds, in ns: Go converts to int64 and multiplies with wrap-around, so a huge
+/// count can come out negative, or small (18446744073710 ms is about 448 ms).
+pub fn go_ms_duration(ms: u64) -> i64 {
+    (ms as i64).wrapping_mul(1_000_000)
+}
+
 fn lossy(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -498,9 +505,12 @@ pub fn decode_resume(buf: &[u8], ctx: &Context, resume: &mut Resume) -> Decoded 
                 return Err(invalid("REQ insufficient number of params"));
             }
             let id = message_id(params[1])?;
-            let timeout_ms = byte_to_base10(params[2]).ok_or_else(|| {
+            let ms = byte_to_base10(params[2]).ok_or_else(|| {
                 invalid(format!("REQ could not parse timeout {}", lossy(params[2])))
-            })? as i64;
+            })?;
+            // nsqd clamps the wrapped duration (a negative one to 0).
+            let ns = go_ms_duration(ms);
+            let timeout_ms = if ns < 0 { -1 } else { ns / 1_000_000 };
             one(Command::Req { id, timeout_ms })
         }
         b"CLS" => {
@@ -534,15 +544,17 @@ pub fn decode_resume(buf: &[u8], ctx: &Context, resume: &mut Resume) -> Decoded 
                 return Err(invalid("DPUB insufficient number of parameters"));
             }
             let topic = valid_topic(params[1], E_BAD_TOPIC, "DPUB")?;
-            let defer_ms = byte_to_base10(params[2]).ok_or_else(|| {
+            let ms = byte_to_base10(params[2]).ok_or_else(|| {
                 invalid(format!("DPUB could not parse timeout {}", lossy(params[2])))
-            })? as i64;
-            if defer_ms < 0 || defer_ms > l.max_req_timeout_ms {
+            })?;
+            let ns = go_ms_duration(ms);
+            if ns < 0 || ns > l.max_req_timeout_ms.saturating_mul(1_000_000) {
                 return Err(invalid(format!(
                     "DPUB timeout {} out of range 0-{}",
-                    defer_ms, l.max_req_timeout_ms
+                    ms, l.max_req_timeout_ms
                 )));
             }
+            let defer_ms = ns / 1_000_000;
             let spec = BodySpec {
                 code: E_BAD_MESSAGE,
                 read_size: "DPUB failed to read message body size",

@@ -183,6 +183,28 @@ fn dpub_range() {
         err(&b, ClientState::Init),
         "E_INVALID DPUB timeout 3600001 out of range 0-3600000"
     );
+    // Go's Duration(ms) * Millisecond wraps: the count is printed unsigned, a huge one
+    // can wrap to a valid delay (measured on nsqd 1.3.0: 18446744073710 is accepted (it
+    // wraps to 448 us), 9223372036854775808 too (0), 18446744073709551615 refused).
+    let mut b = b"DPUB t 18446744073709551615\n".to_vec();
+    b.extend(sized(b"x"));
+    assert_eq!(
+        err(&b, ClientState::Init),
+        "E_INVALID DPUB timeout 18446744073709551615 out of range 0-3600000"
+    );
+    for (ms, want) in [
+        ("18446744073710", 0),
+        ("9223372036854775808", 0),
+        ("3600000", 3_600_000),
+    ] {
+        let mut b = format!("DPUB t {ms}\n").into_bytes();
+        b.extend(sized(b"x"));
+        let ctx = ctx(ClientState::Init);
+        match decode(&b, &ctx) {
+            Ok(Some((Command::Dpub { defer_ms, .. }, _))) => assert_eq!(defer_ms, want, "{ms}"),
+            other => panic!("{ms}: {other:?}"),
+        }
+    }
 }
 
 #[test]
