@@ -46,7 +46,10 @@ impl GoValue {
             GoValue::Int(n) | GoValue::Dur(n) => (false, n.to_string()),
             GoValue::Bool(b) => (false, b.to_string()),
             GoValue::StrList(None) | GoValue::FloatList(None) => (false, "null".into()),
-            GoValue::StrList(Some(v)) => (false, serde_json::json!(v).to_string()),
+            GoValue::StrList(Some(v)) => (
+                false,
+                String::from_utf8_lossy(&nsq_wire::json::to_vec_go(v)).into_owned(),
+            ),
             GoValue::FloatList(Some(v)) => {
                 let items: Vec<String> = v.iter().map(|f| go_float_json(*f)).collect();
                 (false, format!("[{}]", items.join(",")))

@@ -30,6 +30,13 @@ fn put_config_semantics() {
     assert_eq!(get("statsd_udp_packet_size"), (200, "508".into()));
     assert_eq!(get("statsd_address"), (200, "".into()));
     assert_eq!(get("no_such_option"), err(400, "INVALID_OPTION"));
+    // JSON answers are written as Go's encoding/json writes them: <, > and & escaped
+    // (nsqd 1.3.0 answers this PUT with exactly these 22 bytes).
+    assert_eq!(
+        put("nsqlookupd_tcp_addresses", br#"["<>&"]"#),
+        (200, r#"["\u003c\u003e\u0026"]"#.into())
+    );
+    assert_eq!(put("nsqlookupd_tcp_addresses", b"[]"), (200, "[]".into()));
 
     // Body checks come first, for any option.
     assert_eq!(put("log_level", b""), err(413, "INVALID_VALUE"));

@@ -87,5 +87,5 @@ pub(super) async fn do_config(server: &Server, head: &Head, body: &[u8]) -> Resp
             };
         }
     };
-    Response::v1_json(v.to_string().into_bytes())
+    Response::v1_json(nsq_wire::json::to_vec_go(&v))
 }

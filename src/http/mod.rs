@@ -172,7 +172,7 @@ pub(super) async fn route(
                     topic_names: &s.topic_names,
                 })
                 .collect();
-            Response::v1_json(serde_json::to_vec(&view).unwrap_or_default())
+            Response::v1_json(nsq_wire::json::to_vec_go(&view))
         }
         "/" => shards_page(),
         "/topic/create" => match topic_param(&params, true) {

@@ -31,7 +31,7 @@ pub(super) fn info(server: &Server) -> Response {
         max_output_buffer_timeout: o.max_output_buffer_timeout.as_nanos(),
         max_deflate_level: o.max_deflate_level,
     };
-    Response::v1_json(serde_json::to_vec(&i).unwrap_or_default())
+    Response::v1_json(nsq_wire::json::to_vec_go(&i))
 }
 
 /// The live per-shard page (beyond nsqd, which answers 404 at `/`): one self-contained

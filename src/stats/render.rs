@@ -59,7 +59,7 @@ pub fn json(
         producers: (!producers.is_empty()).then_some(producers),
         shards: shards.iter().map(|s| &s.counters).collect(),
     };
-    serde_json::to_vec(&doc).unwrap_or_default()
+    nsq_wire::json::to_vec_go(&doc)
 }
 
 /// nsqd's health string: `OK` or `NOK - <last disk error>`.

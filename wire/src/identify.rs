@@ -335,5 +335,5 @@ pub fn identify_response(
         output_buffer_size: settings.output_buffer_size as i64,
         output_buffer_timeout: ms(settings.output_buffer_timeout),
     };
-    serde_json::to_vec(&r).unwrap_or_default()
+    crate::json::to_vec_go(&r)
 }

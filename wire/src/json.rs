@@ -64,3 +64,69 @@ mod tests {
         assert_eq!(s, r#""a\u003cb\u003e\u0026\"\\\n\u0008\u2028é""#);
     }
 }
+
+/// serde_json's compact output with Go's string escapes (encoding/json's HTML-safe
+/// defaults): `<`, `>`, `&`, U+2028 and U+2029 as `\u003c` ..., backspace and form feed
+/// as `\u0008`, `\u000c`.
+struct GoFormatter;
+
+impl serde_json::ser::Formatter for GoFormatter {
+    fn write_string_fragment<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        fragment: &str,
+    ) -> std::io::Result<()> {
+        let mut start = 0;
+        for (i, c) in fragment.char_indices() {
+            if matches!(c, '<' | '>' | '&' | '\u{2028}' | '\u{2029}') {
+                writer.write_all(&fragment.as_bytes()[start..i])?;
+                write!(writer, "\\u{:04x}", c as u32)?;
+                start = i + c.len_utf8();
+            }
+        }
+        writer.write_all(&fragment.as_bytes()[start..])
+    }
+
+    fn write_char_escape<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        escape: serde_json::ser::CharEscape,
+    ) -> std::io::Result<()> {
+        use serde_json::ser::CharEscape::*;
+        let s: &[u8] = match escape {
+            Quote => b"\\\"",
+            ReverseSolidus => b"\\\\",
+            Solidus => b"\\/",
+            LineFeed => b"\\n",
+            CarriageReturn => b"\\r",
+            Tab => b"\\t",
+            Backspace => b"\\u0008",
+            FormFeed => b"\\u000c",
+            AsciiControl(c) => return write!(writer, "\\u{:04x}", c),
+        };
+        writer.write_all(s)
+    }
+}
+
+/// `value` as compact JSON with Go's string escapes (what nsqd's and nsqlookupd's
+/// encoding/json writes); empty if it cannot be serialized (a map with non-string keys).
+pub fn to_vec_go<T: serde::Serialize + ?Sized>(value: &T) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, GoFormatter);
+    match value.serialize(&mut ser) {
+        Ok(()) => out,
+        Err(_) => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod go_formatter_tests {
+    #[test]
+    fn escapes_as_go() {
+        let v = serde_json::json!({"a": "x<y>&z\u{2028}\u{8}\u{c}\u{1}\"\\\n/"});
+        assert_eq!(
+            String::from_utf8(super::to_vec_go(&v)).unwrap(),
+            r#"{"a":"x\u003cy\u003e\u0026z\u2028\u0008\u000c\u0001\"\\\n/"}"#
+        );
+    }
+}

@@ -120,7 +120,7 @@ pub fn identify_body(
     m.insert("http_port", http_port.into());
     m.insert("tcp_port", tcp_port.into());
     m.insert("version", version.into());
-    serde_json::to_vec(&m).unwrap_or_default()
+    crate::json::to_vec_go(&m)
 }
 
 /// Go's strings.TrimSpace: Unicode white space (ASCII's, U+0085, U+00A0, U+1680,
