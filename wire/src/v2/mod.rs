@@ -234,7 +234,7 @@ fn quote_str(s: &str, out: &mut String) {
             c if (c as u32) < 0x20 || c as u32 == 0x7f => {
                 out.push_str(&format!("\\x{:02x}", c as u32))
             }
-            c if c.is_control() => {
+            c if !go_printable(c) => {
                 if (c as u32) <= 0xffff {
                     out.push_str(&format!("\\u{:04x}", c as u32))
                 } else {
@@ -244,6 +244,27 @@ fn quote_str(s: &str, out: &mut String) {
             c => out.push(c),
         }
     }
+}
+
+/// Go's strconv.IsPrint (what `%q` writes as itself): letters, marks, numbers,
+/// punctuation, symbols and the ASCII space; not other spaces, line and paragraph
+/// separators, controls, format characters, private use or unassigned code points
+/// (by Unicode 16's tables, where Go 1.19 has Unicode 13's: characters assigned since
+/// print as themselves here).
+fn go_printable(c: char) -> bool {
+    use unicode_general_category::{get_general_category, GeneralCategory as G};
+    c == ' '
+        || !matches!(
+            get_general_category(c),
+            G::Control
+                | G::Format
+                | G::Surrogate
+                | G::PrivateUse
+                | G::Unassigned
+                | G::SpaceSeparator
+                | G::LineSeparator
+                | G::ParagraphSeparator
+        )
 }
 
 /// nsqd's `protocol.ByteToBase10`: ASCII digits only (an empty string is 0), wrapping on

@@ -208,6 +208,21 @@ fn dpub_range() {
 }
 
 #[test]
+fn go_quote_escapes_what_go_does_not_print() {
+    // Measured on nsqd 1.3.0 (`PUB <name>` error texts).
+    assert_eq!(go_quote("a\u{a0}b".as_bytes()), "\"a\\u00a0b\"");
+    assert_eq!(
+        go_quote("\u{ad}\u{200b}\u{2028}\u{feff}\u{e000}\u{378}".as_bytes()),
+        "\"\\u00ad\\u200b\\u2028\\ufeff\\ue000\\u0378\""
+    );
+    assert_eq!(
+        go_quote("\u{10ffff}\u{e0001}".as_bytes()),
+        "\"\\U0010ffff\\U000e0001\""
+    );
+    assert_eq!(go_quote("é😀\u{fffd}".as_bytes()), "\"é😀\u{fffd}\"");
+}
+
+#[test]
 fn go_quote_escapes() {
     assert_eq!(go_quote(b"bad!topic"), "\"bad!topic\"");
     assert_eq!(go_quote(b"a\"b\\\n\x01\xff"), "\"a\\\"b\\\\\\n\\x01\\xff\"");
