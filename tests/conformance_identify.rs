@@ -808,3 +808,21 @@ fn a_second_identify_keeps_what_the_first_set() {
     send(&mut s, b"SUB t c\n");
     expect_fatal(&mut s, "E_INVALID cannot SUB with heartbeats disabled");
 }
+
+/// nsqd's messagePump takes only the first IDENTIFY: heartbeats go on at the first one's
+/// interval after a second IDENTIFY disables them (measured on nsqd 1.3.0: a heartbeat
+/// every second, and the connection stays, as the read deadline went with heartbeats).
+#[test]
+fn heartbeats_keep_the_first_identify_s_interval() {
+    let b = Broker::start(1, &[]);
+    let mut s = b.connect_v2();
+    send(&mut s, &identify_cmd(r#"{"heartbeat_interval":1000}"#));
+    expect_ok(&mut s);
+    send(&mut s, &identify_cmd(r#"{"heartbeat_interval":-1}"#));
+    expect_ok(&mut s);
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    for _ in 0..2 {
+        let (ft, data) = read_frame(&mut s).expect("a heartbeat");
+        assert_eq!((ft, data.as_slice()), (0, &b"_heartbeat_"[..]));
+    }
+}

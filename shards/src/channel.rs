@@ -526,7 +526,8 @@ impl Channel {
             let client = self.clients[idx].clone();
             let (sample_rate, msg_timeout) = {
                 let s = client.settings.borrow();
-                (s.sample_rate, s.msg_timeout)
+                // nsqd's messagePump: the first IDENTIFY's values.
+                (s.pump.sample_rate, s.pump.msg_timeout)
             };
             if sample_rate > 0 && fastrand::u32(0..100) > sample_rate {
                 continue;

@@ -175,7 +175,7 @@ pub struct Client {
 
 impl Client {
     pub fn new(id: u64, remote_address: String, settings: ClientSettings) -> Client {
-        let ticker = OutputTicker::new(Instant::now(), settings.output_buffer_timeout);
+        let ticker = OutputTicker::new(Instant::now(), settings.pump.output_buffer_timeout);
         Client {
             id,
             remote_address,
@@ -526,7 +526,7 @@ impl Client {
             let s = self.settings.borrow();
             (
                 len >= s.output_buffer_size,
-                s.output_buffer_timeout.is_zero(),
+                s.pump.output_buffer_timeout.is_zero(),
             )
         };
         if full || !self.is_ready() {

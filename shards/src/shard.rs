@@ -1194,7 +1194,9 @@ mod tests {
                 sample_rate: 0,
                 msg_timeout: Duration::from_secs(60),
                 identified: false,
-            },
+                pump: Default::default(),
+            }
+            .with_current_pump(),
         ));
         shard.register_client(&c);
         c

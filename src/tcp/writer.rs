@@ -39,15 +39,17 @@ pub(super) async fn writer_loop(
     handing_off: Rc<Cell<bool>>,
 ) {
     let mut out = Output::new(&client);
-    let mut heartbeat = Heartbeat::new(client.settings().heartbeat_interval);
+    // Heartbeats and the output-buffer timer run on what nsqd's messagePump took from
+    // the first IDENTIFY (ClientSettings::pump); the buffer's size follows every one.
+    let mut heartbeat = Heartbeat::new(client.settings().pump.heartbeat_interval);
     loop {
         let now = Instant::now();
         let (obs, obt, hb) = {
             let s = client.settings();
             (
                 s.output_buffer_size,
-                s.output_buffer_timeout,
-                s.heartbeat_interval,
+                s.pump.output_buffer_timeout,
+                s.pump.heartbeat_interval,
             )
         };
         heartbeat.follow(hb, now);

@@ -59,6 +59,44 @@ pub struct ClientSettings {
     pub msg_timeout: Duration,
     /// True once any IDENTIFY was accepted.
     pub identified: bool,
+    /// What nsqd's messagePump took from the first IDENTIFY (it takes no later one):
+    /// the heartbeats and output-buffer timer it runs, the sample rate and msg_timeout
+    /// of each delivery. The fields above follow every IDENTIFY (the reply, TOUCH, the
+    /// read deadline).
+    pub pump: PumpSettings,
+}
+
+/// The settings nsqd's messagePump runs with ([`ClientSettings::pump`]).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+pub struct PumpSettings {
+    /// None when heartbeats are disabled.
+    pub heartbeat_interval: Option<Duration>,
+    /// Zero: no output-buffer timer.
+    pub output_buffer_timeout: Duration,
+    /// 0 = off, else percent of messages delivered.
+    pub sample_rate: u32,
+    /// How long a delivered message may stay in flight.
+    pub msg_timeout: Duration,
+}
+
+impl ClientSettings {
+    /// These settings, with the pump running on them (as after a first IDENTIFY).
+    pub fn with_current_pump(mut self) -> ClientSettings {
+        self.pump = PumpSettings::of(&self);
+        self
+    }
+}
+
+impl PumpSettings {
+    /// The pump settings `s` holds now.
+    pub fn of(s: &ClientSettings) -> PumpSettings {
+        PumpSettings {
+            heartbeat_interval: s.heartbeat_interval,
+            output_buffer_timeout: s.output_buffer_timeout,
+            sample_rate: s.sample_rate,
+            msg_timeout: s.msg_timeout,
+        }
+    }
 }
 
 /// The fields nsqd reads from an IDENTIFY body ([`decode_identify`]). Unknown keys
@@ -219,7 +257,7 @@ pub fn decode_identify(body: &[u8]) -> Result<IdentifyRequest, String> {
 /// hostname are the peer's IP.
 pub fn default_settings(peer_ip: &str, opts: impl Into<IdentifyLimits>) -> ClientSettings {
     let opts = opts.into();
-    ClientSettings {
+    let mut s = ClientSettings {
         client_id: peer_ip.to_string(),
         hostname: peer_ip.to_string(),
         user_agent: String::new(),
@@ -229,7 +267,10 @@ pub fn default_settings(peer_ip: &str, opts: impl Into<IdentifyLimits>) -> Clien
         sample_rate: 0,
         msg_timeout: opts.msg_timeout,
         identified: false,
-    }
+        pump: PumpSettings::default(),
+    };
+    s.pump = PumpSettings::of(&s);
+    s
 }
 
 /// Decodes and validates an IDENTIFY body against `opts` (the broker's limits), applying it to `settings`.
@@ -292,6 +333,9 @@ pub fn apply_identify(
         n if n >= 1000 && n <= ms(opts.max_msg_timeout) => Duration::from_millis(n as u64),
         n => return Err(bad(format!("msg timeout ({n}) is invalid"))),
     };
+    if !s.identified {
+        s.pump = PumpSettings::of(&s);
+    }
     s.identified = true;
     *settings = s;
     let negotiate = req.feature_negotiation.unwrap_or(false);

@@ -47,7 +47,9 @@ fn client_with(id: u64, rdy: i64, timeout_ms: u64) -> Rc<Client> {
             sample_rate: 0,
             msg_timeout: ms(timeout_ms),
             identified: false,
-        },
+            pump: Default::default(),
+        }
+        .with_current_pump(),
     );
     c.set_state(ClientState::Subscribed);
     c.set_ready_count(rdy);

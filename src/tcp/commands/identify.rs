@@ -39,7 +39,7 @@ pub(super) fn identify(
     };
     apply_deadlines(stream, client);
     // nsqd's messagePump makes a new output-buffer ticker at IDENTIFY.
-    let obt = client.settings().output_buffer_timeout;
+    let obt = client.settings().pump.output_buffer_timeout;
     client.set_output_ticker(OutputTicker::new(Instant::now(), obt));
     if !negotiated.negotiate {
         client.send_frame(FRAME_RESPONSE, b"OK");
