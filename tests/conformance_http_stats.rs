@@ -487,3 +487,22 @@ fn stats_counts_across_shards() {
         }
     });
 }
+
+/// A message deferred before its topic had a channel is deferred in the channel that
+/// comes later (nsqd's topic pump hands it over with PutMessageDeferred): deferred_count
+/// 1, depth 0, for a channel made over HTTP or by SUB (measured on nsqd 1.3.0).
+#[test]
+fn a_message_deferred_before_the_channel_counts_as_deferred() {
+    for_each_shards(&SHARD_COUNTS, |shards| {
+        let b = Broker::start(shards, &[]);
+        let (code, _) = b.http("POST", "/pub?topic=early&defer=600000", b"later");
+        assert_eq!(code, 200);
+        b.wait_topic_field("early", "depth", 1);
+        let (code, _) = b.http("POST", "/channel/create?topic=early&channel=c", b"");
+        assert_eq!(code, 200);
+        b.wait_channel_field("early", "c", "deferred_count", 1);
+        b.wait_channel_field("early", "c", "depth", 0);
+        b.wait_channel_field("early", "c", "message_count", 1);
+        b.wait_topic_field("early", "depth", 0);
+    });
+}

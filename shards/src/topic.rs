@@ -343,23 +343,7 @@ impl Topic {
         if self.store.is_none() || self.store_mode == StoreMode::Immediate {
             self.stored = self.log.head;
         }
-        let first_new = self.log.head - n;
-        let direct = defer_until.is_some_and(|d| d > Instant::now())
-            && !self.paused
-            && self.held.is_none()
-            && !self.channels.is_empty();
         self.pump(mem_queue_size);
-        if let (true, Some(due)) = (direct, defer_until) {
-            for seq in first_new..self.log.head {
-                let Some(rec) = self.log.get(seq) else {
-                    continue;
-                };
-                let msg = rec.message();
-                for ch in self.channels.values_mut() {
-                    ch.defer_published(msg.clone(), due);
-                }
-            }
-        }
         (n, self.log.head)
     }
 
@@ -373,7 +357,24 @@ impl Topic {
         if self.log.head == self.log.pumped {
             return;
         }
+        let from = self.log.pumped;
         self.log.pumped = self.log.head;
+        // A record deferred into the future goes to each channel's deferred heap as it
+        // is pumped (nsqd's topic messagePump: PutMessageDeferred), also when the channel
+        // came after the DPUB: it counts as deferred, not as depth. (A record no longer
+        // in memory moves there when the channel reads it.)
+        let now = Instant::now();
+        for seq in from..self.log.head {
+            let Some(rec) = self.log.get(seq) else {
+                continue;
+            };
+            if let Some(due) = rec.defer_until.filter(|d| *d > now) {
+                let msg = rec.message();
+                for ch in self.channels.values_mut() {
+                    ch.defer_published(msg.clone(), due);
+                }
+            }
+        }
         for ch in self.channels.values_mut() {
             ch.message_count += n;
             if ch.ephemeral {
