@@ -480,7 +480,6 @@ fn request_heads_answer_as_net_http() {
 /// whether a `GET /ping` on the same connection was answered.
 #[test]
 fn unread_bodies_over_256_kib_close_as_net_http() {
-    use std::io::{Read, Write};
     const CREATED: &[u8] =
         b"HTTP/1.1 200 OK\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 0\r\n\r\n";
     const CREATED_CLOSE: &[u8] = b"HTTP/1.1 200 OK\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
@@ -529,35 +528,37 @@ fn unread_bodies_over_256_kib_close_as_net_http() {
     for_each_shards(&[1, 2], |shards| {
         let b = Broker::start(shards, &[]);
         for (name, req, want, kept) in &cases {
-            let mut s = std::net::TcpStream::connect(b.http).unwrap();
-            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-            s.write_all(req).unwrap();
-            let mut got = Vec::new();
-            let mut chunk = [0u8; 4096];
-            // The answer, and nothing after it yet (a kept connection stays open).
-            while mask_date(&got).len() < want.len() {
-                match s.read(&mut chunk) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => got.extend_from_slice(&chunk[..n]),
-                }
-            }
-            assert_eq!(
-                show(&mask_date(&got)),
-                show(want),
-                "{shards} shards, {name}"
-            );
-            // Kept alive: the next request on it is answered; else the broker closed it.
-            let _ = s.write_all(b"GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-            let mut next = Vec::new();
-            let _ = s.read_to_end(&mut next);
-            assert_eq!(
-                next.starts_with(b"HTTP/1.1 200 OK\r\n"),
-                *kept,
-                "{shards} shards, {name}: after the answer got {:?}",
-                String::from_utf8_lossy(&next)
-            );
+            answer_then_ping(&b, req, want, *kept, &format!("{shards} shards, {name}"));
         }
     });
+}
+
+/// Sends `req` on a new connection: its answer must be `want` (Date masked) with nothing
+/// after it yet; then a `GET /ping` on the same connection is answered if `kept`, else
+/// the broker has closed it.
+fn answer_then_ping(b: &Broker, req: &[u8], want: &[u8], kept: bool, what: &str) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(b.http).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(req).unwrap();
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while mask_date(&got).len() < want.len() {
+        match s.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&chunk[..n]),
+        }
+    }
+    assert_eq!(show(&mask_date(&got)), show(want), "{what}");
+    let _ = s.write_all(b"GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let mut next = Vec::new();
+    let _ = s.read_to_end(&mut next);
+    assert_eq!(
+        next.starts_with(b"HTTP/1.1 200 OK\r\n"),
+        kept,
+        "{what}: after the answer got {:?}",
+        String::from_utf8_lossy(&next)
+    );
 }
 
 /// A response body over 2 KiB is framed as Go's net/http frames a handler's body that
@@ -771,7 +772,6 @@ fn small_bodies_refused_by_size_keep_the_connection_as_net_http() {
 /// whether a `GET /ping` on the same connection was answered.
 #[test]
 fn bodies_left_by_the_handler_follow_net_http_s_256_kib_rule() {
-    use std::io::{Read, Write};
     const K: usize = 262_144;
     const MSG_TOO_BIG: &[u8] = b"HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 25\r\n\r\n{\"message\":\"MSG_TOO_BIG\"}";
     const MSG_TOO_BIG_CLOSE: &[u8] = b"HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 25\r\nConnection: close\r\n\r\n{\"message\":\"MSG_TOO_BIG\"}";
@@ -867,31 +867,7 @@ fn bodies_left_by_the_handler_follow_net_http_s_256_kib_rule() {
     for_each_shards(&[1, 2], |shards| {
         let b = Broker::start(shards, &["--max-msg-size=100", "--max-body-size=1000"]);
         for (name, req, want, kept) in &cases {
-            let mut s = std::net::TcpStream::connect(b.http).unwrap();
-            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-            s.write_all(req).unwrap();
-            let mut got = Vec::new();
-            let mut chunk = [0u8; 4096];
-            while mask_date(&got).len() < want.len() {
-                match s.read(&mut chunk) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => got.extend_from_slice(&chunk[..n]),
-                }
-            }
-            assert_eq!(
-                show(&mask_date(&got)),
-                show(want),
-                "{shards} shards, {name}"
-            );
-            let _ = s.write_all(b"GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-            let mut next = Vec::new();
-            let _ = s.read_to_end(&mut next);
-            assert_eq!(
-                next.starts_with(b"HTTP/1.1 200 OK\r\n"),
-                *kept,
-                "{shards} shards, {name}: after the answer got {:?}",
-                String::from_utf8_lossy(&next)
-            );
+            answer_then_ping(&b, req, want, *kept, &format!("{shards} shards, {name}"));
         }
     });
 }
