@@ -343,14 +343,20 @@ fn failed_request_bodies_answer_as_nsqd() {
 
 /// `Date: <value>` -> `Date: X`.
 fn mask_date(raw: &[u8]) -> Vec<u8> {
-    let Some(p) = raw.windows(6).position(|w| w == b"Date: ") else {
-        return raw.to_vec();
-    };
-    let end = raw[p..]
-        .windows(2)
-        .position(|w| w == b"\r\n")
-        .map_or(raw.len(), |e| p + e);
-    [&raw[..p + 6], b"X", &raw[end..]].concat()
+    // Every response's Date (pipelined requests get several).
+    let mut out = Vec::with_capacity(raw.len());
+    let mut rest = raw;
+    while let Some(p) = rest.windows(6).position(|w| w == b"Date: ") {
+        let end = rest[p..]
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .map_or(rest.len(), |e| p + e);
+        out.extend_from_slice(&rest[..p + 6]);
+        out.push(b'X');
+        rest = &rest[end..];
+    }
+    out.extend_from_slice(rest);
+    out
 }
 
 /// A case: name, request head, body sent after a pause, nsqd 1.3.0's answer.
@@ -429,6 +435,12 @@ fn request_heads_answer_as_net_http() {
         ),
         ("options_star_http10", b"OPTIONS * HTTP/1.0\r\n\r\n", b"", b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\nDate: X\r\n\r\n"),
         ("get_star", b"GET * HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, OPTIONS, POST, PUT\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 32\r\n\r\n{\"message\":\"METHOD_NOT_ALLOWED\"}"),
+        // No empty line before a request line, but up to 4 CR/LF bytes after a POST;
+        // two Transfer-Encoding lines are 501.
+        ("crlf_before_request_line", b"\r\nGET /ping HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"),
+        ("post_then_2_crlf_dropped", b"POST /topic/create?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n\r\n\r\nGET /ping HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 200 OK\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 0\r\n\r\nHTTP/1.1 200 OK\r\nDate: X\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nOK"),
+        ("post_then_3_crlf", b"POST /topic/create?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n\r\n\r\n\r\nGET /ping HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 200 OK\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 0\r\n\r\nHTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"),
+        ("two_transfer_encodings", b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n", b"", b"HTTP/1.1 501 Not Implemented\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\nUnsupported transfer encoding"),
         // Request targets as url.ParseRequestURI reads them, and query bytes that are not UTF-8.
         ("target_relative", b"GET x/ping HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"),
         ("target_control_byte", b"GET /ping?x=\x01 HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"),

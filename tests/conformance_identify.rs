@@ -826,3 +826,63 @@ fn heartbeats_keep_the_first_identify_s_interval() {
         assert_eq!((ft, data.as_slice()), (0, &b"_heartbeat_"[..]));
     }
 }
+
+/// A snappy stream is checked as Go's snappy Reader (nsqd's) checks it, from each
+/// chunk's 4-byte header: no identifier first, a chunk longer than 76,494 bytes (16 MiB
+/// of padding announced), a reserved type: the connection ends at once, with a reset
+/// when bytes follow the header (nsqd reads only the header), with a FIN when none do.
+/// Measured on nsqd 1.3.0. (A broker that buffered the announced 16 MiB per connection
+/// before checking was a memory exhaustion.)
+#[test]
+fn bad_snappy_chunks_end_the_connection_from_their_header() {
+    use std::io::Read;
+    let b = Broker::start(1, &[]);
+    let id: &[u8] = b"\xff\x06\x00\x00sNaPpY";
+    let cases: [(&str, Vec<u8>, &str); 5] = [
+        (
+            "no identifier",
+            b"\x01\x0e\x00\x00\x00\x00\x00\x00\x00\x00".to_vec(),
+            "reset",
+        ),
+        ("no identifier, 4 bytes", b"NOP\n".to_vec(), "FIN"),
+        (
+            "16 MiB padding",
+            [id, b"\xfe\xff\xff\xff", &[b'x'; 100]].concat(),
+            "reset",
+        ),
+        (
+            "16 MiB compressed",
+            [id, b"\x00\xff\xff\xff", &[b'x'; 100]].concat(),
+            "reset",
+        ),
+        (
+            "reserved type",
+            [id, b"\x02\x01\x00\x00\x78"].concat(),
+            "reset",
+        ),
+    ];
+    for (name, after, want) in cases {
+        let mut s = b.connect_v2();
+        send(
+            &mut s,
+            &identify_cmd(r#"{"feature_negotiation":true,"snappy":true}"#),
+        );
+        let (ft, _) = read_frame(&mut s).unwrap();
+        assert_eq!(ft, 0);
+        // The stream identifier and the framed OK: read all of it.
+        std::thread::sleep(Duration::from_millis(200));
+        s.set_nonblocking(true).unwrap();
+        let mut drain = [0u8; 256];
+        while s.read(&mut drain).is_ok_and(|n| n > 0) {}
+        s.set_nonblocking(false).unwrap();
+        send(&mut s, &after);
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buf = [0u8; 64];
+        let end = match s.read(&mut buf) {
+            Ok(0) => "FIN",
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => "reset",
+            other => panic!("{name}: {other:?}"),
+        };
+        assert_eq!(end, want, "{name}");
+    }
+}

@@ -281,8 +281,11 @@ pub fn serve_conn(ctx: Arc<Context>, stream: TcpStream) {
         buf: Vec::new(),
         pos: 0,
     };
+    let mut crlf = http1::PostCrlf::default();
     loop {
         let (req, n) = loop {
+            let k = crlf.drop_from(conn.buffered());
+            conn.consume(k);
             // Parsed within the limit only, as Go reads the head through it.
             let buffered = conn.buffered();
             match parse_head(&buffered[..buffered.len().min(MAX_HEAD)], &remote) {
@@ -304,6 +307,7 @@ pub fn serve_conn(ctx: Arc<Context>, stream: TcpStream) {
             }
         };
         conn.consume(n);
+        crlf.after(&req.method);
         let mut req = req;
         if req.expect_unknown {
             // net/http (sendExpectationFailed), before any handler: 417, then close.

@@ -5,7 +5,7 @@
 
 use super::*;
 pub use nsq_wire::http1::HeadError;
-use nsq_wire::http1::{MAX_HEAD, MAX_POST_HANDLER_READ};
+use nsq_wire::http1::{PostCrlf, MAX_HEAD, MAX_POST_HANDLER_READ};
 
 /// Serves HTTP on this shard's listener until shutdown.
 pub async fn accept_loop(server: Rc<Server>, listener: TcpListener) {
@@ -361,8 +361,10 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
     // with 403 and the HTTPS port.
     let refuse = !tls && server.cfg.tls_required == crate::config::TLS_REQUIRED;
     let mut buf = BytesMut::with_capacity(16 * 1024);
+    let mut crlf = PostCrlf::default();
     loop {
         let head = loop {
+            let _ = buf.split_to(crlf.drop_from(&buf));
             // Parsed within the limit only, as Go reads the head through it.
             match parse_head(&buf[..buf.len().min(MAX_HEAD)]) {
                 Ok(Some(h)) => break h,
@@ -385,6 +387,7 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
             }
         };
         let _ = buf.split_to(head.head_len);
+        crlf.after(&head.method);
         let started = Instant::now();
         // net/http answers these before any handler runs: an unknown expectation (417,
         // then close) and `OPTIONS *` (globalOptionsHandler: 200, Content-Length 0).

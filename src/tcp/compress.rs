@@ -14,17 +14,31 @@ pub(super) enum Decoder {
 }
 
 impl Decoder {
-    /// The decoder for `c`, continuing a stream from its hand-off state if given.
+    /// The decoder for `c`: for a stream that starts now (`resumed` false: a snappy
+    /// stream must begin with its identifier), or one continuing from its hand-off state.
     pub(super) fn new(
         c: Compression,
         pending_raw: Vec<u8>,
         history: Vec<u8>,
+        resumed: bool,
     ) -> Result<Option<Decoder>, String> {
         Ok(match c {
             Compression::None => None,
+            Compression::Snappy if !resumed => Some(Decoder::Snappy(SnappyDecoder::default())),
             Compression::Snappy => Some(Decoder::Snappy(SnappyDecoder::with_pending(pending_raw))),
             Compression::Deflate(_) => Some(Decoder::Deflate(DeflateDecoder::new(history)?)),
         })
+    }
+
+    /// After a failed [`Decoder::feed`]: bytes nsqd would not have read. Go's snappy
+    /// Reader reads a chunk's 4-byte header straight from the socket and refuses a bad
+    /// one there, so everything after it stays unread (its close is then a reset); for
+    /// deflate, none are counted.
+    pub(super) fn unread_after_error(&self) -> usize {
+        match self {
+            Decoder::Snappy(d) => d.pending().len().saturating_sub(4),
+            Decoder::Deflate(_) => 0,
+        }
     }
 
     pub(super) fn feed(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), String> {

@@ -67,7 +67,7 @@ pub(super) async fn run_connection(
         client.clone(),
         handing_off.clone(),
     ));
-    let decoder = match Decoder::new(client.compression(), pending_raw, inflate_history) {
+    let decoder = match Decoder::new(client.compression(), pending_raw, inflate_history, true) {
         Ok(d) => d,
         Err(e) => {
             log::error!(
@@ -315,7 +315,7 @@ impl Reader {
             }
             Ok(Upgrade::None) => Ok(()),
             Ok(Upgrade::Tls(want)) => self.start_tls(server, stream, client, want).await,
-            Ok(Upgrade::Compression) => self.start_compression(client),
+            Ok(Upgrade::Compression) => self.start_compression(client, stream),
         }
     }
 
@@ -343,7 +343,7 @@ impl Reader {
             client.set_compression(want);
             client.set_compress_from(Some(client.out().len()));
             client.send_frame(FRAME_RESPONSE, b"OK");
-            let Ok(d) = Decoder::new(want, Vec::new(), Vec::new()) else {
+            let Ok(d) = Decoder::new(want, Vec::new(), Vec::new(), false) else {
                 return Err(Outcome::Closed);
             };
             self.decoder = d;
@@ -354,13 +354,15 @@ impl Reader {
 
     /// IDENTIFY switched the stream to snappy or deflate: what follows it, read already
     /// or not, is compressed.
-    fn start_compression(&mut self, client: &Client) -> Result<(), Stop> {
+    fn start_compression(&mut self, client: &Client, stream: &SharedStream) -> Result<(), Stop> {
         let rest = self.buf.split();
-        let Ok(Some(mut d)) = Decoder::new(client.compression(), Vec::new(), Vec::new()) else {
+        let Ok(Some(mut d)) = Decoder::new(client.compression(), Vec::new(), Vec::new(), false)
+        else {
             return Err(Outcome::Closed);
         };
         let mut out = Vec::new();
         if d.feed(&rest, &mut out).is_err() {
+            stream.reset_on_close_if_input_over(d.unread_after_error(), 0);
             return Err(Outcome::Closed);
         }
         self.buf.extend_from_slice(&out);
@@ -392,6 +394,7 @@ impl Reader {
                     "PROTOCOL(V2): [{}] compressed stream error - {e}",
                     client.remote_address()
                 );
+                stream.reset_on_close_if_input_over(d.unread_after_error(), 0);
                 return Err(());
             }
             self.buf.extend_from_slice(&out);

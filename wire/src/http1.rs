@@ -439,8 +439,9 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<RequestHead>, HeadError> 
         pos += nl + 1;
         if line.is_empty() {
             if lines.is_empty() {
-                // Go skips empty lines before the request line (RFC 7230 3.5).
-                continue;
+                // An empty request line is malformed for Go (its server only drops up
+                // to 4 CR/LF bytes after a POST: [`PostCrlf`]).
+                return Err(BAD);
             }
             break pos;
         }
@@ -500,8 +501,10 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<RequestHead>, HeadError> 
     let mut chunked = false;
     let tes: Vec<&[u8]> = named("transfer-encoding").collect();
     if http11 && !tes.is_empty() {
+        // Go 1.19: more than one is "too many transfer encodings", answered as an
+        // unsupported one (501).
         if tes.len() > 1 {
-            return Err(BAD);
+            return Err(HeadError::Unsupported);
         }
         if !tes[0].eq_ignore_ascii_case(b"chunked") {
             return Err(HeadError::Unsupported);
@@ -580,6 +583,32 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<RequestHead>, HeadError> 
         expect_unknown: expect_other && !expect_continue,
         head_len,
     }))
+}
+
+/// The CR/LF bytes Go's server drops before the next request head: up to 4 after a POST
+/// (conn.readRequest: "RFC 7230 section 3 tolerance for old buggy clients"). Call
+/// [`PostCrlf::drop_from`] before each parse attempt and [`PostCrlf::after`] once a
+/// request was read.
+#[derive(Default, Debug, Clone, Copy)]
+pub struct PostCrlf(usize);
+
+impl PostCrlf {
+    /// The CR/LF bytes to drop from the start of `buf` now (the rest of the allowance
+    /// stays for bytes not arrived yet; a byte that is not CR/LF ends it).
+    pub fn drop_from(&mut self, buf: &[u8]) -> usize {
+        let k = buf
+            .iter()
+            .take(self.0)
+            .take_while(|&&b| b == b'\r' || b == b'\n')
+            .count();
+        self.0 = if buf.len() > k { 0 } else { self.0 - k };
+        k
+    }
+
+    /// After a request with `method`: 4 after a POST, else none.
+    pub fn after(&mut self, method: &str) {
+        self.0 = if method == "POST" { 4 } else { 0 };
+    }
 }
 
 /// A request target as Go's url.ParseRequestURI reads it (http.readRequest).

@@ -20,17 +20,30 @@ fn masked_crc(data: &[u8]) -> u32 {
     (c.rotate_right(15)).wrapping_add(0xa282_ead8)
 }
 
-/// Decodes a snappy-framed byte stream incrementally.
+/// Go snappy's Reader buffer: the longest chunk it takes (maxEncodedLenOfMaxBlockSize
+/// plus the checksum); a longer one is refused from its header.
+const MAX_CHUNK_LEN: usize = 76_490 + 4;
+
+/// Decodes a snappy-framed byte stream incrementally, with the checks of Go's snappy
+/// Reader (nsqd's): the stream must start with its identifier; a chunk is refused from
+/// its 4-byte header when longer than Go's buffer (76,494 bytes), of a reserved
+/// unskippable type, or too short or long for its type; so at most one chunk of 76 KB is
+/// ever held.
 #[derive(Default, Debug)]
 pub struct SnappyDecoder {
     /// Bytes of an incomplete chunk.
     raw: Vec<u8>,
+    /// The stream identifier was read.
+    identified: bool,
 }
 
 impl SnappyDecoder {
     /// A decoder that continues a stream (its undecoded bytes so far).
     pub fn with_pending(raw: Vec<u8>) -> SnappyDecoder {
-        SnappyDecoder { raw }
+        SnappyDecoder {
+            raw,
+            identified: true,
+        }
     }
 
     /// Bytes received but not yet decodable (an incomplete chunk).
@@ -47,6 +60,21 @@ impl SnappyDecoder {
             let h = &self.raw[at..at + 4];
             let kind = h[0];
             let len = h[1] as usize | (h[2] as usize) << 8 | (h[3] as usize) << 16;
+            // Go's Reader checks the header before reading the chunk.
+            if !self.identified && kind != 0xff {
+                return Err("snappy stream without its identifier".into());
+            }
+            if len > MAX_CHUNK_LEN {
+                return Err("snappy chunk too long".into());
+            }
+            match kind {
+                0xff if len != 6 => return Err("bad snappy stream identifier".into()),
+                0x00 | 0x01 if len < 4 => return Err("short snappy chunk".into()),
+                0x01 if len - 4 > MAX_CHUNK => return Err("snappy chunk too large".into()),
+                0x02..=0x7f => return Err(format!("unsupported snappy chunk type {kind:#x}")),
+                _ => {}
+            }
+            self.identified = true;
             if self.raw.len() - at < 4 + len {
                 break;
             }
@@ -168,11 +196,21 @@ mod tests {
         assert!(SnappyDecoder::default()
             .feed(&framed, &mut Vec::new())
             .is_err());
-        assert!(SnappyDecoder::default()
-            .feed(b"\x80\x00\x00\x00", &mut Vec::new())
-            .is_ok());
-        assert!(SnappyDecoder::default()
-            .feed(b"\x05\x01\x00\x00x", &mut Vec::new())
-            .is_err());
+        let id = b"\xff\x06\x00\x00sNaPpY";
+        let after_id =
+            |rest: &[u8]| SnappyDecoder::default().feed(&[&id[..], rest].concat(), &mut Vec::new());
+        assert!(after_id(b"\x80\x00\x00\x00").is_ok());
+        assert!(after_id(b"\x05\x01\x00\x00x").is_err());
+        // As Go's snappy Reader (nsqd): refused from the 4-byte header alone, before
+        // any of the chunk is held: a stream not starting with its identifier, a chunk
+        // over 76,494 bytes (padding too), a reserved type, an uncompressed chunk over
+        // 64 KiB + 4.
+        let mut d = SnappyDecoder::default();
+        assert!(d.feed(b"\x01\x0e\x00\x00", &mut Vec::new()).is_err());
+        assert!(after_id(b"\xfe\xff\xff\xff").is_err());
+        assert!(after_id(b"\x00\xff\xff\xff").is_err());
+        assert!(after_id(b"\x02\x01\x00\x00").is_err());
+        assert!(after_id(b"\x01\x05\x00\x01").is_err());
+        assert!(after_id(b"\xfe\xce\x2a\x01").is_ok());
     }
 }
