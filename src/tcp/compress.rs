@@ -89,6 +89,13 @@ impl Encoder {
         })
     }
 
+    /// A second flush with nothing new (deflate: one more sync marker; snappy: nothing).
+    pub(super) fn flush_again(&mut self, out: &mut Vec<u8>) {
+        if let Encoder::Deflate(e) = self {
+            e.flush_again(out);
+        }
+    }
+
     pub(super) fn encode(
         &mut self,
         client: &Client,

@@ -42,6 +42,7 @@ pub(super) async fn writer_loop(
     // Heartbeats and the output-buffer timer run on what nsqd's messagePump took from
     // the first IDENTIFY (ClientSettings::pump); the buffer's size follows every one.
     let mut heartbeat = Heartbeat::new(client.settings().pump.heartbeat_interval);
+    let mut pump_flushes_too = false;
     loop {
         let now = Instant::now();
         let (obs, obt, hb) = {
@@ -63,7 +64,8 @@ pub(super) async fn writer_loop(
         let (tick, ticker) = take_tick(&client, now);
         let due = len > 0 && (closed || client.flush_now() || obt.is_zero() || len >= obs || tick);
         if due {
-            if out.flush(&server, &stream, &client).await.is_err() {
+            let twice = std::mem::take(&mut pump_flushes_too);
+            if out.flush(&server, &stream, &client, twice).await.is_err() {
                 client.set_closed(true);
                 break;
             }
@@ -78,6 +80,9 @@ pub(super) async fn writer_loop(
             break;
         }
         if heartbeat.send_if_due(&client, now) {
+            // nsqd's messagePump flushes again on its next turn while the client is
+            // not ready for messages (a second sync marker on a deflate stream).
+            pump_flushes_too = !client.is_ready();
             continue;
         }
         let mut wake_at = heartbeat.next;
@@ -182,18 +187,20 @@ impl Output {
 
     /// Writes out everything the client's output buffer holds (nsqd: Flush) and wakes a
     /// reader waiting for the buffer to drain.
+    /// `twice`: nsqd flushes these bytes twice (its messagePump flushes too).
     async fn flush(
         &mut self,
         server: &Server,
         stream: &SharedStream,
         client: &Client,
+        twice: bool,
     ) -> io::Result<()> {
         std::mem::swap(&mut *client.out_mut(), &mut self.spare);
         client.set_flush_now(false);
         // Counted as pending output until written, so that delivery stops at the
         // high-water mark while the socket is full (Client::output_full).
         client.set_writing(self.spare.len());
-        let res = self.write(stream, client).await;
+        let res = self.write(stream, client, twice).await;
         client.set_writing(0);
         client.drained().notify();
         server.shard.count_bytes_out(self.spare.len() as u64);
@@ -208,7 +215,12 @@ impl Output {
     }
 
     /// Writes `spare` to the socket, compressed from where IDENTIFY switched it on.
-    async fn write(&mut self, stream: &SharedStream, client: &Client) -> io::Result<()> {
+    async fn write(
+        &mut self,
+        stream: &SharedStream,
+        client: &Client,
+        twice: bool,
+    ) -> io::Result<()> {
         let spare = &self.spare;
         match (client.take_compress_from(), self.encoder.as_mut()) {
             (Some(off), _) => {
@@ -217,7 +229,10 @@ impl Output {
                 let mut framed = spare[..off].to_vec();
                 match Encoder::new(client.compression(), false, &[]) {
                     Ok(Some(mut enc)) => {
+                        // The upgrade's OK: nsqd's IDENTIFY and its messagePump both
+                        // flush it.
                         let r = enc.encode(client, &spare[off..], &mut framed);
+                        enc.flush_again(&mut framed);
                         self.encoder = Some(enc);
                         match r {
                             Ok(()) => stream.write_all(&framed).await,
@@ -229,7 +244,11 @@ impl Output {
             }
             (None, Some(enc)) => {
                 let mut framed = Vec::with_capacity(spare.len() / 2 + 64);
-                match enc.encode(client, spare, &mut framed) {
+                let r = enc.encode(client, spare, &mut framed);
+                if twice {
+                    enc.flush_again(&mut framed);
+                }
+                match r {
                     Ok(()) => stream.write_all(&framed).await,
                     Err(e) => Err(io::Error::other(e)),
                 }

@@ -108,14 +108,18 @@ impl DeflateEncoder {
         Ok(DeflateEncoder { inner })
     }
 
-    /// Appends the deflated, sync-flushed form of `data` to `out`, then one more empty
-    /// stored block, as nsqd's stream has after each flush (Go's compress/flate `Flush`
-    /// ends a block and writes a sync marker; nsqd 1.3.0's bytes after a flush end in
-    /// `00 00 00 ff ff` twice). Byte-aligned after a sync flush, that block is 5 bytes.
+    /// Appends the deflated, sync-flushed form of `data` to `out` (Go's compress/flate
+    /// `Flush` ends a block and writes a sync marker, one per nsqd flush).
     pub fn encode(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
-        self.sync_flushed(data, out)?;
+        self.sync_flushed(data, out)
+    }
+
+    /// A flush with nothing new: Go's `Flush` still writes a sync marker, an empty
+    /// stored block (5 bytes, byte-aligned after a sync flush). nsqd flushes twice where
+    /// its messagePump also flushes: the upgrade's `OK`, a heartbeat to a client not
+    /// ready for messages (nsqd 1.3.0's bytes end in `00 00 00 ff ff` twice there).
+    pub fn flush_again(&mut self, out: &mut Vec<u8>) {
         out.extend_from_slice(&EMPTY_STORED_BLOCK);
-        Ok(())
     }
 
     fn sync_flushed(&mut self, mut data: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
@@ -146,18 +150,21 @@ mod tests {
     use std::io::Write;
 
     /// nsqd 1.3.0's deflate stream (level 6) after IDENTIFY, then after one heartbeat:
-    /// the frames' blocks, each flush ending in two empty stored blocks.
+    /// the frames' blocks, each of these flushes ending in two empty stored blocks (the
+    /// upgrade and a heartbeat to a client not subscribed: nsqd flushes twice there).
     #[test]
     fn flushes_end_as_nsqd_s() {
         let mut enc = DeflateEncoder::new(6, &[]).unwrap();
         let mut out = Vec::new();
         enc.encode(b"\x00\x00\x00\x06\x00\x00\x00\x00OK", &mut out)
             .unwrap();
+        enc.flush_again(&mut out);
         let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
         assert_eq!(hex(&out), "6260606063606060f0f706000000ffff000000ffff");
         out.clear();
         enc.encode(b"\x00\x00\x00\x0f\x00\x00\x00\x00_heartbeat_", &mut out)
             .unwrap();
+        enc.flush_again(&mut out);
         assert_eq!(
             hex(&out),
             "626060e007b1e23352138b4a9252134be201000000ffff000000ffff"
