@@ -435,6 +435,10 @@ fn request_heads_answer_as_net_http() {
         ),
         ("options_star_http10", b"OPTIONS * HTTP/1.0\r\n\r\n", b"", b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\nDate: X\r\n\r\n"),
         ("get_star", b"GET * HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, OPTIONS, POST, PUT\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 32\r\n\r\n{\"message\":\"METHOD_NOT_ALLOWED\"}"),
+        // `PRI * HTTP/2.0` is served as HTTP/1 (a 405 from the router), no Host needed
+        // without headers; other HTTP/2.0 requests are 505.
+        ("h2_preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", b"", b"HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, OPTIONS, POST, PUT\r\nContent-Type: application/json; charset=utf-8\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nDate: X\r\nContent-Length: 32\r\nConnection: close\r\n\r\n{\"message\":\"METHOD_NOT_ALLOWED\"}"),
+        ("h2_pri_with_header_no_host", b"PRI * HTTP/2.0\r\nX: y\r\n\r\n", b"", b"HTTP/1.1 400 Bad Request: missing required Host header\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request: missing required Host header"),
         // No empty line before a request line, but up to 4 CR/LF bytes after a POST;
         // two Transfer-Encoding lines are 501.
         ("crlf_before_request_line", b"\r\nGET /ping HTTP/1.1\r\nHost: x\r\n\r\n", b"", b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"),

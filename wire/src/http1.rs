@@ -418,7 +418,8 @@ impl HeadError {
 ///   HTTP/1.1 more than one is a plain 400 and anything but `chunked` 501; `chunked`
 ///   wins over `Content-Length`; `Content-Length`s must agree (compared trimmed) and be
 ///   digits only (an empty one means none), else a plain 400;
-/// * server checks (`conn.readRequest`): a major version other than 1 is 505; HTTP/1.1
+/// * server checks (`conn.readRequest`): a major version other than 1 is 505 (not
+///   `PRI * HTTP/2.0`, served as HTTP/1 and, without headers, closed after); HTTP/1.1
 ///   without `Host` is `400 Bad Request: missing required Host header`; a `Host` with
 ///   bytes Go refuses is `... malformed Host header`; a header name that is not a token
 ///   is `... invalid header name`, a value with a control byte other than tab
@@ -496,8 +497,12 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<RequestHead>, HeadError> 
     if hosts.len() > 1 {
         return Err(BAD);
     }
+    // `PRI * HTTP/2.0` (an HTTP/2 preface) is served as HTTP/1 (http1ServerSupportsRequest);
+    // without headers (isH2Upgrade) it needs no Host and closes after its answer.
+    let pri = method == "PRI" && target.raw_path == "*" && (major, minor) == (2, 0);
+    let h2_preface = pri && fields.is_empty();
     // readTransfer.
-    let http11 = major == 1 && minor >= 1;
+    let http11 = (major, minor) >= (1, 1);
     let mut chunked = false;
     let tes: Vec<&[u8]> = named("transfer-encoding").collect();
     if http11 && !tes.is_empty() {
@@ -530,10 +535,10 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<RequestHead>, HeadError> 
         }
     }
     // The server's own checks.
-    if major != 1 {
+    if major != 1 && !pri {
         return Err(HeadError::Version);
     }
-    if http11 && hosts.is_empty() {
+    if http11 && hosts.is_empty() && !h2_preface {
         return Err(HeadError::Bad(
             "400 Bad Request: missing required Host header",
         ));
@@ -560,6 +565,7 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<RequestHead>, HeadError> 
             conn_keep_alive |= tok.eq_ignore_ascii_case(b"keep-alive");
         }
     }
+    conn_close |= h2_preface;
     let mut expect_other = false;
     for v in named("expect") {
         for tok in v.split(|&b| b == b',') {
