@@ -877,12 +877,8 @@ fn bad_snappy_chunks_end_the_connection_from_their_header() {
         s.set_nonblocking(false).unwrap();
         send(&mut s, &after);
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let mut buf = [0u8; 64];
-        let end = match s.read(&mut buf) {
-            Ok(0) => "FIN",
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => "reset",
-            other => panic!("{name}: {other:?}"),
-        };
+        let (got, end) = read_until_closed(&mut s, name);
+        assert!(got.is_empty(), "{name}: {got:?}");
         assert_eq!(end, want, "{name}");
     }
 }

@@ -372,16 +372,7 @@ fn fatal_errors_close_or_reset_as_nsqd() {
             s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
             let _ = s.write_all(input);
             std::thread::sleep(Duration::from_millis(300));
-            let mut got = Vec::new();
-            let mut buf = [0u8; 4096];
-            let end = loop {
-                match s.read(&mut buf) {
-                    Ok(0) => break "FIN",
-                    Ok(n) => got.extend_from_slice(&buf[..n]),
-                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break "reset",
-                    Err(e) => panic!("{shards} shards, {name}: {e} after {}", show(&got)),
-                }
-            };
+            let (got, end) = read_until_closed(&mut s, &format!("{shards} shards, {name}"));
             assert_eq!(show(&got), show(want), "{shards} shards, {name}");
             let want_end = if *reset { "reset" } else { "FIN" };
             assert_eq!(end, want_end, "{shards} shards, {name}");
@@ -427,16 +418,8 @@ fn pipelined_commands_then_a_fatal_error_close_as_nsqd() {
             let mut s = TcpStream::connect(b.tcp).unwrap();
             s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
             let _ = s.write_all(&bytes);
-            let mut got = Vec::new();
-            let mut buf = [0u8; 4096];
-            let end = loop {
-                match s.read(&mut buf) {
-                    Ok(0) => break "FIN",
-                    Ok(n) => got.extend_from_slice(&buf[..n]),
-                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break "reset",
-                    Err(e) => panic!("{shards} shards, {pubs}/{filler}: {e}"),
-                }
-            };
+            let (got, end) =
+                read_until_closed(&mut s, &format!("{shards} shards, {pubs}/{filler}"));
             // A reset may drop answers the client had not read yet.
             assert!(
                 want.starts_with(&got) && (reset || got == want),

@@ -953,16 +953,7 @@ fn fatal_errors_close_or_reset_as_nsqlookupd() {
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let _ = s.write_all(input);
         std::thread::sleep(Duration::from_millis(200));
-        let mut got = Vec::new();
-        let mut buf = [0u8; 4096];
-        let end = loop {
-            match s.read(&mut buf) {
-                Ok(0) => break "FIN",
-                Ok(n) => got.extend_from_slice(&buf[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break "reset",
-                Err(e) => panic!("{name}: {e}"),
-            }
-        };
+        let (got, end) = daemon::read_until_closed(&mut s, name);
         assert!(
             got.ends_with(want_last) || *want_end == "reset",
             "{name}: got {:?}",

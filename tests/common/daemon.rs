@@ -355,3 +355,20 @@ pub fn wait_for_port(addr: SocketAddr, within: Duration) -> TcpStream {
         }
     }
 }
+
+/// Reads `s` until the peer ends the connection: what arrived, and how it ended, `"FIN"`
+/// (a clean close) or `"reset"`. Any other error (a read timeout) fails the test with
+/// `what` and the bytes so far.
+pub fn read_until_closed(s: &mut TcpStream, what: &str) -> (Vec<u8>, &'static str) {
+    use std::io::Read;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return (got, "FIN"),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return (got, "reset"),
+            Err(e) => panic!("{what}: {e} after {:?}", String::from_utf8_lossy(&got)),
+        }
+    }
+}
