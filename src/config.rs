@@ -30,6 +30,7 @@ pub(crate) fn default_node_id() -> u16 {
     name = "nsqd",
     version = "v1.3.0 (built w/rust)",
     override_usage = "nsqd [OPTIONS]",
+    args_override_self = true,
     about = "A thread-per-core, shared-nothing drop-in replacement for nsqd (protocol V2, nsqd's HTTP API and flags)"
 )]
 // The field docs are the `--help` text, verbatim (`<addr>:<port>`, `[deprecated]` as

@@ -651,7 +651,9 @@ async fn checkpoint_loop(shard: Rc<Shard>) {
             }
             Either::Left((Either::Left(_), _)) => {}
         }
+        let requested = shard.meta_requested.get();
         shard.checkpoint().await;
+        shard.meta_written.advance_to(requested);
     }
 }
 
@@ -721,6 +723,17 @@ fn handle_mesh(server: &Rc<Server>, msg: ShardMsg) {
                 let s = server.clone();
                 glommio::spawn_local(async move {
                     let _ = reply.send(s.shard.admin_async(op).await);
+                })
+                .detach();
+            } else if shard.admin_persists(&op) {
+                // Applied now, in mesh order; answered once the metadata has it.
+                let r = shard.admin(op);
+                let s = server.clone();
+                glommio::spawn_local(async move {
+                    if r.is_ok() {
+                        s.shard.persist_changes().await;
+                    }
+                    let _ = reply.send(r);
                 })
                 .detach();
             } else {

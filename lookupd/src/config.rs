@@ -16,6 +16,7 @@ use std::time::Duration;
 #[command(
     name = "nsqlookupd",
     disable_version_flag = true,
+    args_override_self = true,
     about = "nsqlookupd: the NSQ directory service (TCP protocol V1 for nsqd, HTTP for clients)"
 )]
 // The field docs are the `--help` text, verbatim (`<addr>:<port>`, `[deprecated]` as
@@ -192,5 +193,17 @@ mod tests {
         assert_eq!(cli.http_address, "5.5.5.5:5");
         assert_eq!(cli.tombstone_lifetime, Duration::from_secs(2));
         assert_eq!(cli.inactive_producer_timeout, Duration::from_millis(1500));
+    }
+
+    /// Go's flag package: a flag given twice takes its last value (nsqlookupd 1.3.0 runs
+    /// with `--http-address` twice; this one exited 2 before session 9).
+    #[test]
+    fn a_flag_given_twice_takes_its_last_value() {
+        let m = Cli::command().get_matches_from(args(&[
+            "--http-address=127.0.0.1:1",
+            "-http-address=127.0.0.1:2",
+        ]));
+        let cli = Cli::from_arg_matches(&m).unwrap();
+        assert_eq!(cli.http_address, "127.0.0.1:2");
     }
 }

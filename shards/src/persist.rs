@@ -26,6 +26,10 @@ use std::time::Instant;
 /// Records read per disk read when recovery brings back pending messages.
 const PENDING_READ: usize = 256;
 
+/// No topic reaches this many messages (2^62: 146 years at 10^9 a second); a metadata
+/// sequence beyond it is corrupt.
+const SEQ_MAX: u64 = 1 << 62;
+
 /// The metadata of a topic as it stands.
 pub fn topic_meta(t: &Topic) -> TopicMeta {
     let mut channels = Vec::new();
@@ -161,7 +165,14 @@ impl Shard {
         // The newest records may never have been written (finished first): continue
         // after the newest sequence the metadata knew, never reusing one.
         let stored_next = rec.next_seq;
-        let head = stored_next.max(m.as_ref().map(|m| m.next_seq).unwrap_or(0));
+        let mut meta_next = m.as_ref().map(|m| m.next_seq).unwrap_or(0);
+        if meta_next > SEQ_MAX {
+            log::error!(
+                "TOPIC({name}): metadata next_seq {meta_next} is beyond any count of messages; using the store's ({stored_next})"
+            );
+            meta_next = 0;
+        }
+        let head = stored_next.max(meta_next);
         rec.store.advance_to(head);
         t.stored = head;
         let tail_base = rec.tail.front().map(|r| r.seq).unwrap_or(head);
@@ -177,7 +188,14 @@ impl Shard {
             Some(m) => {
                 t.paused = m.paused;
                 t.log.pumped = m.pumped.clamp(first, head);
-                t.log.holes = m.holes.clone();
+                // A hole reaches no further than the head: sequences from there on are
+                // new messages (a damaged metadata file must not swallow them).
+                t.log.holes = m
+                    .holes
+                    .iter()
+                    .map(|&(from, to)| (from, to.min(head)))
+                    .filter(|&(from, to)| from < to)
+                    .collect();
                 for c in &m.channels {
                     if !crate::names::is_valid_channel_name(&c.name) {
                         continue;
@@ -366,6 +384,7 @@ impl Shard {
                 })
                 .collect()
         };
+        let mut meta_error = None;
         for (st, name, m, low) in work {
             let res = match m {
                 Some((m, written)) => {
@@ -395,10 +414,14 @@ impl Shard {
                         }
                     }
                 }
-                Err(e) => log::error!(
-                    "STORE: metadata write for {} failed - {e}",
-                    st.dir().display()
-                ),
+                Err(e) => {
+                    let e = format!(
+                        "STORE: metadata write for {} failed - {e}",
+                        st.dir().display()
+                    );
+                    log::error!("{e}");
+                    meta_error = Some(e);
+                }
             }
             // A seek during the write may have moved a cursor back: never delete what a
             // channel now needs, nor what the metadata just written still points at.
@@ -428,6 +451,9 @@ impl Shard {
                 st.delete_before(low).await;
             }
         }
+        // A topic whose write failed is still changed, so each checkpoint retries it:
+        // the error stands (`/ping`) until one succeeds.
+        *self.meta_error.borrow_mut() = meta_error;
     }
 
     /// Under `--retention-time` / `--retention-bytes`: the sequence below which the

@@ -84,6 +84,12 @@ pub struct Shard {
     /// A topic or channel was created or deleted: the checkpoint task writes metadata
     /// soon (nsqd: Notify persists metadata on every such change).
     pub meta_wake: crate::wake::Notify,
+    /// Metadata checkpoints asked for (`request_checkpoint`) and the last one written:
+    /// a channel created, deleted or paused is answered once it is in the metadata.
+    pub meta_requested: Cell<u64>,
+    pub meta_written: crate::wake::Progress,
+    /// The last metadata write's error, until one succeeds (nsqd's health).
+    pub meta_error: RefCell<Option<String>>,
     /// A topic holds records not yet handed to its store: wakes `store_loop`.
     pub store_wake: crate::wake::Notify,
     next_client: Cell<u64>,
@@ -195,6 +201,9 @@ impl Shard {
             node: crate::node::NodeSettings::default(),
             lookup_enabled: Cell::new(false),
             meta_wake: crate::wake::Notify::default(),
+            meta_requested: Cell::new(0),
+            meta_written: crate::wake::Progress::default(),
+            meta_error: RefCell::new(None),
             store_wake: crate::wake::Notify::default(),
             next_client: Cell::new(1),
             timers: RefCell::new(TimerQueue::default()),
@@ -215,11 +224,39 @@ impl Shard {
     /// change for nsqlookupd and asks for a metadata checkpoint, so that a crash soon
     /// after does not forget the topic or channel.
     pub fn notify_lookup(&self, ev: LookupEvent) {
-        self.meta_wake.notify();
+        self.request_checkpoint();
         if self.lookup_enabled.get() {
             self.lookup_events.borrow_mut().push(ev);
             self.lookup_wake.notify();
         }
+    }
+
+    /// Asks the checkpoint task for a metadata write soon; returns the request's number,
+    /// for [`Shard::checkpointed`].
+    pub fn request_checkpoint(&self) -> u64 {
+        let n = self.meta_requested.get() + 1;
+        self.meta_requested.set(n);
+        self.meta_wake.notify();
+        n
+    }
+
+    /// Waits until the metadata checkpoint asked for as `request` (or a later one) has
+    /// been written (or failed: then `/ping` reports it), or the shard shuts down.
+    pub async fn checkpointed(&self, request: u64) {
+        use futures::future::select;
+        let written = std::pin::pin!(self.meta_written.wait_for(request));
+        let stop = std::pin::pin!(self.shutdown.wait());
+        select(written, stop).await;
+    }
+
+    /// Waits until what changed so far on this shard is in the metadata on disk (a
+    /// no-op without a data path).
+    pub async fn persist_changes(&self) {
+        if self.opts.data_path.is_none() {
+            return;
+        }
+        let n = self.request_checkpoint();
+        self.checkpointed(n).await;
     }
 
     fn topic_deleted(&self, t: &Topic) {
@@ -283,14 +320,11 @@ impl Shard {
             self.notify_lookup(LookupEvent::Register(name.to_string(), None));
             let mut t = Topic::new(name, self.opts.node_id);
             t.store_mode = self.store_mode();
-            if let (Some(dp), false) = (&self.opts.data_path, t.ephemeral) {
-                match nsq_storage::TopicStore::create(
-                    nsq_storage::topic_dir(dp, name),
-                    self.store_config(),
-                    0,
-                ) {
-                    Ok(st) => t.store = Some(st),
-                    Err(e) => log::error!("TOPIC({name}): no durable store - {e}"),
+            if let (Some(_), false) = (&self.opts.data_path, t.ephemeral) {
+                if let Err(e) = self.create_store(&mut t) {
+                    log::error!(
+                        "TOPIC({name}): no durable store - {e}; publishes are refused until it can be created"
+                    );
                 }
             }
             if let Some(hook) = self.topic_created.borrow().as_ref() {
@@ -303,6 +337,37 @@ impl Shard {
             topics.insert(name.to_string(), t);
         }
         topics.get_mut(name).expect("inserted above")
+    }
+
+    /// Creates the topic's store (its directory and first segment), starting at its
+    /// log's head. On failure the topic keeps the error (`/ping` reports it) and refuses
+    /// publishes until a later attempt succeeds: a durable topic never answers OK for
+    /// a message it cannot store (nsqd: E_PUB_FAILED and an unhealthy node when its
+    /// disk queue fails).
+    fn create_store(&self, t: &mut Topic) -> Result<(), String> {
+        let Some(dp) = &self.opts.data_path else {
+            return Ok(());
+        };
+        match nsq_storage::TopicStore::create(
+            nsq_storage::topic_dir(dp, &t.name),
+            self.store_config(),
+            t.log.head,
+        ) {
+            Ok(st) => {
+                t.store = Some(st);
+                t.stored = t.log.head;
+                if t.store_error.take().is_some() {
+                    log::info!("TOPIC({}): durable store created", t.name);
+                    self.request_checkpoint();
+                }
+                Ok(())
+            }
+            Err(e) => {
+                let e = format!("TOPIC({}): no durable store - {e}", t.name);
+                t.store_error = Some(e.clone());
+                Err(e)
+            }
+        }
     }
 
     /// Publishes to a topic this shard owns, creating it if needed, and delivers what
@@ -321,6 +386,9 @@ impl Shard {
         let bytes: u64 = bodies.iter().map(|b| b.len() as u64).sum();
         let mut topics = self.topics.borrow_mut();
         let t = self.get_or_create_topic(&mut topics, topic);
+        if t.store.is_none() && t.store_error.is_some() {
+            self.create_store(t).map_err(PublishError::Disk)?;
+        }
         let (n, end) = t.publish(bodies, defer_until, self.opts.mem_queue_size);
         bump(&self.counters.messages_in, n);
         bump(&self.counters.bytes_in, bytes);
@@ -372,11 +440,16 @@ impl Shard {
 
     /// The first disk error of any topic store of this shard (nsqd's health).
     pub fn health(&self) -> Option<String> {
-        self.topics
-            .borrow()
+        let topics = self.topics.borrow();
+        topics
             .values()
-            .find_map(|t| t.store.as_ref().and_then(|s| s.error()))
-            .map(String::from)
+            .find_map(|t| {
+                t.store
+                    .as_ref()
+                    .and_then(|s| s.error().map(String::from))
+                    .or_else(|| t.store_error.clone())
+            })
+            .or_else(|| self.meta_error.borrow().clone())
     }
 
     /// Starts a read from the store for every channel of `t` whose cursor is below the
@@ -562,18 +635,31 @@ impl Shard {
     }
 
     /// SUB on this shard: creates topic and channel, adds the client (nsqd: SUB).
-    pub fn subscribe(&self, c: &Rc<Client>, topic: &str, channel: &str) -> Result<(), SubError> {
+    ///
+    /// Returns `Some(checkpoint)` when it created a durable channel: the SUB is answered
+    /// once [`Shard::checkpointed`] says the channel is in the metadata on disk, so that
+    /// a message acknowledged after the answer is never lost to the channel by a crash.
+    pub fn subscribe(
+        &self,
+        c: &Rc<Client>,
+        topic: &str,
+        channel: &str,
+    ) -> Result<Option<u64>, SubError> {
         if self.shutdown.is_set() {
             return Err(SubError::Exiting);
         }
         let mut topics = self.topics.borrow_mut();
         let t = self.get_or_create_topic(&mut topics, topic);
+        let mut created = None;
         if t.create_channel(channel, self.opts.mem_queue_size) {
             log::info!("TOPIC({topic}): new channel({channel})");
             self.notify_lookup(LookupEvent::Register(
                 topic.to_string(),
                 Some(channel.to_string()),
             ));
+            if t.store.is_some() && !crate::names::is_ephemeral(channel) {
+                created = Some(self.meta_requested.get());
+            }
         }
         let ch = t.channels.get_mut(channel).expect("created above");
         ch.add_client(c.clone(), self.opts.max_channel_consumers)
@@ -584,7 +670,7 @@ impl Shard {
             })?;
         *c.subscription.borrow_mut() = Some((topic.to_string(), channel.to_string()));
         c.state.set(ClientState::Subscribed);
-        Ok(())
+        Ok(created)
     }
 
     /// RDY changed (or the client otherwise may take more): deliver.
@@ -828,8 +914,34 @@ impl Shard {
             AdminOp::SeekChannel(t, c, to) => {
                 Box::pin(self.seek_channel(&t, &c, to)).await.map(|_| ())
             }
-            op => self.admin(op),
+            op => {
+                let persist = self.admin_persists(&op);
+                self.admin(op)?;
+                if persist {
+                    Box::pin(self.persist_changes()).await;
+                }
+                Ok(())
+            }
         }
+    }
+
+    /// True when `op`'s answer waits for the metadata on disk ([`Shard::persist_changes`]):
+    /// a channel created, deleted or paused, or a topic paused, on a durable topic (nsqd
+    /// persists metadata on pause before answering; here also on create and delete,
+    /// which nsqd writes soon after), so that a crash after the answer never brings a
+    /// deleted channel back or loses an acknowledged message to a new one.
+    pub fn admin_persists(&self, op: &AdminOp) -> bool {
+        matches!(
+            op,
+            AdminOp::CreateChannel(..)
+                | AdminOp::DeleteChannel(..)
+                | AdminOp::PauseChannel(..)
+                | AdminOp::PauseTopic(..)
+        ) && self
+            .topics
+            .borrow()
+            .get(op.topic())
+            .is_some_and(|t| t.store.is_some())
     }
 
     /// `POST /channel/seek` (beyond nsqd) on a topic this shard owns: moves the channel's

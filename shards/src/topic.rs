@@ -157,9 +157,20 @@ impl Log {
         self.head += 1;
     }
 
-    /// Starts the log at `base` with recovered records (gaps become `None`).
+    /// Starts the log at `base` with recovered records (gaps become `None`). When the
+    /// gaps would outnumber the records (sequences finished before they were due to be
+    /// written leave a gap up to `head`, as large as the traffic of the topic's life),
+    /// the memory tail starts empty at `head` instead: the records stay readable from
+    /// disk, and memory does not grow with the gap.
     pub fn restore(&mut self, base: u64, head: u64, tail: impl IntoIterator<Item = Record>) {
+        let tail: Vec<Record> = tail.into_iter().filter(|r| r.seq >= base).collect();
         self.records.clear();
+        let span = head.max(tail.last().map_or(base, |r| r.seq + 1)) - base;
+        if span > (tail.len() as u64).saturating_mul(2).max(RESTORE_GAP_MAX) {
+            self.base = head;
+            self.head = head;
+            return;
+        }
         self.base = base;
         self.head = base;
         for r in tail {
@@ -193,6 +204,9 @@ impl Log {
         self.records.len()
     }
 }
+
+/// The most `None` slots [`Log::restore`] fills in below the recovered records' count.
+const RESTORE_GAP_MAX: u64 = 1 << 16;
 
 /// Why a publish was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -236,6 +250,9 @@ pub struct Topic {
     pub message_bytes: u64,
     /// The segment store (non-ephemeral topics with storage on).
     pub store: Option<Rc<TopicStore>>,
+    /// Why a durable topic has no store (its creation failed; retried at each publish,
+    /// which is refused meanwhile).
+    pub store_error: Option<String>,
     /// Metadata changed since the last checkpoint.
     pub dirty: bool,
     /// The metadata last written to the store's `meta.json` (a checkpoint skips the
@@ -280,6 +297,7 @@ impl Topic {
             message_count: 0,
             message_bytes: 0,
             store: None,
+            store_error: None,
             dirty: true,
             written_meta: None,
             retained: Retained::default(),
@@ -597,6 +615,23 @@ mod tests {
         t.log.restore(10, 20, recs);
         t.log.pumped = 20;
         t
+    }
+
+    #[test]
+    fn restore_keeps_memory_to_the_records_not_the_gap_before_the_head() {
+        // One record on disk at 0, 30 M sequences finished before they were written.
+        let mut log = Log::default();
+        log.restore(0, 30_000_000, [rec(0, 1)]);
+        assert_eq!(log.in_memory(), 0, "the gap is not filled with slots");
+        assert_eq!((log.base(), log.head()), (30_000_000, 30_000_000));
+        assert!(log.get(0).is_none(), "read from disk instead");
+        // A small gap keeps the records in memory.
+        let mut log = Log::default();
+        log.restore(5, 100, (5..50).map(|s| rec(s, 1)));
+        assert_eq!((log.base(), log.head(), log.in_memory()), (5, 100, 95));
+        assert_eq!(log.get(7).map(|r| r.seq), Some(7));
+        log.push(rec(100, 1));
+        assert_eq!(log.get(100).map(|r| r.seq), Some(100));
     }
 
     #[test]

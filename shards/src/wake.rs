@@ -52,3 +52,50 @@ impl Future for LatchWait<'_> {
         Poll::Pending
     }
 }
+
+/// A counter that only grows, which tasks can wait to reach (the metadata checkpoint a
+/// change must be written by before it is answered).
+#[derive(Default)]
+pub struct Progress {
+    done: Cell<u64>,
+    wakers: RefCell<Vec<Waker>>,
+}
+
+impl Progress {
+    /// The highest value reached.
+    pub fn get(&self) -> u64 {
+        self.done.get()
+    }
+
+    /// Moves the counter to `n` (never back) and wakes every waiter.
+    pub fn advance_to(&self, n: u64) {
+        if n > self.done.get() {
+            self.done.set(n);
+        }
+        for w in self.wakers.borrow_mut().drain(..) {
+            w.wake();
+        }
+    }
+
+    /// Completes once the counter has reached `n`.
+    pub fn wait_for(&self, n: u64) -> ProgressWait<'_> {
+        ProgressWait(self, n)
+    }
+}
+
+/// The future of [`Progress::wait_for`].
+pub struct ProgressWait<'a>(&'a Progress, u64);
+
+impl Future for ProgressWait<'_> {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0.done.get() >= self.1 {
+            return Poll::Ready(());
+        }
+        let mut wakers = self.0.wakers.borrow_mut();
+        if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            wakers.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+}

@@ -27,8 +27,11 @@ pub(super) async fn sub(
     if let Err(text) = crate::auth::check(&server.cfg.auth, client, "SUB", topic, channel).await {
         return fatal(client, text);
     }
-    if let Err(e) = server.shard.subscribe(client, topic, channel) {
-        return fatal(client, format!("E_SUB_FAILED SUB failed {e}"));
+    match server.shard.subscribe(client, topic, channel) {
+        Err(e) => return fatal(client, format!("E_SUB_FAILED SUB failed {e}")),
+        // A new durable channel: answered once the metadata on disk has it.
+        Ok(Some(checkpoint)) => server.shard.checkpointed(checkpoint).await,
+        Ok(None) => {}
     }
     client.send_frame(FRAME_RESPONSE, b"OK");
     Ok(())
