@@ -107,7 +107,9 @@ pub fn check(cfg: &Config) -> Result<Ready, Failed> {
         .data_path
         .clone()
         .unwrap_or_else(|| PathBuf::from("."));
-    let lock = data_dir(&data_path).map_err(|e| problems.push(e)).ok();
+    let lock = data_dir(&data_path, &mut warnings)
+        .map_err(|e| problems.push(e))
+        .ok();
     // An address in use is retried for a while (a previous instance may still be
     // releasing it), both addresses within the same window; not when another broker
     // holds the data path, which then holds the addresses too.
@@ -420,7 +422,10 @@ fn cpus(shards: usize) -> Option<String> {
 }
 
 /// Checks the data path and takes its lock (nsqd: dirlock, `.nsqd.lock` here).
-fn data_dir(path: &Path) -> Result<File, String> {
+/// A full disk (ENOSPC, or EDQUOT for a quota) is a warning, not a refusal: the broker
+/// starts, serves what it holds (consumers drain the backlog that filled the disk) and
+/// refuses publishes it cannot store until space frees, as nsqd does.
+fn data_dir(path: &Path, warnings: &mut Vec<String>) -> Result<File, String> {
     let shown = path.display();
     let fix_perm = "fix: create it and give the broker's user write access (e.g. chown \
                     nsqd:nsqd /var/lib/nsqd; systemd with ProtectSystem=strict: \
@@ -449,9 +454,14 @@ fn data_dir(path: &Path) -> Result<File, String> {
         .open(&probe)
         .and_then(|mut f| f.write_all(b"nsqd preflight\n"));
     let _ = std::fs::remove_file(&probe);
-    if let Err(e) = written {
+    if let Some(e) = written.as_ref().err().filter(|e| !is_disk_full(e)) {
         return Err(format!(
             "--data-path={shown} is not writable: creating a file there failed: {e}; {fix_perm}"
+        ));
+    }
+    if let Err(e) = written {
+        warnings.push(format!(
+            "--data-path={shown} is full ({e}): serving what it holds; publishes are refused until space frees"
         ));
     }
     let lock_path = path.join(".nsqd.lock");
@@ -569,6 +579,11 @@ fn listener(
         }
         line
     })
+}
+
+/// ENOSPC or EDQUOT.
+fn is_disk_full(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(28) | Some(122))
 }
 
 #[cfg(test)]

@@ -202,3 +202,42 @@ fn full_disk_with_default_sync_policy_loses_no_acknowledged_message() {
     assert_eq!(code, 200);
     drop(b);
 }
+
+/// A broker (re)started on a full disk starts and serves the backlog that filled it
+/// (consumers are what frees the space); it used to refuse to start ("--data-path ... is
+/// not writable: ... No space left on device"), so a supervisor could only crash-loop.
+#[test]
+fn a_broker_started_on_a_full_disk_serves_its_backlog() {
+    let Some(m) = small_fs("restart") else {
+        eprintln!("SKIPPED: cannot mount a loop filesystem here (needs root and loop devices)");
+        return;
+    };
+    let data = m.0.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let mut b = Broker::start_in(&data, 1, &["--sync-every=1"]);
+    b.http("POST", "/topic/create?topic=full", b"");
+    b.http("POST", "/channel/create?topic=full&channel=c", b"");
+    b.tcp_pub("full", b"backlog");
+    assert_eq!(b.terminate().map(|s| s.success()), Some(true));
+    // Fill the filesystem while the broker is down.
+    let filler = m.0.join("filler");
+    {
+        let mut f = std::fs::File::create(&filler).unwrap();
+        let chunk = vec![7u8; 64 * 1024];
+        while f.write_all(&chunk).is_ok() {}
+        let _ = f.sync_all();
+    }
+    // Top up with small files until not even a few bytes fit (ext4 delayed allocation).
+    for i in 0..10_000 {
+        if std::fs::write(m.0.join(format!("f{i}")), [1u8; 512]).is_err() {
+            break;
+        }
+    }
+    let probe = std::fs::write(m.0.join("probe"), b"nsqd preflight\n");
+    assert!(probe.is_err(), "the filesystem is not full yet");
+    let b = Broker::start_in(&data, 1, &["--sync-every=1"]);
+    let mut c = b.subscribe("full", "c");
+    send(&mut c, &line("RDY 1"));
+    assert_eq!(read_msg(&mut c).body, b"backlog");
+    drop(b);
+}

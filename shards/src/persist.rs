@@ -175,6 +175,9 @@ impl Shard {
         let head = stored_next.max(meta_next);
         rec.store.advance_to(head);
         t.stored = head;
+        if let Some(last) = rec.tail.back() {
+            t.resume_ids_after(crate::message::MessageId(last.id));
+        }
         let tail_base = rec.tail.front().map(|r| r.seq).unwrap_or(head);
         t.log.restore(
             tail_base,

@@ -365,6 +365,12 @@ impl Topic {
         (n, self.log.head)
     }
 
+    /// After recovery: new message IDs follow `last`, the newest recovered one (see
+    /// [`IdGenerator::resume_after`]).
+    pub fn resume_ids_after(&mut self, last: MessageId) {
+        self.ids.resume_after(last);
+    }
+
     /// Moves the pump position to the head when the topic has channels and is neither
     /// paused nor held, counting the messages into each channel.
     pub fn pump(&mut self, mem_queue_size: u64) {
