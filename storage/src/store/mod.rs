@@ -162,6 +162,9 @@ pub struct TopicStore {
     closing: Cell<bool>,
     /// The last write or sync error, cleared by the next success (nsqd's health).
     error: RefCell<Option<StoreError>>,
+    /// When the error was last logged, and how many times it repeated since
+    /// ([`TopicStore::set_error`]).
+    error_logged: Cell<Option<(std::time::Instant, u64)>>,
     /// Set once the writer task has finished (after `close`).
     done: Rc<crate::Notify>,
     finished: Cell<bool>,
@@ -260,6 +263,34 @@ fn io_err<E: std::fmt::Display + Into<std::io::Error>>(e: E) -> StoreError {
 }
 
 impl TopicStore {
+    /// Records a write or sync error (the store is unhealthy until a success clears it)
+    /// and logs `line`: at once for a new error, then at most once a second while the
+    /// same error repeats, with the count of repeats (a full disk under load fails
+    /// thousands of syncs a second).
+    pub(crate) fn set_error(&self, e: &StoreError, line: std::fmt::Arguments<'_>) {
+        let same = self.error.borrow().as_ref() == Some(e);
+        let now = std::time::Instant::now();
+        match self.error_logged.get() {
+            Some((at, repeats)) if same && now.duration_since(at) < ERROR_LOG_EVERY => {
+                self.error_logged.set(Some((at, repeats + 1)));
+            }
+            Some((_, repeats)) if same && repeats > 0 => {
+                log::error!("{line} (and {repeats} times more in the last second or so)");
+                self.error_logged.set(Some((now, 0)));
+            }
+            _ => {
+                log::error!("{line}");
+                self.error_logged.set(Some((now, 0)));
+            }
+        }
+        *self.error.borrow_mut() = Some(e.clone());
+    }
+}
+
+/// How often [`TopicStore::set_error`] logs an error that keeps repeating.
+const ERROR_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl TopicStore {
     /// Creates the store of a new topic (its directory must not hold old data) and spawns
     /// its writer task. The directory is created at once; segment files lazily.
     pub fn create(
@@ -296,6 +327,7 @@ impl TopicStore {
             wake: Rc::new(crate::Notify::default()),
             closing: Cell::new(false),
             error: RefCell::new(None),
+            error_logged: Cell::new(None),
             done: Rc::new(crate::Notify::default()),
             finished: Cell::new(false),
             dir_fd,

@@ -411,8 +411,7 @@ impl Writer {
                 match open_segment(&store, recs[i].0).await {
                     Ok(a) => self.active = Some(a),
                     Err(e) => {
-                        log::error!("STORE: {} - {e}", store.dir.display());
-                        *store.error.borrow_mut() = Some(e.clone());
+                        store.set_error(&e, format_args!("STORE: {} - {e}", store.dir.display()));
                         requeue(&store, &buf[start..], &recs[i..]);
                         store.fail_waiters(&e);
                         return false;
@@ -449,8 +448,7 @@ impl Writer {
                         // The segment ends short of what was written: the rest of the
                         // batch goes back, then (in front of it) what the file lacks.
                         let e = e.context(format_args!("write {}", store.dir.display()));
-                        log::error!("STORE: {e}");
-                        *store.error.borrow_mut() = Some(e.clone());
+                        store.set_error(&e, format_args!("STORE: {e}"));
                         requeue(&store, &buf[start + bytes as usize..], &recs[j..]);
                         store.fail_waiters(&e);
                         abandon(&store, self.active.take(), false).await;
@@ -459,8 +457,7 @@ impl Writer {
                 }
                 Err((e, sound)) => {
                     let e = io_err(e).context(format_args!("write {}", store.dir.display()));
-                    log::error!("STORE: {e}");
-                    *store.error.borrow_mut() = Some(e.clone());
+                    store.set_error(&e, format_args!("STORE: {e}"));
                     unnote_records(&store, a.base, recs[i].0, (j - i) as u64);
                     requeue(&store, &buf[start..], &recs[i..]);
                     store.fail_waiters(&e);
@@ -502,8 +499,7 @@ impl Writer {
             let e = e
                 .clone()
                 .context(format_args!("sync {}", store.dir.display()));
-            log::error!("STORE: {e}");
-            *store.error.borrow_mut() = Some(e.clone());
+            store.set_error(&e, format_args!("STORE: {e}"));
             store.fail_waiters(&e);
         }
         if !writer_ok {
@@ -512,8 +508,7 @@ impl Writer {
         if let Err(e) = mark_readable(store, &mut a, u64::MAX) {
             if failed.is_none() {
                 let e = e.context(format_args!("write {}", store.dir.display()));
-                log::error!("STORE: {e}");
-                *store.error.borrow_mut() = Some(e.clone());
+                store.set_error(&e, format_args!("STORE: {e}"));
                 store.fail_waiters(&e);
             }
             return Err(a);
@@ -568,8 +563,7 @@ impl Writer {
                 }
                 Err((e, sound)) => {
                     let e = e.context(format_args!("sync {}", store.dir.display()));
-                    log::error!("STORE: {e}");
-                    *store.error.borrow_mut() = Some(e.clone());
+                    store.set_error(&e, format_args!("STORE: {e}"));
                     store.fail_waiters(&e);
                     abandon(&store, self.active.take(), sound).await;
                     ok = false;
