@@ -48,6 +48,16 @@ fn small_fs(name: &str) -> Option<Mount> {
     Some(Mount(base, img))
 }
 
+/// Fills the mounted filesystem with one file (returned) until a write fails.
+fn fill(m: &Mount) -> PathBuf {
+    let filler = m.0.join("filler");
+    let mut f = std::fs::File::create(&filler).unwrap();
+    let chunk = vec![7u8; 64 * 1024];
+    while f.write_all(&chunk).is_ok() {}
+    let _ = f.sync_all();
+    filler
+}
+
 #[test]
 fn full_disk_fails_publishes_marks_unhealthy_and_recovers() {
     let Some(m) = small_fs("pub") else {
@@ -69,13 +79,7 @@ fn full_disk_fails_publishes_marks_unhealthy_and_recovers() {
     let (_, d) = read_frame_skip_hb(&mut cons).unwrap();
     assert_eq!(parse_message(&d).3, b"before");
     // Fill the filesystem.
-    let filler = m.0.join("filler");
-    {
-        let mut f = std::fs::File::create(&filler).unwrap();
-        let chunk = vec![7u8; 64 * 1024];
-        while f.write_all(&chunk).is_ok() {}
-        let _ = f.sync_all();
-    }
+    let filler = fill(&m);
     let mut failed = None;
     // (How many are taken first depends on what the filesystem still had: ext4 lets root
     // use its reserved blocks, and the filler's delayed allocation gives some back.)
@@ -220,13 +224,7 @@ fn a_broker_started_on_a_full_disk_serves_its_backlog() {
     b.tcp_pub("full", b"backlog");
     assert_eq!(b.terminate().map(|s| s.success()), Some(true));
     // Fill the filesystem while the broker is down.
-    let filler = m.0.join("filler");
-    {
-        let mut f = std::fs::File::create(&filler).unwrap();
-        let chunk = vec![7u8; 64 * 1024];
-        while f.write_all(&chunk).is_ok() {}
-        let _ = f.sync_all();
-    }
+    fill(&m);
     // Top up with small files until not even a few bytes fit (ext4 delayed allocation).
     for i in 0..10_000 {
         if std::fs::write(m.0.join(format!("f{i}")), [1u8; 512]).is_err() {
