@@ -651,9 +651,7 @@ async fn checkpoint_loop(shard: Rc<Shard>) {
             }
             Either::Left((Either::Left(_), _)) => {}
         }
-        let requested = shard.meta_requested.get();
-        shard.checkpoint().await;
-        shard.meta_written.advance_to(requested);
+        shard.run_checkpoint().await;
     }
 }
 

@@ -607,6 +607,6 @@ impl Shard {
         for st in &stores {
             st.close().await;
         }
-        self.checkpoint().await;
+        self.run_checkpoint().await;
     }
 }

@@ -90,6 +90,8 @@ pub struct Shard {
     pub meta_written: crate::wake::Progress,
     /// The last metadata write's error, until one succeeds (nsqd's health).
     pub meta_error: RefCell<Option<String>>,
+    /// A checkpoint is being written (one at a time: [`Shard::run_checkpoint`]).
+    checkpoint_running: Cell<bool>,
     /// A topic holds records not yet handed to its store: wakes `store_loop`.
     pub store_wake: crate::wake::Notify,
     next_client: Cell<u64>,
@@ -204,6 +206,7 @@ impl Shard {
             meta_requested: Cell::new(0),
             meta_written: crate::wake::Progress::default(),
             meta_error: RefCell::new(None),
+            checkpoint_running: Cell::new(false),
             store_wake: crate::wake::Notify::default(),
             next_client: Cell::new(1),
             timers: RefCell::new(TimerQueue::default()),
@@ -231,32 +234,41 @@ impl Shard {
         }
     }
 
-    /// Asks the checkpoint task for a metadata write soon; returns the request's number,
-    /// for [`Shard::checkpointed`].
-    pub fn request_checkpoint(&self) -> u64 {
-        let n = self.meta_requested.get() + 1;
-        self.meta_requested.set(n);
+    /// Asks the checkpoint task for a metadata write soon (counted: see
+    /// [`Shard::persist_changes`]).
+    pub fn request_checkpoint(&self) {
+        self.meta_requested.set(self.meta_requested.get() + 1);
         self.meta_wake.notify();
-        n
     }
 
-    /// Waits until the metadata checkpoint asked for as `request` (or a later one) has
-    /// been written (or failed: then `/ping` reports it), or the shard shuts down.
-    pub async fn checkpointed(&self, request: u64) {
-        use futures::future::select;
-        let written = std::pin::pin!(self.meta_written.wait_for(request));
-        let stop = std::pin::pin!(self.shutdown.wait());
-        select(written, stop).await;
+    /// Writes a metadata checkpoint now ([`Shard::checkpoint`]), after the one being
+    /// written, if any, has finished: checkpoints never overlap, and the one run here
+    /// covers every change made before the call. Used by the checkpoint task and by
+    /// answers that must wait for the metadata on disk (run in their own task: a wake of
+    /// the checkpoint task from a connection's task was seen to take up to 20 ms).
+    pub async fn run_checkpoint(&self) {
+        while self.checkpoint_running.get() {
+            let t = self.meta_written.ticks();
+            self.meta_written.next_tick(t).await;
+        }
+        self.checkpoint_running.set(true);
+        let requested = self.meta_requested.get();
+        self.checkpoint().await;
+        self.checkpoint_running.set(false);
+        self.meta_written.advance_to(requested);
     }
 
-    /// Waits until what changed so far on this shard is in the metadata on disk (a
-    /// no-op without a data path).
+    /// Waits until what changed so far on this shard (each change asks for a
+    /// checkpoint) is in the metadata on disk, writing it now if it is not (a no-op
+    /// without a data path). A failed write is reported by `/ping` (nsqd logs a failed
+    /// PersistMetadata and answers all the same).
     pub async fn persist_changes(&self) {
         if self.opts.data_path.is_none() {
             return;
         }
-        let n = self.request_checkpoint();
-        self.checkpointed(n).await;
+        if self.meta_written.get() < self.meta_requested.get() {
+            self.run_checkpoint().await;
+        }
     }
 
     fn topic_deleted(&self, t: &Topic) {
@@ -636,30 +648,23 @@ impl Shard {
 
     /// SUB on this shard: creates topic and channel, adds the client (nsqd: SUB).
     ///
-    /// Returns `Some(checkpoint)` when it created a durable channel: the SUB is answered
-    /// once [`Shard::checkpointed`] says the channel is in the metadata on disk, so that
-    /// a message acknowledged after the answer is never lost to the channel by a crash.
-    pub fn subscribe(
-        &self,
-        c: &Rc<Client>,
-        topic: &str,
-        channel: &str,
-    ) -> Result<Option<u64>, SubError> {
+    /// Returns true when it created a durable channel: the SUB is answered once
+    /// [`Shard::persist_changes`] has the channel in the metadata on disk, so that a
+    /// message acknowledged after the answer is never lost to the channel by a crash.
+    pub fn subscribe(&self, c: &Rc<Client>, topic: &str, channel: &str) -> Result<bool, SubError> {
         if self.shutdown.is_set() {
             return Err(SubError::Exiting);
         }
         let mut topics = self.topics.borrow_mut();
         let t = self.get_or_create_topic(&mut topics, topic);
-        let mut created = None;
+        let mut created = false;
         if t.create_channel(channel, self.opts.mem_queue_size) {
             log::info!("TOPIC({topic}): new channel({channel})");
             self.notify_lookup(LookupEvent::Register(
                 topic.to_string(),
                 Some(channel.to_string()),
             ));
-            if t.store.is_some() && !crate::names::is_ephemeral(channel) {
-                created = Some(self.meta_requested.get());
-            }
+            created = t.store.is_some() && !crate::names::is_ephemeral(channel);
         }
         let ch = t.channels.get_mut(channel).expect("created above");
         ch.add_client(c.clone(), self.opts.max_channel_consumers)
@@ -849,6 +854,7 @@ impl Shard {
                 let topic = topics.get_mut(&t).ok_or(AdminError::TopicNotFound)?;
                 topic.paused = paused;
                 topic.dirty = true;
+                self.request_checkpoint();
                 if !paused {
                     topic.pump(mq);
                     self.dispatch_topic(topic);
@@ -895,6 +901,7 @@ impl Shard {
                     .get_mut(&c)
                     .ok_or(AdminError::ChannelNotFound)?;
                 ch.paused = paused;
+                self.request_checkpoint();
                 if !paused {
                     let out = ch.dispatch(&topic.log, Instant::now());
                     bump(&self.counters.messages_out, out);

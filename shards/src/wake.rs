@@ -58,6 +58,8 @@ impl Future for LatchWait<'_> {
 #[derive(Default)]
 pub struct Progress {
     done: Cell<u64>,
+    /// Calls of `advance_to` so far (each wakes every waiter).
+    ticks: Cell<u64>,
     wakers: RefCell<Vec<Waker>>,
 }
 
@@ -72,6 +74,7 @@ impl Progress {
         if n > self.done.get() {
             self.done.set(n);
         }
+        self.ticks.set(self.ticks.get() + 1);
         for w in self.wakers.borrow_mut().drain(..) {
             w.wake();
         }
@@ -80,6 +83,26 @@ impl Progress {
     /// Completes once the counter has reached `n`.
     pub fn wait_for(&self, n: u64) -> ProgressWait<'_> {
         ProgressWait(self, n)
+    }
+
+    /// How many times `advance_to` was called.
+    pub fn ticks(&self) -> u64 {
+        self.ticks.get()
+    }
+
+    /// Completes at the first `advance_to` after [`Progress::ticks`] said `t`.
+    pub async fn next_tick(&self, t: u64) {
+        std::future::poll_fn(|cx| {
+            if self.ticks.get() > t {
+                return Poll::Ready(());
+            }
+            let mut wakers = self.wakers.borrow_mut();
+            if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
+                wakers.push(cx.waker().clone());
+            }
+            Poll::Pending
+        })
+        .await
     }
 }
 

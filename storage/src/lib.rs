@@ -36,6 +36,24 @@ pub use store::{ReadPos, Recovered, SegmentInfo, StoreConfig, TopicStore};
 use std::cell::{Cell, RefCell};
 use std::task::{Poll, Waker};
 
+thread_local! {
+    /// Stores of deleted topics that finished on this thread since the last
+    /// [`take_stores_released`].
+    static STORES_RELEASED: Cell<u64> = const { Cell::new(0) };
+}
+
+/// How many stores of deleted topics finished on the calling thread since the last call
+/// (and resets the count). Each freed its segment's DMA write buffer (256 KiB from
+/// malloc) and its pending buffers: glibc keeps those pages (RSS) until `malloc_trim`,
+/// which the broker's memory task runs after enough of them (see nsqd's `memory`).
+pub fn take_stores_released() -> u64 {
+    STORES_RELEASED.with(|c| c.replace(0))
+}
+
+pub(crate) fn store_released() {
+    STORES_RELEASED.with(|c| c.set(c.get() + 1));
+}
+
 /// Edge-triggered wake-up for one task of this executor.
 #[derive(Default)]
 pub struct Notify {

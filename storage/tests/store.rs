@@ -423,3 +423,27 @@ fn after_a_crash_only_what_follows_the_open_segments_last_checkpoint_is_scanned(
         "partial index removed"
     );
 }
+
+#[test]
+fn a_deleted_store_counts_as_released_once_it_has_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-gone");
+    run(move || async move {
+        let s = TopicStore::create(path.clone(), cfg(1 << 20, 100), 0).unwrap();
+        s.append(&rec(0));
+        s.wait_durable(1).await.unwrap();
+        assert_eq!(nsq_storage::take_stores_released(), 0);
+        s.destroy();
+        drop(s);
+        let mut released = 0;
+        for _ in 0..5000 {
+            released += nsq_storage::take_stores_released();
+            if released > 0 {
+                break;
+            }
+            glommio::timer::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(released, 1);
+        assert!(!path.exists());
+    });
+}

@@ -30,8 +30,8 @@ pub(super) async fn sub(
     match server.shard.subscribe(client, topic, channel) {
         Err(e) => return fatal(client, format!("E_SUB_FAILED SUB failed {e}")),
         // A new durable channel: answered once the metadata on disk has it.
-        Ok(Some(checkpoint)) => server.shard.checkpointed(checkpoint).await,
-        Ok(None) => {}
+        Ok(true) => Box::pin(server.shard.persist_changes()).await,
+        Ok(false) => {}
     }
     client.send_frame(FRAME_RESPONSE, b"OK");
     Ok(())

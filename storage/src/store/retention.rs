@@ -68,6 +68,7 @@ impl TopicStore {
             let _ = glommio::executor()
                 .spawn_blocking(move || std::fs::remove_dir_all(d))
                 .await;
+            crate::store_released();
         })
         .detach();
     }
