@@ -521,3 +521,28 @@ fn a_repeating_disk_error_is_logged_about_once_a_second() {
     );
     assert!(logged >= 1, "the error is logged");
 }
+
+/// A shutdown while every write fails says how many messages it could not write (the
+/// default policy acknowledged them before their write; an outside trial saw them go
+/// without a word).
+#[test]
+fn a_shutdown_that_cannot_write_says_what_is_lost() {
+    let dir = keep_dir("unwritten");
+    let env = faults("seed=5,write=eio");
+    let mut b = Broker::start_in_env(&dir, 1, &[], &env);
+    b.tcp_pub("t", &body(1));
+    assert_eq!(b.terminate().map(|s| s.success()), Some(true));
+    let lost: Vec<String> = b
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains("were never written"))
+        .cloned()
+        .collect();
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    assert!(
+        lost[0].contains(": 1 messages were never written"),
+        "{lost:?}"
+    );
+}

@@ -245,7 +245,16 @@ pub(super) async fn abandon(store: &TopicStore, a: Option<Active>, sound: bool) 
 /// error). Not when the store is closing or deleted, nor beyond [`SPARE_MAX`] bytes held
 /// back (a long outage under load): then they are dropped, as before (logged).
 fn requeue(store: &TopicStore, buf: &[u8], recs: &[(u64, u32)]) {
-    if store.closing.get() || store.destroyed.get() || recs.is_empty() {
+    if store.destroyed.get() || recs.is_empty() {
+        return;
+    }
+    if store.closing.get() {
+        // The last try at shutdown failed: nothing retries them.
+        log::error!(
+            "STORE: {}: {} messages were never written (the disk kept failing until shutdown); they are lost",
+            store.dir.display(),
+            recs.len()
+        );
         return;
     }
     let mut pending = store.pending.borrow_mut();
