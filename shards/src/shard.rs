@@ -251,10 +251,22 @@ impl Shard {
             let t = self.meta_written.ticks();
             self.meta_written.next_tick(t).await;
         }
+        // Released however this ends: the future of a connection's task can be dropped
+        // mid-checkpoint (its client gone, shutdown), and a flag left set would stop
+        // every later checkpoint, the shutdown's included.
+        struct Running<'a>(&'a Shard);
+        impl Drop for Running<'_> {
+            fn drop(&mut self) {
+                self.0.checkpoint_running.set(false);
+                // Wakes the waiters (without counting anything written): one runs next.
+                self.0.meta_written.advance_to(0);
+            }
+        }
         self.checkpoint_running.set(true);
+        let running = Running(self);
         let requested = self.meta_requested.get();
         self.checkpoint().await;
-        self.checkpoint_running.set(false);
+        drop(running);
         self.meta_written.advance_to(requested);
     }
 
