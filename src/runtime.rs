@@ -638,7 +638,8 @@ async fn timer_loop(shard: &Rc<Shard>, term: &AtomicBool) {
 
 /// Writes topic metadata and applies retention every --sync-timeout until shutdown, and
 /// soon after a topic or channel is created or deleted (changes within
-/// [`META_COALESCE`] share one write).
+/// [`META_COALESCE`] share one write). Each round first retries the stores that could
+/// not be created ([`Shard::retry_missing_stores`]).
 async fn checkpoint_loop(shard: Rc<Shard>) {
     loop {
         let sleep = pin!(glommio::timer::sleep(shard.opts.sync_timeout));
@@ -651,6 +652,7 @@ async fn checkpoint_loop(shard: Rc<Shard>) {
             }
             Either::Left((Either::Left(_), _)) => {}
         }
+        shard.retry_missing_stores();
         shard.run_checkpoint().await;
     }
 }

@@ -113,8 +113,15 @@ fn a_topic_without_a_store_refuses_publishes_until_it_has_one() {
         assert_eq!(code, 500, "shards={shards}: {}", show(&body));
         assert!(show(&body).starts_with("NOK - "), "{}", show(&body));
 
-        // The disk lets it create the store: publishes are stored from then on.
+        // The disk lets it create the store: the checkpoint task retries it every
+        // --sync-timeout, so /ping heals without a publish; publishes are stored from then on.
         unblock_topics_dir(&dir);
+        assert!(
+            wait_until(Duration::from_secs(10), || b.http("GET", "/ping", b"").0
+                == 200),
+            "shards={shards}: /ping still {}",
+            show(&b.http("GET", "/ping", b"").1)
+        );
         let mut s = b.connect_v2();
         send(&mut s, &pub_cmd("lost", b"kept"));
         expect_ok(&mut s);

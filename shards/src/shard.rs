@@ -394,6 +394,19 @@ impl Shard {
         }
     }
 
+    /// Retries the store of every topic whose store could not be created (before each
+    /// `/ping` or `/stats` answer, and every `--sync-timeout` by the checkpoint task), so
+    /// that `/ping` turns healthy again once the cause is gone, without waiting for a
+    /// publish to that topic. A no-op when every topic has its store.
+    pub fn retry_missing_stores(&self) {
+        let mut topics = self.topics.borrow_mut();
+        for t in topics.values_mut() {
+            if t.store.is_none() && t.store_error.is_some() {
+                let _ = self.create_store(t);
+            }
+        }
+    }
+
     /// Publishes to a topic this shard owns, creating it if needed, and delivers what
     /// ready clients can take. Returns what to wait for before answering when the
     /// publish must be durable (`--sync-every=1`, or the store reported an error: then the
@@ -1063,6 +1076,8 @@ impl Shard {
     /// This shard's part of /stats.
     pub fn stats(&self, req: &StatsRequest) -> ShardStats {
         let now_ns = crate::message::now_unix_nanos();
+        // A health check tells the state now: a store that can be created now is.
+        self.retry_missing_stores();
         let health_error = self.health();
         let topics = self.topics.borrow();
         let mut names: Vec<&String> = topics.keys().collect();
