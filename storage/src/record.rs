@@ -26,7 +26,9 @@
 //! records of another file: so the data of a segment also ends at the first record
 //! whose salt differs from the header's or whose sequence does not increase. A record
 //! whose length is out of range or whose CRC does not match is corrupt; readers skip it
-//! (see [`scan`]).
+//! (see [`scan`]). Zeros or another writer's record followed by valid records of this
+//! writer are damage (a zeroed range, say), not the end: readers step over them too
+//! ([`resync`] finds where the next record starts).
 
 /// Version of this layout, written in every segment header.
 pub const FORMAT_VERSION: u32 = 1;
@@ -104,9 +106,8 @@ pub enum Decoded {
     Incomplete,
     /// A zero length field: the end of written data (DMA padding).
     End,
-    /// A record that fails its checks; `skip` bytes jump over it when its length field
-    /// looked sane (0 when the length itself is garbage).
-    Corrupt { reason: String, skip: usize },
+    /// A record that fails its checks (its length is then not trusted either).
+    Corrupt { reason: String },
 }
 
 /// Decodes the record at `at`, which must carry `salt` (a valid record with another salt
@@ -127,7 +128,6 @@ pub fn decode(data: &bytes::Bytes, at: usize, salt: u32) -> Decoded {
     if !(RECORD_OVERHEAD - 8..=MAX_BODY + RECORD_OVERHEAD).contains(&len) {
         return Decoded::Corrupt {
             reason: format!("record length {len} out of range"),
-            skip: 0,
         };
     }
     if buf.len() < 8 + len {
@@ -138,13 +138,11 @@ pub fn decode(data: &bytes::Bytes, at: usize, salt: u32) -> Decoded {
     if crc32fast::hash(payload) != crc {
         return Decoded::Corrupt {
             reason: "crc mismatch".into(),
-            skip: 8 + len,
         };
     }
     if payload[0] != KIND_MESSAGE {
         return Decoded::Corrupt {
             reason: format!("unknown record kind {}", payload[0]),
-            skip: 8 + len,
         };
     }
     if u32::from_be_bytes([payload[1], payload[2], payload[3], payload[4]]) != salt {
@@ -162,6 +160,50 @@ pub fn decode(data: &bytes::Bytes, at: usize, salt: u32) -> Decoded {
     Decoded::Record(rec, 8 + len)
 }
 
+/// Whether a record of this writer may start at the beginning of `buf`: a length in
+/// range, then (as far as `buf` reaches) the message kind and `salt` after the CRC. A
+/// cheap filter (five fixed bytes) so that resynchronising after damage does not
+/// CRC-check every offset of it.
+fn plausible_start(buf: &[u8], salt: u32) -> bool {
+    if buf.len() >= 4 {
+        let len = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+        if !(RECORD_OVERHEAD - 8..=MAX_BODY + RECORD_OVERHEAD).contains(&len) {
+            return false;
+        }
+    }
+    let mut fixed = [KIND_MESSAGE, 0, 0, 0, 0];
+    fixed[1..].copy_from_slice(&salt.to_be_bytes());
+    let have = buf.get(8..).unwrap_or(&[]);
+    let n = have.len().min(fixed.len());
+    have[..n] == fixed[..n]
+}
+
+/// The first offset at or after `from` where a record of this writer (`salt`) may start
+/// (see [`plausible_start`]), for stepping over damage: runs of zeros are skipped in
+/// one pass. `data.len()` when there is none; when `data` ends in zeros, the offset 3
+/// bytes before its end (a record's big-endian length may start with 3 zero bytes, and
+/// the rest of it may be in the next read).
+pub fn resync(data: &[u8], mut from: usize, salt: u32) -> usize {
+    while from < data.len() {
+        if data[from] == 0 {
+            match data[from..].iter().position(|&b| b != 0) {
+                None => return data.len().saturating_sub(3).max(from),
+                Some(p) => from = (from + p).saturating_sub(3).max(from),
+            }
+        }
+        if plausible_start(&data[from..], salt) {
+            return from;
+        }
+        from += 1;
+    }
+    data.len()
+}
+
+/// True when `data` holds only zeros from `at` on (the unwritten end of a segment).
+pub fn zeros_from(data: &[u8], at: usize) -> bool {
+    data.get(at..).unwrap_or(&[]).iter().all(|&b| b == 0)
+}
+
 /// One problem [`scan`] stepped over.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Skipped {
@@ -171,11 +213,13 @@ pub struct Skipped {
 
 /// Decodes every record of a buffer (a segment after its header, or a read-back
 /// window) whose records carry `salt` and have sequences above `after` (`None`: any),
-/// skipping corrupt ones: a record with a sane length but a bad CRC is jumped over; after
-/// a garbage length the scan looks for the next offset where a valid record starts. A
-/// record whose sequence does not increase is stale data: the end. Returns the records,
-/// the problems, and the offset where decoding stopped (the end of valid data, or where
-/// an incomplete record starts).
+/// skipping damage: after a corrupt record (bad length, CRC or kind), zeros or another
+/// writer's record that valid data follows, the scan goes on at the next offset where a
+/// record may start ([`resync`]; the length of a record that fails its CRC is not
+/// trusted, so a flipped length loses that record only). Zeros up to the end are the
+/// end of the data; a record whose sequence does not increase is stale data: the end.
+/// Returns the records, the problems, and the offset where decoding stopped (the end of
+/// valid data, or where an incomplete record starts).
 pub fn scan(
     data: &bytes::Bytes,
     at: usize,
@@ -207,22 +251,18 @@ pub fn scan_up_to(
                 recs.push((r, at));
                 at += n;
             }
-            Decoded::End | Decoded::Incomplete => break,
-            Decoded::Corrupt { reason, skip } => {
+            Decoded::Incomplete => break,
+            Decoded::End if zeros_from(data, at) => break,
+            Decoded::End => {
+                skipped.push(Skipped {
+                    offset: at,
+                    reason: "zeroed bytes or another writer's record".into(),
+                });
+                at = resync(data, at + 1, salt);
+            }
+            Decoded::Corrupt { reason, .. } => {
                 skipped.push(Skipped { offset: at, reason });
-                if skip > 0 {
-                    at += skip;
-                    continue;
-                }
-                // Resynchronise: the next offset holding a valid record.
-                let mut next = at + 1;
-                while next < data.len() {
-                    if let Decoded::Record(..) = decode(data, next, salt) {
-                        break;
-                    }
-                    next += 1;
-                }
-                at = next;
+                at = resync(data, at + 1, salt);
             }
         }
     }
@@ -284,8 +324,77 @@ mod tests {
         let (recs, skipped, _) = scan(&b, 0, SALT, None);
         let seqs: Vec<u64> = recs.iter().map(|(r, _)| r.seq).collect();
         assert_eq!(seqs, vec![0, 3, 4]);
-        assert_eq!(skipped.len(), 2);
+        // One damaged range: the resync from record 1 steps over record 2 too.
+        assert_eq!(skipped.len(), 1);
         assert_eq!(skipped[0].offset, one);
+    }
+
+    fn records(n: u64, body: &'static [u8]) -> (Vec<u8>, Vec<usize>) {
+        let mut out = Vec::new();
+        let mut offs = Vec::new();
+        for i in 0..n {
+            offs.push(out.len());
+            encode(&rec(i, body), SALT, &mut out);
+        }
+        (out, offs)
+    }
+
+    fn seqs_of(data: Vec<u8>) -> (Vec<u64>, Vec<Skipped>, usize) {
+        let b = Bytes::from(data);
+        let (recs, skipped, end) = scan(&b, 0, SALT, None);
+        (recs.iter().map(|(r, _)| r.seq).collect(), skipped, end)
+    }
+
+    #[test]
+    fn a_zeroed_range_loses_only_the_records_it_covers() {
+        let (mut out, offs) = records(40, b"twenty-bytes-of-body");
+        // Zero records 10..=14 and parts of their neighbours 9 and 15.
+        let (from, to) = (offs[9] + 5, offs[15] + 7);
+        out[from..to].iter_mut().for_each(|b| *b = 0);
+        let len = out.len();
+        let (seqs, skipped, end) = seqs_of(out);
+        let want: Vec<u64> = (0..9).chain(16..40).collect();
+        assert_eq!(seqs, want);
+        assert_eq!(end, len);
+        assert!(
+            !skipped.is_empty() && skipped[0].offset == offs[9],
+            "{skipped:?}"
+        );
+    }
+
+    #[test]
+    fn a_flipped_length_loses_only_its_record() {
+        let (mut out, offs) = records(30, b"body");
+        // Record 7's length grows (still in range): its CRC check fails over the bytes
+        // of the records after it, which must not be skipped with it.
+        out[offs[7] + 2] ^= 0x01;
+        let (seqs, skipped, _) = seqs_of(out);
+        let want: Vec<u64> = (0..30).filter(|s| *s != 7).collect();
+        assert_eq!(seqs, want);
+        assert_eq!(skipped.len(), 1, "{skipped:?}");
+    }
+
+    #[test]
+    fn zeros_to_the_end_are_the_end_not_damage() {
+        let (mut out, _) = records(5, b"abc");
+        let len = out.len();
+        out.resize(len + 4096, 0);
+        let (seqs, skipped, end) = seqs_of(out);
+        assert_eq!(seqs, vec![0, 1, 2, 3, 4]);
+        assert!(skipped.is_empty(), "{skipped:?}");
+        assert_eq!(end, len);
+    }
+
+    #[test]
+    fn another_writers_record_between_records_is_stepped_over() {
+        let (mut out, offs) = records(6, b"abcdef");
+        let mut other = Vec::new();
+        encode(&rec(3, b"abcdef"), SALT ^ 0xff, &mut other);
+        let n = other.len();
+        out[offs[3]..offs[3] + n].copy_from_slice(&other);
+        let (seqs, skipped, _) = seqs_of(out);
+        assert_eq!(seqs, vec![0, 1, 2, 4, 5]);
+        assert_eq!(skipped.len(), 1);
     }
 
     #[test]

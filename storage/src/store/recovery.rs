@@ -252,8 +252,27 @@ pub(super) async fn scan_open_file(
         size = size.min(l);
     }
     let head = file.read_at(0, SEGMENT_HEADER_LEN).await.map_err(io_err)?;
-    let (base, salt) = record::parse_segment_header(&head).map_err(StoreError::invalid_data)?;
+    let (header_base, salt) =
+        record::parse_segment_header(&head).map_err(StoreError::invalid_data)?;
     *salt_out = salt;
+    // The file name and the header both give the base; records carry their own
+    // sequences, so a mismatch (a flipped header, a file copied under another name) is
+    // reported and the lower base is taken, so that no record is taken for stale.
+    let name_base = path
+        .file_stem()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.parse::<u64>().ok());
+    let base = match name_base {
+        Some(b) if b != header_base => {
+            log::error!(
+                "STORE: {}: its header gives base sequence {header_base}, its name {b}; \
+                 records are taken by their own sequences",
+                path.display()
+            );
+            b.min(header_base)
+        }
+        _ => header_base,
+    };
     let mut pos = start.max(SEGMENT_HEADER_LEN as u64);
     let mut scan = Scanner {
         path,
@@ -274,15 +293,13 @@ pub(super) async fn scan_open_file(
         let mut buf = std::mem::take(&mut carry);
         buf.extend_from_slice(&rr);
         let data = Bytes::from(buf);
-        let Some(at) = scan.records(&data, carry_at, f) else {
-            break;
-        };
+        let at = scan.records(&data, carry_at, pos >= size, f);
         carry = data[at..].to_vec();
         carry_at += at as u64;
     }
     let data_end = scan.data_end;
     let trailing = size.saturating_sub(data_end);
-    if !scan.suspect.is_empty() || (!carry.is_empty() && pos >= size) {
+    if !scan.suspect.is_empty() || !carry.is_empty() {
         log::info!(
             "STORE: {} offset {data_end}: the {trailing} bytes after the last record hold no \
              whole record (a torn record, or the unwritten end of the segment when the \
@@ -312,58 +329,78 @@ struct Scanner<'a> {
 impl Scanner<'_> {
     /// Decodes the records in `data` (read at file offset `data_at`), calling `f` for
     /// each valid one. Returns where an incomplete record starts (to be completed by the
-    /// next read), or `None` at the end of the segment's records.
+    /// next read). `last_read`: `data` reaches the end of the file, so an incomplete
+    /// record is damage (a length field flipped to a larger one) and the records after
+    /// it are looked for. Damage (corrupt records, zeroed ranges, another writer's or
+    /// stale records) is stepped over: each valid record after it is found.
     fn records(
         &mut self,
         data: &Bytes,
         data_at: u64,
+        last_read: bool,
         f: &mut impl FnMut(StoredRecord, u64),
-    ) -> Option<usize> {
+    ) -> usize {
         let mut at = 0usize;
         while at < data.len() {
+            let off = data_at + at as u64;
             match record::decode(data, at, self.salt) {
                 Decoded::Record(r, n) => {
                     if self.last.is_some_and(|l| r.seq <= l) {
-                        // Stale bytes of a reused buffer: the end of this segment.
-                        return None;
+                        // Stale bytes of a reused buffer (or an older copy): not data.
+                        self.suspect(off, format!("stale record (sequence {})", r.seq));
+                        at += n;
+                        continue;
                     }
                     for (off, reason) in self.suspect.drain(..) {
                         log::error!(
-                            "STORE: {} offset {off}: {reason}; record skipped",
+                            "STORE: {} offset {off}: {reason}; skipped",
                             self.path.display()
                         );
                     }
                     self.last = Some(r.seq);
-                    f(r, data_at + at as u64);
+                    f(r, off);
                     at += n;
                     self.data_end = data_at + at as u64;
                 }
-                Decoded::End => return None,
-                Decoded::Incomplete => break,
-                Decoded::Corrupt { reason, skip } => {
-                    self.suspect.push((data_at + at as u64, reason.to_string()));
-                    at += if skip > 0 {
-                        skip
+                Decoded::End if record::zeros_from(data, at) => {
+                    // Zeros to the end of this read: the unwritten end of the segment,
+                    // unless records follow in the next read (a record may start in
+                    // the last 3 bytes: they are read again with it).
+                    at = if last_read {
+                        data.len()
                     } else {
-                        self.resync(data, at + 1) - at
+                        data.len().saturating_sub(3).max(at + 1)
                     };
+                }
+                Decoded::End => {
+                    let next = record::resync(data, at + 1, self.salt);
+                    if data[at..next].iter().all(|&b| b == 0) {
+                        self.suspect(off, format!("{} zero bytes", next - at));
+                    } else {
+                        self.suspect(off, "another writer's record".into());
+                    }
+                    at = next;
+                }
+                Decoded::Incomplete if !last_read => break,
+                Decoded::Incomplete => {
+                    self.suspect(off, "truncated record".into());
+                    at = record::resync(data, at + 1, self.salt);
+                }
+                Decoded::Corrupt { reason } => {
+                    self.suspect(off, reason);
+                    at = record::resync(data, at + 1, self.salt);
                 }
             }
         }
-        Some(at)
+        at.min(data.len())
     }
 
-    /// The first offset from `at` where a record (or an incomplete one) may start.
-    fn resync(&self, data: &Bytes, mut at: usize) -> usize {
-        while at < data.len()
-            && !matches!(
-                record::decode(data, at, self.salt),
-                Decoded::Record(..) | Decoded::Incomplete
-            )
-        {
-            at += 1;
+    /// Notes damage seen since the last valid record (the first 16 problems of one
+    /// damaged range).
+    fn suspect(&mut self, off: u64, reason: String) {
+        if self.suspect.len() < 16 {
+            self.suspect.push((off, reason));
         }
-        at
     }
 }
 
