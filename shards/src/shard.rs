@@ -1388,6 +1388,57 @@ mod tests {
     }
 
     #[test]
+    fn a_checkpoint_dropped_mid_write_does_not_stop_the_next_ones() {
+        // A connection's task that answers after the metadata is written runs the
+        // checkpoint itself; when its client goes away mid-write, the future is dropped.
+        // Later checkpoints (the shutdown's included) must still run.
+        let dir = std::env::temp_dir().join(format!("nsq-shards-ckpt-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let d2 = dir.clone();
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .spawn(move || async move {
+                let s = Shard::new(
+                    0,
+                    1,
+                    0,
+                    Options {
+                        data_path: Some(d2.clone()),
+                        ..Options::default()
+                    },
+                );
+                s.publish_local("t", vec![Bytes::from_static(b"a")], None)
+                    .unwrap();
+                s.admin(AdminOp::CreateChannel("t".into(), "c".into()))
+                    .unwrap();
+                {
+                    let mut fut = std::pin::pin!(s.run_checkpoint());
+                    assert!(
+                        futures::poll!(fut.as_mut()).is_pending(),
+                        "the metadata write waits for the disk"
+                    );
+                    assert!(s.checkpoint_running.get());
+                }
+                assert!(!s.checkpoint_running.get(), "released when dropped");
+                let next = glommio::timer::timeout(Duration::from_secs(10), async {
+                    s.persist_changes().await;
+                    Ok(())
+                })
+                .await;
+                assert!(next.is_ok(), "a later checkpoint ran");
+                let meta = nsq_storage::topic_dir(&d2, "t").join("meta.json");
+                let text = std::fs::read_to_string(&meta).unwrap();
+                assert!(text.contains("\"c\""), "{text}");
+                s.shutdown.set();
+                s.close_stores().await;
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn sub_while_exiting_is_refused() {
         let s = shard(0);
         let c = client(&s);
