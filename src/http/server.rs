@@ -411,10 +411,16 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
             let len = head.content_length.unwrap_or(0);
             if len >= MAX_POST_HANDLER_READ {
                 // A body of 256 KiB or more left unread: `Connection: close`, then Go's
-                // closeWriteAndWait.
+                // closeWriteAndWait; when the client asked to close (`Connection:
+                // close`, HTTP/1.0 without keep-alive), a plain close (a reset: its
+                // body reader, told the connection closes, reads nothing more).
                 r.close = true;
                 let _ = stream.write_all(&r.encode_for(&head).0).await;
-                stream.close_write_and_wait().await;
+                if head.keep_alive {
+                    stream.close_write_and_wait().await;
+                } else {
+                    stream.close_now();
+                }
                 return;
             }
             // A shorter one net/http reads and drops, and the connection is kept (unless
@@ -546,7 +552,12 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
             if expect_active {
                 too_big = true;
             } else if let Some(len) = announced_len {
-                if len - handler_read as u64 >= MAX_POST_HANDLER_READ {
+                if !head.keep_alive {
+                    // The client asked to close (`Connection: close`, HTTP/1.0 without
+                    // keep-alive): net/http reads nothing more (its discard is skipped,
+                    // and its body's Close, told the connection closes, reads none), so
+                    // the plain close below resets if the rest was sent.
+                } else if len - handler_read as u64 >= MAX_POST_HANDLER_READ {
                     too_big = true;
                 } else {
                     drop_failed = !discard(&stream, &mut buf, len - body_len as u64).await;
@@ -583,12 +594,13 @@ pub(super) async fn serve_conn(server: Rc<Server>, stream: TcpStream, tls: bool)
             return;
         }
         if close {
-            // A body left unread: Go's closeWriteAndWait (its body's earlyClose);
-            // otherwise a plain close.
-            if too_big {
+            // A body left unread: Go's closeWriteAndWait (its body's earlyClose), unless
+            // the client asked to close: then, as otherwise, a plain close (a reset when
+            // input is left unread).
+            if too_big && head.keep_alive {
                 stream.close_write_and_wait().await;
             } else {
-                stream.shutdown();
+                stream.close_now();
             }
             return;
         }

@@ -398,6 +398,15 @@ impl SharedStream {
         self.0.reset_over.set(Some((read, limit)));
     }
 
+    /// Closes now, as Go's plain close does: a reset when the socket still holds input
+    /// nobody read (Linux tcp_close with unread data), else a FIN.
+    pub fn close_now(&self) {
+        if self.unread_input() > 0 {
+            self.reset_on_close();
+        }
+        self.shutdown();
+    }
+
     /// Bytes the socket has received and not given to a read yet (`FIONREAD`; 0 when
     /// the call fails).
     pub fn unread_input(&self) -> usize {
