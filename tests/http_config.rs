@@ -7,6 +7,7 @@
 mod common;
 
 use common::Broker;
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 fn text(r: (u16, Vec<u8>)) -> (u16, String) {
@@ -125,15 +126,24 @@ fn put_log_level_changes_logging() {
             .filter(|l| l.contains(needle))
             .count()
     };
-    // info: a TCP connection is logged at debug only, HTTP requests at info.
-    drop(b.connect_v2());
+    // info: a connection's commands are logged at debug only (nsqd's IOLoop), HTTP
+    // requests at info.
+    let nop = |b: &Broker| {
+        let mut s = b.connect_v2();
+        s.write_all(b"NOP\n").unwrap();
+        // The connection's close is seen after the command ran.
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let _ = std::io::Read::read_to_end(&mut s, &mut Vec::new());
+    };
+    nop(&b);
+    assert_eq!(count("] [NOP]"), 0, "a command logged at level info");
     let (code, _) = b.http("PUT", "/config/log_level", b"debug");
     assert_eq!(code, 200);
     for _ in 0..4 {
-        drop(b.connect_v2());
+        nop(&b);
     }
     let deadline = Instant::now() + Duration::from_secs(5);
-    while count("DEBUG: TCP: new client(") < 4 {
+    while count("DEBUG: PROTOCOL(V2): [127.0.0.1:") < 4 || count("] [NOP]") < 4 {
         assert!(
             Instant::now() < deadline,
             "no debug lines after PUT log_level=debug"

@@ -89,7 +89,7 @@ pub(super) async fn run_connection(
     server.shard.client_gone(&client);
     match outcome {
         Outcome::Closed => {
-            log::debug!("PROTOCOL(V2): [{}] exiting ioloop", client.remote_address());
+            log::info!("PROTOCOL(V2): [{}] exiting ioloop", client.remote_address());
         }
         Outcome::HandOff {
             target,
@@ -303,6 +303,7 @@ impl Reader {
             });
         }
         let frame = self.buf.split_to(n).freeze();
+        log_command(client, &frame);
         self.mpub_checked = false;
         if let Some(w) = &mut self.window {
             w.consume(&frame);
@@ -332,8 +333,8 @@ impl Reader {
         // Boxed: the handshake's state is 10 KB, which would otherwise sit in every
         // connection's task, TLS or not, for its whole life.
         if let Err(e) = Box::pin(upgrade_tls(server, stream, client, &early)).await {
-            log::info!(
-                "PROTOCOL(V2): [{}] E_IDENTIFY_FAILED IDENTIFY failed {e}",
+            log::error!(
+                "[{}] - E_IDENTIFY_FAILED IDENTIFY failed {e} - {e}",
                 client.remote_address()
             );
             return Err(Outcome::Closed);
@@ -355,6 +356,17 @@ impl Reader {
     /// IDENTIFY switched the stream to snappy or deflate: what follows it, read already
     /// or not, is compressed.
     fn start_compression(&mut self, client: &Client, stream: &SharedStream) -> Result<(), Stop> {
+        match client.compression() {
+            Compression::Snappy => log::info!(
+                "PROTOCOL(V2): [{}] upgrading connection to snappy",
+                client.remote_address()
+            ),
+            Compression::Deflate(level) => log::info!(
+                "PROTOCOL(V2): [{}] upgrading connection to deflate (level {level})",
+                client.remote_address()
+            ),
+            Compression::None => {}
+        }
         let rest = self.buf.split();
         let Ok(Some(mut d)) = Decoder::new(client.compression(), Vec::new(), Vec::new(), false)
         else {
@@ -390,8 +402,9 @@ impl Reader {
             let raw = self.buf.split_off(old);
             let mut out = Vec::new();
             if let Err(e) = d.feed(&raw, &mut out) {
-                log::info!(
-                    "PROTOCOL(V2): [{}] compressed stream error - {e}",
+                // nsqd: IOLoop's failed read, logged by tcp.go's Handle.
+                log::error!(
+                    "client({}) - failed to read command - {e}",
                     client.remote_address()
                 );
                 stream.reset_on_close_if_input_over(d.unread_after_error(), 0);
@@ -479,14 +492,27 @@ async fn decode_failed(server: &Server, client: &Client, e: ProtocolError) {
         server.create_topic(t).await;
     }
     if !e.silent {
-        log::info!(
-            "PROTOCOL(V2): [{}] {} {}",
-            client.remote_address(),
-            e.code,
-            e.text
-        );
+        log::error!("[{}] - {} {}", client.remote_address(), e.code, e.text);
         client.send_frame(FRAME_ERROR, &e.frame_data());
     }
+}
+
+/// Logs a command's line at debug, as nsqd's IOLoop does (`PROTOCOL(V2): [addr] [PUB t]`:
+/// Go's `%s` of the line split on spaces).
+fn log_command(client: &Client, frame: &[u8]) {
+    if !log::log_enabled!(log::Level::Debug) {
+        return;
+    }
+    let end = frame
+        .iter()
+        .position(|&b| b == b'\n')
+        .unwrap_or(frame.len());
+    let line = frame[..end].strip_suffix(b"\r").unwrap_or(&frame[..end]);
+    log::debug!(
+        "PROTOCOL(V2): [{}] [{}]",
+        client.remote_address(),
+        String::from_utf8_lossy(line)
+    );
 }
 
 /// The first word of the command line in `buf` (nsqd's params[0]), once the line is

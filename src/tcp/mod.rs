@@ -44,7 +44,7 @@ async fn new_connection(server: Rc<Server>, stream: TcpStream) {
         .map(|a| a.to_string())
         .unwrap_or_else(|_| "unknown".into());
     let _ = stream.set_nodelay(true);
-    log::debug!("TCP: new client({peer})");
+    log::info!("TCP: new client({peer})");
     let stream = SharedStream::new(stream);
     stream.set_read_timeout(Some(server.shard.opts.client_timeout));
     // Small: an idle connection holds only what it needs (the reader grows its reads
@@ -58,8 +58,12 @@ async fn new_connection(server: Rc<Server>, stream: TcpStream) {
             Ok(n) => buf.truncate(old + n),
         }
     }
+    log::info!(
+        "CLIENT({peer}): desired protocol magic '{}'",
+        String::from_utf8_lossy(&buf[..4])
+    );
     if &buf[..4] != MAGIC_V2 {
-        log::info!(
+        log::error!(
             "client({peer}) bad protocol magic '{}'",
             String::from_utf8_lossy(&buf[..4])
         );

@@ -48,10 +48,13 @@ fn parse(id: &[u8; 16]) -> Result<MessageId, InFlightError> {
     MessageId::from_hex(id).ok_or(InFlightError::NotInFlight)
 }
 
-/// Queues `E_FIN_FAILED FIN <id> failed <reason>` (or REQ's, TOUCH's) for a failed command.
+/// Queues `E_FIN_FAILED FIN <id> failed <reason>` (or REQ's, TOUCH's) for a failed command,
+/// and logs it at error as nsqd's IOLoop does, with its cause after ` - `.
 fn report(client: &Client, op: InFlightOp, id: &[u8; 16], r: Result<(), InFlightError>) {
     if let Err(e) = r {
-        let text = in_flight_failed(op, id, e.into());
+        let why: nsq_wire::errors::InFlightFailure = e.into();
+        let text = in_flight_failed(op, id, why);
+        log::error!("[{}] - {text} - {}", client.remote_address(), why.text());
         client.send_frame(FRAME_ERROR, text.as_bytes());
     }
 }

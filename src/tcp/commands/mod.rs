@@ -34,10 +34,11 @@ pub(super) enum Upgrade {
 /// Marker: the command failed fatally; its error frame is queued.
 pub(super) struct Fatal;
 
-/// Logs `text`, queues it as an error frame and fails the command fatally (nsqd: a
-/// FatalClientErr ends the IOLoop after its error is sent).
+/// Logs `text` (at error, as nsqd's IOLoop logs a failed command: `[addr] - <error>`),
+/// queues it as an error frame and fails the command fatally (nsqd: a FatalClientErr
+/// ends the IOLoop after its error is sent).
 pub(super) fn fatal<T>(client: &Client, text: String) -> Result<T, Fatal> {
-    log::info!("PROTOCOL(V2): [{}] {}", client.remote_address(), text);
+    log::error!("[{}] - {}", client.remote_address(), text);
     client.send_frame(FRAME_ERROR, text.as_bytes());
     Err(Fatal)
 }
