@@ -120,11 +120,24 @@ impl Shard {
             }
             let started = Instant::now();
             match self.recover_topic(name, root.join(&dir_name)).await {
-                Ok((n, ch, (sealed, scanned, bytes))) => log::info!(
-                    "TOPIC({name}): recovered {n} messages on disk, {ch} channels in {:?} \
-                     ({sealed} segments from their index, {scanned} scanned: {bytes} bytes)",
-                    started.elapsed()
-                ),
+                Ok((n, ch, (sealed, scanned, bytes))) => {
+                    // What is still to be delivered (the records on disk include those
+                    // every channel already finished, kept until their segment goes).
+                    let left = self.topics.borrow().get(name).map_or(0, |t| {
+                        t.depth()
+                            + t.channels
+                                .values()
+                                .map(|c| c.depth(&t.log) + c.deferred_count() as u64)
+                                .max()
+                                .unwrap_or(0)
+                    });
+                    log::info!(
+                        "TOPIC({name}): recovered in {:?}: {n} records on disk, {ch} channels, \
+                         {left} messages left to deliver (the most of any channel) \
+                         ({sealed} segments from their index, {scanned} scanned: {bytes} bytes)",
+                        started.elapsed()
+                    )
+                }
                 Err(e) => log::error!("TOPIC({name}): recovery failed - {e}"),
             }
         }
