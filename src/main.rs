@@ -46,7 +46,7 @@ fn main() {
     // checked before any shard starts: one line per problem, each with its fix.
     let ready = match nsqd::preflight::check(&cfg) {
         Ok(r) if cfg.preflight_only => {
-            for w in r.warnings {
+            for w in &r.warnings {
                 log::warn!("{w}");
             }
             eprintln!(
@@ -56,6 +56,10 @@ fn main() {
                 r.tcp.0,
                 r.http.0
             );
+            // Checked, not started: what the checks created goes (the lock first).
+            let created = r.created.clone();
+            drop(r);
+            nsqd::preflight::undo_created(&created);
             std::process::exit(0);
         }
         Ok(r) => r,
@@ -68,6 +72,8 @@ fn main() {
             for p in failed.problems {
                 eprintln!("[nsqd] {stamp} FATAL: failed to instantiate nsqd - {p}");
             }
+            // Nothing starts: a data path this run created goes again.
+            nsqd::preflight::undo_created(&failed.created);
             std::process::exit(1);
         }
     };

@@ -78,6 +78,8 @@ pub struct Ready {
     pub https: Option<(SocketAddr, socket2::Socket)>,
     /// Conditions the broker runs with but should not (logged as warnings).
     pub warnings: Vec<String>,
+    /// What the checks created (see [`undo_created`]).
+    pub created: Vec<PathBuf>,
 }
 
 /// A failed preflight: one line per problem (what, the value found, the fix), and the
@@ -85,6 +87,21 @@ pub struct Ready {
 pub struct Failed {
     pub problems: Vec<String>,
     pub warnings: Vec<String>,
+    /// What the checks created (see [`undo_created`]).
+    pub created: Vec<PathBuf>,
+}
+
+/// Removes what the data-path check created (its lock file, then the directories of a
+/// `--data-path` that did not exist, deepest first, each only if empty), so that
+/// `--preflight` alone leaves the host as it found it.
+pub fn undo_created(created: &[PathBuf]) {
+    for p in created {
+        if p.is_dir() {
+            let _ = std::fs::remove_dir(p);
+        } else {
+            let _ = std::fs::remove_file(p);
+        }
+    }
 }
 
 /// Runs every check; nothing here panics.
@@ -107,7 +124,8 @@ pub fn check(cfg: &Config) -> Result<Ready, Failed> {
         .data_path
         .clone()
         .unwrap_or_else(|| PathBuf::from("."));
-    let lock = data_dir(&data_path, &mut warnings)
+    let mut created = Vec::new();
+    let lock = data_dir(&data_path, &mut warnings, &mut created)
         .map_err(|e| problems.push(e))
         .ok();
     // An address in use is retried for a while (a previous instance may still be
@@ -155,8 +173,13 @@ pub fn check(cfg: &Config) -> Result<Ready, Failed> {
             http,
             https,
             warnings,
+            created,
         }),
-        _ => Err(Failed { problems, warnings }),
+        _ => Err(Failed {
+            problems,
+            warnings,
+            created,
+        }),
     }
 }
 
@@ -425,7 +448,11 @@ fn cpus(shards: usize) -> Option<String> {
 /// A full disk (ENOSPC, or EDQUOT for a quota) is a warning, not a refusal: the broker
 /// starts, serves what it holds (consumers drain the backlog that filled the disk) and
 /// refuses publishes it cannot store until space frees, as nsqd does.
-fn data_dir(path: &Path, warnings: &mut Vec<String>) -> Result<File, String> {
+fn data_dir(
+    path: &Path,
+    warnings: &mut Vec<String>,
+    created: &mut Vec<PathBuf>,
+) -> Result<File, String> {
     let shown = path.display();
     let fix_perm = "fix: create it and give the broker's user write access (e.g. chown \
                     nsqd:nsqd /var/lib/nsqd; systemd with ProtectSystem=strict: \
@@ -439,11 +466,18 @@ fn data_dir(path: &Path, warnings: &mut Vec<String>) -> Result<File, String> {
         }
         Ok(_) => {}
         Err(_) => {
+            // The directories about to be created, deepest first.
+            let missing: Vec<PathBuf> = path
+                .ancestors()
+                .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
+                .map(Path::to_path_buf)
+                .collect();
             if let Err(e) = std::fs::create_dir_all(path) {
                 return Err(format!(
                     "--data-path={shown} does not exist and cannot be created: {e}; {fix_perm}"
                 ));
             }
+            created.extend(missing);
         }
     }
     let probe = path.join(format!(".nsqd.preflight.{}", std::process::id()));
@@ -465,6 +499,9 @@ fn data_dir(path: &Path, warnings: &mut Vec<String>) -> Result<File, String> {
         ));
     }
     let lock_path = path.join(".nsqd.lock");
+    if !lock_path.exists() {
+        created.insert(0, lock_path.clone());
+    }
     // flock needs no write access: a lock file left by another user (a root-run broker
     // before the package's user existed) is opened read-only rather than refused.
     let lock = File::options()

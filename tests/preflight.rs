@@ -317,6 +317,27 @@ fn preflight_flag_checks_and_exits() {
         !stderr.contains("listening on"),
         "it must not serve: {stderr}"
     );
+    // A check, not a start: a data path that did not exist does not exist afterwards
+    // (created to be checked, then removed with its lock file).
+    let absent = temp_path("flag-absent").join("a/b");
+    assert!(!absent.exists());
+    let out = run(nsqd(&absent, &["--preflight", "--shards=1"]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("preflight: ok (1 shards"), "{stderr}");
+    let top = absent.parent().unwrap().parent().unwrap();
+    assert!(!top.exists(), "--preflight left {}", top.display());
+    // An existing one keeps what it held, and gets no lock file.
+    std::fs::create_dir_all(&absent).unwrap();
+    std::fs::write(absent.join("keep"), b"x").unwrap();
+    let out = run(nsqd(&absent, &["--preflight", "--shards=1"]));
+    assert_eq!(out.status.code(), Some(0));
+    let names: Vec<String> = std::fs::read_dir(&absent)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["keep"]);
+    let _ = std::fs::remove_dir_all(top);
 
     let file = temp_path("flag-file");
     std::fs::write(&file, b"x").unwrap();
