@@ -218,6 +218,17 @@ impl Shard {
                     }
                     let fold = folded.remove(&c.name).unwrap_or_default();
                     let mut cursor = c.cursor;
+                    if cursor > head {
+                        // Impossible in metadata this broker wrote (a cursor never passes
+                        // the end it wrote with it): damage. Clamped to the end, it
+                        // would count every stored message as consumed (and delete it);
+                        // delivered again from the oldest instead (at least once).
+                        log::error!(
+                            "TOPIC({name}) CHANNEL({}): metadata cursor {cursor} is past the topic's end ({head}); the channel starts at its oldest message ({first})",
+                            c.name
+                        );
+                        cursor = first;
+                    }
                     // The checkpoint's pending messages, then what the journal says
                     // happened to them and to others since (nsqd keeps neither across
                     // a crash).

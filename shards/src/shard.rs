@@ -346,9 +346,8 @@ impl Shard {
             t.store_mode = self.store_mode();
             if let (Some(_), false) = (&self.opts.data_path, t.ephemeral) {
                 if let Err(e) = self.create_store(&mut t) {
-                    log::error!(
-                        "TOPIC({name}): no durable store - {e}; publishes are refused until it can be created"
-                    );
+                    // `e` names the topic already.
+                    log::error!("{e}; publishes are refused until it can be created");
                 }
             }
             if let Some(hook) = self.topic_created.borrow().as_ref() {

@@ -199,9 +199,44 @@ pub fn resync(data: &[u8], mut from: usize, salt: u32) -> usize {
     data.len()
 }
 
+/// The (sequence, salt) of the record a segment file's bytes `after_header` (read from
+/// offset [`SEGMENT_HEADER_LEN`]) start with, from its fixed fields, without its CRC:
+/// `None` when they do not look like a message record. A segment's first record carries
+/// its writer's salt and, written first, its base: a damaged header is read by it.
+pub fn first_record_fields(after_header: &[u8]) -> Option<(u64, u32)> {
+    let b = after_header.get(..8 + 13)?;
+    let len = u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize;
+    if !(RECORD_OVERHEAD - 8..=MAX_BODY + RECORD_OVERHEAD).contains(&len) || b[8] != KIND_MESSAGE {
+        return None;
+    }
+    let salt = u32::from_be_bytes([b[9], b[10], b[11], b[12]]);
+    let seq = u64::from_be_bytes(b[13..21].try_into().ok()?);
+    Some((seq, salt))
+}
+
 /// True when `data` holds only zeros from `at` on (the unwritten end of a segment).
 pub fn zeros_from(data: &[u8], at: usize) -> bool {
     data.get(at..).unwrap_or(&[]).iter().all(|&b| b == 0)
+}
+
+/// Whether a valid record of this writer with a sequence above `after` follows `from`.
+fn has_record_after(data: &bytes::Bytes, mut from: usize, salt: u32, after: Option<u64>) -> bool {
+    while from < data.len() {
+        from = resync(data, from, salt);
+        if from >= data.len() {
+            return false;
+        }
+        match decode(data, from, salt) {
+            Decoded::Record(r, n) => {
+                if after.is_none_or(|a| r.seq > a) {
+                    return true;
+                }
+                from += n;
+            }
+            _ => from += 1,
+        }
+    }
+    false
 }
 
 /// One problem [`scan`] stepped over.
@@ -245,7 +280,18 @@ pub fn scan_up_to(
         match decode(data, at, salt) {
             Decoded::Record(r, n) => {
                 if after.is_some_and(|a| r.seq <= a) {
-                    break;
+                    // An older record of this writer: stale padding past the end of the
+                    // data (when nothing valid follows), else a copy written over the
+                    // data (damage): stepped over either way.
+                    if !has_record_after(data, at + n, salt, after) {
+                        break;
+                    }
+                    skipped.push(Skipped {
+                        offset: at,
+                        reason: format!("stale record (sequence {})", r.seq),
+                    });
+                    at += n;
+                    continue;
                 }
                 after = Some(r.seq);
                 recs.push((r, at));

@@ -425,6 +425,104 @@ fn offline_damage_loses_only_the_damaged_records() {
     }
 }
 
+/// Writes `n` records (`rec`) in segments of `max` bytes; closes cleanly (every segment
+/// sealed) or not (the newest left open, as by kill -9).
+fn write_store(path: &std::path::Path, n: u64, max: u64, close: bool) {
+    let p = path.to_path_buf();
+    run(move || async move {
+        let s = TopicStore::open(p, cfg(max, 1), 0).await.unwrap().store;
+        for i in 0..n {
+            s.append(&rec(i));
+        }
+        s.wait_durable(n).await.unwrap();
+        if close {
+            s.close().await;
+        }
+    });
+}
+
+/// Every sequence the store serves from the start, after a restart.
+fn read_all(path: &std::path::Path) -> Vec<u64> {
+    let p = path.to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    run(move || async move {
+        let r = TopicStore::open(p, cfg(4096, 1), 10).await.unwrap();
+        let seqs: Vec<u64> = r
+            .store
+            .read(0, 100_000)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.seq)
+            .collect();
+        tx.send(seqs).unwrap();
+        r.store.close().await;
+    });
+    rx.recv().unwrap()
+}
+
+#[test]
+fn misnamed_swapped_and_copied_segments_are_read_by_their_contents() {
+    let all: Vec<u64> = (0..600).collect();
+    // Two sealed segments swap names.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-swap");
+    write_store(&path, 600, 4096, true);
+    let segs = files_with(&path, ".seg");
+    assert!(segs.len() > 6, "{}", segs.len());
+    let tmp = path.join("x");
+    std::fs::rename(&segs[2], &tmp).unwrap();
+    std::fs::rename(&segs[4], &segs[2]).unwrap();
+    std::fs::rename(&tmp, &segs[4]).unwrap();
+    assert_eq!(read_all(&path), all, "swapped names");
+    // A stray copy of a segment under a higher name.
+    let stray = path.join(format!("{:020}.seg", 1_000_000));
+    std::fs::copy(&segs[1], &stray).unwrap();
+    assert_eq!(read_all(&path), all, "stray copy");
+    assert!(!stray.exists());
+    assert!(path
+        .join(format!("{:020}.seg.misnamed", 1_000_000))
+        .exists());
+    // The newest segment, left open by a crash, with its header's salt flipped.
+    let path = dir.path().join("t-salt");
+    write_store(&path, 600, 4096, false);
+    let newest = files_with(&path, ".seg").pop().unwrap();
+    let mut d = std::fs::read(&newest).unwrap();
+    d[21] ^= 1;
+    std::fs::write(&newest, &d).unwrap();
+    assert_eq!(read_all(&path), all, "newest segment's salt flipped");
+    // A valid older record written over records of a sealed segment: only the records
+    // it covers are lost.
+    let path = dir.path().join("t-stale");
+    write_store(&path, 600, 16 * 1024, true);
+    let segs = files_with(&path, ".seg");
+    let mut d = std::fs::read(&segs[1]).unwrap();
+    let spans = record_spans(&d);
+    let first = std::fs::read(&segs[0]).unwrap();
+    let (o0, n0) = record_spans(&first)[3];
+    let (at, _) = spans[10];
+    d[at..at + n0].copy_from_slice(&first[o0..o0 + n0]);
+    std::fs::write(&segs[1], &d).unwrap();
+    let base = u64::from_be_bytes(d[12..20].try_into().unwrap());
+    let covered: Vec<u64> = spans
+        .iter()
+        .enumerate()
+        .filter(|(_, (o, n))| *o < at + n0 && o + n > at)
+        .map(|(i, _)| base + i as u64)
+        .collect();
+    let want: Vec<u64> = all
+        .iter()
+        .copied()
+        .filter(|q| !covered.contains(q))
+        .collect();
+    assert!(covered.len() < 4, "{covered:?}");
+    assert_eq!(
+        read_all(&path),
+        want,
+        "a stale record written over a sealed segment"
+    );
+}
+
 #[test]
 fn journal_events_are_written_synced_and_dropped_once_covered() {
     use nsq_storage::journal::{self, EventKind, MessageState};

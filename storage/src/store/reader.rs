@@ -109,7 +109,9 @@ impl TopicStore {
         let fd_path = self.fd_path(path);
         self.opens.set(self.opens.get() + 1);
         let f = match crate::faults::check(crate::faults::Op::Open).await {
-            Ok(()) => DmaFile::open(&fd_path).await.map_err(io_err),
+            Ok(()) => DmaFile::open(&fd_path)
+                .await
+                .map_err(|e| io_err(e).context(format_args!("open {}", path.display()))),
             Err(e) => Err(io_err(e)),
         };
         self.opens.set(self.opens.get() - 1);

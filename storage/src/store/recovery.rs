@@ -65,6 +65,7 @@ pub(super) fn read_index(
 /// indexes, and journal generations. Removes leftovers: indexes without a segment and
 /// temporary files of an interrupted seal.
 pub(super) fn survey_blocking(dir: &Path) -> (Vec<Found>, BTreeSet<u64>) {
+    rename_misnamed_blocking(dir);
     let mut segs = BTreeMap::new();
     let mut idxs = BTreeSet::new();
     let mut pidxs = BTreeSet::new();
@@ -140,6 +141,73 @@ pub(super) fn survey_blocking(dir: &Path) -> (Vec<Found>, BTreeSet<u64>) {
         let _ = std::fs::remove_file(pidx_path(dir, *b));
     }
     (found, journals)
+}
+
+/// The base a segment file's own bytes give when its name contradicts them: its header's
+/// base, confirmed by its first record (the same sequence, the same salt, the message
+/// kind), or the name cannot be right (above its first record's sequence). `None` when
+/// the name is consistent or the bytes do not tell.
+fn true_base_blocking(path: &Path, name_base: u64) -> Option<u64> {
+    use std::io::Read;
+    let mut h = [0u8; SEGMENT_HEADER_LEN + 8 + 13];
+    std::fs::File::open(path).ok()?.read_exact(&mut h).ok()?;
+    let (seq, salt) = record::first_record_fields(&h[SEGMENT_HEADER_LEN..])?;
+    match record::parse_segment_header(&h) {
+        Ok((base, s)) if s == salt && base == seq && base != name_base => Some(base),
+        _ if name_base > seq => Some(seq),
+        _ => None,
+    }
+}
+
+/// Gives segment files found under a name their bytes contradict (renamed, swapped or
+/// copied by hand) their right name, so that sequences are read from the file that holds
+/// them: each such file is renamed to its base's name, or, when a file already holds
+/// that name (a stray copy), set aside as `<name>.seg.misnamed` (kept, not read).
+fn rename_misnamed_blocking(dir: &Path) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut wrong: Vec<(u64, u64)> = Vec::new();
+    // Files a crash left in the middle of this (renamed out of the way, not back yet).
+    let mut moved: Vec<(u64, u64)> = Vec::new();
+    for e in rd.filter_map(|e| e.ok()) {
+        let n = e.file_name().to_string_lossy().into_owned();
+        if let Some(b) = n
+            .strip_suffix(".seg.renaming")
+            .and_then(|b| b.parse::<u64>().ok())
+        {
+            moved.push((b, true_base_blocking(&e.path(), u64::MAX).unwrap_or(b)));
+            continue;
+        }
+        let Some(b) = n.strip_suffix(".seg").and_then(|b| b.parse::<u64>().ok()) else {
+            continue;
+        };
+        if let Some(t) = true_base_blocking(&e.path(), b) {
+            wrong.push((b, t));
+        }
+    }
+    // Out of the way first (two files may have swapped names), then each to its name.
+    let aside = |b: u64| dir.join(format!("{b:020}.seg.renaming"));
+    wrong.retain(|&(b, _)| std::fs::rename(seg_path(dir, b), aside(b)).is_ok());
+    wrong.extend(moved);
+    for (b, t) in wrong {
+        let to = seg_path(dir, t);
+        if !to.exists() && std::fs::rename(aside(b), &to).is_ok() {
+            log::error!(
+                "STORE: {}: its records start at sequence {t}: renamed to {}",
+                seg_path(dir, b).display(),
+                to.display()
+            );
+        } else {
+            let kept = dir.join(format!("{b:020}.seg.misnamed"));
+            let _ = std::fs::rename(aside(b), &kept);
+            log::error!(
+                "STORE: {}: a copy of segment {t}, which is there: set aside as {}",
+                seg_path(dir, b).display(),
+                kept.display()
+            );
+        }
+    }
 }
 
 impl TopicStore {
@@ -251,9 +319,51 @@ pub(super) async fn scan_open_file(
     if let Some(l) = limit {
         size = size.min(l);
     }
-    let head = file.read_at(0, SEGMENT_HEADER_LEN).await.map_err(io_err)?;
-    let (header_base, salt) =
-        record::parse_segment_header(&head).map_err(StoreError::invalid_data)?;
+    let head = file
+        .read_at(0, SEGMENT_HEADER_LEN + 8 + 13)
+        .await
+        .map_err(io_err)?;
+    let parsed = record::parse_segment_header(&head);
+    let mut first = head
+        .get(SEGMENT_HEADER_LEN..)
+        .and_then(record::first_record_fields);
+    if let (Some((_, fs)), true) = (
+        first,
+        parsed
+            .as_ref()
+            .map_or(true, |h| h.1 != first.map_or(0, |f| f.1)),
+    ) {
+        // Taken only if the whole first record checks out with that salt (its CRC).
+        let len = u32::from_be_bytes([head[32], head[33], head[34], head[35]]) as usize;
+        let whole = file
+            .read_at(SEGMENT_HEADER_LEN as u64, 8 + len)
+            .await
+            .map(|r| Bytes::copy_from_slice(&r))
+            .ok();
+        if !whole.is_some_and(|w| matches!(record::decode(&w, 0, fs), Decoded::Record(..))) {
+            first = None;
+        }
+    }
+    // The first record carries the writer's salt too: a header whose salt or magic was
+    // damaged is read by it (else every record would look like another writer's).
+    let (header_base, salt) = match (parsed, first) {
+        (Ok((b, s)), Some((_, fs))) if fs != s => {
+            log::error!(
+                "STORE: {}: its header's salt differs from its first record's; the records' is used",
+                path.display()
+            );
+            (b, fs)
+        }
+        (Ok(h), _) => h,
+        (Err(e), Some((seq, fs))) => {
+            log::error!(
+                "STORE: {}: its header is damaged ({e}); read by its records",
+                path.display()
+            );
+            (seq, fs)
+        }
+        (Err(e), None) => return Err(StoreError::invalid_data(e)),
+    };
     *salt_out = salt;
     // The file name and the header both give the base; records carry their own
     // sequences, so a mismatch (a flipped header, a file copied under another name) is
