@@ -348,18 +348,7 @@ fn offline_damage_loses_only_the_damaged_records() {
     // the block is still served, in order.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t-damage");
-    let p2 = path.clone();
-    run(move || async move {
-        let s = TopicStore::open(p2, cfg(1 << 30, 1), 0)
-            .await
-            .unwrap()
-            .store;
-        for i in 0..400u64 {
-            s.append(&rec(i));
-        }
-        s.wait_durable(400).await.unwrap();
-        s.close().await;
-    });
+    write_store(&path, 400, 1 << 30, true);
     let seg = files_with(&path, ".seg").remove(0);
     assert_eq!(files_with(&path, ".idx").len(), 1, "sealed at close");
     let mut data = std::fs::read(&seg).unwrap();
