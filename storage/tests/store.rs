@@ -472,6 +472,26 @@ fn misnamed_swapped_and_copied_segments_are_read_by_their_contents() {
     assert!(path
         .join(format!("{:020}.seg.misnamed", 1_000_000))
         .exists());
+    // A segment's first record sequence damaged (below its name now, its CRC fails): the
+    // file is not moved, only that record is lost.
+    let path2 = dir.path().join("t-seqflip");
+    write_store(&path2, 600, 4096, true);
+    let segs2 = files_with(&path2, ".seg");
+    let mut d = std::fs::read(&segs2[3]).unwrap();
+    let first_seq = u64::from_be_bytes(d[32 + 13..32 + 21].try_into().unwrap());
+    // Damaged to the base of an earlier segment, so that moving the file would collide.
+    let earlier: u64 = segs2[2]
+        .file_stem()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    d[32 + 13..32 + 21].copy_from_slice(&earlier.to_be_bytes());
+    std::fs::write(&segs2[3], &d).unwrap();
+    let want: Vec<u64> = all.iter().copied().filter(|q| *q != first_seq).collect();
+    assert_eq!(read_all(&path2), want, "first record's sequence flipped");
+    assert!(segs2[3].exists());
     // The newest segment, left open by a crash, with its header's salt flipped.
     let path = dir.path().join("t-salt");
     write_store(&path, 600, 4096, false);

@@ -144,14 +144,34 @@ pub(super) fn survey_blocking(dir: &Path) -> (Vec<Found>, BTreeSet<u64>) {
 }
 
 /// The base a segment file's own bytes give when its name contradicts them: its header's
-/// base, confirmed by its first record (the same sequence, the same salt, the message
-/// kind), or the name cannot be right (above its first record's sequence). `None` when
-/// the name is consistent or the bytes do not tell.
+/// base, confirmed by its first record (the same sequence, the same salt, a valid CRC),
+/// or the name cannot be right (above its first record's sequence). `None` when the name
+/// is consistent or the bytes do not tell (a first record that fails its CRC is not
+/// believed: a flipped sequence must not move a whole segment).
 fn true_base_blocking(path: &Path, name_base: u64) -> Option<u64> {
-    use std::io::Read;
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).ok()?;
     let mut h = [0u8; SEGMENT_HEADER_LEN + 8 + 13];
-    std::fs::File::open(path).ok()?.read_exact(&mut h).ok()?;
+    f.read_exact(&mut h).ok()?;
     let (seq, salt) = record::first_record_fields(&h[SEGMENT_HEADER_LEN..])?;
+    let len = u32::from_be_bytes(
+        h[SEGMENT_HEADER_LEN..SEGMENT_HEADER_LEN + 4]
+            .try_into()
+            .ok()?,
+    );
+    let size = f.metadata().ok()?.len();
+    if SEGMENT_HEADER_LEN as u64 + 8 + u64::from(len) > size {
+        return None;
+    }
+    let mut whole = vec![0u8; 8 + len as usize];
+    f.seek(SeekFrom::Start(SEGMENT_HEADER_LEN as u64)).ok()?;
+    f.read_exact(&mut whole).ok()?;
+    if !matches!(
+        record::decode(&Bytes::from(whole), 0, salt),
+        Decoded::Record(..)
+    ) {
+        return None;
+    }
     match record::parse_segment_header(&h) {
         Ok((base, s)) if s == salt && base == seq && base != name_base => Some(base),
         _ if name_base > seq => Some(seq),
