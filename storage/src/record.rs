@@ -179,7 +179,7 @@ fn plausible_start(buf: &[u8], salt: u32) -> bool {
 }
 
 /// The first offset at or after `from` where a record of this writer (`salt`) may start
-/// (see [`plausible_start`]), for stepping over damage: runs of zeros are skipped in
+/// (see `plausible_start`), for stepping over damage: runs of zeros are skipped in
 /// one pass. `data.len()` when there is none; when `data` ends in zeros, the offset 3
 /// bytes before its end (a record's big-endian length may start with 3 zero bytes, and
 /// the rest of it may be in the next read).
