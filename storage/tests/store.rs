@@ -24,6 +24,16 @@ fn rec(seq: u64) -> StoredRecord {
     }
 }
 
+/// The sequences of up to `max` records read from `from` on.
+async fn read_seqs(s: &TopicStore, from: u64, max: usize) -> Vec<u64> {
+    s.read(from, max)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.seq)
+        .collect()
+}
+
 fn cfg(max: u64, sync_every: u64) -> StoreConfig {
     StoreConfig {
         max_bytes_per_file: max,
@@ -159,14 +169,7 @@ fn corrupt_and_torn_records_are_skipped() {
         let seqs: Vec<u64> = r.tail.iter().map(|r| r.seq).collect();
         let want: Vec<u64> = (0..99).filter(|s| *s != 10).collect();
         assert_eq!(seqs, want);
-        let read: Vec<u64> = r
-            .store
-            .read(0, 1000)
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| r.seq)
-            .collect();
+        let read = read_seqs(&r.store, 0, 1000).await;
         assert_eq!(read, want);
         r.store.close().await;
     });
@@ -244,24 +247,10 @@ fn sealed_segments_recover_from_their_index_with_gaps_and_corruption_found_at_re
             "tail is the newest records"
         );
         // Reading skips exactly the corrupt record and returns every other one.
-        let all: Vec<u64> = r
-            .store
-            .read(0, 5000)
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| r.seq)
-            .collect();
+        let all = read_seqs(&r.store, 0, 5000).await;
         assert_eq!(all.len(), s3.len() - 1, "one corrupt record skipped");
         assert!(all.iter().all(|q| s3.contains(q)));
-        let mid: Vec<u64> = r
-            .store
-            .read(s3[700], 3)
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| r.seq)
-            .collect();
+        let mid = read_seqs(&r.store, s3[700], 3).await;
         assert_eq!(mid, s3[700..703].to_vec());
         // New writes continue after the last sequence, in a new segment.
         r.store.append(&gap_rec(r.next_seq + 5));
@@ -373,30 +362,18 @@ fn offline_damage_loses_only_the_damaged_records() {
             let r = TopicStore::open(p3, cfg(1 << 30, 1), 1000).await.unwrap();
             assert_eq!(r.scanned_segments, usize::from(scanned), "{round}");
             assert_eq!(r.next_seq, 400, "{round}");
-            let read: Vec<u64> = r
-                .store
-                .read(0, 1000)
-                .await
-                .unwrap()
-                .iter()
-                .map(|r| r.seq)
-                .collect();
+            let read = read_seqs(&r.store, 0, 1000).await;
             assert_eq!(read, w, "{round}: read");
             // From a sequence inside the zeroed block: the next record after it.
-            let after: Vec<u64> = r
-                .store
-                .read(
-                    w[w.iter()
-                        .position(|q| *q > w[0] + 1 && !w.contains(&(q - 1)))
-                        .unwrap()]
-                        - 1,
-                    1,
-                )
-                .await
-                .unwrap()
-                .iter()
-                .map(|r| r.seq)
-                .collect();
+            let after = read_seqs(
+                &r.store,
+                w[w.iter()
+                    .position(|q| *q > w[0] + 1 && !w.contains(&(q - 1)))
+                    .unwrap()]
+                    - 1,
+                1,
+            )
+            .await;
             assert_eq!(after.len(), 1, "{round}: read from inside the block");
             if scanned {
                 let tail: Vec<u64> = r.tail.iter().map(|r| r.seq).collect();
@@ -436,14 +413,7 @@ fn read_all(path: &std::path::Path) -> Vec<u64> {
     let (tx, rx) = std::sync::mpsc::channel();
     run(move || async move {
         let r = TopicStore::open(p, cfg(4096, 1), 10).await.unwrap();
-        let seqs: Vec<u64> = r
-            .store
-            .read(0, 100_000)
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| r.seq)
-            .collect();
+        let seqs = read_seqs(&r.store, 0, 100_000).await;
         tx.send(seqs).unwrap();
         r.store.close().await;
     });
