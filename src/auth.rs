@@ -22,7 +22,7 @@ use nsq_shards::Client;
 use nsq_wire::json::{push_key, push_str};
 use nsq_wire::v2::go_quote;
 use serde::Deserialize;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::pin::pin;
 use std::time::{Duration, Instant};
 
@@ -147,8 +147,26 @@ async fn query(cfg: &AuthConfig, addr: &str, req: &AuthRequest<'_>) -> Result<Au
         (format!("{endpoint}?{}", req.query_string()), None)
     };
     let reply = timed_request(cfg, &endpoint, body.as_deref()).await?;
-    parse_reply(&reply, Instant::now())
+    if reply.len() <= PARSE_INLINE_MAX {
+        return parse_reply(&reply, Instant::now());
+    }
+    // Compiling the regexes of a large reply takes long (100,000 authorizations: about
+    // a second), which on the shard's thread would stall all its clients.
+    // At most two at once: a parse can take hundreds of MB (100,000 authorizations:
+    // about 300 MB), and inline the shards' threads bounded them to one a shard.
+    crate::offload::off_executor("auth-parse", &PARSES, move || {
+        parse_reply(&reply, Instant::now())
+    })
+    .await
+    .and_then(|r| r)
 }
+
+/// Auth replies up to this size (bytes) are parsed on the shard's thread; larger ones
+/// on a thread of their own.
+const PARSE_INLINE_MAX: usize = 16 << 10;
+
+/// The threads parsing large auth replies at once, process-wide.
+static PARSES: crate::offload::Slots = crate::offload::Slots::new(2);
 
 /// One HTTP request (GET, or POST with a JSON `body`) with nsqd's HTTP client settings:
 /// `cfg.connect_timeout` for the TCP connect and `cfg.request_timeout` for the whole
@@ -214,11 +232,14 @@ pub fn parse_reply(body: &[u8], now: Instant) -> Result<AuthState, String> {
     if ttl <= 0 {
         return Err(format!("invalid TTL {ttl} (must be >0)"));
     }
+    // nsqd: time.Duration(ttl) * time.Second, which wraps in int64 for a ttl over 292
+    // years: a wrapped negative one has expired at once (asked again at the next check).
+    let ttl_ns = ttl.wrapping_mul(1_000_000_000);
     Ok(AuthState::new(
         r.identity.unwrap_or_default(),
         r.identity_url.unwrap_or_default(),
         authorizations,
-        Duration::from_secs(ttl as u64),
+        Duration::from_nanos(u64::try_from(ttl_ns).unwrap_or(0)),
         now,
     ))
 }
@@ -278,17 +299,7 @@ fn parse_url(url: &str) -> Result<Url<'_>, String> {
 
 /// Resolves `host` off the executor thread when it is not an IP literal (DNS may block).
 async fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
-    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
-        return Ok(SocketAddr::new(ip, port));
-    }
-    let h = host.to_string();
-    glommio::executor()
-        .spawn_blocking(move || {
-            (h.as_str(), port)
-                .to_socket_addrs()
-                .map_err(|e| e.to_string())
-                .and_then(|mut a| a.next().ok_or_else(|| "no address".to_string()))
-        })
+    crate::dns::lookup(host, port)
         .await
         .map_err(|e| format!("dial tcp: lookup {host}: {e}"))
 }
@@ -348,7 +359,14 @@ async fn http_request(
             break;
         }
     }
-    let (status, reason, body) = parse_response(&raw)?;
+    reply_body(&raw)
+}
+
+/// The body of a whole HTTP response read to EOF (`raw`) when its status is 200 (Go's
+/// http.Client), else `got response <code> <reason> "<body>"` as nsqd's http_api
+/// client words it. Errors for a malformed or truncated response.
+pub fn reply_body(raw: &[u8]) -> Result<Vec<u8>, String> {
+    let (status, reason, body) = parse_response(raw)?;
     if status != 200 {
         return Err(format!(
             "got response {status} {reason} {}",
@@ -632,6 +650,12 @@ mod tests {
         );
         assert!(parse_reply(b"not json", now).is_err());
         assert!(parse_reply(br#"{"ttl":1.5}"#, now).is_err());
+        // A ttl past 292 years wraps as nsqd's time.Duration(ttl) * time.Second (it
+        // panicked on the Instant's overflow): i64::MAX s wraps to -1 s, expired at once.
+        let st = parse_reply(br#"{"ttl":9223372036854775807}"#, now).unwrap();
+        assert!(st.is_expired(now + Duration::from_millis(1)));
+        let st = parse_reply(br#"{"ttl":3153600000}"#, now).unwrap();
+        assert!(!st.is_expired(now + Duration::from_secs(3_000_000_000)));
     }
 
     #[test]

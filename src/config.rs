@@ -237,16 +237,27 @@ impl Cli {
     pub fn load(
         args: impl IntoIterator<Item = String>,
     ) -> Result<Cli, crate::config_file::LoadError> {
+        let (mut cli, matches) = Cli::parse_flags(args);
+        crate::config_file::apply(&mut cli, &matches)?;
+        Ok(cli)
+    }
+
+    /// The command line alone (no `--config` file read yet), with clap's matches, which
+    /// [`crate::config_file::apply`] needs to tell flags given from defaults. Exits as
+    /// [`Cli::load`] does on a bad flag.
+    pub fn parse_flags(args: impl IntoIterator<Item = String>) -> Flags {
         use clap::{CommandFactory, FromArgMatches};
         let matches = Cli::command().get_matches_from(normalize_args(args));
         let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
         // nsqd's FloatArray flag keeps its values sorted, largest first.
         cli.e2e_processing_latency_percentile
             .sort_by(|a, b| b.total_cmp(a));
-        crate::config_file::apply(&mut cli, &matches)?;
-        Ok(cli)
+        (cli, matches)
     }
 }
+
+/// A parsed command line: the options and clap's matches ([`Cli::parse_flags`]).
+pub type Flags = (Cli, clap::ArgMatches);
 
 /// nsqd's `--tls-required` values (nsqd: nsqd.go TLSNotRequired, TLSRequiredExceptHTTP,
 /// TLSRequired).

@@ -177,71 +177,9 @@ fn go_quote(s: &str) -> String {
 }
 
 /// Go's `time.ParseDuration`, with its error texts (`time: missing unit in duration
-/// "60"`). Returns ns.
-pub fn parse_go_duration(orig: &str) -> Result<i64, String> {
-    let invalid = || format!("time: invalid duration {}", go_quote(orig));
-    let mut s = orig;
-    let mut neg = false;
-    if let Some(c) = s.chars().next() {
-        if c == '-' || c == '+' {
-            neg = c == '-';
-            s = &s[1..];
-        }
-    }
-    if s == "0" {
-        return Ok(0);
-    }
-    if s.is_empty() {
-        return Err(invalid());
-    }
-    let mut total: f64 = 0.0;
-    while !s.is_empty() {
-        // [digits][.digits], at least one digit (Go: leadingInt, leadingFraction).
-        let int_len = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-        let mut num_len = int_len;
-        if s[int_len..].starts_with('.') {
-            let frac = &s[int_len + 1..];
-            num_len += 1 + frac
-                .find(|c: char| !c.is_ascii_digit())
-                .unwrap_or(frac.len());
-        }
-        let num = &s[..num_len];
-        if num.is_empty() || num == "." {
-            return Err(invalid());
-        }
-        let v: f64 = num.parse().map_err(|_| invalid())?;
-        s = &s[num_len..];
-        let unit_len = s
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(s.len());
-        if unit_len == 0 {
-            return Err(format!("time: missing unit in duration {}", go_quote(orig)));
-        }
-        let unit = &s[..unit_len];
-        let scale = match unit {
-            "ns" => 1.0,
-            "us" | "\u{b5}s" | "\u{3bc}s" => 1e3,
-            "ms" => 1e6,
-            "s" => 1e9,
-            "m" => 60e9,
-            "h" => 3600e9,
-            _ => {
-                return Err(format!(
-                    "time: unknown unit {} in duration {}",
-                    go_quote(unit),
-                    go_quote(orig)
-                ))
-            }
-        };
-        total += v * scale;
-        if total > i64::MAX as f64 {
-            return Err(invalid());
-        }
-        s = &s[unit_len..];
-    }
-    let ns = total.round() as i64;
-    Ok(if neg { -ns } else { ns })
-}
+/// "60"`). Returns ns. (One parser for flags and the config file:
+/// [`nsq_wire::duration::parse_go_duration`].)
+pub use nsq_wire::duration::parse_go_duration;
 
 fn go_parse_int(s: &str) -> Result<i64, String> {
     s.parse::<i64>().map_err(|_| {
@@ -870,9 +808,13 @@ pub fn apply(cli: &mut Cli, matches: &ArgMatches) -> Result<(), LoadError> {
     let text = std::fs::read_to_string(&path).map_err(|e| fail(e.to_string()))?;
     let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
         // BurntSushi's form: `toml: line N: <what>`.
+        // (Counted in bytes: the error's offset may fall inside a multi-byte character.)
         let line = e
             .span()
-            .map(|r| text[..r.start.min(text.len())].matches('\n').count() + 1)
+            .map(|r| {
+                let upto = &text.as_bytes()[..r.start.min(text.len())];
+                upto.iter().filter(|&&b| b == b'\n').count() + 1
+            })
             .unwrap_or(1);
         fail(format!("toml: line {line}: {}", e.message().trim()))
     })?;

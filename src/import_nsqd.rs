@@ -460,6 +460,7 @@ fn import_topic(
             paused: c.paused,
             cursor: 0,
             pending,
+            finished: Vec::new(),
         });
     }
     let pumped = w.next_seq;

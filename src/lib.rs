@@ -11,11 +11,14 @@
 pub mod auth;
 pub mod config;
 pub mod config_file;
+pub mod dns;
 pub mod http;
 pub mod import_nsqd;
 pub mod logger;
 pub mod lookupd_client;
 pub mod memory;
+pub mod mesh;
+pub mod offload;
 pub mod preflight;
 pub mod runtime;
 pub mod server;

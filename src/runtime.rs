@@ -9,7 +9,6 @@ use crate::server::Server;
 use crate::{http, tcp};
 use futures::future::{select, Either};
 use futures::FutureExt;
-use glommio::channels::channel_mesh::MeshBuilder;
 use glommio::net::TcpListener;
 use glommio::{LocalExecutorBuilder, Placement};
 use nsq_shards::mesh::{AdminOp, ShardMsg};
@@ -58,12 +57,16 @@ impl RecoveryBarrier {
         self.failed.store(true, Ordering::SeqCst);
     }
 
-    /// Counts this shard as recovered and waits for the others. Polls every millisecond
-    /// rather than relying on a cross-executor wake-up (one can be missed while an
-    /// executor goes to sleep). Returns false if a shard failed to start. (A SIGTERM
-    /// meanwhile is handled once serving starts: the shards then shut down gracefully.)
+    /// Counts this shard as recovered and waits for the others. Polls (every
+    /// millisecond, every `shards / CPUs` ms with more shards than CPUs: each wake-up
+    /// of an executor ends in a process-wide `membarrier` when it sleeps again) rather
+    /// than relying on a cross-executor wake-up (one can be missed while an executor
+    /// goes to sleep). Returns false if a shard failed to start. (A SIGTERM meanwhile is
+    /// handled once serving starts: the shards then shut down gracefully.)
     pub async fn arrive_and_wait(&self) -> bool {
         self.arrived.fetch_add(1, Ordering::SeqCst);
+        let per_cpu = self.shards / allowed_cpus().len().max(1);
+        let poll = Duration::from_millis(per_cpu.clamp(1, 50) as u64);
         loop {
             if self.failed.load(Ordering::SeqCst) {
                 return false;
@@ -71,7 +74,7 @@ impl RecoveryBarrier {
             if self.arrived.load(Ordering::SeqCst) >= self.shards {
                 return true;
             }
-            glommio::timer::sleep(Duration::from_millis(1)).await;
+            glommio::timer::sleep(poll).await;
         }
     }
 }
@@ -199,6 +202,14 @@ pub(crate) fn listen(addr: &str, s: &socket2::Socket) -> Result<(), String> {
     s.set_nonblocking(true).map_err(|e| e.to_string())
 }
 
+/// Set once SIGINT or SIGTERM has started the shutdown (see [`shutting_down`]).
+static SHUTTING_DOWN: AtomicBool = AtomicBool::new(false);
+
+/// True once SIGINT or SIGTERM has started the graceful shutdown.
+pub fn shutting_down() -> bool {
+    SHUTTING_DOWN.load(Ordering::SeqCst)
+}
+
 /// Runs the broker until SIGINT or SIGTERM, then shuts down gracefully, on what the
 /// preflight checked and prepared (`crate::preflight::check`): the data path's lock, held
 /// until this returns, and the bound listeners.
@@ -251,6 +262,7 @@ pub fn run(
     .map_err(|e| format!("failed to import nsqd data - {e}"))?;
 
     let term = Arc::new(AtomicBool::new(false));
+    SHUTTING_DOWN.store(false, Ordering::SeqCst);
     // SIGINT/SIGTERM: tell systemd the shutdown starts (STOPPING=1), then the shards.
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
@@ -258,23 +270,40 @@ pub fn run(
     ])
     .map_err(|e| format!("cannot handle SIGINT/SIGTERM: {e}"))?;
     let term_set = term.clone();
+    let serving = Arc::new(AtomicBool::new(false));
+    let serving_seen = serving.clone();
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
             for _ in signals.forever() {
+                // Before every shard serves (a long recovery, many more shards than
+                // cores): the process exits here, as a supervisor's stop expects,
+                // whatever the start is busy with; what is on disk is crash-safe.
+                if !serving_seen.load(Ordering::SeqCst) {
+                    log::info!("shutdown requested during start-up; exiting");
+                    std::process::exit(0);
+                }
                 if !term_set.load(Ordering::SeqCst) {
                     if let Err(e) = sd_notify::notify(&[NotifyState::Stopping]) {
                         log::warn!("sd_notify STOPPING=1 failed: {e}");
                     }
                 }
                 term_set.store(true, Ordering::SeqCst);
+                SHUTTING_DOWN.store(true, Ordering::SeqCst);
             }
         })
         .map_err(|e| format!("cannot start the signal thread: {e}"))?;
 
     let n = cfg.shards;
     let cpus = allowed_cpus();
-    let mesh = (n > 1).then(|| MeshBuilder::<ShardMsg, _>::full(n, 4096));
+    let mut mesh: Vec<Option<crate::mesh::Peer>> = if n > 1 {
+        crate::mesh::build(n, mesh_capacity(n))
+            .into_iter()
+            .map(Some)
+            .collect()
+    } else {
+        vec![None]
+    };
     let cfg = Arc::new(cfg);
     let (ready_tx, ready_rx) = mpsc::channel::<Result<usize, StartError>>();
     let recovery = Arc::new(RecoveryBarrier::new(n));
@@ -282,7 +311,7 @@ pub fn run(
     for i in 0..n {
         let cpu = cpus[i % cpus.len()];
         let cfg = cfg.clone();
-        let mesh = mesh.clone();
+        let mesh = mesh[i].take();
         let ready = ready_tx.clone();
         let term = term.clone();
         let recovery = recovery.clone();
@@ -326,7 +355,7 @@ pub fn run(
     drop(ready_tx);
     let mut aborted = false;
     for _ in 0..n {
-        match ready_rx.recv() {
+        match ready_rx.recv().map_err(|_| ()) {
             Ok(Ok(_)) => {}
             Ok(Err(StartError::Aborted)) => aborted = true,
             Ok(Err(StartError::Shard(e))) => return Err(e),
@@ -341,12 +370,13 @@ pub fn run(
                     "shard {i} could not start its io_uring executor: {why}"
                 ));
             }
-            Err(_) => return Err("a shard failed to start".into()),
+            Err(()) => return Err("a shard failed to start".into()),
         }
     }
     if aborted {
         return Err("a shard failed to start".into());
     }
+    serving.store(true, Ordering::SeqCst);
     drop(tcp_sock);
     drop(http_sock);
     drop(https_sock);
@@ -385,6 +415,13 @@ pub fn run(
     }
     log::info!("exiting");
     Ok(())
+}
+
+/// Messages each shard-to-shard channel of the mesh holds: 4,096 up to 4 shards, less
+/// beyond (at least 256), so that the n x n channels, allocated whole at start, stay
+/// near 64 MB in all (64 shards with 4,096 each took 2 GB and over a minute to start).
+fn mesh_capacity(shards: usize) -> usize {
+    (16_384 / shards.max(1)).clamp(256, 4096)
 }
 
 /// Why a shard did not report itself serving.
@@ -438,7 +475,7 @@ async fn shard_future(
     i: usize,
     cpu: usize,
     cfg: Arc<Config>,
-    mesh: Option<MeshBuilder<ShardMsg, glommio::channels::channel_mesh::Full>>,
+    mesh: Option<crate::mesh::Peer>,
     addrs: (SocketAddr, SocketAddr, Option<SocketAddr>),
     listeners: Listeners,
     ready: ReadyTx,
@@ -468,7 +505,7 @@ async fn shard_main(
     index: usize,
     cpu: usize,
     cfg: Arc<Config>,
-    mesh: Option<MeshBuilder<ShardMsg, glommio::channels::channel_mesh::Full>>,
+    mesh: Option<crate::mesh::Peer>,
     (tcp_addr, http_addr, https_addr): (SocketAddr, SocketAddr, Option<SocketAddr>),
     (tcp_fd, http_fd, https_fd): Listeners,
     ready: ReadyTx,
@@ -492,17 +529,9 @@ async fn shard_main(
                 glommio::timer::sleep(Duration::from_millis(2)).await;
             }
         });
-        let joined = m.join().await;
+        let (s, r) = m.connect().await;
         ticking.set(false);
         ticker.await;
-        let (s, r) = joined.map_err(|_| "mesh join failed".to_string())?;
-        // glommio numbers mesh peers by executor id, which follows spawn order.
-        if s.peer_id() != index {
-            return Err(StartError::Shard(format!(
-                "shard {index} joined the mesh as peer {}",
-                s.peer_id()
-            )));
-        }
         log::debug!("shard {index}: mesh joined");
         senders = Some(Rc::new(s));
         receivers = Some(r);
@@ -550,7 +579,7 @@ async fn shard_main(
     // which skips this while loading metadata).
     crate::lookupd_client::install_channel_query(&server);
     if let Some(mut r) = receivers {
-        for (_peer, rx) in r.streams() {
+        for (_peer, rx) in r.drain(..) {
             let server = server.clone();
             glommio::spawn_local(async move {
                 while let Some(msg) = rx.recv().await {
@@ -615,7 +644,8 @@ async fn timer_loop(shard: &Rc<Shard>, term: &AtomicBool) {
             wake_at.saturating_duration_since(now)
         ));
         let woken = pin!(shard.timer_wake.wait());
-        if let Either::Left(_) = select(sleep, woken).await {
+        let slept = matches!(select(sleep, woken).await, Either::Left(_));
+        if slept {
             let late = Instant::now().saturating_duration_since(wake_at);
             shard.record_loop_lag(late.as_micros() as u64);
         }
@@ -623,8 +653,15 @@ async fn timer_loop(shard: &Rc<Shard>, term: &AtomicBool) {
             break;
         }
         let now = Instant::now();
-        if shard.next_timer_due().is_some_and(|d| d > now) && now < wake_at {
-            // Woken for a timer registered earlier than the planned wake-up: sleep again.
+        if !slept
+            && shard
+                .next_timer_due()
+                .is_none_or(|d| d.max(last_pass + TICK) > now)
+        {
+            // Woken for a timer registered earlier than the planned wake-up: sleep again,
+            // until it, and never sooner than TICK after the last pass (a timer due at
+            // once, every pass, as with --msg-timeout=0, redelivered 900,000 times a
+            // second instead of once a pass).
             continue;
         }
         if now >= next_refresh {

@@ -2,9 +2,9 @@
 //! route work to a topic's owning shard (locally, or through the mesh).
 
 use crate::config::Config;
+use crate::mesh::Senders;
 use bytes::Bytes;
 use futures::channel::oneshot;
-use glommio::channels::channel_mesh::Senders;
 use nsq_shards::mesh::{AdminError, AdminOp, ShardMsg};
 use nsq_shards::node::NodeUpdate;
 use nsq_shards::stats::{ShardStats, StatsRequest};
@@ -39,11 +39,11 @@ pub struct Server {
     pub http_port: u16,
     /// The HTTPS listener's port (0 without one).
     pub https_port: u16,
-    pub mesh: Option<Rc<Senders<ShardMsg>>>,
+    pub mesh: Option<Rc<Senders>>,
 }
 
 impl Server {
-    pub fn mesh(&self) -> Option<Rc<Senders<ShardMsg>>> {
+    pub fn mesh(&self) -> Option<Rc<Senders>> {
         self.mesh.clone()
     }
 

@@ -364,3 +364,27 @@ fn unsupported_features_fail_at_startup() {
         "{tls}"
     );
 }
+
+/// A TOML error whose offset falls inside a multi-byte character (found by AFL++: the
+/// offset cut the text at a non-boundary to count its line, a panic at start-up) gets
+/// the usual FATAL line.
+#[test]
+fn a_toml_error_inside_a_multibyte_character_is_a_fatal_line_not_a_panic() {
+    let dir = std::env::temp_dir().join(format!("nsqd-cfg-utf8-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("nsqd.cfg");
+    let mut text = b"log_level = \"\"\"\t21em_queue_= \"".to_vec();
+    text.extend(std::iter::repeat_n(b'\\', 35));
+    text.extend("\u{38c}\"\ntcp_address\t= B\\\\E1\nmax__\"\\\"\"\"\"".as_bytes());
+    std::fs::write(&cfg, &text).unwrap();
+    let err = common::nsqd_startup_failure(&[&format!("--config={}", cfg.display())]);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "FATAL: failed to load config file {} - toml: line 1: invalid escape sequence",
+            cfg.display()
+        )),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -882,3 +882,88 @@ fn bad_snappy_chunks_end_the_connection_from_their_header() {
         assert_eq!(end, want, "{name}");
     }
 }
+
+/// Commands decoded before a compressed stream ends or breaks, in the same read, run
+/// before the connection closes: Go's flate and snappy readers hand over what they
+/// decoded, then report the end or the error, so nsqd answers and publishes first (an
+/// outside trial saw the PUB dropped: no `OK`, no topic).
+#[test]
+fn commands_before_a_compressed_stream_ends_or_breaks_still_run() {
+    use std::io::{Read, Write};
+    let b = Broker::start(2, &[]);
+    // Deflate: a PUB and the stream's end (Z_FINISH) in one write; then a PUB, a sync
+    // flush and garbage in one write.
+    for (topic, garbage) in [("defl_end", false), ("defl_garbage", true)] {
+        let mut s = b.connect_v2();
+        s.write_all(&identify_cmd(
+            r#"{"feature_negotiation":true,"deflate":true}"#,
+        ))
+        .unwrap();
+        read_frame(&mut s).unwrap();
+        let mut inf = flate2::Decompress::new(false);
+        assert_eq!(read_inflated(&mut s, &mut inf, 10), frame(0, b"OK"));
+        let mut def = flate2::Compress::new(flate2::Compression::new(6), false);
+        let mut out = Vec::with_capacity(4096);
+        let flush = if garbage {
+            flate2::FlushCompress::Sync
+        } else {
+            flate2::FlushCompress::Finish
+        };
+        def.compress_vec(&pub_cmd(topic, b"last words"), &mut out, flush)
+            .unwrap();
+        if garbage {
+            out.extend_from_slice(&[0xff, 0xfe, 0xfd, 0xfc, 0xfb, 0xfa]);
+        }
+        s.write_all(&out).unwrap();
+        assert_eq!(
+            read_inflated(&mut s, &mut inf, 10),
+            frame(0, b"OK"),
+            "{topic}"
+        );
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+        let st = b.stats();
+        assert!(
+            st["topics"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|t| t["topic_name"] == topic && t["message_count"] == 1),
+            "{topic}: {st}"
+        );
+    }
+    // Snappy: a chunk with a PUB, then a chunk whose CRC is wrong, in one write.
+    let mut s = b.connect_v2();
+    s.write_all(&identify_cmd(
+        r#"{"feature_negotiation":true,"snappy":true}"#,
+    ))
+    .unwrap();
+    read_frame(&mut s).unwrap();
+    let mut id = [0u8; 10];
+    s.read_exact(&mut id).unwrap();
+    let mut framed = Vec::new();
+    {
+        let mut enc = snap::write::FrameEncoder::new(&mut framed);
+        enc.write_all(&pub_cmd("snap_crc", b"last words")).unwrap();
+        enc.flush().unwrap();
+    }
+    let mut bad = framed[10..].to_vec(); // the data chunk, after the stream identifier
+    bad[4] ^= 0xff; // its CRC
+    let mut both = framed.clone();
+    both.extend_from_slice(&bad);
+    s.write_all(&both).unwrap();
+    let mut dec =
+        snap::read::FrameDecoder::new(SnapStream(s.try_clone().unwrap(), Some(id.to_vec())));
+    let mut ok = [0u8; 20];
+    dec.read_exact(&mut ok).unwrap();
+    assert_eq!(ok[10..].to_vec(), frame(0, b"OK"));
+    let st = b.stats();
+    assert!(
+        st["topics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["topic_name"] == "snap_crc" && t["message_count"] == 1),
+        "{st}"
+    );
+}

@@ -451,8 +451,8 @@ fn failed_opens_reads_and_metadata_writes_lose_nothing_acknowledged() {
 
 /// A disk whose reads keep failing: the channel's read-back is retried after a pause
 /// that doubles (100 ms, 200 ms, ... 5 s), not at once in a loop (a broker whose reads
-/// all failed wrote 44,000 error lines in 12 s, session 4); once reads work the backlog
-/// arrives.
+/// all failed wrote 44,000 error lines in 12 s, session 4); `/ping` reports it meanwhile
+/// (it said OK: session 10); once reads work the backlog arrives and `/ping` is OK.
 #[test]
 fn failing_disk_reads_back_off_and_recover() {
     let dir = keep_dir("read-backoff");
@@ -481,9 +481,17 @@ fn failing_disk_reads_back_off_and_recover() {
         (1..=5).contains(&in_3s),
         "{in_3s} failed reads logged in 3 s (the pauses allow 5)"
     );
+    // A backlog that cannot be read back is a fault /ping reports while it lasts.
+    let (code, text) = ping(&b);
+    assert_eq!(code, 500, "{text}");
+    assert!(
+        text.starts_with("NOK - TOPIC(rb) CHANNEL(c): disk read failed - "),
+        "{text}"
+    );
     drop(s);
     let got = drain(&b, "rb", Duration::from_secs(20));
     assert_all_delivered(&acked, &got);
+    assert_eq!(ping(&b), (200, "OK".to_string()));
     drop(b);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -545,4 +553,40 @@ fn a_shutdown_that_cannot_write_says_what_is_lost() {
         lost[0].contains(": 1 messages were never written"),
         "{lost:?}"
     );
+}
+
+/// A shard that panics (here an injected panic at its first segment write, standing for
+/// a bug) ends the process with a failure status and a FATAL line, so that a supervisor
+/// restarts it; what was acknowledged is on disk for the restart. It went on serving
+/// without that shard (its clients hung, `/ping` never answered) and, once every shard
+/// had panicked, exited 0, which `Restart=on-failure` does not restart (outside trial).
+#[test]
+fn a_shard_panic_ends_the_process_with_a_failure_status() {
+    for shards in [1, 2] {
+        let dir = keep_dir(&format!("panic-{shards}"));
+        let env = faults("write=panic@nth:1");
+        let mut b = Broker::start_in_env(&dir, shards, &["--sync-every=1"], &env);
+        let mut s = b.connect_v2();
+        s.write_all(&pub_cmd("p", b"x")).unwrap();
+        let status = b.daemon.wait_exit(Duration::from_secs(20));
+        let log = b.log_text();
+        assert_eq!(
+            status.and_then(|s| s.code()),
+            Some(1),
+            "{shards} shards: {status:?}\n{log}"
+        );
+        assert!(
+            log.contains("FATAL: panic at ") && log.contains("injected Write panic; exiting"),
+            "{log}"
+        );
+        drop(b);
+        // The restart serves (the panic came before anything was acknowledged).
+        let b = Broker::start_in(&dir, shards, &["--sync-every=1"]);
+        let mut p = Publisher::new(&b);
+        p.publish("p", &body(1)).unwrap();
+        let got = drain(&b, "p", Duration::from_millis(500));
+        assert_eq!(got, vec![1]);
+        drop(b);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

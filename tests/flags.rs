@@ -305,3 +305,37 @@ fn tls_files_are_checked() {
         );
     }
 }
+
+/// A duration flag out of Go's range (over 2^63-1 ns) is refused as Go's
+/// time.ParseDuration refuses it; it panicked (the float seconds overflowed a Duration).
+/// The config file takes the same parser, with its Go error text.
+#[test]
+fn out_of_range_durations_are_refused_not_a_panic() {
+    for v in [
+        "99999999999999999999999h",
+        "2562048h",
+        "9223372036854775808ns",
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_nsqd"))
+            .arg(format!("--msg-timeout={v}"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{v}: {err}");
+        assert!(
+            err.contains(&format!("time: invalid duration \"{v}\"")) && !err.contains("panicked"),
+            "{v}: {err}"
+        );
+    }
+    let cfg = std::env::temp_dir().join(format!("nsqd-dur-{}.cfg", std::process::id()));
+    std::fs::write(&cfg, "msg_timeout = \"2562048h\"\n").unwrap();
+    let err = fails(&[&format!("--config={}", cfg.display())]);
+    let _ = std::fs::remove_file(&cfg);
+    assert!(
+        err.contains(
+            "ERROR: Resolve failed to coerce value 2562048h (1m0s) for field MsgTimeout - \
+             time: invalid duration \"2562048h\""
+        ),
+        "{err}"
+    );
+}

@@ -343,3 +343,108 @@ fn subscriber_creating_the_topic_and_lookupd_channels_share_the_first_message() 
         }
     });
 }
+
+/// A lookupd HTTP API that answers every request (the broker's `/channels?topic=`) with
+/// channels `pre1` and `pre2`.
+fn channels_http() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(s) = s else { return };
+            std::thread::spawn(move || {
+                let Ok(mut w) = s.try_clone() else { return };
+                let mut r = BufReader::new(s);
+                loop {
+                    let mut line = String::new();
+                    match r.read_line(&mut line) {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) if line == "\r\n" => break,
+                        Ok(_) => {}
+                    }
+                }
+                let body = br#"{"channels":["pre1","pre2"]}"#;
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = w.write_all(head.as_bytes());
+                let _ = w.write_all(body);
+            });
+        }
+    });
+    port
+}
+
+/// Topic directories (`t-*`) under the broker's data path.
+fn topic_dirs(b: &Broker) -> Vec<String> {
+    std::fs::read_dir(b.data_dir.join("topics"))
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter_map(|e| e.file_name().to_str().map(String::from))
+                .filter(|n| n.starts_with("t-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn deleted_topics_leave_nothing_behind_with_lookupd_channels() {
+    // Each new topic's lookupd answer creates channels and asks for a metadata write in
+    // the background, which a topic delete right after may overtake: that write must
+    // neither make the deleted topic's directory again (a restart brought the topic
+    // back, deleted channels and all) nor fail (/ping answered 500 "metadata write ...
+    // No such file or directory").
+    let fake = fake_lookupd_tcp(channels_http());
+    let mut b = Broker::start(2, &[&format!("--lookupd-tcp-address={fake}")]);
+    // The broker knows the lookupd's HTTP address once a new topic gets its channels.
+    let ok = common::wait_until(Duration::from_secs(20), || {
+        let (code, _) = b.http("POST", "/topic/create?topic=probe", b"");
+        code == 200
+            && topic_stats(&b, "probe").is_some_and(|(_, cs)| {
+                cs.iter().map(|(c, _)| c.as_str()).collect::<Vec<_>>() == ["pre1", "pre2"]
+            })
+            && b.http("POST", "/topic/delete?topic=probe", b"").0 == 200
+    });
+    assert!(
+        ok,
+        "lookupd channels never created: {:?}",
+        topic_stats(&b, "probe")
+    );
+    let mut bad = Vec::new();
+    for i in 0..300 {
+        let t = format!("del{i}");
+        for (m, p) in [
+            ("POST", format!("/topic/create?topic={t}")),
+            ("POST", format!("/channel/create?topic={t}&channel=c")),
+            ("POST", format!("/topic/delete?topic={t}")),
+        ] {
+            let (code, resp) = b.http(m, &p, b"");
+            assert_eq!(code, 200, "{p}: {}", String::from_utf8_lossy(&resp));
+        }
+        let (code, resp) = b.http("GET", "/ping", b"");
+        if code != 200 {
+            bad.push(String::from_utf8_lossy(&resp).into_owned());
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "{} /ping failures: {:?}",
+        bad.len(),
+        &bad[..1]
+    );
+    // Writes in flight end soon; none may leave a directory behind.
+    std::thread::sleep(Duration::from_millis(500));
+    let (code, resp) = b.http("GET", "/ping", b"");
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&resp));
+    assert_eq!(b.stats()["topics"].as_array().map(|t| t.len()), Some(0));
+    assert_eq!(
+        topic_dirs(&b),
+        Vec::<String>::new(),
+        "deleted topics on disk"
+    );
+    b.terminate();
+    let b2 = Broker::start_in(&b.data_dir, 2, &[]);
+    let st = b2.stats();
+    assert_eq!(st["topics"].as_array().map(|t| t.len()), Some(0), "{st}");
+}

@@ -233,10 +233,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err("empty duration".into());
     }
     if let Ok(secs) = s.parse::<f64>() {
-        if secs >= 0.0 && secs.is_finite() {
-            return Ok(Duration::from_secs_f64(secs));
-        }
-        return Err(format!("invalid duration {s:?}"));
+        return Duration::try_from_secs_f64(secs).map_err(|_| format!("invalid duration {s:?}"));
     }
     nsq_wire::duration::parse_duration(s)
 }

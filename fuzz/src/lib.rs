@@ -84,6 +84,18 @@ pub const TARGETS: &[Target] = &[
         name: "import_diskqueue",
         run: import_diskqueue,
     },
+    Target {
+        name: "go_duration",
+        run: go_duration,
+    },
+    Target {
+        name: "config_file",
+        run: config_file,
+    },
+    Target {
+        name: "auth_reply",
+        run: auth_reply,
+    },
 ];
 
 /// The target called `name`.
@@ -798,6 +810,18 @@ pub fn meta_json(data: &[u8]) {
     }
 }
 
+/// A target's scratch directory, made once per process (a fresh temporary directory per
+/// input made the file targets syscall-bound), its files rewritten for every input; in
+/// memory where there is a tmpfs (the disk's journal made them slow).
+fn scratch_dir(dir: &'static std::sync::OnceLock<tempfile::TempDir>) -> &'static std::path::Path {
+    dir.get_or_init(|| {
+        tempfile::tempdir_in("/dev/shm")
+            .or_else(|_| tempfile::tempdir())
+            .unwrap()
+    })
+    .path()
+}
+
 /// nsqd's go-diskqueue files (--import-nsqd-data): the first input byte is the length of
 /// meta.dat's text, the rest one queue file; every message read lies within max-msg-size
 /// and the callback count equals the returned count.
@@ -807,17 +831,8 @@ pub fn import_diskqueue(data: &[u8]) {
     let lim = k.byte() as i64;
     let rest = k.rest();
     let (meta, file) = rest.split_at(n.min(rest.len()));
-    // One directory per process, its two files rewritten for every input (a fresh
-    // temporary directory per input made this target syscall-bound).
     static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
-    // In memory where there is a tmpfs (the disk's journal made this target slow).
-    let dp = DIR
-        .get_or_init(|| {
-            tempfile::tempdir_in("/dev/shm")
-                .or_else(|_| tempfile::tempdir())
-                .unwrap()
-        })
-        .path();
+    let dp = scratch_dir(&DIR);
     std::fs::write(nsqd::import_nsqd::queue_meta_file(dp, "t"), meta).unwrap();
     std::fs::write(nsqd::import_nsqd::queue_file(dp, "t", 0), file).unwrap();
     let mut seen = 0u64;
@@ -831,5 +846,79 @@ pub fn import_diskqueue(data: &[u8]) {
     });
     if let Ok(c) = got {
         assert_eq!(c, seen);
+    }
+}
+
+/// Go durations (flags, the config file, IDENTIFY-free options): `parse_go_duration`
+/// never panics; what it accepts formats (Go's `Duration.String`) and parses back to the
+/// same nanoseconds; the flag parser agrees with it (refusing only negative values); and
+/// any duration from the input's first 8 bytes formats and parses back.
+pub fn go_duration(data: &[u8]) {
+    use nsq_wire::duration::{go_duration_string, parse_duration, parse_go_duration};
+    use std::time::Duration;
+    let s = String::from_utf8_lossy(data);
+    let got = parse_go_duration(&s);
+    match (&got, parse_duration(&s)) {
+        (Ok(ns), Ok(d)) => assert_eq!(u128::try_from(*ns).ok(), Some(d.as_nanos())),
+        (Ok(ns), Err(_)) => assert!(*ns < 0, "{s:?}: {ns} refused by the flag parser"),
+        (Err(a), Err(b)) => assert_eq!(a, &b),
+        (Err(e), Ok(d)) => panic!("{s:?}: flag parser took {d:?}, Go's refused: {e}"),
+    }
+    let round_trip = |ns: u64| {
+        let text = go_duration_string(Duration::from_nanos(ns));
+        assert_eq!(parse_go_duration(&text), Ok(ns as i64), "{text}");
+    };
+    if let Ok(ns) = got {
+        if let Ok(ns) = u64::try_from(ns) {
+            round_trip(ns);
+        }
+    }
+    if let Some(b) = data.get(..8) {
+        let n = u64::from_le_bytes(b.try_into().unwrap()) >> (data.len() % 64);
+        round_trip(n & (i64::MAX as u64));
+    }
+}
+
+/// nsqd's `--config` file (TOML, go-options coercion, then the broker's own option
+/// checks): never a panic; the same file gives the same options twice.
+pub fn config_file(data: &[u8]) {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    let path = scratch_dir(&DIR).join("nsqd.cfg");
+    std::fs::write(&path, data).unwrap();
+    // The command line is the same for every input: parsed once (clap's parse was 90 %
+    // of the time), then each load reads the file as `Cli::load` does.
+    static FLAGS: std::sync::OnceLock<nsqd::config::Flags> = std::sync::OnceLock::new();
+    let (base, matches) = FLAGS.get_or_init(|| {
+        nsqd::config::Cli::parse_flags(["nsqd".to_string(), format!("--config={}", path.display())])
+    });
+    let load = || {
+        let mut cli = base.clone();
+        nsqd::config_file::apply(&mut cli, matches).map(|()| {
+            let options = nsqd::config_file::resolved(&cli);
+            let cfg = nsqd::config::Config::from_cli(cli).map(|_| ());
+            (options, cfg)
+        })
+    };
+    // Compared as text: a NaN option (TOML `nan`) is not equal to itself.
+    let first = format!("{:?}", load());
+    assert_eq!(
+        first,
+        format!("{:?}", load()),
+        "the same config file loaded twice differs"
+    );
+}
+
+/// The auth server's HTTP reply (`--auth-http-address`), as read to EOF: never a panic;
+/// a reply taken has a body that parses as the auth JSON, a ttl > 0 and an expiry at or
+/// after the query.
+pub fn auth_reply(data: &[u8]) {
+    let now = std::time::Instant::now();
+    let Ok(body) = nsqd::auth::reply_body(data) else {
+        return;
+    };
+    assert!(body.len() <= data.len());
+    if let Ok(st) = nsqd::auth::parse_reply(&body, now) {
+        assert!(st.expires >= now);
+        let _ = st.is_allowed("t", "c");
     }
 }

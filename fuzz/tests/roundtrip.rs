@@ -276,6 +276,7 @@ proptest! {
                 name, paused, cursor,
                 pending: p.into_iter().map(|(seq, attempts, due_unix_ns)|
                     meta::PendingMessage { seq, attempts, due_unix_ns }).collect(),
+                finished: Vec::new(),
             }).collect(),
         };
         let d = tempfile::tempdir().unwrap();

@@ -123,7 +123,8 @@ pub fn clamp_req_timeout(timeout_ms: i64, max: Duration) -> (Duration, bool) {
 }
 
 /// Read ahead from the store while fewer than this many records, or bytes of bodies,
-/// are buffered for a lagging channel.
+/// are buffered for a lagging channel, and never more records than its clients can take
+/// now ([`Channel::room`]): a channel without a ready client holds no read-ahead.
 pub const DISK_READ_AHEAD: (usize, usize) = (16384, 4 << 20);
 
 /// Records, and bytes of bodies, read from the store at once.
@@ -161,6 +162,9 @@ pub struct Channel {
     /// Reads from the store that failed in a row (the retry backs off: 100 ms, doubling,
     /// at most 5 s).
     pub(crate) disk_failures: u32,
+    /// The last failed read's error while reads keep failing, for the shard's health
+    /// (`/ping` answers it until a read succeeds or the channel is gone).
+    pub(crate) disk_error: Option<String>,
     /// Body bytes held in `disk`.
     pub(crate) disk_bytes: usize,
     /// Where the last read from the store ended (the next sequential read starts there).
@@ -187,6 +191,12 @@ pub struct Channel {
     /// covers those FINs and sets it back to 0 (as for a channel that was not
     /// recovered), so this costs one event per FIN only until then.
     pub(crate) recovered_below: u64,
+    /// `#ephemeral` channels: `--mem-queue-size`, the most ready messages it keeps, and
+    /// the topic's pumped head as of the last pump (to count ready messages without the
+    /// log). A message that comes back (REQ, timeout, a deferred one falling due) to a
+    /// full one is dropped, as nsqd's channel.put drops it into a dummy backend.
+    pub(crate) ephemeral_cap: Option<u64>,
+    pumped_seen: u64,
 }
 
 impl Channel {
@@ -194,6 +204,8 @@ impl Channel {
         Channel {
             name: name.to_string(),
             ephemeral: is_ephemeral(name),
+            ephemeral_cap: None,
+            pumped_seen: cursor,
             paused: false,
             cursor,
             requeued: VecDeque::new(),
@@ -209,6 +221,7 @@ impl Channel {
             wants_disk: false,
             disk_inflight: false,
             disk_failures: 0,
+            disk_error: None,
             disk_bytes: 0,
             disk_pos: None,
             disk_epoch: 0,
@@ -363,17 +376,68 @@ impl Channel {
         self.defer(msg, due);
     }
 
-    /// An #ephemeral channel keeps at most `mem_queue_size` ready messages; the oldest
-    /// unread ones go first.
+    /// An #ephemeral channel keeps at most `mem_queue_size` ready messages; what a pump
+    /// brings beyond that is dropped, the newest first (nsqd's channel.put: an
+    /// ephemeral channel's backend is a dummy queue, so a message that finds the memory
+    /// queue full is discarded). The kept unread records move to the front queue so
+    /// the cursor can pass the dropped ones and the topic can free them. Where the
+    /// oldest kept records are no longer in memory (a durable topic whose memory tail
+    /// passed the cursor) the oldest unread records are dropped instead.
     pub fn drop_overflow(&mut self, log: &Log, mem_queue_size: u64) {
+        self.ephemeral_cap = Some(mem_queue_size);
+        self.pumped_seen = log.pumped;
         let depth = self.depth(log);
-        if depth > mem_queue_size {
-            let excess = depth - mem_queue_size;
+        if depth <= mem_queue_size {
+            return;
+        }
+        let excess = depth - mem_queue_size;
+        if self.cursor < log.base || !self.disk.is_empty() {
             let skip = excess.min(log.pumped.saturating_sub(self.cursor));
             self.cursor += skip;
             let rest = (excess - skip) as usize;
             self.requeued.drain(..rest.min(self.requeued.len()));
+            return;
         }
+        // Keep the oldest `mem_queue_size`: the front queue, then the log in order.
+        let mut keep = mem_queue_size.saturating_sub(self.requeued.len() as u64);
+        while self.cursor < log.pumped && keep > 0 {
+            self.cursor = log.skip_hole(self.cursor);
+            if self.cursor >= log.pumped {
+                break;
+            }
+            let seq = self.cursor;
+            self.cursor += 1;
+            if self.skip.remove(&seq) {
+                continue;
+            }
+            if let Some(rec) = log.get(seq) {
+                self.requeued.push_back(rec.message());
+                keep -= 1;
+            }
+        }
+        // Deferred records among the dropped ones stay in the deferred heap (they are
+        // not depth); the cursor has passed their records.
+        self.skip = self.skip.split_off(&log.pumped);
+        self.cursor = log.pumped;
+    }
+
+    /// A message ready again (REQ 0, a timeout, a deferred one due) goes to the front
+    /// queue, unless this is an `#ephemeral` channel already holding its
+    /// `--mem-queue-size` ready messages: then it is dropped (nsqd: channel.put, whose
+    /// ephemeral backend discards). Returns whether it was kept.
+    fn put_back(&mut self, msg: Message) -> bool {
+        if let Some(cap) = self.ephemeral_cap {
+            let ready = self
+                .pumped_seen
+                .saturating_sub(self.cursor)
+                .saturating_sub(self.skip.len() as u64)
+                + self.requeued.len() as u64;
+            if ready >= cap {
+                return false;
+            }
+        }
+        self.requeued.push_back(msg);
+        true
     }
 
     pub fn defer(&mut self, msg: Message, due: Instant) {
@@ -448,6 +512,43 @@ impl Channel {
         }
     }
 
+    /// Messages this channel's clients take: the RDY of each subscribed client with
+    /// RDY > 0 whose output is being drained (not full); 0 when paused. A consumer that
+    /// has all its RDY in flight still takes messages (each FIN makes room for the next):
+    /// reads for it go on. One that stops reading its socket (a full output), sets RDY 0
+    /// or leaves does not.
+    pub fn room(&self) -> usize {
+        self.rdy_of_takers(true)
+    }
+
+    /// The RDY of the subscribed clients with RDY > 0 (`drained`: only those whose
+    /// output is not full); 0 when paused.
+    fn rdy_of_takers(&self, drained: bool) -> usize {
+        if self.paused {
+            return 0;
+        }
+        self.clients
+            .iter()
+            .filter(|c| {
+                !c.is_closed()
+                    && c.state() == crate::client::ClientState::Subscribed
+                    && c.ready_count.get() > 0
+                    && !(drained && c.output_full())
+            })
+            .map(|c| c.ready_count.get().max(0) as usize)
+            .sum()
+    }
+
+    /// Body bytes read back from the store and held for delivery.
+    pub fn disk_buffered_bytes(&self) -> usize {
+        self.disk_bytes
+    }
+
+    /// Records read back from the store and held for delivery.
+    pub fn disk_buffered(&self) -> usize {
+        self.disk.len()
+    }
+
     /// Drops what was read back from the store (the cursor jumped).
     pub fn clear_disk(&mut self) {
         self.disk.clear();
@@ -457,18 +558,25 @@ impl Channel {
         self.disk_epoch += 1;
     }
 
-    /// Where the next read from the store should start, if one should start now: the
-    /// cursor is below the memory tail (`log_base`), no read is under way, and less than
-    /// [`DISK_READ_AHEAD`] records or bytes are buffered. Reading ahead keeps the disk
-    /// busy while buffered records are delivered, so a lagging channel catches up at the
-    /// disk's speed rather than one read's latency per batch.
-    pub fn disk_read_from(&self, log_base: u64) -> Option<u64> {
+    /// Where the next read from the store should start and how many records it should
+    /// read at most, if one should start now: the cursor is below the memory tail
+    /// (`log_base`), no read is under way, a client can take messages now
+    /// ([`Channel::room`]), and fewer records than that room (at most
+    /// [`DISK_READ_AHEAD`] records or bytes) are buffered. Each read gives the channel its
+    /// own copy of the bodies, so what is read is bounded by what its clients can take:
+    /// a lagging channel without a ready client (none subscribed, RDY 0, or outputs that
+    /// are not drained) holds nothing read from disk. Reading ahead while buffered
+    /// records are delivered keeps the disk busy, so a lagging channel with ready
+    /// clients catches up at the disk's speed rather than one read's latency per batch.
+    pub fn disk_read_from(&self, log_base: u64) -> Option<(u64, usize)> {
         if self.disk_inflight || self.paused || self.cursor >= log_base {
             return None;
         }
-        if !self.wants_disk
-            && (self.disk.len() >= DISK_READ_AHEAD.0 || self.disk_bytes >= DISK_READ_AHEAD.1)
-        {
+        let room = self.room().min(DISK_READ_AHEAD.0);
+        if room == 0 {
+            return None;
+        }
+        if !self.wants_disk && (self.disk.len() >= room || self.disk_bytes >= DISK_READ_AHEAD.1) {
             return None;
         }
         let from = self
@@ -477,7 +585,27 @@ impl Channel {
             .map(|r| r.seq + 1)
             .unwrap_or(self.cursor)
             .max(self.cursor);
-        (from < log_base).then_some(from)
+        let max = (room - self.disk.len().min(room)).clamp(1, DISK_READ_BATCH.0);
+        // Not a sliver per FIN: a read is worth making once a tenth of the room is free.
+        if !self.wants_disk && !self.disk.is_empty() && max < (room / 10).max(1) {
+            return None;
+        }
+        (from < log_base).then_some((from, max))
+    }
+
+    /// Drops what was read back from the store when no client takes messages (none
+    /// subscribed with RDY > 0, or paused; see [`Channel::disk_read_from`]); returns the
+    /// body bytes let go. The cursor
+    /// stays: the next read starts there once a client is ready again.
+    pub fn release_idle_read_ahead(&mut self) -> usize {
+        // A full output is often only a moment (a consumer slower than the disk):
+        // dropping then would read the same records again and again.
+        if self.disk.is_empty() || self.rdy_of_takers(false) > 0 {
+            return 0;
+        }
+        let bytes = self.disk_bytes;
+        self.clear_disk();
+        bytes
     }
 
     /// True when a ready message exists and a client can take it.
@@ -553,6 +681,7 @@ impl Channel {
             );
             delivered += 1;
         }
+        crate::memory_freed(self.release_idle_read_ahead());
         delivered
     }
 
@@ -611,7 +740,7 @@ impl Channel {
         self.requeue_count += 1;
         if delay.is_zero() {
             self.journal(EventKind::Requeued, &f.msg, 0);
-            self.requeued.push_back(f.msg);
+            self.put_back(f.msg);
         } else {
             let due = now + delay;
             self.journal(EventKind::Requeued, &f.msg, unix_nanos_from_instant(due));
@@ -661,8 +790,7 @@ impl Channel {
                 f.client
                     .in_flight
                     .set((f.client.in_flight.get() - 1).max(0));
-                self.requeued.push_back(f.msg);
-                moved += 1;
+                moved += usize::from(self.put_back(f.msg));
             }
         }
         while let Some(Reverse(d)) = self.deferred.peek() {
@@ -670,8 +798,7 @@ impl Channel {
                 break;
             }
             if let Some(Reverse(d)) = self.deferred.pop() {
-                self.requeued.push_back(d.msg);
-                moved += 1;
+                moved += usize::from(self.put_back(d.msg));
             }
         }
         moved

@@ -31,3 +31,22 @@ pub use message::{Message, MessageId};
 pub use options::Options;
 pub use shard::{owner_of, Shard};
 pub use topic::Topic;
+
+thread_local! {
+    /// Body bytes this shard's thread let go in bulk since the last
+    /// [`take_memory_freed`] (a topic or channel deleted, read-ahead dropped).
+    static FREED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts `bytes` of message bodies freed on the calling shard: the broker's memory task
+/// returns freed heap to the OS once enough has been (glibc keeps it otherwise).
+pub(crate) fn memory_freed(bytes: usize) {
+    if bytes > 0 {
+        FREED.with(|f| f.set(f.get().saturating_add(bytes as u64)));
+    }
+}
+
+/// Body bytes freed on the calling shard since the last call (and resets the count).
+pub fn take_memory_freed() -> u64 {
+    FREED.with(|f| f.replace(0))
+}

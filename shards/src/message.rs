@@ -117,23 +117,30 @@ pub fn now_unix_nanos() -> i64 {
 pub fn instant_from_unix_nanos(ns: i64) -> std::time::Instant {
     let now_i = std::time::Instant::now();
     let now_ns = now_unix_nanos();
+    // Saturating: a due time from a damaged file or a flag at Go's limit (292 years)
+    // must not overflow.
     if ns >= now_ns {
-        now_i + std::time::Duration::from_nanos((ns - now_ns) as u64)
+        let ahead = std::time::Duration::from_nanos(ns.abs_diff(now_ns));
+        now_i
+            .checked_add(ahead)
+            .unwrap_or(now_i + std::time::Duration::from_secs(1 << 33))
     } else {
         now_i
-            .checked_sub(std::time::Duration::from_nanos((now_ns - ns) as u64))
+            .checked_sub(std::time::Duration::from_nanos(now_ns.abs_diff(ns)))
             .unwrap_or(now_i)
     }
 }
 
-/// The Unix-ns wall-clock time of an `Instant` (for due times written to disk).
+/// The Unix-ns wall-clock time of an `Instant` (for due times written to disk),
+/// saturating at the ends of i64.
 pub fn unix_nanos_from_instant(i: std::time::Instant) -> i64 {
     let now_i = std::time::Instant::now();
     let now_ns = now_unix_nanos();
+    let nanos = |d: std::time::Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
     if i >= now_i {
-        now_ns + (i - now_i).as_nanos() as i64
+        now_ns.saturating_add(nanos(i - now_i))
     } else {
-        now_ns - (now_i - i).as_nanos() as i64
+        now_ns.saturating_sub(nanos(now_i - i))
     }
 }
 
@@ -171,6 +178,25 @@ impl Message {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A due time at Go's limit (a DPUB or REQ with --max-req-timeout=2562047h) or from a
+    /// damaged file saturates; the addition overflowed (a shard's panic in a debug
+    /// build, a wrapped due time in a release one).
+    #[test]
+    fn due_times_at_the_ends_saturate() {
+        let far = std::time::Instant::now() + std::time::Duration::from_nanos(i64::MAX as u64);
+        assert_eq!(unix_nanos_from_instant(far), i64::MAX);
+        let back = instant_from_unix_nanos(i64::MAX);
+        assert!(back > std::time::Instant::now() + std::time::Duration::from_secs(1 << 30));
+        let past = instant_from_unix_nanos(i64::MIN);
+        assert!(past <= std::time::Instant::now());
+        let now = now_unix_nanos();
+        let soon = unix_nanos_from_instant(instant_from_unix_nanos(now + 5_000_000_000));
+        assert!(
+            (soon - (now + 5_000_000_000)).abs() < 1_000_000_000,
+            "{soon} {now}"
+        );
+    }
 
     #[test]
     fn id_hex_round_trip() {

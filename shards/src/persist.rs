@@ -4,9 +4,11 @@
 //!
 //! Channel state survives a restart as its cursor plus the list of messages below the
 //! cursor that were not finished (in flight, requeued or deferred, with attempts and due
-//! time). A clean shutdown writes it exactly, so nothing finished is delivered again;
-//! after a crash the last checkpoint (at most one `--sync-timeout` old) is used, so
-//! messages finished since then are delivered again (at least once).
+//! time), and the messages at or above the cursor that were finished already (published
+//! with a defer time, they reach the channel before its cursor does). A clean shutdown
+//! writes it exactly, so nothing finished is delivered again; after a crash the last
+//! checkpoint (at most one `--sync-timeout` old) is used, so messages finished since then
+//! are delivered again (at least once).
 
 use crate::channel::Channel;
 use crate::message::{instant_from_unix_nanos, unix_nanos_from_instant, Message};
@@ -60,11 +62,20 @@ pub fn topic_meta(t: &Topic) -> TopicMeta {
             });
         }
         pending.sort_by_key(|p| p.seq);
+        // Records the cursor will step over: those of pending messages are listed above
+        // (recovery steps over them again); the others were finished already.
+        let finished = ch
+            .skip
+            .range(ch.cursor..)
+            .copied()
+            .filter(|s| pending.binary_search_by_key(s, |p| p.seq).is_err())
+            .collect();
         channels.push(ChannelMeta {
             name: ch.name.clone(),
             paused: ch.paused,
             cursor: ch.cursor,
             pending,
+            finished,
         });
     }
     TopicMeta {
@@ -233,6 +244,9 @@ impl Shard {
                     // happened to them and to others since (nsqd keeps neither across
                     // a crash).
                     let mut states: BTreeMap<u64, MessageState> = BTreeMap::new();
+                    // Finished at or above the cursor (a message published with a defer
+                    // time, finished before the cursor reached it): stepped over.
+                    let mut finished: Vec<u64> = c.finished.clone();
                     if let Some(to) = fold.emptied_to {
                         cursor = cursor.max(to);
                     } else {
@@ -251,6 +265,8 @@ impl Shard {
                     ch.paused = c.paused;
                     ch.journal = t.store.clone();
                     ch.recovered_below = head;
+                    finished.retain(|&s| s >= ch.cursor && s < head && !states.contains_key(&s));
+                    ch.skip.extend(finished);
                     for (seq, st) in states {
                         if seq >= head || seq < first {
                             continue;
@@ -414,13 +430,11 @@ impl Shard {
         let mut meta_error = None;
         for (st, name, m, low) in work {
             let res = match m {
+                // A topic deleted before or during the write: nothing is written for
+                // it (never its directory made again) and no error is reported.
                 Some((m, written)) => {
-                    let dir = st.dir().to_path_buf();
                     let gen = m.journal_gen;
-                    glommio::executor()
-                        .spawn_blocking(move || meta::write_blocking(&dir, &m))
-                        .await
-                        .map(|()| Some((gen, written)))
+                    st.write_meta(m).await.map(|w| w.then_some((gen, written)))
                 }
                 None => Ok(None),
             };

@@ -141,6 +141,9 @@ struct DiskRead {
     topic: String,
     channel: String,
     from: u64,
+    /// Records to read at most (what the channel's clients can take, see
+    /// [`crate::channel::Channel::disk_read_from`]).
+    max: usize,
     hint: Option<nsq_storage::ReadPos>,
     epoch: u64,
 }
@@ -284,6 +287,13 @@ impl Shard {
     }
 
     fn topic_deleted(&self, t: &Topic) {
+        crate::memory_freed(
+            t.log.body_bytes()
+                + t.channels
+                    .values()
+                    .map(|c| c.disk_buffered_bytes())
+                    .sum::<usize>(),
+        );
         if let Some(st) = &t.store {
             st.destroy();
         }
@@ -474,7 +484,10 @@ impl Shard {
         }
     }
 
-    /// The first disk error of any topic store of this shard (nsqd's health).
+    /// The first disk error of any topic store of this shard (nsqd's health), else a
+    /// channel whose backlog cannot be read back from its segments while the read is
+    /// retried (nsqd reports only write errors; a backlog that cannot be delivered is
+    /// reported here too, until a read succeeds).
     pub fn health(&self) -> Option<String> {
         let topics = self.topics.borrow();
         topics
@@ -486,6 +499,12 @@ impl Shard {
                     .or_else(|| t.store_error.clone())
             })
             .or_else(|| self.meta_error.borrow().clone())
+            .or_else(|| {
+                topics
+                    .values()
+                    .flat_map(|t| t.channels.values())
+                    .find_map(|c| c.disk_error.clone())
+            })
     }
 
     /// Starts a read from the store for every channel of `t` whose cursor is below the
@@ -494,7 +513,7 @@ impl Shard {
         let Some(store) = t.store.clone() else { return };
         let base = t.log.base;
         for ch in t.channels.values_mut() {
-            let Some(from) = ch.disk_read_from(base) else {
+            let Some((from, max)) = ch.disk_read_from(base) else {
                 continue;
             };
             let me = self.me.borrow().upgrade();
@@ -504,6 +523,7 @@ impl Shard {
                 topic: t.name.clone(),
                 channel: ch.name.clone(),
                 from,
+                max,
                 hint: ch.disk_pos,
                 epoch: ch.disk_epoch,
             };
@@ -530,11 +550,20 @@ impl Shard {
             ch.wants_disk = true;
         }
         self.schedule_disk_reads(t);
+        if let Some(ch) = t.channels.get_mut(channel) {
+            if !ch.disk_inflight {
+                // No read is wanted any more (the cursor moved past the disk: an empty,
+                // a seek): the failing read is not retried, so it is no longer a fault.
+                ch.disk_error = None;
+            }
+        }
     }
 
     async fn disk_read(&self, store: Rc<nsq_storage::TopicStore>, r: DiskRead) {
         let (max, max_bytes) = crate::channel::DISK_READ_BATCH;
-        let res = store.read_at(r.from, max, max_bytes, r.hint).await;
+        let res = store
+            .read_at(r.from, r.max.clamp(1, max), max_bytes, r.hint)
+            .await;
         let mut topics = self.topics.borrow_mut();
         let Some(t) = topics.get_mut(&r.topic) else {
             return;
@@ -552,12 +581,20 @@ impl Shard {
         ch.disk_inflight = false;
         if res.is_ok() {
             ch.disk_failures = 0;
+            ch.disk_error = None;
         }
         match res {
             Ok((recs, pos)) if !recs.is_empty() => {
                 ch.wants_disk = false;
                 ch.disk_pos = pos;
-                ch.push_disk(recs.into_iter().map(crate::topic::Record::from_stored));
+                // Each body is copied out of the read's 1 MiB window: a slice would keep
+                // the whole window alive as long as the message is held (in flight to a
+                // consumer that does not read, requeued), a window per message.
+                ch.push_disk(recs.into_iter().map(|r| {
+                    let mut r = crate::topic::Record::from_stored(r);
+                    r.body = bytes::Bytes::copy_from_slice(&r.body);
+                    r
+                }));
             }
             Ok(_) => {
                 // Nothing on disk at or after `from` below the memory tail: those
@@ -577,6 +614,10 @@ impl Shard {
                 // Retried after a pause that doubles (100 ms .. 5 s): a disk that keeps
                 // failing must not turn into a loop of reads and error lines.
                 ch.disk_failures = ch.disk_failures.saturating_add(1);
+                ch.disk_error = Some(format!(
+                    "TOPIC({}) CHANNEL({}): disk read failed - {e}",
+                    r.topic, r.channel
+                ));
                 let delay = Duration::from_millis(100 << (ch.disk_failures - 1).min(6))
                     .min(Duration::from_secs(5));
                 log::error!(
@@ -898,6 +939,7 @@ impl Shard {
                     .remove(&c)
                     .ok_or(AdminError::ChannelNotFound)?;
                 ch.close_clients();
+                crate::memory_freed(ch.disk_buffered_bytes());
                 topic.trim(self.opts.mem_queue_size);
                 log::info!("TOPIC({t}): deleting channel {c}");
                 self.notify_lookup(LookupEvent::Unregister(t.clone(), Some(c.clone())));

@@ -114,6 +114,11 @@ pub struct Log {
 }
 
 impl Log {
+    /// Body bytes of the records held in memory.
+    pub fn body_bytes(&self) -> usize {
+        self.records.iter().flatten().map(|r| r.body.len()).sum()
+    }
+
     /// Sequence of the oldest record in memory; everything below is on disk only.
     pub fn base(&self) -> u64 {
         self.base
@@ -567,7 +572,9 @@ impl Topic {
             return false;
         }
         let mut ch = Channel::new(name, self.log.pumped);
-        if !ch.ephemeral {
+        if ch.ephemeral {
+            ch.ephemeral_cap = Some(mem_queue_size);
+        } else {
             ch.journal = self.store.clone();
         }
         self.channels.insert(name.to_string(), ch);

@@ -17,7 +17,7 @@ use super::process::Memory;
 use crate::server::Server;
 use nsq_shards::stats::{ChannelStats, ShardStats, StatsRequest, TopicStats};
 use std::collections::HashMap;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::pin::pin;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -216,15 +216,15 @@ pub fn pack(lines: &[String], size: usize) -> Vec<Vec<u8>> {
     out
 }
 
-/// Resolves the statsd address off the executor thread (DNS may block).
+/// Resolves the statsd address (`host:port`) off the executor thread (DNS may block;
+/// [`crate::dns`]).
 async fn resolve(addr: &str) -> Option<SocketAddr> {
     if let Ok(sa) = addr.parse::<SocketAddr>() {
         return Some(sa);
     }
-    let a = addr.to_string();
-    glommio::executor()
-        .spawn_blocking(move || a.to_socket_addrs().ok().and_then(|mut i| i.next()))
-        .await
+    let (host, port) = addr.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    crate::dns::lookup(host, port.parse().ok()?).await.ok()
 }
 
 /// One push: dial UDP, send the packets spread over `spread`, close. Errors are logged

@@ -32,11 +32,12 @@ impl Decoder {
 
     /// After a failed [`Decoder::feed`]: bytes nsqd would not have read. Go's snappy
     /// Reader reads a chunk's 4-byte header straight from the socket and refuses a bad
-    /// one there, so everything after it stays unread (its close is then a reset); for
-    /// deflate, none are counted.
+    /// one there, so everything after it stays unread (its close is then a reset); a
+    /// chunk whose checksum or block is bad was read whole first; for deflate, none are
+    /// counted.
     pub(super) fn unread_after_error(&self) -> usize {
         match self {
-            Decoder::Snappy(d) => d.pending().len().saturating_sub(4),
+            Decoder::Snappy(d) => d.unread_after_error(),
             Decoder::Deflate(_) => 0,
         }
     }

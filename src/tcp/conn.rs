@@ -145,7 +145,16 @@ struct Reader {
     /// Where nsqd's read buffer would stand on this connection (plain TCP from its
     /// start only; `None` after TLS, compression or a hand-off).
     window: Option<NsqdWindow>,
+    /// The compressed stream failed (corrupt, or ended) after decoding what `buf` now
+    /// holds: reported once those commands have run, as Go's flate and snappy readers
+    /// return the bytes they decoded before the error.
+    failed: Option<String>,
 }
+
+/// Decoded bytes one read of a compressed connection may add (a deflate stream expands
+/// up to about 1,000 times: 64 KiB read could be 64 MiB of commands); past it the next
+/// reads are smaller.
+const DECODED_PER_READ: usize = 1 << 20;
 
 /// Ends the reader loop with an outcome.
 type Stop = Outcome;
@@ -171,6 +180,7 @@ impl Reader {
             auth_enabled: server.cfg.auth.enabled(),
             mpub_checked: false,
             resume: protocol::Resume::default(),
+            failed: None,
         }
     }
 
@@ -208,9 +218,16 @@ impl Reader {
         stream: &SharedStream,
         client: &Rc<Client>,
     ) -> Result<(), Stop> {
+        let mut ran = 0u32;
         loop {
             if client.is_closed() {
                 return Err(Outcome::Closed);
+            }
+            ran = ran.wrapping_add(1);
+            if ran.is_multiple_of(32) {
+                // A buffer of many small commands (a megabyte of NOPs) lets the shard's
+                // other clients in between.
+                glommio::yield_if_needed().await;
             }
             self.before_decode(server, stream, client).await?;
             let ctx = Context {
@@ -291,7 +308,16 @@ impl Reader {
         cmd: Command,
         n: usize,
     ) -> Result<(), Stop> {
-        if let Some(target) = handoff::target(server, client, &cmd) {
+        let target = handoff::target(server, client, &cmd);
+        if let (Some(_), Some(e)) = (target, &self.failed) {
+            // The stream broke or ended after this command: no flush point will come
+            // to move it at. A publish runs here (forwarded to its topic's shard); a SUB,
+            // which must run there, ends the connection with the stream's error.
+            if matches!(cmd, Command::Sub { .. }) {
+                self.decode_failed(stream, client, e);
+                return Err(Outcome::Closed);
+            }
+        } else if let Some(target) = target {
             let (pending_raw, inflate_history) =
                 handoff::wait_flush_point(stream, &mut self.decoder, &mut self.buf).await?;
             return Err(Outcome::HandOff {
@@ -373,9 +399,12 @@ impl Reader {
             return Err(Outcome::Closed);
         };
         let mut out = Vec::new();
-        if d.feed(&rest, &mut out).is_err() {
-            stream.reset_on_close_if_input_over(d.unread_after_error(), 0);
-            return Err(Outcome::Closed);
+        if let Err(e) = d.feed(&rest, &mut out) {
+            if out.is_empty() {
+                stream.reset_on_close_if_input_over(d.unread_after_error(), 0);
+                return Err(Outcome::Closed);
+            }
+            self.failed = Some(e);
         }
         self.buf.extend_from_slice(&out);
         self.decoder = Some(d);
@@ -386,6 +415,13 @@ impl Reader {
     /// Reads from the socket onto `buf`, decompressing; sets `eof` at end of stream.
     /// Err: the connection is done (a read error or a corrupt compressed stream).
     async fn read_more(&mut self, stream: &SharedStream, client: &Client) -> Result<(), ()> {
+        if let Some(e) = self.failed.take() {
+            self.decode_failed(stream, client, &e);
+            return Err(());
+        }
+        // A client whose input never runs dry (a flood of commands, a small deflate
+        // stream that expands to a large one) must not keep the shard from its others.
+        glommio::yield_if_needed().await;
         let old = self.buf.len();
         // The read size follows the traffic: small for a trickle of commands (a buffer
         // whose frames are still referenced cannot be reused, so each read may allocate),
@@ -401,16 +437,22 @@ impl Reader {
         if let Some(d) = self.decoder.as_mut() {
             let raw = self.buf.split_off(old);
             let mut out = Vec::new();
-            if let Err(e) = d.feed(&raw, &mut out) {
-                // nsqd: IOLoop's failed read, logged by tcp.go's Handle.
-                log::error!(
-                    "client({}) - failed to read command - {e}",
-                    client.remote_address()
-                );
-                stream.reset_on_close_if_input_over(d.unread_after_error(), 0);
-                return Err(());
-            }
+            let fed = d.feed(&raw, &mut out);
+            let decoded = out.len();
             self.buf.extend_from_slice(&out);
+            if let Err(e) = fed {
+                if decoded == 0 {
+                    self.decode_failed(stream, client, &e);
+                    return Err(());
+                }
+                self.failed = Some(e);
+            }
+            if decoded > DECODED_PER_READ {
+                // Highly compressed input: smaller reads keep what one read decodes
+                // (and the memory it takes) near DECODED_PER_READ.
+                self.chunk = (n * DECODED_PER_READ / decoded).max(MIN_READ_CHUNK / 4);
+                return Ok(());
+            }
         }
         let chunk = self.chunk;
         self.chunk = if n == chunk {
@@ -425,6 +467,18 @@ impl Reader {
 }
 
 impl Reader {
+    /// The compressed stream failed (`e`): logged as nsqd's IOLoop logs a failed read
+    /// (tcp.go's Handle), the close a reset when nsqd would leave input unread.
+    fn decode_failed(&self, stream: &SharedStream, client: &Client, e: &str) {
+        log::error!(
+            "client({}) - failed to read command - {e}",
+            client.remote_address()
+        );
+        if let Some(d) = &self.decoder {
+            stream.reset_on_close_if_input_over(d.unread_after_error(), 0);
+        }
+    }
+
     /// nsqd reads a connection through a 16 KiB buffer (bufio, defaultBufferSize): after
     /// a fatal error it closes with what the client sent beyond its buffer unread, and
     /// the kernel resets the connection instead of closing it (a size over the limit

@@ -16,6 +16,8 @@
 //!         | "meta" (meta.json, segment index and checkpoint writes)
 //! action  = "eio" | "enospc" | "short" (half the bytes written, then EIO; on other
 //!           operations the same as eio) | "delay:" duration ("500ms", "2s", "300us")
+//!         | "panic" (a panic where the operation runs: a bug, to test that the
+//!           process ends with a failure status rather than running on without a shard)
 //! trigger = "nth:" N   only the Nth operation of that kind (1-based)
 //!         | "every:" N every Nth operation
 //!         | "p:" F     each operation with probability F (seeded PRNG)
@@ -31,7 +33,8 @@
 //! hash of (seed, rule, operation number), so a run of one shard is repeatable.
 //!
 //! A fault is an ordinary `io::Error` (`EIO` = raw OS error 5, `ENOSPC` = 28): it goes
-//! through the store's error paths like a real one; nothing here panics.
+//! through the store's error paths like a real one; nothing here panics but the `panic`
+//! action.
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,6 +62,8 @@ pub enum Action {
     /// Write half the bytes, then fail with EIO.
     Short,
     Delay(Duration),
+    /// Panic (a simulated bug).
+    Panic,
 }
 
 #[derive(Debug)]
@@ -188,6 +193,7 @@ impl Faults {
                 "eio" => Action::Eio,
                 "enospc" => Action::Enospc,
                 "short" => Action::Short,
+                "panic" => Action::Panic,
                 a => match a.strip_prefix("delay:") {
                     Some(d) => Action::Delay(parse_duration(d)?),
                     None => return Err(format!("unknown action {a:?}")),
@@ -269,6 +275,7 @@ pub fn next(op: Op) -> Option<Action> {
 pub async fn check(op: Op) -> io::Result<()> {
     match next(op) {
         None => Ok(()),
+        Some(Action::Panic) => panic!("injected {op:?} panic"),
         Some(Action::Delay(d)) => {
             glommio::timer::sleep(d).await;
             Ok(())
@@ -281,6 +288,7 @@ pub async fn check(op: Op) -> io::Result<()> {
 pub fn check_blocking(op: Op) -> io::Result<()> {
     match next(op) {
         None => Ok(()),
+        Some(Action::Panic) => panic!("injected {op:?} panic"),
         Some(Action::Delay(d)) => {
             std::thread::sleep(d);
             Ok(())
@@ -295,6 +303,7 @@ pub fn check_blocking(op: Op) -> io::Result<()> {
 pub async fn write_fault(len: usize) -> Result<Option<(usize, io::Error)>, io::Error> {
     match next(Op::Write) {
         None => Ok(None),
+        Some(Action::Panic) => panic!("injected Write panic"),
         Some(Action::Delay(d)) => {
             glommio::timer::sleep(d).await;
             Ok(None)
@@ -323,6 +332,8 @@ mod tests {
         assert_eq!(f.next(Op::Open), Some(Action::Enospc));
         assert_eq!(f.next(Op::Open), None);
         assert_eq!(f.next(Op::Read), Some(Action::Short));
+        let f = Faults::parse("write=panic@nth:1").unwrap();
+        assert_eq!(f.next(Op::Write), Some(Action::Panic));
         for bad in [
             "write=eio@nth",
             "disk=eio",

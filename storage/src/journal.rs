@@ -12,8 +12,8 @@
 //! topic recovered) is journaled too, whatever its attempts: a crash loses a first
 //! delivery's increment, so attempts cannot tell such a redelivery from a first one.
 //!
-//! Events are appended by the topic's store writer in the same batch as the records and
-//! synced with them (`--sync-every`, `--sync-timeout`; with `--sync-every=1`, in the same
+//! Events are written to their file (the page cache) as they are recorded, so a process
+//! crash keeps every event recorded before it, and synced with the records (`--sync-every`, `--sync-timeout`; with `--sync-every=1`, in the same
 //! group commit as the publishes). Each metadata checkpoint starts a new generation
 //! (`journal-<generation, 20 digits>.log`) and records in `meta.json` the last
 //! generation it covers; once `meta.json` is written, files of covered generations are

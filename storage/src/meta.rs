@@ -28,6 +28,13 @@ pub struct ChannelMeta {
     pub cursor: u64,
     #[serde(default)]
     pub pending: Vec<PendingMessage>,
+    /// Sequences at or above `cursor` the channel already finished: published with a
+    /// defer time (handed to the channel at once, see `Channel::defer_published`) and
+    /// finished before the cursor reached their records. The cursor steps over them
+    /// after a restart; without them it would deliver them again (attempts 1). Absent
+    /// (empty) in metadata written before this field existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub finished: Vec<u64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -57,11 +64,13 @@ fn meta_path(dir: &Path) -> PathBuf {
     dir.join("meta.json")
 }
 
-/// Writes `meta` atomically into `dir` (blocking; run it off the executor).
+/// Writes `meta` atomically into `dir` (blocking; run it off the executor). `dir` must
+/// exist: it is the topic's, made with its store. A missing one is an error, never
+/// created here: a write that races the topic's delete must not bring the topic's
+/// directory back (it would be recovered, deleted channels and all, at the next start).
 pub fn write_blocking(dir: &Path, meta: &TopicMeta) -> std::io::Result<()> {
     use std::io::Write;
     crate::faults::check_blocking(crate::faults::Op::Meta)?;
-    std::fs::create_dir_all(dir)?;
     let tmp = dir.join("meta.json.tmp");
     let data = serde_json::to_vec(meta).map_err(std::io::Error::other)?;
     {
@@ -110,6 +119,7 @@ mod tests {
                     attempts: 3,
                     due_unix_ns: 0,
                 }],
+                finished: vec![8, 11],
             }],
             next_seq: 0,
             journal_gen: 4,
@@ -119,5 +129,27 @@ mod tests {
         assert!(!d.path().join("meta.json.tmp").exists());
         std::fs::write(d.path().join("meta.json"), b"{broken").unwrap();
         assert!(read_blocking(d.path()).is_err());
+    }
+
+    #[test]
+    fn a_write_never_creates_the_directory() {
+        let d = tempfile::tempdir().unwrap();
+        let gone = d.path().join("t-gone");
+        let m = TopicMeta {
+            version: META_VERSION,
+            name: "gone".into(),
+            paused: false,
+            pumped: 0,
+            holes: Vec::new(),
+            channels: Vec::new(),
+            next_seq: 0,
+            journal_gen: 0,
+        };
+        let e = write_blocking(&gone, &m).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+        assert!(
+            !gone.exists(),
+            "a deleted topic's directory is not made again"
+        );
     }
 }

@@ -544,6 +544,43 @@ fn journal_events_are_written_synced_and_dropped_once_covered() {
     });
 }
 
+/// An event is in its file (the page cache) when `journal` returns, before anything else
+/// runs on the thread: the connection's writer may hand the redelivery it records to the
+/// consumer in the next task turn, and a kill -9 after that must not lose its attempts.
+/// The events were written a task turn later; on a loaded machine a kill -9 in between
+/// (tens of milliseconds) lost REQs, redeliveries and FINs, and messages came back with
+/// fewer attempts than a consumer had seen.
+#[test]
+fn journal_event_reaches_its_file_before_journal_returns() {
+    use nsq_storage::journal::{self, EventKind};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-jnow");
+    let p2 = path.clone();
+    run(move || async move {
+        let s = TopicStore::open(p2.clone(), cfg(1 << 30, 1), 0)
+            .await
+            .unwrap()
+            .store;
+        s.append(&rec(0));
+        s.wait_durable(1).await.unwrap();
+        s.journal(EventKind::Requeued, "c", 0, 1, 0);
+        s.journal(EventKind::Delivered, "c", 0, 2, 0);
+        // No await since: neither the flusher nor the writer task ran.
+        let kinds: Vec<_> = journal::read_blocking(&p2, 0)
+            .into_iter()
+            .map(|e| (e.kind, e.attempts))
+            .collect();
+        assert_eq!(kinds, [(EventKind::Requeued, 1), (EventKind::Delivered, 2)]);
+        // And after a checkpoint, in the next generation's file.
+        let g = s.journal_snapshot();
+        s.journal(EventKind::Finished, "c", 0, 2, 0);
+        let evs = journal::read_blocking(&p2, g);
+        assert_eq!(evs.len(), 1);
+        assert_eq!(evs[0].kind, EventKind::Finished);
+        s.close().await;
+    });
+}
+
 #[test]
 fn after_a_crash_only_what_follows_the_open_segments_last_checkpoint_is_scanned() {
     let dir = tempfile::tempdir().unwrap();
@@ -622,4 +659,52 @@ fn a_deleted_store_counts_as_released_once_it_has_stopped() {
         assert_eq!(released, 1);
         assert!(!path.exists());
     });
+}
+
+#[test]
+fn a_directory_in_place_of_the_open_segment_is_set_aside_and_writes_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-dir");
+    write_store(&path, 600, 4096, false);
+    let segs = files_with(&path, ".seg");
+    let newest = segs.last().unwrap().clone();
+    let base: u64 = newest
+        .file_stem()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    std::fs::remove_file(&newest).unwrap();
+    std::fs::create_dir(&newest).unwrap();
+    // An index name taken by a directory too.
+    let idx = segs[0].with_extension("idx");
+    let _ = std::fs::remove_file(&idx);
+    std::fs::create_dir(&idx).unwrap();
+    let p = path.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    run(move || async move {
+        let r = TopicStore::open(p, cfg(4096, 1), 10).await.unwrap();
+        let s = r.store;
+        let next = r.next_seq.max(base);
+        for i in next..next + 50 {
+            s.append(&rec(i));
+        }
+        s.wait_durable(next + 50).await.unwrap();
+        assert!(s.error().is_none(), "{:?}", s.error());
+        let seqs = read_seqs(&s, 0, 100_000).await;
+        s.close().await;
+        tx.send((next, seqs)).unwrap();
+    });
+    let (next, seqs) = rx.recv().unwrap();
+    let want: Vec<u64> = (0..base).chain(next..next + 50).collect();
+    assert_eq!(seqs, want);
+    assert!(path
+        .join(format!(
+            "{}.notafile",
+            newest.file_name().unwrap().to_str().unwrap()
+        ))
+        .is_dir());
+    // Writes after the restart are read back after another one.
+    assert_eq!(read_all(&path), want);
 }

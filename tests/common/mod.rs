@@ -866,6 +866,14 @@ impl Broker {
         self.daemon.log_text()
     }
 
+    /// Every log line of an exited broker, joined: waits (up to 2 s) for the stderr
+    /// reader to drain what the process wrote before it exited, which [`Broker::log_text`]
+    /// may not have seen yet.
+    #[allow(dead_code)]
+    pub fn final_log(&mut self) -> String {
+        self.daemon.final_log()
+    }
+
     /// The first log line containing `needle`, waiting up to `within` for it: the ports
     /// answer before the broker's stderr has necessarily reached the test, so a start-up
     /// line is waited for, not expected at once.

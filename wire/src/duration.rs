@@ -3,43 +3,156 @@
 
 use std::time::Duration;
 
-/// Parses a Go duration such as `60s`, `250ms`, `1h30m`, `1.5s`, `100us`; a bare `0` is
-/// zero. Errors name the bad value.
+/// Parses a Go duration such as `60s`, `250ms`, `1h30m`, `1.5s`, `100us` for a flag
+/// that takes no negative value: [`parse_go_duration`], then refused when negative.
+/// Errors are Go's texts (`time: invalid duration "abc"`), or `negative duration
+/// "-5s"`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let err = || format!("invalid duration {s:?} (use Go syntax, e.g. 60s, 250ms, 1h)");
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let mut total = 0f64;
-    let mut rest = s;
-    if rest.is_empty() {
-        return Err(err());
-    }
-    while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(err)?;
-        if num_len == 0 {
-            return Err(err());
+    let ns = parse_go_duration(s)?;
+    u64::try_from(ns)
+        .map(Duration::from_nanos)
+        .map_err(|_| format!("negative duration {}", time_quote(s)))
+}
+
+/// Go's `time.ParseDuration` (Go 1.19, time/format.go), exactly: `[-+]?([0-9]*(\.[0-9]*)?
+/// unit)+` with units `ns`, `us`, `µs`, `μs`, `ms`, `s`, `m`, `h`, or a bare `0`;
+/// integer arithmetic with Go's overflow checks (at most 2^63-1 ns, -2^63 ns when
+/// negative) and Go's float rounding of fractions. Returns nanoseconds. Errors are Go's
+/// texts: `time: invalid duration "x"`, `time: missing unit in duration "x"`, `time:
+/// unknown unit "u" in duration "x"`, quoted as Go's time package quotes.
+pub fn parse_go_duration(orig: &str) -> Result<i64, String> {
+    const LIMIT: u64 = 1 << 63;
+    let invalid = || format!("time: invalid duration {}", time_quote(orig));
+    let mut s = orig.as_bytes();
+    let mut neg = false;
+    if let Some(&c) = s.first() {
+        if c == b'-' || c == b'+' {
+            neg = c == b'-';
+            s = &s[1..];
         }
-        let n: f64 = rest[..num_len].parse().map_err(|_| err())?;
-        rest = &rest[num_len..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let unit = match &rest[..unit_len] {
-            "ns" => 1e-9,
-            "us" | "µs" | "μs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(err()),
-        };
-        total += n * unit;
-        rest = &rest[unit_len..];
     }
-    Ok(Duration::from_secs_f64(total))
+    if s == b"0" {
+        return Ok(0);
+    }
+    if s.is_empty() {
+        return Err(invalid());
+    }
+    let mut d: u64 = 0;
+    while let Some(&c0) = s.first() {
+        if !(c0 == b'.' || c0.is_ascii_digit()) {
+            return Err(invalid());
+        }
+        // [0-9]* (Go: leadingInt; an overflow is an invalid duration)
+        let mut v: u64 = 0;
+        let digits = s.iter().take_while(|c| c.is_ascii_digit()).count();
+        for &c in &s[..digits] {
+            if v > LIMIT / 10 {
+                return Err(invalid());
+            }
+            v = v * 10 + u64::from(c - b'0');
+            if v > LIMIT {
+                return Err(invalid());
+            }
+        }
+        let pre = digits > 0;
+        s = &s[digits..];
+        // (\.[0-9]*)? (Go: leadingFraction; digits past the precision are dropped)
+        let (mut f, mut scale, mut post) = (0u64, 1f64, false);
+        if s.first() == Some(&b'.') {
+            s = &s[1..];
+            let digits = s.iter().take_while(|c| c.is_ascii_digit()).count();
+            let mut overflow = false;
+            for &c in &s[..digits] {
+                if overflow {
+                    continue;
+                }
+                if f > (LIMIT - 1) / 10 {
+                    overflow = true;
+                    continue;
+                }
+                let y = f * 10 + u64::from(c - b'0');
+                if y > LIMIT {
+                    overflow = true;
+                    continue;
+                }
+                f = y;
+                scale *= 10.0;
+            }
+            post = digits > 0;
+            s = &s[digits..];
+        }
+        if !pre && !post {
+            return Err(invalid());
+        }
+        let unit_len = s
+            .iter()
+            .position(|&c| c == b'.' || c.is_ascii_digit())
+            .unwrap_or(s.len());
+        if unit_len == 0 {
+            return Err(format!(
+                "time: missing unit in duration {}",
+                time_quote(orig)
+            ));
+        }
+        let (u, rest) = s.split_at(unit_len);
+        s = rest;
+        let unit: u64 = match u {
+            b"ns" => 1,
+            b"us" | b"\xc2\xb5s" | b"\xce\xbcs" => 1_000,
+            b"ms" => 1_000_000,
+            b"s" => 1_000_000_000,
+            b"m" => 60_000_000_000,
+            b"h" => 3_600_000_000_000,
+            _ => {
+                return Err(format!(
+                    "time: unknown unit {} in duration {}",
+                    time_quote(&String::from_utf8_lossy(u)),
+                    time_quote(orig)
+                ))
+            }
+        };
+        if v > LIMIT / unit {
+            return Err(invalid());
+        }
+        v *= unit;
+        if f > 0 {
+            // Go: float64 is nanosecond-accurate for fractions of an hour.
+            v += (f as f64 * (unit as f64 / scale)) as u64;
+            if v > LIMIT {
+                return Err(invalid());
+            }
+        }
+        d += v;
+        if d > LIMIT {
+            return Err(invalid());
+        }
+    }
+    if neg {
+        return Ok((d as i64).wrapping_neg());
+    }
+    i64::try_from(d).map_err(|_| invalid())
+}
+
+/// Go's time package `quote`: `"`-quoted, `"` and `\\` escaped, every byte of a
+/// character below a space or beyond ASCII written as `\xNN`.
+pub fn time_quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        if (c as u32) < 0x20 || (c as u32) >= 0x80 {
+            let mut b = [0u8; 4];
+            for byte in c.encode_utf8(&mut b).bytes() {
+                out.push_str(&format!("\\x{byte:02x}"));
+            }
+        } else {
+            if c == '"' || c == '\\' {
+                out.push('\\');
+            }
+            out.push(c);
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// Formats a duration the way Go's `time.Duration.String()` does (`1m0s`, `250ms`,
@@ -53,10 +166,10 @@ pub fn go_duration_string(d: Duration) -> String {
         return format!("{ns}ns");
     }
     if ns < 1_000_000 {
-        return trim_frac(format!("{:.3}", ns as f64 / 1e3)) + "µs";
+        return trim_frac(format!("{}.{:03}", ns / 1_000, ns % 1_000)) + "µs";
     }
     if ns < 1_000_000_000 {
-        return trim_frac(format!("{:.6}", ns as f64 / 1e6)) + "ms";
+        return trim_frac(format!("{}.{:06}", ns / 1_000_000, ns % 1_000_000)) + "ms";
     }
     let h = ns / 3_600_000_000_000;
     let m = (ns / 60_000_000_000) % 60;
@@ -96,8 +209,76 @@ mod tests {
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
         assert!(parse_duration("10").is_err());
         assert!(parse_duration("abc").is_err());
+        assert_eq!(
+            parse_duration("-5s"),
+            Err("negative duration \"-5s\"".to_string())
+        );
         assert_eq!(go_duration_string(Duration::from_millis(1235)), "1.235s");
         assert_eq!(go_duration_string(Duration::from_secs(60)), "1m0s");
         assert_eq!(go_duration_string(Duration::from_millis(250)), "250ms");
+    }
+
+    /// Go 1.19's answers (time.ParseDuration), also where float arithmetic drifted.
+    #[test]
+    fn go_parse_duration_exactly() {
+        let max = i64::MAX;
+        for (s, want) in [
+            ("2562047h47m16.854775807s", Ok(max)),
+            ("9223372036854775807ns", Ok(max)),
+            ("-9223372036854775808ns", Ok(i64::MIN)),
+            ("0.000000001s", Ok(1)),
+            ("1.000000001s", Ok(1_000_000_001)),
+            ("1.0000000019s", Ok(1_000_000_001)),
+            (".5s", Ok(500_000_000)),
+            ("5.s", Ok(5_000_000_000)),
+            ("+1h", Ok(3_600_000_000_000)),
+            ("1h1h", Ok(7_200_000_000_000)),
+            ("3µs", Ok(3_000)),
+            ("3μs", Ok(3_000)),
+        ] {
+            assert_eq!(parse_go_duration(s), want, "{s}");
+        }
+        for s in [
+            "9223372036854775808ns",
+            "2562047h47m16.854775808s",
+            "99999999999999999999999h",
+            "3000000h",
+            ".s",
+            "-.s",
+            "",
+            "-",
+            "1s.s",
+        ] {
+            assert_eq!(
+                parse_go_duration(s),
+                Err(format!("time: invalid duration {}", time_quote(s))),
+                "{s}"
+            );
+        }
+        assert_eq!(
+            parse_go_duration("1\u{e9}"),
+            Err("time: unknown unit \"\\xc3\\xa9\" in duration \"1\\xc3\\xa9\"".into())
+        );
+        assert_eq!(
+            parse_go_duration("1\n"),
+            Err("time: unknown unit \"\\x0a\" in duration \"1\\x0a\"".into())
+        );
+        assert_eq!(
+            parse_go_duration("12"),
+            Err("time: missing unit in duration \"12\"".into())
+        );
+        assert_eq!(
+            go_duration_string(Duration::from_nanos(max as u64)),
+            "2562047h47m16.854775807s"
+        );
+        assert_eq!(
+            go_duration_string(Duration::from_nanos(1_234_567)),
+            "1.234567ms"
+        );
+        assert_eq!(
+            go_duration_string(Duration::from_nanos(999_999_999)),
+            "999.999999ms"
+        );
+        assert_eq!(go_duration_string(Duration::from_nanos(1_500)), "1.5µs");
     }
 }

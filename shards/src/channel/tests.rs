@@ -713,7 +713,8 @@ fn a_paused_topic_keeps_its_messages_until_unpaused() {
 // ------------------------------------------------------------------ #ephemeral overflow
 
 #[test]
-fn an_ephemeral_channel_drops_the_oldest_beyond_mem_queue_size() {
+fn an_ephemeral_channel_drops_the_newest_beyond_mem_queue_size() {
+    // nsqd: a message put into a full ephemeral channel is discarded.
     let clk = Clock::new();
     let mut t = Topic::new("t", 1);
     t.create_channel("c#ephemeral", 3);
@@ -722,9 +723,79 @@ fn an_ephemeral_channel_drops_the_oldest_beyond_mem_queue_size() {
     c.set_ready_count(0);
     t.publish((0..5).map(|i| Bytes::from(format!("m{i}"))), None, 3);
     assert_eq!(depth(&t, "c#ephemeral"), 3);
+    // Later publishes find it full too; the dropped records leave memory.
+    t.publish((5..8).map(|i| Bytes::from(format!("m{i}"))), None, 3);
+    assert_eq!(depth(&t, "c#ephemeral"), 3);
+    assert_eq!(
+        t.low_watermark(),
+        0,
+        "the kept messages hold their sequences"
+    );
     c.set_ready_count(10);
     assert_eq!(dispatch(&mut t, "c#ephemeral", clk.at(0)), 3);
-    assert_eq!(bodies(&frames(&c)), ["m2", "m3", "m4"]);
+    assert_eq!(bodies(&frames(&c)), ["m0", "m1", "m2"]);
+    // Once there is room, new messages are taken again, after the kept ones.
+    t.publish([Bytes::from("m8")], None, 3);
+    assert_eq!(depth(&t, "c#ephemeral"), 1);
+}
+
+#[test]
+fn an_ephemeral_channel_that_overflows_keeps_deferred_messages_and_order() {
+    let clk = Clock::new();
+    let mut t = Topic::new("t", 1);
+    t.create_channel("c#ephemeral", 2);
+    let c = client(1);
+    sub(&mut t, "c#ephemeral", &c);
+    c.set_ready_count(0);
+    t.publish([Bytes::from("a")], None, 2);
+    t.publish([Bytes::from("later")], Some(clk.at(0) + ms(60_000)), 2);
+    t.publish((0..3).map(|i| Bytes::from(format!("n{i}"))), None, 2);
+    let ch = chan(&mut t, "c#ephemeral");
+    assert_eq!(ch.deferred_count(), 1);
+    assert_eq!(depth(&t, "c#ephemeral"), 2);
+    c.set_ready_count(10);
+    assert_eq!(dispatch(&mut t, "c#ephemeral", clk.at(0)), 2);
+    assert_eq!(bodies(&frames(&c)), ["a", "n0"]);
+    assert_eq!(depth(&t, "c#ephemeral"), 0);
+}
+
+#[test]
+fn a_full_ephemeral_channel_drops_messages_that_come_back() {
+    // nsqd: a REQ'd, timed-out or due deferred message is put into the channel again,
+    // and a full ephemeral channel discards it.
+    let clk = Clock::new();
+    let mut t = Topic::new("t", 1);
+    t.create_channel("c#ephemeral", 3);
+    let c = client(1);
+    sub(&mut t, "c#ephemeral", &c);
+    c.set_ready_count(3);
+    t.publish((0..3).map(|i| Bytes::from(format!("a{i}"))), None, 3);
+    assert_eq!(dispatch(&mut t, "c#ephemeral", clk.at(0)), 3);
+    let ids: Vec<_> = frames(&c).iter().map(|f| f.id).collect();
+    c.set_ready_count(0);
+    t.publish((0..5).map(|i| Bytes::from(format!("m{i}"))), None, 3);
+    assert_eq!(depth(&t, "c#ephemeral"), 3);
+    let ch = chan(&mut t, "c#ephemeral");
+    // REQ 0 into the full channel: dropped.
+    ch.requeue(&c, ids[0], Duration::ZERO, clk.at(1)).unwrap();
+    // REQ with a delay: deferred, then dropped when it falls due.
+    ch.requeue(&c, ids[1], ms(100), clk.at(1)).unwrap();
+    assert_eq!(ch.deferred_count(), 1);
+    assert_eq!(ch.process_timers(clk.at(200)), 0);
+    assert_eq!(ch.deferred_count(), 0);
+    // The last one times out into the full channel: dropped.
+    assert_eq!(ch.process_timers(clk.at(120_000)), 0);
+    assert_eq!(ch.in_flight_count(), 0);
+    assert_eq!(depth(&t, "c#ephemeral"), 3);
+    c.set_ready_count(10);
+    assert_eq!(dispatch(&mut t, "c#ephemeral", clk.at(120_001)), 3);
+    let fs = frames(&c);
+    assert_eq!(bodies(&fs), ["m0", "m1", "m2"]);
+    // With room, a REQ is kept.
+    let id = fs[2].id;
+    let ch = chan(&mut t, "c#ephemeral");
+    ch.requeue(&c, id, Duration::ZERO, clk.at(120_002)).unwrap();
+    assert_eq!(depth(&t, "c#ephemeral"), 1);
 }
 
 #[test]
@@ -1012,4 +1083,82 @@ fn message_and_client_counters() {
         5,
         "but not for the channel"
     );
+}
+
+// --- disk read-ahead ---
+
+/// Records `from..to` as read back from the store, each with a 1 KiB body.
+fn disk_records(from: u64, to: u64) -> Vec<crate::topic::Record> {
+    (from..to)
+        .map(|seq| crate::topic::Record {
+            seq,
+            id: MessageId(seq),
+            timestamp: 0,
+            defer_until: None,
+            body: Bytes::from(vec![b'x'; 1024]),
+        })
+        .collect()
+}
+
+#[test]
+fn no_read_ahead_without_a_client_that_can_take_messages() {
+    // The cursor is below the memory tail (base 100): messages 0..100 are on disk only.
+    let mut ch = Channel::new("c", 0);
+    assert_eq!(ch.disk_read_from(100), None, "no client: nothing is read");
+    let c = client_with(1, 0, 1000);
+    ch.add_client(c.clone(), 0).unwrap();
+    assert_eq!(ch.disk_read_from(100), None, "RDY 0: nothing is read");
+    c.set_ready_count(3);
+    assert_eq!(ch.room(), 3);
+    assert_eq!(
+        ch.disk_read_from(100),
+        Some((0, 3)),
+        "a read sized to what the client can take"
+    );
+    ch.paused = true;
+    assert_eq!(ch.disk_read_from(100), None, "paused: nothing is read");
+    ch.paused = false;
+    // Records held for a client that stops taking them are let go; the cursor stays,
+    // so the next read starts where delivery stopped.
+    ch.push_disk(disk_records(0, 3));
+    assert_eq!(
+        ch.disk_read_from(100),
+        None,
+        "buffered as many as it can take"
+    );
+    c.set_ready_count(0);
+    let log = Log::default();
+    assert_eq!(ch.dispatch(&log, Instant::now()), 0);
+    assert_eq!(ch.disk_buffered(), 0);
+    assert_eq!(ch.disk_buffered_bytes(), 0);
+    assert_eq!(ch.cursor, 0);
+    c.set_ready_count(1);
+    assert_eq!(ch.disk_read_from(100), Some((0, 1)));
+    // A consumer with all of its RDY in flight still takes messages (each FIN makes room
+    // for the next one): its read-ahead stays, sized to its RDY, so a backlog is not
+    // read again one record per FIN.
+    c.set_ready_count(3);
+    c.in_flight.set(3);
+    assert_eq!(ch.room(), 3);
+    ch.push_disk(disk_records(0, 3));
+    ch.dispatch(&log, Instant::now());
+    assert_eq!(ch.disk_buffered(), 3, "kept for the busy consumer");
+}
+
+#[test]
+fn read_ahead_is_dropped_when_the_last_client_leaves() {
+    let mut ch = Channel::new("c", 0);
+    let c = client_with(1, 10, 1000);
+    ch.add_client(c.clone(), 0).unwrap();
+    ch.push_disk(disk_records(0, 5));
+    assert_eq!(ch.disk_buffered_bytes(), 5 * 1024);
+    ch.remove_client(c.id);
+    let log = Log::default();
+    ch.dispatch(&log, Instant::now());
+    assert_eq!(
+        ch.disk_buffered(),
+        0,
+        "no client: nothing read from disk held"
+    );
+    assert_eq!(ch.disk_read_from(100), None);
 }

@@ -21,9 +21,10 @@
 //!   file and offset and skipped; corrupt records of sealed segments are found, logged
 //!   and skipped when a channel reads them. Only the newest segment's last records are
 //!   loaded into memory. Writing then continues in a new segment.
-//! * Journal events ([`crate::journal`]) are appended to their file by a flusher task as
-//!   soon as they are recorded (never behind a sync), and synced by the writer with the
-//!   records, counted toward `--sync-every` like records.
+//! * Journal events ([`crate::journal`]) are appended to their file (the page cache) as
+//!   they are recorded, before the call that records them returns (never behind a
+//!   sync), and synced by the writer with the records, counted toward `--sync-every`
+//!   like records.
 //!
 //! By concept, with the parts of nsqd's diskqueue.go they correspond to:
 //!
@@ -448,6 +449,42 @@ impl TopicStore {
             .map(|n| n.to_os_string())
             .unwrap_or_default();
         PathBuf::from(format!("/proc/self/fd/{}", self.dir_fd.as_raw_fd())).join(name)
+    }
+
+    /// Writes the topic's `meta.json` ([`crate::meta::write_blocking`]) through the held
+    /// directory fd, so that it lands in this store's directory and nowhere else: not in
+    /// a directory made again under the same name by a later topic, and never a new one.
+    /// `Ok(false)`: the topic was deleted before or during the write, so nothing was
+    /// written that a start could find (a delete moves the directory aside and removes
+    /// it once this write is over); an error of a write cut off by the delete is none.
+    pub async fn write_meta(&self, meta: crate::meta::TopicMeta) -> std::io::Result<bool> {
+        use std::os::fd::AsRawFd;
+        if self.destroyed.get() {
+            return Ok(false);
+        }
+        // A duplicate of the fd for the blocking thread: it stays valid (and means this
+        // directory) even if this future is dropped and the store goes meanwhile.
+        let fd = self.dir_fd.try_clone()?;
+        struct Open<'a>(&'a Cell<usize>);
+        impl Drop for Open<'_> {
+            fn drop(&mut self) {
+                self.0.set(self.0.get() - 1);
+            }
+        }
+        self.opens.set(self.opens.get() + 1);
+        let _open = Open(&self.opens);
+        let res = glommio::executor()
+            .spawn_blocking(move || {
+                let dir = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+                let res = crate::meta::write_blocking(&dir, &meta);
+                drop(fd);
+                res
+            })
+            .await;
+        if self.destroyed.get() {
+            return Ok(false);
+        }
+        res.map(|()| true)
     }
 
     /// Waits until no open of a segment file is in flight.

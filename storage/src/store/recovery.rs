@@ -65,6 +65,7 @@ pub(super) fn read_index(
 /// indexes, and journal generations. Removes leftovers: indexes without a segment and
 /// temporary files of an interrupted seal.
 pub(super) fn survey_blocking(dir: &Path) -> (Vec<Found>, BTreeSet<u64>) {
+    set_aside_non_files_blocking(dir);
     rename_misnamed_blocking(dir);
     let mut segs = BTreeMap::new();
     let mut idxs = BTreeSet::new();
@@ -141,6 +142,43 @@ pub(super) fn survey_blocking(dir: &Path) -> (Vec<Found>, BTreeSet<u64>) {
         let _ = std::fs::remove_file(pidx_path(dir, *b));
     }
     (found, journals)
+}
+
+/// Sets aside, as `<name>.notafile`, anything named as a segment, index or journal
+/// file that is not a regular file (a directory, a FIFO, a socket, a dangling link: put
+/// there by hand or by a filesystem repair after a crash). It holds no records, and
+/// left under its name it would stop the topic's writer from ever opening that file.
+fn set_aside_non_files_blocking(dir: &Path) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.filter_map(|e| e.ok()) {
+        let n = e.file_name().to_string_lossy().into_owned();
+        let ours = [".seg", ".idx", ".pidx"]
+            .iter()
+            .any(|x| n.strip_suffix(x).is_some_and(|b| b.parse::<u64>().is_ok()))
+            || crate::journal::parse_name(&n).is_some();
+        if !ours {
+            continue;
+        }
+        // Follows links: a link to a regular file is used as that file.
+        let regular = std::fs::metadata(e.path()).is_ok_and(|m| m.is_file());
+        if regular {
+            continue;
+        }
+        let kept = dir.join(format!("{n}.notafile"));
+        match std::fs::rename(e.path(), &kept) {
+            Ok(()) => log::error!(
+                "STORE: {} is not a regular file: set aside as {}",
+                e.path().display(),
+                kept.display()
+            ),
+            Err(err) => log::error!(
+                "STORE: {} is not a regular file and cannot be set aside - {err}",
+                e.path().display()
+            ),
+        }
+    }
 }
 
 /// The base a segment file's own bytes give when its name contradicts them: its header's

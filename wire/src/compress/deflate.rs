@@ -210,3 +210,33 @@ mod tests {
         assert_eq!(&out2[..text.len() - 70_000], &text[70_000..]);
     }
 }
+
+#[cfg(test)]
+mod end_tests {
+    use super::*;
+
+    /// What a feed decoded before the stream's end or a corrupt block is in `out` when
+    /// it reports the end or the error (the reader runs those commands first, as Go's
+    /// flate reader hands over its data before io.EOF or the error).
+    #[test]
+    fn output_before_the_end_or_an_error_is_kept() {
+        for garbage in [false, true] {
+            let mut c = Compress::new(Compression::new(6), false);
+            let mut data = Vec::with_capacity(4096);
+            let flush = if garbage {
+                FlushCompress::Sync
+            } else {
+                FlushCompress::Finish
+            };
+            c.compress_vec(b"PUB t\n\0\0\0\x02hi", &mut data, flush)
+                .unwrap();
+            if garbage {
+                data.extend_from_slice(&[0xff, 0xfe, 0xfd, 0xfc, 0xfb, 0xfa]);
+            }
+            let mut d = DeflateDecoder::new(Vec::new()).unwrap();
+            let mut out = Vec::new();
+            assert!(d.feed(&data, &mut out).is_err(), "garbage={garbage}");
+            assert_eq!(out, b"PUB t\n\0\0\0\x02hi", "garbage={garbage}");
+        }
+    }
+}

@@ -35,6 +35,9 @@ pub struct SnappyDecoder {
     raw: Vec<u8>,
     /// The stream identifier was read.
     identified: bool,
+    /// Bytes of the chunk being decoded that Go's Reader has read when it checks what
+    /// it checks now: its 4-byte header, then the whole chunk.
+    read_of_chunk: usize,
 }
 
 impl SnappyDecoder {
@@ -43,6 +46,7 @@ impl SnappyDecoder {
         SnappyDecoder {
             raw,
             identified: true,
+            read_of_chunk: 0,
         }
     }
 
@@ -51,15 +55,43 @@ impl SnappyDecoder {
         &self.raw
     }
 
+    /// After a failed [`feed`](Self::feed): the bytes received that Go's snappy Reader
+    /// would not have read (a bad header is refused once its 4 bytes are read, a bad
+    /// chunk once all of it is).
+    pub fn unread_after_error(&self) -> usize {
+        self.raw.len().saturating_sub(self.read_of_chunk)
+    }
+
     /// Appends `data`, decodes every complete chunk into `out`. Errors on a corrupt
-    /// stream (bad CRC, bad block, reserved chunk type).
+    /// stream (bad CRC, bad block, reserved chunk type); `out` then holds the chunks
+    /// before the bad one (nothing of it), and [`pending`](Self::pending) starts at its
+    /// header, as Go's snappy Reader returns the chunks it read before the error.
     pub fn feed(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
         self.raw.extend_from_slice(data);
         let mut at = 0;
-        while self.raw.len() - at >= 4 {
-            let h = &self.raw[at..at + 4];
+        let mut good = out.len();
+        let r = self.decode_chunks(out, &mut at, &mut good);
+        if r.is_err() {
+            out.truncate(good);
+        }
+        self.raw.drain(..at);
+        r
+    }
+
+    /// Decodes the complete chunks of `raw` from `at` on; `at` and `good` (the length of
+    /// `out`) advance past each chunk decoded whole.
+    fn decode_chunks(
+        &mut self,
+        out: &mut Vec<u8>,
+        at: &mut usize,
+        good: &mut usize,
+    ) -> Result<(), String> {
+        let mut at_ = *at;
+        while self.raw.len() - at_ >= 4 {
+            let h = &self.raw[at_..at_ + 4];
             let kind = h[0];
             let len = h[1] as usize | (h[2] as usize) << 8 | (h[3] as usize) << 16;
+            self.read_of_chunk = 4;
             // Go's Reader checks the header before reading the chunk.
             if !self.identified && kind != 0xff {
                 return Err("snappy stream without its identifier".into());
@@ -75,10 +107,11 @@ impl SnappyDecoder {
                 _ => {}
             }
             self.identified = true;
-            if self.raw.len() - at < 4 + len {
+            if self.raw.len() - at_ < 4 + len {
                 break;
             }
-            let chunk = &self.raw[at + 4..at + 4 + len];
+            self.read_of_chunk = 4 + len;
+            let chunk = &self.raw[at_ + 4..at_ + 4 + len];
             match kind {
                 0xff if chunk != b"sNaPpY" => {
                     return Err("bad snappy stream identifier".into());
@@ -110,9 +143,10 @@ impl SnappyDecoder {
                 0x02..=0x7f => return Err(format!("unsupported snappy chunk type {kind:#x}")),
                 _ => {}
             }
-            at += 4 + len;
+            at_ += 4 + len;
+            *at = at_;
+            *good = out.len();
         }
-        self.raw.drain(..at);
         Ok(())
     }
 }
