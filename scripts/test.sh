@@ -5,7 +5,8 @@
 #   2. cargo clippy --workspace --all-targets -- -D warnings, then
 #      RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps (no broken doc links)
 #   3. cargo build (debug: overflow checks and debug assertions stay on)
-#   4. cargo test --workspace, then the fuzz smoke: every fuzz target for 60 s, AFL++
+#   4. cargo test --workspace (and the storage suites once more on the blocking-thread
+#      segment path: NSQD_SEGMENT_IO=threads), then the fuzz smoke: every fuzz target for 60 s, AFL++
 #      where cargo-afl is installed (scripts/fuzz.sh; FUZZ_SMOKE_SECONDS, FUZZ_SMOKE_ENGINE)
 #   4b. network fuzzing and chaos (RELIABILITY.md): netfuzz (mutated V2/HTTP sessions
 #      against a running broker, checker messages exactly once, 10 s per shard count
@@ -163,6 +164,17 @@ else
 fi
 
 if [[ $CLIENTS_ONLY -eq 0 ]]; then
+  # tests/slow_disk.rs mounts scripts/slowfs.py (FUSE): required, not skipped, where the
+  # venv has fusepy (scripts/setup-clients.sh), libfuse2 loads and /dev/fuse exists as
+  # root (.ci/run installs them).
+  if [[ $BUILD_OK -eq 1 && -e /dev/fuse && "$(id -u)" -eq 0 ]]; then
+    bash "$ROOT/scripts/setup-clients.sh" python >/dev/null 2>&1 || true
+    if [[ -x "$ROOT/.venv/bin/python" ]] && "$ROOT/.venv/bin/python" -c 'import fuse' >/dev/null 2>&1; then
+      export NSQD_TEST_REQUIRE_FUSE=1
+    else
+      echo "WARN: no fusepy/libfuse2: tests/slow_disk.rs skips its FUSE test"
+    fi
+  fi
   if [[ $BUILD_OK -eq 1 ]]; then
     # --no-fail-fast: every test binary runs even when an earlier one failed.
     if ! run_step "cargo test" bash -c 'set -o pipefail; cargo test --workspace --no-fail-fast 2>&1 | tee "$1"' _ "$WORK/cargo-test.log"; then
@@ -172,6 +184,11 @@ if [[ $CLIENTS_ONLY -eq 0 ]]; then
         RESULTS[${#RESULTS[@]}-1]+=": $(wc -l <<<"$failed_tests") failed test(s): $(head -5 <<<"$failed_tests" | paste -sd, -)"
       fi
     fi
+    # The storage suites again on the blocking-thread segment path that FUSE and network
+    # filesystems get (nsq_storage::SegmentIo::Threads), through the store and the broker.
+    run_step "cargo test, NSQD_SEGMENT_IO=threads" env NSQD_SEGMENT_IO=threads \
+      cargo test --no-fail-fast -p nsq-storage -p nsqd --test store --test disk_faults \
+      --test durability --test crash_attempts --test slow_disk
   else
     record FAIL "cargo test" "not run: build failed"
   fi

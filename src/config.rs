@@ -424,6 +424,8 @@ impl Config {
             // Largest first from flags, file order from --config (as nsqd).
             e2e_percentiles: cli.e2e_processing_latency_percentile.clone(),
             e2e_window: cli.e2e_processing_latency_window_time,
+            // Chosen from the data path's filesystem when the broker starts (runtime::run).
+            segment_io: nsq_storage::SegmentIo::Ring,
         };
         Ok(Config {
             tcp_address: cli.tcp_address,

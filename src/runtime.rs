@@ -218,7 +218,7 @@ pub fn shutting_down() -> bool {
 /// has recovered and accepts, and `STOPPING=1` when a shutdown starts (sd_notify(3)).
 /// `on_serving` runs then too (main stops treating panics as start-up failures).
 pub fn run(
-    cfg: Config,
+    mut cfg: Config,
     ready: crate::preflight::Ready,
     on_serving: impl FnOnce(),
 ) -> Result<(), String> {
@@ -250,6 +250,19 @@ pub fn run(
             data_path.display()
         )
     })?;
+    // Segment I/O through io_uring, or on each shard's blocking thread where the
+    // filesystem would make io_uring wait on the shard's own thread (FUSE, NFS, ...).
+    let (segment_io, why) = nsq_storage::SegmentIo::choose(
+        &data_path,
+        std::env::var("NSQD_SEGMENT_IO").ok().as_deref(),
+    )?;
+    cfg.opts.segment_io = segment_io;
+    if segment_io == nsq_storage::SegmentIo::Threads {
+        log::info!(
+            "STORE: segment files are written and read on each shard's blocking thread ({why}): \
+             its writes would otherwise wait on the shard's own thread"
+        );
+    }
     // Moving from nsqd: its queued messages become ours before any shard recovers.
     crate::import_nsqd::run(
         &data_path,

@@ -60,8 +60,17 @@ impl Lookupd {
         r.split_once("\r\n\r\n").expect("response").1.to_string()
     }
 
+    /// Whether a log line contains `needle`, waiting up to 5 s for it: a line reaches
+    /// the test's stderr reader some time after the reply it goes with.
     fn log_contains(&self, needle: &str) -> bool {
-        self.daemon.log_contains(needle)
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !self.daemon.log_contains(needle) {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        true
     }
 }
 

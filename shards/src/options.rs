@@ -63,6 +63,9 @@ pub struct Options {
     /// topic's sealed segment files exceed this many bytes (oldest go first; the segment
     /// being written is not counted); 0 = no size limit.
     pub retention_bytes: u64,
+    /// How segment files are written and read: chosen at start-up from the data path's
+    /// filesystem and `NSQD_SEGMENT_IO` (beyond nsqd; [`nsq_storage::SegmentIo::choose`]).
+    pub segment_io: nsq_storage::SegmentIo,
 }
 
 impl Options {
@@ -106,6 +109,7 @@ impl Default for Options {
             retention_bytes: 0,
             e2e_percentiles: Vec::new(),
             e2e_window: Duration::from_secs(600),
+            segment_io: nsq_storage::SegmentIo::Ring,
         }
     }
 }

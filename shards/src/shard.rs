@@ -481,6 +481,7 @@ impl Shard {
             max_bytes_per_file: self.opts.max_bytes_per_file,
             sync_every: self.opts.sync_every.max(1),
             sync_timeout: self.opts.sync_timeout,
+            io: self.opts.segment_io,
         }
     }
 

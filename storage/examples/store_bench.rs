@@ -25,6 +25,9 @@ fn main() {
                 max_bytes_per_file: 100 << 20,
                 sync_every: 2500,
                 sync_timeout: Duration::from_secs(2),
+                io: nsq_storage::SegmentIo::choose(&dir, std::env::var("NSQD_SEGMENT_IO").ok().as_deref())
+                    .map(|(io, _)| io)
+                    .unwrap_or_default(),
             };
             let store = match TopicStore::create(dir.clone(), cfg.clone(), 0) {
                 Ok(s) => s,

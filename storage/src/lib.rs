@@ -31,7 +31,7 @@ pub mod store;
 
 pub use error::StoreError;
 pub use record::StoredRecord;
-pub use store::{ReadPos, Recovered, SegmentInfo, StoreConfig, TopicStore};
+pub use store::{ReadPos, Recovered, SegmentInfo, SegmentIo, StoreConfig, TopicStore};
 
 use std::cell::{Cell, RefCell};
 use std::task::{Poll, Waker};

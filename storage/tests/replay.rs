@@ -40,6 +40,7 @@ fn seek_timestamp_finds_the_first_record_at_or_after() {
                 max_bytes_per_file: size,
                 sync_every: 100,
                 sync_timeout: Duration::from_millis(50),
+                io: nsq_storage::SegmentIo::Ring,
             };
             let s = TopicStore::open(path.clone(), cfg, 0).await.unwrap().store;
             assert_eq!(s.seek_timestamp(0).await.unwrap(), None, "empty store");

@@ -90,8 +90,20 @@ impl Daemon {
         let log = Arc::new(Mutex::new(Vec::new()));
         let log2 = log.clone();
         let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
+            // Lines as bytes: a line that is not UTF-8 (a logged client input) must not
+            // end the reading.
+            let mut r = BufReader::new(stderr);
+            let mut raw = Vec::new();
+            loop {
+                raw.clear();
+                match r.read_until(b'\n', &mut raw) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                if raw.last() == Some(&b'\n') {
+                    raw.pop();
+                }
+                let line = String::from_utf8_lossy(&raw).into_owned();
                 if std::env::var_os("NSQD_TEST_LOG").is_some() {
                     eprintln!("{line}");
                 }

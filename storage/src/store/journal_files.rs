@@ -3,9 +3,11 @@
 //! generation's file as soon as they are recorded, and syncing them with the records.
 
 use super::retention::delete_covered_journals;
+use super::segment_io::{close_off_thread, SegmentIo};
 use super::{io_err, TopicStore};
 use crate::error::StoreError;
 use crate::journal::EventKind;
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -42,8 +44,10 @@ impl TopicStore {
         }
         self.journal_events.set(self.journal_events.get() + 1);
         // A borrowed journal file means a write is under way on this thread (never across
-        // an await, so not expected): the flusher task writes the event then.
-        if self.journal_file.try_borrow_mut().is_ok() {
+        // an await, so not expected): the flusher task writes the event then. On the
+        // blocking-thread path (FUSE, network filesystems: a write there can wait for a
+        // server) the flusher always does, off this thread.
+        if self.cfg.io == SegmentIo::Ring && self.journal_file.try_borrow_mut().is_ok() {
             let n = flush_journal(self);
             if n > 0 {
                 self.journal_written.set(self.journal_written.get() + n);
@@ -123,34 +127,114 @@ pub(super) fn journal_write(
     gen: u64,
     data: &[u8],
 ) -> Result<(), StoreError> {
+    append_events(
+        jf,
+        gen,
+        data,
+        |gen| {
+            if store.destroyed.get() {
+                return Err(StoreError::topic_deleted());
+            }
+            let file = open_journal(&store.fd_path(&crate::journal::path(&store.dir, gen)))?;
+            store.journal_files.borrow_mut().insert(gen);
+            Ok(file)
+        },
+        |file| store.journal_retired.borrow_mut().push(file),
+    )
+}
+
+/// Opens (creating it) a journal file for appending.
+fn open_journal(path: &std::path::Path) -> Result<std::fs::File, StoreError> {
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .map_err(io_err)
+}
+
+/// Appends `data` to `jf` when it is generation `gen`'s file; else `retire`s it (when
+/// dirty: the writer's next sync must cover it) and appends to the file `open` gives.
+fn append_events(
+    jf: &mut Option<JournalFile>,
+    gen: u64,
+    data: &[u8],
+    open: impl FnOnce(u64) -> Result<std::fs::File, StoreError>,
+    retire: impl FnOnce(Arc<std::fs::File>),
+) -> Result<(), StoreError> {
     use std::io::Write;
     if jf.as_ref().is_some_and(|j| j.gen != gen) {
         if let Some(j) = jf.take().filter(|j| j.dirty) {
-            store.journal_retired.borrow_mut().push(j.file);
+            retire(j.file);
         }
     }
     let j = match jf {
         Some(j) => j,
-        None => {
-            if store.destroyed.get() {
-                return Err(StoreError::topic_deleted());
-            }
-            let path = store.fd_path(&crate::journal::path(&store.dir, gen));
-            let file = std::fs::OpenOptions::new()
-                .append(true)
-                .create(true)
-                .open(&path)
-                .map_err(io_err)?;
-            store.journal_files.borrow_mut().insert(gen);
-            jf.insert(JournalFile {
-                gen,
-                file: Arc::new(file),
-                dirty: false,
-            })
-        }
+        None => jf.insert(JournalFile {
+            gen,
+            file: Arc::new(open(gen)?),
+            dirty: false,
+        }),
     };
     j.dirty = true;
     (&*j.file).write_all(data).map_err(io_err)
+}
+
+/// [`flush_journal`] for the store's segment I/O path: on the blocking-thread path the
+/// writes (and any file opens) run on the shard's blocking thread, one flush at a time
+/// (`journal_io`), so a filesystem that makes them wait never stalls the shard.
+pub(super) async fn flush_journal_io(store: &TopicStore) -> u64 {
+    if store.cfg.io == SegmentIo::Ring {
+        return flush_journal(store);
+    }
+    let Ok(_one_at_a_time) = store.journal_io.acquire_permit(1).await else {
+        return 0;
+    };
+    let bufs = std::mem::take(&mut *store.journal_pending.borrow_mut());
+    let events = store.journal_events.replace(0);
+    let covered = store.journal_covered.get();
+    if store.destroyed.get() {
+        return events;
+    }
+    let work: Vec<(u64, Vec<u8>, PathBuf)> = bufs
+        .into_iter()
+        .filter(|(gen, _)| *gen > covered)
+        .map(|(gen, data)| {
+            let path = store.fd_path(&crate::journal::path(&store.dir, gen));
+            (gen, data, path)
+        })
+        .collect();
+    let jf = store.journal_file.borrow_mut().take();
+    let (jf, opened, retired, errors) = glommio::executor()
+        .spawn_blocking(move || {
+            let (mut jf, mut opened, mut retired, mut errors) = (jf, vec![], vec![], vec![]);
+            for (gen, data, path) in work {
+                let open = |gen| {
+                    let f = open_journal(&path)?;
+                    opened.push(gen);
+                    Ok(f)
+                };
+                if let Err(e) = append_events(&mut jf, gen, &data, open, |f| retired.push(f)) {
+                    errors.push(e);
+                    jf = None;
+                }
+            }
+            (jf, opened, retired, errors)
+        })
+        .await;
+    store.journal_files.borrow_mut().extend(opened);
+    store.journal_retired.borrow_mut().extend(retired);
+    for e in errors {
+        log::error!("STORE: journal of {} - {e}", store.dir.display());
+    }
+    let covered = store.journal_covered.get();
+    match jf {
+        Some(j) if j.gen > covered && !store.finished.get() && !store.destroyed.get() => {
+            *store.journal_file.borrow_mut() = Some(j);
+        }
+        Some(j) => close_off_thread(j.file),
+        None => {}
+    }
+    events
 }
 
 /// Writes every pending journal event to its generation's file (the page cache: a
@@ -186,7 +270,7 @@ pub(super) async fn journal_flusher(store: Rc<TopicStore>) {
         if store.finished.get() || store.destroyed.get() {
             break;
         }
-        let n = flush_journal(&store);
+        let n = flush_journal_io(&store).await;
         if n > 0 {
             store.journal_written.set(store.journal_written.get() + n);
             store.wake.notify();
@@ -198,6 +282,11 @@ pub(super) async fn journal_flusher(store: Rc<TopicStore>) {
 /// Syncs (off this thread) the journal files written since their last sync. A write
 /// made while the sync runs marks the file dirty again for the next one.
 pub(super) async fn sync_journal(store: &TopicStore) {
+    // On the blocking-thread path a flush may have the current file out: wait for it.
+    let _one_at_a_time = match store.cfg.io {
+        SegmentIo::Ring => None,
+        SegmentIo::Threads => store.journal_io.acquire_permit(1).await.ok(),
+    };
     let mut files: Vec<Arc<std::fs::File>> =
         std::mem::take(&mut *store.journal_retired.borrow_mut());
     let current = store

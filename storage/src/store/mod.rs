@@ -43,7 +43,6 @@ use crate::error::StoreError;
 use crate::index::SegmentIndex;
 use crate::record::{self, StoredRecord};
 use futures::channel::oneshot;
-use glommio::io::DmaFile;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -75,10 +74,12 @@ mod reader;
 mod recovery;
 mod replay;
 mod retention;
+mod segment_io;
 mod writer;
 
 use journal_files::{journal_flusher, JournalFile};
 pub use replay::SegmentInfo;
+pub use segment_io::SegmentIo;
 use writer::writer_task;
 
 /// Sync and rotation policy (nsqd flags --sync-every, --sync-timeout,
@@ -88,6 +89,8 @@ pub struct StoreConfig {
     pub max_bytes_per_file: u64,
     pub sync_every: u64,
     pub sync_timeout: Duration,
+    /// How segment files are written and read ([`SegmentIo::choose`]).
+    pub io: SegmentIo,
 }
 
 struct Segment {
@@ -147,7 +150,7 @@ pub struct TopicStore {
     dir: PathBuf,
     cfg: StoreConfig,
     segments: RefCell<BTreeMap<u64, Segment>>,
-    readers: RefCell<HashMap<u64, Rc<DmaFile>>>,
+    readers: RefCell<HashMap<u64, Rc<segment_io::SegmentFile>>>,
     pending: RefCell<Vec<u8>>,
     /// (sequence, encoded length) of each pending record.
     pending_recs: RefCell<Vec<(u64, u32)>>,
@@ -192,6 +195,9 @@ pub struct TopicStore {
     journal_files: RefCell<BTreeSet<u64>>,
     /// The journal file being appended to; held across a write or a generation switch.
     journal_file: RefCell<Option<JournalFile>>,
+    /// One journal flush at a time on the blocking-thread path ([`SegmentIo::Threads`]),
+    /// where a flush holds the current file across an await.
+    journal_io: glommio::sync::Semaphore,
     /// Dirty files of earlier generations, synced by the writer's next sync.
     journal_retired: RefCell<Vec<Arc<std::fs::File>>>,
     /// Events written to the page cache by the flusher and not yet counted by the writer
@@ -342,6 +348,7 @@ impl TopicStore {
             journal_covered: Cell::new(0),
             journal_files: RefCell::new(BTreeSet::new()),
             journal_file: RefCell::new(None),
+            journal_io: glommio::sync::Semaphore::new(1),
             journal_retired: RefCell::new(Vec::new()),
             journal_written: Cell::new(0),
             journal_wake: Rc::new(crate::Notify::default()),

@@ -2,11 +2,11 @@
 //! the next message at one read position; here any channel reads from any sequence
 //! through the segments' sparse indexes).
 
+use super::segment_io::SegmentFile;
 use super::{io_err, ReadPos, TopicStore, INDEX_EVERY, READ_WINDOW};
 use crate::error::StoreError;
 use crate::record::{self, StoredRecord, SEGMENT_HEADER_LEN};
 use bytes::Bytes;
-use glommio::io::DmaFile;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
@@ -99,7 +99,11 @@ impl TopicStore {
             })
     }
 
-    pub(super) async fn reader(&self, base: u64, path: &Path) -> Result<Rc<DmaFile>, StoreError> {
+    pub(super) async fn reader(
+        &self,
+        base: u64,
+        path: &Path,
+    ) -> Result<Rc<SegmentFile>, StoreError> {
         if let Some(f) = self.readers.borrow().get(&base) {
             return Ok(f.clone());
         }
@@ -109,7 +113,7 @@ impl TopicStore {
         let fd_path = self.fd_path(path);
         self.opens.set(self.opens.get() + 1);
         let f = match crate::faults::check(crate::faults::Op::Open).await {
-            Ok(()) => DmaFile::open(&fd_path)
+            Ok(()) => SegmentFile::open(&fd_path, self.cfg.io)
                 .await
                 .map_err(|e| io_err(e).context(format_args!("open {}", path.display()))),
             Err(e) => Err(io_err(e)),
@@ -137,14 +141,13 @@ struct Located {
 /// Reads [`READ_WINDOW`] bytes at `off`, more when the first record is longer, so at
 /// least one whole record fits. Returns the data and the size asked for (the data is
 /// shorter at the end of the file).
-async fn read_window(file: &DmaFile, off: u64) -> Result<(Bytes, usize), StoreError> {
+async fn read_window(file: &SegmentFile, off: u64) -> Result<(Bytes, usize), StoreError> {
     let mut want = READ_WINDOW;
     loop {
         crate::faults::check(crate::faults::Op::Read)
             .await
             .map_err(io_err)?;
-        let rr = file.read_at(off, want).await.map_err(io_err)?;
-        let data = Bytes::copy_from_slice(&rr);
+        let data = file.read_at(off, want).await.map_err(io_err)?;
         if data.len() >= 8 {
             let len = u32::from_be_bytes([data[0], data[1], data[2], data[3]]) as usize;
             if len + 8 > data.len() && data.len() == want && len <= record::MAX_BODY + 64 {
@@ -178,7 +181,7 @@ impl Batch {
     /// Reads records from `seq` on in the segment at `loc`, window by window, until the
     /// batch is full or the segment's readable records end. False when it found no
     /// record at or after `seq` there.
-    async fn read_segment(&mut self, file: &DmaFile, loc: Located) -> Result<bool, StoreError> {
+    async fn read_segment(&mut self, file: &SegmentFile, loc: Located) -> Result<bool, StoreError> {
         let Located {
             base,
             path,

@@ -1,17 +1,18 @@
 //! The store's writer task (nsqd: diskqueue.go ioLoop's write side, writeOne and
 //! sync): takes the pending buffer of appended records in batches (group commit),
-//! writes them through a `DmaStreamWriter`, rotates segments at `max_bytes_per_file`
+//! writes them through a `DmaStreamWriter` (or, on FUSE and network filesystems, on the
+//! shard's blocking thread: [`super::segment_io`]), rotates segments at `max_bytes_per_file`
 //! and syncs by `--sync-every` / `--sync-timeout` or when a publisher waits.
 
 use super::checkpoint::{seal_closed, write_partial};
-use super::journal_files::{flush_journal, sync_journal};
+use super::journal_files::{flush_journal_io, sync_journal};
 use super::retention::delete_covered_journals;
+use super::segment_io::{SegmentIo, SegmentWriter};
 use super::{io_err, seg_path, Segment, TopicStore, PARTIAL_EVERY, SPARE_MAX, WRITE_BUFFER};
 use crate::error::StoreError;
 use crate::faults;
 use crate::record::{self, SEGMENT_HEADER_LEN};
-use futures::io::AsyncWriteExt;
-use glommio::io::{DmaFile, DmaStreamWriter, DmaStreamWriterBuilder};
+use glommio::io::{DmaFile, DmaStreamWriterBuilder};
 use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -42,9 +43,11 @@ impl TopicStore {
 }
 
 pub(super) struct Active {
-    writer: DmaStreamWriter,
-    /// The segment file opened a second time (read-only), to check its length.
-    file: std::fs::File,
+    writer: SegmentWriter,
+    /// The segment file opened a second time (read-only), to check its length; only for
+    /// the io_uring writer, whose flushed position can run past what the file holds
+    /// (see [`mark_readable`]): a thread writer counts what `pwrite` wrote.
+    file: Option<std::fs::File>,
     base: u64,
     /// Logical write position (header included).
     pos: u64,
@@ -74,18 +77,30 @@ pub(super) async fn open_segment(store: &TopicStore, base: u64) -> Result<Active
     }
     let path = seg_path(&store.dir, base);
     store.opens.set(store.opens.get() + 1);
-    let file = match faults::check(faults::Op::Open).await {
-        Ok(()) => DmaFile::create(store.fd_path(&path)).await.map_err(io_err),
+    let opened = match faults::check(faults::Op::Open).await {
         Err(e) => Err(io_err(e)),
+        Ok(()) => match store.cfg.io {
+            SegmentIo::Ring => match DmaFile::create(store.fd_path(&path)).await {
+                // (An open of the file just created: its directory entry is in memory.)
+                Ok(file) => std::fs::File::open(store.fd_path(&path))
+                    .map(|check| {
+                        let w = DmaStreamWriterBuilder::new(file)
+                            .with_buffer_size(WRITE_BUFFER)
+                            .with_write_behind(4)
+                            .build();
+                        (SegmentWriter::Ring(w), Some(check))
+                    })
+                    .map_err(io_err),
+                Err(e) => Err(io_err(e)),
+            },
+            SegmentIo::Threads => SegmentWriter::create_threaded(store.fd_path(&path))
+                .await
+                .map(|w| (w, None))
+                .map_err(io_err),
+        },
     };
     store.opens.set(store.opens.get() - 1);
-    let file = file?;
-    // (An open of the file just created: its directory entry is in memory.)
-    let check = std::fs::File::open(store.fd_path(&path)).map_err(io_err)?;
-    let mut writer = DmaStreamWriterBuilder::new(file)
-        .with_buffer_size(WRITE_BUFFER)
-        .with_write_behind(4)
-        .build();
+    let (mut writer, check) = opened?;
     writer
         .write_all(&record::segment_header(base, store.salt))
         .await
@@ -130,8 +145,11 @@ pub(super) fn mark_readable(
 ) -> Result<(), StoreError> {
     let flushed = flushed.min(a.writer.current_flushed_pos());
     let mut short = None;
-    if let Some(u) = a.unflushed.front().filter(|u| u.end <= flushed) {
-        let end = data_end(&a.file, u.end - u.bytes.len() as u64).map_err(io_err)?;
+    if let (Some(u), Some(file)) = (
+        a.unflushed.front().filter(|u| u.end <= flushed),
+        a.file.as_ref(),
+    ) {
+        let end = data_end(file, u.end - u.bytes.len() as u64).map_err(io_err)?;
         if end < flushed.min(a.pos) {
             short = Some(end);
         }
@@ -329,7 +347,7 @@ pub(super) async fn writer_task(store: Rc<TopicStore>) {
         }
         // Journal events share the records' sync policy and group commit; any still
         // pending are written first, so the sync below covers every event so far.
-        w.unsynced += flush_journal(&store) + store.journal_written.replace(0);
+        w.unsynced += flush_journal_io(&store).await + store.journal_written.replace(0);
         delete_covered_journals(&store).await;
         let waiting = !store.waiters.borrow().is_empty();
         let due = w.unsynced >= store.cfg.sync_every
@@ -612,7 +630,7 @@ impl Writer {
 /// error says whether the stream writer is still sound (an injected fault before or
 /// after a partial write) or failed itself (then glommio's `close` must not be called:
 /// it asserts on a writer whose flush failed).
-async fn write_chunk(w: &mut DmaStreamWriter, chunk: &[u8]) -> Result<(), (std::io::Error, bool)> {
+async fn write_chunk(w: &mut SegmentWriter, chunk: &[u8]) -> Result<(), (std::io::Error, bool)> {
     match faults::write_fault(chunk.len()).await {
         Err(e) => Err((e, true)),
         Ok(None) => w.write_all(chunk).await.map_err(|e| (e, false)),
@@ -625,11 +643,11 @@ async fn write_chunk(w: &mut DmaStreamWriter, chunk: &[u8]) -> Result<(), (std::
 
 /// fdatasyncs the segment, through the fault-injection layer ([`faults`]); the error
 /// says whether the stream writer is still sound, as [`write_chunk`]'s.
-async fn sync_segment(w: &mut DmaStreamWriter) -> Result<(), (StoreError, bool)> {
+async fn sync_segment(w: &mut SegmentWriter) -> Result<(), (StoreError, bool)> {
     faults::check(faults::Op::Sync)
         .await
         .map_err(|e| (io_err(e), true))?;
-    w.sync().await.map(|_| ()).map_err(|e| (io_err(e), false))
+    w.sync().await.map_err(|e| (io_err(e), false))
 }
 
 /// Adds records about to be written at the segment's position to its count and sparse
@@ -706,6 +724,7 @@ mod tests {
                     max_bytes_per_file: 1 << 30,
                     sync_every: 1 << 20,
                     sync_timeout: Duration::from_secs(60),
+                    io: crate::SegmentIo::Ring,
                 };
                 let store = TopicStore::open(path, cfg, 0).await.unwrap().store;
                 // Without a hole: all three batches readable.
