@@ -188,7 +188,7 @@ if [[ $CLIENTS_ONLY -eq 0 ]]; then
     # filesystems get (nsq_storage::SegmentIo::Threads), through the store and the broker.
     run_step "cargo test, NSQD_SEGMENT_IO=threads" env NSQD_SEGMENT_IO=threads \
       cargo test --no-fail-fast -p nsq-storage -p nsqd --test store --test disk_faults \
-      --test durability --test crash_attempts --test slow_disk
+      --test durability --test durable_changes --test crash_attempts --test slow_disk
   else
     record FAIL "cargo test" "not run: build failed"
   fi

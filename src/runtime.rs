@@ -702,6 +702,7 @@ async fn checkpoint_loop(shard: Rc<Shard>) {
             }
             Either::Left((Either::Left(_), _)) => {}
         }
+        shard.prepare_missing_stores().await;
         shard.retry_missing_stores();
         shard.run_checkpoint().await;
     }
@@ -743,6 +744,22 @@ fn handle_mesh(server: &Rc<Server>, msg: ShardMsg) {
             reply,
         } => {
             shard.count_cross_received();
+            if shard.needs_prepared_store(&topic) {
+                // Its directory is made off the shard's thread first (FUSE, network
+                // filesystems); the sender waits for the reply, so its order holds.
+                let server = server.clone();
+                glommio::spawn_local(async move {
+                    let shard = &server.shard;
+                    shard.prepare_store(&topic).await;
+                    let res = shard.publish_local(&topic, bodies, defer_until);
+                    let _ = reply.send(match res {
+                        Ok(wait) => crate::server::wait_durable(wait).await,
+                        Err(e) => Err(e),
+                    });
+                })
+                .detach();
+                return;
+            }
             match shard.publish_local(&topic, bodies, defer_until) {
                 Ok(None) => {
                     let _ = reply.send(Ok(()));
@@ -768,8 +785,15 @@ fn handle_mesh(server: &Rc<Server>, msg: ShardMsg) {
             let _ = reply.send(shard.stats(&req));
         }
         ShardMsg::Admin { op, reply } => {
-            if let AdminOp::SeekChannel(..) = op {
-                // It may read the disk: not on the mesh receiver's task.
+            let prepare = match &op {
+                AdminOp::CreateTopic(t) | AdminOp::CreateChannel(t, _) => {
+                    shard.needs_prepared_store(t)
+                }
+                _ => false,
+            };
+            if let (AdminOp::SeekChannel(..), _) | (_, true) = (&op, prepare) {
+                // It may read the disk, or make the topic's directory first (FUSE,
+                // network filesystems): not on the mesh receiver's task.
                 let s = server.clone();
                 glommio::spawn_local(async move {
                     let _ = reply.send(s.shard.admin_async(op).await);

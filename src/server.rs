@@ -57,6 +57,7 @@ impl Server {
     ) -> Result<(), PublishError> {
         let owner = owner_of(topic, self.shard.count);
         if owner == self.shard.index {
+            self.shard.prepare_store(topic).await;
             let wait = self.shard.publish_local(topic, bodies, defer_until)?;
             return wait_durable(wait).await;
         }

@@ -33,7 +33,26 @@ struct SlowFs {
 impl SlowFs {
     /// Sets the delay of every write, fsync and read from now on.
     fn set_delay(&self, secs: f64) {
-        std::fs::write(&self.control, format!("{secs}")).unwrap();
+        self.set(&format!("{secs}"));
+    }
+
+    /// Sets what the filesystem does from now on (scripts/slowfs.py's control syntax,
+    /// e.g. `mkdir=1.5` or `write=eio`; empty: nothing).
+    fn set(&self, spec: &str) {
+        std::fs::write(&self.control, spec).unwrap();
+    }
+}
+
+/// [`mount_slowfs`], or `None` (the test passes, saying why) where FUSE cannot be used
+/// and `NSQD_TEST_REQUIRE_FUSE` is not set.
+fn mount_or_skip(name: &str, test: &str) -> Option<SlowFs> {
+    match mount_slowfs(name) {
+        Ok(fs) => Some(fs),
+        Err(why) if std::env::var_os("NSQD_TEST_REQUIRE_FUSE").is_none() => {
+            eprintln!("SKIP {test}: {why}");
+            None
+        }
+        Err(why) => panic!("NSQD_TEST_REQUIRE_FUSE is set, and FUSE cannot be used: {why}"),
     }
 }
 
@@ -160,20 +179,20 @@ fn slowest_answer(
 
 #[test]
 fn a_slow_filesystem_holds_up_only_its_publishes() {
-    let fs = match mount_slowfs("stall") {
-        Ok(fs) => fs,
-        Err(why) if std::env::var_os("NSQD_TEST_REQUIRE_FUSE").is_none() => {
-            eprintln!("SKIP a_slow_filesystem_holds_up_only_its_publishes: {why}");
-            return;
-        }
-        Err(why) => panic!("NSQD_TEST_REQUIRE_FUSE is set, and FUSE cannot be used: {why}"),
+    let Some(fs) = mount_or_skip("stall", "a_slow_filesystem_holds_up_only_its_publishes") else {
+        return;
     };
     let data = fs.mnt.join("data");
     std::fs::create_dir_all(&data).unwrap();
     let mut b = Broker::start_in(&data, 1, &["--sync-every=1"]);
+    // (Its reason names the override when scripts/test.sh runs this again under
+    // NSQD_SEGMENT_IO=threads.)
+    let why = match std::env::var("NSQD_SEGMENT_IO").as_deref() {
+        Ok("threads") => "blocking thread (NSQD_SEGMENT_IO=threads)",
+        _ => "blocking thread (fuse filesystem)",
+    };
     assert!(
-        b.wait_log_line("blocking thread (fuse filesystem)", Duration::from_secs(10))
-            .is_some(),
+        b.wait_log_line(why, Duration::from_secs(10)).is_some(),
         "{}",
         b.log_text()
     );
@@ -239,6 +258,144 @@ fn a_slow_filesystem_holds_up_only_its_publishes() {
     assert_eq!(read_msg(&mut c).body, vec![b'x'; 5000]);
     drop(b);
     drop(fs);
+}
+
+/// A new durable topic's directory is made off the shard's thread: while its `mkdir`
+/// waits 1.5 s for the filesystem, the shard's other clients are served. Made on the
+/// shard's thread (an outside trial), a 3 s `mkdir` held `/ping` for 2.7 s.
+#[test]
+fn a_slow_mkdir_holds_up_only_the_new_topic() {
+    let Some(fs) = mount_or_skip("mkdir", "a_slow_mkdir_holds_up_only_the_new_topic") else {
+        return;
+    };
+    let data = fs.mnt.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    for shards in [1, 2] {
+        let b = Broker::start_in(&data, shards, &["--sync-every=1"]);
+        let mut pub_conn = b.connect_v2();
+        let mut sub = b.subscribe("fast#ephemeral", "c#ephemeral");
+        send(&mut sub, b"RDY 100\n");
+        fs.set("mkdir=1.5");
+        // PUB (TCP, on whichever shard the connection landed), /pub and /topic/create
+        // of new durable topics: each waits for its mkdir, on the owner's blocking thread.
+        let topic = format!("new_{shards}");
+        let mut p = b.connect_v2();
+        p.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let sent = Instant::now();
+        send(&mut p, &pub_cmd(&topic, b"first"));
+        let done = AtomicBool::new(false);
+        let (answer, (ping, round, n)) = std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                let r = read_frame(&mut p);
+                let http = b.http("POST", &format!("/pub?topic={topic}_http"), b"second");
+                let created = b.http("POST", &format!("/topic/create?topic={topic}_made"), b"");
+                done.store(true, Ordering::SeqCst);
+                (r, http.0, created.0, sent.elapsed())
+            });
+            let slowest = slowest_answer(&b, &mut pub_conn, &mut sub, &done);
+            (waiter.join().unwrap(), slowest)
+        });
+        fs.set("");
+        let (frame, http, created, waited) = answer;
+        eprintln!(
+            "slow mkdir, {shards} shards: PUB, /pub and /topic/create answered after \
+             {waited:?}; meanwhile slowest /ping {ping:?}, slowest #ephemeral \
+             PUB->message {round:?} ({n} round trips)"
+        );
+        assert_eq!(frame.unwrap(), (0, b"OK".to_vec()));
+        assert_eq!((http, created), (200, 200));
+        assert!(
+            waited >= Duration::from_millis(4500),
+            "three mkdirs of 1.5 s took {waited:?}: the filesystem was not slow"
+        );
+        assert!(
+            ping < Duration::from_millis(700) && round < Duration::from_millis(700),
+            "while a mkdir waited for the filesystem: slowest /ping {ping:?}, slowest \
+             #ephemeral PUB->message {round:?} ({n} round trips)"
+        );
+        let mut c = b.subscribe(&topic, "c");
+        send(&mut c, b"RDY 1\n");
+        assert_eq!(read_msg(&mut c).body, b"first");
+        let mut c = b.subscribe(&format!("{topic}_http"), "c");
+        send(&mut c, b"RDY 1\n");
+        assert_eq!(read_msg(&mut c).body, b"second");
+    }
+}
+
+/// Writes that fail (EIO from the filesystem) refuse the publishes waiting for them with
+/// nsqd's error; once the filesystem writes again, the topic does too, without a
+/// restart. On the blocking-thread path the segment whose header write failed was left
+/// behind empty and opened again with O_EXCL: every later publish failed with
+/// `E_PUB_FAILED PUB failed File exists (os error 17)` until a restart.
+#[test]
+fn failed_writes_refuse_publishes_then_heal() {
+    let Some(fs) = mount_or_skip("eio", "failed_writes_refuse_publishes_then_heal") else {
+        return;
+    };
+    let data = fs.mnt.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let b = Broker::start_in(&data, 1, &["--sync-every=1", "--max-bytes-per-file=4096"]);
+    let mut p = b.connect_v2();
+    send(&mut p, &pub_cmd("t", b"m0"));
+    expect_ok(&mut p);
+    fs.set("write=eio");
+    // Enough publishes to fill the segment and need a new one while writes fail.
+    let mut refused = 0;
+    let mut acked = vec![b"m0".to_vec()];
+    for i in 1..40 {
+        let body = format!("m{i}-{}", "x".repeat(300));
+        send(&mut p, &pub_cmd("t", body.as_bytes()));
+        match read_frame(&mut p).unwrap() {
+            (0, ok) if ok == b"OK" => acked.push(body.into_bytes()),
+            (1, e) => {
+                let e = String::from_utf8_lossy(&e).into_owned();
+                assert!(e.starts_with("E_PUB_FAILED PUB failed "), "{e}");
+                assert!(!e.contains("File exists"), "{e}");
+                refused += 1;
+                // Fatal, as nsqd's: the connection is closed.
+                p = b.connect_v2();
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(refused > 0, "no publish was refused while writes failed");
+    let (code, body) = b.http("GET", "/ping", b"");
+    assert_eq!(code, 500, "{}", String::from_utf8_lossy(&body));
+    fs.set("");
+    // Healed: publishes are answered OK again within a few retries, /ping says OK.
+    let healed = wait_until(Duration::from_secs(20), || {
+        let mut p = b.connect_v2();
+        send(&mut p, &pub_cmd("t", b"after"));
+        matches!(read_frame(&mut p), Ok((0, ok)) if ok == b"OK")
+    });
+    let log = b.log_text();
+    assert!(
+        healed,
+        "publishes still refused after the filesystem healed\n{log}"
+    );
+    acked.push(b"after".to_vec());
+    eventually("/ping OK", || {
+        b.http("GET", "/ping", b"") == (200, b"OK".to_vec())
+    });
+    assert!(!log.contains("File exists"), "{log}");
+    // Every acknowledged body is delivered.
+    let mut c = b.subscribe("t", "c");
+    send(&mut c, b"RDY 100\n");
+    let mut got = Vec::new();
+    while !acked.iter().all(|a| got.contains(a)) {
+        let m = read_msg(&mut c);
+        send(&mut c, format!("FIN {}\n", m.id).as_bytes());
+        if !got.contains(&m.body) {
+            got.push(m.body);
+        }
+    }
+    for a in &acked {
+        assert!(
+            got.contains(a),
+            "acknowledged {} not delivered",
+            String::from_utf8_lossy(a)
+        );
+    }
 }
 
 /// `NSQD_SEGMENT_IO` decides the path when set; a value it does not know stops the

@@ -68,6 +68,12 @@ pub struct Shard {
     pub cpu: usize,
     pub opts: Options,
     pub topics: RefCell<HashMap<String, Topic>>,
+    /// Topic directories made and opened on the blocking thread for a store about to be
+    /// created (or its error), on the blocking-thread segment path only
+    /// ([`Shard::prepare_store`]).
+    prepared_dirs: RefCell<HashMap<String, Result<std::fs::File, String>>>,
+    /// Topics deleted so far: a directory prepared across a delete is not used.
+    topic_deletes: Cell<u64>,
     /// Every connection on this shard (for producers in /stats and for shutdown).
     pub clients: RefCell<HashMap<u64, Weak<Client>>>,
     pub counters: Counters,
@@ -198,6 +204,8 @@ impl Shard {
             cpu,
             opts,
             topics: RefCell::new(HashMap::new()),
+            prepared_dirs: RefCell::new(HashMap::new()),
+            topic_deletes: Cell::new(0),
             clients: RefCell::new(HashMap::new()),
             counters: Counters::default(),
             shutdown: Latch::default(),
@@ -287,6 +295,8 @@ impl Shard {
     }
 
     fn topic_deleted(&self, t: &Topic) {
+        self.topic_deletes.set(self.topic_deletes.get() + 1);
+        self.prepared_dirs.borrow_mut().remove(&t.name);
         crate::memory_freed(
             t.log.body_bytes()
                 + t.channels
@@ -355,7 +365,7 @@ impl Shard {
             let mut t = Topic::new(name, self.opts.node_id);
             t.store_mode = self.store_mode();
             if let (Some(_), false) = (&self.opts.data_path, t.ephemeral) {
-                if let Err(e) = self.create_store(&mut t) {
+                if let Err(e) = self.create_store(&mut t, true) {
                     // `e` names the topic already.
                     log::error!("{e}; publishes are refused until it can be created");
                 }
@@ -377,15 +387,30 @@ impl Shard {
     /// publishes until a later attempt succeeds: a durable topic never answers OK for
     /// a message it cannot store (nsqd: E_PUB_FAILED and an unhealthy node when its
     /// disk queue fails).
-    fn create_store(&self, t: &mut Topic) -> Result<(), String> {
+    ///
+    /// On the blocking-thread segment path the directory [`Shard::prepare_store`] made is
+    /// used; without one, a new topic (`new_topic`) makes it here, on the shard's thread
+    /// (a path that prepares nothing first), and a retry keeps the error it had.
+    fn create_store(&self, t: &mut Topic, new_topic: bool) -> Result<(), String> {
         let Some(dp) = &self.opts.data_path else {
             return Ok(());
         };
-        match nsq_storage::TopicStore::create(
-            nsq_storage::topic_dir(dp, &t.name),
-            self.store_config(),
-            t.log.head,
-        ) {
+        let dir = nsq_storage::topic_dir(dp, &t.name);
+        let prepared = match self.opts.segment_io {
+            nsq_storage::SegmentIo::Ring => None,
+            nsq_storage::SegmentIo::Threads => self.prepared_dirs.borrow_mut().remove(&t.name),
+        };
+        let created = match prepared {
+            Some(Ok(dir_fd)) => {
+                nsq_storage::TopicStore::create_in(dir, dir_fd, self.store_config(), t.log.head)
+            }
+            Some(Err(e)) => Err(nsq_storage::StoreError::new(std::io::ErrorKind::Other, e)),
+            None if self.opts.segment_io == nsq_storage::SegmentIo::Threads && !new_topic => {
+                return Err(t.store_error.clone().unwrap_or_default());
+            }
+            None => nsq_storage::TopicStore::create(dir, self.store_config(), t.log.head),
+        };
+        match created {
             Ok(st) => {
                 t.store = Some(st);
                 t.stored = t.log.head;
@@ -407,12 +432,75 @@ impl Shard {
     /// `/ping` or `/stats` answer, and every `--sync-timeout` by the checkpoint task), so
     /// that `/ping` turns healthy again once the cause is gone, without waiting for a
     /// publish to that topic. A no-op when every topic has its store.
+    /// On the blocking-thread segment path the retry takes what
+    /// [`Shard::prepare_missing_stores`] prepared (the checkpoint task runs it first).
     pub fn retry_missing_stores(&self) {
         let mut topics = self.topics.borrow_mut();
         for t in topics.values_mut() {
             if t.store.is_none() && t.store_error.is_some() {
-                let _ = self.create_store(t);
+                let _ = self.create_store(t, false);
             }
+        }
+    }
+
+    /// Whether a durable topic `topic` still needs its directory before its store can be
+    /// created, on the blocking-thread segment path (FUSE, network filesystems: there a
+    /// `mkdir` can wait for a server, which must not happen on the shard's thread).
+    pub fn needs_prepared_store(&self, topic: &str) -> bool {
+        self.opts.segment_io == nsq_storage::SegmentIo::Threads
+            && self.opts.data_path.is_some()
+            && !topic.ends_with("#ephemeral")
+            && nsq_wire::names::is_valid_topic_name(topic)
+            && !self.prepared_dirs.borrow().contains_key(topic)
+            && self
+                .topics
+                .borrow()
+                .get(topic)
+                .is_none_or(|t| t.store.is_none())
+    }
+
+    /// Makes and opens the directory of `topic`'s store on the blocking thread when
+    /// [`Shard::needs_prepared_store`], for the store the next publish, subscribe or
+    /// admin operation creates (the result, or its error, is kept until then). Call it
+    /// before those synchronous operations; elsewhere a no-op.
+    pub async fn prepare_store(&self, topic: &str) {
+        if !self.needs_prepared_store(topic) {
+            return;
+        }
+        let Some(dp) = &self.opts.data_path else {
+            return;
+        };
+        let dir = nsq_storage::topic_dir(dp, topic);
+        let deletes = self.topic_deletes.get();
+        let made = glommio::executor()
+            .spawn_blocking(move || nsq_storage::TopicStore::prepare_dir(&dir))
+            .await
+            .map_err(|e| e.to_string());
+        if self.topic_deletes.get() == deletes
+            && self
+                .topics
+                .borrow()
+                .get(topic)
+                .is_none_or(|t| t.store.is_none())
+        {
+            self.prepared_dirs
+                .borrow_mut()
+                .insert(topic.to_string(), made);
+        }
+    }
+
+    /// [`Shard::prepare_store`] for every topic whose store could not be created, so
+    /// that [`Shard::retry_missing_stores`] can retry it without blocking.
+    pub async fn prepare_missing_stores(&self) {
+        let missing: Vec<String> = self
+            .topics
+            .borrow()
+            .values()
+            .filter(|t| t.store.is_none() && t.store_error.is_some())
+            .map(|t| t.name.clone())
+            .collect();
+        for name in missing {
+            self.prepare_store(&name).await;
         }
     }
 
@@ -433,7 +521,7 @@ impl Shard {
         let mut topics = self.topics.borrow_mut();
         let t = self.get_or_create_topic(&mut topics, topic);
         if t.store.is_none() && t.store_error.is_some() {
-            self.create_store(t).map_err(PublishError::Disk)?;
+            self.create_store(t, false).map_err(PublishError::Disk)?;
         }
         let (n, end) = t.publish(bodies, defer_until, self.opts.mem_queue_size);
         bump(&self.counters.messages_in, n);
@@ -989,6 +1077,9 @@ impl Shard {
                 Box::pin(self.seek_channel(&t, &c, to)).await.map(|_| ())
             }
             op => {
+                if let AdminOp::CreateTopic(t) | AdminOp::CreateChannel(t, _) = &op {
+                    self.prepare_store(t).await;
+                }
                 let persist = self.admin_persists(&op);
                 self.admin(op)?;
                 if persist {

@@ -728,3 +728,36 @@ fn a_directory_in_place_of_the_open_segment_is_set_aside_and_writes_go_on() {
     // Writes after the restart are read back after another one.
     assert_eq!(read_all(&path), want);
 }
+
+/// A segment whose header write failed (a FUSE server's EIO) is left empty in the topic
+/// directory; the next try creates it again, on both segment I/O paths. On the
+/// blocking-thread path the file was opened with O_EXCL: every later write failed with
+/// `File exists (os error 17)` until a restart (an outside trial's write EIO for 0.3 s).
+#[test]
+fn a_leftover_empty_segment_is_created_again() {
+    for io in [
+        nsq_storage::SegmentIo::Ring,
+        nsq_storage::SegmentIo::Threads,
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t-leftover");
+        run(move || async move {
+            std::fs::create_dir_all(&path).unwrap();
+            std::fs::write(path.join(format!("{:020}.seg", 0)), b"").unwrap();
+            let cfg = StoreConfig {
+                io,
+                ..cfg(1 << 20, 1)
+            };
+            let s = TopicStore::create(path.clone(), cfg, 0).unwrap();
+            for seq in 0..3 {
+                s.append(&rec(seq));
+            }
+            s.wait_durable(3)
+                .await
+                .unwrap_or_else(|e| panic!("{io:?}: {e}"));
+            assert_eq!(read_seqs(&s, 0, 10).await, [0, 1, 2], "{io:?}");
+            assert!(s.error().is_none(), "{io:?}: {:?}", s.error());
+            s.close().await;
+        });
+    }
+}

@@ -27,6 +27,7 @@ pub(super) async fn sub(
     if let Err(text) = crate::auth::check(&server.cfg.auth, client, "SUB", topic, channel).await {
         return fatal(client, text);
     }
+    server.shard.prepare_store(topic).await;
     match server.shard.subscribe(client, topic, channel) {
         Err(e) => return fatal(client, format!("E_SUB_FAILED SUB failed {e}")),
         // A new durable channel: answered once the metadata on disk has it.

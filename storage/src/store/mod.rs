@@ -305,20 +305,42 @@ impl TopicStore {
         cfg: StoreConfig,
         next_seq: u64,
     ) -> Result<Rc<TopicStore>, StoreError> {
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| io_err(e).context(format_args!("create {}", dir.display())))?;
-        TopicStore::start(dir, cfg, BTreeMap::new(), next_seq)
+        let dir_fd = TopicStore::prepare_dir(&dir)?;
+        TopicStore::create_in(dir, dir_fd, cfg, next_seq)
     }
 
-    /// Builds the store around its (recovered or empty) segments and spawns its writer.
+    /// The blocking half of [`TopicStore::create`]: makes the directory (and its
+    /// parents) and opens it. For a thread off the shard where a `mkdir` can wait for a
+    /// server (FUSE, network filesystems: [`SegmentIo::Threads`]).
+    ///
+    /// Errors: the `mkdir` or `open` failure, naming the directory.
+    pub fn prepare_dir(dir: &Path) -> Result<std::fs::File, StoreError> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| io_err(e).context(format_args!("create {}", dir.display())))?;
+        std::fs::File::open(dir)
+            .map_err(|e| io_err(e).context(format_args!("open {}", dir.display())))
+    }
+
+    /// The rest of [`TopicStore::create`], with `dir_fd` from
+    /// [`TopicStore::prepare_dir`]: builds the store and spawns its writer (no I/O).
+    pub fn create_in(
+        dir: PathBuf,
+        dir_fd: std::fs::File,
+        cfg: StoreConfig,
+        next_seq: u64,
+    ) -> Result<Rc<TopicStore>, StoreError> {
+        TopicStore::start(dir, dir_fd, cfg, BTreeMap::new(), next_seq)
+    }
+
+    /// Builds the store around its (recovered or empty) segments and its open
+    /// directory, and spawns its writer.
     fn start(
         dir: PathBuf,
+        dir_fd: std::fs::File,
         cfg: StoreConfig,
         segments: BTreeMap<u64, Segment>,
         next_seq: u64,
     ) -> Result<Rc<TopicStore>, StoreError> {
-        let dir_fd = std::fs::File::open(&dir)
-            .map_err(|e| io_err(e).context(format_args!("open {}", dir.display())))?;
         let store = Rc::new(TopicStore {
             dir,
             cfg,

@@ -321,7 +321,9 @@ impl TopicStore {
             next_seq = next_seq.max(seg.end_seq);
             segments.insert(base, seg);
         }
-        let store = TopicStore::start(dir, cfg, segments, next_seq)?;
+        let dir_fd = std::fs::File::open(&dir)
+            .map_err(|e| io_err(e).context(format_args!("open {}", dir.display())))?;
+        let store = TopicStore::start(dir, dir_fd, cfg, segments, next_seq)?;
         *store.journal_files.borrow_mut() = journals.clone();
         store
             .journal_gen

@@ -122,14 +122,16 @@ impl Drop for ThreadWriter {
 }
 
 impl SegmentWriter {
-    /// Creates the segment file at `path` (which must not exist) for the `Threads`
-    /// path, off the shard.
+    /// Creates the segment file at `path` for the `Threads` path, off the shard,
+    /// truncating one that is there, as `DmaFile::create` does: a segment whose header
+    /// write failed is left behind empty and is created again by the next try.
     pub(super) async fn create_threaded(path: std::path::PathBuf) -> std::io::Result<Self> {
         let file = glommio::executor()
             .spawn_blocking(move || {
                 std::fs::OpenOptions::new()
                     .write(true)
-                    .create_new(true)
+                    .create(true)
+                    .truncate(true)
                     .open(path)
             })
             .await?;
