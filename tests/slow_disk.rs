@@ -177,6 +177,16 @@ fn slowest_answer(
     (ping, round, n)
 }
 
+/// Fails unless every `/ping` and round trip of [`slowest_answer`] was answered within
+/// 0.7 s while `what` waited for the filesystem (its delays are 1.5 s).
+fn assert_prompt(what: &str, ping: Duration, round: Duration, n: usize) {
+    assert!(
+        ping < Duration::from_millis(700) && round < Duration::from_millis(700),
+        "while {what} waited for the filesystem: slowest /ping {ping:?}, slowest \
+         #ephemeral PUB->message {round:?} ({n} round trips)"
+    );
+}
+
 #[test]
 fn a_slow_filesystem_holds_up_only_its_publishes() {
     let Some(fs) = mount_or_skip("stall", "a_slow_filesystem_holds_up_only_its_publishes") else {
@@ -236,11 +246,7 @@ fn a_slow_filesystem_holds_up_only_its_publishes() {
         waited >= Duration::from_millis(1500),
         "the PUB did not wait for its write ({waited:?}): the filesystem was not slow"
     );
-    assert!(
-        ping < Duration::from_millis(700) && round < Duration::from_millis(700),
-        "while a write waited for the filesystem: slowest /ping {ping:?}, slowest \
-         #ephemeral PUB->message {round:?} ({n} round trips)"
-    );
+    assert_prompt("a write", ping, round, n);
     assert!(n >= 3, "{n} round trips in {waited:?}");
     let mut c = b.subscribe("slow", "c");
     send(&mut c, b"RDY 2\n");
@@ -308,11 +314,7 @@ fn a_slow_mkdir_holds_up_only_the_new_topic() {
             waited >= Duration::from_millis(4500),
             "three mkdirs of 1.5 s took {waited:?}: the filesystem was not slow"
         );
-        assert!(
-            ping < Duration::from_millis(700) && round < Duration::from_millis(700),
-            "while a mkdir waited for the filesystem: slowest /ping {ping:?}, slowest \
-             #ephemeral PUB->message {round:?} ({n} round trips)"
-        );
+        assert_prompt("a mkdir", ping, round, n);
         let mut c = b.subscribe(&topic, "c");
         send(&mut c, b"RDY 1\n");
         assert_eq!(read_msg(&mut c).body, b"first");
