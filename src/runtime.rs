@@ -785,12 +785,7 @@ fn handle_mesh(server: &Rc<Server>, msg: ShardMsg) {
             let _ = reply.send(shard.stats(&req));
         }
         ShardMsg::Admin { op, reply } => {
-            let prepare = match &op {
-                AdminOp::CreateTopic(t) | AdminOp::CreateChannel(t, _) => {
-                    shard.needs_prepared_store(t)
-                }
-                _ => false,
-            };
+            let prepare = shard.admin_creates_store(&op);
             if let (AdminOp::SeekChannel(..), _) | (_, true) = (&op, prepare) {
                 // It may read the disk, or make the topic's directory first (FUSE,
                 // network filesystems): not on the mesh receiver's task.

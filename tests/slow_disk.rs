@@ -282,6 +282,20 @@ fn a_slow_mkdir_holds_up_only_the_new_topic() {
         let mut sub = b.subscribe("fast#ephemeral", "c#ephemeral");
         send(&mut sub, b"RDY 100\n");
         fs.set("mkdir=1.5");
+        // A channel of a topic that does not exist is refused (nsqd: TOPIC_NOT_FOUND)
+        // at once, not after a directory it will not use.
+        let t = Instant::now();
+        let (code, _) = b.http(
+            "POST",
+            &format!("/channel/create?topic=none_{shards}&channel=c"),
+            b"",
+        );
+        assert_eq!(code, 404);
+        assert!(
+            t.elapsed() < Duration::from_millis(700),
+            "{:?}",
+            t.elapsed()
+        );
         // PUB (TCP, on whichever shard the connection landed), /pub and /topic/create
         // of new durable topics: each waits for its mkdir, on the owner's blocking thread.
         let topic = format!("new_{shards}");

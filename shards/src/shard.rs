@@ -443,6 +443,20 @@ impl Shard {
         }
     }
 
+    /// Whether `op` would create a durable topic's store that still needs its directory
+    /// ([`Shard::needs_prepared_store`]): `/topic/create`, and `/channel/create` of a
+    /// topic that exists without its store (one that does not exist is refused, as
+    /// nsqd's `TOPIC_NOT_FOUND`, without waiting for a directory).
+    pub fn admin_creates_store(&self, op: &AdminOp) -> bool {
+        match op {
+            AdminOp::CreateTopic(t) => self.needs_prepared_store(t),
+            AdminOp::CreateChannel(t, _) => {
+                self.topics.borrow().contains_key(t) && self.needs_prepared_store(t)
+            }
+            _ => false,
+        }
+    }
+
     /// Whether a durable topic `topic` still needs its directory before its store can be
     /// created, on the blocking-thread segment path (FUSE, network filesystems: there a
     /// `mkdir` can wait for a server, which must not happen on the shard's thread).
@@ -1077,8 +1091,8 @@ impl Shard {
                 Box::pin(self.seek_channel(&t, &c, to)).await.map(|_| ())
             }
             op => {
-                if let AdminOp::CreateTopic(t) | AdminOp::CreateChannel(t, _) = &op {
-                    self.prepare_store(t).await;
+                if self.admin_creates_store(&op) {
+                    self.prepare_store(op.topic()).await;
                 }
                 let persist = self.admin_persists(&op);
                 self.admin(op)?;
