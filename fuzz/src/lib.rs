@@ -810,16 +810,27 @@ pub fn meta_json(data: &[u8]) {
     }
 }
 
-/// A target's scratch directory, made once per process (a fresh temporary directory per
-/// input made the file targets syscall-bound), its files rewritten for every input; in
-/// memory where there is a tmpfs (the disk's journal made them slow).
-fn scratch_dir(dir: &'static std::sync::OnceLock<tempfile::TempDir>) -> &'static std::path::Path {
-    dir.get_or_init(|| {
-        tempfile::tempdir_in("/dev/shm")
-            .or_else(|_| tempfile::tempdir())
-            .unwrap()
+/// A target's scratch directory, made once per thread (a fresh temporary directory per
+/// input made the file targets syscall-bound; one per process was shared by the test
+/// threads that run a target at once, which then read each other's files), its files
+/// rewritten for every input; in memory where there is a tmpfs (the disk's journal made
+/// them slow).
+fn scratch_dir(target: &'static str) -> std::path::PathBuf {
+    thread_local! {
+        static DIRS: std::cell::RefCell<std::collections::HashMap<&'static str, tempfile::TempDir>> =
+            std::cell::RefCell::new(std::collections::HashMap::new());
+    }
+    DIRS.with(|d| {
+        d.borrow_mut()
+            .entry(target)
+            .or_insert_with(|| {
+                tempfile::tempdir_in("/dev/shm")
+                    .or_else(|_| tempfile::tempdir())
+                    .unwrap()
+            })
+            .path()
+            .to_path_buf()
     })
-    .path()
 }
 
 /// nsqd's go-diskqueue files (--import-nsqd-data): the first input byte is the length of
@@ -831,8 +842,8 @@ pub fn import_diskqueue(data: &[u8]) {
     let lim = k.byte() as i64;
     let rest = k.rest();
     let (meta, file) = rest.split_at(n.min(rest.len()));
-    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
-    let dp = scratch_dir(&DIR);
+    let dp = scratch_dir("import_diskqueue");
+    let dp = dp.as_path();
     std::fs::write(nsqd::import_nsqd::queue_meta_file(dp, "t"), meta).unwrap();
     std::fs::write(nsqd::import_nsqd::queue_file(dp, "t", 0), file).unwrap();
     let mut seen = 0u64;
@@ -882,14 +893,23 @@ pub fn go_duration(data: &[u8]) {
 /// nsqd's `--config` file (TOML, go-options coercion, then the broker's own option
 /// checks): never a panic; the same file gives the same options twice.
 pub fn config_file(data: &[u8]) {
-    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
-    let path = scratch_dir(&DIR).join("nsqd.cfg");
+    let path = scratch_dir("config_file").join("nsqd.cfg");
     std::fs::write(&path, data).unwrap();
-    // The command line is the same for every input: parsed once (clap's parse was 90 %
-    // of the time), then each load reads the file as `Cli::load` does.
-    static FLAGS: std::sync::OnceLock<nsqd::config::Flags> = std::sync::OnceLock::new();
-    let (base, matches) = FLAGS.get_or_init(|| {
-        nsqd::config::Cli::parse_flags(["nsqd".to_string(), format!("--config={}", path.display())])
+    // The command line is the same for every input of a thread (its scratch file):
+    // parsed once (clap's parse was 90 % of the time), then each load reads the file as
+    // `Cli::load` does.
+    // (Leaked, one per thread, to be borrowed for the whole call.)
+    thread_local! {
+        static FLAGS: std::cell::OnceCell<&'static nsqd::config::Flags> =
+            const { std::cell::OnceCell::new() };
+    }
+    let (base, matches) = FLAGS.with(|f| {
+        *f.get_or_init(|| {
+            Box::leak(Box::new(nsqd::config::Cli::parse_flags([
+                "nsqd".to_string(),
+                format!("--config={}", path.display()),
+            ])))
+        })
     });
     let load = || {
         let mut cli = base.clone();
