@@ -22,11 +22,17 @@ impl Drop for Mount {
 }
 
 fn small_fs(name: &str) -> Option<Mount> {
+    sized_fs(name, 8 << 20)
+}
+
+/// An ext4 filesystem of `bytes` on a loop-mounted image, or `None` where mounting is
+/// not possible.
+fn sized_fs(name: &str, bytes: u64) -> Option<Mount> {
     let base = std::env::temp_dir().join(format!("nsqd-diskfull-{name}-{}", std::process::id()));
     let img = base.with_extension("img");
     std::fs::create_dir_all(&base).ok()?;
     let f = std::fs::File::create(&img).ok()?;
-    f.set_len(8 << 20).ok()?;
+    f.set_len(bytes).ok()?;
     let ok = Command::new("mkfs.ext4")
         .arg("-q")
         .arg(&img)
@@ -238,4 +244,140 @@ fn a_broker_started_on_a_full_disk_serves_its_backlog() {
     send(&mut c, &line("RDY 1"));
     assert_eq!(read_msg(&mut c).body, b"backlog");
     drop(b);
+}
+
+/// A producer that retries every refused MPUB (as go-nsq and pynsq applications do)
+/// against a disk that stays full: the broker keeps in memory every message it
+/// acknowledged and could not write, and once that buffer (64 MiB) is full it refuses
+/// new publishes with `E_MPUB_FAILED` instead of making room by dropping acknowledged
+/// ones (regression: the refused retries filled the buffer and the oldest acknowledged
+/// batches were dropped, "too much held back"). After space is freed every acknowledged
+/// message is delivered.
+fn retrying_producer_loses_nothing_acknowledged(name: &str, shards: usize, policy: &[&str]) {
+    let Some(m) = sized_fs(name, 256 << 20) else {
+        eprintln!("SKIPPED: cannot mount a loop filesystem here (needs root and loop devices)");
+        return;
+    };
+    let data = m.0.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let mut args = vec!["--mem-queue-size=5", "--sync-timeout=50ms"];
+    args.extend_from_slice(policy);
+    let b = Broker::start_in(&data, shards, &args);
+    b.http("POST", "/topic/create?topic=retry", b"");
+    b.http("POST", "/channel/create?topic=retry&channel=c", b"");
+    // Fill the filesystem, then give back about 2 MB.
+    let filler = fill(&m);
+    {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&filler)
+            .unwrap();
+        let len = f.metadata().unwrap().len();
+        f.set_len(len.saturating_sub(2 << 20)).unwrap();
+        f.sync_all().unwrap();
+    }
+    // Batches of 64 x 16 KiB; a refused batch is sent again until it is taken.
+    let body = |k: u32, j: u32| {
+        let mut v = format!("b{k:05}-{j:02}-").into_bytes();
+        v.resize(16 * 1024, b'p');
+        v
+    };
+    let mpub = |k: u32| {
+        let bodies: Vec<Vec<u8>> = (0..64).map(|j| body(k, j)).collect();
+        let refs: Vec<&[u8]> = bodies.iter().map(|v| v.as_slice()).collect();
+        mpub_cmd("retry", &refs)
+    };
+    let (mut acked, mut refused, mut k) = (Vec::new(), 0u32, 0u32);
+    let mut p = b.connect_v2();
+    // 120 refusals: more than the 64 MiB the broker may hold back (1 MiB each).
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    while refused < 120 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the disk never filled ({} acknowledged, {refused} refused)",
+            acked.len()
+        );
+        p.write_all(&mpub(k)).unwrap();
+        match read_frame_skip_hb(&mut p) {
+            Ok((0, ok)) if ok == b"OK" => {
+                acked.push(k);
+                k += 1;
+            }
+            Ok((1, e)) => {
+                let e = String::from_utf8_lossy(&e).into_owned();
+                assert!(e.starts_with("E_MPUB_FAILED MPUB failed "), "{e}");
+                refused += 1;
+                p = b.connect_v2();
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    eprintln!(
+        "{name}: {} batches of 64 acknowledged, {refused} refusals",
+        acked.len()
+    );
+    assert!(
+        !acked.is_empty(),
+        "nothing was acknowledged before the disk filled"
+    );
+    let (code, _) = b.http("GET", "/ping", b"");
+    assert_eq!(code, 500, "/ping while the disk is full");
+    let dropped: Vec<String> = (b.log.lock().unwrap().iter())
+        .filter(|l| l.contains("not written"))
+        .cloned()
+        .collect();
+    assert!(
+        dropped.is_empty(),
+        "the broker dropped records: {dropped:?}"
+    );
+    // Free the space; the held-back records are written and publishing heals.
+    std::fs::remove_file(&filler).unwrap();
+    let _ = Command::new("sync").arg("-f").arg(&m.0).status();
+    let mut c = b.connect_v2();
+    c.write_all(b"SUB retry c\nRDY 200\n").unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let want: std::collections::BTreeSet<(u32, u32)> = acked
+        .iter()
+        .flat_map(|&k| (0..64).map(move |j| (k, j)))
+        .collect();
+    let mut got = std::collections::BTreeSet::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !want.is_subset(&got) && std::time::Instant::now() < deadline {
+        let Ok((ft, d)) = read_frame_skip_hb(&mut c) else {
+            break;
+        };
+        if ft != 2 {
+            continue;
+        }
+        let (_, _, id, msg) = parse_message(&d);
+        let k: u32 = std::str::from_utf8(&msg[1..6]).unwrap().parse().unwrap();
+        let j: u32 = std::str::from_utf8(&msg[7..9]).unwrap().parse().unwrap();
+        assert_eq!(msg, body(k, j), "corrupt body");
+        got.insert((k, j));
+        c.write_all(format!("FIN {id}\n").as_bytes()).unwrap();
+    }
+    let lost: Vec<_> = want.difference(&got).collect();
+    assert!(
+        lost.is_empty(),
+        "{} acknowledged messages, {} lost, first {:?}",
+        want.len(),
+        lost.len(),
+        lost.first()
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while b.http("GET", "/ping", b"").0 != 200 {
+        assert!(std::time::Instant::now() < deadline, "/ping never healed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(b);
+}
+
+#[test]
+fn a_retrying_producer_on_a_full_disk_loses_nothing_acknowledged() {
+    retrying_producer_loses_nothing_acknowledged("retry-default", 2, &[]);
+}
+
+#[test]
+fn a_retrying_producer_on_a_full_disk_loses_nothing_acknowledged_with_sync_every_1() {
+    retrying_producer_loses_nothing_acknowledged("retry-sync", 1, &["--sync-every=1"]);
 }

@@ -537,6 +537,13 @@ impl Shard {
         if t.store.is_none() && t.store_error.is_some() {
             self.create_store(t, false).map_err(PublishError::Disk)?;
         }
+        if let Some(st) = &t.store {
+            // A failing disk holds what it could not write in memory until it heals;
+            // once that is full, this publish is refused before it is appended, so
+            // nothing already acknowledged ever makes room for it.
+            st.admit(bytes as usize)
+                .map_err(|e| PublishError::Disk(String::from(e)))?;
+        }
         let (n, end) = t.publish(bodies, defer_until, self.opts.mem_queue_size);
         bump(&self.counters.messages_in, n);
         bump(&self.counters.bytes_in, bytes);

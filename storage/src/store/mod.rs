@@ -58,6 +58,10 @@ const READ_WINDOW: usize = 1024 * 1024;
 const RECOVERY_CHUNK: usize = 8 * 1024 * 1024;
 /// Largest pending buffer kept for reuse (bytes); a bigger one (a burst) is freed.
 const SPARE_MAX: usize = 64 << 20;
+/// Most bytes of appended records a store holds unwritten while its disk fails
+/// ([`TopicStore::admit`]): past this, new publishes are refused instead of queued. What
+/// was queued before is never dropped, so this bounds the memory a failing disk costs.
+pub const UNWRITTEN_MAX: usize = 64 << 20;
 /// DmaStreamWriter buffer size.
 const WRITE_BUFFER: usize = 256 * 1024;
 /// The open segment's partial index is rewritten after a sync once this many bytes were
@@ -152,6 +156,10 @@ pub struct TopicStore {
     segments: RefCell<BTreeMap<u64, Segment>>,
     readers: RefCell<HashMap<u64, Rc<segment_io::SegmentFile>>>,
     pending: RefCell<Vec<u8>>,
+    /// Bytes of the batch the writer task has taken from `pending` and is writing (or
+    /// about to put back after a failure): still unwritten, so counted by
+    /// [`TopicStore::unwritten_bytes`].
+    in_write: Cell<usize>,
     /// (sequence, encoded length) of each pending record.
     pending_recs: RefCell<Vec<(u64, u32)>>,
     /// The other half of the double buffer (empty, with its capacity kept).
@@ -347,6 +355,7 @@ impl TopicStore {
             segments: RefCell::new(segments),
             readers: RefCell::new(HashMap::new()),
             pending: RefCell::new(Vec::new()),
+            in_write: Cell::new(0),
             pending_recs: RefCell::new(Vec::new()),
             spare: RefCell::new(Vec::new()),
             spare_recs: RefCell::new(Vec::new()),
@@ -436,6 +445,26 @@ impl TopicStore {
     /// Bytes appended and not yet handed to the writer.
     pub fn pending_bytes(&self) -> usize {
         self.pending.borrow().len()
+    }
+
+    /// Bytes of appended records not yet written to a segment: the pending buffer and
+    /// the batch being written (which a failed write puts back in front of it).
+    pub fn unwritten_bytes(&self) -> usize {
+        self.pending.borrow().len() + self.in_write.get()
+    }
+
+    /// Whether a publish of about `bytes` more may be appended. While the disk fails
+    /// (the store holds an error), appended records wait in memory for the writer's
+    /// retries and are never dropped; once [`UNWRITTEN_MAX`] bytes wait, new publishes
+    /// are refused with the disk's error (nsqd answers `E_PUB_FAILED` / 503 when its
+    /// disk queue cannot take a message) before anything already acknowledged is lost.
+    /// A healthy store always admits (publishers wait for a long pending buffer instead:
+    /// [`TopicStore::wait_pending_below`]).
+    pub fn admit(&self, bytes: usize) -> Result<(), StoreError> {
+        match self.error.borrow().as_ref() {
+            Some(e) if self.unwritten_bytes() + bytes > UNWRITTEN_MAX => Err(e.clone()),
+            _ => Ok(()),
+        }
     }
 
     /// Waits until the pending buffer holds at most `limit` bytes (or the store closes).

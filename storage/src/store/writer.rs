@@ -260,8 +260,9 @@ pub(super) async fn abandon(store: &TopicStore, a: Option<Active>, sound: bool) 
 /// Puts the records of a batch that could not be written (`buf`, `recs`) back in front
 /// of the pending buffer: they are written with the next batch, so a write error loses
 /// nothing the broker holds (their publishers waiting for durability were told of the
-/// error). Not when the store is closing or deleted, nor beyond [`SPARE_MAX`] bytes held
-/// back (a long outage under load): then they are dropped, as before (logged).
+/// error). Never dropped for room: the shard refuses new publishes instead once
+/// [`super::UNWRITTEN_MAX`] bytes wait ([`TopicStore::admit`]). Only when the store is
+/// closing (the last try at shutdown failed) or deleted do they go.
 fn requeue(store: &TopicStore, buf: &[u8], recs: &[(u64, u32)]) {
     if store.destroyed.get() || recs.is_empty() {
         return;
@@ -276,16 +277,6 @@ fn requeue(store: &TopicStore, buf: &[u8], recs: &[(u64, u32)]) {
         return;
     }
     let mut pending = store.pending.borrow_mut();
-    if buf.len() + pending.len() > SPARE_MAX {
-        log::error!(
-            "STORE: {} - {} records (sequences {}..={}) not written: too much held back",
-            store.dir.display(),
-            recs.len(),
-            recs[0].0,
-            recs[recs.len() - 1].0
-        );
-        return;
-    }
     let mut b = Vec::with_capacity(buf.len() + pending.len());
     b.extend_from_slice(buf);
     b.extend_from_slice(&pending);
@@ -338,7 +329,9 @@ pub(super) async fn writer_task(store: Rc<TopicStore>) {
             *store.journal_file.borrow_mut() = None;
             break;
         }
+        store.in_write.set(buf.len());
         let failed = !w.write_batch(&buf, &recs).await;
+        store.in_write.set(0);
         if buf.capacity() <= SPARE_MAX {
             buf.clear();
             recs.clear();
