@@ -365,7 +365,18 @@ impl Shard {
         }
         let count = stored_next.max(first) - first;
         let nch = t.channels.len();
-        t.dirty = false;
+        // Metadata that says exactly what is on disk, with no journal events over it,
+        // need not be written again; otherwise the first checkpoint writes it.
+        let now_meta = topic_meta(&t);
+        let same = m.map(|mut m| {
+            m.journal_gen = 0;
+            m
+        });
+        if n_events == 0 && same.as_ref() == Some(&now_meta) {
+            t.written_meta = Some(now_meta);
+        } else {
+            self.mark_changed(name);
+        }
         self.notify_lookup(crate::shard::LookupEvent::Register(name.to_string(), None));
         for c in t.channels.keys() {
             self.notify_lookup(crate::shard::LookupEvent::Register(
@@ -391,9 +402,13 @@ impl Shard {
     /// its newest record is older than `--retention-time`, or while the topic's sealed
     /// segment files add up to more than `--retention-bytes` (the segment being written
     /// is not counted). The retained range is then measured for `/stats`.
-    pub async fn checkpoint(&self) {
-        // Retention by time must run for idle topics too; otherwise a topic whose
-        // metadata did not change has nothing to do.
+    ///
+    /// Returns how many topics it looked at: those marked changed, or with retention
+    /// every durable topic.
+    pub async fn checkpoint(&self) -> usize {
+        // Retention by time must run for idle topics too (then every durable topic is
+        // visited: `--retention-time` / `--retention-bytes` only); otherwise only the
+        // topics marked changed ([`Shard::mark_changed`]) are looked at.
         let retains = self.opts.retains();
         type Work = (
             Rc<nsq_storage::TopicStore>,
@@ -401,32 +416,66 @@ impl Shard {
             Option<(TopicMeta, TopicMeta)>,
             u64,
         );
+        let changed_names = self.take_changed();
         let work: Vec<Work> = {
             let mut topics = self.topics.borrow_mut();
-            topics
-                .values_mut()
-                .filter_map(|t| {
-                    let st = t.store.clone()?;
-                    // `journal_gen` is 0 here; a new journal event also counts as a change.
-                    let mut m = topic_meta(t);
-                    let changed = t.written_meta.as_ref() != Some(&m) || st.journal_has_events();
-                    if !changed && !retains {
-                        return None;
-                    }
-                    t.dirty = false;
-                    let written = m.clone();
-                    // Same synchronous step: the snapshot includes every event journaled
-                    // so far, and later events go to the next generation.
-                    m.journal_gen = st.journal_snapshot();
-                    Some((
-                        st,
-                        t.name.clone(),
-                        changed.then_some((m, written)),
-                        t.low_watermark(),
-                    ))
-                })
-                .collect()
+            let visit = |t: &mut Topic, marked: bool| -> Option<Work> {
+                let st = t.store.clone()?;
+                // `journal_gen` is 0 here; a new journal event also counts as a change.
+                let mut m = topic_meta(t);
+                let changed =
+                    marked && (t.written_meta.as_ref() != Some(&m) || st.journal_has_events());
+                if !changed && !retains {
+                    return None;
+                }
+                let written = m.clone();
+                // Same synchronous step: the snapshot includes every event journaled
+                // so far, and later events go to the next generation.
+                m.journal_gen = st.journal_snapshot();
+                Some((
+                    st,
+                    t.name.clone(),
+                    changed.then_some((m, written)),
+                    t.low_watermark(),
+                ))
+            };
+            if retains {
+                topics
+                    .values_mut()
+                    .filter_map(|t| {
+                        let marked = changed_names.contains(&t.name);
+                        visit(t, marked)
+                    })
+                    .collect()
+            } else {
+                changed_names
+                    .iter()
+                    .filter_map(|name| topics.get_mut(name).and_then(|t| visit(t, true)))
+                    .collect()
+            }
         };
+        // The topics taken whose metadata is not written yet: marked changed again if
+        // this future is dropped mid-write (a connection's task that ran it went away).
+        struct Unwritten<'a>(&'a Shard, std::collections::HashSet<String>);
+        impl Drop for Unwritten<'_> {
+            fn drop(&mut self) {
+                for name in &self.1 {
+                    self.0.mark_changed(name);
+                }
+            }
+        }
+        let visited = if retains {
+            self.topics.borrow().len()
+        } else {
+            changed_names.len()
+        };
+        let mut unwritten = Unwritten(
+            self,
+            work.iter()
+                .filter(|w| w.2.is_some())
+                .map(|w| w.1.clone())
+                .collect(),
+        );
         let mut meta_error = None;
         for (st, name, m, low) in work {
             let res = match m {
@@ -438,6 +487,7 @@ impl Shard {
                 }
                 None => Ok(None),
             };
+            unwritten.1.remove(&name);
             match res {
                 Ok(None) => {}
                 Ok(Some((gen, written))) => {
@@ -456,6 +506,8 @@ impl Shard {
                     }
                 }
                 Err(e) => {
+                    // Still changed: the next checkpoint tries it again.
+                    self.mark_changed(&name);
                     let e = format!(
                         "STORE: metadata write for {} failed - {e}",
                         st.dir().display()
@@ -495,6 +547,7 @@ impl Shard {
         // A topic whose write failed is still changed, so each checkpoint retries it:
         // the error stands (`/ping`) until one succeeds.
         *self.meta_error.borrow_mut() = meta_error;
+        visited
     }
 
     /// Under `--retention-time` / `--retention-bytes`: the sequence below which the
@@ -603,11 +656,21 @@ impl Shard {
         let cutoff = crate::message::now_unix_nanos() - STORE_DELAY.as_nanos() as i64;
         let mq = self.opts.mem_queue_size;
         let mut left = false;
-        for t in self.topics.borrow_mut().values_mut() {
-            if t.store.is_some() && t.stored < t.log.head {
-                t.skip_finished();
-                left |= t.store_pump(cutoff, mq, all);
-                t.trim(mq);
+        for name in self.unstored_topics() {
+            let mut topics = self.topics.borrow_mut();
+            let more = match topics.get_mut(&name) {
+                Some(t) if t.store.is_some() && t.stored < t.log.head => {
+                    t.skip_finished();
+                    let more = t.store_pump(cutoff, mq, all);
+                    t.trim(mq);
+                    more
+                }
+                _ => false,
+            };
+            if more {
+                left = true;
+            } else {
+                self.stored_all(&name);
             }
         }
         left
@@ -633,8 +696,13 @@ impl Shard {
         }
     }
 
-    /// Shutdown: flush and sync every store, then write the exact channel state.
+    /// Shutdown: flush and sync every store, then write the exact channel state (every
+    /// durable topic is looked at once more).
     pub async fn close_stores(&self) {
+        let names: Vec<String> = self.topics.borrow().keys().cloned().collect();
+        for name in &names {
+            self.mark_changed(name);
+        }
         self.pump_stores(true);
         let stores: Vec<_> = self
             .topics

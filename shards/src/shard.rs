@@ -13,7 +13,7 @@ use crate::topic::{PublishError, StoreMode, Topic, STORE_DELAY};
 use crate::wake::Latch;
 use bytes::Bytes;
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
 
@@ -98,6 +98,16 @@ pub struct Shard {
     pub meta_error: RefCell<Option<String>>,
     /// A checkpoint is being written (one at a time: [`Shard::run_checkpoint`]).
     checkpoint_running: Cell<bool>,
+    /// Durable topics whose metadata may have changed since the last checkpoint took
+    /// them ([`Shard::mark_changed`]): a checkpoint looks at these only, so its cost
+    /// follows what changed, not how many topics the shard holds.
+    meta_changed: RefCell<HashSet<String>>,
+    /// Topics holding records not yet handed to their store (`Topic::store_pump`): the
+    /// store task visits these only.
+    unstored: RefCell<HashSet<String>>,
+    /// Durable topics whose store could not be created: retried by
+    /// [`Shard::retry_missing_stores`] without a walk of every topic.
+    missing_stores: RefCell<BTreeSet<String>>,
     /// A topic holds records not yet handed to its store: wakes `store_loop`.
     pub store_wake: crate::wake::Notify,
     next_client: Cell<u64>,
@@ -218,6 +228,9 @@ impl Shard {
             meta_written: crate::wake::Progress::default(),
             meta_error: RefCell::new(None),
             checkpoint_running: Cell::new(false),
+            meta_changed: RefCell::new(HashSet::new()),
+            unstored: RefCell::new(HashSet::new()),
+            missing_stores: RefCell::new(BTreeSet::new()),
             store_wake: crate::wake::Notify::default(),
             next_client: Cell::new(1),
             timers: RefCell::new(TimerQueue::default()),
@@ -250,6 +263,47 @@ impl Shard {
     pub fn request_checkpoint(&self) {
         self.meta_requested.set(self.meta_requested.get() + 1);
         self.meta_wake.notify();
+    }
+
+    /// Notes that `topic`'s metadata (channels, cursors, pending messages, paused flags,
+    /// sequences) may have changed: the next checkpoint compares and, if it differs,
+    /// writes it. Every path that changes a topic's durable state calls this; a call
+    /// too many costs one comparison, a call missing leaves the previous checkpoint on
+    /// disk (a crash then redelivers more, never less).
+    pub fn mark_changed(&self, topic: &str) {
+        if self.opts.data_path.is_none() {
+            return;
+        }
+        let mut changed = self.meta_changed.borrow_mut();
+        if !changed.contains(topic) {
+            changed.insert(topic.to_string());
+        }
+    }
+
+    /// Takes the topics marked changed since the last call (for the checkpoint).
+    pub(crate) fn take_changed(&self) -> HashSet<String> {
+        std::mem::take(&mut *self.meta_changed.borrow_mut())
+    }
+
+    /// Notes that `topic` holds records not yet handed to its store and wakes the store
+    /// task.
+    pub(crate) fn mark_unstored(&self, topic: &str) {
+        let mut unstored = self.unstored.borrow_mut();
+        if !unstored.contains(topic) {
+            unstored.insert(topic.to_string());
+        }
+        drop(unstored);
+        self.store_wake.notify();
+    }
+
+    /// The topics [`Shard::mark_unstored`] noted, for the store task.
+    pub(crate) fn unstored_topics(&self) -> Vec<String> {
+        self.unstored.borrow().iter().cloned().collect()
+    }
+
+    /// `topic` has handed every record to its store (or is gone).
+    pub(crate) fn stored_all(&self, topic: &str) {
+        self.unstored.borrow_mut().remove(topic);
     }
 
     /// Writes a metadata checkpoint now ([`Shard::checkpoint`]), after the one being
@@ -335,6 +389,7 @@ impl Shard {
         let Some(topic) = topics.get_mut(&t) else {
             return;
         };
+        self.mark_changed(&t);
         let mut delete_channel = false;
         if let Some(channel) = topic.channels.get_mut(&ch) {
             channel.remove_client(c.id);
@@ -379,6 +434,7 @@ impl Shard {
             }
             topics.insert(name.to_string(), t);
         }
+        self.mark_changed(name);
         topics.get_mut(name).expect("inserted above")
     }
 
@@ -414,6 +470,8 @@ impl Shard {
             Ok(st) => {
                 t.store = Some(st);
                 t.stored = t.log.head;
+                self.missing_stores.borrow_mut().remove(&t.name);
+                self.mark_changed(&t.name);
                 if t.store_error.take().is_some() {
                     log::info!("TOPIC({}): durable store created", t.name);
                     self.request_checkpoint();
@@ -423,6 +481,7 @@ impl Shard {
             Err(e) => {
                 let e = format!("TOPIC({}): no durable store - {e}", t.name);
                 t.store_error = Some(e.clone());
+                self.missing_stores.borrow_mut().insert(t.name.clone());
                 Err(e)
             }
         }
@@ -435,10 +494,19 @@ impl Shard {
     /// On the blocking-thread segment path the retry takes what
     /// [`Shard::prepare_missing_stores`] prepared (the checkpoint task runs it first).
     pub fn retry_missing_stores(&self) {
+        if self.missing_stores.borrow().is_empty() {
+            return;
+        }
+        let names: Vec<String> = self.missing_stores.borrow().iter().cloned().collect();
         let mut topics = self.topics.borrow_mut();
-        for t in topics.values_mut() {
-            if t.store.is_none() && t.store_error.is_some() {
-                let _ = self.create_store(t, false);
+        for name in names {
+            match topics.get_mut(&name) {
+                Some(t) if t.store.is_none() && t.store_error.is_some() => {
+                    let _ = self.create_store(t, false);
+                }
+                _ => {
+                    self.missing_stores.borrow_mut().remove(&name);
+                }
             }
         }
     }
@@ -506,13 +574,7 @@ impl Shard {
     /// [`Shard::prepare_store`] for every topic whose store could not be created, so
     /// that [`Shard::retry_missing_stores`] can retry it without blocking.
     pub async fn prepare_missing_stores(&self) {
-        let missing: Vec<String> = self
-            .topics
-            .borrow()
-            .values()
-            .filter(|t| t.store.is_none() && t.store_error.is_some())
-            .map(|t| t.name.clone())
-            .collect();
+        let missing: Vec<String> = self.missing_stores.borrow().iter().cloned().collect();
         for name in missing {
             self.prepare_store(&name).await;
         }
@@ -554,7 +616,7 @@ impl Shard {
             // this publish must be durable); the rest when it is due, unless finished.
             let cutoff = crate::message::now_unix_nanos() - STORE_DELAY.as_nanos() as i64;
             if t.store_pump(cutoff, self.opts.mem_queue_size, must_sync) {
-                self.store_wake.notify();
+                self.mark_unstored(topic);
             }
         }
         let wait = t.store.as_ref().and_then(|st| {
@@ -655,6 +717,7 @@ impl Shard {
         let Some(t) = topics.get_mut(topic) else {
             return;
         };
+        self.mark_changed(topic);
         if let Some(ch) = t.channels.get_mut(channel) {
             ch.disk_inflight = false;
             ch.wants_disk = true;
@@ -678,6 +741,7 @@ impl Shard {
         let Some(t) = topics.get_mut(&r.topic) else {
             return;
         };
+        self.mark_changed(&r.topic);
         let base = t.log.base;
         let Some(ch) = t.channels.get_mut(&r.channel) else {
             return;
@@ -788,6 +852,7 @@ impl Shard {
     }
 
     fn dispatch_topic(&self, t: &mut Topic) {
+        self.mark_changed(&t.name);
         let now = Instant::now();
         let mut out = 0;
         let mut disk = false;
@@ -813,6 +878,7 @@ impl Shard {
                 if out > 0 {
                     bump(&self.counters.messages_out, out);
                     t.trim(self.opts.mem_queue_size);
+                    self.mark_changed(topic);
                 }
                 if disk {
                     self.schedule_disk_reads(t);
@@ -878,6 +944,7 @@ impl Shard {
                 .ok_or(InFlightError::NotInFlight)?;
             f(ch)?
         };
+        self.mark_changed(t);
         self.dispatch_channel(t, chn);
         Ok(r)
     }
@@ -970,6 +1037,7 @@ impl Shard {
             if ch.process_timers(now) > 0 {
                 out += ch.dispatch(&t.log, now);
                 disk = ch.wants_disk;
+                self.mark_changed(&tn);
             }
             self.schedule_timer(&tn, ch);
             if disk {
@@ -1008,6 +1076,7 @@ impl Shard {
 
     /// Runs an admin operation on a topic this shard owns (nsqd: http.go handlers).
     pub fn admin(&self, op: AdminOp) -> Result<(), AdminError> {
+        self.mark_changed(op.topic());
         let mut topics = self.topics.borrow_mut();
         let mq = self.opts.mem_queue_size;
         match op {
@@ -1028,7 +1097,6 @@ impl Shard {
             AdminOp::PauseTopic(t, paused) => {
                 let topic = topics.get_mut(&t).ok_or(AdminError::TopicNotFound)?;
                 topic.paused = paused;
-                topic.dirty = true;
                 self.request_checkpoint();
                 if !paused {
                     topic.pump(mq);
@@ -1221,7 +1289,7 @@ impl Shard {
         let out = ch.dispatch(&t.log, Instant::now());
         self.schedule_timer(topic, ch);
         bump(&self.counters.messages_out, out);
-        t.dirty = true;
+        self.mark_changed(topic);
         t.trim(self.opts.mem_queue_size);
         self.schedule_disk_reads(t);
         Ok(target)
@@ -1539,6 +1607,53 @@ mod tests {
         assert_eq!(b.subscription(), None);
         // Another channel of the topic is not affected.
         s.subscribe(&b, "t", "d").unwrap();
+    }
+
+    #[test]
+    fn a_checkpoint_looks_only_at_the_topics_that_changed() {
+        // 300 durable topics with a channel and a message each; once their metadata is
+        // written, an idle checkpoint looks at none of them and a change to one topic
+        // costs a look at that topic only (it walked every topic, rebuilding each one's
+        // metadata, every --sync-timeout and on every /channel/create).
+        let dir = std::env::temp_dir().join(format!("nsq-shards-changed-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let d2 = dir.clone();
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .spawn(move || async move {
+                let s = Shard::new(
+                    0,
+                    1,
+                    0,
+                    Options {
+                        data_path: Some(d2.clone()),
+                        ..Options::default()
+                    },
+                );
+                for i in 0..300 {
+                    let t = format!("t{i}");
+                    s.publish_local(&t, vec![Bytes::from_static(b"a")], None)
+                        .unwrap();
+                    s.admin(AdminOp::CreateChannel(t, "c".into())).unwrap();
+                }
+                assert_eq!(s.checkpoint().await, 300);
+                assert_eq!(s.checkpoint().await, 0, "nothing changed");
+                s.admin(AdminOp::CreateChannel("t7".into(), "d".into()))
+                    .unwrap();
+                assert_eq!(s.checkpoint().await, 1, "one topic changed");
+                let meta = nsq_storage::topic_dir(&d2, "t7").join("meta.json");
+                let text = std::fs::read_to_string(&meta).unwrap();
+                assert!(text.contains("\"d\""), "{text}");
+                s.publish_local("t9", vec![Bytes::from_static(b"b")], None)
+                    .unwrap();
+                assert_eq!(s.checkpoint().await, 1, "one topic published to");
+                s.shutdown.set();
+                s.close_stores().await;
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -258,8 +258,6 @@ pub struct Topic {
     /// Why a durable topic has no store (its creation failed; retried at each publish,
     /// which is refused meanwhile).
     pub store_error: Option<String>,
-    /// Metadata changed since the last checkpoint.
-    pub dirty: bool,
     /// The metadata last written to the store's `meta.json` (a checkpoint skips the
     /// write when nothing changed).
     pub written_meta: Option<nsq_storage::meta::TopicMeta>,
@@ -303,7 +301,6 @@ impl Topic {
             message_bytes: 0,
             store: None,
             store_error: None,
-            dirty: true,
             written_meta: None,
             retained: Retained::default(),
             segment_newest: BTreeMap::new(),
@@ -578,7 +575,6 @@ impl Topic {
             ch.journal = self.store.clone();
         }
         self.channels.insert(name.to_string(), ch);
-        self.dirty = true;
         self.pump(mem_queue_size);
         true
     }
@@ -601,7 +597,6 @@ impl Topic {
                 self.log.head = from;
             }
         }
-        self.dirty = true;
     }
 }
 
