@@ -704,9 +704,53 @@ impl Channel {
         }
     }
 
+    /// Gives back what a burst made the channel's collections grow to (a million
+    /// deferred messages, a wide in-flight window) once they hold a quarter of it or
+    /// less, and counts it for the shard's heap trim ([`crate::memory_freed`]): a
+    /// `BinaryHeap`, `VecDeque` or map otherwise keeps its largest capacity for good.
+    /// Halving at a quarter keeps the cost amortized O(1) per message.
+    fn shrink_if_sparse(&mut self) {
+        const MIN: usize = 4096;
+        fn sparse(len: usize, cap: usize) -> bool {
+            cap >= MIN && len <= cap / 4
+        }
+        let mut freed = 0;
+        if sparse(self.deferred.len(), self.deferred.capacity()) {
+            let before = self.deferred.capacity();
+            self.deferred
+                .shrink_to((self.deferred.len() * 2).max(MIN / 4));
+            freed += (before - self.deferred.capacity()) * std::mem::size_of::<Reverse<Deferred>>();
+        }
+        if sparse(self.in_flight_heap.len(), self.in_flight_heap.capacity()) {
+            let before = self.in_flight_heap.capacity();
+            self.in_flight_heap
+                .shrink_to((self.in_flight_heap.len() * 2).max(MIN / 4));
+            freed += (before - self.in_flight_heap.capacity())
+                * std::mem::size_of::<Reverse<(Instant, MessageId)>>();
+        }
+        if sparse(self.requeued.len(), self.requeued.capacity()) {
+            let before = self.requeued.capacity();
+            self.requeued
+                .shrink_to((self.requeued.len() * 2).max(MIN / 4));
+            freed += (before - self.requeued.capacity()) * std::mem::size_of::<Message>();
+        }
+        if sparse(self.in_flight.len(), self.in_flight.capacity()) {
+            let before = self.in_flight.capacity();
+            self.in_flight
+                .shrink_to((self.in_flight.len() * 2).max(MIN / 4));
+            freed += (before.saturating_sub(self.in_flight.capacity()))
+                * std::mem::size_of::<(MessageId, InFlight)>();
+        }
+        crate::memory_freed(freed);
+    }
+
     /// FIN: the message is done (nsqd FinishMessage).
     pub fn finish(&mut self, client: &Client, id: MessageId) -> Result<(), InFlightError> {
         let f = self.take_owned(client, id)?;
+        // Its body goes unless the topic's memory tail still holds it: counted toward
+        // the shard's next heap trim either way (an estimate that errs toward trimming).
+        crate::memory_freed(f.msg.body.len());
+        self.shrink_if_sparse();
         if let Some(q) = self.e2e.as_mut() {
             q.insert(crate::message::now_unix_nanos(), f.msg.timestamp);
         }
@@ -800,6 +844,9 @@ impl Channel {
             if let Some(Reverse(d)) = self.deferred.pop() {
                 moved += usize::from(self.put_back(d.msg));
             }
+        }
+        if moved > 0 {
+            self.shrink_if_sparse();
         }
         moved
     }
