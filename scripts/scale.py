@@ -363,7 +363,8 @@ def row_fulldisk(args):
         c.sendall(b"SUB t-main c\nRDY 500\n")
         c.settimeout(30)
         last = time.monotonic()
-        while want - got and time.monotonic() - last < 30:
+        missing = len(want)
+        while missing > 0 and time.monotonic() - last < 30:
             try:
                 ft, d = read_frame(c)
             except (OSError, ConnectionError):
@@ -374,7 +375,10 @@ def row_fulldisk(args):
             if ft != 2:
                 continue
             mid, body = d[10:26], d[26:]
-            got.add((int(body[:8]), int(body[9:11])))
+            key = (int(body[:8]), int(body[9:11]))
+            if key in want and key not in got:
+                missing -= 1
+            got.add(key)
             c.sendall(b"FIN " + mid + b"\n")
             last = time.monotonic()
         lost = len(want - got)
@@ -423,10 +427,12 @@ def row_deferred(args):
     port_s = b.start()
     ping_s = b.wait_ping_ok()
     stats, _ = b.stats()
-    deferred = sum(ch.get("deferred_count", 0) for t in stats["topics"] for ch in t["channels"])
+    chans = [ch for t in stats["topics"] for ch in t["channels"]]
+    deferred = sum(ch.get("deferred_count", 0) for ch in chans)
+    depth = sum(ch.get("depth", 0) for ch in chans)
     print(
         f"deferred-restart: after=kill-9 port_s={port_s:.2f} ping_ok_s={ping_s} "
-        f"deferred_count={deferred} rss_mib={b.rss_mib():.0f}",
+        f"deferred_count={deferred} channel_depth={depth} rss_mib={b.rss_mib():.0f}",
         flush=True,
     )
     b.stop()

@@ -76,7 +76,9 @@ pub async fn trim_loop(stop: impl std::future::Future<Output = ()>) {
             c.get()
         });
         let freed = FREED.with(|f| {
-            f.set(f.get().saturating_add(nsq_shards::take_memory_freed()));
+            let freed =
+                nsq_shards::take_memory_freed().saturating_add(nsq_storage::take_buffers_freed());
+            f.set(f.get().saturating_add(freed));
             f.get()
         });
         if !due(closed, last) && freed < TRIM_AFTER_FREED_BYTES {

@@ -54,6 +54,23 @@ pub(crate) fn store_released() {
     STORES_RELEASED.with(|c| c.set(c.get() + 1));
 }
 
+thread_local! {
+    /// Bytes of buffers stores on this thread let go since the last
+    /// [`take_buffers_freed`].
+    static BUFFERS_FREED: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Bytes of write buffers the stores on the calling thread let go since the last call
+/// (and resets the count): a pending buffer that grew for a burst is freed once the
+/// burst is over; the broker's memory task trims the heap after enough of them.
+pub fn take_buffers_freed() -> u64 {
+    BUFFERS_FREED.with(|c| c.replace(0))
+}
+
+pub(crate) fn buffer_freed(bytes: usize) {
+    BUFFERS_FREED.with(|c| c.set(c.get().saturating_add(bytes as u64)));
+}
+
 /// Edge-triggered wake-up for one task of this executor.
 #[derive(Default)]
 pub struct Notify {

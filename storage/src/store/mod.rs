@@ -58,6 +58,10 @@ const READ_WINDOW: usize = 1024 * 1024;
 const RECOVERY_CHUNK: usize = 8 * 1024 * 1024;
 /// Largest pending buffer kept for reuse (bytes); a bigger one (a burst) is freed.
 const SPARE_MAX: usize = 64 << 20;
+/// A pending buffer above this capacity is kept for reuse only while batches fill a
+/// quarter of it: after a burst, the next small batch lets it go (freed, and counted
+/// for the heap trim: [`crate::take_buffers_freed`]).
+const SPARE_KEEP: usize = 1 << 20;
 /// Most bytes of appended records a store holds unwritten while its disk fails
 /// ([`TopicStore::admit`]): past this, new publishes are refused instead of queued. What
 /// was queued before is never dropped, so this bounds the memory a failing disk costs.

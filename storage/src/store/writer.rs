@@ -8,7 +8,9 @@ use super::checkpoint::{seal_closed, write_partial};
 use super::journal_files::{flush_journal_io, sync_journal};
 use super::retention::delete_covered_journals;
 use super::segment_io::{SegmentIo, SegmentWriter};
-use super::{io_err, seg_path, Segment, TopicStore, PARTIAL_EVERY, SPARE_MAX, WRITE_BUFFER};
+use super::{
+    io_err, seg_path, Segment, TopicStore, PARTIAL_EVERY, SPARE_KEEP, SPARE_MAX, WRITE_BUFFER,
+};
 use crate::error::StoreError;
 use crate::faults;
 use crate::record::{self, SEGMENT_HEADER_LEN};
@@ -332,7 +334,12 @@ pub(super) async fn writer_task(store: Rc<TopicStore>) {
         store.in_write.set(buf.len());
         let failed = !w.write_batch(&buf, &recs).await;
         store.in_write.set(0);
-        if buf.capacity() <= SPARE_MAX {
+        let burst_over = buf.capacity() > SPARE_KEEP && buf.len() * 4 < buf.capacity();
+        if burst_over {
+            crate::buffer_freed(
+                buf.capacity() + recs.capacity() * std::mem::size_of::<(u64, u32)>(),
+            );
+        } else if buf.capacity() <= SPARE_MAX {
             buf.clear();
             recs.clear();
             *store.spare.borrow_mut() = buf;
