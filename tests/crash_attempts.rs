@@ -15,6 +15,32 @@ const ARGS: [&str; 2] = ["--sync-every=1", "--sync-timeout=60s"];
 /// crash keeps what reached the page cache.
 const DEFAULT_POLICY: [&str; 1] = ["--sync-timeout=60s"];
 
+/// Waits until the delivery journal's files hold what the test did to channel `c` of
+/// `topic`: a REQ with a delay (a pending message due later) and the FIN of a
+/// redelivered message. What a kill -9 keeps is what reached the files: on io_uring
+/// the event is written before the command's processing returns, on the blocking-thread
+/// path (`NSQD_SEGMENT_IO=threads`) by the journal flusher a moment later, so the state
+/// `/stats` shows can be ahead of the files for about one blocking write.
+fn wait_journaled(data: &std::path::Path, topic: &str, channel: &str) {
+    use nsq_storage::journal::{self, MessageState};
+    let dir = nsq_storage::topic_dir(data, topic);
+    let mut last = None;
+    let ok = wait_until(Duration::from_secs(5), || {
+        let folded = journal::fold(journal::read_blocking(&dir, 0));
+        let states: Vec<MessageState> = folded
+            .get(channel)
+            .map(|c| c.states.values().cloned().collect())
+            .unwrap_or_default();
+        let delayed = states.iter().any(
+            |s| matches!(s, MessageState::Pending { due_unix_ns, .. } if *due_unix_ns != 0),
+        );
+        let finished = states.iter().any(|s| matches!(s, MessageState::Finished));
+        last = Some(states);
+        delayed && finished
+    });
+    assert!(ok, "journal files never held the REQ delay and the FIN: {last:?}");
+}
+
 #[test]
 fn kill_9_keeps_attempts_and_requeue_delay() {
     for (shards, args) in [
@@ -67,6 +93,7 @@ fn kill_9_keeps_attempts_and_requeue_delay() {
         send(&mut s, &line(&format!("FIN {}", m.id)));
         b.wait_channel_field("poison", "c", "in_flight_count", 0);
         b.wait_channel_field("poison", "c", "deferred_count", 1);
+        wait_journaled(&dir, "poison", "c");
         b.kill9();
         drop(s);
 
