@@ -166,9 +166,8 @@ pub struct TopicStore {
     closing: Cell<bool>,
     /// The last write or sync error, cleared by the next success (nsqd's health).
     error: RefCell<Option<StoreError>>,
-    /// When the error was last logged, and how many times it repeated since
-    /// ([`TopicStore::set_error`]).
-    error_logged: Cell<Option<(std::time::Instant, u64)>>,
+    /// Rate limit of the error's log lines ([`TopicStore::set_error`]).
+    error_logged: crate::repeat_log::RepeatLog,
     /// Set once the writer task has finished (after `close`).
     done: Rc<crate::Notify>,
     finished: Cell<bool>,
@@ -276,26 +275,10 @@ impl TopicStore {
     /// thousands of syncs a second).
     pub(crate) fn set_error(&self, e: &StoreError, line: std::fmt::Arguments<'_>) {
         let same = self.error.borrow().as_ref() == Some(e);
-        let now = std::time::Instant::now();
-        match self.error_logged.get() {
-            Some((at, repeats)) if same && now.duration_since(at) < ERROR_LOG_EVERY => {
-                self.error_logged.set(Some((at, repeats + 1)));
-            }
-            Some((_, repeats)) if same && repeats > 0 => {
-                log::error!("{line} (and {repeats} times more in the last second or so)");
-                self.error_logged.set(Some((now, 0)));
-            }
-            _ => {
-                log::error!("{line}");
-                self.error_logged.set(Some((now, 0)));
-            }
-        }
+        self.error_logged.error(same, line);
         *self.error.borrow_mut() = Some(e.clone());
     }
 }
-
-/// How often [`TopicStore::set_error`] logs an error that keeps repeating.
-const ERROR_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl TopicStore {
     /// Creates the store of a new topic (its directory must not hold old data) and spawns
@@ -356,7 +339,7 @@ impl TopicStore {
             wake: Rc::new(crate::Notify::default()),
             closing: Cell::new(false),
             error: RefCell::new(None),
-            error_logged: Cell::new(None),
+            error_logged: Default::default(),
             done: Rc::new(crate::Notify::default()),
             finished: Cell::new(false),
             dir_fd,
