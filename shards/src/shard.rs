@@ -13,7 +13,7 @@ use crate::topic::{PublishError, StoreMode, Topic, STORE_DELAY};
 use crate::wake::Latch;
 use bytes::Bytes;
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
 
@@ -96,6 +96,11 @@ pub struct Shard {
     pub meta_written: crate::wake::Progress,
     /// The last metadata write's error, until one succeeds (nsqd's health).
     pub meta_error: RefCell<Option<String>>,
+    /// Topics whose data could not be loaded at start-up, with the error (by topic
+    /// name): reported by [`Shard::health`] until the next start, and their stores are
+    /// never created afresh over the data left in their directories (a publish to one
+    /// is refused, as to a topic whose store failed).
+    pub failed_recoveries: RefCell<BTreeMap<String, String>>,
     /// A checkpoint is being written (one at a time: [`Shard::run_checkpoint`]).
     checkpoint_running: Cell<bool>,
     /// A topic holds records not yet handed to its store: wakes `store_loop`.
@@ -217,6 +222,7 @@ impl Shard {
             meta_requested: Cell::new(0),
             meta_written: crate::wake::Progress::default(),
             meta_error: RefCell::new(None),
+            failed_recoveries: RefCell::new(BTreeMap::new()),
             checkpoint_running: Cell::new(false),
             store_wake: crate::wake::Notify::default(),
             next_client: Cell::new(1),
@@ -395,6 +401,11 @@ impl Shard {
         let Some(dp) = &self.opts.data_path else {
             return Ok(());
         };
+        if let Some(e) = self.failed_recoveries.borrow().get(&t.name) {
+            // Its data is still in the directory: a new store there would overwrite it.
+            t.store_error = Some(e.clone());
+            return Err(e.clone());
+        }
         let dir = nsq_storage::topic_dir(dp, &t.name);
         let prepared = match self.opts.segment_io {
             nsq_storage::SegmentIo::Ring => None,
@@ -602,6 +613,7 @@ impl Shard {
                     .or_else(|| t.store_error.clone())
             })
             .or_else(|| self.meta_error.borrow().clone())
+            .or_else(|| self.failed_recoveries.borrow().values().next().cloned())
             .or_else(|| {
                 topics
                     .values()
