@@ -1660,4 +1660,57 @@ mod tests {
         s.client_gone(&c);
         assert!(s.topics.borrow().is_empty());
     }
+
+    #[test]
+    fn a_topic_that_failed_to_load_is_unhealthy_and_keeps_its_data() {
+        // Recovery at start-up could not load the topic (`Shard::recover` records it):
+        // `/ping` reports it, and a publish to it is refused rather than starting a new
+        // store over the segments still in its directory.
+        let dir = std::env::temp_dir().join(format!("nsq-shards-failed-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let topic_dir = nsq_storage::topic_dir(&dir, "t");
+        std::fs::create_dir_all(&topic_dir).unwrap();
+        let seg = topic_dir.join("00000000000000000000.seg");
+        std::fs::write(&seg, b"old data").unwrap();
+        let d2 = dir.clone();
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .spawn(move || async move {
+                let s = Shard::new(
+                    0,
+                    1,
+                    0,
+                    Options {
+                        data_path: Some(d2),
+                        ..Options::default()
+                    },
+                );
+                assert_eq!(s.health(), None);
+                let e = "TOPIC(t): recovery failed - Too many open files (os error 24)";
+                s.failed_recoveries
+                    .borrow_mut()
+                    .insert("t".into(), e.into());
+                assert_eq!(s.health().as_deref(), Some(e));
+                let r = s.publish_local("t", vec![Bytes::from_static(b"new")], None);
+                assert!(
+                    matches!(&r, Err(PublishError::Disk(m)) if m == e),
+                    "{:?}",
+                    r.err()
+                );
+                s.retry_missing_stores();
+                assert!(
+                    s.topics.borrow()["t"].store.is_none(),
+                    "no store made afresh"
+                );
+                assert_eq!(s.health().as_deref(), Some(e));
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(
+            std::fs::read(&seg).unwrap(),
+            b"old data",
+            "the old data is kept"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
