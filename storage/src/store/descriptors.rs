@@ -284,3 +284,66 @@ impl TopicStore {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{StoreConfig, StoredRecord, TopicStore};
+    use bytes::Bytes;
+    use std::time::Duration;
+
+    fn record(seq: u64) -> StoredRecord {
+        StoredRecord {
+            seq,
+            timestamp: 1,
+            defer_until: 0,
+            id: seq,
+            attempts: 0,
+            body: Bytes::from_static(b"body"),
+        }
+    }
+
+    /// A store without its directory open reopens it by its path only while that path
+    /// still names its own directory: after the directory was replaced (a topic deleted
+    /// and made again under the same name) it refuses, and never touches the new one.
+    #[test]
+    fn a_released_directory_is_reopened_only_if_it_is_still_the_stores() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("t");
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .spawn(move || async move {
+                let cfg = StoreConfig {
+                    max_bytes_per_file: 1 << 30,
+                    sync_every: 1,
+                    sync_timeout: Duration::from_secs(60),
+                    io: crate::SegmentIo::Ring,
+                };
+                let store = TopicStore::create(path.clone(), cfg, 0).unwrap();
+                store.append(&record(0));
+                store.wait_durable(1).await.unwrap();
+                // Released, then opened again by its path: the same directory.
+                store.release_descriptors().await;
+                assert!(store.dir_fd.borrow().is_none());
+                let p = store.fd_path(&path.join("x")).unwrap();
+                std::fs::write(&*p, b"x").unwrap();
+                assert!(path.join("x").exists());
+                drop(p);
+                store.release_descriptors().await;
+                // The directory replaced by another under the same name: refused.
+                std::fs::rename(&path, path.with_file_name("aside")).unwrap();
+                std::fs::create_dir(&path).unwrap();
+                let e = store.fd_path(&path.join("y")).err().map(|e| e.to_string());
+                assert_eq!(e.as_deref(), Some("topic deleted"));
+                assert!(!path.join("y").exists());
+                std::fs::remove_dir(&path).unwrap();
+                std::fs::rename(path.with_file_name("aside"), &path).unwrap();
+                // Records written before a release are read back after it.
+                store.release_descriptors().await;
+                let recs = store.read(0, 10).await.unwrap();
+                assert_eq!(recs.len(), 1);
+                store.close().await;
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+}
