@@ -119,9 +119,7 @@ fn far_more_durable_topics_than_descriptors() {
         }
         let (code, body) = b.http("GET", "/ping", b"");
         assert_eq!((code, show(&body)), (200, "OK".into()), "{ctx}: /ping");
-        let fds = std::fs::read_dir(format!("/proc/{}/fd", b.pid()))
-            .map(|d| d.count())
-            .unwrap_or(0);
+        let fds = fd_count(b.pid());
         eprintln!("{ctx}: {TOPICS} topics published, {fds} descriptors open");
         assert_eq!(
             b.terminate().and_then(|s| s.code()),
