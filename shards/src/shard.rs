@@ -13,7 +13,7 @@ use crate::topic::{PublishError, StoreMode, Topic, STORE_DELAY};
 use crate::wake::Latch;
 use bytes::Bytes;
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
 
@@ -100,7 +100,7 @@ pub struct Shard {
     /// name): reported by [`Shard::health`] until the next start, and their stores are
     /// never created afresh over the data left in their directories (a publish to one
     /// is refused, as to a topic whose store failed).
-    pub failed_recoveries: RefCell<BTreeMap<String, String>>,
+    pub failed_recoveries: RefCell<std::collections::BTreeMap<String, String>>,
     /// A checkpoint is being written (one at a time: [`Shard::run_checkpoint`]).
     checkpoint_running: Cell<bool>,
     /// A topic holds records not yet handed to its store: wakes `store_loop`.
@@ -222,7 +222,7 @@ impl Shard {
             meta_requested: Cell::new(0),
             meta_written: crate::wake::Progress::default(),
             meta_error: RefCell::new(None),
-            failed_recoveries: RefCell::new(BTreeMap::new()),
+            failed_recoveries: RefCell::new(std::collections::BTreeMap::new()),
             checkpoint_running: Cell::new(false),
             store_wake: crate::wake::Notify::default(),
             next_client: Cell::new(1),
