@@ -31,6 +31,15 @@ fn main() {
     unsafe {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
+    // Descriptors: the soft limit up to the hard one (Go programs, nsqd included, do so).
+    if let Some((old, new)) = nsqd::preflight::raise_nofile_limit() {
+        let new = if new == libc::RLIM_INFINITY {
+            "unlimited".to_string()
+        } else {
+            new.to_string()
+        };
+        log::info!("open files limit (RLIMIT_NOFILE) raised: {old} -> {new}");
+    }
     // Disk-fault injection for tests (nsq_storage::faults): off unless the variable is set.
     match nsq_storage::faults::init_from_env() {
         Ok(true) => log::warn!(

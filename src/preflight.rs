@@ -344,6 +344,32 @@ fn io_uring_unavailable(e: i32) -> String {
     }
 }
 
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit, as Go's runtime does at the start
+/// of every program (nsqd included, since Go 1.19): each connection and each active
+/// topic takes descriptors, and the usual soft default of 1024 runs out at a few hundred
+/// topics. Returns (old, new) when it raised it, `None` when it was already at the hard
+/// limit or could not be read or set (the process then runs with what it has).
+pub fn raise_nofile_limit() -> Option<(u64, u64)> {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit(2) writes one rlimit into `rl`, which outlives the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 {
+        return None;
+    }
+    if rl.rlim_cur >= rl.rlim_max {
+        return None;
+    }
+    let old = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    // SAFETY: setrlimit(2) reads one rlimit from `rl`, which outlives the call.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &rl) } != 0 {
+        return None;
+    }
+    Some((old, rl.rlim_max))
+}
+
 /// The soft `RLIMIT_MEMLOCK` in bytes (`u64::MAX` for unlimited).
 fn memlock_limit() -> Option<u64> {
     let mut rl = libc::rlimit {

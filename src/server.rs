@@ -170,8 +170,29 @@ impl Server {
     }
 }
 
+/// Opens the descriptor a listener loop keeps in reserve for running out of them.
+fn open_reserve() -> Option<std::fs::File> {
+    std::fs::File::open("/dev/null").ok()
+}
+
+/// Out of descriptors (EMFILE: the process's limit; ENFILE: the system's).
+fn out_of_descriptors(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE))
+}
+
+/// How long, out of descriptors, the loop waits for the connection the failed accept
+/// left pending (it may have gone meanwhile).
+const SHED_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Accepts connections on `listener` until the shard shuts down, running `serve` for each
 /// on its own task (`what` names the listener in logs: "TCP", "HTTP").
+///
+/// Out of descriptors, it closes the connection it could not accept instead of leaving
+/// it in the backlog (where its client hangs and every accept fails again at once): it
+/// gives back a descriptor held in reserve (`/dev/null` opened), accepts the connection
+/// with it, closes it and takes the reserve again (libev's and nginx's way). An accept
+/// error is logged at once, then at most once a second while the same one repeats, with
+/// the count ([`nsq_storage::repeat_log::RepeatLog`]).
 pub async fn accept_until_shutdown<F, Fut>(
     server: Rc<Server>,
     listener: glommio::net::TcpListener,
@@ -184,6 +205,10 @@ pub async fn accept_until_shutdown<F, Fut>(
     use futures::future::{select, Either};
     use futures::FutureExt;
     use std::pin::pin;
+    let mut reserve = open_reserve();
+    let errors = nsq_storage::repeat_log::RepeatLog::default();
+    let mut last_error: Option<std::io::ErrorKind> = None;
+    let mut last_errno: Option<i32> = None;
     loop {
         let accept = pin!(listener.accept());
         let stop = pin!(server.shard.shutdown.wait());
@@ -197,9 +222,35 @@ pub async fn accept_until_shutdown<F, Fut>(
                 glommio::spawn_local(conn).detach();
             }
             Either::Left((Err(e), _)) => {
-                // Out of fds or similar: back off briefly instead of spinning.
-                log::error!("{what}: accept error - {e}");
+                let e = std::io::Error::from(e);
+                let same = last_error == Some(e.kind()) && last_errno == e.raw_os_error();
+                (last_error, last_errno) = (Some(e.kind()), e.raw_os_error());
+                if out_of_descriptors(&e) && reserve.take().is_some() {
+                    errors.error(
+                        same,
+                        format_args!(
+                            "{what}: accept error - {e}; closing the connection (raise the \
+                             open files limit: ulimit -n, systemd LimitNOFILE=)"
+                        ),
+                    );
+                    let accept = pin!(listener.accept());
+                    let wait = pin!(glommio::timer::sleep(SHED_WAIT));
+                    if let Either::Left((Ok(stream), _)) = select(accept, wait).await {
+                        drop(stream);
+                    }
+                    reserve = open_reserve();
+                    if reserve.is_some() {
+                        continue;
+                    }
+                } else {
+                    errors.error(same, format_args!("{what}: accept error - {e}"));
+                }
+                // No reserve to shed with, or another error: back off briefly instead
+                // of spinning.
                 glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+                if reserve.is_none() {
+                    reserve = open_reserve();
+                }
             }
             Either::Right(_) => break,
         }

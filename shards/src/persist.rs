@@ -149,7 +149,13 @@ impl Shard {
                         started.elapsed()
                     )
                 }
-                Err(e) => log::error!("TOPIC({name}): recovery failed - {e}"),
+                Err(e) => {
+                    let e = format!("TOPIC({name}): recovery failed - {e}");
+                    log::error!("{e}");
+                    self.failed_recoveries
+                        .borrow_mut()
+                        .insert(name.to_string(), e);
+                }
             }
         }
     }

@@ -96,6 +96,11 @@ pub struct Shard {
     pub meta_written: crate::wake::Progress,
     /// The last metadata write's error, until one succeeds (nsqd's health).
     pub meta_error: RefCell<Option<String>>,
+    /// Topics whose data could not be loaded at start-up, with the error (by topic
+    /// name): reported by [`Shard::health`] until the next start, and their stores are
+    /// never created afresh over the data left in their directories (a publish to one
+    /// is refused, as to a topic whose store failed).
+    pub failed_recoveries: RefCell<std::collections::BTreeMap<String, String>>,
     /// A checkpoint is being written (one at a time: [`Shard::run_checkpoint`]).
     checkpoint_running: Cell<bool>,
     /// Durable topics whose metadata may have changed since the last checkpoint took
@@ -227,6 +232,7 @@ impl Shard {
             meta_requested: Cell::new(0),
             meta_written: crate::wake::Progress::default(),
             meta_error: RefCell::new(None),
+            failed_recoveries: RefCell::new(std::collections::BTreeMap::new()),
             checkpoint_running: Cell::new(false),
             meta_changed: RefCell::new(HashSet::new()),
             unstored: RefCell::new(HashSet::new()),
@@ -451,6 +457,11 @@ impl Shard {
         let Some(dp) = &self.opts.data_path else {
             return Ok(());
         };
+        if let Some(e) = self.failed_recoveries.borrow().get(&t.name) {
+            // Its data is still in the directory: a new store there would overwrite it.
+            t.store_error = Some(e.clone());
+            return Err(e.clone());
+        }
         let dir = nsq_storage::topic_dir(dp, &t.name);
         let prepared = match self.opts.segment_io {
             nsq_storage::SegmentIo::Ring => None,
@@ -671,6 +682,7 @@ impl Shard {
                     .or_else(|| t.store_error.clone())
             })
             .or_else(|| self.meta_error.borrow().clone())
+            .or_else(|| self.failed_recoveries.borrow().values().next().cloned())
             .or_else(|| {
                 topics
                     .values()
@@ -1769,5 +1781,58 @@ mod tests {
         s.subscribe(&c, "t#ephemeral", "c#ephemeral").unwrap();
         s.client_gone(&c);
         assert!(s.topics.borrow().is_empty());
+    }
+
+    #[test]
+    fn a_topic_that_failed_to_load_is_unhealthy_and_keeps_its_data() {
+        // Recovery at start-up could not load the topic (`Shard::recover` records it):
+        // `/ping` reports it, and a publish to it is refused rather than starting a new
+        // store over the segments still in its directory.
+        let dir = std::env::temp_dir().join(format!("nsq-shards-failed-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let topic_dir = nsq_storage::topic_dir(&dir, "t");
+        std::fs::create_dir_all(&topic_dir).unwrap();
+        let seg = topic_dir.join("00000000000000000000.seg");
+        std::fs::write(&seg, b"old data").unwrap();
+        let d2 = dir.clone();
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .spawn(move || async move {
+                let s = Shard::new(
+                    0,
+                    1,
+                    0,
+                    Options {
+                        data_path: Some(d2),
+                        ..Options::default()
+                    },
+                );
+                assert_eq!(s.health(), None);
+                let e = "TOPIC(t): recovery failed - Too many open files (os error 24)";
+                s.failed_recoveries
+                    .borrow_mut()
+                    .insert("t".into(), e.into());
+                assert_eq!(s.health().as_deref(), Some(e));
+                let r = s.publish_local("t", vec![Bytes::from_static(b"new")], None);
+                assert!(
+                    matches!(&r, Err(PublishError::Disk(m)) if m == e),
+                    "{:?}",
+                    r.err()
+                );
+                s.retry_missing_stores();
+                assert!(
+                    s.topics.borrow()["t"].store.is_none(),
+                    "no store made afresh"
+                );
+                assert_eq!(s.health().as_deref(), Some(e));
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(
+            std::fs::read(&seg).unwrap(),
+            b"old data",
+            "the old data is kept"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -27,6 +27,7 @@ pub mod journal;
 pub mod meta;
 pub mod probe;
 pub mod record;
+pub mod repeat_log;
 pub mod store;
 
 pub use error::StoreError;

@@ -66,9 +66,16 @@ impl TopicStore {
         if self.destroyed.get() || !self.segments.borrow().contains_key(&ix.base) {
             return;
         }
-        let seg = self.fd_path(&seg_path(&self.dir, ix.base));
-        let idx = self.fd_path(&idx_path(&self.dir, ix.base));
-        let pidx = self.fd_path(&pidx_path(&self.dir, ix.base));
+        let paths = (
+            self.fd_path(&seg_path(&self.dir, ix.base)),
+            self.fd_path(&idx_path(&self.dir, ix.base)),
+            self.fd_path(&pidx_path(&self.dir, ix.base)),
+        );
+        let (Ok(seg), Ok(idx), Ok(pidx)) = paths else {
+            // Deleted meanwhile, or the directory cannot be opened (then the segment
+            // is scanned at the next start).
+            return;
+        };
         let base = ix.base;
         self.opens.set(self.opens.get() + 1);
         let res = glommio::executor()
@@ -115,10 +122,14 @@ pub(super) fn write_partial(store: &Rc<TopicStore>, base: u64, data_end: u64) {
     store.opens.set(store.opens.get() + 1);
     let st = store.clone();
     glommio::spawn_local(async move {
-        let p = st.fd_path(&pidx_path(&st.dir, base));
-        let res = glommio::executor()
-            .spawn_blocking(move || write_partial_blocking(&p, &ix))
-            .await;
+        let res = match st.fd_path(&pidx_path(&st.dir, base)) {
+            Ok(p) => {
+                glommio::executor()
+                    .spawn_blocking(move || write_partial_blocking(&p, &ix))
+                    .await
+            }
+            Err(e) => Err(e),
+        };
         st.opens.set(st.opens.get() - 1);
         st.partial_busy.set(false);
         if let Err(e) = res {

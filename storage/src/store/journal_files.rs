@@ -2,12 +2,12 @@
 //! deferred state in memory only): recording events, appending them to the current
 //! generation's file as soon as they are recorded, and syncing them with the records.
 
+use super::descriptors::FdPath;
 use super::retention::delete_covered_journals;
 use super::segment_io::{close_off_thread, SegmentIo};
 use super::{io_err, TopicStore};
 use crate::error::StoreError;
 use crate::journal::EventKind;
-use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -111,7 +111,7 @@ pub(super) struct JournalFile {
     /// Opened for appending; shared with the blocking thread that fdatasyncs it.
     file: Arc<std::fs::File>,
     /// Written since its last sync.
-    dirty: bool,
+    pub(super) dirty: bool,
 }
 
 /// Appends `data` to the journal file of generation `gen` with a plain buffered
@@ -135,7 +135,7 @@ pub(super) fn journal_write(
             if store.destroyed.get() {
                 return Err(StoreError::topic_deleted());
             }
-            let file = open_journal(&store.fd_path(&crate::journal::path(&store.dir, gen)))?;
+            let file = open_journal(&store.fd_path(&crate::journal::path(&store.dir, gen))?)?;
             store.journal_files.borrow_mut().insert(gen);
             Ok(file)
         },
@@ -195,12 +195,13 @@ pub(super) async fn flush_journal_io(store: &TopicStore) -> u64 {
     if store.destroyed.get() {
         return events;
     }
-    let work: Vec<(u64, Vec<u8>, PathBuf)> = bufs
+    // (On this path the store keeps its directory open: no path is missing here.)
+    let work: Vec<(u64, Vec<u8>, FdPath)> = bufs
         .into_iter()
         .filter(|(gen, _)| *gen > covered)
-        .map(|(gen, data)| {
-            let path = store.fd_path(&crate::journal::path(&store.dir, gen));
-            (gen, data, path)
+        .filter_map(|(gen, data)| {
+            let path = store.fd_path(&crate::journal::path(&store.dir, gen)).ok()?;
+            Some((gen, data, path))
         })
         .collect();
     let jf = store.journal_file.borrow_mut().take();

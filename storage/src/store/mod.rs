@@ -77,6 +77,7 @@ const PARTIAL_EVERY: u64 = 8 * 1024 * 1024;
 const TAIL_BYTES: u64 = 16 * 1024 * 1024;
 
 mod checkpoint;
+mod descriptors;
 mod journal_files;
 mod reader;
 mod recovery;
@@ -85,6 +86,7 @@ mod retention;
 mod segment_io;
 mod writer;
 
+pub use descriptors::stores_holding_descriptors;
 use journal_files::{journal_flusher, JournalFile};
 pub use replay::SegmentInfo;
 pub use segment_io::SegmentIo;
@@ -178,15 +180,17 @@ pub struct TopicStore {
     closing: Cell<bool>,
     /// The last write or sync error, cleared by the next success (nsqd's health).
     error: RefCell<Option<StoreError>>,
-    /// When the error was last logged, and how many times it repeated since
-    /// ([`TopicStore::set_error`]).
-    error_logged: Cell<Option<(std::time::Instant, u64)>>,
+    /// Rate limit of the error's log lines ([`TopicStore::set_error`]).
+    error_logged: crate::repeat_log::RepeatLog,
     /// Set once the writer task has finished (after `close`).
     done: Rc<crate::Notify>,
     finished: Cell<bool>,
-    /// The topic directory, held open: files are opened through `/proc/self/fd/<fd>/`
-    /// so that renaming the directory (topic delete) never breaks an open in flight.
-    dir_fd: std::fs::File,
+    /// The topic directory, open while the store is active (see [`descriptors`]): files
+    /// are opened through `/proc/self/fd/<fd>/` so that renaming the directory (topic
+    /// delete) never breaks an open in flight.
+    dir_fd: RefCell<Option<descriptors::HeldDir>>,
+    /// The directory's (device, inode), checked when it is opened again by its path.
+    dir_id: (u64, u64),
     /// Opens of segment files in flight; files are unlinked only when none is.
     opens: Cell<usize>,
     /// Topic deleted: no more writes or opens.
@@ -288,26 +292,10 @@ impl TopicStore {
     /// thousands of syncs a second).
     pub(crate) fn set_error(&self, e: &StoreError, line: std::fmt::Arguments<'_>) {
         let same = self.error.borrow().as_ref() == Some(e);
-        let now = std::time::Instant::now();
-        match self.error_logged.get() {
-            Some((at, repeats)) if same && now.duration_since(at) < ERROR_LOG_EVERY => {
-                self.error_logged.set(Some((at, repeats + 1)));
-            }
-            Some((_, repeats)) if same && repeats > 0 => {
-                log::error!("{line} (and {repeats} times more in the last second or so)");
-                self.error_logged.set(Some((now, 0)));
-            }
-            _ => {
-                log::error!("{line}");
-                self.error_logged.set(Some((now, 0)));
-            }
-        }
+        self.error_logged.error(same, line);
         *self.error.borrow_mut() = Some(e.clone());
     }
 }
-
-/// How often [`TopicStore::set_error`] logs an error that keeps repeating.
-const ERROR_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl TopicStore {
     /// Creates the store of a new topic (its directory must not hold old data) and spawns
@@ -341,18 +329,27 @@ impl TopicStore {
         cfg: StoreConfig,
         next_seq: u64,
     ) -> Result<Rc<TopicStore>, StoreError> {
-        TopicStore::start(dir, dir_fd, cfg, BTreeMap::new(), next_seq)
+        TopicStore::start(dir, dir_fd, true, cfg, BTreeMap::new(), next_seq)
     }
 
     /// Builds the store around its (recovered or empty) segments and its open
-    /// directory, and spawns its writer.
+    /// directory, and spawns its writer. The directory stays open when `hold` (a new
+    /// topic, about to be written) or on the blocking-thread path; otherwise (a recovered
+    /// topic) it is closed at once and opened again when needed.
+    ///
+    /// Errors: the directory's `fstat` failure.
     fn start(
         dir: PathBuf,
         dir_fd: std::fs::File,
+        hold: bool,
         cfg: StoreConfig,
         segments: BTreeMap<u64, Segment>,
         next_seq: u64,
     ) -> Result<Rc<TopicStore>, StoreError> {
+        let dir_id = descriptors::dir_id(&dir_fd)
+            .map_err(|e| io_err(e).context(format_args!("stat {}", dir.display())))?;
+        let dir_fd =
+            (hold || cfg.io == SegmentIo::Threads).then(|| descriptors::HeldDir::new(dir_fd));
         let store = Rc::new(TopicStore {
             dir,
             cfg,
@@ -369,10 +366,11 @@ impl TopicStore {
             wake: Rc::new(crate::Notify::default()),
             closing: Cell::new(false),
             error: RefCell::new(None),
-            error_logged: Cell::new(None),
+            error_logged: Default::default(),
             done: Rc::new(crate::Notify::default()),
             finished: Cell::new(false),
-            dir_fd,
+            dir_fd: RefCell::new(dir_fd),
+            dir_id,
             opens: Cell::new(0),
             destroyed: Cell::new(false),
             salt: new_salt(),
@@ -503,16 +501,6 @@ impl TopicStore {
         }
     }
 
-    /// `path`'s file name under the held directory fd (stable across a rename).
-    fn fd_path(&self, path: &Path) -> PathBuf {
-        use std::os::fd::AsRawFd;
-        let name = path
-            .file_name()
-            .map(|n| n.to_os_string())
-            .unwrap_or_default();
-        PathBuf::from(format!("/proc/self/fd/{}", self.dir_fd.as_raw_fd())).join(name)
-    }
-
     /// Writes the topic's `meta.json` ([`crate::meta::write_blocking`]) through the held
     /// directory fd, so that it lands in this store's directory and nowhere else: not in
     /// a directory made again under the same name by a later topic, and never a new one.
@@ -524,9 +512,13 @@ impl TopicStore {
         if self.destroyed.get() {
             return Ok(false);
         }
-        // A duplicate of the fd for the blocking thread: it stays valid (and means this
-        // directory) even if this future is dropped and the store goes meanwhile.
-        let fd = self.dir_fd.try_clone()?;
+        // The fd for the blocking thread: it stays open (and means this directory) even
+        // if this future is dropped and the store goes meanwhile.
+        let fd = match self.dir_for_once() {
+            Ok(fd) => fd,
+            Err(_) if self.destroyed.get() => return Ok(false),
+            Err(e) => return Err(e.into()),
+        };
         struct Open<'a>(&'a Cell<usize>);
         impl Drop for Open<'_> {
             fn drop(&mut self) {

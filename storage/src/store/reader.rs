@@ -110,7 +110,7 @@ impl TopicStore {
         if self.destroyed.get() {
             return Err(StoreError::topic_deleted());
         }
-        let fd_path = self.fd_path(path);
+        let fd_path = self.fd_path(path)?;
         self.opens.set(self.opens.get() + 1);
         let f = match crate::faults::check(crate::faults::Op::Open).await {
             Ok(()) => SegmentFile::open(&fd_path, self.cfg.io)

@@ -323,7 +323,7 @@ impl TopicStore {
         }
         let dir_fd = std::fs::File::open(&dir)
             .map_err(|e| io_err(e).context(format_args!("open {}", dir.display())))?;
-        let store = TopicStore::start(dir, dir_fd, cfg, segments, next_seq)?;
+        let store = TopicStore::start(dir, dir_fd, false, cfg, segments, next_seq)?;
         *store.journal_files.borrow_mut() = journals.clone();
         store
             .journal_gen

@@ -25,7 +25,7 @@ impl TopicStore {
     /// Every segment, oldest first; the last one is the segment being written. Sizes come
     /// from one `stat` per file (run off the executor thread).
     pub async fn segment_list(&self) -> Vec<SegmentInfo> {
-        let segs: Vec<(SegmentInfo, std::path::PathBuf)> = self
+        let segs: Vec<(SegmentInfo, Option<super::descriptors::FdPath>)> = self
             .segments
             .borrow()
             .iter()
@@ -36,14 +36,16 @@ impl TopicStore {
                     readable_seq: s.readable_seq,
                     bytes: 0,
                 };
-                (info, self.fd_path(&s.path))
+                (info, self.fd_path(&s.path).ok())
             })
             .collect();
         glommio::executor()
             .spawn_blocking(move || {
                 segs.into_iter()
                     .map(|(mut info, p)| {
-                        info.bytes = std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
+                        info.bytes = p
+                            .and_then(|p| std::fs::metadata(&p).ok())
+                            .map_or(0, |m| m.len());
                         info
                     })
                     .collect()

@@ -25,9 +25,13 @@ impl TopicStore {
         self.no_opens().await;
         for (b, p) in victims {
             log::info!("STORE: deleting segment {}", p.display());
-            let fp = self.fd_path(&p);
-            let ip = self.fd_path(&idx_path(&self.dir, b));
-            let pp = self.fd_path(&pidx_path(&self.dir, b));
+            let (Ok(fp), Ok(ip), Ok(pp)) = (
+                self.fd_path(&p),
+                self.fd_path(&idx_path(&self.dir, b)),
+                self.fd_path(&pidx_path(&self.dir, b)),
+            ) else {
+                continue;
+            };
             let _ = glommio::executor()
                 .spawn_blocking(move || {
                     let _ = std::fs::remove_file(ip);
@@ -90,9 +94,9 @@ pub(super) async fn delete_covered_journals(store: &TopicStore) {
     for g in &gone {
         store.journal_files.borrow_mut().remove(g);
     }
-    let paths: Vec<PathBuf> = gone
+    let paths: Vec<_> = gone
         .iter()
-        .map(|g| store.fd_path(&crate::journal::path(&store.dir, *g)))
+        .filter_map(|g| store.fd_path(&crate::journal::path(&store.dir, *g)).ok())
         .collect();
     store.opens.set(store.opens.get() + 1);
     let _ = glommio::executor()

@@ -5,6 +5,7 @@
 //! and syncs by `--sync-every` / `--sync-timeout` or when a publisher waits.
 
 use super::checkpoint::{seal_closed, write_partial};
+use super::descriptors::{pressed, pressure_changed, writer_slot, IDLE_RELEASE, PRESSED_RELEASE};
 use super::journal_files::{flush_journal_io, sync_journal};
 use super::retention::delete_covered_journals;
 use super::segment_io::{SegmentIo, SegmentWriter};
@@ -45,6 +46,8 @@ impl TopicStore {
 }
 
 pub(super) struct Active {
+    /// This thread's permit to hold a segment open ([`writer_slot`]), given back with it.
+    _slot: Option<glommio::sync::StaticPermit>,
     writer: SegmentWriter,
     /// The segment file opened a second time (read-only), to check its length; only for
     /// the io_uring writer, whose flushed position can run past what the file holds
@@ -74,17 +77,19 @@ pub(super) struct Unflushed {
 }
 
 pub(super) async fn open_segment(store: &TopicStore, base: u64) -> Result<Active, StoreError> {
+    let slot = writer_slot(store).await;
     if store.destroyed.get() {
         return Err(StoreError::topic_deleted());
     }
     let path = seg_path(&store.dir, base);
+    let fd_path = store.fd_path(&path)?;
     store.opens.set(store.opens.get() + 1);
     let opened = match faults::check(faults::Op::Open).await {
         Err(e) => Err(io_err(e)),
         Ok(()) => match store.cfg.io {
-            SegmentIo::Ring => match DmaFile::create(store.fd_path(&path)).await {
+            SegmentIo::Ring => match DmaFile::create(&*fd_path).await {
                 // (An open of the file just created: its directory entry is in memory.)
-                Ok(file) => std::fs::File::open(store.fd_path(&path))
+                Ok(file) => std::fs::File::open(&*fd_path)
                     .map(|check| {
                         let w = DmaStreamWriterBuilder::new(file)
                             .with_buffer_size(WRITE_BUFFER)
@@ -95,7 +100,7 @@ pub(super) async fn open_segment(store: &TopicStore, base: u64) -> Result<Active
                     .map_err(io_err),
                 Err(e) => Err(io_err(e)),
             },
-            SegmentIo::Threads => SegmentWriter::create_threaded(store.fd_path(&path))
+            SegmentIo::Threads => SegmentWriter::create_threaded(fd_path.to_path_buf())
                 .await
                 .map(|w| (w, None))
                 .map_err(io_err),
@@ -120,6 +125,7 @@ pub(super) async fn open_segment(store: &TopicStore, base: u64) -> Result<Active
         },
     );
     Ok(Active {
+        _slot: slot,
         writer,
         file: check,
         base,
@@ -228,8 +234,7 @@ pub(super) async fn abandon(store: &TopicStore, a: Option<Active>, sound: bool) 
     if !a.synced && (a.written == 0 || empty) {
         let seg = store.segments.borrow_mut().remove(&a.base);
         drop(a);
-        if let Some(seg) = seg {
-            let p = store.fd_path(&seg.path);
+        if let Some(p) = seg.and_then(|seg| store.fd_path(&seg.path).ok()) {
             let _ = glommio::executor()
                 .spawn_blocking(move || std::fs::remove_file(p))
                 .await;
@@ -390,9 +395,10 @@ struct Writer {
 }
 
 impl Writer {
-    /// Sleeps until there is something to do, or `--sync-timeout` after unsynced writes.
-    async fn wait_for_work(&self) {
-        let store = &self.store;
+    /// Sleeps until there is something to do, or `--sync-timeout` after unsynced writes;
+    /// gives the store's descriptors back when idle meanwhile ([`Writer::wait_idle`]).
+    async fn wait_for_work(&mut self) {
+        let store = self.store.clone();
         let has_pending = !store.pending.borrow().is_empty();
         let has_journal = store.journal_written.get() > 0;
         let has_waiters = !store.waiters.borrow().is_empty();
@@ -401,16 +407,72 @@ impl Writer {
             return;
         }
         let wake = std::pin::pin!(store.wake.wait());
-        if self.unsynced > 0 {
-            let left = store
-                .cfg
-                .sync_timeout
-                .saturating_sub(self.last_sync.elapsed());
-            let sleep = std::pin::pin!(glommio::timer::sleep(left));
+        if store.cfg.io == SegmentIo::Ring && (self.active.is_some() || store.holds_releasable()) {
+            self.wait_idle(wake).await;
+        } else if self.unsynced > 0 {
+            let sleep = std::pin::pin!(glommio::timer::sleep(self.sync_left()));
             futures::future::select(wake, sleep).await;
         } else {
             wake.await;
         }
+    }
+
+    /// Time left until unsynced writes are due for their sync (`--sync-timeout`).
+    fn sync_left(&self) -> Duration {
+        self.store
+            .cfg
+            .sync_timeout
+            .saturating_sub(self.last_sync.elapsed())
+    }
+
+    /// Waits for `wake` (or for a sync to fall due) while the store holds descriptors;
+    /// once idle for [`IDLE_RELEASE`] ([`PRESSED_RELEASE`] while too many stores hold
+    /// some, re-checked whenever a store of this thread takes descriptors), syncs what
+    /// is unsynced (early, under pressure), closes and seals the segment being written
+    /// (the next write starts a new one) and gives the rest back
+    /// ([`TopicStore::release_descriptors`]).
+    async fn wait_idle(
+        &mut self,
+        mut wake: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    ) {
+        use futures::future::{select, Either};
+        let since = Instant::now();
+        let key = Rc::as_ptr(&self.store) as usize;
+        loop {
+            let idle = if pressed() {
+                PRESSED_RELEASE
+            } else {
+                IDLE_RELEASE
+            };
+            let idle_left = idle.saturating_sub(since.elapsed());
+            if idle_left.is_zero() {
+                break;
+            }
+            let mut left = idle_left;
+            if self.unsynced > 0 {
+                let sync_left = self.sync_left();
+                if sync_left.is_zero() {
+                    return;
+                }
+                left = left.min(sync_left);
+            }
+            let sleep = std::pin::pin!(glommio::timer::sleep(left));
+            let pressure = std::pin::pin!(pressure_changed(key));
+            if let Either::Left(_) = select(wake.as_mut(), select(sleep, pressure)).await {
+                return;
+            }
+        }
+        let store = self.store.clone();
+        if self.unsynced > 0 {
+            self.sync().await;
+        }
+        if self.active.is_some() {
+            if let Err(failed) = self.rotate().await {
+                abandon(&store, Some(failed), false).await;
+                return;
+            }
+        }
+        store.release_descriptors().await;
     }
 
     /// Writes the batch `buf` (records `recs`: sequence, encoded length) into segments,
