@@ -262,9 +262,16 @@ def row_fds(args):
         flush=True,
     )
     b.stop()
-    port_s = b.start()
-    ping_s = b.wait_ping_ok(within=60)
-    stats, _ = b.stats()
+    try:
+        port_s = b.start()
+        ping_s = b.wait_ping_ok(within=60)
+        stats, _ = b.stats()
+    except (OSError, SystemExit) as e:
+        time.sleep(1)
+        print(f"fds-restart: failed ({e}; exit status {b.proc.poll()}; see {b.log.name})", flush=True)
+        b.stop()
+        cleanup(args, base)
+        return
     kept = sum(1 for t in stats.get("topics", []) if t.get("depth", 0) + sum(
         ch.get("depth", 0) for ch in t.get("channels", [])) >= 1 or t.get("message_count", 0) >= 1)
     print(

@@ -31,14 +31,17 @@ fn wait_journaled(data: &std::path::Path, topic: &str, channel: &str) {
             .get(channel)
             .map(|c| c.states.values().cloned().collect())
             .unwrap_or_default();
-        let delayed = states.iter().any(
-            |s| matches!(s, MessageState::Pending { due_unix_ns, .. } if *due_unix_ns != 0),
-        );
+        let delayed = states
+            .iter()
+            .any(|s| matches!(s, MessageState::Pending { due_unix_ns, .. } if *due_unix_ns != 0));
         let finished = states.iter().any(|s| matches!(s, MessageState::Finished));
         last = Some(states);
         delayed && finished
     });
-    assert!(ok, "journal files never held the REQ delay and the FIN: {last:?}");
+    assert!(
+        ok,
+        "journal files never held the REQ delay and the FIN: {last:?}"
+    );
 }
 
 #[test]

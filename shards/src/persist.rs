@@ -514,11 +514,15 @@ impl Shard {
                 Err(e) => {
                     // Still changed: the next checkpoint tries it again.
                     self.mark_changed(&name);
+                    let cause = e.to_string();
                     let e = format!(
                         "STORE: metadata write for {} failed - {e}",
                         st.dir().display()
                     );
-                    log::error!("{e}");
+                    let (log, last) = &self.meta_error_log;
+                    let same = *last.borrow() == cause;
+                    log.error(same, format_args!("{e}"));
+                    *last.borrow_mut() = cause;
                     meta_error = Some(e);
                 }
             }

@@ -96,6 +96,10 @@ pub struct Shard {
     pub meta_written: crate::wake::Progress,
     /// The last metadata write's error, until one succeeds (nsqd's health).
     pub meta_error: RefCell<Option<String>>,
+    /// Logs failed metadata writes: a cause that repeats (a full disk, no descriptors
+    /// left, for every changed topic at each checkpoint) at most once a second, with
+    /// the count; the last cause logged.
+    pub(crate) meta_error_log: (nsq_storage::repeat_log::RepeatLog, RefCell<String>),
     /// Topics whose data could not be loaded at start-up, with the error (by topic
     /// name): reported by [`Shard::health`] until the next start, and their stores are
     /// never created afresh over the data left in their directories (a publish to one
@@ -232,6 +236,7 @@ impl Shard {
             meta_requested: Cell::new(0),
             meta_written: crate::wake::Progress::default(),
             meta_error: RefCell::new(None),
+            meta_error_log: Default::default(),
             failed_recoveries: RefCell::new(std::collections::BTreeMap::new()),
             checkpoint_running: Cell::new(false),
             meta_changed: RefCell::new(HashSet::new()),
