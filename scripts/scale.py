@@ -8,6 +8,7 @@ full-disk row (it loop-mounts an ext4 image).
   scripts/scale.py fulldisk [--size-mb 300]
   scripts/scale.py deferred [--count 1000000]
   scripts/scale.py deferred-memory [--count 1000000] [--defer-s 20]
+  scripts/scale.py lagging  [--backlog-mb 1280]     # needs target/release/nsq-bench
 
 Common options: --broker PATH (default target/release/nsqd), --upstream (the broker is
 upstream nsqd: no --shards flag), --shards N (default 2), --keep (leave the data path).
@@ -495,9 +496,74 @@ def row_deferred_memory(args):
     cleanup(args, base)
 
 
+def read_bytes(pid):
+    """Bytes the process made the disk read (/proc/PID/io read_bytes)."""
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            for line in f:
+                if line.startswith("read_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
+
+
+def row_lagging(args):
+    """A backlog of --backlog-mb of 4 KiB messages in a topic with 10 channels and no
+    consumers (MPUB), then one nsq-bench consumer per channel drains it:
+    drain time, and bytes read from the disk against the backlog's size."""
+    bench = os.path.join(ROOT, "target", "release", "nsq-bench")
+    base, data = fresh_data(args, "lagging")
+    b = Broker(args, data)
+    b.start()
+    b.request("POST", "/topic/create?topic=lag")
+    for i in range(10):
+        b.request("POST", f"/channel/create?topic=lag&channel=bench-{i}")
+    size = 4096
+    n = (args.backlog_mb << 20) // size
+    # Publish exactly n messages: MPUB batches of 100 over one connection.
+    s = v2(b)
+    body = b"L" * size
+    batch = 100
+    frame = mpub_frame("lag", [body] * batch)
+    t0 = time.monotonic()
+    for _ in range(n // batch):
+        s.sendall(frame)
+        ft, d = read_frame(s)
+        if ft != 0:
+            raise SystemExit(f"MPUB failed: {d[:200]!r}")
+    sent = n // batch * batch
+    pub_s = time.monotonic() - t0
+    time.sleep(3)
+    r0 = read_bytes(b.pid())
+    t1 = time.monotonic()
+    sub = subprocess.run(
+        [bench, "sub", f"--nsqd-tcp-address=127.0.0.1:{b.tcp}", "--topic=lag", "--channels=10",
+         f"--expect={sent}", "--size=4096", "-q", "--json"],
+        capture_output=True, text=True,
+    )
+    drain_s = time.monotonic() - t1
+    r1 = read_bytes(b.pid())
+    try:
+        rep = json.loads(sub.stdout.strip().splitlines()[-1])
+        lost = rep.get("lost")
+    except (ValueError, IndexError):
+        lost = f"? ({sub.stderr[-300:]})"
+    backlog = sent * size
+    print(
+        f"lagging: channels=10 backlog_msgs={sent} backlog_mib={backlog >> 20} pub_s={pub_s:.1f} "
+        f"drain_s={drain_s:.1f} read_mib={(r1 - r0) >> 20} reads_per_backlog={(r1 - r0) / backlog:.2f} "
+        f"lost={lost} rss_mib={b.rss_mib():.0f}",
+        flush=True,
+    )
+    b.stop()
+    cleanup(args, base)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("row", choices=["topics", "fds", "fulldisk", "deferred", "deferred-memory"])
+    p.add_argument("row", choices=["topics", "fds", "fulldisk", "deferred", "deferred-memory",
+                                    "lagging"])
     p.add_argument("--broker", default=os.path.join(ROOT, "target", "release", "nsqd"))
     p.add_argument("--upstream", action="store_true", help="the broker is upstream nsqd")
     p.add_argument("--shards", type=int, default=2)
@@ -510,16 +576,18 @@ def main():
     p.add_argument("--policy", action="append", default=[],
                    help="extra broker flag for the fulldisk row, e.g. --policy=--sync-every=1")
     p.add_argument("--defer-s", type=int, default=20, help="defer time (deferred-memory row)")
+    p.add_argument("--backlog-mb", type=int, default=1280, help="backlog size (lagging row)")
     p.add_argument("--keep", action="store_true")
     args = p.parse_args()
     defaults = {"topics": 20000, "fds": 2000, "fulldisk": 0, "deferred": 1000000,
-                "deferred-memory": 1000000}
+                "deferred-memory": 1000000, "lagging": 0}
     if args.count is None:
         args.count = defaults[args.row]
     print(f"# {args.row}: broker={args.broker} disk O_DIRECT write: {disk_speed(tempfile.gettempdir())}",
           flush=True)
     rows = {"topics": row_topics, "fds": row_fds, "fulldisk": row_fulldisk,
-            "deferred": row_deferred, "deferred-memory": row_deferred_memory}
+            "deferred": row_deferred, "deferred-memory": row_deferred_memory,
+            "lagging": row_lagging}
     rows[args.row](args)
 
 

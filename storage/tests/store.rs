@@ -761,3 +761,60 @@ fn a_leftover_empty_segment_is_created_again() {
         });
     }
 }
+
+/// Ten channels reading the same backlog from disk, each in its own batches and at its
+/// own position, share the reads: each 1 MiB block of the log is read from the disk
+/// about once, not once per channel (they each read the whole log before), and every
+/// channel gets every record intact, across segment and block boundaries.
+#[test]
+fn channels_reading_the_same_region_share_the_disk_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("t-shared");
+    run(move || async move {
+        let s = TopicStore::open(p, cfg(3 << 20, 1 << 20), 0)
+            .await
+            .unwrap()
+            .store;
+        // 8 MiB of 3,000-byte bodies in segments of 3 MiB (records cross blocks).
+        let n = 2800u64;
+        let body = |i: u64| Bytes::from(format!("{i:08}-{}", "b".repeat(2991)));
+        for i in 0..n {
+            s.append(&StoredRecord {
+                body: body(i),
+                ..rec(i)
+            });
+        }
+        s.wait_durable(n).await.unwrap();
+        let mut pos: Vec<(u64, Option<nsq_storage::ReadPos>)> = vec![(0, None); 10];
+        let mut rounds = 0;
+        // Round-robin, channel c reading c + 1 records more per batch than channel 0, so
+        // the channels drift apart (by at most a few blocks here).
+        while pos.iter().any(|(next, _)| *next < n) {
+            rounds += 1;
+            for (c, (next, hint)) in pos.iter_mut().enumerate() {
+                if *next >= n {
+                    continue;
+                }
+                let (recs, end) = s
+                    .read_at(*next, 100 + c * 7, usize::MAX, *hint)
+                    .await
+                    .unwrap();
+                for r in &recs {
+                    assert_eq!(r.seq, *next, "channel {c}: in order, none missing");
+                    assert_eq!(r.body, body(r.seq), "channel {c}: intact");
+                    *next += 1;
+                }
+                *hint = end;
+            }
+        }
+        let (disk, shared) = s.block_reads();
+        let blocks = (n * 3021).div_ceil(1 << 20);
+        assert!(rounds > 1);
+        assert!(
+            disk <= blocks + 6,
+            "{disk} blocks read from the disk for a log of about {blocks} ({shared} shared)"
+        );
+        assert!(shared >= 8 * blocks, "{shared} block reads shared");
+        s.close().await;
+    });
+}

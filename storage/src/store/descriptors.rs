@@ -275,6 +275,7 @@ impl TopicStore {
     pub(super) async fn release_descriptors(&self) {
         self.no_opens().await;
         self.readers.borrow_mut().clear();
+        self.blocks.clear();
         let dirty = self.journal_file.borrow().as_ref().is_some_and(|j| j.dirty)
             || !self.journal_retired.borrow().is_empty()
             || !self.journal_pending.borrow().is_empty();

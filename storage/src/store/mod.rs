@@ -52,8 +52,6 @@ use std::time::Duration;
 
 /// One sparse index entry per this many records.
 pub const INDEX_EVERY: u64 = 256;
-/// Bytes read per disk read when a channel catches up from disk.
-const READ_WINDOW: usize = 1024 * 1024;
 /// Bytes read per step during recovery.
 const RECOVERY_CHUNK: usize = 8 * 1024 * 1024;
 /// Largest pending buffer kept for reuse (bytes); a bigger one (a burst) is freed.
@@ -76,6 +74,7 @@ const PARTIAL_EVERY: u64 = 8 * 1024 * 1024;
 /// the memory tail; older records are read from disk when a channel needs them.
 const TAIL_BYTES: u64 = 16 * 1024 * 1024;
 
+mod blocks;
 mod checkpoint;
 mod descriptors;
 mod journal_files;
@@ -161,6 +160,8 @@ pub struct TopicStore {
     cfg: StoreConfig,
     segments: RefCell<BTreeMap<u64, Segment>>,
     readers: RefCell<HashMap<u64, Rc<segment_io::SegmentFile>>>,
+    /// Blocks of segment data read recently, shared by the channels' reads.
+    blocks: blocks::BlockCache,
     pending: RefCell<Vec<u8>>,
     /// Bytes of the batch the writer task has taken from `pending` and is writing (or
     /// about to put back after a failure): still unwritten, so counted by
@@ -355,6 +356,7 @@ impl TopicStore {
             cfg,
             segments: RefCell::new(segments),
             readers: RefCell::new(HashMap::new()),
+            blocks: blocks::BlockCache::default(),
             pending: RefCell::new(Vec::new()),
             in_write: Cell::new(0),
             pending_recs: RefCell::new(Vec::new()),

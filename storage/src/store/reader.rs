@@ -2,8 +2,9 @@
 //! the next message at one read position; here any channel reads from any sequence
 //! through the segments' sparse indexes).
 
+use super::blocks::BLOCK;
 use super::segment_io::SegmentFile;
-use super::{io_err, ReadPos, TopicStore, INDEX_EVERY, READ_WINDOW};
+use super::{io_err, ReadPos, TopicStore, INDEX_EVERY};
 use crate::error::StoreError;
 use crate::record::{self, StoredRecord, SEGMENT_HEADER_LEN};
 use bytes::Bytes;
@@ -44,7 +45,7 @@ impl TopicStore {
                 break;
             };
             let file = self.reader(loc.base, &loc.path).await?;
-            if !batch.read_segment(&file, loc).await? {
+            if !batch.read_segment(self, &file, loc).await? {
                 // Nothing readable at `seq` in this segment: move to the next one.
                 let seq = batch.seq;
                 let next = self
@@ -138,24 +139,76 @@ struct Located {
     salt: u32,
 }
 
-/// Reads [`READ_WINDOW`] bytes at `off`, more when the first record is longer, so at
-/// least one whole record fits. Returns the data and the size asked for (the data is
-/// shorter at the end of the file).
-async fn read_window(file: &SegmentFile, off: u64) -> Result<(Bytes, usize), StoreError> {
-    let mut want = READ_WINDOW;
-    loop {
-        crate::faults::check(crate::faults::Op::Read)
-            .await
-            .map_err(io_err)?;
-        let data = file.read_at(off, want).await.map_err(io_err)?;
-        if data.len() >= 8 {
+/// The data of the segment at `base` from `off` to the end of its block (a
+/// [`BLOCK`]-aligned unit, from the topic's [`BlockCache`] when the block lies within the
+/// flushed data below `readable_end`), joined with the next blocks while the first
+/// record does not fit, so at least one whole record is there. Returns the data and the
+/// size asked for (the data is shorter at the end of the file).
+async fn read_window(
+    store: &TopicStore,
+    file: &SegmentFile,
+    base: u64,
+    off: u64,
+    readable_end: u64,
+) -> Result<(Bytes, usize), StoreError> {
+    let mut block_off = off - off % BLOCK;
+    let first = read_block(store, file, base, block_off, readable_end).await?;
+    let start = (off - block_off) as usize;
+    let mut want = (BLOCK - (off - block_off)) as usize;
+    let mut data = if start < first.len() {
+        first.slice(start..)
+    } else {
+        Bytes::new()
+    };
+    while data.len() == want {
+        let whole = data.len() >= 8 && {
             let len = u32::from_be_bytes([data[0], data[1], data[2], data[3]]) as usize;
-            if len + 8 > data.len() && data.len() == want && len <= record::MAX_BODY + 64 {
-                want = len + 8;
-                continue;
-            }
+            len + 8 <= data.len() || len > record::MAX_BODY + 64
+        };
+        if whole {
+            break;
         }
-        return Ok((data, want));
+        block_off += BLOCK;
+        let next = read_block(store, file, base, block_off, readable_end).await?;
+        let mut joined = Vec::with_capacity(data.len() + next.len());
+        joined.extend_from_slice(&data);
+        joined.extend_from_slice(&next);
+        data = Bytes::from(joined);
+        want += BLOCK as usize;
+    }
+    Ok((data, want))
+}
+
+/// The block at `block_off` of the segment at `base`: shared through the topic's block
+/// cache when it lies wholly below `readable_end` (flushed, so it never changes), else
+/// read for this call alone.
+async fn read_block(
+    store: &TopicStore,
+    file: &SegmentFile,
+    base: u64,
+    block_off: u64,
+    readable_end: u64,
+) -> Result<Bytes, StoreError> {
+    let read = || async {
+        crate::faults::check(crate::faults::Op::Read).await?;
+        file.read_at(block_off, BLOCK as usize).await
+    };
+    if block_off + BLOCK <= readable_end {
+        store
+            .blocks
+            .block((base, block_off), read)
+            .await
+            .map_err(io_err)
+    } else {
+        read().await.map_err(io_err)
+    }
+}
+
+impl TopicStore {
+    /// (blocks read from the disk, blocks served from memory) by this topic's reads so
+    /// far: the second count is what channels reading the same region shared.
+    pub fn block_reads(&self) -> (u64, u64) {
+        self.blocks.counts()
     }
 }
 
@@ -181,7 +234,12 @@ impl Batch {
     /// Reads records from `seq` on in the segment at `loc`, window by window, until the
     /// batch is full or the segment's readable records end. False when it found no
     /// record at or after `seq` there.
-    async fn read_segment(&mut self, file: &SegmentFile, loc: Located) -> Result<bool, StoreError> {
+    async fn read_segment(
+        &mut self,
+        store: &TopicStore,
+        file: &SegmentFile,
+        loc: Located,
+    ) -> Result<bool, StoreError> {
         let Located {
             base,
             path,
@@ -193,7 +251,7 @@ impl Batch {
         let mut last: Option<u64> = None;
         let mut progressed = false;
         'window: loop {
-            let (mut data, want) = read_window(file, off).await?;
+            let (mut data, want) = read_window(store, file, base, off, readable_end).await?;
             // Past the flushed bytes of the segment being written the file holds a
             // partly written buffer: decoding it would report torn records that are
             // not (they are whole in the writer's memory). Cut there; the shorter

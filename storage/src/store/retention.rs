@@ -21,6 +21,7 @@ impl TopicStore {
         for (b, _) in &victims {
             self.segments.borrow_mut().remove(b);
             self.readers.borrow_mut().remove(b);
+            self.blocks.forget(*b);
         }
         self.no_opens().await;
         for (b, p) in victims {

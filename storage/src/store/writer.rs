@@ -112,6 +112,7 @@ pub(super) async fn open_segment(store: &TopicStore, base: u64) -> Result<Active
         .write_all(&record::segment_header(base, store.salt))
         .await
         .map_err(io_err)?;
+    store.blocks.forget(base);
     store.segments.borrow_mut().insert(
         base,
         Segment {
@@ -233,6 +234,7 @@ pub(super) async fn abandon(store: &TopicStore, a: Option<Active>, sound: bool) 
         .is_none_or(|s| s.count == 0);
     if !a.synced && (a.written == 0 || empty) {
         let seg = store.segments.borrow_mut().remove(&a.base);
+        store.blocks.forget(a.base);
         drop(a);
         if let Some(p) = seg.and_then(|seg| store.fd_path(&seg.path).ok()) {
             let _ = glommio::executor()
