@@ -101,31 +101,25 @@ impl BlockCache {
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = std::io::Result<Bytes>>,
     {
-        loop {
+        if let Some(b) = self.get(key) {
+            self.hits.set(self.hits.get() + 1);
+            return Ok(b);
+        }
+        let wait = match self.reading.borrow_mut().get_mut(&key) {
+            Some(waiters) => {
+                let (tx, rx) = oneshot::channel();
+                waiters.push(tx);
+                Some(rx)
+            }
+            None => None,
+        };
+        if let Some(rx) = wait {
+            // The other read ended: take its block, or (failed, short, not kept) read
+            // it here.
+            let _ = rx.await;
             if let Some(b) = self.get(key) {
                 self.hits.set(self.hits.get() + 1);
                 return Ok(b);
-            }
-            let wait = match self.reading.borrow_mut().get_mut(&key) {
-                Some(waiters) => {
-                    let (tx, rx) = oneshot::channel();
-                    waiters.push(tx);
-                    Some(rx)
-                }
-                None => None,
-            };
-            match wait {
-                // The other read ended: take its block, or (failed, short, not kept)
-                // read it here.
-                Some(rx) => {
-                    let _ = rx.await;
-                    if let Some(b) = self.get(key) {
-                        self.hits.set(self.hits.get() + 1);
-                        return Ok(b);
-                    }
-                    break;
-                }
-                None => break,
             }
         }
         self.reading.borrow_mut().insert(key, Vec::new());
