@@ -510,7 +510,7 @@ def read_bytes(pid):
 
 def row_lagging(args):
     """A backlog of --backlog-mb of 4 KiB messages in a topic with 10 channels and no
-    consumers (MPUB), then one nsq-bench consumer per channel drains it:
+    consumers (nsq-bench pub, 20 s at an open-loop rate), then one nsq-bench consumer per channel drains it:
     drain time, and bytes read from the disk against the backlog's size."""
     bench = os.path.join(ROOT, "target", "release", "nsq-bench")
     base, data = fresh_data(args, "lagging")
@@ -521,25 +521,26 @@ def row_lagging(args):
         b.request("POST", f"/channel/create?topic=lag&channel=bench-{i}")
     size = 4096
     n = (args.backlog_mb << 20) // size
-    # Publish exactly n messages: MPUB batches of 100 over one connection.
-    s = v2(b)
-    body = b"L" * size
-    batch = 100
-    frame = mpub_frame("lag", [body] * batch)
+    # nsq-bench's own bodies (its consumers count them by producer and sequence), at an
+    # open-loop rate for 20 s (a rate nsqd's ten disk queues keep up with): about n.
+    rate = max(1, n // 20)
     t0 = time.monotonic()
-    for _ in range(n // batch):
-        s.sendall(frame)
-        ft, d = read_frame(s)
-        if ft != 0:
-            raise SystemExit(f"MPUB failed: {d[:200]!r}")
-    sent = n // batch * batch
+    pub = subprocess.run(
+        [bench, "pub", f"--nsqd-tcp-address=127.0.0.1:{b.tcp}", "--topic=lag", f"--size={size}",
+         "--runfor=20s", f"--rate={rate}", "-q", "--json"],
+        capture_output=True, text=True,
+    )
     pub_s = time.monotonic() - t0
+    try:
+        sent = int(json.loads(pub.stdout.strip().splitlines()[-1])["sent"])
+    except (ValueError, IndexError, KeyError):
+        raise SystemExit(f"nsq-bench pub failed: {pub.stdout[-300:]} {pub.stderr[-300:]}")
     time.sleep(3)
     r0 = read_bytes(b.pid())
     t1 = time.monotonic()
     sub = subprocess.run(
         [bench, "sub", f"--nsqd-tcp-address=127.0.0.1:{b.tcp}", "--topic=lag", "--channels=10",
-         f"--expect={sent}", "--size=4096", "-q", "--json"],
+         f"--expect={sent}", "--size=4096", "--runfor=600s", "-q", "--json"],
         capture_output=True, text=True,
     )
     drain_s = time.monotonic() - t1
@@ -550,10 +551,18 @@ def row_lagging(args):
     except (ValueError, IndexError):
         lost = f"? ({sub.stderr[-300:]})"
     backlog = sent * size
+    try:
+        stats, _ = b.stats()
+        left = sum(ch.get("depth", 0) + ch.get("in_flight_count", 0) + ch.get("deferred_count", 0)
+                   for t in stats["topics"] for ch in t["channels"])
+    except (OSError, SystemExit, KeyError):
+        left = "?"
+    if lost not in (0, None):
+        print(f"# nsq-bench sub: {sub.stderr[-1500:]}", flush=True)
     print(
         f"lagging: channels=10 backlog_msgs={sent} backlog_mib={backlog >> 20} pub_s={pub_s:.1f} "
         f"drain_s={drain_s:.1f} read_mib={(r1 - r0) >> 20} reads_per_backlog={(r1 - r0) / backlog:.2f} "
-        f"lost={lost} rss_mib={b.rss_mib():.0f}",
+        f"lost={lost} left_in_channels={left} rss_mib={b.rss_mib():.0f}",
         flush=True,
     )
     b.stop()
