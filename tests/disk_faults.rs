@@ -569,7 +569,7 @@ fn a_shard_panic_ends_the_process_with_a_failure_status() {
         let mut s = b.connect_v2();
         s.write_all(&pub_cmd("p", b"x")).unwrap();
         let status = b.daemon.wait_exit(Duration::from_secs(20));
-        let log = b.log_text();
+        let log = b.final_log();
         assert_eq!(
             status.and_then(|s| s.code()),
             Some(1),

@@ -551,6 +551,15 @@ impl Shard {
                     .sum();
                 self.measure_retained(&name, &st, left).await;
             } else {
+                // Held back by a failing disk and finished by every channel since: not
+                // written at all (a drained backlog must not need the space it freed).
+                let dropped = st.forget_unwritten_below(low);
+                if dropped > 0 {
+                    log::info!(
+                        "STORE: {}: {dropped} unwritten messages every channel finished are not written",
+                        st.dir().display()
+                    );
+                }
                 st.delete_before(low).await;
             }
         }

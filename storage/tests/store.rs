@@ -818,3 +818,27 @@ fn channels_reading_the_same_region_share_the_disk_reads() {
         s.close().await;
     });
 }
+
+/// Records waiting to be written that every channel finished are dropped from the
+/// pending buffer, never written: the log then holds only the later ones, and the
+/// sequences of the dropped ones are gaps.
+#[test]
+fn finished_records_waiting_to_be_written_are_not_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("t-forget");
+    run(move || async move {
+        let s = TopicStore::open(p, cfg(1 << 20, 1 << 20), 0)
+            .await
+            .unwrap()
+            .store;
+        for i in 0..10 {
+            s.append(&rec(i));
+        }
+        // Before the writer task ran (no await since the appends).
+        assert_eq!(s.forget_unwritten_below(6), 6);
+        assert_eq!(s.forget_unwritten_below(6), 0);
+        s.wait_durable(10).await.unwrap();
+        assert_eq!(read_seqs(&s, 0, 100).await, vec![6, 7, 8, 9]);
+        s.close().await;
+    });
+}

@@ -451,6 +451,25 @@ impl TopicStore {
         self.pending.borrow().len()
     }
 
+    /// Drops the records below `seq` from those waiting to be written (the pending buffer,
+    /// which holds them in sequence order; the batch being written is left alone), and
+    /// returns how many. For records every channel has finished (the topic's low
+    /// watermark), which no reader needs: after a long disk outage, what a consumer
+    /// drained meanwhile is not written at all, so the space it freed goes to what is
+    /// still to be delivered. Their sequences become gaps, as for records finished
+    /// before they were due to be written. Not for topics kept for replay.
+    pub fn forget_unwritten_below(&self, seq: u64) -> usize {
+        let mut recs = self.pending_recs.borrow_mut();
+        let n = recs.partition_point(|&(s, _)| s < seq);
+        if n == 0 {
+            return 0;
+        }
+        let bytes: usize = recs[..n].iter().map(|&(_, len)| len as usize).sum();
+        recs.drain(..n);
+        self.pending.borrow_mut().drain(..bytes);
+        n
+    }
+
     /// Bytes of appended records not yet written to a segment: the pending buffer and
     /// the batch being written (which a failed write puts back in front of it).
     pub fn unwritten_bytes(&self) -> usize {
