@@ -381,7 +381,7 @@ impl Shard {
         if n_events == 0 && same.as_ref() == Some(&now_meta) {
             t.written_meta = Some(now_meta);
         } else {
-            self.mark_changed(name);
+            self.mark(&mut t);
         }
         self.notify_lookup(crate::shard::LookupEvent::Register(name.to_string(), None));
         for c in t.channels.keys() {

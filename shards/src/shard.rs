@@ -281,19 +281,34 @@ impl Shard {
     /// writes it. Every path that changes a topic's durable state calls this; a call
     /// too many costs one comparison, a call missing leaves the previous checkpoint on
     /// disk (a crash then redelivers more, never less).
+    /// By name, for callers that hold no borrow of the topics (a no-op for a topic that
+    /// does not exist); [`Shard::mark`] where the topic is at hand.
     pub fn mark_changed(&self, topic: &str) {
-        if self.opts.data_path.is_none() {
-            return;
-        }
-        let mut changed = self.meta_changed.borrow_mut();
-        if !changed.contains(topic) {
-            changed.insert(topic.to_string());
+        if let Some(t) = self.topics.borrow_mut().get_mut(topic) {
+            self.mark(t);
         }
     }
 
-    /// Takes the topics marked changed since the last call (for the checkpoint).
+    /// [`Shard::mark_changed`] for a topic at hand: a field test on every call after the
+    /// first (this runs for every publish and FIN), one insert per checkpoint interval.
+    pub(crate) fn mark(&self, t: &mut Topic) {
+        if self.opts.data_path.is_some() && !t.meta_marked {
+            t.meta_marked = true;
+            self.meta_changed.borrow_mut().insert(t.name.clone());
+        }
+    }
+
+    /// Takes the topics marked changed since the last call (for the checkpoint); they
+    /// are marked again by their next change.
     pub(crate) fn take_changed(&self) -> HashSet<String> {
-        std::mem::take(&mut *self.meta_changed.borrow_mut())
+        let names = std::mem::take(&mut *self.meta_changed.borrow_mut());
+        let mut topics = self.topics.borrow_mut();
+        for name in &names {
+            if let Some(t) = topics.get_mut(name) {
+                t.meta_marked = false;
+            }
+        }
+        names
     }
 
     /// Notes that `topic` holds records not yet handed to its store and wakes the store
@@ -400,7 +415,7 @@ impl Shard {
         let Some(topic) = topics.get_mut(&t) else {
             return;
         };
-        self.mark_changed(&t);
+        self.mark(topic);
         let mut delete_channel = false;
         if let Some(channel) = topic.channels.get_mut(&ch) {
             channel.remove_client(c.id);
@@ -445,8 +460,9 @@ impl Shard {
             }
             topics.insert(name.to_string(), t);
         }
-        self.mark_changed(name);
-        topics.get_mut(name).expect("inserted above")
+        let t = topics.get_mut(name).expect("inserted above");
+        self.mark(t);
+        t
     }
 
     /// Creates the topic's store (its directory and first segment), starting at its
@@ -487,7 +503,7 @@ impl Shard {
                 t.store = Some(st);
                 t.stored = t.log.head;
                 self.missing_stores.borrow_mut().remove(&t.name);
-                self.mark_changed(&t.name);
+                self.mark(t);
                 if t.store_error.take().is_some() {
                     log::info!("TOPIC({}): durable store created", t.name);
                     self.request_checkpoint();
@@ -734,7 +750,7 @@ impl Shard {
         let Some(t) = topics.get_mut(topic) else {
             return;
         };
-        self.mark_changed(topic);
+        self.mark(t);
         if let Some(ch) = t.channels.get_mut(channel) {
             ch.disk_inflight = false;
             ch.wants_disk = true;
@@ -758,7 +774,7 @@ impl Shard {
         let Some(t) = topics.get_mut(&r.topic) else {
             return;
         };
-        self.mark_changed(&r.topic);
+        self.mark(t);
         let base = t.log.base;
         let Some(ch) = t.channels.get_mut(&r.channel) else {
             return;
@@ -869,7 +885,7 @@ impl Shard {
     }
 
     fn dispatch_topic(&self, t: &mut Topic) {
-        self.mark_changed(&t.name);
+        self.mark(t);
         let now = Instant::now();
         let mut out = 0;
         let mut disk = false;
@@ -895,7 +911,7 @@ impl Shard {
                 if out > 0 {
                     bump(&self.counters.messages_out, out);
                     t.trim(self.opts.mem_queue_size);
-                    self.mark_changed(topic);
+                    self.mark(t);
                 }
                 if disk {
                     self.schedule_disk_reads(t);
@@ -955,13 +971,15 @@ impl Shard {
         };
         let r = {
             let mut topics = self.topics.borrow_mut();
-            let ch = topics
-                .get_mut(t)
-                .and_then(|t| t.channels.get_mut(chn))
+            let topic = topics.get_mut(t).ok_or(InFlightError::NotInFlight)?;
+            let ch = topic
+                .channels
+                .get_mut(chn)
                 .ok_or(InFlightError::NotInFlight)?;
-            f(ch)?
+            let r = f(ch)?;
+            self.mark(topic);
+            r
         };
-        self.mark_changed(t);
         self.dispatch_channel(t, chn);
         Ok(r)
     }
@@ -1051,12 +1069,15 @@ impl Shard {
             };
             ch.timer_fired(now);
             let mut disk = false;
-            if ch.process_timers(now) > 0 {
+            let moved = ch.process_timers(now) > 0;
+            if moved {
                 out += ch.dispatch(&t.log, now);
                 disk = ch.wants_disk;
-                self.mark_changed(&tn);
             }
             self.schedule_timer(&tn, ch);
+            if moved {
+                self.mark(t);
+            }
             if disk {
                 self.schedule_disk_reads(t);
             }
@@ -1306,7 +1327,7 @@ impl Shard {
         let out = ch.dispatch(&t.log, Instant::now());
         self.schedule_timer(topic, ch);
         bump(&self.counters.messages_out, out);
-        self.mark_changed(topic);
+        self.mark(t);
         t.trim(self.opts.mem_queue_size);
         self.schedule_disk_reads(t);
         Ok(target)
@@ -1626,6 +1647,32 @@ mod tests {
         s.subscribe(&b, "t", "d").unwrap();
     }
 
+    /// Runs `body` on a glommio executor with a one-shard `Shard` whose data path is
+    /// `dir` (the caller makes and removes it), given the path too.
+    fn on_durable_shard<F, Fut>(dir: &std::path::Path, body: F)
+    where
+        F: FnOnce(Shard, std::path::PathBuf) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + 'static,
+    {
+        let d = dir.to_path_buf();
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .spawn(move || async move {
+                let s = Shard::new(
+                    0,
+                    1,
+                    0,
+                    Options {
+                        data_path: Some(d.clone()),
+                        ..Options::default()
+                    },
+                );
+                body(s, d).await
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
     #[test]
     fn a_checkpoint_looks_only_at_the_topics_that_changed() {
         // 300 durable topics with a channel and a message each; once their metadata is
@@ -1635,41 +1682,27 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("nsq-shards-changed-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let d2 = dir.clone();
-        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-            .spawn(move || async move {
-                let s = Shard::new(
-                    0,
-                    1,
-                    0,
-                    Options {
-                        data_path: Some(d2.clone()),
-                        ..Options::default()
-                    },
-                );
-                for i in 0..300 {
-                    let t = format!("t{i}");
-                    s.publish_local(&t, vec![Bytes::from_static(b"a")], None)
-                        .unwrap();
-                    s.admin(AdminOp::CreateChannel(t, "c".into())).unwrap();
-                }
-                assert_eq!(s.checkpoint().await, 300);
-                assert_eq!(s.checkpoint().await, 0, "nothing changed");
-                s.admin(AdminOp::CreateChannel("t7".into(), "d".into()))
+        on_durable_shard(&dir, |s, d2| async move {
+            for i in 0..300 {
+                let t = format!("t{i}");
+                s.publish_local(&t, vec![Bytes::from_static(b"a")], None)
                     .unwrap();
-                assert_eq!(s.checkpoint().await, 1, "one topic changed");
-                let meta = nsq_storage::topic_dir(&d2, "t7").join("meta.json");
-                let text = std::fs::read_to_string(&meta).unwrap();
-                assert!(text.contains("\"d\""), "{text}");
-                s.publish_local("t9", vec![Bytes::from_static(b"b")], None)
-                    .unwrap();
-                assert_eq!(s.checkpoint().await, 1, "one topic published to");
-                s.shutdown.set();
-                s.close_stores().await;
-            })
-            .unwrap()
-            .join()
-            .unwrap();
+                s.admin(AdminOp::CreateChannel(t, "c".into())).unwrap();
+            }
+            assert_eq!(s.checkpoint().await, 300);
+            assert_eq!(s.checkpoint().await, 0, "nothing changed");
+            s.admin(AdminOp::CreateChannel("t7".into(), "d".into()))
+                .unwrap();
+            assert_eq!(s.checkpoint().await, 1, "one topic changed");
+            let meta = nsq_storage::topic_dir(&d2, "t7").join("meta.json");
+            let text = std::fs::read_to_string(&meta).unwrap();
+            assert!(text.contains("\"d\""), "{text}");
+            s.publish_local("t9", vec![Bytes::from_static(b"b")], None)
+                .unwrap();
+            assert_eq!(s.checkpoint().await, 1, "one topic published to");
+            s.shutdown.set();
+            s.close_stores().await;
+        });
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -1681,46 +1714,32 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("nsq-shards-ckpt-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let d2 = dir.clone();
-        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-            .spawn(move || async move {
-                let s = Shard::new(
-                    0,
-                    1,
-                    0,
-                    Options {
-                        data_path: Some(d2.clone()),
-                        ..Options::default()
-                    },
+        on_durable_shard(&dir, |s, d2| async move {
+            s.publish_local("t", vec![Bytes::from_static(b"a")], None)
+                .unwrap();
+            s.admin(AdminOp::CreateChannel("t".into(), "c".into()))
+                .unwrap();
+            {
+                let mut fut = std::pin::pin!(s.run_checkpoint());
+                assert!(
+                    futures::poll!(fut.as_mut()).is_pending(),
+                    "the metadata write waits for the disk"
                 );
-                s.publish_local("t", vec![Bytes::from_static(b"a")], None)
-                    .unwrap();
-                s.admin(AdminOp::CreateChannel("t".into(), "c".into()))
-                    .unwrap();
-                {
-                    let mut fut = std::pin::pin!(s.run_checkpoint());
-                    assert!(
-                        futures::poll!(fut.as_mut()).is_pending(),
-                        "the metadata write waits for the disk"
-                    );
-                    assert!(s.checkpoint_running.get());
-                }
-                assert!(!s.checkpoint_running.get(), "released when dropped");
-                let next = glommio::timer::timeout(Duration::from_secs(10), async {
-                    s.persist_changes().await;
-                    Ok(())
-                })
-                .await;
-                assert!(next.is_ok(), "a later checkpoint ran");
-                let meta = nsq_storage::topic_dir(&d2, "t").join("meta.json");
-                let text = std::fs::read_to_string(&meta).unwrap();
-                assert!(text.contains("\"c\""), "{text}");
-                s.shutdown.set();
-                s.close_stores().await;
+                assert!(s.checkpoint_running.get());
+            }
+            assert!(!s.checkpoint_running.get(), "released when dropped");
+            let next = glommio::timer::timeout(Duration::from_secs(10), async {
+                s.persist_changes().await;
+                Ok(())
             })
-            .unwrap()
-            .join()
-            .unwrap();
+            .await;
+            assert!(next.is_ok(), "a later checkpoint ran");
+            let meta = nsq_storage::topic_dir(&d2, "t").join("meta.json");
+            let text = std::fs::read_to_string(&meta).unwrap();
+            assert!(text.contains("\"c\""), "{text}");
+            s.shutdown.set();
+            s.close_stores().await;
+        });
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -1799,40 +1818,26 @@ mod tests {
         std::fs::create_dir_all(&topic_dir).unwrap();
         let seg = topic_dir.join("00000000000000000000.seg");
         std::fs::write(&seg, b"old data").unwrap();
-        let d2 = dir.clone();
-        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-            .spawn(move || async move {
-                let s = Shard::new(
-                    0,
-                    1,
-                    0,
-                    Options {
-                        data_path: Some(d2),
-                        ..Options::default()
-                    },
-                );
-                assert_eq!(s.health(), None);
-                let e = "TOPIC(t): recovery failed - Too many open files (os error 24)";
-                s.failed_recoveries
-                    .borrow_mut()
-                    .insert("t".into(), e.into());
-                assert_eq!(s.health().as_deref(), Some(e));
-                let r = s.publish_local("t", vec![Bytes::from_static(b"new")], None);
-                assert!(
-                    matches!(&r, Err(PublishError::Disk(m)) if m == e),
-                    "{:?}",
-                    r.err()
-                );
-                s.retry_missing_stores();
-                assert!(
-                    s.topics.borrow()["t"].store.is_none(),
-                    "no store made afresh"
-                );
-                assert_eq!(s.health().as_deref(), Some(e));
-            })
-            .unwrap()
-            .join()
-            .unwrap();
+        on_durable_shard(&dir, |s, _| async move {
+            assert_eq!(s.health(), None);
+            let e = "TOPIC(t): recovery failed - Too many open files (os error 24)";
+            s.failed_recoveries
+                .borrow_mut()
+                .insert("t".into(), e.into());
+            assert_eq!(s.health().as_deref(), Some(e));
+            let r = s.publish_local("t", vec![Bytes::from_static(b"new")], None);
+            assert!(
+                matches!(&r, Err(PublishError::Disk(m)) if m == e),
+                "{:?}",
+                r.err()
+            );
+            s.retry_missing_stores();
+            assert!(
+                s.topics.borrow()["t"].store.is_none(),
+                "no store made afresh"
+            );
+            assert_eq!(s.health().as_deref(), Some(e));
+        });
         assert_eq!(
             std::fs::read(&seg).unwrap(),
             b"old data",

@@ -261,6 +261,8 @@ pub struct Topic {
     /// The metadata last written to the store's `meta.json` (a checkpoint skips the
     /// write when nothing changed).
     pub written_meta: Option<nsq_storage::meta::TopicMeta>,
+    /// In the shard's set of topics marked changed ([`crate::Shard::mark`]).
+    pub(crate) meta_marked: bool,
     /// The retained range as of the last checkpoint (only with `--retention-time` or
     /// `--retention-bytes`; see `Shard::checkpoint`).
     pub retained: Retained,
@@ -302,6 +304,7 @@ impl Topic {
             store: None,
             store_error: None,
             written_meta: None,
+            meta_marked: false,
             retained: Retained::default(),
             segment_newest: BTreeMap::new(),
             stored: 0,
