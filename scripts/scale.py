@@ -402,6 +402,22 @@ def row_fulldisk(args):
             shutil.rmtree(base, ignore_errors=True)
 
 
+def dpub_many(b, topic, defer_ms, count):
+    """DPUBs `count` (rounded down to a thousand) 100-byte messages to `topic`, due in
+    `defer_ms`, pipelined a thousand at a time on one connection; every answer read."""
+    s = v2(b)
+    body = b"d" * 100
+    cmd = b"DPUB %s %d\n" % (topic.encode(), defer_ms) + struct.pack(">I", len(body)) + body
+    batch = 1000
+    for _ in range(count // batch):
+        s.sendall(cmd * batch)
+        for _ in range(batch):
+            ft, d = read_frame(s)
+            if ft != 0:
+                raise SystemExit(f"DPUB failed: {d[:200]!r}")
+    s.close()
+
+
 def row_deferred(args):
     """Holds N deferred messages (DPUB over TCP, 100 B, 1 h): RSS per message, then a
     kill -9 and a restart timed to /ping and to the count coming back."""
@@ -412,15 +428,8 @@ def row_deferred(args):
     b.request("POST", "/channel/create?topic=dq&channel=c")
     time.sleep(0.5)
     rss0 = b.rss_mib()
-    s = v2(b)
-    body = b"d" * 100
-    cmd = b"DPUB dq 3600000\n" + struct.pack(">I", len(body)) + body
-    batch = 1000
     t0 = time.monotonic()
-    for _ in range(args.count // batch):
-        s.sendall(cmd * batch)
-        for _ in range(batch):
-            read_frame(s)
+    dpub_many(b, "dq", 3600000, args.count)
     took = time.monotonic() - t0
     time.sleep(2)
     rss = b.rss_mib()
@@ -458,21 +467,14 @@ def row_deferred_memory(args):
     b.request("POST", "/channel/create?topic=dm&channel=c")
     time.sleep(0.5)
     rss0 = b.rss_mib()
-    s = v2(b)
-    body = b"d" * 100
-    cmd = b"DPUB dm %d\n" % (args.defer_s * 1000) + struct.pack(">I", len(body)) + body
-    batch = 1000
-    for _ in range(args.count // batch):
-        s.sendall(cmd * batch)
-        for _ in range(batch):
-            read_frame(s)
+    dpub_many(b, "dm", args.defer_s * 1000, args.count)
     held = b.rss_mib()
     c = v2(b)
     c.sendall(b"SUB dm c\nRDY 2500\n")
     c.settimeout(args.defer_s + 120)
     got = 0
     pending = []
-    while got < args.count // batch * batch:
+    while got < args.count // 1000 * 1000:
         ft, d = read_frame(c)
         if ft == 0 and d == b"_heartbeat_":
             c.sendall(b"NOP\n")

@@ -13,6 +13,18 @@ use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
+/// The first five ERROR or FATAL lines of the broker's log, for failure messages.
+fn error_lines(b: &Broker) -> Vec<String> {
+    b.log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains("ERROR") || l.contains("FATAL"))
+        .take(5)
+        .cloned()
+        .collect()
+}
+
 /// The tests of this file run one at a time: each holds its broker near its descriptor
 /// limit, and timing matters to the last one.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -108,13 +120,7 @@ fn far_more_durable_topics_than_descriptors() {
                 (code, show(&body)),
                 (200, "OK".into()),
                 "{ctx}: publish to topic {i} of {TOPICS}; log: {:?}",
-                b.log
-                    .lock()
-                    .unwrap()
-                    .iter()
-                    .filter(|l| l.contains("ERROR") || l.contains("FATAL"))
-                    .take(5)
-                    .collect::<Vec<_>>()
+                error_lines(&b)
             );
         }
         let (code, body) = b.http("GET", "/ping", b"");
@@ -138,13 +144,7 @@ fn far_more_durable_topics_than_descriptors() {
             (topics.len(), with_message),
             (TOPICS, TOPICS),
             "{ctx}: topics and topics with their message after the restart; log: {:?}",
-            b.log
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|l| l.contains("ERROR") || l.contains("FATAL"))
-                .take(5)
-                .collect::<Vec<_>>()
+            error_lines(&b)
         );
         let (code, body) = b.http("GET", "/ping", b"");
         assert_eq!(
@@ -225,13 +225,7 @@ fn a_listener_out_of_descriptors_closes_new_connections() {
     assert!(
         count_lines(&b, "times more in the last second") >= 1,
         "no line with the count of repeats: {:?}",
-        b.log
-            .lock()
-            .unwrap()
-            .iter()
-            .rev()
-            .take(5)
-            .collect::<Vec<_>>()
+        common::hostile::log_tail(&b)
     );
     // Descriptors free again (once the broker has seen the clients go): new connections
     // are served.
