@@ -1677,8 +1677,7 @@ mod tests {
     fn a_checkpoint_looks_only_at_the_topics_that_changed() {
         // 300 durable topics with a channel and a message each; once their metadata is
         // written, an idle checkpoint looks at none of them and a change to one topic
-        // costs a look at that topic only (it walked every topic, rebuilding each one's
-        // metadata, every --sync-timeout and on every /channel/create).
+        // costs a look at that topic only.
         let dir = std::env::temp_dir().join(format!("nsq-shards-changed-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();

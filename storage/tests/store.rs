@@ -764,7 +764,7 @@ fn a_leftover_empty_segment_is_created_again() {
 
 /// Ten channels reading the same backlog from disk, each in its own batches and at its
 /// own position, share the reads: each 1 MiB block of the log is read from the disk
-/// about once, not once per channel (they each read the whole log before), and every
+/// about once, not once per channel, and every
 /// channel gets every record intact, across segment and block boundaries.
 #[test]
 fn channels_reading_the_same_region_share_the_disk_reads() {

@@ -21,7 +21,7 @@
 //! never lets `/proc/self/fd/<n>` name another file while a path built on it is in use.
 //!
 //! On the blocking-thread path ([`SegmentIo::Threads`]: FUSE and network filesystems,
-//! where an open can wait for a server) the store keeps its descriptors as before: an
+//! where an open can wait for a server) the store holds its descriptors for as long as it exists: an
 //! open there must not run on the shard's thread, and reopening off it would add a round
 //! trip to every write after a pause.
 
