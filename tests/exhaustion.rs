@@ -74,13 +74,18 @@ fn sysctl_field(name: &str, i: usize) -> u64 {
         .unwrap_or(0)
 }
 
-/// A V2 connection that published one message and got OK within `within`; None if the
-/// broker did not answer (not accepted).
+/// A V2 connection that published one message and got OK within `within`; `Err` if the
+/// broker did not answer (not accepted) or closed it (accepted while out of descriptors
+/// only to be closed at once: a write then fails with a broken pipe or a reset).
 fn pub_conn(b: &Broker, topic: &str, within: Duration) -> Result<TcpStream, TcpStream> {
     let mut s = TcpStream::connect(b.tcp).expect("connect (kernel backlog)");
     s.set_read_timeout(Some(within)).unwrap();
-    s.write_all(b"  V2").unwrap();
-    s.write_all(&pub_cmd(topic, b"x")).unwrap();
+    let sent = s
+        .write_all(b"  V2")
+        .and_then(|()| s.write_all(&pub_cmd(topic, b"x")));
+    if sent.is_err() {
+        return Err(s);
+    }
     match read_frame_skip_hb(&mut s) {
         Ok((0, d)) if d == b"OK" => Ok(s),
         _ => Err(s),

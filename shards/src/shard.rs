@@ -282,7 +282,7 @@ impl Shard {
     /// too many costs one comparison, a call missing leaves the previous checkpoint on
     /// disk (a crash then redelivers more, never less).
     /// By name, for callers that hold no borrow of the topics (a no-op for a topic that
-    /// does not exist); [`Shard::mark`] where the topic is at hand.
+    /// does not exist); `Shard::mark` where the topic is at hand.
     pub fn mark_changed(&self, topic: &str) {
         if let Some(t) = self.topics.borrow_mut().get_mut(topic) {
             self.mark(t);
