@@ -8,7 +8,7 @@ use crate::names::is_ephemeral;
 use crate::topic::{Log, Record};
 use nsq_storage::journal::EventKind;
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -41,15 +41,22 @@ pub struct InFlight {
     pub delivered_at: Instant,
 }
 
-/// A message waiting for its due time.
+/// A message waiting for its due time: 32 bytes. Its body is not here: it stays in the
+/// topic's log (memory tail or store) and is read back when the message falls due
+/// ([`Channel::ready_unread`]), or, where the log cannot give it back (a topic without a
+/// store), in [`Channel::deferred_bodies`].
+#[derive(Clone, Copy, Debug)]
 pub struct Deferred {
     pub due: Instant,
-    pub msg: Message,
+    /// The message's record in the topic's log.
+    pub seq: u64,
+    /// Deliveries so far (kept across the deferral, as nsqd keeps a REQ'd message's).
+    pub attempts: u16,
 }
 
 impl PartialEq for Deferred {
     fn eq(&self, o: &Self) -> bool {
-        self.due == o.due && self.msg.id == o.msg.id
+        self.due == o.due && self.seq == o.seq
     }
 }
 impl Eq for Deferred {}
@@ -60,7 +67,7 @@ impl PartialOrd for Deferred {
 }
 impl Ord for Deferred {
     fn cmp(&self, o: &Self) -> Ordering {
-        (self.due, self.msg.id).cmp(&(o.due, o.msg.id))
+        (self.due, self.seq).cmp(&(o.due, o.seq))
     }
 }
 
@@ -148,6 +155,24 @@ pub struct Channel {
     /// popped and compacted away when they outnumber the live ones.
     in_flight_heap: BinaryHeap<Reverse<(Instant, MessageId)>>,
     pub(crate) deferred: BinaryHeap<Reverse<Deferred>>,
+    /// Bodies of deferred messages whose records cannot be read back from the topic's
+    /// store (yet): the topic has no store, the record predates it, or it is not written
+    /// yet (see `reread`), by sequence. [`Channel::drop_readable_bodies`] lets go of
+    /// those the store has made readable since.
+    pub(crate) deferred_bodies: BTreeMap<u64, Message>,
+    /// The topic's store, and the sequence from which it holds every record: a record
+    /// at or above it and below the store's readable point can be read back for as long
+    /// as this channel holds it unfinished (the store writes what a channel holds and
+    /// retention keeps it: it counts toward the low watermark), so a deferred or
+    /// recovered message of such a record holds no body. `None`: the topic has no store.
+    pub(crate) reread: Option<(u64, Rc<nsq_storage::TopicStore>)>,
+    /// Messages ready again whose bodies are still in the log (a deferred message that
+    /// fell due, a requeued one recovered after a restart): sequence -> attempts. Part
+    /// of depth; delivered after `requeued`, from the memory tail or, below it, once a
+    /// read from the store brings them back (`unread_read_from`, `unread_arrived`).
+    pub(crate) ready_unread: BTreeMap<u64, u16>,
+    /// A read from the store for `ready_unread` is under way.
+    pub(crate) unread_inflight: bool,
     pub(crate) clients: Vec<Rc<Client>>,
     next_client: usize,
     pub(crate) message_count: u64,
@@ -212,6 +237,10 @@ impl Channel {
             in_flight: IdMap::default(),
             in_flight_heap: BinaryHeap::new(),
             deferred: BinaryHeap::new(),
+            deferred_bodies: BTreeMap::new(),
+            reread: None,
+            ready_unread: BTreeMap::new(),
+            unread_inflight: false,
             clients: Vec::new(),
             next_client: 0,
             message_count: 0,
@@ -277,7 +306,7 @@ impl Channel {
     /// Messages ready again (REQ 0, timed out, due deferred) and not yet redelivered;
     /// part of `depth`.
     pub fn requeued_count(&self) -> usize {
-        self.requeued.len()
+        self.requeued.len() + self.ready_unread.len()
     }
 
     /// The subscribed clients, in the order delivery goes round.
@@ -324,7 +353,7 @@ impl Channel {
         (log.pumped.saturating_sub(self.cursor))
             .saturating_sub(holes)
             .saturating_sub(self.skip.len() as u64)
-            + self.requeued.len() as u64
+            + self.requeued_count() as u64
     }
 
     /// Of `depth`, the records only on disk.
@@ -343,14 +372,17 @@ impl Channel {
             low = low.min(m.seq);
         }
         for Reverse(d) in self.deferred.iter() {
-            low = low.min(d.msg.seq);
+            low = low.min(d.seq);
+        }
+        if let Some((&seq, _)) = self.ready_unread.first_key_value() {
+            low = low.min(seq);
         }
         low
     }
 
     /// Messages this channel holds in flight, requeued or deferred.
     pub fn pending_count(&self) -> usize {
-        self.in_flight.len() + self.requeued.len() + self.deferred.len()
+        self.in_flight.len() + self.requeued_count() + self.deferred.len()
     }
 
     /// Calls `f` with the sequence of every message this channel holds in flight,
@@ -363,7 +395,10 @@ impl Channel {
             f(m.seq);
         }
         for Reverse(d) in self.deferred.iter() {
-            f(d.msg.seq);
+            f(d.seq);
+        }
+        for &seq in self.ready_unread.keys() {
+            f(seq);
         }
     }
 
@@ -394,12 +429,17 @@ impl Channel {
         if self.cursor < log.base || !self.disk.is_empty() {
             let skip = excess.min(log.pumped.saturating_sub(self.cursor));
             self.cursor += skip;
-            let rest = (excess - skip) as usize;
-            self.requeued.drain(..rest.min(self.requeued.len()));
+            let mut rest = (excess - skip) as usize;
+            let front = rest.min(self.requeued.len());
+            self.requeued.drain(..front);
+            rest -= front;
+            while rest > 0 && self.ready_unread.pop_first().is_some() {
+                rest -= 1;
+            }
             return;
         }
         // Keep the oldest `mem_queue_size`: the front queue, then the log in order.
-        let mut keep = mem_queue_size.saturating_sub(self.requeued.len() as u64);
+        let mut keep = mem_queue_size.saturating_sub(self.requeued_count() as u64);
         while self.cursor < log.pumped && keep > 0 {
             self.cursor = log.skip_hole(self.cursor);
             if self.cursor >= log.pumped {
@@ -431,7 +471,7 @@ impl Channel {
                 .pumped_seen
                 .saturating_sub(self.cursor)
                 .saturating_sub(self.skip.len() as u64)
-                + self.requeued.len() as u64;
+                + self.requeued_count() as u64;
             if ready >= cap {
                 return false;
             }
@@ -440,8 +480,61 @@ impl Channel {
         true
     }
 
+    /// As [`Channel::put_back`], for a message whose body is still in the log.
+    fn put_back_unread(&mut self, seq: u64, attempts: u16) -> bool {
+        if let Some(cap) = self.ephemeral_cap {
+            let ready = self
+                .pumped_seen
+                .saturating_sub(self.cursor)
+                .saturating_sub(self.skip.len() as u64)
+                + self.requeued_count() as u64;
+            if ready >= cap {
+                return false;
+            }
+        }
+        self.ready_unread.insert(seq, attempts);
+        true
+    }
+
+    /// True when the store can give back the record at `seq` for as long as this
+    /// channel holds it (see `reread`).
+    fn rereads(&self, seq: u64) -> bool {
+        self.reread
+            .as_ref()
+            .is_some_and(|(from, st)| seq >= *from && seq < st.readable_seq())
+    }
+
+    /// Lets go of the bodies of deferred messages whose records the store has made
+    /// readable since they were deferred; returns the body bytes let go. Cheap when
+    /// there are none: the topic calls it as it trims its memory tail.
+    pub fn drop_readable_bodies(&mut self) -> usize {
+        let Some((from, st)) = &self.reread else {
+            return 0;
+        };
+        let (from, readable) = (*from, st.readable_seq());
+        if !self.deferred_bodies.range(from..readable).next().is_some() {
+            return 0;
+        }
+        let mut readable_part = self.deferred_bodies.split_off(&from);
+        let mut rest = readable_part.split_off(&readable);
+        self.deferred_bodies.append(&mut rest);
+        readable_part.values().map(|m| m.body.len()).sum()
+    }
+
+    /// Holds `msg` until `due` (REQ with a delay, DPUB, recovery). Only its sequence,
+    /// attempts and due time are kept when the log can give its body back.
     pub fn defer(&mut self, msg: Message, due: Instant) {
-        self.deferred.push(Reverse(Deferred { due, msg }));
+        let (seq, attempts) = (msg.seq, msg.attempts);
+        if !self.rereads(seq) {
+            self.deferred_bodies.insert(seq, msg);
+        }
+        self.deferred.push(Reverse(Deferred { due, seq, attempts }));
+    }
+
+    /// Holds the message of the record at `seq` until `due`, with `attempts` deliveries
+    /// so far, without its body (recovery; the log must be able to give it back).
+    pub(crate) fn defer_unread(&mut self, seq: u64, attempts: u16, due: Instant) {
+        self.deferred.push(Reverse(Deferred { due, seq, attempts }));
     }
 
     /// The next message to deliver: requeued first, then the log at the cursor. Records
@@ -449,6 +542,22 @@ impl Channel {
     fn next_message(&mut self, log: &Log, now: Instant) -> Option<Message> {
         if let Some(m) = self.requeued.pop_front() {
             return Some(m);
+        }
+        // Ready again with the body in the memory tail; those below it wait for a read.
+        while let Some((&seq, &attempts)) = self.ready_unread.range(log.base..).next() {
+            self.ready_unread.remove(&seq);
+            match log.get(seq) {
+                Some(r) => {
+                    return Some(Message {
+                        attempts,
+                        ..r.message()
+                    })
+                }
+                None => log::debug!(
+                    "CHANNEL({}): message {seq} ready again is gone from the log",
+                    self.name
+                ),
+            }
         }
         while self.cursor < log.pumped {
             self.cursor = log.skip_hole(self.cursor);
@@ -593,6 +702,84 @@ impl Channel {
         (from < log_base).then_some((from, max))
     }
 
+    /// The read that brings back the bodies of messages ready again below the memory
+    /// tail (`ready_unread`), if one should start now: none is under way and a client
+    /// can take messages. Returns the first sequence and how many records to read: up
+    /// to the last wanted one within the clients' room, at most [`DISK_READ_BATCH`].
+    pub fn unread_read_from(&self, log_base: u64) -> Option<(u64, usize)> {
+        if self.unread_inflight || self.paused {
+            return None;
+        }
+        let (&first, _) = self.ready_unread.range(..log_base).next()?;
+        let room = self.room().min(DISK_READ_AHEAD.0);
+        if room == 0 {
+            return None;
+        }
+        let last = self
+            .ready_unread
+            .range(first..log_base)
+            .take(room)
+            .last()
+            .map_or(first, |(&s, _)| s);
+        let span = (last - first)
+            .saturating_add(1)
+            .min(DISK_READ_BATCH.0 as u64);
+        Some((first, span as usize))
+    }
+
+    /// True when a read from the store should start for this channel now (its cursor's
+    /// read-ahead, or bodies of messages ready again).
+    pub fn wants_read(&self, log_base: u64) -> bool {
+        self.disk_read_from(log_base).is_some() || self.unread_read_from(log_base).is_some()
+    }
+
+    /// Records read from the store at `from` for `ready_unread` arrived: the wanted
+    /// ones become ready messages (bodies copied out of the read's window, so that a
+    /// held message does not pin it). Wanted sequences the read covered but did not
+    /// return are gone from the store (finished everywhere before they were due to be
+    /// written, or lost to damage) and are dropped: returns how many. A read covers
+    /// up to its last record, or, when empty, everything wanted below `log_base`; never
+    /// what the store has not made readable yet (`readable`: a record handed to it and
+    /// not yet written, which the store writes since this channel holds it).
+    pub fn unread_arrived(
+        &mut self,
+        from: u64,
+        log_base: u64,
+        readable: u64,
+        recs: Vec<Record>,
+    ) -> usize {
+        let covered_to = recs
+            .last()
+            .map_or(log_base, |r| r.seq.saturating_add(1))
+            .min(readable);
+        for r in recs {
+            if let Some(attempts) = self.ready_unread.remove(&r.seq) {
+                let mut msg = r.message();
+                msg.attempts = attempts;
+                msg.body = bytes::Bytes::copy_from_slice(&msg.body);
+                self.requeued.push_back(msg);
+            }
+        }
+        let gone: Vec<u64> = self
+            .ready_unread
+            .range(from..covered_to)
+            .map(|(&s, _)| s)
+            .collect();
+        for s in &gone {
+            self.ready_unread.remove(s);
+        }
+        gone.len()
+    }
+
+    /// True when the first message ready again below the memory tail waits for the
+    /// store to make its record readable (at or above `readable`).
+    pub fn unread_waits_for_store(&self, log_base: u64, readable: u64) -> bool {
+        self.ready_unread
+            .range(..log_base)
+            .next()
+            .is_some_and(|(&s, _)| s >= readable)
+    }
+
     /// Drops what was read back from the store when no client takes messages (none
     /// subscribed with RDY > 0, or paused; see [`Channel::disk_read_from`]); returns the
     /// body bytes let go. The cursor
@@ -612,6 +799,7 @@ impl Channel {
     fn has_work(&self, log: &Log) -> bool {
         !self.paused
             && (!self.requeued.is_empty()
+                || self.ready_unread.range(log.base..).next().is_some()
                 || (self.cursor < log.pumped && !(self.wants_disk && self.disk.is_empty())))
     }
 
@@ -721,6 +909,7 @@ impl Channel {
                 .shrink_to((self.deferred.len() * 2).max(MIN / 4));
             freed += (before - self.deferred.capacity()) * std::mem::size_of::<Reverse<Deferred>>();
         }
+
         if sparse(self.in_flight_heap.len(), self.in_flight_heap.capacity()) {
             let before = self.in_flight_heap.capacity();
             self.in_flight_heap
@@ -842,7 +1031,13 @@ impl Channel {
                 break;
             }
             if let Some(Reverse(d)) = self.deferred.pop() {
-                moved += usize::from(self.put_back(d.msg));
+                moved += usize::from(match self.deferred_bodies.remove(&d.seq) {
+                    Some(msg) => self.put_back(Message {
+                        attempts: d.attempts,
+                        ..msg
+                    }),
+                    None => self.put_back_unread(d.seq, d.attempts),
+                });
             }
         }
         if moved > 0 {
@@ -910,6 +1105,8 @@ impl Channel {
         self.in_flight.clear();
         self.in_flight_heap.clear();
         self.deferred.clear();
+        self.deferred_bodies.clear();
+        self.ready_unread.clear();
         for c in &self.clients {
             c.in_flight.set(0);
         }
@@ -928,6 +1125,8 @@ impl Channel {
         self.cursor = seq;
         self.requeued.clear();
         self.deferred.clear();
+        self.deferred_bodies.clear();
+        self.ready_unread.clear();
         self.skip.clear();
         for f in self.in_flight.values() {
             if f.msg.seq >= seq {

@@ -11,7 +11,7 @@
 //! are delivered again (at least once).
 
 use crate::channel::Channel;
-use crate::message::{instant_from_unix_nanos, unix_nanos_from_instant, Message};
+use crate::message::{instant_from_unix_nanos, unix_nanos_from_instant};
 use crate::shard::{owner_of, Shard};
 use crate::topic::{Record, Topic, STORE_DELAY};
 
@@ -24,9 +24,6 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::Instant;
-
-/// Records read per disk read when recovery brings back pending messages.
-const PENDING_READ: usize = 256;
 
 /// No topic reaches this many messages (2^62: 146 years at 10^9 a second); a metadata
 /// sequence beyond it is corrupt.
@@ -54,10 +51,17 @@ pub fn topic_meta(t: &Topic) -> TopicMeta {
                 due_unix_ns: 0,
             });
         }
+        for (&seq, &attempts) in &ch.ready_unread {
+            pending.push(PendingMessage {
+                seq,
+                attempts,
+                due_unix_ns: 0,
+            });
+        }
         for Reverse(d) in ch.deferred.iter() {
             pending.push(PendingMessage {
-                seq: d.msg.seq,
-                attempts: d.msg.attempts,
+                seq: d.seq,
+                attempts: d.attempts,
                 due_unix_ns: unix_nanos_from_instant(d.due),
             });
         }
@@ -215,6 +219,7 @@ impl Shard {
             rec.tail.into_iter().map(Record::from_stored),
         );
         t.store = Some(rec.store.clone());
+        t.reread_from = Some(0);
         let first = rec.first_seq;
         let mut pending_all: Vec<(String, PendingMessage)> = Vec::new();
         match &m {
@@ -270,6 +275,7 @@ impl Shard {
                     let mut ch = Channel::new(&c.name, cursor.clamp(first, head));
                     ch.paused = c.paused;
                     ch.journal = t.store.clone();
+                    ch.reread = t.reread_from.zip(t.store.clone());
                     ch.recovered_below = head;
                     finished.retain(|&s| s >= ch.cursor && s < head && !states.contains_key(&s));
                     ch.skip.extend(finished);
@@ -318,44 +324,13 @@ impl Shard {
         if !t.paused && !t.channels.is_empty() {
             t.log.pumped = head;
         }
-        // Bring back the unfinished messages below each cursor, with attempts and due time:
-        // from the memory tail, else from disk in windows of neighbouring records (pending
-        // messages cluster near the cursors), in sequence order.
-        pending_all.sort_by_key(|(_, p)| p.seq);
-        let mut window: BTreeMap<u64, Record> = BTreeMap::new();
+        // Bring back the unfinished messages of each channel with attempts and due time,
+        // without their bodies: those stay in the log and are read back when the message
+        // is due for delivery (see `Channel::ready_unread`), so start-up costs the same
+        // whatever the count of pending or deferred messages. One whose record turns out
+        // to be missing (every channel finished it after the checkpoint and before it
+        // was due to be written) is dropped then.
         for (chn, p) in pending_all {
-            let mut found = t.log.get(p.seq).cloned();
-            if found.is_none() {
-                if !window.contains_key(&p.seq) {
-                    window = rec
-                        .store
-                        .read(p.seq, PENDING_READ)
-                        .await
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|r| (r.seq, Record::from_stored(r)))
-                        .collect();
-                }
-                // A copy of the body, so that a kept message does not pin the whole
-                // read window (a channel may hold many, e.g. a backlog imported from nsqd).
-                found = window.get(&p.seq).cloned().map(|mut r| {
-                    r.body = bytes::Bytes::copy_from_slice(&r.body);
-                    r
-                });
-            }
-            let Some(r) = found else {
-                // Expected when every channel finished it after the checkpoint and
-                // before it was due to be written (it was then never written).
-                log::debug!(
-                    "TOPIC({name}) CHANNEL({chn}): pending message {} missing on disk",
-                    p.seq
-                );
-                continue;
-            };
-            let msg = Message {
-                attempts: p.attempts,
-                ..r.message()
-            };
             if let Some(ch) = t.channels.get_mut(&chn) {
                 // A pending message at or above the cursor was deferred at publish time
                 // or journaled after the checkpoint: the cursor must step over its record.
@@ -363,9 +338,9 @@ impl Shard {
                     ch.skip.insert(p.seq);
                 }
                 if p.due_unix_ns != 0 {
-                    ch.defer(msg, instant_from_unix_nanos(p.due_unix_ns));
+                    ch.defer_unread(p.seq, p.attempts, instant_from_unix_nanos(p.due_unix_ns));
                 } else {
-                    ch.requeued.push_back(msg);
+                    ch.ready_unread.insert(p.seq, p.attempts);
                 }
             }
         }

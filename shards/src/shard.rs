@@ -162,6 +162,10 @@ pub struct DurableWait {
 }
 
 /// A read from the store for one lagging channel.
+/// How long a read for messages ready again waits before it is tried again when their
+/// records are handed to the store but not written yet.
+const UNREAD_WAIT: Duration = Duration::from_millis(10);
+
 struct DiskRead {
     topic: String,
     channel: String,
@@ -502,6 +506,10 @@ impl Shard {
             Ok(st) => {
                 t.store = Some(st);
                 t.stored = t.log.head;
+                t.reread_from = Some(t.log.head);
+                for ch in t.channels.values_mut() {
+                    ch.reread = t.reread_from.zip(t.store.clone());
+                }
                 self.missing_stores.borrow_mut().remove(&t.name);
                 self.mark(t);
                 if t.store_error.take().is_some() {
@@ -718,6 +726,25 @@ impl Shard {
         let Some(store) = t.store.clone() else { return };
         let base = t.log.base;
         for ch in t.channels.values_mut() {
+            if let Some((from, max)) = ch.unread_read_from(base) {
+                let me = self.me.borrow().upgrade();
+                let Some(me) = me else { return };
+                ch.unread_inflight = true;
+                let read = DiskRead {
+                    topic: t.name.clone(),
+                    channel: ch.name.clone(),
+                    from,
+                    max,
+                    hint: None,
+                    epoch: ch.disk_epoch,
+                };
+                let store = store.clone();
+                glommio::spawn_local(async move {
+                    yield_once().await;
+                    me.unread_read(store, read).await;
+                })
+                .detach();
+            }
             let Some((from, max)) = ch.disk_read_from(base) else {
                 continue;
             };
@@ -760,6 +787,109 @@ impl Shard {
             if !ch.disk_inflight {
                 // No read is wanted any more (the cursor moved past the disk: an empty,
                 // a seek): the failing read is not retried, so it is no longer a fault.
+                ch.disk_error = None;
+            }
+        }
+    }
+
+    /// Reads back the bodies of messages ready again below the memory tail (a deferred
+    /// message that fell due, a requeued one recovered after a restart: see
+    /// [`crate::channel::Channel::unread_read_from`]), then delivers. A failed read is
+    /// retried after a pause that doubles, as the cursor's reads are.
+    async fn unread_read(&self, store: Rc<nsq_storage::TopicStore>, r: DiskRead) {
+        let (_, max_bytes) = crate::channel::DISK_READ_BATCH;
+        let res = store.read_at(r.from, r.max.max(1), max_bytes, None).await;
+        let readable = store.readable_seq();
+        let mut topics = self.topics.borrow_mut();
+        let Some(t) = topics.get_mut(&r.topic) else {
+            return;
+        };
+        let base = t.log.base;
+        let Some(ch) = t.channels.get_mut(&r.channel) else {
+            return;
+        };
+        if ch.disk_epoch != r.epoch {
+            // Emptied or sought meanwhile: what it was for is gone.
+            ch.unread_inflight = false;
+            self.schedule_disk_reads(t);
+            return;
+        }
+        match res {
+            Ok((recs, _)) => {
+                ch.unread_inflight = false;
+                ch.disk_failures = 0;
+                ch.disk_error = None;
+                let recs = recs
+                    .into_iter()
+                    .map(crate::topic::Record::from_stored)
+                    .collect();
+                let gone = ch.unread_arrived(r.from, base, readable, recs);
+                if ch.unread_waits_for_store(base, readable) {
+                    // Out of the memory tail and not written yet: read again shortly.
+                    ch.unread_inflight = true;
+                    if let Some(me) = self.me.borrow().upgrade() {
+                        let (topic, channel) = (r.topic.clone(), r.channel.clone());
+                        glommio::spawn_local(async move {
+                            glommio::timer::sleep(UNREAD_WAIT).await;
+                            me.retry_unread_read(&topic, &channel);
+                        })
+                        .detach();
+                    }
+                }
+                if gone > 0 {
+                    log::warn!(
+                        "TOPIC({}) CHANNEL({}): {gone} messages ready again are missing on disk (finished before they were written, or lost); skipped",
+                        r.topic,
+                        r.channel
+                    );
+                }
+            }
+            Err(e) => {
+                ch.disk_failures = ch.disk_failures.saturating_add(1);
+                ch.disk_error = Some(format!(
+                    "TOPIC({}) CHANNEL({}): disk read failed - {e}",
+                    r.topic, r.channel
+                ));
+                let delay = Duration::from_millis(100 << (ch.disk_failures - 1).min(6))
+                    .min(Duration::from_secs(5));
+                log::error!(
+                    "TOPIC({}) CHANNEL({}): disk read failed - {e}; retrying in {}",
+                    r.topic,
+                    r.channel,
+                    nsq_wire::duration::go_duration_string(delay)
+                );
+                if let Some(me) = self.me.borrow().upgrade() {
+                    let (topic, channel) = (r.topic.clone(), r.channel.clone());
+                    glommio::spawn_local(async move {
+                        glommio::timer::sleep(delay).await;
+                        me.retry_unread_read(&topic, &channel);
+                    })
+                    .detach();
+                }
+                return;
+            }
+        }
+        self.mark(t);
+        if let Some(ch) = t.channels.get_mut(&r.channel) {
+            let out = ch.dispatch(&t.log, Instant::now());
+            self.schedule_timer(&r.topic, ch);
+            bump(&self.counters.messages_out, out);
+        }
+        self.schedule_disk_reads(t);
+    }
+
+    /// The pause after a failed read for messages ready again is over.
+    fn retry_unread_read(&self, topic: &str, channel: &str) {
+        let mut topics = self.topics.borrow_mut();
+        let Some(t) = topics.get_mut(topic) else {
+            return;
+        };
+        if let Some(ch) = t.channels.get_mut(channel) {
+            ch.unread_inflight = false;
+        }
+        self.schedule_disk_reads(t);
+        if let Some(ch) = t.channels.get_mut(channel) {
+            if !ch.unread_inflight && !ch.disk_inflight {
                 ch.disk_error = None;
             }
         }
@@ -891,7 +1021,7 @@ impl Shard {
         let mut disk = false;
         for ch in t.channels.values_mut() {
             out += ch.dispatch(&t.log, now);
-            disk |= ch.disk_read_from(t.log.base).is_some();
+            disk |= ch.wants_read(t.log.base);
             self.schedule_timer(&t.name, ch);
         }
         bump(&self.counters.messages_out, out);
@@ -906,7 +1036,7 @@ impl Shard {
         if let Some(t) = topics.get_mut(topic) {
             if let Some(ch) = t.channels.get_mut(channel) {
                 let out = ch.dispatch(&t.log, Instant::now());
-                let disk = ch.disk_read_from(t.log.base).is_some();
+                let disk = ch.wants_read(t.log.base);
                 self.schedule_timer(topic, ch);
                 if out > 0 {
                     bump(&self.counters.messages_out, out);
@@ -1072,7 +1202,7 @@ impl Shard {
             let moved = ch.process_timers(now) > 0;
             if moved {
                 out += ch.dispatch(&t.log, now);
-                disk = ch.wants_disk;
+                disk = ch.wants_disk || ch.wants_read(t.log.base);
             }
             self.schedule_timer(&tn, ch);
             if moved {
@@ -1654,6 +1784,15 @@ mod tests {
         F: FnOnce(Shard, std::path::PathBuf) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = ()> + 'static,
     {
+        on_durable_shard_with(dir, Options::default(), body)
+    }
+
+    /// [`on_durable_shard`] with `opts` (its data path set to `dir`).
+    fn on_durable_shard_with<F, Fut>(dir: &std::path::Path, opts: Options, body: F)
+    where
+        F: FnOnce(Shard, std::path::PathBuf) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + 'static,
+    {
         let d = dir.to_path_buf();
         glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
             .spawn(move || async move {
@@ -1663,7 +1802,7 @@ mod tests {
                     0,
                     Options {
                         data_path: Some(d.clone()),
-                        ..Options::default()
+                        ..opts
                     },
                 );
                 body(s, d).await
@@ -1738,6 +1877,144 @@ mod tests {
             assert!(text.contains("\"c\""), "{text}");
             s.shutdown.set();
             s.close_stores().await;
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Waits (yielding to the executor) until `cond` holds, for at most 10 s.
+    async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+        for _ in 0..1000 {
+            if cond() {
+                return;
+            }
+            glommio::timer::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("timed out waiting until {what}");
+    }
+
+    #[test]
+    fn deferred_messages_hold_no_body_and_are_read_back_from_disk_when_due() {
+        // A durable topic's deferred messages keep their bodies in the log only once
+        // the store has written them: then, out of the memory tail, falling due reads them
+        // back from the store and delivers them with their bodies. After a restart they come back without a
+        // read of any body, and are delivered when due the same way.
+        let dir = std::env::temp_dir().join(format!("nsq-shards-defer-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let opts = Options {
+            mem_queue_size: 10,
+            ..Options::default()
+        };
+        on_durable_shard_with(&dir, opts, |s, d2| async move {
+            let s = Rc::new(s);
+            *s.me.borrow_mut() = Rc::downgrade(&s);
+            let bodies = |from: usize| -> Vec<Bytes> {
+                (from..from + 100)
+                    .map(|i| Bytes::from(format!("body-{i:04}")))
+                    .collect()
+            };
+            let delivered = |c: &Client, from: usize| {
+                let out = c.out.borrow();
+                (from..from + 100)
+                    .filter(|i| {
+                        let b = format!("body-{i:04}");
+                        out.windows(b.len()).any(|w| w == b.as_bytes())
+                    })
+                    .count()
+            };
+            s.publish_local("t", vec![Bytes::from_static(b"first")], None)
+                .unwrap();
+            s.admin(AdminOp::CreateChannel("t".into(), "c".into()))
+                .unwrap();
+            let due = Instant::now() + Duration::from_millis(300);
+            s.publish_local("t", bodies(0), Some(due)).unwrap();
+            {
+                let topics = s.topics.borrow();
+                let ch = &topics["t"].channels["c"];
+                assert_eq!(ch.deferred_count(), 100);
+                assert_eq!(ch.deferred_bodies.len(), 100, "held until written");
+            }
+            // Written, then (90 of them) out of the memory tail.
+            s.pump_stores(true);
+            until("the deferred records leave memory", || {
+                let mut topics = s.topics.borrow_mut();
+                let t = topics.get_mut("t").unwrap();
+                t.trim(s.opts.mem_queue_size);
+                // All but the newest --mem-queue-size (10).
+                t.log.base() + 10 == t.log.head()
+            })
+            .await;
+            assert!(
+                s.topics.borrow()["t"].channels["c"]
+                    .deferred_bodies
+                    .is_empty(),
+                "no body held once written"
+            );
+            let c = client(&s);
+            s.subscribe(&c, "t", "c").unwrap();
+            c.set_ready_count(500);
+            s.client_ready_changed(&c);
+            until("the undeferred one is read back and delivered", || {
+                in_flight(&s, "t", "c") == 1
+            })
+            .await;
+            assert_eq!(delivered(&c, 0), 0, "none is due yet");
+            glommio::timer::sleep(due.saturating_duration_since(Instant::now())).await;
+            s.process_timers(Instant::now());
+            until("every deferred message is in flight", || {
+                in_flight(&s, "t", "c") == 101
+            })
+            .await;
+            assert_eq!(delivered(&c, 0), 100, "bodies read back from disk");
+
+            // Deferred again, held across a clean restart.
+            let due = Instant::now() + Duration::from_millis(400);
+            s.publish_local("t", bodies(100), Some(due)).unwrap();
+            s.shutdown.set();
+            s.close_stores().await;
+            drop(c);
+            let s2 = Rc::new(Shard::new(
+                0,
+                1,
+                0,
+                Options {
+                    data_path: Some(d2.clone()),
+                    mem_queue_size: 10,
+                    ..Options::default()
+                },
+            ));
+            *s2.me.borrow_mut() = Rc::downgrade(&s2);
+            s2.recover().await;
+            {
+                let topics = s2.topics.borrow();
+                let t = &topics["t"];
+                let ch = &t.channels["c"];
+                assert_eq!(ch.deferred_count(), 100);
+                assert!(ch.deferred_bodies.is_empty(), "no body read at start");
+                // The 101 in flight before the restart are ready again, bodies unread.
+                assert_eq!(ch.requeued_count(), 101);
+                assert_eq!(ch.ready_unread.len(), 101);
+            }
+            let c2 = client(&s2);
+            s2.subscribe(&c2, "t", "c").unwrap();
+            c2.set_ready_count(500);
+            s2.client_ready_changed(&c2);
+            until(
+                "the recovered in-flight messages are delivered again",
+                || in_flight(&s2, "t", "c") == 101,
+            )
+            .await;
+            assert_eq!(delivered(&c2, 0), 100);
+            assert_eq!(delivered(&c2, 100), 0, "not due yet");
+            glommio::timer::sleep(due.saturating_duration_since(Instant::now())).await;
+            s2.process_timers(Instant::now());
+            until("the recovered deferred messages are delivered", || {
+                in_flight(&s2, "t", "c") == 201
+            })
+            .await;
+            assert_eq!(delivered(&c2, 100), 100);
+            s2.shutdown.set();
+            s2.close_stores().await;
         });
         let _ = std::fs::remove_dir_all(&dir);
     }

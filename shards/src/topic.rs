@@ -255,6 +255,9 @@ pub struct Topic {
     pub message_bytes: u64,
     /// The segment store (non-ephemeral topics with storage on).
     pub store: Option<Rc<TopicStore>>,
+    /// Records at or above this sequence are in the store, or in the memory tail until
+    /// handed to it (see `Channel::reread_from`); `None` without a store.
+    pub(crate) reread_from: Option<u64>,
     /// Why a durable topic has no store (its creation failed; retried at each publish,
     /// which is refused meanwhile).
     pub store_error: Option<String>,
@@ -302,6 +305,7 @@ impl Topic {
             message_count: 0,
             message_bytes: 0,
             store: None,
+            reread_from: None,
             store_error: None,
             written_meta: None,
             meta_marked: false,
@@ -424,7 +428,8 @@ impl Topic {
 
     /// Frees memory: records every channel has read go; with a store, the memory tail is
     /// also cut to `mem_queue_size` records once they are readable from disk. Records not
-    /// yet handed to the store always stay.
+    /// yet handed to the store always stay. Deferred messages let go of their bodies
+    /// once the store can give them back ([`Channel::drop_readable_bodies`]).
     pub fn trim(&mut self, mem_queue_size: u64) {
         if self.store.is_some() && self.stored < self.log.head {
             // Let finished records go now rather than at the store task's next tick, when
@@ -453,6 +458,14 @@ impl Topic {
             to = to.max(keep_from.min(on_disk)).min(self.stored);
         }
         self.log.trim_to(to);
+        // Deferred messages let go of their bodies once the store can give them back.
+        let mut freed = 0;
+        for ch in self.channels.values_mut() {
+            if !ch.deferred_bodies.is_empty() {
+                freed += ch.drop_readable_bodies();
+            }
+        }
+        crate::memory_freed(freed);
     }
 
     /// The oldest sequence a channel can seek to: the oldest record still on disk or
@@ -577,6 +590,7 @@ impl Topic {
         } else {
             ch.journal = self.store.clone();
         }
+        ch.reread = self.reread_from.zip(self.store.clone());
         self.channels.insert(name.to_string(), ch);
         self.pump(mem_queue_size);
         true
