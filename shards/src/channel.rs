@@ -512,7 +512,7 @@ impl Channel {
             return 0;
         };
         let (from, readable) = (*from, st.readable_seq());
-        if !self.deferred_bodies.range(from..readable).next().is_some() {
+        if from >= readable || self.deferred_bodies.range(from..readable).next().is_none() {
             return 0;
         }
         let mut readable_part = self.deferred_bodies.split_off(&from);
