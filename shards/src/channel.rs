@@ -199,7 +199,7 @@ pub struct Channel {
     /// Sequences at or above the cursor already handed to this channel's deferred heap
     /// when they were published (nsqd gives a DPUB to each channel at once); the cursor
     /// steps over them.
-    pub(crate) skip: std::collections::BTreeSet<u64>,
+    pub(crate) skip: crate::seqset::SeqSet,
     /// The earliest instant this channel is registered at in its shard's timer queue
     /// (crate::timers), if any.
     timer_scheduled: Option<Instant>,
@@ -254,7 +254,7 @@ impl Channel {
             disk_bytes: 0,
             disk_pos: None,
             disk_epoch: 0,
-            skip: std::collections::BTreeSet::new(),
+            skip: crate::seqset::SeqSet::new(),
             timer_scheduled: None,
             e2e: None,
             journal: None,
@@ -352,7 +352,7 @@ impl Channel {
             .sum();
         (log.pumped.saturating_sub(self.cursor))
             .saturating_sub(holes)
-            .saturating_sub(self.skip.len() as u64)
+            .saturating_sub(self.skip.len())
             + self.requeued_count() as u64
     }
 
@@ -447,7 +447,7 @@ impl Channel {
             }
             let seq = self.cursor;
             self.cursor += 1;
-            if self.skip.remove(&seq) {
+            if self.skip.remove(seq) {
                 continue;
             }
             if let Some(rec) = log.get(seq) {
@@ -457,7 +457,7 @@ impl Channel {
         }
         // Deferred records among the dropped ones stay in the deferred heap (they are
         // not depth); the cursor has passed their records.
-        self.skip = self.skip.split_off(&log.pumped);
+        self.skip.retain_from(log.pumped);
         self.cursor = log.pumped;
     }
 
@@ -470,7 +470,7 @@ impl Channel {
             let ready = self
                 .pumped_seen
                 .saturating_sub(self.cursor)
-                .saturating_sub(self.skip.len() as u64)
+                .saturating_sub(self.skip.len())
                 + self.requeued_count() as u64;
             if ready >= cap {
                 return false;
@@ -486,7 +486,7 @@ impl Channel {
             let ready = self
                 .pumped_seen
                 .saturating_sub(self.cursor)
-                .saturating_sub(self.skip.len() as u64)
+                .saturating_sub(self.skip.len())
                 + self.requeued_count() as u64;
             if ready >= cap {
                 return false;
@@ -564,7 +564,7 @@ impl Channel {
             if self.cursor >= log.pumped {
                 break;
             }
-            if self.skip.remove(&self.cursor) {
+            if self.skip.remove(self.cursor) {
                 self.cursor += 1;
                 continue;
             }

@@ -18,6 +18,7 @@ pub mod node;
 pub mod options;
 pub mod persist;
 pub mod quantile;
+pub mod seqset;
 pub mod shard;
 pub mod stats;
 pub mod timers;

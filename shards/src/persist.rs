@@ -70,8 +70,7 @@ pub fn topic_meta(t: &Topic) -> TopicMeta {
         // (recovery steps over them again); the others were finished already.
         let finished = ch
             .skip
-            .range(ch.cursor..)
-            .copied()
+            .iter_from(ch.cursor)
             .filter(|s| pending.binary_search_by_key(s, |p| p.seq).is_err())
             .collect();
         channels.push(ChannelMeta {
