@@ -26,4 +26,16 @@ pub mod stats;
 pub mod tcp;
 /// Go time formats, from the wire crate.
 pub use nsq_wire::timefmt;
+
+/// What `nsqd --version` prints after `nsqd ` and the start-up log line names: the nsqd
+/// version this broker is compatible with, in nsqd's own form (`v1.3.0 (built w/go1.x)`
+/// there), then this build: the nsqd-rs package version and the git commit it was built
+/// from (`unknown` outside a git checkout; see build.rs).
+pub const BUILD_VERSION: &str = concat!(
+    "v1.3.0 (built w/rust; nsqd-rs ",
+    env!("CARGO_PKG_VERSION"),
+    ", commit ",
+    env!("NSQD_RS_COMMIT"),
+    ")"
+);
 pub mod tls;
