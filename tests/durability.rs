@@ -503,7 +503,7 @@ fn default_policy_skips_finished_messages_and_keeps_unfinished_across_kill_9() {
 }
 
 /// A crash within the default sync window may lose a new topic's newest messages (the
-/// README's stated window), but what the broker then reports must be what it has: the
+/// window docs/durability.md states), but what the broker then reports must be what it has: the
 /// topic's depth after the restart equals what its first channel receives (the metadata
 /// had counted sequences the store never got: they are a hole, not phantom depth).
 #[test]

@@ -94,7 +94,7 @@ fn every_nsqd_flag_exists() {
     for flag in &ours {
         assert!(
             NSQD_1_3_0_FLAGS.iter().any(|(f, _)| f == flag) || OWN_FLAGS.contains(&flag.as_str()),
-            "--{flag} is not an nsqd flag: add it to OWN_FLAGS and the README"
+            "--{flag} is not an nsqd flag: add it to OWN_FLAGS and to docs/operations.md"
         );
     }
 }
