@@ -1,4 +1,4 @@
-//! Attempts and requeue delays survive kill -9 (issue 8, item 3): with
+//! Attempts and requeue delays survive kill -9: with
 //! `--sync-every=1`, a message delivered and REQ'd three times comes back after a crash
 //! with attempts 4, not before its REQ delay, and a message finished after a redelivery
 //! is not delivered again (also under the default sync policy: a process crash keeps what
