@@ -207,7 +207,7 @@ fn drain_and_fin(b: &Broker, topic: &str) -> Vec<(String, u16)> {
     got
 }
 
-/// A crash loop faster than the checkpoint (RELIABILITY.md 4a): kill -9, restart,
+/// A crash loop faster than the checkpoint (RELIABILITY.md, "Chaos: kill -9 under load"): kill -9, restart,
 /// consume and FIN everything that came back, kill -9 again before the next checkpoint
 /// (`--sync-timeout=60s`). What was finished after the first restart must not come back
 /// after the second: those messages were recovered as possibly delivered (their

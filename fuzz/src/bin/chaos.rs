@@ -1,4 +1,4 @@
-//! Chaos: kill -9 at random instants under load (RELIABILITY.md, section 4a).
+//! Chaos: kill -9 at random instants under load (RELIABILITY.md, "Chaos: kill -9 under load").
 //!
 //!   chaos [--shards N] [--cycles 50] [--seed N] [--min-ms 200] [--max-ms 1500]
 //!         [--sync every1|default] [--nsqd PATH]
