@@ -3,8 +3,8 @@
 #
 #   scripts/compare.sh ADDRESS_A ADDRESS_B [PID_A PID_B]
 #
-# Runs the standard scenarios (scripts/bench-lib.sh) and then the rows of issue 9's
-# side-by-side table (names i9-*) against A and B alternately (round 1: scenario 1 on A,
+# Runs the standard scenarios (scripts/bench-lib.sh) and then the rows of
+# BENCHMARKS.md's side-by-side table (names i9-*) against A and B alternately (round 1: scenario 1 on A,
 # then on B, scenario 2 on A, then B, ...; then round 2 ...), and prints, pair by pair,
 # B/A ratios of throughput (published msgs/s; consumed msgs/s for the backlog drain), p99
 # latency (end-to-end for pub+sub, PUB/MPUB ack for publish only), p99.9 and, when the
@@ -13,7 +13,7 @@
 # consumed ones for the backlog drain). A summary gives the geometric mean of each ratio
 # per scenario. Ratio > 1 means B is higher (better throughput, worse latency and CPU).
 #
-# Issue 9's rows: i9-sat-200B-mpub200, i9-sat-4KiB-mpub20, i9-sat-64KiB-pub (saturating
+# The side-by-side rows: i9-sat-200B-mpub200, i9-sat-4KiB-mpub20, i9-sat-64KiB-pub (saturating
 # pub+sub), i9-sat-200B-pub-8prod (8 PUB producers), i9-open-500k-mpub200 and
 # i9-open-5k-pub (open loop; the 5 k/s row shows the output-buffer tail: compare p99 and
 # p99.9), and two special rows:
@@ -72,7 +72,7 @@ PAIRS="$WORK/pairs.tsv"
 : >"$PAIRS"
 FAILED=0
 
-# Every scenario compare.sh runs: the standard ones, then issue 9's rows (see above).
+# Every scenario compare.sh runs: the standard ones, then the side-by-side rows (see above).
 compare_scenarios() {
   bench_scenarios
   cat <<EOF

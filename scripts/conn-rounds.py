@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Broker RSS over rounds of N concurrent TCP connections opened and closed (RELIABILITY.md 4b).
+"""Broker RSS over rounds of N concurrent TCP connections opened and closed (RELIABILITY.md, "Resource exhaustion").
 
   scripts/conn-rounds.py NSQD SHARDS N ROUNDS {none|v2|nop}
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One side-by-side run of this broker against upstream nsqd on this machine, for
-# BENCHMARKS.md: everything issue 9 ("keep the disk off the path...") asks to measure.
+# BENCHMARKS.md: the device, the store alone, durable vs #ephemeral, and the side-by-side rows.
 #
 #   scripts/side-by-side.sh /path/to/upstream/nsqd [OUTDIR]
 #
 # 1. the device's O_DIRECT sequential write speed (dd, 2 GiB) next to the segment store
 #    alone (storage/examples/store_bench: writer and sequential reader, 4 KiB records);
-# 2. scripts/compare.sh's issue-9 rows (saturating 200 B / 4 KiB / 64 KiB pub+sub, 8 PUB
+# 2. scripts/compare.sh's side-by-side rows (i9-*) (saturating 200 B / 4 KiB / 64 KiB pub+sub, 8 PUB
 #    producers, open loop 500 k/s and 5 k/s, idle 100x100 channels, burst), upstream nsqd
 #    as A and this broker as B, both with their default (durable) settings, alternating;
 # 3. this broker's durable topics against #ephemeral ones (no disk), alternating, at
@@ -61,7 +61,7 @@ for port in 24151 14151; do
   done
 done
 
-echo "== 2. scripts/compare.sh issue-9 rows: A = upstream nsqd, B = this broker"
+echo "== 2. scripts/compare.sh side-by-side rows (i9-*): A = upstream nsqd, B = this broker"
 NO_BUILD=1 BENCH_ROUNDS="$ROUNDS" BENCH_RUNFOR="$RUNFOR" BENCH_SCENARIOS='^i9-' \
   HTTP_A=127.0.0.1:24151 HTTP_B=127.0.0.1:14151 \
   scripts/compare.sh 127.0.0.1:24150 127.0.0.1:14150 "$PID_GO" "$PID_RS" | tee "$OUT/compare.txt"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Soak: N minutes of mixed real use against a broker this script starts, with every
 message accounted for and the broker's RSS and open fds sampled (RELIABILITY.md,
-"3. Soak").
+"Soak").
 
 usage: soak.py [--minutes 30] [--shards 2] [--nsqd PATH] [--seed N] [--out DIR]
                [--msg-timeout-ms 3000] [--rate 40] [--png PATH]

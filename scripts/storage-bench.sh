@@ -11,7 +11,7 @@
 # Usage: scripts/storage-bench.sh            (env: RUNFOR=5s ROUNDS=2 BACKLOG_RUNFOR=8s)
 #
 #        scripts/storage-bench.sh start [GIB...]     (default: 1 10; env: START_SHARDS=1)
-#   Start time only (issue 8): for each backlog size, fill a durable topic with GIB GiB
+#   Start time only: for each backlog size, fill a durable topic with GIB GiB
 #   of 200 B messages (channel attached, no consumer), then measure from exec until the
 #   TCP port answers AND /stats shows the channel's full depth: after kill -9 (the
 #   segment being written is scanned) and after SIGTERM (every segment sealed). Goals:

@@ -405,7 +405,7 @@ if [[ $MOCK -eq 0 && $BUILD_OK -eq 1 ]]; then
   else
     record FAIL "pynsq via nsqlookupd / with AUTH" "no .venv (client setup failed)"
   fi
-  # Soak (RELIABILITY.md "3. Soak"): 45 s of mixed pynsq, gnsq and HTTP use against a
+  # Soak (RELIABILITY.md "Soak"): 45 s of mixed pynsq, gnsq and HTTP use against a
   # broker of its own (REQ, timeouts, TOUCH, reconnects, pause/empty/delete of topics and
   # channels, #ephemeral channels); every acknowledged message accounted for, no client
   # error it did not cause, broker RSS and fds flat. SOAK_SEED replays a run; its files

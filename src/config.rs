@@ -28,7 +28,9 @@ pub(crate) fn default_node_id() -> u16 {
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "nsqd",
-    version = "v1.3.0 (built w/rust)",
+    // `nsqd v1.3.0 (built w/rust; ...)`: nsqd's first words (the version this broker is
+    // compatible with, as `nsqd v1.3.0 (built w/go1.x)`), then this build.
+    version = crate::BUILD_VERSION,
     override_usage = "nsqd [OPTIONS]",
     args_override_self = true,
     about = "A thread-per-core, shared-nothing drop-in replacement for nsqd (protocol V2, nsqd's HTTP API and flags)"

@@ -477,7 +477,7 @@ fn level_number(name: &str) -> i64 {
 
 /// nsqd 1.3.0's options in `Options` struct order (nsqd/options.go; go-options resolves,
 /// and so fails, in this order), then nsqd master's `auth_http_request_method`, then this
-/// broker's own (`shards`). The queue-scan options have no effect here (see README).
+/// broker's own (`shards`). The queue-scan options have no effect here (see docs/operations.md, "Flags").
 pub static OPTIONS: &[OptSpec] = &[
     OptSpec {
         cfg: "id",

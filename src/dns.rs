@@ -3,9 +3,8 @@
 //! `getaddrinfo` can block for seconds (a name that does not resolve, a resolver that
 //! does not answer). On a shard's executor thread that would stall every client of the
 //! shard; on glommio's blocking pool it would queue the shard's file work (meta.json
-//! writes, fsyncs, store opens) behind the lookups: an outside trial saw
-//! `/channel/create` answered after 10-60 s while 100-300 AUTHs waited on an auth
-//! server name that does not resolve. Each lookup here runs on a thread of its own (as
+//! writes, fsyncs, store opens) behind the lookups: with 100-300 AUTHs waiting on an
+//! auth server name that does not resolve, a `/channel/create` would wait 10-60 s. Each lookup here runs on a thread of its own (as
 //! Go's resolver runs each in a goroutine), at most [`MAX_IN_FLIGHT`] at once; the caller
 //! waits without blocking its executor.
 
@@ -73,7 +72,7 @@ mod tests {
     /// Lookups that hang (a name whose resolver does not answer) leave glommio's
     /// blocking pool, which the shard's file work uses, free: a blocking call made
     /// while 40 slow lookups wait is done before any of them (in the pool, the
-    /// file work queued behind them for 10-60 s in an outside trial).
+    /// file work would queue behind them for 10-60 s).
     #[test]
     fn slow_lookups_do_not_hold_the_blocking_pool() {
         fn slow(_: &str, port: u16) -> Result<SocketAddr, String> {

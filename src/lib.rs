@@ -1,12 +1,22 @@
 //! A thread-per-core, shared-nothing drop-in replacement for nsqd.
 //!
-//! This crate holds the edges: the command line ([`config`]), the TCP and HTTP servers
-//! ([`tcp`], [`http`]), the registration with nsqlookupd ([`lookupd_client`]), /stats
-//! rendering, statsd and /metrics ([`stats`]) and the runtime that starts one pinned glommio executor per shard
-//! ([`runtime`]). The wire formats (the protocol V2 codec, IDENTIFY, names, Go durations,
+//! This crate holds the process and its edges: the command line and config file
+//! ([`config`], [`config_file`]), the host checks before start-up ([`preflight`]), the
+//! runtime that starts one pinned glommio executor per shard, connects the shard mesh and
+//! handles signals ([`runtime`], [`mesh`]), the accept loops and per-shard server context
+//! ([`server`]), protocol V2 connections ([`tcp`]: reader, commands, writer, hand-off
+//! between shards, TLS and compression streams; the TLS configuration in [`tls`]), the
+//! HTTP API and the live shard page ([`http`]), AUTH ([`auth`]; name lookups and other
+//! blocking work off the shard threads in [`dns`] and [`offload`]), the registration
+//! with nsqlookupd ([`lookupd_client`]), /stats, statsd and /metrics ([`stats`]), the
+//! one-time import of an nsqd data path ([`import_nsqd`]), handing free heap back to the
+//! OS ([`memory`]) and nsqd's log format ([`logger`]).
+//!
+//! The wire formats (the protocol V2 codec, IDENTIFY, compression, names, Go durations,
 //! the lookupd V1 codec, HTTP/1.1 pieces) live in the runtime-free `nsq-wire` crate; the
-//! broker core (topics, channels, in-flight and deferred heaps, the mesh messages) in the
-//! `nsq-shards` crate; nsqlookupd in the `nsqlookupd` crate (lookupd/).
+//! broker core (topics, channels, in-flight and deferred heaps, clients, the mesh
+//! messages, recovery and checkpoints) in `nsq-shards`; the segment store in
+//! `nsq-storage`; nsqlookupd in the `nsqlookupd` crate (lookupd/).
 
 pub mod auth;
 pub mod config;
@@ -26,4 +36,16 @@ pub mod stats;
 pub mod tcp;
 /// Go time formats, from the wire crate.
 pub use nsq_wire::timefmt;
+
+/// What `nsqd --version` prints after `nsqd ` and the start-up log line names: the nsqd
+/// version this broker is compatible with, in nsqd's own form (`v1.3.0 (built w/go1.x)`
+/// there), then this build: the nsqd-rs package version and the git commit it was built
+/// from (`unknown` outside a git checkout; see build.rs).
+pub const BUILD_VERSION: &str = concat!(
+    "v1.3.0 (built w/rust; nsqd-rs ",
+    env!("CARGO_PKG_VERSION"),
+    ", commit ",
+    env!("NSQD_RS_COMMIT"),
+    ")"
+);
 pub mod tls;

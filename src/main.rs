@@ -96,8 +96,9 @@ fn main() {
 
 /// Until every shard serves, a panic (one inside glommio on a host the preflight did not
 /// foresee) ends the process with one FATAL line instead of a backtrace and a hang; once
-/// serving, a panic is reported as usual and then ends the process with status 1 (it
-/// went on without the shard and exited 0: found by an outside trial). Returns the flag to set once every shard serves.
+/// serving, a panic is reported as usual and then ends the process with status 1 (not
+/// going on without the shard and exiting 0 later, which `Restart=on-failure` would not
+/// restart). Returns the flag to set once every shard serves.
 fn fatal_panics_until_serving(prefix: String) -> Arc<AtomicBool> {
     let serving = Arc::new(AtomicBool::new(false));
     let flag = serving.clone();

@@ -301,7 +301,7 @@ fn io_uring_unavailable(e: i32) -> String {
     let seccomp_fix = "run under a seccomp profile that allows io_uring_setup, io_uring_enter \
                        and io_uring_register (docker run --security-opt \
                        seccomp=deploy/seccomp-io_uring.json; Kubernetes: securityContext \
-                       seccompProfile type Localhost, see README \"Deploying\")";
+                       seccompProfile type Localhost, see docs/operations.md \"Deploying\")";
     match e {
         libc::EPERM if disabled.as_deref() == Some("2") => "io_uring is disabled: \
              io_uring_setup failed with EPERM and sysctl kernel.io_uring_disabled = 2; fix: \

@@ -222,7 +222,7 @@ pub fn run(
     ready: crate::preflight::Ready,
     on_serving: impl FnOnce(),
 ) -> Result<(), String> {
-    log::info!("nsqd v1.3.0 (rust, {} shards)", cfg.shards);
+    log::info!("nsqd {}, shards: {}", crate::BUILD_VERSION, cfg.shards);
     log::info!("ID: {}", cfg.opts.node_id);
     for w in &ready.warnings {
         log::warn!("{w}");

@@ -365,9 +365,9 @@ fn unsupported_features_fail_at_startup() {
     );
 }
 
-/// A TOML error whose offset falls inside a multi-byte character (found by AFL++: the
-/// offset cut the text at a non-boundary to count its line, a panic at start-up) gets
-/// the usual FATAL line.
+/// A TOML error whose offset falls inside a multi-byte character (counting its line
+/// must not cut the text at a non-boundary, which would panic at start-up) gets the
+/// usual FATAL line.
 #[test]
 fn a_toml_error_inside_a_multibyte_character_is_a_fatal_line_not_a_panic() {
     let dir = std::env::temp_dir().join(format!("nsqd-cfg-utf8-{}", std::process::id()));

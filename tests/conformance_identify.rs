@@ -885,8 +885,8 @@ fn bad_snappy_chunks_end_the_connection_from_their_header() {
 
 /// Commands decoded before a compressed stream ends or breaks, in the same read, run
 /// before the connection closes: Go's flate and snappy readers hand over what they
-/// decoded, then report the end or the error, so nsqd answers and publishes first (an
-/// outside trial saw the PUB dropped: no `OK`, no topic).
+/// decoded, then report the end or the error, so nsqd answers and publishes first (the
+/// PUB must not be dropped: an `OK`, and the topic exists).
 #[test]
 fn commands_before_a_compressed_stream_ends_or_breaks_still_run() {
     use std::io::{Read, Write};

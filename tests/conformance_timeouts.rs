@@ -56,9 +56,9 @@ fn msg_timeout_from_identify_then_fin_fails() {
 }
 
 /// `--msg-timeout=0`: every delivery times out at once and is delivered again at each
-/// timer pass (nsqd: each queue scan, every 100 ms), not in a loop (a newcomer saw one
-/// message delivered 914,219 times in a second: a timer due at once bypassed the 10 ms
-/// spacing of the passes).
+/// timer pass (nsqd: each queue scan, every 100 ms), not in a loop (a timer due at once
+/// must not bypass the 10 ms spacing of the passes, or one message is delivered
+/// hundreds of thousands of times a second).
 #[test]
 fn a_zero_msg_timeout_redelivers_once_a_timer_pass() {
     let b = Broker::start(1, &["--msg-timeout=0"]);

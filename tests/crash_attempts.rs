@@ -1,4 +1,4 @@
-//! Attempts and requeue delays survive kill -9 (issue 8, item 3): with
+//! Attempts and requeue delays survive kill -9: with
 //! `--sync-every=1`, a message delivered and REQ'd three times comes back after a crash
 //! with attempts 4, not before its REQ delay, and a message finished after a redelivery
 //! is not delivered again (also under the default sync policy: a process crash keeps what
@@ -207,7 +207,7 @@ fn drain_and_fin(b: &Broker, topic: &str) -> Vec<(String, u16)> {
     got
 }
 
-/// A crash loop faster than the checkpoint (RELIABILITY.md 4a): kill -9, restart,
+/// A crash loop faster than the checkpoint (RELIABILITY.md, "Chaos: kill -9 under load"): kill -9, restart,
 /// consume and FIN everything that came back, kill -9 again before the next checkpoint
 /// (`--sync-timeout=60s`). What was finished after the first restart must not come back
 /// after the second: those messages were recovered as possibly delivered (their

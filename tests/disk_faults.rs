@@ -450,9 +450,9 @@ fn failed_opens_reads_and_metadata_writes_lose_nothing_acknowledged() {
 }
 
 /// A disk whose reads keep failing: the channel's read-back is retried after a pause
-/// that doubles (100 ms, 200 ms, ... 5 s), not at once in a loop (a broker whose reads
-/// all failed wrote 44,000 error lines in 12 s, session 4); `/ping` reports it meanwhile
-/// (it said OK: session 10); once reads work the backlog arrives and `/ping` is OK.
+/// that doubles (100 ms, 200 ms, ... 5 s), not at once in a loop (which would log tens
+/// of thousands of error lines in seconds); `/ping` reports it meanwhile (not `OK`);
+/// once reads work the backlog arrives and `/ping` is OK.
 #[test]
 fn failing_disk_reads_back_off_and_recover() {
     let dir = keep_dir("read-backoff");
@@ -497,8 +497,8 @@ fn failing_disk_reads_back_off_and_recover() {
 }
 
 /// A disk that keeps failing is logged at once and then at most about once a second
-/// with a count (an outside trial saw 8,500 identical sync errors logged in 5 s on a
-/// full disk); `/ping` reports it throughout.
+/// with a count (not thousands of identical sync errors a second on a full disk);
+/// `/ping` reports it throughout.
 #[test]
 fn a_repeating_disk_error_is_logged_about_once_a_second() {
     let dir = keep_dir("lograte");
@@ -531,7 +531,7 @@ fn a_repeating_disk_error_is_logged_about_once_a_second() {
 }
 
 /// A shutdown while every write fails says how many messages it could not write (the
-/// default policy acknowledged them before their write; an outside trial saw them go
+/// default policy acknowledged them before their write, so their loss must not go
 /// without a word).
 #[test]
 fn a_shutdown_that_cannot_write_says_what_is_lost() {
@@ -557,9 +557,9 @@ fn a_shutdown_that_cannot_write_says_what_is_lost() {
 
 /// A shard that panics (here an injected panic at its first segment write, standing for
 /// a bug) ends the process with a failure status and a FATAL line, so that a supervisor
-/// restarts it; what was acknowledged is on disk for the restart. It went on serving
-/// without that shard (its clients hung, `/ping` never answered) and, once every shard
-/// had panicked, exited 0, which `Restart=on-failure` does not restart (outside trial).
+/// restarts it; what was acknowledged is on disk for the restart. Going on without that
+/// shard would leave its clients hanging and `/ping` unanswered, and exiting 0 once
+/// every shard had panicked is not restarted by `Restart=on-failure`.
 #[test]
 fn a_shard_panic_ends_the_process_with_a_failure_status() {
     for shards in [1, 2] {

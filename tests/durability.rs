@@ -503,7 +503,7 @@ fn default_policy_skips_finished_messages_and_keeps_unfinished_across_kill_9() {
 }
 
 /// A crash within the default sync window may lose a new topic's newest messages (the
-/// README's stated window), but what the broker then reports must be what it has: the
+/// window docs/durability.md states), but what the broker then reports must be what it has: the
 /// topic's depth after the restart equals what its first channel receives (the metadata
 /// had counted sequences the store never got: they are a hole, not phantom depth).
 #[test]
@@ -543,9 +543,9 @@ fn kill_9_within_the_window_reports_only_what_survived() {
 /// never written). glommio probes each block device for its polled I/O ring on the
 /// first direct-I/O file a thread opens, and an empty file answers "supported" on any
 /// device; recovery scanned that segment first, so on a disk without poll queues every
-/// later read failed with EOPNOTSUPP and no channel got its backlog back (found by
-/// `chaos --sync default`). Each shard now probes on a file of its own first
-/// (storage/src/probe.rs). The crash's leftover is made here: an empty newest segment
+/// later read would fail with EOPNOTSUPP and no channel would get its backlog back
+/// (`chaos --sync default` reaches this state). Each shard therefore probes on a file of
+/// its own first (storage/src/probe.rs). The crash's leftover is made here: an empty newest segment
 /// next to sealed 4 KiB segments holding 600 acknowledged messages.
 #[test]
 fn empty_segment_left_by_a_crash_does_not_stop_disk_reads() {
@@ -667,10 +667,10 @@ fn reading_the_segment_being_written_reports_no_corruption() {
 /// After a kill -9 the newest segment ends in a torn write: recovery finds where its last
 /// whole record ends and reports the rest once ("the N bytes after the last record hold
 /// no whole record ... ignored"). A channel reading that segment afterwards must stop
-/// there too: it once read on into the stale bytes (old buffer contents past the last
-/// sync) and logged `record length 2021161080 out of range; record skipped` (0x78787878,
-/// "xxxx") for a tail that was never data. (A newcomer's report: 3 segments of 2 MiB,
-/// 1 KB bodies, every time.)
+/// there too, not read on into the stale bytes (old buffer contents past the last sync)
+/// and log `record length 2021161080 out of range; record skipped` (0x78787878, "xxxx")
+/// for a tail that was never data (3 segments of 2 MiB with 1 KB bodies show it every
+/// time).
 #[test]
 fn a_torn_tail_after_kill_9_is_not_read_as_corruption() {
     for shards in [1, 2] {

@@ -1,5 +1,4 @@
-//! What the broker has answered stays true after a crash (faults found by an outside
-//! disk-fault trial, session 9): a channel created (over HTTP or by SUB), deleted or
+//! What the broker has answered stays true after a crash: a channel created (over HTTP or by SUB), deleted or
 //! paused is answered only once the metadata on disk says so, so that kill -9 right
 //! after the answer neither loses a message acknowledged to the new channel nor brings
 //! a deleted channel back; a topic whose store cannot be created refuses publishes with

@@ -1,4 +1,4 @@
-//! Resource exhaustion (RELIABILITY.md, section 4b): out of file descriptors, 20,000 idle
+//! Resource exhaustion (RELIABILITY.md, "Resource exhaustion"): out of file descriptors, 20,000 idle
 //! connections, a consumer that never reads 1 MiB messages at RDY 2500, 1,000 channels
 //! on one topic, and HTTP requests whose head or body never ends. In each the broker must
 //! stay up, keep serving the other clients, and keep its memory bounded.
@@ -492,8 +492,8 @@ fn never_reading_consumer_with_1mib_messages() {
     // more in its output buffer, and what the kernel's socket buffers took (its send
     // buffer grows up to tcp_wmem's maximum, the peer's receive buffer stays near
     // tcp_rmem's default while nothing is read); the rest stays in the channel (depth)
-    // for other consumers (nsqd: messagePump stops at the first blocked write). Before
-    // the fix all 96 went in flight (RELIABILITY.md 4b).
+    // for other consumers (nsqd: messagePump stops at the first blocked write). Without
+    // this, all 96 would go in flight (RELIABILITY.md, "Every fault found").
     let kernel = match sysctl_field("net/ipv4/tcp_wmem", 2) + sysctl_field("net/ipv4/tcp_rmem", 1) {
         0 => 8 << 20,
         n => n,
@@ -507,8 +507,8 @@ fn never_reading_consumer_with_1mib_messages() {
     // queue would): about the payload once, and a body can keep alive the read buffer it
     // was sliced from (up to twice its size): 160-210 MB of growth measured. The stuck
     // client adds about two messages. This bound only catches gross growth (a copy of
-    // every message per client); the in-flight bound above is what the fix is checked by
-    // (before it, all 96 went in flight: RELIABILITY.md 4b).
+    // every message per client); the in-flight bound above is what checks the high-water
+    // skip in delivery.
     assert!(
         peak < rss0 + 3 * payload_kb,
         "RSS grew from {rss0} kB to a peak of {peak} kB for {payload_kb} kB of payload"

@@ -1,4 +1,4 @@
-//! Start-up without re-reading the backlog (issue 8, item 2): sealed segments are
+//! Start-up without re-reading the backlog: sealed segments are
 //! recovered from their side index, only the segment a crash left open is scanned, and a
 //! corrupt record of a sealed segment is found, logged and skipped when a channel reads
 //! it, not at start-up.

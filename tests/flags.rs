@@ -94,7 +94,7 @@ fn every_nsqd_flag_exists() {
     for flag in &ours {
         assert!(
             NSQD_1_3_0_FLAGS.iter().any(|(f, _)| f == flag) || OWN_FLAGS.contains(&flag.as_str()),
-            "--{flag} is not an nsqd flag: add it to OWN_FLAGS and the README"
+            "--{flag} is not an nsqd flag: add it to OWN_FLAGS and to docs/operations.md"
         );
     }
 }
@@ -156,9 +156,8 @@ fn every_nsqd_flag_parses_in_both_spellings() {
 }
 
 /// Go's flag package lets a flag given twice take its last value (a launch script's
-/// overrides after its defaults); repeatable flags keep every value (nsqlookupd: its
-/// config unit tests; found by a
-/// differential probe against nsqd 1.3.0, session 9: this broker exited 2).
+/// overrides after its defaults), as nsqd 1.3.0 does; repeatable flags keep every value
+/// (nsqlookupd: its config unit tests).
 #[test]
 fn a_flag_given_twice_takes_its_last_value() {
     let cli = Cli::load(

@@ -1,5 +1,5 @@
 //! Damage to a stopped broker's data path, as an operator's bad day makes it: what is
-//! not damaged is still delivered (RELIABILITY.md section 7). The segment-level cases
+//! not damaged is still delivered (RELIABILITY.md, "Offline damage"). The segment-level cases
 //! (zeroed ranges, flipped headers, swapped or copied segments) are in
 //! storage/tests/store.rs; these go through the broker.
 

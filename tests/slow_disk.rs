@@ -267,8 +267,8 @@ fn a_slow_filesystem_holds_up_only_its_publishes() {
 }
 
 /// A new durable topic's directory is made off the shard's thread: while its `mkdir`
-/// waits 1.5 s for the filesystem, the shard's other clients are served. Made on the
-/// shard's thread (an outside trial), a 3 s `mkdir` held `/ping` for 2.7 s.
+/// waits 1.5 s for the filesystem, the shard's other clients are served (made on the
+/// shard's thread, a 3 s `mkdir` would hold `/ping` for about as long).
 #[test]
 fn a_slow_mkdir_holds_up_only_the_new_topic() {
     let Some(fs) = mount_or_skip("mkdir", "a_slow_mkdir_holds_up_only_the_new_topic") else {

@@ -4,7 +4,13 @@
 //! and no record from a segment scan whose CRC does not match.
 //!
 //! The same functions run under AFL++ (`src/bin/fuzz-afl.rs`), under the in-process
-//! smoke fuzzer (`src/bin/fuzz-smoke.rs`) and in `cargo test` (tests/).
+//! smoke fuzzer (`src/bin/fuzz-smoke.rs`, with the mutator in [`mutate`]) and in
+//! `cargo test` (tests/).
+//!
+//! The crate also holds the tools that test the running broker from outside, over
+//! loopback: `netfuzz` (mutated V2 and HTTP sessions beside an exactly-once checker,
+//! `src/bin/netfuzz.rs`) and `chaos` (kill -9 under load, `src/bin/chaos.rs`), with
+//! their shared helpers in [`net`]. RELIABILITY.md describes each and its figures.
 
 #![forbid(unsafe_code)]
 

@@ -196,7 +196,7 @@ mod tests {
     }
 
     /// Go's flag package: a flag given twice takes its last value (nsqlookupd 1.3.0 runs
-    /// with `--http-address` twice; this one exited 2 before session 9).
+    /// with `--http-address` twice, and so must this one).
     #[test]
     fn a_flag_given_twice_takes_its_last_value() {
         let m = Cli::command().get_matches_from(args(&[

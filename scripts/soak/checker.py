@@ -2,7 +2,7 @@
 (common.EventLog lines plus the coordinator's "op" events) and decides, per channel,
 what became of every acknowledged message.
 
-Rules (RELIABILITY.md, "3. Soak"):
+Rules (RELIABILITY.md, "Soak"):
 * A message counts as published when its PUB/MPUB/DPUB or HTTP /pub, /mpub got OK;
   [t0, t1] is the time from sending it to the answer.
 * Each non-ephemeral channel has "gone" windows: from the start of a /channel/delete

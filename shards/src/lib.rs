@@ -1,9 +1,15 @@
-//! The broker core of the thread-per-core nsqd: shard runtime state, topic ownership by
-//! hash, topics, channels with their in-flight and deferred heaps, the subscribed clients'
-//! shard-side handles, and the messages shards exchange over the glommio channel mesh.
+//! The broker core of the thread-per-core nsqd: shard runtime state ([`shard`]), topic
+//! ownership by hash ([`owner_of`]), topics ([`topic`]: the in-memory log and its pump),
+//! channels with their in-flight and deferred heaps ([`channel`]), the per-shard timer
+//! heap ([`timers`]), the subscribed clients' shard-side handles with their AUTH state
+//! ([`client`], [`auth`]), recovery, checkpoints, retention and the hand-over of records
+//! to the segment store ([`persist`], over `nsq-storage`), the node-wide run-time
+//! settings ([`node`]), stats ([`stats`], e2e latency quantiles in [`quantile`]) and the
+//! messages shards exchange over the channel mesh ([`mesh`]).
 //!
-//! Nothing here parses bytes from a socket (that is the root crate's codec) and nothing
-//! here is shared between threads except the `mesh` messages, which move by value.
+//! Nothing here parses bytes from a socket (the protocol codecs are in the runtime-free
+//! `nsq-wire` crate; the root crate's connections call them) and nothing here is shared
+//! between threads except the [`mesh`] messages, which move by value.
 
 #![forbid(unsafe_code)]
 

@@ -1,14 +1,20 @@
-//! Durable storage for the thread-per-core nsqd: per-topic segment logs on io_uring
-//! (glommio DMA files) with CRC-framed records ([`record`], format version
-//! [`record::FORMAT_VERSION`]), side indexes of sealed segments ([`index`]), group
-//! commit, recovery and retention ([`store`]), a delivery journal of attempts and
-//! requeues between checkpoints ([`journal`]), and atomically written metadata
-//! ([`meta`]).
+//! Durable storage for the thread-per-core nsqd: per-topic segment logs with CRC-framed
+//! records ([`record`], format version [`record::FORMAT_VERSION`]), written with O_DIRECT
+//! through io_uring (glommio DMA files), or with plain `pwrite`/`fdatasync` on the
+//! shard's blocking thread on FUSE and network filesystems ([`SegmentIo`]); side indexes
+//! of sealed segments and the partial index of the one being written ([`index`]); group
+//! commit, recovery, reads with a shared block cache, retention and descriptor limits
+//! ([`store`]); a delivery journal of attempts and requeues between checkpoints
+//! ([`journal`]); atomically written metadata ([`meta`]); the direct-I/O probe each
+//! shard runs first ([`probe`]); deterministic disk-fault injection for tests
+//! ([`faults`], `NSQD_STORAGE_FAULTS`); and rate-limited logging of repeating errors
+//! ([`repeat_log`]).
 //!
 //! Layout under `--data-path`:
 //! ```text
 //! <data-path>/topics/t-<topic>/<base sequence, 20 digits>.seg   segment files
 //! <data-path>/topics/t-<topic>/<base sequence, 20 digits>.idx   index of a sealed segment
+//! <data-path>/topics/t-<topic>/<base sequence, 20 digits>.pidx  partial index of the segment being written
 //! <data-path>/topics/t-<topic>/journal-<generation, 20 digits>.log  delivery journal
 //! <data-path>/topics/t-<topic>/meta.json                          topic metadata
 //! ```

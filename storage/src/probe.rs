@@ -6,9 +6,9 @@
 //! empty the read stops at end of file before it reaches the device, the answer is
 //! "yes" even on a device without poll queues (a virtio disk, most cloud volumes), and
 //! from then on every read on that shard fails with `EOPNOTSUPP`. A kill -9 can leave
-//! an empty newest segment, and recovery opened it first: after such a restart no
-//! channel could read its backlog from disk. Opening a file that holds a block first
-//! gives glommio the device's real answer.
+//! an empty newest segment, which recovery opens first: after such a restart no channel
+//! could read its backlog from disk. Opening a file that holds a block first gives
+//! glommio the device's real answer.
 
 use std::path::Path;
 

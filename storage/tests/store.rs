@@ -732,7 +732,7 @@ fn a_directory_in_place_of_the_open_segment_is_set_aside_and_writes_go_on() {
 /// A segment whose header write failed (a FUSE server's EIO) is left empty in the topic
 /// directory; the next try creates it again, on both segment I/O paths. On the
 /// blocking-thread path the file was opened with O_EXCL: every later write failed with
-/// `File exists (os error 17)` until a restart (an outside trial's write EIO for 0.3 s).
+/// `File exists (os error 17)` until a restart (a write EIO of 0.3 s is enough).
 #[test]
 fn a_leftover_empty_segment_is_created_again() {
     for io in [

@@ -1,7 +1,7 @@
 //! NSQ's wire formats with no runtime: bytes in, values out, and back. No I/O, no async,
-//! no executor, no broker state. Every other crate of the workspace (the broker core
-//! `nsq-shards`, `nsqd`, `nsqlookupd`, `nsq-bench`, the fuzz targets) depends on this one,
-//! never the reverse.
+//! no executor, no broker state. The broker core `nsq-shards`, `nsqd`, `nsqlookupd`,
+//! `nsq-bench` and the fuzz targets depend on this one, never the reverse (the segment
+//! store `nsq-storage` needs neither).
 //!
 //! | module | what | nsq / go-nsq source |
 //! |---|---|---|
@@ -20,6 +20,7 @@
 //! | [`gojson`] | JSON objects decoded into flat structs as Go's encoding/json | Go encoding/json |
 //! | [`goflag`] | `-long-flag` command lines | Go flag |
 //! | [`http1`] | HTTP/1.1 status lines, headers, queries, paths | internal/http_api |
+//! | [`logger`] | the log line format nsqd and nsqlookupd share | internal/lg |
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]

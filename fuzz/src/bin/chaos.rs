@@ -1,4 +1,4 @@
-//! Chaos: kill -9 at random instants under load (RELIABILITY.md, section 4a).
+//! Chaos: kill -9 at random instants under load (RELIABILITY.md, "Chaos: kill -9 under load").
 //!
 //!   chaos [--shards N] [--cycles 50] [--seed N] [--min-ms 200] [--max-ms 1500]
 //!         [--sync every1|default] [--nsqd PATH]
@@ -16,7 +16,7 @@
 //! final broker exits 0 on SIGTERM. Exit status 1 on any loss or failure.
 //!
 //! `--sync default` runs the broker with its default sync policy instead (no
-//! `--sync-every=1`) and checks the README's promise for it: an acknowledged message
+//! `--sync-every=1`) and checks the promise docs/durability.md makes for it: an acknowledged message
 //! may be lost only if it was acknowledged within 100 ms + `--sync-timeout` (2 s) of the
 //! kill that lost it, plus what the write and the fdatasync take (allowed: 1.5 s more;
 //! each loss is counted by its age); any older one lost is a failure. Channel `c1`'s consumer is slow there (RDY 5, 5 ms

@@ -1,4 +1,4 @@
-//! Network fuzzing of the running broker (RELIABILITY.md, section 2).
+//! Network fuzzing of the running broker (RELIABILITY.md, "Network fuzzing of the running broker").
 //!
 //!   netfuzz [--shards 1,2,4] [--duration SECS] [--seed N] [--clients N] [--rate MSGS/S]
 //!           [--nsqd PATH]

@@ -48,8 +48,8 @@ pub(super) const PRESSED_RELEASE: Duration = Duration::from_millis(10);
 static HELD: AtomicUsize = AtomicUsize::new(0);
 
 /// Above this many stores holding descriptors, idle ones release them after
-/// [`PRESSED_RELEASE`]: an eighth of the soft `RLIMIT_NOFILE` as found by the first
-/// store (at least 16), so that stores (at most four descriptors each while active)
+/// [`PRESSED_RELEASE`]: an eighth of the soft `RLIMIT_NOFILE` as the first store
+/// reads it (at least 16), so that stores (at most four descriptors each while active)
 /// use at most about half the limit, leaving the rest to connections.
 pub(super) fn held_cap() -> usize {
     usize::try_from(nofile_limit() / 8)
@@ -57,7 +57,7 @@ pub(super) fn held_cap() -> usize {
         .max(16)
 }
 
-/// The soft `RLIMIT_NOFILE` as found by the first store (`u64::MAX` when unlimited or
+/// The soft `RLIMIT_NOFILE`, read once by the first store (`u64::MAX` when unlimited or
 /// unreadable).
 fn nofile_limit() -> u64 {
     static LIMIT: OnceLock<u64> = OnceLock::new();

@@ -17,7 +17,7 @@
 //!   prefix (same format).
 //! * Recovery reads the index of each sealed segment and scans (CRC-checking every
 //!   record) only segments without a valid one: in practice the one being written when
-//!   the process died, and that one only after its last partial index. Corrupt records and torn tails found by a scan are logged with
+//!   the process died, and that one only after its last partial index. Corrupt records and torn tails a scan meets are logged with
 //!   file and offset and skipped; corrupt records of sealed segments are found, logged
 //!   and skipped when a channel reads them. Only the newest segment's last records are
 //!   loaded into memory. Writing then continues in a new segment.
