@@ -35,6 +35,12 @@ pub const TRIM_CHECK: Duration = Duration::from_secs(1);
 /// messages stayed resident (1.4 GB of 1.5 GB after deleting a topic of 200 lagging
 /// channels).
 pub const TRIM_AFTER_FREED_BYTES: u64 = 16 << 20;
+/// Message bodies freed on a shard, none of them in the last [`TRIM_CHECK`], that make
+/// it trim: the tail of a burst (the last deferred messages of a million delivered and
+/// finished) would otherwise stay resident below [`TRIM_AFTER_FREED_BYTES`]. glibc's
+/// trim covers every arena, so bodies another shard allocated (a forwarded publish) go
+/// back too.
+pub const TRIM_AFTER_QUIET_FREED_BYTES: u64 = 1 << 20;
 
 thread_local! {
     /// Connections ended on this shard's thread since its last trim.
@@ -56,6 +62,13 @@ fn due(closed: u64, closed_at_last_check: u64) -> bool {
         || (closed >= TRIM_AFTER_QUIET_CLOSES && closed == closed_at_last_check)
 }
 
+/// Whether to trim, given the body bytes freed since the last trim now and at the
+/// previous check.
+fn due_freed(freed: u64, freed_at_last_check: u64) -> bool {
+    freed >= TRIM_AFTER_FREED_BYTES
+        || (freed >= TRIM_AFTER_QUIET_FREED_BYTES && freed == freed_at_last_check)
+}
+
 /// Runs until `stop` resolves: every [`TRIM_CHECK`], trims the heap when enough
 /// connections ended on this shard since the last trim (see the module docs).
 pub async fn trim_loop(stop: impl std::future::Future<Output = ()>) {
@@ -63,6 +76,7 @@ pub async fn trim_loop(stop: impl std::future::Future<Output = ()>) {
     use std::pin::pin;
     let mut stop = pin!(stop);
     let mut last = 0;
+    let mut last_freed = 0;
     loop {
         let tick = pin!(glommio::timer::sleep(TRIM_CHECK));
         if let Either::Right(_) = select(tick, stop.as_mut()).await {
@@ -81,11 +95,13 @@ pub async fn trim_loop(stop: impl std::future::Future<Output = ()>) {
             f.set(f.get().saturating_add(freed));
             f.get()
         });
-        if !due(closed, last) && freed < TRIM_AFTER_FREED_BYTES {
+        if !due(closed, last) && !due_freed(freed, last_freed) {
             last = closed;
+            last_freed = freed;
             continue;
         }
         last = 0;
+        last_freed = 0;
         CLOSED.with(|c| c.set(0));
         FREED.with(|f| f.set(0));
         let t = Instant::now();
@@ -133,5 +149,19 @@ mod tests {
             TRIM_AFTER_QUIET_CLOSES - 1
         ));
         assert!(!due(0, 0));
+    }
+
+    #[test]
+    fn trims_after_many_freed_bytes_or_the_quiet_tail_of_a_burst() {
+        assert!(due_freed(TRIM_AFTER_FREED_BYTES, 0));
+        // Still freeing: wait; nothing freed for a check interval: trim.
+        assert!(!due_freed(TRIM_AFTER_QUIET_FREED_BYTES, 0));
+        assert!(due_freed(
+            TRIM_AFTER_QUIET_FREED_BYTES,
+            TRIM_AFTER_QUIET_FREED_BYTES
+        ));
+        // A few freed bytes never trim on their own.
+        assert!(!due_freed(4096, 4096));
+        assert!(!due_freed(0, 0));
     }
 }

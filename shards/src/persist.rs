@@ -29,6 +29,19 @@ use std::time::Instant;
 /// sequence beyond it is corrupt.
 const SEQ_MAX: u64 = 1 << 62;
 
+/// A 128-bit digest of `m` (two SipHash passes with different inputs): a topic keeps
+/// this rather than a copy of the metadata it last wrote, which lists every pending
+/// message (a million deferred ones would cost 24 MB to keep and compare).
+pub fn meta_digest(m: &TopicMeta) -> u128 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut a = DefaultHasher::new();
+    m.hash(&mut a);
+    let mut b = DefaultHasher::new();
+    b.write_u8(0x5a);
+    m.hash(&mut b);
+    (u128::from(a.finish()) << 64) | u128::from(b.finish())
+}
+
 /// The metadata of a topic as it stands.
 pub fn topic_meta(t: &Topic) -> TopicMeta {
     let mut channels = Vec::new();
@@ -353,7 +366,7 @@ impl Shard {
             m
         });
         if n_events == 0 && same.as_ref() == Some(&now_meta) {
-            t.written_meta = Some(now_meta);
+            t.written_meta = Some(meta_digest(&now_meta));
         } else {
             self.mark(&mut t);
         }
@@ -393,7 +406,7 @@ impl Shard {
         type Work = (
             Rc<nsq_storage::TopicStore>,
             String,
-            Option<(TopicMeta, TopicMeta)>,
+            Option<(TopicMeta, u128)>,
             u64,
         );
         let changed_names = self.take_changed();
@@ -403,12 +416,12 @@ impl Shard {
                 let st = t.store.clone()?;
                 // `journal_gen` is 0 here; a new journal event also counts as a change.
                 let mut m = topic_meta(t);
+                let written = meta_digest(&m);
                 let changed =
-                    marked && (t.written_meta.as_ref() != Some(&m) || st.journal_has_events());
+                    marked && (t.written_meta != Some(written) || st.journal_has_events());
                 if !changed && !retains {
                     return None;
                 }
-                let written = m.clone();
                 // Same synchronous step: the snapshot includes every event journaled
                 // so far, and later events go to the next generation.
                 m.journal_gen = st.journal_snapshot();
@@ -463,7 +476,12 @@ impl Shard {
                 // it (never its directory made again) and no error is reported.
                 Some((m, written)) => {
                     let gen = m.journal_gen;
-                    st.write_meta(m).await.map(|w| w.then_some((gen, written)))
+                    // The list of pending messages and its JSON are let go after the
+                    // write: large ones count toward the shard's next heap trim.
+                    let listed: usize = m.channels.iter().map(|c| c.pending.len()).sum();
+                    let res = st.write_meta(m).await;
+                    crate::memory_freed(listed * 64);
+                    res.map(|w| w.then_some((gen, written)))
                 }
                 None => Ok(None),
             };

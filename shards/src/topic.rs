@@ -261,9 +261,9 @@ pub struct Topic {
     /// Why a durable topic has no store (its creation failed; retried at each publish,
     /// which is refused meanwhile).
     pub store_error: Option<String>,
-    /// The metadata last written to the store's `meta.json` (a checkpoint skips the
-    /// write when nothing changed).
-    pub written_meta: Option<nsq_storage::meta::TopicMeta>,
+    /// A digest of the metadata last written to the store's `meta.json` (a checkpoint
+    /// skips the write when nothing changed; see [`crate::persist::meta_digest`]).
+    pub written_meta: Option<u128>,
     /// In the shard's set of topics marked changed ([`crate::Shard::mark`]).
     pub(crate) meta_marked: bool,
     /// The retained range as of the last checkpoint (only with `--retention-time` or

@@ -12,7 +12,7 @@ pub const META_VERSION: u32 = 1;
 
 /// A message of a channel that is not finished although its sequence is below the
 /// channel's cursor: in flight, requeued or deferred when the metadata was written.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
 pub struct PendingMessage {
     pub seq: u64,
     pub attempts: u16,
@@ -20,7 +20,7 @@ pub struct PendingMessage {
     pub due_unix_ns: i64,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
 pub struct ChannelMeta {
     pub name: String,
     pub paused: bool,
@@ -37,7 +37,7 @@ pub struct ChannelMeta {
     pub finished: Vec<u64>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
 pub struct TopicMeta {
     pub version: u32,
     pub name: String,
