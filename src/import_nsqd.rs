@@ -480,6 +480,7 @@ fn import_topic(
         channels,
         next_seq: w.next_seq,
         journal_gen: 0,
+        pending_file: None,
     };
     nsq_storage::meta::write_blocking(&dir, &m)
         .map_err(|e| format!("write {}/meta.json: {e}", dir.display()))?;

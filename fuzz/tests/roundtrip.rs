@@ -272,6 +272,7 @@ proptest! {
                   next_seq in any::<u64>(), journal_gen in any::<u64>()) {
         let m = meta::TopicMeta {
             version: meta::META_VERSION, name, paused, pumped, holes, next_seq, journal_gen,
+            pending_file: None,
             channels: chans.into_iter().map(|(name, paused, cursor, p)| meta::ChannelMeta {
                 name, paused, cursor,
                 pending: p.into_iter().map(|(seq, attempts, due_unix_ns)|

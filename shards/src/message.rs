@@ -134,8 +134,12 @@ pub fn instant_from_unix_nanos(ns: i64) -> std::time::Instant {
 /// The Unix-ns wall-clock time of an `Instant` (for due times written to disk),
 /// saturating at the ends of i64.
 pub fn unix_nanos_from_instant(i: std::time::Instant) -> i64 {
-    let now_i = std::time::Instant::now();
-    let now_ns = now_unix_nanos();
+    unix_nanos_at(i, std::time::Instant::now(), now_unix_nanos())
+}
+
+/// [`unix_nanos_from_instant`] against a given reading of both clocks (`now_i` and
+/// `now_ns` taken together), for converting many instants at once.
+pub fn unix_nanos_at(i: std::time::Instant, now_i: std::time::Instant, now_ns: i64) -> i64 {
     let nanos = |d: std::time::Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
     if i >= now_i {
         now_ns.saturating_add(nanos(i - now_i))

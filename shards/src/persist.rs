@@ -11,7 +11,7 @@
 //! are delivered again (at least once).
 
 use crate::channel::Channel;
-use crate::message::{instant_from_unix_nanos, unix_nanos_from_instant};
+use crate::message::instant_from_unix_nanos;
 use crate::shard::{owner_of, Shard};
 use crate::topic::{Record, Topic, STORE_DELAY};
 
@@ -33,17 +33,52 @@ const SEQ_MAX: u64 = 1 << 62;
 /// this rather than a copy of the metadata it last wrote, which lists every pending
 /// message (a million deferred ones would cost 24 MB to keep and compare).
 pub fn meta_digest(m: &TopicMeta) -> u128 {
-    use std::hash::{DefaultHasher, Hash, Hasher};
-    let mut a = DefaultHasher::new();
-    m.hash(&mut a);
-    let mut b = DefaultHasher::new();
-    b.write_u8(0x5a);
-    m.hash(&mut b);
-    (u128::from(a.finish()) << 64) | u128::from(b.finish())
+    use std::hash::{Hash, Hasher};
+    /// Two independent multiply-xorshift lanes over the fields' integers: several GB/s
+    /// (ten million pending messages in about 0.1 s), and for change detection of
+    /// the broker's own state a collision is as good as impossible.
+    struct Digest(u64, u64);
+    impl Hasher for Digest {
+        fn finish(&self) -> u64 {
+            self.0
+        }
+        fn write(&mut self, bytes: &[u8]) {
+            for c in bytes.chunks(8) {
+                let mut w = [0u8; 8];
+                w[..c.len()].copy_from_slice(c);
+                self.write_u64(u64::from_le_bytes(w) ^ ((c.len() as u64) << 59));
+            }
+        }
+        fn write_u8(&mut self, v: u8) {
+            self.write_u64(u64::from(v) | 0x100);
+        }
+        fn write_u16(&mut self, v: u16) {
+            self.write_u64(u64::from(v) | 0x1_0000);
+        }
+        fn write_u32(&mut self, v: u32) {
+            self.write_u64(u64::from(v) | 0x1_0000_0000);
+        }
+        fn write_u64(&mut self, v: u64) {
+            self.0 = (self.0 ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            self.0 ^= self.0 >> 29;
+            self.1 = (self.1.rotate_left(23) ^ v).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+            self.1 ^= self.1 >> 32;
+        }
+        fn write_usize(&mut self, v: usize) {
+            self.write_u64(v as u64);
+        }
+        fn write_i64(&mut self, v: i64) {
+            self.write_u64(v as u64);
+        }
+    }
+    let mut d = Digest(0x243F_6A88_85A3_08D3, 0x1319_8A2E_0370_7344);
+    m.hash(&mut d);
+    (u128::from(d.0) << 64) | u128::from(d.1)
 }
 
 /// The metadata of a topic as it stands.
 pub fn topic_meta(t: &Topic) -> TopicMeta {
+    let (now_i, now_ns) = (Instant::now(), crate::message::now_unix_nanos());
     let mut channels = Vec::new();
     for ch in t.channels.values() {
         if ch.ephemeral {
@@ -75,16 +110,23 @@ pub fn topic_meta(t: &Topic) -> TopicMeta {
             pending.push(PendingMessage {
                 seq: d.seq,
                 attempts: d.attempts,
-                due_unix_ns: unix_nanos_from_instant(d.due),
+                due_unix_ns: crate::message::unix_nanos_at(d.due, now_i, now_ns),
             });
         }
-        pending.sort_by_key(|p| p.seq);
+        pending.sort_unstable_by_key(|p| p.seq);
         // Records the cursor will step over: those of pending messages are listed above
-        // (recovery steps over them again); the others were finished already.
+        // (recovery steps over them again); the others were finished already. Both are
+        // in sequence order: one walk.
+        let mut pi = pending.partition_point(|p| p.seq < ch.cursor);
         let finished = ch
             .skip
             .iter_from(ch.cursor)
-            .filter(|s| pending.binary_search_by_key(s, |p| p.seq).is_err())
+            .filter(|&s| {
+                while pending.get(pi).is_some_and(|p| p.seq < s) {
+                    pi += 1;
+                }
+                pending.get(pi).is_none_or(|p| p.seq != s)
+            })
             .collect();
         channels.push(ChannelMeta {
             name: ch.name.clone(),
@@ -103,6 +145,7 @@ pub fn topic_meta(t: &Topic) -> TopicMeta {
         channels,
         next_seq: t.log.head,
         journal_gen: 0,
+        pending_file: None,
     }
 }
 
