@@ -531,12 +531,6 @@ impl Channel {
         self.deferred.push(Reverse(Deferred { due, seq, attempts }));
     }
 
-    /// Holds the message of the record at `seq` until `due`, with `attempts` deliveries
-    /// so far, without its body (recovery; the log must be able to give it back).
-    pub(crate) fn defer_unread(&mut self, seq: u64, attempts: u16, due: Instant) {
-        self.deferred.push(Reverse(Deferred { due, seq, attempts }));
-    }
-
     /// The next message to deliver: requeued first, then the log at the cursor. Records
     /// published with a defer time still in the future move to the deferred heap.
     fn next_message(&mut self, log: &Log, now: Instant) -> Option<Message> {

@@ -115,8 +115,12 @@ pub fn now_unix_nanos() -> i64 {
 /// The `Instant` that corresponds to a Unix-ns wall-clock time (for due times read back
 /// from disk).
 pub fn instant_from_unix_nanos(ns: i64) -> std::time::Instant {
-    let now_i = std::time::Instant::now();
-    let now_ns = now_unix_nanos();
+    instant_at(ns, std::time::Instant::now(), now_unix_nanos())
+}
+
+/// [`instant_from_unix_nanos`] against a given reading of both clocks (`now_i` and
+/// `now_ns` taken together), for converting many times at once.
+pub fn instant_at(ns: i64, now_i: std::time::Instant, now_ns: i64) -> std::time::Instant {
     // Saturating: a due time from a damaged file or a flag at Go's limit (292 years)
     // must not overflow.
     if ns >= now_ns {

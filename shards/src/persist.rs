@@ -11,7 +11,6 @@
 //! are delivered again (at least once).
 
 use crate::channel::Channel;
-use crate::message::instant_from_unix_nanos;
 use crate::shard::{owner_of, Shard};
 use crate::topic::{Record, Topic, STORE_DELAY};
 
@@ -20,7 +19,6 @@ const STORE_TICK: std::time::Duration = std::time::Duration::from_millis(10);
 use nsq_storage::journal::{self, MessageState};
 use nsq_storage::meta::{self, ChannelMeta, PendingMessage, TopicMeta, META_VERSION};
 use std::cmp::Reverse;
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::Instant;
@@ -146,6 +144,71 @@ pub fn topic_meta(t: &Topic) -> TopicMeta {
         next_seq: t.log.head,
         journal_gen: 0,
         pending_file: None,
+    }
+}
+
+/// Brings back a recovered channel's unfinished messages with attempts and due time,
+/// without their bodies: those stay in the log and are read back when the message is
+/// due for delivery (see `Channel::ready_unread`), so start-up reads no body whatever
+/// the count of pending or deferred messages. One whose record turns out to be missing
+/// (every channel finished it after the checkpoint and before it was due to be written)
+/// is dropped then. Deferred ones are collected and heaped at once (O(n)).
+struct RestoredPending {
+    first: u64,
+    head: u64,
+    now_i: Instant,
+    now_ns: i64,
+    deferred: Vec<crate::channel::Deferred>,
+    ready: Vec<(u64, u16)>,
+}
+
+impl RestoredPending {
+    fn new(first: u64, head: u64) -> RestoredPending {
+        RestoredPending {
+            first,
+            head,
+            now_i: Instant::now(),
+            now_ns: crate::message::now_unix_nanos(),
+            deferred: Vec::new(),
+            ready: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, ch: &mut Channel, seq: u64, st: MessageState) {
+        if seq >= self.head || seq < self.first {
+            return;
+        }
+        match st {
+            MessageState::Pending {
+                attempts,
+                due_unix_ns,
+            } => {
+                // A pending message at or above the cursor was deferred at publish time
+                // or journaled after the checkpoint: the cursor must step over its record.
+                if seq >= ch.cursor {
+                    ch.skip.insert(seq);
+                }
+                if due_unix_ns != 0 {
+                    self.deferred.push(crate::channel::Deferred {
+                        due: crate::message::instant_at(due_unix_ns, self.now_i, self.now_ns),
+                        seq,
+                        attempts,
+                    });
+                } else {
+                    self.ready.push((seq, attempts));
+                }
+            }
+            // Finished after the checkpoint: the cursor steps over it.
+            MessageState::Finished if seq >= ch.cursor => {
+                ch.skip.insert(seq);
+            }
+            MessageState::Finished => {}
+        }
+    }
+
+    fn finish(self, ch: &mut Channel) {
+        ch.deferred = self.deferred.into_iter().map(Reverse).collect();
+        ch.ready_unread = self.ready.into_iter().collect();
     }
 }
 
@@ -276,7 +339,6 @@ impl Shard {
         t.store = Some(rec.store.clone());
         t.reread_from = Some(0);
         let first = rec.first_seq;
-        let mut pending_all: Vec<(String, PendingMessage)> = Vec::new();
         match &m {
             Some(m) => {
                 t.paused = m.paused;
@@ -308,55 +370,43 @@ impl Shard {
                     }
                     // The checkpoint's pending messages, then what the journal says
                     // happened to them and to others since (nsqd keeps neither across
-                    // a crash).
-                    let mut states: BTreeMap<u64, MessageState> = BTreeMap::new();
-                    // Finished at or above the cursor (a message published with a defer
-                    // time, finished before the cursor reached it): stepped over.
-                    let mut finished: Vec<u64> = c.finished.clone();
+                    // a crash). The checkpoint's list is in sequence order and the
+                    // journal's few: one pass over the list, journaled states first.
+                    let mut journaled = fold.states;
+                    let listed: &[PendingMessage] = if fold.emptied_to.is_some() {
+                        &[]
+                    } else {
+                        &c.pending
+                    };
                     if let Some(to) = fold.emptied_to {
                         cursor = cursor.max(to);
-                    } else {
-                        for p in &c.pending {
-                            states.insert(
-                                p.seq,
-                                MessageState::Pending {
-                                    attempts: p.attempts,
-                                    due_unix_ns: p.due_unix_ns,
-                                },
-                            );
-                        }
                     }
-                    states.extend(fold.states);
                     let mut ch = Channel::new(&c.name, cursor.clamp(first, head));
                     ch.paused = c.paused;
                     ch.journal = t.store.clone();
                     ch.reread = t.reread_from.zip(t.store.clone());
                     ch.recovered_below = head;
-                    finished.retain(|&s| s >= ch.cursor && s < head && !states.contains_key(&s));
-                    ch.skip.extend(finished);
-                    for (seq, st) in states {
-                        if seq >= head || seq < first {
-                            continue;
-                        }
-                        match st {
-                            MessageState::Pending {
-                                attempts,
-                                due_unix_ns,
-                            } => pending_all.push((
-                                c.name.clone(),
-                                PendingMessage {
-                                    seq,
-                                    attempts,
-                                    due_unix_ns,
-                                },
-                            )),
-                            // Finished after the checkpoint: the cursor steps over it.
-                            MessageState::Finished if seq >= ch.cursor => {
-                                ch.skip.insert(seq);
-                            }
-                            MessageState::Finished => {}
-                        }
+                    // Finished at or above the cursor (a message published with a defer
+                    // time, finished before the cursor reached it): stepped over.
+                    let stepped_over = c.finished.iter().copied().filter(|&s| {
+                        s >= ch.cursor
+                            && s < head
+                            && !journaled.contains_key(&s)
+                            && listed.binary_search_by_key(&s, |p| p.seq).is_err()
+                    });
+                    ch.skip.extend(stepped_over.collect::<Vec<_>>());
+                    let mut restored = RestoredPending::new(first, head);
+                    for p in listed {
+                        let st = journaled.remove(&p.seq).unwrap_or(MessageState::Pending {
+                            attempts: p.attempts,
+                            due_unix_ns: p.due_unix_ns,
+                        });
+                        restored.add(&mut ch, p.seq, st);
                     }
+                    for (seq, st) in journaled {
+                        restored.add(&mut ch, seq, st);
+                    }
+                    restored.finish(&mut ch);
                     t.channels.insert(c.name.clone(), ch);
                 }
             }
@@ -378,26 +428,6 @@ impl Shard {
         // have moved them, so they belong to the channels, not the topic.
         if !t.paused && !t.channels.is_empty() {
             t.log.pumped = head;
-        }
-        // Bring back the unfinished messages of each channel with attempts and due time,
-        // without their bodies: those stay in the log and are read back when the message
-        // is due for delivery (see `Channel::ready_unread`), so start-up costs the same
-        // whatever the count of pending or deferred messages. One whose record turns out
-        // to be missing (every channel finished it after the checkpoint and before it
-        // was due to be written) is dropped then.
-        for (chn, p) in pending_all {
-            if let Some(ch) = t.channels.get_mut(&chn) {
-                // A pending message at or above the cursor was deferred at publish time
-                // or journaled after the checkpoint: the cursor must step over its record.
-                if p.seq >= ch.cursor {
-                    ch.skip.insert(p.seq);
-                }
-                if p.due_unix_ns != 0 {
-                    ch.defer_unread(p.seq, p.attempts, instant_from_unix_nanos(p.due_unix_ns));
-                } else {
-                    ch.ready_unread.insert(p.seq, p.attempts);
-                }
-            }
         }
         let count = stored_next.max(first) - first;
         let nch = t.channels.len();

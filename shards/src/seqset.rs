@@ -37,6 +37,14 @@ impl SeqSet {
 
     /// Adds `seq`; returns false when it was there already.
     pub fn insert(&mut self, seq: u64) -> bool {
+        // Sequences mostly come in order: one past the last range extends it.
+        if let Some(mut last) = self.ranges.last_entry() {
+            if *last.get() == seq {
+                *last.get_mut() = seq + 1;
+                self.len += 1;
+                return true;
+            }
+        }
         if self.contains(seq) {
             return false;
         }
