@@ -432,15 +432,22 @@ impl Shard {
         let count = stored_next.max(first) - first;
         let nch = t.channels.len();
         // Metadata that says exactly what is on disk, with no journal events over it,
-        // need not be written again; otherwise the first checkpoint writes it.
-        let now_meta = topic_meta(&t);
-        let same = m.map(|mut m| {
+        // need not be written again; otherwise the first checkpoint writes it. With a
+        // long pending list the comparison would cost as much as that write, which runs
+        // after start-up rather than before it: such a topic is simply written once.
+        let listed: usize = m
+            .as_ref()
+            .map_or(0, |m| m.channels.iter().map(|c| c.pending.len()).sum());
+        let mut unchanged = false;
+        if let Some(mut m) = m.filter(|_| n_events == 0 && listed <= meta::INLINE_PENDING_MAX) {
             m.journal_gen = 0;
-            m
-        });
-        if n_events == 0 && same.as_ref() == Some(&now_meta) {
-            t.written_meta = Some(meta_digest(&now_meta));
-        } else {
+            let now_meta = topic_meta(&t);
+            if m == now_meta {
+                t.written_meta = Some(meta_digest(&now_meta));
+                unchanged = true;
+            }
+        }
+        if !unchanged {
             self.mark(&mut t);
         }
         self.notify_lookup(crate::shard::LookupEvent::Register(name.to_string(), None));
