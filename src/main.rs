@@ -24,6 +24,7 @@ fn main() {
         Err(e) => fatal(&format!("failed to instantiate nsqd - {e}")),
     };
     nsqd::logger::init(&cfg.log_prefix, cfg.log_level);
+    nsqd::memory::fix_malloc_thresholds();
     // A write past the file size limit (RLIMIT_FSIZE, `ulimit -f`) fails with EFBIG,
     // which the store reports and survives, instead of the signal killing the process
     // (nsqd's Go runtime ignores SIGXFSZ too: its publishes fail with "file too large").

@@ -374,10 +374,14 @@ fn many_deferred_messages_come_back_after_kill_9_and_are_delivered_when_due() {
             assert_eq!(read_frame_skip_hb(&mut p).unwrap(), (0, b"OK".to_vec()));
         }
     }
-    // A checkpoint lists all of them: meta.json names a pending file of that length
-    // (one channel: an 8-byte count, 18 bytes each).
+    // Their records are written (a kill -9 keeps what reached the files), and a
+    // checkpoint lists all of them: meta.json names a pending file of that length (one
+    // channel: an 8-byte count, 18 bytes each).
     let topic_dir = dir.join("topics").join("t-rdm");
     let want_len = 8 + N * 18;
+    eventually("every deferred record in the segment files", || {
+        records_on_disk(&topic_dir) as u64 == N
+    });
     eventually(
         "meta.json naming a pending file of every deferred message",
         || {
@@ -410,7 +414,22 @@ fn many_deferred_messages_come_back_after_kill_9_and_are_delivered_when_due() {
     c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut seen = BTreeSet::new();
     while (seen.len() as u64) < N {
-        let (ft, d) = read_frame_skip_hb(&mut c).unwrap();
+        let (ft, d) = read_frame_skip_hb(&mut c).unwrap_or_else(|e| {
+            let log = b.log.lock().unwrap();
+            let tail: Vec<&str> = log
+                .iter()
+                .rev()
+                .take(30)
+                .rev()
+                .map(|l| l.as_str())
+                .collect();
+            panic!(
+                "{e} after {} of {N} delivered; channel {}; log:\n{}",
+                seen.len(),
+                b.channel_stats("rdm", "c").unwrap(),
+                tail.join("\n")
+            )
+        });
         assert_eq!(ft, 2);
         if seen.is_empty() {
             let early = published.elapsed();

@@ -155,6 +155,8 @@ pub fn topic_meta(t: &Topic) -> TopicMeta {
 /// is dropped then. Deferred ones are collected and heaped at once (O(n)).
 struct RestoredPending {
     first: u64,
+    /// Pending messages at or beyond this have no record in the store.
+    stored_next: u64,
     head: u64,
     now_i: Instant,
     now_ns: i64,
@@ -163,9 +165,10 @@ struct RestoredPending {
 }
 
 impl RestoredPending {
-    fn new(first: u64, head: u64) -> RestoredPending {
+    fn new(first: u64, stored_next: u64, head: u64) -> RestoredPending {
         RestoredPending {
             first,
+            stored_next,
             head,
             now_i: Instant::now(),
             now_ns: crate::message::now_unix_nanos(),
@@ -179,6 +182,12 @@ impl RestoredPending {
             return;
         }
         match st {
+            MessageState::Pending { .. } if seq >= self.stored_next => {
+                log::debug!(
+                    "CHANNEL({}): pending message {seq} has no record in the store; dropped",
+                    ch.name
+                );
+            }
             MessageState::Pending {
                 attempts,
                 due_unix_ns,
@@ -395,7 +404,10 @@ impl Shard {
                             && listed.binary_search_by_key(&s, |p| p.seq).is_err()
                     });
                     ch.skip.extend(stepped_over.collect::<Vec<_>>());
-                    let mut restored = RestoredPending::new(first, head);
+                    // Records from `stored_next` on are not in the store (lost within the
+                    // sync window of a crash, or finished before they were written):
+                    // their pending messages are gone with them.
+                    let mut restored = RestoredPending::new(first, stored_next.max(first), head);
                     for p in listed {
                         let st = journaled.remove(&p.seq).unwrap_or(MessageState::Pending {
                             attempts: p.attempts,
