@@ -40,7 +40,9 @@ fn main() {
         };
         log::info!("open files limit (RLIMIT_NOFILE) raised: {old} -> {new}");
     }
-    // Disk-fault injection for tests (nsq_storage::faults): off unless the variable is set.
+    // Disk-fault injection for tests (nsq_storage::faults): compiled in only with the
+    // `fault-injection` feature, and then off unless the variable is set.
+    #[cfg(feature = "fault-injection")]
     match nsq_storage::faults::init_from_env() {
         Ok(true) => log::warn!(
             "{}={:?}: injecting storage faults",

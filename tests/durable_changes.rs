@@ -141,6 +141,8 @@ fn a_topic_without_a_store_refuses_publishes_until_it_has_one() {
     });
 }
 
+// Needs the `fault-injection` feature (scripts/test.sh enables it).
+#[cfg(feature = "fault-injection")]
 #[test]
 fn a_failed_metadata_write_is_reported_until_one_succeeds() {
     let dir = fresh_dir("metafail", 1);
