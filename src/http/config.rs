@@ -42,6 +42,10 @@ pub(super) async fn do_config(server: &Server, head: &Head, body: &[u8]) -> Resp
         if body.len() as i64 >= read_max || body.is_empty() {
             return Response::v1_err(413, "INVALID_VALUE");
         }
+        // Which options a PUT may change is part of their declaration (`nsqd_options!`).
+        if !crate::config_file::spec(opt).is_some_and(|o| o.put_at_run_time) {
+            return Response::v1_err(400, "INVALID_OPTION");
+        }
         match opt {
             "nsqlookupd_tcp_addresses" => {
                 let Ok(addrs) = serde_json::from_slice::<Option<Vec<String>>>(body) else {
