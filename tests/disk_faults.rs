@@ -8,6 +8,10 @@
 //! Needs the `fault-injection` feature (`cargo test --features fault-injection`, as
 //! scripts/test.sh runs it): without it the broker cannot inject faults.
 #![cfg(feature = "fault-injection")]
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 mod common;
 

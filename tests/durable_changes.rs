@@ -7,6 +7,10 @@
 //! metadata write is reported on `/ping` until one succeeds.
 //!
 //! `--sync-timeout=60s`: no periodic checkpoint runs between the answer and the kill.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 mod common;
 
