@@ -62,7 +62,7 @@ macro_rules! nsqd_options {
 
         /// nsqd's options in nsqd's `Options` struct order (nsqd 1.3.0's
         /// nsqd/options.go, then nsqd master's `auth_http_request_method`, then this
-        /// broker's own), made by [`nsqd_options!`] from the declaration of [`Cli`].
+        /// broker's own), made by `nsqd_options!` from the declaration of [`Cli`].
         pub static OPTIONS: std::sync::LazyLock<Vec<crate::config_file::OptSpec>> =
             std::sync::LazyLock::new(|| {
                 let mut specs: Vec<(u32, crate::config_file::OptSpec)> = Vec::new();
