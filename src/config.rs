@@ -437,42 +437,28 @@ pub fn parse_go_bool(s: &str) -> Result<bool, String> {
 /// The validated process configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub tcp_address: String,
-    pub http_address: String,
+    /// Every flag as resolved (flag > config file > default), as declared in
+    /// `nsqd_options!`: the options the edges read as given (listen addresses, the
+    /// broadcast ports, `--log-prefix`, statsd, `--lookupd-ping-interval`, ...) are read
+    /// from here. The fields below are the ones start-up derives or checks.
+    pub flags: Cli,
+    /// `--broadcast-address`, else the hostname.
     pub broadcast_address: String,
-    pub broadcast_tcp_port: u16,
-    pub broadcast_http_port: u16,
     pub hostname: String,
-    pub data_path: String,
+    /// `--shards`, else the CPUs this process may use.
     pub shards: usize,
-    pub lookupd_tcp_addresses: Vec<String>,
     pub log_level: log::LevelFilter,
-    pub log_prefix: String,
     pub opts: Options,
     /// Unix seconds at start.
     pub start_time: i64,
-    /// statsd (nsqd: statsd.go); an empty address disables it. The prefix is as given
-    /// (`%s` is replaced once the HTTP port is known, see [`crate::stats::statsd::prefix`]).
-    pub statsd_address: String,
-    pub statsd_prefix: String,
-    pub statsd_interval: Duration,
-    pub statsd_mem_stats: bool,
-    pub statsd_udp_packet_size: usize,
-    pub statsd_exclude_ephemeral: bool,
-    /// How often shard 0 PINGs each nsqlookupd (nsqd: 15 s; a hidden flag for tests).
-    pub lookupd_ping_interval: Duration,
     /// Every nsqd option after resolution (flag > config file > default), by cfg name:
     /// what `GET /config/<name>` answers for options that do not change at run time.
     pub options: Vec<(&'static str, crate::config_file::GoValue)>,
-    /// `--preflight`: run the host checks and exit instead of serving.
-    pub preflight_only: bool,
     /// The TLS server configuration (`--tls-cert` and `--tls-key` set), see [`crate::tls`].
     pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
     /// `--tls-required` after nsqd's adjustment (a client auth policy implies it): one of
     /// the `TLS_*` constants.
     pub tls_required: u8,
-    /// `--https-address`: served (over TLS) only when `tls` is set, as nsqd does.
-    pub https_address: String,
     /// The auth servers and the HTTP client settings for them (AUTH is enabled when
     /// `auth.addresses` is not empty).
     pub auth: crate::auth::AuthConfig,
@@ -561,37 +547,25 @@ impl Config {
             segment_io: nsq_storage::SegmentIo::Ring,
         };
         Ok(Config {
-            tcp_address: cli.tcp_address,
-            http_address: cli.http_address,
-            broadcast_address: cli.broadcast_address.unwrap_or_else(|| hostname.clone()),
-            broadcast_tcp_port: cli.broadcast_tcp_port,
-            broadcast_http_port: cli.broadcast_http_port,
+            broadcast_address: cli
+                .broadcast_address
+                .clone()
+                .unwrap_or_else(|| hostname.clone()),
             hostname,
-            data_path: cli.data_path,
             shards,
-            lookupd_tcp_addresses: cli.lookupd_tcp_address,
             log_level,
-            log_prefix: cli.log_prefix,
             opts,
             start_time: nsq_shards::message::now_unix_nanos() / 1_000_000_000,
-            statsd_address: cli.statsd_address,
-            statsd_prefix: cli.statsd_prefix,
-            statsd_interval: cli.statsd_interval,
-            statsd_mem_stats: cli.statsd_mem_stats,
-            statsd_udp_packet_size: cli.statsd_udp_packet_size,
-            statsd_exclude_ephemeral: cli.statsd_exclude_ephemeral,
-            lookupd_ping_interval: cli.lookupd_ping_interval,
             options,
-            preflight_only: cli.preflight,
             tls,
             tls_required,
-            https_address: cli.https_address.clone(),
             auth: crate::auth::AuthConfig {
-                addresses: cli.auth_http_address,
+                addresses: cli.auth_http_address.clone(),
                 post: cli.auth_http_request_method == "post",
                 connect_timeout: cli.http_client_connect_timeout,
                 request_timeout: cli.http_client_request_timeout,
             },
+            flags: cli,
         })
     }
 }

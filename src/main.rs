@@ -23,7 +23,7 @@ fn main() {
         Ok(c) => c,
         Err(e) => fatal(&format!("failed to instantiate nsqd - {e}")),
     };
-    nsqd::logger::init(&cfg.log_prefix, cfg.log_level);
+    nsqd::logger::init(&cfg.flags.log_prefix, cfg.log_level);
     // A write past the file size limit (RLIMIT_FSIZE, `ulimit -f`) fails with EFBIG,
     // which the store reports and survives, instead of the signal killing the process
     // (nsqd's Go runtime ignores SIGXFSZ too: its publishes fail with "file too large").
@@ -56,7 +56,7 @@ fn main() {
     // What the host must provide (io_uring, locked memory, the data path, the ports),
     // checked before any shard starts: one line per problem, each with its fix.
     let ready = match nsqd::preflight::check(&cfg) {
-        Ok(r) if cfg.preflight_only => {
+        Ok(r) if cfg.flags.preflight => {
             for w in &r.warnings {
                 log::warn!("{w}");
             }

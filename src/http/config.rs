@@ -79,8 +79,8 @@ pub(super) async fn do_config(server: &Server, head: &Head, body: &[u8]) -> Resp
         "nsqlookupd_tcp_addresses" => crate::lookupd_client::peer_addresses_json(server),
         "log_level" => log_level_number(c, server.shard.node.log_level()).into(),
         "statsd_prefix" => return raw(&crate::stats::statsd::server_prefix(server)),
-        "broadcast_tcp_port" if c.broadcast_tcp_port == 0 => server.tcp_port.into(),
-        "broadcast_http_port" if c.broadcast_http_port == 0 => server.http_port.into(),
+        "broadcast_tcp_port" if c.flags.broadcast_tcp_port == 0 => server.tcp_port.into(),
+        "broadcast_http_port" if c.flags.broadcast_http_port == 0 => server.http_port.into(),
         _ => {
             let Some(value) = c.option(opt) else {
                 return Response::v1_err(400, "INVALID_OPTION");
