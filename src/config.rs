@@ -37,7 +37,10 @@ pub(crate) fn default_node_id() -> u16 {
 /// `Options` struct (go-options resolves, and so fails, in that order), whether
 /// `PUT /config/<name>` may change it at run time, and, where the flag's value is not
 /// nsqd's Go value as is, the functions converting it. An entry ends with `=> flag` for a
-/// command-line-only flag, else with `=> { rank, cfg, go, kind [, put] [, get, set] }`.
+/// command-line-only flag, else with `=> { [core,] rank, cfg, go, kind [, put] [, get,
+/// set] }`; `core` copies the value as given into the field of the same name of
+/// `nsq_shards::Options` (`core_options!`, used by [`Config::from_cli`], which sets the
+/// core's other fields from derived values).
 macro_rules! nsqd_options {
     (
         $(#[$struct_attr:meta])*
@@ -75,9 +78,33 @@ macro_rules! nsqd_options {
                 );
                 specs.into_iter().map(|(_, spec)| spec).collect()
             });
+
+        nsqd_options!(@core ($) [] $( $field $how )*);
+    };
+    // The options declared `core`, collected into `core_options!` (`$d` is a `$`, for
+    // the metavariables of the macro made here).
+    (@core ($d:tt) [$($core:ident)*] $field:ident { core, $($spec:tt)* } $($rest:tt)*) => {
+        nsqd_options!(@core ($d) [$($core)* $field] $($rest)*);
+    };
+    (@core ($d:tt) [$($core:ident)*] $field:ident $how:tt $($rest:tt)*) => {
+        nsqd_options!(@core ($d) [$($core)*] $($rest)*);
+    };
+    (@core ($d:tt) [$($core:ident)*]) => {
+        /// `nsq_shards::Options { ... }` from a `Cli`: the options declared `core` are
+        /// copied as given, the fields after the `Cli` are the ones start-up derives.
+        /// (A field of `Options` in neither is a compile error: "missing field".)
+        macro_rules! core_options {
+            ($d cli:ident, { $d($d derived:tt)* }) => {
+                Options {
+                    $( $core: $d cli.$core, )*
+                    $d($d derived)*
+                }
+            };
+        }
     };
     (@spec $specs:ident, $field:ident, flag) => {};
     (@spec $specs:ident, $field:ident, {
+        $(core,)?
         rank: $rank:literal, cfg: $cfg:literal, go: $go:literal, kind: $kind:ident
         $(, put: $put:literal)?
         $(, get: $get:path, set: $set:path)?
@@ -166,62 +193,62 @@ pub struct Cli {
         { rank: 18, cfg: "sync_timeout", go: "SyncTimeout", kind: Duration },
     /// maximum size in bytes of a single message
     #[arg(long, default_value_t = 1048576)]
-    pub max_msg_size: i64 => { rank: 23, cfg: "max_msg_size", go: "MaxMsgSize", kind: Int },
+    pub max_msg_size: i64 => { core, rank: 23, cfg: "max_msg_size", go: "MaxMsgSize", kind: Int },
     /// maximum size in bytes of a single command body (IDENTIFY, AUTH, MPUB)
     #[arg(long, default_value_t = 5242880)]
-    pub max_body_size: i64 => { rank: 24, cfg: "max_body_size", go: "MaxBodySize", kind: Int },
+    pub max_body_size: i64 => { core, rank: 24, cfg: "max_body_size", go: "MaxBodySize", kind: Int },
     /// default duration to wait before auto-requeueing a message (Go duration, e.g. 60s)
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
-    pub msg_timeout: Duration => { rank: 21, cfg: "msg_timeout", go: "MsgTimeout", kind: Duration },
+    pub msg_timeout: Duration => { core, rank: 21, cfg: "msg_timeout", go: "MsgTimeout", kind: Duration },
     /// maximum duration before a message will time out (IDENTIFY msg_timeout, TOUCH)
     #[arg(long, default_value = "15m", value_parser = parse_duration)]
     pub max_msg_timeout: Duration =>
-        { rank: 22, cfg: "max_msg_timeout", go: "MaxMsgTimeout", kind: Duration },
+        { core, rank: 22, cfg: "max_msg_timeout", go: "MaxMsgTimeout", kind: Duration },
     /// maximum requeuing timeout per message (REQ is clamped to it, DPUB rejected above it)
     #[arg(long, default_value = "1h", value_parser = parse_duration)]
     pub max_req_timeout: Duration =>
-        { rank: 25, cfg: "max_req_timeout", go: "MaxReqTimeout", kind: Duration },
+        { core, rank: 25, cfg: "max_req_timeout", go: "MaxReqTimeout", kind: Duration },
     /// maximum RDY count for a client
     #[arg(long, default_value_t = 2500)]
-    pub max_rdy_count: i64 => { rank: 27, cfg: "max_rdy_count", go: "MaxRdyCount", kind: Int },
+    pub max_rdy_count: i64 => { core, rank: 27, cfg: "max_rdy_count", go: "MaxRdyCount", kind: Int },
     /// maximum client configurable duration of time between client heartbeats
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub max_heartbeat_interval: Duration =>
-        { rank: 26, cfg: "max_heartbeat_interval", go: "MaxHeartbeatInterval", kind: Duration },
+        { core, rank: 26, cfg: "max_heartbeat_interval", go: "MaxHeartbeatInterval", kind: Duration },
     /// default duration of time between flushing a client's output buffer
     #[arg(long, default_value = "250ms", value_parser = parse_duration)]
     pub output_buffer_timeout: Duration =>
-        { rank: 31, cfg: "output_buffer_timeout", go: "OutputBufferTimeout", kind: Duration },
+        { core, rank: 31, cfg: "output_buffer_timeout", go: "OutputBufferTimeout", kind: Duration },
     /// minimum client configurable output buffer timeout
     #[arg(long, default_value = "25ms", value_parser = parse_duration)]
     pub min_output_buffer_timeout: Duration =>
-        { rank: 30, cfg: "min_output_buffer_timeout", go: "MinOutputBufferTimeout",
+        { core, rank: 30, cfg: "min_output_buffer_timeout", go: "MinOutputBufferTimeout",
           kind: Duration },
     /// maximum client configurable output buffer timeout
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub max_output_buffer_timeout: Duration =>
-        { rank: 29, cfg: "max_output_buffer_timeout", go: "MaxOutputBufferTimeout",
+        { core, rank: 29, cfg: "max_output_buffer_timeout", go: "MaxOutputBufferTimeout",
           kind: Duration },
     /// maximum client configurable output buffer size in bytes
     #[arg(long, default_value_t = 65536)]
     pub max_output_buffer_size: i64 =>
-        { rank: 28, cfg: "max_output_buffer_size", go: "MaxOutputBufferSize", kind: Int },
+        { core, rank: 28, cfg: "max_output_buffer_size", go: "MaxOutputBufferSize", kind: Int },
     /// maximum channel consumer connection count per nsqd instance (0: unlimited)
     #[arg(long, default_value_t = 0)]
     pub max_channel_consumers: usize =>
-        { rank: 32, cfg: "max_channel_consumers", go: "MaxChannelConsumers", kind: Int },
+        { core, rank: 32, cfg: "max_channel_consumers", go: "MaxChannelConsumers", kind: Int },
     /// maximum deflate compression level a client can negotiate (1-9)
     #[arg(long, default_value_t = 6)]
     pub max_deflate_level: i64 =>
-        { rank: 48, cfg: "max_deflate_level", go: "MaxDeflateLevel", kind: Int },
+        { core, rank: 48, cfg: "max_deflate_level", go: "MaxDeflateLevel", kind: Int },
     /// enable snappy feature negotiation (client compression)
     #[arg(long, default_value = "true", value_parser = parse_go_bool, num_args = 0..=1,
           require_equals = true, default_missing_value = "true")]
-    pub snappy: bool => { rank: 49, cfg: "snappy", go: "SnappyEnabled", kind: Bool },
+    pub snappy: bool => { core, rank: 49, cfg: "snappy", go: "SnappyEnabled", kind: Bool },
     /// enable deflate feature negotiation (client compression)
     #[arg(long, default_value = "true", value_parser = parse_go_bool, num_args = 0..=1,
           require_equals = true, default_missing_value = "true")]
-    pub deflate: bool => { rank: 47, cfg: "deflate", go: "DeflateEnabled", kind: Bool },
+    pub deflate: bool => { core, rank: 47, cfg: "deflate", go: "DeflateEnabled", kind: Bool },
     /// log level: debug, info, warn, error or fatal
     #[arg(long, default_value = "info")]
     pub log_level: String =>
@@ -271,11 +298,11 @@ pub struct Cli {
     /// (beyond nsqd) keep consumed messages for replay (POST /channel/seek) until they are older than this (Go duration; 0: a segment goes once every channel has consumed it)
     #[arg(long, default_value = "0", value_parser = parse_duration)]
     pub retention_time: Duration =>
-        { rank: 51, cfg: "retention_time", go: "RetentionTime", kind: Duration },
+        { core, rank: 51, cfg: "retention_time", go: "RetentionTime", kind: Duration },
     /// (beyond nsqd) keep consumed messages for replay until a topic's segment files exceed this many bytes, oldest first (0: no size limit)
     #[arg(long, default_value_t = 0)]
     pub retention_bytes: u64 =>
-        { rank: 52, cfg: "retention_bytes", go: "RetentionBytes", kind: Int },
+        { core, rank: 52, cfg: "retention_bytes", go: "RetentionBytes", kind: Int },
     /// check what the host must provide (io_uring, locked memory, CPUs, data path, ports),
     /// print each problem with its fix, and exit (0: ready to run, 1: problems)
     #[arg(long)]
@@ -506,26 +533,11 @@ impl Config {
             return Err("--shards must be in [1,1024]".into());
         }
         let hostname = hostname();
-        let opts = Options {
+        let opts = core_options!(cli, {
             node_id: node_id as u16,
             // nsqd 1.3.0 keeps no memory queue for a size <= 0 (NewTopic, NewChannel).
             mem_queue_size: cli.mem_queue_size.max(0) as u64,
-            max_msg_size: cli.max_msg_size,
-            max_body_size: cli.max_body_size,
-            msg_timeout: cli.msg_timeout,
-            max_msg_timeout: cli.max_msg_timeout,
-            max_req_timeout: cli.max_req_timeout,
-            max_rdy_count: cli.max_rdy_count,
-            max_heartbeat_interval: cli.max_heartbeat_interval,
-            output_buffer_timeout: cli.output_buffer_timeout,
-            min_output_buffer_timeout: cli.min_output_buffer_timeout,
-            max_output_buffer_timeout: cli.max_output_buffer_timeout,
-            max_output_buffer_size: cli.max_output_buffer_size,
-            max_channel_consumers: cli.max_channel_consumers,
             client_timeout: Duration::from_secs(60),
-            max_deflate_level: cli.max_deflate_level,
-            snappy: cli.snappy,
-            deflate: cli.deflate,
             data_path: Some(if cli.data_path.is_empty() {
                 std::path::PathBuf::from(".")
             } else {
@@ -537,15 +549,14 @@ impl Config {
             } else {
                 cli.sync_timeout
             },
+            // One O_DIRECT block at least (the segment's alignment, not the page size).
             max_bytes_per_file: cli.max_bytes_per_file.max(4096),
-            retention_time: cli.retention_time,
-            retention_bytes: cli.retention_bytes,
             // Largest first from flags, file order from --config (as nsqd).
             e2e_percentiles: cli.e2e_processing_latency_percentile.clone(),
             e2e_window: cli.e2e_processing_latency_window_time,
             // Chosen from the data path's filesystem when the broker starts (runtime::run).
             segment_io: nsq_storage::SegmentIo::Ring,
-        };
+        });
         Ok(Config {
             broadcast_address: cli
                 .broadcast_address
