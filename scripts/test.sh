@@ -5,8 +5,9 @@
 #   2. cargo clippy --workspace --all-targets -- -D warnings, then
 #      RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps (no broken doc links)
 #   3. cargo build (debug: overflow checks and debug assertions stay on)
-#   4. cargo test --workspace (and the storage suites once more on the blocking-thread
-#      segment path: NSQD_SEGMENT_IO=threads), then the fuzz smoke: every fuzz target for 60 s, AFL++
+#   4. cargo test --workspace --features nsqd/fault-injection (the disk-fault tests need
+#      the storage fault injection that plain builds leave out; and the storage suites
+#      once more on the blocking-thread segment path: NSQD_SEGMENT_IO=threads), then the fuzz smoke: every fuzz target for 60 s, AFL++
 #      where cargo-afl is installed (scripts/fuzz.sh; FUZZ_SMOKE_SECONDS, FUZZ_SMOKE_ENGINE)
 #   4b. network fuzzing and chaos (RELIABILITY.md): netfuzz (mutated V2/HTTP sessions
 #      against a running broker, checker messages exactly once, 10 s per shard count
@@ -177,7 +178,7 @@ if [[ $CLIENTS_ONLY -eq 0 ]]; then
   fi
   if [[ $BUILD_OK -eq 1 ]]; then
     # --no-fail-fast: every test binary runs even when an earlier one failed.
-    if ! run_step "cargo test" bash -c 'set -o pipefail; cargo test --workspace --no-fail-fast 2>&1 | tee "$1"' _ "$WORK/cargo-test.log"; then
+    if ! run_step "cargo test" bash -c 'set -o pipefail; cargo test --workspace --features nsqd/fault-injection --no-fail-fast 2>&1 | tee "$1"' _ "$WORK/cargo-test.log"; then
       failed_tests="$(grep -E '^test .* \.\.\. FAILED$' "$WORK/cargo-test.log" | sed -E 's/^test (.*) \.\.\. FAILED$/\1/' | sort -u)"
       if [[ -n "$failed_tests" ]]; then
         echo "failed Rust tests:"; sed 's/^/  /' <<<"$failed_tests"
@@ -187,7 +188,7 @@ if [[ $CLIENTS_ONLY -eq 0 ]]; then
     # The storage suites again on the blocking-thread segment path that FUSE and network
     # filesystems get (nsq_storage::SegmentIo::Threads), through the store and the broker.
     run_step "cargo test, NSQD_SEGMENT_IO=threads" env NSQD_SEGMENT_IO=threads \
-      cargo test --no-fail-fast -p nsq-storage -p nsqd --test store --test disk_faults \
+      cargo test --no-fail-fast --features nsqd/fault-injection -p nsq-storage -p nsqd --test store --test disk_faults \
       --test durability --test durable_changes --test crash_attempts --test slow_disk
   else
     record FAIL "cargo test" "not run: build failed"

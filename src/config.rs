@@ -2,6 +2,10 @@
 //! plus `--shards`. Go-style single-dash long flags (`-tcp-address=...`) are accepted
 //! too, as nsqd's flag package does.
 
+use crate::config_file::{
+    broadcast_address_go, log_level_go, node_id_go, set_broadcast_address, set_log_level,
+    set_node_id, set_shards, shards_go,
+};
 use clap::Parser;
 use nsq_shards::Options;
 use std::time::Duration;
@@ -25,6 +29,118 @@ pub(crate) fn default_node_id() -> u16 {
     (crc32fast::hash(&digest) % 1024) as u16
 }
 
+/// Declares every nsqd option once: from one entry per option it makes the clap field
+/// of [`Cli`] (flag name, aliases, default, value parser and `--help` text come from the
+/// field's `#[arg]` attribute and doc comment) and, for the options nsqd's config file and
+/// `/config` know, its row of [`OPTIONS`]: the cfg name (TOML key, `/config/<name>`),
+/// nsqd's `Options` field name (go-options' messages), its Go type, its rank in nsqd's
+/// `Options` struct (go-options resolves, and so fails, in that order), whether
+/// `PUT /config/<name>` may change it at run time, and, where the flag's value is not
+/// nsqd's Go value as is, the functions converting it. An entry ends with `=> flag` for a
+/// command-line-only flag, else with `=> { [core,] rank, cfg, go, kind [, put] [, get,
+/// set] }`; `core` copies the value as given into the field of the same name of
+/// `nsq_shards::Options` (`core_options!`, used by [`Config::from_cli`], which sets the
+/// core's other fields from derived values).
+macro_rules! nsqd_options {
+    (
+        $(#[$struct_attr:meta])*
+        pub struct Cli {
+            $(
+                $(#[$attr:meta])*
+                pub $field:ident : $ty:ty => $how:tt
+            ),* $(,)?
+        }
+    ) => {
+        $(#[$struct_attr])*
+        pub struct Cli {
+            $(
+                $(#[$attr])*
+                pub $field: $ty,
+            )*
+            /// cfg names of list options the config file set to a Go nil slice (`/config`
+            /// shows `null` for them, as nsqd does); see [`crate::config_file`].
+            #[arg(skip)]
+            pub go_nil_lists: Vec<&'static str>,
+        }
+
+        /// nsqd's options in nsqd's `Options` struct order (nsqd 1.3.0's
+        /// nsqd/options.go, then nsqd master's `auth_http_request_method`, then this
+        /// broker's own), made by `nsqd_options!` from the declaration of [`Cli`].
+        pub static OPTIONS: std::sync::LazyLock<Vec<crate::config_file::OptSpec>> =
+            std::sync::LazyLock::new(|| {
+                let mut specs: Vec<(u32, crate::config_file::OptSpec)> = Vec::new();
+                $( nsqd_options!(@spec specs, $field, $how); )*
+                specs.sort_by_key(|(rank, _)| *rank);
+                // A declaration error, caught by the first test that reads the table.
+                assert!(
+                    specs.windows(2).all(|w| w[0].0 < w[1].0),
+                    "two nsqd options declared with the same rank"
+                );
+                specs.into_iter().map(|(_, spec)| spec).collect()
+            });
+
+        nsqd_options!(@core ($) [] $( $field $how )*);
+    };
+    // The options declared `core`, collected into `core_options!` (`$d` is a `$`, for
+    // the metavariables of the macro made here).
+    (@core ($d:tt) [$($core:ident)*] $field:ident { core, $($spec:tt)* } $($rest:tt)*) => {
+        nsqd_options!(@core ($d) [$($core)* $field] $($rest)*);
+    };
+    (@core ($d:tt) [$($core:ident)*] $field:ident $how:tt $($rest:tt)*) => {
+        nsqd_options!(@core ($d) [$($core)*] $($rest)*);
+    };
+    (@core ($d:tt) [$($core:ident)*]) => {
+        /// `nsq_shards::Options { ... }` from a `Cli`: the options declared `core` are
+        /// copied as given, the fields after the `Cli` are the ones start-up derives.
+        /// (A field of `Options` in neither is a compile error: "missing field".)
+        macro_rules! core_options {
+            ($d cli:ident, { $d($d derived:tt)* }) => {
+                Options {
+                    $( $core: $d cli.$core, )*
+                    $d($d derived)*
+                }
+            };
+        }
+    };
+    (@spec $specs:ident, $field:ident, flag) => {};
+    (@spec $specs:ident, $field:ident, {
+        $(core,)?
+        rank: $rank:literal, cfg: $cfg:literal, go: $go:literal, kind: $kind:ident
+        $(, put: $put:literal)?
+        $(, get: $get:path, set: $set:path)?
+        $(,)?
+    }) => {
+        $specs.push((
+            $rank,
+            crate::config_file::OptSpec {
+                cfg: $cfg,
+                arg: stringify!($field),
+                go_field: $go,
+                kind: crate::config_file::Kind::$kind,
+                put_at_run_time: false $(|| $put)?,
+                get: nsqd_options!(@get $field $(, $get)?),
+                set: nsqd_options!(@set $field $(, $set)?),
+            },
+        ));
+    };
+    (@get $field:ident) => {
+        |c: &Cli| crate::config_file::GoField::to_go(&c.$field)
+    };
+    (@get $field:ident, $get:path) => {
+        $get
+    };
+    (@set $field:ident) => {
+        |c: &mut Cli, v| {
+            c.$field = crate::config_file::GoField::from_go(v)?;
+            Ok(())
+        }
+    };
+    (@set $field:ident, $set:path) => {
+        $set
+    };
+}
+
+nsqd_options! {
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "nsqd",
@@ -41,129 +157,159 @@ pub(crate) fn default_node_id() -> u16 {
 pub struct Cli {
     /// <addr>:<port> to listen on for TCP clients
     #[arg(long, default_value = "0.0.0.0:4150")]
-    pub tcp_address: String,
+    pub tcp_address: String => { rank: 4, cfg: "tcp_address", go: "TCPAddress", kind: Str },
     /// <addr>:<port> to listen on for HTTP clients
     #[arg(long, default_value = "0.0.0.0:4151")]
-    pub http_address: String,
+    pub http_address: String => { rank: 5, cfg: "http_address", go: "HTTPAddress", kind: Str },
     /// address that will be registered with lookupd (default: the OS hostname)
     #[arg(long)]
-    pub broadcast_address: Option<String>,
+    pub broadcast_address: Option<String> =>
+        { rank: 7, cfg: "broadcast_address", go: "BroadcastAddress", kind: Str,
+          get: broadcast_address_go, set: set_broadcast_address },
     /// TCP port that will be registered with lookupd (0: the TCP listening port)
     #[arg(long, default_value_t = 0)]
-    pub broadcast_tcp_port: u16,
+    pub broadcast_tcp_port: u16 =>
+        { rank: 8, cfg: "broadcast_tcp_port", go: "BroadcastTCPPort", kind: Int },
     /// HTTP port that will be registered with lookupd (0: the HTTP listening port)
     #[arg(long, default_value_t = 0)]
-    pub broadcast_http_port: u16,
+    pub broadcast_http_port: u16 =>
+        { rank: 9, cfg: "broadcast_http_port", go: "BroadcastHTTPPort", kind: Int },
     /// path to store disk-backed messages (default: the current directory)
     #[arg(long, default_value = "")]
-    pub data_path: String,
+    pub data_path: String => { rank: 14, cfg: "data_path", go: "DataPath", kind: Str },
     /// number of messages to keep in memory per topic/channel (the cap of #ephemeral ones)
     #[arg(long, default_value_t = 10000)]
-    pub mem_queue_size: i64,
+    pub mem_queue_size: i64 => { rank: 15, cfg: "mem_queue_size", go: "MemQueueSize", kind: Int },
     /// number of bytes per segment file before rolling to a new one
     #[arg(long, default_value_t = 104857600)]
-    pub max_bytes_per_file: u64,
+    pub max_bytes_per_file: u64 =>
+        { rank: 16, cfg: "max_bytes_per_file", go: "MaxBytesPerFile", kind: Int },
     /// number of messages per topic after which fdatasync runs; 1 = every publish is durable before it is answered
     #[arg(long, default_value_t = 2500)]
-    pub sync_every: u64,
+    pub sync_every: u64 => { rank: 17, cfg: "sync_every", go: "SyncEvery", kind: Int },
     /// longest time between fdatasyncs while messages are unsynced (Go duration)
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
-    pub sync_timeout: Duration,
+    pub sync_timeout: Duration =>
+        { rank: 18, cfg: "sync_timeout", go: "SyncTimeout", kind: Duration },
     /// maximum size in bytes of a single message
     #[arg(long, default_value_t = 1048576)]
-    pub max_msg_size: i64,
+    pub max_msg_size: i64 => { core, rank: 23, cfg: "max_msg_size", go: "MaxMsgSize", kind: Int },
     /// maximum size in bytes of a single command body (IDENTIFY, AUTH, MPUB)
     #[arg(long, default_value_t = 5242880)]
-    pub max_body_size: i64,
+    pub max_body_size: i64 => { core, rank: 24, cfg: "max_body_size", go: "MaxBodySize", kind: Int },
     /// default duration to wait before auto-requeueing a message (Go duration, e.g. 60s)
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
-    pub msg_timeout: Duration,
+    pub msg_timeout: Duration => { core, rank: 21, cfg: "msg_timeout", go: "MsgTimeout", kind: Duration },
     /// maximum duration before a message will time out (IDENTIFY msg_timeout, TOUCH)
     #[arg(long, default_value = "15m", value_parser = parse_duration)]
-    pub max_msg_timeout: Duration,
+    pub max_msg_timeout: Duration =>
+        { core, rank: 22, cfg: "max_msg_timeout", go: "MaxMsgTimeout", kind: Duration },
     /// maximum requeuing timeout per message (REQ is clamped to it, DPUB rejected above it)
     #[arg(long, default_value = "1h", value_parser = parse_duration)]
-    pub max_req_timeout: Duration,
+    pub max_req_timeout: Duration =>
+        { core, rank: 25, cfg: "max_req_timeout", go: "MaxReqTimeout", kind: Duration },
     /// maximum RDY count for a client
     #[arg(long, default_value_t = 2500)]
-    pub max_rdy_count: i64,
+    pub max_rdy_count: i64 => { core, rank: 27, cfg: "max_rdy_count", go: "MaxRdyCount", kind: Int },
     /// maximum client configurable duration of time between client heartbeats
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
-    pub max_heartbeat_interval: Duration,
+    pub max_heartbeat_interval: Duration =>
+        { core, rank: 26, cfg: "max_heartbeat_interval", go: "MaxHeartbeatInterval", kind: Duration },
     /// default duration of time between flushing a client's output buffer
     #[arg(long, default_value = "250ms", value_parser = parse_duration)]
-    pub output_buffer_timeout: Duration,
+    pub output_buffer_timeout: Duration =>
+        { core, rank: 31, cfg: "output_buffer_timeout", go: "OutputBufferTimeout", kind: Duration },
     /// minimum client configurable output buffer timeout
     #[arg(long, default_value = "25ms", value_parser = parse_duration)]
-    pub min_output_buffer_timeout: Duration,
+    pub min_output_buffer_timeout: Duration =>
+        { core, rank: 30, cfg: "min_output_buffer_timeout", go: "MinOutputBufferTimeout",
+          kind: Duration },
     /// maximum client configurable output buffer timeout
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
-    pub max_output_buffer_timeout: Duration,
+    pub max_output_buffer_timeout: Duration =>
+        { core, rank: 29, cfg: "max_output_buffer_timeout", go: "MaxOutputBufferTimeout",
+          kind: Duration },
     /// maximum client configurable output buffer size in bytes
     #[arg(long, default_value_t = 65536)]
-    pub max_output_buffer_size: i64,
+    pub max_output_buffer_size: i64 =>
+        { core, rank: 28, cfg: "max_output_buffer_size", go: "MaxOutputBufferSize", kind: Int },
     /// maximum channel consumer connection count per nsqd instance (0: unlimited)
     #[arg(long, default_value_t = 0)]
-    pub max_channel_consumers: usize,
+    pub max_channel_consumers: usize =>
+        { core, rank: 32, cfg: "max_channel_consumers", go: "MaxChannelConsumers", kind: Int },
     /// maximum deflate compression level a client can negotiate (1-9)
     #[arg(long, default_value_t = 6)]
-    pub max_deflate_level: i64,
+    pub max_deflate_level: i64 =>
+        { core, rank: 48, cfg: "max_deflate_level", go: "MaxDeflateLevel", kind: Int },
     /// enable snappy feature negotiation (client compression)
     #[arg(long, default_value = "true", value_parser = parse_go_bool, num_args = 0..=1,
           require_equals = true, default_missing_value = "true")]
-    pub snappy: bool,
+    pub snappy: bool => { core, rank: 49, cfg: "snappy", go: "SnappyEnabled", kind: Bool },
     /// enable deflate feature negotiation (client compression)
     #[arg(long, default_value = "true", value_parser = parse_go_bool, num_args = 0..=1,
           require_equals = true, default_missing_value = "true")]
-    pub deflate: bool,
+    pub deflate: bool => { core, rank: 47, cfg: "deflate", go: "DeflateEnabled", kind: Bool },
     /// log level: debug, info, warn, error or fatal
     #[arg(long, default_value = "info")]
-    pub log_level: String,
+    pub log_level: String =>
+        { rank: 2, cfg: "log_level", go: "LogLevel", kind: Int, put: true,
+          get: log_level_go, set: set_log_level },
     /// log message prefix
     #[arg(long, default_value = "[nsqd] ")]
-    pub log_prefix: String,
+    pub log_prefix: String => { rank: 3, cfg: "log_prefix", go: "LogPrefix", kind: Str },
     /// unique part of message IDs, [0,1024) (default: crc32 of the md5 of the hostname)
     #[arg(long)]
-    pub node_id: Option<i64>,
+    pub node_id: Option<i64> =>
+        { rank: 1, cfg: "id", go: "ID", kind: Int, get: node_id_go, set: set_node_id },
     /// lookupd TCP address (may be given multiple times)
     #[arg(long = "lookupd-tcp-address")]
-    pub lookupd_tcp_address: Vec<String>,
+    pub lookupd_tcp_address: Vec<String> =>
+        { rank: 10, cfg: "nsqlookupd_tcp_addresses", go: "NSQLookupdTCPAddresses",
+          kind: StrList, put: true },
     /// number of shards: executors, each pinned to one CPU (default: the CPUs this process may use)
     #[arg(long)]
-    pub shards: Option<usize>,
+    pub shards: Option<usize> =>
+        { rank: 53, cfg: "shards", go: "Shards", kind: Int, get: shards_go, set: set_shards },
     /// UDP <addr>:<port> of a statsd daemon for pushing stats
     #[arg(long, default_value = "")]
-    pub statsd_address: String,
+    pub statsd_address: String =>
+        { rank: 33, cfg: "statsd_address", go: "StatsdAddress", kind: Str },
     /// prefix used for keys sent to statsd (%s for host replacement)
     #[arg(long, default_value = "nsq.%s")]
-    pub statsd_prefix: String,
+    pub statsd_prefix: String => { rank: 34, cfg: "statsd_prefix", go: "StatsdPrefix", kind: Str },
     /// duration between pushing to statsd (Go duration)
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
-    pub statsd_interval: Duration,
+    pub statsd_interval: Duration =>
+        { rank: 35, cfg: "statsd_interval", go: "StatsdInterval", kind: Duration },
     /// toggle sending memory and GC stats to statsd
     #[arg(long, default_value = "true", value_parser = parse_go_bool, num_args = 0..=1,
           require_equals = true, default_missing_value = "true")]
-    pub statsd_mem_stats: bool,
+    pub statsd_mem_stats: bool =>
+        { rank: 36, cfg: "statsd_mem_stats", go: "StatsdMemStats", kind: Bool },
     /// the size in bytes of statsd UDP packets
     #[arg(long, default_value_t = 508)]
-    pub statsd_udp_packet_size: usize,
+    pub statsd_udp_packet_size: usize =>
+        { rank: 37, cfg: "statsd_udp_packet_size", go: "StatsdUDPPacketSize", kind: Int },
     /// skip ephemeral topics and channels when sending stats to statsd
     #[arg(long, default_value = "false", value_parser = parse_go_bool, num_args = 0..=1,
           require_equals = true, default_missing_value = "true")]
-    pub statsd_exclude_ephemeral: bool,
+    pub statsd_exclude_ephemeral: bool =>
+        { rank: 38, cfg: "statsd_exclude_ephemeral", go: "StatsdExcludeEphemeral", kind: Bool },
     /// (beyond nsqd) keep consumed messages for replay (POST /channel/seek) until they are older than this (Go duration; 0: a segment goes once every channel has consumed it)
     #[arg(long, default_value = "0", value_parser = parse_duration)]
-    pub retention_time: Duration,
+    pub retention_time: Duration =>
+        { core, rank: 51, cfg: "retention_time", go: "RetentionTime", kind: Duration },
     /// (beyond nsqd) keep consumed messages for replay until a topic's segment files exceed this many bytes, oldest first (0: no size limit)
     #[arg(long, default_value_t = 0)]
-    pub retention_bytes: u64,
+    pub retention_bytes: u64 =>
+        { core, rank: 52, cfg: "retention_bytes", go: "RetentionBytes", kind: Int },
     /// check what the host must provide (io_uring, locked memory, CPUs, data path, ports),
     /// print each problem with its fix, and exit (0: ready to run, 1: problems)
     #[arg(long)]
-    pub preflight: bool,
+    pub preflight: bool => flag,
     /// (testing) interval between PINGs to each nsqlookupd
     #[arg(long, hide = true, default_value = "15s", value_parser = parse_duration)]
-    pub lookupd_ping_interval: Duration,
+    pub lookupd_ping_interval: Duration => flag,
 
     // -----------------------------------------------------------------------------------
     // The rest of nsqd 1.3.0's flags (apps/nsqd/options.go), so that any nsqd command line
@@ -171,65 +317,77 @@ pub struct Cli {
     // -----------------------------------------------------------------------------------
     /// path to a TOML config file (nsqd's cfg names; a flag given here overrides the file)
     #[arg(long, default_value = "")]
-    pub config: String,
+    pub config: String => flag,
     /// [deprecated] has no effect, use --log-level
     #[arg(long, default_value = "false", value_parser = parse_go_bool, num_args = 0..=1,
           require_equals = true, default_missing_value = "true")]
-    pub verbose: bool,
+    pub verbose: bool => flag,
     /// [deprecated] use --node-id
     #[arg(long, default_value = "false", value_parser = parse_go_bool, num_args = 0..=1,
           require_equals = true, default_missing_value = "true")]
-    pub worker_id: bool,
+    pub worker_id: bool => flag,
     /// <addr>:<port> to listen on for HTTPS clients
     #[arg(long, default_value = "0.0.0.0:4152")]
-    pub https_address: String,
+    pub https_address: String => { rank: 6, cfg: "https_address", go: "HTTPSAddress", kind: Str },
     /// <addr>:<port> or a full url to query auth server (may be given multiple times)
     #[arg(long = "auth-http-address")]
-    pub auth_http_address: Vec<String>,
+    pub auth_http_address: Vec<String> =>
+        { rank: 11, cfg: "auth_http_addresses", go: "AuthHTTPAddresses", kind: StrList },
     /// HTTP method to use for auth server requests: get or post (nsqd master)
     #[arg(long, default_value = "get")]
-    pub auth_http_request_method: String,
+    pub auth_http_request_method: String =>
+        { rank: 50, cfg: "auth_http_request_method", go: "AuthHTTPRequestMethod", kind: Str },
     /// timeout for HTTP connect (Go duration)
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
-    pub http_client_connect_timeout: Duration,
+    pub http_client_connect_timeout: Duration =>
+        { rank: 12, cfg: "http_client_connect_timeout", go: "HTTPClientConnectTimeout",
+          kind: Duration },
     /// timeout for HTTP request (Go duration)
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
-    pub http_client_request_timeout: Duration,
+    pub http_client_request_timeout: Duration =>
+        { rank: 13, cfg: "http_client_request_timeout", go: "HTTPClientRequestTimeout",
+          kind: Duration },
     /// accepted for compatibility; not needed by this design (each shard's timer pass covers all its channels: no queue scan)
     #[arg(long, default_value_t = 4)]
-    pub queue_scan_worker_pool_max: i64,
+    pub queue_scan_worker_pool_max: i64 =>
+        { rank: 20, cfg: "queue_scan_worker_pool_max", go: "QueueScanWorkerPoolMax", kind: Int },
     /// accepted for compatibility; not needed by this design (each shard's timer pass covers all its channels: no queue scan)
     #[arg(long, default_value_t = 20)]
-    pub queue_scan_selection_count: i64,
+    pub queue_scan_selection_count: i64 =>
+        { rank: 19, cfg: "queue_scan_selection_count", go: "QueueScanSelectionCount", kind: Int },
     /// message processing time percentiles (as float (0, 1.0]) to track (can be given multiple times or comma separated '1.0,0.99,0.95', default none)
     #[arg(long = "e2e-processing-latency-percentile", value_delimiter = ',')]
-    pub e2e_processing_latency_percentile: Vec<f64>,
+    pub e2e_processing_latency_percentile: Vec<f64> =>
+        { rank: 40, cfg: "e2e_processing_latency_percentiles", go: "E2EProcessingLatencyPercentiles",
+          kind: FloatList },
     /// calculate end to end latency quantiles for this duration of time (Go duration)
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
-    pub e2e_processing_latency_window_time: Duration,
+    pub e2e_processing_latency_window_time: Duration =>
+        { rank: 39, cfg: "e2e_processing_latency_window_time", go: "E2EProcessingLatencyWindowTime",
+          kind: Duration },
     /// path to certificate file
     #[arg(long, default_value = "")]
-    pub tls_cert: String,
+    pub tls_cert: String => { rank: 41, cfg: "tls_cert", go: "TLSCert", kind: Str },
     /// path to key file
     #[arg(long, default_value = "")]
-    pub tls_key: String,
+    pub tls_key: String => { rank: 42, cfg: "tls_key", go: "TLSKey", kind: Str },
     /// client certificate auth policy ('require' or 'require-verify')
     #[arg(long, default_value = "")]
-    pub tls_client_auth_policy: String,
+    pub tls_client_auth_policy: String =>
+        { rank: 43, cfg: "tls_client_auth_policy", go: "TLSClientAuthPolicy", kind: Str },
     /// path to certificate authority file
     #[arg(long, default_value = "")]
-    pub tls_root_ca_file: String,
+    pub tls_root_ca_file: String =>
+        { rank: 44, cfg: "tls_root_ca_file", go: "TLSRootCAFile", kind: Str },
     /// require TLS for client connections (true, false, tcp-https)
     #[arg(long, default_value = "false", value_parser = parse_tls_required, num_args = 0..=1,
           require_equals = true, default_missing_value = "true")]
-    pub tls_required: u8,
+    pub tls_required: u8 => { rank: 45, cfg: "tls_required", go: "TLSRequired", kind: Int },
     /// minimum SSL/TLS version acceptable ('tls1.0', 'tls1.1', 'tls1.2' or 'tls1.3')
     #[arg(long, default_value = "tls1.0", value_parser = parse_tls_min_version)]
-    pub tls_min_version: u16,
-    /// cfg names of list options the config file set to a Go nil slice (`/config` shows
-    /// `null` for them, as nsqd does); see [`crate::config_file`].
-    #[arg(skip)]
-    pub go_nil_lists: Vec<&'static str>,
+    pub tls_min_version: u16 =>
+        { rank: 46, cfg: "tls_min_version", go: "TLSMinVersion", kind: Int },
+}
 }
 
 impl Cli {
@@ -306,42 +464,28 @@ pub fn parse_go_bool(s: &str) -> Result<bool, String> {
 /// The validated process configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub tcp_address: String,
-    pub http_address: String,
+    /// Every flag as resolved (flag > config file > default), as declared in
+    /// `nsqd_options!`: the options the edges read as given (listen addresses, the
+    /// broadcast ports, `--log-prefix`, statsd, `--lookupd-ping-interval`, ...) are read
+    /// from here. The fields below are the ones start-up derives or checks.
+    pub flags: Cli,
+    /// `--broadcast-address`, else the hostname.
     pub broadcast_address: String,
-    pub broadcast_tcp_port: u16,
-    pub broadcast_http_port: u16,
     pub hostname: String,
-    pub data_path: String,
+    /// `--shards`, else the CPUs this process may use.
     pub shards: usize,
-    pub lookupd_tcp_addresses: Vec<String>,
     pub log_level: log::LevelFilter,
-    pub log_prefix: String,
     pub opts: Options,
     /// Unix seconds at start.
     pub start_time: i64,
-    /// statsd (nsqd: statsd.go); an empty address disables it. The prefix is as given
-    /// (`%s` is replaced once the HTTP port is known, see [`crate::stats::statsd::prefix`]).
-    pub statsd_address: String,
-    pub statsd_prefix: String,
-    pub statsd_interval: Duration,
-    pub statsd_mem_stats: bool,
-    pub statsd_udp_packet_size: usize,
-    pub statsd_exclude_ephemeral: bool,
-    /// How often shard 0 PINGs each nsqlookupd (nsqd: 15 s; a hidden flag for tests).
-    pub lookupd_ping_interval: Duration,
     /// Every nsqd option after resolution (flag > config file > default), by cfg name:
     /// what `GET /config/<name>` answers for options that do not change at run time.
     pub options: Vec<(&'static str, crate::config_file::GoValue)>,
-    /// `--preflight`: run the host checks and exit instead of serving.
-    pub preflight_only: bool,
     /// The TLS server configuration (`--tls-cert` and `--tls-key` set), see [`crate::tls`].
     pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
     /// `--tls-required` after nsqd's adjustment (a client auth policy implies it): one of
     /// the `TLS_*` constants.
     pub tls_required: u8,
-    /// `--https-address`: served (over TLS) only when `tls` is set, as nsqd does.
-    pub https_address: String,
     /// The auth servers and the HTTP client settings for them (AUTH is enabled when
     /// `auth.addresses` is not empty).
     pub auth: crate::auth::AuthConfig,
@@ -389,26 +533,11 @@ impl Config {
             return Err("--shards must be in [1,1024]".into());
         }
         let hostname = hostname();
-        let opts = Options {
+        let opts = core_options!(cli, {
             node_id: node_id as u16,
             // nsqd 1.3.0 keeps no memory queue for a size <= 0 (NewTopic, NewChannel).
             mem_queue_size: cli.mem_queue_size.max(0) as u64,
-            max_msg_size: cli.max_msg_size,
-            max_body_size: cli.max_body_size,
-            msg_timeout: cli.msg_timeout,
-            max_msg_timeout: cli.max_msg_timeout,
-            max_req_timeout: cli.max_req_timeout,
-            max_rdy_count: cli.max_rdy_count,
-            max_heartbeat_interval: cli.max_heartbeat_interval,
-            output_buffer_timeout: cli.output_buffer_timeout,
-            min_output_buffer_timeout: cli.min_output_buffer_timeout,
-            max_output_buffer_timeout: cli.max_output_buffer_timeout,
-            max_output_buffer_size: cli.max_output_buffer_size,
-            max_channel_consumers: cli.max_channel_consumers,
             client_timeout: Duration::from_secs(60),
-            max_deflate_level: cli.max_deflate_level,
-            snappy: cli.snappy,
-            deflate: cli.deflate,
             data_path: Some(if cli.data_path.is_empty() {
                 std::path::PathBuf::from(".")
             } else {
@@ -420,47 +549,34 @@ impl Config {
             } else {
                 cli.sync_timeout
             },
+            // One O_DIRECT block at least (the segment's alignment, not the page size).
             max_bytes_per_file: cli.max_bytes_per_file.max(4096),
-            retention_time: cli.retention_time,
-            retention_bytes: cli.retention_bytes,
             // Largest first from flags, file order from --config (as nsqd).
             e2e_percentiles: cli.e2e_processing_latency_percentile.clone(),
             e2e_window: cli.e2e_processing_latency_window_time,
             // Chosen from the data path's filesystem when the broker starts (runtime::run).
             segment_io: nsq_storage::SegmentIo::Ring,
-        };
+        });
         Ok(Config {
-            tcp_address: cli.tcp_address,
-            http_address: cli.http_address,
-            broadcast_address: cli.broadcast_address.unwrap_or_else(|| hostname.clone()),
-            broadcast_tcp_port: cli.broadcast_tcp_port,
-            broadcast_http_port: cli.broadcast_http_port,
+            broadcast_address: cli
+                .broadcast_address
+                .clone()
+                .unwrap_or_else(|| hostname.clone()),
             hostname,
-            data_path: cli.data_path,
             shards,
-            lookupd_tcp_addresses: cli.lookupd_tcp_address,
             log_level,
-            log_prefix: cli.log_prefix,
             opts,
             start_time: nsq_shards::message::now_unix_nanos() / 1_000_000_000,
-            statsd_address: cli.statsd_address,
-            statsd_prefix: cli.statsd_prefix,
-            statsd_interval: cli.statsd_interval,
-            statsd_mem_stats: cli.statsd_mem_stats,
-            statsd_udp_packet_size: cli.statsd_udp_packet_size,
-            statsd_exclude_ephemeral: cli.statsd_exclude_ephemeral,
-            lookupd_ping_interval: cli.lookupd_ping_interval,
             options,
-            preflight_only: cli.preflight,
             tls,
             tls_required,
-            https_address: cli.https_address.clone(),
             auth: crate::auth::AuthConfig {
-                addresses: cli.auth_http_address,
+                addresses: cli.auth_http_address.clone(),
                 post: cli.auth_http_request_method == "post",
                 connect_timeout: cli.http_client_connect_timeout,
                 request_timeout: cli.http_client_request_timeout,
             },
+            flags: cli,
         })
     }
 }

@@ -346,7 +346,7 @@ fn coerce(kind: Kind, v: &toml::Value) -> Result<GoValue, CoerceError> {
 // ---------------------------------------------------------------------------------------
 
 /// Converts between a `Cli` field and nsqd's Go value.
-trait GoField: Sized {
+pub(crate) trait GoField: Sized {
     fn to_go(&self) -> GoValue;
     fn from_go(v: GoValue) -> Result<Self, String>;
 }
@@ -437,31 +437,74 @@ impl GoField for Vec<f64> {
 }
 
 /// One nsqd option: its cfg name (TOML key and `/config/<name>`), the `Cli` field (clap id)
-/// of its flag, nsqd's `Options` field name (go-options' messages) and its Go type.
+/// of its flag, nsqd's `Options` field name (go-options' messages) and its Go type. The
+/// table of them, [`OPTIONS`], is made from the declaration of [`Cli`]
+/// ([`crate::config`]'s `nsqd_options!`).
 pub struct OptSpec {
     pub cfg: &'static str,
     pub arg: &'static str,
     pub go_field: &'static str,
     pub kind: Kind,
+    /// `PUT /config/<cfg>` may change it at run time (nsqd: http.go doConfig).
+    pub put_at_run_time: bool,
     /// The current value, as nsqd's `Options` would hold it.
     pub get: fn(&Cli) -> GoValue,
-    set: fn(&mut Cli, GoValue) -> Result<(), String>,
+    pub(crate) set: fn(&mut Cli, GoValue) -> Result<(), String>,
 }
 
-macro_rules! opt {
-    ($cfg:literal, $field:ident, $go:literal, $kind:ident) => {
-        OptSpec {
-            cfg: $cfg,
-            arg: stringify!($field),
-            go_field: $go,
-            kind: Kind::$kind,
-            get: |c| GoField::to_go(&c.$field),
-            set: |c, v| {
-                c.$field = GoField::from_go(v)?;
-                Ok(())
-            },
+pub use crate::config::OPTIONS;
+
+/// `id`: `--node-id`, else nsqd's default (crc32 of the md5 of the hostname).
+pub(crate) fn node_id_go(c: &Cli) -> GoValue {
+    GoValue::Int(
+        c.node_id
+            .unwrap_or_else(|| crate::config::default_node_id() as i64),
+    )
+}
+
+pub(crate) fn set_node_id(c: &mut Cli, v: GoValue) -> Result<(), String> {
+    c.node_id = Some(GoField::from_go(v)?);
+    Ok(())
+}
+
+/// `log_level`: nsqd's level number, 1 (debug) to 5 (fatal).
+pub(crate) fn log_level_go(c: &Cli) -> GoValue {
+    GoValue::Int(level_number(&c.log_level))
+}
+
+pub(crate) fn set_log_level(c: &mut Cli, v: GoValue) -> Result<(), String> {
+    let names = ["debug", "info", "warn", "error", "fatal"];
+    match v {
+        GoValue::Int(n @ 1..=5) => {
+            c.log_level = names[n as usize - 1].to_string();
+            Ok(())
         }
-    };
+        other => Err(format!("invalid log level {}", other.go_v())),
+    }
+}
+
+/// `broadcast_address`: `--broadcast-address`, else the hostname.
+pub(crate) fn broadcast_address_go(c: &Cli) -> GoValue {
+    GoValue::Str(
+        c.broadcast_address
+            .clone()
+            .unwrap_or_else(crate::config::hostname),
+    )
+}
+
+pub(crate) fn set_broadcast_address(c: &mut Cli, v: GoValue) -> Result<(), String> {
+    c.broadcast_address = Some(GoField::from_go(v)?);
+    Ok(())
+}
+
+/// `shards`: `--shards`, else the CPUs this process may use.
+pub(crate) fn shards_go(c: &Cli) -> GoValue {
+    GoValue::Int(c.shards.unwrap_or_else(crate::config::default_shards) as i64)
+}
+
+pub(crate) fn set_shards(c: &mut Cli, v: GoValue) -> Result<(), String> {
+    c.shards = Some(GoField::from_go(v)?);
+    Ok(())
 }
 
 fn level_number(name: &str) -> i64 {
@@ -474,249 +517,6 @@ fn level_number(name: &str) -> i64 {
         _ => 0,
     }
 }
-
-/// nsqd 1.3.0's options in `Options` struct order (nsqd/options.go; go-options resolves,
-/// and so fails, in this order), then nsqd master's `auth_http_request_method`, then this
-/// broker's own (`shards`). The queue-scan options have no effect here (see docs/operations.md, "Flags").
-pub static OPTIONS: &[OptSpec] = &[
-    OptSpec {
-        cfg: "id",
-        arg: "node_id",
-        go_field: "ID",
-        kind: Kind::Int,
-        get: |c| {
-            GoValue::Int(
-                c.node_id
-                    .unwrap_or_else(|| crate::config::default_node_id() as i64),
-            )
-        },
-        set: |c, v| {
-            c.node_id = Some(GoField::from_go(v)?);
-            Ok(())
-        },
-    },
-    OptSpec {
-        cfg: "log_level",
-        arg: "log_level",
-        go_field: "LogLevel",
-        kind: Kind::Int,
-        get: |c| GoValue::Int(level_number(&c.log_level)),
-        set: |c, v| {
-            let names = ["debug", "info", "warn", "error", "fatal"];
-            match v {
-                GoValue::Int(n @ 1..=5) => {
-                    c.log_level = names[n as usize - 1].to_string();
-                    Ok(())
-                }
-                other => Err(format!("invalid log level {}", other.go_v())),
-            }
-        },
-    },
-    opt!("log_prefix", log_prefix, "LogPrefix", Str),
-    opt!("tcp_address", tcp_address, "TCPAddress", Str),
-    opt!("http_address", http_address, "HTTPAddress", Str),
-    opt!("https_address", https_address, "HTTPSAddress", Str),
-    OptSpec {
-        cfg: "broadcast_address",
-        arg: "broadcast_address",
-        go_field: "BroadcastAddress",
-        kind: Kind::Str,
-        get: |c| {
-            GoValue::Str(
-                c.broadcast_address
-                    .clone()
-                    .unwrap_or_else(crate::config::hostname),
-            )
-        },
-        set: |c, v| {
-            c.broadcast_address = Some(GoField::from_go(v)?);
-            Ok(())
-        },
-    },
-    opt!(
-        "broadcast_tcp_port",
-        broadcast_tcp_port,
-        "BroadcastTCPPort",
-        Int
-    ),
-    opt!(
-        "broadcast_http_port",
-        broadcast_http_port,
-        "BroadcastHTTPPort",
-        Int
-    ),
-    opt!(
-        "nsqlookupd_tcp_addresses",
-        lookupd_tcp_address,
-        "NSQLookupdTCPAddresses",
-        StrList
-    ),
-    opt!(
-        "auth_http_addresses",
-        auth_http_address,
-        "AuthHTTPAddresses",
-        StrList
-    ),
-    opt!(
-        "http_client_connect_timeout",
-        http_client_connect_timeout,
-        "HTTPClientConnectTimeout",
-        Duration
-    ),
-    opt!(
-        "http_client_request_timeout",
-        http_client_request_timeout,
-        "HTTPClientRequestTimeout",
-        Duration
-    ),
-    opt!("data_path", data_path, "DataPath", Str),
-    opt!("mem_queue_size", mem_queue_size, "MemQueueSize", Int),
-    opt!(
-        "max_bytes_per_file",
-        max_bytes_per_file,
-        "MaxBytesPerFile",
-        Int
-    ),
-    opt!("sync_every", sync_every, "SyncEvery", Int),
-    opt!("sync_timeout", sync_timeout, "SyncTimeout", Duration),
-    opt!(
-        "queue_scan_selection_count",
-        queue_scan_selection_count,
-        "QueueScanSelectionCount",
-        Int
-    ),
-    opt!(
-        "queue_scan_worker_pool_max",
-        queue_scan_worker_pool_max,
-        "QueueScanWorkerPoolMax",
-        Int
-    ),
-    opt!("msg_timeout", msg_timeout, "MsgTimeout", Duration),
-    opt!(
-        "max_msg_timeout",
-        max_msg_timeout,
-        "MaxMsgTimeout",
-        Duration
-    ),
-    opt!("max_msg_size", max_msg_size, "MaxMsgSize", Int),
-    opt!("max_body_size", max_body_size, "MaxBodySize", Int),
-    opt!(
-        "max_req_timeout",
-        max_req_timeout,
-        "MaxReqTimeout",
-        Duration
-    ),
-    opt!(
-        "max_heartbeat_interval",
-        max_heartbeat_interval,
-        "MaxHeartbeatInterval",
-        Duration
-    ),
-    opt!("max_rdy_count", max_rdy_count, "MaxRdyCount", Int),
-    opt!(
-        "max_output_buffer_size",
-        max_output_buffer_size,
-        "MaxOutputBufferSize",
-        Int
-    ),
-    opt!(
-        "max_output_buffer_timeout",
-        max_output_buffer_timeout,
-        "MaxOutputBufferTimeout",
-        Duration
-    ),
-    opt!(
-        "min_output_buffer_timeout",
-        min_output_buffer_timeout,
-        "MinOutputBufferTimeout",
-        Duration
-    ),
-    opt!(
-        "output_buffer_timeout",
-        output_buffer_timeout,
-        "OutputBufferTimeout",
-        Duration
-    ),
-    opt!(
-        "max_channel_consumers",
-        max_channel_consumers,
-        "MaxChannelConsumers",
-        Int
-    ),
-    opt!("statsd_address", statsd_address, "StatsdAddress", Str),
-    opt!("statsd_prefix", statsd_prefix, "StatsdPrefix", Str),
-    opt!(
-        "statsd_interval",
-        statsd_interval,
-        "StatsdInterval",
-        Duration
-    ),
-    opt!("statsd_mem_stats", statsd_mem_stats, "StatsdMemStats", Bool),
-    opt!(
-        "statsd_udp_packet_size",
-        statsd_udp_packet_size,
-        "StatsdUDPPacketSize",
-        Int
-    ),
-    opt!(
-        "statsd_exclude_ephemeral",
-        statsd_exclude_ephemeral,
-        "StatsdExcludeEphemeral",
-        Bool
-    ),
-    opt!(
-        "e2e_processing_latency_window_time",
-        e2e_processing_latency_window_time,
-        "E2EProcessingLatencyWindowTime",
-        Duration
-    ),
-    opt!(
-        "e2e_processing_latency_percentiles",
-        e2e_processing_latency_percentile,
-        "E2EProcessingLatencyPercentiles",
-        FloatList
-    ),
-    opt!("tls_cert", tls_cert, "TLSCert", Str),
-    opt!("tls_key", tls_key, "TLSKey", Str),
-    opt!(
-        "tls_client_auth_policy",
-        tls_client_auth_policy,
-        "TLSClientAuthPolicy",
-        Str
-    ),
-    opt!("tls_root_ca_file", tls_root_ca_file, "TLSRootCAFile", Str),
-    opt!("tls_required", tls_required, "TLSRequired", Int),
-    opt!("tls_min_version", tls_min_version, "TLSMinVersion", Int),
-    opt!("deflate", deflate, "DeflateEnabled", Bool),
-    opt!(
-        "max_deflate_level",
-        max_deflate_level,
-        "MaxDeflateLevel",
-        Int
-    ),
-    opt!("snappy", snappy, "SnappyEnabled", Bool),
-    // nsqd master.
-    opt!(
-        "auth_http_request_method",
-        auth_http_request_method,
-        "AuthHTTPRequestMethod",
-        Str
-    ),
-    // This broker's own options (nsqd ignores these keys as unknown).
-    opt!("retention_time", retention_time, "RetentionTime", Duration),
-    opt!("retention_bytes", retention_bytes, "RetentionBytes", Int),
-    OptSpec {
-        cfg: "shards",
-        arg: "shards",
-        go_field: "Shards",
-        kind: Kind::Int,
-        get: |c| GoValue::Int(c.shards.unwrap_or_else(crate::config::default_shards) as i64),
-        set: |c, v| {
-            c.shards = Some(GoField::from_go(v)?);
-            Ok(())
-        },
-    },
-];
 
 /// The option with this cfg name.
 pub fn spec(cfg: &str) -> Option<&'static OptSpec> {
@@ -828,7 +628,7 @@ fn apply_table(
     table: &toml::Table,
     path: &str,
 ) -> Result<(), LoadError> {
-    for o in OPTIONS {
+    for o in OPTIONS.iter() {
         if matches.value_source(o.arg) == Some(ValueSource::CommandLine) {
             continue;
         }
@@ -864,6 +664,23 @@ fn apply_table(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn option_table_is_in_nsqd_order_with_unique_names() {
+        let names: Vec<&str> = OPTIONS.iter().map(|o| o.cfg).collect();
+        assert_eq!(names[..4], ["id", "log_level", "log_prefix", "tcp_address"]);
+        assert_eq!(names.last(), Some(&"shards"));
+        let mut unique = names.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len());
+        let put: Vec<&str> = OPTIONS
+            .iter()
+            .filter(|o| o.put_at_run_time)
+            .map(|o| o.cfg)
+            .collect();
+        assert_eq!(put, ["log_level", "nsqlookupd_tcp_addresses"]);
+    }
 
     #[test]
     fn go_floats() {

@@ -43,7 +43,7 @@ fn peer_config(server: &Server) -> PeerList {
         // A config file's nil list stays `null` (nsqd: go-options coerceStringSlice).
         None => match server.cfg.option("nsqlookupd_tcp_addresses") {
             Some(crate::config_file::GoValue::StrList(None)) => None,
-            _ => Some(server.cfg.lookupd_tcp_addresses.clone()),
+            _ => Some(server.cfg.flags.lookupd_tcp_address.clone()),
         },
     }
 }
@@ -230,13 +230,13 @@ pub fn command(ev: &LookupEvent) -> String {
 /// The IDENTIFY body nsqd sends (Go marshals a map, so keys are sorted).
 pub fn identify_body(server: &Server) -> Vec<u8> {
     let c = &server.cfg;
-    let tcp_port = if c.broadcast_tcp_port != 0 {
-        c.broadcast_tcp_port
+    let tcp_port = if c.flags.broadcast_tcp_port != 0 {
+        c.flags.broadcast_tcp_port
     } else {
         server.tcp_port
     };
-    let http_port = if c.broadcast_http_port != 0 {
-        c.broadcast_http_port
+    let http_port = if c.flags.broadcast_http_port != 0 {
+        c.flags.broadcast_http_port
     } else {
         server.http_port
     };
@@ -501,7 +501,7 @@ async fn reconcile(server: &Server, peers: &mut Vec<Peer>, want: &[String]) {
 /// and pings every peer every `--lookupd-ping-interval` (15 s).
 pub async fn lookup_loop(server: Rc<Server>) {
     let inbox = &server.shard.lookup_events;
-    let ping_interval = server.cfg.lookupd_ping_interval;
+    let ping_interval = server.cfg.flags.lookupd_ping_interval;
     let mut registry = Registry::default();
     let mut peers: Vec<Peer> = Vec::new();
     let mut seen_gen = server.shard.node.lookupd_generation();

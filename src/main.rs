@@ -23,7 +23,7 @@ fn main() {
         Ok(c) => c,
         Err(e) => fatal(&format!("failed to instantiate nsqd - {e}")),
     };
-    nsqd::logger::init(&cfg.log_prefix, cfg.log_level);
+    nsqd::logger::init(&cfg.flags.log_prefix, cfg.log_level);
     nsqd::memory::fix_malloc_thresholds();
     // A write past the file size limit (RLIMIT_FSIZE, `ulimit -f`) fails with EFBIG,
     // which the store reports and survives, instead of the signal killing the process
@@ -41,7 +41,9 @@ fn main() {
         };
         log::info!("open files limit (RLIMIT_NOFILE) raised: {old} -> {new}");
     }
-    // Disk-fault injection for tests (nsq_storage::faults): off unless the variable is set.
+    // Disk-fault injection for tests (nsq_storage::faults): compiled in only with the
+    // `fault-injection` feature, and then off unless the variable is set.
+    #[cfg(feature = "fault-injection")]
     match nsq_storage::faults::init_from_env() {
         Ok(true) => log::warn!(
             "{}={:?}: injecting storage faults",
@@ -55,7 +57,7 @@ fn main() {
     // What the host must provide (io_uring, locked memory, the data path, the ports),
     // checked before any shard starts: one line per problem, each with its fix.
     let ready = match nsqd::preflight::check(&cfg) {
-        Ok(r) if cfg.preflight_only => {
+        Ok(r) if cfg.flags.preflight => {
             for w in &r.warnings {
                 log::warn!("{w}");
             }

@@ -136,12 +136,12 @@ pub fn check(cfg: &Config) -> Result<Ready, Failed> {
     } else {
         Instant::now()
     };
-    let tcp =
-        listener(&cfg.tcp_address, "--tcp-address", retry_until).map_err(|e| problems.push(e));
-    let http =
-        listener(&cfg.http_address, "--http-address", retry_until).map_err(|e| problems.push(e));
-    let https = if cfg.tls.is_some() && !cfg.https_address.is_empty() {
-        listener(&cfg.https_address, "--https-address", retry_until)
+    let tcp = listener(&cfg.flags.tcp_address, "--tcp-address", retry_until)
+        .map_err(|e| problems.push(e));
+    let http = listener(&cfg.flags.http_address, "--http-address", retry_until)
+        .map_err(|e| problems.push(e));
+    let https = if cfg.tls.is_some() && !cfg.flags.https_address.is_empty() {
+        listener(&cfg.flags.https_address, "--https-address", retry_until)
             .map(Some)
             .map_err(|e| problems.push(e))
     } else {
@@ -151,10 +151,10 @@ pub fn check(cfg: &Config) -> Result<Ready, Failed> {
     if let (Some(_), Ok(tcp), Ok(http), Ok(https)) = (&lock, &tcp, &http, &https) {
         let https = https
             .as_ref()
-            .map(|h| (&h.1, &cfg.https_address, "--https-address"));
+            .map(|h| (&h.1, &cfg.flags.https_address, "--https-address"));
         let all = [
-            Some((&tcp.1, &cfg.tcp_address, "--tcp-address")),
-            Some((&http.1, &cfg.http_address, "--http-address")),
+            Some((&tcp.1, &cfg.flags.tcp_address, "--tcp-address")),
+            Some((&http.1, &cfg.flags.http_address, "--http-address")),
             https,
         ];
         for (socket, addr, flag) in all.into_iter().flatten() {

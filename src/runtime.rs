@@ -603,7 +603,7 @@ async fn shard_main(
         }
     }
     // statsd (src/stats/statsd.rs): shard 0 pushes every shard's stats.
-    if index == 0 && !cfg.statsd_address.is_empty() {
+    if index == 0 && !cfg.flags.statsd_address.is_empty() {
         glommio::spawn_local(crate::stats::statsd::statsd_loop(server.clone())).detach();
     }
     let tcp_task = glommio::spawn_local(tcp::accept_loop(server.clone(), tcp));

@@ -6,6 +6,10 @@
 //!
 //! The auth server is a tiny std::net HTTP server in this file: it records each request
 //! and answers the reply set for the request's secret.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 mod common;
 

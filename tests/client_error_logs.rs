@@ -3,6 +3,10 @@
 //! `[<addr>] - <error>`, with its cause after ` - ` for FIN/REQ/TOUCH; a bad protocol
 //! magic at ERROR; a new connection, its magic and its end at INFO. Operators alert on
 //! `ERROR:` lines and grep for `E_FIN_FAILED` (a consumer whose messages time out).
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 mod common;
 

@@ -1,5 +1,9 @@
 //! HTTP/1.1 connection handling as Go's net/http does it: keep-alive, `Connection:
 //! close`, HTTP/1.0, chunked request bodies, OPTIONS and HEAD. NSQ_REFERENCE.md §7 "HTTP".
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 mod common;
 

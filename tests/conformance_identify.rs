@@ -1,6 +1,10 @@
 //! IDENTIFY: body errors, JSON decoding, settings validation (order and error texts),
 //! the negotiation reply (byte-exact against the nsqd 1.3.0 transcript), state rules and
 //! what /stats shows about the client. NSQ_REFERENCE.md §1.4, §1.5, §7.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 mod common;
 

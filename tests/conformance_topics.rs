@@ -1,5 +1,9 @@
 //! Topic and channel queue semantics: --mem-queue-size overflow (ephemeral drops, durable
 //! spills), counters, backlog. NSQ_REFERENCE.md §2 "Queues", "Ephemeral", "Backlog rule".
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 mod common;
 

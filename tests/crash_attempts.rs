@@ -4,6 +4,10 @@
 //! is not delivered again (also under the default sync policy: a process crash keeps what
 //! reached the page cache). No metadata checkpoint runs between the REQs and the kill
 //! (`--sync-timeout=60s`), so only the delivery journal can carry this state.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 mod common;
 

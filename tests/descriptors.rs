@@ -4,6 +4,10 @@
 //! served, and all of them load again after a restart), and a listener out of
 //! descriptors closes the connections it cannot serve instead of leaving them hanging,
 //! logging the repeating error with a count rather than a line per try.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 mod common;
 

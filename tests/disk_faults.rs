@@ -4,6 +4,14 @@
 //! publish is either refused with nsqd's errors (`E_PUB_FAILED PUB failed ...`, HTTP
 //! 500) or acknowledged, and every acknowledged body is delivered: after the faults
 //! stop, and (where the test restarts) after a restart.
+//!
+//! Needs the `fault-injection` feature (`cargo test --features fault-injection`, as
+//! scripts/test.sh runs it): without it the broker cannot inject faults.
+#![cfg(feature = "fault-injection")]
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 mod common;
 

@@ -2,6 +2,10 @@
 //! filling the disk makes publishes fail with nsqd's `E_PUB_FAILED` and /ping report
 //! `NOK - <error>`; consumers keep working; freeing space heals both. Needs root and
 //! loop devices (as on the CI machine); elsewhere it says so and passes without checking.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 mod common;
 

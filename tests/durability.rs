@@ -3,6 +3,10 @@
 //! the documented bound of the default sync policy, kills during segment rotation and
 //! metadata writes, corrupted and truncated segments, and restarts that keep topics,
 //! channels, paused state and deferred due times, also across a change of `--shards`.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 mod common;
 

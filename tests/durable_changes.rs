@@ -7,6 +7,10 @@
 //! metadata write is reported on `/ping` until one succeeds.
 //!
 //! `--sync-timeout=60s`: no periodic checkpoint runs between the answer and the kill.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 mod common;
 
@@ -141,6 +145,8 @@ fn a_topic_without_a_store_refuses_publishes_until_it_has_one() {
     });
 }
 
+// Needs the `fault-injection` feature (scripts/test.sh enables it).
+#[cfg(feature = "fault-injection")]
 #[test]
 fn a_failed_metadata_write_is_reported_until_one_succeeds() {
     let dir = fresh_dir("metafail", 1);

@@ -2,6 +2,10 @@
 //! connections, a consumer that never reads 1 MiB messages at RDY 2500, 1,000 channels
 //! on one topic, and HTTP requests whose head or body never ends. In each the broker must
 //! stay up, keep serving the other clients, and keep its memory bounded.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 mod common;
 

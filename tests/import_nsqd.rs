@@ -3,6 +3,10 @@
 //! nsqd files are written here byte for byte (nsqd.dat; go-diskqueue data files and
 //! meta.dat; nsqd's message layout `[ts i64][attempts u16][id 16 hex][body]`), never by a
 //! Go toolchain.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 mod common;
 

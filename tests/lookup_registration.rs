@@ -9,6 +9,10 @@
 //!   restart, and `PUT /config/nsqlookupd_tcp_addresses` switches peers.
 //!
 //! The ping interval is shortened with the hidden `--lookupd-ping-interval` flag.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 mod common;
 

@@ -2,6 +2,10 @@
 //! not damaged is still delivered (RELIABILITY.md, "Offline damage"). The segment-level cases
 //! (zeroed ranges, flipped headers, swapped or copied segments) are in
 //! storage/tests/store.rs; these go through the broker.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 mod common;
 

@@ -4,6 +4,10 @@
 //! the broker is really up: `/ping` answers at once and `/stats` shows the whole
 //! backlog); `STOPPING=1` when SIGTERM starts the shutdown; nothing else. nsqlookupd's
 //! READY=1 / STOPPING=1 are checked in lookupd/tests/sd_notify.rs.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 mod common;
 

@@ -12,6 +12,10 @@
 //! `$NSQD_TEST_PYTHON`, else the repository's `.venv/bin/python` (scripts/setup-clients.sh
 //! installs fusepy there), else `python3`. Without them the test says so and passes,
 //! unless `NSQD_TEST_REQUIRE_FUSE` is set (scripts/test.sh sets it when they are there).
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 mod common;
 

@@ -6,6 +6,10 @@
 //! - an immediate restart after `kill -9` on the same ports works (the dead process's
 //!   sockets can stay bound for a few milliseconds while the kernel tears down its
 //!   io_uring instances).
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 mod common;
 

@@ -7,6 +7,10 @@
 //! * GET /metrics parses as Prometheus text (the `prometheus-parse` crate, plus a strict
 //!   line check, since that parser skips lines it does not understand);
 //! * GET /stats?format=json has every key nsqadmin reads (nsqadmin: clusterinfo/types.go).
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 mod common;
 

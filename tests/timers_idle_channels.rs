@@ -2,6 +2,10 @@
 //! something due (nsqd's queueScanLoop samples every channel instead), so an in-flight
 //! timeout, a REQ delay and a deferred publish must still fire on time when thousands of
 //! channels without timers sit beside them.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 mod common;
 

@@ -4,6 +4,10 @@
 //! policies; `--tls-min-version`; the HTTPS listener; a TLS connection handed over to
 //! the shard that owns its topic. Certificates are made with rcgen, the client is rustls
 //! over a blocking socket.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 mod common;
 

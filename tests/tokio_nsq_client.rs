@@ -8,6 +8,10 @@
 //! RDY being a window that is not used up (it never re-sends RDY after a FIN), and answers
 //! heartbeats with NOP. Consumers are given the broker's TCP address directly
 //! (`NSQConsumerConfigSources::Daemons`), so no nsqlookupd is involved.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 mod common;
 

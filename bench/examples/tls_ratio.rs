@@ -10,6 +10,10 @@
 //! and `producers` producers, each sending MPUBs of 100 bodies with 8 in flight; the
 //! time runs from the first publish to the last message received. Runs plain, TLS,
 //! plain, TLS and reports the best of each.
+#![allow(
+    clippy::unwrap_used,
+    reason = "an example: a failed unwrap ends it with the error"
+)]
 
 use nsq_wire::client::{self as proto, Decoded, Frame};
 use rustls::pki_types::ServerName;

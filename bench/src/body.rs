@@ -29,13 +29,13 @@ pub fn read_header(b: &[u8]) -> Option<Header> {
     if b.len() < HEADER {
         return None;
     }
-    let u64_at = |i: usize| u64::from_be_bytes(b[i..i + 8].try_into().unwrap());
-    let u32_at = |i: usize| u32::from_be_bytes(b[i..i + 4].try_into().unwrap());
+    let u64_at = |i: usize| Some(u64::from_be_bytes(b.get(i..i + 8)?.try_into().ok()?));
+    let u32_at = |i: usize| Some(u32::from_be_bytes(b.get(i..i + 4)?.try_into().ok()?));
     Some(Header {
-        ts_ns: u64_at(0),
-        seq: u64_at(8),
-        producer: u32_at(16),
-        run_id: u32_at(20),
+        ts_ns: u64_at(0)?,
+        seq: u64_at(8)?,
+        producer: u32_at(16)?,
+        run_id: u32_at(20)?,
     })
 }
 

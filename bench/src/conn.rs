@@ -70,7 +70,10 @@ impl Shared {
         if n < 20 {
             eprintln!("nsq-bench: error: {msg}");
         }
-        let mut e = self.errors.lock().unwrap();
+        let mut e = self
+            .errors
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if e.len() < 100 {
             e.push(msg);
         }

@@ -281,7 +281,10 @@ fn consume(
             end = 0;
         }
         if !latencies.is_empty() {
-            let mut h = stats.hist.lock().unwrap();
+            let mut h = stats
+                .hist
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             for &l in &latencies {
                 h.saturating_record(l);
             }
@@ -289,7 +292,10 @@ fn consume(
             latencies.clear();
         }
         if !after.is_empty() {
-            let mut h = stats.hist_after.lock().unwrap();
+            let mut h = stats
+                .hist_after
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             for &l in &after {
                 h.saturating_record(l);
             }

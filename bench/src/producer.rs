@@ -107,7 +107,10 @@ pub fn run(
     // Wait for the outstanding OKs (bounded), then close.
     {
         let deadline = Instant::now() + Duration::from_secs(30);
-        let mut st = window.state.lock().unwrap();
+        let mut st = window
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         while !st.entries.is_empty() && !st.closed {
             let now = Instant::now();
             if now >= deadline {
@@ -120,7 +123,11 @@ pub fn run(
                 ));
                 break;
             }
-            st = window.cv.wait_timeout(st, deadline - now).unwrap().0;
+            st = window
+                .cv
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
         }
     }
     window.stopping.store(true, Ordering::SeqCst);
@@ -175,12 +182,15 @@ fn write_loop(
         }
         // Wait for room in the pipeline.
         {
-            let mut st = window.state.lock().unwrap();
+            let mut st = window
+                .state
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             while st.entries.len() >= a.pipeline() && !st.closed {
                 st = window
                     .cv
                     .wait_timeout(st, Duration::from_millis(100))
-                    .unwrap()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .0;
                 if Instant::now() >= end {
                     break;
@@ -226,14 +236,24 @@ fn write_loop(
             m.finish(&mut buf);
             (1, n)
         };
-        window.state.lock().unwrap().entries.push_back(Entry {
-            sent: Instant::now(),
-            topic: t,
-            msgs_per_cmd,
-            cmds_left: cmds,
-        });
+        window
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entries
+            .push_back(Entry {
+                sent: Instant::now(),
+                topic: t,
+                msgs_per_cmd,
+                cmds_left: cmds,
+            });
         if let Err(e) = stream.write_all(&buf) {
-            if !window.state.lock().unwrap().closed {
+            if !window
+                .state
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .closed
+            {
                 shared.error(format!("producer {id}: write: {e}"));
             }
             return;
@@ -254,7 +274,11 @@ fn read_acks(
     let mut buf = vec![0u8; 64 * 1024];
     let (mut start, mut end) = (0usize, 0usize);
     let close = |window: &Window| {
-        window.state.lock().unwrap().closed = true;
+        window
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .closed = true;
         window.cv.notify_all();
     };
     loop {
@@ -292,7 +316,10 @@ fn read_acks(
                     start += used;
                     match frame {
                         Frame::Response(b"OK") => {
-                            let mut st = window.state.lock().unwrap();
+                            let mut st = window
+                                .state
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner);
                             let Some(e) = st.entries.front_mut() else {
                                 drop(st);
                                 shared.error(format!("producer {id}: unexpected OK"));

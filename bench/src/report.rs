@@ -111,7 +111,11 @@ impl Results {
             received: 0,
             foreign: 0,
             errors: shared.error_count.load(Ordering::SeqCst),
-            error_messages: shared.errors.lock().unwrap().clone(),
+            error_messages: shared
+                .errors
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone(),
             latency: crate::new_hist(),
             ack_latency: crate::new_hist(),
             channels: Vec::new(),

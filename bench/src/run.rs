@@ -102,7 +102,11 @@ pub fn run(args: Args) -> i32 {
         received: per_channel.iter().map(|c| c.received).sum(),
         foreign,
         errors: shared.error_count.load(Ordering::SeqCst),
-        error_messages: shared.errors.lock().unwrap().clone(),
+        error_messages: shared
+            .errors
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone(),
         latency: hist,
         ack_latency: ack_hist,
         channels: per_channel,

@@ -118,7 +118,12 @@ impl Consumers {
     pub fn merged_hist(&self) -> Histogram<u64> {
         let mut h = new_hist();
         for c in &self.slots {
-            let _ = h.add(&*c.stats.hist.lock().unwrap());
+            let _ = h.add(
+                &*c.stats
+                    .hist
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            );
         }
         h
     }
@@ -127,7 +132,12 @@ impl Consumers {
     pub fn merged_hist_after(&self) -> Histogram<u64> {
         let mut after = new_hist();
         for c in &self.slots {
-            let _ = after.add(&*c.stats.hist_after.lock().unwrap());
+            let _ = after.add(
+                &*c.stats
+                    .hist_after
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            );
         }
         after
     }

@@ -11,7 +11,10 @@
 //! loopback: `netfuzz` (mutated V2 and HTTP sessions beside an exactly-once checker,
 //! `src/bin/netfuzz.rs`) and `chaos` (kill -9 under load, `src/bin/chaos.rs`), with
 //! their shared helpers in [`net`]. RELIABILITY.md describes each and its figures.
-
+#![allow(
+    clippy::unwrap_used,
+    reason = "fuzzing and chaos tools: a panic is a reported failure of the run"
+)]
 #![forbid(unsafe_code)]
 
 pub mod mutate;

@@ -1,6 +1,10 @@
 //! Property tests: decode(encode(x)) == x for the V2 client/server codec, the snappy and
 //! deflate streams (any split into reads), segment records, index and journal files,
 //! meta.json and the nsqlookupd V1 reply framing.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 use bytes::Bytes;
 use nsq_shards::ClientState;
 use nsq_storage::{index, journal, meta, record};

@@ -2,6 +2,10 @@
 //! the kernel, speaks TCP protocol V1 to it as nsqd does, and compares HTTP responses byte
 //! for byte with captures from nsqlookupd v1.3.0 (inlined below; only the Date value and
 //! the client's ephemeral port differ between runs).
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -1,5 +1,9 @@
 //! systemd's notify protocol (`Type=notify`, sd_notify(3)) for nsqlookupd: it keeps no
 //! data, so it sends READY=1 once both listeners accept, and STOPPING=1 on SIGTERM.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 #[path = "../../tests/common/daemon.rs"]
 mod daemon;

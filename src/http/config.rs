@@ -42,6 +42,10 @@ pub(super) async fn do_config(server: &Server, head: &Head, body: &[u8]) -> Resp
         if body.len() as i64 >= read_max || body.is_empty() {
             return Response::v1_err(413, "INVALID_VALUE");
         }
+        // Which options a PUT may change is part of their declaration (`nsqd_options!`).
+        if !crate::config_file::spec(opt).is_some_and(|o| o.put_at_run_time) {
+            return Response::v1_err(400, "INVALID_OPTION");
+        }
         match opt {
             "nsqlookupd_tcp_addresses" => {
                 let Ok(addrs) = serde_json::from_slice::<Option<Vec<String>>>(body) else {
@@ -75,8 +79,8 @@ pub(super) async fn do_config(server: &Server, head: &Head, body: &[u8]) -> Resp
         "nsqlookupd_tcp_addresses" => crate::lookupd_client::peer_addresses_json(server),
         "log_level" => log_level_number(c, server.shard.node.log_level()).into(),
         "statsd_prefix" => return raw(&crate::stats::statsd::server_prefix(server)),
-        "broadcast_tcp_port" if c.broadcast_tcp_port == 0 => server.tcp_port.into(),
-        "broadcast_http_port" if c.broadcast_http_port == 0 => server.http_port.into(),
+        "broadcast_tcp_port" if c.flags.broadcast_tcp_port == 0 => server.tcp_port.into(),
+        "broadcast_http_port" if c.flags.broadcast_http_port == 0 => server.http_port.into(),
         _ => {
             let Some(value) = c.option(opt) else {
                 return Response::v1_err(400, "INVALID_OPTION");

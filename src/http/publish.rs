@@ -64,14 +64,15 @@ pub(super) async fn do_mpub(server: &Server, p: &Params, body: Bytes, failed: bo
     };
     if failed && !binary {
         let lines = body.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-        let (status, text) = match parse_mpub_body(&body[..lines], false, &limits(o)) {
-            Err((status, text)) if status != 500 => (status, text),
-            _ => (500, "INTERNAL_ERROR"),
-        };
+        let (status, text) =
+            match parse_mpub_body(&body[..lines], false, &nsq_wire::v2::Limits::from(o)) {
+                Err((status, text)) if status != 500 => (status, text),
+                _ => (500, "INTERNAL_ERROR"),
+            };
         server.create_topic(&topic).await;
         return Response::v1_err(status, text);
     }
-    let (parsed, read) = scan_mpub_body(&body, binary, &limits(o));
+    let (parsed, read) = scan_mpub_body(&body, binary, &nsq_wire::v2::Limits::from(o));
     let read = (read < body.len()).then_some(read);
     let msgs: Vec<Bytes> = match parsed {
         Ok(ranges) => ranges.into_iter().map(|r| body.slice(r)).collect(),
@@ -91,15 +92,6 @@ pub(super) async fn do_mpub(server: &Server, p: &Params, body: Bytes, failed: bo
     };
     r.body_read = read;
     r
-}
-
-pub(super) fn limits(o: &nsq_shards::Options) -> nsq_wire::v2::Limits {
-    nsq_wire::v2::Limits {
-        max_msg_size: o.max_msg_size,
-        max_body_size: o.max_body_size,
-        max_rdy_count: o.max_rdy_count,
-        max_req_timeout_ms: o.max_req_timeout.as_millis() as i64,
-    }
 }
 
 /// A `/mpub` body's messages (byte ranges of the body), or the HTTP status and nsqd's

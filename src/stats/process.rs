@@ -5,12 +5,26 @@
 
 use serde::Serialize;
 
-/// Bytes per page as /proc reports resident pages (x86-64 and aarch64 Linux with 4 KiB
-/// pages).
-const PAGE: u64 = 4096;
+/// Bytes per page, the unit of /proc/self/stat's resident set size:
+/// `sysconf(_SC_PAGESIZE)` (4 KiB on x86-64, up to 64 KiB on aarch64 kernels), read once.
+fn page_size() -> u64 {
+    static PAGE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *PAGE.get_or_init(|| sysconf_or(libc::_SC_PAGESIZE, 4096))
+}
 
-/// Clock ticks per second of /proc/self/stat's CPU times (Linux's USER_HZ).
-const TICKS: f64 = 100.0;
+/// Clock ticks per second, the unit of /proc/self/stat's CPU times (USER_HZ):
+/// `sysconf(_SC_CLK_TCK)`, read once.
+fn clock_ticks() -> u64 {
+    static TICKS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| sysconf_or(libc::_SC_CLK_TCK, 100))
+}
+
+/// `sysconf(name)`, or `fallback` where the system does not report it (sysconf -1).
+fn sysconf_or(name: libc::c_int, fallback: u64) -> u64 {
+    // SAFETY: sysconf takes no pointers; it only reads a system constant.
+    let n = unsafe { libc::sysconf(name) };
+    u64::try_from(n).ok().filter(|&n| n > 0).unwrap_or(fallback)
+}
 
 /// One read of the process's resource use.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -31,8 +45,8 @@ impl Process {
         let field = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
         let (utime, stime, rss_pages) = (field(11), field(12), field(21));
         Process {
-            cpu_seconds: (utime + stime) as f64 / TICKS,
-            resident_bytes: rss_pages * PAGE,
+            cpu_seconds: (utime + stime) as f64 / clock_ticks() as f64,
+            resident_bytes: rss_pages * page_size(),
         }
     }
 }

@@ -45,12 +45,12 @@ pub fn prefix(template: &str, broadcast_address: &str, http_port: u16) -> String
 /// The prefix this server uses (broadcast HTTP port, or the listening one when 0).
 pub fn server_prefix(server: &Server) -> String {
     let c = &server.cfg;
-    let port = if c.broadcast_http_port != 0 {
-        c.broadcast_http_port
+    let port = if c.flags.broadcast_http_port != 0 {
+        c.flags.broadcast_http_port
     } else {
         server.http_port
     };
-    prefix(&c.statsd_prefix, &c.broadcast_address, port)
+    prefix(&c.flags.statsd_prefix, &c.broadcast_address, port)
 }
 
 /// Counter values of the previous push, keyed by metric name.
@@ -231,7 +231,7 @@ async fn resolve(addr: &str) -> Option<SocketAddr> {
 /// and the push is skipped, as nsqd does.
 async fn push(server: &Server, prev: &mut Previous, spread: Duration) {
     let c = &server.cfg;
-    let addr = &c.statsd_address;
+    let addr = &c.flags.statsd_address;
     let Some(sa) = resolve(addr).await else {
         log::error!("failed to create UDP socket to statsd({addr})");
         return;
@@ -256,15 +256,15 @@ async fn push(server: &Server, prev: &mut Previous, spread: Duration) {
     let shards: Vec<ShardStats> = server.gather_stats(&req).await;
     let mut topics: Vec<&TopicStats> = shards.iter().flat_map(|s| s.topics.iter()).collect();
     topics.sort_by(|a, b| a.topic_name.cmp(&b.topic_name));
-    let mem = c.statsd_mem_stats.then(Memory::read);
+    let mem = c.flags.statsd_mem_stats.then(Memory::read);
     let lines = render(
         &topics,
         prev,
         &server_prefix(server),
-        c.statsd_exclude_ephemeral,
+        c.flags.statsd_exclude_ephemeral,
         mem.as_ref(),
     );
-    let packets = pack(&lines, c.statsd_udp_packet_size.max(1));
+    let packets = pack(&lines, c.flags.statsd_udp_packet_size.max(1));
     let gap = if packets.is_empty() {
         Duration::ZERO
     } else {
@@ -288,7 +288,7 @@ async fn push(server: &Server, prev: &mut Previous, spread: Duration) {
 
 /// Shard 0's statsd loop (started only when `--statsd-address` is set).
 pub async fn statsd_loop(server: Rc<Server>) {
-    let interval = server.cfg.statsd_interval;
+    let interval = server.cfg.flags.statsd_interval;
     let spread = interval.saturating_sub(Duration::from_secs(1));
     let mut prev = Previous::default();
     let mut next = Instant::now() + interval;

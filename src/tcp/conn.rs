@@ -117,16 +117,6 @@ pub(super) fn apply_deadlines(stream: &SharedStream, client: &Client) {
     stream.set_write_timeout(hb);
 }
 
-fn limits(server: &Server) -> Limits {
-    let o = &server.shard.opts;
-    Limits {
-        max_msg_size: o.max_msg_size,
-        max_body_size: o.max_body_size,
-        max_rdy_count: o.max_rdy_count,
-        max_req_timeout_ms: o.max_req_timeout.as_millis() as i64,
-    }
-}
-
 /// The reader loop's state (nsqd: IOLoop's locals).
 struct Reader {
     /// Read (and decompressed), not executed yet.
@@ -176,7 +166,7 @@ impl Reader {
             decoder,
             eof: false,
             chunk: MIN_READ_CHUNK,
-            limits: limits(server),
+            limits: Limits::from(&server.shard.opts),
             auth_enabled: server.cfg.auth.enabled(),
             mpub_checked: false,
             resume: protocol::Resume::default(),

@@ -2,9 +2,12 @@
 //! full-disk errors, short writes and delays on chosen storage operations, decided by
 //! operation count or by a PRNG seeded from the spec, so a failing run can be repeated.
 //!
-//! Enabled at run time by the environment variable `NSQD_STORAGE_FAULTS`, read once
-//! (the first storage operation, or [`init_from_env`] at start-up). Unset, every
-//! operation pays one load of an initialised `OnceLock` and a predictable branch.
+//! Compiled in only with the cargo feature `fault-injection` (the tests enable it; a
+//! plain build, release binaries included, has no way to inject faults: every check
+//! below is then a constant "no fault"). With the feature, enabled at run time by the
+//! environment variable `NSQD_STORAGE_FAULTS`, read once (the first storage operation,
+//! or `init_from_env` at start-up). Unset, every operation pays one load of an
+//! initialised `OnceLock` and a predictable branch.
 //!
 //! Grammar (rules separated by `,`; a token without `=` adds a trigger to the rule
 //! before it):
@@ -37,11 +40,14 @@
 //! action.
 
 use std::io;
+#[cfg(feature = "fault-injection")]
 use std::sync::atomic::{AtomicU64, Ordering};
+#[cfg(feature = "fault-injection")]
 use std::sync::OnceLock;
 use std::time::Duration;
 
 /// The environment variable holding the fault spec.
+#[cfg(feature = "fault-injection")]
 pub const ENV: &str = "NSQD_STORAGE_FAULTS";
 
 /// A kind of storage operation faults can be injected into.
@@ -66,6 +72,7 @@ pub enum Action {
     Panic,
 }
 
+#[cfg(feature = "fault-injection")]
 #[derive(Debug)]
 struct Rule {
     op: Op,
@@ -78,6 +85,7 @@ struct Rule {
     fired: AtomicU64,
 }
 
+#[cfg(feature = "fault-injection")]
 /// A parsed fault spec with its operation counters.
 #[derive(Debug)]
 pub struct Faults {
@@ -86,8 +94,10 @@ pub struct Faults {
     ops: [AtomicU64; 5],
 }
 
+#[cfg(feature = "fault-injection")]
 static FAULTS: OnceLock<Option<Faults>> = OnceLock::new();
 
+#[cfg(feature = "fault-injection")]
 /// Reads [`ENV`] (once). Errors: the spec does not parse (the message says where);
 /// the layer then stays off. Returns whether faults are enabled.
 pub fn init_from_env() -> Result<bool, String> {
@@ -108,6 +118,7 @@ pub fn init_from_env() -> Result<bool, String> {
     }
 }
 
+#[cfg(feature = "fault-injection")]
 fn faults() -> Option<&'static Faults> {
     match FAULTS.get() {
         Some(f) => f.as_ref(),
@@ -118,6 +129,7 @@ fn faults() -> Option<&'static Faults> {
     }
 }
 
+#[cfg(feature = "fault-injection")]
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let (n, unit) = s
         .find(|c: char| !c.is_ascii_digit())
@@ -132,11 +144,13 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
+#[cfg(feature = "fault-injection")]
 fn num(v: &str, what: &str) -> Result<u64, String> {
     v.parse()
         .map_err(|_| format!("bad number {v:?} for {what}"))
 }
 
+#[cfg(feature = "fault-injection")]
 impl Rule {
     fn add_trigger(&mut self, t: &str) -> Result<(), String> {
         let (k, v) = t
@@ -160,6 +174,7 @@ impl Rule {
     }
 }
 
+#[cfg(feature = "fault-injection")]
 impl Faults {
     /// Parses a spec (grammar in the module doc).
     pub fn parse(spec: &str) -> Result<Faults, String> {
@@ -247,6 +262,7 @@ impl Faults {
     }
 }
 
+#[cfg(feature = "fault-injection")]
 /// A uniform number in [0, 1) from (seed, rule, operation number): splitmix64.
 fn unit(seed: u64, rule: u64, n: u64) -> f64 {
     let mut z = seed
@@ -265,9 +281,17 @@ fn error(a: Action, op: Op) -> io::Error {
 }
 
 /// The fault for the next operation of kind `op`, if the layer is on and a rule fires.
+#[cfg(feature = "fault-injection")]
 #[inline]
 pub fn next(op: Op) -> Option<Action> {
     faults()?.next(op)
+}
+
+/// Without the `fault-injection` feature: never a fault.
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn next(_op: Op) -> Option<Action> {
+    None
 }
 
 /// For an operation on the executor: sleeps through a delay fault, returns an error
@@ -318,6 +342,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg(feature = "fault-injection")]
     fn grammar_and_triggers() {
         let f = Faults::parse("seed=7,write=eio@after:3,count:2,sync=delay:200ms@every:2").unwrap();
         let w: Vec<_> = (0..8).map(|_| f.next(Op::Write)).collect();
@@ -346,6 +371,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "fault-injection")]
     fn probability_is_seeded() {
         let run = |seed| {
             let f = Faults::parse(&format!("seed={seed},write=eio@p:0.3")).unwrap();

@@ -1,6 +1,10 @@
 //! Replay helpers of the segment store: `seek_timestamp` (first record at or after a
 //! publish time, by binary search over the sparse index of every segment) and
 //! `segment_list`, on a real glommio executor and real DMA files.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 use bytes::Bytes;
 use nsq_storage::{StoreConfig, StoredRecord, TopicStore};

@@ -1,5 +1,9 @@
 //! Round trip, rotation, retention, recovery and corruption handling of the segment
 //! store, on a real glommio executor and real DMA files, for several segment sizes.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 use bytes::Bytes;
 use nsq_storage::{StoreConfig, StoredRecord, TopicStore};

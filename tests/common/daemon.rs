@@ -13,6 +13,10 @@
 //! of the ports in the meantime ("address already in use"), which is retried on fresh
 //! ports.
 #![allow(dead_code)]
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -6,6 +6,10 @@
 //!
 //! Expected error frames are the exact upstream nsqd 1.3.0 texts (nsqd/protocol_v2.go and
 //! nsqd/tcp.go); fatal errors are followed by the server closing the connection.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 use super::{mpub_cmd, parse_message, pub_cmd, read_frame_skip_hb, Broker};
 use std::io::{Read, Write};

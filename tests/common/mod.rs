@@ -6,6 +6,10 @@
 //! released), and a test waits the way users do: until both ports answer a TCP connect,
 //! never for a log line.
 #![allow(dead_code)]
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
 
 pub mod daemon;
 pub mod hostile;

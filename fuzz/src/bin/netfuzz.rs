@@ -33,7 +33,10 @@
 //! never waited over 10 s for a reply, SIGTERM ends it with status 0, and (runs of 90 s
 //! or more) the RSS after the first minute stays within 10 % of its value at 60 s.
 //! Exit status 1 on any failure.
-
+#![allow(
+    clippy::unwrap_used,
+    reason = "fuzzing and chaos tools: a panic is a reported failure of the run"
+)]
 #![forbid(unsafe_code)]
 
 use nsq_fuzz::mutate::{mutate, Rng};
