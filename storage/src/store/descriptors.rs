@@ -48,11 +48,12 @@ pub(super) const PRESSED_RELEASE: Duration = Duration::from_millis(10);
 static HELD: AtomicUsize = AtomicUsize::new(0);
 
 /// Above this many stores holding descriptors, idle ones release them after
-/// [`PRESSED_RELEASE`]: an eighth of the soft `RLIMIT_NOFILE` as the first store
-/// reads it (at least 16), so that stores (at most four descriptors each while active)
-/// use at most about half the limit, leaving the rest to connections.
+/// [`PRESSED_RELEASE`]: a twelfth of the soft `RLIMIT_NOFILE` as the first store
+/// reads it (at least 16), so that stores (at most four descriptors each while active,
+/// mostly one or two) use at most about a third of the limit, leaving the rest to
+/// connections.
 pub(super) fn held_cap() -> usize {
-    usize::try_from(nofile_limit() / 8)
+    usize::try_from(nofile_limit() / 12)
         .unwrap_or(usize::MAX)
         .max(16)
 }
