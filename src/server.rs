@@ -86,7 +86,7 @@ impl Server {
             return self.shard.admin_async(op).await;
         }
         let Some(mesh) = self.mesh() else {
-            return Err(AdminError::TopicNotFound);
+            return Err(AdminError::Exiting);
         };
         let (tx, rx) = oneshot::channel();
         if mesh
@@ -94,9 +94,9 @@ impl Server {
             .await
             .is_err()
         {
-            return Err(AdminError::TopicNotFound);
+            return Err(AdminError::Exiting);
         }
-        rx.await.unwrap_or(Err(AdminError::TopicNotFound))
+        rx.await.unwrap_or(Err(AdminError::Exiting))
     }
 
     pub async fn create_topic(&self, topic: &str) {

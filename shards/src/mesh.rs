@@ -82,6 +82,10 @@ pub enum AdminError {
     /// A disk read failed (channel seek); logged on the owner shard. HTTP 500
     /// INTERNAL_ERROR.
     Internal,
+    /// The owner shard could not take or answer the operation (it is shutting down:
+    /// its mesh queue is closed or it dropped the reply). HTTP 503 EXITING, nsqd's
+    /// answer to a request that comes while it exits.
+    Exiting,
 }
 
 pub enum ShardMsg {
