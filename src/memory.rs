@@ -132,7 +132,9 @@ fn trim() -> bool {
 }
 
 /// Allocations from this size up are mapped on their own and unmapped when freed.
-pub const MMAP_THRESHOLD: usize = 1 << 20;
+/// Above the 1 MiB blocks a lagging channel reads (mapping each one afresh costs a page
+/// fault per page).
+pub const MMAP_THRESHOLD: usize = 16 << 20;
 /// Free memory at the top of an arena beyond this goes back to the kernel at once.
 pub const TRIM_THRESHOLD: usize = 4 << 20;
 
