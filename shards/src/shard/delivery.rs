@@ -111,8 +111,8 @@ impl Shard {
     }
 
     /// Registers the timers of every channel (after recovery, and every
-    /// [`TIMER_REFRESH`](super::TIMER_REFRESH) as a safety net; nsqd's queueScanLoop likewise refreshes its
-    /// channel list every 5 s). Costs one look at each channel.
+    /// [`TIMER_REFRESH`](super::TIMER_REFRESH) as a safety net; nsqd's queueScanLoop
+    /// likewise refreshes its channel list every 5 s). Costs one look at each channel.
     pub fn schedule_all_timers(&self) {
         let mut topics = self.topics.borrow_mut();
         for t in topics.values_mut() {

@@ -79,9 +79,9 @@ fn bump(c: &Cell<u64>, n: u64) {
 pub struct Shard {
     pub index: usize,
     pub count: usize,
-    pub cpu: usize,
+    cpu: usize,
     pub opts: Options,
-    pub topics: RefCell<HashMap<String, Topic>>,
+    pub(crate) topics: RefCell<HashMap<String, Topic>>,
     /// Topic directories made and opened on the blocking thread for a store about to be
     /// created (or its error), on the blocking-thread segment path only
     /// ([`Shard::prepare_store`]).
@@ -90,7 +90,7 @@ pub struct Shard {
     topic_deletes: Cell<u64>,
     /// Every connection on this shard (for producers in /stats and for shutdown).
     pub clients: RefCell<HashMap<u64, Weak<Client>>>,
-    pub counters: Counters,
+    counters: Counters,
     /// Set on SIGINT/SIGTERM: listeners stop, connections close.
     pub shutdown: Latch,
     /// Registration changes waiting for the lookup task (only kept when lookupd
@@ -106,10 +106,10 @@ pub struct Shard {
     pub meta_wake: crate::wake::Notify,
     /// Metadata checkpoints asked for (`request_checkpoint`) and the last one written:
     /// a channel created, deleted or paused is answered once it is in the metadata.
-    pub meta_requested: Cell<u64>,
-    pub meta_written: crate::wake::Progress,
+    meta_requested: Cell<u64>,
+    meta_written: crate::wake::Progress,
     /// The last metadata write's error, until one succeeds (nsqd's health).
-    pub meta_error: RefCell<Option<String>>,
+    pub(crate) meta_error: RefCell<Option<String>>,
     /// Logs failed metadata writes: a cause that repeats (a full disk, no descriptors
     /// left, for every changed topic at each checkpoint) at most once a second, with
     /// the count; the last cause logged.
@@ -118,7 +118,7 @@ pub struct Shard {
     /// name): reported by [`Shard::health`] until the next start, and their stores are
     /// never created afresh over the data left in their directories (a publish to one
     /// is refused, as to a topic whose store failed).
-    pub failed_recoveries: RefCell<std::collections::BTreeMap<String, String>>,
+    pub(crate) failed_recoveries: RefCell<std::collections::BTreeMap<String, String>>,
     /// A checkpoint is being written (one at a time: [`Shard::run_checkpoint`]).
     checkpoint_running: Cell<bool>,
     /// Durable topics whose metadata may have changed since the last checkpoint took
@@ -132,11 +132,11 @@ pub struct Shard {
     /// [`Shard::retry_missing_stores`] without a walk of every topic.
     missing_stores: RefCell<BTreeSet<String>>,
     /// A topic holds records not yet handed to its store: wakes `store_loop`.
-    pub store_wake: crate::wake::Notify,
+    pub(crate) store_wake: crate::wake::Notify,
     next_client: Cell<u64>,
     /// Channels with an in-flight timeout or a deferred message, by the earliest due
     /// instant, as (topic, channel) (see crate::timers).
-    pub timers: RefCell<TimerQueue<(String, String)>>,
+    timers: RefCell<TimerQueue<(String, String)>>,
     /// Wakes the shard's timer loop when a timer earlier than every registered one was
     /// registered (the loop may be sleeping until a later instant).
     pub timer_wake: crate::wake::Notify,

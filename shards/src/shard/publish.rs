@@ -72,10 +72,11 @@ impl Shard {
         Ok(wait)
     }
 
-    /// The answer to a topic's [`TopicCreatedHook`](super::TopicCreatedHook) query: creates `channels` (those
-    /// nsqlookupd knows for the topic) all at once, then starts the topic's pump, so
-    /// that every one of them gets what was published meanwhile. Ignored when the topic
-    /// is gone or is another one by now (deleted and created again: another token).
+    /// The answer to a topic's [`TopicCreatedHook`](super::TopicCreatedHook) query:
+    /// creates `channels` (those nsqlookupd knows for the topic) all at once, then starts
+    /// the topic's pump, so that every one of them gets what was published meanwhile.
+    /// Ignored when the topic is gone or is another one by now (deleted and created
+    /// again: another token).
     pub fn release_topic(&self, topic: &str, token: u64, channels: &[String]) {
         let mq = self.opts.mem_queue_size;
         let mut topics = self.topics.borrow_mut();

@@ -162,8 +162,8 @@ impl Shard {
     /// When durable topics hand records to their stores: at publish with
     /// `--sync-every=1` (each publish is synced before it is answered) and with
     /// retention (`--retention-time` / `--retention-bytes`: replay needs every record,
-    /// see [`Options::retains`](crate::options::Options::retains)), otherwise deferred so that records finished quickly
-    /// never reach the disk.
+    /// see [`Options::retains`](crate::options::Options::retains)), otherwise deferred so
+    /// that records finished quickly never reach the disk.
     pub fn store_mode(&self) -> StoreMode {
         if self.opts.sync_every <= 1 || self.opts.retains() {
             StoreMode::Immediate
