@@ -1,7 +1,7 @@
-//! Reads from a topic's store, off the shard's thread of work: the read-ahead for
-//! channels lagging behind the memory tail, and the bodies of messages ready again below
-//! it (deferred messages that fell due, requeued ones after a restart), with their
-//! retries after a failed read.
+//! Reads from a topic's store, each in a task of its own (nothing else waits for them):
+//! the read-ahead for channels lagging behind the memory tail, and the bodies of messages
+//! ready again below it (deferred messages that fell due, requeued ones after a restart),
+//! with their retries after a failed read.
 
 use super::{bump, Shard};
 use crate::topic::Topic;
