@@ -1,0 +1,184 @@
+//! Topic stores: creating a durable topic's store, retrying the ones that could not be
+//! created, and preparing their directories on the blocking thread (the blocking-thread
+//! segment path) before the synchronous operations that create them; the store policy
+//! from the options.
+
+use super::Shard;
+use crate::mesh::AdminOp;
+use crate::topic::{StoreMode, Topic};
+
+impl Shard {
+    /// Creates the topic's store (its directory and first segment), starting at its
+    /// log's head. On failure the topic keeps the error (`/ping` reports it) and refuses
+    /// publishes until a later attempt succeeds: a durable topic never answers OK for
+    /// a message it cannot store (nsqd: E_PUB_FAILED and an unhealthy node when its
+    /// disk queue fails).
+    ///
+    /// On the blocking-thread segment path the directory [`Shard::prepare_store`] made is
+    /// used; without one, a new topic (`new_topic`) makes it here, on the shard's thread
+    /// (a path that prepares nothing first), and a retry keeps the error it had.
+    pub(super) fn create_store(&self, t: &mut Topic, new_topic: bool) -> Result<(), String> {
+        let Some(dp) = &self.opts.data_path else {
+            return Ok(());
+        };
+        if let Some(e) = self.failed_recoveries.borrow().get(&t.name) {
+            // Its data is still in the directory: a new store there would overwrite it.
+            t.store_error = Some(e.clone());
+            return Err(e.clone());
+        }
+        let dir = nsq_storage::topic_dir(dp, &t.name);
+        let prepared = match self.opts.segment_io {
+            nsq_storage::SegmentIo::Ring => None,
+            nsq_storage::SegmentIo::Threads => self.prepared_dirs.borrow_mut().remove(&t.name),
+        };
+        let created = match prepared {
+            Some(Ok(dir_fd)) => {
+                nsq_storage::TopicStore::create_in(dir, dir_fd, self.store_config(), t.log.head)
+            }
+            Some(Err(e)) => Err(nsq_storage::StoreError::new(std::io::ErrorKind::Other, e)),
+            None if self.opts.segment_io == nsq_storage::SegmentIo::Threads && !new_topic => {
+                return Err(t.store_error.clone().unwrap_or_default());
+            }
+            None => nsq_storage::TopicStore::create(dir, self.store_config(), t.log.head),
+        };
+        match created {
+            Ok(st) => {
+                t.store = Some(st);
+                t.stored = t.log.head;
+                t.reread_from = Some(t.log.head);
+                for ch in t.channels.values_mut() {
+                    ch.reread = t.reread_from.zip(t.store.clone());
+                }
+                self.missing_stores.borrow_mut().remove(&t.name);
+                self.mark(t);
+                if t.store_error.take().is_some() {
+                    log::info!("TOPIC({}): durable store created", t.name);
+                    self.request_checkpoint();
+                }
+                Ok(())
+            }
+            Err(e) => {
+                let e = format!("TOPIC({}): no durable store - {e}", t.name);
+                t.store_error = Some(e.clone());
+                self.missing_stores.borrow_mut().insert(t.name.clone());
+                Err(e)
+            }
+        }
+    }
+
+    /// Retries the store of every topic whose store could not be created (before each
+    /// `/ping` or `/stats` answer, and every `--sync-timeout` by the checkpoint task), so
+    /// that `/ping` turns healthy again once the cause is gone, without waiting for a
+    /// publish to that topic. A no-op when every topic has its store.
+    /// On the blocking-thread segment path the retry takes what
+    /// [`Shard::prepare_missing_stores`] prepared (the checkpoint task runs it first).
+    pub fn retry_missing_stores(&self) {
+        if self.missing_stores.borrow().is_empty() {
+            return;
+        }
+        let names: Vec<String> = self.missing_stores.borrow().iter().cloned().collect();
+        let mut topics = self.topics.borrow_mut();
+        for name in names {
+            match topics.get_mut(&name) {
+                Some(t) if t.store.is_none() && t.store_error.is_some() => {
+                    let _ = self.create_store(t, false);
+                }
+                _ => {
+                    self.missing_stores.borrow_mut().remove(&name);
+                }
+            }
+        }
+    }
+
+    /// Whether `op` would create a durable topic's store that still needs its directory
+    /// ([`Shard::needs_prepared_store`]): `/topic/create`, and `/channel/create` of a
+    /// topic that exists without its store (one that does not exist is refused, as
+    /// nsqd's `TOPIC_NOT_FOUND`, without waiting for a directory).
+    pub fn admin_creates_store(&self, op: &AdminOp) -> bool {
+        match op {
+            AdminOp::CreateTopic(t) => self.needs_prepared_store(t),
+            AdminOp::CreateChannel(t, _) => {
+                self.topics.borrow().contains_key(t) && self.needs_prepared_store(t)
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether a durable topic `topic` still needs its directory before its store can be
+    /// created, on the blocking-thread segment path (FUSE, network filesystems: there a
+    /// `mkdir` can wait for a server, which must not happen on the shard's thread).
+    pub fn needs_prepared_store(&self, topic: &str) -> bool {
+        self.opts.segment_io == nsq_storage::SegmentIo::Threads
+            && self.opts.data_path.is_some()
+            && !topic.ends_with("#ephemeral")
+            && nsq_wire::names::is_valid_topic_name(topic)
+            && !self.prepared_dirs.borrow().contains_key(topic)
+            && self
+                .topics
+                .borrow()
+                .get(topic)
+                .is_none_or(|t| t.store.is_none())
+    }
+
+    /// Makes and opens the directory of `topic`'s store on the blocking thread when
+    /// [`Shard::needs_prepared_store`], for the store the next publish, subscribe or
+    /// admin operation creates (the result, or its error, is kept until then). Call it
+    /// before those synchronous operations; elsewhere a no-op.
+    pub async fn prepare_store(&self, topic: &str) {
+        if !self.needs_prepared_store(topic) {
+            return;
+        }
+        let Some(dp) = &self.opts.data_path else {
+            return;
+        };
+        let dir = nsq_storage::topic_dir(dp, topic);
+        let deletes = self.topic_deletes.get();
+        let made = glommio::executor()
+            .spawn_blocking(move || nsq_storage::TopicStore::prepare_dir(&dir))
+            .await
+            .map_err(|e| e.to_string());
+        if self.topic_deletes.get() == deletes
+            && self
+                .topics
+                .borrow()
+                .get(topic)
+                .is_none_or(|t| t.store.is_none())
+        {
+            self.prepared_dirs
+                .borrow_mut()
+                .insert(topic.to_string(), made);
+        }
+    }
+
+    /// [`Shard::prepare_store`] for every topic whose store could not be created, so
+    /// that [`Shard::retry_missing_stores`] can retry it without blocking.
+    pub async fn prepare_missing_stores(&self) {
+        let missing: Vec<String> = self.missing_stores.borrow().iter().cloned().collect();
+        for name in missing {
+            self.prepare_store(&name).await;
+        }
+    }
+
+    /// When durable topics hand records to their stores: at publish with
+    /// `--sync-every=1` (each publish is synced before it is answered) and with
+    /// retention (`--retention-time` / `--retention-bytes`: replay needs every record,
+    /// see [`Options::retains`](crate::options::Options::retains)), otherwise deferred so
+    /// that records finished quickly never reach the disk.
+    pub fn store_mode(&self) -> StoreMode {
+        if self.opts.sync_every <= 1 || self.opts.retains() {
+            StoreMode::Immediate
+        } else {
+            StoreMode::Deferred
+        }
+    }
+
+    /// The store policy from the options.
+    pub fn store_config(&self) -> nsq_storage::StoreConfig {
+        nsq_storage::StoreConfig {
+            max_bytes_per_file: self.opts.max_bytes_per_file,
+            sync_every: self.opts.sync_every.max(1),
+            sync_timeout: self.opts.sync_timeout,
+            io: self.opts.segment_io,
+        }
+    }
+}
