@@ -14,13 +14,17 @@
 //! CPU, while the main thread still starts the rest. The mesh is joined as soon as the
 //! last shard has started.
 
+use crate::server::Server;
+use crate::tcp;
 use futures::future::join_all;
+use futures::FutureExt;
 use glommio::channels::shared_channel::{
     self, ConnectedReceiver, ConnectedSender, SharedReceiver, SharedSender,
 };
 use glommio::GlommioError;
-use nsq_shards::mesh::ShardMsg;
+use nsq_shards::mesh::{AdminOp, ShardMsg};
 use std::io::{Error, ErrorKind};
+use std::rc::Rc;
 use std::sync::{Arc, Barrier};
 
 /// One shard's ends of the mesh before its executor connects them (they are `Send`: they
@@ -115,6 +119,103 @@ impl Senders {
                 ErrorKind::InvalidInput,
                 format!("shard {to} is not another shard of the mesh"),
             ))),
+        }
+    }
+}
+
+/// Handles a message another shard sent this one over the mesh (each shard runs one
+/// receiver task per peer, started once every shard has recovered).
+pub(crate) fn handle_mesh(server: &Rc<Server>, msg: ShardMsg) {
+    let shard = &server.shard;
+    match msg {
+        ShardMsg::Publish {
+            topic,
+            bodies,
+            defer_until,
+            reply,
+        } => {
+            shard.count_cross_received();
+            if shard.needs_prepared_store(&topic) {
+                // Its directory is made off the shard's thread first (FUSE, network
+                // filesystems); the sender waits for the reply, so its order holds.
+                let server = server.clone();
+                glommio::spawn_local(async move {
+                    let shard = &server.shard;
+                    shard.prepare_store(&topic).await;
+                    let res = shard.publish_local(&topic, bodies, defer_until);
+                    let _ = reply.send(match res {
+                        Ok(wait) => crate::server::wait_durable(wait).await,
+                        Err(e) => Err(e),
+                    });
+                })
+                .detach();
+                return;
+            }
+            match shard.publish_local(&topic, bodies, defer_until) {
+                Ok(None) => {
+                    let _ = reply.send(Ok(()));
+                }
+                Ok(wait) => {
+                    glommio::spawn_local(async move {
+                        let _ = reply.send(crate::server::wait_durable(wait).await);
+                    })
+                    .detach();
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            }
+        }
+        ShardMsg::HandOff(h) => {
+            // An adapter, not an `async` block (which would hold the connection's
+            // future twice); its end counts towards this shard's heap trim.
+            let conn = tcp::resume(server.clone(), *h).map(|()| crate::memory::connection_closed());
+            glommio::spawn_local(conn).detach();
+        }
+        ShardMsg::Stats { req, reply } => {
+            let _ = reply.send(shard.stats(&req));
+        }
+        ShardMsg::Admin { op, reply } => {
+            let prepare = shard.admin_creates_store(&op);
+            if let (AdminOp::SeekChannel(..), _) | (_, true) = (&op, prepare) {
+                // It may read the disk, or make the topic's directory first (FUSE,
+                // network filesystems): not on the mesh receiver's task.
+                let s = server.clone();
+                glommio::spawn_local(async move {
+                    let _ = reply.send(s.shard.admin_async(op).await);
+                })
+                .detach();
+            } else if shard.admin_persists(&op) {
+                // Applied now, in mesh order; answered once the metadata has it.
+                let r = shard.admin(op);
+                let s = server.clone();
+                glommio::spawn_local(async move {
+                    if r.is_ok() {
+                        s.shard.persist_changes().await;
+                    }
+                    let _ = reply.send(r);
+                })
+                .detach();
+            } else {
+                let _ = reply.send(shard.admin(op));
+            }
+        }
+        ShardMsg::Lookup(events) => {
+            shard.lookup_events.borrow_mut().extend(events);
+            shard.lookup_wake.notify();
+        }
+        ShardMsg::NodeChange { update, reply } => {
+            // It waits for every shard: not on the mesh receiver's task.
+            let s = server.clone();
+            glommio::spawn_local(async move {
+                s.apply_node_settings_everywhere(update).await;
+                let _ = reply.send(());
+            })
+            .detach();
+        }
+        ShardMsg::NodeApply { update, reply } => {
+            shard.node.apply(&update);
+            let _ = reply.send(());
         }
     }
 }

@@ -1,0 +1,106 @@
+//! The listening sockets: bound exclusively once, before recovery, with a retry while a
+//! previous instance still releases its address, and opened to connections only once every
+//! address is bound (every shard then accepts on a duplicate).
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+/// How long a bind that finds its address in use is retried before giving up.
+pub(crate) const BIND_RETRY: Duration = Duration::from_secs(2);
+
+/// Binds `s` to `sa`, retrying until `deadline` (normally [`BIND_RETRY`] from start-up)
+/// while the address is in use.
+///
+/// After a `kill -9`, the dead process's listening socket can stay bound for tens of
+/// milliseconds while the kernel tears down its io_uring instances (pending accepts hold a
+/// reference to it), so a supervisor's immediate restart would otherwise fail. An address
+/// still taken after the retry fails with nsqd's message:
+/// `listen (ADDR) failed - listen tcp ADDR: bind: address already in use`.
+fn bind_retrying(
+    s: &socket2::Socket,
+    sa: &SocketAddr,
+    addr: &str,
+    deadline: Instant,
+) -> Result<(), String> {
+    let mut logged = false;
+    loop {
+        match s.bind(&(*sa).into()) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+                if !logged {
+                    log::warn!(
+                        "listen ({addr}): address in use; retrying for up to {:?} \
+                         (a previous instance may still be releasing it)",
+                        deadline.saturating_duration_since(Instant::now())
+                    );
+                    logged = true;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => {
+                return Err(format!(
+                    "listen ({addr}) failed - {}",
+                    go_net_error("bind", addr, &e)
+                ))
+            }
+        }
+    }
+}
+
+/// Go's text for a failed socket call (net.OpError): `listen tcp ADDR: OP: ERRNO TEXT`,
+/// e.g. `listen tcp 127.0.0.1:4150: bind: address already in use`, as nsqd prints it.
+fn go_net_error(op: &str, addr: &str, e: &std::io::Error) -> String {
+    let text = e.to_string();
+    let text = text
+        .split(" (os error")
+        .next()
+        .unwrap_or(&text)
+        .to_lowercase();
+    format!("listen tcp {addr}: {op}: {text}")
+}
+
+/// Binds `addr` exclusively, as nsqd does (an address in use is an error, even if its
+/// holder used SO_REUSEPORT); [`listen`] then opens it to connections. Every shard
+/// accepts on a duplicate of this one socket, so the kernel hands each connection to one
+/// idle shard.
+pub(crate) fn bind(
+    addr: &str,
+    retry_until: Instant,
+) -> Result<(SocketAddr, socket2::Socket), String> {
+    let sa = addr
+        .to_socket_addrs()
+        .map_err(|e| format!("invalid address {addr}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("invalid address {addr}"))?;
+    let domain = if sa.is_ipv6() {
+        socket2::Domain::IPV6
+    } else {
+        socket2::Domain::IPV4
+    };
+    let s = socket2::Socket::new(domain, socket2::Type::STREAM, None).map_err(|e| e.to_string())?;
+    // Go's listeners set SO_REUSEADDR (rebinding over TIME_WAIT), never SO_REUSEPORT.
+    s.set_reuse_address(true).map_err(|e| e.to_string())?;
+    bind_retrying(&s, &sa, addr, retry_until)?;
+    let local = s
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .ok_or_else(|| "cannot read the listening address".to_string())?;
+    Ok((local, s))
+}
+
+/// Starts listening on a socket [`bind`] bound to `addr`: only once every address is
+/// bound, so a broker that then fails to start (another address taken) never had a
+/// connection queued that its exit would reset (a client sees "connection refused"
+/// meanwhile, and retries).
+pub(crate) fn listen(addr: &str, s: &socket2::Socket) -> Result<(), String> {
+    s.listen(1024).map_err(|e| {
+        format!(
+            "listen ({addr}) failed - {}",
+            go_net_error("listen", addr, &e)
+        )
+    })?;
+    // Non-blocking for good: glommio toggles O_NONBLOCK around its first accept attempt,
+    // and the file description (so its flags) is shared by every shard's duplicate.
+    s.set_nonblocking(true).map_err(|e| e.to_string())
+}

@@ -1,0 +1,52 @@
+//! SIGINT and SIGTERM: the signal thread that starts the graceful shutdown (or, before
+//! every shard serves, exits at once) and tells systemd the shutdown starts.
+
+use sd_notify::NotifyState;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Set once SIGINT or SIGTERM has started the shutdown (see [`shutting_down`]).
+static SHUTTING_DOWN: AtomicBool = AtomicBool::new(false);
+
+/// True once SIGINT or SIGTERM has started the graceful shutdown.
+pub fn shutting_down() -> bool {
+    SHUTTING_DOWN.load(Ordering::SeqCst)
+}
+
+/// Starts the thread that handles SIGINT and SIGTERM: before `serving` is set the process
+/// exits at once; afterwards `term` and [`shutting_down`] are set (the shards then shut
+/// down gracefully).
+pub(super) fn spawn_signal_thread(
+    term: Arc<AtomicBool>,
+    serving: Arc<AtomicBool>,
+) -> Result<(), String> {
+    SHUTTING_DOWN.store(false, Ordering::SeqCst);
+    // SIGINT/SIGTERM: tell systemd the shutdown starts (STOPPING=1), then the shards.
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .map_err(|e| format!("cannot handle SIGINT/SIGTERM: {e}"))?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            for _ in signals.forever() {
+                // Before every shard serves (a long recovery, many more shards than
+                // cores): the process exits here, as a supervisor's stop expects,
+                // whatever the start is busy with; what is on disk is crash-safe.
+                if !serving.load(Ordering::SeqCst) {
+                    log::info!("shutdown requested during start-up; exiting");
+                    std::process::exit(0);
+                }
+                if !term.load(Ordering::SeqCst) {
+                    if let Err(e) = sd_notify::notify(&[NotifyState::Stopping]) {
+                        log::warn!("sd_notify STOPPING=1 failed: {e}");
+                    }
+                }
+                term.store(true, Ordering::SeqCst);
+                SHUTTING_DOWN.store(true, Ordering::SeqCst);
+            }
+        })
+        .map_err(|e| format!("cannot start the signal thread: {e}"))?;
+    Ok(())
+}
