@@ -9,7 +9,7 @@
 //!
 //! The crate also holds the tools that test the running broker from outside, over
 //! loopback: `netfuzz` (mutated V2 and HTTP sessions beside an exactly-once checker,
-//! `src/bin/netfuzz.rs`) and `chaos` (kill -9 under load, `src/bin/chaos.rs`), with
+//! `src/bin/netfuzz/`) and `chaos` (kill -9 under load, `src/bin/chaos.rs`), with
 //! their shared helpers in [`net`]. RELIABILITY.md describes each and its figures.
 #![allow(
     clippy::unwrap_used,
