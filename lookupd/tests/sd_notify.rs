@@ -1,7 +1,7 @@
 //! systemd's notify protocol (`Type=notify`, sd_notify(3)) for nsqlookupd: it keeps no
 //! data, so it sends READY=1 once both listeners accept, and STOPPING=1 on SIGTERM.
 
-#[path = "../../tests/common/daemon.rs"]
+#[path = "../../tests/it/common/daemon.rs"]
 mod daemon;
 
 use daemon::{free_port, loopback, Daemon};
