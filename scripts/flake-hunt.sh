@@ -11,14 +11,19 @@
 #   HARNESS-ARGS passed on to the test binary, e.g. `-- --test-threads=1`
 #
 # Odd runs use the default segment I/O, even runs NSQD_SEGMENT_IO=threads (the
-# blocking-thread path FUSE and network filesystems get). It builds the test binary and
-# nsqlookupd once (cargo; CARGO_TARGET_DIR is honoured), then runs the binary itself from
-# the repository root, as cargo does. Each run's output is kept in
-# target/flake-hunt/run-<i>.log (FLAKE_OUT to put it elsewhere); a run is killed after
-# FLAKE_RUN_TIMEOUT seconds (default 1800) and counts as failed. At the end it prints how
-# often each test failed (and with which segment I/O), the SKIP lines seen, and exits 1
-# if any run failed.
+# blocking-thread path FUSE and network filesystems get; an NSQD_SEGMENT_IO set by the
+# caller holds for the odd runs too, so NSQD_SEGMENT_IO=threads makes every run use
+# it). It builds the test binary and nsqlookupd once (cargo; CARGO_TARGET_DIR is
+# honoured), then runs the binary itself from the repository root, as cargo does.
+# Each run's output is kept in target/flake-hunt/run-<i>.log (FLAKE_OUT to put it
+# elsewhere); a run is killed after FLAKE_RUN_TIMEOUT seconds (default 1800) and counts
+# as failed. At the end it prints how often each test failed (and with which segment
+# I/O), the SKIP lines seen, and exits 1 if any run failed.
 set -uo pipefail
+
+# The whole script is one compound command, read before it runs: editing this file
+# while a long hunt runs does not change the hunt.
+{
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -63,7 +68,7 @@ declare -A SKIPS=()     # SKIP line -> runs
 FAILED_RUNS=0
 T0=$(date +%s)
 for ((i = 1; i <= RUNS; i++)); do
-  io=default
+  io="${NSQD_SEGMENT_IO:-default}"
   env_io=()
   if ((i % 2 == 0)); then io=threads; env_io=(NSQD_SEGMENT_IO=threads); fi
   log="$OUT/run-$i.log"
@@ -109,3 +114,4 @@ for t in "${!FAILS[@]}"; do
   printf '  %3d  %s  [%s]\n' "${FAILS[$t]}" "$t" "${FAIL_IO[$t]% }"
 done | sort -rn
 exit 1
+}

@@ -2,7 +2,7 @@
 //! --test it`): one module per area, all sharing the harness in [`common`] (it starts the
 //! real `nsqd` and `nsqlookupd` binaries as child processes). One binary links once
 //! instead of once per file; a test runs by its module path, e.g. `cargo test -p nsqd
-//! --test it -- durability::` or `-- --exact tls::tls_v1_upgrade`.
+//! --test it -- durability::` or `-- --exact tls::tls_then_snappy`.
 //!
 //! The tests of every module run in one process, in parallel: a test must not change
 //! process-wide state (environment, resource limits, signal dispositions, working
