@@ -59,12 +59,9 @@ fn start_limited(
     })
 }
 
-/// A fresh, empty data directory (removed by the caller's last broker).
-fn data_dir(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("nsqd-fd-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("create data dir");
-    d
+/// A fresh, empty data directory, removed when the test ends (passed or failed).
+fn data_dir(name: &str) -> ScratchDir {
+    ScratchDir::new(&format!("fd-{name}"))
 }
 
 /// The soft `RLIMIT_NOFILE` of a running process, from /proc/PID/limits.
