@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the seed corpora fuzz/corpus/<target>/ (a few files each), built from the
-sessions of the conformance tests (tests/conformance_*.rs, tests/lookupd.rs,
-tests/import_nsqd.rs). Run once; the files are kept in the repository."""
+sessions of the conformance tests (tests/it/conformance_*.rs, tests/lookupd.rs,
+tests/it/import_nsqd.rs). Run once; the files are kept in the repository."""
 import json, os, struct, zlib
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")

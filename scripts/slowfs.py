@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A passthrough FUSE filesystem that makes chosen operations slow or fail, to see what a
-slow or failing filesystem does to the broker (tests/slow_disk.rs; also by hand).
+slow or failing filesystem does to the broker (tests/it/slow_disk.rs; also by hand).
 
     slowfs.py BACKING_DIR MOUNT_POINT CONTROL_FILE
 

@@ -7,8 +7,13 @@
 #   3. cargo build (debug: overflow checks and debug assertions stay on)
 #   4. cargo test --workspace --features nsqd/fault-injection (the disk-fault tests need
 #      the storage fault injection that plain builds leave out; and the storage suites
-#      once more on the blocking-thread segment path: NSQD_SEGMENT_IO=threads), then the fuzz smoke: every fuzz target for 60 s, AFL++
-#      where cargo-afl is installed (scripts/fuzz.sh; FUZZ_SMOKE_SECONDS, FUZZ_SMOKE_ENGINE)
+#      once more on the blocking-thread segment path: NSQD_SEGMENT_IO=threads), then the
+#      fuzz smoke: every fuzz target for 60 s, AFL++ where cargo-afl is installed
+#      (scripts/fuzz.sh; FUZZ_SMOKE_SECONDS, FUZZ_SMOKE_ENGINE).
+#      The broker's integration tests are one binary, tests/it/ (run some by module:
+#      `cargo test -p nsqd --test it -- durability::`); a test whose prerequisite is
+#      missing passes with a "SKIP: <test>: <reason>" line, counted as skipped in the
+#      summary. Tests that fail only sometimes: scripts/flake-hunt.sh runs them N times.
 #   4b. network fuzzing and chaos (RELIABILITY.md): netfuzz (mutated V2/HTTP sessions
 #      against a running broker, checker messages exactly once, 10 s per shard count
 #      1/2/4; NETFUZZ_SECONDS) and chaos (kill -9 under load with --sync-every=1,
@@ -165,7 +170,7 @@ else
 fi
 
 if [[ $CLIENTS_ONLY -eq 0 ]]; then
-  # tests/slow_disk.rs mounts scripts/slowfs.py (FUSE): required, not skipped, where the
+  # tests/it/slow_disk.rs mounts scripts/slowfs.py (FUSE): required, not skipped, where the
   # venv has fusepy (scripts/setup-clients.sh), libfuse2 loads and /dev/fuse exists as
   # root (.ci/run installs them).
   if [[ $BUILD_OK -eq 1 && -e /dev/fuse && "$(id -u)" -eq 0 ]]; then
@@ -173,10 +178,12 @@ if [[ $CLIENTS_ONLY -eq 0 ]]; then
     if [[ -x "$ROOT/.venv/bin/python" ]] && "$ROOT/.venv/bin/python" -c 'import fuse' >/dev/null 2>&1; then
       export NSQD_TEST_REQUIRE_FUSE=1
     else
-      echo "WARN: no fusepy/libfuse2: tests/slow_disk.rs skips its FUSE test"
+      echo "WARN: no fusepy/libfuse2: tests/it/slow_disk.rs skips its FUSE tests"
     fi
   fi
   if [[ $BUILD_OK -eq 1 ]]; then
+    # The broker's integration tests are one binary (tests/it/main.rs, one module per
+    # area); nsqlookupd, which some of them start, is built by the build step above.
     # --no-fail-fast: every test binary runs even when an earlier one failed.
     if ! run_step "cargo test" bash -c 'set -o pipefail; cargo test --workspace --features nsqd/fault-injection --no-fail-fast 2>&1 | tee "$1"' _ "$WORK/cargo-test.log"; then
       failed_tests="$(grep -E '^test .* \.\.\. FAILED$' "$WORK/cargo-test.log" | sed -E 's/^test (.*) \.\.\. FAILED$/\1/' | sort -u)"
@@ -187,9 +194,20 @@ if [[ $CLIENTS_ONLY -eq 0 ]]; then
     fi
     # The storage suites again on the blocking-thread segment path that FUSE and network
     # filesystems get (nsq_storage::SegmentIo::Threads), through the store and the broker.
-    run_step "cargo test, NSQD_SEGMENT_IO=threads" env NSQD_SEGMENT_IO=threads \
-      cargo test --no-fail-fast --features nsqd/fault-injection -p nsq-storage -p nsqd --test store --test disk_faults \
-      --test durability --test durable_changes --test crash_attempts --test slow_disk
+    run_step "cargo test, NSQD_SEGMENT_IO=threads" bash -c 'set -o pipefail; rc=0
+      export NSQD_SEGMENT_IO=threads
+      cargo test --no-fail-fast -p nsq-storage --features fault-injection --test store 2>&1 | tee "$1" || rc=1
+      cargo test -p nsqd --features fault-injection --test it -- disk_faults:: durability:: \
+        durable_changes:: crash_attempts:: slow_disk:: 2>&1 | tee -a "$1" || rc=1
+      exit $rc' _ "$WORK/cargo-test-threads.log"
+    # A test that cannot check what it is for here (a prerequisite missing) passes and
+    # prints "SKIP: <test>: <reason>" (tests/it/common::skip; with --test-threads=1 it
+    # may follow the harness's "test <name> ... " on its line): each counts as skipped.
+    while IFS= read -r line; do
+      rest="${line#SKIP: }"
+      record SKIP "test ${rest%%: *}" "${rest#*: }"
+    done < <(cat "$WORK/cargo-test.log" "$WORK/cargo-test-threads.log" 2>/dev/null |
+      grep -oE 'SKIP: [A-Za-z0-9_:]+: .*$' | sort -u)
   else
     record FAIL "cargo test" "not run: build failed"
   fi

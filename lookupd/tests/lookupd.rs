@@ -11,7 +11,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-#[path = "../../tests/common/daemon.rs"]
+#[path = "../../tests/it/common/daemon.rs"]
 mod daemon;
 
 use daemon::Daemon;

@@ -5,7 +5,7 @@
     reason = "test code: a failed unwrap fails the test"
 )]
 
-#[path = "../../tests/common/daemon.rs"]
+#[path = "../../tests/it/common/daemon.rs"]
 mod daemon;
 
 use daemon::{free_port, loopback, Daemon};
