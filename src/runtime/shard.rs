@@ -241,10 +241,18 @@ async fn timer_loop(shard: &Rc<Shard>, term: &AtomicBool) {
 /// Writes topic metadata and applies retention every --sync-timeout until shutdown, and
 /// soon after a topic or channel is created or deleted (changes within
 /// [`META_COALESCE`] share one write). Each round first retries the stores that could
-/// not be created ([`Shard::retry_missing_stores`]).
+/// not be created ([`Shard::retry_missing_stores`]); while some are missing, a round
+/// comes at least every [`MISSING_STORE_RETRY`] (on the blocking-thread segment path only
+/// this task prepares their directories, so `/ping` heals within it once the disk lets
+/// them be made, whatever `--sync-timeout` is).
 async fn checkpoint_loop(shard: Rc<Shard>) {
     loop {
-        let sleep = pin!(glommio::timer::sleep(shard.opts.sync_timeout));
+        let period = if shard.has_missing_stores() {
+            shard.opts.sync_timeout.min(MISSING_STORE_RETRY)
+        } else {
+            shard.opts.sync_timeout
+        };
+        let sleep = pin!(glommio::timer::sleep(period));
         let changed = pin!(shard.meta_wake.wait());
         let stop = pin!(shard.shutdown.wait());
         match select(select(sleep, changed), stop).await {
@@ -259,6 +267,9 @@ async fn checkpoint_loop(shard: Rc<Shard>) {
         shard.run_checkpoint().await;
     }
 }
+
+/// The longest wait between two retries of a durable topic's missing store.
+const MISSING_STORE_RETRY: Duration = Duration::from_secs(1);
 
 /// How long a metadata change waits for others before the checkpoint it triggers.
 const META_COALESCE: Duration = Duration::from_millis(20);

@@ -72,6 +72,12 @@ impl Shard {
     /// publish to that topic. A no-op when every topic has its store.
     /// On the blocking-thread segment path the retry takes what
     /// [`Shard::prepare_missing_stores`] prepared (the checkpoint task runs it first).
+    /// True while some durable topic of this shard has no store (see
+    /// [`Shard::retry_missing_stores`]).
+    pub fn has_missing_stores(&self) -> bool {
+        !self.missing_stores.borrow().is_empty()
+    }
+
     pub fn retry_missing_stores(&self) {
         if self.missing_stores.borrow().is_empty() {
             return;
