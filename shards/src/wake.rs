@@ -1,5 +1,5 @@
 //! Single-threaded wake-ups for tasks of one executor (no atomics, no locks; nothing to
-//! do with Unix signals, which `src/runtime.rs` handles): [`Notify`] wakes one waiting
+//! do with Unix signals, which `src/runtime/signals.rs` handles): [`Notify`] wakes one waiting
 //! task, [`Latch`] releases every task once (shutdown).
 
 use std::cell::{Cell, RefCell};

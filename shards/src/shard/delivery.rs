@@ -129,7 +129,7 @@ impl Shard {
     }
 
     /// One pass of the shard's timer at `now`: this is nsqd's queueScanLoop (nsqd.go),
-    /// run by each shard's timer loop (`src/runtime.rs` timer_loop) for the channels it
+    /// run by each shard's timer loop (`src/runtime/shard.rs` timer_loop) for the channels it
     /// owns. The channels whose earliest timer is due move expired in-flight messages and
     /// due deferred messages back to their queue and deliver them again; the other
     /// channels are not visited. How it differs: nsqd wakes every 100 ms, samples 20
