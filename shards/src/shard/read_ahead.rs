@@ -148,14 +148,7 @@ impl Shard {
                 if ch.unread_waits_for_store(base, readable) {
                     // Out of the memory tail and not written yet: read again shortly.
                     ch.unread_inflight = true;
-                    if let Some(me) = self.me.borrow().upgrade() {
-                        let (topic, channel) = (r.topic.clone(), r.channel.clone());
-                        glommio::spawn_local(async move {
-                            glommio::timer::sleep(UNREAD_WAIT).await;
-                            me.retry_unread_read(&topic, &channel);
-                        })
-                        .detach();
-                    }
+                    self.retry_after(UNREAD_WAIT, &r, Shard::retry_unread_read);
                 }
                 if gone > 0 {
                     log::warn!(
@@ -166,27 +159,8 @@ impl Shard {
                 }
             }
             Err(e) => {
-                ch.disk_failures = ch.disk_failures.saturating_add(1);
-                ch.disk_error = Some(format!(
-                    "TOPIC({}) CHANNEL({}): disk read failed - {e}",
-                    r.topic, r.channel
-                ));
-                let delay = Duration::from_millis(100 << (ch.disk_failures - 1).min(6))
-                    .min(Duration::from_secs(5));
-                log::error!(
-                    "TOPIC({}) CHANNEL({}): disk read failed - {e}; retrying in {}",
-                    r.topic,
-                    r.channel,
-                    nsq_wire::duration::go_duration_string(delay)
-                );
-                if let Some(me) = self.me.borrow().upgrade() {
-                    let (topic, channel) = (r.topic.clone(), r.channel.clone());
-                    glommio::spawn_local(async move {
-                        glommio::timer::sleep(delay).await;
-                        me.retry_unread_read(&topic, &channel);
-                    })
-                    .detach();
-                }
+                let delay = read_failed(ch, &r, &e);
+                self.retry_after(delay, &r, Shard::retry_unread_read);
                 return;
             }
         }
@@ -269,36 +243,54 @@ impl Shard {
                 ch.wants_disk = false;
             }
             Err(e) => {
-                // Retried after a pause that doubles (100 ms .. 5 s): a disk that keeps
-                // failing must not turn into a loop of reads and error lines.
-                ch.disk_failures = ch.disk_failures.saturating_add(1);
-                ch.disk_error = Some(format!(
-                    "TOPIC({}) CHANNEL({}): disk read failed - {e}",
-                    r.topic, r.channel
-                ));
-                let delay = Duration::from_millis(100 << (ch.disk_failures - 1).min(6))
-                    .min(Duration::from_secs(5));
-                log::error!(
-                    "TOPIC({}) CHANNEL({}): disk read failed - {e}; retrying in {}",
-                    r.topic,
-                    r.channel,
-                    nsq_wire::duration::go_duration_string(delay)
-                );
+                let delay = read_failed(ch, &r, &e);
                 ch.wants_disk = false;
                 ch.disk_inflight = true;
-                if let Some(me) = self.me.borrow().upgrade() {
-                    let (topic, channel) = (r.topic.clone(), r.channel.clone());
-                    glommio::spawn_local(async move {
-                        glommio::timer::sleep(delay).await;
-                        me.retry_disk_read(&topic, &channel);
-                    })
-                    .detach();
-                }
+                self.retry_after(delay, &r, Shard::retry_disk_read);
             }
         }
         let out = ch.dispatch(&t.log, Instant::now());
         self.schedule_timer(&r.topic, ch);
         bump(&self.counters.messages_out, out);
         self.schedule_disk_reads(t);
+    }
+}
+
+/// A read from the store for `r` failed: the channel reports it on `/ping` until a read
+/// succeeds, and the error is logged. Returns the pause before the read is tried again,
+/// which doubles from 100 ms up to 5 s: a disk that keeps failing must not turn into a
+/// loop of reads and error lines.
+fn read_failed(
+    ch: &mut crate::channel::Channel,
+    r: &DiskRead,
+    e: &dyn std::fmt::Display,
+) -> Duration {
+    ch.disk_failures = ch.disk_failures.saturating_add(1);
+    ch.disk_error = Some(format!(
+        "TOPIC({}) CHANNEL({}): disk read failed - {e}",
+        r.topic, r.channel
+    ));
+    let delay =
+        Duration::from_millis(100 << (ch.disk_failures - 1).min(6)).min(Duration::from_secs(5));
+    log::error!(
+        "TOPIC({}) CHANNEL({}): disk read failed - {e}; retrying in {}",
+        r.topic,
+        r.channel,
+        nsq_wire::duration::go_duration_string(delay)
+    );
+    delay
+}
+
+impl Shard {
+    /// Runs `retry` for the topic and channel of `r` after `delay`, on this shard.
+    fn retry_after(&self, delay: Duration, r: &DiskRead, retry: fn(&Shard, &str, &str)) {
+        if let Some(me) = self.me.borrow().upgrade() {
+            let (topic, channel) = (r.topic.clone(), r.channel.clone());
+            glommio::spawn_local(async move {
+                glommio::timer::sleep(delay).await;
+                retry(&me, &topic, &channel);
+            })
+            .detach();
+        }
     }
 }
