@@ -150,6 +150,8 @@ pub fn write_blocking(dir: &Path, meta: &TopicMeta) -> std::io::Result<()> {
     crate::faults::check_blocking(crate::faults::Op::Meta)?;
     let tmp = dir.join("meta.json.tmp");
     let total: usize = meta.channels.iter().map(|c| c.pending.len()).sum();
+    // The pending file the new meta.json names, if any.
+    let mut keep = None;
     let data = if total > INLINE_PENDING_MAX {
         let bin = encode_pending(meta);
         let now = std::time::SystemTime::now()
@@ -161,6 +163,7 @@ pub fn write_blocking(dir: &Path, meta: &TopicMeta) -> std::io::Result<()> {
             f.write_all(&bin)?;
             f.sync_all()?;
         }
+        keep = Some(name.clone());
         let mut outline = TopicMeta {
             pending_file: Some(PendingFile {
                 name,
@@ -192,10 +195,6 @@ pub fn write_blocking(dir: &Path, meta: &TopicMeta) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()?;
     // Pending files the new meta.json does not name (the previous one, or one written
     // by a write that failed before its rename) go.
-    let keep = serde_json::from_slice::<TopicMeta>(&data)
-        .ok()
-        .and_then(|m| m.pending_file)
-        .map(|p| p.name);
     if let Ok(rd) = std::fs::read_dir(dir) {
         for e in rd.filter_map(|e| e.ok()) {
             let n = e.file_name().to_string_lossy().into_owned();

@@ -74,15 +74,8 @@ impl Channel {
     /// `--mem-queue-size` ready messages: then it is dropped (nsqd: channel.put, whose
     /// ephemeral backend discards). Returns whether it was kept.
     pub(super) fn put_back(&mut self, msg: Message) -> bool {
-        if let Some(cap) = self.ephemeral_cap {
-            let ready = self
-                .pumped_seen
-                .saturating_sub(self.cursor)
-                .saturating_sub(self.skip.len())
-                + self.requeued_count() as u64;
-            if ready >= cap {
-                return false;
-            }
+        if self.ephemeral_full() {
+            return false;
         }
         self.requeued.push_back(msg);
         true
@@ -90,18 +83,23 @@ impl Channel {
 
     /// As [`Channel::put_back`], for a message whose body is still in the log.
     pub(super) fn put_back_unread(&mut self, seq: u64, attempts: u16) -> bool {
-        if let Some(cap) = self.ephemeral_cap {
+        if self.ephemeral_full() {
+            return false;
+        }
+        self.ready_unread.insert(seq, attempts);
+        true
+    }
+
+    /// True for an `#ephemeral` channel that holds its `--mem-queue-size` ready messages.
+    fn ephemeral_full(&self) -> bool {
+        self.ephemeral_cap.is_some_and(|cap| {
             let ready = self
                 .pumped_seen
                 .saturating_sub(self.cursor)
                 .saturating_sub(self.skip.len())
                 + self.requeued_count() as u64;
-            if ready >= cap {
-                return false;
-            }
-        }
-        self.ready_unread.insert(seq, attempts);
-        true
+            ready >= cap
+        })
     }
 
     /// Holds `msg` until `due` (REQ with a delay, DPUB, recovery). Only its sequence,
