@@ -54,6 +54,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/broker-lib.sh"
 cd "$ROOT"
 
+# A fresh clone builds everything once: incremental caches would only take disk space.
+[[ -n "${CI:-}" ]] && export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+
 CLIENTS_ONLY=0
 PROFILE=debug
 MOCK=0
@@ -476,5 +479,6 @@ for r in "${RESULTS[@]}"; do
 done
 echo
 echo "logs of the broker runs and client scenarios: $LOGDIR"
+echo "target/ takes $(du -sh "$ROOT/target" 2>/dev/null | cut -f1); free on its disk: $(df -h --output=avail "$ROOT" 2>/dev/null | tail -1 | tr -d ' ')"
 echo "$PASSED passed, $FAILED failed, $SKIPPED skipped"
 [[ $FAILED -eq 0 ]]
