@@ -264,6 +264,9 @@ pub struct Topic {
     /// A digest of the metadata last written to the store's `meta.json` (a checkpoint
     /// skips the write when nothing changed; see [`crate::persist::meta_digest`]).
     pub written_meta: Option<u128>,
+    /// That write was fsynced. An answer that waits for the metadata under the default
+    /// policy writes it without a sync; the next checkpoint syncs it.
+    pub(crate) meta_synced: bool,
     /// In the shard's set of topics marked changed ([`crate::Shard::mark`]).
     pub(crate) meta_marked: bool,
     /// The retained range as of the last checkpoint (only with `--retention-time` or
@@ -308,6 +311,7 @@ impl Topic {
             reread_from: None,
             store_error: None,
             written_meta: None,
+            meta_synced: false,
             meta_marked: false,
             retained: Retained::default(),
             segment_newest: BTreeMap::new(),

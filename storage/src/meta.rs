@@ -141,11 +141,21 @@ fn meta_path(dir: &Path) -> PathBuf {
     dir.join("meta.json")
 }
 
-/// Writes `meta` atomically into `dir` (blocking; run it off the executor). `dir` must
-/// exist: it is the topic's, made with its store. A missing one is an error, never
-/// created here: a write that races the topic's delete must not bring the topic's
-/// directory back (it would be recovered, deleted channels and all, at the next start).
+/// Writes `meta` atomically into `dir` and fsyncs it ([`write_to`] with `sync`).
 pub fn write_blocking(dir: &Path, meta: &TopicMeta) -> std::io::Result<()> {
+    write_to(dir, meta, true)
+}
+
+/// Writes `meta` atomically into `dir` (blocking; run it off the executor): a temporary
+/// file renamed over `meta.json`, so a crash leaves the old or the new one, never a mix.
+/// With `sync` the file (and its pending file) and the directory are fsynced before
+/// this returns, so the write also survives power loss; without, it survives the
+/// process (kill -9) and reaches the disk with the kernel's writeback or the next
+/// synced write. `dir` must exist: it is the topic's, made with its store. A missing
+/// one is an error, never created here: a write that races the topic's delete must not
+/// bring the topic's directory back (it would be recovered, deleted channels and all,
+/// at the next start).
+pub fn write_to(dir: &Path, meta: &TopicMeta, sync: bool) -> std::io::Result<()> {
     use std::io::Write;
     crate::faults::check_blocking(crate::faults::Op::Meta)?;
     let tmp = dir.join("meta.json.tmp");
@@ -161,7 +171,9 @@ pub fn write_blocking(dir: &Path, meta: &TopicMeta) -> std::io::Result<()> {
         {
             let mut f = std::fs::File::create(dir.join(&name))?;
             f.write_all(&bin)?;
-            f.sync_all()?;
+            if sync {
+                f.sync_all()?;
+            }
         }
         keep = Some(name.clone());
         let mut outline = TopicMeta {
@@ -189,12 +201,20 @@ pub fn write_blocking(dir: &Path, meta: &TopicMeta) -> std::io::Result<()> {
     {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(&data)?;
-        f.sync_all()?;
+        if sync {
+            f.sync_all()?;
+        }
     }
     std::fs::rename(&tmp, meta_path(dir))?;
-    std::fs::File::open(dir)?.sync_all()?;
+    if sync {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
     // Pending files the new meta.json does not name (the previous one, or one written
-    // by a write that failed before its rename) go.
+    // by a write that failed before its rename) go, once it is synced: until then a
+    // power loss may bring back the previous meta.json, which names its own.
+    if !sync {
+        return Ok(());
+    }
     if let Ok(rd) = std::fs::read_dir(dir) {
         for e in rd.filter_map(|e| e.ok()) {
             let n = e.file_name().to_string_lossy().into_owned();

@@ -24,6 +24,13 @@ impl Shard {
     /// Returns how many topics it looked at: those marked changed, or with retention
     /// every durable topic.
     pub async fn checkpoint(&self) -> usize {
+        self.checkpoint_with(true).await
+    }
+
+    /// [`Shard::checkpoint`], with the metadata writes fsynced (`sync`) or only written
+    /// (see [`nsq_storage::meta::write_to`]). A topic written without a sync stays marked
+    /// changed, so the next synced checkpoint syncs it (written again, as it is then).
+    pub(crate) async fn checkpoint_with(&self, sync: bool) -> usize {
         // Retention by time must run for idle topics too (then every durable topic is
         // visited: `--retention-time` / `--retention-bytes` only); otherwise only the
         // topics marked changed ([`Shard::mark_changed`]) are looked at.
@@ -42,8 +49,14 @@ impl Shard {
                 // `journal_gen` is 0 here; a new journal event also counts as a change.
                 let mut m = topic_meta(t);
                 let written = meta_digest(&m);
-                let changed =
-                    marked && (t.written_meta != Some(written) || st.journal_has_events());
+                let changed = marked
+                    && (t.written_meta != Some(written)
+                        || st.journal_has_events()
+                        || (sync && !t.meta_synced));
+                if marked && !changed && !t.meta_synced {
+                    // Written, not yet synced: kept for the next synced checkpoint.
+                    self.mark(t);
+                }
                 if !changed && !retains {
                     return None;
                 }
@@ -104,7 +117,7 @@ impl Shard {
                     // The list of pending messages and its JSON are let go after the
                     // write: large ones count toward the shard's next heap trim.
                     let listed: usize = m.channels.iter().map(|c| c.pending.len()).sum();
-                    let res = st.write_meta(m).await;
+                    let res = st.write_meta(m, sync).await;
                     crate::memory_freed(listed * 64);
                     res.map(|w| w.then_some((gen, written)))
                 }
@@ -119,6 +132,10 @@ impl Shard {
                     if let Some(t) = topics.get_mut(&name) {
                         if t.store.as_ref().is_some_and(|s| Rc::ptr_eq(s, &st)) {
                             t.written_meta = Some(written);
+                            t.meta_synced = sync;
+                            if !sync {
+                                self.mark(t);
+                            }
                             // What the channels finished since recovery is in this
                             // metadata or in journal events after it: from now on a
                             // crash redelivers only what was finished since (once).

@@ -326,6 +326,7 @@ impl Shard {
             let now_meta = topic_meta(&t);
             if m == now_meta {
                 t.written_meta = Some(meta_digest(&now_meta));
+                t.meta_synced = true;
                 unchanged = true;
             }
         }

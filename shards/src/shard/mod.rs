@@ -281,6 +281,12 @@ impl Shard {
     /// answers that must wait for the metadata on disk (run in their own task: a wake of
     /// the checkpoint task from a connection's task was seen to take up to 20 ms).
     pub async fn run_checkpoint(&self) {
+        self.run_checkpoint_with(true).await;
+    }
+
+    /// [`Shard::run_checkpoint`] with the writes fsynced (`sync`) or only written
+    /// ([`Shard::checkpoint_with`]).
+    async fn run_checkpoint_with(&self, sync: bool) {
         while self.checkpoint_running.get() {
             let t = self.meta_written.ticks();
             self.meta_written.next_tick(t).await;
@@ -299,21 +305,24 @@ impl Shard {
         self.checkpoint_running.set(true);
         let running = Running(self);
         let requested = self.meta_requested.get();
-        self.checkpoint().await;
+        self.checkpoint_with(sync).await;
         drop(running);
         self.meta_written.advance_to(requested);
     }
 
     /// Waits until what changed so far on this shard (each change asks for a
-    /// checkpoint) is in the metadata on disk, writing it now if it is not (a no-op
-    /// without a data path). A failed write is reported by `/ping` (nsqd logs a failed
+    /// checkpoint) is in the metadata files, writing them now if it is not (a no-op
+    /// without a data path). The write follows the sync policy, as a publish does: with
+    /// `--sync-every=1` it is fsynced before this returns (power loss keeps it);
+    /// otherwise it is written (kill -9 keeps it) and fsynced by the next checkpoint,
+    /// within `--sync-timeout`. A failed write is reported by `/ping` (nsqd logs a failed
     /// PersistMetadata and answers all the same).
     pub async fn persist_changes(&self) {
         if self.opts.data_path.is_none() {
             return;
         }
         if self.meta_written.get() < self.meta_requested.get() {
-            self.run_checkpoint().await;
+            self.run_checkpoint_with(self.opts.sync_every <= 1).await;
         }
     }
 

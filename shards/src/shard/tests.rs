@@ -138,6 +138,35 @@ fn a_checkpoint_looks_only_at_the_topics_that_changed() {
 }
 
 #[test]
+fn an_answer_under_the_default_policy_writes_the_metadata_and_the_next_checkpoint_syncs_it() {
+    // `persist_changes` (what `/channel/create` waits for) writes meta.json without an
+    // fsync under the default policy: the file says so at once, and the topic stays
+    // marked until a synced checkpoint has written it; after that an idle checkpoint
+    // looks at nothing.
+    let dir = std::env::temp_dir().join(format!("nsq-shards-unsynced-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    on_durable_shard(&dir, |s, d2| async move {
+        assert!(s.opts.sync_every > 1, "the default policy");
+        s.publish_local("t", vec![Bytes::from_static(b"a")], None)
+            .unwrap();
+        s.admin(AdminOp::CreateChannel("t".into(), "c".into()))
+            .unwrap();
+        s.persist_changes().await;
+        let meta = nsq_storage::topic_dir(&d2, "t").join("meta.json");
+        let text = std::fs::read_to_string(&meta).unwrap();
+        assert!(text.contains("\"c\""), "{text}");
+        assert!(!s.topics.borrow()["t"].meta_synced);
+        assert_eq!(s.checkpoint().await, 1, "the unsynced write is synced");
+        assert!(s.topics.borrow()["t"].meta_synced);
+        assert_eq!(s.checkpoint().await, 0, "nothing left to sync");
+        s.shutdown.set();
+        s.close_stores().await;
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_checkpoint_dropped_mid_write_does_not_stop_the_next_ones() {
     // A connection's task that answers after the metadata is written runs the
     // checkpoint itself; when its client goes away mid-write, the future is dropped.

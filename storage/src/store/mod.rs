@@ -522,13 +522,17 @@ impl TopicStore {
         }
     }
 
-    /// Writes the topic's `meta.json` ([`crate::meta::write_blocking`]) through the held
+    /// Writes the topic's `meta.json` ([`crate::meta::write_to`], fsynced when `sync`) through the held
     /// directory fd, so that it lands in this store's directory and nowhere else: not in
     /// a directory made again under the same name by a later topic, and never a new one.
     /// `Ok(false)`: the topic was deleted before or during the write, so nothing was
     /// written that a start could find (a delete moves the directory aside and removes
     /// it once this write is over); an error of a write cut off by the delete is none.
-    pub async fn write_meta(&self, meta: crate::meta::TopicMeta) -> std::io::Result<bool> {
+    pub async fn write_meta(
+        &self,
+        meta: crate::meta::TopicMeta,
+        sync: bool,
+    ) -> std::io::Result<bool> {
         use std::os::fd::AsRawFd;
         if self.destroyed.get() {
             return Ok(false);
@@ -551,7 +555,7 @@ impl TopicStore {
         let res = glommio::executor()
             .spawn_blocking(move || {
                 let dir = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
-                let res = crate::meta::write_blocking(&dir, &meta);
+                let res = crate::meta::write_to(&dir, &meta, sync);
                 drop(fd);
                 res
             })
