@@ -137,6 +137,31 @@ fn decode_pending(channels: &mut [ChannelMeta], b: &[u8]) -> Option<()> {
     (at == b.len()).then_some(())
 }
 
+/// `syncfs(2)` of the filesystem holding `path` (blocking): flushes every file written
+/// on it, with its directory entries, in one go. A checkpoint writing many topics'
+/// `meta.json` without a sync each ([`write_to`]) makes them durable with it.
+pub fn sync_filesystem(path: &Path) -> std::io::Result<()> {
+    crate::faults::check_blocking(crate::faults::Op::Meta)?;
+    let dir = std::fs::File::open(path)?;
+    rustix::fs::syncfs(&dir).map_err(std::io::Error::from)
+}
+
+/// fsyncs `dir/meta.json` and `dir` (blocking): a `meta.json` written by [`write_to`]
+/// without a sync becomes durable.
+pub fn sync_blocking(dir: &Path) -> std::io::Result<()> {
+    crate::faults::check_blocking(crate::faults::Op::Meta)?;
+    std::fs::File::open(meta_path(dir))?.sync_all()?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// `dir` holds a `pending-<hex>.bin` (named by its meta.json or left by a failed write).
+fn holds_pending_file(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|rd| {
+        rd.filter_map(|e| e.ok())
+            .any(|e| is_pending_file_name(&e.file_name().to_string_lossy()))
+    })
+}
+
 fn meta_path(dir: &Path) -> PathBuf {
     dir.join("meta.json")
 }
@@ -151,7 +176,8 @@ pub fn write_blocking(dir: &Path, meta: &TopicMeta) -> std::io::Result<()> {
 /// With `sync` the file (and its pending file) and the directory are fsynced before
 /// this returns, so the write also survives power loss; without, it survives the
 /// process (kill -9) and reaches the disk with the kernel's writeback or the next
-/// synced write. `dir` must exist: it is the topic's, made with its store. A missing
+/// synced write or [`sync_blocking`] / [`sync_filesystem`]. A write with a pending file
+/// (or into a directory holding one) is synced whatever `sync` says. `dir` must exist: it is the topic's, made with its store. A missing
 /// one is an error, never created here: a write that races the topic's delete must not
 /// bring the topic's directory back (it would be recovered, deleted channels and all,
 /// at the next start).
@@ -160,6 +186,10 @@ pub fn write_to(dir: &Path, meta: &TopicMeta, sync: bool) -> std::io::Result<()>
     crate::faults::check_blocking(crate::faults::Op::Meta)?;
     let tmp = dir.join("meta.json.tmp");
     let total: usize = meta.channels.iter().map(|c| c.pending.len()).sum();
+    // A write that makes or replaces a pending file is always synced: the file must be
+    // on disk before the meta.json naming it, and the one it replaces may only go once
+    // the new meta.json is durable.
+    let sync = sync || total > INLINE_PENDING_MAX || holds_pending_file(dir);
     // The pending file the new meta.json names, if any.
     let mut keep = None;
     let data = if total > INLINE_PENDING_MAX {
@@ -371,16 +401,24 @@ mod tests {
         );
         assert_eq!(read_blocking(d.path()), Ok(Some(m.clone())));
 
-        // A second long write replaces the file; a short one goes inline and removes it.
+        // A second long write replaces the file (synced even when asked for no sync); a
+        // short one goes inline and removes it, also when asked for no sync (a
+        // directory holding a pending file is always written with a sync).
         m.channels[0].pending.pop();
-        write_blocking(d.path(), &m).unwrap();
+        write_to(d.path(), &m, false).unwrap();
         assert_eq!(pending_files(d.path()).len(), 1);
         assert_eq!(read_blocking(d.path()), Ok(Some(m.clone())));
         m.channels[0].pending.truncate(10);
         m.channels[2].pending.clear();
-        write_blocking(d.path(), &m).unwrap();
+        write_to(d.path(), &m, false).unwrap();
         assert!(pending_files(d.path()).is_empty());
         assert_eq!(read_blocking(d.path()), Ok(Some(m.clone())));
+        // Unsynced inline writes, then their sync.
+        m.pumped = 2;
+        write_to(d.path(), &m, false).unwrap();
+        assert_eq!(read_blocking(d.path()), Ok(Some(m.clone())));
+        sync_blocking(d.path()).unwrap();
+        sync_filesystem(d.path()).unwrap();
 
         // A damaged pending file is an error, never a silently shorter list.
         m.channels[2] = chan("c", 70_000);

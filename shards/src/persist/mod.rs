@@ -22,6 +22,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 mod checkpoint;
+pub use checkpoint::SYNCFS_FROM;
 mod recovery;
 
 /// How often the store task looks at records not yet handed to the store.

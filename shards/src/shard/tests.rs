@@ -160,6 +160,19 @@ fn an_answer_under_the_default_policy_writes_the_metadata_and_the_next_checkpoin
         assert_eq!(s.checkpoint().await, 1, "the unsynced write is synced");
         assert!(s.topics.borrow()["t"].meta_synced);
         assert_eq!(s.checkpoint().await, 0, "nothing left to sync");
+        // More topics than SYNCFS_FROM: one syncfs covers them all.
+        let n = crate::persist::SYNCFS_FROM + 5;
+        for i in 0..n {
+            let t = format!("u{i}");
+            s.publish_local(&t, vec![Bytes::from_static(b"a")], None)
+                .unwrap();
+            s.admin(AdminOp::CreateChannel(t, "c".into())).unwrap();
+            s.persist_changes().await;
+        }
+        assert!((0..n).all(|i| !s.topics.borrow()[&format!("u{i}")].meta_synced));
+        assert_eq!(s.checkpoint().await, n);
+        assert!((0..n).all(|i| s.topics.borrow()[&format!("u{i}")].meta_synced));
+        assert_eq!(s.checkpoint().await, 0, "nothing left to sync");
         s.shutdown.set();
         s.close_stores().await;
     });

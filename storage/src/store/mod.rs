@@ -533,6 +533,22 @@ impl TopicStore {
         meta: crate::meta::TopicMeta,
         sync: bool,
     ) -> std::io::Result<bool> {
+        self.in_dir(move |dir| crate::meta::write_to(dir, &meta, sync))
+            .await
+    }
+
+    /// fsyncs the `meta.json` [`TopicStore::write_meta`] wrote without a sync, and the
+    /// directory ([`crate::meta::sync_blocking`]); `Ok(false)` as there.
+    pub async fn sync_meta(&self) -> std::io::Result<bool> {
+        self.in_dir(crate::meta::sync_blocking).await
+    }
+
+    /// Runs `f` on a blocking thread with the path of the held directory fd (see
+    /// [`TopicStore::write_meta`]).
+    async fn in_dir<F>(&self, f: F) -> std::io::Result<bool>
+    where
+        F: FnOnce(&Path) -> std::io::Result<()> + Send + 'static,
+    {
         use std::os::fd::AsRawFd;
         if self.destroyed.get() {
             return Ok(false);
@@ -555,7 +571,7 @@ impl TopicStore {
         let res = glommio::executor()
             .spawn_blocking(move || {
                 let dir = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
-                let res = crate::meta::write_to(&dir, &meta, sync);
+                let res = f(&dir);
                 drop(fd);
                 res
             })
