@@ -38,12 +38,12 @@ impl Shard {
         let work: Vec<Work> = {
             let mut topics = self.topics.borrow_mut();
             let visit = |t: &mut Topic, marked: bool| -> Option<Work> {
-                let st = t.store.clone()?;
+                let st = t.store().cloned()?;
                 // `journal_gen` is 0 here; a new journal event also counts as a change.
                 let mut m = topic_meta(t);
                 let written = meta_digest(&m);
                 let changed =
-                    marked && (t.written_meta != Some(written) || st.journal_has_events());
+                    marked && (t.written_digest() != Some(written) || st.journal_has_events());
                 if !changed && !retains {
                     return None;
                 }
@@ -117,13 +117,13 @@ impl Shard {
                     st.journal_covered(gen).await;
                     let mut topics = self.topics.borrow_mut();
                     if let Some(t) = topics.get_mut(&name) {
-                        if t.store.as_ref().is_some_and(|s| Rc::ptr_eq(s, &st)) {
-                            t.written_meta = Some(written);
+                        if t.store().is_some_and(|s| Rc::ptr_eq(s, &st)) {
+                            t.set_written_digest(written);
                             // What the channels finished since recovery is in this
                             // metadata or in journal events after it: from now on a
                             // crash redelivers only what was finished since (once).
                             for ch in t.channels.values_mut() {
-                                ch.recovered_below = 0;
+                                ch.recovery_checkpointed();
                             }
                         }
                     }
@@ -148,9 +148,7 @@ impl Shard {
             let now_low = {
                 let topics = self.topics.borrow();
                 match topics.get(&name) {
-                    Some(t) if t.store.as_ref().is_some_and(|s| Rc::ptr_eq(s, &st)) => {
-                        t.low_watermark()
-                    }
+                    Some(t) if t.store().is_some_and(|s| Rc::ptr_eq(s, &st)) => t.low_watermark(),
                     _ => continue,
                 }
             };
@@ -226,7 +224,7 @@ impl Shard {
         }
         if let Some(t) = self.topics.borrow_mut().get_mut(topic) {
             // Forget deleted segments.
-            t.segment_newest = t.segment_newest.split_off(&cut);
+            t.forget_segments_below(cut);
         }
         cut
     }
@@ -239,7 +237,7 @@ impl Shard {
         st: &nsq_storage::TopicStore,
         s: &nsq_storage::SegmentInfo,
     ) -> Option<i64> {
-        let memo = |t: &Topic| t.segment_newest.get(&s.base).copied();
+        let memo = |t: &Topic| t.segment_newest(s.base);
         if let Some(ts) = self.topics.borrow().get(topic).and_then(memo) {
             return Some(ts);
         }
@@ -248,7 +246,7 @@ impl Shard {
             Err(_) => return None,
         };
         if let Some(t) = self.topics.borrow_mut().get_mut(topic) {
-            t.segment_newest.insert(s.base, ts);
+            t.remember_segment_newest(s.base, ts);
         }
         Some(ts)
     }
@@ -260,8 +258,8 @@ impl Shard {
             let topics = self.topics.borrow();
             let Some(t) = topics.get(topic) else { return };
             let oldest = t.oldest_retained();
-            let known = (t.retained.oldest_seq == oldest && t.retained.oldest_timestamp != 0)
-                .then_some(t.retained.oldest_timestamp);
+            let known = (t.retained().oldest_seq == oldest && t.retained().oldest_timestamp != 0)
+                .then_some(t.retained().oldest_timestamp);
             let ts = known.or_else(|| t.log.get(oldest).map(|r| r.timestamp));
             (oldest, t.log.head, ts)
         };
@@ -276,12 +274,12 @@ impl Shard {
                 .unwrap_or(0),
         };
         if let Some(t) = self.topics.borrow_mut().get_mut(topic) {
-            t.retained = crate::topic::Retained {
+            t.set_retained(crate::topic::Retained {
                 oldest_seq: oldest,
                 oldest_timestamp,
                 messages: t.log.head.saturating_sub(oldest),
                 bytes,
-            };
+            });
         }
     }
 }

@@ -73,8 +73,8 @@ impl Shard {
     pub fn finish(&self, c: &Client, id: MessageId) -> Result<(), InFlightError> {
         let opts = &self.opts;
         self.with_channel(c, |ch| {
-            if ch.e2e.is_none() && !opts.e2e_percentiles.is_empty() {
-                ch.e2e = Some(crate::quantile::Quantile::new(
+            if ch.e2e().is_none() && !opts.e2e_percentiles.is_empty() {
+                ch.start_e2e(crate::quantile::Quantile::new(
                     opts.e2e_window,
                     &opts.e2e_percentiles,
                     crate::message::now_unix_nanos(),
@@ -103,7 +103,7 @@ impl Shard {
         };
         let mut timers = self.timers.borrow_mut();
         let earliest = timers.next_due().is_none_or(|d| due < d);
-        timers.push(due, (topic.to_string(), ch.name.clone()));
+        timers.push(due, (topic.to_string(), ch.name().to_string()));
         drop(timers);
         if earliest {
             self.timer_wake.notify();
@@ -158,7 +158,7 @@ impl Shard {
             let moved = ch.process_timers(now) > 0;
             if moved {
                 out += ch.dispatch(&t.log, now);
-                disk = ch.wants_disk || ch.wants_read(t.log.base);
+                disk = ch.wants_disk() || ch.wants_read(t.log.base);
             }
             self.schedule_timer(&tn, ch);
             if moved {

@@ -235,8 +235,7 @@ impl Shard {
     /// [`Shard::mark_changed`] for a topic at hand: a field test on every call after the
     /// first (this runs for every publish and FIN), one insert per checkpoint interval.
     pub(crate) fn mark(&self, t: &mut Topic) {
-        if self.opts.data_path.is_some() && !t.meta_marked {
-            t.meta_marked = true;
+        if self.opts.data_path.is_some() && t.mark_changed() {
             self.meta_changed.borrow_mut().insert(t.name.clone());
         }
     }
@@ -248,7 +247,7 @@ impl Shard {
         let mut topics = self.topics.borrow_mut();
         for name in &names {
             if let Some(t) = topics.get_mut(name) {
-                t.meta_marked = false;
+                t.clear_changed();
             }
         }
         names
@@ -327,7 +326,7 @@ impl Shard {
                     .map(|c| c.disk_buffered_bytes())
                     .sum::<usize>(),
         );
-        if let Some(st) = &t.store {
+        if let Some(st) = t.store() {
             st.destroy();
         }
         self.notify_lookup(LookupEvent::Unregister(t.name.clone(), None));
@@ -345,7 +344,7 @@ impl Shard {
             log::info!("TOPIC({name}): created");
             self.notify_lookup(LookupEvent::Register(name.to_string(), None));
             let mut t = Topic::new(name, self.opts.node_id);
-            t.store_mode = self.store_mode();
+            t.set_store_mode(self.store_mode());
             if let (Some(_), false) = (&self.opts.data_path, t.ephemeral) {
                 if let Err(e) = self.create_store(&mut t, true) {
                     // `e` names the topic already.
@@ -377,9 +376,8 @@ impl Shard {
 /// records are not yet handed to its store or not yet readable from disk (see
 /// `Topic::trim`).
 fn memory_may_shrink(t: &Topic) -> bool {
-    t.store
-        .as_ref()
-        .is_some_and(|st| t.stored < t.log.head || st.readable_seq() < st.next_seq())
+    t.store()
+        .is_some_and(|st| t.stored() < t.log.head || st.readable_seq() < st.next_seq())
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ impl Shard {
         };
         if let Some(e) = self.failed_recoveries.borrow().get(&t.name) {
             // Its data is still in the directory: a new store there would overwrite it.
-            t.store_error = Some(e.clone());
+            t.set_store_error(e.clone());
             return Err(e.clone());
         }
         let dir = nsq_storage::topic_dir(dp, &t.name);
@@ -37,21 +37,18 @@ impl Shard {
             }
             Some(Err(e)) => Err(nsq_storage::StoreError::new(std::io::ErrorKind::Other, e)),
             None if self.opts.segment_io == nsq_storage::SegmentIo::Threads && !new_topic => {
-                return Err(t.store_error.clone().unwrap_or_default());
+                return Err(t.store_error().unwrap_or_default().to_string());
             }
             None => nsq_storage::TopicStore::create(dir, self.store_config(), t.log.head),
         };
         match created {
             Ok(st) => {
-                t.store = Some(st);
-                t.stored = t.log.head;
-                t.reread_from = Some(t.log.head);
-                for ch in t.channels.values_mut() {
-                    ch.reread = t.reread_from.zip(t.store.clone());
-                }
+                let head = t.log.head;
+                t.set_stored(head);
+                t.attach_store(st, head);
                 self.missing_stores.borrow_mut().remove(&t.name);
                 self.mark(t);
-                if t.store_error.take().is_some() {
+                if t.take_store_error() {
                     log::info!("TOPIC({}): durable store created", t.name);
                     self.request_checkpoint();
                 }
@@ -59,7 +56,7 @@ impl Shard {
             }
             Err(e) => {
                 let e = format!("TOPIC({}): no durable store - {e}", t.name);
-                t.store_error = Some(e.clone());
+                t.set_store_error(e.clone());
                 self.missing_stores.borrow_mut().insert(t.name.clone());
                 Err(e)
             }
@@ -86,7 +83,7 @@ impl Shard {
         let mut topics = self.topics.borrow_mut();
         for name in names {
             match topics.get_mut(&name) {
-                Some(t) if t.store.is_none() && t.store_error.is_some() => {
+                Some(t) if t.store().is_none() && t.store_error().is_some() => {
                     let _ = self.create_store(t, false);
                 }
                 _ => {
@@ -123,7 +120,7 @@ impl Shard {
                 .topics
                 .borrow()
                 .get(topic)
-                .is_none_or(|t| t.store.is_none())
+                .is_none_or(|t| t.store().is_none())
     }
 
     /// Makes and opens the directory of `topic`'s store on the blocking thread when
@@ -148,7 +145,7 @@ impl Shard {
                 .topics
                 .borrow()
                 .get(topic)
-                .is_none_or(|t| t.store.is_none())
+                .is_none_or(|t| t.store().is_none())
         {
             self.prepared_dirs
                 .borrow_mut()

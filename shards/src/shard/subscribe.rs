@@ -67,7 +67,7 @@ impl Shard {
         let mut delete_channel = false;
         if let Some(channel) = topic.channels.get_mut(&ch) {
             channel.remove_client(c.id);
-            delete_channel = channel.ephemeral && channel.clients.is_empty();
+            delete_channel = channel.is_ephemeral() && channel.clients().is_empty();
         }
         if delete_channel {
             topic.channels.remove(&ch);
@@ -101,7 +101,7 @@ impl Shard {
                 topic.to_string(),
                 Some(channel.to_string()),
             ));
-            created = t.store.is_some() && !crate::names::is_ephemeral(channel);
+            created = t.store().is_some() && !crate::names::is_ephemeral(channel);
         }
         let ch = t.channels.get_mut(channel).expect("created above");
         ch.add_client(c.clone(), self.opts.max_channel_consumers)

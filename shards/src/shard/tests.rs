@@ -225,7 +225,7 @@ fn deferred_messages_hold_no_body_and_are_read_back_from_disk_when_due() {
             let topics = s.topics.borrow();
             let ch = &topics["t"].channels["c"];
             assert_eq!(ch.deferred_count(), 100);
-            assert_eq!(ch.deferred_bodies.len(), 100, "held until written");
+            assert_eq!(ch.deferred_bodies_count(), 100, "held until written");
         }
         // Written, then (90 of them) out of the memory tail.
         s.pump_stores(true);
@@ -238,9 +238,7 @@ fn deferred_messages_hold_no_body_and_are_read_back_from_disk_when_due() {
         })
         .await;
         assert!(
-            s.topics.borrow()["t"].channels["c"]
-                .deferred_bodies
-                .is_empty(),
+            s.topics.borrow()["t"].channels["c"].deferred_bodies_count() == 0,
             "no body held once written"
         );
         let c = client(&s);
@@ -283,10 +281,10 @@ fn deferred_messages_hold_no_body_and_are_read_back_from_disk_when_due() {
             let t = &topics["t"];
             let ch = &t.channels["c"];
             assert_eq!(ch.deferred_count(), 100);
-            assert!(ch.deferred_bodies.is_empty(), "no body read at start");
+            assert_eq!(ch.deferred_bodies_count(), 0, "no body read at start");
             // The 101 in flight before the restart are ready again, bodies unread.
             assert_eq!(ch.requeued_count(), 101);
-            assert_eq!(ch.ready_unread.len(), 101);
+            assert_eq!(ch.ready_unread_count(), 101);
         }
         let c2 = client(&s2);
         s2.subscribe(&c2, "t", "c").unwrap();
@@ -402,7 +400,7 @@ fn a_topic_that_failed_to_load_is_unhealthy_and_keeps_its_data() {
         );
         s.retry_missing_stores();
         assert!(
-            s.topics.borrow()["t"].store.is_none(),
+            s.topics.borrow()["t"].store().is_none(),
             "no store made afresh"
         );
         assert_eq!(s.health().as_deref(), Some(e));
