@@ -136,10 +136,7 @@ impl Shard {
                         "STORE: metadata write for {} failed - {e}",
                         st.dir().display()
                     );
-                    let (log, last) = &self.meta_error_log;
-                    let same = *last.borrow() == cause;
-                    log.error(same, format_args!("{e}"));
-                    *last.borrow_mut() = cause;
+                    self.meta.log_error(cause, &e);
                     meta_error = Some(e);
                 }
             }
@@ -180,7 +177,7 @@ impl Shard {
         }
         // A topic whose write failed is still changed, so each checkpoint retries it:
         // the error stands (`/ping`) until one succeeds.
-        *self.meta_error.borrow_mut() = meta_error;
+        self.meta.set_error(meta_error);
         visited
     }
 

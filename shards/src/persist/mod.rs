@@ -158,7 +158,7 @@ impl Shard {
     pub async fn store_loop(self: Rc<Self>) {
         use futures::future::{select, Either};
         loop {
-            let wake = std::pin::pin!(self.store_wake.wait());
+            let wake = std::pin::pin!(self.stores.wake().wait());
             let stop = std::pin::pin!(self.shutdown.wait());
             if let Either::Right(_) = select(wake, stop).await {
                 return;

@@ -89,6 +89,30 @@ impl RestoredPending {
     }
 }
 
+/// Why a topic's data could not be loaded at start-up. Its `Display` is the cause
+/// alone; the shard logs and reports `TOPIC(<name>): recovery failed - <cause>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecoveryError {
+    /// Its segment store could not be opened (the store's error).
+    Open(nsq_storage::StoreError),
+}
+
+impl std::fmt::Display for RecoveryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecoveryError::Open(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for RecoveryError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RecoveryError::Open(e) => Some(e),
+        }
+    }
+}
+
 impl Shard {
     /// Loads every topic under `--data-path` that this shard owns (by name hash).
     pub async fn recover(self: &Rc<Self>) {
@@ -111,7 +135,7 @@ impl Shard {
             .await;
         for dir_name in names {
             if dir_name.starts_with(".deleted-") {
-                if self.index == 0 {
+                if self.index() == 0 {
                     let p = root.join(&dir_name);
                     let _ = glommio::executor()
                         .spawn_blocking(move || std::fs::remove_dir_all(p))
@@ -125,7 +149,7 @@ impl Shard {
             if !crate::names::is_valid_topic_name(name) || crate::names::is_ephemeral(name) {
                 continue;
             }
-            if owner_of(name, self.count) != self.index {
+            if owner_of(name, self.count()) != self.index() {
                 continue;
             }
             let started = Instant::now();
@@ -151,9 +175,7 @@ impl Shard {
                 Err(e) => {
                     let e = format!("TOPIC({name}): recovery failed - {e}");
                     log::error!("{e}");
-                    self.failed_recoveries
-                        .borrow_mut()
-                        .insert(name.to_string(), e);
+                    self.meta.recovery_failed(name, e);
                 }
             }
         }
@@ -166,9 +188,11 @@ impl Shard {
         &self,
         name: &str,
         dir: PathBuf,
-    ) -> Result<(u64, usize, (usize, usize, u64)), String> {
+    ) -> Result<(u64, usize, (usize, usize, u64)), RecoveryError> {
         let keep = self.opts.mem_queue_size.max(1) as usize;
-        let rec = nsq_storage::TopicStore::open(dir.clone(), self.store_config(), keep).await?;
+        let rec = nsq_storage::TopicStore::open(dir.clone(), self.store_config(), keep)
+            .await
+            .map_err(RecoveryError::Open)?;
         let d2 = dir.clone();
         let m = glommio::executor()
             .spawn_blocking(move || meta::read_blocking(&d2))

@@ -36,7 +36,8 @@ impl Shard {
         let mut topics = self.topics.borrow_mut();
         let t = self.get_or_create_topic(&mut topics, topic);
         if t.store().is_none() && t.store_error().is_some() {
-            self.create_store(t, false).map_err(PublishError::Disk)?;
+            self.create_store(t, false)
+                .map_err(|e| PublishError::Disk(e.to_string()))?;
         }
         if let Some(st) = t.store() {
             // A failing disk holds what it could not write in memory until it heals;
@@ -67,7 +68,7 @@ impl Shard {
         });
         self.dispatch_topic(t);
         if memory_may_shrink(t) {
-            self.trim_pending.borrow_mut().insert(t.name.clone());
+            self.timers.trim_pending.borrow_mut().insert(t.name.clone());
         }
         Ok(wait)
     }
@@ -96,7 +97,7 @@ impl Shard {
         t.pump(mq);
         self.dispatch_topic(t);
         if memory_may_shrink(t) {
-            self.trim_pending.borrow_mut().insert(t.name.clone());
+            self.timers.trim_pending.borrow_mut().insert(t.name.clone());
         }
     }
 }

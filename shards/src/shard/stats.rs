@@ -21,8 +21,8 @@ impl Shard {
                     .and_then(|s| s.error().map(String::from))
                     .or_else(|| t.store_error().map(String::from))
             })
-            .or_else(|| self.meta_error.borrow().clone())
-            .or_else(|| self.failed_recoveries.borrow().values().next().cloned())
+            .or_else(|| self.meta.error())
+            .or_else(|| self.meta.any_failed_recovery())
             .or_else(|| {
                 topics
                     .values()
@@ -42,10 +42,10 @@ impl Shard {
         names.sort();
         let mut out = Vec::new();
         let mut counters = ShardCounters {
-            shard: self.index,
-            cpu: self.cpu,
+            shard: self.index(),
+            cpu: self.place.cpu,
             topics: topics.len(),
-            clients: self.clients.borrow().len(),
+            clients: self.clients.map.borrow().len(),
             messages_in: self.counters.messages_in.get(),
             bytes_in: self.counters.bytes_in.get(),
             messages_out: self.counters.messages_out.get(),
@@ -124,7 +124,7 @@ impl Shard {
         }
         let mut producers = Vec::new();
         if req.include_clients {
-            let clients = self.clients.borrow();
+            let clients = self.clients.map.borrow();
             let mut list: Vec<Rc<Client>> = clients.values().filter_map(|w| w.upgrade()).collect();
             list.sort_by_key(|c| c.id);
             for c in list {
@@ -133,7 +133,7 @@ impl Shard {
                 }
             }
         }
-        let client_count = self.clients.borrow().len();
+        let client_count = self.clients.map.borrow().len();
         ShardStats {
             topics: out,
             producers,

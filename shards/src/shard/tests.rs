@@ -1,7 +1,7 @@
 //! SUB, pause and delete through the shard (no store, no runtime needed).
 
 use super::*;
-use crate::client::{ClientSettings, ClientState};
+use crate::client::{Client, ClientSettings, ClientState};
 use crate::mesh::{AdminError, AdminOp};
 use crate::message::MessageId;
 use crate::topic::PublishError;
@@ -156,9 +156,9 @@ fn a_checkpoint_dropped_mid_write_does_not_stop_the_next_ones() {
                 futures::poll!(fut.as_mut()).is_pending(),
                 "the metadata write waits for the disk"
             );
-            assert!(s.checkpoint_running.get());
+            assert!(s.meta.running.get());
         }
-        assert!(!s.checkpoint_running.get(), "released when dropped");
+        assert!(!s.meta.running.get(), "released when dropped");
         let next = glommio::timer::timeout(Duration::from_secs(10), async {
             s.persist_changes().await;
             Ok(())
@@ -388,9 +388,7 @@ fn a_topic_that_failed_to_load_is_unhealthy_and_keeps_its_data() {
     on_durable_shard(&dir, |s, _| async move {
         assert_eq!(s.health(), None);
         let e = "TOPIC(t): recovery failed - Too many open files (os error 24)";
-        s.failed_recoveries
-            .borrow_mut()
-            .insert("t".into(), e.into());
+        s.meta.recovery_failed("t", e.into());
         assert_eq!(s.health().as_deref(), Some(e));
         let r = s.publish_local("t", vec![Bytes::from_static(b"new")], None);
         assert!(
