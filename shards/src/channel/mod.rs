@@ -53,8 +53,8 @@ pub struct InFlight {
 
 /// A message waiting for its due time: 32 bytes. Its body is not here: it stays in the
 /// topic's log (memory tail or store) and is read back when the message falls due
-/// (a channel's `ready_unread`), or, where the log cannot give it back (a topic without
-/// a store), in the channel's `deferred_bodies`.
+/// (the `unread` part of a channel's ready queue), or, where the log cannot give it back
+/// (a topic without a store), in the `bodies` of the channel's deferred queue.
 #[derive(Clone, Copy, Debug)]
 pub struct Deferred {
     pub due: Instant,

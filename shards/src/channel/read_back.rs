@@ -260,7 +260,7 @@ impl Channel {
     }
 
     /// The read that brings back the bodies of messages ready again below the memory
-    /// tail (`ready_unread`), if one should start now: none is under way and a client
+    /// tail (the ready queue's `unread`), if one should start now: none is under way and a client
     /// can take messages. Returns the first sequence and how many records to read: up
     /// to the last wanted one within the clients' room, at most [`DISK_READ_BATCH`].
     pub fn unread_read_from(&self, log_base: u64) -> Option<(u64, usize)> {
@@ -291,7 +291,7 @@ impl Channel {
         self.disk_read_from(log_base).is_some() || self.unread_read_from(log_base).is_some()
     }
 
-    /// Records read from the store at `from` for `ready_unread` arrived: the wanted
+    /// Records read from the store at `from` for the ready queue's `unread` arrived: the wanted
     /// ones become ready messages (bodies copied out of the read's window, so that a
     /// held message does not pin it). Wanted sequences the read covered but did not
     /// return are gone from the store (finished everywhere before they were due to be

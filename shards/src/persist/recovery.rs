@@ -18,7 +18,7 @@ const SEQ_MAX: u64 = 1 << 62;
 
 /// Brings back a recovered channel's unfinished messages with attempts and due time,
 /// without their bodies: those stay in the log and are read back when the message is
-/// due for delivery (see `Channel::ready_unread`), so start-up reads no body whatever
+/// due for delivery (see `Channel::ready_unread_count`), so start-up reads no body whatever
 /// the count of pending or deferred messages. One whose record turns out to be missing
 /// (every channel finished it after the checkpoint and before it was due to be written)
 /// is dropped then. Deferred ones are collected and heaped at once (O(n)).

@@ -59,7 +59,7 @@ pub enum LookupEvent {
 /// until then. It must not touch the shard's topics synchronously.
 pub type TopicCreatedHook = Box<dyn Fn(&str, u64) -> bool>;
 
-/// Counters kept per shard (the per-shard /stats section).
+/// Counters kept per shard (the per-shard /stats section), one field per counter.
 #[derive(Default)]
 pub struct Counters {
     pub messages_in: Cell<u64>,
