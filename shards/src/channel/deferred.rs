@@ -107,13 +107,14 @@ impl DeferredQueue {
     }
 
     /// Gives back what a burst made the heap grow to (see
-    /// [`shrink_sparse`](super::in_flight::shrink_sparse)); returns the bytes.
+    /// [`shrink_target`](super::in_flight::shrink_target)); returns the bytes.
     pub(super) fn shrink(&mut self) -> usize {
-        super::in_flight::shrink_sparse(
-            &mut self.pqueue,
-            BinaryHeap::len,
-            BinaryHeap::capacity,
-            |h, n| h.shrink_to(n),
-        )
+        let Some(to) = super::in_flight::shrink_target(self.pqueue.len(), self.pqueue.capacity())
+        else {
+            return 0;
+        };
+        let before = self.pqueue.capacity();
+        self.pqueue.shrink_to(to);
+        (before - self.pqueue.capacity()) * std::mem::size_of::<Reverse<Deferred>>()
     }
 }

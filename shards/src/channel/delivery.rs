@@ -51,14 +51,14 @@ impl ReadyQueue {
     }
 
     /// Gives back what a burst made the requeue queue grow to (see
-    /// [`shrink_sparse`](super::in_flight::shrink_sparse)); returns the bytes.
+    /// [`shrink_target`](super::in_flight::shrink_target)); returns the bytes.
     pub(super) fn shrink(&mut self) -> usize {
-        super::in_flight::shrink_sparse(
-            &mut self.requeued,
-            VecDeque::len,
-            VecDeque::capacity,
-            |q, n| q.shrink_to(n),
-        )
+        let (len, capacity) = (self.requeued.len(), self.requeued.capacity());
+        let Some(to) = super::in_flight::shrink_target(len, capacity) else {
+            return 0;
+        };
+        self.requeued.shrink_to(to);
+        (capacity - self.requeued.capacity()) * std::mem::size_of::<Message>()
     }
 }
 

@@ -115,46 +115,40 @@ impl InFlightTable {
         }
     }
 
-    /// [`shrink_sparse`] of the heap and the map; returns the bytes given back.
+    /// Shrinks the heap and the map where they are sparse (see [`shrink_target`]);
+    /// returns the bytes given back.
     fn shrink(&mut self) -> usize {
-        shrink_sparse(
-            &mut self.pqueue,
-            BinaryHeap::len,
-            BinaryHeap::capacity,
-            |h, n| h.shrink_to(n),
-        ) + shrink_sparse(&mut self.messages, IdMap::len, IdMap::capacity, |m, n| {
-            m.shrink_to(n)
-        })
+        let mut freed = 0;
+        if let Some(to) = shrink_target(self.pqueue.len(), self.pqueue.capacity()) {
+            let before = self.pqueue.capacity();
+            self.pqueue.shrink_to(to);
+            freed += (before - self.pqueue.capacity())
+                * std::mem::size_of::<Reverse<(Instant, MessageId)>>();
+        }
+        if let Some(to) = shrink_target(self.messages.len(), self.messages.capacity()) {
+            let before = self.messages.capacity();
+            self.messages.shrink_to(to);
+            freed += before.saturating_sub(self.messages.capacity())
+                * std::mem::size_of::<(MessageId, InFlight)>();
+        }
+        freed
     }
 }
 
 /// Collections smaller than this (in entries) keep their capacity.
 const SHRINK_MIN: usize = 4096;
 
-/// Halves what a burst made a collection grow to (a million deferred messages, a wide
-/// in-flight window) once it holds a quarter of it or less: a `BinaryHeap`, `VecDeque`
-/// or map otherwise keeps its largest capacity for good. Halving at a quarter keeps the
-/// cost amortized O(1) per message. Returns the bytes given back.
-pub(super) fn shrink_sparse<C, T>(
-    c: &mut C,
-    len: fn(&C) -> usize,
-    capacity: fn(&C) -> usize,
-    shrink_to: fn(&mut C, usize),
-) -> usize
-where
-    C: IntoIterator<Item = T>,
-{
-    let (n, before) = (len(c), capacity(c));
-    if before < SHRINK_MIN || n > before / 4 {
-        return 0;
-    }
-    shrink_to(c, (n * 2).max(SHRINK_MIN / 4));
-    before.saturating_sub(capacity(c)) * std::mem::size_of::<T>()
+/// The capacity to shrink a collection of `len` entries and `capacity` to, once it holds
+/// a quarter of it or less: a burst (a million deferred messages, a wide in-flight
+/// window) would otherwise leave a `BinaryHeap`, `VecDeque` or map at its largest
+/// capacity for good. Halving at a quarter keeps the cost amortized O(1) per message.
+pub(super) fn shrink_target(len: usize, capacity: usize) -> Option<usize> {
+    (capacity >= SHRINK_MIN && len <= capacity / 4).then(|| (len * 2).max(SHRINK_MIN / 4))
 }
 
 impl Channel {
     /// Gives back what a burst made the channel's collections grow to (see
-    /// [`shrink_sparse`]) and counts it for the shard's heap trim
+    /// [`shrink_target`]) and counts it for the shard's heap trim
     /// ([`crate::memory_freed`]).
     fn shrink_if_sparse(&mut self) {
         let freed = self.deferred.shrink() + self.in_flight.shrink() + self.ready.shrink();
