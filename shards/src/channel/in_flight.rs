@@ -162,7 +162,7 @@ impl Channel {
         // the shard's next heap trim either way (an estimate that errs toward trimming).
         crate::memory_freed(f.msg.body.len());
         self.shrink_if_sparse();
-        if let Some(q) = self.stats.e2e.as_mut() {
+        if let Some(q) = self.counters.e2e.as_mut() {
             q.insert(crate::message::now_unix_nanos(), f.msg.timestamp);
         }
         if f.msg.attempts >= 2 || f.msg.seq < self.journal.recovered_below {
@@ -192,7 +192,7 @@ impl Channel {
         let f = self.in_flight.take_owned(client, id)?;
         client.in_flight.set((client.in_flight.get() - 1).max(0));
         client.requeue_count.set(client.requeue_count.get() + 1);
-        self.stats.requeue_count += 1;
+        self.counters.requeue_count += 1;
         if delay.is_zero() {
             self.journal(EventKind::Requeued, &f.msg, 0);
             self.put_back(f.msg);
@@ -227,7 +227,7 @@ impl Channel {
     pub fn process_timers(&mut self, now: Instant) -> usize {
         let mut moved = 0;
         while let Some(f) = self.in_flight.pop_timed_out(now) {
-            self.stats.timeout_count += 1;
+            self.counters.timeout_count += 1;
             f.client
                 .in_flight
                 .set((f.client.in_flight.get() - 1).max(0));

@@ -1,6 +1,7 @@
-//! A channel: a cursor into its topic's log plus the requeue queue, the in-flight table
-//! and heap (by timeout) and the deferred heap (by due time) (nsqd: channel.go,
-//! in_flight_pqueue.go, protocol_v2.go messagePump).
+//! A channel: a cursor into its topic's log plus the ready queue (`delivery.rs`), the
+//! in-flight table and heap by timeout (`in_flight.rs`), the deferred heap by due time
+//! (`deferred.rs`) and what it reads back from the store (`read_back.rs`) (nsqd:
+//! channel.go, in_flight_pqueue.go, protocol_v2.go messagePump).
 
 use crate::client::{Client, ClientState};
 use crate::message::{Message, MessageId};
@@ -167,7 +168,7 @@ pub struct Channel {
     deferred: DeferredQueue,
     read_ahead: ReadAhead,
     consumers: Consumers,
-    stats: ChannelStats,
+    counters: ChannelCounters,
     journal: Journal,
     /// The earliest instant this channel is registered at in its shard's timer queue
     /// (crate::timers), if any.
@@ -193,7 +194,7 @@ struct Consumers {
 /// A channel's counters for `/stats` (nsqd: Channel.messageCount, requeueCount,
 /// timeoutCount, e2eProcessingLatencyStream).
 #[derive(Default)]
-struct ChannelStats {
+struct ChannelCounters {
     message_count: u64,
     requeue_count: u64,
     timeout_count: u64,
@@ -235,7 +236,7 @@ impl Channel {
                 clients: Vec::new(),
                 next: 0,
             },
-            stats: ChannelStats::default(),
+            counters: ChannelCounters::default(),
             journal: Journal::default(),
             timer_scheduled: None,
         }
@@ -296,22 +297,22 @@ impl Channel {
     /// Messages the topic handed to this channel (stats `message_count`; requeues and
     /// timeouts do not add to it).
     pub fn message_count(&self) -> u64 {
-        self.stats.message_count
+        self.counters.message_count
     }
 
     /// REQs, delayed or not (stats `requeue_count`).
     pub fn requeue_count(&self) -> u64 {
-        self.stats.requeue_count
+        self.counters.requeue_count
     }
 
     /// In-flight messages that timed out (stats `timeout_count`).
     pub fn timeout_count(&self) -> u64 {
-        self.stats.timeout_count
+        self.counters.timeout_count
     }
 
     /// FIN latencies, when `--e2e-processing-latency-percentile` is set and a FIN came.
     pub fn e2e(&self) -> Option<&crate::quantile::Quantile> {
-        self.stats.e2e.as_ref()
+        self.counters.e2e.as_ref()
     }
 
     /// Calls `f` with the sequence, attempts and due time (deferred ones only) of every
@@ -377,7 +378,7 @@ impl Channel {
 
     /// The topic pumped `n` messages to this channel (stats `message_count`).
     pub(crate) fn count_pumped(&mut self, n: u64) {
-        self.stats.message_count += n;
+        self.counters.message_count += n;
     }
 
     /// Bodies of deferred messages held because the store cannot give them back (yet).
@@ -393,7 +394,7 @@ impl Channel {
 
     /// Starts recording FIN latencies into `q` (`--e2e-processing-latency-percentile`).
     pub(crate) fn start_e2e(&mut self, q: crate::quantile::Quantile) {
-        self.stats.e2e = Some(q);
+        self.counters.e2e = Some(q);
     }
 
     /// Journals an event of this channel when it is durable.
