@@ -216,7 +216,7 @@ pub fn install_channel_query(server: &Rc<Server>) {
         .detach();
         true
     };
-    *server.shard.topic_created.borrow_mut() = Some(Box::new(hook));
+    server.shard.lookup.set_topic_created(Box::new(hook));
 }
 
 /// The V1 command line for an event.
@@ -500,7 +500,7 @@ async fn reconcile(server: &Server, peers: &mut Vec<Peer>, want: &[String]) {
 /// peer, follows run-time changes of the peer list, redials lost peers (with backoff)
 /// and pings every peer every `--lookupd-ping-interval` (15 s).
 pub async fn lookup_loop(server: Rc<Server>) {
-    let inbox = &server.shard.lookup_events;
+    let lookup = &server.shard.lookup;
     let ping_interval = server.cfg.flags.lookupd_ping_interval;
     let mut registry = Registry::default();
     let mut peers: Vec<Peer> = Vec::new();
@@ -513,7 +513,7 @@ pub async fn lookup_loop(server: Rc<Server>) {
             seen_gen = gen;
             reconcile(&server, &mut peers, &peer_addresses(&server)).await;
         }
-        let events: Vec<LookupEvent> = std::mem::take(&mut *inbox.borrow_mut());
+        let events: Vec<LookupEvent> = lookup.take_events();
         for ev in &events {
             registry.apply(ev);
             let cmd = command(ev);
@@ -522,7 +522,7 @@ pub async fn lookup_loop(server: Rc<Server>) {
                 p.command(&server, &registry, Some(cmd.as_bytes())).await;
             }
         }
-        if !inbox.borrow().is_empty() || server.shard.node.lookupd_generation() != seen_gen {
+        if lookup.has_events() || server.shard.node.lookupd_generation() != seen_gen {
             continue;
         }
         let now = Instant::now();
@@ -540,7 +540,7 @@ pub async fn lookup_loop(server: Rc<Server>) {
                 p.command(&server, &registry, None).await;
             }
         }
-        if !inbox.borrow().is_empty() || server.shard.node.lookupd_generation() != seen_gen {
+        if lookup.has_events() || server.shard.node.lookupd_generation() != seen_gen {
             continue;
         }
         let mut wake_at = next_ping;
@@ -551,7 +551,7 @@ pub async fn lookup_loop(server: Rc<Server>) {
                 }
             }
         }
-        let wake = std::pin::pin!(server.shard.lookup_wake.wait());
+        let wake = std::pin::pin!(lookup.wake().wait());
         let stop = std::pin::pin!(server.shard.shutdown.wait());
         let sleep = std::pin::pin!(glommio::timer::sleep(
             wake_at.saturating_duration_since(Instant::now())

@@ -201,8 +201,7 @@ pub(crate) fn handle_mesh(server: &Rc<Server>, msg: ShardMsg) {
             }
         }
         ShardMsg::Lookup(events) => {
-            shard.lookup_events.borrow_mut().extend(events);
-            shard.lookup_wake.notify();
+            shard.lookup.extend(events);
         }
         ShardMsg::NodeChange { update, reply } => {
             // It waits for every shard: not on the mesh receiver's task.

@@ -55,8 +55,8 @@ impl Server {
         bodies: Vec<Bytes>,
         defer_until: Option<Instant>,
     ) -> Result<(), PublishError> {
-        let owner = owner_of(topic, self.shard.count);
-        if owner == self.shard.index {
+        let owner = owner_of(topic, self.shard.count());
+        if owner == self.shard.index() {
             self.shard.prepare_store(topic).await;
             let wait = self.shard.publish_local(topic, bodies, defer_until)?;
             return wait_durable(wait).await;
@@ -81,8 +81,8 @@ impl Server {
     /// Runs an admin operation on the topic's owner.
     pub async fn admin(&self, op: AdminOp) -> Result<(), AdminError> {
         let topic = op.topic().to_string();
-        let owner = owner_of(&topic, self.shard.count);
-        if owner == self.shard.index {
+        let owner = owner_of(&topic, self.shard.count());
+        if owner == self.shard.index() {
             return self.shard.admin_async(op).await;
         }
         let Some(mesh) = self.mesh() else {
@@ -107,7 +107,7 @@ impl Server {
     /// on shard 0, which owns them, at once; from another shard through shard 0. Returns
     /// once every shard has it.
     pub async fn change_node_settings(&self, update: NodeUpdate) {
-        if self.shard.index == 0 {
+        if self.shard.index() == 0 {
             return self.apply_node_settings_everywhere(update).await;
         }
         let Some(mesh) = self.mesh() else {
@@ -127,11 +127,11 @@ impl Server {
     pub async fn apply_node_settings_everywhere(&self, update: NodeUpdate) {
         self.shard.node.apply(&update);
         if let NodeUpdate::LookupdTcpAddresses(_) = update {
-            self.shard.lookup_wake.notify();
+            self.shard.lookup.wake().notify();
         }
         let Some(mesh) = self.mesh() else { return };
         let mut acks = Vec::new();
-        for i in (0..self.shard.count).filter(|&i| i != self.shard.index) {
+        for i in (0..self.shard.count()).filter(|&i| i != self.shard.index()) {
             let (tx, rx) = oneshot::channel();
             let msg = ShardMsg::NodeApply {
                 update: update.clone(),
@@ -148,9 +148,9 @@ impl Server {
 
     /// Every shard's stats, in shard order.
     pub async fn gather_stats(&self, req: &StatsRequest) -> Vec<ShardStats> {
-        let mut out = Vec::with_capacity(self.shard.count);
-        for i in 0..self.shard.count {
-            if i == self.shard.index {
+        let mut out = Vec::with_capacity(self.shard.count());
+        for i in 0..self.shard.count() {
+            if i == self.shard.index() {
                 out.push(self.shard.stats(req));
                 continue;
             }

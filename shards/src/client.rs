@@ -83,7 +83,7 @@ impl OutputTicker {
 }
 
 /// Everything about a client that moves with its connection when it is handed to another
-/// shard (plain data, `Send`).
+/// shard (plain data, `Send`). One field per piece of that state, so it stays flat.
 #[derive(Clone, Debug)]
 pub struct ClientSnapshot {
     pub id: u64,

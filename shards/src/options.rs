@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 /// The subset of nsqd's options the broker core needs, already validated.
-/// Durations are exact; sizes are bytes; counts are messages.
+/// Durations are exact; sizes are bytes; counts are messages. One field per option, so
+/// it stays one flat struct.
 #[derive(Clone, Debug)]
 pub struct Options {
     /// `--node-id` (0..1024): seeds message IDs.

@@ -55,6 +55,8 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
+/// One client in `/stats`: one field per key of nsqd's client stats (ClientV2Stats), so
+/// it stays one flat struct.
 #[derive(Clone, Debug, Serialize)]
 pub struct ClientStats {
     pub client_id: String,
@@ -87,6 +89,8 @@ pub struct ClientStats {
     pub tls_negotiated_protocol_is_mutual: bool,
 }
 
+/// One channel in `/stats`: one field per key of nsqd's ChannelStats, so it stays one
+/// flat struct.
 #[derive(Clone, Debug, Serialize)]
 pub struct ChannelStats {
     pub channel_name: String,
@@ -104,6 +108,8 @@ pub struct ChannelStats {
     pub e2e_processing_latency: E2eLatency,
 }
 
+/// One topic in `/stats`: one field per key of nsqd's TopicStats, so it stays one flat
+/// struct.
 #[derive(Clone, Debug, Serialize)]
 pub struct TopicStats {
     pub topic_name: String,
@@ -138,7 +144,8 @@ pub struct StatsRequest {
     pub counters_only: bool,
 }
 
-/// One shard's counters: the per-shard section of /stats.
+/// One shard's counters: the per-shard section of /stats, one field per key (a flat
+/// snapshot on purpose).
 #[derive(Clone, Debug, Serialize, Default)]
 pub struct ShardCounters {
     pub shard: usize,

@@ -239,6 +239,9 @@ impl std::fmt::Display for PublishError {
 
 impl std::error::Error for PublishError {}
 
+/// A topic: its log, its channels, and its state grouped by concern (counters, the
+/// segment store, the checkpoint's memo). `name`, the flags, `log` and `channels` are
+/// open to the crate; the store and the checkpoint memo are changed through methods.
 pub struct Topic {
     pub name: String,
     pub ephemeral: bool,
@@ -251,36 +254,56 @@ pub struct Topic {
     pub log: Log,
     /// Sorted by name, as /stats lists them.
     pub channels: BTreeMap<String, Channel>,
-    pub message_count: u64,
-    pub message_bytes: u64,
+    counters: TopicCounters,
+    storage: TopicStorage,
+    checkpoint: CheckpointMemo,
+    ids: IdGenerator,
+}
+
+/// A topic's counters for `/stats` (nsqd: Topic.messageCount, messageBytes).
+#[derive(Default)]
+struct TopicCounters {
+    /// Messages published (also those an `#ephemeral` topic with no reader dropped).
+    message_count: u64,
+    /// Body bytes published.
+    message_bytes: u64,
+}
+
+/// A durable topic's segment store and how far the log has been handed to it (nsqd: a
+/// topic's diskqueue backend).
+struct TopicStorage {
     /// The segment store (non-ephemeral topics with storage on).
-    pub store: Option<Rc<TopicStore>>,
+    store: Option<Rc<TopicStore>>,
     /// Records at or above this sequence are in the store, or in the memory tail until
-    /// handed to it (see `Channel::reread_from`); `None` without a store.
-    pub(crate) reread_from: Option<u64>,
+    /// handed to it (see [`Channel::set_reread`]); `None` without a store.
+    reread_from: Option<u64>,
     /// Why a durable topic has no store (its creation failed; retried at each publish,
     /// which is refused meanwhile).
-    pub store_error: Option<String>,
-    /// A digest of the metadata last written to the store's `meta.json` (a checkpoint
-    /// skips the write when nothing changed; see [`crate::persist::meta_digest`]).
-    pub written_meta: Option<u128>,
-    /// That write was fsynced. An answer that waits for the metadata under the default
-    /// policy writes it without a sync; the next checkpoint syncs it.
-    pub(crate) meta_synced: bool,
-    /// In the shard's set of topics marked changed ([`crate::Shard::mark`]).
-    pub(crate) meta_marked: bool,
-    /// The retained range as of the last checkpoint (only with `--retention-time` or
-    /// `--retention-bytes`; see `Shard::checkpoint`).
-    pub retained: Retained,
-    /// Retention's memo of the newest publish time (Unix ns) in each sealed segment, by
-    /// base sequence: a sealed segment never changes, so it is read once.
-    pub segment_newest: BTreeMap<u64, i64>,
+    error: Option<String>,
     /// Records below this sequence were handed to the store or found finished by every
     /// channel (and so never written); the ones from here to the head exist only in
     /// memory, which must keep them.
-    pub stored: u64,
-    pub store_mode: StoreMode,
-    ids: IdGenerator,
+    stored: u64,
+    mode: StoreMode,
+}
+
+/// What the checkpoint remembers of a topic between runs.
+#[derive(Default)]
+struct CheckpointMemo {
+    /// A digest of the metadata last written to the store's `meta.json` (a checkpoint
+    /// skips the write when nothing changed; see [`crate::persist::meta_digest`]).
+    written_digest: Option<u128>,
+    /// That write was fsynced. An answer that waits for the metadata under the default
+    /// policy writes it without a sync; the next checkpoint syncs it.
+    synced: bool,
+    /// In the shard's set of topics marked changed ([`crate::Shard::mark`]).
+    marked: bool,
+    /// The retained range as of the last checkpoint (only with `--retention-time` or
+    /// `--retention-bytes`; see `Shard::checkpoint`).
+    retained: Retained,
+    /// Retention's memo of the newest publish time (Unix ns) in each sealed segment, by
+    /// base sequence: a sealed segment never changes, so it is read once.
+    segment_newest: BTreeMap<u64, i64>,
 }
 
 /// What a topic keeps for replay (`/stats`: `retained_*`), measured at each checkpoint.
@@ -305,20 +328,134 @@ impl Topic {
             held: None,
             log: Log::default(),
             channels: BTreeMap::new(),
-            message_count: 0,
-            message_bytes: 0,
-            store: None,
-            reread_from: None,
-            store_error: None,
-            written_meta: None,
-            meta_synced: false,
-            meta_marked: false,
-            retained: Retained::default(),
-            segment_newest: BTreeMap::new(),
-            stored: 0,
-            store_mode: StoreMode::Immediate,
+            counters: TopicCounters::default(),
+            storage: TopicStorage {
+                store: None,
+                reread_from: None,
+                error: None,
+                stored: 0,
+                mode: StoreMode::Immediate,
+            },
+            checkpoint: CheckpointMemo::default(),
             ids: IdGenerator::new(node_id),
         }
+    }
+
+    /// Messages published (stats `message_count`).
+    pub fn message_count(&self) -> u64 {
+        self.counters.message_count
+    }
+
+    /// Body bytes published (stats `message_bytes`).
+    pub fn message_bytes(&self) -> u64 {
+        self.counters.message_bytes
+    }
+
+    /// The segment store (non-ephemeral topics with storage on).
+    pub fn store(&self) -> Option<&Rc<TopicStore>> {
+        self.storage.store.as_ref()
+    }
+
+    /// Why this durable topic has no store, while it has none.
+    pub fn store_error(&self) -> Option<&str> {
+        self.storage.error.as_deref()
+    }
+
+    /// The store could not be created: publishes are refused until a retry succeeds.
+    pub(crate) fn set_store_error(&mut self, error: String) {
+        self.storage.error = Some(error);
+    }
+
+    /// Clears the store's creation error; returns whether there was one.
+    pub(crate) fn take_store_error(&mut self) -> bool {
+        self.storage.error.take().is_some()
+    }
+
+    /// Records below this sequence were handed to the store or finished by every
+    /// channel; the ones from here to the head exist only in memory.
+    pub fn stored(&self) -> u64 {
+        self.storage.stored
+    }
+
+    pub(crate) fn set_stored(&mut self, seq: u64) {
+        self.storage.stored = seq;
+    }
+
+    pub(crate) fn set_store_mode(&mut self, mode: StoreMode) {
+        self.storage.mode = mode;
+    }
+
+    /// The store and the sequence from which it holds every record, for a channel's
+    /// deferred messages (see [`Channel::set_reread`]).
+    pub(crate) fn reread(&self) -> Option<(u64, Rc<TopicStore>)> {
+        self.storage.reread_from.zip(self.storage.store.clone())
+    }
+
+    /// Gives the topic its store, which holds every record from `reread_from` on; the
+    /// channels read their deferred messages' bodies back from it.
+    pub(crate) fn attach_store(&mut self, store: Rc<TopicStore>, reread_from: u64) {
+        self.storage.store = Some(store);
+        self.storage.reread_from = Some(reread_from);
+        let reread = self.reread();
+        for ch in self.channels.values_mut() {
+            ch.set_reread(reread.clone());
+        }
+    }
+
+    /// The digest of the metadata last written (see [`crate::persist::meta_digest`]).
+    pub(crate) fn written_digest(&self) -> Option<u128> {
+        self.checkpoint.written_digest
+    }
+
+    /// Notes the metadata written, fsynced or not (`synced`).
+    pub(crate) fn set_written_digest(&mut self, digest: u128, synced: bool) {
+        self.checkpoint.written_digest = Some(digest);
+        self.checkpoint.synced = synced;
+    }
+
+    /// The metadata last written is fsynced.
+    pub(crate) fn meta_synced(&self) -> bool {
+        self.checkpoint.synced
+    }
+
+    /// The metadata last written has been fsynced since.
+    pub(crate) fn set_meta_synced(&mut self) {
+        self.checkpoint.synced = true;
+    }
+
+    /// Marks the topic changed for the next checkpoint; returns true when it was not
+    /// marked yet (then the shard adds it to its set of changed topics).
+    pub(crate) fn mark_changed(&mut self) -> bool {
+        !std::mem::replace(&mut self.checkpoint.marked, true)
+    }
+
+    /// The checkpoint took the topic: its next change marks it again.
+    pub(crate) fn clear_changed(&mut self) {
+        self.checkpoint.marked = false;
+    }
+
+    /// The retained range as of the last checkpoint (with retention only).
+    pub fn retained(&self) -> Retained {
+        self.checkpoint.retained
+    }
+
+    pub(crate) fn set_retained(&mut self, retained: Retained) {
+        self.checkpoint.retained = retained;
+    }
+
+    /// The remembered newest publish time (Unix ns) of the sealed segment at `base`.
+    pub(crate) fn segment_newest(&self, base: u64) -> Option<i64> {
+        self.checkpoint.segment_newest.get(&base).copied()
+    }
+
+    pub(crate) fn remember_segment_newest(&mut self, base: u64, ts: i64) {
+        self.checkpoint.segment_newest.insert(base, ts);
+    }
+
+    /// Forgets the segments below `cut` (deleted by retention).
+    pub(crate) fn forget_segments_below(&mut self, cut: u64) {
+        let memo = &mut self.checkpoint.segment_newest;
+        *memo = memo.split_off(&cut);
     }
 
     /// Messages waiting in the topic itself (not yet pumped to channels).
@@ -353,8 +490,8 @@ impl Topic {
         let timestamp = crate::message::now_unix_nanos();
         let mut n = 0;
         for body in bodies {
-            self.message_count += 1;
-            self.message_bytes += body.len() as u64;
+            self.counters.message_count += 1;
+            self.counters.message_bytes += body.len() as u64;
             if self.ephemeral && self.channels.is_empty() && self.depth() >= mem_queue_size {
                 continue;
             }
@@ -366,13 +503,13 @@ impl Topic {
                 defer_until,
                 body,
             };
-            if let (Some(store), StoreMode::Immediate) = (&self.store, self.store_mode) {
+            if let (Some(store), StoreMode::Immediate) = (&self.storage.store, self.storage.mode) {
                 store.append(&rec.to_stored());
             }
             self.log.push(rec);
         }
-        if self.store.is_none() || self.store_mode == StoreMode::Immediate {
-            self.stored = self.log.head;
+        if self.storage.store.is_none() || self.storage.mode == StoreMode::Immediate {
+            self.storage.stored = self.log.head;
         }
         self.pump(mem_queue_size);
         (n, self.log.head)
@@ -413,8 +550,8 @@ impl Topic {
             }
         }
         for ch in self.channels.values_mut() {
-            ch.message_count += n;
-            if ch.ephemeral {
+            ch.count_pumped(n);
+            if ch.is_ephemeral() {
                 ch.drop_overflow(&self.log, mem_queue_size);
             }
         }
@@ -435,7 +572,7 @@ impl Topic {
     /// yet handed to the store always stay. Deferred messages let go of their bodies
     /// once the store can give them back ([`Channel::drop_readable_bodies`]).
     pub fn trim(&mut self, mem_queue_size: u64) {
-        if self.store.is_some() && self.stored < self.log.head {
+        if self.storage.store.is_some() && self.storage.stored < self.log.head {
             // Let finished records go now rather than at the store task's next tick, when
             // that is cheap (few messages held by the channels): large messages then stay
             // in memory, and in the CPU caches, no longer than an #ephemeral topic keeps
@@ -447,27 +584,25 @@ impl Topic {
         }
         let mut low = self.log.pumped;
         for ch in self.channels.values() {
-            low = low.min(ch.cursor);
+            low = low.min(ch.cursor());
         }
         let mut to = low;
-        if let Some(store) = &self.store {
+        if let Some(store) = &self.storage.store {
             let keep_from = self.log.head.saturating_sub(mem_queue_size);
             // Below `stored`, a record is either on disk or finished everywhere; once the
             // store has flushed all it was given, all of that may leave memory.
             let on_disk = if store.readable_seq() >= store.next_seq() {
-                self.stored
+                self.storage.stored
             } else {
                 store.readable_seq()
             };
-            to = to.max(keep_from.min(on_disk)).min(self.stored);
+            to = to.max(keep_from.min(on_disk)).min(self.storage.stored);
         }
         self.log.trim_to(to);
         // Deferred messages let go of their bodies once the store can give them back.
         let mut freed = 0;
         for ch in self.channels.values_mut() {
-            if !ch.deferred_bodies.is_empty() {
-                freed += ch.drop_readable_bodies();
-            }
+            freed += ch.drop_readable_bodies();
         }
         crate::memory_freed(freed);
     }
@@ -475,7 +610,7 @@ impl Topic {
     /// The oldest sequence a channel can seek to: the oldest record still on disk or
     /// in memory.
     pub fn oldest_retained(&self) -> u64 {
-        let disk = self.store.as_ref().and_then(|s| s.first_seq());
+        let disk = self.storage.store.as_ref().and_then(|s| s.first_seq());
         disk.unwrap_or(self.log.base).min(self.log.base)
     }
 
@@ -507,9 +642,9 @@ impl Topic {
     pub fn skip_finished(&mut self) {
         let mut unread_from = self.log.pumped;
         for ch in self.channels.values() {
-            unread_from = unread_from.min(ch.cursor);
+            unread_from = unread_from.min(ch.cursor());
         }
-        let from = self.stored;
+        let from = self.storage.stored;
         if from >= unread_from {
             return;
         }
@@ -521,7 +656,7 @@ impl Topic {
                 }
             });
         }
-        self.stored = first_pending;
+        self.storage.stored = first_pending;
     }
 
     /// Hands records to the store (under [`StoreMode::Deferred`]): every record published
@@ -531,11 +666,11 @@ impl Topic {
     /// written. Returns true while records are left for later.
     pub fn store_pump(&mut self, cutoff_ns: i64, mem_queue_size: u64, all: bool) -> bool {
         let head = self.log.head;
-        let Some(store) = self.store.clone() else {
-            self.stored = head;
+        let Some(store) = self.storage.store.clone() else {
+            self.storage.stored = head;
             return false;
         };
-        if self.stored >= head {
+        if self.storage.stored >= head {
             return false;
         }
         let force_to = if all {
@@ -543,25 +678,25 @@ impl Topic {
         } else {
             head.saturating_sub(mem_queue_size)
         };
-        let mut upto = self.stored.max(force_to);
+        let mut upto = self.storage.stored.max(force_to);
         while upto < head {
             match self.log.get(upto) {
                 Some(r) if r.timestamp > cutoff_ns => break,
                 _ => upto += 1,
             }
         }
-        if upto <= self.stored {
+        if upto <= self.storage.stored {
             return true;
         }
         // Records at or above the lowest cursor (or not yet pumped) are unread somewhere.
         let mut unread_from = self.log.pumped;
         for ch in self.channels.values() {
-            unread_from = unread_from.min(ch.cursor);
+            unread_from = unread_from.min(ch.cursor());
         }
         // Below it, only what some channel holds in flight, requeued or deferred.
         let mut pending: Vec<u64> = Vec::new();
-        if self.stored < unread_from {
-            let range = self.stored..unread_from.min(upto);
+        if self.storage.stored < unread_from {
+            let range = self.storage.stored..unread_from.min(upto);
             for ch in self.channels.values() {
                 ch.pending_seqs(|seq| {
                     if range.contains(&seq) {
@@ -571,7 +706,7 @@ impl Topic {
             }
             pending.sort_unstable();
         }
-        for seq in self.stored..upto {
+        for seq in self.storage.stored..upto {
             if seq < unread_from && pending.binary_search(&seq).is_err() {
                 continue;
             }
@@ -579,7 +714,7 @@ impl Topic {
                 store.append(&r.to_stored());
             }
         }
-        self.stored = upto;
+        self.storage.stored = upto;
         upto < head
     }
 
@@ -589,12 +724,12 @@ impl Topic {
             return false;
         }
         let mut ch = Channel::new(name, self.log.pumped);
-        if ch.ephemeral {
-            ch.ephemeral_cap = Some(mem_queue_size);
+        if ch.is_ephemeral() {
+            ch.set_mem_queue_size(mem_queue_size);
         } else {
-            ch.journal = self.store.clone();
+            ch.set_journal(self.storage.store.clone());
         }
-        ch.reread = self.reread_from.zip(self.store.clone());
+        ch.set_reread(self.reread());
         self.channels.insert(name.to_string(), ch);
         self.pump(mem_queue_size);
         true
@@ -605,7 +740,7 @@ impl Topic {
     pub fn empty(&mut self) {
         let (from, to) = (self.log.pumped, self.log.head);
         if from < to {
-            if self.store.is_some() {
+            if self.storage.store.is_some() {
                 self.log.holes.push((from, to));
                 self.log.pumped = to;
                 let keep = (from.saturating_sub(self.log.base)) as usize;
@@ -697,23 +832,5 @@ mod tests {
         for c in ["sub", "c1", "c2"] {
             assert_eq!(t.channels[c].depth(&t.log), 1, "{c}");
         }
-    }
-
-    #[test]
-    fn channel_seek_drops_requeued_and_deferred() {
-        let t = topic();
-        let mut ch = Channel::new("c", 18);
-        ch.requeued.push_back(rec(11, 0).message());
-        ch.requeued.push_back(rec(19, 0).message());
-        ch.defer(rec(12, 0).message(), Instant::now());
-        ch.defer_published(rec(19, 0).message(), Instant::now());
-        assert_eq!(ch.depth(&t.log), 2 - 1 + 2);
-        ch.seek(12);
-        assert_eq!(ch.cursor, 12);
-        assert!(ch.requeued.is_empty() && ch.deferred.is_empty() && ch.skip.is_empty());
-        assert_eq!(ch.depth(&t.log), 8);
-        assert_eq!(ch.low_watermark(), 12);
-        ch.seek(20);
-        assert_eq!(ch.depth(&t.log), 0);
     }
 }

@@ -118,7 +118,7 @@ async fn shard_main(
     let https = https_fd.map(|fd| unsafe { TcpListener::from_raw_fd(fd.into_raw_fd()) });
     // nsqd always runs its lookup loop: peers can be added later with
     // PUT /config/nsqlookupd_tcp_addresses, and they must then learn every registration.
-    shard.lookup_enabled.set(true);
+    shard.lookup.enable();
     glommio::spawn_local(lookup_task(server.clone())).detach();
     log::debug!("shard {index}: listeners bound");
     // Before any data file is opened on this thread (storage/src/probe.rs).
@@ -130,7 +130,7 @@ async fn shard_main(
     shard.recover().await;
     // Recovered topics and channels are on disk already: their registration events
     // need no metadata checkpoint.
-    shard.meta_wake.clear();
+    shard.meta_wake().clear();
     log::debug!("shard {index}: recovered");
     // nsqd loads all of its metadata before it serves anything. A shard that finished
     // early must not answer (a SUB, /stats, a /pub) while another still reads its topics
@@ -181,7 +181,7 @@ async fn shard_main(
     }
     shard.close_all_clients();
     let deadline = Instant::now() + Duration::from_secs(2);
-    while !shard.clients.borrow().is_empty() && Instant::now() < deadline {
+    while shard.has_clients() && Instant::now() < deadline {
         glommio::timer::sleep(Duration::from_millis(5)).await;
     }
     checkpoints.await;
@@ -208,7 +208,7 @@ async fn timer_loop(shard: &Rc<Shard>, term: &AtomicBool) {
         let sleep = pin!(glommio::timer::sleep(
             wake_at.saturating_duration_since(now)
         ));
-        let woken = pin!(shard.timer_wake.wait());
+        let woken = pin!(shard.timers.wake().wait());
         let slept = matches!(select(sleep, woken).await, Either::Left(_));
         if slept {
             let late = Instant::now().saturating_duration_since(wake_at);
@@ -253,7 +253,7 @@ async fn checkpoint_loop(shard: Rc<Shard>) {
             shard.opts.sync_timeout
         };
         let sleep = pin!(glommio::timer::sleep(period));
-        let changed = pin!(shard.meta_wake.wait());
+        let changed = pin!(shard.meta_wake().wait());
         let stop = pin!(shard.shutdown.wait());
         match select(select(sleep, changed), stop).await {
             Either::Right(_) => return,
@@ -277,17 +277,17 @@ const META_COALESCE: Duration = Duration::from_millis(20);
 /// Shard 0 talks to nsqlookupd; the other shards forward their registration changes
 /// to it in batches.
 async fn lookup_task(server: Rc<Server>) {
-    if server.shard.index == 0 {
+    if server.shard.index() == 0 {
         crate::lookupd_client::lookup_loop(server).await;
         return;
     }
     loop {
-        let wake = pin!(server.shard.lookup_wake.wait());
+        let wake = pin!(server.shard.lookup.wake().wait());
         let stop = pin!(server.shard.shutdown.wait());
         if let Either::Right(_) = select(wake, stop).await {
             return;
         }
-        let events: Vec<_> = std::mem::take(&mut *server.shard.lookup_events.borrow_mut());
+        let events: Vec<_> = server.shard.lookup.take_events();
         if events.is_empty() {
             continue;
         }

@@ -23,7 +23,7 @@ use std::rc::Rc;
 /// producer of one topic publishes without crossing shards.
 pub(super) fn target(server: &Server, client: &Client, cmd: &Command) -> Option<usize> {
     let shard = &server.shard;
-    if shard.count == 1 {
+    if shard.count() == 1 {
         return None;
     }
     let topic = match cmd {
@@ -35,8 +35,8 @@ pub(super) fn target(server: &Server, client: &Client, cmd: &Command) -> Option<
         }
         _ => return None,
     };
-    let owner = owner_of(topic, shard.count);
-    (owner != shard.index).then_some(owner)
+    let owner = owner_of(topic, shard.count());
+    (owner != shard.index()).then_some(owner)
 }
 
 /// A deflate stream moves only at a client flush point: reads on (the client flushes

@@ -2,12 +2,65 @@
 //! handing messages to ready clients round robin (`dispatch`), the clients' room, putting
 //! messages back or deferring them, and an `#ephemeral` channel's overflow.
 
-use super::{Channel, Deferred, InFlight};
+use super::{Channel, InFlight};
 use crate::message::Message;
 use crate::topic::Log;
 use nsq_storage::journal::EventKind;
-use std::cmp::Reverse;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
+
+/// A channel's messages ready again, delivered before its cursor moves on (nsqd: a
+/// channel's memoryMsgChan, which a requeued message goes back to), and an `#ephemeral`
+/// channel's bound on its ready messages.
+pub(super) struct ReadyQueue {
+    /// Messages ready again with their bodies (REQ 0, timeouts, due deferred ones whose
+    /// bodies were held).
+    pub(super) requeued: VecDeque<Message>,
+    /// Messages ready again whose bodies are still in the log (a deferred message that
+    /// fell due, a requeued one recovered after a restart): sequence -> attempts.
+    /// Delivered after `requeued`, from the memory tail or, below it, once a read from
+    /// the store brings them back (`unread_read_from`, `unread_arrived`).
+    pub(super) unread: BTreeMap<u64, u16>,
+    /// `#ephemeral` channels: `--mem-queue-size`, the most ready messages it keeps. A
+    /// message that comes back (REQ, timeout, a deferred one falling due) to a full one
+    /// is dropped, as nsqd's channel.put drops it into a dummy backend.
+    mem_cap: Option<u64>,
+    /// The topic's pumped head as of the last pump (to count an `#ephemeral` channel's
+    /// ready messages without the log).
+    pumped_seen: u64,
+}
+
+impl ReadyQueue {
+    pub(super) fn new(cursor: u64) -> ReadyQueue {
+        ReadyQueue {
+            requeued: VecDeque::new(),
+            unread: BTreeMap::new(),
+            mem_cap: None,
+            pumped_seen: cursor,
+        }
+    }
+
+    /// Messages ready again and not yet redelivered.
+    pub(super) fn len(&self) -> usize {
+        self.requeued.len() + self.unread.len()
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.requeued.clear();
+        self.unread.clear();
+    }
+
+    /// Gives back what a burst made the requeue queue grow to (see
+    /// [`shrink_target`](super::in_flight::shrink_target)); returns the bytes.
+    pub(super) fn shrink(&mut self) -> usize {
+        let (len, capacity) = (self.requeued.len(), self.requeued.capacity());
+        let Some(to) = super::in_flight::shrink_target(len, capacity) else {
+            return 0;
+        };
+        self.requeued.shrink_to(to);
+        (capacity - self.requeued.capacity()) * std::mem::size_of::<Message>()
+    }
+}
 
 impl Channel {
     /// A message deferred at publish time goes straight to the deferred heap; the cursor
@@ -27,21 +80,21 @@ impl Channel {
     /// oldest kept records are no longer in memory (a durable topic whose memory tail
     /// passed the cursor) the oldest unread records are dropped instead.
     pub fn drop_overflow(&mut self, log: &Log, mem_queue_size: u64) {
-        self.ephemeral_cap = Some(mem_queue_size);
-        self.pumped_seen = log.pumped;
+        self.set_mem_queue_size(mem_queue_size);
+        self.ready.pumped_seen = log.pumped;
         let depth = self.depth(log);
         if depth <= mem_queue_size {
             return;
         }
         let excess = depth - mem_queue_size;
-        if self.cursor < log.base || !self.disk.is_empty() {
+        if self.cursor < log.base || !self.read_ahead.is_empty() {
             let skip = excess.min(log.pumped.saturating_sub(self.cursor));
             self.cursor += skip;
             let mut rest = (excess - skip) as usize;
-            let front = rest.min(self.requeued.len());
-            self.requeued.drain(..front);
+            let front = rest.min(self.ready.requeued.len());
+            self.ready.requeued.drain(..front);
             rest -= front;
-            while rest > 0 && self.ready_unread.pop_first().is_some() {
+            while rest > 0 && self.ready.unread.pop_first().is_some() {
                 rest -= 1;
             }
             return;
@@ -59,7 +112,7 @@ impl Channel {
                 continue;
             }
             if let Some(rec) = log.get(seq) {
-                self.requeued.push_back(rec.message());
+                self.ready.requeued.push_back(rec.message());
                 keep -= 1;
             }
         }
@@ -77,7 +130,7 @@ impl Channel {
         if self.ephemeral_full() {
             return false;
         }
-        self.requeued.push_back(msg);
+        self.ready.requeued.push_back(msg);
         true
     }
 
@@ -86,14 +139,15 @@ impl Channel {
         if self.ephemeral_full() {
             return false;
         }
-        self.ready_unread.insert(seq, attempts);
+        self.ready.unread.insert(seq, attempts);
         true
     }
 
     /// True for an `#ephemeral` channel that holds its `--mem-queue-size` ready messages.
     fn ephemeral_full(&self) -> bool {
-        self.ephemeral_cap.is_some_and(|cap| {
+        self.ready.mem_cap.is_some_and(|cap| {
             let ready = self
+                .ready
                 .pumped_seen
                 .saturating_sub(self.cursor)
                 .saturating_sub(self.skip.len())
@@ -105,22 +159,24 @@ impl Channel {
     /// Holds `msg` until `due` (REQ with a delay, DPUB, recovery). Only its sequence,
     /// attempts and due time are kept when the log can give its body back.
     pub fn defer(&mut self, msg: Message, due: Instant) {
-        let (seq, attempts) = (msg.seq, msg.attempts);
-        if !self.rereads(seq) {
-            self.deferred_bodies.insert(seq, msg);
-        }
-        self.deferred.push(Reverse(Deferred { due, seq, attempts }));
+        self.deferred.push(msg, due);
+    }
+
+    /// An `#ephemeral` channel keeps at most `mem_queue_size` ready messages
+    /// (`--mem-queue-size`; see [`Channel::drop_overflow`]).
+    pub(crate) fn set_mem_queue_size(&mut self, mem_queue_size: u64) {
+        self.ready.mem_cap = Some(mem_queue_size);
     }
 
     /// The next message to deliver: requeued first, then the log at the cursor. Records
     /// published with a defer time still in the future move to the deferred heap.
     fn next_message(&mut self, log: &Log, now: Instant) -> Option<Message> {
-        if let Some(m) = self.requeued.pop_front() {
+        if let Some(m) = self.ready.requeued.pop_front() {
             return Some(m);
         }
         // Ready again with the body in the memory tail; those below it wait for a read.
-        while let Some((&seq, &attempts)) = self.ready_unread.range(log.base..).next() {
-            self.ready_unread.remove(&seq);
+        while let Some((&seq, &attempts)) = self.ready.unread.range(log.base..).next() {
+            self.ready.unread.remove(&seq);
             match log.get(seq) {
                 Some(r) => {
                     return Some(Message {
@@ -145,21 +201,18 @@ impl Channel {
             }
             let rec = if self.cursor < log.base {
                 // Below the memory tail: serve from what was read back from disk.
-                while self.disk.front().is_some_and(|r| r.seq < self.cursor) {
-                    self.pop_disk();
-                }
-                match self.pop_disk() {
+                match self.read_ahead.pop_from(self.cursor) {
                     Some(r) => {
                         self.cursor = r.seq;
                         r
                     }
                     None => {
-                        self.wants_disk = true;
+                        self.read_ahead.want();
                         return None;
                     }
                 }
             } else {
-                if !self.disk.is_empty() {
+                if !self.read_ahead.is_empty() {
                     // Caught up with the memory tail: what is left was read ahead in vain.
                     self.clear_disk();
                 }
@@ -194,10 +247,11 @@ impl Channel {
     /// The RDY of the subscribed clients with RDY > 0 (`drained`: only those whose
     /// output is not full); 0 when paused.
     pub(super) fn rdy_of_takers(&self, drained: bool) -> usize {
-        if self.paused {
+        if self.flags.paused {
             return 0;
         }
-        self.clients
+        self.consumers
+            .clients
             .iter()
             .filter(|c| {
                 !c.is_closed()
@@ -211,10 +265,10 @@ impl Channel {
 
     /// True when a ready message exists and a client can take it.
     fn has_work(&self, log: &Log) -> bool {
-        !self.paused
-            && (!self.requeued.is_empty()
-                || self.ready_unread.range(log.base..).next().is_some()
-                || (self.cursor < log.pumped && !(self.wants_disk && self.disk.is_empty())))
+        !self.flags.paused
+            && (!self.ready.requeued.is_empty()
+                || self.ready.unread.range(log.base..).next().is_some()
+                || (self.cursor < log.pumped && !(self.wants_disk() && self.read_ahead.is_empty())))
     }
 
     /// Hands messages to ready clients, round robin, until either runs out (nsqd's
@@ -230,12 +284,12 @@ impl Channel {
     /// timeout, frame it), the writer is its flush and heartbeat half.
     pub fn dispatch(&mut self, log: &Log, now: Instant) -> u64 {
         let mut delivered = 0;
-        let n = self.clients.len();
+        let n = self.consumers.clients.len();
         while n > 0 && self.has_work(log) {
             let mut pick = None;
             for i in 0..n {
-                let idx = (self.next_client + i) % n;
-                let c = &self.clients[idx];
+                let idx = (self.consumers.next + i) % n;
+                let c = &self.consumers.clients[idx];
                 if !c.is_ready() {
                     continue;
                 }
@@ -250,11 +304,11 @@ impl Channel {
                 break;
             }
             let Some(idx) = pick else { break };
-            self.next_client = (idx + 1) % n;
+            self.consumers.next = (idx + 1) % n;
             let Some(mut msg) = self.next_message(log, now) else {
                 break;
             };
-            let client = self.clients[idx].clone();
+            let client = self.consumers.clients[idx].clone();
             let (sample_rate, msg_timeout) = {
                 let s = client.settings.borrow();
                 // nsqd's messagePump: the first IDENTIFY's values.
@@ -272,16 +326,12 @@ impl Channel {
             client.message_count.set(client.message_count.get() + 1);
             client.buffer_message(&msg);
             let deadline = now + msg_timeout;
-            self.in_flight_heap.push(Reverse((deadline, msg.id)));
-            self.in_flight.insert(
-                msg.id,
-                InFlight {
-                    msg,
-                    client,
-                    deadline,
-                    delivered_at: now,
-                },
-            );
+            self.in_flight.insert(InFlight {
+                msg,
+                client,
+                deadline,
+                delivered_at: now,
+            });
             delivered += 1;
         }
         crate::memory_freed(self.release_idle_read_ahead());

@@ -2,7 +2,7 @@
 //! (`process_timers`), the channel's registration in its shard's timer queue, and
 //! giving back what a burst made the heaps and maps grow to.
 
-use super::{Channel, Deferred, InFlight, InFlightError};
+use super::{Channel, IdMap, InFlight, InFlightError};
 use crate::client::Client;
 use crate::message::{unix_nanos_from_instant, Message, MessageId};
 use nsq_storage::journal::EventKind;
@@ -10,78 +10,162 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
-impl Channel {
+/// The messages delivered and not yet finished, by ID (nsqd: Channel.inFlightMessages),
+/// and their deadlines in a min-heap (nsqd: in_flight_pqueue.go).
+#[derive(Default)]
+pub(super) struct InFlightTable {
+    messages: IdMap<InFlight>,
+    /// (deadline, id); entries whose message was finished or touched are skipped when
+    /// popped and compacted away when they outnumber the live ones.
+    pqueue: BinaryHeap<Reverse<(Instant, MessageId)>>,
+}
+
+impl InFlightTable {
+    pub(super) fn len(&self) -> usize {
+        self.messages.len()
+    }
+
+    pub(super) fn get(&self, id: MessageId) -> Option<&InFlight> {
+        self.messages.get(&id)
+    }
+
+    pub(super) fn values(&self) -> impl Iterator<Item = &InFlight> {
+        self.messages.values()
+    }
+
+    /// Starts the timeout of a delivered message.
+    pub(super) fn insert(&mut self, f: InFlight) {
+        self.pqueue.push(Reverse((f.deadline, f.msg.id)));
+        self.messages.insert(f.msg.id, f);
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.messages.clear();
+        self.pqueue.clear();
+    }
+
+    /// Removes the message `id` if `client` owns it.
     fn take_owned(&mut self, client: &Client, id: MessageId) -> Result<InFlight, InFlightError> {
-        match self.in_flight.get(&id) {
+        match self.messages.get(&id) {
             None => Err(InFlightError::NotInFlight),
             Some(f) if f.client.id != client.id => Err(InFlightError::NotOwner),
-            Some(_) => Ok(self.in_flight.remove(&id).expect("checked above")),
+            Some(_) => Ok(self.messages.remove(&id).expect("checked above")),
         }
     }
 
-    fn compact_heap(&mut self) {
-        if self.in_flight_heap.len() > 2 * self.in_flight.len() + 1024 {
+    /// Gives the message `id`, if `client` owns it, the deadline `deadline` computes
+    /// from it.
+    fn touch(
+        &mut self,
+        client: &Client,
+        id: MessageId,
+        deadline: impl FnOnce(&InFlight) -> Instant,
+    ) -> Result<(), InFlightError> {
+        let f = match self.messages.get_mut(&id) {
+            None => return Err(InFlightError::NotInFlight),
+            Some(f) if f.client.id != client.id => return Err(InFlightError::NotOwner),
+            Some(f) => f,
+        };
+        f.deadline = deadline(f);
+        self.pqueue.push(Reverse((f.deadline, id)));
+        Ok(())
+    }
+
+    /// Removes and returns a message whose deadline is at or before `now`, the earliest
+    /// first.
+    fn pop_timed_out(&mut self, now: Instant) -> Option<InFlight> {
+        while let Some(Reverse((deadline, id))) = self.pqueue.peek().copied() {
+            if deadline > now {
+                return None;
+            }
+            self.pqueue.pop();
+            if matches!(self.messages.get(&id), Some(f) if f.deadline == deadline) {
+                return self.messages.remove(&id);
+            }
+        }
+        None
+    }
+
+    /// The earliest deadline in the heap (possibly of a message finished or touched
+    /// since: see `prune`).
+    fn next_deadline(&self) -> Option<Instant> {
+        self.pqueue.peek().map(|Reverse((d, _))| *d)
+    }
+
+    /// Drops the heap entries at the top whose message was finished, requeued or
+    /// touched since, so that `next_deadline` gives a live deadline.
+    fn prune(&mut self) {
+        while let Some(Reverse((deadline, id))) = self.pqueue.peek().copied() {
+            if matches!(self.messages.get(&id), Some(f) if f.deadline == deadline) {
+                break;
+            }
+            self.pqueue.pop();
+        }
+    }
+
+    /// Rebuilds the heap from the live messages once stale entries outnumber them.
+    fn compact(&mut self) {
+        if self.pqueue.len() > 2 * self.messages.len() + 1024 {
             let live: Vec<_> = self
-                .in_flight
+                .messages
                 .iter()
                 .map(|(id, f)| Reverse((f.deadline, *id)))
                 .collect();
-            self.in_flight_heap = BinaryHeap::from(live);
+            self.pqueue = BinaryHeap::from(live);
         }
     }
 
-    /// Gives back what a burst made the channel's collections grow to (a million
-    /// deferred messages, a wide in-flight window) once they hold a quarter of it or
-    /// less, and counts it for the shard's heap trim ([`crate::memory_freed`]): a
-    /// `BinaryHeap`, `VecDeque` or map otherwise keeps its largest capacity for good.
-    /// Halving at a quarter keeps the cost amortized O(1) per message.
-    fn shrink_if_sparse(&mut self) {
-        const MIN: usize = 4096;
-        fn sparse(len: usize, cap: usize) -> bool {
-            cap >= MIN && len <= cap / 4
-        }
+    /// Shrinks the heap and the map where they are sparse (see [`shrink_target`]);
+    /// returns the bytes given back.
+    fn shrink(&mut self) -> usize {
         let mut freed = 0;
-        if sparse(self.deferred.len(), self.deferred.capacity()) {
-            let before = self.deferred.capacity();
-            self.deferred
-                .shrink_to((self.deferred.len() * 2).max(MIN / 4));
-            freed += (before - self.deferred.capacity()) * std::mem::size_of::<Reverse<Deferred>>();
-        }
-
-        if sparse(self.in_flight_heap.len(), self.in_flight_heap.capacity()) {
-            let before = self.in_flight_heap.capacity();
-            self.in_flight_heap
-                .shrink_to((self.in_flight_heap.len() * 2).max(MIN / 4));
-            freed += (before - self.in_flight_heap.capacity())
+        if let Some(to) = shrink_target(self.pqueue.len(), self.pqueue.capacity()) {
+            let before = self.pqueue.capacity();
+            self.pqueue.shrink_to(to);
+            freed += (before - self.pqueue.capacity())
                 * std::mem::size_of::<Reverse<(Instant, MessageId)>>();
         }
-        if sparse(self.requeued.len(), self.requeued.capacity()) {
-            let before = self.requeued.capacity();
-            self.requeued
-                .shrink_to((self.requeued.len() * 2).max(MIN / 4));
-            freed += (before - self.requeued.capacity()) * std::mem::size_of::<Message>();
-        }
-        if sparse(self.in_flight.len(), self.in_flight.capacity()) {
-            let before = self.in_flight.capacity();
-            self.in_flight
-                .shrink_to((self.in_flight.len() * 2).max(MIN / 4));
-            freed += (before.saturating_sub(self.in_flight.capacity()))
+        if let Some(to) = shrink_target(self.messages.len(), self.messages.capacity()) {
+            let before = self.messages.capacity();
+            self.messages.shrink_to(to);
+            freed += before.saturating_sub(self.messages.capacity())
                 * std::mem::size_of::<(MessageId, InFlight)>();
         }
+        freed
+    }
+}
+
+/// Collections smaller than this (in entries) keep their capacity.
+const SHRINK_MIN: usize = 4096;
+
+/// The capacity to shrink a collection of `len` entries and `capacity` to, once it holds
+/// a quarter of it or less: a burst (a million deferred messages, a wide in-flight
+/// window) would otherwise leave a `BinaryHeap`, `VecDeque` or map at its largest
+/// capacity for good. Halving at a quarter keeps the cost amortized O(1) per message.
+pub(super) fn shrink_target(len: usize, capacity: usize) -> Option<usize> {
+    (capacity >= SHRINK_MIN && len <= capacity / 4).then(|| (len * 2).max(SHRINK_MIN / 4))
+}
+
+impl Channel {
+    /// Gives back what a burst made the channel's collections grow to (see
+    /// [`shrink_target`]) and counts it for the shard's heap trim
+    /// ([`crate::memory_freed`]).
+    fn shrink_if_sparse(&mut self) {
+        let freed = self.deferred.shrink() + self.in_flight.shrink() + self.ready.shrink();
         crate::memory_freed(freed);
     }
 
     /// FIN: the message is done (nsqd FinishMessage).
     pub fn finish(&mut self, client: &Client, id: MessageId) -> Result<(), InFlightError> {
-        let f = self.take_owned(client, id)?;
+        let f = self.in_flight.take_owned(client, id)?;
         // Its body goes unless the topic's memory tail still holds it: counted toward
         // the shard's next heap trim either way (an estimate that errs toward trimming).
         crate::memory_freed(f.msg.body.len());
         self.shrink_if_sparse();
-        if let Some(q) = self.e2e.as_mut() {
+        if let Some(q) = self.counters.e2e.as_mut() {
             q.insert(crate::message::now_unix_nanos(), f.msg.timestamp);
         }
-        if f.msg.attempts >= 2 || f.msg.seq < self.recovered_below {
+        if f.msg.attempts >= 2 || f.msg.seq < self.journal.recovered_below {
             // A first delivery's FIN needs no event: a crash before the next checkpoint
             // delivers the message once more, with attempts 1. A message recovered
             // after a restart may be exactly that redelivery, and its attempts say
@@ -93,7 +177,7 @@ impl Channel {
         }
         client.in_flight.set((client.in_flight.get() - 1).max(0));
         client.finish_count.set(client.finish_count.get() + 1);
-        self.compact_heap();
+        self.in_flight.compact();
         Ok(())
     }
 
@@ -105,10 +189,10 @@ impl Channel {
         delay: Duration,
         now: Instant,
     ) -> Result<(), InFlightError> {
-        let f = self.take_owned(client, id)?;
+        let f = self.in_flight.take_owned(client, id)?;
         client.in_flight.set((client.in_flight.get() - 1).max(0));
         client.requeue_count.set(client.requeue_count.get() + 1);
-        self.requeue_count += 1;
+        self.counters.requeue_count += 1;
         if delay.is_zero() {
             self.journal(EventKind::Requeued, &f.msg, 0);
             self.put_back(f.msg);
@@ -117,7 +201,7 @@ impl Channel {
             self.journal(EventKind::Requeued, &f.msg, unix_nanos_from_instant(due));
             self.defer(f.msg, due);
         }
-        self.compact_heap();
+        self.in_flight.compact();
         Ok(())
     }
 
@@ -131,15 +215,10 @@ impl Channel {
         max_msg_timeout: Duration,
     ) -> Result<(), InFlightError> {
         let msg_timeout = client.settings.borrow().msg_timeout;
-        let f = match self.in_flight.get_mut(&id) {
-            None => return Err(InFlightError::NotInFlight),
-            Some(f) if f.client.id != client.id => return Err(InFlightError::NotOwner),
-            Some(f) => f,
-        };
-        let deadline = (now + msg_timeout).min(f.delivered_at + max_msg_timeout);
-        f.deadline = deadline;
-        self.in_flight_heap.push(Reverse((deadline, id)));
-        self.compact_heap();
+        self.in_flight.touch(client, id, |f| {
+            (now + msg_timeout).min(f.delivered_at + max_msg_timeout)
+        })?;
+        self.in_flight.compact();
         Ok(())
     }
 
@@ -147,36 +226,21 @@ impl Channel {
     /// Returns how many moved (nsqd processInFlightQueue / processDeferredQueue).
     pub fn process_timers(&mut self, now: Instant) -> usize {
         let mut moved = 0;
-        while let Some(Reverse((deadline, id))) = self.in_flight_heap.peek().copied() {
-            if deadline > now {
-                break;
-            }
-            self.in_flight_heap.pop();
-            let live = matches!(self.in_flight.get(&id), Some(f) if f.deadline == deadline);
-            if !live {
-                continue;
-            }
-            if let Some(f) = self.in_flight.remove(&id) {
-                self.timeout_count += 1;
-                f.client
-                    .in_flight
-                    .set((f.client.in_flight.get() - 1).max(0));
-                moved += usize::from(self.put_back(f.msg));
-            }
+        while let Some(f) = self.in_flight.pop_timed_out(now) {
+            self.counters.timeout_count += 1;
+            f.client
+                .in_flight
+                .set((f.client.in_flight.get() - 1).max(0));
+            moved += usize::from(self.put_back(f.msg));
         }
-        while let Some(Reverse(d)) = self.deferred.peek() {
-            if d.due > now {
-                break;
-            }
-            if let Some(Reverse(d)) = self.deferred.pop() {
-                moved += usize::from(match self.deferred_bodies.remove(&d.seq) {
-                    Some(msg) => self.put_back(Message {
-                        attempts: d.attempts,
-                        ..msg
-                    }),
-                    None => self.put_back_unread(d.seq, d.attempts),
-                });
-            }
+        while let Some((d, body)) = self.deferred.pop_due(now) {
+            moved += usize::from(match body {
+                Some(msg) => self.put_back(Message {
+                    attempts: d.attempts,
+                    ..msg
+                }),
+                None => self.put_back_unread(d.seq, d.attempts),
+            });
         }
         if moved > 0 {
             self.shrink_if_sparse();
@@ -185,24 +249,13 @@ impl Channel {
     }
 
     /// The earliest instant a timer of this channel fires, if any (finished or touched
-    /// messages may still have entries in the in-flight heap: see `prune_in_flight_heap`).
+    /// messages may still have entries in the in-flight heap: see `timer_to_schedule`).
     pub fn next_timer(&self) -> Option<Instant> {
-        let a = self.in_flight_heap.peek().map(|Reverse((d, _))| *d);
-        let b = self.deferred.peek().map(|Reverse(d)| d.due);
+        let a = self.in_flight.next_deadline();
+        let b = self.deferred.next_due();
         match (a, b) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
-        }
-    }
-
-    /// Drops the heap entries at the top of the in-flight heap whose message was finished,
-    /// requeued or touched since, so that `next_timer` gives a live deadline.
-    fn prune_in_flight_heap(&mut self) {
-        while let Some(Reverse((deadline, id))) = self.in_flight_heap.peek().copied() {
-            if matches!(self.in_flight.get(&id), Some(f) if f.deadline == deadline) {
-                break;
-            }
-            self.in_flight_heap.pop();
         }
     }
 
@@ -213,7 +266,7 @@ impl Channel {
     /// this after every change to the channel's in-flight or deferred messages (nsqd
     /// instead scans channels every 100 ms in queueScanLoop).
     pub fn timer_to_schedule(&mut self) -> Option<Instant> {
-        self.prune_in_flight_heap();
+        self.in_flight.prune();
         let next = self.next_timer()?;
         if self.timer_scheduled.is_some_and(|s| s <= next) {
             return None;

@@ -1,21 +1,28 @@
-//! A channel: a cursor into its topic's log plus the requeue queue, the in-flight table
-//! and heap (by timeout) and the deferred heap (by due time) (nsqd: channel.go,
-//! in_flight_pqueue.go, protocol_v2.go messagePump).
+//! A channel: a cursor into its topic's log plus the ready queue (`delivery.rs`), the
+//! in-flight table and heap by timeout (`in_flight.rs`), the deferred heap by due time
+//! (`deferred.rs`) and what it reads back from the store (`read_back.rs`) (nsqd:
+//! channel.go, in_flight_pqueue.go, protocol_v2.go messagePump).
 
 use crate::client::{Client, ClientState};
 use crate::message::{Message, MessageId};
 use crate::names::is_ephemeral;
-use crate::topic::{Log, Record};
+use crate::topic::Log;
 use nsq_storage::journal::EventKind;
-use std::cmp::{Ordering, Reverse};
-use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::cmp::Ordering;
+use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+mod deferred;
 mod delivery;
 mod in_flight;
 mod read_back;
+
+use deferred::DeferredQueue;
+use delivery::ReadyQueue;
+use in_flight::InFlightTable;
+use read_back::ReadAhead;
 
 /// Hashes message IDs (already unique integers) with one multiply.
 #[derive(Default)]
@@ -47,8 +54,8 @@ pub struct InFlight {
 
 /// A message waiting for its due time: 32 bytes. Its body is not here: it stays in the
 /// topic's log (memory tail or store) and is read back when the message falls due
-/// (a channel's `ready_unread`), or, where the log cannot give it back (a topic without
-/// a store), in the channel's `deferred_bodies`.
+/// (the `unread` part of a channel's ready queue), or, where the log cannot give it back
+/// (a topic without a store), in the `bodies` of the channel's deferred queue.
 #[derive(Clone, Copy, Debug)]
 pub struct Deferred {
     pub due: Instant,
@@ -141,128 +148,97 @@ pub const DISK_READ_AHEAD: (usize, usize) = (16384, 4 << 20);
 /// Records, and bytes of bodies, read from the store at once.
 pub const DISK_READ_BATCH: (usize, usize) = (8192, 2 << 20);
 
-/// One channel of a topic. Its fields are the crate's: outside it, read them through the
-/// accessors and change them through the operations (`dispatch`, `finish`, `requeue`,
-/// `touch`, `process_timers`, `empty`, `seek`, ...), each of which takes the time as
-/// `now` and does no I/O beyond journaling (durable channels).
+/// One channel of a topic, its state grouped by concern: the ready queue, the in-flight
+/// table, the deferred queue, the store read-ahead, the consumers, the counters and the
+/// journal. Outside this module, read it through the accessors and change it through the
+/// operations (`dispatch`, `finish`, `requeue`, `touch`, `process_timers`, `empty`,
+/// `seek`, ...), each of which takes the time as `now` and does no I/O beyond journaling
+/// (durable channels).
 pub struct Channel {
-    pub(crate) name: String,
-    pub(crate) ephemeral: bool,
-    pub(crate) paused: bool,
+    name: String,
+    flags: Flags,
     /// Next log sequence this channel reads.
-    pub(crate) cursor: u64,
-    /// Messages ready again (REQ 0, timeouts, due deferred): delivered before the cursor
-    /// moves on.
-    pub(crate) requeued: VecDeque<Message>,
-    pub(crate) in_flight: IdMap<InFlight>,
-    /// (deadline, id); entries whose message was finished or touched are skipped when
-    /// popped and compacted away when they outnumber the live ones.
-    in_flight_heap: BinaryHeap<Reverse<(Instant, MessageId)>>,
-    pub(crate) deferred: BinaryHeap<Reverse<Deferred>>,
-    /// Bodies of deferred messages whose records cannot be read back from the topic's
-    /// store (yet): the topic has no store, the record predates it, or it is not written
-    /// yet (see `reread`), by sequence. [`Channel::drop_readable_bodies`] lets go of
-    /// those the store has made readable since.
-    pub(crate) deferred_bodies: BTreeMap<u64, Message>,
-    /// The topic's store, and the sequence from which it holds every record: a record
-    /// at or above it and below the store's readable point can be read back for as long
-    /// as this channel holds it unfinished (the store writes what a channel holds and
-    /// retention keeps it: it counts toward the low watermark), so a deferred or
-    /// recovered message of such a record holds no body. `None`: the topic has no store.
-    pub(crate) reread: Option<(u64, Rc<nsq_storage::TopicStore>)>,
-    /// Messages ready again whose bodies are still in the log (a deferred message that
-    /// fell due, a requeued one recovered after a restart): sequence -> attempts. Part
-    /// of depth; delivered after `requeued`, from the memory tail or, below it, once a
-    /// read from the store brings them back (`unread_read_from`, `unread_arrived`).
-    pub(crate) ready_unread: BTreeMap<u64, u16>,
-    /// A read from the store for `ready_unread` is under way.
-    pub(crate) unread_inflight: bool,
-    pub(crate) clients: Vec<Rc<Client>>,
-    next_client: usize,
-    pub(crate) message_count: u64,
-    pub(crate) requeue_count: u64,
-    pub(crate) timeout_count: u64,
-    /// Records read back from the store for a cursor below the memory tail.
-    pub(crate) disk: VecDeque<Record>,
-    /// The cursor is below the memory tail and `disk` is empty: a read is wanted.
-    pub(crate) wants_disk: bool,
-    /// A read from the store is under way (or a failed one waits for its retry).
-    pub(crate) disk_inflight: bool,
-    /// Reads from the store that failed in a row (the retry backs off: 100 ms, doubling,
-    /// at most 5 s).
-    pub(crate) disk_failures: u32,
-    /// The last failed read's error while reads keep failing, for the shard's health
-    /// (`/ping` answers it until a read succeeds or the channel is gone).
-    pub(crate) disk_error: Option<String>,
-    /// Body bytes held in `disk`.
-    pub(crate) disk_bytes: usize,
-    /// Where the last read from the store ended (the next sequential read starts there).
-    pub(crate) disk_pos: Option<nsq_storage::ReadPos>,
-    /// Bumped whenever the cursor jumps (empty, seek): a read started before is dropped.
-    pub(crate) disk_epoch: u64,
-    /// Sequences at or above the cursor already handed to this channel's deferred heap
-    /// when they were published (nsqd gives a DPUB to each channel at once); the cursor
-    /// steps over them.
-    pub(crate) skip: crate::seqset::SeqSet,
+    cursor: u64,
+    /// Sequences at or above the cursor already handed to this channel's deferred queue
+    /// when they were published (nsqd gives a DPUB to each channel at once), or finished
+    /// before the cursor reached them (recovery); the cursor steps over them.
+    skip: crate::seqset::SeqSet,
+    ready: ReadyQueue,
+    in_flight: InFlightTable,
+    deferred: DeferredQueue,
+    read_ahead: ReadAhead,
+    consumers: Consumers,
+    counters: ChannelCounters,
+    journal: Journal,
     /// The earliest instant this channel is registered at in its shard's timer queue
     /// (crate::timers), if any.
     timer_scheduled: Option<Instant>,
+}
+
+/// A channel's flags (nsqd: Channel.ephemeral, Channel.paused).
+struct Flags {
+    /// An `#ephemeral` channel: never persisted, overflow beyond `--mem-queue-size`
+    /// dropped.
+    ephemeral: bool,
+    /// No delivery while set.
+    paused: bool,
+}
+
+/// The subscribed clients, in the order delivery goes round (nsqd: Channel.clients).
+struct Consumers {
+    clients: Vec<Rc<Client>>,
+    /// The client the next round-robin pick starts at.
+    next: usize,
+}
+
+/// A channel's counters for `/stats` (nsqd: Channel.messageCount, requeueCount,
+/// timeoutCount, e2eProcessingLatencyStream).
+#[derive(Default)]
+struct ChannelCounters {
+    message_count: u64,
+    requeue_count: u64,
+    timeout_count: u64,
     /// FIN latencies when `--e2e-processing-latency-percentile` is set (nsqd:
     /// e2eProcessingLatencyStream); created by the shard on the first FIN.
-    pub(crate) e2e: Option<crate::quantile::Quantile>,
-    /// The topic's store, for journaling requeues, redeliveries and their FINs, so that
-    /// attempts and requeue delays survive a crash (durable channels only).
-    pub(crate) journal: Option<Rc<nsq_storage::TopicStore>>,
+    e2e: Option<crate::quantile::Quantile>,
+}
+
+/// Journaling of a durable channel's requeues, redeliveries and their FINs into the
+/// topic's store, so that attempts and requeue delays survive a crash.
+#[derive(Default)]
+struct Journal {
+    /// The topic's store (durable channels only).
+    store: Option<Rc<nsq_storage::TopicStore>>,
     /// Recovery sets this to the topic's head: messages below it may have been delivered
     /// before the restart (everything between the checkpointed cursor and the head, and
     /// the checkpoint's pending ones), so their FIN is journaled even after a single
     /// delivery (see [`Channel::finish`]). The first checkpoint after the restart
     /// covers those FINs and sets it back to 0 (as for a channel that was not
     /// recovered), so this costs one event per FIN only until then.
-    pub(crate) recovered_below: u64,
-    /// `#ephemeral` channels: `--mem-queue-size`, the most ready messages it keeps, and
-    /// the topic's pumped head as of the last pump (to count ready messages without the
-    /// log). A message that comes back (REQ, timeout, a deferred one falling due) to a
-    /// full one is dropped, as nsqd's channel.put drops it into a dummy backend.
-    pub(crate) ephemeral_cap: Option<u64>,
-    pumped_seen: u64,
+    recovered_below: u64,
 }
 
 impl Channel {
     pub fn new(name: &str, cursor: u64) -> Channel {
         Channel {
             name: name.to_string(),
-            ephemeral: is_ephemeral(name),
-            ephemeral_cap: None,
-            pumped_seen: cursor,
-            paused: false,
+            flags: Flags {
+                ephemeral: is_ephemeral(name),
+                paused: false,
+            },
             cursor,
-            requeued: VecDeque::new(),
-            in_flight: IdMap::default(),
-            in_flight_heap: BinaryHeap::new(),
-            deferred: BinaryHeap::new(),
-            deferred_bodies: BTreeMap::new(),
-            reread: None,
-            ready_unread: BTreeMap::new(),
-            unread_inflight: false,
-            clients: Vec::new(),
-            next_client: 0,
-            message_count: 0,
-            requeue_count: 0,
-            timeout_count: 0,
-            disk: VecDeque::new(),
-            wants_disk: false,
-            disk_inflight: false,
-            disk_failures: 0,
-            disk_error: None,
-            disk_bytes: 0,
-            disk_pos: None,
-            disk_epoch: 0,
             skip: crate::seqset::SeqSet::new(),
+            ready: ReadyQueue::new(cursor),
+            in_flight: InFlightTable::default(),
+            deferred: DeferredQueue::default(),
+            read_ahead: ReadAhead::default(),
+            consumers: Consumers {
+                clients: Vec::new(),
+                next: 0,
+            },
+            counters: ChannelCounters::default(),
+            journal: Journal::default(),
             timer_scheduled: None,
-            e2e: None,
-            journal: None,
-            recovered_below: 0,
         }
     }
 
@@ -274,17 +250,17 @@ impl Channel {
     /// True for an `#ephemeral` channel (never persisted; overflow beyond
     /// `--mem-queue-size` dropped).
     pub fn is_ephemeral(&self) -> bool {
-        self.ephemeral
+        self.flags.ephemeral
     }
 
     /// True while the channel is paused (no delivery; nsqd: Channel.IsPaused).
     pub fn is_paused(&self) -> bool {
-        self.paused
+        self.flags.paused
     }
 
     /// Pauses or unpauses delivery. Unpausing does not deliver by itself: call `dispatch`.
     pub fn set_paused(&mut self, paused: bool) {
-        self.paused = paused;
+        self.flags.paused = paused;
     }
 
     /// The next log sequence this channel reads.
@@ -299,7 +275,7 @@ impl Channel {
 
     /// The in-flight message `id`, if it is in flight.
     pub fn in_flight(&self, id: MessageId) -> Option<&InFlight> {
-        self.in_flight.get(&id)
+        self.in_flight.get(id)
     }
 
     /// Messages waiting for their due time (`deferred_count`).
@@ -310,38 +286,120 @@ impl Channel {
     /// Messages ready again (REQ 0, timed out, due deferred) and not yet redelivered;
     /// part of `depth`.
     pub fn requeued_count(&self) -> usize {
-        self.requeued.len() + self.ready_unread.len()
+        self.ready.len()
     }
 
     /// The subscribed clients, in the order delivery goes round.
     pub fn clients(&self) -> &[Rc<Client>] {
-        &self.clients
+        &self.consumers.clients
     }
 
     /// Messages the topic handed to this channel (stats `message_count`; requeues and
     /// timeouts do not add to it).
     pub fn message_count(&self) -> u64 {
-        self.message_count
+        self.counters.message_count
     }
 
     /// REQs, delayed or not (stats `requeue_count`).
     pub fn requeue_count(&self) -> u64 {
-        self.requeue_count
+        self.counters.requeue_count
     }
 
     /// In-flight messages that timed out (stats `timeout_count`).
     pub fn timeout_count(&self) -> u64 {
-        self.timeout_count
+        self.counters.timeout_count
     }
 
     /// FIN latencies, when `--e2e-processing-latency-percentile` is set and a FIN came.
     pub fn e2e(&self) -> Option<&crate::quantile::Quantile> {
-        self.e2e.as_ref()
+        self.counters.e2e.as_ref()
+    }
+
+    /// Calls `f` with the sequence, attempts and due time (deferred ones only) of every
+    /// message this channel holds in flight, requeued or deferred, in that order (for
+    /// its checkpoint).
+    pub fn for_each_pending(&self, mut f: impl FnMut(u64, u16, Option<Instant>)) {
+        for fl in self.in_flight.values() {
+            f(fl.msg.seq, fl.msg.attempts, None);
+        }
+        for m in &self.ready.requeued {
+            f(m.seq, m.attempts, None);
+        }
+        for (&seq, &attempts) in &self.ready.unread {
+            f(seq, attempts, None);
+        }
+        for d in self.deferred.iter() {
+            f(d.seq, d.attempts, Some(d.due));
+        }
+    }
+
+    /// The sequences at or above `from` the cursor will step over (see `skip`).
+    pub fn stepped_over_from(&self, from: u64) -> impl Iterator<Item = u64> + '_ {
+        self.skip.iter_from(from)
+    }
+
+    /// Recovery: the cursor steps over `seqs` (messages deferred at publish time, or
+    /// finished before the cursor reached them).
+    pub(crate) fn step_over(&mut self, seqs: impl IntoIterator<Item = u64>) {
+        self.skip.extend(seqs);
+    }
+
+    /// Recovery: the channel's pending messages, deferred ones and those ready again
+    /// (sequence, attempts), whose bodies are read back from the store.
+    pub(crate) fn restore_pending(&mut self, deferred: Vec<Deferred>, ready: Vec<(u64, u16)>) {
+        self.deferred.restore(deferred);
+        self.ready.unread = ready.into_iter().collect();
+    }
+
+    /// Journals this channel's requeues, redeliveries and their FINs into `store` (a
+    /// durable channel of a topic with a store).
+    pub(crate) fn set_journal(&mut self, store: Option<Rc<nsq_storage::TopicStore>>) {
+        self.journal.store = store;
+    }
+
+    /// The topic's store and the sequence from which it holds every record: deferred
+    /// messages of those records hold no body (see [`Channel::defer`]).
+    pub(crate) fn set_reread(&mut self, reread: Option<(u64, Rc<nsq_storage::TopicStore>)>) {
+        self.deferred.set_reread(reread);
+    }
+
+    /// Recovery: messages below `head` may have been delivered before the restart, so
+    /// their FIN is journaled even after a single delivery (see [`Channel::finish`]),
+    /// until [`Channel::recovery_checkpointed`].
+    pub(crate) fn set_recovered_below(&mut self, head: u64) {
+        self.journal.recovered_below = head;
+    }
+
+    /// The first checkpoint after recovery covers the FINs since: from now on a FIN is
+    /// journaled as for a channel that was not recovered.
+    pub(crate) fn recovery_checkpointed(&mut self) {
+        self.journal.recovered_below = 0;
+    }
+
+    /// The topic pumped `n` messages to this channel (stats `message_count`).
+    pub(crate) fn count_pumped(&mut self, n: u64) {
+        self.counters.message_count += n;
+    }
+
+    /// Bodies of deferred messages held because the store cannot give them back (yet).
+    pub fn deferred_bodies_count(&self) -> usize {
+        self.deferred.bodies_len()
+    }
+
+    /// Messages ready again whose bodies are still in the log (part of
+    /// [`Channel::requeued_count`]).
+    pub fn ready_unread_count(&self) -> usize {
+        self.ready.unread.len()
+    }
+
+    /// Starts recording FIN latencies into `q` (`--e2e-processing-latency-percentile`).
+    pub(crate) fn start_e2e(&mut self, q: crate::quantile::Quantile) {
+        self.counters.e2e = Some(q);
     }
 
     /// Journals an event of this channel when it is durable.
     fn journal(&self, kind: EventKind, msg: &Message, due_unix_ns: i64) {
-        if let Some(st) = &self.journal {
+        if let Some(st) = &self.journal.store {
             st.journal(kind, &self.name, msg.seq, msg.attempts, due_unix_ns);
         }
     }
@@ -372,13 +430,13 @@ impl Channel {
         for f in self.in_flight.values() {
             low = low.min(f.msg.seq);
         }
-        for m in &self.requeued {
+        for m in &self.ready.requeued {
             low = low.min(m.seq);
         }
-        for Reverse(d) in self.deferred.iter() {
+        for d in self.deferred.iter() {
             low = low.min(d.seq);
         }
-        if let Some((&seq, _)) = self.ready_unread.first_key_value() {
+        if let Some((&seq, _)) = self.ready.unread.first_key_value() {
             low = low.min(seq);
         }
         low
@@ -395,13 +453,13 @@ impl Channel {
         for fl in self.in_flight.values() {
             f(fl.msg.seq);
         }
-        for m in &self.requeued {
+        for m in &self.ready.requeued {
             f(m.seq);
         }
-        for Reverse(d) in self.deferred.iter() {
+        for d in self.deferred.iter() {
             f(d.seq);
         }
-        for &seq in self.ready_unread.keys() {
+        for &seq in self.ready.unread.keys() {
             f(seq);
         }
     }
@@ -410,18 +468,15 @@ impl Channel {
     /// consumers' in-flight counts.
     pub fn empty(&mut self, log: &Log) {
         self.cursor = log.pumped;
-        if let Some(st) = &self.journal {
+        if let Some(st) = &self.journal.store {
             st.journal(EventKind::Emptied, &self.name, self.cursor, 0, 0);
         }
         self.skip.clear();
         self.clear_disk();
-        self.requeued.clear();
+        self.ready.clear();
         self.in_flight.clear();
-        self.in_flight_heap.clear();
         self.deferred.clear();
-        self.deferred_bodies.clear();
-        self.ready_unread.clear();
-        for c in &self.clients {
+        for c in &self.consumers.clients {
             c.in_flight.set(0);
         }
     }
@@ -437,10 +492,8 @@ impl Channel {
     /// Messages the cursor reaches are delivered with attempts 1.
     pub fn seek(&mut self, seq: u64) {
         self.cursor = seq;
-        self.requeued.clear();
+        self.ready.clear();
         self.deferred.clear();
-        self.deferred_bodies.clear();
-        self.ready_unread.clear();
         self.skip.clear();
         for f in self.in_flight.values() {
             if f.msg.seq >= seq {
@@ -453,26 +506,26 @@ impl Channel {
     /// Adds a subscribed client (no-op when it is already there). `max` 0 means
     /// unlimited; otherwise a channel with `max` clients refuses more.
     pub fn add_client(&mut self, client: Rc<Client>, max: usize) -> Result<(), ConsumerLimit> {
-        if self.clients.iter().any(|c| c.id == client.id) {
+        if self.consumers.clients.iter().any(|c| c.id == client.id) {
             return Ok(());
         }
-        if max > 0 && self.clients.len() >= max {
+        if max > 0 && self.consumers.clients.len() >= max {
             return Err(ConsumerLimit { max });
         }
-        self.clients.push(client);
+        self.consumers.clients.push(client);
         Ok(())
     }
 
     pub fn remove_client(&mut self, id: u64) {
-        self.clients.retain(|c| c.id != id);
-        if self.next_client >= self.clients.len() {
-            self.next_client = 0;
+        self.consumers.clients.retain(|c| c.id != id);
+        if self.consumers.next >= self.consumers.clients.len() {
+            self.consumers.next = 0;
         }
     }
 
     /// Closes every subscribed connection (channel delete).
     pub fn close_clients(&mut self) {
-        for c in self.clients.drain(..) {
+        for c in self.consumers.clients.drain(..) {
             c.state.set(ClientState::Closing);
             c.kill();
         }

@@ -5,64 +5,220 @@
 
 use super::{Channel, DISK_READ_AHEAD, DISK_READ_BATCH};
 use crate::topic::Record;
+use std::collections::VecDeque;
+use std::time::Duration;
 
-impl Channel {
-    /// True when the store can give back the record at `seq` for as long as this
-    /// channel holds it (see `reread`).
-    pub(super) fn rereads(&self, seq: u64) -> bool {
-        self.reread
-            .as_ref()
-            .is_some_and(|(from, st)| seq >= *from && seq < st.readable_seq())
+/// What a channel read back from its topic's store, and the state of its reads (nsqd
+/// reads a channel's backlog from its diskqueue instead).
+#[derive(Default)]
+pub(super) struct ReadAhead {
+    /// Records read back for a cursor below the memory tail, in sequence order.
+    records: VecDeque<Record>,
+    /// Body bytes held in `records`.
+    bytes: usize,
+    /// The cursor is below the memory tail and `records` is empty: a read is wanted.
+    wanted: bool,
+    /// A read for the cursor is under way (or a failed one waits for its retry).
+    reading: bool,
+    /// A read for the messages ready again below the memory tail is under way (or a
+    /// failed one waits for its retry).
+    unread_reading: bool,
+    /// Reads that failed in a row (the retry backs off: 100 ms, doubling, at most 5 s).
+    failures: u32,
+    /// The last failed read's error while reads keep failing, for the shard's health
+    /// (`/ping` answers it until a read succeeds or the channel is gone).
+    error: Option<String>,
+    /// Where the last read ended (the next sequential read starts there).
+    pos: Option<nsq_storage::ReadPos>,
+    /// Bumped whenever the cursor jumps (empty, seek): a read started before is dropped.
+    epoch: u64,
+}
+
+impl ReadAhead {
+    fn push(&mut self, recs: impl IntoIterator<Item = Record>) {
+        for r in recs {
+            self.bytes += r.body.len();
+            self.records.push_back(r);
+        }
     }
 
+    pub(super) fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// The first record held at or above `seq`, removed with those below it.
+    pub(super) fn pop_from(&mut self, seq: u64) -> Option<Record> {
+        while let Some(r) = self.records.pop_front() {
+            self.bytes -= r.body.len();
+            if r.seq >= seq {
+                return Some(r);
+            }
+        }
+        None
+    }
+
+    /// Asks for a read (the cursor reached the end of what is held).
+    pub(super) fn want(&mut self) {
+        self.wanted = true;
+    }
+
+    /// Drops what is held; a read under way is dropped when it arrives.
+    pub(super) fn clear(&mut self) {
+        self.records.clear();
+        self.bytes = 0;
+        self.pos = None;
+        self.wanted = false;
+        self.epoch += 1;
+    }
+
+    /// A read failed with `error`: held for `/ping` until a read succeeds. Returns the
+    /// pause before it is tried again, which doubles from 100 ms up to 5 s: a disk that
+    /// keeps failing must not turn into a loop of reads and error lines.
+    fn failed(&mut self, error: String) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        self.error = Some(error);
+        Duration::from_millis(100 << (self.failures - 1).min(6)).min(Duration::from_secs(5))
+    }
+
+    fn succeeded(&mut self) {
+        self.failures = 0;
+        self.error = None;
+    }
+}
+
+impl Channel {
     /// Lets go of the bodies of deferred messages whose records the store has made
     /// readable since they were deferred; returns the body bytes let go. Cheap when
     /// there are none: the topic calls it as it trims its memory tail.
     pub fn drop_readable_bodies(&mut self) -> usize {
-        let Some((from, st)) = &self.reread else {
-            return 0;
-        };
-        let (from, readable) = (*from, st.readable_seq());
-        if from >= readable || self.deferred_bodies.range(from..readable).next().is_none() {
-            return 0;
-        }
-        let mut readable_part = self.deferred_bodies.split_off(&from);
-        let mut rest = readable_part.split_off(&readable);
-        self.deferred_bodies.append(&mut rest);
-        readable_part.values().map(|m| m.body.len()).sum()
-    }
-
-    pub(super) fn pop_disk(&mut self) -> Option<Record> {
-        let r = self.disk.pop_front()?;
-        self.disk_bytes -= r.body.len();
-        Some(r)
+        self.deferred.drop_readable_bodies()
     }
 
     /// Adds records read back from the store (in sequence order, after those held).
     pub fn push_disk(&mut self, recs: impl IntoIterator<Item = Record>) {
-        for r in recs {
-            self.disk_bytes += r.body.len();
-            self.disk.push_back(r);
-        }
+        self.read_ahead.push(recs);
     }
 
     /// Body bytes read back from the store and held for delivery.
     pub fn disk_buffered_bytes(&self) -> usize {
-        self.disk_bytes
+        self.read_ahead.bytes
     }
 
     /// Records read back from the store and held for delivery.
     pub fn disk_buffered(&self) -> usize {
-        self.disk.len()
+        self.read_ahead.records.len()
     }
 
     /// Drops what was read back from the store (the cursor jumped).
     pub fn clear_disk(&mut self) {
-        self.disk.clear();
-        self.disk_bytes = 0;
-        self.disk_pos = None;
-        self.wants_disk = false;
-        self.disk_epoch += 1;
+        self.read_ahead.clear();
+    }
+
+    /// True when the cursor is below the memory tail with nothing read back for it: a
+    /// read is wanted.
+    pub fn wants_disk(&self) -> bool {
+        self.read_ahead.wanted
+    }
+
+    /// The last failed read's error while reads from the store keep failing.
+    pub fn read_error(&self) -> Option<&str> {
+        self.read_ahead.error.as_deref()
+    }
+
+    /// Counts each jump of the cursor (empty, seek): a read started before another
+    /// jump is stale when it arrives.
+    pub(crate) fn read_epoch(&self) -> u64 {
+        self.read_ahead.epoch
+    }
+
+    /// True while a read for the cursor is under way (or waits for its retry).
+    pub(crate) fn disk_read_pending(&self) -> bool {
+        self.read_ahead.reading
+    }
+
+    /// True while a read for the messages ready again is under way (or waits for its
+    /// retry).
+    pub(crate) fn unread_read_pending(&self) -> bool {
+        self.read_ahead.unread_reading
+    }
+
+    /// A read for the cursor ([`Channel::disk_read_from`]) starts: returns where the
+    /// last one ended (a hint for the store) and the current [`Channel::read_epoch`].
+    pub(crate) fn start_disk_read(&mut self) -> (Option<nsq_storage::ReadPos>, u64) {
+        self.read_ahead.reading = true;
+        (self.read_ahead.pos, self.read_ahead.epoch)
+    }
+
+    /// A read for the messages ready again ([`Channel::unread_read_from`]) starts (or
+    /// waits to start again): returns the current [`Channel::read_epoch`].
+    pub(crate) fn start_unread_read(&mut self) -> u64 {
+        self.read_ahead.unread_reading = true;
+        self.read_ahead.epoch
+    }
+
+    /// The read for the cursor is over (arrived, stale, or its retry is due).
+    pub(crate) fn disk_read_done(&mut self) {
+        self.read_ahead.reading = false;
+    }
+
+    /// The read for the messages ready again is over (arrived, stale, or its retry is
+    /// due).
+    pub(crate) fn unread_read_done(&mut self) {
+        self.read_ahead.unread_reading = false;
+    }
+
+    /// The retry of a failed read for the cursor is due: a read is wanted again.
+    pub(crate) fn disk_read_retry_due(&mut self) {
+        self.read_ahead.reading = false;
+        self.read_ahead.wanted = true;
+    }
+
+    /// A read from the store succeeded: the error reported for the channel goes.
+    pub(crate) fn read_succeeded(&mut self) {
+        self.read_ahead.succeeded();
+    }
+
+    /// Forgets the last read error (no read is wanted any more).
+    pub(crate) fn clear_read_error(&mut self) {
+        self.read_ahead.error = None;
+    }
+
+    /// A read from the store failed with `error` (the text `/ping` reports). Returns the
+    /// pause before it is tried again: 100 ms, doubling with each failure in a row, at
+    /// most 5 s.
+    pub(crate) fn read_failed(&mut self, error: String) -> Duration {
+        self.read_ahead.failed(error)
+    }
+
+    /// A failed read for the cursor waits for its retry (counted as under way, so that
+    /// no other starts meanwhile).
+    pub(crate) fn disk_read_waits_for_retry(&mut self) {
+        self.read_ahead.wanted = false;
+        self.read_ahead.reading = true;
+    }
+
+    /// Records read for the cursor arrived (`pos`: where the read ended).
+    pub(crate) fn disk_read_arrived(
+        &mut self,
+        pos: Option<nsq_storage::ReadPos>,
+        recs: impl IntoIterator<Item = Record>,
+    ) {
+        self.read_ahead.wanted = false;
+        self.read_ahead.pos = pos;
+        self.read_ahead.push(recs);
+    }
+
+    /// A read for the cursor at `from` found nothing below the memory tail at `base`:
+    /// when nothing is held and the cursor has not passed `from`, those records are
+    /// gone (corrupt or deleted) and the cursor continues from memory. Returns true
+    /// when the cursor moved.
+    pub(crate) fn disk_read_found_nothing(&mut self, from: u64, base: u64) -> bool {
+        let skip = self.read_ahead.is_empty() && self.cursor <= from && from < base;
+        if skip {
+            self.cursor = base;
+        }
+        self.read_ahead.wanted = false;
+        skip
     }
 
     /// Where the next read from the store should start and how many records it should
@@ -76,45 +232,49 @@ impl Channel {
     /// records are delivered keeps the disk busy, so a lagging channel with ready
     /// clients catches up at the disk's speed rather than one read's latency per batch.
     pub fn disk_read_from(&self, log_base: u64) -> Option<(u64, usize)> {
-        if self.disk_inflight || self.paused || self.cursor >= log_base {
+        if self.read_ahead.reading || self.flags.paused || self.cursor >= log_base {
             return None;
         }
         let room = self.room().min(DISK_READ_AHEAD.0);
         if room == 0 {
             return None;
         }
-        if !self.wants_disk && (self.disk.len() >= room || self.disk_bytes >= DISK_READ_AHEAD.1) {
+        if !self.read_ahead.wanted
+            && (self.read_ahead.records.len() >= room || self.read_ahead.bytes >= DISK_READ_AHEAD.1)
+        {
             return None;
         }
         let from = self
-            .disk
+            .read_ahead
+            .records
             .back()
             .map(|r| r.seq + 1)
             .unwrap_or(self.cursor)
             .max(self.cursor);
-        let max = (room - self.disk.len().min(room)).clamp(1, DISK_READ_BATCH.0);
+        let max = (room - self.read_ahead.records.len().min(room)).clamp(1, DISK_READ_BATCH.0);
         // Not a sliver per FIN: a read is worth making once a tenth of the room is free.
-        if !self.wants_disk && !self.disk.is_empty() && max < (room / 10).max(1) {
+        if !self.read_ahead.wanted && !self.read_ahead.is_empty() && max < (room / 10).max(1) {
             return None;
         }
         (from < log_base).then_some((from, max))
     }
 
     /// The read that brings back the bodies of messages ready again below the memory
-    /// tail (`ready_unread`), if one should start now: none is under way and a client
+    /// tail (the ready queue's `unread`), if one should start now: none is under way and a client
     /// can take messages. Returns the first sequence and how many records to read: up
     /// to the last wanted one within the clients' room, at most [`DISK_READ_BATCH`].
     pub fn unread_read_from(&self, log_base: u64) -> Option<(u64, usize)> {
-        if self.unread_inflight || self.paused {
+        if self.read_ahead.unread_reading || self.flags.paused {
             return None;
         }
-        let (&first, _) = self.ready_unread.range(..log_base).next()?;
+        let (&first, _) = self.ready.unread.range(..log_base).next()?;
         let room = self.room().min(DISK_READ_AHEAD.0);
         if room == 0 {
             return None;
         }
         let last = self
-            .ready_unread
+            .ready
+            .unread
             .range(first..log_base)
             .take(room)
             .last()
@@ -131,7 +291,7 @@ impl Channel {
         self.disk_read_from(log_base).is_some() || self.unread_read_from(log_base).is_some()
     }
 
-    /// Records read from the store at `from` for `ready_unread` arrived: the wanted
+    /// Records read from the store at `from` for the ready queue's `unread` arrived: the wanted
     /// ones become ready messages (bodies copied out of the read's window, so that a
     /// held message does not pin it). Wanted sequences the read covered but did not
     /// return are gone from the store (finished everywhere before they were due to be
@@ -151,20 +311,21 @@ impl Channel {
             .map_or(log_base, |r| r.seq.saturating_add(1))
             .min(readable);
         for r in recs {
-            if let Some(attempts) = self.ready_unread.remove(&r.seq) {
+            if let Some(attempts) = self.ready.unread.remove(&r.seq) {
                 let mut msg = r.message();
                 msg.attempts = attempts;
                 msg.body = bytes::Bytes::copy_from_slice(&msg.body);
-                self.requeued.push_back(msg);
+                self.ready.requeued.push_back(msg);
             }
         }
         let gone: Vec<u64> = self
-            .ready_unread
+            .ready
+            .unread
             .range(from..covered_to)
             .map(|(&s, _)| s)
             .collect();
         for s in &gone {
-            self.ready_unread.remove(s);
+            self.ready.unread.remove(s);
         }
         gone.len()
     }
@@ -172,7 +333,8 @@ impl Channel {
     /// True when the first message ready again below the memory tail waits for the
     /// store to make its record readable (at or above `readable`).
     pub fn unread_waits_for_store(&self, log_base: u64, readable: u64) -> bool {
-        self.ready_unread
+        self.ready
+            .unread
             .range(..log_base)
             .next()
             .is_some_and(|(&s, _)| s >= readable)
@@ -185,10 +347,10 @@ impl Channel {
     pub fn release_idle_read_ahead(&mut self) -> usize {
         // A full output is often only a moment (a consumer slower than the disk):
         // dropping then would read the same records again and again.
-        if self.disk.is_empty() || self.rdy_of_takers(false) > 0 {
+        if self.read_ahead.is_empty() || self.rdy_of_takers(false) > 0 {
             return 0;
         }
-        let bytes = self.disk_bytes;
+        let bytes = self.read_ahead.bytes;
         self.clear_disk();
         bytes
     }

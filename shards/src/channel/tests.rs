@@ -810,7 +810,7 @@ fn a_durable_channel_keeps_what_exceeds_mem_queue_size() {
 fn an_ephemeral_topic_without_channels_drops_beyond_mem_queue_size() {
     let mut t = Topic::new("t#ephemeral", 1);
     let (n, _) = t.publish((0..5).map(|i| Bytes::from(format!("m{i}"))), None, 3);
-    assert_eq!((n, t.depth(), t.message_count), (3, 3, 5));
+    assert_eq!((n, t.depth(), t.message_count()), (3, 3, 5));
 }
 
 // ------------------------------------------------------------------------------ empty
@@ -1115,9 +1115,9 @@ fn no_read_ahead_without_a_client_that_can_take_messages() {
         Some((0, 3)),
         "a read sized to what the client can take"
     );
-    ch.paused = true;
+    ch.flags.paused = true;
     assert_eq!(ch.disk_read_from(100), None, "paused: nothing is read");
-    ch.paused = false;
+    ch.flags.paused = false;
     // Records held for a client that stops taking them are let go; the cursor stays,
     // so the next read starts where delivery stopped.
     ch.push_disk(disk_records(0, 3));
@@ -1161,4 +1161,38 @@ fn read_ahead_is_dropped_when_the_last_client_leaves() {
         "no client: nothing read from disk held"
     );
     assert_eq!(ch.disk_read_from(100), None);
+}
+
+/// A log holding sequences 10..20 in memory (15 lost), all pumped.
+fn log_10_to_20() -> Log {
+    let rec = |seq: u64| crate::topic::Record {
+        seq,
+        id: MessageId(seq),
+        timestamp: 0,
+        defer_until: None,
+        body: Bytes::from(format!("m{seq}")),
+    };
+    let mut log = Log::default();
+    log.restore(10, 20, (10..20).filter(|s| *s != 15).map(rec));
+    log.pumped = 20;
+    log
+}
+
+#[test]
+fn channel_seek_drops_requeued_and_deferred() {
+    let log = log_10_to_20();
+    let msg = |seq: u64| log.get(seq).map(|r| r.message()).unwrap();
+    let mut ch = Channel::new("c", 18);
+    ch.ready.requeued.push_back(msg(11));
+    ch.ready.requeued.push_back(msg(19));
+    ch.defer(msg(12), Instant::now());
+    ch.defer_published(msg(19), Instant::now());
+    assert_eq!(ch.depth(&log), 2 - 1 + 2);
+    ch.seek(12);
+    assert_eq!(ch.cursor, 12);
+    assert!(ch.ready.requeued.is_empty() && ch.deferred.len() == 0 && ch.skip.is_empty());
+    assert_eq!(ch.depth(&log), 8);
+    assert_eq!(ch.low_watermark(), 12);
+    ch.seek(20);
+    assert_eq!(ch.depth(&log), 0);
 }

@@ -56,13 +56,13 @@ impl Shard {
         let work: Vec<Work> = {
             let mut topics = self.topics.borrow_mut();
             let visit = |t: &mut Topic, marked: bool| -> Option<Work> {
-                let st = t.store.clone()?;
+                let st = t.store().cloned()?;
                 // `journal_gen` is 0 here; a new journal event also counts as a change.
                 let mut m = topic_meta(t);
                 let written = meta_digest(&m);
                 let changed =
-                    marked && (t.written_meta != Some(written) || st.journal_has_events());
-                let sync_only = marked && !changed && !t.meta_synced;
+                    marked && (t.written_digest() != Some(written) || st.journal_has_events());
+                let sync_only = marked && !changed && !t.meta_synced();
                 if sync_only && !sync {
                     // Written, not yet synced: kept for the next synced checkpoint.
                     self.mark(t);
@@ -163,9 +163,8 @@ impl Shard {
                     }
                     let mut topics = self.topics.borrow_mut();
                     if let Some(t) = topics.get_mut(&name) {
-                        if t.store.as_ref().is_some_and(|s| Rc::ptr_eq(s, &st)) {
-                            t.written_meta = Some(written);
-                            t.meta_synced = sync && !batch;
+                        if t.store().is_some_and(|s| Rc::ptr_eq(s, &st)) {
+                            t.set_written_digest(written, sync && !batch);
                             if !sync {
                                 self.mark(t);
                             }
@@ -173,7 +172,7 @@ impl Shard {
                             // metadata or in journal events after it: from now on a
                             // crash redelivers only what was finished since (once).
                             for ch in t.channels.values_mut() {
-                                ch.recovered_below = 0;
+                                ch.recovery_checkpointed();
                             }
                         }
                     }
@@ -189,9 +188,7 @@ impl Shard {
             let now_low = {
                 let topics = self.topics.borrow();
                 match topics.get(&name) {
-                    Some(t) if t.store.as_ref().is_some_and(|s| Rc::ptr_eq(s, &st)) => {
-                        t.low_watermark()
-                    }
+                    Some(t) if t.store().is_some_and(|s| Rc::ptr_eq(s, &st)) => t.low_watermark(),
                     _ => continue,
                 }
             };
@@ -242,15 +239,15 @@ impl Shard {
         }
         // A topic whose write failed is still changed, so each checkpoint retries it:
         // the error stands (`/ping`) until one succeeds.
-        *self.meta_error.borrow_mut() = meta_error;
+        self.meta.set_error(meta_error);
         visited
     }
 
     /// `name`'s metadata, as last written through `st`, is on disk.
     fn meta_synced(&self, name: &str, st: &Rc<nsq_storage::TopicStore>) {
         if let Some(t) = self.topics.borrow_mut().get_mut(name) {
-            if t.store.as_ref().is_some_and(|s| Rc::ptr_eq(s, st)) {
-                t.meta_synced = true;
+            if t.store().is_some_and(|s| Rc::ptr_eq(s, st)) {
+                t.set_meta_synced();
             }
         }
     }
@@ -260,10 +257,7 @@ impl Shard {
     fn meta_write_failed(&self, what: &dyn std::fmt::Display, e: &std::io::Error) -> String {
         let cause = e.to_string();
         let e = format!("STORE: metadata write for {what} failed - {e}");
-        let (log, last) = &self.meta_error_log;
-        let same = *last.borrow() == cause;
-        log.error(same, format_args!("{e}"));
-        *last.borrow_mut() = cause;
+        self.meta.log_error(cause, &e);
         e
     }
 
@@ -318,7 +312,7 @@ impl Shard {
         }
         if let Some(t) = self.topics.borrow_mut().get_mut(topic) {
             // Forget deleted segments.
-            t.segment_newest = t.segment_newest.split_off(&cut);
+            t.forget_segments_below(cut);
         }
         cut
     }
@@ -331,7 +325,7 @@ impl Shard {
         st: &nsq_storage::TopicStore,
         s: &nsq_storage::SegmentInfo,
     ) -> Option<i64> {
-        let memo = |t: &Topic| t.segment_newest.get(&s.base).copied();
+        let memo = |t: &Topic| t.segment_newest(s.base);
         if let Some(ts) = self.topics.borrow().get(topic).and_then(memo) {
             return Some(ts);
         }
@@ -340,7 +334,7 @@ impl Shard {
             Err(_) => return None,
         };
         if let Some(t) = self.topics.borrow_mut().get_mut(topic) {
-            t.segment_newest.insert(s.base, ts);
+            t.remember_segment_newest(s.base, ts);
         }
         Some(ts)
     }
@@ -352,8 +346,8 @@ impl Shard {
             let topics = self.topics.borrow();
             let Some(t) = topics.get(topic) else { return };
             let oldest = t.oldest_retained();
-            let known = (t.retained.oldest_seq == oldest && t.retained.oldest_timestamp != 0)
-                .then_some(t.retained.oldest_timestamp);
+            let known = (t.retained().oldest_seq == oldest && t.retained().oldest_timestamp != 0)
+                .then_some(t.retained().oldest_timestamp);
             let ts = known.or_else(|| t.log.get(oldest).map(|r| r.timestamp));
             (oldest, t.log.head, ts)
         };
@@ -368,12 +362,12 @@ impl Shard {
                 .unwrap_or(0),
         };
         if let Some(t) = self.topics.borrow_mut().get_mut(topic) {
-            t.retained = crate::topic::Retained {
+            t.set_retained(crate::topic::Retained {
                 oldest_seq: oldest,
                 oldest_timestamp,
                 messages: t.log.head.saturating_sub(oldest),
                 bytes,
-            };
+            });
         }
     }
 }

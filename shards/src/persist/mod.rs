@@ -17,7 +17,6 @@
 use crate::shard::Shard;
 use crate::topic::{Topic, STORE_DELAY};
 use nsq_storage::meta::{ChannelMeta, PendingMessage, TopicMeta, META_VERSION};
-use std::cmp::Reverse;
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -80,46 +79,24 @@ pub fn topic_meta(t: &Topic) -> TopicMeta {
     let (now_i, now_ns) = (Instant::now(), crate::message::now_unix_nanos());
     let mut channels = Vec::new();
     for ch in t.channels.values() {
-        if ch.ephemeral {
+        if ch.is_ephemeral() {
             continue;
         }
         let mut pending = Vec::new();
-        for f in ch.in_flight.values() {
-            pending.push(PendingMessage {
-                seq: f.msg.seq,
-                attempts: f.msg.attempts,
-                due_unix_ns: 0,
-            });
-        }
-        for m in &ch.requeued {
-            pending.push(PendingMessage {
-                seq: m.seq,
-                attempts: m.attempts,
-                due_unix_ns: 0,
-            });
-        }
-        for (&seq, &attempts) in &ch.ready_unread {
+        ch.for_each_pending(|seq, attempts, due| {
             pending.push(PendingMessage {
                 seq,
                 attempts,
-                due_unix_ns: 0,
+                due_unix_ns: due.map_or(0, |d| crate::message::unix_nanos_at(d, now_i, now_ns)),
             });
-        }
-        for Reverse(d) in ch.deferred.iter() {
-            pending.push(PendingMessage {
-                seq: d.seq,
-                attempts: d.attempts,
-                due_unix_ns: crate::message::unix_nanos_at(d.due, now_i, now_ns),
-            });
-        }
+        });
         pending.sort_unstable_by_key(|p| p.seq);
         // Records the cursor will step over: those of pending messages are listed above
         // (recovery steps over them again); the others were finished already. Both are
         // in sequence order: one walk.
-        let mut pi = pending.partition_point(|p| p.seq < ch.cursor);
+        let mut pi = pending.partition_point(|p| p.seq < ch.cursor());
         let finished = ch
-            .skip
-            .iter_from(ch.cursor)
+            .stepped_over_from(ch.cursor())
             .filter(|&s| {
                 while pending.get(pi).is_some_and(|p| p.seq < s) {
                     pi += 1;
@@ -128,9 +105,9 @@ pub fn topic_meta(t: &Topic) -> TopicMeta {
             })
             .collect();
         channels.push(ChannelMeta {
-            name: ch.name.clone(),
-            paused: ch.paused,
-            cursor: ch.cursor,
+            name: ch.name().to_string(),
+            paused: ch.is_paused(),
+            cursor: ch.cursor(),
             pending,
             finished,
         });
@@ -159,7 +136,7 @@ impl Shard {
         for name in self.unstored_topics() {
             let mut topics = self.topics.borrow_mut();
             let more = match topics.get_mut(&name) {
-                Some(t) if t.store.is_some() && t.stored < t.log.head => {
+                Some(t) if t.store().is_some() && t.stored() < t.log.head => {
                     t.skip_finished();
                     let more = t.store_pump(cutoff, mq, all);
                     t.trim(mq);
@@ -182,7 +159,7 @@ impl Shard {
     pub async fn store_loop(self: Rc<Self>) {
         use futures::future::{select, Either};
         loop {
-            let wake = std::pin::pin!(self.store_wake.wait());
+            let wake = std::pin::pin!(self.stores.wake().wait());
             let stop = std::pin::pin!(self.shutdown.wait());
             if let Either::Right(_) = select(wake, stop).await {
                 return;
@@ -208,7 +185,7 @@ impl Shard {
             .topics
             .borrow()
             .values()
-            .filter_map(|t| t.store.clone())
+            .filter_map(|t| t.store().cloned())
             .collect();
         for st in &stores {
             st.close().await;

@@ -8,7 +8,6 @@ use crate::shard::{owner_of, Shard};
 use crate::topic::{Record, Topic};
 use nsq_storage::journal::{self, MessageState};
 use nsq_storage::meta::{self, PendingMessage};
-use std::cmp::Reverse;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::Instant;
@@ -19,7 +18,7 @@ const SEQ_MAX: u64 = 1 << 62;
 
 /// Brings back a recovered channel's unfinished messages with attempts and due time,
 /// without their bodies: those stay in the log and are read back when the message is
-/// due for delivery (see `Channel::ready_unread`), so start-up reads no body whatever
+/// due for delivery (see `Channel::ready_unread_count`), so start-up reads no body whatever
 /// the count of pending or deferred messages. One whose record turns out to be missing
 /// (every channel finished it after the checkpoint and before it was due to be written)
 /// is dropped then. Deferred ones are collected and heaped at once (O(n)).
@@ -55,7 +54,7 @@ impl RestoredPending {
             MessageState::Pending { .. } if seq >= self.stored_next => {
                 log::debug!(
                     "CHANNEL({}): pending message {seq} has no record in the store; dropped",
-                    ch.name
+                    ch.name()
                 );
             }
             MessageState::Pending {
@@ -64,8 +63,8 @@ impl RestoredPending {
             } => {
                 // A pending message at or above the cursor was deferred at publish time
                 // or journaled after the checkpoint: the cursor must step over its record.
-                if seq >= ch.cursor {
-                    ch.skip.insert(seq);
+                if seq >= ch.cursor() {
+                    ch.step_over([seq]);
                 }
                 if due_unix_ns != 0 {
                     self.deferred.push(crate::channel::Deferred {
@@ -78,16 +77,39 @@ impl RestoredPending {
                 }
             }
             // Finished after the checkpoint: the cursor steps over it.
-            MessageState::Finished if seq >= ch.cursor => {
-                ch.skip.insert(seq);
+            MessageState::Finished if seq >= ch.cursor() => {
+                ch.step_over([seq]);
             }
             MessageState::Finished => {}
         }
     }
 
     fn finish(self, ch: &mut Channel) {
-        ch.deferred = self.deferred.into_iter().map(Reverse).collect();
-        ch.ready_unread = self.ready.into_iter().collect();
+        ch.restore_pending(self.deferred, self.ready);
+    }
+}
+
+/// Why a topic's data could not be loaded at start-up. Its `Display` is the cause
+/// alone; the shard logs and reports `TOPIC(<name>): recovery failed - <cause>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecoveryError {
+    /// Its segment store could not be opened (the store's error).
+    Open(nsq_storage::StoreError),
+}
+
+impl std::fmt::Display for RecoveryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecoveryError::Open(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for RecoveryError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RecoveryError::Open(e) => Some(e),
+        }
     }
 }
 
@@ -113,7 +135,7 @@ impl Shard {
             .await;
         for dir_name in names {
             if dir_name.starts_with(".deleted-") {
-                if self.index == 0 {
+                if self.index() == 0 {
                     let p = root.join(&dir_name);
                     let _ = glommio::executor()
                         .spawn_blocking(move || std::fs::remove_dir_all(p))
@@ -127,7 +149,7 @@ impl Shard {
             if !crate::names::is_valid_topic_name(name) || crate::names::is_ephemeral(name) {
                 continue;
             }
-            if owner_of(name, self.count) != self.index {
+            if owner_of(name, self.count()) != self.index() {
                 continue;
             }
             let started = Instant::now();
@@ -153,9 +175,7 @@ impl Shard {
                 Err(e) => {
                     let e = format!("TOPIC({name}): recovery failed - {e}");
                     log::error!("{e}");
-                    self.failed_recoveries
-                        .borrow_mut()
-                        .insert(name.to_string(), e);
+                    self.meta.recovery_failed(name, e);
                 }
             }
         }
@@ -168,9 +188,11 @@ impl Shard {
         &self,
         name: &str,
         dir: PathBuf,
-    ) -> Result<(u64, usize, (usize, usize, u64)), String> {
+    ) -> Result<(u64, usize, (usize, usize, u64)), RecoveryError> {
         let keep = self.opts.mem_queue_size.max(1) as usize;
-        let rec = nsq_storage::TopicStore::open(dir.clone(), self.store_config(), keep).await?;
+        let rec = nsq_storage::TopicStore::open(dir.clone(), self.store_config(), keep)
+            .await
+            .map_err(RecoveryError::Open)?;
         let d2 = dir.clone();
         let m = glommio::executor()
             .spawn_blocking(move || meta::read_blocking(&d2))
@@ -192,7 +214,7 @@ impl Shard {
         rec.store.journal_recovered(meta_gen);
         let segs = (rec.sealed_segments, rec.scanned_segments, rec.scanned_bytes);
         let mut t = Topic::new(name, self.opts.node_id);
-        t.store_mode = self.store_mode();
+        t.set_store_mode(self.store_mode());
         // The newest records may never have been written (finished first): continue
         // after the newest sequence the metadata knew, never reusing one.
         let stored_next = rec.next_seq;
@@ -205,7 +227,7 @@ impl Shard {
         }
         let head = stored_next.max(meta_next);
         rec.store.advance_to(head);
-        t.stored = head;
+        t.set_stored(head);
         if let Some(last) = rec.tail.back() {
             t.resume_ids_after(crate::message::MessageId(last.id));
         }
@@ -215,8 +237,7 @@ impl Shard {
             head,
             rec.tail.into_iter().map(Record::from_stored),
         );
-        t.store = Some(rec.store.clone());
-        t.reread_from = Some(0);
+        t.attach_store(rec.store.clone(), 0);
         let first = rec.first_seq;
         match &m {
             Some(m) => {
@@ -261,19 +282,20 @@ impl Shard {
                         cursor = cursor.max(to);
                     }
                     let mut ch = Channel::new(&c.name, cursor.clamp(first, head));
-                    ch.paused = c.paused;
-                    ch.journal = t.store.clone();
-                    ch.reread = t.reread_from.zip(t.store.clone());
-                    ch.recovered_below = head;
+                    ch.set_paused(c.paused);
+                    ch.set_journal(t.store().cloned());
+                    ch.set_reread(t.reread());
+                    ch.set_recovered_below(head);
                     // Finished at or above the cursor (a message published with a defer
                     // time, finished before the cursor reached it): stepped over.
                     let stepped_over = c.finished.iter().copied().filter(|&s| {
-                        s >= ch.cursor
+                        s >= ch.cursor()
                             && s < head
                             && !journaled.contains_key(&s)
                             && listed.binary_search_by_key(&s, |p| p.seq).is_err()
                     });
-                    ch.skip.extend(stepped_over.collect::<Vec<_>>());
+                    let stepped_over: Vec<u64> = stepped_over.collect();
+                    ch.step_over(stepped_over);
                     // Records from `stored_next` on are not in the store (lost within the
                     // sync window of a crash, or finished before they were written):
                     // their pending messages are gone with them.
@@ -325,8 +347,7 @@ impl Shard {
             m.journal_gen = 0;
             let now_meta = topic_meta(&t);
             if m == now_meta {
-                t.written_meta = Some(meta_digest(&now_meta));
-                t.meta_synced = true;
+                t.set_written_digest(meta_digest(&now_meta), true);
                 unchanged = true;
             }
         }

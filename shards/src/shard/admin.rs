@@ -77,7 +77,7 @@ impl Shard {
                     .channels
                     .get_mut(&c)
                     .ok_or(AdminError::ChannelNotFound)?;
-                ch.paused = paused;
+                ch.set_paused(paused);
                 self.request_checkpoint();
                 if !paused {
                     let out = ch.dispatch(&topic.log, Instant::now());
@@ -128,7 +128,7 @@ impl Shard {
             .topics
             .borrow()
             .get(op.topic())
-            .is_some_and(|t| t.store.is_some())
+            .is_some_and(|t| t.store().is_some())
     }
 
     /// `POST /channel/seek` (beyond nsqd) on a topic this shard owns: moves the channel's
@@ -159,7 +159,7 @@ impl Shard {
             }
             // (Only what was handed to the store: records finished before they were
             // due to be written never are, without retention.)
-            t.store.as_ref().and_then(|st| {
+            t.store().and_then(|st| {
                 let upto = t.log.base.min(st.next_seq());
                 (to != SeekTo::Newest && st.readable_seq() < upto).then(|| (st.clone(), upto))
             })
@@ -188,7 +188,7 @@ impl Shard {
             match to {
                 SeekTo::Oldest => Plan::At(t.oldest_retained()),
                 SeekTo::Newest => Plan::At(t.log.pumped),
-                SeekTo::Timestamp(ts) => match (t.seek_in_memory(ts), &t.store) {
+                SeekTo::Timestamp(ts) => match (t.seek_in_memory(ts), t.store()) {
                     (Ok(seq), _) => Plan::At(seq),
                     (Err(first), None) => Plan::At(first),
                     (Err(first), Some(st)) => Plan::Disk {
@@ -216,7 +216,7 @@ impl Shard {
             .channels
             .get_mut(channel)
             .ok_or(AdminError::ChannelNotFound)?;
-        let from = ch.cursor;
+        let from = ch.cursor();
         ch.seek(target);
         log::info!("TOPIC({topic}) CHANNEL({channel}): seek {to:?}: cursor {from} -> {target}");
         let out = ch.dispatch(&t.log, Instant::now());

@@ -6,8 +6,34 @@ use super::{bump, memory_may_shrink, Shard};
 use crate::channel::InFlightError;
 use crate::client::Client;
 use crate::message::MessageId;
+use crate::timers::TimerQueue;
 use crate::topic::Topic;
+use std::cell::RefCell;
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
+
+/// The shard's timer queue (nsqd: queueScanLoop's channel list): channels with an
+/// in-flight timeout or a deferred message by their earliest due instant, and the
+/// topics whose memory tail each timer pass trims.
+#[derive(Default)]
+pub struct Timers {
+    /// Channels with an in-flight timeout or a deferred message, by the earliest due
+    /// instant, as (topic, channel) (see crate::timers).
+    queue: RefCell<TimerQueue<(String, String)>>,
+    /// Wakes the shard's timer loop when a timer earlier than every registered one was
+    /// registered (the loop may be sleeping until a later instant).
+    wake: crate::wake::Notify,
+    /// Durable topics whose memory tail may still shrink when their store makes more
+    /// records readable from disk (see `Topic::trim`); each timer pass trims them.
+    pub(super) trim_pending: RefCell<BTreeSet<String>>,
+}
+
+impl Timers {
+    /// Notified when a timer earlier than every registered one was registered.
+    pub fn wake(&self) -> &crate::wake::Notify {
+        &self.wake
+    }
+}
 
 impl Shard {
     pub(super) fn dispatch_topic(&self, t: &mut Topic) {
@@ -73,8 +99,8 @@ impl Shard {
     pub fn finish(&self, c: &Client, id: MessageId) -> Result<(), InFlightError> {
         let opts = &self.opts;
         self.with_channel(c, |ch| {
-            if ch.e2e.is_none() && !opts.e2e_percentiles.is_empty() {
-                ch.e2e = Some(crate::quantile::Quantile::new(
+            if ch.e2e().is_none() && !opts.e2e_percentiles.is_empty() {
+                ch.start_e2e(crate::quantile::Quantile::new(
                     opts.e2e_window,
                     &opts.e2e_percentiles,
                     crate::message::now_unix_nanos(),
@@ -101,12 +127,12 @@ impl Shard {
         let Some(due) = ch.timer_to_schedule() else {
             return;
         };
-        let mut timers = self.timers.borrow_mut();
-        let earliest = timers.next_due().is_none_or(|d| due < d);
-        timers.push(due, (topic.to_string(), ch.name.clone()));
-        drop(timers);
+        let mut queue = self.timers.queue.borrow_mut();
+        let earliest = queue.next_due().is_none_or(|d| due < d);
+        queue.push(due, (topic.to_string(), ch.name().to_string()));
+        drop(queue);
         if earliest {
-            self.timer_wake.notify();
+            self.timers.wake.notify();
         }
     }
 
@@ -125,7 +151,7 @@ impl Shard {
     /// When the next timer of this shard is due (an in-flight timeout or a deferred
     /// message of some channel), if any.
     pub fn next_timer_due(&self) -> Option<Instant> {
-        self.timers.borrow().next_due()
+        self.timers.queue.borrow().next_due()
     }
 
     /// One pass of the shard's timer at `now`: this is nsqd's queueScanLoop (nsqd.go),
@@ -142,7 +168,7 @@ impl Shard {
     /// safety net: every change that makes a client ready delivers at once). Returns how
     /// many channels were visited for timers.
     pub fn process_timers(&self, now: Instant) -> usize {
-        let due = self.timers.borrow_mut().pop_due(now);
+        let due = self.timers.queue.borrow_mut().pop_due(now);
         let visited = due.len();
         let mut out = 0;
         let mut topics = self.topics.borrow_mut();
@@ -158,7 +184,7 @@ impl Shard {
             let moved = ch.process_timers(now) > 0;
             if moved {
                 out += ch.dispatch(&t.log, now);
-                disk = ch.wants_disk || ch.wants_read(t.log.base);
+                disk = ch.wants_disk() || ch.wants_read(t.log.base);
             }
             self.schedule_timer(&tn, ch);
             if moved {
@@ -169,7 +195,7 @@ impl Shard {
             }
         }
         // Memory is also freed as the store makes records readable from disk.
-        let pending: Vec<String> = self.trim_pending.borrow().iter().cloned().collect();
+        let pending: Vec<String> = self.timers.trim_pending.borrow().iter().cloned().collect();
         for name in pending {
             let done = match topics.get_mut(&name) {
                 Some(t) => {
@@ -179,13 +205,14 @@ impl Shard {
                 None => true,
             };
             if done {
-                self.trim_pending.borrow_mut().remove(&name);
+                self.timers.trim_pending.borrow_mut().remove(&name);
             }
         }
         drop(topics);
         bump(&self.counters.messages_out, out);
         let ready: Vec<(String, String)> = self
             .clients
+            .map
             .borrow()
             .values()
             .filter_map(|w| w.upgrade())

@@ -9,26 +9,28 @@
 //! `store_prep.rs` (topic stores), `admin.rs` (admin operations, seek) and `stats.rs`
 //! (/stats, health, counters). Recovery and checkpoints are in [`crate::persist`].
 
-use crate::client::Client;
 use crate::options::Options;
-use crate::timers::TimerQueue;
 use crate::topic::Topic;
 use crate::wake::Latch;
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::rc::Weak;
 use std::time::Duration;
 
 mod admin;
 mod delivery;
+mod lookup;
 mod publish;
 mod read_ahead;
 mod stats;
 mod store_prep;
 mod subscribe;
 
+pub use delivery::Timers;
+pub use lookup::Lookup;
 pub use publish::DurableWait;
 pub use stats::client_stats;
+pub use store_prep::CreateStoreError;
 pub use subscribe::SubError;
 
 /// The shard that owns `topic` among `shards`: FNV-1a 64 of the name's bytes, modulo the
@@ -57,7 +59,7 @@ pub enum LookupEvent {
 /// until then. It must not touch the shard's topics synchronously.
 pub type TopicCreatedHook = Box<dyn Fn(&str, u64) -> bool>;
 
-/// Counters kept per shard (the per-shard /stats section).
+/// Counters kept per shard (the per-shard /stats section), one field per counter.
 #[derive(Default)]
 pub struct Counters {
     pub messages_in: Cell<u64>,
@@ -76,78 +78,105 @@ fn bump(c: &Cell<u64>, n: u64) {
     c.set(c.get() + n);
 }
 
+/// One shard, its state grouped by concern: where it is, its options, its topics, its
+/// connections, its counters, the lookup registration, the metadata checkpoints, the
+/// topic stores' queues and its timers.
 pub struct Shard {
-    pub index: usize,
-    pub count: usize,
-    cpu: usize,
+    place: Place,
     pub opts: Options,
-    pub(crate) topics: RefCell<HashMap<String, Topic>>,
-    /// Topic directories made and opened on the blocking thread for a store about to be
-    /// created (or its error), on the blocking-thread segment path only
-    /// ([`Shard::prepare_store`]).
-    prepared_dirs: RefCell<HashMap<String, Result<std::fs::File, String>>>,
-    /// Topics deleted so far: a directory prepared across a delete is not used.
-    topic_deletes: Cell<u64>,
-    /// Every connection on this shard (for producers in /stats and for shutdown).
-    pub clients: RefCell<HashMap<u64, Weak<Client>>>,
-    counters: Counters,
-    /// Set on SIGINT/SIGTERM: listeners stop, connections close.
-    pub shutdown: Latch,
-    /// Registration changes waiting for the lookup task (only kept when lookupd
-    /// addresses are configured).
-    pub lookup_events: RefCell<Vec<LookupEvent>>,
-    pub lookup_wake: crate::wake::Notify,
     /// This shard's copy of the node-wide settings that change at run time (shard 0
     /// owns them: see [`crate::node`]).
     pub node: crate::node::NodeSettings,
-    pub lookup_enabled: Cell<bool>,
+    pub(crate) topics: RefCell<HashMap<String, Topic>>,
+    clients: subscribe::ClientRegistry,
+    counters: Counters,
+    /// Set on SIGINT/SIGTERM: listeners stop, connections close.
+    pub shutdown: Latch,
+    pub lookup: Lookup,
+    pub(crate) meta: MetaState,
+    pub(crate) stores: store_prep::StoreQueues,
+    pub timers: delivery::Timers,
+    /// This shard as an `Rc`, for tasks its synchronous methods spawn.
+    pub me: RefCell<Weak<Shard>>,
+}
+
+/// Where a shard is: its index among `count` shards, and the CPU its thread runs on.
+struct Place {
+    index: usize,
+    count: usize,
+    cpu: usize,
+}
+
+/// The metadata checkpoints of a shard's durable topics (nsqd: PersistMetadata): what
+/// changed since the last one, the requests for one, and their errors.
+pub(crate) struct MetaState {
     /// A topic or channel was created or deleted: the checkpoint task writes metadata
     /// soon (nsqd: Notify persists metadata on every such change).
-    pub meta_wake: crate::wake::Notify,
+    wake: crate::wake::Notify,
     /// Metadata checkpoints asked for (`request_checkpoint`) and the last one written:
     /// a channel created, deleted or paused is answered once it is in the metadata.
-    meta_requested: Cell<u64>,
-    meta_written: crate::wake::Progress,
+    requested: Cell<u64>,
+    written: crate::wake::Progress,
+    /// A checkpoint is being written (one at a time: [`Shard::run_checkpoint`]).
+    running: Cell<bool>,
+    /// Durable topics whose metadata may have changed since the last checkpoint took
+    /// them ([`Shard::mark_changed`]): a checkpoint looks at these only, so its cost
+    /// follows what changed, not how many topics the shard holds.
+    changed: RefCell<HashSet<String>>,
     /// The last metadata write's error, until one succeeds (nsqd's health).
-    pub(crate) meta_error: RefCell<Option<String>>,
+    error: RefCell<Option<String>>,
     /// Logs failed metadata writes: a cause that repeats (a full disk, no descriptors
     /// left, for every changed topic at each checkpoint) at most once a second, with
     /// the count; the last cause logged.
-    pub(crate) meta_error_log: (nsq_storage::repeat_log::RepeatLog, RefCell<String>),
+    error_log: (nsq_storage::repeat_log::RepeatLog, RefCell<String>),
     /// Topics whose data could not be loaded at start-up, with the error (by topic
     /// name): reported by [`Shard::health`] until the next start, and their stores are
     /// never created afresh over the data left in their directories (a publish to one
     /// is refused, as to a topic whose store failed).
-    pub(crate) failed_recoveries: RefCell<std::collections::BTreeMap<String, String>>,
-    /// A checkpoint is being written (one at a time: [`Shard::run_checkpoint`]).
-    checkpoint_running: Cell<bool>,
-    /// Durable topics whose metadata may have changed since the last checkpoint took
-    /// them ([`Shard::mark_changed`]): a checkpoint looks at these only, so its cost
-    /// follows what changed, not how many topics the shard holds.
-    meta_changed: RefCell<HashSet<String>>,
-    /// Topics holding records not yet handed to their store (`Topic::store_pump`): the
-    /// store task visits these only.
-    unstored: RefCell<HashSet<String>>,
-    /// Durable topics whose store could not be created: retried by
-    /// [`Shard::retry_missing_stores`] without a walk of every topic.
-    missing_stores: RefCell<BTreeSet<String>>,
-    /// A topic holds records not yet handed to its store: wakes `store_loop`.
-    pub(crate) store_wake: crate::wake::Notify,
-    next_client: Cell<u64>,
-    /// Channels with an in-flight timeout or a deferred message, by the earliest due
-    /// instant, as (topic, channel) (see crate::timers).
-    timers: RefCell<TimerQueue<(String, String)>>,
-    /// Wakes the shard's timer loop when a timer earlier than every registered one was
-    /// registered (the loop may be sleeping until a later instant).
-    pub timer_wake: crate::wake::Notify,
-    /// Durable topics whose memory tail may still shrink when their store makes more
-    /// records readable from disk (see `Topic::trim`); each timer pass trims them.
-    trim_pending: RefCell<BTreeSet<String>>,
-    /// This shard as an `Rc`, for tasks its synchronous methods spawn.
-    pub me: RefCell<Weak<Shard>>,
-    /// Set once recovery is over (see [`TopicCreatedHook`]).
-    pub topic_created: RefCell<Option<TopicCreatedHook>>,
-    next_hold: Cell<u64>,
+    failed_recoveries: RefCell<std::collections::BTreeMap<String, String>>,
+}
+
+impl MetaState {
+    /// Notified when a checkpoint is asked for.
+    pub fn wake(&self) -> &crate::wake::Notify {
+        &self.wake
+    }
+
+    /// The last metadata write's error, until one succeeds.
+    pub(crate) fn error(&self) -> Option<String> {
+        self.error.borrow().clone()
+    }
+
+    /// The outcome of a checkpoint: its last failed write's error, or `None`.
+    pub(crate) fn set_error(&self, error: Option<String>) {
+        *self.error.borrow_mut() = error;
+    }
+
+    /// Logs a failed metadata write `e` whose cause is `cause`: a cause that repeats
+    /// at most once a second, with the count.
+    pub(crate) fn log_error(&self, cause: String, e: &dyn std::fmt::Display) {
+        let (log, last) = &self.error_log;
+        let same = *last.borrow() == cause;
+        log.error(same, format_args!("{e}"));
+        *last.borrow_mut() = cause;
+    }
+
+    /// The data of `topic` could not be loaded at start-up (`error`).
+    pub(crate) fn recovery_failed(&self, topic: &str, error: String) {
+        self.failed_recoveries
+            .borrow_mut()
+            .insert(topic.to_string(), error);
+    }
+
+    /// The error with which `topic`'s data could not be loaded, if it could not.
+    pub(crate) fn failed_recovery(&self, topic: &str) -> Option<String> {
+        self.failed_recoveries.borrow().get(topic).cloned()
+    }
+
+    /// The first topic's recovery error, if any topic's data could not be loaded.
+    pub(crate) fn any_failed_recovery(&self) -> Option<String> {
+        self.failed_recoveries.borrow().values().next().cloned()
+    }
 }
 
 /// Bytes a topic's store may have waiting for its writer before publishers wait
@@ -161,44 +190,49 @@ pub const TIMER_REFRESH: Duration = Duration::from_secs(5);
 impl Shard {
     pub fn new(index: usize, count: usize, cpu: usize, opts: Options) -> Shard {
         Shard {
-            index,
-            count,
-            cpu,
+            place: Place { index, count, cpu },
             opts,
+            node: crate::node::NodeSettings::default(),
             topics: RefCell::new(HashMap::new()),
-            prepared_dirs: RefCell::new(HashMap::new()),
-            topic_deletes: Cell::new(0),
-            clients: RefCell::new(HashMap::new()),
+            clients: subscribe::ClientRegistry::default(),
             counters: Counters::default(),
             shutdown: Latch::default(),
-            lookup_events: RefCell::new(Vec::new()),
-            lookup_wake: crate::wake::Notify::default(),
-            node: crate::node::NodeSettings::default(),
-            lookup_enabled: Cell::new(false),
-            meta_wake: crate::wake::Notify::default(),
-            meta_requested: Cell::new(0),
-            meta_written: crate::wake::Progress::default(),
-            meta_error: RefCell::new(None),
-            meta_error_log: Default::default(),
-            failed_recoveries: RefCell::new(std::collections::BTreeMap::new()),
-            checkpoint_running: Cell::new(false),
-            meta_changed: RefCell::new(HashSet::new()),
-            unstored: RefCell::new(HashSet::new()),
-            missing_stores: RefCell::new(BTreeSet::new()),
-            store_wake: crate::wake::Notify::default(),
-            next_client: Cell::new(1),
-            timers: RefCell::new(TimerQueue::default()),
-            timer_wake: crate::wake::Notify::default(),
-            trim_pending: RefCell::new(BTreeSet::new()),
+            lookup: Lookup::default(),
+            meta: MetaState {
+                wake: crate::wake::Notify::default(),
+                requested: Cell::new(0),
+                written: crate::wake::Progress::default(),
+                running: Cell::new(false),
+                changed: RefCell::new(HashSet::new()),
+                error: RefCell::new(None),
+                error_log: Default::default(),
+                failed_recoveries: RefCell::new(std::collections::BTreeMap::new()),
+            },
+            stores: store_prep::StoreQueues::default(),
+            timers: delivery::Timers::default(),
             me: RefCell::new(Weak::new()),
-            topic_created: RefCell::new(None),
-            next_hold: Cell::new(1),
         }
+    }
+
+    /// This shard's index among [`Shard::count`] shards.
+    pub fn index(&self) -> usize {
+        self.place.index
+    }
+
+    /// The number of shards (one per core).
+    pub fn count(&self) -> usize {
+        self.place.count
+    }
+
+    /// Notified when a metadata checkpoint is asked for (the checkpoint task waits on
+    /// it).
+    pub fn meta_wake(&self) -> &crate::wake::Notify {
+        self.meta.wake()
     }
 
     /// True when this shard owns `topic`.
     pub fn owns(&self, topic: &str) -> bool {
-        owner_of(topic, self.count) == self.index
+        owner_of(topic, self.count()) == self.index()
     }
 
     /// A topic or channel came or went (nsqd: NSQD.Notify): queues the registration
@@ -206,17 +240,14 @@ impl Shard {
     /// after does not forget the topic or channel.
     pub fn notify_lookup(&self, ev: LookupEvent) {
         self.request_checkpoint();
-        if self.lookup_enabled.get() {
-            self.lookup_events.borrow_mut().push(ev);
-            self.lookup_wake.notify();
-        }
+        self.lookup.push(ev);
     }
 
     /// Asks the checkpoint task for a metadata write soon (counted: see
     /// [`Shard::persist_changes`]).
     pub fn request_checkpoint(&self) {
-        self.meta_requested.set(self.meta_requested.get() + 1);
-        self.meta_wake.notify();
+        self.meta.requested.set(self.meta.requested.get() + 1);
+        self.meta.wake.notify();
     }
 
     /// Notes that `topic`'s metadata (channels, cursors, pending messages, paused flags,
@@ -235,20 +266,19 @@ impl Shard {
     /// [`Shard::mark_changed`] for a topic at hand: a field test on every call after the
     /// first (this runs for every publish and FIN), one insert per checkpoint interval.
     pub(crate) fn mark(&self, t: &mut Topic) {
-        if self.opts.data_path.is_some() && !t.meta_marked {
-            t.meta_marked = true;
-            self.meta_changed.borrow_mut().insert(t.name.clone());
+        if self.opts.data_path.is_some() && t.mark_changed() {
+            self.meta.changed.borrow_mut().insert(t.name.clone());
         }
     }
 
     /// Takes the topics marked changed since the last call (for the checkpoint); they
     /// are marked again by their next change.
     pub(crate) fn take_changed(&self) -> HashSet<String> {
-        let names = std::mem::take(&mut *self.meta_changed.borrow_mut());
+        let names = std::mem::take(&mut *self.meta.changed.borrow_mut());
         let mut topics = self.topics.borrow_mut();
         for name in &names {
             if let Some(t) = topics.get_mut(name) {
-                t.meta_marked = false;
+                t.clear_changed();
             }
         }
         names
@@ -257,22 +287,22 @@ impl Shard {
     /// Notes that `topic` holds records not yet handed to its store and wakes the store
     /// task.
     pub(crate) fn mark_unstored(&self, topic: &str) {
-        let mut unstored = self.unstored.borrow_mut();
+        let mut unstored = self.stores.unstored.borrow_mut();
         if !unstored.contains(topic) {
             unstored.insert(topic.to_string());
         }
         drop(unstored);
-        self.store_wake.notify();
+        self.stores.wake.notify();
     }
 
     /// The topics [`Shard::mark_unstored`] noted, for the store task.
     pub(crate) fn unstored_topics(&self) -> Vec<String> {
-        self.unstored.borrow().iter().cloned().collect()
+        self.stores.unstored.borrow().iter().cloned().collect()
     }
 
     /// `topic` has handed every record to its store (or is gone).
     pub(crate) fn stored_all(&self, topic: &str) {
-        self.unstored.borrow_mut().remove(topic);
+        self.stores.unstored.borrow_mut().remove(topic);
     }
 
     /// Writes a metadata checkpoint now ([`Shard::checkpoint`]), after the one being
@@ -287,9 +317,9 @@ impl Shard {
     /// [`Shard::run_checkpoint`] with the writes fsynced (`sync`) or only written
     /// ([`Shard::checkpoint_with`]).
     async fn run_checkpoint_with(&self, sync: bool) {
-        while self.checkpoint_running.get() {
-            let t = self.meta_written.ticks();
-            self.meta_written.next_tick(t).await;
+        while self.meta.running.get() {
+            let t = self.meta.written.ticks();
+            self.meta.written.next_tick(t).await;
         }
         // Released however this ends: the future of a connection's task can be dropped
         // mid-checkpoint (its client gone, shutdown), and a flag left set would stop
@@ -297,17 +327,17 @@ impl Shard {
         struct Running<'a>(&'a Shard);
         impl Drop for Running<'_> {
             fn drop(&mut self) {
-                self.0.checkpoint_running.set(false);
+                self.0.meta.running.set(false);
                 // Wakes the waiters (without counting anything written): one runs next.
-                self.0.meta_written.advance_to(0);
+                self.0.meta.written.advance_to(0);
             }
         }
-        self.checkpoint_running.set(true);
+        self.meta.running.set(true);
         let running = Running(self);
-        let requested = self.meta_requested.get();
+        let requested = self.meta.requested.get();
         self.checkpoint_with(sync).await;
         drop(running);
-        self.meta_written.advance_to(requested);
+        self.meta.written.advance_to(requested);
     }
 
     /// Waits until what changed so far on this shard (each change asks for a
@@ -321,14 +351,13 @@ impl Shard {
         if self.opts.data_path.is_none() {
             return;
         }
-        if self.meta_written.get() < self.meta_requested.get() {
+        if self.meta.written.get() < self.meta.requested.get() {
             self.run_checkpoint_with(self.opts.sync_every <= 1).await;
         }
     }
 
     fn topic_deleted(&self, t: &Topic) {
-        self.topic_deletes.set(self.topic_deletes.get() + 1);
-        self.prepared_dirs.borrow_mut().remove(&t.name);
+        self.stores.topic_deleted(&t.name);
         crate::memory_freed(
             t.log.body_bytes()
                 + t.channels
@@ -336,7 +365,7 @@ impl Shard {
                     .map(|c| c.disk_buffered_bytes())
                     .sum::<usize>(),
         );
-        if let Some(st) = &t.store {
+        if let Some(st) = t.store() {
             st.destroy();
         }
         self.notify_lookup(LookupEvent::Unregister(t.name.clone(), None));
@@ -354,20 +383,14 @@ impl Shard {
             log::info!("TOPIC({name}): created");
             self.notify_lookup(LookupEvent::Register(name.to_string(), None));
             let mut t = Topic::new(name, self.opts.node_id);
-            t.store_mode = self.store_mode();
+            t.set_store_mode(self.store_mode());
             if let (Some(_), false) = (&self.opts.data_path, t.ephemeral) {
                 if let Err(e) = self.create_store(&mut t, true) {
                     // `e` names the topic already.
                     log::error!("{e}; publishes are refused until it can be created");
                 }
             }
-            if let Some(hook) = self.topic_created.borrow().as_ref() {
-                let token = self.next_hold.get();
-                self.next_hold.set(token + 1);
-                if hook(name, token) {
-                    t.held = Some(token);
-                }
-            }
+            t.held = self.lookup.hold(name);
             topics.insert(name.to_string(), t);
         }
         let t = topics.get_mut(name).expect("inserted above");
@@ -386,9 +409,8 @@ impl Shard {
 /// records are not yet handed to its store or not yet readable from disk (see
 /// `Topic::trim`).
 fn memory_may_shrink(t: &Topic) -> bool {
-    t.store
-        .as_ref()
-        .is_some_and(|st| t.stored < t.log.head || st.readable_seq() < st.next_seq())
+    t.store()
+        .is_some_and(|st| t.stored() < t.log.head || st.readable_seq() < st.next_seq())
 }
 
 #[cfg(test)]

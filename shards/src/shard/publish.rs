@@ -35,10 +35,11 @@ impl Shard {
         let bytes: u64 = bodies.iter().map(|b| b.len() as u64).sum();
         let mut topics = self.topics.borrow_mut();
         let t = self.get_or_create_topic(&mut topics, topic);
-        if t.store.is_none() && t.store_error.is_some() {
-            self.create_store(t, false).map_err(PublishError::Disk)?;
+        if t.store().is_none() && t.store_error().is_some() {
+            self.create_store(t, false)
+                .map_err(|e| PublishError::Disk(e.to_string()))?;
         }
-        if let Some(st) = &t.store {
+        if let Some(st) = t.store() {
             // A failing disk holds what it could not write in memory until it heals;
             // once that is full, this publish is refused before it is appended, so
             // nothing already acknowledged ever makes room for it.
@@ -49,8 +50,8 @@ impl Shard {
         bump(&self.counters.messages_in, n);
         bump(&self.counters.bytes_in, bytes);
         let must_sync =
-            self.opts.sync_every <= 1 || t.store.as_ref().is_some_and(|st| st.error().is_some());
-        if t.stored < t.log.head {
+            self.opts.sync_every <= 1 || t.store().is_some_and(|st| st.error().is_some());
+        if t.stored() < t.log.head {
             // Deferred store mode: what exceeds the memory queue goes now (all of it when
             // this publish must be durable); the rest when it is due, unless finished.
             let cutoff = crate::message::now_unix_nanos() - STORE_DELAY.as_nanos() as i64;
@@ -58,7 +59,7 @@ impl Shard {
                 self.mark_unstored(topic);
             }
         }
-        let wait = t.store.as_ref().and_then(|st| {
+        let wait = t.store().and_then(|st| {
             let durable = must_sync.then_some(end);
             (durable.is_some() || st.pending_bytes() > STORE_PENDING_HIGH).then(|| DurableWait {
                 store: st.clone(),
@@ -67,7 +68,7 @@ impl Shard {
         });
         self.dispatch_topic(t);
         if memory_may_shrink(t) {
-            self.trim_pending.borrow_mut().insert(t.name.clone());
+            self.timers.trim_pending.borrow_mut().insert(t.name.clone());
         }
         Ok(wait)
     }
@@ -96,7 +97,7 @@ impl Shard {
         t.pump(mq);
         self.dispatch_topic(t);
         if memory_may_shrink(t) {
-            self.trim_pending.borrow_mut().insert(t.name.clone());
+            self.timers.trim_pending.borrow_mut().insert(t.name.clone());
         }
     }
 }

@@ -44,20 +44,22 @@ impl Shard {
     /// Starts a read from the store for every channel of `t` whose cursor is below the
     /// memory tail and whose read-ahead buffer runs low (without stalling anything else).
     pub(super) fn schedule_disk_reads(&self, t: &mut Topic) {
-        let Some(store) = t.store.clone() else { return };
+        let Some(store) = t.store().cloned() else {
+            return;
+        };
         let base = t.log.base;
         for ch in t.channels.values_mut() {
             if let Some((from, max)) = ch.unread_read_from(base) {
                 let me = self.me.borrow().upgrade();
                 let Some(me) = me else { return };
-                ch.unread_inflight = true;
+                let epoch = ch.start_unread_read();
                 let read = DiskRead {
                     topic: t.name.clone(),
-                    channel: ch.name.clone(),
+                    channel: ch.name().to_string(),
                     from,
                     max,
                     hint: None,
-                    epoch: ch.disk_epoch,
+                    epoch,
                 };
                 let store = store.clone();
                 glommio::spawn_local(async move {
@@ -71,14 +73,14 @@ impl Shard {
             };
             let me = self.me.borrow().upgrade();
             let Some(me) = me else { return };
-            ch.disk_inflight = true;
+            let (hint, epoch) = ch.start_disk_read();
             let read = DiskRead {
                 topic: t.name.clone(),
-                channel: ch.name.clone(),
+                channel: ch.name().to_string(),
                 from,
                 max,
-                hint: ch.disk_pos,
-                epoch: ch.disk_epoch,
+                hint,
+                epoch,
             };
             let store = store.clone();
             glommio::spawn_local(async move {
@@ -100,15 +102,14 @@ impl Shard {
         };
         self.mark(t);
         if let Some(ch) = t.channels.get_mut(channel) {
-            ch.disk_inflight = false;
-            ch.wants_disk = true;
+            ch.disk_read_retry_due();
         }
         self.schedule_disk_reads(t);
         if let Some(ch) = t.channels.get_mut(channel) {
-            if !ch.disk_inflight {
+            if !ch.disk_read_pending() {
                 // No read is wanted any more (the cursor moved past the disk: an empty,
                 // a seek): the failing read is not retried, so it is no longer a fault.
-                ch.disk_error = None;
+                ch.clear_read_error();
             }
         }
     }
@@ -129,17 +130,16 @@ impl Shard {
         let Some(ch) = t.channels.get_mut(&r.channel) else {
             return;
         };
-        if ch.disk_epoch != r.epoch {
+        if ch.read_epoch() != r.epoch {
             // Emptied or sought meanwhile: what it was for is gone.
-            ch.unread_inflight = false;
+            ch.unread_read_done();
             self.schedule_disk_reads(t);
             return;
         }
         match res {
             Ok((recs, _)) => {
-                ch.unread_inflight = false;
-                ch.disk_failures = 0;
-                ch.disk_error = None;
+                ch.unread_read_done();
+                ch.read_succeeded();
                 let recs = recs
                     .into_iter()
                     .map(crate::topic::Record::from_stored)
@@ -147,7 +147,7 @@ impl Shard {
                 let gone = ch.unread_arrived(r.from, base, readable, recs);
                 if ch.unread_waits_for_store(base, readable) {
                     // Out of the memory tail and not written yet: read again shortly.
-                    ch.unread_inflight = true;
+                    ch.start_unread_read();
                     self.retry_after(UNREAD_WAIT, &r, Shard::retry_unread_read);
                 }
                 if gone > 0 {
@@ -180,12 +180,12 @@ impl Shard {
             return;
         };
         if let Some(ch) = t.channels.get_mut(channel) {
-            ch.unread_inflight = false;
+            ch.unread_read_done();
         }
         self.schedule_disk_reads(t);
         if let Some(ch) = t.channels.get_mut(channel) {
-            if !ch.unread_inflight && !ch.disk_inflight {
-                ch.disk_error = None;
+            if !ch.unread_read_pending() && !ch.disk_read_pending() {
+                ch.clear_read_error();
             }
         }
     }
@@ -204,48 +204,45 @@ impl Shard {
         let Some(ch) = t.channels.get_mut(&r.channel) else {
             return;
         };
-        if ch.disk_epoch != r.epoch {
+        if ch.read_epoch() != r.epoch {
             // The cursor jumped meanwhile (empty, seek): this read is stale.
-            ch.disk_inflight = false;
+            ch.disk_read_done();
             self.schedule_disk_reads(t);
             return;
         }
-        ch.disk_inflight = false;
+        ch.disk_read_done();
         if res.is_ok() {
-            ch.disk_failures = 0;
-            ch.disk_error = None;
+            ch.read_succeeded();
         }
         match res {
             Ok((recs, pos)) if !recs.is_empty() => {
-                ch.wants_disk = false;
-                ch.disk_pos = pos;
                 // Each body is copied out of the read's 1 MiB window: a slice would keep
                 // the whole window alive as long as the message is held (in flight to a
                 // consumer that does not read, requeued), a window per message.
-                ch.push_disk(recs.into_iter().map(|r| {
-                    let mut r = crate::topic::Record::from_stored(r);
-                    r.body = bytes::Bytes::copy_from_slice(&r.body);
-                    r
-                }));
+                ch.disk_read_arrived(
+                    pos,
+                    recs.into_iter().map(|r| {
+                        let mut r = crate::topic::Record::from_stored(r);
+                        r.body = bytes::Bytes::copy_from_slice(&r.body);
+                        r
+                    }),
+                );
             }
             Ok(_) => {
                 // Nothing on disk at or after `from` below the memory tail: those
                 // records are gone (corrupt or deleted); continue from memory.
-                if ch.disk.is_empty() && ch.cursor <= r.from && r.from < base {
+                if ch.disk_read_found_nothing(r.from, base) {
                     log::error!(
                         "TOPIC({}) CHANNEL({}): records {}..{base} missing on disk; skipped",
                         r.topic,
                         r.channel,
                         r.from
                     );
-                    ch.cursor = base;
                 }
-                ch.wants_disk = false;
             }
             Err(e) => {
                 let delay = read_failed(ch, &r, &e);
-                ch.wants_disk = false;
-                ch.disk_inflight = true;
+                ch.disk_read_waits_for_retry();
                 self.retry_after(delay, &r, Shard::retry_disk_read);
             }
         }
@@ -265,13 +262,10 @@ fn read_failed(
     r: &DiskRead,
     e: &dyn std::fmt::Display,
 ) -> Duration {
-    ch.disk_failures = ch.disk_failures.saturating_add(1);
-    ch.disk_error = Some(format!(
+    let delay = ch.read_failed(format!(
         "TOPIC({}) CHANNEL({}): disk read failed - {e}",
         r.topic, r.channel
     ));
-    let delay =
-        Duration::from_millis(100 << (ch.disk_failures - 1).min(6)).min(Duration::from_secs(5));
     log::error!(
         "TOPIC({}) CHANNEL({}): disk read failed - {e}; retrying in {}",
         r.topic,

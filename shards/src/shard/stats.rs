@@ -17,18 +17,17 @@ impl Shard {
         topics
             .values()
             .find_map(|t| {
-                t.store
-                    .as_ref()
+                t.store()
                     .and_then(|s| s.error().map(String::from))
-                    .or_else(|| t.store_error.clone())
+                    .or_else(|| t.store_error().map(String::from))
             })
-            .or_else(|| self.meta_error.borrow().clone())
-            .or_else(|| self.failed_recoveries.borrow().values().next().cloned())
+            .or_else(|| self.meta.error())
+            .or_else(|| self.meta.any_failed_recovery())
             .or_else(|| {
                 topics
                     .values()
                     .flat_map(|t| t.channels.values())
-                    .find_map(|c| c.disk_error.clone())
+                    .find_map(|c| c.read_error().map(str::to_string))
             })
     }
 
@@ -43,10 +42,10 @@ impl Shard {
         names.sort();
         let mut out = Vec::new();
         let mut counters = ShardCounters {
-            shard: self.index,
-            cpu: self.cpu,
+            shard: self.index(),
+            cpu: self.place.cpu,
             topics: topics.len(),
-            clients: self.clients.borrow().len(),
+            clients: self.clients.map.borrow().len(),
             messages_in: self.counters.messages_in.get(),
             bytes_in: self.counters.bytes_in.get(),
             messages_out: self.counters.messages_out.get(),
@@ -65,8 +64,8 @@ impl Shard {
             counters.depth += t.depth();
             for ch in t.channels.values() {
                 counters.depth += ch.depth(&t.log);
-                counters.in_flight += ch.in_flight.len() as u64;
-                counters.deferred += ch.deferred.len() as u64;
+                counters.in_flight += ch.in_flight_count() as u64;
+                counters.deferred += ch.deferred_count() as u64;
             }
         }
         let mut topic_names = Vec::new();
@@ -82,27 +81,27 @@ impl Shard {
             let t = &topics[name];
             let mut channels = Vec::new();
             for ch in t.channels.values() {
-                if !req.channel.is_empty() && ch.name != req.channel {
+                if !req.channel.is_empty() && ch.name() != req.channel {
                     continue;
                 }
                 let clients = req.include_clients.then(|| {
-                    ch.clients
+                    ch.clients()
                         .iter()
                         .map(|c| client_stats(c, &req.topic))
                         .collect()
                 });
                 channels.push(ChannelStats {
-                    channel_name: ch.name.clone(),
+                    channel_name: ch.name().to_string(),
                     depth: ch.depth(&t.log),
                     backend_depth: ch.backend_depth(&t.log),
-                    in_flight_count: ch.in_flight.len(),
-                    deferred_count: ch.deferred.len(),
-                    message_count: ch.message_count,
-                    requeue_count: ch.requeue_count,
-                    timeout_count: ch.timeout_count,
-                    client_count: ch.clients.len(),
+                    in_flight_count: ch.in_flight_count(),
+                    deferred_count: ch.deferred_count(),
+                    message_count: ch.message_count(),
+                    requeue_count: ch.requeue_count(),
+                    timeout_count: ch.timeout_count(),
+                    client_count: ch.clients().len(),
                     clients,
-                    paused: ch.paused,
+                    paused: ch.is_paused(),
                     e2e_processing_latency: channel_e2e(ch, &self.opts, now_ns),
                 });
             }
@@ -114,18 +113,18 @@ impl Shard {
                 channels,
                 depth: t.depth(),
                 backend_depth: t.backend_depth(),
-                message_count: t.message_count,
-                message_bytes: t.message_bytes,
+                message_count: t.message_count(),
+                message_bytes: t.message_bytes(),
                 paused: t.paused,
                 e2e_processing_latency: topic_e2e(t, &self.opts, now_ns),
-                retained_oldest_timestamp: retains.then_some(t.retained.oldest_timestamp),
-                retained_messages: retains.then_some(t.retained.messages),
-                retained_bytes: retains.then_some(t.retained.bytes),
+                retained_oldest_timestamp: retains.then_some(t.retained().oldest_timestamp),
+                retained_messages: retains.then_some(t.retained().messages),
+                retained_bytes: retains.then_some(t.retained().bytes),
             });
         }
         let mut producers = Vec::new();
         if req.include_clients {
-            let clients = self.clients.borrow();
+            let clients = self.clients.map.borrow();
             let mut list: Vec<Rc<Client>> = clients.values().filter_map(|w| w.upgrade()).collect();
             list.sort_by_key(|c| c.id);
             for c in list {
@@ -134,7 +133,7 @@ impl Shard {
                 }
             }
         }
-        let client_count = self.clients.borrow().len();
+        let client_count = self.clients.map.borrow().len();
         ShardStats {
             topics: out,
             producers,
@@ -240,7 +239,7 @@ fn channel_e2e(ch: &crate::channel::Channel, opts: &Options, now: i64) -> E2eLat
     if opts.e2e_percentiles.is_empty() {
         return E2eLatency::default();
     }
-    let mut q = ch.e2e.clone().unwrap_or_else(|| {
+    let mut q = ch.e2e().cloned().unwrap_or_else(|| {
         crate::quantile::Quantile::new(opts.e2e_window, &opts.e2e_percentiles, now)
     });
     E2eLatency::from_result(q.result(now))
@@ -254,7 +253,7 @@ fn topic_e2e(t: &crate::topic::Topic, opts: &Options, now: i64) -> E2eLatency {
     }
     let mut agg = crate::quantile::Quantile::new(opts.e2e_window, &opts.e2e_percentiles, now);
     for ch in t.channels.values() {
-        if let Some(q) = &ch.e2e {
+        if let Some(q) = ch.e2e() {
             agg.merge(q);
         }
     }

@@ -6,6 +6,85 @@
 use super::Shard;
 use crate::mesh::AdminOp;
 use crate::topic::{StoreMode, Topic};
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+/// What the shard's store task and store creation have queued: the directories made
+/// ahead for stores about to be created, the topics holding records not yet handed to
+/// their stores, and the durable topics whose store could not be created.
+#[derive(Default)]
+pub(crate) struct StoreQueues {
+    /// Topic directories made and opened on the blocking thread for a store about to be
+    /// created (or its error), on the blocking-thread segment path only
+    /// ([`Shard::prepare_store`]).
+    prepared_dirs: RefCell<HashMap<String, Result<std::fs::File, nsq_storage::StoreError>>>,
+    /// Topics deleted so far: a directory prepared across a delete is not used.
+    topic_deletes: Cell<u64>,
+    /// Topics holding records not yet handed to their store (`Topic::store_pump`): the
+    /// store task visits these only.
+    pub(super) unstored: RefCell<HashSet<String>>,
+    /// Durable topics whose store could not be created: retried by
+    /// [`Shard::retry_missing_stores`] without a walk of every topic.
+    missing_stores: RefCell<BTreeSet<String>>,
+    /// A topic holds records not yet handed to its store: wakes `store_loop`.
+    pub(super) wake: crate::wake::Notify,
+}
+
+impl StoreQueues {
+    /// Notified when a topic holds records not yet handed to its store.
+    pub(crate) fn wake(&self) -> &crate::wake::Notify {
+        &self.wake
+    }
+}
+
+/// Why a durable topic has no store: [`Shard::create_store`] failed. Its `Display` is
+/// the text `/ping` reports and the log shows (it names the topic).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreateStoreError {
+    /// The topic's data could not be loaded at start-up (the recovery's error text,
+    /// `TOPIC(<name>): recovery failed - <cause>`): its directory is left alone.
+    RecoveryFailed(String),
+    /// On the blocking-thread segment path, a retry found no directory prepared for it:
+    /// the error the store had stands (its text; empty when there was none).
+    NotPrepared(String),
+    /// Making the directory or the first segment failed (`TOPIC(<name>): no durable
+    /// store - <cause>`).
+    Create {
+        topic: String,
+        cause: nsq_storage::StoreError,
+    },
+}
+
+impl std::fmt::Display for CreateStoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CreateStoreError::RecoveryFailed(e) | CreateStoreError::NotPrepared(e) => {
+                f.write_str(e)
+            }
+            CreateStoreError::Create { topic, cause } => {
+                write!(f, "TOPIC({topic}): no durable store - {cause}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for CreateStoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            CreateStoreError::Create { cause, .. } => Some(cause),
+            _ => None,
+        }
+    }
+}
+
+impl StoreQueues {
+    /// `topic` was deleted: a directory prepared for it is not used, nor one being
+    /// prepared.
+    pub(super) fn topic_deleted(&self, topic: &str) {
+        self.topic_deletes.set(self.topic_deletes.get() + 1);
+        self.prepared_dirs.borrow_mut().remove(topic);
+    }
+}
 
 impl Shard {
     /// Creates the topic's store (its directory and first segment), starting at its
@@ -17,50 +96,61 @@ impl Shard {
     /// On the blocking-thread segment path the directory [`Shard::prepare_store`] made is
     /// used; without one, a new topic (`new_topic`) makes it here, on the shard's thread
     /// (a path that prepares nothing first), and a retry keeps the error it had.
-    pub(super) fn create_store(&self, t: &mut Topic, new_topic: bool) -> Result<(), String> {
+    pub(super) fn create_store(
+        &self,
+        t: &mut Topic,
+        new_topic: bool,
+    ) -> Result<(), CreateStoreError> {
         let Some(dp) = &self.opts.data_path else {
             return Ok(());
         };
-        if let Some(e) = self.failed_recoveries.borrow().get(&t.name) {
+        if let Some(e) = self.meta.failed_recovery(&t.name) {
             // Its data is still in the directory: a new store there would overwrite it.
-            t.store_error = Some(e.clone());
-            return Err(e.clone());
+            t.set_store_error(e.clone());
+            return Err(CreateStoreError::RecoveryFailed(e));
         }
         let dir = nsq_storage::topic_dir(dp, &t.name);
         let prepared = match self.opts.segment_io {
             nsq_storage::SegmentIo::Ring => None,
-            nsq_storage::SegmentIo::Threads => self.prepared_dirs.borrow_mut().remove(&t.name),
+            nsq_storage::SegmentIo::Threads => {
+                self.stores.prepared_dirs.borrow_mut().remove(&t.name)
+            }
         };
         let created = match prepared {
             Some(Ok(dir_fd)) => {
                 nsq_storage::TopicStore::create_in(dir, dir_fd, self.store_config(), t.log.head)
             }
-            Some(Err(e)) => Err(nsq_storage::StoreError::new(std::io::ErrorKind::Other, e)),
+            Some(Err(e)) => Err(e),
             None if self.opts.segment_io == nsq_storage::SegmentIo::Threads && !new_topic => {
-                return Err(t.store_error.clone().unwrap_or_default());
+                return Err(CreateStoreError::NotPrepared(
+                    t.store_error().unwrap_or_default().to_string(),
+                ));
             }
             None => nsq_storage::TopicStore::create(dir, self.store_config(), t.log.head),
         };
         match created {
             Ok(st) => {
-                t.store = Some(st);
-                t.stored = t.log.head;
-                t.reread_from = Some(t.log.head);
-                for ch in t.channels.values_mut() {
-                    ch.reread = t.reread_from.zip(t.store.clone());
-                }
-                self.missing_stores.borrow_mut().remove(&t.name);
+                let head = t.log.head;
+                t.set_stored(head);
+                t.attach_store(st, head);
+                self.stores.missing_stores.borrow_mut().remove(&t.name);
                 self.mark(t);
-                if t.store_error.take().is_some() {
+                if t.take_store_error() {
                     log::info!("TOPIC({}): durable store created", t.name);
                     self.request_checkpoint();
                 }
                 Ok(())
             }
             Err(e) => {
-                let e = format!("TOPIC({}): no durable store - {e}", t.name);
-                t.store_error = Some(e.clone());
-                self.missing_stores.borrow_mut().insert(t.name.clone());
+                let e = CreateStoreError::Create {
+                    topic: t.name.clone(),
+                    cause: e,
+                };
+                t.set_store_error(e.to_string());
+                self.stores
+                    .missing_stores
+                    .borrow_mut()
+                    .insert(t.name.clone());
                 Err(e)
             }
         }
@@ -75,22 +165,28 @@ impl Shard {
     /// True while some durable topic of this shard has no store (see
     /// [`Shard::retry_missing_stores`]).
     pub fn has_missing_stores(&self) -> bool {
-        !self.missing_stores.borrow().is_empty()
+        !self.stores.missing_stores.borrow().is_empty()
     }
 
     pub fn retry_missing_stores(&self) {
-        if self.missing_stores.borrow().is_empty() {
+        if self.stores.missing_stores.borrow().is_empty() {
             return;
         }
-        let names: Vec<String> = self.missing_stores.borrow().iter().cloned().collect();
+        let names: Vec<String> = self
+            .stores
+            .missing_stores
+            .borrow()
+            .iter()
+            .cloned()
+            .collect();
         let mut topics = self.topics.borrow_mut();
         for name in names {
             match topics.get_mut(&name) {
-                Some(t) if t.store.is_none() && t.store_error.is_some() => {
+                Some(t) if t.store().is_none() && t.store_error().is_some() => {
                     let _ = self.create_store(t, false);
                 }
                 _ => {
-                    self.missing_stores.borrow_mut().remove(&name);
+                    self.stores.missing_stores.borrow_mut().remove(&name);
                 }
             }
         }
@@ -118,12 +214,12 @@ impl Shard {
             && self.opts.data_path.is_some()
             && !topic.ends_with("#ephemeral")
             && nsq_wire::names::is_valid_topic_name(topic)
-            && !self.prepared_dirs.borrow().contains_key(topic)
+            && !self.stores.prepared_dirs.borrow().contains_key(topic)
             && self
                 .topics
                 .borrow()
                 .get(topic)
-                .is_none_or(|t| t.store.is_none())
+                .is_none_or(|t| t.store().is_none())
     }
 
     /// Makes and opens the directory of `topic`'s store on the blocking thread when
@@ -138,19 +234,19 @@ impl Shard {
             return;
         };
         let dir = nsq_storage::topic_dir(dp, topic);
-        let deletes = self.topic_deletes.get();
+        let deletes = self.stores.topic_deletes.get();
         let made = glommio::executor()
             .spawn_blocking(move || nsq_storage::TopicStore::prepare_dir(&dir))
-            .await
-            .map_err(|e| e.to_string());
-        if self.topic_deletes.get() == deletes
+            .await;
+        if self.stores.topic_deletes.get() == deletes
             && self
                 .topics
                 .borrow()
                 .get(topic)
-                .is_none_or(|t| t.store.is_none())
+                .is_none_or(|t| t.store().is_none())
         {
-            self.prepared_dirs
+            self.stores
+                .prepared_dirs
                 .borrow_mut()
                 .insert(topic.to_string(), made);
         }
@@ -159,7 +255,13 @@ impl Shard {
     /// [`Shard::prepare_store`] for every topic whose store could not be created, so
     /// that [`Shard::retry_missing_stores`] can retry it without blocking.
     pub async fn prepare_missing_stores(&self) {
-        let missing: Vec<String> = self.missing_stores.borrow().iter().cloned().collect();
+        let missing: Vec<String> = self
+            .stores
+            .missing_stores
+            .borrow()
+            .iter()
+            .cloned()
+            .collect();
         for name in missing {
             self.prepare_store(&name).await;
         }

@@ -4,7 +4,9 @@
 
 use super::{LookupEvent, Shard};
 use crate::client::{Client, ClientState};
-use std::rc::Rc;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::{Rc, Weak};
 
 /// Why a SUB could not join its channel. `Display` gives nsqd's text, which the
 /// connection sends as `E_SUB_FAILED SUB failed <text>` (nsqd: protocol_v2.go SUB).
@@ -40,23 +42,44 @@ impl std::fmt::Display for SubError {
 
 impl std::error::Error for SubError {}
 
+/// Every connection on this shard (for producers in /stats and for shutdown), and the
+/// next client id.
+pub(super) struct ClientRegistry {
+    pub(super) map: RefCell<HashMap<u64, Weak<Client>>>,
+    next_id: Cell<u64>,
+}
+
+impl Default for ClientRegistry {
+    fn default() -> ClientRegistry {
+        ClientRegistry {
+            map: RefCell::new(HashMap::new()),
+            next_id: Cell::new(1),
+        }
+    }
+}
+
 impl Shard {
     /// A process-unique client id (shard index in the top bits).
     pub fn new_client_id(&self) -> u64 {
-        let n = self.next_client.get();
-        self.next_client.set(n + 1);
-        ((self.index as u64) << 48) | n
+        let n = self.clients.next_id.get();
+        self.clients.next_id.set(n + 1);
+        ((self.index() as u64) << 48) | n
+    }
+
+    /// True while some connection on this shard is open.
+    pub fn has_clients(&self) -> bool {
+        !self.clients.map.borrow().is_empty()
     }
 
     pub fn register_client(&self, c: &Rc<Client>) {
-        self.clients.borrow_mut().insert(c.id, Rc::downgrade(c));
+        self.clients.map.borrow_mut().insert(c.id, Rc::downgrade(c));
     }
 
     /// A connection on this shard ended (or moved away): it leaves its channel, and an
     /// #ephemeral channel left without clients is deleted, then an #ephemeral topic left
     /// without channels (nsqd: channel.RemoveClient, topic.DeleteExistingChannel).
     pub fn client_gone(&self, c: &Client) {
-        self.clients.borrow_mut().remove(&c.id);
+        self.clients.map.borrow_mut().remove(&c.id);
         let sub = c.subscription.borrow().clone();
         let Some((t, ch)) = sub else { return };
         let mut topics = self.topics.borrow_mut();
@@ -67,7 +90,7 @@ impl Shard {
         let mut delete_channel = false;
         if let Some(channel) = topic.channels.get_mut(&ch) {
             channel.remove_client(c.id);
-            delete_channel = channel.ephemeral && channel.clients.is_empty();
+            delete_channel = channel.is_ephemeral() && channel.clients().is_empty();
         }
         if delete_channel {
             topic.channels.remove(&ch);
@@ -101,7 +124,7 @@ impl Shard {
                 topic.to_string(),
                 Some(channel.to_string()),
             ));
-            created = t.store.is_some() && !crate::names::is_ephemeral(channel);
+            created = t.store().is_some() && !crate::names::is_ephemeral(channel);
         }
         let ch = t.channels.get_mut(channel).expect("created above");
         ch.add_client(c.clone(), self.opts.max_channel_consumers)
@@ -127,6 +150,7 @@ impl Shard {
     pub fn close_all_clients(&self) {
         let list: Vec<Rc<Client>> = self
             .clients
+            .map
             .borrow()
             .values()
             .filter_map(|w| w.upgrade())

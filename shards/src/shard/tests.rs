@@ -1,7 +1,7 @@
 //! SUB, pause and delete through the shard (no store, no runtime needed).
 
 use super::*;
-use crate::client::{ClientSettings, ClientState};
+use crate::client::{Client, ClientSettings, ClientState};
 use crate::mesh::{AdminError, AdminOp};
 use crate::message::MessageId;
 use crate::topic::PublishError;
@@ -156,9 +156,9 @@ fn an_answer_under_the_default_policy_writes_the_metadata_and_the_next_checkpoin
         let meta = nsq_storage::topic_dir(&d2, "t").join("meta.json");
         let text = std::fs::read_to_string(&meta).unwrap();
         assert!(text.contains("\"c\""), "{text}");
-        assert!(!s.topics.borrow()["t"].meta_synced);
+        assert!(!s.topics.borrow()["t"].meta_synced());
         assert_eq!(s.checkpoint().await, 1, "the unsynced write is synced");
-        assert!(s.topics.borrow()["t"].meta_synced);
+        assert!(s.topics.borrow()["t"].meta_synced());
         assert_eq!(s.checkpoint().await, 0, "nothing left to sync");
         // More topics than SYNCFS_FROM: one syncfs covers them all.
         let n = crate::persist::SYNCFS_FROM + 5;
@@ -169,9 +169,9 @@ fn an_answer_under_the_default_policy_writes_the_metadata_and_the_next_checkpoin
             s.admin(AdminOp::CreateChannel(t, "c".into())).unwrap();
             s.persist_changes().await;
         }
-        assert!((0..n).all(|i| !s.topics.borrow()[&format!("u{i}")].meta_synced));
+        assert!((0..n).all(|i| !s.topics.borrow()[&format!("u{i}")].meta_synced()));
         assert_eq!(s.checkpoint().await, n);
-        assert!((0..n).all(|i| s.topics.borrow()[&format!("u{i}")].meta_synced));
+        assert!((0..n).all(|i| s.topics.borrow()[&format!("u{i}")].meta_synced()));
         assert_eq!(s.checkpoint().await, 0, "nothing left to sync");
         s.shutdown.set();
         s.close_stores().await;
@@ -198,9 +198,9 @@ fn a_checkpoint_dropped_mid_write_does_not_stop_the_next_ones() {
                 futures::poll!(fut.as_mut()).is_pending(),
                 "the metadata write waits for the disk"
             );
-            assert!(s.checkpoint_running.get());
+            assert!(s.meta.running.get());
         }
-        assert!(!s.checkpoint_running.get(), "released when dropped");
+        assert!(!s.meta.running.get(), "released when dropped");
         let next = glommio::timer::timeout(Duration::from_secs(10), async {
             s.persist_changes().await;
             Ok(())
@@ -267,7 +267,7 @@ fn deferred_messages_hold_no_body_and_are_read_back_from_disk_when_due() {
             let topics = s.topics.borrow();
             let ch = &topics["t"].channels["c"];
             assert_eq!(ch.deferred_count(), 100);
-            assert_eq!(ch.deferred_bodies.len(), 100, "held until written");
+            assert_eq!(ch.deferred_bodies_count(), 100, "held until written");
         }
         // Written, then (90 of them) out of the memory tail.
         s.pump_stores(true);
@@ -280,9 +280,7 @@ fn deferred_messages_hold_no_body_and_are_read_back_from_disk_when_due() {
         })
         .await;
         assert!(
-            s.topics.borrow()["t"].channels["c"]
-                .deferred_bodies
-                .is_empty(),
+            s.topics.borrow()["t"].channels["c"].deferred_bodies_count() == 0,
             "no body held once written"
         );
         let c = client(&s);
@@ -325,10 +323,10 @@ fn deferred_messages_hold_no_body_and_are_read_back_from_disk_when_due() {
             let t = &topics["t"];
             let ch = &t.channels["c"];
             assert_eq!(ch.deferred_count(), 100);
-            assert!(ch.deferred_bodies.is_empty(), "no body read at start");
+            assert_eq!(ch.deferred_bodies_count(), 0, "no body read at start");
             // The 101 in flight before the restart are ready again, bodies unread.
             assert_eq!(ch.requeued_count(), 101);
-            assert_eq!(ch.ready_unread.len(), 101);
+            assert_eq!(ch.ready_unread_count(), 101);
         }
         let c2 = client(&s2);
         s2.subscribe(&c2, "t", "c").unwrap();
@@ -432,9 +430,7 @@ fn a_topic_that_failed_to_load_is_unhealthy_and_keeps_its_data() {
     on_durable_shard(&dir, |s, _| async move {
         assert_eq!(s.health(), None);
         let e = "TOPIC(t): recovery failed - Too many open files (os error 24)";
-        s.failed_recoveries
-            .borrow_mut()
-            .insert("t".into(), e.into());
+        s.meta.recovery_failed("t", e.into());
         assert_eq!(s.health().as_deref(), Some(e));
         let r = s.publish_local("t", vec![Bytes::from_static(b"new")], None);
         assert!(
@@ -444,7 +440,7 @@ fn a_topic_that_failed_to_load_is_unhealthy_and_keeps_its_data() {
         );
         s.retry_missing_stores();
         assert!(
-            s.topics.borrow()["t"].store.is_none(),
+            s.topics.borrow()["t"].store().is_none(),
             "no store made afresh"
         );
         assert_eq!(s.health().as_deref(), Some(e));
