@@ -275,7 +275,8 @@ impl ClientV1 {
         }
         self.bufio.read_full(n);
         let fields = decode_identify(&body).map_err(|e| {
-            FatalClientErr::new("E_BAD_BODY", "IDENTIFY failed to decode JSON body").with_parent(e)
+            FatalClientErr::new("E_BAD_BODY", "IDENTIFY failed to decode JSON body")
+                .with_parent(e.to_string())
         })?;
         if fields.broadcast_address.is_empty()
             || fields.tcp_port == 0

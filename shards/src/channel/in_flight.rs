@@ -92,7 +92,7 @@ impl Channel {
             self.journal(EventKind::Finished, &f.msg, 0);
         }
         client.in_flight.set((client.in_flight.get() - 1).max(0));
-        client.finish_count.set(client.finish_count.get() + 1);
+        client.count_finish();
         self.compact_heap();
         Ok(())
     }
@@ -107,7 +107,7 @@ impl Channel {
     ) -> Result<(), InFlightError> {
         let f = self.take_owned(client, id)?;
         client.in_flight.set((client.in_flight.get() - 1).max(0));
-        client.requeue_count.set(client.requeue_count.get() + 1);
+        client.count_requeue();
         self.requeue_count += 1;
         if delay.is_zero() {
             self.journal(EventKind::Requeued, &f.msg, 0);
