@@ -154,6 +154,8 @@ nsqd_options! {
 // The field docs are the `--help` text, verbatim (`<addr>:<port>`, `[deprecated]` as
 // nsqd prints them), not Markdown for rustdoc.
 #[allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
+// Wide on purpose: one field per nsqd flag (each also a config-file option in OPTIONS),
+// as nsqd's Options struct is, so a flag is found by its name.
 pub struct Cli {
     /// <addr>:<port> to listen on for TCP clients
     #[arg(long, default_value = "0.0.0.0:4150")]
