@@ -289,6 +289,7 @@ impl Client {
     }
 
     /// The output buffer and the writer's flush state.
+    #[inline]
     pub fn outbox(&self) -> &Outbox {
         &self.out
     }
@@ -404,7 +405,7 @@ impl Client {
             out.extend_from_slice(&frame_type.to_be_bytes());
             out.extend_from_slice(data);
         }
-        self.out.flush();
+        self.out.request_flush();
     }
 
     /// Buffers one message frame (nsqd: SendMessage). A full buffer or a client that
@@ -425,7 +426,7 @@ impl Client {
             )
         };
         if full || !self.is_ready() {
-            self.out.flush();
+            self.out.request_flush();
         } else if was_flushed || untimed {
             // The writer may be waiting without a timer: it must start taking ticks, or
             // (output_buffer_timeout 0) flush this delivery round.

@@ -246,7 +246,7 @@ impl Reader {
         // (nsqd blocks on its write the same way) instead of growing the buffer.
         let out = client.outbox();
         while out.buf().len() > OUT_HIGH_WATER && !out.is_closed() {
-            out.flush();
+            out.request_flush();
             out.drained().wait().await;
         }
         if server.cfg.tls_required != crate::config::TLS_NOT_REQUIRED && !stream.is_tls() {
@@ -581,7 +581,7 @@ async fn upgrade_tls(
     };
     let out = client.outbox();
     while !out.buf().is_empty() && !out.is_closed() {
-        out.flush();
+        out.request_flush();
         out.drained().wait().await;
     }
     log::info!(

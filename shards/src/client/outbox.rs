@@ -101,6 +101,8 @@ pub struct Outbox {
     drained: Notify,
 }
 
+// The accessors are `#[inline]`: the root crate's reader and writer tasks call them
+// across the crate boundary for every flush.
 impl Outbox {
     /// An empty buffer whose ticker starts with `ticker`, flushed (nothing buffered).
     pub(crate) fn new(ticker: OutputTicker) -> Outbox {
@@ -119,98 +121,118 @@ impl Outbox {
     }
 
     /// Frames waiting for the writer task.
+    #[inline]
     pub fn buf(&self) -> Ref<'_, Vec<u8>> {
         self.buf.borrow()
     }
 
+    #[inline]
     pub fn buf_mut(&self) -> RefMut<'_, Vec<u8>> {
         self.buf.borrow_mut()
     }
 
     /// The writer task took `bytes` from the buffer and is writing them to the socket (0
     /// once written).
+    #[inline]
     pub fn set_writing(&self, bytes: usize) {
         self.writing.set(bytes);
     }
 
     /// Output not yet written to the socket (bytes): buffered plus what the writer task
     /// is writing.
+    #[inline]
     pub fn pending(&self) -> usize {
         self.buf.borrow().len() + self.writing.get()
     }
 
+    #[inline]
     pub(crate) fn set_held_back(&self, held: bool) {
         self.held_back.set(held);
     }
 
+    #[inline]
     pub(crate) fn held_back(&self) -> bool {
         self.held_back.get()
     }
 
     /// True when the buffer must go out now.
+    #[inline]
     pub fn flush_now(&self) -> bool {
         self.flush_now.get()
     }
 
+    #[inline]
     pub fn set_flush_now(&self, now: bool) {
         self.flush_now.set(now);
     }
 
     /// Asks the writer to write the buffer now, and wakes it.
-    pub fn flush(&self) {
+    #[inline]
+    pub fn request_flush(&self) {
         self.flush_now.set(true);
         self.wake.notify();
     }
 
     /// Sets the offset in the buffer from which the writer must compress.
+    #[inline]
     pub fn set_compress_from(&self, from: Option<usize>) {
         self.compress_from.set(from);
     }
 
     /// Takes the offset in the buffer from which the writer must compress, if one is
     /// set.
+    #[inline]
     pub fn take_compress_from(&self) -> Option<usize> {
         self.compress_from.take()
     }
 
     /// The output-buffer ticker (nsqd: messagePump's outputBufferTicker).
+    #[inline]
     pub fn ticker(&self) -> OutputTicker {
         self.ticker.get()
     }
 
+    #[inline]
     pub fn set_ticker(&self, ticker: OutputTicker) {
         self.ticker.set(ticker);
     }
 
     /// nsqd messagePump's `flushed` (see the field).
+    #[inline]
     pub fn pump_flushed(&self) -> bool {
         self.pump_flushed.get()
     }
 
+    #[inline]
     pub fn set_pump_flushed(&self, flushed: bool) {
         self.pump_flushed.set(flushed);
     }
 
     /// Sets messagePump's `flushed` to false and returns what it was.
+    #[inline]
     pub(crate) fn unflush(&self) -> bool {
         self.pump_flushed.replace(false)
     }
 
     /// True once the connection is going away.
+    #[inline]
     pub fn is_closed(&self) -> bool {
         self.closed.get()
     }
 
+    #[inline]
     pub fn set_closed(&self, closed: bool) {
         self.closed.set(closed);
     }
 
     /// Wakes the writer task.
+    #[inline]
     pub fn wake(&self) -> &Notify {
         &self.wake
     }
 
     /// Wakes a reader that waits for the writer to drain the buffer.
+    #[inline]
     pub fn drained(&self) -> &Notify {
         &self.drained
     }

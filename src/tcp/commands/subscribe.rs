@@ -43,7 +43,7 @@ pub(super) async fn sub(
 pub(super) fn rdy(server: &Server, client: &Rc<Client>, count: i64) {
     client.set_ready_count(count);
     if !client.is_ready() && !client.outbox().buf().is_empty() {
-        client.outbox().flush();
+        client.outbox().request_flush();
     }
     server.shard.client_ready_changed(client);
 }
