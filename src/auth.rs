@@ -29,6 +29,188 @@ use std::time::{Duration, Instant};
 /// Most bytes of an auth server reply this broker reads (headers and body).
 const MAX_REPLY: usize = 16 << 20;
 
+/// Why AUTH or a command's auth check failed. `Display` is the fatal error frame's text
+/// the client gets (nsqd: protocol_v2.go AUTH and CheckAuth), byte for byte.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AuthError {
+    /// `E_INVALID AUTH already set`.
+    AlreadySet,
+    /// `E_AUTH_DISABLED AUTH disabled`.
+    Disabled,
+    /// `E_AUTH_FAILED AUTH failed`: no auth server gave a valid answer (the reason is
+    /// logged, never sent).
+    Failed,
+    /// `E_UNAUTHORIZED AUTH no authorizations found`.
+    NoAuthorizations,
+    /// `E_AUTH_FIRST AUTH required before <cmd>`.
+    First { cmd: String },
+    /// `E_UNAUTHORIZED AUTH failed for <cmd> on "<topic>" "<channel>"`.
+    Unauthorized {
+        cmd: String,
+        topic: String,
+        channel: String,
+    },
+}
+
+impl std::fmt::Display for AuthError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AuthError::AlreadySet => f.write_str("E_INVALID AUTH already set"),
+            AuthError::Disabled => f.write_str("E_AUTH_DISABLED AUTH disabled"),
+            AuthError::Failed => f.write_str("E_AUTH_FAILED AUTH failed"),
+            AuthError::NoAuthorizations => {
+                f.write_str("E_UNAUTHORIZED AUTH no authorizations found")
+            }
+            AuthError::First { cmd } => write!(f, "E_AUTH_FIRST AUTH required before {cmd}"),
+            AuthError::Unauthorized {
+                cmd,
+                topic,
+                channel,
+            } => write!(
+                f,
+                "E_UNAUTHORIZED AUTH failed for {cmd} on {} {}",
+                go_quote(topic.as_bytes()),
+                go_quote(channel.as_bytes())
+            ),
+        }
+    }
+}
+
+impl std::error::Error for AuthError {}
+
+/// Why a query to the auth servers got no valid answer (only logged).
+#[derive(Debug)]
+pub enum QueryError {
+    /// `no auth server configured`.
+    NoServer,
+    /// Every server failed, in the order asked: `failed to auth against <addr> - <err>`
+    /// for each, joined by `; ` (nsqd: QueryAnyAuthd).
+    AllFailed(Vec<(String, RequestError)>),
+}
+
+impl std::fmt::Display for QueryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QueryError::NoServer => f.write_str("no auth server configured"),
+            QueryError::AllFailed(errors) => {
+                for (i, (addr, e)) in errors.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str("; ")?;
+                    }
+                    write!(f, "failed to auth against {addr} - {e}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl std::error::Error for QueryError {}
+
+/// Why one HTTP request (to an auth server or an nsqlookupd) or the auth reply it got
+/// failed. `Display` follows Go's net/http client texts where nsqd logs them.
+#[derive(Debug)]
+pub enum RequestError {
+    /// `invalid URL "u"`: no `scheme://`.
+    InvalidUrl(String),
+    /// `unsupported protocol scheme "s"`: not `http`.
+    Scheme(String),
+    /// `invalid host in URL "u"`: an IPv6 host without its `]`.
+    InvalidHost(String),
+    /// `invalid port "p" in URL "u"`.
+    InvalidPort { port: String, url: String },
+    /// `no host in URL "u"`.
+    NoHost(String),
+    /// `dial tcp: lookup <host>: <err>`.
+    Lookup {
+        host: String,
+        error: crate::dns::LookupError,
+    },
+    /// `dial tcp <addr>: <err>`.
+    Connect {
+        addr: SocketAddr,
+        error: glommio::GlommioError<()>,
+    },
+    /// `write: <err>`.
+    Write(std::io::Error),
+    /// `read: <err>`.
+    Read(std::io::Error),
+    /// `reply larger than N bytes` ([`MAX_REPLY`]).
+    TooLarge,
+    /// `request to <endpoint> timed out after <go duration>`.
+    TimedOut { endpoint: String, after: Duration },
+    /// `unexpected EOF in reply headers`.
+    HeadersEof,
+    /// `malformed HTTP response: <err>`.
+    Malformed(httparse::Error),
+    /// `bad Content-Length "v"`.
+    ContentLength(String),
+    /// `unexpected EOF in reply body`.
+    BodyEof,
+    /// `unexpected EOF in chunk size`.
+    ChunkSizeEof,
+    /// `bad chunk size "v"`.
+    ChunkSize(String),
+    /// `unexpected EOF in chunk`.
+    ChunkEof,
+    /// `got response <code> <reason> "<body>"` (nsqd: http_api client): not a 200.
+    Status {
+        status: u16,
+        reason: String,
+        body: Vec<u8>,
+    },
+    /// The auth reply is not the JSON expected (serde_json's text).
+    Json(serde_json::Error),
+    /// An authorization of the reply is invalid (an unknown permission, a bad regex).
+    Authorization(nsq_shards::auth::AuthorizationError),
+    /// `invalid TTL <n> (must be >0)`.
+    Ttl(i64),
+    /// The reply's parse could not run on its own thread.
+    Offload(crate::offload::OffloadError),
+}
+
+impl std::fmt::Display for RequestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RequestError::InvalidUrl(url) => write!(f, "invalid URL {url:?}"),
+            RequestError::Scheme(scheme) => write!(f, "unsupported protocol scheme {scheme:?}"),
+            RequestError::InvalidHost(url) => write!(f, "invalid host in URL {url:?}"),
+            RequestError::InvalidPort { port, url } => {
+                write!(f, "invalid port {port:?} in URL {url:?}")
+            }
+            RequestError::NoHost(url) => write!(f, "no host in URL {url:?}"),
+            RequestError::Lookup { host, error } => write!(f, "dial tcp: lookup {host}: {error}"),
+            RequestError::Connect { addr, error } => write!(f, "dial tcp {addr}: {error}"),
+            RequestError::Write(e) => write!(f, "write: {e}"),
+            RequestError::Read(e) => write!(f, "read: {e}"),
+            RequestError::TooLarge => write!(f, "reply larger than {MAX_REPLY} bytes"),
+            RequestError::TimedOut { endpoint, after } => write!(
+                f,
+                "request to {endpoint} timed out after {}",
+                crate::config::go_duration_string(*after)
+            ),
+            RequestError::HeadersEof => f.write_str("unexpected EOF in reply headers"),
+            RequestError::Malformed(e) => write!(f, "malformed HTTP response: {e}"),
+            RequestError::ContentLength(v) => write!(f, "bad Content-Length {v:?}"),
+            RequestError::BodyEof => f.write_str("unexpected EOF in reply body"),
+            RequestError::ChunkSizeEof => f.write_str("unexpected EOF in chunk size"),
+            RequestError::ChunkSize(v) => write!(f, "bad chunk size {v:?}"),
+            RequestError::ChunkEof => f.write_str("unexpected EOF in chunk"),
+            RequestError::Status {
+                status,
+                reason,
+                body,
+            } => write!(f, "got response {status} {reason} {}", go_quote(body)),
+            RequestError::Json(e) => e.fmt(f),
+            RequestError::Authorization(e) => e.fmt(f),
+            RequestError::Ttl(ttl) => write!(f, "invalid TTL {ttl} (must be >0)"),
+            RequestError::Offload(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for RequestError {}
+
 /// The auth settings (flags `--auth-http-address`, `--auth-http-request-method`,
 /// `--http-client-connect-timeout`, `--http-client-request-timeout`).
 #[derive(Clone, Debug, Default)]
@@ -117,25 +299,29 @@ pub fn query_escape(b: &[u8]) -> String {
 /// valid reply (nsqd: QueryAnyAuthd). The error lists every failure
 /// (`failed to auth against <addr> - <err>; ...`); it is only logged, clients see
 /// `E_AUTH_FAILED AUTH failed`.
-pub async fn query_any(cfg: &AuthConfig, req: &AuthRequest<'_>) -> Result<AuthState, String> {
+pub async fn query_any(cfg: &AuthConfig, req: &AuthRequest<'_>) -> Result<AuthState, QueryError> {
     let n = cfg.addresses.len();
     if n == 0 {
-        return Err("no auth server configured".into());
+        return Err(QueryError::NoServer);
     }
     let start = fastrand::usize(..n);
-    let mut errors: Vec<String> = Vec::new();
+    let mut errors = Vec::new();
     for i in 0..n {
         let addr = &cfg.addresses[(i + start) % n];
         match query(cfg, addr, req).await {
             Ok(state) => return Ok(state),
-            Err(e) => errors.push(format!("failed to auth against {addr} - {e}")),
+            Err(e) => errors.push((addr.clone(), e)),
         }
     }
-    Err(errors.join("; "))
+    Err(QueryError::AllFailed(errors))
 }
 
 /// One auth server (nsqd: QueryAuthd), bounded by the request timeout.
-async fn query(cfg: &AuthConfig, addr: &str, req: &AuthRequest<'_>) -> Result<AuthState, String> {
+async fn query(
+    cfg: &AuthConfig,
+    addr: &str,
+    req: &AuthRequest<'_>,
+) -> Result<AuthState, RequestError> {
     let endpoint = if addr.contains("://") {
         addr.to_string()
     } else {
@@ -158,6 +344,7 @@ async fn query(cfg: &AuthConfig, addr: &str, req: &AuthRequest<'_>) -> Result<Au
         parse_reply(&reply, Instant::now())
     })
     .await
+    .map_err(RequestError::Offload)
     .and_then(|r| r)
 }
 
@@ -177,7 +364,7 @@ pub async fn timed_request(
     cfg: &AuthConfig,
     endpoint: &str,
     body: Option<&str>,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, RequestError> {
     let fetch = pin!(http_request(cfg, endpoint, body));
     // Go's http.Client: a zero Timeout means no limit.
     if cfg.request_timeout.is_zero() {
@@ -186,10 +373,10 @@ pub async fn timed_request(
     let limit = pin!(glommio::timer::sleep(cfg.request_timeout));
     match select(fetch, limit).await {
         Either::Left((r, _)) => r,
-        Either::Right(_) => Err(format!(
-            "request to {endpoint} timed out after {}",
-            crate::config::go_duration_string(cfg.request_timeout)
-        )),
+        Either::Right(_) => Err(RequestError::TimedOut {
+            endpoint: endpoint.to_string(),
+            after: cfg.request_timeout,
+        }),
     }
 }
 
@@ -218,19 +405,22 @@ struct ReplyAuthorization {
 
 /// Validates a 200 reply's body as nsqd does: permissions known, regexes compile,
 /// ttl > 0 (`invalid TTL <n> (must be >0)`). The state expires `ttl` seconds after `now`.
-pub fn parse_reply(body: &[u8], now: Instant) -> Result<AuthState, String> {
-    let r: Reply = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+pub fn parse_reply(body: &[u8], now: Instant) -> Result<AuthState, RequestError> {
+    let r: Reply = serde_json::from_slice(body).map_err(RequestError::Json)?;
     let mut authorizations = Vec::new();
     for a in r.authorizations.unwrap_or_default() {
-        authorizations.push(Authorization::new(
-            a.topic.as_deref().unwrap_or(""),
-            &a.channels.unwrap_or_default(),
-            &a.permissions.unwrap_or_default(),
-        )?);
+        authorizations.push(
+            Authorization::new(
+                a.topic.as_deref().unwrap_or(""),
+                &a.channels.unwrap_or_default(),
+                &a.permissions.unwrap_or_default(),
+            )
+            .map_err(RequestError::Authorization)?,
+        );
     }
     let ttl = r.ttl.unwrap_or(0);
     if ttl <= 0 {
-        return Err(format!("invalid TTL {ttl} (must be >0)"));
+        return Err(RequestError::Ttl(ttl));
     }
     // nsqd: time.Duration(ttl) * time.Second, which wraps in int64 for a ttl over 292
     // years: a wrapped negative one has expired at once (asked again at the next check).
@@ -255,12 +445,12 @@ struct Url<'a> {
     target: String,
 }
 
-fn parse_url(url: &str) -> Result<Url<'_>, String> {
+fn parse_url(url: &str) -> Result<Url<'_>, RequestError> {
     let Some((scheme, rest)) = url.split_once("://") else {
-        return Err(format!("invalid URL {url:?}"));
+        return Err(RequestError::InvalidUrl(url.to_string()));
     };
     if !scheme.eq_ignore_ascii_case("http") {
-        return Err(format!("unsupported protocol scheme {scheme:?}"));
+        return Err(RequestError::Scheme(scheme.to_string()));
     }
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, target) = rest.split_at(end);
@@ -272,7 +462,7 @@ fn parse_url(url: &str) -> Result<Url<'_>, String> {
     let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
         let (h, after) = v6
             .split_once(']')
-            .ok_or_else(|| format!("invalid host in URL {url:?}"))?;
+            .ok_or_else(|| RequestError::InvalidHost(url.to_string()))?;
         (h, after.strip_prefix(':'))
     } else {
         match authority.rsplit_once(':') {
@@ -282,12 +472,13 @@ fn parse_url(url: &str) -> Result<Url<'_>, String> {
     };
     let port = match port {
         None | Some("") => 80,
-        Some(p) => p
-            .parse::<u16>()
-            .map_err(|_| format!("invalid port {p:?} in URL {url:?}"))?,
+        Some(p) => p.parse::<u16>().map_err(|_| RequestError::InvalidPort {
+            port: p.to_string(),
+            url: url.to_string(),
+        })?,
     };
     if host.is_empty() {
-        return Err(format!("no host in URL {url:?}"));
+        return Err(RequestError::NoHost(url.to_string()));
     }
     Ok(Url {
         authority,
@@ -298,10 +489,13 @@ fn parse_url(url: &str) -> Result<Url<'_>, String> {
 }
 
 /// Resolves `host` off the executor thread when it is not an IP literal (DNS may block).
-async fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
+async fn resolve(host: &str, port: u16) -> Result<SocketAddr, RequestError> {
     crate::dns::lookup(host, port)
         .await
-        .map_err(|e| format!("dial tcp: lookup {host}: {e}"))
+        .map_err(|error| RequestError::Lookup {
+            host: host.to_string(),
+            error,
+        })
 }
 
 /// One HTTP/1.1 request with `Connection: close`; returns the body of a 200 reply.
@@ -309,7 +503,7 @@ async fn http_request(
     cfg: &AuthConfig,
     endpoint: &str,
     body: Option<&str>,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, RequestError> {
     let url = parse_url(endpoint)?;
     let sa = resolve(url.host, url.port).await?;
     // Go's net.Dialer: a zero Timeout means no limit (glommio refuses a zero timeout).
@@ -318,7 +512,7 @@ async fn http_request(
     } else {
         glommio::net::TcpStream::connect_timeout(sa, cfg.connect_timeout).await
     };
-    let mut stream = connected.map_err(|e| format!("dial tcp {sa}: {e}"))?;
+    let mut stream = connected.map_err(|error| RequestError::Connect { addr: sa, error })?;
     let method = if body.is_some() { "POST" } else { "GET" };
     let mut req = format!(
         "{method} {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: nsqd/{}\r\n\
@@ -340,20 +534,17 @@ async fn http_request(
     stream
         .write_all(req.as_bytes())
         .await
-        .map_err(|e| format!("write: {e}"))?;
+        .map_err(RequestError::Write)?;
     let mut raw = Vec::new();
     let mut chunk = vec![0u8; 8192];
     loop {
-        let n = stream
-            .read(&mut chunk)
-            .await
-            .map_err(|e| format!("read: {e}"))?;
+        let n = stream.read(&mut chunk).await.map_err(RequestError::Read)?;
         if n == 0 {
             break;
         }
         raw.extend_from_slice(&chunk[..n]);
         if raw.len() > MAX_REPLY {
-            return Err(format!("reply larger than {MAX_REPLY} bytes"));
+            return Err(RequestError::TooLarge);
         }
         if reply_complete(&raw) {
             break;
@@ -365,13 +556,14 @@ async fn http_request(
 /// The body of a whole HTTP response read to EOF (`raw`) when its status is 200 (Go's
 /// http.Client), else `got response <code> <reason> "<body>"` as nsqd's http_api
 /// client words it. Errors for a malformed or truncated response.
-pub fn reply_body(raw: &[u8]) -> Result<Vec<u8>, String> {
+pub fn reply_body(raw: &[u8]) -> Result<Vec<u8>, RequestError> {
     let (status, reason, body) = parse_response(raw)?;
     if status != 200 {
-        return Err(format!(
-            "got response {status} {reason} {}",
-            go_quote(&body)
-        ));
+        return Err(RequestError::Status {
+            status,
+            reason,
+            body,
+        });
     }
     Ok(body)
 }
@@ -394,13 +586,13 @@ fn reply_complete(raw: &[u8]) -> bool {
 
 /// (status, reason, body) of a whole response read to EOF: the body framed by
 /// Content-Length, chunked, or the rest of the stream.
-fn parse_response(raw: &[u8]) -> Result<(u16, String, Vec<u8>), String> {
+fn parse_response(raw: &[u8]) -> Result<(u16, String, Vec<u8>), RequestError> {
     let mut headers = [httparse::EMPTY_HEADER; 64];
     let mut resp = httparse::Response::new(&mut headers);
     let head = match resp.parse(raw) {
         Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => return Err("unexpected EOF in reply headers".into()),
-        Err(e) => return Err(format!("malformed HTTP response: {e}")),
+        Ok(httparse::Status::Partial) => return Err(RequestError::HeadersEof),
+        Err(e) => return Err(RequestError::Malformed(e)),
     };
     let status = resp.code.unwrap_or(0);
     let reason = resp.reason.unwrap_or("").to_string();
@@ -414,12 +606,8 @@ fn parse_response(raw: &[u8]) -> Result<(u16, String, Vec<u8>), String> {
     let body = if header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
         dechunk(rest)?
     } else if let Some(len) = header("content-length") {
-        let len: usize = len
-            .parse()
-            .map_err(|_| format!("bad Content-Length {len:?}"))?;
-        rest.get(..len)
-            .ok_or_else(|| "unexpected EOF in reply body".to_string())?
-            .to_vec()
+        let len: usize = len.parse().map_err(|_| RequestError::ContentLength(len))?;
+        rest.get(..len).ok_or(RequestError::BodyEof)?.to_vec()
     } else {
         rest.to_vec()
     };
@@ -427,22 +615,22 @@ fn parse_response(raw: &[u8]) -> Result<(u16, String, Vec<u8>), String> {
 }
 
 /// Decodes a chunked body (extensions and trailers ignored).
-fn dechunk(mut b: &[u8]) -> Result<Vec<u8>, String> {
+fn dechunk(mut b: &[u8]) -> Result<Vec<u8>, RequestError> {
     let mut out = Vec::new();
     loop {
         let nl = b
             .windows(2)
             .position(|w| w == b"\r\n")
-            .ok_or("unexpected EOF in chunk size")?;
+            .ok_or(RequestError::ChunkSizeEof)?;
         let line = String::from_utf8_lossy(&b[..nl]);
         let size_hex = line.split(';').next().unwrap_or("").trim();
         let size = usize::from_str_radix(size_hex, 16)
-            .map_err(|_| format!("bad chunk size {size_hex:?}"))?;
+            .map_err(|_| RequestError::ChunkSize(size_hex.to_string()))?;
         b = &b[nl + 2..];
         if size == 0 {
             return Ok(out);
         }
-        let data = b.get(..size).ok_or("unexpected EOF in chunk")?;
+        let data = b.get(..size).ok_or(RequestError::ChunkEof)?;
         out.extend_from_slice(data);
         b = b.get(size + 2..).unwrap_or(&[]);
     }
@@ -461,12 +649,12 @@ pub fn remote_ip(remote_address: &str) -> &str {
 /// (nsqd: protocol_v2.go AUTH). Returns the JSON response, or the fatal error frame's
 /// text in nsqd's order: `E_INVALID AUTH already set`, `E_AUTH_DISABLED AUTH disabled`,
 /// `E_AUTH_FAILED AUTH failed`, `E_UNAUTHORIZED AUTH no authorizations found`.
-pub async fn auth(cfg: &AuthConfig, client: &Client, secret: &[u8]) -> Result<Vec<u8>, String> {
+pub async fn auth(cfg: &AuthConfig, client: &Client, secret: &[u8]) -> Result<Vec<u8>, AuthError> {
     if client.has_authorizations() {
-        return Err("E_INVALID AUTH already set".into());
+        return Err(AuthError::AlreadySet);
     }
     if !cfg.enabled() {
-        return Err("E_AUTH_DISABLED AUTH disabled".into());
+        return Err(AuthError::Disabled);
     }
     client.set_auth_secret(Some(secret.to_vec()));
     let state = Box::pin(query_client(cfg, client)).await?;
@@ -485,20 +673,20 @@ pub async fn auth(cfg: &AuthConfig, client: &Client, secret: &[u8]) -> Result<Ve
     };
     client.set_auth(Some(state));
     if !client.has_authorizations() {
-        return Err("E_UNAUTHORIZED AUTH no authorizations found".into());
+        return Err(AuthError::NoAuthorizations);
     }
     Ok(resp.into_bytes())
 }
 
 /// Queries with the client's secret; a failure is logged (never shown to the client,
 /// as nsqd) and becomes `E_AUTH_FAILED AUTH failed`.
-async fn query_client(cfg: &AuthConfig, client: &Client) -> Result<AuthState, String> {
+async fn query_client(cfg: &AuthConfig, client: &Client) -> Result<AuthState, AuthError> {
     let secret = client.auth_secret().unwrap_or_default();
     // nsqd: the TLS state and the client certificate's common name.
     let common_name = client
         .tls()
         .as_ref()
-        .map(|t| t.2.clone())
+        .map(|t| t.common_name.clone())
         .unwrap_or_default();
     let req = AuthRequest {
         remote_ip: remote_ip(client.remote_address()),
@@ -511,7 +699,7 @@ async fn query_client(cfg: &AuthConfig, client: &Client) -> Result<AuthState, St
             "PROTOCOL(V2): [{}] AUTH failed {e}",
             client.remote_address()
         );
-        "E_AUTH_FAILED AUTH failed".to_string()
+        AuthError::Failed
     })
 }
 
@@ -526,12 +714,14 @@ pub async fn check(
     cmd: &str,
     topic: &str,
     channel: &str,
-) -> Result<(), String> {
+) -> Result<(), AuthError> {
     if !cfg.enabled() {
         return Ok(());
     }
     if !client.has_authorizations() {
-        return Err(format!("E_AUTH_FIRST AUTH required before {cmd}"));
+        return Err(AuthError::First {
+            cmd: cmd.to_string(),
+        });
     }
     let expired = client
         .auth()
@@ -548,11 +738,11 @@ pub async fn check(
         .as_ref()
         .is_some_and(|a| a.is_allowed(topic, channel));
     if !allowed {
-        return Err(format!(
-            "E_UNAUTHORIZED AUTH failed for {cmd} on {} {}",
-            go_quote(topic.as_bytes()),
-            go_quote(channel.as_bytes())
-        ));
+        return Err(AuthError::Unauthorized {
+            cmd: cmd.to_string(),
+            topic: topic.to_string(),
+            channel: channel.to_string(),
+        });
     }
     Ok(())
 }
@@ -637,7 +827,7 @@ mod tests {
         assert_eq!(st.authorizations.len(), 1);
         assert_eq!(st.expires, now + Duration::from_secs(2));
         assert_eq!(
-            parse_reply(br#"{"ttl":0}"#, now).unwrap_err(),
+            parse_reply(br#"{"ttl":0}"#, now).unwrap_err().to_string(),
             "invalid TTL 0 (must be >0)"
         );
         assert_eq!(
@@ -645,7 +835,8 @@ mod tests {
                 br#"{"ttl":1,"authorizations":[{"topic":"t","permissions":["x"]}]}"#,
                 now
             )
-            .unwrap_err(),
+            .unwrap_err()
+            .to_string(),
             "unknown permission x"
         );
         assert!(parse_reply(b"not json", now).is_err());

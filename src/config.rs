@@ -154,6 +154,8 @@ nsqd_options! {
 // The field docs are the `--help` text, verbatim (`<addr>:<port>`, `[deprecated]` as
 // nsqd prints them), not Markdown for rustdoc.
 #[allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
+// Wide on purpose: one field per nsqd flag (each also a config-file option in OPTIONS),
+// as nsqd's Options struct is, so a flag is found by its name.
 pub struct Cli {
     /// <addr>:<port> to listen on for TCP clients
     #[arg(long, default_value = "0.0.0.0:4150")]
@@ -425,9 +427,33 @@ pub const TLS_NOT_REQUIRED: u8 = 0;
 pub const TLS_REQUIRED_EXCEPT_HTTP: u8 = 1;
 pub const TLS_REQUIRED: u8 = 2;
 
+/// A flag value nsqd's flag parsing refuses; `Display` is nsqd's text (clap prints it
+/// after the flag's name; the config file's check wraps it in its own message).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FlagValueError {
+    /// `--tls-required`: neither `tcp-https` nor a Go bool (`parse error`).
+    TlsRequired,
+    /// `--tls-min-version`: `unknown tlsVersionOption "x"` (the value lowercased).
+    TlsMinVersion(String),
+    /// A Go bool: `invalid boolean value "x"`.
+    Bool(String),
+}
+
+impl std::fmt::Display for FlagValueError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FlagValueError::TlsRequired => f.write_str("parse error"),
+            FlagValueError::TlsMinVersion(v) => write!(f, "unknown tlsVersionOption {v:?}"),
+            FlagValueError::Bool(v) => write!(f, "invalid boolean value {v:?}"),
+        }
+    }
+}
+
+impl std::error::Error for FlagValueError {}
+
 /// `--tls-required`: `tcp-https`, or a Go bool (nsqd: apps/nsqd/options.go
 /// tlsRequiredOption.Set). Returns 0, 1 or 2 (the `TLS_*` constants).
-pub fn parse_tls_required(s: &str) -> Result<u8, String> {
+pub fn parse_tls_required(s: &str) -> Result<u8, FlagValueError> {
     let s = s.to_ascii_lowercase();
     if s == "tcp-https" {
         return Ok(TLS_REQUIRED_EXCEPT_HTTP);
@@ -435,29 +461,29 @@ pub fn parse_tls_required(s: &str) -> Result<u8, String> {
     match parse_go_bool(&s) {
         Ok(true) => Ok(TLS_REQUIRED),
         Ok(false) => Ok(TLS_NOT_REQUIRED),
-        Err(_) => Err("parse error".into()),
+        Err(_) => Err(FlagValueError::TlsRequired),
     }
 }
 
 /// `--tls-min-version`: `tls1.0`..`tls1.3` (any case) as Go's `tls.VersionTLS1x` number
 /// (0x0301..0x0304); an empty value keeps the default tls1.0 (nsqd:
 /// tlsMinVersionOption.Set).
-pub fn parse_tls_min_version(s: &str) -> Result<u16, String> {
+pub fn parse_tls_min_version(s: &str) -> Result<u16, FlagValueError> {
     match s.to_ascii_lowercase().as_str() {
         "" | "tls1.0" => Ok(0x0301),
         "tls1.1" => Ok(0x0302),
         "tls1.2" => Ok(0x0303),
         "tls1.3" => Ok(0x0304),
-        other => Err(format!("unknown tlsVersionOption {other:?}")),
+        other => Err(FlagValueError::TlsMinVersion(other.to_string())),
     }
 }
 
 /// Go's strconv.ParseBool, as nsqd's bool flags take it (`-flag`, `-flag=false`).
-pub fn parse_go_bool(s: &str) -> Result<bool, String> {
+pub fn parse_go_bool(s: &str) -> Result<bool, FlagValueError> {
     match s {
         "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
         "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
-        _ => Err(format!("invalid boolean value {s:?}")),
+        _ => Err(FlagValueError::Bool(s.to_string())),
     }
 }
 
@@ -496,9 +522,72 @@ pub use nsq_wire::goflag::normalize_args;
 /// A `--log-level` value as a filter (one parser for nsqd and nsqlookupd).
 pub use nsq_wire::logger::parse_level;
 
+/// Why the options are refused at start-up (nsqd.New's checks); `Display` is nsqd's
+/// text, which the caller prints after `failed to instantiate nsqd - `.
+#[derive(Debug)]
+pub enum ConfigError {
+    /// `--max-deflate-level must be [1,9]`.
+    MaxDeflateLevel,
+    /// `--node-id must be [0,1024)`.
+    NodeId,
+    /// The TLS certificate, key or CA could not be used.
+    Tls(crate::tls::TlsConfigError),
+    /// `cannot require TLS client connections without TLS key and cert`.
+    TlsRequiredWithoutCert,
+    /// `--tls-root-ca-file` could not be read (`failed to build client TLS config - open
+    /// PATH: why`).
+    RootCaOpen(crate::tls::OpenError),
+    /// `--tls-root-ca-file` holds no certificate (`failed to build client TLS config -
+    /// failed to append certificate to pool`).
+    RootCaEmpty,
+    /// `--auth-http-request-method must be post or get`.
+    AuthMethod,
+    /// `invalid E2E processing latency percentile: <v>` (Go's `%v` of the value).
+    E2ePercentile(f64),
+    /// `invalid log-level <name>`.
+    LogLevel(String),
+    /// `--statsd-interval must be > 0`.
+    StatsdInterval,
+    /// `--lookupd-ping-interval must be > 0`.
+    LookupdPingInterval,
+    /// `--shards must be in [1,1024]`.
+    Shards,
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigError::MaxDeflateLevel => f.write_str("--max-deflate-level must be [1,9]"),
+            ConfigError::NodeId => f.write_str("--node-id must be [0,1024)"),
+            ConfigError::Tls(e) => e.fmt(f),
+            ConfigError::TlsRequiredWithoutCert => {
+                f.write_str("cannot require TLS client connections without TLS key and cert")
+            }
+            ConfigError::RootCaOpen(e) => write!(f, "failed to build client TLS config - {e}"),
+            ConfigError::RootCaEmpty => f.write_str(
+                "failed to build client TLS config - failed to append certificate to pool",
+            ),
+            ConfigError::AuthMethod => {
+                f.write_str("--auth-http-request-method must be post or get")
+            }
+            ConfigError::E2ePercentile(v) => write!(
+                f,
+                "invalid E2E processing latency percentile: {}",
+                crate::config_file::go_float_v(*v)
+            ),
+            ConfigError::LogLevel(l) => write!(f, "invalid log-level {l}"),
+            ConfigError::StatsdInterval => f.write_str("--statsd-interval must be > 0"),
+            ConfigError::LookupdPingInterval => f.write_str("--lookupd-ping-interval must be > 0"),
+            ConfigError::Shards => f.write_str("--shards must be in [1,1024]"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
 impl Config {
     /// Validates the command line (nsqd's startup checks).
-    pub fn from_cli(cli: Cli) -> Result<Config, String> {
+    pub fn from_cli(cli: Cli) -> Result<Config, ConfigError> {
         let options = crate::config_file::resolved(&cli);
         let node_id = match cli.node_id {
             None => default_node_id() as i64,
@@ -506,31 +595,28 @@ impl Config {
         };
         // nsqd.New's checks, in its order.
         if !(1..=9).contains(&cli.max_deflate_level) {
-            return Err("--max-deflate-level must be [1,9]".into());
+            return Err(ConfigError::MaxDeflateLevel);
         }
         if !(0..1024).contains(&node_id) {
-            return Err("--node-id must be [0,1024)".into());
+            return Err(ConfigError::NodeId);
         }
         let (tls, tls_required) = check_tls_and_auth(&cli)?;
         for v in &cli.e2e_processing_latency_percentile {
             if *v <= 0.0 || *v > 1.0 || v.is_nan() {
-                return Err(format!(
-                    "invalid E2E processing latency percentile: {}",
-                    crate::config_file::go_float_v(*v)
-                ));
+                return Err(ConfigError::E2ePercentile(*v));
             }
         }
         let log_level = parse_level(&cli.log_level)
-            .ok_or_else(|| format!("invalid log-level {}", cli.log_level))?;
+            .ok_or_else(|| ConfigError::LogLevel(cli.log_level.clone()))?;
         if cli.statsd_interval.is_zero() {
-            return Err("--statsd-interval must be > 0".into());
+            return Err(ConfigError::StatsdInterval);
         }
         if cli.lookupd_ping_interval.is_zero() {
-            return Err("--lookupd-ping-interval must be > 0".into());
+            return Err(ConfigError::LookupdPingInterval);
         }
         let shards = cli.shards.unwrap_or_else(default_shards);
         if shards == 0 || shards > 1024 {
-            return Err("--shards must be in [1,1024]".into());
+            return Err(ConfigError::Shards);
         }
         let hostname = hostname();
         let opts = core_options!(cli, {
@@ -593,7 +679,7 @@ impl Config {
 /// certificate; the auth request method is get or post (nsqd master).
 type TlsSetup = (Option<std::sync::Arc<rustls::ServerConfig>>, u8);
 
-fn check_tls_and_auth(cli: &Cli) -> Result<TlsSetup, String> {
+fn check_tls_and_auth(cli: &Cli) -> Result<TlsSetup, ConfigError> {
     let mut tls_required = cli.tls_required;
     if !cli.tls_client_auth_policy.is_empty() && tls_required == TLS_NOT_REQUIRED {
         tls_required = TLS_REQUIRED;
@@ -604,28 +690,19 @@ fn check_tls_and_auth(cli: &Cli) -> Result<TlsSetup, String> {
         client_auth_policy: &cli.tls_client_auth_policy,
         root_ca_file: &cli.tls_root_ca_file,
         min_version: cli.tls_min_version,
-    })?;
+    })
+    .map_err(ConfigError::Tls)?;
     if tls.is_none() && tls_required != TLS_NOT_REQUIRED {
-        return Err("cannot require TLS client connections without TLS key and cert".into());
+        return Err(ConfigError::TlsRequiredWithoutCert);
     }
     if !cli.tls_root_ca_file.is_empty() {
-        let path = &cli.tls_root_ca_file;
-        let pem = std::fs::read(path).map_err(|e| {
-            let why = match e.kind() {
-                std::io::ErrorKind::NotFound => "no such file or directory".to_string(),
-                std::io::ErrorKind::PermissionDenied => "permission denied".to_string(),
-                _ => e.to_string(),
-            };
-            format!("failed to build client TLS config - open {path}: {why}")
-        })?;
+        let pem = crate::tls::read_file(&cli.tls_root_ca_file).map_err(ConfigError::RootCaOpen)?;
         if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
-            return Err(
-                "failed to build client TLS config - failed to append certificate to pool".into(),
-            );
+            return Err(ConfigError::RootCaEmpty);
         }
     }
     if cli.auth_http_request_method != "post" && cli.auth_http_request_method != "get" {
-        return Err("--auth-http-request-method must be post or get".into());
+        return Err(ConfigError::AuthMethod);
     }
     Ok((tls, tls_required))
 }

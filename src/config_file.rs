@@ -181,25 +181,87 @@ fn go_quote(s: &str) -> String {
 /// [`nsq_wire::duration::parse_go_duration`].)
 pub use nsq_wire::duration::parse_go_duration;
 
-fn go_parse_int(s: &str) -> Result<i64, String> {
+/// Why a config file value could not be coerced into, or set on, an option: go-options'
+/// error, whose `Display` (Go's text) ends its `Resolve failed to coerce ...` line.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GoError {
+    /// `strconv.ParseInt: parsing "x": invalid syntax` (or `value out of range`).
+    ParseInt { text: String, out_of_range: bool },
+    /// `strconv.ParseFloat: parsing "x": invalid syntax`.
+    ParseFloat(String),
+    /// `strconv.ParseBool: parsing "x": invalid syntax`.
+    ParseBool(String),
+    /// time.ParseDuration's error.
+    Duration(nsq_wire::duration::DurationError),
+    /// `invalid int64 value type float64`: a TOML value of a type the option's cannot
+    /// be made from.
+    ValueType {
+        want: &'static str,
+        got: &'static str,
+    },
+    /// `value N out of range [MIN,MAX] for this broker`: an integer the option's Rust
+    /// type cannot hold.
+    OutOfRange { value: i64, min: i128, max: i128 },
+    /// `unexpected value <debug>`: a value of another Go type than the option's (a bug
+    /// in the option table).
+    Unexpected(GoValue),
+    /// `negative durations are not supported`.
+    NegativeDuration,
+    /// `invalid log level <v>`: a `log_level` outside 1..=5.
+    LogLevel(GoValue),
+}
+
+impl std::fmt::Display for GoError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GoError::ParseInt { text, out_of_range } => {
+                let why = if *out_of_range {
+                    "value out of range"
+                } else {
+                    "invalid syntax"
+                };
+                write!(f, "strconv.ParseInt: parsing {}: {why}", go_quote(text))
+            }
+            GoError::ParseFloat(text) => write!(
+                f,
+                "strconv.ParseFloat: parsing {}: invalid syntax",
+                go_quote(text)
+            ),
+            GoError::ParseBool(text) => write!(
+                f,
+                "strconv.ParseBool: parsing {}: invalid syntax",
+                go_quote(text)
+            ),
+            GoError::Duration(e) => e.fmt(f),
+            GoError::ValueType { want, got } => write!(f, "invalid {want} value type {got}"),
+            GoError::OutOfRange { value, min, max } => {
+                write!(
+                    f,
+                    "value {value} out of range [{min},{max}] for this broker"
+                )
+            }
+            GoError::Unexpected(v) => write!(f, "unexpected value {v:?}"),
+            GoError::NegativeDuration => f.write_str("negative durations are not supported"),
+            GoError::LogLevel(v) => write!(f, "invalid log level {}", v.go_v()),
+        }
+    }
+}
+
+impl std::error::Error for GoError {}
+
+fn go_parse_int(s: &str) -> Result<i64, GoError> {
     s.parse::<i64>().map_err(|_| {
         let digits = s.strip_prefix(['+', '-']).unwrap_or(s);
-        let why = if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
-            "value out of range"
-        } else {
-            "invalid syntax"
-        };
-        format!("strconv.ParseInt: parsing {}: {why}", go_quote(s))
+        GoError::ParseInt {
+            text: s.to_string(),
+            out_of_range: !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()),
+        }
     })
 }
 
-fn go_parse_float(s: &str) -> Result<f64, String> {
-    s.parse::<f64>().map_err(|_| {
-        format!(
-            "strconv.ParseFloat: parsing {}: invalid syntax",
-            go_quote(s)
-        )
-    })
+fn go_parse_float(s: &str) -> Result<f64, GoError> {
+    s.parse::<f64>()
+        .map_err(|_| GoError::ParseFloat(s.to_string()))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -259,16 +321,33 @@ pub enum Kind {
     FloatList,
 }
 
-/// Why a value could not be coerced: go-options' error, or a case where nsqd panics.
+/// Why a value could not be coerced: go-options' error, or a case where nsqd panics (a
+/// list element that is not of the list's type: `interface conversion: interface {} is
+/// int64, not string`).
 enum CoerceError {
-    Go(String),
-    Panic(String),
+    Go(GoError),
+    Panic {
+        got: &'static str,
+        want: &'static str,
+    },
+}
+
+impl CoerceError {
+    /// The Go runtime's text for [`CoerceError::Panic`].
+    fn panic_text(got: &str, want: &str) -> String {
+        format!("interface conversion: interface {{}} is {got}, not {want}")
+    }
 }
 
 /// go-options' `coerce` of a decoded value into `kind`.
 fn coerce(kind: Kind, v: &toml::Value) -> Result<GoValue, CoerceError> {
     use toml::Value as T;
-    let wrong = |what: &str| CoerceError::Go(format!("invalid {what} value type {}", go_type(v)));
+    let wrong = |want: &'static str| {
+        CoerceError::Go(GoError::ValueType {
+            want,
+            got: go_type(v),
+        })
+    };
     Ok(match kind {
         Kind::Int => match v {
             T::String(s) => GoValue::Int(go_parse_int(s).map_err(CoerceError::Go)?),
@@ -277,18 +356,17 @@ fn coerce(kind: Kind, v: &toml::Value) -> Result<GoValue, CoerceError> {
         },
         Kind::Bool => match v {
             T::Boolean(b) => GoValue::Bool(*b),
-            T::String(s) => GoValue::Bool(parse_go_bool(s).map_err(|_| {
-                CoerceError::Go(format!(
-                    "strconv.ParseBool: parsing {}: invalid syntax",
-                    go_quote(s)
-                ))
-            })?),
+            T::String(s) => GoValue::Bool(
+                parse_go_bool(s).map_err(|_| CoerceError::Go(GoError::ParseBool(s.clone())))?,
+            ),
             // go-options v1.0.0 coerceBool: `reflect.ValueOf(v).Int() == 0`.
             T::Integer(n) => GoValue::Bool(*n == 0),
             _ => return Err(wrong("bool")),
         },
         Kind::Duration => match v {
-            T::String(s) => GoValue::Dur(parse_go_duration(s).map_err(CoerceError::Go)?),
+            T::String(s) => GoValue::Dur(
+                parse_go_duration(s).map_err(|e| CoerceError::Go(GoError::Duration(e)))?,
+            ),
             // go-options: "treat like ms".
             T::Integer(n) => GoValue::Dur(n.saturating_mul(1_000_000)),
             _ => return Err(wrong("time.Duration")),
@@ -302,10 +380,10 @@ fn coerce(kind: Kind, v: &toml::Value) -> Result<GoValue, CoerceError> {
                     match x {
                         T::String(s) => out.push(s.clone()),
                         _ => {
-                            return Err(CoerceError::Panic(format!(
-                                "interface conversion: interface {{}} is {}, not string",
-                                go_type(x)
-                            )))
+                            return Err(CoerceError::Panic {
+                                got: go_type(x),
+                                want: "string",
+                            })
                         }
                     }
                 }
@@ -327,10 +405,10 @@ fn coerce(kind: Kind, v: &toml::Value) -> Result<GoValue, CoerceError> {
                     match x {
                         T::Float(f) => out.push(*f),
                         _ => {
-                            return Err(CoerceError::Panic(format!(
-                                "interface conversion: interface {{}} is {}, not float64",
-                                go_type(x)
-                            )))
+                            return Err(CoerceError::Panic {
+                                got: go_type(x),
+                                want: "float64",
+                            })
                         }
                     }
                 }
@@ -348,13 +426,11 @@ fn coerce(kind: Kind, v: &toml::Value) -> Result<GoValue, CoerceError> {
 /// Converts between a `Cli` field and nsqd's Go value.
 pub(crate) trait GoField: Sized {
     fn to_go(&self) -> GoValue;
-    fn from_go(v: GoValue) -> Result<Self, String>;
+    fn from_go(v: GoValue) -> Result<Self, GoError>;
 }
 
-fn out_of_range<T>(n: i64, lo: i128, hi: i128) -> Result<T, String> {
-    Err(format!(
-        "value {n} out of range [{lo},{hi}] for this broker"
-    ))
+fn out_of_range<T>(value: i64, min: i128, max: i128) -> Result<T, GoError> {
+    Err(GoError::OutOfRange { value, min, max })
 }
 
 macro_rules! int_field {
@@ -363,11 +439,11 @@ macro_rules! int_field {
             fn to_go(&self) -> GoValue {
                 GoValue::Int(*self as i64)
             }
-            fn from_go(v: GoValue) -> Result<Self, String> {
+            fn from_go(v: GoValue) -> Result<Self, GoError> {
                 match v {
                     GoValue::Int(n) => <$t>::try_from(n)
                         .or_else(|_| out_of_range(n, <$t>::MIN as i128, <$t>::MAX as i128)),
-                    other => Err(format!("unexpected value {other:?}")),
+                    other => Err(GoError::Unexpected(other)),
                 }
             }
         }
@@ -379,10 +455,10 @@ impl GoField for bool {
     fn to_go(&self) -> GoValue {
         GoValue::Bool(*self)
     }
-    fn from_go(v: GoValue) -> Result<Self, String> {
+    fn from_go(v: GoValue) -> Result<Self, GoError> {
         match v {
             GoValue::Bool(b) => Ok(b),
-            other => Err(format!("unexpected value {other:?}")),
+            other => Err(GoError::Unexpected(other)),
         }
     }
 }
@@ -391,11 +467,11 @@ impl GoField for Duration {
     fn to_go(&self) -> GoValue {
         GoValue::Dur(self.as_nanos().min(i64::MAX as u128) as i64)
     }
-    fn from_go(v: GoValue) -> Result<Self, String> {
+    fn from_go(v: GoValue) -> Result<Self, GoError> {
         match v {
             GoValue::Dur(ns) if ns >= 0 => Ok(Duration::from_nanos(ns as u64)),
-            GoValue::Dur(_) => Err("negative durations are not supported".into()),
-            other => Err(format!("unexpected value {other:?}")),
+            GoValue::Dur(_) => Err(GoError::NegativeDuration),
+            other => Err(GoError::Unexpected(other)),
         }
     }
 }
@@ -404,10 +480,10 @@ impl GoField for String {
     fn to_go(&self) -> GoValue {
         GoValue::Str(self.clone())
     }
-    fn from_go(v: GoValue) -> Result<Self, String> {
+    fn from_go(v: GoValue) -> Result<Self, GoError> {
         match v {
             GoValue::Str(s) => Ok(s),
-            other => Err(format!("unexpected value {other:?}")),
+            other => Err(GoError::Unexpected(other)),
         }
     }
 }
@@ -416,10 +492,10 @@ impl GoField for Vec<String> {
     fn to_go(&self) -> GoValue {
         GoValue::StrList(Some(self.clone()))
     }
-    fn from_go(v: GoValue) -> Result<Self, String> {
+    fn from_go(v: GoValue) -> Result<Self, GoError> {
         match v {
             GoValue::StrList(l) => Ok(l.unwrap_or_default()),
-            other => Err(format!("unexpected value {other:?}")),
+            other => Err(GoError::Unexpected(other)),
         }
     }
 }
@@ -428,10 +504,10 @@ impl GoField for Vec<f64> {
     fn to_go(&self) -> GoValue {
         GoValue::FloatList(Some(self.clone()))
     }
-    fn from_go(v: GoValue) -> Result<Self, String> {
+    fn from_go(v: GoValue) -> Result<Self, GoError> {
         match v {
             GoValue::FloatList(l) => Ok(l.unwrap_or_default()),
-            other => Err(format!("unexpected value {other:?}")),
+            other => Err(GoError::Unexpected(other)),
         }
     }
 }
@@ -449,7 +525,7 @@ pub struct OptSpec {
     pub put_at_run_time: bool,
     /// The current value, as nsqd's `Options` would hold it.
     pub get: fn(&Cli) -> GoValue,
-    pub(crate) set: fn(&mut Cli, GoValue) -> Result<(), String>,
+    pub(crate) set: fn(&mut Cli, GoValue) -> Result<(), GoError>,
 }
 
 pub use crate::config::OPTIONS;
@@ -462,7 +538,7 @@ pub(crate) fn node_id_go(c: &Cli) -> GoValue {
     )
 }
 
-pub(crate) fn set_node_id(c: &mut Cli, v: GoValue) -> Result<(), String> {
+pub(crate) fn set_node_id(c: &mut Cli, v: GoValue) -> Result<(), GoError> {
     c.node_id = Some(GoField::from_go(v)?);
     Ok(())
 }
@@ -472,14 +548,14 @@ pub(crate) fn log_level_go(c: &Cli) -> GoValue {
     GoValue::Int(level_number(&c.log_level))
 }
 
-pub(crate) fn set_log_level(c: &mut Cli, v: GoValue) -> Result<(), String> {
+pub(crate) fn set_log_level(c: &mut Cli, v: GoValue) -> Result<(), GoError> {
     let names = ["debug", "info", "warn", "error", "fatal"];
     match v {
         GoValue::Int(n @ 1..=5) => {
             c.log_level = names[n as usize - 1].to_string();
             Ok(())
         }
-        other => Err(format!("invalid log level {}", other.go_v())),
+        other => Err(GoError::LogLevel(other)),
     }
 }
 
@@ -492,7 +568,7 @@ pub(crate) fn broadcast_address_go(c: &Cli) -> GoValue {
     )
 }
 
-pub(crate) fn set_broadcast_address(c: &mut Cli, v: GoValue) -> Result<(), String> {
+pub(crate) fn set_broadcast_address(c: &mut Cli, v: GoValue) -> Result<(), GoError> {
     c.broadcast_address = Some(GoField::from_go(v)?);
     Ok(())
 }
@@ -502,7 +578,7 @@ pub(crate) fn shards_go(c: &Cli) -> GoValue {
     GoValue::Int(c.shards.unwrap_or_else(crate::config::default_shards) as i64)
 }
 
-pub(crate) fn set_shards(c: &mut Cli, v: GoValue) -> Result<(), String> {
+pub(crate) fn set_shards(c: &mut Cli, v: GoValue) -> Result<(), GoError> {
     c.shards = Some(GoField::from_go(v)?);
     Ok(())
 }
@@ -634,7 +710,7 @@ fn apply_table(
         }
         let Some(v) = table.get(o.cfg) else { continue };
         let current = (o.get)(cli).go_v();
-        let resolve_err = |why: String| {
+        let resolve_err = |why: GoError| {
             LoadError::Resolve(format!(
                 "Resolve failed to coerce value {} ({current}) for field {} - {why}",
                 go_fmt(v, false),
@@ -644,10 +720,11 @@ fn apply_table(
         let value = match coerce(o.kind, v) {
             Ok(x) => x,
             Err(CoerceError::Go(why)) => return Err(resolve_err(why)),
-            Err(CoerceError::Panic(why)) => {
+            Err(CoerceError::Panic { got, want }) => {
                 return Err(LoadError::Fatal(format!(
-                    "failed to load config file {path} - {}: {why}",
-                    o.cfg
+                    "failed to load config file {path} - {}: {}",
+                    o.cfg,
+                    CoerceError::panic_text(got, want)
                 )))
             }
         };
@@ -703,23 +780,23 @@ mod tests {
         assert_eq!(parse_go_duration("0"), Ok(0));
         assert_eq!(parse_go_duration("-2s"), Ok(-2_000_000_000));
         assert_eq!(
-            parse_go_duration("60"),
+            parse_go_duration("60").map_err(|e| e.to_string()),
             Err("time: missing unit in duration \"60\"".into())
         );
         assert_eq!(
-            parse_go_duration("5x"),
+            parse_go_duration("5x").map_err(|e| e.to_string()),
             Err("time: unknown unit \"x\" in duration \"5x\"".into())
         );
         assert_eq!(
-            parse_go_duration("abc"),
+            parse_go_duration("abc").map_err(|e| e.to_string()),
             Err("time: invalid duration \"abc\"".into())
         );
         assert_eq!(
-            parse_go_duration("1.5.5s"),
+            parse_go_duration("1.5.5s").map_err(|e| e.to_string()),
             Err("time: missing unit in duration \"1.5.5s\"".into())
         );
         assert_eq!(
-            parse_go_duration(""),
+            parse_go_duration("").map_err(|e| e.to_string()),
             Err("time: invalid duration \"\"".into())
         );
     }
@@ -748,10 +825,12 @@ mod tests {
         ));
         assert!(matches!(
             coerce(Kind::StrList, &t["d"]),
-            Err(CoerceError::Panic(_))
+            Err(CoerceError::Panic { .. })
         ));
         match coerce(Kind::Int, &t["b"]) {
-            Err(CoerceError::Go(m)) => assert_eq!(m, "invalid int64 value type float64"),
+            Err(CoerceError::Go(m)) => {
+                assert_eq!(m.to_string(), "invalid int64 value type float64")
+            }
             _ => panic!("float for an int"),
         }
     }

@@ -115,6 +115,62 @@ fn parse_queue_meta(text: &str) -> Option<[i64; 5]> {
     v[1..].iter().all(|n| *n >= 0).then_some(v)
 }
 
+/// Why the import stopped (a damaged queue file does not stop it: it is logged and
+/// skipped). `Display` is what the start-up failure prints after `failed to import nsqd
+/// data - `.
+#[derive(Debug)]
+pub enum ImportError {
+    /// `failed to read metadata from PATH - <error>`: nsqd.dat is unreadable.
+    ReadMeta {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// `failed to parse metadata in PATH - <error>`: nsqd.dat is not nsqd's JSON.
+    ParseMeta {
+        path: PathBuf,
+        error: serde_json::Error,
+    },
+    /// `OP PATH: <error>` (OP: create, write, read, remove, move, rename, sync).
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// `OP segment: <error>`: writing (OP `write`) or syncing (`sync`) a segment file.
+    Segment(&'static str, std::io::Error),
+}
+
+impl ImportError {
+    fn io(op: &'static str, path: &Path, error: std::io::Error) -> ImportError {
+        ImportError::Io {
+            op,
+            path: path.to_path_buf(),
+            error,
+        }
+    }
+}
+
+impl std::fmt::Display for ImportError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ImportError::ReadMeta { path, error } => write!(
+                f,
+                "failed to read metadata from {} - {error}",
+                path.display()
+            ),
+            ImportError::ParseMeta { path, error } => write!(
+                f,
+                "failed to parse metadata in {} - {error}",
+                path.display()
+            ),
+            ImportError::Io { op, path, error } => write!(f, "{op} {}: {error}", path.display()),
+            ImportError::Segment(op, error) => write!(f, "{op} segment: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for ImportError {}
+
 /// Reads every unread message of the diskqueue `name` in `dp`, in order, calling `f` for
 /// each; returns the message count. Follows go-diskqueue: reading starts at meta.dat's
 /// (readFileNum, readPos); a file before writeFileNum is read to its end, the write file
@@ -125,8 +181,8 @@ pub fn read_queue(
     dp: &Path,
     name: &str,
     max_msg_size: i64,
-    mut f: impl FnMut(NsqdMessage) -> Result<(), String>,
-) -> Result<u64, String> {
+    mut f: impl FnMut(NsqdMessage) -> Result<(), ImportError>,
+) -> Result<u64, ImportError> {
     let meta_path = queue_meta_file(dp, name);
     let text = match std::fs::read_to_string(&meta_path) {
         Ok(t) => t,
@@ -204,8 +260,8 @@ fn read_file(
     limit: Option<u64>,
     max: u64,
     path: &Path,
-    f: &mut impl FnMut(NsqdMessage) -> Result<(), String>,
-) -> Result<u64, String> {
+    f: &mut impl FnMut(NsqdMessage) -> Result<(), ImportError>,
+) -> Result<u64, ImportError> {
     let mut count = 0;
     let end = data.len() as u64;
     while pos < limit.unwrap_or(end).min(end) {
@@ -275,7 +331,7 @@ impl SegmentWriter {
     }
 
     /// Appends `m`; returns its sequence.
-    fn append(&mut self, m: NsqdMessage, ctx: &str) -> Result<u64, String> {
+    fn append(&mut self, m: NsqdMessage, ctx: &str) -> Result<u64, ImportError> {
         let id = match MessageId::from_hex(&m.id) {
             Some(id) => id,
             None => {
@@ -298,11 +354,11 @@ impl SegmentWriter {
         let seq = self.next_seq;
         if self.file.is_none() {
             let path = self.dir.join(format!("{seq:020}.seg"));
-            let f = std::fs::File::create(&path)
-                .map_err(|e| format!("create {}: {e}", path.display()))?;
+            let f =
+                std::fs::File::create(&path).map_err(|e| ImportError::io("create", &path, e))?;
             let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
             w.write_all(&record::segment_header(seq, self.salt))
-                .map_err(|e| format!("write {}: {e}", path.display()))?;
+                .map_err(|e| ImportError::io("write", &path, e))?;
             self.file = Some((w, record::SEGMENT_HEADER_LEN as u64));
         }
         let rec = StoredRecord {
@@ -317,7 +373,7 @@ impl SegmentWriter {
         let n = record::encode(&rec, self.salt, &mut self.buf);
         if let Some((w, bytes)) = self.file.as_mut() {
             w.write_all(&self.buf)
-                .map_err(|e| format!("write segment: {e}"))?;
+                .map_err(|e| ImportError::Segment("write", e))?;
             *bytes += n as u64;
         }
         self.next_seq += 1;
@@ -326,16 +382,18 @@ impl SegmentWriter {
 
     /// Pads the open segment to a whole block with zeros (a zero length ends the data)
     /// and syncs it.
-    fn finish_segment(&mut self) -> Result<(), String> {
+    fn finish_segment(&mut self) -> Result<(), ImportError> {
         let Some((mut w, bytes)) = self.file.take() else {
             return Ok(());
         };
         let pad = (BLOCK - bytes % BLOCK) % BLOCK;
         w.write_all(&vec![0u8; pad as usize])
             .and_then(|_| w.flush())
-            .map_err(|e| format!("write segment: {e}"))?;
-        let f = w.into_inner().map_err(|e| format!("write segment: {e}"))?;
-        f.sync_all().map_err(|e| format!("sync segment: {e}"))
+            .map_err(|e| ImportError::Segment("write", e))?;
+        let f = w
+            .into_inner()
+            .map_err(|e| ImportError::Segment("write", e.into_error()))?;
+        f.sync_all().map_err(|e| ImportError::Segment("sync", e))
     }
 }
 
@@ -350,7 +408,7 @@ struct TopicReport {
 /// Runs the import when `dp` holds an nsqd.dat and no marker, or finishes one a crash
 /// interrupted. Errors (unparsable nsqd.dat, a failed write) stop the broker's start:
 /// nothing half-imported is ever served.
-pub fn run(dp: &Path, opts: &ImportOptions) -> Result<(), String> {
+pub fn run(dp: &Path, opts: &ImportOptions) -> Result<(), ImportError> {
     let marker = dp.join(MARKER);
     if marker.exists() {
         return finish(dp);
@@ -360,24 +418,25 @@ pub fn run(dp: &Path, opts: &ImportOptions) -> Result<(), String> {
         Ok(d) => d,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => {
-            return Err(format!(
-                "failed to read metadata from {} - {e}",
-                nsqd_dat.display()
-            ))
+            return Err(ImportError::ReadMeta {
+                path: nsqd_dat,
+                error: e,
+            })
         }
     };
-    let meta: NsqdMeta = serde_json::from_slice(&data)
-        .map_err(|e| format!("failed to parse metadata in {} - {e}", nsqd_dat.display()))?;
+    let meta: NsqdMeta = serde_json::from_slice(&data).map_err(|error| ImportError::ParseMeta {
+        path: nsqd_dat.clone(),
+        error,
+    })?;
     log::info!(
         "IMPORT: found nsqd data in {}; importing it once",
         dp.display()
     );
     let staging = dp.join(STAGING);
     if staging.exists() {
-        std::fs::remove_dir_all(&staging)
-            .map_err(|e| format!("remove {}: {e}", staging.display()))?;
+        std::fs::remove_dir_all(&staging).map_err(|e| ImportError::io("remove", &staging, e))?;
     }
-    std::fs::create_dir_all(&staging).map_err(|e| format!("create {}: {e}", staging.display()))?;
+    std::fs::create_dir_all(&staging).map_err(|e| ImportError::io("create", &staging, e))?;
     let mut reports = Vec::new();
     let mut seen = BTreeSet::new();
     for t in meta.topics.unwrap_or_default() {
@@ -421,9 +480,9 @@ fn import_topic(
     staging: &Path,
     t: &NsqdTopic,
     opts: &ImportOptions,
-) -> Result<TopicReport, String> {
+) -> Result<TopicReport, ImportError> {
     let dir = staging.join(format!("t-{}", t.name));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir).map_err(|e| ImportError::io("create", &dir, e))?;
     let mut w = SegmentWriter::new(dir.clone(), opts.max_bytes_per_file, opts.node_id);
     let mut files = queue_files(dp, &t.name);
     let mut channels = Vec::new();
@@ -483,7 +542,7 @@ fn import_topic(
         pending_file: None,
     };
     nsq_storage::meta::write_blocking(&dir, &m)
-        .map_err(|e| format!("write {}/meta.json: {e}", dir.display()))?;
+        .map_err(|e| ImportError::io("write", &dir.join("meta.json"), e))?;
     Ok(TopicReport {
         name: t.name.clone(),
         topic_messages,
@@ -516,7 +575,7 @@ fn queue_files(dp: &Path, name: &str) -> Vec<String> {
 }
 
 /// Writes the marker atomically: the decision that the import happened.
-fn write_marker(dp: &Path, reports: &[TopicReport]) -> Result<(), String> {
+fn write_marker(dp: &Path, reports: &[TopicReport]) -> Result<(), ImportError> {
     let mut text = String::from(
         "# nsqd data imported into this broker; the files below were renamed to <name>.imported\n",
     );
@@ -539,20 +598,18 @@ fn write_marker(dp: &Path, reports: &[TopicReport]) -> Result<(), String> {
         f.sync_all()?;
         std::fs::rename(&tmp, dp.join(MARKER))
     })();
-    res.map_err(|e| format!("write {}: {e}", dp.join(MARKER).display()))?;
+    res.map_err(|e| ImportError::io("write", &dp.join(MARKER), e))?;
     sync_dir(dp)
 }
 
 /// After the marker: moves the built topics into `topics/` and renames the consumed nsqd
 /// files to `*.imported`. Idempotent (a crash in the middle is finished next start).
-fn finish(dp: &Path) -> Result<(), String> {
+fn finish(dp: &Path) -> Result<(), ImportError> {
     let staging = dp.join(STAGING);
     if staging.exists() {
         let topics = dp.join("topics");
-        std::fs::create_dir_all(&topics)
-            .map_err(|e| format!("create {}: {e}", topics.display()))?;
-        let rd =
-            std::fs::read_dir(&staging).map_err(|e| format!("read {}: {e}", staging.display()))?;
+        std::fs::create_dir_all(&topics).map_err(|e| ImportError::io("create", &topics, e))?;
+        let rd = std::fs::read_dir(&staging).map_err(|e| ImportError::io("read", &staging, e))?;
         for e in rd.filter_map(|e| e.ok()) {
             let to = topics.join(e.file_name());
             if to.exists() {
@@ -563,14 +620,13 @@ fn finish(dp: &Path) -> Result<(), String> {
                 );
                 continue;
             }
-            std::fs::rename(e.path(), &to)
-                .map_err(|err| format!("move {}: {err}", to.display()))?;
+            std::fs::rename(e.path(), &to).map_err(|err| ImportError::io("move", &to, err))?;
         }
         sync_dir(&topics)?;
         let _ = std::fs::remove_dir(&staging);
     }
     let marker = std::fs::read_to_string(dp.join(MARKER))
-        .map_err(|e| format!("read {}: {e}", dp.join(MARKER).display()))?;
+        .map_err(|e| ImportError::io("read", &dp.join(MARKER), e))?;
     let mut renamed = Vec::new();
     for f in marker.lines().filter_map(|l| l.strip_prefix("file ")) {
         let from = dp.join(f);
@@ -578,7 +634,7 @@ fn finish(dp: &Path) -> Result<(), String> {
         // With `<f>.imported` there, `<f>` is newer than the import (an nsqd started
         // here again): it is not ours to rename, and it is reported below.
         if from.exists() && !to.exists() {
-            std::fs::rename(&from, &to).map_err(|e| format!("rename {}: {e}", from.display()))?;
+            std::fs::rename(&from, &to).map_err(|e| ImportError::io("rename", &from, e))?;
             renamed.push(f);
         }
     }
@@ -619,10 +675,10 @@ fn log_leftovers(dp: &Path) {
     }
 }
 
-fn sync_dir(d: &Path) -> Result<(), String> {
+fn sync_dir(d: &Path) -> Result<(), ImportError> {
     std::fs::File::open(d)
         .and_then(|f| f.sync_all())
-        .map_err(|e| format!("sync {}: {e}", d.display()))
+        .map_err(|e| ImportError::io("sync", d, e))
 }
 
 #[cfg(test)]

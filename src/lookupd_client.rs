@@ -117,7 +117,9 @@ pub async fn lookupd_topic_channels(
             crate::auth::query_escape(topic.as_bytes())
         );
         log::info!("CI: querying nsqlookupd {endpoint}");
-        let body = crate::auth::timed_request(cfg, &endpoint, None).await?;
+        let body = crate::auth::timed_request(cfg, &endpoint, None)
+            .await
+            .map_err(|e| e.to_string())?;
         serde_json::from_slice::<Resp>(&body)
             .map(|r| r.channels.unwrap_or_default())
             .map_err(|e| {

@@ -15,17 +15,60 @@
 //! last shard has started.
 
 use crate::server::Server;
-use crate::tcp;
+use crate::tcp::{self, HandOff};
+use bytes::Bytes;
+use futures::channel::oneshot;
 use futures::future::join_all;
 use futures::FutureExt;
 use glommio::channels::shared_channel::{
     self, ConnectedReceiver, ConnectedSender, SharedReceiver, SharedSender,
 };
 use glommio::GlommioError;
-use nsq_shards::mesh::{AdminOp, ShardMsg};
+use nsq_shards::mesh::{AdminError, AdminOp};
+use nsq_shards::stats::{ShardStats, StatsRequest};
+use nsq_shards::topic::PublishError;
 use std::io::{Error, ErrorKind};
 use std::rc::Rc;
 use std::sync::{Arc, Barrier};
+use std::time::Instant;
+
+/// A request one shard sends another over the mesh. Each variant that expects an answer
+/// carries a oneshot sender; nothing else crosses threads. Defined here, not in the
+/// shards crate, because a hand-off carries the connection's TLS session
+/// ([`crate::tcp::TlsSession`], rustls) and the shards crate does not depend on rustls.
+pub enum ShardMsg {
+    /// Publish to a topic this shard owns; answered once the messages are in the log.
+    Publish {
+        topic: String,
+        bodies: Vec<Bytes>,
+        defer_until: Option<Instant>,
+        reply: oneshot::Sender<Result<(), PublishError>>,
+    },
+    /// A connection moving to this shard (see [`crate::tcp::HandOff`]).
+    HandOff(Box<HandOff>),
+    Stats {
+        req: StatsRequest,
+        reply: oneshot::Sender<ShardStats>,
+    },
+    Admin {
+        op: AdminOp,
+        reply: oneshot::Sender<Result<(), AdminError>>,
+    },
+    /// Registration changes for shard 0, which owns the nsqlookupd connections.
+    Lookup(Vec<nsq_shards::shard::LookupEvent>),
+    /// To shard 0, which owns the node-wide settings: make this change on every shard;
+    /// answered once every shard has it (see [`nsq_shards::node`]).
+    NodeChange {
+        update: nsq_shards::node::NodeUpdate,
+        reply: oneshot::Sender<()>,
+    },
+    /// From shard 0: apply this change to this shard's copy of the node-wide settings;
+    /// answered once applied.
+    NodeApply {
+        update: nsq_shards::node::NodeUpdate,
+        reply: oneshot::Sender<()>,
+    },
+}
 
 /// One shard's ends of the mesh before its executor connects them (they are `Send`: they
 /// travel from the main thread to the shard's thread).

@@ -28,6 +28,29 @@ impl Slots {
     }
 }
 
+/// Why work given to [`off_executor`] produced no result. `Display`: `cannot start a
+/// NAME thread: <io error>`, `NAME thread ended`.
+#[derive(Debug)]
+pub enum OffloadError {
+    /// The thread could not be started.
+    Spawn { name: String, error: std::io::Error },
+    /// The thread ended without a result (the work panicked).
+    Ended { name: String },
+}
+
+impl std::fmt::Display for OffloadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OffloadError::Spawn { name, error } => {
+                write!(f, "cannot start a {name} thread: {error}")
+            }
+            OffloadError::Ended { name } => write!(f, "{name} thread ended"),
+        }
+    }
+}
+
+impl std::error::Error for OffloadError {}
+
 /// Runs `f` on a thread of its own (named `name`), at most `slots.max` such threads at
 /// once process-wide, and waits for its result without blocking the calling executor.
 /// For work that can block or take long (a name lookup, the parse of a large auth
@@ -38,7 +61,7 @@ pub async fn off_executor<T: Send + 'static>(
     name: &str,
     slots: &'static Slots,
     f: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, String> {
+) -> Result<T, OffloadError> {
     // A slot, without blocking the executor.
     loop {
         let n = slots.used.load(Ordering::Relaxed);
@@ -68,9 +91,14 @@ pub async fn off_executor<T: Send + 'static>(
         });
     if let Err(e) = spawned {
         slots.used.fetch_sub(1, Ordering::AcqRel);
-        return Err(format!("cannot start a {name} thread: {e}"));
+        return Err(OffloadError::Spawn {
+            name: name.to_string(),
+            error: e,
+        });
     }
-    rx.await.map_err(|_| format!("{name} thread ended"))
+    rx.await.map_err(|_| OffloadError::Ended {
+        name: name.to_string(),
+    })
 }
 
 #[cfg(test)]

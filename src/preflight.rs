@@ -16,7 +16,8 @@
 //! - the TCP and HTTP addresses: bound here, exclusively, and handed to the runtime.
 
 use crate::config::Config;
-use std::fmt::Write as _;
+use crate::runtime::ListenError;
+use std::fmt;
 use std::fs::File;
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -85,11 +86,173 @@ pub struct Ready {
 /// A failed preflight: one line per problem (what, the value found, the fix), and the
 /// warnings found on the way.
 pub struct Failed {
-    pub problems: Vec<String>,
+    pub problems: Vec<Problem>,
     pub warnings: Vec<String>,
     /// What the checks created (see [`undo_created`]).
     pub created: Vec<PathBuf>,
 }
+
+/// What the host lacks, one per failed check. `Display` is the line `--preflight` and a
+/// failed start print: what is wrong, the value found, and the fix.
+#[derive(Debug)]
+pub enum Problem {
+    /// `io_uring_setup` failed with `errno`; the rest is what the host says about why
+    /// (kernel release, `kernel.io_uring_disabled`, `kernel.io_uring_group`, the
+    /// `Seccomp` mode, the locked-memory limit in bytes).
+    IoUringSetup {
+        errno: i32,
+        release: String,
+        disabled: Option<String>,
+        group: Option<String>,
+        seccomp: String,
+        memlock: u64,
+    },
+    /// The opcode probe failed with `errno` (a kernel before 5.6).
+    IoUringProbe { errno: i32, release: String },
+    /// The kernel lacks opcodes glommio uses.
+    IoUringOps {
+        release: String,
+        missing: Vec<&'static str>,
+    },
+    /// `RLIMIT_MEMLOCK` (bytes) is below what glommio needs to start at all.
+    Memlock { limit: u64, shards: usize },
+    /// The data path is a file.
+    DataPathNotDir(PathBuf),
+    /// The data path does not exist and cannot be created.
+    DataPathCreate {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// A file cannot be created in the data path.
+    DataPathNotWritable {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// The data path's lock file cannot be opened.
+    LockFile {
+        path: PathBuf,
+        lock: PathBuf,
+        error: std::io::Error,
+    },
+    /// Another broker (pid, when known) holds the data path's lock.
+    Locked { path: PathBuf, holder: Option<u32> },
+    /// An address could not be bound (`flag`: the option that gave it).
+    Bind {
+        error: ListenError,
+        addr: String,
+        flag: &'static str,
+    },
+    /// A bound address could not be opened to connections.
+    Listen {
+        error: ListenError,
+        flag: &'static str,
+    },
+}
+
+/// The fix of a data path the broker cannot use.
+const FIX_PERM: &str = "fix: create it and give the broker's user write access (e.g. chown \
+                        nsqd:nsqd /var/lib/nsqd; systemd with ProtectSystem=strict: \
+                        ReadWritePaths=/var/lib/nsqd), or choose another --data-path";
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Problem::IoUringSetup {
+                errno,
+                release,
+                disabled,
+                group,
+                seccomp,
+                memlock,
+            } => io_uring_unavailable(f, *errno, release, disabled, group, seccomp, *memlock),
+            Problem::IoUringProbe { errno, release } => write!(
+                f,
+                "io_uring is too old: the opcode probe failed with {} on kernel {release}; \
+                 fix: run on Linux 5.8 or newer",
+                errno_name(*errno)
+            ),
+            Problem::IoUringOps { release, missing } => write!(
+                f,
+                "io_uring is too old: kernel {release} lacks the opcodes {}; \
+                 fix: run on Linux 5.8 or newer",
+                missing.join(", ")
+            ),
+            Problem::Memlock { limit, shards } => {
+                let need = MEMLOCK_PER_SHARD * *shards as u64;
+                write!(
+                    f,
+                    "locked-memory limit (RLIMIT_MEMLOCK) is {}: the io_uring runtime needs at least \
+                     {} to start and {} for --shards={shards} ({} per shard); {}",
+                    fmt_limit(*limit),
+                    fmt_limit(GLOMMIO_MIN_MEMLOCK),
+                    fmt_limit(need),
+                    fmt_limit(MEMLOCK_PER_SHARD),
+                    memlock_fix(need)
+                )
+            }
+            Problem::DataPathNotDir(path) => write!(
+                f,
+                "--data-path={} is not a directory (found a file); fix: point \
+                 --data-path at a directory, or remove that file",
+                path.display()
+            ),
+            Problem::DataPathCreate { path, error } => write!(
+                f,
+                "--data-path={} does not exist and cannot be created: {error}; {FIX_PERM}",
+                path.display()
+            ),
+            Problem::DataPathNotWritable { path, error } => write!(
+                f,
+                "--data-path={} is not writable: creating a file there failed: {error}; {FIX_PERM}",
+                path.display()
+            ),
+            Problem::LockFile { path, lock, error } => write!(
+                f,
+                "--data-path={}: cannot open its lock file {}: {error}; {FIX_PERM}",
+                path.display(),
+                lock.display()
+            ),
+            Problem::Locked { path, holder } => {
+                let holder = holder
+                    .map(|pid| format!(" (pid {pid})"))
+                    .unwrap_or_default();
+                write!(
+                    f,
+                    "--data-path={} is locked by another running broker{holder}; fix: stop that \
+                     broker, or give this one its own --data-path (and its own --tcp-address and \
+                     --http-address)",
+                    path.display()
+                )
+            }
+            Problem::Bind { error, addr, flag } => {
+                // The fix follows the system's text, as the message names the cause.
+                let line = error.to_string();
+                let port = addr.rsplit(':').next().unwrap_or("");
+                if line.contains("in use") {
+                    write!(
+                        f,
+                        "{line}; fix: stop the process listening there (ss -ltnp 'sport = :{port}') or \
+                         choose another {flag}"
+                    )
+                } else if line.contains("ermission denied") {
+                    write!(
+                        f,
+                        "{line}; fix: ports below 1024 need CAP_NET_BIND_SERVICE (systemd: \
+                         AmbientCapabilities=CAP_NET_BIND_SERVICE), or choose another {flag}"
+                    )
+                } else {
+                    write!(
+                        f,
+                        "{line}; fix: give {flag} as <addr>:<port>, e.g. 0.0.0.0:4150"
+                    )
+                }
+            }
+            Problem::Listen { error, flag } => write!(f, "{error} ({flag})"),
+        }
+    }
+}
+
+impl std::error::Error for Problem {}
 
 /// Removes what the data-path check created (its lock file, then the directories of a
 /// `--data-path` that did not exist, deepest first, each only if empty), so that
@@ -159,8 +322,8 @@ pub fn check(cfg: &Config) -> Result<Ready, Failed> {
         ];
         for (socket, addr, flag) in all.into_iter().flatten() {
             if problems.is_empty() {
-                if let Err(e) = crate::runtime::listen(addr, socket) {
-                    problems.push(format!("{e} ({flag})"));
+                if let Err(error) = crate::runtime::listen(addr, socket) {
+                    problems.push(Problem::Listen { error, flag });
                 }
             }
         }
@@ -207,7 +370,7 @@ const IORING_REGISTER_PROBE: libc::c_long = 8;
 const IO_URING_OP_SUPPORTED: u8 = 1;
 
 /// Creates and closes a 2-entry ring, then asks it which opcodes the kernel supports.
-fn io_uring() -> Result<(), String> {
+fn io_uring() -> Result<(), Problem> {
     let mut params = IoUringParams([0; 30]);
     // SAFETY: io_uring_setup(2) reads and writes exactly one io_uring_params, which
     // `params` is (zeroed, correctly sized and aligned) and outlives the call.
@@ -219,7 +382,7 @@ fn io_uring() -> Result<(), String> {
         )
     };
     if fd < 0 {
-        return Err(io_uring_unavailable(errno()));
+        return Err(io_uring_unavailable_facts(errno()));
     }
     let fd = fd as libc::c_int;
     let mut probe = IoUringProbe([0; 16 + 256 * 8]);
@@ -239,11 +402,10 @@ fn io_uring() -> Result<(), String> {
     unsafe { libc::close(fd) };
     let release = kernel_release();
     if r < 0 {
-        return Err(format!(
-            "io_uring is too old: the opcode probe failed with {} on kernel {release}; \
-             fix: run on Linux 5.8 or newer",
-            errno_name(probe_errno)
-        ));
+        return Err(Problem::IoUringProbe {
+            errno: probe_errno,
+            release,
+        });
     }
     let ops_len = probe.0[1] as usize;
     let supported = |op: u8| {
@@ -256,11 +418,7 @@ fn io_uring() -> Result<(), String> {
         .map(|(_, name)| *name)
         .collect();
     if !missing.is_empty() {
-        return Err(format!(
-            "io_uring is too old: kernel {release} lacks the opcodes {}; \
-             fix: run on Linux 5.8 or newer",
-            missing.join(", ")
-        ));
+        return Err(Problem::IoUringOps { release, missing });
     }
     Ok(())
 }
@@ -294,52 +452,77 @@ fn proc_status(field: &str) -> Option<String> {
 }
 
 /// The line for an `io_uring_setup` that failed with `e`.
-fn io_uring_unavailable(e: i32) -> String {
-    let release = kernel_release();
-    let disabled = read_trim("/proc/sys/kernel/io_uring_disabled");
-    let seccomp = proc_status("Seccomp").unwrap_or_default();
+/// What the host says about a failed `io_uring_setup` (`errno`).
+fn io_uring_unavailable_facts(errno: i32) -> Problem {
+    Problem::IoUringSetup {
+        errno,
+        release: kernel_release(),
+        disabled: read_trim("/proc/sys/kernel/io_uring_disabled"),
+        group: read_trim("/proc/sys/kernel/io_uring_group"),
+        seccomp: proc_status("Seccomp").unwrap_or_default(),
+        memlock: memlock_limit().unwrap_or(0),
+    }
+}
+
+/// The line for [`Problem::IoUringSetup`]: the likely cause from `errno` and the host's
+/// facts, and its fix.
+fn io_uring_unavailable(
+    f: &mut fmt::Formatter<'_>,
+    e: i32,
+    release: &str,
+    disabled: &Option<String>,
+    group: &Option<String>,
+    seccomp: &str,
+    memlock: u64,
+) -> fmt::Result {
     let seccomp_fix = "run under a seccomp profile that allows io_uring_setup, io_uring_enter \
                        and io_uring_register (docker run --security-opt \
                        seccomp=deploy/seccomp-io_uring.json; Kubernetes: securityContext \
                        seccompProfile type Localhost, see docs/operations.md \"Deploying\")";
     match e {
-        libc::EPERM if disabled.as_deref() == Some("2") => "io_uring is disabled: \
+        libc::EPERM if disabled.as_deref() == Some("2") => f.write_str(
+            "io_uring is disabled: \
              io_uring_setup failed with EPERM and sysctl kernel.io_uring_disabled = 2; fix: \
-             sysctl -w kernel.io_uring_disabled=0 (persist it in /etc/sysctl.d/)"
-            .to_string(),
+             sysctl -w kernel.io_uring_disabled=0 (persist it in /etc/sysctl.d/)",
+        ),
         libc::EPERM if disabled.as_deref() == Some("1") && seccomp != "2" => {
-            let group = read_trim("/proc/sys/kernel/io_uring_group").unwrap_or_default();
-            format!(
+            let group = group.as_deref().unwrap_or_default();
+            write!(
+                f,
                 "io_uring is restricted: io_uring_setup failed with EPERM and sysctl \
                  kernel.io_uring_disabled = 1 (only members of group id {group} from \
                  kernel.io_uring_group may use it); fix: add the broker's user to that \
                  group or sysctl -w kernel.io_uring_disabled=0"
             )
         }
-        libc::EPERM | libc::EACCES | libc::ENOSYS if seccomp == "2" => format!(
+        libc::EPERM | libc::EACCES | libc::ENOSYS if seccomp == "2" => write!(
+            f,
             "io_uring is blocked by a seccomp filter: io_uring_setup failed with {} \
              (Seccomp: 2 in /proc/self/status; Docker 25+ and containerd block io_uring by \
              default); fix: {seccomp_fix}",
             errno_name(e)
         ),
-        libc::ENOSYS => format!(
+        libc::ENOSYS => write!(
+            f,
             "io_uring is not available: io_uring_setup failed with ENOSYS on kernel \
              {release} (built without CONFIG_IO_URING, or a sandbox such as gVisor); fix: \
              run on Linux 5.8 or newer with io_uring, or {seccomp_fix}"
         ),
-        libc::ENOMEM => format!(
+        libc::ENOMEM => write!(
+            f,
             "io_uring_setup failed with ENOMEM on kernel {release} (before 5.12 rings count \
              against the locked-memory limit, now {}); fix: raise it (ulimit -l unlimited; \
              systemd LimitMEMLOCK=infinity; docker --ulimit memlock=-1)",
-            fmt_limit(memlock_limit().unwrap_or(0))
+            fmt_limit(memlock)
         ),
-        _ => format!(
+        _ => write!(
+            f,
             "io_uring is not available: io_uring_setup failed with {} on kernel {release} \
              (kernel.io_uring_disabled = {}, Seccomp = {}); fix: allow io_uring: sysctl -w \
              kernel.io_uring_disabled=0, or {seccomp_fix}",
             errno_name(e),
             disabled.as_deref().unwrap_or("n/a"),
-            if seccomp.is_empty() { "n/a" } else { &seccomp }
+            if seccomp.is_empty() { "n/a" } else { seccomp }
         ),
     }
 }
@@ -421,21 +604,13 @@ fn memlock_fix(need: u64) -> String {
 
 /// Errors when glommio cannot start at all; warns when the shards' I/O buffers cannot all
 /// be registered (glommio then uses unregistered buffers: slower storage I/O).
-fn memlock(shards: usize) -> Result<Option<String>, String> {
+fn memlock(shards: usize) -> Result<Option<String>, Problem> {
     let Some(limit) = memlock_limit() else {
         return Ok(None);
     };
     let need = MEMLOCK_PER_SHARD * shards as u64;
     if limit < GLOMMIO_MIN_MEMLOCK {
-        return Err(format!(
-            "locked-memory limit (RLIMIT_MEMLOCK) is {}: the io_uring runtime needs at least \
-             {} to start and {} for --shards={shards} ({} per shard); {}",
-            fmt_limit(limit),
-            fmt_limit(GLOMMIO_MIN_MEMLOCK),
-            fmt_limit(need),
-            fmt_limit(MEMLOCK_PER_SHARD),
-            memlock_fix(need)
-        ));
+        return Err(Problem::Memlock { limit, shards });
     }
     if limit < need && !has_ipc_lock() {
         return Ok(Some(format!(
@@ -478,18 +653,10 @@ fn data_dir(
     path: &Path,
     warnings: &mut Vec<String>,
     created: &mut Vec<PathBuf>,
-) -> Result<File, String> {
+) -> Result<File, Problem> {
     let shown = path.display();
-    let fix_perm = "fix: create it and give the broker's user write access (e.g. chown \
-                    nsqd:nsqd /var/lib/nsqd; systemd with ProtectSystem=strict: \
-                    ReadWritePaths=/var/lib/nsqd), or choose another --data-path";
     match std::fs::metadata(path) {
-        Ok(m) if !m.is_dir() => {
-            return Err(format!(
-                "--data-path={shown} is not a directory (found a file); fix: point \
-                 --data-path at a directory, or remove that file"
-            ))
-        }
+        Ok(m) if !m.is_dir() => return Err(Problem::DataPathNotDir(path.to_path_buf())),
         Ok(_) => {}
         Err(_) => {
             // The directories about to be created, deepest first.
@@ -498,10 +665,11 @@ fn data_dir(
                 .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
                 .map(Path::to_path_buf)
                 .collect();
-            if let Err(e) = std::fs::create_dir_all(path) {
-                return Err(format!(
-                    "--data-path={shown} does not exist and cannot be created: {e}; {fix_perm}"
-                ));
+            if let Err(error) = std::fs::create_dir_all(path) {
+                return Err(Problem::DataPathCreate {
+                    path: path.to_path_buf(),
+                    error,
+                });
             }
             created.extend(missing);
         }
@@ -514,11 +682,15 @@ fn data_dir(
         .open(&probe)
         .and_then(|mut f| f.write_all(b"nsqd preflight\n"));
     let _ = std::fs::remove_file(&probe);
-    if let Some(e) = written.as_ref().err().filter(|e| !is_disk_full(e)) {
-        return Err(format!(
-            "--data-path={shown} is not writable: creating a file there failed: {e}; {fix_perm}"
-        ));
-    }
+    let written = match written {
+        Err(error) if !is_disk_full(&error) => {
+            return Err(Problem::DataPathNotWritable {
+                path: path.to_path_buf(),
+                error,
+            })
+        }
+        w => w,
+    };
     if let Err(e) = written {
         warnings.push(format!(
             "--data-path={shown} is full ({e}): serving what it holds; publishes are refused until space frees"
@@ -539,21 +711,16 @@ fn data_dir(
             std::io::ErrorKind::PermissionDenied if lock_path.is_file() => File::open(&lock_path),
             _ => Err(e),
         })
-        .map_err(|e| {
-            format!(
-                "--data-path={shown}: cannot open its lock file {}: {e}; {fix_perm}",
-                lock_path.display()
-            )
+        .map_err(|error| Problem::LockFile {
+            path: path.to_path_buf(),
+            lock: lock_path.clone(),
+            error,
         })?;
     if let Err(holder) = lock_waiting_for_exit(&lock) {
-        let holder = holder
-            .map(|pid| format!(" (pid {pid})"))
-            .unwrap_or_default();
-        return Err(format!(
-            "--data-path={shown} is locked by another running broker{holder}; fix: stop that \
-             broker, or give this one its own --data-path (and its own --tcp-address and \
-             --http-address)"
-        ));
+        return Err(Problem::Locked {
+            path: path.to_path_buf(),
+            holder,
+        });
     }
     Ok(lock)
 }
@@ -616,35 +783,16 @@ fn lock_holder(f: &File) -> Option<u32> {
 /// failure.
 fn listener(
     addr: &str,
-    flag: &str,
+    flag: &'static str,
     retry_until: Instant,
-) -> Result<(SocketAddr, socket2::Socket), String> {
-    crate::runtime::bind(addr, retry_until).map_err(|e| {
-        let mut line = e;
-        let port = addr.rsplit(':').next().unwrap_or("");
-        if line.contains("in use") {
-            let _ = write!(
-                line,
-                "; fix: stop the process listening there (ss -ltnp 'sport = :{port}') or \
-                 choose another {flag}"
-            );
-        } else if line.contains("ermission denied") {
-            let _ = write!(
-                line,
-                "; fix: ports below 1024 need CAP_NET_BIND_SERVICE (systemd: \
-                 AmbientCapabilities=CAP_NET_BIND_SERVICE), or choose another {flag}"
-            );
-        } else {
-            let _ = write!(
-                line,
-                "; fix: give {flag} as <addr>:<port>, e.g. 0.0.0.0:4150"
-            );
-        }
-        line
+) -> Result<(SocketAddr, socket2::Socket), Problem> {
+    crate::runtime::bind(addr, retry_until).map_err(|error| Problem::Bind {
+        error,
+        addr: addr.to_string(),
+        flag,
     })
 }
 
-/// ENOSPC or EDQUOT.
 fn is_disk_full(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(28) | Some(122))
 }
@@ -664,7 +812,7 @@ mod tests {
 
     #[test]
     fn io_uring_lines_name_the_cause() {
-        let l = io_uring_unavailable(libc::ENOSYS);
+        let l = io_uring_unavailable_facts(libc::ENOSYS).to_string();
         assert!(l.contains("ENOSYS") && l.contains("fix:"), "{l}");
     }
 }

@@ -3,9 +3,10 @@
 
 use crate::config::Config;
 use crate::mesh::Senders;
+use crate::mesh::ShardMsg;
 use bytes::Bytes;
 use futures::channel::oneshot;
-use nsq_shards::mesh::{AdminError, AdminOp, ShardMsg};
+use nsq_shards::mesh::{AdminError, AdminOp};
 use nsq_shards::node::NodeUpdate;
 use nsq_shards::stats::{ShardStats, StatsRequest};
 use nsq_shards::topic::PublishError;

@@ -23,44 +23,128 @@ pub struct TlsOptions<'a> {
     pub min_version: u16,
 }
 
-/// Go's error text for a file that cannot be opened (`open PATH: why`).
-fn open_error(path: &str, e: &std::io::Error) -> String {
-    let why = match e.kind() {
-        std::io::ErrorKind::NotFound => "no such file or directory".to_string(),
-        std::io::ErrorKind::PermissionDenied => "permission denied".to_string(),
-        _ => e.to_string(),
-    };
-    format!("open {path}: {why}")
+/// A file that could not be opened; `Display` is Go's text (`open PATH: why`, with
+/// Go's wording for a missing file and a denied one).
+#[derive(Debug)]
+pub struct OpenError {
+    pub path: String,
+    pub error: std::io::Error,
 }
 
-fn read_certs(path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
-    let pem = std::fs::read(path).map_err(|e| open_error(path, &e))?;
+impl OpenError {
+    fn new(path: &str, error: std::io::Error) -> OpenError {
+        OpenError {
+            path: path.to_string(),
+            error,
+        }
+    }
+}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let path = &self.path;
+        match self.error.kind() {
+            std::io::ErrorKind::NotFound => write!(f, "open {path}: no such file or directory"),
+            std::io::ErrorKind::PermissionDenied => write!(f, "open {path}: permission denied"),
+            _ => write!(f, "open {path}: {}", self.error),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {}
+
+/// Reads a file as Go's os.ReadFile does, with its error text.
+pub fn read_file(path: &str) -> Result<Vec<u8>, OpenError> {
+    std::fs::read(path).map_err(|e| OpenError::new(path, e))
+}
+
+/// Why the TLS configuration could not be built. `Display` reads as nsqd's `failed to
+/// build TLS config - <cause>`.
+#[derive(Debug)]
+pub struct TlsConfigError(pub TlsCause);
+
+/// The cause inside a [`TlsConfigError`]; `Display` is Go's text where nsqd has one.
+#[derive(Debug)]
+pub enum TlsCause {
+    /// A certificate or key file could not be read.
+    Open(OpenError),
+    /// A PEM file did not parse (`PATH: <error>`).
+    Pem { path: String, error: std::io::Error },
+    /// `tls: failed to find any PEM data in certificate input`.
+    NoCertificate,
+    /// `tls: failed to find any PEM data in key input`.
+    NoKey,
+    /// `failed to append certificate to pool`: a root CA rustls does not take.
+    RootCa,
+    /// `--tls-client-auth-policy=require-verify` without `--tls-root-ca-file`.
+    RequireVerifyWithoutRoots,
+    /// rustls refused the protocol versions or the client verifier (its text).
+    Rustls(String),
+    /// rustls refused the certificate and key (`tls: <error>`).
+    CertKey(rustls::Error),
+}
+
+impl std::fmt::Display for TlsCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TlsCause::Open(e) => e.fmt(f),
+            TlsCause::Pem { path, error } => write!(f, "{path}: {error}"),
+            TlsCause::NoCertificate => {
+                f.write_str("tls: failed to find any PEM data in certificate input")
+            }
+            TlsCause::NoKey => f.write_str("tls: failed to find any PEM data in key input"),
+            TlsCause::RootCa => f.write_str("failed to append certificate to pool"),
+            TlsCause::RequireVerifyWithoutRoots => f.write_str(
+                "--tls-client-auth-policy=require-verify needs the client CA in \
+                 --tls-root-ca-file (this broker does not verify client \
+                 certificates against the system roots)",
+            ),
+            TlsCause::Rustls(e) => f.write_str(e),
+            TlsCause::CertKey(e) => write!(f, "tls: {e}"),
+        }
+    }
+}
+
+impl std::fmt::Display for TlsConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "failed to build TLS config - {}", self.0)
+    }
+}
+
+impl std::error::Error for TlsConfigError {}
+
+fn read_certs(path: &str) -> Result<Vec<CertificateDer<'static>>, TlsCause> {
+    let pem = read_file(path).map_err(TlsCause::Open)?;
     rustls_pemfile::certs(&mut &pem[..])
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{path}: {e}"))
+        .map_err(|error| TlsCause::Pem {
+            path: path.to_string(),
+            error,
+        })
 }
 
 /// Builds the server configuration; `None` without a certificate and key (nsqd: TLS off).
 /// Errors read as nsqd's `failed to build TLS config - ...`.
-pub fn server_config(o: &TlsOptions) -> Result<Option<Arc<ServerConfig>>, String> {
+pub fn server_config(o: &TlsOptions) -> Result<Option<Arc<ServerConfig>>, TlsConfigError> {
     if o.cert.is_empty() && o.key.is_empty() {
         return Ok(None);
     }
-    build(o)
-        .map(|c| Some(Arc::new(c)))
-        .map_err(|e| format!("failed to build TLS config - {e}"))
+    build(o).map(|c| Some(Arc::new(c))).map_err(TlsConfigError)
 }
 
-fn build(o: &TlsOptions) -> Result<ServerConfig, String> {
+fn build(o: &TlsOptions) -> Result<ServerConfig, TlsCause> {
     // Go's tls.LoadX509KeyPair with an empty name: `open : no such file or directory`.
     let certs = read_certs(o.cert)?;
     if certs.is_empty() {
-        return Err("tls: failed to find any PEM data in certificate input".into());
+        return Err(TlsCause::NoCertificate);
     }
-    let key_pem = std::fs::read(o.key).map_err(|e| open_error(o.key, &e))?;
+    let key_pem = read_file(o.key).map_err(TlsCause::Open)?;
     let key: PrivateKeyDer<'static> = rustls_pemfile::private_key(&mut &key_pem[..])
-        .map_err(|e| format!("{}: {e}", o.key))?
-        .ok_or_else(|| "tls: failed to find any PEM data in key input".to_string())?;
+        .map_err(|error| TlsCause::Pem {
+            path: o.key.to_string(),
+            error,
+        })?
+        .ok_or(TlsCause::NoKey)?;
     let mut provider = rustls::crypto::ring::default_provider();
     // Go's server order with AES hardware (crypto/tls cipherSuitesPreferenceOrder):
     // AES-128-GCM, then AES-256-GCM, then ChaCha20, chosen by the server whatever the
@@ -84,13 +168,11 @@ fn build(o: &TlsOptions) -> Result<ServerConfig, String> {
     };
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(versions)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| TlsCause::Rustls(e.to_string()))?;
     let mut roots = RootCertStore::empty();
     if !o.root_ca_file.is_empty() {
         for c in read_certs(o.root_ca_file)? {
-            roots
-                .add(c)
-                .map_err(|_| "failed to append certificate to pool".to_string())?;
+            roots.add(c).map_err(|_| TlsCause::RootCa)?;
         }
     }
     let builder = match o.client_auth_policy {
@@ -101,23 +183,18 @@ fn build(o: &TlsOptions) -> Result<ServerConfig, String> {
         // Go's RequireAndVerifyClientCert, against --tls-root-ca-file.
         "require-verify" => {
             if roots.is_empty() {
-                return Err(
-                    "--tls-client-auth-policy=require-verify needs the client CA in \
-                            --tls-root-ca-file (this broker does not verify client \
-                            certificates against the system roots)"
-                        .into(),
-                );
+                return Err(TlsCause::RequireVerifyWithoutRoots);
             }
             let v = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                 .build()
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| TlsCause::Rustls(e.to_string()))?;
             builder.with_client_cert_verifier(v)
         }
         _ => builder.with_no_client_auth(),
     };
     let mut cfg = builder
         .with_single_cert(certs, key)
-        .map_err(|e| format!("tls: {e}"))?;
+        .map_err(TlsCause::CertKey)?;
     // No session tickets: a resumed session would save little on long-lived NSQ
     // connections, and each ticket is a write the reader task would have to make.
     cfg.send_tls13_tickets = 0;

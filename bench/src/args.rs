@@ -38,6 +38,7 @@ impl Mode {
 #[command(name = "nsq-bench", version)]
 // The field docs are the `--help` text, verbatim (`nsq_bench_<runid>`), not Markdown.
 #[allow(rustdoc::invalid_html_tags)]
+// Wide on purpose: one field per command-line flag (clap derive), found by the flag's name.
 pub struct Args {
     /// pub, sub or pubsub
     #[arg(value_enum)]
@@ -179,6 +180,7 @@ impl Args {
             .unwrap_or(if self.mode == Mode::Pub { 16 } else { 4 })
     }
 
+    // A `String` error: CLI-only, printed once before the bench exits.
     pub fn validate(&self) -> Result<(), String> {
         if self.size < crate::HEADER {
             return Err(format!("--size must be at least {} bytes", crate::HEADER));
@@ -227,6 +229,7 @@ pub fn indexed_name(base: &str, i: usize, n: usize) -> String {
 
 /// Go's `time.ParseDuration` (`300ms`, `1.5h`, `2h45m`, units ns us µs ms s m h; the
 /// broker's own parser), plus a bare number meaning seconds.
+// A `String` error: CLI-only, printed once before the bench exits.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     if s.is_empty() {
@@ -235,7 +238,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     if let Ok(secs) = s.parse::<f64>() {
         return Duration::try_from_secs_f64(secs).map_err(|_| format!("invalid duration {s:?}"));
     }
-    nsq_wire::duration::parse_duration(s)
+    nsq_wire::duration::parse_duration(s).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

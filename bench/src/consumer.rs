@@ -125,6 +125,7 @@ pub fn run(shared: Arc<Shared>, sub: Sub<'_>, stats: Arc<ConsumerStats>) -> Seen
     seen
 }
 
+// A `String` error: CLI-only, printed once before the bench exits.
 fn consume(
     shared: &Shared,
     sub: &Sub<'_>,

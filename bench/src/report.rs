@@ -20,6 +20,7 @@ pub struct ChannelResult {
     pub duplicates: u64,
 }
 
+// Wide on purpose: one field per figure the report prints and its JSON object holds.
 pub struct Results {
     pub mode: Mode,
     pub args: Args,

@@ -20,6 +20,7 @@ impl Schedule {
 
     /// `DUR@RATE[,DUR@RATE...]` with Go durations and rates in msgs/s (> 0), e.g.
     /// `10s@400000,20s@100000`.
+    // A `String` error: CLI-only, printed once before the bench exits.
     pub fn parse(s: &str) -> Result<Schedule, String> {
         let mut phases = Vec::new();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {

@@ -23,6 +23,7 @@ pub struct TlsState {
 }
 
 /// The client configuration trusting the CA certificates in `path` (PEM).
+// A `String` error: CLI-only, printed once before the bench exits.
 pub fn client_config(path: &std::path::Path) -> Result<Arc<rustls::ClientConfig>, String> {
     let pem = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut roots = rustls::RootCertStore::empty();

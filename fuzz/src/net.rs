@@ -42,6 +42,7 @@ pub fn free_port() -> u16 {
 impl Broker {
     /// Starts `nsqd --shards N --data-path DIR` on the given loopback addresses (port 0:
     /// chosen by the kernel) plus `extra`; waits up to 60 s for both listening lines.
+    // A `String` error: CLI-only, printed once before the fuzzer exits.
     pub fn start(
         nsqd: &Path,
         data: &Path,

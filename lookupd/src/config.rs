@@ -64,23 +64,79 @@ pub struct Config {
     pub print_version: bool,
 }
 
+/// Why the command line or the config file is refused. `Display` is the message printed
+/// before exiting with status 1.
+#[derive(Debug)]
+pub enum ConfigError {
+    /// The flags do not make options (clap's text).
+    Args(clap::Error),
+    /// `failed to load config file PATH - <error>`: the file cannot be read.
+    Read { path: String, error: std::io::Error },
+    /// `failed to load config file PATH - <error>`: a line of it is refused.
+    File { path: String, error: FileError },
+    /// `invalid log level 'x' (debug, info, warn, error, fatal)`.
+    LogLevel(String),
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigError::Args(e) => e.fmt(f),
+            ConfigError::Read { path, error } => {
+                write!(f, "failed to load config file {path} - {error}")
+            }
+            ConfigError::File { path, error } => {
+                write!(f, "failed to load config file {path} - {error}")
+            }
+            ConfigError::LogLevel(l) => write!(
+                f,
+                "invalid log level '{l}' (debug, info, warn, error, fatal)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// A config file line that is refused (`line` counts from 1).
+#[derive(Debug, PartialEq, Eq)]
+pub enum FileError {
+    /// `line N: expected key = value`.
+    NotKeyValue { line: usize },
+    /// `line N: KEY must be a string`.
+    NotString { line: usize, key: String },
+    /// A duration that does not parse (Go's text).
+    Duration(nsq_wire::duration::DurationError),
+}
+
+impl std::fmt::Display for FileError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FileError::NotKeyValue { line } => write!(f, "line {line}: expected key = value"),
+            FileError::NotString { line, key } => write!(f, "line {line}: {key} must be a string"),
+            FileError::Duration(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for FileError {}
+
 /// Parses the arguments (`argv[0]` first) and the config file they name. Errors are the
 /// message to print before exiting with status 1; `--help` exits from clap.
-pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Config, String> {
+pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Config, ConfigError> {
     let matches = Cli::command().get_matches_from(nsq_wire::goflag::normalize_args(args));
-    let mut cli = Cli::from_arg_matches(&matches).map_err(|e| e.to_string())?;
+    let mut cli = Cli::from_arg_matches(&matches).map_err(ConfigError::Args)?;
     if let Some(path) = cli.config.clone() {
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| format!("failed to load config file {path} - {e}"))?;
-        apply_config_file(&mut cli, &matches, &text)
-            .map_err(|e| format!("failed to load config file {path} - {e}"))?;
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(error) => return Err(ConfigError::Read { path, error }),
+        };
+        if let Err(error) = apply_config_file(&mut cli, &matches, &text) {
+            return Err(ConfigError::File { path, error });
+        }
     }
-    let log_level = crate::logger::parse_level(&cli.log_level).ok_or_else(|| {
-        format!(
-            "invalid log level '{}' (debug, info, warn, error, fatal)",
-            cli.log_level
-        )
-    })?;
+    let log_level = crate::logger::parse_level(&cli.log_level)
+        .ok_or_else(|| ConfigError::LogLevel(cli.log_level.clone()))?;
     let hostname = gethostname::gethostname().to_string_lossy().into_owned();
     Ok(Config {
         opts: Options {
@@ -99,7 +155,7 @@ pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Config, Strin
 /// Applies `key = value` lines of a TOML config (cfg names: `tcp_address`,
 /// `log_level`, ...) to the options the command line left at their defaults. Durations
 /// are Go strings (`"300s"`) or integers in ms, as go-options coerces them.
-fn apply_config_file(cli: &mut Cli, m: &ArgMatches, text: &str) -> Result<(), String> {
+fn apply_config_file(cli: &mut Cli, m: &ArgMatches, text: &str) -> Result<(), FileError> {
     for (n, raw) in text.lines().enumerate() {
         let line = raw.trim();
         if line.is_empty() || line.starts_with('#') || line.starts_with('[') {
@@ -107,26 +163,29 @@ fn apply_config_file(cli: &mut Cli, m: &ArgMatches, text: &str) -> Result<(), St
         }
         let (k, v) = line
             .split_once('=')
-            .ok_or_else(|| format!("line {}: expected key = value", n + 1))?;
+            .ok_or(FileError::NotKeyValue { line: n + 1 })?;
         let (k, v) = (k.trim(), strip_comment(v.trim()));
         let id = k.replace('-', "_");
         if m.value_source(&id) == Some(ValueSource::CommandLine) {
             continue;
         }
-        let string = || -> Result<String, String> {
+        let string = || -> Result<String, FileError> {
             v.strip_prefix('"')
                 .and_then(|s| s.strip_suffix('"'))
                 .map(str::to_owned)
-                .ok_or_else(|| format!("line {}: {k} must be a string", n + 1))
+                .ok_or_else(|| FileError::NotString {
+                    line: n + 1,
+                    key: k.to_string(),
+                })
         };
-        let duration = || -> Result<Duration, String> {
+        let duration = || -> Result<Duration, FileError> {
             if let Ok(ms) = v.parse::<u64>() {
                 return Ok(Duration::from_millis(ms));
             }
             let s = string()?;
             match s.parse::<u64>() {
                 Ok(ms) => Ok(Duration::from_millis(ms)),
-                Err(_) => parse_duration(&s),
+                Err(_) => parse_duration(&s).map_err(FileError::Duration),
             }
         };
         match id.as_str() {

@@ -50,6 +50,29 @@ pub struct Context {
     pub hostname: String,
 }
 
+/// Why nsqlookupd could not start; `Display` is the text logged for it.
+#[derive(Debug)]
+pub enum StartError {
+    /// `listen (ADDR) failed - <error>`.
+    Listen { addr: String, error: std::io::Error },
+    /// `listener address - <error>`: the bound address cannot be read.
+    LocalAddress(std::io::Error),
+    /// `cannot start NAME - <error>`: an accept thread could not start.
+    Thread { name: String, error: std::io::Error },
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartError::Listen { addr, error } => write!(f, "listen ({addr}) failed - {error}"),
+            StartError::LocalAddress(e) => write!(f, "listener address - {e}"),
+            StartError::Thread { name, error } => write!(f, "cannot start {name} - {error}"),
+        }
+    }
+}
+
+impl std::error::Error for StartError {}
+
 /// A bound, not yet serving nsqlookupd.
 pub struct NsqLookupd {
     ctx: Arc<Context>,
@@ -59,15 +82,17 @@ pub struct NsqLookupd {
 
 impl NsqLookupd {
     /// Binds both listeners. Errors read `listen (ADDR) failed - REASON`.
-    pub fn new(opts: Options) -> Result<NsqLookupd, String> {
+    pub fn new(opts: Options) -> Result<NsqLookupd, StartError> {
         log::info!("nsqlookupd v{VERSION} (built w/rust)");
-        let bind = |a: &str| TcpListener::bind(a).map_err(|e| format!("listen ({a}) failed - {e}"));
+        let bind = |a: &str| {
+            TcpListener::bind(a).map_err(|error| StartError::Listen {
+                addr: a.to_string(),
+                error,
+            })
+        };
         let tcp = bind(&opts.tcp_address)?;
         let http = bind(&opts.http_address)?;
-        let local = |l: &TcpListener| {
-            l.local_addr()
-                .map_err(|e| format!("listener address - {e}"))
-        };
+        let local = |l: &TcpListener| l.local_addr().map_err(StartError::LocalAddress);
         let ctx = Arc::new(Context {
             tcp_addr: local(&tcp)?,
             http_addr: local(&http)?,
@@ -84,7 +109,7 @@ impl NsqLookupd {
 
     /// Starts the accept loops on their own threads and returns at once. Logs
     /// `TCP: listening on ADDR` and `HTTP: listening on ADDR`.
-    pub fn start(self) -> Result<(), String> {
+    pub fn start(self) -> Result<(), StartError> {
         let NsqLookupd { ctx, tcp, http } = self;
         log::info!("TCP: listening on {}", ctx.tcp_addr);
         log::info!("HTTP: listening on {}", ctx.http_addr);
@@ -99,7 +124,7 @@ fn spawn_acceptor(
     listener: TcpListener,
     ctx: Arc<Context>,
     serve: fn(Arc<Context>, std::net::TcpStream),
-) -> Result<(), String> {
+) -> Result<(), StartError> {
     let conn_name = format!("{name}-conn");
     std::thread::Builder::new()
         .name(name.into())
@@ -122,5 +147,8 @@ fn spawn_acceptor(
             }
         })
         .map(|_| ())
-        .map_err(|e| format!("cannot start {name} - {e}"))
+        .map_err(|error| StartError::Thread {
+            name: name.to_string(),
+            error,
+        })
 }

@@ -121,6 +121,34 @@ pub fn serve(
 const GO_BUFIO_SIZE: usize = 4096;
 
 /// Go prints io.EOF as `EOF`.
+/// Why a connection's command loop ended; `Display` is what Go logs as
+/// `client(addr) - <err>`.
+#[derive(Debug)]
+enum LoopError {
+    /// The read failed (`EOF` for an unexpected end, else the system's text).
+    Read(std::io::Error),
+    /// `EOF`: the peer closed the connection.
+    Eof,
+    /// `command line too long`.
+    LineTooLong,
+    /// Writing a response failed.
+    Write(std::io::Error),
+    /// A fatal client error, after its error response was sent (`E_... text`).
+    Fatal(String),
+}
+
+impl std::fmt::Display for LoopError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoopError::Read(e) => f.write_str(&io_err_text(e)),
+            LoopError::Eof => f.write_str("EOF"),
+            LoopError::LineTooLong => f.write_str("command line too long"),
+            LoopError::Write(e) => e.fmt(f),
+            LoopError::Fatal(text) => f.write_str(text),
+        }
+    }
+}
+
 fn io_err_text(e: &std::io::Error) -> String {
     if e.kind() == std::io::ErrorKind::UnexpectedEof {
         "EOF".into()
@@ -146,7 +174,7 @@ impl ClientV1 {
         &mut self,
         reader: &mut BufReader<impl Read>,
         writer: &mut impl Write,
-    ) -> Result<(), String> {
+    ) -> Result<(), LoopError> {
         let result = self.run(reader, writer);
         log::info!("PROTOCOL(V1): [{}] exiting ioloop", self.addr);
         if let Some(peer) = &self.peer {
@@ -170,7 +198,7 @@ impl ClientV1 {
         &mut self,
         reader: &mut BufReader<impl Read>,
         writer: &mut impl Write,
-    ) -> Result<(), String> {
+    ) -> Result<(), LoopError> {
         let mut line = Vec::new();
         loop {
             line.clear();
@@ -178,18 +206,18 @@ impl ClientV1 {
                 .by_ref()
                 .take(MAX_LINE)
                 .read_until(b'\n', &mut line)
-                .map_err(|e| io_err_text(&e))?;
+                .map_err(LoopError::Read)?;
             if n == 0 || line.last() != Some(&b'\n') {
                 if n as u64 >= MAX_LINE {
-                    return Err("command line too long".into());
+                    return Err(LoopError::LineTooLong);
                 }
-                return Err("EOF".into());
+                return Err(LoopError::Eof);
             }
             self.bufio.read_line(n);
             let trimmed = trim_space(&line);
             let params: Vec<&[u8]> = trimmed.split(|&b| b == b' ').collect();
             match self.exec(reader, &params) {
-                Ok(resp) => send_response(writer, &resp).map_err(|e| e.to_string())?,
+                Ok(resp) => send_response(writer, &resp).map_err(LoopError::Write)?,
                 Err(e) => {
                     let ctx = e
                         .parent
@@ -201,7 +229,7 @@ impl ClientV1 {
                     if let Err(se) = send_response(writer, &e.wire()) {
                         log::error!("[{}] - {}{}", self.addr, se, ctx);
                     }
-                    return Err(e.text());
+                    return Err(LoopError::Fatal(e.text()));
                 }
             }
         }
@@ -275,7 +303,8 @@ impl ClientV1 {
         }
         self.bufio.read_full(n);
         let fields = decode_identify(&body).map_err(|e| {
-            FatalClientErr::new("E_BAD_BODY", "IDENTIFY failed to decode JSON body").with_parent(e)
+            FatalClientErr::new("E_BAD_BODY", "IDENTIFY failed to decode JSON body")
+                .with_parent(e.to_string())
         })?;
         if fields.broadcast_address.is_empty()
             || fields.tcp_port == 0

@@ -5,11 +5,12 @@
 //! ([`client`], [`auth`]), recovery, checkpoints, retention and the hand-over of records
 //! to the segment store ([`persist`], over `nsq-storage`), the node-wide run-time
 //! settings ([`node`]), stats ([`stats`], e2e latency quantiles in [`quantile`]) and the
-//! messages shards exchange over the channel mesh ([`mesh`]).
+//! admin operations shards ask of each other over the channel mesh ([`mesh`]).
 //!
 //! Nothing here parses bytes from a socket (the protocol codecs are in the runtime-free
 //! `nsq-wire` crate; the root crate's connections call them) and nothing here is shared
-//! between threads except the [`mesh`] messages, which move by value.
+//! between threads except what the mesh carries (the [`mesh`] operations, stats,
+//! client snapshots), which moves by value.
 
 #![forbid(unsafe_code)]
 

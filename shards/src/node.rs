@@ -6,10 +6,10 @@
 //! Every shard keeps its own copy ([`NodeSettings`], in [`crate::Shard::node`]) so that
 //! reads are local and synchronous (a topic's creation reads the lookupd HTTP
 //! addresses). Shard 0 owns the settings: every change goes through it, which applies it
-//! and then sends it to every other shard ([`crate::mesh::ShardMsg::NodeApply`]) and
+//! and then sends it to every other shard (the root crate's `ShardMsg::NodeApply`) and
 //! waits until each has it, so all shards see changes in the same order and a `PUT`
 //! answers only once every shard serves the new value. A change made on another shard
-//! is sent to shard 0 first ([`crate::mesh::ShardMsg::NodeChange`]).
+//! is sent to shard 0 first (`ShardMsg::NodeChange`).
 
 use std::cell::{Cell, RefCell};
 

@@ -5,6 +5,60 @@
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
+/// Why a listening address could not be bound or opened.
+#[derive(Debug)]
+pub enum ListenError {
+    /// `invalid address ADDR: <resolver error>`, or `invalid address ADDR` when it
+    /// resolved to nothing.
+    InvalidAddress {
+        addr: String,
+        error: Option<std::io::Error>,
+    },
+    /// A socket call failed: `listen (ADDR) failed - listen tcp ADDR: OP: <errno text>`,
+    /// nsqd's line (Go's net.OpError, e.g. `bind: address already in use`).
+    Go {
+        addr: String,
+        op: &'static str,
+        error: std::io::Error,
+    },
+    /// Creating the socket or setting its options failed (the system's text).
+    Socket(std::io::Error),
+    /// `cannot read the listening address`.
+    LocalAddress,
+}
+
+impl std::fmt::Display for ListenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenError::InvalidAddress {
+                addr,
+                error: Some(e),
+            } => write!(f, "invalid address {addr}: {e}"),
+            ListenError::InvalidAddress { addr, error: None } => {
+                write!(f, "invalid address {addr}")
+            }
+            ListenError::Go { addr, op, error } => {
+                // Go's text for the errno: the system's, lower case, without Rust's
+                // `(os error N)`.
+                let text = error.to_string();
+                let text = text
+                    .split(" (os error")
+                    .next()
+                    .unwrap_or(&text)
+                    .to_lowercase();
+                write!(
+                    f,
+                    "listen ({addr}) failed - listen tcp {addr}: {op}: {text}"
+                )
+            }
+            ListenError::Socket(e) => e.fmt(f),
+            ListenError::LocalAddress => f.write_str("cannot read the listening address"),
+        }
+    }
+}
+
+impl std::error::Error for ListenError {}
+
 /// How long a bind that finds its address in use is retried before giving up.
 pub(crate) const BIND_RETRY: Duration = Duration::from_secs(2);
 
@@ -21,7 +75,7 @@ fn bind_retrying(
     sa: &SocketAddr,
     addr: &str,
     deadline: Instant,
-) -> Result<(), String> {
+) -> Result<(), ListenError> {
     let mut logged = false;
     loop {
         match s.bind(&(*sa).into()) {
@@ -37,26 +91,15 @@ fn bind_retrying(
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
-            Err(e) => {
-                return Err(format!(
-                    "listen ({addr}) failed - {}",
-                    go_net_error("bind", addr, &e)
-                ))
+            Err(error) => {
+                return Err(ListenError::Go {
+                    addr: addr.to_string(),
+                    op: "bind",
+                    error,
+                })
             }
         }
     }
-}
-
-/// Go's text for a failed socket call (net.OpError): `listen tcp ADDR: OP: ERRNO TEXT`,
-/// e.g. `listen tcp 127.0.0.1:4150: bind: address already in use`, as nsqd prints it.
-fn go_net_error(op: &str, addr: &str, e: &std::io::Error) -> String {
-    let text = e.to_string();
-    let text = text
-        .split(" (os error")
-        .next()
-        .unwrap_or(&text)
-        .to_lowercase();
-    format!("listen tcp {addr}: {op}: {text}")
 }
 
 /// Binds `addr` exclusively, as nsqd does (an address in use is an error, even if its
@@ -66,26 +109,31 @@ fn go_net_error(op: &str, addr: &str, e: &std::io::Error) -> String {
 pub(crate) fn bind(
     addr: &str,
     retry_until: Instant,
-) -> Result<(SocketAddr, socket2::Socket), String> {
+) -> Result<(SocketAddr, socket2::Socket), ListenError> {
+    let invalid = |error| ListenError::InvalidAddress {
+        addr: addr.to_string(),
+        error,
+    };
     let sa = addr
         .to_socket_addrs()
-        .map_err(|e| format!("invalid address {addr}: {e}"))?
+        .map_err(|e| invalid(Some(e)))?
         .next()
-        .ok_or_else(|| format!("invalid address {addr}"))?;
+        .ok_or_else(|| invalid(None))?;
     let domain = if sa.is_ipv6() {
         socket2::Domain::IPV6
     } else {
         socket2::Domain::IPV4
     };
-    let s = socket2::Socket::new(domain, socket2::Type::STREAM, None).map_err(|e| e.to_string())?;
+    let s =
+        socket2::Socket::new(domain, socket2::Type::STREAM, None).map_err(ListenError::Socket)?;
     // Go's listeners set SO_REUSEADDR (rebinding over TIME_WAIT), never SO_REUSEPORT.
-    s.set_reuse_address(true).map_err(|e| e.to_string())?;
+    s.set_reuse_address(true).map_err(ListenError::Socket)?;
     bind_retrying(&s, &sa, addr, retry_until)?;
     let local = s
         .local_addr()
         .ok()
         .and_then(|a| a.as_socket())
-        .ok_or_else(|| "cannot read the listening address".to_string())?;
+        .ok_or(ListenError::LocalAddress)?;
     Ok((local, s))
 }
 
@@ -93,14 +141,13 @@ pub(crate) fn bind(
 /// bound, so a broker that then fails to start (another address taken) never had a
 /// connection queued that its exit would reset (a client sees "connection refused"
 /// meanwhile, and retries).
-pub(crate) fn listen(addr: &str, s: &socket2::Socket) -> Result<(), String> {
-    s.listen(1024).map_err(|e| {
-        format!(
-            "listen ({addr}) failed - {}",
-            go_net_error("listen", addr, &e)
-        )
+pub(crate) fn listen(addr: &str, s: &socket2::Socket) -> Result<(), ListenError> {
+    s.listen(1024).map_err(|error| ListenError::Go {
+        addr: addr.to_string(),
+        op: "listen",
+        error,
     })?;
     // Non-blocking for good: glommio toggles O_NONBLOCK around its first accept attempt,
     // and the file description (so its flags) is shared by every shard's duplicate.
-    s.set_nonblocking(true).map_err(|e| e.to_string())
+    s.set_nonblocking(true).map_err(ListenError::Socket)
 }

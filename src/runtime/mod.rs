@@ -12,6 +12,7 @@ mod signals;
 
 pub use barrier::RecoveryBarrier;
 pub use host::allowed_cpus;
+pub use listeners::ListenError;
 pub(crate) use listeners::{bind, listen, BIND_RETRY};
 use shard::shard_future;
 pub use signals::shutting_down;
@@ -37,7 +38,7 @@ pub fn run(
     mut cfg: Config,
     ready: crate::preflight::Ready,
     on_serving: impl FnOnce(),
-) -> Result<(), String> {
+) -> Result<(), RunError> {
     log::info!("nsqd {}, shards: {}", crate::BUILD_VERSION, cfg.shards);
     log::info!("ID: {}", cfg.opts.node_id);
     for w in &ready.warnings {
@@ -58,20 +59,16 @@ pub fn run(
     let data_path = cfg.opts.data_path.clone().unwrap_or_else(|| ".".into());
     // The directory itself too, as nsqd does (internal/dirlock): an upstream nsqd still
     // running on this path holds that lock, and its files must not be imported under it.
-    let dir_lock =
-        std::fs::File::open(&data_path).map_err(|e| format!("failed to lock data-path - {e}"))?;
-    crate::preflight::lock_waiting_for_exit(&dir_lock).map_err(|_| {
-        format!(
-            "failed to lock data-path: --data-path={} in use (possibly by another instance of nsqd)",
-            data_path.display()
-        )
-    })?;
+    let dir_lock = std::fs::File::open(&data_path).map_err(RunError::OpenDataPath)?;
+    crate::preflight::lock_waiting_for_exit(&dir_lock)
+        .map_err(|_| RunError::DataPathInUse(data_path.clone()))?;
     // Segment I/O through io_uring, or on each shard's blocking thread where the
     // filesystem would make io_uring wait on the shard's own thread (FUSE, NFS, ...).
     let (segment_io, why) = nsq_storage::SegmentIo::choose(
         &data_path,
         std::env::var("NSQD_SEGMENT_IO").ok().as_deref(),
-    )?;
+    )
+    .map_err(RunError::SegmentIo)?;
     cfg.opts.segment_io = segment_io;
     if segment_io == nsq_storage::SegmentIo::Threads {
         log::info!(
@@ -88,7 +85,7 @@ pub fn run(
             node_id: cfg.opts.node_id,
         },
     )
-    .map_err(|e| format!("failed to import nsqd data - {e}"))?;
+    .map_err(RunError::Import)?;
 
     let term = Arc::new(AtomicBool::new(false));
     let serving = Arc::new(AtomicBool::new(false));
@@ -118,7 +115,7 @@ pub fn run(
         let dup = |s: &socket2::Socket| {
             s.try_clone()
                 .map(std::os::fd::OwnedFd::from)
-                .map_err(|e| format!("failed to share the listening socket: {e}"))
+                .map_err(RunError::ShareSocket)
         };
         let listeners = (
             dup(&tcp_sock)?,
@@ -149,7 +146,7 @@ pub fn run(
                     recovery,
                 )
             })
-            .map_err(|e| format!("failed to start shard {i}: {e}"))?;
+            .map_err(|error| RunError::StartShard { index: i, error })?;
         handles.push(Some(h));
     }
     drop(ready_tx);
@@ -158,7 +155,6 @@ pub fn run(
         match ready_rx.recv().map_err(|_| ()) {
             Ok(Ok(_)) => {}
             Ok(Err(StartError::Aborted)) => aborted = true,
-            Ok(Err(StartError::Shard(e))) => return Err(e),
             Ok(Err(StartError::Executor(i))) => {
                 // The thread has ended (its closure was dropped uncalled): its join
                 // result is glommio's reason.
@@ -166,15 +162,13 @@ pub fn run(
                     Some(Err(e)) => e.to_string(),
                     _ => "unknown reason".into(),
                 };
-                return Err(format!(
-                    "shard {i} could not start its io_uring executor: {why}"
-                ));
+                return Err(RunError::Executor { index: i, why });
             }
-            Err(()) => return Err("a shard failed to start".into()),
+            Err(()) => return Err(RunError::ShardFailed),
         }
     }
     if aborted {
-        return Err("a shard failed to start".into());
+        return Err(RunError::ShardFailed);
     }
     serving.store(true, Ordering::SeqCst);
     drop(tcp_sock);
@@ -224,21 +218,70 @@ fn mesh_capacity(shards: usize) -> usize {
     (16_384 / shards.max(1)).clamp(256, 4096)
 }
 
+/// Why the broker did not start. `Display` is what main prints after `failed to
+/// instantiate nsqd - `.
+#[derive(Debug)]
+pub enum RunError {
+    /// `failed to lock data-path - <error>`: the data path cannot be opened.
+    OpenDataPath(std::io::Error),
+    /// `failed to lock data-path: --data-path=<path> in use (possibly by another
+    /// instance of nsqd)`.
+    DataPathInUse(std::path::PathBuf),
+    /// How segment files are written could not be chosen (the store's text).
+    SegmentIo(String),
+    /// `failed to import nsqd data - <error>`.
+    Import(crate::import_nsqd::ImportError),
+    /// `cannot handle SIGINT/SIGTERM: <error>`.
+    Signals(std::io::Error),
+    /// `cannot start the signal thread: <error>`.
+    SignalThread(std::io::Error),
+    /// `failed to share the listening socket: <error>`.
+    ShareSocket(std::io::Error),
+    /// `failed to start shard <i>: <error>`: its thread could not start.
+    StartShard {
+        index: usize,
+        error: glommio::GlommioError<()>,
+    },
+    /// `shard <i> could not start its io_uring executor: <why>` (glommio's reason).
+    Executor { index: usize, why: String },
+    /// `a shard failed to start` (it logged why).
+    ShardFailed,
+}
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunError::OpenDataPath(e) => write!(f, "failed to lock data-path - {e}"),
+            RunError::DataPathInUse(path) => write!(
+                f,
+                "failed to lock data-path: --data-path={} in use (possibly by another instance of nsqd)",
+                path.display()
+            ),
+            RunError::SegmentIo(e) => f.write_str(e),
+            RunError::Import(e) => write!(f, "failed to import nsqd data - {e}"),
+            RunError::Signals(e) => write!(f, "cannot handle SIGINT/SIGTERM: {e}"),
+            RunError::SignalThread(e) => write!(f, "cannot start the signal thread: {e}"),
+            RunError::ShareSocket(e) => write!(f, "failed to share the listening socket: {e}"),
+            RunError::StartShard { index, error } => {
+                write!(f, "failed to start shard {index}: {error}")
+            }
+            RunError::Executor { index, why } => {
+                write!(f, "shard {index} could not start its io_uring executor: {why}")
+            }
+            RunError::ShardFailed => f.write_str("a shard failed to start"),
+        }
+    }
+}
+
+impl std::error::Error for RunError {}
+
 /// Why a shard did not report itself serving.
 enum StartError {
-    /// Its start-up failed (the message says why).
-    Shard(String),
     /// Another shard failed, so this one stopped waiting at the recovery barrier.
     Aborted,
     /// glommio could not create the executor of this shard (its io_uring rings, its
     /// locked memory): the thread ended without running the shard.
     Executor(usize),
-}
-
-impl From<String> for StartError {
-    fn from(e: String) -> StartError {
-        StartError::Shard(e)
-    }
 }
 
 type ReadyTx = mpsc::Sender<Result<usize, StartError>>;

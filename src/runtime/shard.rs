@@ -3,11 +3,11 @@
 
 use super::{ReadyTx, RecoveryBarrier, StartError};
 use crate::config::Config;
+use crate::mesh::ShardMsg;
 use crate::server::Server;
 use crate::{http, tcp};
 use futures::future::{select, Either};
 use glommio::net::TcpListener;
-use nsq_shards::mesh::ShardMsg;
 use nsq_shards::Shard;
 use std::net::SocketAddr;
 use std::pin::pin;

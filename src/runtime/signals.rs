@@ -19,14 +19,14 @@ pub fn shutting_down() -> bool {
 pub(super) fn spawn_signal_thread(
     term: Arc<AtomicBool>,
     serving: Arc<AtomicBool>,
-) -> Result<(), String> {
+) -> Result<(), super::RunError> {
     SHUTTING_DOWN.store(false, Ordering::SeqCst);
     // SIGINT/SIGTERM: tell systemd the shutdown starts (STOPPING=1), then the shards.
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
     ])
-    .map_err(|e| format!("cannot handle SIGINT/SIGTERM: {e}"))?;
+    .map_err(super::RunError::Signals)?;
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
@@ -47,6 +47,6 @@ pub(super) fn spawn_signal_thread(
                 SHUTTING_DOWN.store(true, Ordering::SeqCst);
             }
         })
-        .map_err(|e| format!("cannot start the signal thread: {e}"))?;
+        .map_err(super::RunError::SignalThread)?;
     Ok(())
 }

@@ -3,9 +3,10 @@
 //! reader loop, the outbound [`Encoder`] the writer, and both carry their state when the
 //! connection moves to another shard.
 
-use nsq_shards::client::{Client, Compression};
+use nsq_shards::client::Compression;
 use nsq_wire::compress::deflate::{remember_output, DeflateDecoder, DeflateEncoder};
 use nsq_wire::compress::snappy::{SnappyDecoder, SnappyEncoder};
+use nsq_wire::compress::CompressError;
 
 /// The inbound side of a compressed connection.
 pub(super) enum Decoder {
@@ -21,7 +22,7 @@ impl Decoder {
         pending_raw: Vec<u8>,
         history: Vec<u8>,
         resumed: bool,
-    ) -> Result<Option<Decoder>, String> {
+    ) -> Result<Option<Decoder>, CompressError> {
         Ok(match c {
             Compression::None => None,
             Compression::Snappy if !resumed => Some(Decoder::Snappy(SnappyDecoder::default())),
@@ -42,7 +43,7 @@ impl Decoder {
         }
     }
 
-    pub(super) fn feed(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+    pub(super) fn feed(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), CompressError> {
         match self {
             Decoder::Snappy(d) => d.feed(data, out),
             Decoder::Deflate(d) => d.feed(data, out),
@@ -69,7 +70,9 @@ impl Decoder {
 /// The outbound side of a compressed connection.
 pub(super) enum Encoder {
     Snappy(SnappyEncoder),
-    Deflate(DeflateEncoder),
+    /// The compressor and the last 32 KiB it compressed (the peer's inflate window),
+    /// which moves with the connection to prime the compressor on the next shard.
+    Deflate(DeflateEncoder, Vec<u8>),
 }
 
 impl Encoder {
@@ -79,39 +82,44 @@ impl Encoder {
         c: Compression,
         continuing: bool,
         history: &[u8],
-    ) -> Result<Option<Encoder>, String> {
+    ) -> Result<Option<Encoder>, CompressError> {
         Ok(match c {
             Compression::None => None,
             Compression::Snappy if continuing => Some(Encoder::Snappy(SnappyEncoder::continuing())),
             Compression::Snappy => Some(Encoder::Snappy(SnappyEncoder::default())),
-            Compression::Deflate(level) => {
-                Some(Encoder::Deflate(DeflateEncoder::new(level, history)?))
-            }
+            Compression::Deflate(level) => Some(Encoder::Deflate(
+                DeflateEncoder::new(level, history)?,
+                history.to_vec(),
+            )),
         })
     }
 
     /// A second flush with nothing new (deflate: one more sync marker; snappy: nothing).
     pub(super) fn flush_again(&mut self, out: &mut Vec<u8>) {
-        if let Encoder::Deflate(e) = self {
+        if let Encoder::Deflate(e, _) = self {
             e.flush_again(out);
         }
     }
 
-    pub(super) fn encode(
-        &mut self,
-        client: &Client,
-        data: &[u8],
-        out: &mut Vec<u8>,
-    ) -> Result<(), String> {
+    /// Compresses `data` onto `out`.
+    pub(super) fn encode(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), CompressError> {
         match self {
             Encoder::Snappy(e) => {
                 e.encode(data, out);
                 Ok(())
             }
-            Encoder::Deflate(e) => {
-                remember_output(&mut client.deflate_out_history_mut(), data);
+            Encoder::Deflate(e, history) => {
+                remember_output(history, data);
                 e.encode(data, out)
             }
+        }
+    }
+
+    /// The deflate window to move with the connection (empty for snappy).
+    pub(super) fn into_history(self) -> Vec<u8> {
+        match self {
+            Encoder::Snappy(_) => Vec::new(),
+            Encoder::Deflate(_, history) => history,
         }
     }
 }

@@ -5,12 +5,13 @@
 
 use super::commands::{exec, fatal, Fatal, Upgrade};
 use super::compress::Decoder;
-use super::handoff;
+use super::handoff::{self, Moved};
 use super::stream::SharedStream;
 use super::writer::writer_loop;
 use crate::server::Server;
 use bytes::BytesMut;
 use nsq_shards::client::{Client, Compression};
+use nsq_wire::compress::CompressError;
 use nsq_wire::gobufio::GoBufReader;
 use nsq_wire::v2::{
     self as protocol, Command, Context, Limits, ProtocolError, FRAME_ERROR, FRAME_RESPONSE,
@@ -34,30 +35,32 @@ pub(super) enum Outcome {
     Closed,
     /// The next command must run on shard `target`: the connection moves there with
     /// what was read but not executed yet (decompressed in `pending`, still compressed
-    /// in `pending_raw`) and the inflate window.
+    /// in `pending_raw`) and the inflate window (the writer adds its deflate window).
+    /// (Boxed: the reader's results stay small on the common path.)
     HandOff {
         target: usize,
-        pending: BytesMut,
-        pending_raw: Vec<u8>,
-        inflate_history: Vec<u8>,
-        read_ahead: Option<usize>,
+        moved: Box<Moved>,
     },
 }
 
-/// Runs a connection on this shard: the writer task and the reader loop, from `buf`
-/// (read already, decompressed) and the compression state it arrived with (a
-/// connection resumed after a hand-off), until it closes or moves on. `read_ahead`:
-/// where a Go nsqd's read buffer would stand from the start of `buf` (0 on a new
-/// connection, after its magic), if known.
+/// Runs a connection on this shard: the writer task and the reader loop, from
+/// `start.pending` (read already, decompressed) and the compression state it arrived
+/// with (a connection resumed after a hand-off), until it closes or moves on.
+/// `start.read_ahead`: where a Go nsqd's read buffer would stand from the start of
+/// `pending` (0 on a new connection, after its magic), if known.
 pub(super) async fn run_connection(
     server: Rc<Server>,
     stream: SharedStream,
     client: Rc<Client>,
-    buf: BytesMut,
-    pending_raw: Vec<u8>,
-    inflate_history: Vec<u8>,
-    read_ahead: Option<usize>,
+    start: Moved,
 ) {
+    let Moved {
+        pending: buf,
+        pending_raw,
+        inflate_history,
+        deflate_history,
+        read_ahead,
+    } = start;
     server.shard.register_client(&client);
     apply_deadlines(&stream, &client);
     let handing_off = Rc::new(Cell::new(false));
@@ -66,6 +69,7 @@ pub(super) async fn run_connection(
         stream.clone(),
         client.clone(),
         handing_off.clone(),
+        deflate_history,
     ));
     let decoder = match Decoder::new(client.compression(), pending_raw, inflate_history, true) {
         Ok(d) => d,
@@ -85,26 +89,15 @@ pub(super) async fn run_connection(
         handing_off.set(true);
     }
     client.kill();
-    writer.await;
+    let deflate_history = writer.await;
     server.shard.client_gone(&client);
     match outcome {
         Outcome::Closed => {
             log::info!("PROTOCOL(V2): [{}] exiting ioloop", client.remote_address());
         }
-        Outcome::HandOff {
-            target,
-            pending,
-            pending_raw,
-            inflate_history,
-            read_ahead,
-        } => {
-            let moved = handoff::Moved {
-                pending,
-                pending_raw,
-                inflate_history,
-                read_ahead,
-            };
-            handoff::send(&server, stream, &client, target, moved).await;
+        Outcome::HandOff { target, mut moved } => {
+            moved.deflate_history = deflate_history;
+            handoff::send(&server, stream, &client, target, *moved).await;
         }
     }
 }
@@ -138,7 +131,7 @@ struct Reader {
     /// The compressed stream failed (corrupt, or ended) after decoding what `buf` now
     /// holds: reported once those commands have run, as Go's flate and snappy readers
     /// return the bytes they decoded before the error.
-    failed: Option<String>,
+    failed: Option<CompressError>,
 }
 
 /// Decoded bytes one read of a compressed connection may add (a deflate stream expands
@@ -251,10 +244,10 @@ impl Reader {
     ) -> Result<(), Stop> {
         // Backpressure: a client that does not read its replies stops being read
         // (nsqd blocks on its write the same way) instead of growing the buffer.
-        while client.out().len() > OUT_HIGH_WATER && !client.is_closed() {
-            client.set_flush_now(true);
-            client.wake().notify();
-            client.drained().wait().await;
+        let out = client.outbox();
+        while out.buf().len() > OUT_HIGH_WATER && !out.is_closed() {
+            out.request_flush();
+            out.drained().wait().await;
         }
         if server.cfg.tls_required != crate::config::TLS_NOT_REQUIRED && !stream.is_tls() {
             // nsqd: enforceTLSPolicy, as soon as a command's line is read.
@@ -277,8 +270,8 @@ impl Reader {
         if self.auth_enabled && !self.mpub_checked {
             if let Some(topic) = protocol::mpub_line_topic(&self.buf) {
                 let auth = &server.cfg.auth;
-                if let Err(text) = crate::auth::check(auth, client, "MPUB", &topic, "").await {
-                    let _ = fatal::<()>(client, text);
+                if let Err(e) = crate::auth::check(auth, client, "MPUB", &topic, "").await {
+                    let _ = fatal::<()>(client, e.to_string());
                     self.reset_if_nsqd_leaves_input(stream, 0);
                     return Err(Outcome::Closed);
                 }
@@ -310,12 +303,16 @@ impl Reader {
         } else if let Some(target) = target {
             let (pending_raw, inflate_history) =
                 handoff::wait_flush_point(stream, &mut self.decoder, &mut self.buf).await?;
-            return Err(Outcome::HandOff {
-                target,
+            let moved = Moved {
                 pending: std::mem::take(&mut self.buf),
                 pending_raw,
                 inflate_history,
+                deflate_history: Vec::new(),
                 read_ahead: self.window.map(|w| w.ahead()),
+            };
+            return Err(Outcome::HandOff {
+                target,
+                moved: Box::new(moved),
             });
         }
         let frame = self.buf.split_to(n).freeze();
@@ -358,7 +355,8 @@ impl Reader {
         client.send_frame(FRAME_RESPONSE, b"OK");
         if want != Compression::None {
             client.set_compression(want);
-            client.set_compress_from(Some(client.out().len()));
+            let out = client.outbox();
+            out.set_compress_from(Some(out.buf().len()));
             client.send_frame(FRAME_RESPONSE, b"OK");
             let Ok(d) = Decoder::new(want, Vec::new(), Vec::new(), false) else {
                 return Err(Outcome::Closed);
@@ -459,7 +457,7 @@ impl Reader {
 impl Reader {
     /// The compressed stream failed (`e`): logged as nsqd's IOLoop logs a failed read
     /// (tcp.go's Handle), the close a reset when nsqd would leave input unread.
-    fn decode_failed(&self, stream: &SharedStream, client: &Client, e: &str) {
+    fn decode_failed(&self, stream: &SharedStream, client: &Client, e: &CompressError) {
         log::error!(
             "client({}) - failed to read command - {e}",
             client.remote_address()
@@ -581,10 +579,10 @@ async fn upgrade_tls(
     let Some(cfg) = server.cfg.tls.clone() else {
         return Err(io::Error::other("TLS is not configured"));
     };
-    while !client.out().is_empty() && !client.is_closed() {
-        client.set_flush_now(true);
-        client.wake().notify();
-        client.drained().wait().await;
+    let out = client.outbox();
+    while !out.buf().is_empty() && !out.is_closed() {
+        out.request_flush();
+        out.drained().wait().await;
     }
     log::info!(
         "PROTOCOL(V2): [{}] upgrading connection to TLS",

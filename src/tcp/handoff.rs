@@ -2,21 +2,51 @@
 //! counterpart: here a SUB must run on the topic's owning shard, and a producer's first
 //! publish moves it to its topic's owner, so the connection's socket, its client state,
 //! what it read but did not execute yet, its TLS session and its compression state
-//! travel over the shard mesh ([`nsq_shards::mesh::HandOff`]) and the connection
-//! resumes there ([`resume`]).
+//! travel over the shard mesh ([`HandOff`] in a [`ShardMsg::HandOff`]) and the
+//! connection resumes there ([`resume`]).
 
 use super::compress::Decoder;
 use super::conn::{run_connection, Outcome};
 use super::stream::{SharedStream, TlsSession};
+use crate::mesh::ShardMsg;
 use crate::server::Server;
 use bytes::BytesMut;
 use glommio::net::TcpStream;
-use nsq_shards::client::Client;
-use nsq_shards::mesh::{HandOff, ShardMsg};
+use nsq_shards::client::{Client, ClientSnapshot};
 use nsq_shards::{owner_of, ClientState};
 use nsq_wire::v2::Command;
-use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd};
+use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::rc::Rc;
+
+/// A connection moving to the shard that owns the topic it is about to SUB (or PUB) to:
+/// the socket, the negotiated client state, its TLS session and compressor state, and
+/// every byte read but not yet processed (the command that caused the move comes first).
+///
+/// It crosses threads inside a [`ShardMsg`], so it is `Send`: the TLS session is a
+/// [`TlsSession`] (a `rustls::ServerConnection` and its unread ciphertext), named here
+/// by its type. This message type lives in the root crate, beside the socket code,
+/// rather than in the shards crate, which would otherwise need rustls or a type-erased
+/// `Any` for it.
+pub struct HandOff {
+    pub fd: OwnedFd,
+    pub client: ClientSnapshot,
+    /// Read and decompressed, not executed yet (starts with the command that moves it).
+    pub pending: Vec<u8>,
+    /// Received bytes not yet decoded (an incomplete snappy chunk).
+    pub pending_raw: Vec<u8>,
+    /// With deflate: the last 32 KiB inflated (the client's deflate window).
+    pub inflate_history: Vec<u8>,
+    /// With deflate: the last 32 KiB the server sent (the peer's inflate window), to
+    /// prime the compressor that continues the stream on the new shard.
+    pub deflate_history: Vec<u8>,
+    /// The connection's TLS session, so a TLS connection continues on the new shard
+    /// mid-stream.
+    pub tls: Option<Box<TlsSession>>,
+    /// How many bytes past the start of `pending` a Go nsqd would have read from the
+    /// socket by now (its 16 KiB read buffer), when known: what decides whether a fatal
+    /// error's close is a reset.
+    pub read_ahead: Option<usize>,
+}
 
 /// The shard a connection must move to before `cmd` runs: a SUB always runs on the
 /// topic's owner; a connection's first publish moves it to that topic's owner, so a
@@ -66,7 +96,9 @@ pub(super) async fn wait_flush_point(
         .unwrap_or_default())
 }
 
-/// What moves with a connection besides its socket and client state.
+/// Where a connection's reader and writer stand, besides its socket and client state:
+/// what moves with it to another shard, and what it starts from on a shard.
+#[derive(Default)]
 pub(super) struct Moved {
     /// Read and decompressed, not executed yet (starts with the command that moves it).
     pub pending: BytesMut,
@@ -74,6 +106,8 @@ pub(super) struct Moved {
     pub pending_raw: Vec<u8>,
     /// The inflate window (deflate).
     pub inflate_history: Vec<u8>,
+    /// The window of what the writer sent compressed (deflate).
+    pub deflate_history: Vec<u8>,
     /// Where a Go nsqd's read buffer would stand, from the start of `pending`.
     pub read_ahead: Option<usize>,
 }
@@ -90,9 +124,7 @@ pub(super) async fn send(
     let dup = unsafe { BorrowedFd::borrow_raw(stream.fd()) }.try_clone_to_owned();
     // The writer has finished (awaited by the caller): the session has nothing left to
     // send, and what it received but was not read yet moves with it.
-    let tls = stream
-        .take_tls()
-        .map(|t| t as Box<dyn std::any::Any + Send>);
+    let tls = stream.take_tls();
     drop(stream);
     let Ok(fd) = dup else {
         log::error!(
@@ -101,13 +133,14 @@ pub(super) async fn send(
         );
         return;
     };
-    client.set_closed(false);
+    client.outbox().set_closed(false);
     let h = HandOff {
         fd,
         client: client.snapshot(),
         pending: moved.pending.to_vec(),
         pending_raw: moved.pending_raw,
         inflate_history: moved.inflate_history,
+        deflate_history: moved.deflate_history,
         tls,
         read_ahead: moved.read_ahead,
     };
@@ -129,26 +162,16 @@ pub async fn resume(server: Rc<Server>, h: HandOff) {
     // SAFETY: the fd came out of an OwnedFd, so it is open and owned by nobody else.
     let stream = unsafe { TcpStream::from_raw_fd(h.fd.into_raw_fd()) };
     let client = Rc::new(Client::from_snapshot(h.client));
-    let buf = BytesMut::from(&h.pending[..]);
-    let stream = match h.tls.map(|t| t.downcast::<TlsSession>()) {
+    let stream = match h.tls {
         None => SharedStream::new(stream),
-        Some(Ok(conn)) => SharedStream::with_tls(stream, conn),
-        Some(Err(_)) => {
-            log::error!(
-                "hand-off of {} failed: not a TLS session",
-                client.remote_address()
-            );
-            return;
-        }
+        Some(conn) => SharedStream::with_tls(stream, conn),
     };
-    run_connection(
-        server,
-        stream,
-        client,
-        buf,
-        h.pending_raw,
-        h.inflate_history,
-        h.read_ahead,
-    )
-    .await;
+    let moved = Moved {
+        pending: BytesMut::from(&h.pending[..]),
+        pending_raw: h.pending_raw,
+        inflate_history: h.inflate_history,
+        deflate_history: h.deflate_history,
+        read_ahead: h.read_ahead,
+    };
+    run_connection(server, stream, client, moved).await;
 }

@@ -20,7 +20,7 @@ mod handoff;
 mod stream;
 mod writer;
 
-pub use handoff::resume;
+pub use handoff::{resume, HandOff};
 pub use stream::{SharedStream, TlsSession};
 
 use crate::server::Server;
@@ -87,5 +87,10 @@ async fn new_connection(server: Rc<Server>, stream: TcpStream) {
         peer.clone(),
         settings,
     ));
-    run_connection(server, stream, client, buf, Vec::new(), Vec::new(), Some(0)).await;
+    let start = handoff::Moved {
+        pending: buf,
+        read_ahead: Some(0),
+        ..Default::default()
+    };
+    run_connection(server, stream, client, start).await;
 }

@@ -3,6 +3,7 @@
 
 use bytes::BytesMut;
 use glommio::net::TcpStream;
+use nsq_shards::client::TlsInfo;
 use std::cell::{Cell, RefCell};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -74,7 +75,7 @@ impl SharedStream {
 
     /// (version, cipher suite) of the TLS session, named as Go's crypto/tls names them,
     /// and the common name of the client's certificate (empty without one).
-    pub fn tls_info(&self) -> Option<(String, String, String)> {
+    pub fn tls_info(&self) -> Option<TlsInfo> {
         let g = self.0.tls.borrow();
         let c = &g.as_ref()?.conn;
         let version = match c.protocol_version() {
@@ -94,7 +95,11 @@ impl SharedStream {
             .and_then(|certs| certs.first())
             .and_then(|cert| crate::tls::subject_common_name(cert))
             .unwrap_or_default();
-        Some((version, suite, cn))
+        Some(TlsInfo {
+            version,
+            cipher_suite: suite,
+            common_name: cn,
+        })
     }
 
     pub fn is_tls(&self) -> bool {

@@ -32,13 +32,20 @@ const SPARE_KEEP: usize = 1 << 20;
 /// heartbeat interval. After a flush it asks for a delivery to a client that delivery
 /// skipped for a full output (nsqd: messagePump takes the next message once its write
 /// returns).
+///
+/// `deflate_history`: on a deflate stream resumed after a hand-off, the last 32 KiB the
+/// previous shard sent. Returns the window to hand on (empty without deflate).
 pub(super) async fn writer_loop(
     server: Rc<Server>,
     stream: SharedStream,
     client: Rc<Client>,
     handing_off: Rc<Cell<bool>>,
-) {
-    let mut out = Output::new(&client);
+    deflate_history: Vec<u8>,
+) -> Vec<u8> {
+    let mut out = Output::new(&client, &deflate_history);
+    // The encoder keeps its own copy: not held for the connection's life.
+    drop(deflate_history);
+    let pump = client.outbox();
     // Heartbeats and the output-buffer timer run on what nsqd's messagePump took from
     // the first IDENTIFY (ClientSettings::pump); the buffer's size follows every one.
     let mut heartbeat = Heartbeat::new(client.settings().pump.heartbeat_interval);
@@ -54,19 +61,19 @@ pub(super) async fn writer_loop(
             )
         };
         heartbeat.follow(hb, now);
-        let closed = client.is_closed();
-        let len = client.out().len();
+        let closed = pump.is_closed();
+        let len = pump.buf().len();
         if !client.is_ready() {
             // nsqd flushes a client that is not ready (buffer_message and RDY ask for it
             // with flush_now) and counts its messagePump as flushed.
-            client.set_pump_flushed(true);
+            pump.set_pump_flushed(true);
         }
         let (tick, ticker) = take_tick(&client, now);
-        let due = len > 0 && (closed || client.flush_now() || obt.is_zero() || len >= obs || tick);
+        let due = len > 0 && (closed || pump.flush_now() || obt.is_zero() || len >= obs || tick);
         if due {
             let twice = std::mem::take(&mut pump_flushes_too);
             if out.flush(&server, &stream, &client, twice).await.is_err() {
-                client.set_closed(true);
+                pump.set_closed(true);
                 break;
             }
             if client.resume_delivery() {
@@ -86,7 +93,7 @@ pub(super) async fn writer_loop(
             continue;
         }
         let mut wake_at = heartbeat.next;
-        if !client.pump_flushed() {
+        if !pump.pump_flushed() {
             wake_at = match (wake_at, ticker.next_tick()) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -94,30 +101,32 @@ pub(super) async fn writer_loop(
         }
         wait(&client, wake_at, now).await;
     }
-    client.set_closed(true);
-    client.drained().notify();
+    pump.set_closed(true);
+    pump.drained().notify();
     if !handing_off.get() {
         stream.shutdown();
     }
+    out.encoder.map(Encoder::into_history).unwrap_or_default()
 }
 
 /// Takes a due tick of the client's output-buffer ticker: while messages went out since
 /// the last flush, the pump takes the ticks (nsqd: messagePump's outputBufferTicker
 /// case). Returns whether one was taken, and the ticker.
 fn take_tick(client: &Client, now: Instant) -> (bool, OutputTicker) {
-    let mut ticker = client.output_ticker();
-    let tick = !client.pump_flushed() && ticker.due(now);
+    let pump = client.outbox();
+    let mut ticker = pump.ticker();
+    let tick = !pump.pump_flushed() && ticker.due(now);
     if tick {
         ticker.take(now);
-        client.set_output_ticker(ticker);
-        client.set_pump_flushed(true);
+        pump.set_ticker(ticker);
+        pump.set_pump_flushed(true);
     }
     (tick, ticker)
 }
 
 /// Sleeps until the client's wake-up (new output, RDY, close) or `wake_at`.
 async fn wait(client: &Client, wake_at: Option<Instant>, now: Instant) {
-    let woken = pin!(client.wake().wait());
+    let woken = pin!(client.outbox().wake().wait());
     match wake_at {
         Some(t) => {
             let sleep = pin!(glommio::timer::sleep(t.saturating_duration_since(now)));
@@ -170,14 +179,12 @@ struct Output {
 }
 
 impl Output {
-    fn new(client: &Client) -> Output {
+    /// `deflate_history`: see [`writer_loop`].
+    fn new(client: &Client, deflate_history: &[u8]) -> Output {
         // A connection handed over from another shard may already be compressed.
-        let encoder = {
-            let hist = client.deflate_out_history().clone();
-            Encoder::new(client.compression(), true, &hist)
-                .ok()
-                .flatten()
-        };
+        let encoder = Encoder::new(client.compression(), true, deflate_history)
+            .ok()
+            .flatten();
         Output {
             // Grown on first use: an idle connection never needs it.
             spare: Vec::new(),
@@ -195,14 +202,15 @@ impl Output {
         client: &Client,
         twice: bool,
     ) -> io::Result<()> {
-        std::mem::swap(&mut *client.out_mut(), &mut self.spare);
-        client.set_flush_now(false);
+        let pump = client.outbox();
+        std::mem::swap(&mut *pump.buf_mut(), &mut self.spare);
+        pump.set_flush_now(false);
         // Counted as pending output until written, so that delivery stops at the
         // high-water mark while the socket is full (Client::output_full).
-        client.set_writing(self.spare.len());
+        pump.set_writing(self.spare.len());
         let res = self.write(stream, client, twice).await;
-        client.set_writing(0);
-        client.drained().notify();
+        pump.set_writing(0);
+        pump.drained().notify();
         server.shard.count_bytes_out(self.spare.len() as u64);
         // Keep the buffer's capacity while it is in use (a consumer with a large RDY
         // window gets RDY messages at once: regrowing from 16 KiB each time cost a
@@ -222,7 +230,7 @@ impl Output {
         twice: bool,
     ) -> io::Result<()> {
         let spare = &self.spare;
-        match (client.take_compress_from(), self.encoder.as_mut()) {
+        match (client.outbox().take_compress_from(), self.encoder.as_mut()) {
             (Some(off), _) => {
                 // The IDENTIFY reply (before `off`) goes out plain, the rest compressed.
                 let off = off.min(spare.len());
@@ -231,7 +239,7 @@ impl Output {
                     Ok(Some(mut enc)) => {
                         // The upgrade's OK: nsqd's IDENTIFY and its messagePump both
                         // flush it.
-                        let r = enc.encode(client, &spare[off..], &mut framed);
+                        let r = enc.encode(&spare[off..], &mut framed);
                         enc.flush_again(&mut framed);
                         self.encoder = Some(enc);
                         match r {
@@ -244,7 +252,7 @@ impl Output {
             }
             (None, Some(enc)) => {
                 let mut framed = Vec::with_capacity(spare.len() / 2 + 64);
-                let r = enc.encode(client, spare, &mut framed);
+                let r = enc.encode(spare, &mut framed);
                 if twice {
                     enc.flush_again(&mut framed);
                 }

@@ -1,17 +1,58 @@
 //! Go durations (Go: time.ParseDuration and time.Duration.String), as nsqd's flags,
 //! config file and /stats use them.
 
+use std::fmt;
 use std::time::Duration;
+
+/// Why a Go duration did not parse; its `Display` is Go's text (time.ParseDuration), or
+/// this crate's for a negative one where none is allowed. Each variant holds the text
+/// that was parsed (the unit's too, for [`DurationError::UnknownUnit`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DurationError {
+    /// `time: invalid duration "x"`: not a duration, or out of range.
+    Invalid(String),
+    /// `time: missing unit in duration "x"`.
+    MissingUnit(String),
+    /// `time: unknown unit "u" in duration "x"`.
+    UnknownUnit {
+        /// The unit as written.
+        unit: String,
+        /// The whole text parsed.
+        duration: String,
+    },
+    /// `negative duration "x"` ([`parse_duration`]).
+    Negative(String),
+}
+
+impl fmt::Display for DurationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DurationError::Invalid(d) => write!(f, "time: invalid duration {}", time_quote(d)),
+            DurationError::MissingUnit(d) => {
+                write!(f, "time: missing unit in duration {}", time_quote(d))
+            }
+            DurationError::UnknownUnit { unit, duration } => write!(
+                f,
+                "time: unknown unit {} in duration {}",
+                time_quote(unit),
+                time_quote(duration)
+            ),
+            DurationError::Negative(d) => write!(f, "negative duration {}", time_quote(d)),
+        }
+    }
+}
+
+impl std::error::Error for DurationError {}
 
 /// Parses a Go duration such as `60s`, `250ms`, `1h30m`, `1.5s`, `100us` for a flag
 /// that takes no negative value: [`parse_go_duration`], then refused when negative.
 /// Errors are Go's texts (`time: invalid duration "abc"`), or `negative duration
 /// "-5s"`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     let ns = parse_go_duration(s)?;
     u64::try_from(ns)
         .map(Duration::from_nanos)
-        .map_err(|_| format!("negative duration {}", time_quote(s)))
+        .map_err(|_| DurationError::Negative(s.to_string()))
 }
 
 /// Go's `time.ParseDuration` (Go 1.19, time/format.go), exactly: `[-+]?([0-9]*(\.[0-9]*)?
@@ -20,9 +61,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 /// negative) and Go's float rounding of fractions. Returns nanoseconds. Errors are Go's
 /// texts: `time: invalid duration "x"`, `time: missing unit in duration "x"`, `time:
 /// unknown unit "u" in duration "x"`, quoted as Go's time package quotes.
-pub fn parse_go_duration(orig: &str) -> Result<i64, String> {
+pub fn parse_go_duration(orig: &str) -> Result<i64, DurationError> {
     const LIMIT: u64 = 1 << 63;
-    let invalid = || format!("time: invalid duration {}", time_quote(orig));
+    let invalid = || DurationError::Invalid(orig.to_string());
     let mut s = orig.as_bytes();
     let mut neg = false;
     if let Some(&c) = s.first() {
@@ -89,10 +130,7 @@ pub fn parse_go_duration(orig: &str) -> Result<i64, String> {
             .position(|&c| c == b'.' || c.is_ascii_digit())
             .unwrap_or(s.len());
         if unit_len == 0 {
-            return Err(format!(
-                "time: missing unit in duration {}",
-                time_quote(orig)
-            ));
+            return Err(DurationError::MissingUnit(orig.to_string()));
         }
         let (u, rest) = s.split_at(unit_len);
         s = rest;
@@ -104,11 +142,10 @@ pub fn parse_go_duration(orig: &str) -> Result<i64, String> {
             b"m" => 60_000_000_000,
             b"h" => 3_600_000_000_000,
             _ => {
-                return Err(format!(
-                    "time: unknown unit {} in duration {}",
-                    time_quote(&String::from_utf8_lossy(u)),
-                    time_quote(orig)
-                ))
+                return Err(DurationError::UnknownUnit {
+                    unit: String::from_utf8_lossy(u).into_owned(),
+                    duration: orig.to_string(),
+                })
             }
         };
         if v > LIMIT / unit {
@@ -210,7 +247,7 @@ mod tests {
         assert!(parse_duration("10").is_err());
         assert!(parse_duration("abc").is_err());
         assert_eq!(
-            parse_duration("-5s"),
+            parse_duration("-5s").map_err(|e| e.to_string()),
             Err("negative duration \"-5s\"".to_string())
         );
         assert_eq!(go_duration_string(Duration::from_millis(1235)), "1.235s");
@@ -250,21 +287,21 @@ mod tests {
             "1s.s",
         ] {
             assert_eq!(
-                parse_go_duration(s),
+                parse_go_duration(s).map_err(|e| e.to_string()),
                 Err(format!("time: invalid duration {}", time_quote(s))),
                 "{s}"
             );
         }
         assert_eq!(
-            parse_go_duration("1\u{e9}"),
+            parse_go_duration("1\u{e9}").map_err(|e| e.to_string()),
             Err("time: unknown unit \"\\xc3\\xa9\" in duration \"1\\xc3\\xa9\"".into())
         );
         assert_eq!(
-            parse_go_duration("1\n"),
+            parse_go_duration("1\n").map_err(|e| e.to_string()),
             Err("time: unknown unit \"\\x0a\" in duration \"1\\x0a\"".into())
         );
         assert_eq!(
-            parse_go_duration("12"),
+            parse_go_duration("12").map_err(|e| e.to_string()),
             Err("time: missing unit in duration \"12\"".into())
         );
         assert_eq!(

@@ -54,6 +54,24 @@ pub enum DecodeError {
     Syntax(String),
     /// Valid JSON, but not an object or `null` (Go's JSON type name).
     NotObject(&'static str),
+    /// [`DecodeError::NotObject`] where the Go type decoded into is named (`json: cannot
+    /// unmarshal array into Go value of type nsqlookupd.PeerInfo`).
+    NotObjectOf {
+        /// Go's JSON type name of the value (`array`, `string`).
+        kind: &'static str,
+        /// The Go type decoded into.
+        go_type: &'static str,
+    },
+    /// A member of the wrong JSON type for its field, or an integer out of its range
+    /// (`json: cannot unmarshal string into Go struct field .tcp_port of type int`).
+    FieldType {
+        /// The field's JSON name.
+        field: String,
+        /// Go's description of the value (`string`, `number 1.5`).
+        found: String,
+        /// The field's Go type (`int`, `int32`, `string`, `bool`).
+        go_type: &'static str,
+    },
 }
 
 impl std::fmt::Display for DecodeError {
@@ -61,9 +79,25 @@ impl std::fmt::Display for DecodeError {
         match self {
             DecodeError::Syntax(m) => f.write_str(m),
             DecodeError::NotObject(k) => write!(f, "json: cannot unmarshal {k} into Go value"),
+            DecodeError::NotObjectOf { kind, go_type } => {
+                write!(
+                    f,
+                    "json: cannot unmarshal {kind} into Go value of type {go_type}"
+                )
+            }
+            DecodeError::FieldType {
+                field,
+                found,
+                go_type,
+            } => write!(
+                f,
+                "json: cannot unmarshal {found} into Go struct field .{field} of type {go_type}"
+            ),
         }
     }
 }
+
+impl std::error::Error for DecodeError {}
 
 /// The top-level object's members in document order (repeats kept); `None` for `null`.
 pub fn object_members(body: &[u8]) -> Result<Option<Vec<(String, Value)>>, DecodeError> {
@@ -120,7 +154,7 @@ pub fn field_for<'n>(names: &[&'n str], key: &str) -> Option<&'n str> {
 }
 
 /// A string field: `Ok(None)` for `null` (the field stays as it was).
-pub fn string_field(field: &str, v: &Value) -> Result<Option<String>, String> {
+pub fn string_field(field: &str, v: &Value) -> Result<Option<String>, DecodeError> {
     match v {
         Value::Null => Ok(None),
         Value::String(s) => Ok(Some(s.clone())),
@@ -129,7 +163,7 @@ pub fn string_field(field: &str, v: &Value) -> Result<Option<String>, String> {
 }
 
 /// A bool field: `Ok(None)` for `null`.
-pub fn bool_field(field: &str, v: &Value) -> Result<Option<bool>, String> {
+pub fn bool_field(field: &str, v: &Value) -> Result<Option<bool>, DecodeError> {
     match v {
         Value::Null => Ok(None),
         Value::Bool(b) => Ok(Some(*b)),
@@ -138,7 +172,7 @@ pub fn bool_field(field: &str, v: &Value) -> Result<Option<bool>, String> {
 }
 
 /// An integer field of `bits` bits (32 or 64): `Ok(None)` for `null`.
-pub fn int_field(field: &str, v: &Value, bits: u32) -> Result<Option<i64>, String> {
+pub fn int_field(field: &str, v: &Value, bits: u32) -> Result<Option<i64>, DecodeError> {
     let go_type = if bits == 32 { "int32" } else { "int" };
     match v {
         Value::Null => Ok(None),
@@ -155,11 +189,12 @@ pub fn int_field(field: &str, v: &Value, bits: u32) -> Result<Option<i64>, Strin
     }
 }
 
-fn type_error(field: &str, v: &Value, go_type: &str) -> String {
-    format!(
-        "json: cannot unmarshal {} into Go struct field .{field} of type {go_type}",
-        v.kind()
-    )
+fn type_error(field: &str, v: &Value, go_type: &'static str) -> DecodeError {
+    DecodeError::FieldType {
+        field: field.to_string(),
+        found: v.kind(),
+        go_type,
+    }
 }
 
 struct Parser<'a> {

@@ -5,6 +5,7 @@
 //! it from its options), so the codec knows nothing of the broker.
 
 use crate::errors::E_BAD_BODY;
+use crate::gojson;
 use crate::v2::ProtocolError;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -196,8 +197,8 @@ pub struct Negotiated {
 /// error; keys match case-insensitively and the last of repeated keys wins; a `null`
 /// value leaves its field; a value of the wrong type (or an integer out of the field's
 /// range: `sample_rate` is an int32) fails the decode. The error is Go's text.
-pub fn decode_identify(body: &[u8]) -> Result<IdentifyRequest, String> {
-    use crate::gojson::{self, bool_field, field_for, int_field, string_field};
+pub fn decode_identify(body: &[u8]) -> Result<IdentifyRequest, gojson::DecodeError> {
+    use crate::gojson::{bool_field, field_for, int_field, string_field};
     // identifyDataV2's JSON fields in declaration order.
     const FIELDS: [&str; 13] = [
         "client_id",
@@ -214,9 +215,7 @@ pub fn decode_identify(body: &[u8]) -> Result<IdentifyRequest, String> {
         "user_agent",
         "msg_timeout",
     ];
-    let members = gojson::object_members(body)
-        .map_err(|e| e.to_string())?
-        .unwrap_or_default();
+    let members = gojson::object_members(body)?.unwrap_or_default();
     let mut r = IdentifyRequest::default();
     let mut first_err = None;
     for (key, v) in &members {

@@ -12,6 +12,7 @@
 //! ```
 
 use crate::errors::{E_BAD_CHANNEL, E_BAD_TOPIC, E_INVALID};
+use crate::gojson;
 use crate::names::{is_valid_channel_name, is_valid_topic_name};
 use std::collections::BTreeMap;
 
@@ -70,11 +71,23 @@ pub fn write_response(out: &mut Vec<u8>, data: &[u8]) {
     out.extend_from_slice(data);
 }
 
+/// A response header announced more than [`MAX_RESPONSE`] bytes (`response too big`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResponseTooBig;
+
+impl std::fmt::Display for ResponseTooBig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("response too big")
+    }
+}
+
+impl std::error::Error for ResponseTooBig {}
+
 /// The size of a response from its 4-byte header; an error above [`MAX_RESPONSE`].
-pub fn response_len(header: [u8; 4]) -> Result<usize, String> {
+pub fn response_len(header: [u8; 4]) -> Result<usize, ResponseTooBig> {
     let n = u32::from_be_bytes(header) as usize;
     if n > MAX_RESPONSE {
-        return Err("response too big".into());
+        return Err(ResponseTooBig);
     }
     Ok(n)
 }
@@ -205,8 +218,8 @@ pub struct IdentifyFields {
 /// keys match case-insensitively, the last of repeated keys wins, unknown keys and nulls
 /// are ignored, a wrong type (a string port, a fractional number) or a non-object is an
 /// error (Go's text, for the log).
-pub fn decode_identify(body: &[u8]) -> Result<IdentifyFields, String> {
-    use crate::gojson::{self, field_for, int_field, string_field};
+pub fn decode_identify(body: &[u8]) -> Result<IdentifyFields, gojson::DecodeError> {
+    use crate::gojson::{field_for, int_field, string_field};
     // PeerInfo's JSON fields in declaration order.
     const FIELDS: [&str; 6] = [
         "remote_address",
@@ -219,12 +232,13 @@ pub fn decode_identify(body: &[u8]) -> Result<IdentifyFields, String> {
     let mut f = IdentifyFields::default();
     let members = match gojson::object_members(body) {
         Ok(m) => m.unwrap_or_default(),
-        Err(gojson::DecodeError::NotObject(k)) => {
-            return Err(format!(
-                "json: cannot unmarshal {k} into Go value of type nsqlookupd.PeerInfo"
-            ))
+        Err(gojson::DecodeError::NotObject(kind)) => {
+            return Err(gojson::DecodeError::NotObjectOf {
+                kind,
+                go_type: "nsqlookupd.PeerInfo",
+            })
         }
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(e),
     };
     // Go decodes every member and reports the first type error at the end.
     let mut first_err = None;

@@ -132,6 +132,7 @@ struct Config {
     default_sync: bool,
 }
 
+// A `String` error: CLI-only, printed once before the fuzzer exits.
 fn start(nsqd: &Path, data: &Path, cfg: &Config, tcp: u16, http: u16) -> Result<Broker, String> {
     let shards = cfg.shards;
     let mut extra = vec![
@@ -160,6 +161,7 @@ fn start(nsqd: &Path, data: &Path, cfg: &Config, tcp: u16, http: u16) -> Result<
     Err(format!("restart failed: {last}"))
 }
 
+// A `String` error: CLI-only, printed once before the fuzzer exits.
 fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
     let Config {
         shards,

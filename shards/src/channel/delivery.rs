@@ -323,7 +323,7 @@ impl Channel {
                 self.journal(EventKind::Delivered, &msg, 0);
             }
             client.in_flight.set(client.in_flight.get() + 1);
-            client.message_count.set(client.message_count.get() + 1);
+            client.count_delivery();
             client.buffer_message(&msg);
             let deadline = now + msg_timeout;
             self.in_flight.insert(InFlight {

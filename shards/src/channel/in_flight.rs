@@ -176,7 +176,7 @@ impl Channel {
             self.journal(EventKind::Finished, &f.msg, 0);
         }
         client.in_flight.set((client.in_flight.get() - 1).max(0));
-        client.finish_count.set(client.finish_count.get() + 1);
+        client.count_finish();
         self.in_flight.compact();
         Ok(())
     }
@@ -191,7 +191,7 @@ impl Channel {
     ) -> Result<(), InFlightError> {
         let f = self.in_flight.take_owned(client, id)?;
         client.in_flight.set((client.in_flight.get() - 1).max(0));
-        client.requeue_count.set(client.requeue_count.get() + 1);
+        client.count_requeue();
         self.counters.requeue_count += 1;
         if delay.is_zero() {
             self.journal(EventKind::Requeued, &f.msg, 0);

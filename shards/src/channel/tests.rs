@@ -110,7 +110,7 @@ struct Frame {
 
 /// Takes the message frames buffered for `c`.
 fn frames(c: &Client) -> Vec<Frame> {
-    let out = std::mem::take(&mut *c.out.borrow_mut());
+    let out = std::mem::take(&mut *c.outbox().buf_mut());
     let mut v = Vec::new();
     let mut p = 0;
     while p < out.len() {
@@ -633,12 +633,12 @@ fn a_client_whose_output_is_not_written_gets_no_more_until_it_drains() {
     assert_eq!(dispatch(&mut t, "ch", clk.at(1)), 1);
     assert_eq!((stuck.in_flight_count(), other.in_flight_count()), (1, 1));
     // The writer takes the buffer and blocks in the write: still pending output.
-    let taken = std::mem::take(&mut *stuck.out_mut());
-    stuck.set_writing(taken.len());
+    let taken = std::mem::take(&mut *stuck.outbox().buf_mut());
+    stuck.outbox().set_writing(taken.len());
     assert_eq!(stuck.pending_out(), taken.len());
     assert_eq!(dispatch(&mut t, "ch", clk.at(2)), 0);
     // The socket took it: delivery resumes, once.
-    stuck.set_writing(0);
+    stuck.outbox().set_writing(0);
     assert!(stuck.resume_delivery());
     assert!(!stuck.resume_delivery());
     assert_eq!(dispatch(&mut t, "ch", clk.at(3)), 1);
@@ -859,7 +859,7 @@ fn close_clients_closes_every_subscriber() {
     assert!(ch.clients().is_empty());
     for c in [&a, &b] {
         assert_eq!(c.state(), ClientState::Closing);
-        assert!(c.closed.get());
+        assert!(c.is_closed());
         assert!(!c.is_ready());
     }
 }

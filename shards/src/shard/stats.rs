@@ -128,7 +128,7 @@ impl Shard {
             let mut list: Vec<Rc<Client>> = clients.values().filter_map(|w| w.upgrade()).collect();
             list.sort_by_key(|c| c.id);
             for c in list {
-                if !c.pub_counts.borrow().is_empty() {
+                if !c.pub_counts().is_empty() {
                     producers.push(client_stats(&c, &req.topic));
                 }
             }
@@ -177,10 +177,9 @@ impl Shard {
 /// first topic because of an upstream `break`).
 pub fn client_stats(c: &Client, topic: &str) -> ClientStats {
     let s = c.settings.borrow();
-    let auth = c.auth.borrow();
+    let auth = c.auth();
     let pub_counts = c
-        .pub_counts
-        .borrow()
+        .pub_counts()
         .iter()
         .filter(|(t, _)| topic.is_empty() || t == topic)
         .take(1)
@@ -197,13 +196,13 @@ pub fn client_stats(c: &Client, topic: &str) -> ClientStats {
         state: c.state.get() as i32,
         ready_count: c.ready_count.get(),
         in_flight_count: c.in_flight.get(),
-        message_count: c.message_count.get(),
-        finish_count: c.finish_count.get(),
-        requeue_count: c.requeue_count.get(),
+        message_count: c.message_count(),
+        finish_count: c.finish_count(),
+        requeue_count: c.requeue_count(),
         connect_ts: c.connect_ts,
         sample_rate: s.sample_rate as i32,
-        deflate: matches!(c.compression.get(), crate::client::Compression::Deflate(_)),
-        snappy: c.compression.get() == crate::client::Compression::Snappy,
+        deflate: matches!(c.compression(), crate::client::Compression::Deflate(_)),
+        snappy: c.compression() == crate::client::Compression::Snappy,
         user_agent: s.user_agent.clone(),
         authed: c.has_authorizations(),
         auth_identity: auth
@@ -215,18 +214,16 @@ pub fn client_stats(c: &Client, topic: &str) -> ClientStats {
             .map(|a| a.identity_url.clone())
             .unwrap_or_default(),
         pub_counts,
-        tls: c.tls.borrow().is_some(),
+        tls: c.tls().is_some(),
         tls_cipher_suite: c
-            .tls
-            .borrow()
+            .tls()
             .as_ref()
-            .map(|t| t.1.clone())
+            .map(|t| t.cipher_suite.clone())
             .unwrap_or_default(),
         tls_version: c
-            .tls
-            .borrow()
+            .tls()
             .as_ref()
-            .map(|t| t.0.clone())
+            .map(|t| t.version.clone())
             .unwrap_or_default(),
         tls_negotiated_protocol: String::new(),
         tls_negotiated_protocol_is_mutual: false,

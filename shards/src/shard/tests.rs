@@ -249,7 +249,7 @@ fn deferred_messages_hold_no_body_and_are_read_back_from_disk_when_due() {
                 .collect()
         };
         let delivered = |c: &Client, from: usize| {
-            let out = c.out.borrow();
+            let out = c.outbox().buf();
             (from..from + 100)
                 .filter(|i| {
                     let b = format!("body-{i:04}");
@@ -395,7 +395,7 @@ fn delete_channel_closes_its_consumers_and_forgets_its_messages() {
     assert_eq!(in_flight(&s, "t", "c"), 1);
     s.admin(AdminOp::DeleteChannel("t".into(), "c".into()))
         .unwrap();
-    assert!(c.closed.get());
+    assert!(c.is_closed());
     assert_eq!(c.state(), ClientState::Closing);
     assert!(!s.topics.borrow()["t"].channels.contains_key("c"));
     assert_eq!(

@@ -40,7 +40,9 @@ pub(super) fn identify(
     apply_deadlines(stream, client);
     // nsqd's messagePump makes a new output-buffer ticker at IDENTIFY.
     let obt = client.settings().pump.output_buffer_timeout;
-    client.set_output_ticker(OutputTicker::new(Instant::now(), obt));
+    client
+        .outbox()
+        .set_ticker(OutputTicker::new(Instant::now(), obt));
     if !negotiated.negotiate {
         client.send_frame(FRAME_RESPONSE, b"OK");
         return Ok(Upgrade::None);
@@ -83,7 +85,8 @@ pub(super) fn identify(
     if want != Compression::None {
         // nsqd: the JSON reply goes out plain, then an OK over the new transport.
         client.set_compression(want);
-        client.set_compress_from(Some(client.out().len()));
+        let out = client.outbox();
+        out.set_compress_from(Some(out.buf().len()));
         client.send_frame(FRAME_RESPONSE, b"OK");
         return Ok(Upgrade::Compression);
     }
@@ -97,6 +100,6 @@ pub(super) async fn auth(server: &Server, client: &Client, secret: &[u8]) -> Res
             client.send_frame(FRAME_RESPONSE, &resp);
             Ok(())
         }
-        Err(text) => fatal(client, text),
+        Err(e) => fatal(client, e.to_string()),
     }
 }

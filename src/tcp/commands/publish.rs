@@ -33,8 +33,8 @@ pub(super) async fn pub_(
     frame: &Bytes,
     body: Range<usize>,
 ) -> Result<(), Fatal> {
-    if let Err(text) = crate::auth::check(&server.cfg.auth, client, "PUB", topic, "").await {
-        return fatal(client, text);
+    if let Err(e) = crate::auth::check(&server.cfg.auth, client, "PUB", topic, "").await {
+        return fatal(client, e.to_string());
     }
     let bodies = vec![frame.slice(body)];
     publish(server, client, topic, bodies, None, PublishOp::Pub).await
@@ -49,8 +49,8 @@ pub(super) async fn dpub(
     body: Range<usize>,
     defer_ms: i64,
 ) -> Result<(), Fatal> {
-    if let Err(text) = crate::auth::check(&server.cfg.auth, client, "DPUB", topic, "").await {
-        return fatal(client, text);
+    if let Err(e) = crate::auth::check(&server.cfg.auth, client, "DPUB", topic, "").await {
+        return fatal(client, e.to_string());
     }
     let bodies = vec![frame.slice(body)];
     let defer = (defer_ms > 0).then(|| Instant::now() + Duration::from_millis(defer_ms as u64));

@@ -24,8 +24,8 @@ pub(super) async fn sub(
     topic: &str,
     channel: &str,
 ) -> Result<(), Fatal> {
-    if let Err(text) = crate::auth::check(&server.cfg.auth, client, "SUB", topic, channel).await {
-        return fatal(client, text);
+    if let Err(e) = crate::auth::check(&server.cfg.auth, client, "SUB", topic, channel).await {
+        return fatal(client, e.to_string());
     }
     server.shard.prepare_store(topic).await;
     match server.shard.subscribe(client, topic, channel) {
@@ -42,9 +42,8 @@ pub(super) async fn sub(
 /// longer ready gets its buffered output flushed (nsqd: RDY, then messagePump's flush).
 pub(super) fn rdy(server: &Server, client: &Rc<Client>, count: i64) {
     client.set_ready_count(count);
-    if !client.is_ready() && !client.out().is_empty() {
-        client.set_flush_now(true);
-        client.wake().notify();
+    if !client.is_ready() && !client.outbox().buf().is_empty() {
+        client.outbox().request_flush();
     }
     server.shard.client_ready_changed(client);
 }

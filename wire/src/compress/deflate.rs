@@ -4,6 +4,7 @@
 //! continues with a fresh stream primed with that history as its preset dictionary: the
 //! peer's back-references stay valid.
 
+use super::{codec, CompressError};
 use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress, Status};
 
 /// The DEFLATE window.
@@ -33,10 +34,10 @@ pub struct DeflateDecoder {
 impl DeflateDecoder {
     /// A decoder for a new stream, or one that continues a stream whose last 32 KiB of
     /// output is `history` (after a hand-off; the stream must be at a flush point).
-    pub fn new(history: Vec<u8>) -> Result<DeflateDecoder, String> {
+    pub fn new(history: Vec<u8>) -> Result<DeflateDecoder, CompressError> {
         let mut inner = Decompress::new(false);
         if !history.is_empty() {
-            inner.set_dictionary(&history).map_err(|e| e.to_string())?;
+            inner.set_dictionary(&history).map_err(codec)?;
         }
         Ok(DeflateDecoder {
             inner,
@@ -57,7 +58,7 @@ impl DeflateDecoder {
     }
 
     /// Inflates `data` (any amount, any split) into `out`.
-    pub fn feed(&mut self, mut data: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+    pub fn feed(&mut self, mut data: &[u8], out: &mut Vec<u8>) -> Result<(), CompressError> {
         let start = out.len();
         for &b in data.iter().rev().take(4).collect::<Vec<_>>().iter().rev() {
             self.tail.rotate_left(1);
@@ -70,12 +71,12 @@ impl DeflateDecoder {
             let st = self
                 .inner
                 .decompress_vec(data, out, FlushDecompress::Sync)
-                .map_err(|e| e.to_string())?;
+                .map_err(codec)?;
             let used = (self.inner.total_in() - before_in) as usize;
             let made = (self.inner.total_out() - before_out) as usize;
             data = &data[used..];
             if st == Status::StreamEnd {
-                return Err("deflate stream ended".into());
+                return Err(CompressError::DeflateEnded);
             }
             if data.is_empty() && out.len() < out.capacity() {
                 break;
@@ -100,17 +101,17 @@ pub struct DeflateEncoder {
 
 impl DeflateEncoder {
     /// An encoder at `level` (1-9), primed with `history` when continuing a stream.
-    pub fn new(level: u32, history: &[u8]) -> Result<DeflateEncoder, String> {
+    pub fn new(level: u32, history: &[u8]) -> Result<DeflateEncoder, CompressError> {
         let mut inner = Compress::new(Compression::new(level.clamp(1, 9)), false);
         if !history.is_empty() {
-            inner.set_dictionary(history).map_err(|e| e.to_string())?;
+            inner.set_dictionary(history).map_err(codec)?;
         }
         Ok(DeflateEncoder { inner })
     }
 
     /// Appends the deflated, sync-flushed form of `data` to `out` (Go's compress/flate
     /// `Flush` ends a block and writes a sync marker, one per nsqd flush).
-    pub fn encode(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+    pub fn encode(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), CompressError> {
         self.sync_flushed(data, out)
     }
 
@@ -122,13 +123,13 @@ impl DeflateEncoder {
         out.extend_from_slice(&EMPTY_STORED_BLOCK);
     }
 
-    fn sync_flushed(&mut self, mut data: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+    fn sync_flushed(&mut self, mut data: &[u8], out: &mut Vec<u8>) -> Result<(), CompressError> {
         loop {
             out.reserve(data.len() / 2 + 1024);
             let before_in = self.inner.total_in();
             self.inner
                 .compress_vec(data, out, FlushCompress::Sync)
-                .map_err(|e| e.to_string())?;
+                .map_err(codec)?;
             let used = (self.inner.total_in() - before_in) as usize;
             data = &data[used..];
             // Done once all input is consumed and the flush fit (room was left over).

@@ -11,6 +11,8 @@
 //! masked crc = ((crc >> 15) | (crc << 17)) + 0xa282ead8
 //! ```
 
+use super::{codec, CompressError};
+
 const STREAM_ID: &[u8] = b"\xff\x06\x00\x00sNaPpY";
 /// Largest uncompressed chunk the format allows.
 const MAX_CHUNK: usize = 65536;
@@ -66,7 +68,7 @@ impl SnappyDecoder {
     /// stream (bad CRC, bad block, reserved chunk type); `out` then holds the chunks
     /// before the bad one (nothing of it), and [`pending`](Self::pending) starts at its
     /// header, as Go's snappy Reader returns the chunks it read before the error.
-    pub fn feed(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+    pub fn feed(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), CompressError> {
         self.raw.extend_from_slice(data);
         let mut at = 0;
         let mut good = out.len();
@@ -85,7 +87,7 @@ impl SnappyDecoder {
         out: &mut Vec<u8>,
         at: &mut usize,
         good: &mut usize,
-    ) -> Result<(), String> {
+    ) -> Result<(), CompressError> {
         let mut at_ = *at;
         while self.raw.len() - at_ >= 4 {
             let h = &self.raw[at_..at_ + 4];
@@ -94,16 +96,16 @@ impl SnappyDecoder {
             self.read_of_chunk = 4;
             // Go's Reader checks the header before reading the chunk.
             if !self.identified && kind != 0xff {
-                return Err("snappy stream without its identifier".into());
+                return Err(CompressError::SnappyNoIdentifier);
             }
             if len > MAX_CHUNK_LEN {
-                return Err("snappy chunk too long".into());
+                return Err(CompressError::SnappyChunkTooLong);
             }
             match kind {
-                0xff if len != 6 => return Err("bad snappy stream identifier".into()),
-                0x00 | 0x01 if len < 4 => return Err("short snappy chunk".into()),
-                0x01 if len - 4 > MAX_CHUNK => return Err("snappy chunk too large".into()),
-                0x02..=0x7f => return Err(format!("unsupported snappy chunk type {kind:#x}")),
+                0xff if len != 6 => return Err(CompressError::SnappyBadIdentifier),
+                0x00 | 0x01 if len < 4 => return Err(CompressError::SnappyShortChunk),
+                0x01 if len - 4 > MAX_CHUNK => return Err(CompressError::SnappyChunkTooLarge),
+                0x02..=0x7f => return Err(CompressError::SnappyChunkType(kind)),
                 _ => {}
             }
             self.identified = true;
@@ -114,33 +116,32 @@ impl SnappyDecoder {
             let chunk = &self.raw[at_ + 4..at_ + 4 + len];
             match kind {
                 0xff if chunk != b"sNaPpY" => {
-                    return Err("bad snappy stream identifier".into());
+                    return Err(CompressError::SnappyBadIdentifier);
                 }
                 0xff => {}
                 0x00 | 0x01 => {
                     if len < 4 {
-                        return Err("short snappy chunk".into());
+                        return Err(CompressError::SnappyShortChunk);
                     }
                     let crc = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
                     let start = out.len();
                     if kind == 0x00 {
-                        let n =
-                            snap::raw::decompress_len(&chunk[4..]).map_err(|e| e.to_string())?;
+                        let n = snap::raw::decompress_len(&chunk[4..]).map_err(codec)?;
                         if n > MAX_CHUNK {
-                            return Err("snappy chunk too large".into());
+                            return Err(CompressError::SnappyChunkTooLarge);
                         }
                         out.resize(start + n, 0);
                         snap::raw::Decoder::new()
                             .decompress(&chunk[4..], &mut out[start..])
-                            .map_err(|e| e.to_string())?;
+                            .map_err(codec)?;
                     } else {
                         out.extend_from_slice(&chunk[4..]);
                     }
                     if masked_crc(&out[start..]) != crc {
-                        return Err("snappy checksum mismatch".into());
+                        return Err(CompressError::SnappyChecksum);
                     }
                 }
-                0x02..=0x7f => return Err(format!("unsupported snappy chunk type {kind:#x}")),
+                0x02..=0x7f => return Err(CompressError::SnappyChunkType(kind)),
                 _ => {}
             }
             at_ += 4 + len;

@@ -23,6 +23,7 @@ fn parse_body(b: &[u8]) -> Option<u64> {
 
 /// PUBs (and every fourth time an MPUB of 5) numbered bodies, each acknowledged before the
 /// next; `published` counts the acknowledged ones (numbers 0..published).
+// A `String` error: CLI-only, printed once before the fuzzer exits.
 pub(super) fn publish(
     tcp: SocketAddr,
     rate: u64,
@@ -65,6 +66,7 @@ pub(super) fn publish(
     Ok(())
 }
 
+// A `String` error: CLI-only, printed once before the fuzzer exits.
 pub(super) fn consume(
     tcp: SocketAddr,
     ch: &str,

@@ -179,6 +179,7 @@ struct Counters {
 /// What the checker's consumers received: channel -> body number -> deliveries.
 type Received = Arc<Mutex<Vec<HashMap<u64, u32>>>>;
 
+// A `String` error: CLI-only, printed once before the fuzzer exits.
 fn run(cfg: &Config) -> Result<(), String> {
     let ctx = cfg.label();
     let data = net::temp_data_dir("netfuzz");
