@@ -324,10 +324,7 @@ impl TopicStore {
         let dir_fd = std::fs::File::open(&dir)
             .map_err(|e| io_err(e).context(format_args!("open {}", dir.display())))?;
         let store = TopicStore::start(dir, dir_fd, false, cfg, segments, next_seq)?;
-        *store.journal_files.borrow_mut() = journals.clone();
-        store
-            .journal_gen
-            .set(journals.last().map(|g| g + 1).unwrap_or(1));
+        store.journal.found_files(journals);
         if !to_seal.is_empty() {
             let st = store.clone();
             glommio::spawn_local(async move {
