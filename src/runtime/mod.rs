@@ -71,7 +71,8 @@ pub fn run(
     let (segment_io, why) = nsq_storage::SegmentIo::choose(
         &data_path,
         std::env::var("NSQD_SEGMENT_IO").ok().as_deref(),
-    )?;
+    )
+    .map_err(|e| e.to_string())?;
     cfg.opts.segment_io = segment_io;
     if segment_io == nsq_storage::SegmentIo::Threads {
         log::info!(

@@ -28,9 +28,9 @@
 use super::{io_err, SegmentIo, TopicStore};
 use crate::error::StoreError;
 use std::cell::{Cell, RefCell};
-use std::rc::Rc;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::Waker;
@@ -419,7 +419,11 @@ mod tests {
                 // The directory replaced by another under the same name: refused.
                 std::fs::rename(&path, path.with_file_name("aside")).unwrap();
                 std::fs::create_dir(&path).unwrap();
-                let e = store.dir.fd_path(&path.join("y")).err().map(|e| e.to_string());
+                let e = store
+                    .dir
+                    .fd_path(&path.join("y"))
+                    .err()
+                    .map(|e| e.to_string());
                 assert_eq!(e.as_deref(), Some("topic deleted"));
                 assert!(!path.join("y").exists());
                 std::fs::remove_dir(&path).unwrap();

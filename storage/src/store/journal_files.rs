@@ -304,8 +304,7 @@ impl Journal {
                         opened.push(gen);
                         Ok(f)
                     };
-                    if let Err(e) = append_events(&mut jf, gen, &data, open, |f| retired.push(f))
-                    {
+                    if let Err(e) = append_events(&mut jf, gen, &data, open, |f| retired.push(f)) {
                         errors.push(e);
                         jf = None;
                     }

@@ -38,6 +38,21 @@
 //!   (moveForward's removal of a read file, Delete/Empty),
 //! * `journal_files`: the delivery journal's files (no nsqd counterpart),
 //! * `replay`: segment listing and timestamp seek (no nsqd counterpart).
+//!
+//! [`TopicStore`]'s state is split by concern into parts, each owning its fields and
+//! changed only through its methods:
+//!
+//! * `segments::Segments`: the segment list with sparse indexes, cached readers and
+//!   blocks (diskqueue's files and read/write positions),
+//! * `pending::Pending`: records acknowledged and not yet written, and their bound
+//!   (diskqueue's writeChan),
+//! * `durability::Durability`: the durable sequence and the publishers waiting for it
+//!   (diskqueue's sync), with the writer's `durability::Unsynced` counts,
+//! * `journal_files::Journal`: the delivery journal's events, generations and files,
+//! * `health::Health`: the last disk error and its log rate limit,
+//! * `descriptors::Directory`: the directory, its descriptor, opens in flight, deletion,
+//! * `lifecycle::Lifecycle`: the writer task's wake-up and close handshake (diskqueue's
+//!   exitChan).
 
 use crate::error::StoreError;
 use crate::record::StoredRecord;
@@ -86,15 +101,15 @@ mod segment_io;
 mod segments;
 mod writer;
 
-use descriptors::Directory;
 pub use descriptors::stores_holding_descriptors;
+use descriptors::Directory;
 use durability::Durability;
 use health::Health;
 use journal_files::{journal_flusher, Journal};
 use lifecycle::Lifecycle;
 use pending::Pending;
 pub use replay::SegmentInfo;
-pub use segment_io::SegmentIo;
+pub use segment_io::{SegmentIo, UnknownSegmentIo};
 use segments::{Segment, Segments};
 use writer::writer_task;
 

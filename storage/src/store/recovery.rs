@@ -38,9 +38,9 @@ pub(super) fn read_index(
     size: u64,
     sealed: bool,
 ) -> Result<SegmentIndex, StoreError> {
-    let ix = std::fs::read(path)
-        .map_err(io_err)
-        .and_then(|b| crate::index::decode(&b).map_err(StoreError::invalid_data))?;
+    let ix = std::fs::read(path).map_err(io_err).and_then(|b| {
+        crate::index::decode(&b).map_err(|e| StoreError::invalid_data(e.to_string()))
+    })?;
     if ix.base != base {
         Err(StoreError::invalid_data(format!(
             "index of base {} in the file of {base}",
@@ -419,7 +419,7 @@ pub(super) async fn scan_open_file(
             );
             (seq, fs)
         }
-        (Err(e), None) => return Err(StoreError::invalid_data(e)),
+        (Err(e), None) => return Err(StoreError::invalid_data(e.to_string())),
     };
     *salt_out = salt;
     // The file name and the header both give the base; records carry their own

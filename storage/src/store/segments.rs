@@ -110,7 +110,11 @@ impl Segments {
 
     /// The readable sequence of the newest segment (records below it can be read back).
     pub(super) fn newest_readable_seq(&self) -> Option<u64> {
-        self.map.borrow().values().next_back().map(|s| s.readable_seq)
+        self.map
+            .borrow()
+            .values()
+            .next_back()
+            .map(|s| s.readable_seq)
     }
 
     /// True when a segment starts at `base`.
