@@ -89,10 +89,11 @@ impl TopicStore {
 }
 
 /// The data of the segment at `base` from `off` to the end of its block (a
-/// [`BLOCK`]-aligned unit, from the topic's [`BlockCache`] when the block lies within the
-/// flushed data below `readable_end`), joined with the next blocks while the first
-/// record does not fit, so at least one whole record is there. Returns the data and the
-/// size asked for (the data is shorter at the end of the file).
+/// [`BLOCK`]-aligned unit, from the topic's [`BlockCache`](super::blocks::BlockCache)
+/// when the block lies within the flushed data below `readable_end`), joined with the
+/// next blocks while the first record does not fit, so at least one whole record is
+/// there. Returns the data and the size asked for (the data is shorter at the end of
+/// the file).
 async fn read_window(
     store: &TopicStore,
     file: &SegmentFile,
