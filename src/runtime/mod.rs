@@ -228,7 +228,7 @@ pub enum RunError {
     /// instance of nsqd)`.
     DataPathInUse(std::path::PathBuf),
     /// How segment files are written could not be chosen (the store's text).
-    SegmentIo(String),
+    SegmentIo(nsq_storage::UnknownSegmentIo),
     /// `failed to import nsqd data - <error>`.
     Import(crate::import_nsqd::ImportError),
     /// `cannot handle SIGINT/SIGTERM: <error>`.
@@ -257,7 +257,7 @@ impl std::fmt::Display for RunError {
                 "failed to lock data-path: --data-path={} in use (possibly by another instance of nsqd)",
                 path.display()
             ),
-            RunError::SegmentIo(e) => f.write_str(e),
+            RunError::SegmentIo(e) => write!(f, "{e}"),
             RunError::Import(e) => write!(f, "failed to import nsqd data - {e}"),
             RunError::Signals(e) => write!(f, "cannot handle SIGINT/SIGTERM: {e}"),
             RunError::SignalThread(e) => write!(f, "cannot start the signal thread: {e}"),

@@ -97,10 +97,84 @@ pub struct Faults {
 #[cfg(feature = "fault-injection")]
 static FAULTS: OnceLock<Option<Faults>> = OnceLock::new();
 
+/// Why a fault spec does not parse (grammar in the module doc); its `Display` names
+/// the token at fault, as the start-up error shows it.
 #[cfg(feature = "fault-injection")]
-/// Reads [`ENV`] (once). Errors: the spec does not parse (the message says where);
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SpecError {
+    /// A duration without a unit (`delay:5`).
+    DurationWithoutUnit(String),
+    /// A duration whose number does not parse.
+    BadDuration(String),
+    /// A duration with a unit other than `us`, `ms`, `s`.
+    BadDurationUnit(String),
+    /// A value that is not a number, and what it was for (`seed`, `nth`, ...).
+    BadNumber { value: String, what: String },
+    /// A trigger without `:`.
+    BadTrigger(String),
+    /// A probability that is not a number.
+    BadProbability(String),
+    /// A probability outside 0..1.
+    ProbabilityOutOfRange(String),
+    /// A trigger name other than `nth`, `every`, `p`, `after`, `count`.
+    UnknownTrigger(String),
+    /// A trigger with no rule before it.
+    TriggerBeforeRule(String),
+    /// An operation other than `write`, `sync`, `open`, `read`, `meta`.
+    UnknownOperation(String),
+    /// An action other than `eio`, `enospc`, `short`, `panic`, `delay:`.
+    UnknownAction(String),
+}
+
+#[cfg(feature = "fault-injection")]
+impl std::fmt::Display for SpecError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SpecError::DurationWithoutUnit(s) => {
+                write!(f, "duration {s:?} needs a unit (us, ms, s)")
+            }
+            SpecError::BadDuration(s) => write!(f, "bad duration {s:?}"),
+            SpecError::BadDurationUnit(s) => write!(f, "bad duration unit in {s:?}"),
+            SpecError::BadNumber { value, what } => {
+                write!(f, "bad number {value:?} for {what}")
+            }
+            SpecError::BadTrigger(t) => write!(f, "bad trigger {t:?}"),
+            SpecError::BadProbability(v) => write!(f, "bad probability {v:?}"),
+            SpecError::ProbabilityOutOfRange(v) => write!(f, "probability {v} not in 0..1"),
+            SpecError::UnknownTrigger(k) => write!(f, "unknown trigger {k:?}"),
+            SpecError::TriggerBeforeRule(t) => write!(f, "trigger {t:?} before any rule"),
+            SpecError::UnknownOperation(k) => write!(f, "unknown operation {k:?}"),
+            SpecError::UnknownAction(a) => write!(f, "unknown action {a:?}"),
+        }
+    }
+}
+
+#[cfg(feature = "fault-injection")]
+impl std::error::Error for SpecError {}
+
+/// [`ENV`] holds a spec that does not parse: `NSQD_STORAGE_FAULTS: <why>`.
+#[cfg(feature = "fault-injection")]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvError(pub SpecError);
+
+#[cfg(feature = "fault-injection")]
+impl std::fmt::Display for EnvError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{ENV}: {}", self.0)
+    }
+}
+
+#[cfg(feature = "fault-injection")]
+impl std::error::Error for EnvError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+#[cfg(feature = "fault-injection")]
+/// Reads [`ENV`] (once). Errors: the spec does not parse ([`EnvError`], saying where);
 /// the layer then stays off. Returns whether faults are enabled.
-pub fn init_from_env() -> Result<bool, String> {
+pub fn init_from_env() -> Result<bool, EnvError> {
     let mut err = None;
     let f = FAULTS.get_or_init(|| match std::env::var(ENV) {
         Ok(s) if !s.trim().is_empty() => match Faults::parse(&s) {
@@ -113,7 +187,7 @@ pub fn init_from_env() -> Result<bool, String> {
         _ => None,
     });
     match err {
-        Some(e) => Err(format!("{ENV}: {e}")),
+        Some(e) => Err(EnvError(e)),
         None => Ok(f.is_some()),
     }
 }
@@ -130,45 +204,51 @@ fn faults() -> Option<&'static Faults> {
 }
 
 #[cfg(feature = "fault-injection")]
-fn parse_duration(s: &str) -> Result<Duration, String> {
+fn parse_duration(s: &str) -> Result<Duration, SpecError> {
     let (n, unit) = s
         .find(|c: char| !c.is_ascii_digit())
         .map(|i| s.split_at(i))
-        .ok_or_else(|| format!("duration {s:?} needs a unit (us, ms, s)"))?;
-    let n: u64 = n.parse().map_err(|_| format!("bad duration {s:?}"))?;
+        .ok_or_else(|| SpecError::DurationWithoutUnit(s.to_string()))?;
+    let n: u64 = n
+        .parse()
+        .map_err(|_| SpecError::BadDuration(s.to_string()))?;
     match unit {
         "us" => Ok(Duration::from_micros(n)),
         "ms" => Ok(Duration::from_millis(n)),
         "s" => Ok(Duration::from_secs(n)),
-        _ => Err(format!("bad duration unit in {s:?}")),
+        _ => Err(SpecError::BadDurationUnit(s.to_string())),
     }
 }
 
 #[cfg(feature = "fault-injection")]
-fn num(v: &str, what: &str) -> Result<u64, String> {
-    v.parse()
-        .map_err(|_| format!("bad number {v:?} for {what}"))
+fn num(v: &str, what: &str) -> Result<u64, SpecError> {
+    v.parse().map_err(|_| SpecError::BadNumber {
+        value: v.to_string(),
+        what: what.to_string(),
+    })
 }
 
 #[cfg(feature = "fault-injection")]
 impl Rule {
-    fn add_trigger(&mut self, t: &str) -> Result<(), String> {
+    fn add_trigger(&mut self, t: &str) -> Result<(), SpecError> {
         let (k, v) = t
             .split_once(':')
-            .ok_or_else(|| format!("bad trigger {t:?}"))?;
+            .ok_or_else(|| SpecError::BadTrigger(t.to_string()))?;
         match k {
             "nth" => self.nth = Some(num(v, k)?.max(1)),
             "every" => self.every = Some(num(v, k)?.max(1)),
             "after" => self.after = num(v, k)?,
             "count" => self.count = Some(num(v, k)?),
             "p" => {
-                let p: f64 = v.parse().map_err(|_| format!("bad probability {v:?}"))?;
+                let p: f64 = v
+                    .parse()
+                    .map_err(|_| SpecError::BadProbability(v.to_string()))?;
                 if !(0.0..=1.0).contains(&p) {
-                    return Err(format!("probability {v} not in 0..1"));
+                    return Err(SpecError::ProbabilityOutOfRange(v.to_string()));
                 }
                 self.p = Some(p);
             }
-            _ => return Err(format!("unknown trigger {k:?}")),
+            _ => return Err(SpecError::UnknownTrigger(k.to_string())),
         }
         Ok(())
     }
@@ -177,14 +257,14 @@ impl Rule {
 #[cfg(feature = "fault-injection")]
 impl Faults {
     /// Parses a spec (grammar in the module doc).
-    pub fn parse(spec: &str) -> Result<Faults, String> {
+    pub fn parse(spec: &str) -> Result<Faults, SpecError> {
         let mut seed = 0;
         let mut rules: Vec<Rule> = Vec::new();
         for tok in spec.split(',').map(str::trim).filter(|t| !t.is_empty()) {
             let Some((k, v)) = tok.split_once('=') else {
                 let r = rules
                     .last_mut()
-                    .ok_or_else(|| format!("trigger {tok:?} before any rule"))?;
+                    .ok_or_else(|| SpecError::TriggerBeforeRule(tok.to_string()))?;
                 r.add_trigger(tok)?;
                 continue;
             };
@@ -198,7 +278,7 @@ impl Faults {
                 "open" => Op::Open,
                 "read" => Op::Read,
                 "meta" => Op::Meta,
-                _ => return Err(format!("unknown operation {k:?}")),
+                _ => return Err(SpecError::UnknownOperation(k.to_string())),
             };
             let (action, trigger) = match v.split_once('@') {
                 Some((a, t)) => (a, Some(t)),
@@ -211,7 +291,7 @@ impl Faults {
                 "panic" => Action::Panic,
                 a => match a.strip_prefix("delay:") {
                     Some(d) => Action::Delay(parse_duration(d)?),
-                    None => return Err(format!("unknown action {a:?}")),
+                    None => return Err(SpecError::UnknownAction(a.to_string())),
                 },
             };
             let mut r = Rule {
@@ -368,6 +448,24 @@ mod tests {
         ] {
             assert!(Faults::parse(bad).is_err(), "{bad}");
         }
+        // The texts a start-up error shows.
+        let text = |spec: &str| Faults::parse(spec).err().map(|e| e.to_string());
+        assert_eq!(
+            text("sync=delay:5").as_deref(),
+            Some("duration \"5\" needs a unit (us, ms, s)")
+        );
+        assert_eq!(
+            text("write=eio@nth:x").as_deref(),
+            Some("bad number \"x\" for nth")
+        );
+        assert_eq!(
+            text("write=eio@p:2").as_deref(),
+            Some("probability 2 not in 0..1")
+        );
+        assert_eq!(
+            EnvError(SpecError::UnknownOperation("disk".into())).to_string(),
+            "NSQD_STORAGE_FAULTS: unknown operation \"disk\""
+        );
     }
 
     #[test]

@@ -96,26 +96,85 @@ fn u32_at(b: &[u8], o: usize) -> u32 {
         .unwrap_or(0)
 }
 
+/// Why an index file cannot be trusted (its `Display` is the text recovery logs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexError {
+    /// Shorter than the fixed part, or not starting with [`INDEX_MAGIC`].
+    BadMagic,
+    /// A format version other than [`INDEX_VERSION`].
+    UnsupportedVersion(u32),
+    /// An entry count whose size overflows.
+    EntryCountOverflow,
+    /// The file's length in bytes is not what its entry count makes it.
+    Length { len: usize, expected: usize },
+    /// The CRC does not match the bytes.
+    CrcMismatch,
+    /// A record count of 0.
+    EmptySegment,
+    /// The data end lies before the first record or past the file length.
+    DataEndOutOfRange,
+    /// The first and last sequences are out of order (or below the base).
+    SequenceRangeOutOfOrder,
+    /// Not one entry per [`crate::store::INDEX_EVERY`] records.
+    EntryCountMismatch,
+    /// The first entry is not the first record.
+    FirstEntryNotFirstRecord,
+    /// An entry outside the segment's data or sequence range.
+    EntryOutOfRange,
+    /// Entries not increasing in both sequence and offset.
+    EntriesOutOfOrder,
+}
+
+impl std::fmt::Display for IndexError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            IndexError::BadMagic => f.write_str("bad index magic or length"),
+            IndexError::UnsupportedVersion(v) => write!(f, "unsupported index version {v}"),
+            IndexError::EntryCountOverflow => f.write_str("index entry count out of range"),
+            IndexError::Length { len, expected } => {
+                write!(f, "index length {len} (expected {expected})")
+            }
+            IndexError::CrcMismatch => f.write_str("index crc mismatch"),
+            IndexError::EmptySegment => f.write_str("index of an empty segment"),
+            IndexError::DataEndOutOfRange => f.write_str("index data end out of range"),
+            IndexError::SequenceRangeOutOfOrder => f.write_str("index sequence range out of order"),
+            IndexError::EntryCountMismatch => {
+                f.write_str("index entry count does not match the record count")
+            }
+            IndexError::FirstEntryNotFirstRecord => {
+                f.write_str("index does not start at the first record")
+            }
+            IndexError::EntryOutOfRange => f.write_str("index entry out of range"),
+            IndexError::EntriesOutOfOrder => f.write_str("index entries out of order"),
+        }
+    }
+}
+
+impl std::error::Error for IndexError {}
+
 /// Decodes and checks an index file; the error says why it cannot be trusted.
-pub fn decode(b: &[u8]) -> Result<SegmentIndex, String> {
+pub fn decode(b: &[u8]) -> Result<SegmentIndex, IndexError> {
     if b.len() < FIXED_LEN + 4 || &b[..8] != INDEX_MAGIC {
-        return Err("bad index magic or length".into());
+        return Err(IndexError::BadMagic);
     }
     let v = u32_at(b, 8);
     if v != INDEX_VERSION {
-        return Err(format!("unsupported index version {v}"));
+        return Err(IndexError::UnsupportedVersion(v));
     }
     let n = u32_at(b, FIXED_LEN - 4) as usize;
     let want = n
         .checked_mul(16)
         .and_then(|e| e.checked_add(FIXED_LEN + 4))
-        .ok_or("index entry count out of range")?;
+        .ok_or(IndexError::EntryCountOverflow)?;
     if b.len() != want {
-        return Err(format!("index length {} (expected {want})", b.len()));
+        return Err(IndexError::Length {
+            len: b.len(),
+            expected: want,
+        });
     }
     let crc = u32_at(b, want - 4);
     if crc32fast::hash(&b[..want - 4]) != crc {
-        return Err("index crc mismatch".into());
+        return Err(IndexError::CrcMismatch);
     }
     let ix = SegmentIndex {
         base: u64_at(b, 12),
@@ -137,31 +196,31 @@ pub fn decode(b: &[u8]) -> Result<SegmentIndex, String> {
 }
 
 /// Consistency rules an index must follow to be used.
-fn check(ix: &SegmentIndex) -> Result<(), String> {
+fn check(ix: &SegmentIndex) -> Result<(), IndexError> {
     let hdr = crate::record::SEGMENT_HEADER_LEN as u64;
     if ix.count == 0 {
-        return Err("index of an empty segment".into());
+        return Err(IndexError::EmptySegment);
     }
     if ix.data_end > ix.file_len || ix.data_end < hdr {
-        return Err("index data end out of range".into());
+        return Err(IndexError::DataEndOutOfRange);
     }
     if ix.first_seq < ix.base || ix.last_seq < ix.first_seq || ix.last_seq == u64::MAX {
-        return Err("index sequence range out of order".into());
+        return Err(IndexError::SequenceRangeOutOfOrder);
     }
     let every = crate::store::INDEX_EVERY;
     if ix.entries.len() as u64 != ix.count.div_ceil(every) {
-        return Err("index entry count does not match the record count".into());
+        return Err(IndexError::EntryCountMismatch);
     }
     if ix.entries.first().map(|e| e.0) != Some(ix.first_seq) {
-        return Err("index does not start at the first record".into());
+        return Err(IndexError::FirstEntryNotFirstRecord);
     }
     let mut prev: Option<(u64, u64)> = None;
     for &(seq, off) in &ix.entries {
         if off < hdr || off >= ix.data_end || seq > ix.last_seq {
-            return Err("index entry out of range".into());
+            return Err(IndexError::EntryOutOfRange);
         }
         if prev.is_some_and(|(ps, po)| seq <= ps || off <= po) {
-            return Err("index entries out of order".into());
+            return Err(IndexError::EntriesOutOfOrder);
         }
         prev = Some((seq, off));
     }
@@ -196,7 +255,18 @@ mod tests {
             assert!(decode(&bad).is_err(), "flipped byte {i} detected");
         }
         assert!(decode(&b[..b.len() - 3]).is_err());
-        assert!(decode(&[]).is_err());
+        assert_eq!(
+            decode(&[]).map_err(|e| e.to_string()),
+            Err("bad index magic or length".to_string())
+        );
+        assert_eq!(
+            IndexError::Length {
+                len: 3,
+                expected: 92
+            }
+            .to_string(),
+            "index length 3 (expected 92)"
+        );
         // Gaps in sequences are fine; inconsistent counts are not.
         let mut wrong = ix.clone();
         wrong.count = 1000;

@@ -38,7 +38,9 @@ pub mod store;
 
 pub use error::StoreError;
 pub use record::StoredRecord;
-pub use store::{ReadPos, Recovered, SegmentInfo, SegmentIo, StoreConfig, TopicStore};
+pub use store::{
+    ReadPos, Recovered, SegmentInfo, SegmentIo, StoreConfig, TopicStore, UnknownSegmentIo,
+};
 
 use std::cell::{Cell, RefCell};
 use std::task::{Poll, Waker};

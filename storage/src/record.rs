@@ -63,14 +63,36 @@ pub fn segment_header(base_seq: u64, salt: u32) -> [u8; SEGMENT_HEADER_LEN] {
     h
 }
 
+/// Why a segment header is not valid (its `Display` is the text recovery logs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeaderError {
+    /// Shorter than [`SEGMENT_HEADER_LEN`], or not starting with [`SEGMENT_MAGIC`].
+    BadMagic,
+    /// A format version other than [`FORMAT_VERSION`].
+    UnsupportedVersion(u32),
+}
+
+impl std::fmt::Display for HeaderError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HeaderError::BadMagic => f.write_str("bad segment magic"),
+            HeaderError::UnsupportedVersion(v) => {
+                write!(f, "unsupported segment format version {v}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for HeaderError {}
+
 /// Checks a segment header; returns its (base sequence, salt).
-pub fn parse_segment_header(h: &[u8]) -> Result<(u64, u32), String> {
+pub fn parse_segment_header(h: &[u8]) -> Result<(u64, u32), HeaderError> {
     if h.len() < SEGMENT_HEADER_LEN || &h[..8] != SEGMENT_MAGIC {
-        return Err("bad segment magic".into());
+        return Err(HeaderError::BadMagic);
     }
     let v = u32::from_be_bytes([h[8], h[9], h[10], h[11]]);
     if v != FORMAT_VERSION {
-        return Err(format!("unsupported segment format version {v}"));
+        return Err(HeaderError::UnsupportedVersion(v));
     }
     Ok((
         u64::from_be_bytes(h[12..20].try_into().unwrap_or([0; 8])),
@@ -461,6 +483,9 @@ mod tests {
     #[test]
     fn header_round_trip() {
         assert_eq!(parse_segment_header(&segment_header(42, 7)), Ok((42, 7)));
-        assert!(parse_segment_header(&[0u8; 32]).is_err());
+        assert_eq!(
+            parse_segment_header(&[0u8; 32]).map_err(|e| e.to_string()),
+            Err("bad segment magic".to_string())
+        );
     }
 }

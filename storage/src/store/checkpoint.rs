@@ -63,13 +63,14 @@ impl TopicStore {
     /// Writes the side index of a segment nothing more is written to (off the executor);
     /// failures are logged (the segment is then scanned at the next start).
     pub(super) async fn seal(&self, ix: SegmentIndex, sync_data: bool) {
-        if self.destroyed.get() || !self.segments.borrow().contains_key(&ix.base) {
+        if self.dir.is_deleted() || !self.segments.contains(ix.base) {
             return;
         }
+        let dir = self.dir.path();
         let paths = (
-            self.fd_path(&seg_path(&self.dir, ix.base)),
-            self.fd_path(&idx_path(&self.dir, ix.base)),
-            self.fd_path(&pidx_path(&self.dir, ix.base)),
+            self.dir.fd_path(&seg_path(dir, ix.base)),
+            self.dir.fd_path(&idx_path(dir, ix.base)),
+            self.dir.fd_path(&pidx_path(dir, ix.base)),
         );
         let (Ok(seg), Ok(idx), Ok(pidx)) = paths else {
             // Deleted meanwhile, or the directory cannot be opened (then the segment
@@ -77,15 +78,15 @@ impl TopicStore {
             return;
         };
         let base = ix.base;
-        self.opens.set(self.opens.get() + 1);
+        self.dir.begin_open();
         let res = glommio::executor()
             .spawn_blocking(move || seal_blocking(&seg, &idx, &pidx, ix, sync_data))
             .await;
-        self.opens.set(self.opens.get() - 1);
+        self.dir.end_open();
         if let Err(e) = res {
             log::warn!(
                 "STORE: sealing {} failed - {e}",
-                seg_path(&self.dir, base).display()
+                seg_path(self.dir.path(), base).display()
             );
         }
     }
@@ -94,12 +95,7 @@ impl TopicStore {
 /// Seals the segment just closed by the writer (rotation or clean close), once its data
 /// is synced: `data_end` is its logical length.
 pub(super) async fn seal_closed(store: &TopicStore, base: u64, data_end: u64) {
-    let ix = store
-        .segments
-        .borrow()
-        .get(&base)
-        .and_then(|s| s.sealed_index(base, data_end));
-    if let Some(ix) = ix {
+    if let Some(ix) = store.segments.sealed_index(base, data_end) {
         store.seal(ix, false).await;
     }
 }
@@ -108,21 +104,18 @@ pub(super) async fn seal_closed(store: &TopicStore, base: u64, data_end: u64) {
 /// synced prefix (`data_end` bytes), so that recovery after a crash scans only what was
 /// written after it. Skipped while the previous one is still being written.
 pub(super) fn write_partial(store: &Rc<TopicStore>, base: u64, data_end: u64) {
-    if store.partial_busy.get() || store.destroyed.get() {
+    if store.segments.partial_busy() || store.dir.is_deleted() {
         return;
     }
-    let ix = store
-        .segments
-        .borrow()
-        .get(&base)
-        .and_then(|s| s.sealed_index(base, data_end));
-    let Some(mut ix) = ix else { return };
+    let Some(mut ix) = store.segments.sealed_index(base, data_end) else {
+        return;
+    };
     ix.file_len = data_end;
-    store.partial_busy.set(true);
-    store.opens.set(store.opens.get() + 1);
+    store.segments.set_partial_busy(true);
+    store.dir.begin_open();
     let st = store.clone();
     glommio::spawn_local(async move {
-        let res = match st.fd_path(&pidx_path(&st.dir, base)) {
+        let res = match st.dir.fd_path(&pidx_path(st.dir.path(), base)) {
             Ok(p) => {
                 glommio::executor()
                     .spawn_blocking(move || write_partial_blocking(&p, &ix))
@@ -130,8 +123,8 @@ pub(super) fn write_partial(store: &Rc<TopicStore>, base: u64, data_end: u64) {
             }
             Err(e) => Err(e),
         };
-        st.opens.set(st.opens.get() - 1);
-        st.partial_busy.set(false);
+        st.dir.end_open();
+        st.segments.set_partial_busy(false);
         if let Err(e) = res {
             log::warn!("STORE: partial index of {} - {e}", st.dir.display());
         }

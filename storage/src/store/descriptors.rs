@@ -10,11 +10,11 @@
 //! and seals the segment being written (the next write starts a new one), and drops the
 //! readers, the journal file and the directory.
 //!
-//! The directory is opened again on demand ([`TopicStore::fd_path`]) by its path, which
+//! The directory is opened again on demand ([`Directory::fd_path`]) by its path, which
 //! is safe as long as the path still names this store's directory: the store records the
 //! directory's device and inode when it starts and checks them on every reopen, and does
 //! not reopen at all once the topic is deleted ([`TopicStore::destroy`] renames the
-//! directory aside and sets `destroyed` in one synchronous step, so a later reopen by the
+//! directory aside and marks it deleted in one synchronous step, so a later reopen by the
 //! path could only find a new topic's directory of the same name: that is refused too by
 //! the inode check). An open in flight keeps the descriptor it was given alive
 //! ([`FdPath`] holds a reference to it), so that releasing the store's own reference
@@ -27,9 +27,10 @@
 
 use super::{io_err, SegmentIo, TopicStore};
 use crate::error::StoreError;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::Waker;
@@ -200,57 +201,146 @@ pub(super) fn dir_id(f: &std::fs::File) -> std::io::Result<(u64, u64)> {
     Ok((m.dev(), m.ino()))
 }
 
-impl TopicStore {
-    /// The store's directory descriptor: the one held, else the directory opened again by
-    /// its path (then held until the writer finds the store idle).
+/// A topic's directory: its path, the descriptor held while the store is active, the
+/// opens in flight under it, and whether the topic was deleted.
+pub(super) struct Directory {
+    path: PathBuf,
+    /// The directory's (device, inode), checked when it is opened again by its path.
+    id: (u64, u64),
+    /// The directory, open while the store is active: files are opened through
+    /// `/proc/self/fd/<fd>/` so that renaming the directory (topic delete) never breaks
+    /// an open in flight.
+    held: RefCell<Option<HeldDir>>,
+    /// Opens of files in flight; files are unlinked only when none is.
+    opens: Cell<usize>,
+    /// Topic deleted: no more writes or opens.
+    deleted: Cell<bool>,
+    /// The writer's wake-up: an idle writer starts counting idle time again when the
+    /// directory is opened again.
+    wake: Rc<crate::Notify>,
+}
+
+impl Directory {
+    /// The directory at `path`, open as `file`: held when `hold`, else closed at once and
+    /// opened again when needed. `wake` is the writer's wake-up.
+    ///
+    /// Errors: the directory's `fstat` failure.
+    pub(super) fn new(
+        path: PathBuf,
+        file: std::fs::File,
+        hold: bool,
+        wake: Rc<crate::Notify>,
+    ) -> Result<Directory, StoreError> {
+        let id = dir_id(&file)
+            .map_err(|e| io_err(e).context(format_args!("stat {}", path.display())))?;
+        Ok(Directory {
+            path,
+            id,
+            held: RefCell::new(hold.then(|| HeldDir::new(file))),
+            opens: Cell::new(0),
+            deleted: Cell::new(false),
+            wake,
+        })
+    }
+
+    /// The directory's path.
+    pub(super) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The path, for log lines.
+    pub(super) fn display(&self) -> std::path::Display<'_> {
+        self.path.display()
+    }
+
+    /// True once the topic is deleted.
+    pub(super) fn is_deleted(&self) -> bool {
+        self.deleted.get()
+    }
+
+    /// The topic is deleted (its directory moved aside): nothing more is opened.
+    pub(super) fn mark_deleted(&self) {
+        self.deleted.set(true);
+    }
+
+    /// An open of a file under the directory starts: files are not unlinked until it
+    /// ends ([`Directory::end_open`]).
+    pub(super) fn begin_open(&self) {
+        self.opens.set(self.opens.get() + 1);
+    }
+
+    /// An open begun by [`Directory::begin_open`] is over.
+    pub(super) fn end_open(&self) {
+        self.opens.set(self.opens.get() - 1);
+    }
+
+    /// Waits until no open of a file is in flight.
+    pub(super) async fn no_opens(&self) {
+        while self.opens.get() > 0 {
+            glommio::timer::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// True while the directory descriptor is held.
+    pub(super) fn holds(&self) -> bool {
+        self.held.borrow().is_some()
+    }
+
+    /// Closes the held directory descriptor (opened again on demand).
+    pub(super) fn release(&self) {
+        *self.held.borrow_mut() = None;
+    }
+
+    /// The directory descriptor: the one held, else the directory opened again by its
+    /// path (then held until the writer finds the store idle).
     ///
     /// Errors: `topic deleted` once the topic is deleted, or when the path now names
     /// another directory (see the module docs); the open's error otherwise.
-    pub(super) fn dir_handle(&self) -> Result<Arc<std::fs::File>, StoreError> {
-        if let Some(h) = self.dir_fd.borrow().as_ref() {
+    pub(super) fn handle(&self) -> Result<Arc<std::fs::File>, StoreError> {
+        if let Some(h) = self.held.borrow().as_ref() {
             return Ok(h.file.clone());
         }
-        let held = HeldDir::new(self.open_dir()?);
+        let held = HeldDir::new(self.open()?);
         let file = held.file.clone();
-        *self.dir_fd.borrow_mut() = Some(held);
+        *self.held.borrow_mut() = Some(held);
         // The writer (if idle) starts counting idle time from now.
         self.wake.notify();
         Ok(file)
     }
 
     /// The directory descriptor held, else the directory opened by its path for the
-    /// caller alone (not kept by the store): for a one-off use, such as a metadata write
-    /// of an idle topic.
+    /// caller alone (not kept): for a one-off use, such as a metadata write of an idle
+    /// topic.
     ///
-    /// Errors: as [`TopicStore::dir_handle`].
-    pub(super) fn dir_for_once(&self) -> Result<Arc<std::fs::File>, StoreError> {
-        if let Some(h) = self.dir_fd.borrow().as_ref() {
+    /// Errors: as [`Directory::handle`].
+    pub(super) fn for_once(&self) -> Result<Arc<std::fs::File>, StoreError> {
+        if let Some(h) = self.held.borrow().as_ref() {
             return Ok(h.file.clone());
         }
-        Ok(Arc::new(self.open_dir()?))
+        Ok(Arc::new(self.open()?))
     }
 
     /// Opens the directory by its path, unless the topic is deleted, and checks that it
     /// is still this store's (see the module docs).
-    fn open_dir(&self) -> Result<std::fs::File, StoreError> {
-        if self.destroyed.get() {
+    fn open(&self) -> Result<std::fs::File, StoreError> {
+        if self.deleted.get() {
             return Err(StoreError::topic_deleted());
         }
-        let f = std::fs::File::open(&self.dir)
-            .map_err(|e| io_err(e).context(format_args!("open {}", self.dir.display())))?;
-        if dir_id(&f).ok() != Some(self.dir_id) {
+        let f = std::fs::File::open(&self.path)
+            .map_err(|e| io_err(e).context(format_args!("open {}", self.path.display())))?;
+        if dir_id(&f).ok() != Some(self.id) {
             return Err(StoreError::topic_deleted());
         }
         Ok(f)
     }
 
-    /// `path`'s file name under the store's directory descriptor (stable across a
-    /// rename of the directory); the result keeps the descriptor open.
+    /// `path`'s file name under the directory descriptor (stable across a rename of the
+    /// directory); the result keeps the descriptor open.
     ///
-    /// Errors: as [`TopicStore::dir_handle`].
+    /// Errors: as [`Directory::handle`].
     pub(super) fn fd_path(&self, path: &Path) -> Result<FdPath, StoreError> {
         use std::os::fd::AsRawFd;
-        let dir = self.dir_handle()?;
+        let dir = self.handle()?;
         let name = path
             .file_name()
             .map(|n| n.to_os_string())
@@ -260,29 +350,25 @@ impl TopicStore {
             _dir: dir,
         })
     }
+}
 
+impl TopicStore {
     /// True when the store holds a descriptor it can give back when idle: never on the
     /// blocking-thread path, which keeps them (see the module docs).
     pub(super) fn holds_releasable(&self) -> bool {
         self.cfg.io == SegmentIo::Ring
-            && (self.dir_fd.borrow().is_some()
-                || !self.readers.borrow().is_empty()
-                || self.journal_file.borrow().is_some())
+            && (self.dir.holds() || self.segments.holds_readers() || self.journal.holds_file())
     }
 
     /// Drops the cached readers, the journal file (when synced: a dirty one is kept for
     /// the next sync) and the directory descriptor, once no open is in flight. The
     /// segment being written is the writer's to close first.
     pub(super) async fn release_descriptors(&self) {
-        self.no_opens().await;
-        self.readers.borrow_mut().clear();
-        self.blocks.clear();
-        let dirty = self.journal_file.borrow().as_ref().is_some_and(|j| j.dirty)
-            || !self.journal_retired.borrow().is_empty()
-            || !self.journal_pending.borrow().is_empty();
-        if !dirty {
-            *self.journal_file.borrow_mut() = None;
-            *self.dir_fd.borrow_mut() = None;
+        self.dir.no_opens().await;
+        self.segments.release_readers();
+        if !self.journal.unsynced() {
+            self.journal.drop_file();
+            self.dir.release();
         }
     }
 }
@@ -324,8 +410,8 @@ mod tests {
                 store.wait_durable(1).await.unwrap();
                 // Released, then opened again by its path: the same directory.
                 store.release_descriptors().await;
-                assert!(store.dir_fd.borrow().is_none());
-                let p = store.fd_path(&path.join("x")).unwrap();
+                assert!(!store.dir.holds());
+                let p = store.dir.fd_path(&path.join("x")).unwrap();
                 std::fs::write(&*p, b"x").unwrap();
                 assert!(path.join("x").exists());
                 drop(p);
@@ -333,7 +419,11 @@ mod tests {
                 // The directory replaced by another under the same name: refused.
                 std::fs::rename(&path, path.with_file_name("aside")).unwrap();
                 std::fs::create_dir(&path).unwrap();
-                let e = store.fd_path(&path.join("y")).err().map(|e| e.to_string());
+                let e = store
+                    .dir
+                    .fd_path(&path.join("y"))
+                    .err()
+                    .map(|e| e.to_string());
                 assert_eq!(e.as_deref(), Some("topic deleted"));
                 assert!(!path.join("y").exists());
                 std::fs::remove_dir(&path).unwrap();

@@ -38,16 +38,27 @@
 //!   (moveForward's removal of a read file, Delete/Empty),
 //! * `journal_files`: the delivery journal's files (no nsqd counterpart),
 //! * `replay`: segment listing and timestamp seek (no nsqd counterpart).
+//!
+//! [`TopicStore`]'s state is split by concern into parts, each owning its fields and
+//! changed only through its methods:
+//!
+//! * `segments::Segments`: the segment list with sparse indexes, cached readers and
+//!   blocks (diskqueue's files and read/write positions),
+//! * `pending::Pending`: records acknowledged and not yet written, and their bound
+//!   (diskqueue's writeChan),
+//! * `durability::Durability`: the durable sequence and the publishers waiting for it
+//!   (diskqueue's sync), with the writer's `durability::Unsynced` counts,
+//! * `journal_files::Journal`: the delivery journal's events, generations and files,
+//! * `health::Health`: the last disk error and its log rate limit,
+//! * `descriptors::Directory`: the directory, its descriptor, opens in flight, deletion,
+//! * `lifecycle::Lifecycle`: the writer task's wake-up and close handshake (diskqueue's
+//!   exitChan).
 
 use crate::error::StoreError;
-use crate::index::SegmentIndex;
-use crate::record::{self, StoredRecord};
-use futures::channel::oneshot;
-use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use crate::record::StoredRecord;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// One sparse index entry per this many records.
@@ -77,18 +88,29 @@ const TAIL_BYTES: u64 = 16 * 1024 * 1024;
 mod blocks;
 mod checkpoint;
 mod descriptors;
+mod durability;
+mod health;
 mod journal_files;
+mod lifecycle;
+mod pending;
 mod reader;
 mod recovery;
 mod replay;
 mod retention;
 mod segment_io;
+mod segments;
 mod writer;
 
 pub use descriptors::stores_holding_descriptors;
-use journal_files::{journal_flusher, JournalFile};
+use descriptors::Directory;
+use durability::Durability;
+use health::Health;
+use journal_files::{journal_flusher, Journal};
+use lifecycle::Lifecycle;
+use pending::Pending;
 pub use replay::SegmentInfo;
-pub use segment_io::SegmentIo;
+pub use segment_io::{SegmentIo, UnknownSegmentIo};
+use segments::{Segment, Segments};
 use writer::writer_task;
 
 /// Sync and rotation policy (nsqd flags --sync-every, --sync-timeout,
@@ -102,128 +124,26 @@ pub struct StoreConfig {
     pub io: SegmentIo,
 }
 
-struct Segment {
-    path: PathBuf,
-    /// The salt its records carry (from its header).
-    salt: u32,
-    /// One past the last sequence written to it.
-    end_seq: u64,
-    /// (sequence, byte offset) of records number 0, INDEX_EVERY, 2 * INDEX_EVERY, ...
-    /// (by count, not by sequence: sequences may have gaps).
-    index: Vec<(u64, u64)>,
-    /// Records in the segment.
-    count: u64,
-    /// Records with sequence below this are flushed to the file and readable.
-    readable_seq: u64,
-    /// Bytes below this offset are flushed (they hold the records below
-    /// `readable_seq`); readers never decode past it, where the file holds a partly
-    /// written stream buffer (or nothing yet). For a segment found on disk at start-up:
-    /// where its records end (its side index's data end, or where recovery's scan found
-    /// the last whole record).
-    readable_end: u64,
-}
-
-impl Segment {
-    /// Adds a record at byte offset `off` to the count and sparse index.
-    fn note(&mut self, seq: u64, off: u64) {
-        if self.count.is_multiple_of(INDEX_EVERY) {
-            self.index.push((seq, off));
-        }
-        self.count += 1;
-        self.end_seq = seq + 1;
-    }
-
-    /// The side index describing this segment once sealed; `None` when it is empty.
-    fn sealed_index(&self, base: u64, data_end: u64) -> Option<SegmentIndex> {
-        let first = self.index.first()?.0;
-        Some(SegmentIndex {
-            base,
-            salt: self.salt,
-            file_len: 0,
-            data_end,
-            count: self.count,
-            first_seq: first,
-            last_seq: self.end_seq.checked_sub(1)?,
-            entries: self.index.clone(),
-        })
-    }
-}
-
-struct Waiter {
-    seq: u64,
-    tx: oneshot::Sender<Result<(), StoreError>>,
-}
-
-/// The disk side of one topic.
+/// The disk side of one topic, by concern: each part owns its state and is changed
+/// only through its methods.
 pub struct TopicStore {
-    dir: PathBuf,
     cfg: StoreConfig,
-    segments: RefCell<BTreeMap<u64, Segment>>,
-    readers: RefCell<HashMap<u64, Rc<segment_io::SegmentFile>>>,
-    /// Blocks of segment data read recently, shared by the channels' reads.
-    blocks: blocks::BlockCache,
-    pending: RefCell<Vec<u8>>,
-    /// Bytes of the batch the writer task has taken from `pending` and is writing (or
-    /// about to put back after a failure): still unwritten, so counted by
-    /// [`TopicStore::unwritten_bytes`].
-    in_write: Cell<usize>,
-    /// (sequence, encoded length) of each pending record.
-    pending_recs: RefCell<Vec<(u64, u32)>>,
-    /// The other half of the double buffer (empty, with its capacity kept).
-    spare: RefCell<Vec<u8>>,
-    spare_recs: RefCell<Vec<(u64, u32)>>,
-    /// Next sequence to append.
-    next_seq: Cell<u64>,
-    /// Records below this are fdatasync'ed.
-    durable_seq: Cell<u64>,
-    waiters: RefCell<Vec<Waiter>>,
-    wake: Rc<crate::Notify>,
-    closing: Cell<bool>,
-    /// The last write or sync error, cleared by the next success (nsqd's health).
-    error: RefCell<Option<StoreError>>,
-    /// Rate limit of the error's log lines ([`TopicStore::set_error`]).
-    error_logged: crate::repeat_log::RepeatLog,
-    /// Set once the writer task has finished (after `close`).
-    done: Rc<crate::Notify>,
-    finished: Cell<bool>,
-    /// The topic directory, open while the store is active (see [`descriptors`]): files
-    /// are opened through `/proc/self/fd/<fd>/` so that renaming the directory (topic
-    /// delete) never breaks an open in flight.
-    dir_fd: RefCell<Option<descriptors::HeldDir>>,
-    /// The directory's (device, inode), checked when it is opened again by its path.
-    dir_id: (u64, u64),
-    /// Opens of segment files in flight; files are unlinked only when none is.
-    opens: Cell<usize>,
-    /// Topic deleted: no more writes or opens.
-    destroyed: Cell<bool>,
     /// This writer's salt, in every record and segment header it writes.
     salt: u32,
-    /// Publishers waiting for the pending buffer to drain (backpressure).
-    drain_waiters: RefCell<Vec<oneshot::Sender<()>>>,
-    /// Encoded journal events not yet written, by generation (oldest first).
-    journal_pending: RefCell<Vec<(u64, Vec<u8>)>>,
-    /// Events in `journal_pending`.
-    journal_events: Cell<u64>,
-    /// The generation new journal events go to.
-    journal_gen: Cell<u64>,
-    /// Generations at or below this are covered by `meta.json`: their files go.
-    journal_covered: Cell<u64>,
-    /// Generations that have a file on disk.
-    journal_files: RefCell<BTreeSet<u64>>,
-    /// The journal file being appended to; held across a write or a generation switch.
-    journal_file: RefCell<Option<JournalFile>>,
-    /// One journal flush at a time on the blocking-thread path ([`SegmentIo::Threads`]),
-    /// where a flush holds the current file across an await.
-    journal_io: glommio::sync::Semaphore,
-    /// Dirty files of earlier generations, synced by the writer's next sync.
-    journal_retired: RefCell<Vec<Arc<std::fs::File>>>,
-    /// Events written to the page cache by the flusher and not yet counted by the writer
-    /// toward `--sync-every`.
-    journal_written: Cell<u64>,
-    /// Wakes the journal flusher task.
-    journal_wake: Rc<crate::Notify>,
-    /// A partial index of the open segment is being written.
-    partial_busy: Cell<bool>,
+    /// The topic's directory, its descriptor and the opens under it.
+    dir: Directory,
+    /// Sealed segments and the one being written, their readers and cached blocks.
+    segments: Segments,
+    /// Records appended and not yet written (acknowledged), and their bound.
+    pending: Pending,
+    /// What is fdatasync'ed, and the publishers waiting for it.
+    durability: Durability,
+    /// The delivery journal's events and files.
+    journal: Journal,
+    /// The last disk error and its log rate limit.
+    health: Health,
+    /// Wake-ups and the close handshake with the writer task.
+    life: Lifecycle,
 }
 
 /// A random salt for a new writer instance.
@@ -287,18 +207,6 @@ fn io_err<E: std::fmt::Display + Into<std::io::Error>>(e: E) -> StoreError {
 }
 
 impl TopicStore {
-    /// Records a write or sync error (the store is unhealthy until a success clears it)
-    /// and logs `line`: at once for a new error, then at most once a second while the
-    /// same error repeats, with the count of repeats (a full disk under load fails
-    /// thousands of syncs a second).
-    pub(crate) fn set_error(&self, e: &StoreError, line: std::fmt::Arguments<'_>) {
-        let same = self.error.borrow().as_ref() == Some(e);
-        self.error_logged.error(same, line);
-        *self.error.borrow_mut() = Some(e.clone());
-    }
-}
-
-impl TopicStore {
     /// Creates the store of a new topic (its directory must not hold old data) and spawns
     /// its writer task. The directory is created at once; segment files lazily.
     pub fn create(
@@ -347,47 +255,19 @@ impl TopicStore {
         segments: BTreeMap<u64, Segment>,
         next_seq: u64,
     ) -> Result<Rc<TopicStore>, StoreError> {
-        let dir_id = descriptors::dir_id(&dir_fd)
-            .map_err(|e| io_err(e).context(format_args!("stat {}", dir.display())))?;
-        let dir_fd =
-            (hold || cfg.io == SegmentIo::Threads).then(|| descriptors::HeldDir::new(dir_fd));
+        let life = Lifecycle::new();
+        let hold = hold || cfg.io == SegmentIo::Threads;
+        let dir = Directory::new(dir, dir_fd, hold, life.waker())?;
         let store = Rc::new(TopicStore {
-            dir,
             cfg,
-            segments: RefCell::new(segments),
-            readers: RefCell::new(HashMap::new()),
-            blocks: blocks::BlockCache::default(),
-            pending: RefCell::new(Vec::new()),
-            in_write: Cell::new(0),
-            pending_recs: RefCell::new(Vec::new()),
-            spare: RefCell::new(Vec::new()),
-            spare_recs: RefCell::new(Vec::new()),
-            next_seq: Cell::new(next_seq),
-            durable_seq: Cell::new(next_seq),
-            waiters: RefCell::new(Vec::new()),
-            wake: Rc::new(crate::Notify::default()),
-            closing: Cell::new(false),
-            error: RefCell::new(None),
-            error_logged: Default::default(),
-            done: Rc::new(crate::Notify::default()),
-            finished: Cell::new(false),
-            dir_fd: RefCell::new(dir_fd),
-            dir_id,
-            opens: Cell::new(0),
-            destroyed: Cell::new(false),
             salt: new_salt(),
-            drain_waiters: RefCell::new(Vec::new()),
-            journal_pending: RefCell::new(Vec::new()),
-            journal_events: Cell::new(0),
-            journal_gen: Cell::new(1),
-            journal_covered: Cell::new(0),
-            journal_files: RefCell::new(BTreeSet::new()),
-            journal_file: RefCell::new(None),
-            journal_io: glommio::sync::Semaphore::new(1),
-            journal_retired: RefCell::new(Vec::new()),
-            journal_written: Cell::new(0),
-            journal_wake: Rc::new(crate::Notify::default()),
-            partial_busy: Cell::new(false),
+            dir,
+            segments: Segments::new(segments),
+            pending: Pending::new(next_seq),
+            durability: Durability::new(next_seq),
+            journal: Journal::new(),
+            health: Health::default(),
+            life,
         });
         glommio::spawn_local(writer_task(store.clone())).detach();
         glommio::spawn_local(journal_flusher(store.clone())).detach();
@@ -396,59 +276,51 @@ impl TopicStore {
 
     /// Records below this sequence can be read back from disk.
     pub fn readable_seq(&self) -> u64 {
-        let segs = self.segments.borrow();
-        match segs.values().next_back() {
-            Some(s) => s.readable_seq,
-            None => self.durable_seq.get(),
-        }
+        self.segments
+            .newest_readable_seq()
+            .unwrap_or_else(|| self.durability.durable_seq())
     }
 
     /// The directory holding this store.
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.dir.path()
     }
 
     /// The next sequence this store expects.
     pub fn next_seq(&self) -> u64 {
-        self.next_seq.get()
+        self.pending.next_seq()
     }
 
     /// Records below this sequence are durable (fdatasync'ed).
     pub fn durable_seq(&self) -> u64 {
-        self.durable_seq.get()
+        self.durability.durable_seq()
     }
 
     /// The last disk error, if the store is unhealthy.
     pub fn error(&self) -> Option<StoreError> {
-        self.error.borrow().clone()
+        self.health.error()
     }
 
     /// Queues a record; written by the writer task. Its `seq` must be at least
     /// `next_seq()`: sequences skipped over are absent from the log (records every
     /// channel finished before they were written).
     pub fn append(&self, rec: &StoredRecord) {
-        debug_assert!(rec.seq >= self.next_seq.get());
-        let len = record::encode(rec, self.salt, &mut self.pending.borrow_mut());
-        self.pending_recs.borrow_mut().push((rec.seq, len as u32));
-        self.next_seq.set(rec.seq + 1);
-        self.wake.notify();
+        self.pending.append(rec, self.salt);
+        self.life.wake();
     }
 
     /// Moves the next sequence to at least `seq` without writing anything: the sequences
     /// in between are absent (recovery of a topic whose newest records were finished
     /// before they were written).
     pub fn advance_to(&self, seq: u64) {
-        if seq > self.next_seq.get() {
-            self.next_seq.set(seq);
-            if self.pending.borrow().is_empty() {
-                self.durable_seq.set(self.durable_seq.get().max(seq));
-            }
+        if self.pending.advance_to(seq) && self.pending.is_empty() {
+            self.durability.advance(seq);
         }
     }
 
     /// Bytes appended and not yet handed to the writer.
     pub fn pending_bytes(&self) -> usize {
-        self.pending.borrow().len()
+        self.pending.len()
     }
 
     /// Drops the records below `seq` from those waiting to be written (the pending buffer,
@@ -459,21 +331,13 @@ impl TopicStore {
     /// still to be delivered. Their sequences become gaps, as for records finished
     /// before they were due to be written. Not for topics kept for replay.
     pub fn forget_unwritten_below(&self, seq: u64) -> usize {
-        let mut recs = self.pending_recs.borrow_mut();
-        let n = recs.partition_point(|&(s, _)| s < seq);
-        if n == 0 {
-            return 0;
-        }
-        let bytes: usize = recs[..n].iter().map(|&(_, len)| len as usize).sum();
-        recs.drain(..n);
-        self.pending.borrow_mut().drain(..bytes);
-        n
+        self.pending.forget_below(seq)
     }
 
     /// Bytes of appended records not yet written to a segment: the pending buffer and
     /// the batch being written (which a failed write puts back in front of it).
     pub fn unwritten_bytes(&self) -> usize {
-        self.pending.borrow().len() + self.in_write.get()
+        self.pending.unwritten()
     }
 
     /// Whether a publish of about `bytes` more may be appended. While the disk fails
@@ -484,18 +348,15 @@ impl TopicStore {
     /// A healthy store always admits (publishers wait for a long pending buffer instead:
     /// [`TopicStore::wait_pending_below`]).
     pub fn admit(&self, bytes: usize) -> Result<(), StoreError> {
-        match self.error.borrow().as_ref() {
-            Some(e) if self.unwritten_bytes() + bytes > UNWRITTEN_MAX => Err(e.clone()),
-            _ => Ok(()),
-        }
+        self.health
+            .refuse_if(|| self.pending.unwritten() + bytes > UNWRITTEN_MAX)
     }
 
     /// Waits until the pending buffer holds at most `limit` bytes (or the store closes).
     pub async fn wait_pending_below(&self, limit: usize) {
-        while self.pending_bytes() > limit && !self.finished.get() {
-            let (tx, rx) = oneshot::channel();
-            self.drain_waiters.borrow_mut().push(tx);
-            self.wake.notify();
+        while self.pending.len() > limit && !self.life.finished() {
+            let rx = self.pending.drain_waiter();
+            self.life.wake();
             let _ = rx.await;
         }
     }
@@ -506,14 +367,10 @@ impl TopicStore {
         &self,
         seq: u64,
     ) -> impl std::future::Future<Output = Result<(), StoreError>> {
-        let rx = if self.durable_seq.get() >= seq {
-            None
-        } else {
-            let (tx, rx) = oneshot::channel();
-            self.waiters.borrow_mut().push(Waiter { seq, tx });
-            self.wake.notify();
-            Some(rx)
-        };
+        let rx = self.durability.waiter(seq);
+        if rx.is_some() {
+            self.life.wake();
+        }
         async move {
             match rx {
                 None => Ok(()),
@@ -550,24 +407,25 @@ impl TopicStore {
         F: FnOnce(&Path) -> std::io::Result<()> + Send + 'static,
     {
         use std::os::fd::AsRawFd;
-        if self.destroyed.get() {
+        if self.dir.is_deleted() {
             return Ok(false);
         }
         // The fd for the blocking thread: it stays open (and means this directory) even
         // if this future is dropped and the store goes meanwhile.
-        let fd = match self.dir_for_once() {
+        let fd = match self.dir.for_once() {
             Ok(fd) => fd,
-            Err(_) if self.destroyed.get() => return Ok(false),
+            Err(_) if self.dir.is_deleted() => return Ok(false),
             Err(e) => return Err(e.into()),
         };
-        struct Open<'a>(&'a Cell<usize>);
+        /// Ends the open when dropped, also when this future is dropped mid-write.
+        struct Open<'a>(&'a Directory);
         impl Drop for Open<'_> {
             fn drop(&mut self) {
-                self.0.set(self.0.get() - 1);
+                self.0.end_open();
             }
         }
-        self.opens.set(self.opens.get() + 1);
-        let _open = Open(&self.opens);
+        self.dir.begin_open();
+        let _open = Open(&self.dir);
         let res = glommio::executor()
             .spawn_blocking(move || {
                 let dir = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
@@ -576,31 +434,21 @@ impl TopicStore {
                 res
             })
             .await;
-        if self.destroyed.get() {
+        if self.dir.is_deleted() {
             return Ok(false);
         }
         res.map(|()| true)
     }
 
-    /// Waits until no open of a segment file is in flight.
-    async fn no_opens(&self) {
-        while self.opens.get() > 0 {
-            glommio::timer::sleep(Duration::from_millis(1)).await;
-        }
-    }
-
-    /// Bytes on disk in segment files.
+    /// Segments on disk.
     pub fn segment_count(&self) -> usize {
-        self.segments.borrow().len()
+        self.segments.len()
     }
 
     /// Flushes, syncs and stops the writer task, and waits for segment seals in flight.
     pub async fn close(&self) {
-        self.closing.set(true);
-        self.wake.notify();
-        while !self.finished.get() {
-            self.done.wait().await;
-        }
-        self.no_opens().await;
+        self.life.close();
+        self.life.wait_finished().await;
+        self.dir.no_opens().await;
     }
 }

@@ -4,11 +4,12 @@
 
 use super::blocks::BLOCK;
 use super::segment_io::SegmentFile;
+use super::segments::Located;
 use super::{io_err, ReadPos, TopicStore, INDEX_EVERY};
 use crate::error::StoreError;
-use crate::record::{self, StoredRecord, SEGMENT_HEADER_LEN};
+use crate::record::{self, StoredRecord};
 use bytes::Bytes;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::rc::Rc;
 
 impl TopicStore {
@@ -41,20 +42,14 @@ impl TopicStore {
         };
         while !batch.full() {
             let hint = (batch.seq == from).then_some(hint).flatten();
-            let Some(loc) = self.locate(batch.seq, hint) else {
+            let Some(loc) = self.segments.locate(batch.seq, hint) else {
                 break;
             };
             let file = self.reader(loc.base, &loc.path).await?;
             if !batch.read_segment(self, &file, loc).await? {
                 // Nothing readable at `seq` in this segment: move to the next one.
                 let seq = batch.seq;
-                let next = self
-                    .segments
-                    .borrow()
-                    .range(seq + 1..)
-                    .next()
-                    .map(|(b, _)| *b);
-                match next {
+                match self.segments.next_base_after(seq) {
                     Some(b) if b > seq => batch.seq = b,
                     _ => break,
                 }
@@ -63,87 +58,42 @@ impl TopicStore {
         Ok((batch.out, batch.end_pos))
     }
 
-    /// The segment a read at `seq` starts in and the byte offset to start at: the
-    /// segment holding `seq` if it is readable there, else the next one with readable
-    /// records; the offset is `hint`'s when it is for `seq` in that segment, else the
-    /// sparse index entry at or below `seq`.
-    fn locate(&self, seq: u64, hint: Option<ReadPos>) -> Option<Located> {
-        let segs = self.segments.borrow();
-        segs.range(..=seq)
-            .next_back()
-            .filter(|(_, s)| seq < s.readable_seq)
-            .or_else(|| {
-                segs.range(seq..).next().filter(|(_, s)| {
-                    s.readable_seq > *s.index.first().map(|(q, _)| q).unwrap_or(&u64::MAX)
-                })
-            })
-            .map(|(b, s)| {
-                let hinted = hint
-                    .filter(|h| h.base == *b && h.seq == seq)
-                    .map(|h| h.offset);
-                let start = hinted.unwrap_or_else(|| {
-                    s.index
-                        .iter()
-                        .rev()
-                        .find(|(q, _)| *q <= seq)
-                        .map(|(_, o)| *o)
-                        .unwrap_or(SEGMENT_HEADER_LEN as u64)
-                });
-                Located {
-                    base: *b,
-                    path: s.path.clone(),
-                    start,
-                    readable: s.readable_seq,
-                    readable_end: s.readable_end,
-                    salt: s.salt,
-                }
-            })
-    }
-
+    /// The open reader of the segment at `base` (file `path`): the cached one, else the
+    /// file opened through the directory descriptor and cached.
+    ///
+    /// Errors: `topic deleted`, or the open's error naming the file.
     pub(super) async fn reader(
         &self,
         base: u64,
         path: &Path,
     ) -> Result<Rc<SegmentFile>, StoreError> {
-        if let Some(f) = self.readers.borrow().get(&base) {
-            return Ok(f.clone());
+        if let Some(f) = self.segments.reader(base) {
+            return Ok(f);
         }
-        if self.destroyed.get() {
+        if self.dir.is_deleted() {
             return Err(StoreError::topic_deleted());
         }
-        let fd_path = self.fd_path(path)?;
-        self.opens.set(self.opens.get() + 1);
+        let fd_path = self.dir.fd_path(path)?;
+        self.dir.begin_open();
         let f = match crate::faults::check(crate::faults::Op::Open).await {
             Ok(()) => SegmentFile::open(&fd_path, self.cfg.io)
                 .await
                 .map_err(|e| io_err(e).context(format_args!("open {}", path.display()))),
             Err(e) => Err(io_err(e)),
         };
-        self.opens.set(self.opens.get() - 1);
+        self.dir.end_open();
         let f = Rc::new(f?);
-        self.readers.borrow_mut().insert(base, f.clone());
+        self.segments.keep_reader(base, f.clone());
         Ok(f)
     }
 }
 
-/// Where a read starts: see [`TopicStore::locate`].
-struct Located {
-    base: u64,
-    path: PathBuf,
-    /// Byte offset in the segment.
-    start: u64,
-    /// The segment's records below this sequence are readable.
-    readable: u64,
-    /// ... and lie below this byte offset (`Segment::readable_end`).
-    readable_end: u64,
-    salt: u32,
-}
-
 /// The data of the segment at `base` from `off` to the end of its block (a
-/// [`BLOCK`]-aligned unit, from the topic's [`BlockCache`] when the block lies within the
-/// flushed data below `readable_end`), joined with the next blocks while the first
-/// record does not fit, so at least one whole record is there. Returns the data and the
-/// size asked for (the data is shorter at the end of the file).
+/// [`BLOCK`]-aligned unit, from the topic's [`BlockCache`](super::blocks::BlockCache)
+/// when the block lies within the flushed data below `readable_end`), joined with the
+/// next blocks while the first record does not fit, so at least one whole record is
+/// there. Returns the data and the size asked for (the data is shorter at the end of
+/// the file).
 async fn read_window(
     store: &TopicStore,
     file: &SegmentFile,
@@ -195,7 +145,8 @@ async fn read_block(
     };
     if block_off + BLOCK <= readable_end {
         store
-            .blocks
+            .segments
+            .blocks()
             .block((base, block_off), read)
             .await
             .map_err(io_err)
@@ -208,7 +159,7 @@ impl TopicStore {
     /// (blocks read from the disk, blocks served from memory) by this topic's reads so
     /// far: the second count is what channels reading the same region shared.
     pub fn block_reads(&self) -> (u64, u64) {
-        self.blocks.counts()
+        self.segments.blocks().counts()
     }
 }
 

@@ -38,9 +38,9 @@ pub(super) fn read_index(
     size: u64,
     sealed: bool,
 ) -> Result<SegmentIndex, StoreError> {
-    let ix = std::fs::read(path)
-        .map_err(io_err)
-        .and_then(|b| crate::index::decode(&b).map_err(StoreError::invalid_data))?;
+    let ix = std::fs::read(path).map_err(io_err).and_then(|b| {
+        crate::index::decode(&b).map_err(|e| StoreError::invalid_data(e.to_string()))
+    })?;
     if ix.base != base {
         Err(StoreError::invalid_data(format!(
             "index of base {} in the file of {base}",
@@ -324,10 +324,7 @@ impl TopicStore {
         let dir_fd = std::fs::File::open(&dir)
             .map_err(|e| io_err(e).context(format_args!("open {}", dir.display())))?;
         let store = TopicStore::start(dir, dir_fd, false, cfg, segments, next_seq)?;
-        *store.journal_files.borrow_mut() = journals.clone();
-        store
-            .journal_gen
-            .set(journals.last().map(|g| g + 1).unwrap_or(1));
+        store.journal.found_files(journals);
         if !to_seal.is_empty() {
             let st = store.clone();
             glommio::spawn_local(async move {
@@ -422,7 +419,7 @@ pub(super) async fn scan_open_file(
             );
             (seq, fs)
         }
-        (Err(e), None) => return Err(StoreError::invalid_data(e)),
+        (Err(e), None) => return Err(StoreError::invalid_data(e.to_string())),
     };
     *salt_out = salt;
     // The file name and the header both give the base; records carry their own

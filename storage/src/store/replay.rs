@@ -27,18 +27,7 @@ impl TopicStore {
     pub async fn segment_list(&self) -> Vec<SegmentInfo> {
         let segs: Vec<(SegmentInfo, Option<super::descriptors::FdPath>)> = self
             .segments
-            .borrow()
-            .iter()
-            .map(|(b, s)| {
-                let info = SegmentInfo {
-                    base: *b,
-                    end_seq: s.end_seq,
-                    readable_seq: s.readable_seq,
-                    bytes: 0,
-                };
-                (info, self.fd_path(&s.path).ok())
-            })
-            .collect();
+            .each(|info, path| (info, self.dir.fd_path(path).ok()));
         glommio::executor()
             .spawn_blocking(move || {
                 segs.into_iter()
@@ -55,7 +44,7 @@ impl TopicStore {
 
     /// The sequence of the oldest record on disk (the first segment's base), if any.
     pub fn first_seq(&self) -> Option<u64> {
-        self.segments.borrow().keys().next().copied()
+        self.segments.first_base()
     }
 
     /// The sequence of the first readable record whose timestamp (Unix ns, the publish
@@ -67,18 +56,7 @@ impl TopicStore {
     /// scanned. Corrupt records are skipped as by [`TopicStore::read`]; errors are I/O
     /// errors of the read.
     pub async fn seek_timestamp(&self, ts_ns: i64) -> Result<Option<u64>, StoreError> {
-        let probes: Vec<u64> = self
-            .segments
-            .borrow()
-            .values()
-            .flat_map(|s| {
-                let readable = s.readable_seq;
-                s.index
-                    .iter()
-                    .map(|(q, _)| *q)
-                    .filter(move |q| *q < readable)
-            })
-            .collect();
+        let probes = self.segments.readable_index_seqs();
         if probes.is_empty() {
             return Ok(None);
         }

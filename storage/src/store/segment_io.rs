@@ -46,19 +46,15 @@ impl SegmentIo {
     /// filesystem holding `dir` does (statfs(2): [`SegmentIo::Threads`] on FUSE and
     /// network filesystems). Returns the choice and why, for the start-up log.
     ///
-    /// Errors: an `env` value that is none of those, naming it.
-    pub fn choose(dir: &Path, env: Option<&str>) -> Result<(SegmentIo, String), String> {
+    /// Errors: an `env` value that is none of those ([`UnknownSegmentIo`], naming it).
+    pub fn choose(dir: &Path, env: Option<&str>) -> Result<(SegmentIo, String), UnknownSegmentIo> {
         match env.map(str::trim) {
             Some("uring") => return Ok((SegmentIo::Ring, "NSQD_SEGMENT_IO=uring".into())),
             Some("threads") => {
                 return Ok((SegmentIo::Threads, "NSQD_SEGMENT_IO=threads".into()));
             }
             None | Some("") | Some("auto") => {}
-            Some(other) => {
-                return Err(format!(
-                    "NSQD_SEGMENT_IO={other:?}: expected auto, uring or threads"
-                ))
-            }
+            Some(other) => return Err(UnknownSegmentIo(other.to_string())),
         }
         let ftype = match rustix::fs::statfs(dir) {
             // (`f_type` is i64 on x86-64 glibc, narrower on other targets.)
@@ -72,6 +68,23 @@ impl SegmentIo {
         })
     }
 }
+
+/// `NSQD_SEGMENT_IO` holds a value that is none of `auto`, `uring` and `threads` (the
+/// value, trimmed); its `Display` is the start-up error's text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownSegmentIo(pub String);
+
+impl std::fmt::Display for UnknownSegmentIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "NSQD_SEGMENT_IO={:?}: expected auto, uring or threads",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for UnknownSegmentIo {}
 
 /// Closes `file` on the blocking thread (a close on FUSE waits for the server's FLUSH
 /// answer), from a task of its own so that a drop never waits.
@@ -269,5 +282,29 @@ impl SegmentFile {
                     .await
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_variable_decides_and_a_bad_value_is_named() {
+        let dir = Path::new("/");
+        assert_eq!(
+            SegmentIo::choose(dir, Some(" threads ")).map(|(io, _)| io),
+            Ok(SegmentIo::Threads)
+        );
+        assert_eq!(
+            SegmentIo::choose(dir, Some("uring")).map(|(io, _)| io),
+            Ok(SegmentIo::Ring)
+        );
+        let e = SegmentIo::choose(dir, Some("fast")).map(|(io, _)| io);
+        assert_eq!(e, Err(UnknownSegmentIo("fast".into())));
+        assert_eq!(
+            e.map_err(|e| e.to_string()),
+            Err("NSQD_SEGMENT_IO=\"fast\": expected auto, uring or threads".to_string())
+        );
     }
 }

@@ -6,12 +6,11 @@
 
 use super::checkpoint::{seal_closed, write_partial};
 use super::descriptors::{pressed, pressure_changed, writer_slot, IDLE_RELEASE, PRESSED_RELEASE};
-use super::journal_files::{flush_journal_io, sync_journal};
+use super::durability::Unsynced;
+use super::pending::RecordLen;
 use super::retention::delete_covered_journals;
 use super::segment_io::{SegmentIo, SegmentWriter};
-use super::{
-    io_err, seg_path, Segment, TopicStore, PARTIAL_EVERY, SPARE_KEEP, SPARE_MAX, WRITE_BUFFER,
-};
+use super::{io_err, seg_path, TopicStore, PARTIAL_EVERY, WRITE_BUFFER};
 use crate::error::StoreError;
 use crate::faults;
 use crate::record::{self, SEGMENT_HEADER_LEN};
@@ -22,28 +21,6 @@ use std::time::{Duration, Instant};
 
 /// The pause before a batch whose write failed is tried again.
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
-
-impl TopicStore {
-    pub(super) fn fail_waiters(&self, e: &StoreError) {
-        for w in self.waiters.borrow_mut().drain(..) {
-            let _ = w.tx.send(Err(e.clone()));
-        }
-    }
-
-    pub(super) fn release_waiters(&self) {
-        let durable = self.durable_seq.get();
-        let mut ws = self.waiters.borrow_mut();
-        let mut i = 0;
-        while i < ws.len() {
-            if ws[i].seq <= durable {
-                let w = ws.swap_remove(i);
-                let _ = w.tx.send(Ok(()));
-            } else {
-                i += 1;
-            }
-        }
-    }
-}
 
 pub(super) struct Active {
     /// This thread's permit to hold a segment open ([`writer_slot`]), given back with it.
@@ -73,17 +50,17 @@ pub(super) struct Unflushed {
     /// One past its last sequence.
     upto: u64,
     bytes: Vec<u8>,
-    recs: Vec<(u64, u32)>,
+    recs: Vec<RecordLen>,
 }
 
 pub(super) async fn open_segment(store: &TopicStore, base: u64) -> Result<Active, StoreError> {
     let slot = writer_slot(store).await;
-    if store.destroyed.get() {
+    if store.dir.is_deleted() {
         return Err(StoreError::topic_deleted());
     }
-    let path = seg_path(&store.dir, base);
-    let fd_path = store.fd_path(&path)?;
-    store.opens.set(store.opens.get() + 1);
+    let path = seg_path(store.dir.path(), base);
+    let fd_path = store.dir.fd_path(&path)?;
+    store.dir.begin_open();
     let opened = match faults::check(faults::Op::Open).await {
         Err(e) => Err(io_err(e)),
         Ok(()) => match store.cfg.io {
@@ -106,25 +83,13 @@ pub(super) async fn open_segment(store: &TopicStore, base: u64) -> Result<Active
                 .map_err(io_err),
         },
     };
-    store.opens.set(store.opens.get() - 1);
+    store.dir.end_open();
     let (mut writer, check) = opened?;
     writer
         .write_all(&record::segment_header(base, store.salt))
         .await
         .map_err(io_err)?;
-    store.blocks.forget(base);
-    store.segments.borrow_mut().insert(
-        base,
-        Segment {
-            path,
-            salt: store.salt,
-            end_seq: base,
-            index: Vec::new(),
-            count: 0,
-            readable_seq: base,
-            readable_end: SEGMENT_HEADER_LEN as u64,
-        },
-    );
+    store.segments.start(base, path, store.salt);
     Ok(Active {
         _slot: slot,
         writer,
@@ -173,10 +138,7 @@ pub(super) fn mark_readable(
         a.unflushed.pop_front();
     }
     if let Some((seq, end)) = upto {
-        if let Some(s) = store.segments.borrow_mut().get_mut(&a.base) {
-            s.readable_seq = s.readable_seq.max(seq);
-            s.readable_end = s.readable_end.max(end);
-        }
+        store.segments.mark_readable(a.base, seq, end);
     }
     match short {
         None => Ok(()),
@@ -222,21 +184,18 @@ pub(super) async fn abandon(store: &TopicStore, a: Option<Active>, sound: bool) 
             recs.extend_from_slice(&u.recs);
         }
         if let Some(&(first, _)) = recs.first() {
-            unnote_records(store, a.base, first, recs.len() as u64);
+            store
+                .segments
+                .unnote_records(a.base, first, recs.len() as u64);
         }
         requeue(store, &bytes, &recs);
         a.pos = data_end;
     }
-    let empty = store
-        .segments
-        .borrow()
-        .get(&a.base)
-        .is_none_or(|s| s.count == 0);
+    let empty = store.segments.is_empty_at(a.base);
     if !a.synced && (a.written == 0 || empty) {
-        let seg = store.segments.borrow_mut().remove(&a.base);
-        store.blocks.forget(a.base);
+        let path = store.segments.remove(a.base);
         drop(a);
-        if let Some(p) = seg.and_then(|seg| store.fd_path(&seg.path).ok()) {
+        if let Some(p) = path.and_then(|path| store.dir.fd_path(&path).ok()) {
             let _ = glommio::executor()
                 .spawn_blocking(move || std::fs::remove_file(p))
                 .await;
@@ -254,15 +213,8 @@ pub(super) async fn abandon(store: &TopicStore, a: Option<Active>, sound: bool) 
         // Dropped, not closed (see `write_chunk`): what it had flushed stays.
         drop(a.writer);
     }
-    {
-        let ix = store
-            .segments
-            .borrow()
-            .get(&a.base)
-            .and_then(|s| s.sealed_index(a.base, a.pos));
-        if let Some(ix) = ix {
-            store.seal(ix, true).await;
-        }
+    if let Some(ix) = store.segments.sealed_index(a.base, a.pos) {
+        store.seal(ix, true).await;
     }
 }
 
@@ -272,11 +224,11 @@ pub(super) async fn abandon(store: &TopicStore, a: Option<Active>, sound: bool) 
 /// error). Never dropped for room: the shard refuses new publishes instead once
 /// [`super::UNWRITTEN_MAX`] bytes wait ([`TopicStore::admit`]). Only when the store is
 /// closing (the last try at shutdown failed) or deleted do they go.
-fn requeue(store: &TopicStore, buf: &[u8], recs: &[(u64, u32)]) {
-    if store.destroyed.get() || recs.is_empty() {
+fn requeue(store: &TopicStore, buf: &[u8], recs: &[RecordLen]) {
+    if store.dir.is_deleted() || recs.is_empty() {
         return;
     }
-    if store.closing.get() {
+    if store.life.closing() {
         // The last try at shutdown failed: nothing retries them.
         log::error!(
             "STORE: {}: {} messages were never written (the disk kept failing until shutdown); they are lost",
@@ -285,26 +237,7 @@ fn requeue(store: &TopicStore, buf: &[u8], recs: &[(u64, u32)]) {
         );
         return;
     }
-    let mut pending = store.pending.borrow_mut();
-    let mut b = Vec::with_capacity(buf.len() + pending.len());
-    b.extend_from_slice(buf);
-    b.extend_from_slice(&pending);
-    *pending = b;
-    let mut pr = store.pending_recs.borrow_mut();
-    let mut r = Vec::with_capacity(recs.len() + pr.len());
-    r.extend_from_slice(recs);
-    r.extend_from_slice(&pr);
-    *pr = r;
-}
-
-/// Takes back from the segment's count and sparse index the `n` records from sequence
-/// `first` on, noted before a write that failed.
-fn unnote_records(store: &TopicStore, base: u64, first: u64, n: u64) {
-    if let Some(seg) = store.segments.borrow_mut().get_mut(&base) {
-        seg.count = seg.count.saturating_sub(n);
-        seg.index.retain(|&(seq, _)| seq < first);
-        seg.end_seq = first.max(base);
-    }
+    store.pending.requeue_front(buf, recs);
 }
 
 /// The store's writer task, until the store closes or its topic is deleted (nsqd:
@@ -314,74 +247,57 @@ pub(super) async fn writer_task(store: Rc<TopicStore>) {
     let mut w = Writer {
         store: store.clone(),
         active: None,
-        unsynced: 0,
-        last_sync: Instant::now(),
+        unsynced: Unsynced::new(),
         last_partial: (Instant::now(), 0, 0),
     };
     loop {
         w.wait_for_work().await;
         // Double buffering: publishers encode into the spare pair (which keeps its
         // capacity, so no reallocation or page faults) while this batch is written.
-        let mut buf = std::mem::take(&mut *store.spare.borrow_mut());
-        std::mem::swap(&mut buf, &mut *store.pending.borrow_mut());
-        let mut recs = std::mem::take(&mut *store.spare_recs.borrow_mut());
-        std::mem::swap(&mut recs, &mut *store.pending_recs.borrow_mut());
-        for w in store.drain_waiters.borrow_mut().drain(..) {
-            let _ = w.send(());
-        }
-        if store.destroyed.get() {
+        let (buf, recs) = store.pending.take_batch();
+        store.pending.release_drain_waiters();
+        if store.dir.is_deleted() {
             // Topic deleted: nothing more goes to disk.
-            store.fail_waiters(&StoreError::exiting());
+            store.durability.fail_waiters(&StoreError::exiting());
             if let Some(mut a) = w.active.take() {
                 let _ = a.writer.close().await;
             }
-            *store.journal_file.borrow_mut() = None;
+            store.journal.drop_file();
             break;
         }
-        store.in_write.set(buf.len());
+        store.pending.set_in_write(buf.len());
         let failed = !w.write_batch(&buf, &recs).await;
-        store.in_write.set(0);
-        let burst_over = buf.capacity() > SPARE_KEEP && buf.len() * 4 < buf.capacity();
-        if burst_over {
-            crate::buffer_freed(
-                buf.capacity() + recs.capacity() * std::mem::size_of::<(u64, u32)>(),
-            );
-        } else if buf.capacity() <= SPARE_MAX {
-            buf.clear();
-            recs.clear();
-            *store.spare.borrow_mut() = buf;
-            *store.spare_recs.borrow_mut() = recs;
-        }
+        store.pending.set_in_write(0);
+        store.pending.recycle(buf, recs);
         // Journal events share the records' sync policy and group commit; any still
         // pending are written first, so the sync below covers every event so far.
-        w.unsynced += flush_journal_io(&store).await + store.journal_written.replace(0);
+        let journaled = store
+            .journal
+            .flush_io(store.cfg.io, &store.dir, &store.life)
+            .await;
+        w.unsynced
+            .add(journaled + store.durability.take_journal_written());
         delete_covered_journals(&store).await;
-        let waiting = !store.waiters.borrow().is_empty();
-        let due = w.unsynced >= store.cfg.sync_every
-            || (w.unsynced > 0 && w.last_sync.elapsed() >= store.cfg.sync_timeout)
+        let waiting = store.durability.has_waiters();
+        let due = w.unsynced.due(store.cfg.sync_every, store.cfg.sync_timeout)
             || (waiting && !failed)
-            || store.closing.get();
+            || store.life.closing();
         if due && !failed {
             w.sync().await;
         }
-        if failed && !store.closing.get() {
+        if failed && !store.life.closing() {
             // The records were put back: retry after a pause, not in a loop of errors.
             glommio::timer::sleep(RETRY_PAUSE).await;
         }
-        if store.closing.get()
-            && store.pending.borrow().is_empty()
-            && store.journal_pending.borrow().is_empty()
-        {
+        if store.life.closing() && store.pending.is_empty() && !store.journal.has_pending() {
             w.close().await;
             break;
         }
     }
-    store.finished.set(true);
-    store.journal_wake.notify();
-    for w in store.drain_waiters.borrow_mut().drain(..) {
-        let _ = w.send(());
-    }
-    store.done.notify();
+    store.life.finish();
+    store.journal.wake();
+    store.pending.release_drain_waiters();
+    store.life.notify_done();
 }
 
 /// The writer task's state between batches.
@@ -389,9 +305,8 @@ struct Writer {
     store: Rc<TopicStore>,
     /// The segment being written.
     active: Option<Active>,
-    /// Records and journal events written since the last sync.
-    unsynced: u64,
-    last_sync: Instant,
+    /// Records and journal events written since the last sync, and when that was.
+    unsynced: Unsynced,
     /// (when, segment base, data end) of the last partial index written.
     last_partial: (Instant, u64, u64),
 }
@@ -401,17 +316,17 @@ impl Writer {
     /// gives the store's descriptors back when idle meanwhile ([`Writer::wait_idle`]).
     async fn wait_for_work(&mut self) {
         let store = self.store.clone();
-        let has_pending = !store.pending.borrow().is_empty();
-        let has_journal = store.journal_written.get() > 0;
-        let has_waiters = !store.waiters.borrow().is_empty();
-        let closing = store.closing.get();
+        let has_pending = !store.pending.is_empty();
+        let has_journal = store.durability.has_journal_written();
+        let has_waiters = store.durability.has_waiters();
+        let closing = store.life.closing();
         if has_pending || has_waiters || closing || has_journal {
             return;
         }
-        let wake = std::pin::pin!(store.wake.wait());
+        let wake = std::pin::pin!(store.life.woken());
         if store.cfg.io == SegmentIo::Ring && (self.active.is_some() || store.holds_releasable()) {
             self.wait_idle(wake).await;
-        } else if self.unsynced > 0 {
+        } else if self.unsynced.any() {
             let sleep = std::pin::pin!(glommio::timer::sleep(self.sync_left()));
             futures::future::select(wake, sleep).await;
         } else {
@@ -421,10 +336,7 @@ impl Writer {
 
     /// Time left until unsynced writes are due for their sync (`--sync-timeout`).
     fn sync_left(&self) -> Duration {
-        self.store
-            .cfg
-            .sync_timeout
-            .saturating_sub(self.last_sync.elapsed())
+        self.unsynced.time_left(self.store.cfg.sync_timeout)
     }
 
     /// Waits for `wake` (or for a sync to fall due) while the store holds descriptors;
@@ -451,7 +363,7 @@ impl Writer {
                 break;
             }
             let mut left = idle_left;
-            if self.unsynced > 0 {
+            if self.unsynced.any() {
                 let sync_left = self.sync_left();
                 if sync_left.is_zero() {
                     return;
@@ -465,7 +377,7 @@ impl Writer {
             }
         }
         let store = self.store.clone();
-        if self.unsynced > 0 {
+        if self.unsynced.any() {
             self.sync().await;
         }
         if self.active.is_some() {
@@ -480,7 +392,7 @@ impl Writer {
     /// Writes the batch `buf` (records `recs`: sequence, encoded length) into segments,
     /// rotating at `max_bytes_per_file` (nsqd: writeOne). False after a failure (logged,
     /// recorded as the store's error, waiters failed).
-    async fn write_batch(&mut self, buf: &[u8], recs: &[(u64, u32)]) -> bool {
+    async fn write_batch(&mut self, buf: &[u8], recs: &[RecordLen]) -> bool {
         let store = self.store.clone();
         let mut i = 0usize;
         let mut start = 0usize;
@@ -502,9 +414,11 @@ impl Writer {
                 match open_segment(&store, recs[i].0).await {
                     Ok(a) => self.active = Some(a),
                     Err(e) => {
-                        store.set_error(&e, format_args!("STORE: {} - {e}", store.dir.display()));
+                        store
+                            .health
+                            .set_error(&e, format_args!("STORE: {} - {e}", store.dir.display()));
                         requeue(&store, &buf[start..], &recs[i..]);
-                        store.fail_waiters(&e);
+                        store.durability.fail_waiters(&e);
                         return false;
                     }
                 }
@@ -522,7 +436,7 @@ impl Writer {
                     break;
                 }
             }
-            note_records(&store, a, &recs[i..j]);
+            store.segments.note_records(a.base, a.pos, &recs[i..j]);
             let chunk = &buf[start..start + bytes as usize];
             match write_chunk(&mut a.writer, chunk).await {
                 Ok(()) => {
@@ -534,24 +448,26 @@ impl Writer {
                         recs: recs[i..j].to_vec(),
                     });
                     a.written = recs[j - 1].0 + 1;
-                    self.unsynced += (j - i) as u64;
+                    self.unsynced.add((j - i) as u64);
                     if let Err(e) = mark_readable(&store, a, u64::MAX) {
                         // The segment ends short of what was written: the rest of the
                         // batch goes back, then (in front of it) what the file lacks.
                         let e = e.context(format_args!("write {}", store.dir.display()));
-                        store.set_error(&e, format_args!("STORE: {e}"));
+                        store.health.set_error(&e, format_args!("STORE: {e}"));
                         requeue(&store, &buf[start + bytes as usize..], &recs[j..]);
-                        store.fail_waiters(&e);
+                        store.durability.fail_waiters(&e);
                         abandon(&store, self.active.take(), false).await;
                         return false;
                     }
                 }
                 Err((e, sound)) => {
                     let e = io_err(e).context(format_args!("write {}", store.dir.display()));
-                    store.set_error(&e, format_args!("STORE: {e}"));
-                    unnote_records(&store, a.base, recs[i].0, (j - i) as u64);
+                    store.health.set_error(&e, format_args!("STORE: {e}"));
+                    store
+                        .segments
+                        .unnote_records(a.base, recs[i].0, (j - i) as u64);
                     requeue(&store, &buf[start..], &recs[i..]);
-                    store.fail_waiters(&e);
+                    store.durability.fail_waiters(&e);
                     abandon(&store, self.active.take(), sound).await;
                     return false;
                 }
@@ -590,8 +506,8 @@ impl Writer {
             let e = e
                 .clone()
                 .context(format_args!("sync {}", store.dir.display()));
-            store.set_error(&e, format_args!("STORE: {e}"));
-            store.fail_waiters(&e);
+            store.health.set_error(&e, format_args!("STORE: {e}"));
+            store.durability.fail_waiters(&e);
         }
         if !writer_ok {
             return Err(a);
@@ -599,24 +515,22 @@ impl Writer {
         if let Err(e) = mark_readable(store, &mut a, u64::MAX) {
             if failed.is_none() {
                 let e = e.context(format_args!("write {}", store.dir.display()));
-                store.set_error(&e, format_args!("STORE: {e}"));
-                store.fail_waiters(&e);
+                store.health.set_error(&e, format_args!("STORE: {e}"));
+                store.durability.fail_waiters(&e);
             }
             return Err(a);
         }
         if failed.is_none() {
             if a.written > 0 {
-                store
-                    .durable_seq
-                    .set(store.durable_seq.get().max(a.written));
+                store.durability.advance(a.written);
             }
             // In the background: publishers waiting for a sync need not wait for the
             // index file's fsync too. (Counted as an open: `close` waits for it.)
             let (st, base, end) = (store.clone(), a.base, a.pos);
-            store.opens.set(store.opens.get() + 1);
+            store.dir.begin_open();
             glommio::spawn_local(async move {
                 seal_closed(&st, base, end).await;
-                st.opens.set(st.opens.get() - 1);
+                st.dir.end_open();
             })
             .detach();
         }
@@ -627,7 +541,7 @@ impl Writer {
     /// partial index when due, and releases the publishers waiting for durability.
     async fn sync(&mut self) {
         let store = self.store.clone();
-        sync_journal(&store).await;
+        store.journal.sync(store.cfg.io, &store.dir).await;
         let mut ok = true;
         if let Some(a) = self.active.as_mut() {
             // Synced, and the file holds all that was written (else a short write).
@@ -640,9 +554,9 @@ impl Writer {
                     a.synced = true;
                     let upto = (a.written > 0).then_some(a.written);
                     if let Some(seq) = upto {
-                        store.durable_seq.set(store.durable_seq.get().max(seq));
+                        store.durability.advance(seq);
                     }
-                    *store.error.borrow_mut() = None;
+                    store.health.clear();
                     let (at, base, pos) = self.last_partial;
                     if at.elapsed() >= store.cfg.sync_timeout
                         || base != a.base
@@ -654,22 +568,19 @@ impl Writer {
                 }
                 Err((e, sound)) => {
                     let e = e.context(format_args!("sync {}", store.dir.display()));
-                    store.set_error(&e, format_args!("STORE: {e}"));
-                    store.fail_waiters(&e);
+                    store.health.set_error(&e, format_args!("STORE: {e}"));
+                    store.durability.fail_waiters(&e);
                     abandon(&store, self.active.take(), sound).await;
                     ok = false;
                 }
             }
         }
-        self.unsynced = 0;
-        self.last_sync = Instant::now();
-        if ok && self.active.is_none() && store.pending.borrow().is_empty() {
+        self.unsynced.synced();
+        if ok && self.active.is_none() && store.pending.is_empty() {
             // Nothing left unwritten: everything appended so far is durable.
-            store
-                .durable_seq
-                .set(store.durable_seq.get().max(store.next_seq.get()));
+            store.durability.advance(store.pending.next_seq());
         }
-        store.release_waiters();
+        store.durability.release_waiters();
     }
 
     /// Clean close: closes (and seals, if synced) the open segment and fails whoever
@@ -685,8 +596,8 @@ impl Writer {
                 seal_closed(store, a.base, a.pos).await;
             }
         }
-        *store.journal_file.borrow_mut() = None;
-        store.fail_waiters(&StoreError::exiting());
+        store.journal.drop_file();
+        store.durability.fail_waiters(&StoreError::exiting());
     }
 }
 
@@ -712,19 +623,6 @@ async fn sync_segment(w: &mut SegmentWriter) -> Result<(), (StoreError, bool)> {
         .await
         .map_err(|e| (io_err(e), true))?;
     w.sync().await.map_err(|e| (io_err(e), false))
-}
-
-/// Adds records about to be written at the segment's position to its count and sparse
-/// index (sequences may have gaps: indexed by count, not by value).
-fn note_records(store: &TopicStore, a: &Active, recs: &[(u64, u32)]) {
-    let mut segs = store.segments.borrow_mut();
-    if let Some(seg) = segs.get_mut(&a.base) {
-        let mut off = a.pos;
-        for &(seq, len) in recs {
-            seg.note(seq, off);
-            off += len as u64;
-        }
-    }
 }
 
 #[cfg(test)]
@@ -759,10 +657,8 @@ mod tests {
         a.writer.flush().await.unwrap();
         assert_eq!(a.writer.current_flushed_pos(), a.pos);
         if hole {
-            let f = std::fs::OpenOptions::new()
-                .write(true)
-                .open(&store.segments.borrow()[&base].path)
-                .unwrap();
+            let (path, _) = store.segments.path_and_readable_end(base).unwrap();
+            let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
             let flags =
                 rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
             rustix::fs::fallocate(&f, flags, 64 * 1024 + 8192, 4096).unwrap();
@@ -772,7 +668,7 @@ mod tests {
             );
         }
         let r = mark_readable(store, &mut a, u64::MAX);
-        let readable = store.segments.borrow()[&base].readable_end;
+        let (_, readable) = store.segments.path_and_readable_end(base).unwrap();
         let left = a.unflushed.len();
         a.writer.close().await.unwrap();
         (r, readable, ends, left)
