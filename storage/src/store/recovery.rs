@@ -90,7 +90,7 @@ pub(super) fn survey_blocking(dir: &Path) -> (Vec<Found>, BTreeSet<u64>) {
             pidxs.insert(b);
         } else if let Some(g) = crate::journal::parse_name(&n) {
             journals.insert(g);
-        } else if n.ends_with(".idx.tmp") || n.ends_with(".pidx.tmp") {
+        } else if n.ends_with(".idx.tmp") || n.ends_with(".pidx.tmp") || n == "probe.tmp" {
             let _ = std::fs::remove_file(dir.join(&n));
         }
     }

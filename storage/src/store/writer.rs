@@ -21,6 +21,9 @@ use std::time::{Duration, Instant};
 
 /// The pause before a batch whose write failed is tried again.
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
+/// How often a store that is unhealthy with nothing left to write tries the disk
+/// ([`probe_blocking`]).
+const PROBE_EVERY: Duration = Duration::from_secs(1);
 
 pub(super) struct Active {
     /// This thread's permit to hold a segment open ([`writer_slot`]), given back with it.
@@ -255,6 +258,7 @@ pub(super) async fn writer_task(store: Rc<TopicStore>) {
         // Double buffering: publishers encode into the spare pair (which keeps its
         // capacity, so no reallocation or page faults) while this batch is written.
         let (buf, recs) = store.pending.take_batch();
+        let recs_empty = recs.is_empty();
         store.pending.release_drain_waiters();
         if store.dir.is_deleted() {
             // Topic deleted: nothing more goes to disk.
@@ -288,6 +292,13 @@ pub(super) async fn writer_task(store: Rc<TopicStore>) {
         if failed && !store.life.closing() {
             // The records were put back: retry after a pause, not in a loop of errors.
             glommio::timer::sleep(RETRY_PAUSE).await;
+        } else if recs_empty && store.health.error().is_some() && !store.life.closing() {
+            // Nothing was written that could clear the error: a write of its own says
+            // whether the disk works again (nsqd's health turns OK with its next
+            // successful write; here it also does without one).
+            if let Ok(true) = store.in_dir(probe_blocking).await {
+                store.health.clear();
+            }
         }
         if store.life.closing() && store.pending.is_empty() && !store.journal.has_pending() {
             w.close().await;
@@ -324,7 +335,12 @@ impl Writer {
             return;
         }
         let wake = std::pin::pin!(store.life.woken());
-        if store.cfg.io == SegmentIo::Ring && (self.active.is_some() || store.holds_releasable()) {
+        if store.health.error().is_some() {
+            // Unhealthy with nothing to write (what the failed writes held was finished
+            // by every channel and dropped): the loop tries the disk every PROBE_EVERY.
+            let sleep = std::pin::pin!(glommio::timer::sleep(PROBE_EVERY));
+            futures::future::select(wake, sleep).await;
+        } else if store.cfg.io == SegmentIo::Ring && (self.active.is_some() || store.holds_releasable()) {
             self.wait_idle(wake).await;
         } else if self.unsynced.any() {
             let sleep = std::pin::pin!(glommio::timer::sleep(self.sync_left()));
@@ -707,4 +723,18 @@ mod tests {
             .join()
             .unwrap();
     }
+}
+
+/// Writes, syncs and removes a 4 KiB file in `dir` (blocking): whether the disk takes
+/// writes again, for a store whose error no pending write can clear.
+fn probe_blocking(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::io::Write;
+    crate::faults::check_blocking(crate::faults::Op::Write)?;
+    let path = dir.join("probe.tmp");
+    let res = std::fs::File::create(&path).and_then(|mut f| {
+        f.write_all(&[0u8; 4096])?;
+        f.sync_data()
+    });
+    let _ = std::fs::remove_file(&path);
+    res
 }
