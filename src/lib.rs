@@ -29,6 +29,7 @@ pub mod lookupd_client;
 pub mod memory;
 pub mod mesh;
 pub mod offload;
+pub mod owner;
 pub mod preflight;
 pub mod runtime;
 pub mod server;

@@ -178,34 +178,16 @@ pub(crate) fn handle_mesh(server: &Rc<Server>, msg: ShardMsg) {
             reply,
         } => {
             shard.count_cross_received();
-            if shard.needs_prepared_store(&topic) {
-                // Its directory is made off the shard's thread first (FUSE, network
-                // filesystems); the sender waits for the reply, so its order holds.
-                let server = server.clone();
-                glommio::spawn_local(async move {
-                    let shard = &server.shard;
-                    shard.prepare_store(&topic).await;
-                    let res = shard.publish_local(&topic, bodies, defer_until);
-                    let _ = reply.send(match res {
-                        Ok(wait) => crate::server::wait_durable(wait).await,
-                        Err(e) => Err(e),
-                    });
-                })
-                .detach();
-                return;
-            }
-            match shard.publish_local(&topic, bodies, defer_until) {
-                Ok(None) => {
-                    let _ = reply.send(Ok(()));
+            match crate::owner::Publish::start(shard, &topic, bodies, defer_until) {
+                crate::owner::Publish::Done(r) => {
+                    let _ = reply.send(r);
                 }
-                Ok(wait) => {
+                step => {
+                    let s = server.clone();
                     glommio::spawn_local(async move {
-                        let _ = reply.send(crate::server::wait_durable(wait).await);
+                        let _ = reply.send(step.finish(&s.shard).await);
                     })
                     .detach();
-                }
-                Err(e) => {
-                    let _ = reply.send(Err(e));
                 }
             }
         }
@@ -218,31 +200,18 @@ pub(crate) fn handle_mesh(server: &Rc<Server>, msg: ShardMsg) {
         ShardMsg::Stats { req, reply } => {
             let _ = reply.send(shard.stats(&req));
         }
-        ShardMsg::Admin { op, reply } => {
-            let prepare = shard.admin_creates_store(&op);
-            if let (AdminOp::SeekChannel(..), _) | (_, true) = (&op, prepare) {
-                // It may read the disk, or make the topic's directory first (FUSE,
-                // network filesystems): not on the mesh receiver's task.
-                let s = server.clone();
-                glommio::spawn_local(async move {
-                    let _ = reply.send(s.shard.admin_async(op).await);
-                })
-                .detach();
-            } else if shard.admin_persists(&op) {
-                // Applied now, in mesh order; answered once the metadata has it.
-                let r = shard.admin(op);
-                let s = server.clone();
-                glommio::spawn_local(async move {
-                    if r.is_ok() {
-                        s.shard.persist_changes().await;
-                    }
-                    let _ = reply.send(r);
-                })
-                .detach();
-            } else {
-                let _ = reply.send(shard.admin(op));
+        ShardMsg::Admin { op, reply } => match crate::owner::Admin::start(shard, op) {
+            crate::owner::Admin::Done(r) => {
+                let _ = reply.send(r);
             }
-        }
+            step => {
+                let s = server.clone();
+                glommio::spawn_local(async move {
+                    let _ = reply.send(step.finish(&s.shard).await);
+                })
+                .detach();
+            }
+        },
         ShardMsg::Lookup(events) => {
             shard.lookup.extend(events);
         }

@@ -14,24 +14,6 @@ use nsq_shards::{owner_of, Shard};
 use std::rc::Rc;
 use std::time::Instant;
 
-/// Waits, when asked, until the store has synced the publish (group commit).
-pub async fn wait_durable(
-    wait: Option<nsq_shards::shard::DurableWait>,
-) -> Result<(), PublishError> {
-    let Some(w) = wait else { return Ok(()) };
-    w.store
-        .wait_pending_below(nsq_shards::shard::STORE_PENDING_HIGH)
-        .await;
-    match w.durable {
-        None => Ok(()),
-        Some(seq) => w
-            .store
-            .wait_durable(seq)
-            .await
-            .map_err(|e| PublishError::Disk(e.into())),
-    }
-}
-
 pub struct Server {
     pub shard: Rc<Shard>,
     pub cfg: Rc<Config>,
@@ -58,9 +40,9 @@ impl Server {
     ) -> Result<(), PublishError> {
         let owner = owner_of(topic, self.shard.count());
         if owner == self.shard.index() {
-            self.shard.prepare_store(topic).await;
-            let wait = self.shard.publish_local(topic, bodies, defer_until)?;
-            return wait_durable(wait).await;
+            return crate::owner::Publish::start(&self.shard, topic, bodies, defer_until)
+                .finish(&self.shard)
+                .await;
         }
         let Some(mesh) = self.mesh() else {
             return Err(PublishError::Exiting);
@@ -84,7 +66,9 @@ impl Server {
         let topic = op.topic().to_string();
         let owner = owner_of(&topic, self.shard.count());
         if owner == self.shard.index() {
-            return self.shard.admin_async(op).await;
+            return crate::owner::Admin::start(&self.shard, op)
+                .finish(&self.shard)
+                .await;
         }
         let Some(mesh) = self.mesh() else {
             return Err(AdminError::Exiting);

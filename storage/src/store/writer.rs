@@ -340,7 +340,9 @@ impl Writer {
             // by every channel and dropped): the loop tries the disk every PROBE_EVERY.
             let sleep = std::pin::pin!(glommio::timer::sleep(PROBE_EVERY));
             futures::future::select(wake, sleep).await;
-        } else if store.cfg.io == SegmentIo::Ring && (self.active.is_some() || store.holds_releasable()) {
+        } else if store.cfg.io == SegmentIo::Ring
+            && (self.active.is_some() || store.holds_releasable())
+        {
             self.wait_idle(wake).await;
         } else if self.unsynced.any() {
             let sleep = std::pin::pin!(glommio::timer::sleep(self.sync_left()));
