@@ -100,7 +100,8 @@ impl PumpSettings {
     }
 }
 
-/// The fields nsqd reads from an IDENTIFY body ([`decode_identify`]). Unknown keys
+/// The fields nsqd reads from an IDENTIFY body ([`decode_identify`]), one field per key (a
+/// flat wire shape on purpose). Unknown keys
 /// (`short_id`, `long_id`, ...) are ignored; a value of the wrong JSON type fails the
 /// whole decode, as in Go.
 #[derive(Debug, Default)]
@@ -133,7 +134,8 @@ pub struct IdentifyRequest {
     pub msg_timeout: Option<i64>,
 }
 
-/// The feature-negotiation reply, keys in nsqd 1.3.0's order. Durations in ms.
+/// The feature-negotiation reply, keys in nsqd 1.3.0's order, one field per key (a flat
+/// wire shape on purpose). Durations in ms.
 #[derive(Debug, Serialize)]
 pub struct IdentifyResponse {
     /// --max-rdy-count.
