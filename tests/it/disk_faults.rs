@@ -574,7 +574,9 @@ fn a_shard_panic_ends_the_process_with_a_failure_status() {
         let mut b = Broker::start_in_env(&dir, shards, &["--sync-every=1"], &env);
         let mut s = b.connect_v2();
         s.write_all(&pub_cmd("p", b"x")).unwrap();
-        let status = b.daemon.wait_exit(Duration::from_secs(20));
+        // Generous: the default panic hook symbolizes a backtrace first when
+        // RUST_BACKTRACE is set, which takes long on a loaded machine.
+        let status = b.daemon.wait_exit(Duration::from_secs(90));
         let log = b.final_log();
         assert_eq!(
             status.and_then(|s| s.code()),
