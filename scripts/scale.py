@@ -9,6 +9,9 @@ full-disk row (it loop-mounts an ext4 image).
   scripts/scale.py deferred [--count 1000000]
   scripts/scale.py deferred-memory [--count 1000000] [--defer-s 20]
   scripts/scale.py lagging  [--backlog-mb 1280]     # needs target/release/nsq-bench
+  scripts/scale.py all                              # every row above at the table's sizes
+                                                    # (topics 20,000; fds 1024:1024; full disk
+                                                    # with both policies; 1 M and 10 M deferred)
 
 Common options: --broker PATH (default target/release/nsqd), --upstream (the broker is
 upstream nsqd: no --shards flag), --shards N (default 2), --keep (leave the data path).
@@ -579,7 +582,7 @@ def row_lagging(args):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("row", choices=["topics", "fds", "fulldisk", "deferred", "deferred-memory",
-                                    "lagging"])
+                                    "lagging", "all"])
     p.add_argument("--broker", default=os.path.join(ROOT, "target", "release", "nsqd"))
     p.add_argument("--upstream", action="store_true", help="the broker is upstream nsqd")
     p.add_argument("--shards", type=int, default=2)
@@ -597,14 +600,26 @@ def main():
     args = p.parse_args()
     defaults = {"topics": 20000, "fds": 2000, "fulldisk": 0, "deferred": 1000000,
                 "deferred-memory": 1000000, "lagging": 0}
-    if args.count is None:
-        args.count = defaults[args.row]
-    print(f"# {args.row}: broker={args.broker} disk O_DIRECT write: {disk_speed(tempfile.gettempdir())}",
-          flush=True)
     rows = {"topics": row_topics, "fds": row_fds, "fulldisk": row_fulldisk,
             "deferred": row_deferred, "deferred-memory": row_deferred_memory,
             "lagging": row_lagging}
-    rows[args.row](args)
+    if args.row == "all":
+        # (row, count, changes to the options): the table's rows, one after the other.
+        plan = [("topics", 20000, {}), ("fds", 2000, {"nofile": "1024:1024"}),
+                ("fulldisk", 0, {}), ("fulldisk", 0, {"policy": ["--sync-every=1"]}),
+                ("deferred", 1000000, {}), ("deferred", 10000000, {}),
+                ("deferred-memory", 1000000, {}), ("lagging", 0, {})]
+    else:
+        plan = [(args.row, args.count if args.count is not None else defaults[args.row], {})]
+    base_args = vars(args).copy()
+    for row, count, changes in plan:
+        run = argparse.Namespace(**{**base_args, **changes, "row": row, "count": count})
+        print(f"# {row} (count {count}{', ' if changes else ''}"
+              f"{', '.join(f'{k}={v}' for k, v in changes.items())}): broker={run.broker} "
+              f"disk O_DIRECT write: {disk_speed(tempfile.gettempdir())}", flush=True)
+        t0 = time.monotonic()
+        rows[row](run)
+        print(f"# {row}: {time.monotonic() - t0:.0f} s", flush=True)
 
 
 if __name__ == "__main__":
