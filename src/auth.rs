@@ -135,7 +135,7 @@ pub enum RequestError {
     Write(std::io::Error),
     /// `read: <err>`.
     Read(std::io::Error),
-    /// `reply larger than N bytes` ([`MAX_REPLY`]).
+    /// `reply larger than N bytes` (`MAX_REPLY`).
     TooLarge,
     /// `request to <endpoint> timed out after <go duration>`.
     TimedOut { endpoint: String, after: Duration },

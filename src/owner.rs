@@ -1,7 +1,7 @@
 //! The owner's side of a publish or an admin operation: one path for this shard's own
 //! connections ([`Server::publish`](crate::server::Server::publish),
 //! [`Server::admin`](crate::server::Server::admin)) and for calls forwarded by other
-//! shards over the mesh ([`crate::mesh::handle_mesh`]).
+//! shards over the mesh (`handle_mesh` in src/mesh.rs).
 //!
 //! Each is taken in two steps. `start` runs synchronously, so what can be done at once
 //! is done in arrival order (the mesh receiver starts each forwarded call before it

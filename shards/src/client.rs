@@ -9,7 +9,7 @@
 //! in-flight count, subscription, the IDENTIFY settings, AUTH and the stats counters.
 //! Of the connection it keeps only the output buffer that delivery writes to
 //! ([`Outbox`]) and what /stats and the auth server are told about the transport
-//! ([`Transport`]); the socket, TLS session, compressors and deadlines are the root
+//! (`Transport`); the socket, TLS session, compressors and deadlines are the root
 //! crate's (src/tcp).
 
 mod outbox;

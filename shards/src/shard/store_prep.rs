@@ -37,7 +37,7 @@ impl StoreQueues {
     }
 }
 
-/// Why a durable topic has no store: [`Shard::create_store`] failed. Its `Display` is
+/// Why a durable topic has no store: `Shard::create_store` failed. Its `Display` is
 /// the text `/ping` reports and the log shows (it names the topic).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CreateStoreError {

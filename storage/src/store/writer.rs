@@ -643,6 +643,21 @@ async fn sync_segment(w: &mut SegmentWriter) -> Result<(), (StoreError, bool)> {
     w.sync().await.map_err(|e| (io_err(e), false))
 }
 
+/// Writes, syncs and removes a 4 KiB file in `dir` (blocking): whether the disk takes
+/// writes again, for a store whose error no pending write can clear.
+fn probe_blocking(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::io::Write;
+    crate::faults::check_blocking(crate::faults::Op::Write)?;
+    crate::faults::check_blocking(crate::faults::Op::Sync)?;
+    let path = dir.join("probe.tmp");
+    let res = std::fs::File::create(&path).and_then(|mut f| {
+        f.write_all(&[0u8; 4096])?;
+        f.sync_data()
+    });
+    let _ = std::fs::remove_file(&path);
+    res
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -725,18 +740,4 @@ mod tests {
             .join()
             .unwrap();
     }
-}
-
-/// Writes, syncs and removes a 4 KiB file in `dir` (blocking): whether the disk takes
-/// writes again, for a store whose error no pending write can clear.
-fn probe_blocking(dir: &std::path::Path) -> std::io::Result<()> {
-    use std::io::Write;
-    crate::faults::check_blocking(crate::faults::Op::Write)?;
-    let path = dir.join("probe.tmp");
-    let res = std::fs::File::create(&path).and_then(|mut f| {
-        f.write_all(&[0u8; 4096])?;
-        f.sync_data()
-    });
-    let _ = std::fs::remove_file(&path);
-    res
 }

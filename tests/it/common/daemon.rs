@@ -284,11 +284,13 @@ impl Daemon {
         self.log.lock().unwrap().iter().any(|l| l.contains(needle))
     }
 
-    /// The whole log of an exited process: waits (up to 2 s) for the reader to reach the
+    /// The whole log of an exited process: waits (up to 30 s) for the reader to reach the
     /// end of its stderr.
     pub fn final_log(&mut self) -> String {
         if let Some(r) = self.reader.take() {
-            let deadline = Instant::now() + Duration::from_secs(2);
+            // The reader ends at the pipe's EOF, soon after the process has exited; on
+            // a loaded machine its last lines can take seconds to come through.
+            let deadline = Instant::now() + Duration::from_secs(30);
             while !r.is_finished() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(5));
             }
