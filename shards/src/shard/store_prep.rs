@@ -156,29 +156,23 @@ impl Shard {
         }
     }
 
-    /// Retries the store of every topic whose store could not be created (before each
-    /// `/ping` or `/stats` answer, and every `--sync-timeout` by the checkpoint task), so
-    /// that `/ping` turns healthy again once the cause is gone, without waiting for a
-    /// publish to that topic. A no-op when every topic has its store.
-    /// On the blocking-thread segment path the retry takes what
-    /// [`Shard::prepare_missing_stores`] prepared (the checkpoint task runs it first).
     /// True while some durable topic of this shard has no store (see
     /// [`Shard::retry_missing_stores`]).
     pub fn has_missing_stores(&self) -> bool {
         !self.stores.missing_stores.borrow().is_empty()
     }
 
+    /// Retries the store of every topic whose store could not be created (before each
+    /// `/ping` or `/stats` answer, and every `--sync-timeout` by the checkpoint task), so
+    /// that `/ping` turns healthy again once the cause is gone, without waiting for a
+    /// publish to that topic. A no-op when every topic has its store.
+    /// On the blocking-thread segment path the retry takes what
+    /// [`Shard::prepare_missing_stores`] prepared (the checkpoint task runs it first).
     pub fn retry_missing_stores(&self) {
         if self.stores.missing_stores.borrow().is_empty() {
             return;
         }
-        let names: Vec<String> = self
-            .stores
-            .missing_stores
-            .borrow()
-            .iter()
-            .cloned()
-            .collect();
+        let names = self.missing_store_names();
         let mut topics = self.topics.borrow_mut();
         for name in names {
             match topics.get_mut(&name) {
@@ -255,16 +249,20 @@ impl Shard {
     /// [`Shard::prepare_store`] for every topic whose store could not be created, so
     /// that [`Shard::retry_missing_stores`] can retry it without blocking.
     pub async fn prepare_missing_stores(&self) {
-        let missing: Vec<String> = self
-            .stores
+        for name in self.missing_store_names() {
+            self.prepare_store(&name).await;
+        }
+    }
+
+    /// The durable topics of this shard without a store (a copy: callers borrow the
+    /// topics meanwhile).
+    fn missing_store_names(&self) -> Vec<String> {
+        self.stores
             .missing_stores
             .borrow()
             .iter()
             .cloned()
-            .collect();
-        for name in missing {
-            self.prepare_store(&name).await;
-        }
+            .collect()
     }
 
     /// When durable topics hand records to their stores: at publish with
