@@ -6,6 +6,7 @@ use super::{meta_digest, topic_meta};
 use crate::channel::Channel;
 use crate::shard::{owner_of, Shard};
 use crate::topic::{Record, Topic};
+use futures::StreamExt;
 use nsq_storage::journal::{self, MessageState};
 use nsq_storage::meta::{self, PendingMessage};
 use std::path::PathBuf;
@@ -97,6 +98,9 @@ pub enum RecoveryError {
     Open(nsq_storage::StoreError),
 }
 
+/// Topics a shard recovers at once at start-up.
+const RECOVER_AT_ONCE: usize = 8;
+
 impl std::fmt::Display for RecoveryError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -133,6 +137,7 @@ impl Shard {
                     .unwrap_or_default()
             })
             .await;
+        let mut mine = Vec::new();
         for dir_name in names {
             if dir_name.starts_with(".deleted-") {
                 if self.index() == 0 {
@@ -152,31 +157,43 @@ impl Shard {
             if owner_of(name, self.count()) != self.index() {
                 continue;
             }
-            let started = Instant::now();
-            match self.recover_topic(name, root.join(&dir_name)).await {
-                Ok((n, ch, (sealed, scanned, bytes))) => {
-                    // What is still to be delivered (the records on disk include those
-                    // every channel already finished, kept until their segment goes).
-                    let left = self.topics.borrow().get(name).map_or(0, |t| {
-                        t.depth()
-                            + t.channels
-                                .values()
-                                .map(|c| c.depth(&t.log) + c.deferred_count() as u64)
-                                .max()
-                                .unwrap_or(0)
-                    });
-                    log::info!(
-                        "TOPIC({name}): recovered in {:?}: {n} records on disk, {ch} channels, \
-                         {left} messages left to deliver (the most of any channel) \
-                         ({sealed} segments from their index, {scanned} scanned: {bytes} bytes)",
-                        started.elapsed()
-                    )
-                }
-                Err(e) => {
-                    let e = format!("TOPIC({name}): recovery failed - {e}");
-                    log::error!("{e}");
-                    self.meta.recovery_failed(name, e);
-                }
+            mine.push((name.to_string(), root.join(&dir_name)));
+        }
+        // A few topics at a time: each waits for the blocking thread several times
+        // (store, metadata, journal), and those waits overlap.
+        futures::stream::iter(mine)
+            .for_each_concurrent(RECOVER_AT_ONCE, |(name, dir)| async move {
+                self.recover_one(&name, dir).await;
+            })
+            .await;
+    }
+
+    /// [`Shard::recover_topic`] with its log line, or its failure noted for `/ping`.
+    async fn recover_one(&self, name: &str, dir: PathBuf) {
+        let started = Instant::now();
+        match self.recover_topic(name, dir).await {
+            Ok((n, ch, (sealed, scanned, bytes))) => {
+                // What is still to be delivered (the records on disk include those
+                // every channel already finished, kept until their segment goes).
+                let left = self.topics.borrow().get(name).map_or(0, |t| {
+                    t.depth()
+                        + t.channels
+                            .values()
+                            .map(|c| c.depth(&t.log) + c.deferred_count() as u64)
+                            .max()
+                            .unwrap_or(0)
+                });
+                log::info!(
+                    "TOPIC({name}): recovered in {:?}: {n} records on disk, {ch} channels, \
+                     {left} messages left to deliver (the most of any channel) \
+                     ({sealed} segments from their index, {scanned} scanned: {bytes} bytes)",
+                    started.elapsed()
+                )
+            }
+            Err(e) => {
+                let e = format!("TOPIC({name}): recovery failed - {e}");
+                log::error!("{e}");
+                self.meta.recovery_failed(name, e);
             }
         }
     }
