@@ -142,13 +142,10 @@ impl Shard {
                     batched.push((st.clone(), name.clone(), None));
                     Ok(None)
                 }
-                None if sync_only => match st.sync_meta().await {
-                    Ok(_) => {
-                        self.meta_synced(&name, &st);
-                        Ok(None)
-                    }
-                    Err(e) => Err(e),
-                },
+                None if sync_only => st.sync_meta().await.map(|_| {
+                    self.meta_synced(&name, &st);
+                    None
+                }),
                 None => Ok(None),
             };
             unwritten.1.remove(&name);
