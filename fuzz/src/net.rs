@@ -1,6 +1,7 @@
 //! Helpers of the network tools (`netfuzz`, `chaos`; RELIABILITY.md): start the real
-//! `nsqd` binary, talk raw V2 and HTTP/1.1 to it, read its RSS. Standard library only, so
-//! the tools keep working whatever the broker's crates are called.
+//! `nsqd` binary, talk raw V2 and HTTP/1.1 to it, read its RSS, and the command-line
+//! options the tools share ([`ToolArgs`]). They talk to the broker with the standard
+//! library only, so the tools keep working whatever the broker's crates are called.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -312,43 +313,51 @@ impl Stop {
     }
 }
 
-/// `--flag value` / `--flag=value` from the command line.
-pub fn arg(args: &[String], name: &str) -> Option<String> {
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        if a == name {
-            return it.next().cloned();
-        }
-        if let Some(v) = a.strip_prefix(name).and_then(|r| r.strip_prefix('=')) {
-            return Some(v.to_string());
-        }
-    }
-    None
+/// The options every network tool takes (flattened into each tool's clap parser).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ToolArgs {
+    /// Shard counts to run with, one run each: `1,2,4` or `"1 2 4"`.
+    #[arg(long, default_value = "1", value_parser = parse_shards)]
+    pub shards: Shards,
+    /// Seed of every random choice (default: the current time).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// The broker binary (default: `nsqd` beside this tool, or `$NSQD_BIN`).
+    #[arg(long)]
+    pub nsqd: Option<PathBuf>,
 }
 
-/// A parsed numeric option with a default; exits with a message when malformed.
-pub fn num_arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
-    match arg(args, name) {
-        None => default,
-        Some(v) => v.parse().unwrap_or_else(|_| {
-            eprintln!("{name}: not a number: {v}");
-            std::process::exit(2)
-        }),
-    }
-}
+/// Shard counts of `--shards`, in the order given.
+#[derive(Debug, Clone)]
+pub struct Shards(pub Vec<usize>);
 
-/// `--shards 1,2,4` (or `--shards "1 2 4"`).
-pub fn shards_arg(args: &[String], default: &str) -> Vec<usize> {
-    let v = arg(args, "--shards").unwrap_or_else(|| default.to_string());
-    v.split([',', ' '])
+fn parse_shards(v: &str) -> Result<Shards, String> {
+    let counts = v
+        .split([',', ' '])
         .filter(|s| !s.is_empty())
-        .map(|s| {
-            s.parse().unwrap_or_else(|_| {
-                eprintln!("--shards: not a number: {s}");
-                std::process::exit(2)
-            })
+        .map(|s| s.parse().map_err(|_| format!("not a number: {s}")))
+        .collect::<Result<Vec<usize>, String>>()?;
+    if counts.is_empty() {
+        return Err("no shard count given".into());
+    }
+    Ok(Shards(counts))
+}
+
+impl ToolArgs {
+    /// `--seed`, or the current time in seconds.
+    pub fn seed(&self) -> u64 {
+        self.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(1)
         })
-        .collect()
+    }
+
+    /// `--nsqd`, or [`default_nsqd`].
+    pub fn nsqd(&self) -> PathBuf {
+        self.nsqd.clone().unwrap_or_else(default_nsqd)
+    }
 }
 
 /// A fresh temporary data directory for a broker.

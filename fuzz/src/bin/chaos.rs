@@ -33,7 +33,7 @@ use nsq_fuzz::net::{self, Broker, Stop};
 use std::collections::{BTreeSet, HashMap};
 use std::io::{ErrorKind, Read, Write};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -65,35 +65,35 @@ struct State {
     attempts: [u64; 4],
 }
 
+/// Command line (the module's doc comment describes the run).
+#[derive(clap::Parser, Debug)]
+#[command(name = "chaos", about = "kill -9 at random instants under load")]
+struct Cli {
+    #[command(flatten)]
+    tool: net::ToolArgs,
+    /// Kill -9 cycles per shard count.
+    #[arg(long, default_value_t = 50)]
+    cycles: u64,
+    /// Shortest time between kills, in ms.
+    #[arg(long, default_value_t = 200)]
+    min_ms: u64,
+    /// Longest time between kills, in ms (at least `--min-ms` + 1).
+    #[arg(long, default_value_t = 1500)]
+    max_ms: u64,
+    /// The broker's sync policy: `every1` (`--sync-every=1`) or `default`.
+    #[arg(long, default_value = "every1", value_parser = ["every1", "default"])]
+    sync: String,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        eprintln!("usage: chaos [--shards N] [--cycles 50] [--seed N] [--min-ms 200] [--max-ms 1500] [--sync every1|default] [--nsqd PATH]");
-        return;
-    }
-    let shards_list = net::shards_arg(&args, "1");
-    let cycles: u64 = net::num_arg(&args, "--cycles", 50);
-    let seed: u64 = net::num_arg(
-        &args,
-        "--seed",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(1),
-    );
-    let min_ms: u64 = net::num_arg(&args, "--min-ms", 200);
-    let max_ms: u64 = net::num_arg(&args, "--max-ms", 1500).max(min_ms + 1);
-    let default_sync = match net::arg(&args, "--sync").as_deref() {
-        None | Some("every1") => false,
-        Some("default") => true,
-        Some(other) => {
-            eprintln!("chaos: --sync takes every1 or default, not {other:?}");
-            std::process::exit(2);
-        }
-    };
-    let nsqd = net::arg(&args, "--nsqd")
-        .map(PathBuf::from)
-        .unwrap_or_else(net::default_nsqd);
+    let cli = <Cli as clap::Parser>::parse();
+    let shards_list = &cli.tool.shards.0;
+    let cycles = cli.cycles;
+    let seed = cli.tool.seed();
+    let min_ms = cli.min_ms;
+    let max_ms = cli.max_ms.max(min_ms + 1);
+    let default_sync = cli.sync == "default";
+    let nsqd = cli.tool.nsqd();
     let mut failed = false;
     for (i, &shards) in shards_list.iter().enumerate() {
         let s = seed.wrapping_add(i as u64 * 7919);

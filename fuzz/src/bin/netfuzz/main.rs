@@ -79,50 +79,47 @@ const KINDS: [&str; 9] = [
     "chunks",
 ];
 
+/// Command line (the module's doc comment describes the run).
+#[derive(clap::Parser, Debug)]
+#[command(name = "netfuzz", about = "network fuzzing of the running broker")]
+struct Cli {
+    #[command(flatten)]
+    tool: net::ToolArgs,
+    /// How long each run fuzzes, in seconds.
+    #[arg(long, default_value_t = 60.0)]
+    duration: f64,
+    /// Fuzz client threads.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// The checker's publish rate, messages a second.
+    #[arg(long, default_value_t = 200)]
+    rate: u64,
+    /// A running broker's TCP address to fuzz instead of starting one (with `--http`).
+    #[arg(long, requires = "http")]
+    tcp: Option<SocketAddr>,
+    /// A running broker's HTTP address (with `--tcp`).
+    #[arg(long, requires = "tcp")]
+    http: Option<SocketAddr>,
+    /// The running broker's pid, to sample its RSS.
+    #[arg(long)]
+    pid: Option<u32>,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        eprintln!("usage: netfuzz [--shards 1,2,4] [--duration SECS] [--seed N] [--clients N] [--rate MSGS/S] [--nsqd PATH]\n       netfuzz --tcp HOST:PORT --http HOST:PORT [--pid PID] [--duration SECS] ...   (a running broker)");
-        return;
-    }
-    let shards = net::shards_arg(&args, "1");
-    let duration = Duration::from_secs_f64(net::num_arg(&args, "--duration", 60.0));
-    let seed: u64 = net::num_arg(
-        &args,
-        "--seed",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(1),
-    );
-    let clients: usize = net::num_arg(&args, "--clients", 8);
-    let rate: u64 = net::num_arg(&args, "--rate", 200);
-    let nsqd = net::arg(&args, "--nsqd")
-        .map(PathBuf::from)
-        .unwrap_or_else(net::default_nsqd);
+    let cli = <Cli as clap::Parser>::parse();
+    let shards = cli.tool.shards.0.clone();
+    let duration = Duration::from_secs_f64(cli.duration);
+    let seed = cli.tool.seed();
+    let clients = cli.clients;
+    let rate = cli.rate;
+    let nsqd = cli.tool.nsqd();
     eprintln!(
         "netfuzz: seed {seed}, shards {shards:?}, {:?} each, {clients} fuzz clients, checker {rate} msgs/s, broker {}",
         duration,
         nsqd.display()
     );
     // A running broker instead (its RSS sampled when --pid is given).
-    let connect = match (net::arg(&args, "--tcp"), net::arg(&args, "--http")) {
-        (Some(t), Some(h)) => {
-            let parse = |v: &str| -> SocketAddr {
-                v.parse().unwrap_or_else(|_| {
-                    eprintln!("not an address: {v}");
-                    std::process::exit(2)
-                })
-            };
-            let pid = net::arg(&args, "--pid").and_then(|p| p.parse().ok());
-            Some((parse(&t), parse(&h), pid))
-        }
-        (None, None) => None,
-        _ => {
-            eprintln!("--tcp and --http go together");
-            std::process::exit(2)
-        }
-    };
+    let connect = cli.tcp.zip(cli.http).map(|(t, h)| (t, h, cli.pid));
     let shards = if connect.is_some() { vec![0] } else { shards };
     let mut failed = false;
     for (i, &n) in shards.iter().enumerate() {
