@@ -39,8 +39,9 @@ pub(crate) fn default_node_id() -> u16 {
 /// nsqd's Go value as is, the functions converting it. An entry ends with `=> flag` for a
 /// command-line-only flag, else with `=> { [core,] rank, cfg, go, kind [, put] [, get,
 /// set] }`; `core` copies the value as given into the field of the same name of
-/// `nsq_shards::Options` (`core_options!`, used by [`Config::from_cli`], which sets the
-/// core's other fields from derived values).
+/// `nsq_shards::Options`, `identify` into the field of the same name of its IDENTIFY limits
+/// (`Options::identify`, an `nsq_wire::identify::IdentifyLimits`) (`core_options!`, used by
+/// [`Config::from_cli`], which sets the core's other fields from derived values).
 macro_rules! nsqd_options {
     (
         $(#[$struct_attr:meta])*
@@ -79,24 +80,35 @@ macro_rules! nsqd_options {
                 specs.into_iter().map(|(_, spec)| spec).collect()
             });
 
-        nsqd_options!(@core ($) [] $( $field $how )*);
+        nsqd_options!(@core ($) [] [] $( $field $how )*);
     };
-    // The options declared `core`, collected into `core_options!` (`$d` is a `$`, for
-    // the metavariables of the macro made here).
-    (@core ($d:tt) [$($core:ident)*] $field:ident { core, $($spec:tt)* } $($rest:tt)*) => {
-        nsqd_options!(@core ($d) [$($core)* $field] $($rest)*);
+    // The options declared `core` and `identify`, collected into `core_options!` (`$d`
+    // is a `$`, for the metavariables of the macro made here).
+    (@core ($d:tt) [$($core:ident)*] [$($id:ident)*] $field:ident { core, $($spec:tt)* }
+        $($rest:tt)*) => {
+        nsqd_options!(@core ($d) [$($core)* $field] [$($id)*] $($rest)*);
     };
-    (@core ($d:tt) [$($core:ident)*] $field:ident $how:tt $($rest:tt)*) => {
-        nsqd_options!(@core ($d) [$($core)*] $($rest)*);
+    (@core ($d:tt) [$($core:ident)*] [$($id:ident)*] $field:ident { identify, $($spec:tt)* }
+        $($rest:tt)*) => {
+        nsqd_options!(@core ($d) [$($core)*] [$($id)* $field] $($rest)*);
     };
-    (@core ($d:tt) [$($core:ident)*]) => {
+    (@core ($d:tt) [$($core:ident)*] [$($id:ident)*] $field:ident $how:tt $($rest:tt)*) => {
+        nsqd_options!(@core ($d) [$($core)*] [$($id)*] $($rest)*);
+    };
+    (@core ($d:tt) [$($core:ident)*] [$($id:ident)*]) => {
         /// `nsq_shards::Options { ... }` from a `Cli`: the options declared `core` are
-        /// copied as given, the fields after the `Cli` are the ones start-up derives.
-        /// (A field of `Options` in neither is a compile error: "missing field".)
+        /// copied as given, those declared `identify` into its `identify` limits
+        /// (`IdentifyLimits`), after which come the derived fields of the limits, then
+        /// those of `Options`. (A field in none of these is a compile error: "missing
+        /// field".)
         macro_rules! core_options {
-            ($d cli:ident, { $d($d derived:tt)* }) => {
+            ($d cli:ident, identify: { $d($d derived_id:tt)* }, { $d($d derived:tt)* }) => {
                 Options {
                     $( $core: $d cli.$core, )*
+                    identify: nsq_wire::identify::IdentifyLimits {
+                        $( $id: $d cli.$id, )*
+                        $d($d derived_id)*
+                    },
                     $d($d derived)*
                 }
             };
@@ -104,7 +116,7 @@ macro_rules! nsqd_options {
     };
     (@spec $specs:ident, $field:ident, flag) => {};
     (@spec $specs:ident, $field:ident, {
-        $(core,)?
+        $(core,)? $(identify,)?
         rank: $rank:literal, cfg: $cfg:literal, go: $go:literal, kind: $kind:ident
         $(, put: $put:literal)?
         $(, get: $get:path, set: $set:path)?
@@ -201,40 +213,40 @@ pub struct Cli {
     pub max_body_size: i64 => { core, rank: 24, cfg: "max_body_size", go: "MaxBodySize", kind: Int },
     /// default duration to wait before auto-requeueing a message (Go duration, e.g. 60s)
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
-    pub msg_timeout: Duration => { core, rank: 21, cfg: "msg_timeout", go: "MsgTimeout", kind: Duration },
+    pub msg_timeout: Duration => { identify, rank: 21, cfg: "msg_timeout", go: "MsgTimeout", kind: Duration },
     /// maximum duration before a message will time out (IDENTIFY msg_timeout, TOUCH)
     #[arg(long, default_value = "15m", value_parser = parse_duration)]
     pub max_msg_timeout: Duration =>
-        { core, rank: 22, cfg: "max_msg_timeout", go: "MaxMsgTimeout", kind: Duration },
+        { identify, rank: 22, cfg: "max_msg_timeout", go: "MaxMsgTimeout", kind: Duration },
     /// maximum requeuing timeout per message (REQ is clamped to it, DPUB rejected above it)
     #[arg(long, default_value = "1h", value_parser = parse_duration)]
     pub max_req_timeout: Duration =>
         { core, rank: 25, cfg: "max_req_timeout", go: "MaxReqTimeout", kind: Duration },
     /// maximum RDY count for a client
     #[arg(long, default_value_t = 2500)]
-    pub max_rdy_count: i64 => { core, rank: 27, cfg: "max_rdy_count", go: "MaxRdyCount", kind: Int },
+    pub max_rdy_count: i64 => { identify, rank: 27, cfg: "max_rdy_count", go: "MaxRdyCount", kind: Int },
     /// maximum client configurable duration of time between client heartbeats
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub max_heartbeat_interval: Duration =>
-        { core, rank: 26, cfg: "max_heartbeat_interval", go: "MaxHeartbeatInterval", kind: Duration },
+        { identify, rank: 26, cfg: "max_heartbeat_interval", go: "MaxHeartbeatInterval", kind: Duration },
     /// default duration of time between flushing a client's output buffer
     #[arg(long, default_value = "250ms", value_parser = parse_duration)]
     pub output_buffer_timeout: Duration =>
-        { core, rank: 31, cfg: "output_buffer_timeout", go: "OutputBufferTimeout", kind: Duration },
+        { identify, rank: 31, cfg: "output_buffer_timeout", go: "OutputBufferTimeout", kind: Duration },
     /// minimum client configurable output buffer timeout
     #[arg(long, default_value = "25ms", value_parser = parse_duration)]
     pub min_output_buffer_timeout: Duration =>
-        { core, rank: 30, cfg: "min_output_buffer_timeout", go: "MinOutputBufferTimeout",
+        { identify, rank: 30, cfg: "min_output_buffer_timeout", go: "MinOutputBufferTimeout",
           kind: Duration },
     /// maximum client configurable output buffer timeout
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub max_output_buffer_timeout: Duration =>
-        { core, rank: 29, cfg: "max_output_buffer_timeout", go: "MaxOutputBufferTimeout",
+        { identify, rank: 29, cfg: "max_output_buffer_timeout", go: "MaxOutputBufferTimeout",
           kind: Duration },
     /// maximum client configurable output buffer size in bytes
     #[arg(long, default_value_t = 65536)]
     pub max_output_buffer_size: i64 =>
-        { core, rank: 28, cfg: "max_output_buffer_size", go: "MaxOutputBufferSize", kind: Int },
+        { identify, rank: 28, cfg: "max_output_buffer_size", go: "MaxOutputBufferSize", kind: Int },
     /// maximum channel consumer connection count per nsqd instance (0: unlimited)
     #[arg(long, default_value_t = 0)]
     pub max_channel_consumers: usize =>
@@ -242,15 +254,15 @@ pub struct Cli {
     /// maximum deflate compression level a client can negotiate (1-9)
     #[arg(long, default_value_t = 6)]
     pub max_deflate_level: i64 =>
-        { core, rank: 48, cfg: "max_deflate_level", go: "MaxDeflateLevel", kind: Int },
+        { identify, rank: 48, cfg: "max_deflate_level", go: "MaxDeflateLevel", kind: Int },
     /// enable snappy feature negotiation (client compression)
     #[arg(long, default_value = "true", value_parser = parse_go_bool, num_args = 0..=1,
           require_equals = true, default_missing_value = "true")]
-    pub snappy: bool => { core, rank: 49, cfg: "snappy", go: "SnappyEnabled", kind: Bool },
+    pub snappy: bool => { identify, rank: 49, cfg: "snappy", go: "SnappyEnabled", kind: Bool },
     /// enable deflate feature negotiation (client compression)
     #[arg(long, default_value = "true", value_parser = parse_go_bool, num_args = 0..=1,
           require_equals = true, default_missing_value = "true")]
-    pub deflate: bool => { core, rank: 47, cfg: "deflate", go: "DeflateEnabled", kind: Bool },
+    pub deflate: bool => { identify, rank: 47, cfg: "deflate", go: "DeflateEnabled", kind: Bool },
     /// log level: debug, info, warn, error or fatal
     #[arg(long, default_value = "info")]
     pub log_level: String =>
@@ -619,11 +631,13 @@ impl Config {
             return Err(ConfigError::Shards);
         }
         let hostname = hostname();
-        let opts = core_options!(cli, {
+        let opts = core_options!(cli, identify: {
+            // nsqd's ClientTimeout is fixed, not a flag.
+            client_timeout: Duration::from_secs(60),
+        }, {
             node_id: node_id as u16,
             // nsqd 1.3.0 keeps no memory queue for a size <= 0 (NewTopic, NewChannel).
             mem_queue_size: cli.mem_queue_size.max(0) as u64,
-            client_timeout: Duration::from_secs(60),
             data_path: Some(if cli.data_path.is_empty() {
                 std::path::PathBuf::from(".")
             } else {
@@ -716,5 +730,22 @@ mod tests {
         let a =
             normalize_args(["nsqd", "-tcp-address=1:2", "--shards", "2", "-h"].map(String::from));
         assert_eq!(a, ["nsqd", "--tcp-address=1:2", "--shards", "2", "-h"]);
+    }
+
+    /// `Options::default()` (what the core's tests start from) is nsqd's defaults, as an
+    /// empty command line gives them: the flags above are the one declaration, and this
+    /// catches a default changed there and not in the core.
+    #[test]
+    fn the_cores_default_options_are_an_empty_command_lines() {
+        let c = Config::from_cli(Cli::parse_from(["nsqd"])).expect("defaults are valid");
+        let from_flags = nsq_shards::Options {
+            node_id: 0,
+            data_path: None,
+            ..c.opts
+        };
+        assert_eq!(
+            format!("{from_flags:?}"),
+            format!("{:?}", nsq_shards::Options::default())
+        );
     }
 }

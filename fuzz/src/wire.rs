@@ -176,15 +176,15 @@ pub fn identify(data: &[u8]) {
     let mut k = Knobs(data);
     let f = k.byte();
     let body = k.rest();
-    let opts = nsq_shards::Options {
+    let opts = nsq_wire::identify::IdentifyLimits {
         snappy: f & 1 != 0,
         deflate: f & 2 != 0,
         max_deflate_level: (f >> 4) as i64 % 9 + 1,
-        ..Default::default()
+        ..nsq_shards::Options::default().identify
     };
-    let mut s = default_settings("127.0.0.1", &opts);
+    let mut s = default_settings("127.0.0.1", opts);
     let before = s.clone();
-    match apply_identify(body, &mut s, &opts) {
+    match apply_identify(body, &mut s, opts) {
         Err(e) => {
             assert_eq!(e.code, "E_BAD_BODY");
             assert!(e.text.starts_with("IDENTIFY "), "{}", e.text);
@@ -212,7 +212,7 @@ pub fn identify(data: &[u8]) {
             assert!(!n.deflate || (opts.deflate && n.negotiate));
             assert!(n.deflate_level >= 1 && n.deflate_level <= opts.max_deflate_level);
             if n.negotiate {
-                let reply = identify_response(&s, &opts, &n, false);
+                let reply = identify_response(&s, opts, &n, false);
                 let v: serde_json::Value =
                     serde_json::from_slice(&reply).expect("IDENTIFY reply is not JSON");
                 assert!(v.is_object());

@@ -1,10 +1,11 @@
 //! Runtime options every shard reads (a copy per shard; nothing is shared).
 
+use nsq_wire::identify::IdentifyLimits;
 use std::time::Duration;
 
 /// The subset of nsqd's options the broker core needs, already validated.
-/// Durations are exact; sizes are bytes; counts are messages. One field per option, so
-/// it stays one flat struct.
+/// Durations are exact; sizes are bytes; counts are messages. One field per option (the
+/// IDENTIFY limits grouped in `identify`), so it stays a flat struct of many fields.
 #[derive(Clone, Debug)]
 pub struct Options {
     /// `--node-id` (0..1024): seeds message IDs.
@@ -15,34 +16,15 @@ pub struct Options {
     pub max_msg_size: i64,
     /// `--max-body-size` in bytes (IDENTIFY, AUTH and MPUB bodies).
     pub max_body_size: i64,
-    /// `--msg-timeout`: default in-flight timeout.
-    pub msg_timeout: Duration,
-    /// `--max-msg-timeout`: the longest IDENTIFY msg_timeout and TOUCH extension.
-    pub max_msg_timeout: Duration,
     /// `--max-req-timeout`: REQ delays are clamped to it, DPUB delays above it rejected.
     pub max_req_timeout: Duration,
-    /// `--max-rdy-count`.
-    pub max_rdy_count: i64,
-    /// `--max-heartbeat-interval`.
-    pub max_heartbeat_interval: Duration,
-    /// `--output-buffer-timeout` (default flush delay of a client's buffer).
-    pub output_buffer_timeout: Duration,
-    /// `--min-output-buffer-timeout`.
-    pub min_output_buffer_timeout: Duration,
-    /// `--max-output-buffer-timeout`.
-    pub max_output_buffer_timeout: Duration,
-    /// `--max-output-buffer-size` in bytes.
-    pub max_output_buffer_size: i64,
     /// `--max-channel-consumers` (0 = unlimited).
     pub max_channel_consumers: usize,
-    /// nsqd's fixed ClientTimeout (60 s): the default heartbeat is half of it.
-    pub client_timeout: Duration,
-    /// `--max-deflate-level` (reported in IDENTIFY and /info).
-    pub max_deflate_level: i64,
-    /// `--snappy`: clients may negotiate snappy compression.
-    pub snappy: bool,
-    /// `--deflate`: clients may negotiate deflate compression.
-    pub deflate: bool,
+    /// The flags IDENTIFY is checked against and answers with (`--msg-timeout`,
+    /// `--max-msg-timeout`, `--max-rdy-count`, `--max-heartbeat-interval`, the output
+    /// buffer bounds, `--max-deflate-level`, `--snappy`, `--deflate`, and nsqd's fixed
+    /// 60 s client timeout); the wire crate's IDENTIFY functions take them as they are.
+    pub identify: IdentifyLimits,
     /// `--data-path`: where non-ephemeral topics keep their segment logs; `None` keeps
     /// everything in memory.
     pub data_path: Option<std::path::PathBuf>,
@@ -88,20 +70,22 @@ impl Default for Options {
             mem_queue_size: 10000,
             max_msg_size: 1048576,
             max_body_size: 5242880,
-            msg_timeout: Duration::from_secs(60),
-            max_msg_timeout: Duration::from_secs(15 * 60),
             max_req_timeout: Duration::from_secs(3600),
-            max_rdy_count: 2500,
-            max_heartbeat_interval: Duration::from_secs(60),
-            output_buffer_timeout: Duration::from_millis(250),
-            min_output_buffer_timeout: Duration::from_millis(25),
-            max_output_buffer_timeout: Duration::from_secs(30),
-            max_output_buffer_size: 65536,
             max_channel_consumers: 0,
-            client_timeout: Duration::from_secs(60),
-            max_deflate_level: 6,
-            snappy: true,
-            deflate: true,
+            identify: IdentifyLimits {
+                msg_timeout: Duration::from_secs(60),
+                max_msg_timeout: Duration::from_secs(15 * 60),
+                max_rdy_count: 2500,
+                max_heartbeat_interval: Duration::from_secs(60),
+                output_buffer_timeout: Duration::from_millis(250),
+                min_output_buffer_timeout: Duration::from_millis(25),
+                max_output_buffer_timeout: Duration::from_secs(30),
+                max_output_buffer_size: 65536,
+                client_timeout: Duration::from_secs(60),
+                max_deflate_level: 6,
+                snappy: true,
+                deflate: true,
+            },
             data_path: None,
             sync_every: 2500,
             sync_timeout: Duration::from_secs(2),

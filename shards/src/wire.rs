@@ -11,20 +11,7 @@ use nsq_wire::v2::Limits;
 /// `&Options` directly.
 impl From<&Options> for IdentifyLimits {
     fn from(o: &Options) -> Self {
-        IdentifyLimits {
-            msg_timeout: o.msg_timeout,
-            max_msg_timeout: o.max_msg_timeout,
-            max_rdy_count: o.max_rdy_count,
-            max_heartbeat_interval: o.max_heartbeat_interval,
-            output_buffer_timeout: o.output_buffer_timeout,
-            min_output_buffer_timeout: o.min_output_buffer_timeout,
-            max_output_buffer_timeout: o.max_output_buffer_timeout,
-            max_output_buffer_size: o.max_output_buffer_size,
-            client_timeout: o.client_timeout,
-            max_deflate_level: o.max_deflate_level,
-            snappy: o.snappy,
-            deflate: o.deflate,
-        }
+        o.identify
     }
 }
 
@@ -35,7 +22,7 @@ impl From<&Options> for Limits {
         Limits {
             max_msg_size: o.max_msg_size,
             max_body_size: o.max_body_size,
-            max_rdy_count: o.max_rdy_count,
+            max_rdy_count: o.identify.max_rdy_count,
             max_req_timeout_ms: i64::try_from(o.max_req_timeout.as_millis()).unwrap_or(i64::MAX),
         }
     }

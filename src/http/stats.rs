@@ -26,10 +26,10 @@ pub(super) fn info(server: &Server) -> Response {
         http_port: server.http_port,
         tcp_port: server.tcp_port,
         start_time: c.start_time,
-        max_heartbeat_interval: o.max_heartbeat_interval.as_nanos(),
-        max_output_buffer_size: o.max_output_buffer_size,
-        max_output_buffer_timeout: o.max_output_buffer_timeout.as_nanos(),
-        max_deflate_level: o.max_deflate_level,
+        max_heartbeat_interval: o.identify.max_heartbeat_interval.as_nanos(),
+        max_output_buffer_size: o.identify.max_output_buffer_size,
+        max_output_buffer_timeout: o.identify.max_output_buffer_timeout.as_nanos(),
+        max_deflate_level: o.identify.max_deflate_level,
     };
     Response::v1_json(nsq_wire::json::to_vec_go(&i))
 }

@@ -46,7 +46,7 @@ async fn new_connection(server: Rc<Server>, stream: TcpStream) {
     let _ = stream.set_nodelay(true);
     log::info!("TCP: new client({peer})");
     let stream = SharedStream::new(stream);
-    stream.set_read_timeout(Some(server.shard.opts.client_timeout));
+    stream.set_read_timeout(Some(server.shard.opts.identify.client_timeout));
     // Small: an idle connection holds only what it needs (the reader grows its reads
     // with the traffic, up to READ_CHUNK).
     let mut buf = BytesMut::with_capacity(64);

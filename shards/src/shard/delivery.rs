@@ -115,7 +115,7 @@ impl Shard {
     }
 
     pub fn touch(&self, c: &Client, id: MessageId) -> Result<(), InFlightError> {
-        let max = self.opts.max_msg_timeout;
+        let max = self.opts.identify.max_msg_timeout;
         self.with_channel(c, |ch| ch.touch(c, id, Instant::now(), max))
     }
 
