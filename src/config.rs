@@ -305,6 +305,9 @@ pub struct Cli {
     #[arg(long, default_value_t = 0)]
     pub retention_bytes: u64 =>
         { core, rank: 52, cfg: "retention_bytes", go: "RetentionBytes", kind: Int },
+    /// (beyond nsqd, RFC nsqio/nsq#1302) what SIGTERM does: clean-shutdown (exit at once, as nsqd) or drain (refuse publishes and new topics and channels, deliver what is queued, then exit)
+    #[arg(long, default_value = SIGTERM_CLEAN_SHUTDOWN, value_parser = [SIGTERM_CLEAN_SHUTDOWN, SIGTERM_DRAIN])]
+    pub sigterm: String => { rank: 54, cfg: "sigterm", go: "Sigterm", kind: Str },
     /// check what the host must provide (io_uring, locked memory, CPUs, data path, ports),
     /// print each problem with its fix, and exit (0: ready to run, 1: problems)
     #[arg(long)]
@@ -420,6 +423,11 @@ impl Cli {
 
 /// A parsed command line: the options and clap's matches ([`Cli::parse_flags`]).
 pub type Flags = (Cli, clap::ArgMatches);
+
+/// `--sigterm=clean-shutdown` (the default): SIGTERM shuts down cleanly at once, as nsqd.
+pub const SIGTERM_CLEAN_SHUTDOWN: &str = "clean-shutdown";
+/// `--sigterm=drain`: SIGTERM starts a drain (docs/draining.md).
+pub const SIGTERM_DRAIN: &str = "drain";
 
 /// nsqd's `--tls-required` values (nsqd: nsqd.go TLSNotRequired, TLSRequiredExceptHTTP,
 /// TLSRequired).
@@ -542,6 +550,9 @@ pub enum ConfigError {
     RootCaEmpty,
     /// `--auth-http-request-method must be post or get`.
     AuthMethod,
+    /// `invalid sigterm=<v> (valid: "clean-shutdown", "drain")` (a config file's
+    /// value; the command line is checked by clap).
+    Sigterm(String),
     /// `invalid E2E processing latency percentile: <v>` (Go's `%v` of the value).
     E2ePercentile(f64),
     /// `invalid log-level <name>`.
@@ -570,6 +581,10 @@ impl std::fmt::Display for ConfigError {
             ConfigError::AuthMethod => {
                 f.write_str("--auth-http-request-method must be post or get")
             }
+            ConfigError::Sigterm(v) => write!(
+                f,
+                "invalid sigterm={v:?} (valid: {SIGTERM_CLEAN_SHUTDOWN:?}, {SIGTERM_DRAIN:?})"
+            ),
             ConfigError::E2ePercentile(v) => write!(
                 f,
                 "invalid E2E processing latency percentile: {}",
@@ -703,6 +718,9 @@ fn check_tls_and_auth(cli: &Cli) -> Result<TlsSetup, ConfigError> {
     }
     if cli.auth_http_request_method != "post" && cli.auth_http_request_method != "get" {
         return Err(ConfigError::AuthMethod);
+    }
+    if cli.sigterm != SIGTERM_CLEAN_SHUTDOWN && cli.sigterm != SIGTERM_DRAIN {
+        return Err(ConfigError::Sigterm(cli.sigterm.clone()));
     }
     Ok((tls, tls_required))
 }
