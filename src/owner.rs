@@ -43,7 +43,7 @@ impl Publish {
         defer_until: Option<Instant>,
     ) -> Publish {
         // A drain refuses before a new topic's store is prepared.
-        if shard.node.draining() {
+        if crate::runtime::drain::applied(shard) {
             return Publish::Done(Err(PublishError::Draining));
         }
         if shard.needs_prepared_store(topic) {
@@ -110,6 +110,7 @@ impl Admin {
     /// Applies `op` on `shard`, its topic's owner, now when it needs no wait first.
     pub fn start(shard: &Shard, op: AdminOp) -> Admin {
         // A drain refuses a creation before its store is prepared.
+        crate::runtime::drain::applied(shard);
         if let Err(e) = shard.drain_allows(&op) {
             return Admin::Done(Err(e));
         }

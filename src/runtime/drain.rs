@@ -58,6 +58,16 @@ pub fn draining() -> bool {
     DRAINING.load(Ordering::SeqCst)
 }
 
+/// Applies a drain a signal started to `shard`'s copy of the node-wide settings if its
+/// timer loop has not yet (every publish, admin operation and SUB on a topic's owner
+/// asks first, so a refusal never waits for that pass); true when the node drains.
+pub fn applied(shard: &nsq_shards::Shard) -> bool {
+    if draining() && !shard.node.draining() {
+        shard.node.apply(&nsq_shards::node::NodeUpdate::Drain);
+    }
+    shard.node.draining()
+}
+
 /// Asks for a clean shutdown now (`PUT /config/shutdown`; during a drain too): the main
 /// thread starts it within 100 ms.
 pub fn request_shutdown() {

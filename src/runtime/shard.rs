@@ -247,9 +247,7 @@ async fn timer_loop(shard: &Rc<Shard>, term: &AtomicBool) {
 /// shard's copy of the node-wide settings if a signal started it, then reports what the
 /// shard still holds to the main thread ([`super::drain::report`]).
 fn drain_pass(shard: &Shard) {
-    if !shard.node.draining() {
-        shard.node.apply(&nsq_shards::node::NodeUpdate::Drain);
-    }
+    super::drain::applied(shard);
     super::drain::report(shard.index(), shard.drain_left());
 }
 

@@ -29,6 +29,7 @@ mod crash_attempts;
 mod descriptors;
 mod disk_faults;
 mod disk_full;
+mod drain;
 mod durability;
 mod durable_changes;
 mod e2e_latency;

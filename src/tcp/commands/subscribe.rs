@@ -29,6 +29,7 @@ pub(super) async fn sub(
         return fatal(client, e.to_string());
     }
     // A drain refuses a new topic or channel before its store is prepared.
+    crate::runtime::drain::applied(&server.shard);
     if server.shard.drain_allows_creating(topic, Some(channel)).is_err() {
         let e = SubError::Draining {
             topic: topic.to_string(),
