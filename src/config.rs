@@ -305,6 +305,18 @@ pub struct Cli {
     #[arg(long, default_value_t = 0)]
     pub retention_bytes: u64 =>
         { core, rank: 52, cfg: "retention_bytes", go: "RetentionBytes", kind: Int },
+    /// A region represents a larger domain, made up of one or more zones for preferring closer consumer (nsqd master)
+    #[arg(long, default_value = "")]
+    pub topology_region: String =>
+        { rank: 55, cfg: "topology_region", go: "TopologyRegion", kind: Str },
+    /// A zone represents a logical failure domain for preferring closer consumer (nsqd master)
+    #[arg(long, default_value = "")]
+    pub topology_zone: String =>
+        { rank: 56, cfg: "topology_zone", go: "TopologyZone", kind: Str },
+    /// enable experimental feature (may be given multiple times) (valid options: "topology-aware-consumption") (nsqd master)
+    #[arg(long = "enable-experiment")]
+    pub enable_experiment: Vec<String> =>
+        { rank: 57, cfg: "enable_experiment", go: "Experiments", kind: StrList },
     /// (beyond nsqd, RFC nsqio/nsq#1302) what SIGTERM does: clean-shutdown (exit at once, as nsqd) or drain (refuse publishes and new topics and channels, deliver what is queued, then exit)
     #[arg(long, default_value = SIGTERM_CLEAN_SHUTDOWN, value_parser = [SIGTERM_CLEAN_SHUTDOWN, SIGTERM_DRAIN])]
     pub sigterm: String => { rank: 54, cfg: "sigterm", go: "Sigterm", kind: Str },
@@ -657,6 +669,14 @@ impl Config {
             e2e_window: cli.e2e_processing_latency_window_time,
             // Chosen from the data path's filesystem when the broker starts (runtime::run).
             segment_io: nsq_storage::SegmentIo::Ring,
+            topology: nsq_shards::topology::Topology {
+                region: cli.topology_region.clone(),
+                zone: cli.topology_zone.clone(),
+                aware: cli
+                    .enable_experiment
+                    .iter()
+                    .any(|e| e == nsq_shards::topology::TOPOLOGY_AWARE_CONSUMPTION),
+            },
         });
         Ok(Config {
             broadcast_address: cli

@@ -24,6 +24,7 @@ fn client(shard: &Shard) -> Rc<Client> {
             msg_timeout: Duration::from_secs(60),
             identified: false,
             pump: Default::default(),
+            topology: Default::default(),
         }
         .with_current_pump(),
     ));
