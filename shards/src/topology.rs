@@ -117,7 +117,11 @@ mod tests {
             c.count(r);
         }
         assert_eq!(
-            (c.zone_local_msg_count, c.region_local_msg_count, c.global_msg_count),
+            (
+                c.zone_local_msg_count,
+                c.region_local_msg_count,
+                c.global_msg_count
+            ),
             (2, 1, 1)
         );
     }

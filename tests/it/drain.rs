@@ -94,7 +94,11 @@ fn take_and_fin(s: &mut TcpStream) -> Vec<u8> {
 }
 
 fn create_channel(b: &Broker, topic: &str, channel: &str) {
-    assert_eq!(b.http("POST", &format!("/topic/create?topic={topic}"), b"").0, 200);
+    assert_eq!(
+        b.http("POST", &format!("/topic/create?topic={topic}"), b"")
+            .0,
+        200
+    );
     let path = format!("/channel/create?topic={topic}&channel={channel}");
     assert_eq!(b.http("POST", &path, b"").0, 200);
 }
@@ -146,7 +150,10 @@ fn refusals_then_exit_after_last_fin() {
         );
         // What exists is still there to use.
         assert_eq!(b.http("POST", "/topic/create?topic=t", b"").0, 200);
-        assert_eq!(b.http("POST", "/channel/create?topic=t&channel=c", b"").0, 200);
+        assert_eq!(
+            b.http("POST", "/channel/create?topic=t&channel=c", b"").0,
+            200
+        );
 
         // SUB to a new topic or channel: a fatal error; to an existing one: OK.
         let mut s = b.connect_v2();
@@ -182,7 +189,10 @@ fn refusals_then_exit_after_last_fin() {
         got.push(take_and_fin(&mut c));
         got.sort();
         assert_eq!(got, [b"m0".to_vec(), b"m1".to_vec(), b"m2".to_vec()]);
-        let st = b.daemon.wait_exit(EXIT_WITHIN).expect("exits after the drain");
+        let st = b
+            .daemon
+            .wait_exit(EXIT_WITHIN)
+            .expect("exits after the drain");
         assert!(st.success(), "exit status {st:?}");
         assert!(b.daemon.log_contains("NSQ: drain complete"));
     });
@@ -207,7 +217,10 @@ fn shutdown_during_drain_keeps_the_backlog() {
     let dir = b.data_dir.clone();
     let b2 = Broker::start_in(&dir, 2, &[]);
     assert_eq!(channel_counts(&b2, "t", "c"), Some((5, 0, 0)));
-    assert!(info(b2.http).get("draining").is_none(), "a restart does not drain");
+    assert!(
+        info(b2.http).get("draining").is_none(),
+        "a restart does not drain"
+    );
 }
 
 /// `PUT /config/shutdown` without a drain: a clean shutdown, exit 0.
@@ -243,7 +256,8 @@ fn topic_without_channels_does_not_hold_the_drain() {
 /// The next datagram on the notify socket, if one comes within 30 s.
 fn notify_recv(sock: &UnixDatagram) -> Option<String> {
     let mut buf = [0u8; 4096];
-    sock.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
     let n = sock.recv(&mut buf).ok()?;
     Some(String::from_utf8_lossy(&buf[..n]).trim().to_string())
 }
@@ -291,12 +305,18 @@ fn sigterm_drains_and_a_second_sigterm_does_not_cut_it_short() {
     wait_until("the second SIGTERM logged", || {
         b.daemon.log_contains("SIGTERM during the drain")
     });
-    assert!(b.daemon.exited().is_none(), "a second SIGTERM ended the drain");
+    assert!(
+        b.daemon.exited().is_none(),
+        "a second SIGTERM ended the drain"
+    );
     let mut c = consumer(&b, "t", "c", 10);
     for _ in 0..3 {
         take_and_fin(&mut c);
     }
-    let st = b.daemon.wait_exit(EXIT_WITHIN).expect("exits after the drain");
+    let st = b
+        .daemon
+        .wait_exit(EXIT_WITHIN)
+        .expect("exits after the drain");
     assert!(st.success(), "exit status {st:?}");
     drop(b);
     let _ = std::fs::remove_dir_all(&dir);
@@ -386,13 +406,16 @@ fn pynsq_consumers_drain_the_backlog_while_the_producer_is_refused() {
     let py = python();
     let probe = Command::new(&py).args(["-c", "import nsq"]).output();
     if !probe.is_ok_and(|o| o.status.success()) {
-        common::skip(&format!("{} cannot import pynsq (scripts/setup-clients.sh)", py.display()));
+        common::skip(&format!(
+            "{} cannot import pynsq (scripts/setup-clients.sh)",
+            py.display()
+        ));
         return;
     }
     for_each_shards(&[1, 4], |shards| {
         let mut b = Broker::start(shards, &[]);
-        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("scripts/clients/pynsq_drain.py");
+        let script =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/clients/pynsq_drain.py");
         let out = Command::new(&py)
             .arg(script)
             .arg(b.tcp.to_string())
@@ -405,7 +428,10 @@ fn pynsq_consumers_drain_the_backlog_while_the_producer_is_refused() {
             String::from_utf8_lossy(&out.stderr),
             b.daemon.log_text()
         );
-        let st = b.daemon.wait_exit(EXIT_WITHIN).expect("exits after the drain");
+        let st = b
+            .daemon
+            .wait_exit(EXIT_WITHIN)
+            .expect("exits after the drain");
         assert!(st.success(), "exit status {st:?}");
     });
 }

@@ -57,6 +57,6 @@ mod startup;
 mod stats_filters;
 mod statsd_metrics;
 mod timers_idle_channels;
-mod topology;
 mod tls;
 mod tokio_nsq_client;
+mod topology;

@@ -78,11 +78,20 @@ fn identify_fields_accepted_without_the_experiment() {
         &mut s,
         r#"{"feature_negotiation":true,"topology_region":"r1","topology_zone":"z1"}"#,
     );
-    assert!(r.get("topology_region").is_none() && r.get("topology_zone").is_none(), "{r}");
+    assert!(
+        r.get("topology_region").is_none() && r.get("topology_zone").is_none(),
+        "{r}"
+    );
     send(&mut s, b"SUB t c\n");
     expect_ok(&mut s);
     let c = clients(&b, "t", "c");
-    assert_eq!((c[0]["topology_zone"].as_str(), c[0]["topology_region"].as_str()), (Some("z1"), Some("r1")));
+    assert_eq!(
+        (
+            c[0]["topology_zone"].as_str(),
+            c[0]["topology_region"].as_str()
+        ),
+        (Some("z1"), Some("r1"))
+    );
     // A wrong type fails as Go's json.Unmarshal does.
     let mut s = b.connect_v2();
     send(&mut s, &identify_cmd(r#"{"topology_zone":1}"#));
@@ -106,7 +115,10 @@ fn identify_reply_names_the_node_topology() {
     let r = identify(&mut s, r#"{"feature_negotiation":true}"#);
     assert_eq!(r["topology_region"], "r1");
     assert_eq!(r["topology_zone"], "z1");
-    assert_eq!(b.http("GET", "/config/topology_zone", b""), (200, b"z1".to_vec()));
+    assert_eq!(
+        b.http("GET", "/config/topology_zone", b""),
+        (200, b"z1".to_vec())
+    );
 }
 
 /// A subscribed consumer at `zone`/`region` with RDY `rdy`.
@@ -114,7 +126,9 @@ fn consumer(b: &Broker, topic: &str, region: &str, zone: &str, rdy: u32) -> TcpS
     let mut s = b.connect_v2();
     identify(
         &mut s,
-        &format!(r#"{{"feature_negotiation":true,"topology_region":"{region}","topology_zone":"{zone}"}}"#),
+        &format!(
+            r#"{{"feature_negotiation":true,"topology_region":"{region}","topology_zone":"{zone}"}}"#
+        ),
     );
     send(&mut s, format!("SUB {topic} c\nRDY {rdy}\n").as_bytes());
     expect_ok(&mut s);

@@ -22,7 +22,11 @@ impl Shard {
     /// While the node drains, creating a topic (`channel` `None`) or a channel that does
     /// not exist yet is refused with [`AdminError::Draining`] (nsqd RFC nsqio/nsq#1302);
     /// an existing one is fine. Always `Ok` when the node does not drain.
-    pub fn drain_allows_creating(&self, topic: &str, channel: Option<&str>) -> Result<(), AdminError> {
+    pub fn drain_allows_creating(
+        &self,
+        topic: &str,
+        channel: Option<&str>,
+    ) -> Result<(), AdminError> {
         if !self.node.draining() {
             return Ok(());
         }
@@ -49,9 +53,8 @@ impl Shard {
             }
             left.messages += t.depth();
             for ch in t.channels.values() {
-                left.messages += ch.depth(&t.log)
-                    + ch.in_flight_count() as u64
-                    + ch.deferred_count() as u64;
+                left.messages +=
+                    ch.depth(&t.log) + ch.in_flight_count() as u64 + ch.deferred_count() as u64;
             }
         }
         left

@@ -30,7 +30,11 @@ pub(super) async fn sub(
     }
     // A drain refuses a new topic or channel before its store is prepared.
     crate::runtime::drain::applied(&server.shard);
-    if server.shard.drain_allows_creating(topic, Some(channel)).is_err() {
+    if server
+        .shard
+        .drain_allows_creating(topic, Some(channel))
+        .is_err()
+    {
         let e = SubError::Draining {
             topic: topic.to_string(),
             channel: channel.to_string(),
