@@ -435,3 +435,35 @@ fn pynsq_consumers_drain_the_backlog_while_the_producer_is_refused() {
         assert!(st.success(), "exit status {st:?}");
     });
 }
+
+/// A deferred message holds the drain until it falls due, is delivered and FINed; while
+/// it is in flight the node stays up too.
+#[test]
+fn deferred_and_in_flight_messages_hold_the_drain() {
+    let mut b = Broker::start(2, &[]);
+    create_channel(&b, "t", "c");
+    let mut p = b.connect_v2();
+    let mut dpub = b"DPUB t 1000\n".to_vec();
+    dpub.extend(sized(b"later"));
+    send(&mut p, &dpub);
+    expect_ok(&mut p);
+    assert_eq!(channel_counts(&b, "t", "c"), Some((0, 0, 1)));
+    let mut c = consumer(&b, "t", "c", 1);
+    assert_eq!(put(&b, "drain").0, 200);
+    let (ft, data) = read_frame_skip_hb(&mut c).unwrap();
+    assert_eq!(ft, 2);
+    let (_, _, id, body) = parse_message(&data);
+    assert_eq!(body, b"later");
+    // In flight now: the node waits for its FIN.
+    assert_eq!(channel_counts(&b, "t", "c"), Some((0, 1, 0)));
+    assert!(
+        b.daemon.exited().is_none(),
+        "exited with a message in flight"
+    );
+    send(&mut c, format!("FIN {id}\n").as_bytes());
+    let st = b
+        .daemon
+        .wait_exit(EXIT_WITHIN)
+        .expect("exits after the FIN");
+    assert!(st.success(), "exit status {st:?}");
+}
