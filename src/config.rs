@@ -65,8 +65,8 @@ macro_rules! nsqd_options {
         }
 
         /// nsqd's options in nsqd's `Options` struct order (nsqd 1.3.0's
-        /// nsqd/options.go, then nsqd master's `auth_http_request_method`, then this
-        /// broker's own), made by `nsqd_options!` from the declaration of [`Cli`].
+        /// nsqd/options.go, then nsqd master's `auth_http_request_method` and topology
+        /// options, then this broker's own), made by `nsqd_options!` from the declaration of [`Cli`].
         pub static OPTIONS: std::sync::LazyLock<Vec<crate::config_file::OptSpec>> =
             std::sync::LazyLock::new(|| {
                 let mut specs: Vec<(u32, crate::config_file::OptSpec)> = Vec::new();
@@ -283,7 +283,7 @@ pub struct Cli {
     /// number of shards: executors, each pinned to one CPU (default: the CPUs this process may use)
     #[arg(long)]
     pub shards: Option<usize> =>
-        { rank: 53, cfg: "shards", go: "Shards", kind: Int, get: shards_go, set: set_shards },
+        { rank: 57, cfg: "shards", go: "Shards", kind: Int, get: shards_go, set: set_shards },
     /// UDP <addr>:<port> of a statsd daemon for pushing stats
     #[arg(long, default_value = "")]
     pub statsd_address: String =>
@@ -312,11 +312,26 @@ pub struct Cli {
     /// (beyond nsqd) keep consumed messages for replay (POST /channel/seek) until they are older than this (Go duration; 0: a segment goes once every channel has consumed it)
     #[arg(long, default_value = "0", value_parser = parse_duration)]
     pub retention_time: Duration =>
-        { core, rank: 51, cfg: "retention_time", go: "RetentionTime", kind: Duration },
+        { core, rank: 54, cfg: "retention_time", go: "RetentionTime", kind: Duration },
     /// (beyond nsqd) keep consumed messages for replay until a topic's segment files exceed this many bytes, oldest first (0: no size limit)
     #[arg(long, default_value_t = 0)]
     pub retention_bytes: u64 =>
-        { core, rank: 52, cfg: "retention_bytes", go: "RetentionBytes", kind: Int },
+        { core, rank: 55, cfg: "retention_bytes", go: "RetentionBytes", kind: Int },
+    /// A region represents a larger domain, made up of one or more zones for preferring closer consumer (nsqd master)
+    #[arg(long, default_value = "")]
+    pub topology_region: String =>
+        { rank: 51, cfg: "topology_region", go: "TopologyRegion", kind: Str },
+    /// A zone represents a logical failure domain for preferring closer consumer (nsqd master)
+    #[arg(long, default_value = "")]
+    pub topology_zone: String =>
+        { rank: 52, cfg: "topology_zone", go: "TopologyZone", kind: Str },
+    /// enable experimental feature (may be given multiple times) (valid options: "topology-aware-consumption") (nsqd master)
+    #[arg(long = "enable-experiment")]
+    pub enable_experiment: Vec<String> =>
+        { rank: 53, cfg: "enable_experiment", go: "Experiments", kind: StrList },
+    /// (beyond nsqd, RFC nsqio/nsq#1302) what SIGTERM does: clean-shutdown (exit at once, as nsqd) or drain (refuse publishes and new topics and channels, deliver what is queued, then exit)
+    #[arg(long, default_value = SIGTERM_CLEAN_SHUTDOWN, value_parser = [SIGTERM_CLEAN_SHUTDOWN, SIGTERM_DRAIN])]
+    pub sigterm: String => { rank: 56, cfg: "sigterm", go: "Sigterm", kind: Str },
     /// check what the host must provide (io_uring, locked memory, CPUs, data path, ports),
     /// print each problem with its fix, and exit (0: ready to run, 1: problems)
     #[arg(long)]
@@ -432,6 +447,11 @@ impl Cli {
 
 /// A parsed command line: the options and clap's matches ([`Cli::parse_flags`]).
 pub type Flags = (Cli, clap::ArgMatches);
+
+/// `--sigterm=clean-shutdown` (the default): SIGTERM shuts down cleanly at once, as nsqd.
+pub const SIGTERM_CLEAN_SHUTDOWN: &str = "clean-shutdown";
+/// `--sigterm=drain`: SIGTERM starts a drain (docs/draining.md).
+pub const SIGTERM_DRAIN: &str = "drain";
 
 /// nsqd's `--tls-required` values (nsqd: nsqd.go TLSNotRequired, TLSRequiredExceptHTTP,
 /// TLSRequired).
@@ -554,6 +574,9 @@ pub enum ConfigError {
     RootCaEmpty,
     /// `--auth-http-request-method must be post or get`.
     AuthMethod,
+    /// `invalid sigterm=<v> (valid: "clean-shutdown", "drain")` (a config file's
+    /// value; the command line is checked by clap).
+    Sigterm(String),
     /// `invalid E2E processing latency percentile: <v>` (Go's `%v` of the value).
     E2ePercentile(f64),
     /// `invalid log-level <name>`.
@@ -582,6 +605,10 @@ impl std::fmt::Display for ConfigError {
             ConfigError::AuthMethod => {
                 f.write_str("--auth-http-request-method must be post or get")
             }
+            ConfigError::Sigterm(v) => write!(
+                f,
+                "invalid sigterm={v:?} (valid: {SIGTERM_CLEAN_SHUTDOWN:?}, {SIGTERM_DRAIN:?})"
+            ),
             ConfigError::E2ePercentile(v) => write!(
                 f,
                 "invalid E2E processing latency percentile: {}",
@@ -656,6 +683,14 @@ impl Config {
             e2e_window: cli.e2e_processing_latency_window_time,
             // Chosen from the data path's filesystem when the broker starts (runtime::run).
             segment_io: nsq_storage::SegmentIo::Ring,
+            topology: nsq_shards::topology::Topology {
+                region: cli.topology_region.clone(),
+                zone: cli.topology_zone.clone(),
+                aware: cli
+                    .enable_experiment
+                    .iter()
+                    .any(|e| e == nsq_shards::topology::TOPOLOGY_AWARE_CONSUMPTION),
+            },
         });
         Ok(Config {
             broadcast_address: cli
@@ -717,6 +752,9 @@ fn check_tls_and_auth(cli: &Cli) -> Result<TlsSetup, ConfigError> {
     }
     if cli.auth_http_request_method != "post" && cli.auth_http_request_method != "get" {
         return Err(ConfigError::AuthMethod);
+    }
+    if cli.sigterm != SIGTERM_CLEAN_SHUTDOWN && cli.sigterm != SIGTERM_DRAIN {
+        return Err(ConfigError::Sigterm(cli.sigterm.clone()));
     }
     Ok((tls, tls_required))
 }

@@ -42,6 +42,10 @@ impl Publish {
         bodies: Vec<Bytes>,
         defer_until: Option<Instant>,
     ) -> Publish {
+        // A drain refuses before a new topic's store is prepared.
+        if crate::runtime::drain::applied(shard) {
+            return Publish::Done(Err(PublishError::Draining));
+        }
         if shard.needs_prepared_store(topic) {
             return Publish::NeedsStore {
                 topic: topic.to_string(),
@@ -105,6 +109,11 @@ pub enum Admin {
 impl Admin {
     /// Applies `op` on `shard`, its topic's owner, now when it needs no wait first.
     pub fn start(shard: &Shard, op: AdminOp) -> Admin {
+        // A drain refuses a creation before its store is prepared.
+        crate::runtime::drain::applied(shard);
+        if let Err(e) = shard.drain_allows(&op) {
+            return Admin::Done(Err(e));
+        }
         if matches!(op, AdminOp::SeekChannel(..)) || shard.admin_creates_store(&op) {
             return Admin::Later(op);
         }

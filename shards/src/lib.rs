@@ -30,6 +30,7 @@ pub mod shard;
 pub mod stats;
 pub mod timers;
 pub mod topic;
+pub mod topology;
 pub mod wake;
 pub mod wire;
 

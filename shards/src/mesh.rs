@@ -59,4 +59,8 @@ pub enum AdminError {
     /// its mesh queue is closed or it dropped the reply). HTTP 503 EXITING, nsqd's
     /// answer to a request that comes while it exits.
     Exiting,
+    /// The node drains and the topic or channel to create does not exist (nsqd RFC
+    /// nsqio/nsq#1302). HTTP 503 EXITING, the answer of nsqd's draining prototype
+    /// (nsqio/nsq#1305) when it refuses to create one.
+    Draining,
 }

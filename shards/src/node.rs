@@ -1,7 +1,8 @@
 //! Node-wide settings that change at run time: the nsqlookupd TCP addresses and the log
 //! level (`PUT /config/nsqlookupd_tcp_addresses`, `PUT /config/log_level`, nsqd:
-//! http.go doConfig) and the nsqlookupd HTTP addresses shard 0 learns from each peer's
-//! IDENTIFY answer (nsqd: lookupdHTTPAddrs).
+//! http.go doConfig), the nsqlookupd HTTP addresses shard 0 learns from each peer's
+//! IDENTIFY answer (nsqd: lookupdHTTPAddrs), and the drain (`PUT /config/drain` or
+//! SIGTERM with `--sigterm=drain`, nsqd RFC nsqio/nsq#1302: see docs/draining.md).
 //!
 //! Every shard keeps its own copy ([`NodeSettings`], in [`crate::Shard::node`]) so that
 //! reads are local and synchronous (a topic's creation reads the lookupd HTTP
@@ -27,6 +28,10 @@ pub enum NodeUpdate {
     LookupdHttp { peer: String, http: Option<String> },
     /// `PUT /config/log_level`: nsqd's level number, 1 (debug) to 5 (fatal).
     LogLevel(u8),
+    /// The node drains (`PUT /config/drain`, SIGTERM with `--sigterm=drain`): publishes
+    /// and the creation of topics and channels are refused from now on. One way: a drain
+    /// is never cancelled.
+    Drain,
 }
 
 /// One shard's copy of the node-wide settings (see the module docs).
@@ -42,6 +47,8 @@ pub struct NodeSettings {
     lookupd_http: RefCell<Vec<(String, String)>>,
     /// nsqd's level number set by a PUT; 0 until then (the command line's level applies).
     log_level: Cell<u8>,
+    /// Set once the node drains ([`NodeUpdate::Drain`]); never cleared.
+    draining: Cell<bool>,
 }
 
 impl NodeSettings {
@@ -65,6 +72,7 @@ impl NodeSettings {
                 }
             }
             NodeUpdate::LogLevel(n) => self.log_level.set(*n),
+            NodeUpdate::Drain => self.draining.set(true),
         }
     }
 
@@ -91,6 +99,11 @@ impl NodeSettings {
     /// nsqd's log level number set by a PUT (1 debug .. 5 fatal); 0 if none was.
     pub fn log_level(&self) -> u8 {
         self.log_level.get()
+    }
+
+    /// True once the node drains: publishes, new topics and new channels are refused.
+    pub fn draining(&self) -> bool {
+        self.draining.get()
     }
 }
 
@@ -129,5 +142,9 @@ mod tests {
         assert_eq!(n.log_level(), 0);
         n.apply(&NodeUpdate::LogLevel(3));
         assert_eq!(n.log_level(), 3);
+        assert!(!n.draining());
+        n.apply(&NodeUpdate::Drain);
+        n.apply(&NodeUpdate::Drain);
+        assert!(n.draining());
     }
 }

@@ -49,6 +49,10 @@ pub struct Options {
     /// How segment files are written and read: chosen at start-up from the data path's
     /// filesystem and `NSQD_SEGMENT_IO` (beyond nsqd; [`nsq_storage::SegmentIo::choose`]).
     pub segment_io: nsq_storage::SegmentIo,
+    /// `--topology-region`, `--topology-zone` and whether
+    /// `--enable-experiment=topology-aware-consumption` is on (nsqd master; see
+    /// [`crate::topology`]).
+    pub topology: crate::topology::Topology,
 }
 
 impl Options {
@@ -95,6 +99,7 @@ impl Default for Options {
             e2e_percentiles: Vec::new(),
             e2e_window: Duration::from_secs(600),
             segment_io: nsq_storage::SegmentIo::Ring,
+            topology: crate::topology::Topology::default(),
         }
     }
 }

@@ -80,6 +80,10 @@ pub struct ClientStats {
     pub auth_identity: String,
     #[serde(skip_serializing_if = "String::is_empty")]
     pub auth_identity_url: String,
+    /// nsqd master's `topology_zone` and `topology_region` (IDENTIFY's), each only
+    /// when the client sent one.
+    #[serde(flatten)]
+    pub topology: ClientTopologyStats,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub pub_counts: Vec<PubCount>,
     pub tls: bool,
@@ -87,6 +91,16 @@ pub struct ClientStats {
     pub tls_version: String,
     pub tls_negotiated_protocol: String,
     pub tls_negotiated_protocol_is_mutual: bool,
+}
+
+/// A client's IDENTIFY topology fields in `/stats` (nsqd master), each left out when
+/// empty so that `/stats` stays nsqd 1.3.0's for clients that send none.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ClientTopologyStats {
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub topology_zone: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub topology_region: String,
 }
 
 /// One channel in `/stats`: one field per key of nsqd's ChannelStats, so it stays one
@@ -99,6 +113,9 @@ pub struct ChannelStats {
     pub in_flight_count: usize,
     pub deferred_count: usize,
     pub message_count: u64,
+    /// nsqd master's deliveries by topology rank (each key only when not 0).
+    #[serde(flatten)]
+    pub by_rank: crate::topology::RankCounts,
     pub requeue_count: u64,
     pub timeout_count: u64,
     pub client_count: usize,

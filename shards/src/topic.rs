@@ -217,6 +217,9 @@ const RESTORE_GAP_MAX: u64 = 1 << 16;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PublishError {
     Exiting,
+    /// The node drains (docs/draining.md): `draining`, the error text nsqd's draining
+    /// topic gives (nsqd RFC nsqio/nsq#1302).
+    Draining,
     /// A disk error (nsqd: E_PUB_FAILED ... with the error text).
     Disk(String),
 }
@@ -232,6 +235,7 @@ impl std::fmt::Display for PublishError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             PublishError::Exiting => f.write_str("exiting"),
+            PublishError::Draining => f.write_str("draining"),
             PublishError::Disk(e) => f.write_str(e),
         }
     }

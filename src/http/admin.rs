@@ -28,6 +28,6 @@ pub(super) async fn admin(server: &Server, op: AdminOp) -> Response {
         Err(AdminError::TopicNotFound) => Response::v1_err(404, "TOPIC_NOT_FOUND"),
         Err(AdminError::ChannelNotFound) => Response::v1_err(404, "CHANNEL_NOT_FOUND"),
         Err(AdminError::Internal) => Response::v1_err(500, "INTERNAL_ERROR"),
-        Err(AdminError::Exiting) => Response::v1_err(503, "EXITING"),
+        Err(AdminError::Exiting | AdminError::Draining) => Response::v1_err(503, "EXITING"),
     }
 }

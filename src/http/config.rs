@@ -37,6 +37,9 @@ pub(super) fn config_body_error(o: &nsq_shards::Options, body: &[u8]) -> Respons
 
 pub(super) async fn do_config(server: &Server, head: &Head, body: &[u8]) -> Response {
     let opt = &head.path["/config/".len()..];
+    if head.method == "PUT" && matches!(opt, "drain" | "shutdown") {
+        return lifecycle(server, opt).await;
+    }
     if head.method == "PUT" {
         let read_max = server.shard.opts.max_msg_size + 1;
         if body.len() as i64 >= read_max || body.is_empty() {
@@ -92,4 +95,21 @@ pub(super) async fn do_config(server: &Server, head: &Head, body: &[u8]) -> Resp
         }
     };
     Response::v1_json(nsq_wire::json::to_vec_go(&v))
+}
+
+/// `PUT /config/drain` and `PUT /config/shutdown` (nsqd RFC nsqio/nsq#1302; not options:
+/// GET answers 400 INVALID_OPTION for them as for any unknown name; the body is
+/// ignored). `drain` starts the drain (again: nothing changes) and answers 200 with an
+/// empty body once every shard refuses publishes and new topics and channels;
+/// `shutdown` answers 200 and then starts the clean shutdown (also during a drain).
+async fn lifecycle(server: &Server, what: &str) -> Response {
+    if what == "shutdown" {
+        crate::runtime::drain::request_shutdown();
+    } else {
+        crate::runtime::drain::start_drain("PUT /config/drain");
+        server
+            .change_node_settings(nsq_shards::node::NodeUpdate::Drain)
+            .await;
+    }
+    Response::v1_empty()
 }

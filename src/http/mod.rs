@@ -177,10 +177,12 @@ pub(super) async fn route(
         "/" => shards_page(),
         "/topic/create" => match topic_param(&params, true) {
             Err(r) => r,
-            Ok(t) => {
-                server.create_topic(&t).await;
-                Response::v1_empty()
-            }
+            // nsqd answers 200 whatever happened, except that a drain refuses a new
+            // topic (503 EXITING, as nsqd's draining prototype).
+            Ok(t) => match server.admin(AdminOp::CreateTopic(t)).await {
+                Err(AdminError::Draining) => Response::v1_err(503, "EXITING"),
+                _ => Response::v1_empty(),
+            },
         },
         "/topic/delete" => match topic_param(&params, false) {
             Err(r) => r,

@@ -212,6 +212,8 @@ pub(super) fn publish_response(r: Result<(), nsq_shards::topic::PublishError>) -
     match r {
         Ok(()) => Response::v1_text(b"OK".to_vec()),
         Err(nsq_shards::topic::PublishError::Exiting) => Response::v1_err(503, "EXITING"),
+        // nsqd's draining prototype: the topic's PutMessage error, so 503 EXITING.
+        Err(nsq_shards::topic::PublishError::Draining) => Response::v1_err(503, "EXITING"),
         Err(nsq_shards::topic::PublishError::Disk(_)) => Response::v1_err(503, "EXITING"),
     }
 }

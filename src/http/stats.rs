@@ -18,6 +18,10 @@ pub(super) fn info(server: &Server) -> Response {
         max_output_buffer_size: i64,
         max_output_buffer_timeout: u128,
         max_deflate_level: i64,
+        /// Beyond nsqd (RFC nsqio/nsq#1302): `true` while the node drains, absent
+        /// otherwise (nsqd's keys stay as they are).
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        draining: bool,
     }
     let i = Info {
         version: VERSION,
@@ -30,6 +34,7 @@ pub(super) fn info(server: &Server) -> Response {
         max_output_buffer_size: o.identify.max_output_buffer_size,
         max_output_buffer_timeout: o.identify.max_output_buffer_timeout.as_nanos(),
         max_deflate_level: o.identify.max_deflate_level,
+        draining: crate::runtime::drain::draining() || server.shard.node.draining(),
     };
     Response::v1_json(nsq_wire::json::to_vec_go(&i))
 }

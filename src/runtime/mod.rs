@@ -5,6 +5,7 @@
 //! each socket, and none serves anything until every shard has recovered its topics.
 
 mod barrier;
+pub mod drain;
 mod host;
 mod listeners;
 mod shard;
@@ -32,7 +33,9 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
 /// until this returns, and the bound listeners.
 ///
 /// Under systemd (`NOTIFY_SOCKET` set, `Type=notify`) it sends `READY=1` once every shard
-/// has recovered and accepts, and `STOPPING=1` when a shutdown starts (sd_notify(3)).
+/// has recovered and accepts, and `STOPPING=1` when a shutdown or a drain starts
+/// (sd_notify(3)). A drain ([`drain`]) ends in the same clean shutdown once every channel
+/// is empty; `PUT /config/shutdown` starts it at once.
 /// `on_serving` runs then too (main stops treating panics as start-up failures).
 pub fn run(
     mut cfg: Config,
@@ -89,7 +92,12 @@ pub fn run(
 
     let term = Arc::new(AtomicBool::new(false));
     let serving = Arc::new(AtomicBool::new(false));
-    signals::spawn_signal_thread(term.clone(), serving.clone())?;
+    drain::reset(cfg.shards);
+    signals::spawn_signal_thread(
+        term.clone(),
+        serving.clone(),
+        cfg.flags.sigterm == crate::config::SIGTERM_DRAIN,
+    )?;
 
     let n = cfg.shards;
     let cpus = allowed_cpus();
@@ -198,6 +206,22 @@ pub fn run(
         match done_rx.recv_timeout(Duration::from_millis(100)) {
             Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
             Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        if !term.load(Ordering::SeqCst) {
+            let drained = drain::completed();
+            if let Some(left) = drained {
+                if left > 0 {
+                    log::warn!(
+                        "NSQ: drain complete; {left} message(s) of topics without channels stay in the data path"
+                    );
+                } else {
+                    log::info!("NSQ: drain complete");
+                }
+            }
+            if drained.is_some() || drain::shutdown_requested() {
+                signals::mark_shutting_down();
+                term.store(true, Ordering::SeqCst);
+            }
         }
         if term.load(Ordering::Relaxed) {
             let d = *deadline.get_or_insert_with(|| Instant::now() + SHUTDOWN_GRACE);

@@ -199,6 +199,7 @@ async fn shard_main(
 async fn timer_loop(shard: &Rc<Shard>, term: &AtomicBool) {
     let mut last_pass = Instant::now();
     let mut next_refresh = last_pass + nsq_shards::shard::TIMER_REFRESH;
+    let mut next_drain_report = last_pass;
     loop {
         let now = Instant::now();
         let wake_at = shard
@@ -218,6 +219,10 @@ async fn timer_loop(shard: &Rc<Shard>, term: &AtomicBool) {
             break;
         }
         let now = Instant::now();
+        if super::drain::draining() && now >= next_drain_report {
+            drain_pass(shard);
+            next_drain_report = now + IDLE_TICK;
+        }
         if !slept
             && shard
                 .next_timer_due()
@@ -236,6 +241,14 @@ async fn timer_loop(shard: &Rc<Shard>, term: &AtomicBool) {
         shard.process_timers(now);
         last_pass = now;
     }
+}
+
+/// While the node drains (at most every [`IDLE_TICK`]): applies the drain to this
+/// shard's copy of the node-wide settings if a signal started it, then reports what the
+/// shard still holds to the main thread ([`super::drain::report`]).
+fn drain_pass(shard: &Shard) {
+    super::drain::applied(shard);
+    super::drain::report(shard.index(), shard.drain_left());
 }
 
 /// Writes topic metadata and applies retention every --sync-timeout until shutdown, and

@@ -81,7 +81,10 @@ async fn new_connection(server: Rc<Server>, stream: TcpStream) {
     let _ = buf.split_to(4);
     let ip = peer.rsplit_once(':').map(|(h, _)| h).unwrap_or(&peer);
     let ip = ip.trim_start_matches('[').trim_end_matches(']');
-    let settings = default_settings(ip, &server.shard.opts);
+    let mut settings = default_settings(ip, &server.shard.opts);
+    // Topology-aware consumption: a client that never IDENTIFYs is ranked as one from
+    // elsewhere (0, unranked, when the experiment is off).
+    settings.topology.rank = server.shard.opts.topology.rank("", "");
     let client = Rc::new(Client::new(
         server.shard.new_client_id(),
         peer.clone(),

@@ -1,6 +1,7 @@
 //! Every nsqd 1.3.0 flag is accepted, so any nsqd command line starts this broker: the
 //! list below is `nsqd --help` of 1.3.0 (apps/nsqd/options.go), plus
-//! `--auth-http-request-method` from nsqd's master branch. Deprecated flags are accepted
+//! `--auth-http-request-method`, `--topology-region`, `--topology-zone` and
+//! `--enable-experiment` from nsqd's master branch. Deprecated flags are accepted
 //! and ignored silently, as nsqd 1.3.0 does (it prints no warning for them); flags of
 //! the feature this broker does not implement (TLS) are accepted but fail at start-up
 //! when they ask for it.
@@ -68,6 +69,9 @@ const NSQD_1_3_0_FLAGS: &[(&str, Option<&str>)] = &[
     ("worker-id", None),
     // nsqd master.
     ("auth-http-request-method", Some("post")),
+    ("topology-region", Some("r1")),
+    ("topology-zone", Some("z1")),
+    ("enable-experiment", Some("topology-aware-consumption")),
 ];
 
 /// This broker's own flags (nsqd has none of these).
@@ -78,6 +82,7 @@ const OWN_FLAGS: &[&str] = &[
     "retention-time",
     "retention-bytes",
     "preflight",
+    "sigterm",
 ];
 
 #[test]

@@ -65,6 +65,9 @@ pub struct ClientSettings {
     /// of each delivery. The fields above follow every IDENTIFY (the reply, TOUCH, the
     /// read deadline).
     pub pump: PumpSettings,
+    /// IDENTIFY's topology fields and the rank the broker gave them.
+    #[serde(default)]
+    pub topology: ClientTopology,
 }
 
 /// The settings nsqd's messagePump runs with ([`ClientSettings::pump`]).
@@ -132,12 +135,28 @@ pub struct IdentifyRequest {
     pub sample_rate: Option<i64>,
     /// ms a delivered message may stay in flight; 0 = --msg-timeout.
     pub msg_timeout: Option<i64>,
+    /// nsqd master's `topology_region` and `topology_zone`.
+    pub topology: ClientTopology,
+}
+
+/// Where a client says it is (nsqd master's IDENTIFY `topology_region` and
+/// `topology_zone`, "" when not sent), and the delivery rank the broker gave it for that
+/// (topology-aware consumption: lower ranks are served first; 0 for every client when
+/// the broker does not rank them).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientTopology {
+    /// IDENTIFY `topology_region`.
+    pub region: String,
+    /// IDENTIFY `topology_zone`.
+    pub zone: String,
+    /// Set by the broker after IDENTIFY; 0 = unranked.
+    pub rank: u8,
 }
 
 /// The feature-negotiation reply, keys in nsqd 1.3.0's order, one field per key (a flat
 /// wire shape on purpose). Durations in ms.
 #[derive(Debug, Serialize)]
-pub struct IdentifyResponse {
+pub struct IdentifyResponse<'a> {
     /// --max-rdy-count.
     pub max_rdy_count: i64,
     /// The broker's version ([`VERSION`]).
@@ -164,6 +183,13 @@ pub struct IdentifyResponse {
     pub output_buffer_size: i64,
     /// The connection's output buffer timeout, ms.
     pub output_buffer_timeout: i64,
+    /// nsqd master: the broker's `--topology-region`; shown only when the broker has a
+    /// region or zone (so a broker without either answers exactly as nsqd 1.3.0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub topology_region: Option<&'a str>,
+    /// nsqd master: the broker's `--topology-zone` (shown as `topology_region` is).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub topology_zone: Option<&'a str>,
 }
 
 /// The version this broker reports everywhere (nsqjs needs >= 0.3.0 for RDY semantics).
@@ -202,7 +228,7 @@ pub struct Negotiated {
 pub fn decode_identify(body: &[u8]) -> Result<IdentifyRequest, gojson::DecodeError> {
     use crate::gojson::{bool_field, field_for, int_field, string_field};
     // identifyDataV2's JSON fields in declaration order.
-    const FIELDS: [&str; 13] = [
+    const FIELDS: [&str; 15] = [
         "client_id",
         "hostname",
         "heartbeat_interval",
@@ -216,6 +242,9 @@ pub fn decode_identify(body: &[u8]) -> Result<IdentifyRequest, gojson::DecodeErr
         "sample_rate",
         "user_agent",
         "msg_timeout",
+        // nsqd master.
+        "topology_region",
+        "topology_zone",
     ];
     let members = gojson::object_members(body)?.unwrap_or_default();
     let mut r = IdentifyRequest::default();
@@ -239,6 +268,16 @@ pub fn decode_identify(body: &[u8]) -> Result<IdentifyRequest, gojson::DecodeErr
             "deflate_level" => set_int(&mut r.deflate_level, 64),
             "sample_rate" => set_int(&mut r.sample_rate, 32),
             "msg_timeout" => set_int(&mut r.msg_timeout, 64),
+            "topology_region" => string_field(field, v).map(|s| {
+                if let Some(s) = s {
+                    r.topology.region = s;
+                }
+            }),
+            "topology_zone" => string_field(field, v).map(|s| {
+                if let Some(s) = s {
+                    r.topology.zone = s;
+                }
+            }),
             "feature_negotiation" => set_bool(&mut r.feature_negotiation),
             "tls_v1" => set_bool(&mut r.tls_v1),
             "snappy" => set_bool(&mut r.snappy),
@@ -269,6 +308,7 @@ pub fn default_settings(peer_ip: &str, opts: impl Into<IdentifyLimits>) -> Clien
         msg_timeout: opts.msg_timeout,
         identified: false,
         pump: PumpSettings::default(),
+        topology: ClientTopology::default(),
     };
     s.pump = PumpSettings::of(&s);
     s
@@ -289,6 +329,9 @@ pub fn apply_identify(
     s.client_id = req.client_id.unwrap_or_default();
     s.hostname = req.hostname.unwrap_or_default();
     s.user_agent = req.user_agent.unwrap_or_default();
+    // nsqd master: every IDENTIFY sets them (the rank is the broker's, kept).
+    s.topology.region = req.topology.region;
+    s.topology.zone = req.topology.zone;
 
     let hb = req.heartbeat_interval.unwrap_or(0);
     s.heartbeat_interval = match hb {
@@ -364,7 +407,21 @@ pub fn identify_response(
     n: &Negotiated,
     auth_required: bool,
 ) -> Vec<u8> {
+    identify_response_at(settings, opts, n, auth_required, ("", ""))
+}
+
+/// [`identify_response`] of a broker at `(region, zone)` (`--topology-region`,
+/// `--topology-zone`): when either is set the reply ends with nsqd master's
+/// `topology_region` and `topology_zone`.
+pub fn identify_response_at(
+    settings: &ClientSettings,
+    opts: impl Into<IdentifyLimits>,
+    n: &Negotiated,
+    auth_required: bool,
+    (region, zone): (&str, &str),
+) -> Vec<u8> {
     let opts = opts.into();
+    let placed = !region.is_empty() || !zone.is_empty();
     let r = IdentifyResponse {
         max_rdy_count: opts.max_rdy_count,
         version: VERSION,
@@ -379,6 +436,8 @@ pub fn identify_response(
         auth_required,
         output_buffer_size: settings.output_buffer_size as i64,
         output_buffer_timeout: ms(settings.output_buffer_timeout),
+        topology_region: placed.then_some(region),
+        topology_zone: placed.then_some(zone),
     };
     crate::json::to_vec_go(&r)
 }

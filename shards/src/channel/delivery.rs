@@ -286,7 +286,9 @@ impl Channel {
         let mut delivered = 0;
         let n = self.consumers.clients.len();
         while n > 0 && self.has_work(log) {
-            let mut pick = None;
+            // The first ready client in round-robin order of the lowest topology rank
+            // (crate::topology); without the experiment every rank is 0, so the first.
+            let mut pick: Option<(usize, u8)> = None;
             for i in 0..n {
                 let idx = (self.consumers.next + i) % n;
                 let c = &self.consumers.clients[idx];
@@ -300,10 +302,15 @@ impl Channel {
                     c.hold_back();
                     continue;
                 }
-                pick = Some(idx);
-                break;
+                let rank = c.settings.borrow().topology.rank;
+                if pick.is_none_or(|(_, best)| rank < best) {
+                    pick = Some((idx, rank));
+                }
+                if rank <= crate::topology::RANK_ZONE {
+                    break;
+                }
             }
-            let Some(idx) = pick else { break };
+            let Some((idx, rank)) = pick else { break };
             self.consumers.next = (idx + 1) % n;
             let Some(mut msg) = self.next_message(log, now) else {
                 break;
@@ -324,6 +331,7 @@ impl Channel {
             }
             client.in_flight.set(client.in_flight.get() + 1);
             client.count_delivery();
+            self.counters.by_rank.count(rank);
             client.buffer_message(&msg);
             let deadline = now + msg_timeout;
             self.in_flight.insert(InFlight {

@@ -198,6 +198,8 @@ struct ChannelCounters {
     message_count: u64,
     requeue_count: u64,
     timeout_count: u64,
+    /// Deliveries by the topology rank of the client (all 0 without the experiment).
+    by_rank: crate::topology::RankCounts,
     /// FIN latencies when `--e2e-processing-latency-percentile` is set (nsqd:
     /// e2eProcessingLatencyStream); created by the shard on the first FIN.
     e2e: Option<crate::quantile::Quantile>,
@@ -303,6 +305,12 @@ impl Channel {
     /// REQs, delayed or not (stats `requeue_count`).
     pub fn requeue_count(&self) -> u64 {
         self.counters.requeue_count
+    }
+
+    /// Deliveries by the topology rank of their client (stats `zone_local_msg_count`,
+    /// `region_local_msg_count`, `global_msg_count`; see [`crate::topology`]).
+    pub fn rank_counts(&self) -> crate::topology::RankCounts {
+        self.counters.by_rank
     }
 
     /// In-flight messages that timed out (stats `timeout_count`).

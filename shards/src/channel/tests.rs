@@ -48,6 +48,7 @@ fn client_with(id: u64, rdy: i64, timeout_ms: u64) -> Rc<Client> {
             msg_timeout: ms(timeout_ms),
             identified: false,
             pump: Default::default(),
+            topology: Default::default(),
         }
         .with_current_pump(),
     );
@@ -1195,4 +1196,60 @@ fn channel_seek_drops_requeued_and_deferred() {
     assert_eq!(ch.low_watermark(), 12);
     ch.seek(20);
     assert_eq!(ch.depth(&log), 0);
+}
+
+/// Topology-aware consumption (crate::topology): a zone-local consumer gets every
+/// message while it has RDY, then a region-local one, then anyone; the channel counts
+/// each delivery by rank. Unranked clients (the experiment off) share round robin.
+#[test]
+fn topology_rank_prefers_zone_then_region_then_anyone() {
+    use crate::topology::{RANK_GLOBAL, RANK_REGION, RANK_ZONE};
+    let t0 = Clock::new().at(0);
+    let mut t = topic_with("ch");
+    let ranked = |id, rdy, rank| {
+        let c = client_with(id, rdy, 1000);
+        c.settings_mut().topology.rank = rank;
+        c
+    };
+    // Subscribed farthest first, so round robin alone would start with the global one.
+    let global = ranked(1, 100, RANK_GLOBAL);
+    let region = ranked(2, 3, RANK_REGION);
+    let zone = ranked(3, 5, RANK_ZONE);
+    for c in [&global, &region, &zone] {
+        sub(&mut t, "ch", c);
+    }
+    publish(&mut t, 0, 4);
+    assert_eq!(dispatch(&mut t, "ch", t0), 4);
+    assert_eq!(bodies(&frames(&zone)), ["m0", "m1", "m2", "m3"]);
+    assert!(frames(&region).is_empty() && frames(&global).is_empty());
+    // Zone full (RDY 5, 4 in flight + 1): the next goes there, then the region's RDY
+    // 3, then the rest to anyone.
+    publish(&mut t, 4, 10);
+    assert_eq!(dispatch(&mut t, "ch", t0), 10);
+    assert_eq!(bodies(&frames(&zone)), ["m4"]);
+    assert_eq!(bodies(&frames(&region)), ["m5", "m6", "m7"]);
+    assert_eq!(bodies(&frames(&global)).len(), 6);
+    let counts = t.channels["ch"].rank_counts();
+    assert_eq!(
+        (
+            counts.zone_local_msg_count,
+            counts.region_local_msg_count,
+            counts.global_msg_count
+        ),
+        (5, 3, 6)
+    );
+
+    // Without the experiment every client has rank 0: plain round robin, no counts.
+    let mut t = topic_with("ch");
+    let (a, b) = (client(10), client(11));
+    sub(&mut t, "ch", &a);
+    sub(&mut t, "ch", &b);
+    publish(&mut t, 0, 4);
+    assert_eq!(dispatch(&mut t, "ch", t0), 4);
+    assert_eq!(bodies(&frames(&a)), ["m0", "m2"]);
+    assert_eq!(bodies(&frames(&b)), ["m1", "m3"]);
+    assert_eq!(
+        t.channels["ch"].rank_counts(),
+        crate::topology::RankCounts::default()
+    );
 }

@@ -6,9 +6,72 @@ use crate::mesh::{AdminError, AdminOp, SeekTo};
 use std::rc::Rc;
 use std::time::Instant;
 
+/// What a drain still waits for on one shard ([`Shard::drain_left`]), in messages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DrainLeft {
+    /// Messages of topics that have channels: the topic's depth (not yet given to its
+    /// channels, e.g. while the topic is paused) plus each channel's depth, in-flight and
+    /// deferred counts. The drain ends when this is 0 on every shard.
+    pub messages: u64,
+    /// Messages of topics without any channel: not waited for (nothing can consume
+    /// them while draining); they stay in the data path for the next start.
+    pub without_channels: u64,
+}
+
 impl Shard {
+    /// While the node drains, creating a topic (`channel` `None`) or a channel that does
+    /// not exist yet is refused with [`AdminError::Draining`] (nsqd RFC nsqio/nsq#1302);
+    /// an existing one is fine. Always `Ok` when the node does not drain.
+    pub fn drain_allows_creating(
+        &self,
+        topic: &str,
+        channel: Option<&str>,
+    ) -> Result<(), AdminError> {
+        if !self.node.draining() {
+            return Ok(());
+        }
+        let topics = self.topics.borrow();
+        let exists = topics
+            .get(topic)
+            .is_some_and(|t| channel.is_none_or(|c| t.channels.contains_key(c)));
+        if exists {
+            Ok(())
+        } else {
+            Err(AdminError::Draining)
+        }
+    }
+
+    /// What a drain still waits for on this shard (docs/draining.md).
+    pub fn drain_left(&self) -> DrainLeft {
+        let mut left = DrainLeft::default();
+        for t in self.topics.borrow().values() {
+            if t.channels.is_empty() {
+                // Nobody can consume these: no channel may be created while draining.
+                // They stay in the data path, as on any clean shutdown.
+                left.without_channels += t.depth();
+                continue;
+            }
+            left.messages += t.depth();
+            for ch in t.channels.values() {
+                left.messages +=
+                    ch.depth(&t.log) + ch.in_flight_count() as u64 + ch.deferred_count() as u64;
+            }
+        }
+        left
+    }
+
+    /// The drain's check of `op` ([`Shard::drain_allows_creating`] for the creations).
+    pub fn drain_allows(&self, op: &AdminOp) -> Result<(), AdminError> {
+        match op {
+            AdminOp::CreateTopic(t) => self.drain_allows_creating(t, None),
+            AdminOp::CreateChannel(t, c) => self.drain_allows_creating(t, Some(c)),
+            _ => Ok(()),
+        }
+    }
+
     /// Runs an admin operation on a topic this shard owns (nsqd: http.go handlers).
     pub fn admin(&self, op: AdminOp) -> Result<(), AdminError> {
+        self.drain_allows(&op)?;
         self.mark_changed(op.topic());
         let mut topics = self.topics.borrow_mut();
         let mq = self.opts.mem_queue_size;

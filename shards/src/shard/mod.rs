@@ -26,6 +26,7 @@ mod stats;
 mod store_prep;
 mod subscribe;
 
+pub use admin::DrainLeft;
 pub use delivery::Timers;
 pub use lookup::Lookup;
 pub use publish::DurableWait;

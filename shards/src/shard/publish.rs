@@ -32,6 +32,9 @@ impl Shard {
         if self.shutdown.is_set() {
             return Err(PublishError::Exiting);
         }
+        if self.node.draining() {
+            return Err(PublishError::Draining);
+        }
         let bytes: u64 = bodies.iter().map(|b| b.len() as u64).sum();
         let mut topics = self.topics.borrow_mut();
         let t = self.get_or_create_topic(&mut topics, topic);

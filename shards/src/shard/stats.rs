@@ -97,6 +97,7 @@ impl Shard {
                     in_flight_count: ch.in_flight_count(),
                     deferred_count: ch.deferred_count(),
                     message_count: ch.message_count(),
+                    by_rank: ch.rank_counts(),
                     requeue_count: ch.requeue_count(),
                     timeout_count: ch.timeout_count(),
                     client_count: ch.clients().len(),
@@ -213,6 +214,10 @@ pub fn client_stats(c: &Client, topic: &str) -> ClientStats {
             .as_ref()
             .map(|a| a.identity_url.clone())
             .unwrap_or_default(),
+        topology: crate::stats::ClientTopologyStats {
+            topology_zone: s.topology.zone.clone(),
+            topology_region: s.topology.region.clone(),
+        },
         pub_counts,
         tls: c.tls().is_some(),
         tls_cipher_suite: c

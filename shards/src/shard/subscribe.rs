@@ -21,6 +21,11 @@ pub enum SubError {
         channel: String,
         max: usize,
     },
+    /// The node drains and the topic or the channel does not exist (nsqd RFC
+    /// nsqio/nsq#1302: a drain refuses new topics and channels). `Display` is the whole
+    /// error frame: `E_NSQD_DRAINING SUB create channel <topic>:<channel> failed. nsqd
+    /// is draining` (the draining prototype's text, nsqio/nsq#1305).
+    Draining { topic: String, channel: String },
 }
 
 impl std::fmt::Display for SubError {
@@ -35,6 +40,10 @@ impl std::fmt::Display for SubError {
                 f,
                 "consumers for {topic}:{channel} {}",
                 crate::channel::ConsumerLimit { max: *max }
+            ),
+            SubError::Draining { topic, channel } => write!(
+                f,
+                "E_NSQD_DRAINING SUB create channel {topic}:{channel} failed. nsqd is draining"
             ),
         }
     }
@@ -116,6 +125,16 @@ impl Shard {
             return Err(SubError::Exiting);
         }
         let mut topics = self.topics.borrow_mut();
+        if self.node.draining()
+            && !topics
+                .get(topic)
+                .is_some_and(|t| t.channels.contains_key(channel))
+        {
+            return Err(SubError::Draining {
+                topic: topic.to_string(),
+                channel: channel.to_string(),
+            });
+        }
         let t = self.get_or_create_topic(&mut topics, topic);
         let mut created = false;
         if t.create_channel(channel, self.opts.mem_queue_size) {

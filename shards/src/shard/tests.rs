@@ -24,6 +24,7 @@ fn client(shard: &Shard) -> Rc<Client> {
             msg_timeout: Duration::from_secs(60),
             identified: false,
             pump: Default::default(),
+            topology: Default::default(),
         }
         .with_current_pump(),
     ));
@@ -451,4 +452,57 @@ fn a_topic_that_failed_to_load_is_unhealthy_and_keeps_its_data() {
         "the old data is kept"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// While the node drains (crate::node): publishes and new topics and channels are
+/// refused, an existing channel can still be subscribed to, and `drain_left` counts
+/// what channels still hold (a topic without channels apart).
+#[test]
+fn draining_refuses_publishes_and_creations_and_counts_what_is_left() {
+    use crate::node::NodeUpdate;
+    let s = shard(0);
+    let a = client(&s);
+    s.subscribe(&a, "t", "c").unwrap();
+    s.publish_local("t", vec![Bytes::from_static(b"x"); 3], None)
+        .unwrap();
+    s.publish_local("orphan", vec![Bytes::from_static(b"y"); 2], None)
+        .unwrap();
+    assert_eq!(
+        s.drain_left(),
+        DrainLeft {
+            messages: 3,
+            without_channels: 2
+        }
+    );
+
+    s.node.apply(&NodeUpdate::Drain);
+    let refused = s.publish_local("t", vec![Bytes::from_static(b"z")], None);
+    assert_eq!(refused.err(), Some(PublishError::Draining));
+    assert_eq!(PublishError::Draining.text(), "draining");
+    let b = client(&s);
+    let e = s.subscribe(&b, "t", "new").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "E_NSQD_DRAINING SUB create channel t:new failed. nsqd is draining"
+    );
+    assert!(s.subscribe(&b, "fresh", "c").is_err());
+    s.subscribe(&b, "t", "c").unwrap();
+    assert_eq!(
+        s.admin(AdminOp::CreateTopic("fresh".into())),
+        Err(AdminError::Draining)
+    );
+    assert_eq!(
+        s.admin(AdminOp::CreateChannel("t".into(), "new".into())),
+        Err(AdminError::Draining)
+    );
+    assert_eq!(s.admin(AdminOp::CreateTopic("t".into())), Ok(()));
+    assert_eq!(
+        s.admin(AdminOp::CreateChannel("t".into(), "c".into())),
+        Ok(())
+    );
+    assert!(!s.topics.borrow().contains_key("fresh"));
+    // Emptying the channel is what is left to do here.
+    s.admin(AdminOp::EmptyChannel("t".into(), "c".into()))
+        .unwrap();
+    assert_eq!(s.drain_left().messages, 0);
 }

@@ -13,7 +13,7 @@ use crate::server::Server;
 use crate::tcp::conn::apply_deadlines;
 use crate::tcp::stream::SharedStream;
 use nsq_shards::client::{Client, Compression, OutputTicker};
-use nsq_wire::identify::{apply_identify, identify_response};
+use nsq_wire::identify::{apply_identify, identify_response_at};
 use nsq_wire::v2::FRAME_RESPONSE;
 use std::time::Instant;
 
@@ -30,7 +30,12 @@ pub(super) fn identify(
     let negotiated = {
         let mut s = client.settings_mut();
         match apply_identify(body, &mut s, &shard.opts) {
-            Ok(n) => n,
+            Ok(n) => {
+                // Topology-aware consumption: the client's delivery rank (0 when off).
+                let t = &mut s.topology;
+                t.rank = shard.opts.topology.rank(&t.region, &t.zone);
+                n
+            }
             Err(e) => {
                 drop(s);
                 return fatal(client, format!("{} {}", e.code, e.text));
@@ -63,11 +68,13 @@ pub(super) fn identify(
         shown.snappy = current == Compression::Snappy;
         shown.deflate = matches!(current, Compression::Deflate(_));
     }
-    let resp = identify_response(
+    let topology = &shard.opts.topology;
+    let resp = identify_response_at(
         &client.settings(),
         &shard.opts,
         &shown,
         server.cfg.auth.enabled(),
+        (&topology.region, &topology.zone),
     );
     client.send_frame(FRAME_RESPONSE, &resp);
     let want = if current != Compression::None {

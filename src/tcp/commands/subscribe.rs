@@ -13,6 +13,7 @@
 use super::{fatal, Fatal};
 use crate::server::Server;
 use nsq_shards::client::Client;
+use nsq_shards::shard::SubError;
 use nsq_shards::ClientState;
 use nsq_wire::v2::FRAME_RESPONSE;
 use std::rc::Rc;
@@ -27,8 +28,22 @@ pub(super) async fn sub(
     if let Err(e) = crate::auth::check(&server.cfg.auth, client, "SUB", topic, channel).await {
         return fatal(client, e.to_string());
     }
+    // A drain refuses a new topic or channel before its store is prepared.
+    crate::runtime::drain::applied(&server.shard);
+    if server
+        .shard
+        .drain_allows_creating(topic, Some(channel))
+        .is_err()
+    {
+        let e = SubError::Draining {
+            topic: topic.to_string(),
+            channel: channel.to_string(),
+        };
+        return fatal(client, e.to_string());
+    }
     server.shard.prepare_store(topic).await;
     match server.shard.subscribe(client, topic, channel) {
+        Err(e @ SubError::Draining { .. }) => return fatal(client, e.to_string()),
         Err(e) => return fatal(client, format!("E_SUB_FAILED SUB failed {e}")),
         // A new durable channel: answered once the metadata on disk has it.
         Ok(true) => Box::pin(server.shard.persist_changes()).await,
