@@ -305,6 +305,10 @@ pub struct Cli {
     #[arg(long, default_value_t = 0)]
     pub retention_bytes: u64 =>
         { core, rank: 52, cfg: "retention_bytes", go: "RetentionBytes", kind: Int },
+    /// (beyond nsqd) show each channel's lag in time in /stats, /metrics and statsd: the age of its oldest unfinished message and its delivery-to-FIN latency percentiles
+    #[arg(long, default_value = "false", value_parser = parse_go_bool, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true")]
+    pub channel_lag_stats: bool => flag,
     /// check what the host must provide (io_uring, locked memory, CPUs, data path, ports),
     /// print each problem with its fix, and exit (0: ready to run, 1: problems)
     #[arg(long)]
@@ -642,6 +646,7 @@ impl Config {
             e2e_window: cli.e2e_processing_latency_window_time,
             // Chosen from the data path's filesystem when the broker starts (runtime::run).
             segment_io: nsq_storage::SegmentIo::Ring,
+            channel_lag: cli.channel_lag_stats,
         });
         Ok(Config {
             broadcast_address: cli

@@ -67,6 +67,10 @@ pub struct Options {
     /// How segment files are written and read: chosen at start-up from the data path's
     /// filesystem and `NSQD_SEGMENT_IO` (beyond nsqd; [`nsq_storage::SegmentIo::choose`]).
     pub segment_io: nsq_storage::SegmentIo,
+    /// `--channel-lag-stats` (beyond nsqd): channels record their delivery-to-FIN
+    /// latencies and `/stats`, `/metrics` and statsd show each channel's lag in time
+    /// (see `crate::channel` lag). Off: `/stats` is nsqd's exactly.
+    pub channel_lag: bool,
 }
 
 impl Options {
@@ -111,6 +115,7 @@ impl Default for Options {
             e2e_percentiles: Vec::new(),
             e2e_window: Duration::from_secs(600),
             segment_io: nsq_storage::SegmentIo::Ring,
+            channel_lag: false,
         }
     }
 }

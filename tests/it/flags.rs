@@ -78,6 +78,7 @@ const OWN_FLAGS: &[&str] = &[
     "retention-time",
     "retention-bytes",
     "preflight",
+    "channel-lag-stats",
 ];
 
 #[test]

@@ -13,6 +13,7 @@
 mod common;
 
 mod auth;
+mod channel_lag;
 mod client_error_logs;
 mod config_file;
 mod conformance_http_connection;

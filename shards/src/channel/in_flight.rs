@@ -157,7 +157,20 @@ impl Channel {
 
     /// FIN: the message is done (nsqd FinishMessage).
     pub fn finish(&mut self, client: &Client, id: MessageId) -> Result<(), InFlightError> {
+        self.finish_at(client, id, Instant::now())
+    }
+
+    /// [`Channel::finish`] at `now`, which also records the delivery-to-FIN latency.
+    pub fn finish_at(
+        &mut self,
+        client: &Client,
+        id: MessageId,
+        now: Instant,
+    ) -> Result<(), InFlightError> {
         let f = self.in_flight.take_owned(client, id)?;
+        if let Some(h) = self.counters.fin_latency.as_mut() {
+            h.record(now.saturating_duration_since(f.delivered_at), now);
+        }
         // Its body goes unless the topic's memory tail still holds it: counted toward
         // the shard's next heap trim either way (an estimate that errs toward trimming).
         crate::memory_freed(f.msg.body.len());

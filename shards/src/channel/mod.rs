@@ -17,7 +17,10 @@ use std::time::{Duration, Instant};
 mod deferred;
 mod delivery;
 mod in_flight;
+mod lag;
 mod read_back;
+
+pub use lag::FIN_LATENCY_WINDOW;
 
 use deferred::DeferredQueue;
 use delivery::ReadyQueue;
@@ -201,6 +204,8 @@ struct ChannelCounters {
     /// FIN latencies when `--e2e-processing-latency-percentile` is set (nsqd:
     /// e2eProcessingLatencyStream); created by the shard on the first FIN.
     e2e: Option<crate::quantile::Quantile>,
+    /// Delivery-to-FIN latencies (beyond nsqd), made on the first FIN.
+    fin_latency: Option<Box<lag::FinLatency>>,
 }
 
 /// Journaling of a durable channel's requeues, redeliveries and their FINs into the

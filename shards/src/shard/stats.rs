@@ -34,6 +34,7 @@ impl Shard {
     /// This shard's part of /stats.
     pub fn stats(&self, req: &StatsRequest) -> ShardStats {
         let now_ns = crate::message::now_unix_nanos();
+        let now = std::time::Instant::now();
         // A health check tells the state now: a store that can be created now is.
         self.retry_missing_stores();
         let health_error = self.health();
@@ -103,6 +104,12 @@ impl Shard {
                     clients,
                     paused: ch.is_paused(),
                     e2e_processing_latency: channel_e2e(ch, &self.opts, now_ns),
+                    lag: self.opts.channel_lag.then(|| ChannelLag {
+                        oldest_unfinished_age_ms: ch
+                            .oldest_unfinished_timestamp(&t.log)
+                            .map_or(0, |ts| (now_ns.saturating_sub(ts).max(0) / 1_000_000) as u64),
+                        fin_latency: ch.fin_latency(now),
+                    }),
                 });
             }
             if !req.channel.is_empty() && channels.is_empty() {
