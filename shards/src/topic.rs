@@ -146,6 +146,26 @@ impl Log {
             .and_then(|r| r.as_ref())
     }
 
+    /// The in-memory record whose ID is `id`: a binary search, since a topic's IDs grow
+    /// with its sequence ([`IdGenerator`] never goes back); `None` slots are passed over.
+    pub fn find_id(&self, id: MessageId) -> Option<&Record> {
+        let (mut lo, mut hi) = (0usize, self.records.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let found = (mid..hi).find_map(|i| self.records.get(i)?.as_ref().map(|r| (i, r)));
+            let Some((i, r)) = found else {
+                hi = mid;
+                continue;
+            };
+            match r.id.cmp(&id) {
+                std::cmp::Ordering::Equal => return Some(r),
+                std::cmp::Ordering::Less => lo = i + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+            }
+        }
+        None
+    }
+
     /// Where a cursor at `seq` continues when `seq` falls in a hole.
     pub fn skip_hole(&self, seq: u64) -> u64 {
         let mut s = seq;

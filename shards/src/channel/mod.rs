@@ -17,9 +17,11 @@ use std::time::{Duration, Instant};
 mod deferred;
 mod delivery;
 mod in_flight;
+mod inspect;
 mod lag;
 mod read_back;
 
+pub use inspect::{MessageState, Peeked};
 pub use lag::FIN_LATENCY_WINDOW;
 
 use deferred::DeferredQueue;
