@@ -41,6 +41,7 @@ mod http_admin;
 mod http_config;
 mod http_page;
 mod import_nsqd;
+mod inspect_messages;
 mod lookup_channels;
 mod lookup_registration;
 mod offline_damage;
