@@ -259,7 +259,12 @@ pub fn prometheus(shards: &[ShardStats], start_time: i64) -> String {
     }
     // The lag families only when some channel has them (`--channel-lag-stats`).
     lag_f.retain(|f| !f.samples.is_empty());
-    for f in topic_f.into_iter().chain(chan_f).chain(lag_f).chain(shard_f) {
+    for f in topic_f
+        .into_iter()
+        .chain(chan_f)
+        .chain(lag_f)
+        .chain(shard_f)
+    {
         render(&mut out, f);
     }
     process_metrics(&mut out, start_time);

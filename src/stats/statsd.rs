@@ -190,7 +190,10 @@ impl Push<'_> {
             ("p99", lag.fin_latency.p99),
             ("p999", lag.fin_latency.p999),
         ] {
-            self.gauge(&format!("{base}.fin_latency_{q}_ms"), (ns / 1_000_000) as i64);
+            self.gauge(
+                &format!("{base}.fin_latency_{q}_ms"),
+                (ns / 1_000_000) as i64,
+            );
         }
     }
 

@@ -22,12 +22,17 @@ fn peek(b: &Broker, topic: &str, channel: &str, extra: &str) -> Vec<Value> {
         &format!("/messages?topic={topic}&channel={channel}{extra}"),
     );
     assert_eq!(code, 200, "{v}");
-    assert_eq!(v["count"].as_u64(), Some(v["messages"].as_array().unwrap().len() as u64));
+    assert_eq!(
+        v["count"].as_u64(),
+        Some(v["messages"].as_array().unwrap().len() as u64)
+    );
     v["messages"].as_array().unwrap().clone()
 }
 
 fn texts(ms: &[Value]) -> Vec<&str> {
-    ms.iter().map(|m| m["body_text"].as_str().unwrap()).collect()
+    ms.iter()
+        .map(|m| m["body_text"].as_str().unwrap())
+        .collect()
 }
 
 /// (state, attempts) of the message on each channel, by channel name.
@@ -68,7 +73,11 @@ fn message_states_follow_delivery_and_peeking_changes_nothing() {
     for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &[]);
         for topic in &topic_names("insp", shards) {
-            assert_eq!(b.http("POST", &format!("/topic/create?topic={topic}"), b"").0, 200);
+            assert_eq!(
+                b.http("POST", &format!("/topic/create?topic={topic}"), b"")
+                    .0,
+                200
+            );
             for ch in ["a", "b"] {
                 let path = format!("/channel/create?topic={topic}&channel={ch}");
                 assert_eq!(b.http("POST", &path, b"").0, 200);
@@ -95,7 +104,10 @@ fn message_states_follow_delivery_and_peeking_changes_nothing() {
             assert_eq!(states(&v), [st("a", "waiting", 0), st("b", "waiting", 0)]);
             // `from` leaves out what was published before it.
             let from = first[2]["timestamp"].as_i64().unwrap();
-            assert_eq!(texts(&peek(&b, topic, "a", &format!("&from={from}"))), ["m2"]);
+            assert_eq!(
+                texts(&peek(&b, topic, "a", &format!("&from={from}"))),
+                ["m2"]
+            );
 
             // A consumer gets exactly what the peek showed first.
             let mut s = b.connect_v2();
@@ -131,19 +143,50 @@ fn message_states_follow_delivery_and_peeking_changes_nothing() {
 fn bad_requests_get_nsqd_style_errors() {
     let b = Broker::start(2, &[]);
     assert_eq!(b.http("POST", "/topic/create?topic=t", b"").0, 200);
-    assert_eq!(b.http("POST", "/channel/create?topic=t&channel=c", b"").0, 200);
+    assert_eq!(
+        b.http("POST", "/channel/create?topic=t&channel=c", b"").0,
+        200
+    );
     for (path, code, msg) in [
         ("/message?id=0000000000000001", 400, "MISSING_ARG_TOPIC"),
         ("/message?topic=t", 400, "MISSING_ARG_ID"),
         ("/message?topic=t&id=zz", 400, "INVALID_ARG_ID"),
-        ("/message?topic=t&id=000000000000000G", 400, "INVALID_ARG_ID"),
-        ("/message?topic=bad!&id=0000000000000001", 400, "INVALID_ARG_TOPIC"),
-        ("/message?topic=nope&id=0000000000000001", 404, "TOPIC_NOT_FOUND"),
-        ("/message?topic=t&id=0000000000000001", 404, "MESSAGE_NOT_FOUND"),
+        (
+            "/message?topic=t&id=000000000000000G",
+            400,
+            "INVALID_ARG_ID",
+        ),
+        (
+            "/message?topic=bad!&id=0000000000000001",
+            400,
+            "INVALID_ARG_TOPIC",
+        ),
+        (
+            "/message?topic=nope&id=0000000000000001",
+            404,
+            "TOPIC_NOT_FOUND",
+        ),
+        (
+            "/message?topic=t&id=0000000000000001",
+            404,
+            "MESSAGE_NOT_FOUND",
+        ),
         ("/messages?topic=t", 400, "MISSING_ARG_CHANNEL"),
-        ("/messages?topic=t&channel=c&count=0", 400, "INVALID_ARG_COUNT"),
-        ("/messages?topic=t&channel=c&count=x", 400, "INVALID_ARG_COUNT"),
-        ("/messages?topic=t&channel=c&from=x", 400, "INVALID_ARG_FROM"),
+        (
+            "/messages?topic=t&channel=c&count=0",
+            400,
+            "INVALID_ARG_COUNT",
+        ),
+        (
+            "/messages?topic=t&channel=c&count=x",
+            400,
+            "INVALID_ARG_COUNT",
+        ),
+        (
+            "/messages?topic=t&channel=c&from=x",
+            400,
+            "INVALID_ARG_FROM",
+        ),
         ("/messages?topic=t&channel=nope", 404, "CHANNEL_NOT_FOUND"),
         ("/messages?topic=nope&channel=c", 404, "TOPIC_NOT_FOUND"),
     ] {
@@ -162,10 +205,18 @@ fn bad_requests_get_nsqd_style_errors() {
 fn messages_on_disk_are_found_and_listed() {
     let b = Broker::start(2, &["--mem-queue-size=10", "--sync-timeout=50ms"]);
     assert_eq!(b.http("POST", "/topic/create?topic=disk", b"").0, 200);
-    assert_eq!(b.http("POST", "/channel/create?topic=disk&channel=c", b"").0, 200);
+    assert_eq!(
+        b.http("POST", "/channel/create?topic=disk&channel=c", b"")
+            .0,
+        200
+    );
     let n = 300;
     let body: Vec<String> = (0..n).map(|i| format!("d{i}")).collect();
-    assert_eq!(b.http("POST", "/mpub?topic=disk", body.join("\n").as_bytes()).0, 200);
+    assert_eq!(
+        b.http("POST", "/mpub?topic=disk", body.join("\n").as_bytes())
+            .0,
+        200
+    );
     // Memory lets go of all but the newest 10 once the store has them.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -188,5 +239,8 @@ fn messages_on_disk_are_found_and_listed() {
         assert_eq!(states(&v), [st("c", "waiting", 0)]);
     }
     let stats = b.stats();
-    assert_eq!(stats["topics"][0]["channels"][0]["depth"], n as u64, "{stats}");
+    assert_eq!(
+        stats["topics"][0]["channels"][0]["depth"], n as u64,
+        "{stats}"
+    );
 }

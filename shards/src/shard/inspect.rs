@@ -66,9 +66,10 @@ impl Shard {
     /// Answers `req` for a topic this shard owns.
     pub async fn inspect(&self, req: InspectRequest) -> Result<InspectAnswer, InspectError> {
         match req {
-            InspectRequest::Message { topic, id } => {
-                self.find_message(&topic, id).await.map(InspectAnswer::Message)
-            }
+            InspectRequest::Message { topic, id } => self
+                .find_message(&topic, id)
+                .await
+                .map(InspectAnswer::Message),
             InspectRequest::Peek {
                 topic,
                 channel,
@@ -168,8 +169,10 @@ impl Shard {
         };
         for Peeked { seq, attempts, msg } in plan {
             let msg = msg.or_else(|| {
-                read.get(&seq)
-                    .map(|r| Message { attempts, ..r.message() })
+                read.get(&seq).map(|r| Message {
+                    attempts,
+                    ..r.message()
+                })
             });
             // A record gone meanwhile (retention, a corrupt record skipped) is left out.
             let Some(m) = msg else { continue };

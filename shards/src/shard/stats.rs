@@ -107,7 +107,9 @@ impl Shard {
                     lag: self.opts.channel_lag.then(|| ChannelLag {
                         oldest_unfinished_age_ms: ch
                             .oldest_unfinished_timestamp(&t.log)
-                            .map_or(0, |ts| (now_ns.saturating_sub(ts).max(0) / 1_000_000) as u64),
+                            .map_or(0, |ts| {
+                                (now_ns.saturating_sub(ts).max(0) / 1_000_000) as u64
+                            }),
                         fin_latency: ch.fin_latency(now),
                     }),
                 });
