@@ -97,7 +97,7 @@ fn age_grows_while_waiting_and_fin_latency_reflects_the_hold() {
                 })
                 .unwrap_or_else(|| panic!("{metrics}"));
             let secs: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
-            assert!(secs >= 0.29 && secs <= 0.9, "{line}");
+            assert!((0.29..=0.9).contains(&secs), "{line}");
             assert!(metrics.contains("# TYPE nsq_channel_oldest_unfinished_age_seconds gauge"));
         }
     });

@@ -24,14 +24,14 @@ fn peek(b: &Broker, topic: &str, channel: &str, extra: &str) -> Vec<Value> {
     assert_eq!(code, 200, "{v}");
     assert_eq!(
         v["count"].as_u64(),
-        Some(v["messages"].as_array().unwrap().len() as u64)
+        Some(v["messages"].as_array().expect("array").len() as u64)
     );
-    v["messages"].as_array().unwrap().clone()
+    v["messages"].as_array().expect("array").clone()
 }
 
 fn texts(ms: &[Value]) -> Vec<&str> {
     ms.iter()
-        .map(|m| m["body_text"].as_str().unwrap())
+        .map(|m| m["body_text"].as_str().expect("string"))
         .collect()
 }
 
@@ -39,13 +39,13 @@ fn texts(ms: &[Value]) -> Vec<&str> {
 fn states(v: &Value) -> Vec<(String, String, u64)> {
     v["channels"]
         .as_array()
-        .unwrap()
+        .expect("channels")
         .iter()
         .map(|c| {
             (
-                c["channel_name"].as_str().unwrap().to_string(),
-                c["state"].as_str().unwrap().to_string(),
-                c["attempts"].as_u64().unwrap(),
+                c["channel_name"].as_str().expect("string").to_string(),
+                c["state"].as_str().expect("string").to_string(),
+                c["attempts"].as_u64().expect("number"),
             )
         })
         .collect()
