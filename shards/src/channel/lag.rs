@@ -169,6 +169,11 @@ impl Channel {
         }
     }
 
+    /// True once [`Channel::start_fin_latency`] was called.
+    pub fn records_fin_latency(&self) -> bool {
+        self.counters.fin_latency.is_some()
+    }
+
     /// Delivery-to-FIN latency percentiles at `now` (zeros before the first FIN).
     pub fn fin_latency(&self, now: Instant) -> crate::stats::FinLatency {
         self.counters
