@@ -819,6 +819,18 @@ mod tests {
     }
 
     #[test]
+    fn find_id_searches_the_memory_tail_past_lost_records() {
+        let t = topic();
+        for seq in (10..20).filter(|s| *s != 15) {
+            assert_eq!(t.log.find_id(MessageId(seq)).map(|r| r.seq), Some(seq));
+        }
+        for id in [0, 9, 15, 20, u64::MAX] {
+            assert!(t.log.find_id(MessageId(id)).is_none(), "{id}");
+        }
+        assert!(Log::default().find_id(MessageId(1)).is_none());
+    }
+
+    #[test]
     fn seek_in_memory_finds_the_first_record_at_or_after() {
         let t = topic();
         // Older than or exactly the memory tail: maybe more on disk.

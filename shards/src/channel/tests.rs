@@ -1307,3 +1307,54 @@ fn fin_latency_percentiles_measure_delivery_to_fin_on_the_clock() {
     assert_eq!(t.channels["ch"].fin_latency(clk.at(w + 100)).count, 100);
     assert_eq!(t.channels["ch"].fin_latency(clk.at(2 * w + 3000)).count, 0);
 }
+
+// ------------------------------------------------------------------- peek and state
+
+fn peeked_seqs(t: &Topic, ch: &str, count: usize) -> Vec<(u64, u16)> {
+    t.channels[ch]
+        .peek(&t.log, count, 0)
+        .iter()
+        .map(|p| (p.seq, p.attempts))
+        .collect()
+}
+
+#[test]
+fn peek_lists_the_delivery_order_and_state_follows_each_message() {
+    let clk = Clock::new();
+    let mut t = topic_with("ch");
+    publish(&mut t, 0, 3);
+    let ids: Vec<MessageId> = (0..3).map(|s| t.log.get(s).unwrap().id).collect();
+    let state =
+        |t: &Topic, seq: u64| t.channels["ch"].message_state(&t.log, seq, ids[seq as usize]);
+    assert_eq!(peeked_seqs(&t, "ch", 10), [(0, 0), (1, 0), (2, 0)]);
+    assert_eq!(peeked_seqs(&t, "ch", 2), [(0, 0), (1, 0)]);
+    assert_eq!(state(&t, 0), (MessageState::Waiting, 0));
+    let c = client_with(1, 1, 1000);
+    sub(&mut t, "ch", &c);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(0)), 1);
+    assert_eq!(bodies(&frames(&c)), ["m0"]);
+    assert_eq!(state(&t, 0), (MessageState::InFlight, 1));
+    assert_eq!(
+        peeked_seqs(&t, "ch", 10),
+        [(1, 0), (2, 0)],
+        "in flight is not listed"
+    );
+    // REQ 0: ready again, listed first with its attempts.
+    chan(&mut t, "ch")
+        .requeue(&c, ids[0], Duration::ZERO, clk.at(1))
+        .unwrap();
+    assert_eq!(state(&t, 0), (MessageState::Waiting, 1));
+    assert_eq!(peeked_seqs(&t, "ch", 10), [(0, 1), (1, 0), (2, 0)]);
+    // Peeking changed nothing: the same order is delivered.
+    assert_eq!(depth(&t, "ch"), 3);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(2)), 1);
+    assert_eq!(bodies(&frames(&c)), ["m0"]);
+    chan(&mut t, "ch")
+        .requeue(&c, ids[0], ms(5000), clk.at(3))
+        .unwrap();
+    assert_eq!(state(&t, 0), (MessageState::Deferred, 2));
+    assert_eq!(dispatch(&mut t, "ch", clk.at(3)), 1);
+    chan(&mut t, "ch").finish(&c, ids[1]).unwrap();
+    assert_eq!(state(&t, 1), (MessageState::Finished, 0));
+    assert_eq!(peeked_seqs(&t, "ch", 10), [(2, 0)]);
+}
