@@ -95,8 +95,9 @@ impl TopicStore {
     /// The readable record whose message ID is `id`, if any (`GET /message`, beyond
     /// nsqd). A topic's IDs grow with its sequence (the broker's ID generator never goes
     /// back, also across restarts), so this is a binary search over the sparse index
-    /// entries of every segment by the ID of the record each starts at (one small read
-    /// per probe), then a scan of at most about [`super::INDEX_EVERY`] records.
+    /// entries of every segment by the ID of the record each starts at (one read per
+    /// probe, each probe's ID kept for later lookups), then a scan of at most about
+    /// [`super::INDEX_EVERY`] records.
     /// `Ok(None)`: no readable record has that ID (never written, deleted by retention
     /// or by consumption, or not flushed yet). Errors: I/O errors of the reads.
     pub async fn find_id(&self, id: u64) -> Result<Option<StoredRecord>, StoreError> {
@@ -109,10 +110,18 @@ impl TopicStore {
         let (mut lo, mut hi) = (0usize, probes.len());
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            let at_most = match self.read(probes[mid], 1).await?.first() {
-                Some(r) => r.id <= id,
-                None => false,
+            let probe_id = match self.segments.probe_id(probes[mid]) {
+                Some(pid) => Some(pid),
+                None => {
+                    let first = self.read(probes[mid], 1).await?.first().map(|r| r.id);
+                    if let Some(pid) = first {
+                        self.segments
+                            .note_probe_id(probes[mid], pid, probes[0], probes.len());
+                    }
+                    first
+                }
             };
+            let at_most = probe_id.is_some_and(|p| p <= id);
             if at_most {
                 lo = mid + 1;
             } else {
