@@ -9,7 +9,8 @@
 //! log, the first deferred one (by sequence), and the in-flight and requeued messages
 //! that hold their bodies. None of these walks the backlog: the cursor and the sorted
 //! sets give their first sequence at once, and the in-flight and requeued messages are
-//! bounded by the consumers' RDY (each holds its timestamp).
+//! bounded by the consumers' RDY (each holds its timestamp). A record on disk only is
+//! not read here: the shard reads it in the background for the next `/stats`.
 
 use super::Channel;
 use crate::topic::Log;
@@ -94,13 +95,26 @@ impl FinLatency {
     }
 }
 
+/// A channel's oldest unfinished message, as [`Channel::oldest_unfinished`] finds it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OldestUnfinished {
+    /// Its publish time (Unix ns); `None` when nothing is unfinished (or its time is
+    /// not known yet).
+    pub timestamp: Option<i64>,
+    /// The sequence of a record on disk only whose publish time this needs: the shard
+    /// reads it ([`Channel::note_disk_timestamp`]) for the next call.
+    pub read_wanted: Option<u64>,
+}
+
 impl Channel {
-    /// The publish timestamp (Unix ns) of this channel's oldest unfinished message (see
-    /// the module docs); `None` when nothing is unfinished. When that message's record
-    /// is on disk only (a channel lagging behind the memory tail with nothing read
-    /// ahead), its time is not known without a read: the oldest record in memory
-    /// stands in for it, an upper bound of its timestamp (so the age is a lower bound).
-    pub fn oldest_unfinished_timestamp(&self, log: &Log) -> Option<i64> {
+    /// The publish time of this channel's oldest unfinished message (see the module
+    /// docs). When that message's record is on disk only (a lagging channel with
+    /// nothing read ahead) its time comes from the last read of it for `/stats`:
+    /// exact when it was read at the same sequence, else the time of an older record
+    /// read before (the age is then an upper bound until the next read), else, before
+    /// any read, the oldest record in memory stands in (a lower bound); `read_wanted`
+    /// then asks for that read.
+    pub fn oldest_unfinished(&self, log: &Log) -> OldestUnfinished {
         let mut oldest: Option<i64> = None;
         let mut take = |ts: i64| oldest = Some(oldest.map_or(ts, |o| o.min(ts)));
         for f in self.in_flight.values() {
@@ -122,12 +136,31 @@ impl Channel {
         if let Some(seq) = self.next_waiting(log) {
             seqs.push(seq);
         }
+        let mut read_wanted: Option<u64> = None;
         for seq in seqs {
-            if let Some(ts) = self.timestamp_of(log, seq) {
+            let (ts, read) = self.timestamp_of(log, seq);
+            if let Some(ts) = ts {
                 take(ts);
             }
+            if let Some(r) = read {
+                read_wanted = Some(read_wanted.map_or(r, |w| w.min(r)));
+            }
         }
-        oldest
+        OldestUnfinished {
+            timestamp: oldest,
+            read_wanted,
+        }
+    }
+
+    /// [`Channel::oldest_unfinished`]'s publish time alone.
+    pub fn oldest_unfinished_timestamp(&self, log: &Log) -> Option<i64> {
+        self.oldest_unfinished(log).timestamp
+    }
+
+    /// The record at `seq`, only on disk, was published at `timestamp` (read for
+    /// [`Channel::oldest_unfinished`]).
+    pub fn note_disk_timestamp(&mut self, seq: u64, timestamp: i64) {
+        self.counters.disk_oldest = Some((seq, timestamp));
     }
 
     /// The sequence of the first record the cursor will deliver, if any is pumped to
@@ -146,19 +179,30 @@ impl Channel {
         (seq < log.pumped).then_some(seq)
     }
 
-    /// The publish time of the record at `seq`: from memory or the read-ahead, else the
-    /// oldest record in memory (see [`Channel::oldest_unfinished_timestamp`]).
-    fn timestamp_of(&self, log: &Log, seq: u64) -> Option<i64> {
+    /// The publish time of the record at `seq` (see [`Channel::oldest_unfinished`]),
+    /// and the sequence to read from disk when it is not known exactly.
+    fn timestamp_of(&self, log: &Log, seq: u64) -> (Option<i64>, Option<u64>) {
         if let Some(r) = log.get(seq) {
-            return Some(r.timestamp);
+            return (Some(r.timestamp), None);
         }
         if let Some(r) = self.read_ahead.find(seq) {
-            return Some(r.timestamp);
+            return (Some(r.timestamp), None);
         }
-        (log.base..log.head)
-            .take(64)
-            .find_map(|s| log.get(s))
-            .map(|r| r.timestamp)
+        if seq >= log.base {
+            // A record lost in memory (corrupt): nothing to read.
+            return (None, None);
+        }
+        match self.counters.disk_oldest {
+            Some((s, ts)) if s == seq => (Some(ts), None),
+            Some((s, ts)) if s < seq => (Some(ts), Some(seq)),
+            _ => {
+                let in_memory = (log.base..log.head)
+                    .take(64)
+                    .find_map(|s| log.get(s))
+                    .map(|r| r.timestamp);
+                (in_memory, Some(seq))
+            }
+        }
     }
 
     /// Starts recording delivery-to-FIN latencies (`--channel-lag-stats`); no-op when

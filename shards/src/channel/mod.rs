@@ -22,7 +22,7 @@ mod lag;
 mod read_back;
 
 pub use inspect::{MessageState, Peeked};
-pub use lag::FIN_LATENCY_WINDOW;
+pub use lag::{OldestUnfinished, FIN_LATENCY_WINDOW};
 
 use deferred::DeferredQueue;
 use delivery::ReadyQueue;
@@ -208,6 +208,9 @@ struct ChannelCounters {
     e2e: Option<crate::quantile::Quantile>,
     /// Delivery-to-FIN latencies (beyond nsqd), made on the first FIN.
     fin_latency: Option<Box<lag::FinLatency>>,
+    /// (sequence, publish time) of the oldest unfinished record last read from disk
+    /// for `/stats` (see `lag.rs`).
+    disk_oldest: Option<(u64, i64)>,
 }
 
 /// Journaling of a durable channel's requeues, redeliveries and their FINs into the
