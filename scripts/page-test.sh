@@ -88,7 +88,7 @@ BROKER_LOG="$LOGDIR/page-nsqd.log"
 # shellcheck source=scripts/broker-lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/broker-lib.sh"
 BROKER_PID=""; TCP=""; HTTP=""
-if ! start_daemon "$BROKER_LOG" BROKER_PID TCP HTTP -- "$NSQD" --shards=4 --data-path="$WORK"; then
+if ! start_daemon "$BROKER_LOG" BROKER_PID TCP HTTP -- "$NSQD" --shards=4 --channel-lag-stats --data-path="$WORK"; then
   echo "FAIL broker did not start"; tail -n 40 "$BROKER_LOG"; exit 1
 fi
 echo "broker pid $BROKER_PID: tcp $TCP, http $HTTP"

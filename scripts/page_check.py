@@ -110,6 +110,11 @@ def main():
             if r["kind"] == "topic" and r["topic"] in topics:
                 check(r["cells"][2] != "?", f"topic {r['topic']} has a shard ({r['cells'][2]})")
         check(any(r["kind"] == "channel" for r in rows), "table lists channels")
+        # The lag columns (the broker runs with --channel-lag-stats): a channel with a
+        # backlog shows the age of its oldest unfinished message.
+        check(all(len(r["cells"]) == 11 for r in rows), "every row has the 11 columns")
+        check(any(r["kind"] == "channel" and r["cells"][9] not in ("\u2013", "0 ms") for r in rows),
+              "a channel shows the age of its oldest unfinished message")
         if hot_topic:
             hot_shard = driver.execute_script(
                 "const c = document.querySelector('#cards .card.hot'); return c ? c.dataset.shard : null")

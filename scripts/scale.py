@@ -9,6 +9,8 @@ full-disk row (it loop-mounts an ext4 image).
   scripts/scale.py deferred [--count 1000000]
   scripts/scale.py deferred-memory [--count 1000000] [--defer-s 20]
   scripts/scale.py lagging  [--backlog-mb 1280]     # needs target/release/nsq-bench
+  scripts/scale.py lookup   [--count 1000000]      # GET /message latency on a backlog;
+                                                   # needs nsq-bench beside --broker
   scripts/scale.py all                              # every row above at the table's sizes
                                                     # (topics 20,000; fds 1024:1024; full disk
                                                     # with both policies; 1 M and 10 M deferred)
@@ -579,10 +581,76 @@ def row_lagging(args):
     cleanup(args, base)
 
 
+def row_lookup(args):
+    """A backlog of --count 200-byte messages (nsq-bench pub, open-loop over 10 s) in a
+    topic with one channel and no consumer, then 1,000 GET /message lookups of random
+    IDs of that backlog over one keep-alive connection: p50, p99 and max in ms. The IDs
+    are picked (untimed) with GET /messages?count=1&from=<a random publish time>."""
+    import random
+    bench = os.path.join(os.path.dirname(os.path.abspath(args.broker)), "nsq-bench")
+    base, data = fresh_data(args, "lookup")
+    b = Broker(args, data)
+    b.start()
+    b.request("POST", "/topic/create?topic=look")
+    b.request("POST", "/channel/create?topic=look&channel=c")
+    t0 = time.monotonic()
+    pub = subprocess.run(
+        [bench, "pub", f"--nsqd-tcp-address=127.0.0.1:{b.tcp}", "--topic=look", "--size=200",
+         "--runfor=10s", f"--rate={max(1, args.count // 10)}", "-q", "--json"],
+        capture_output=True, text=True,
+    )
+    pub_s = time.monotonic() - t0
+    try:
+        sent = int(json.loads(pub.stdout.strip().splitlines()[-1])["sent"])
+    except (ValueError, IndexError, KeyError):
+        raise SystemExit(f"nsq-bench pub failed: {pub.stdout[-300:]} {pub.stderr[-300:]}")
+    end_ns = time.time_ns()
+    conn = b.conn()
+
+    def get(path):
+        st, body = b.request("GET", path, conn=conn)
+        if st != 200:
+            raise SystemExit(f"{path}: {st} {body[:200]!r}")
+        return json.loads(body)
+
+    # Wait until memory holds only the newest records (the rest is read from disk).
+    deadline = time.monotonic() + 120
+    while True:
+        stats, _ = b.stats()
+        ch = stats["topics"][0]["channels"][0]
+        if ch["backend_depth"] >= sent - 20000 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    first = get("/messages?topic=look&channel=c&count=1")["messages"][0]
+    rng = random.Random(1)
+    ids = []
+    for _ in range(1000):
+        ts = rng.randrange(first["timestamp"], end_ns)
+        ms = get(f"/messages?topic=look&channel=c&count=1&from={ts}")["messages"]
+        ids.append((ms or [first])[0]["id"])
+    took = []
+    for mid in ids:
+        t = time.perf_counter()
+        v = get(f"/message?topic=look&id={mid}")
+        took.append((time.perf_counter() - t) * 1000)
+        if v["id"] != mid:
+            raise SystemExit(f"asked {mid}, got {v['id']}")
+    took.sort()
+    print(
+        f"lookup: backlog_msgs={sent} on_disk={ch['backend_depth']} pub_s={pub_s:.1f} "
+        f"lookups={len(took)} p50_ms={took[len(took) // 2]:.3f} "
+        f"p99_ms={took[len(took) * 99 // 100]:.3f} max_ms={took[-1]:.3f} rss_mib={b.rss_mib():.0f}",
+        flush=True,
+    )
+    conn.close()
+    b.stop()
+    cleanup(args, base)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("row", choices=["topics", "fds", "fulldisk", "deferred", "deferred-memory",
-                                    "lagging", "all"])
+                                    "lagging", "lookup", "all"])
     p.add_argument("--broker", default=os.path.join(ROOT, "target", "release", "nsqd"))
     p.add_argument("--upstream", action="store_true", help="the broker is upstream nsqd")
     p.add_argument("--shards", type=int, default=2)
@@ -599,10 +667,10 @@ def main():
     p.add_argument("--keep", action="store_true")
     args = p.parse_args()
     defaults = {"topics": 20000, "fds": 2000, "fulldisk": 0, "deferred": 1000000,
-                "deferred-memory": 1000000, "lagging": 0}
+                "deferred-memory": 1000000, "lagging": 0, "lookup": 1000000}
     rows = {"topics": row_topics, "fds": row_fds, "fulldisk": row_fulldisk,
             "deferred": row_deferred, "deferred-memory": row_deferred_memory,
-            "lagging": row_lagging}
+            "lagging": row_lagging, "lookup": row_lookup}
     if args.row == "all":
         # (row, count, changes to the options): the table's rows, one after the other.
         plan = [("topics", 20000, {}), ("fds", 2000, {"nofile": "1024:1024"}),

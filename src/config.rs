@@ -332,6 +332,10 @@ pub struct Cli {
     /// (beyond nsqd, RFC nsqio/nsq#1302) what SIGTERM does: clean-shutdown (exit at once, as nsqd) or drain (refuse publishes and new topics and channels, deliver what is queued, then exit)
     #[arg(long, default_value = SIGTERM_CLEAN_SHUTDOWN, value_parser = [SIGTERM_CLEAN_SHUTDOWN, SIGTERM_DRAIN])]
     pub sigterm: String => { rank: 56, cfg: "sigterm", go: "Sigterm", kind: Str },
+    /// (beyond nsqd) show each channel's lag in time in /stats, /metrics and statsd: the age of its oldest unfinished message and its delivery-to-FIN latency percentiles
+    #[arg(long, default_value = "false", value_parser = parse_go_bool, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true")]
+    pub channel_lag_stats: bool => flag,
     /// check what the host must provide (io_uring, locked memory, CPUs, data path, ports),
     /// print each problem with its fix, and exit (0: ready to run, 1: problems)
     #[arg(long)]
@@ -691,6 +695,7 @@ impl Config {
                     .iter()
                     .any(|e| e == nsq_shards::topology::TOPOLOGY_AWARE_CONSUMPTION),
             },
+            channel_lag: cli.channel_lag_stats,
         });
         Ok(Config {
             broadcast_address: cli

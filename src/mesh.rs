@@ -25,6 +25,7 @@ use glommio::channels::shared_channel::{
 };
 use glommio::GlommioError;
 use nsq_shards::mesh::{AdminError, AdminOp};
+use nsq_shards::shard::inspect::{InspectAnswer, InspectError, InspectRequest};
 use nsq_shards::stats::{ShardStats, StatsRequest};
 use nsq_shards::topic::PublishError;
 use std::io::{Error, ErrorKind};
@@ -53,6 +54,12 @@ pub enum ShardMsg {
     Admin {
         op: AdminOp,
         reply: oneshot::Sender<Result<(), AdminError>>,
+    },
+    /// `GET /message` or `GET /messages` for a topic this shard owns; answered on a task
+    /// of its own (it may read the disk).
+    Inspect {
+        req: InspectRequest,
+        reply: oneshot::Sender<Result<InspectAnswer, InspectError>>,
     },
     /// Registration changes for shard 0, which owns the nsqlookupd connections.
     Lookup(Vec<nsq_shards::shard::LookupEvent>),
@@ -212,6 +219,13 @@ pub(crate) fn handle_mesh(server: &Rc<Server>, msg: ShardMsg) {
                 .detach();
             }
         },
+        ShardMsg::Inspect { req, reply } => {
+            let s = server.clone();
+            glommio::spawn_local(async move {
+                let _ = reply.send(s.shard.inspect(req).await);
+            })
+            .detach();
+        }
         ShardMsg::Lookup(events) => {
             shard.lookup.extend(events);
         }

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use futures::channel::oneshot;
 use nsq_shards::mesh::{AdminError, AdminOp};
 use nsq_shards::node::NodeUpdate;
+use nsq_shards::shard::inspect::{InspectAnswer, InspectError, InspectRequest};
 use nsq_shards::stats::{ShardStats, StatsRequest};
 use nsq_shards::topic::PublishError;
 use nsq_shards::{owner_of, Shard};
@@ -82,6 +83,33 @@ impl Server {
             return Err(AdminError::Exiting);
         }
         rx.await.unwrap_or(Err(AdminError::Exiting))
+    }
+
+    /// Answers `GET /message` or `GET /messages` on the topic's owner (here, or through
+    /// the mesh as [`Server::admin`] does). Errors as [`Shard::inspect`]'s; `Exiting`
+    /// when the owner is gone.
+    pub async fn inspect(&self, req: InspectRequest) -> Result<InspectAnswer, InspectError> {
+        let topic = match &req {
+            InspectRequest::Message { topic, .. } | InspectRequest::Peek { topic, .. } => {
+                topic.clone()
+            }
+        };
+        let owner = owner_of(&topic, self.shard.count());
+        if owner == self.shard.index() {
+            return self.shard.inspect(req).await;
+        }
+        let Some(mesh) = self.mesh() else {
+            return Err(InspectError::Exiting);
+        };
+        let (tx, rx) = oneshot::channel();
+        if mesh
+            .send_to(owner, ShardMsg::Inspect { req, reply: tx })
+            .await
+            .is_err()
+        {
+            return Err(InspectError::Exiting);
+        }
+        rx.await.unwrap_or(Err(InspectError::Exiting))
     }
 
     pub async fn create_topic(&self, topic: &str) {

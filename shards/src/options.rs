@@ -53,6 +53,10 @@ pub struct Options {
     /// `--enable-experiment=topology-aware-consumption` is on (nsqd master; see
     /// [`crate::topology`]).
     pub topology: crate::topology::Topology,
+    /// `--channel-lag-stats` (beyond nsqd): channels record their delivery-to-FIN
+    /// latencies and `/stats`, `/metrics` and statsd show each channel's lag in time
+    /// (see `crate::channel` lag). Off: `/stats` is nsqd's exactly.
+    pub channel_lag: bool,
 }
 
 impl Options {
@@ -100,6 +104,7 @@ impl Default for Options {
             e2e_window: Duration::from_secs(600),
             segment_io: nsq_storage::SegmentIo::Ring,
             topology: crate::topology::Topology::default(),
+            channel_lag: false,
         }
     }
 }

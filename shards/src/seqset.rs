@@ -96,6 +96,16 @@ impl SeqSet {
         self.len = 0;
     }
 
+    /// The lowest sequence in the set.
+    pub fn first(&self) -> Option<u64> {
+        self.ranges.first_key_value().map(|(&s, _)| s)
+    }
+
+    /// The first sequence at or above `from` that is not in the set.
+    pub fn next_absent(&self, from: u64) -> u64 {
+        self.range_of(from).map_or(from, |(_, e)| e)
+    }
+
     /// The sequences at or above `from`, in order.
     pub fn iter_from(&self, from: u64) -> impl Iterator<Item = u64> + '_ {
         let first = self.range_of(from).map_or(from, |(s, _)| s);

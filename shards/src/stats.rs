@@ -123,6 +123,32 @@ pub struct ChannelStats {
     pub clients: Option<Vec<ClientStats>>,
     pub paused: bool,
     pub e2e_processing_latency: E2eLatency,
+    /// Beyond nsqd, with `--channel-lag-stats` only: `oldest_unfinished_age_ms` and
+    /// `fin_latency`, written after nsqd's keys.
+    #[serde(flatten)]
+    pub lag: Option<ChannelLag>,
+}
+
+/// How far behind a channel is, in time (beyond nsqd; see
+/// `shards/src/channel/lag.rs` for what counts).
+#[derive(Clone, Debug, Serialize, Default)]
+pub struct ChannelLag {
+    /// Milliseconds since the publish of the oldest message this channel has not
+    /// finished (waiting, ready again, in flight or deferred); 0 when there is none.
+    pub oldest_unfinished_age_ms: u64,
+    /// Delivery-to-FIN latency over the last one to two minutes.
+    pub fin_latency: FinLatency,
+}
+
+/// Delivery-to-FIN latency percentiles in ns (microsecond resolution, two significant
+/// digits); all 0 while `count` is 0.
+#[derive(Clone, Debug, Serialize, Default, PartialEq, Eq)]
+pub struct FinLatency {
+    /// FINs in the window.
+    pub count: u64,
+    pub p50: u64,
+    pub p99: u64,
+    pub p999: u64,
 }
 
 /// One topic in `/stats`: one field per key of nsqd's TopicStats, so it stays one flat

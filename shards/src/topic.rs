@@ -146,6 +146,26 @@ impl Log {
             .and_then(|r| r.as_ref())
     }
 
+    /// The in-memory record whose ID is `id`: a binary search, since a topic's IDs grow
+    /// with its sequence ([`IdGenerator`] never goes back); `None` slots are passed over.
+    pub fn find_id(&self, id: MessageId) -> Option<&Record> {
+        let (mut lo, mut hi) = (0usize, self.records.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let found = (mid..hi).find_map(|i| self.records.get(i)?.as_ref().map(|r| (i, r)));
+            let Some((i, r)) = found else {
+                hi = mid;
+                continue;
+            };
+            match r.id.cmp(&id) {
+                std::cmp::Ordering::Equal => return Some(r),
+                std::cmp::Ordering::Less => lo = i + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+            }
+        }
+        None
+    }
+
     /// Where a cursor at `seq` continues when `seq` falls in a hole.
     pub fn skip_hole(&self, seq: u64) -> u64 {
         let mut s = seq;
@@ -800,6 +820,18 @@ mod tests {
         assert_eq!(log.get(7).map(|r| r.seq), Some(7));
         log.push(rec(100, 1));
         assert_eq!(log.get(100).map(|r| r.seq), Some(100));
+    }
+
+    #[test]
+    fn find_id_searches_the_memory_tail_past_lost_records() {
+        let t = topic();
+        for seq in (10..20).filter(|s| *s != 15) {
+            assert_eq!(t.log.find_id(MessageId(seq)).map(|r| r.seq), Some(seq));
+        }
+        for id in [0, 9, 15, 20, u64::MAX] {
+            assert!(t.log.find_id(MessageId(id)).is_none(), "{id}");
+        }
+        assert!(Log::default().find_id(MessageId(1)).is_none());
     }
 
     #[test]

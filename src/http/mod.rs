@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 mod admin;
 mod config;
+mod inspect;
 mod publish;
 mod router;
 mod server;
@@ -175,6 +176,8 @@ pub(super) async fn route(
             Response::v1_json(nsq_wire::json::to_vec_go(&view))
         }
         "/" => shards_page(),
+        "/message" => inspect::do_message(server, &params).await,
+        "/messages" => inspect::do_messages(server, &params).await,
         "/topic/create" => match topic_param(&params, true) {
             Err(r) => r,
             // nsqd answers 200 whatever happened, except that a drain refuses a new

@@ -27,6 +27,8 @@ const ROUTES: &[(&str, &str)] = &[
     ("POST", "/channel/pause"),
     ("POST", "/channel/unpause"),
     ("POST", "/channel/seek"),
+    ("GET", "/message"),
+    ("GET", "/messages"),
 ];
 
 /// The methods with a route tree (httprouter redirects only within one).

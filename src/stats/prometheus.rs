@@ -3,7 +3,7 @@
 //! metrics. GET /shards: the per-shard counters as JSON.
 
 use super::process::{open_fds, Process};
-use nsq_shards::stats::{ChannelStats, ShardCounters, ShardStats, TopicStats};
+use nsq_shards::stats::{ChannelLag, ChannelStats, ShardCounters, ShardStats, TopicStats};
 use std::fmt::Write;
 
 fn esc(v: &str) -> String {
@@ -90,6 +90,31 @@ const CHANNEL_FAMILIES: &[Spec] = &[
     (
         "nsq_channel_paused",
         "1 when the channel is paused.",
+        "gauge",
+    ),
+];
+
+/// Per channel with `--channel-lag-stats` (beyond nsqd; see shards/src/channel/lag.rs);
+/// values from [`lag_values`].
+const LAG_FAMILIES: &[Spec] = &[
+    (
+        "nsq_channel_oldest_unfinished_age_seconds",
+        "Age (since publish) of the oldest message the channel has not finished; 0 when none.",
+        "gauge",
+    ),
+    (
+        "nsq_channel_fin_latency_p50_seconds",
+        "Median time from delivery to FIN over the last one to two minutes.",
+        "gauge",
+    ),
+    (
+        "nsq_channel_fin_latency_p99_seconds",
+        "99th percentile of the time from delivery to FIN over the last one to two minutes.",
+        "gauge",
+    ),
+    (
+        "nsq_channel_fin_latency_p999_seconds",
+        "99.9th percentile of the time from delivery to FIN over the last one to two minutes.",
         "gauge",
     ),
 ];
@@ -181,6 +206,15 @@ fn channel_values(c: &ChannelStats) -> [f64; 8] {
     ]
 }
 
+fn lag_values(l: &ChannelLag) -> [f64; 4] {
+    [
+        l.oldest_unfinished_age_ms as f64 / 1e3,
+        l.fin_latency.p50 as f64 / 1e9,
+        l.fin_latency.p99 as f64 / 1e9,
+        l.fin_latency.p999 as f64 / 1e9,
+    ]
+}
+
 fn shard_values(c: &ShardCounters) -> [f64; 9] {
     [
         c.topics as f64,
@@ -200,6 +234,7 @@ pub fn prometheus(shards: &[ShardStats], start_time: i64) -> String {
     let mut out = String::new();
     let mut topic_f = families(TOPIC_FAMILIES);
     let mut chan_f = families(CHANNEL_FAMILIES);
+    let mut lag_f = families(LAG_FAMILIES);
     let mut shard_f = families(SHARD_FAMILIES);
     for s in shards {
         let sh = s.counters.shard;
@@ -213,13 +248,23 @@ pub fn prometheus(shards: &[ShardStats], start_time: i64) -> String {
                     esc(&c.channel_name)
                 );
                 push_samples(&mut chan_f, &l, channel_values(c));
+                if let Some(lag) = &c.lag {
+                    push_samples(&mut lag_f, &l, lag_values(lag));
+                }
             }
         }
         let c = &s.counters;
         let l = format!("shard=\"{sh}\",cpu=\"{}\"", c.cpu);
         push_samples(&mut shard_f, &l, shard_values(c));
     }
-    for f in topic_f.into_iter().chain(chan_f).chain(shard_f) {
+    // The lag families only when some channel has them (`--channel-lag-stats`).
+    lag_f.retain(|f| !f.samples.is_empty());
+    for f in topic_f
+        .into_iter()
+        .chain(chan_f)
+        .chain(lag_f)
+        .chain(shard_f)
+    {
         render(&mut out, f);
     }
     process_metrics(&mut out, start_time);

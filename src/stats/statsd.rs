@@ -180,6 +180,21 @@ impl Push<'_> {
             let q = quantile_name(pc.quantile);
             self.gauge(&format!("{base}.e2e_processing_latency_{q}"), pc.value);
         }
+        // Beyond nsqd, with --channel-lag-stats: the channel's lag in time (ms), see
+        // shards/src/channel/lag.rs.
+        let Some(lag) = &c.lag else { return };
+        let age = lag.oldest_unfinished_age_ms as i64;
+        self.gauge(&format!("{base}.oldest_unfinished_age_ms"), age);
+        for (q, ns) in [
+            ("p50", lag.fin_latency.p50),
+            ("p99", lag.fin_latency.p99),
+            ("p999", lag.fin_latency.p999),
+        ] {
+            self.gauge(
+                &format!("{base}.fin_latency_{q}_ms"),
+                (ns / 1_000_000) as i64,
+            );
+        }
     }
 
     /// The memory gauges (nsqd: statsd.go with --statsd-mem-stats).

@@ -83,6 +83,7 @@ const OWN_FLAGS: &[&str] = &[
     "retention-bytes",
     "preflight",
     "sigterm",
+    "channel-lag-stats",
 ];
 
 #[test]

@@ -13,6 +13,7 @@
 mod common;
 
 mod auth;
+mod channel_lag;
 mod client_error_logs;
 mod config_file;
 mod conformance_http_connection;
@@ -41,6 +42,7 @@ mod http_admin;
 mod http_config;
 mod http_page;
 mod import_nsqd;
+mod inspect_messages;
 mod lookup_channels;
 mod lookup_registration;
 mod offline_damage;

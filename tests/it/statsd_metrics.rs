@@ -125,6 +125,12 @@ fn statsd_pushes_nsqd_metric_names() {
     ] {
         assert!(names.contains(n), "no {n} in {lines:#?}");
     }
+    assert!(
+        !names
+            .iter()
+            .any(|n| n.contains("fin_latency") || n.contains("oldest_unfinished")),
+        "lag gauges only with --channel-lag-stats"
+    );
     assert_eq!(sum_counter(&lines, &prefix, "topic.st.message_bytes"), 9);
     // Gauges are values, not deltas; the kinds are nsqd's.
     let last: BTreeMap<&str, (i64, &str)> = lines
@@ -485,4 +491,40 @@ fn stats_json_has_what_nsqadmin_reads() {
     assert_eq!(info["http_port"], b.http.port());
     assert_eq!(info["tcp_port"], b.tcp.port());
     let _ = std::io::stdout().flush();
+}
+
+/// With `--channel-lag-stats` each channel also has its lag gauges (beyond nsqd): the
+/// age of its oldest unfinished message grows while a message waits.
+#[test]
+fn statsd_pushes_channel_lag_with_the_flag() {
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let b = Broker::start(
+        1,
+        &[
+            &format!("--statsd-address={}", sock.local_addr().unwrap()),
+            "--statsd-interval=1s",
+            "--broadcast-address=lag.host",
+            "--channel-lag-stats",
+        ],
+    );
+    let prefix = format!("nsq.lag_host_{}.", b.http.port());
+    b.post_ok("/topic/create?topic=lg");
+    b.post_ok("/channel/create?topic=lg&channel=ch");
+    assert_eq!(b.http("POST", "/pub?topic=lg", b"abc").0, 200);
+    let age = |ls: &[String]| {
+        ls.iter()
+            .map(|l| parse_line(l, &prefix))
+            .filter(|(n, _, k)| *n == "topic.lg.channel.ch.oldest_unfinished_age_ms" && *k == "g")
+            .map(|(_, v, _)| v)
+            .max()
+    };
+    // A push after the message has waited over a second.
+    let lines = collect(&sock, 508, |ls| age(ls).is_some_and(|a| a >= 1000));
+    let names: BTreeSet<&str> = lines.iter().map(|l| parse_line(l, &prefix).0).collect();
+    for q in ["p50", "p99", "p999"] {
+        let n = format!("topic.lg.channel.ch.fin_latency_{q}_ms");
+        assert!(names.contains(n.as_str()), "no {n} in {lines:#?}");
+    }
 }

@@ -24,6 +24,32 @@ pub(super) struct DeferredQueue {
     /// retention keeps it: it counts toward the low watermark), so a deferred or
     /// recovered message of such a record holds no body. `None`: the topic has no store.
     reread: Option<(u64, Rc<nsq_storage::TopicStore>)>,
+    /// The sequences in `pqueue` (a burst of DPUBs is one range), and the attempts of
+    /// those delivered before (a REQ with a delay): the lowest deferred sequence and
+    /// whether, and with what attempts, a message is deferred, without walking the heap.
+    index: DeferredIndex,
+}
+
+/// See [`DeferredQueue::index`].
+#[derive(Default)]
+struct DeferredIndex {
+    seqs: crate::seqset::SeqSet,
+    /// Sequence -> attempts, for deferred messages with attempts > 0 only.
+    attempts: BTreeMap<u64, u16>,
+}
+
+impl DeferredIndex {
+    fn insert(&mut self, d: &Deferred) {
+        self.seqs.insert(d.seq);
+        if d.attempts > 0 {
+            self.attempts.insert(d.seq, d.attempts);
+        }
+    }
+
+    fn remove(&mut self, seq: u64) {
+        self.seqs.remove(seq);
+        self.attempts.remove(&seq);
+    }
 }
 
 impl DeferredQueue {
@@ -46,7 +72,29 @@ impl DeferredQueue {
 
     /// Replaces the deferred messages with recovered ones (bodies read back when due).
     pub(super) fn restore(&mut self, deferred: Vec<Deferred>) {
+        self.index = DeferredIndex::default();
+        for d in &deferred {
+            self.index.insert(d);
+        }
         self.pqueue = deferred.into_iter().map(Reverse).collect();
+    }
+
+    /// The lowest deferred sequence.
+    pub(super) fn first_seq(&self) -> Option<u64> {
+        self.index.seqs.first()
+    }
+
+    /// The attempts of the deferred message at `seq`, if it is deferred.
+    pub(super) fn attempts_of(&self, seq: u64) -> Option<u16> {
+        if !self.index.seqs.contains(seq) {
+            return None;
+        }
+        Some(self.index.attempts.get(&seq).copied().unwrap_or(0))
+    }
+
+    /// The body held for the deferred message at `seq`, if any (see `bodies`).
+    pub(super) fn body(&self, seq: u64) -> Option<&Message> {
+        self.bodies.get(&seq)
     }
 
     /// True when the store can give back the record at `seq` for as long as the
@@ -64,7 +112,9 @@ impl DeferredQueue {
         if !self.rereads(seq) {
             self.bodies.insert(seq, msg);
         }
-        self.pqueue.push(Reverse(Deferred { due, seq, attempts }));
+        let d = Deferred { due, seq, attempts };
+        self.index.insert(&d);
+        self.pqueue.push(Reverse(d));
     }
 
     /// Removes and returns the earliest message due at or before `now`, with its body
@@ -74,6 +124,7 @@ impl DeferredQueue {
             return None;
         }
         let Reverse(d) = self.pqueue.pop()?;
+        self.index.remove(d.seq);
         Some((d, self.bodies.remove(&d.seq)))
     }
 
@@ -85,6 +136,7 @@ impl DeferredQueue {
     pub(super) fn clear(&mut self) {
         self.pqueue.clear();
         self.bodies.clear();
+        self.index = DeferredIndex::default();
     }
 
     /// Lets go of the bodies whose records the store has made readable since they were

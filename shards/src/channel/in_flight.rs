@@ -157,7 +157,32 @@ impl Channel {
 
     /// FIN: the message is done (nsqd FinishMessage).
     pub fn finish(&mut self, client: &Client, id: MessageId) -> Result<(), InFlightError> {
+        // The clock is read only when the latency is recorded (--channel-lag-stats).
+        let now = self.counters.fin_latency.is_some().then(Instant::now);
+        self.finish_inner(client, id, now)
+    }
+
+    /// [`Channel::finish`] at `now`, which also records the delivery-to-FIN latency
+    /// (when recording: [`Channel::start_fin_latency`]).
+    pub fn finish_at(
+        &mut self,
+        client: &Client,
+        id: MessageId,
+        now: Instant,
+    ) -> Result<(), InFlightError> {
+        self.finish_inner(client, id, Some(now))
+    }
+
+    fn finish_inner(
+        &mut self,
+        client: &Client,
+        id: MessageId,
+        now: Option<Instant>,
+    ) -> Result<(), InFlightError> {
         let f = self.in_flight.take_owned(client, id)?;
+        if let (Some(h), Some(now)) = (self.counters.fin_latency.as_mut(), now) {
+            h.record(now.saturating_duration_since(f.delivered_at), now);
+        }
         // Its body goes unless the topic's memory tail still holds it: counted toward
         // the shard's next heap trim either way (an estimate that errs toward trimming).
         crate::memory_freed(f.msg.body.len());

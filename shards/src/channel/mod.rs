@@ -17,7 +17,12 @@ use std::time::{Duration, Instant};
 mod deferred;
 mod delivery;
 mod in_flight;
+mod inspect;
+mod lag;
 mod read_back;
+
+pub use inspect::{MessageState, Peeked};
+pub use lag::{OldestUnfinished, FIN_LATENCY_WINDOW};
 
 use deferred::DeferredQueue;
 use delivery::ReadyQueue;
@@ -203,6 +208,11 @@ struct ChannelCounters {
     /// FIN latencies when `--e2e-processing-latency-percentile` is set (nsqd:
     /// e2eProcessingLatencyStream); created by the shard on the first FIN.
     e2e: Option<crate::quantile::Quantile>,
+    /// Delivery-to-FIN latencies (beyond nsqd), made on the first FIN.
+    fin_latency: Option<Box<lag::FinLatency>>,
+    /// (sequence, publish time) of the oldest unfinished record last read from disk
+    /// for `/stats` (see `lag.rs`).
+    disk_oldest: Option<(u64, i64)>,
 }
 
 /// Journaling of a durable channel's requeues, redeliveries and their FINs into the

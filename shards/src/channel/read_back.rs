@@ -46,6 +46,12 @@ impl ReadAhead {
         self.records.is_empty()
     }
 
+    /// The record at `seq`, if it is held (`records` is in sequence order).
+    pub(super) fn find(&self, seq: u64) -> Option<&Record> {
+        let i = self.records.binary_search_by_key(&seq, |r| r.seq).ok()?;
+        self.records.get(i)
+    }
+
     /// The first record held at or above `seq`, removed with those below it.
     pub(super) fn pop_from(&mut self, seq: u64) -> Option<Record> {
         while let Some(r) = self.records.pop_front() {

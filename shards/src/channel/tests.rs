@@ -1253,3 +1253,165 @@ fn topology_rank_prefers_zone_then_region_then_anyone() {
         crate::topology::RankCounts::default()
     );
 }
+
+// ------------------------------------------------------------------------- lag in time
+
+/// The publish timestamp of the record at `seq`.
+fn ts(t: &Topic, seq: u64) -> i64 {
+    t.log.get(seq).unwrap().timestamp
+}
+
+#[test]
+fn oldest_unfinished_follows_the_lowest_unfinished_message() {
+    let clk = Clock::new();
+    let mut t = topic_with("ch");
+    assert_eq!(t.channels["ch"].oldest_unfinished_timestamp(&t.log), None);
+    for i in 0..3 {
+        publish(&mut t, i, 1);
+    }
+    // Waiting at the cursor.
+    assert_eq!(
+        t.channels["ch"].oldest_unfinished_timestamp(&t.log),
+        Some(ts(&t, 0))
+    );
+    let c = client_with(1, 2, 1000);
+    sub(&mut t, "ch", &c);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(0)), 2);
+    let ids: Vec<MessageId> = frames(&c).iter().map(|f| f.id).collect();
+    // In flight.
+    assert_eq!(
+        t.channels["ch"].oldest_unfinished_timestamp(&t.log),
+        Some(ts(&t, 0))
+    );
+    chan(&mut t, "ch").finish(&c, ids[1]).unwrap();
+    assert_eq!(
+        t.channels["ch"].oldest_unfinished_timestamp(&t.log),
+        Some(ts(&t, 0)),
+        "a later FIN leaves the oldest"
+    );
+    // Deferred by a REQ with a delay: still unfinished.
+    chan(&mut t, "ch")
+        .requeue(&c, ids[0], ms(5000), clk.at(10))
+        .unwrap();
+    assert_eq!(
+        t.channels["ch"].oldest_unfinished_timestamp(&t.log),
+        Some(ts(&t, 0))
+    );
+    assert_eq!(chan(&mut t, "ch").process_timers(clk.at(5010)), 1);
+    // Ready again, then delivered with the last one and finished.
+    assert_eq!(
+        t.channels["ch"].oldest_unfinished_timestamp(&t.log),
+        Some(ts(&t, 0))
+    );
+    assert_eq!(dispatch(&mut t, "ch", clk.at(5010)), 2);
+    let ids: Vec<MessageId> = frames(&c).iter().map(|f| f.id).collect();
+    chan(&mut t, "ch").finish(&c, ids[0]).unwrap();
+    assert_eq!(
+        t.channels["ch"].oldest_unfinished_timestamp(&t.log),
+        Some(ts(&t, 2))
+    );
+    chan(&mut t, "ch").finish(&c, ids[1]).unwrap();
+    assert_eq!(t.channels["ch"].oldest_unfinished_timestamp(&t.log), None);
+}
+
+#[test]
+fn oldest_unfinished_counts_a_dpub_and_steps_over_it_at_the_cursor() {
+    let mut t = topic_with("ch");
+    t.publish(
+        [Bytes::from_static(b"later")],
+        Some(Instant::now() + Duration::from_secs(3600)),
+        MQ,
+    );
+    publish(&mut t, 1, 1);
+    assert_eq!(chan(&mut t, "ch").deferred_count(), 1);
+    assert_eq!(t.channels["ch"].next_waiting(&t.log), Some(1));
+    assert_eq!(
+        t.channels["ch"].oldest_unfinished_timestamp(&t.log),
+        Some(ts(&t, 0)),
+        "the deferred message is the oldest"
+    );
+    t.channels.get_mut("ch").unwrap().empty(&t.log);
+    assert_eq!(t.channels["ch"].oldest_unfinished_timestamp(&t.log), None);
+}
+
+#[test]
+fn fin_latency_percentiles_measure_delivery_to_fin_on_the_clock() {
+    let clk = Clock::new();
+    let (mut t, c, ids) = delivered(100, clk.at(0));
+    assert_eq!(t.channels["ch"].fin_latency(clk.at(0)).count, 0);
+    chan(&mut t, "ch").start_fin_latency(clk.at(0));
+    // 98 FINs after 200 ms, one after 900 ms, one after 3 s.
+    for (i, &id) in ids.iter().enumerate() {
+        let after = match i {
+            98 => 900,
+            99 => 3000,
+            _ => 200,
+        };
+        chan(&mut t, "ch").finish_at(&c, id, clk.at(after)).unwrap();
+    }
+    let l = t.channels["ch"].fin_latency(clk.at(3000));
+    assert_eq!(l.count, 100);
+    let near = |got: u64, want_ms: u64| {
+        let want = want_ms * 1_000_000;
+        assert!(got.abs_diff(want) <= want / 50, "{got} ns, want {want} ns");
+    };
+    near(l.p50, 200);
+    near(l.p99, 900);
+    near(l.p999, 3000);
+    // The window began at the first FIN (200 ms): within two windows of it the FINs
+    // count, after that they are gone.
+    let w = FIN_LATENCY_WINDOW.as_millis() as u64;
+    assert_eq!(t.channels["ch"].fin_latency(clk.at(w + 100)).count, 100);
+    assert_eq!(t.channels["ch"].fin_latency(clk.at(2 * w + 3000)).count, 0);
+}
+
+// ------------------------------------------------------------------- peek and state
+
+fn peeked_seqs(t: &Topic, ch: &str, count: usize) -> Vec<(u64, u16)> {
+    t.channels[ch]
+        .peek(&t.log, count, 0)
+        .iter()
+        .map(|p| (p.seq, p.attempts))
+        .collect()
+}
+
+#[test]
+fn peek_lists_the_delivery_order_and_state_follows_each_message() {
+    let clk = Clock::new();
+    let mut t = topic_with("ch");
+    publish(&mut t, 0, 3);
+    let ids: Vec<MessageId> = (0..3).map(|s| t.log.get(s).unwrap().id).collect();
+    let state =
+        |t: &Topic, seq: u64| t.channels["ch"].message_state(&t.log, seq, ids[seq as usize]);
+    assert_eq!(peeked_seqs(&t, "ch", 10), [(0, 0), (1, 0), (2, 0)]);
+    assert_eq!(peeked_seqs(&t, "ch", 2), [(0, 0), (1, 0)]);
+    assert_eq!(state(&t, 0), (MessageState::Waiting, 0));
+    let c = client_with(1, 1, 1000);
+    sub(&mut t, "ch", &c);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(0)), 1);
+    assert_eq!(bodies(&frames(&c)), ["m0"]);
+    assert_eq!(state(&t, 0), (MessageState::InFlight, 1));
+    assert_eq!(
+        peeked_seqs(&t, "ch", 10),
+        [(1, 0), (2, 0)],
+        "in flight is not listed"
+    );
+    // REQ 0: ready again, listed first with its attempts.
+    chan(&mut t, "ch")
+        .requeue(&c, ids[0], Duration::ZERO, clk.at(1))
+        .unwrap();
+    assert_eq!(state(&t, 0), (MessageState::Waiting, 1));
+    assert_eq!(peeked_seqs(&t, "ch", 10), [(0, 1), (1, 0), (2, 0)]);
+    // Peeking changed nothing: the same order is delivered.
+    assert_eq!(depth(&t, "ch"), 3);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(2)), 1);
+    assert_eq!(bodies(&frames(&c)), ["m0"]);
+    chan(&mut t, "ch")
+        .requeue(&c, ids[0], ms(5000), clk.at(3))
+        .unwrap();
+    assert_eq!(state(&t, 0), (MessageState::Deferred, 2));
+    assert_eq!(dispatch(&mut t, "ch", clk.at(3)), 1);
+    chan(&mut t, "ch").finish(&c, ids[1]).unwrap();
+    assert_eq!(state(&t, 1), (MessageState::Finished, 0));
+    assert_eq!(peeked_seqs(&t, "ch", 10), [(2, 0)]);
+}

@@ -99,6 +99,9 @@ impl Shard {
     pub fn finish(&self, c: &Client, id: MessageId) -> Result<(), InFlightError> {
         let opts = &self.opts;
         self.with_channel(c, |ch| {
+            if opts.channel_lag && !ch.records_fin_latency() {
+                ch.start_fin_latency(std::time::Instant::now());
+            }
             if ch.e2e().is_none() && !opts.e2e_percentiles.is_empty() {
                 ch.start_e2e(crate::quantile::Quantile::new(
                     opts.e2e_window,

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 mod admin;
 mod delivery;
+pub mod inspect;
 mod lookup;
 mod publish;
 mod read_ahead;

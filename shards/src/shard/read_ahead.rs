@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 /// Returns `Pending` once (after asking to be polled again), so that what follows runs
 /// after the code that spawned the task has returned.
-async fn yield_once() {
+pub(super) async fn yield_once() {
     let mut yielded = false;
     std::future::poll_fn(|cx| {
         if yielded {

@@ -34,6 +34,7 @@ impl Shard {
     /// This shard's part of /stats.
     pub fn stats(&self, req: &StatsRequest) -> ShardStats {
         let now_ns = crate::message::now_unix_nanos();
+        let now = std::time::Instant::now();
         // A health check tells the state now: a store that can be created now is.
         self.retry_missing_stores();
         let health_error = self.health();
@@ -74,6 +75,7 @@ impl Shard {
             names.clear();
         }
         let retains = self.opts.retains();
+        let mut reads = Vec::new();
         for name in names {
             if !req.topic.is_empty() && *name != req.topic {
                 continue;
@@ -104,6 +106,20 @@ impl Shard {
                     clients,
                     paused: ch.is_paused(),
                     e2e_processing_latency: channel_e2e(ch, &self.opts, now_ns),
+                    lag: self.opts.channel_lag.then(|| {
+                        let oldest = ch.oldest_unfinished(&t.log);
+                        if let Some(seq) = oldest.read_wanted {
+                            if reads.len() < DISK_TIMESTAMP_READS {
+                                reads.push((t.name.clone(), ch.name().to_string(), seq));
+                            }
+                        }
+                        ChannelLag {
+                            oldest_unfinished_age_ms: oldest.timestamp.map_or(0, |ts| {
+                                (now_ns.saturating_sub(ts).max(0) / 1_000_000) as u64
+                            }),
+                            fin_latency: ch.fin_latency(now),
+                        }
+                    }),
                 });
             }
             if !req.channel.is_empty() && channels.is_empty() {
@@ -122,6 +138,9 @@ impl Shard {
                 retained_messages: retains.then_some(t.retained().messages),
                 retained_bytes: retains.then_some(t.retained().bytes),
             });
+        }
+        if !reads.is_empty() {
+            self.read_disk_timestamps(reads);
         }
         let mut producers = Vec::new();
         if req.include_clients {
@@ -260,4 +279,43 @@ fn topic_e2e(t: &crate::topic::Topic, opts: &Options, now: i64) -> E2eLatency {
         }
     }
     E2eLatency::from_result(agg.result(now))
+}
+
+/// The most on-disk records one `/stats` reads (in the background) for the channels'
+/// oldest unfinished publish times (`--channel-lag-stats`); the others are read by the
+/// next calls.
+const DISK_TIMESTAMP_READS: usize = 64;
+
+impl Shard {
+    /// Reads, in a task of its own, the publish times of the records `reads` names
+    /// (topic, channel, sequence) for the channels' next `oldest_unfinished_age_ms`.
+    fn read_disk_timestamps(&self, reads: Vec<(String, String, u64)>) {
+        let Some(me) = self.me.borrow().upgrade() else {
+            return;
+        };
+        glommio::spawn_local(async move {
+            // Not while the caller still holds the topics (see schedule_disk_reads).
+            super::read_ahead::yield_once().await;
+            for (topic, channel, seq) in reads {
+                let store = me
+                    .topics
+                    .borrow()
+                    .get(&topic)
+                    .and_then(|t| t.store().cloned());
+                let Some(store) = store else { continue };
+                let Ok(recs) = store.read(seq, 1).await else {
+                    continue;
+                };
+                let Some(r) = recs.first() else { continue };
+                let mut topics = me.topics.borrow_mut();
+                if let Some(ch) = topics
+                    .get_mut(&topic)
+                    .and_then(|t| t.channels.get_mut(&channel))
+                {
+                    ch.note_disk_timestamp(seq, r.timestamp);
+                }
+            }
+        })
+        .detach();
+    }
 }

@@ -4,6 +4,7 @@
 
 use super::TopicStore;
 use crate::error::StoreError;
+use crate::record::StoredRecord;
 
 /// One segment file as [`TopicStore::segment_list`] reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -87,5 +88,67 @@ impl TopicStore {
             }
             from = last.seq + 1;
         }
+    }
+}
+
+impl TopicStore {
+    /// The readable record whose message ID is `id`, if any (`GET /message`, beyond
+    /// nsqd). A topic's IDs grow with its sequence (the broker's ID generator never goes
+    /// back, also across restarts), so this is a binary search over the sparse index
+    /// entries of every segment by the ID of the record each starts at (one read per
+    /// probe, each probe's ID kept for later lookups), then a scan of at most about
+    /// [`super::INDEX_EVERY`] records.
+    /// `Ok(None)`: no readable record has that ID (never written, deleted by retention
+    /// or by consumption, or not flushed yet). Errors: I/O errors of the reads.
+    pub async fn find_id(&self, id: u64) -> Result<Option<StoredRecord>, StoreError> {
+        let probes = self.segments.readable_index_seqs();
+        if probes.is_empty() {
+            return Ok(None);
+        }
+        // Invariant: every probe below `lo` starts with a record whose ID is at most
+        // `id`; every probe at or above `hi` starts with a greater one (or none).
+        let (mut lo, mut hi) = (0usize, probes.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let probe_id = match self.segments.probe_id(probes[mid]) {
+                Some(pid) => Some(pid),
+                None => {
+                    let first = self.read(probes[mid], 1).await?.first().map(|r| r.id);
+                    if let Some(pid) = first {
+                        self.segments
+                            .note_probe_id(probes[mid], pid, probes[0], probes.len());
+                    }
+                    first
+                }
+            };
+            let at_most = probe_id.is_some_and(|p| p <= id);
+            if at_most {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        if lo == 0 {
+            return Ok(None);
+        }
+        // Scan from the last probe whose first ID is at most `id`, up to the next one.
+        let end = probes.get(lo).copied().unwrap_or(u64::MAX);
+        let mut from = probes[lo - 1];
+        while from < end {
+            let recs = self.read(from, SEEK_BATCH).await?;
+            let Some(last) = recs.last() else {
+                return Ok(None);
+            };
+            for r in recs.iter().take_while(|r| r.seq < end) {
+                if r.id == id {
+                    return Ok(Some(r.clone()));
+                }
+                if r.id > id {
+                    return Ok(None);
+                }
+            }
+            from = last.seq + 1;
+        }
+        Ok(None)
     }
 }

@@ -85,6 +85,10 @@ pub(super) struct Segments {
     blocks: BlockCache,
     /// A partial index of the open segment is being written.
     partial_busy: Cell<bool>,
+    /// Sparse index entry (sequence) -> the message ID of the first record read there,
+    /// as [`TopicStore::find_id`](super::TopicStore::find_id) probed them: readable
+    /// records never change, so a lookup reads only the probes no earlier one did.
+    probe_ids: RefCell<BTreeMap<u64, u64>>,
 }
 
 impl Segments {
@@ -95,7 +99,24 @@ impl Segments {
             readers: RefCell::new(HashMap::new()),
             blocks: BlockCache::default(),
             partial_busy: Cell::new(false),
+            probe_ids: RefCell::new(BTreeMap::new()),
         }
+    }
+
+    /// The ID [`Segments::note_probe_id`] noted for the probe at `seq`.
+    pub(super) fn probe_id(&self, seq: u64) -> Option<u64> {
+        self.probe_ids.borrow().get(&seq).copied()
+    }
+
+    /// Notes the ID of the first record at or after the index entry `seq`; entries
+    /// below `oldest` (segments deleted since) are dropped when the notes outnumber
+    /// `probes` twice.
+    pub(super) fn note_probe_id(&self, seq: u64, id: u64, oldest: u64, probes: usize) {
+        let mut ids = self.probe_ids.borrow_mut();
+        if ids.len() > 2 * probes + 64 {
+            *ids = ids.split_off(&oldest);
+        }
+        ids.insert(seq, id);
     }
 
     /// Segments on disk.
