@@ -305,6 +305,10 @@ pub struct Cli {
     #[arg(long, default_value_t = 0)]
     pub retention_bytes: u64 =>
         { core, rank: 52, cfg: "retention_bytes", go: "RetentionBytes", kind: Int },
+    /// (beyond nsqd) deliveries after which a message is published to its topic's dead-letter topic <topic>.dead and finished (0: unlimited, as nsqd; POST /channel/max-attempts overrides it per channel)
+    #[arg(long, default_value_t = 0)]
+    pub max_attempts: u16 =>
+        { core, rank: 54, cfg: "max_attempts", go: "MaxAttempts", kind: Int },
     /// check what the host must provide (io_uring, locked memory, CPUs, data path, ports),
     /// print each problem with its fix, and exit (0: ready to run, 1: problems)
     #[arg(long)]

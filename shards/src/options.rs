@@ -35,6 +35,9 @@ pub struct Options {
     pub max_output_buffer_size: i64,
     /// `--max-channel-consumers` (0 = unlimited).
     pub max_channel_consumers: usize,
+    /// `--max-attempts` (beyond nsqd; 0 = unlimited): deliveries after which a message
+    /// goes to its topic's dead-letter topic (see `channel::dead_letter_topic`).
+    pub max_attempts: u16,
     /// nsqd's fixed ClientTimeout (60 s): the default heartbeat is half of it.
     pub client_timeout: Duration,
     /// `--max-deflate-level` (reported in IDENTIFY and /info).
@@ -98,6 +101,7 @@ impl Default for Options {
             max_output_buffer_timeout: Duration::from_secs(30),
             max_output_buffer_size: 65536,
             max_channel_consumers: 0,
+            max_attempts: 0,
             client_timeout: Duration::from_secs(60),
             max_deflate_level: 6,
             snappy: true,

@@ -106,6 +106,24 @@ pub struct ChannelStats {
     pub clients: Option<Vec<ClientStats>>,
     pub paused: bool,
     pub e2e_processing_latency: E2eLatency,
+    /// Beyond nsqd: the channel's delivery limits, as extra keys present only where a
+    /// limit is in force (so a channel without one shows exactly nsqd's keys).
+    #[serde(flatten)]
+    pub limits: ChannelLimitStats,
+}
+
+/// A channel's delivery limits in `/stats` (beyond nsqd; see
+/// docs/dead-letters-and-rate-limits.md). Each key is absent when `None`.
+#[derive(Clone, Debug, Serialize, Default)]
+pub struct ChannelLimitStats {
+    /// The maximum attempts in force (the channel's own or `--max-attempts`); present
+    /// when it is not unlimited or the channel has its own (then possibly 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u16>,
+    /// Messages published to the dead-letter topic and finished here; present with
+    /// `max_attempts` or once non-zero.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dead_count: Option<u64>,
 }
 
 /// One topic in `/stats`: one field per key of nsqd's TopicStats, so it stays one flat

@@ -208,6 +208,10 @@ pub(super) async fn route(
                     Ok(to) => AdminOp::SeekChannel(t, c, to),
                     Err(r) => return r,
                 },
+                "/channel/max-attempts" => match max_attempts_param(&params, &t) {
+                    Ok(n) => AdminOp::ChannelMaxAttempts(t, c, n),
+                    Err(r) => return r,
+                },
                 _ => AdminOp::PauseChannel(t, c, false),
             };
             admin(server, op).await

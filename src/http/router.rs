@@ -27,6 +27,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("POST", "/channel/pause"),
     ("POST", "/channel/unpause"),
     ("POST", "/channel/seek"),
+    ("POST", "/channel/max-attempts"),
 ];
 
 /// The methods with a route tree (httprouter redirects only within one).

@@ -308,6 +308,12 @@ impl Channel {
             let Some(mut msg) = self.next_message(log, now) else {
                 break;
             };
+            if self.is_dead(msg.attempts) {
+                // Ready again with its attempts used up (recovered after a restart,
+                // or the maximum lowered): not delivered.
+                self.bury(msg);
+                continue;
+            }
             let client = self.consumers.clients[idx].clone();
             let (sample_rate, msg_timeout) = {
                 let s = client.settings.borrow();

@@ -181,7 +181,8 @@ impl Channel {
         Ok(())
     }
 
-    /// REQ: back to the queue now (`delay` zero) or to the deferred heap.
+    /// REQ: back to the queue now (`delay` zero) or to the deferred heap; a message that
+    /// used up its maximum attempts goes to the dead letters at once, whatever `delay`.
     pub fn requeue(
         &mut self,
         client: &Client,
@@ -193,7 +194,11 @@ impl Channel {
         client.in_flight.set((client.in_flight.get() - 1).max(0));
         client.count_requeue();
         self.counters.requeue_count += 1;
-        if delay.is_zero() {
+        if self.is_dead(f.msg.attempts) {
+            // Ready again with its attempts until the dead-letter topic has it.
+            self.journal(EventKind::Requeued, &f.msg, 0);
+            self.bury(f.msg);
+        } else if delay.is_zero() {
             self.journal(EventKind::Requeued, &f.msg, 0);
             self.put_back(f.msg);
         } else {
@@ -222,7 +227,8 @@ impl Channel {
         Ok(())
     }
 
-    /// Moves timed-out in-flight messages and due deferred ones to the requeue queue.
+    /// Moves timed-out in-flight messages and due deferred ones to the requeue queue
+    /// (a timed-out one that used up its attempts to the dead letters instead).
     /// Returns how many moved (nsqd processInFlightQueue / processDeferredQueue).
     pub fn process_timers(&mut self, now: Instant) -> usize {
         let mut moved = 0;
@@ -231,7 +237,12 @@ impl Channel {
             f.client
                 .in_flight
                 .set((f.client.in_flight.get() - 1).max(0));
-            moved += usize::from(self.put_back(f.msg));
+            if self.is_dead(f.msg.attempts) {
+                self.bury(f.msg);
+                moved += 1;
+            } else {
+                moved += usize::from(self.put_back(f.msg));
+            }
         }
         while let Some((d, body)) = self.deferred.pop_due(now) {
             moved += usize::from(match body {

@@ -18,6 +18,7 @@ use std::rc::Weak;
 use std::time::Duration;
 
 mod admin;
+mod dead;
 mod delivery;
 mod lookup;
 mod publish;
@@ -26,6 +27,7 @@ mod stats;
 mod store_prep;
 mod subscribe;
 
+pub use dead::DeadLetters;
 pub use delivery::Timers;
 pub use lookup::Lookup;
 pub use publish::DurableWait;

@@ -88,7 +88,7 @@ impl Shard {
             return;
         }
         for c in channels {
-            if t.create_channel(c, mq) {
+            if t.create_channel_with(c, mq, self.opts.max_attempts) {
                 log::info!("TOPIC({topic}): new channel({c})");
                 self.notify_lookup(LookupEvent::Register(topic.to_string(), Some(c.clone())));
             }

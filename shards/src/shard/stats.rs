@@ -103,6 +103,7 @@ impl Shard {
                     clients,
                     paused: ch.is_paused(),
                     e2e_processing_latency: channel_e2e(ch, &self.opts, now_ns),
+                    limits: channel_limits(ch),
                 });
             }
             if !req.channel.is_empty() && channels.is_empty() {
@@ -255,4 +256,14 @@ fn topic_e2e(t: &crate::topic::Topic, opts: &Options, now: i64) -> E2eLatency {
         }
     }
     E2eLatency::from_result(agg.result(now))
+}
+
+/// The `/stats` extras of a channel's delivery limits (see [`ChannelLimitStats`]).
+fn channel_limits(ch: &crate::channel::Channel) -> ChannelLimitStats {
+    let max = ch.max_attempts();
+    let shown = max > 0 || ch.own_max_attempts().is_some();
+    ChannelLimitStats {
+        max_attempts: shown.then_some(max),
+        dead_count: (shown || ch.dead_count() > 0).then_some(ch.dead_count()),
+    }
 }
