@@ -26,6 +26,7 @@ mod conformance_sub;
 mod conformance_timeouts;
 mod conformance_topics;
 mod crash_attempts;
+mod dead_letters;
 mod descriptors;
 mod disk_faults;
 mod disk_full;
