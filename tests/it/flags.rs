@@ -77,6 +77,7 @@ const OWN_FLAGS: &[&str] = &[
     "help",
     "retention-time",
     "retention-bytes",
+    "max-attempts",
     "preflight",
 ];
 
