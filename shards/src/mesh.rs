@@ -20,6 +20,9 @@ pub enum AdminOp {
     /// `POST /channel/max-attempts` (beyond nsqd): the channel's own maximum attempts
     /// (`Some(0)`: unlimited) or `None` to follow `--max-attempts` again.
     ChannelMaxAttempts(String, String, Option<u16>),
+    /// `POST /channel/rate-limit` (beyond nsqd): the channel's delivery rate in messages
+    /// a second across its consumers (0 removes the limit).
+    ChannelRateLimit(String, String, u32),
 }
 
 impl AdminOp {
@@ -35,7 +38,8 @@ impl AdminOp {
             | AdminOp::EmptyChannel(t, _)
             | AdminOp::PauseChannel(t, _, _)
             | AdminOp::SeekChannel(t, _, _)
-            | AdminOp::ChannelMaxAttempts(t, _, _) => t,
+            | AdminOp::ChannelMaxAttempts(t, _, _)
+            | AdminOp::ChannelRateLimit(t, _, _) => t,
         }
     }
 }

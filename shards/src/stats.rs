@@ -124,6 +124,10 @@ pub struct ChannelLimitStats {
     /// `max_attempts` or once non-zero.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dead_count: Option<u64>,
+    /// The channel's rate limit in messages a second (`POST /channel/rate-limit`);
+    /// present while it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<u32>,
 }
 
 /// One topic in `/stats`: one field per key of nsqd's TopicStats, so it stays one flat

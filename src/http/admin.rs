@@ -1,6 +1,6 @@
 //! The topic and channel admin routes: create, delete, empty, pause, unpause and this
-//! broker's /channel/seek and /channel/max-attempts (nsqd: http.go doCreateTopic ...
-//! doPauseChannel).
+//! broker's /channel/seek, /channel/max-attempts and /channel/rate-limit (nsqd: http.go
+//! doCreateTopic ... doPauseChannel).
 
 use super::*;
 
@@ -43,6 +43,17 @@ pub(super) fn max_attempts_param(p: &Params, topic: &str) -> Result<Option<u16>,
         return Err(Response::v1_err(400, "DEAD_LETTER_UNAVAILABLE"));
     }
     Ok(n)
+}
+
+/// The `msgs_per_sec` of `POST /channel/rate-limit` (beyond nsqd), checked after topic
+/// and channel: messages a second across the channel's consumers, 0 to 4294967295 (0
+/// removes the limit). 400 MISSING_ARG_MSGS_PER_SEC without it, INVALID_ARG_MSGS_PER_SEC
+/// for anything else.
+pub(super) fn rate_limit_param(p: &Params) -> Result<u32, Response> {
+    p.get("msgs_per_sec")
+        .ok_or_else(|| Response::v1_err(400, "MISSING_ARG_MSGS_PER_SEC"))?
+        .parse::<u32>()
+        .map_err(|_| Response::v1_err(400, "INVALID_ARG_MSGS_PER_SEC"))
 }
 
 pub(super) async fn admin(server: &Server, op: AdminOp) -> Response {

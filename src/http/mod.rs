@@ -212,6 +212,10 @@ pub(super) async fn route(
                     Ok(n) => AdminOp::ChannelMaxAttempts(t, c, n),
                     Err(r) => return r,
                 },
+                "/channel/rate-limit" => match rate_limit_param(&params) {
+                    Ok(r) => AdminOp::ChannelRateLimit(t, c, r),
+                    Err(r) => return r,
+                },
                 _ => AdminOp::PauseChannel(t, c, false),
             };
             admin(server, op).await

@@ -28,6 +28,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("POST", "/channel/unpause"),
     ("POST", "/channel/seek"),
     ("POST", "/channel/max-attempts"),
+    ("POST", "/channel/rate-limit"),
 ];
 
 /// The methods with a route tree (httprouter redirects only within one).

@@ -229,7 +229,7 @@ impl Channel {
 
     /// Moves timed-out in-flight messages and due deferred ones to the requeue queue
     /// (a timed-out one that used up its attempts to the dead letters instead).
-    /// Returns how many moved (nsqd processInFlightQueue / processDeferredQueue).
+    /// Returns how many moved, plus one when a rate-limited channel may deliver again (nsqd processInFlightQueue / processDeferredQueue).
     pub fn process_timers(&mut self, now: Instant) -> usize {
         let mut moved = 0;
         while let Some(f) = self.in_flight.pop_timed_out(now) {
@@ -256,18 +256,23 @@ impl Channel {
         if moved > 0 {
             self.shrink_if_sparse();
         }
-        moved
+        // A rate-limited channel whose next token is back: deliver again.
+        moved + usize::from(self.limits.rate.resume_due(now))
     }
 
-    /// The earliest instant a timer of this channel fires, if any (finished or touched
-    /// messages may still have entries in the in-flight heap: see `timer_to_schedule`).
+    /// The earliest instant a timer of this channel fires, if any: an in-flight deadline,
+    /// a deferred due time, or the instant a rate-limited channel gets its next token
+    /// (finished or touched messages may still have entries in the in-flight heap: see
+    /// `timer_to_schedule`).
     pub fn next_timer(&self) -> Option<Instant> {
-        let a = self.in_flight.next_deadline();
-        let b = self.deferred.next_due();
-        match (a, b) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            self.in_flight.next_deadline(),
+            self.deferred.next_due(),
+            self.limits.rate.resume_at(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// The instant at which the shard's timer queue must visit this channel, when that is

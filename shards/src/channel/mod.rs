@@ -18,6 +18,7 @@ mod dead;
 mod deferred;
 mod delivery;
 mod in_flight;
+mod rate;
 mod read_back;
 
 pub use dead::{dead_letter_topic, dead_letters_waiting};
@@ -172,7 +173,7 @@ pub struct Channel {
     consumers: Consumers,
     counters: ChannelCounters,
     journal: Journal,
-    /// Delivery limits beyond nsqd: maximum attempts and dead letters.
+    /// Delivery limits beyond nsqd: maximum attempts, dead letters and the rate limit.
     limits: Limits,
     /// The earliest instant this channel is registered at in its shard's timer queue
     /// (crate::timers), if any.
@@ -193,6 +194,8 @@ struct Flags {
 struct Limits {
     /// Maximum attempts and the dead letters on their way to `<topic>.dead`.
     dead: dead::DeadLetters,
+    /// `POST /channel/rate-limit`: the token bucket pacing delivery.
+    rate: rate::RateLimit,
 }
 
 /// The subscribed clients, in the order delivery goes round (nsqd: Channel.clients).

@@ -112,7 +112,7 @@ pub fn topic_meta(t: &Topic) -> TopicMeta {
             finished,
             limits: nsq_storage::meta::ChannelLimits {
                 max_attempts: ch.own_max_attempts(),
-                rate_limit: None,
+                rate_limit: ch.rate_limit(),
             },
         });
     }

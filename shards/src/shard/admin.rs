@@ -79,6 +79,19 @@ impl Shard {
                 log::info!("TOPIC({t}) CHANNEL({c}): max attempts {max:?}");
                 self.request_checkpoint();
             }
+            AdminOp::ChannelRateLimit(t, c, per_sec) => {
+                let topic = topics.get_mut(&t).ok_or(AdminError::TopicNotFound)?;
+                let ch = topic
+                    .channels
+                    .get_mut(&c)
+                    .ok_or(AdminError::ChannelNotFound)?;
+                ch.set_rate_limit(per_sec);
+                log::info!("TOPIC({t}) CHANNEL({c}): rate limit {per_sec} msgs/s");
+                self.request_checkpoint();
+                let out = ch.dispatch(&topic.log, Instant::now());
+                bump(&self.counters.messages_out, out);
+                self.schedule_timer(&t, ch);
+            }
             // It may need the disk: callers go through `admin_async`.
             AdminOp::SeekChannel(..) => return Err(AdminError::Internal),
             AdminOp::PauseChannel(t, c, paused) => {
@@ -123,7 +136,7 @@ impl Shard {
     }
 
     /// True when `op`'s answer waits for the metadata on disk ([`Shard::persist_changes`]):
-    /// a channel created, deleted, paused or given its maximum attempts, or a topic
+    /// a channel created, deleted, paused or given its maximum attempts or rate limit, or a topic
     /// paused, on a durable topic (nsqd
     /// persists metadata on pause before answering; here also on create and delete,
     /// which nsqd writes soon after), so that a crash after the answer never brings a
@@ -136,6 +149,7 @@ impl Shard {
                 | AdminOp::PauseChannel(..)
                 | AdminOp::PauseTopic(..)
                 | AdminOp::ChannelMaxAttempts(..)
+                | AdminOp::ChannelRateLimit(..)
         ) && self
             .topics
             .borrow()

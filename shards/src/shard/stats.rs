@@ -265,5 +265,6 @@ fn channel_limits(ch: &crate::channel::Channel) -> ChannelLimitStats {
     ChannelLimitStats {
         max_attempts: shown.then_some(max),
         dead_count: (shown || ch.dead_count() > 0).then_some(ch.dead_count()),
+        rate_limit: ch.rate_limit(),
     }
 }
