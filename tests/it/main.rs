@@ -45,6 +45,7 @@ mod lookup_channels;
 mod lookup_registration;
 mod offline_damage;
 mod preflight;
+mod rate_limits;
 mod replay_seek;
 mod robustness_aborted_connections;
 mod robustness_malformed;

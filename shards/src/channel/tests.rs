@@ -1333,3 +1333,56 @@ fn empty_drops_dead_letters_not_yet_published() {
     assert!(!ch.dead_lettered(ids[0]), "emptied meanwhile");
     assert_eq!(ch.dead_count(), 0);
 }
+
+// --------------------------------------------------------------------------- rate limit
+
+#[test]
+fn a_rate_limit_paces_delivery_on_the_injected_clock() {
+    let clk = Clock::new();
+    let mut t = topic_with("ch");
+    let (a, b) = (client_with(1, 1000, 60_000), client_with(2, 1000, 60_000));
+    sub(&mut t, "ch", &a);
+    sub(&mut t, "ch", &b);
+    publish(&mut t, 0, 1000);
+    chan(&mut t, "ch").set_rate_limit(100);
+    assert_eq!(chan(&mut t, "ch").rate_limit(), Some(100));
+    // The bucket starts with a tenth of a second's worth.
+    assert_eq!(dispatch(&mut t, "ch", clk.at(0)), 10);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(0)), 0, "no token left");
+    let ch = chan(&mut t, "ch");
+    assert_eq!(ch.next_timer(), Some(clk.at(10)), "the next token is 10 ms away");
+    assert_eq!(ch.process_timers(clk.at(9)), 0);
+    assert_eq!(ch.process_timers(clk.at(10)), 1, "the timer pass resumes delivery");
+    assert_eq!(dispatch(&mut t, "ch", clk.at(10)), 1);
+    // Over two seconds of 10 ms passes: 100 a second across both consumers.
+    let mut sent = 0;
+    for i in 2..=201 {
+        sent += dispatch(&mut t, "ch", clk.at(i * 10));
+    }
+    assert_eq!(sent, 200);
+    // Idle for a minute: the burst is still a tenth of a second's worth.
+    assert_eq!(dispatch(&mut t, "ch", clk.at(62_010)), 10);
+    let (fa, fb) = (frames(&a).len(), frames(&b).len());
+    assert_eq!(fa + fb, 221);
+    assert!(fa.abs_diff(fb) <= 1, "round robin: {fa} and {fb}");
+    // Removed: what waits goes at once, as far as RDY allows.
+    chan(&mut t, "ch").set_rate_limit(0);
+    assert_eq!(chan(&mut t, "ch").rate_limit(), None);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(62_010)), 779);
+}
+
+#[test]
+fn a_rate_limited_channel_keeps_what_it_cannot_deliver_yet() {
+    let clk = Clock::new();
+    let mut t = topic_with("ch");
+    let c = client_with(1, 100, 60_000);
+    sub(&mut t, "ch", &c);
+    chan(&mut t, "ch").set_rate_limit(1);
+    publish(&mut t, 0, 5);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(0)), 1);
+    assert_eq!(depth(&t, "ch"), 4, "waiting, not dropped");
+    assert_eq!(chan(&mut t, "ch").next_timer(), Some(clk.at(1000)));
+    assert_eq!(dispatch(&mut t, "ch", clk.at(999)), 0);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(1000)), 1);
+    assert_eq!(bodies(&frames(&c)), vec!["m0", "m1"]);
+}
