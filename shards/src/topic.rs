@@ -725,7 +725,12 @@ impl Topic {
 
     /// [`Topic::create_channel`] with `--max-attempts` (0 = unlimited; see
     /// [`Channel::set_max_attempts_flag`]).
-    pub fn create_channel_with(&mut self, name: &str, mem_queue_size: u64, max_attempts: u16) -> bool {
+    pub fn create_channel_with(
+        &mut self,
+        name: &str,
+        mem_queue_size: u64,
+        max_attempts: u16,
+    ) -> bool {
         if self.channels.contains_key(name) {
             return false;
         }

@@ -105,7 +105,10 @@ fn a_timed_out_message_past_the_channel_maximum_is_dead_lettered() {
         }
         b.wait_channel_field("jobs", "w", "dead_count", 1);
         b.wait_channel_field("jobs", "w", "timeout_count", 2);
-        assert_eq!(consume_bodies(&b, "jobs.dead", 1), vec![b"slow job".to_vec()]);
+        assert_eq!(
+            consume_bodies(&b, "jobs.dead", 1),
+            vec![b"slow job".to_vec()]
+        );
         // The dead-letter topic's own channels never dead-letter (no cascade).
         let dead = b.channel_stats("jobs.dead", "inspect").unwrap();
         assert!(dead.get("dead_count").is_none(), "{dead}");
@@ -124,7 +127,10 @@ fn without_max_attempts_messages_are_redelivered_as_nsqd_and_stats_have_no_extra
         send(&mut s, &line(&format!("REQ {id} 0")));
     }
     let ch = b.channel_stats("plain", "c").unwrap();
-    assert!(ch.get("dead_count").is_none() && ch.get("max_attempts").is_none(), "{ch}");
+    assert!(
+        ch.get("dead_count").is_none() && ch.get("max_attempts").is_none(),
+        "{ch}"
+    );
     assert!(b.topic_stats("plain.dead").is_none());
 }
 
@@ -139,10 +145,18 @@ fn max_attempts_endpoint_errors_in_order() {
     assert_v1_error(&post(""), BAD_REQ, "MISSING_ARG_TOPIC");
     assert_v1_error(&post("?topic=bad!"), BAD_REQ, "INVALID_ARG_TOPIC");
     assert_v1_error(&post("?topic=t"), BAD_REQ, "MISSING_ARG_CHANNEL");
-    assert_v1_error(&post("?topic=t&channel=bad!"), BAD_REQ, "INVALID_ARG_CHANNEL");
+    assert_v1_error(
+        &post("?topic=t&channel=bad!"),
+        BAD_REQ,
+        "INVALID_ARG_CHANNEL",
+    );
     assert_v1_error(&post("?topic=t&channel=c"), BAD_REQ, "MISSING_ARG_N");
     for n in ["", "-1", "x", "65536", "1.5"] {
-        assert_v1_error(&post(&format!("?topic=t&channel=c&n={n}")), BAD_REQ, "INVALID_ARG_N");
+        assert_v1_error(
+            &post(&format!("?topic=t&channel=c&n={n}")),
+            BAD_REQ,
+            "INVALID_ARG_N",
+        );
     }
     for t in ["t.dead", "e#ephemeral", &"x".repeat(60)] {
         assert_v1_error(
@@ -151,16 +165,30 @@ fn max_attempts_endpoint_errors_in_order() {
             "DEAD_LETTER_UNAVAILABLE",
         );
     }
-    assert_v1_error(&post("?topic=nope&channel=c&n=1"), NOT_FOUND, "TOPIC_NOT_FOUND");
-    assert_v1_error(&post("?topic=t&channel=nope&n=1"), NOT_FOUND, "CHANNEL_NOT_FOUND");
+    assert_v1_error(
+        &post("?topic=nope&channel=c&n=1"),
+        NOT_FOUND,
+        "TOPIC_NOT_FOUND",
+    );
+    assert_v1_error(
+        &post("?topic=t&channel=nope&n=1"),
+        NOT_FOUND,
+        "CHANNEL_NOT_FOUND",
+    );
     assert_v1_empty_ok(&post("?topic=t&channel=c&n=7"));
     assert_eq!(b.channel_stats("t", "c").unwrap()["max_attempts"], 7);
     assert_v1_empty_ok(&post("?topic=t&channel=c&n=0"));
     let ch = b.channel_stats("t", "c").unwrap();
-    assert_eq!((ch["max_attempts"].as_i64(), ch["dead_count"].as_i64()), (Some(0), Some(0)));
+    assert_eq!(
+        (ch["max_attempts"].as_i64(), ch["dead_count"].as_i64()),
+        (Some(0), Some(0))
+    );
     assert_v1_empty_ok(&post("?topic=t&channel=c&n=default"));
     let ch = b.channel_stats("t", "c").unwrap();
-    assert!(ch.get("max_attempts").is_none(), "follows the flag (unset): {ch}");
+    assert!(
+        ch.get("max_attempts").is_none(),
+        "follows the flag (unset): {ch}"
+    );
     let (code, _) = b.http("GET", "/channel/max-attempts?topic=t&channel=c&n=1", b"");
     assert_eq!(code, 405);
 }
@@ -210,9 +238,13 @@ fn a_pynsq_handler_that_always_fails_dead_letters_every_message() {
         .output()
         .is_ok_and(|o| o.status.success());
     if !importable {
-        return skip(&format!("{} cannot import pynsq (scripts/setup-clients.sh)", py.display()));
+        return skip(&format!(
+            "{} cannot import pynsq (scripts/setup-clients.sh)",
+            py.display()
+        ));
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/clients/pynsq_dead_letter_scenario.py");
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/clients/pynsq_dead_letter_scenario.py");
     for_each_shards(&[1, 4], |shards| {
         let b = Broker::start(shards, &["--max-attempts=3"]);
         let out = Command::new(&py)

@@ -55,7 +55,9 @@ fn delivery_is_paced_to_the_limit_and_full_speed_once_removed() {
             (0.7 * R..=1.3 * R).contains(&rate),
             "{rate:.0} msgs/s with a limit of {R} ({secs:.2} s for 600)"
         );
-        let depth = b.channel_stats("paced", "c").unwrap()["depth"].as_u64().unwrap();
+        let depth = b.channel_stats("paced", "c").unwrap()["depth"]
+            .as_u64()
+            .unwrap();
         assert!(depth > 0, "the rest waits in the channel");
         // Removed: the other 899 come far faster than the limit allowed.
         b.admin("/channel/rate-limit?topic=paced&channel=c&msgs_per_sec=0");
@@ -81,10 +83,15 @@ fn rate_limit_endpoint_errors_and_persistence() {
         b.admin("/topic/create?topic=r");
         b.admin("/channel/create?topic=r&channel=c");
         b.admin("/channel/create?topic=r&channel=d");
-        let post = |b: &Broker, q: &str| b.http_keepalive("POST", &format!("/channel/rate-limit{q}"), b"");
+        let post =
+            |b: &Broker, q: &str| b.http_keepalive("POST", &format!("/channel/rate-limit{q}"), b"");
         assert_v1_error(&post(&b, ""), BAD_REQ, "MISSING_ARG_TOPIC");
         assert_v1_error(&post(&b, "?topic=r"), BAD_REQ, "MISSING_ARG_CHANNEL");
-        assert_v1_error(&post(&b, "?topic=r&channel=c"), BAD_REQ, "MISSING_ARG_MSGS_PER_SEC");
+        assert_v1_error(
+            &post(&b, "?topic=r&channel=c"),
+            BAD_REQ,
+            "MISSING_ARG_MSGS_PER_SEC",
+        );
         for r in ["", "-1", "x", "4294967296", "2.5"] {
             assert_v1_error(
                 &post(&b, &format!("?topic=r&channel=c&msgs_per_sec={r}")),
@@ -92,12 +99,21 @@ fn rate_limit_endpoint_errors_and_persistence() {
                 "INVALID_ARG_MSGS_PER_SEC",
             );
         }
-        assert_v1_error(&post(&b, "?topic=no&channel=c&msgs_per_sec=1"), NOT_FOUND, "TOPIC_NOT_FOUND");
-        assert_v1_error(&post(&b, "?topic=r&channel=no&msgs_per_sec=1"), NOT_FOUND, "CHANNEL_NOT_FOUND");
+        assert_v1_error(
+            &post(&b, "?topic=no&channel=c&msgs_per_sec=1"),
+            NOT_FOUND,
+            "TOPIC_NOT_FOUND",
+        );
+        assert_v1_error(
+            &post(&b, "?topic=r&channel=no&msgs_per_sec=1"),
+            NOT_FOUND,
+            "CHANNEL_NOT_FOUND",
+        );
         assert_v1_empty_ok(&post(&b, "?topic=r&channel=c&msgs_per_sec=50"));
         b.terminate();
         let mut b = Broker::start_in(&dir, shards, &[]);
-        let rate = |b: &Broker, c: &str| b.channel_stats("r", c).unwrap().get("rate_limit").cloned();
+        let rate =
+            |b: &Broker, c: &str| b.channel_stats("r", c).unwrap().get("rate_limit").cloned();
         assert_eq!((rate(&b, "c"), rate(&b, "d")), (Some(50.into()), None));
         // Answered once the metadata is on disk: a kill -9 right after keeps it.
         assert_v1_empty_ok(&post(&b, "?topic=r&channel=d&msgs_per_sec=7"));

@@ -466,10 +466,7 @@ impl Channel {
     /// Messages this channel holds in flight, requeued, deferred or for the
     /// dead-letter topic.
     pub fn pending_count(&self) -> usize {
-        self.in_flight.len()
-            + self.requeued_count()
-            + self.deferred.len()
-            + self.limits.dead.len()
+        self.in_flight.len() + self.requeued_count() + self.deferred.len() + self.limits.dead.len()
     }
 
     /// Calls `f` with the sequence of every message this channel holds in flight,

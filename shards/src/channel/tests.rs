@@ -1231,7 +1231,11 @@ fn a_message_that_used_its_attempts_is_held_for_the_dead_letter_topic_not_redeli
     assert_eq!(ch.dead_waiting_count(), 3);
     assert_eq!(ch.pending_count(), 3, "unfinished until published");
     assert_eq!(ch.dead_count(), 0);
-    assert_eq!(dispatch(&mut t, "ch", clk.at(3000)), 0, "never delivered again");
+    assert_eq!(
+        dispatch(&mut t, "ch", clk.at(3000)),
+        0,
+        "never delivered again"
+    );
     assert_eq!(depth(&t, "ch"), 0);
     let ch = chan(&mut t, "ch");
     assert!(ch.has_dead_letters());
@@ -1278,7 +1282,11 @@ fn own_max_attempts_overrides_the_flag_and_zero_is_unlimited() {
     for i in 0..5 {
         let ch = chan(&mut t, "ch");
         ch.requeue(&c, ids[0], Duration::ZERO, clk.at(i)).unwrap();
-        assert_eq!(dispatch(&mut t, "ch", clk.at(i)), 1, "unlimited: redelivered");
+        assert_eq!(
+            dispatch(&mut t, "ch", clk.at(i)),
+            1,
+            "unlimited: redelivered"
+        );
         frames(&c);
     }
     let ch = chan(&mut t, "ch");
@@ -1350,9 +1358,17 @@ fn a_rate_limit_paces_delivery_on_the_injected_clock() {
     assert_eq!(dispatch(&mut t, "ch", clk.at(0)), 10);
     assert_eq!(dispatch(&mut t, "ch", clk.at(0)), 0, "no token left");
     let ch = chan(&mut t, "ch");
-    assert_eq!(ch.next_timer(), Some(clk.at(10)), "the next token is 10 ms away");
+    assert_eq!(
+        ch.next_timer(),
+        Some(clk.at(10)),
+        "the next token is 10 ms away"
+    );
     assert_eq!(ch.process_timers(clk.at(9)), 0);
-    assert_eq!(ch.process_timers(clk.at(10)), 1, "the timer pass resumes delivery");
+    assert_eq!(
+        ch.process_timers(clk.at(10)),
+        1,
+        "the timer pass resumes delivery"
+    );
     assert_eq!(dispatch(&mut t, "ch", clk.at(10)), 1);
     // Over two seconds of 10 ms passes: 100 a second across both consumers.
     let mut sent = 0;
