@@ -45,6 +45,8 @@ fn consume_bodies(b: &Broker, topic: &str, n: usize) -> Vec<Vec<u8>> {
 fn messages_reqd_max_attempts_times_go_to_the_dead_letter_topic() {
     for_each_shards(&SHARD_COUNTS, |shards| {
         let b = Broker::start(shards, &["--max-attempts=3"]);
+        let (code, body) = b.http("GET", "/config/max_attempts", b"");
+        assert_eq!((code, show(&body)), (200, "3".to_string()), "in /config");
         let mut s = b.subscribe("orders", "billing");
         send(&mut s, b"RDY 10\n");
         let bodies: Vec<Vec<u8>> = (0..4).map(|i| format!("order-{i}").into_bytes()).collect();
