@@ -2,10 +2,10 @@
 //! when a channel of this shard holds messages that used up their maximum attempts
 //! (`nsq_shards::channel::dead_letters_waiting`), it publishes their bodies, unchanged,
 //! to the dead-letter topic `<topic>.dead` through the same owner path as any publish
-//! ([`Server::publish`]: this shard, or the owner over the mesh), and only once that
-//! publish is answered has the channel finish them. A crash in between leaves them
-//! unfinished in the channel's metadata, so they are dead-lettered again after the
-//! restart: at least once, possibly twice, never lost.
+//! ([`Server::publish_synced`]: this shard, or the owner over the mesh), and only once
+//! that publish is synced to disk, whatever the sync policy, has the channel finish
+//! them. A crash in between leaves them unfinished in the channel's metadata, so they
+//! are dead-lettered again after the restart: at least once, possibly twice, never lost.
 
 use crate::server::Server;
 use futures::future::{select, Either};
@@ -45,7 +45,7 @@ pub async fn publisher(server: Rc<Server>) {
                         continue;
                     }
                     let bodies = chunk.iter().map(|m| m.body.clone()).collect();
-                    match server.publish(&b.dead_topic, bodies, None).await {
+                    match server.publish_synced(&b.dead_topic, bodies, None, true).await {
                         Ok(()) => shard.dead_lettered(&b.topic, &b.channel, &ids),
                         Err(e) => {
                             log::error!(
