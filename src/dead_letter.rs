@@ -45,7 +45,10 @@ pub async fn publisher(server: Rc<Server>) {
                         continue;
                     }
                     let bodies = chunk.iter().map(|m| m.body.clone()).collect();
-                    match server.publish_synced(&b.dead_topic, bodies, None, true).await {
+                    match server
+                        .publish_synced(&b.dead_topic, bodies, None, true)
+                        .await
+                    {
                         Ok(()) => shard.dead_lettered(&b.topic, &b.channel, &ids),
                         Err(e) => {
                             log::error!(

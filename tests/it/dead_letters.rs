@@ -2,7 +2,8 @@
 //! over real TCP and HTTP: messages REQ'd or timed out past the maximum appear in
 //! `<topic>.dead` with their bodies unchanged and are finished in their channel,
 //! `dead_count` in /stats and /metrics, the per-channel override and its HTTP errors,
-//! the override across a restart and a kill -9, and a pynsq consumer that always fails.
+//! the override across a restart and a kill -9, nothing lost to a kill -9 while
+//! messages are being dead-lettered, and a pynsq consumer that always fails.
 
 use crate::common;
 
@@ -262,5 +263,75 @@ fn a_pynsq_handler_that_always_fails_dead_letters_every_message() {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+    });
+}
+
+#[test]
+fn a_kill_9_while_dead_lettering_loses_nothing() {
+    for_each_shards(&SHARD_COUNTS, |shards| {
+        let dir = ScratchDir::new("dead-letter-kill9");
+        // Publishes are on disk when acknowledged (the default policy writes them up to
+        // 100 ms later: a kill -9 before would lose the messages themselves).
+        let flags = ["--max-attempts=1", "--sync-every=1"];
+        let mut b = Broker::start_in(&dir, shards, &flags);
+        let mut s = b.subscribe("crash", "c");
+        send(&mut s, b"RDY 200\n");
+        let bodies: Vec<Vec<u8>> = (0..200)
+            .map(|i| format!("crash-{i:03}").into_bytes())
+            .collect();
+        let mut p = b.connect_v2();
+        for chunk in bodies.chunks(50) {
+            let refs: Vec<&[u8]> = chunk.iter().map(Vec::as_slice).collect();
+            send(&mut p, &mpub_cmd("crash", &refs));
+            expect_ok(&mut p);
+        }
+        let got = read_messages(&mut s, 200);
+        let reqs: Vec<u8> = got
+            .iter()
+            .flat_map(|(_, id, _)| line(&format!("REQ {id} 0")))
+            .collect();
+        // Every message fails once (its last attempt); the broker dies while it
+        // dead-letters them.
+        send(&mut s, &reqs);
+        b.kill9();
+        let b = Broker::start_in(&dir, shards, &flags);
+        // A consumer that fails whatever is delivered to it again.
+        let mut s = b.subscribe("crash", "c");
+        send(&mut s, b"RDY 200\n");
+        let failing = std::thread::spawn(move || {
+            while let Ok((ft, data)) = read_frame_skip_hb(&mut s) {
+                if ft == 2 {
+                    let (_, _, id, _) = parse_message(&data);
+                    send(&mut s, &line(&format!("REQ {id} 0")));
+                }
+            }
+        });
+        // Every message reaches crash.dead, some possibly twice.
+        let mut d = b.subscribe("crash.dead", "audit");
+        send(&mut d, b"RDY 500\n");
+        let mut seen = std::collections::BTreeSet::new();
+        while seen.len() < bodies.len() {
+            let Ok((ft, data)) = read_frame_skip_hb(&mut d) else {
+                panic!(
+                    "{} of {} in crash.dead; source: {:?}; dead: {:?}",
+                    seen.len(),
+                    bodies.len(),
+                    b.channel_stats("crash", "c"),
+                    b.topic_stats("crash.dead")
+                );
+            };
+            assert_eq!(ft, 2, "{}", show(&data));
+            let (_, _, id, body) = parse_message(&data);
+            send(&mut d, &line(&format!("FIN {id}")));
+            seen.insert(body);
+        }
+        assert_eq!(seen.into_iter().collect::<Vec<_>>(), bodies);
+        eventually("the source channel holds nothing", || {
+            b.channel_stats("crash", "c").is_some_and(|c| {
+                c["depth"] == 0 && c["in_flight_count"] == 0 && c["deferred_count"] == 0
+            })
+        });
+        drop(b);
+        let _ = failing.join();
     });
 }

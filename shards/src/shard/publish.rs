@@ -62,9 +62,8 @@ impl Shard {
         let (n, end) = t.publish(bodies, defer_until, self.opts.mem_queue_size);
         bump(&self.counters.messages_in, n);
         bump(&self.counters.bytes_in, bytes);
-        let must_sync = synced
-            || self.opts.sync_every <= 1
-            || t.store().is_some_and(|st| st.error().is_some());
+        let must_sync =
+            synced || self.opts.sync_every <= 1 || t.store().is_some_and(|st| st.error().is_some());
         if t.stored() < t.log.head {
             // Deferred store mode: what exceeds the memory queue goes now (all of it when
             // this publish must be durable); the rest when it is due, unless finished.
