@@ -335,3 +335,52 @@ fn a_kill_9_while_dead_lettering_loses_nothing() {
         let _ = failing.join();
     });
 }
+
+#[test]
+fn statsd_counts_dead_letters_of_channels_with_a_maximum() {
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let b = Broker::start(
+        2,
+        &[
+            &format!("--statsd-address={}", sock.local_addr().unwrap()),
+            "--statsd-interval=1s",
+            "--statsd-prefix=dl",
+        ],
+    );
+    b.admin("/topic/create?topic=sd");
+    b.admin("/channel/create?topic=sd&channel=other");
+    let mut s = b.subscribe("sd", "c");
+    b.admin("/channel/max-attempts?topic=sd&channel=c&n=1");
+    send(&mut s, b"RDY 1\n");
+    b.http_pub("sd", b"once");
+    let (_, id, _) = read_messages(&mut s, 1).remove(0);
+    send(&mut s, &line(&format!("REQ {id} 0")));
+    b.wait_channel_field("sd", "c", "dead_count", 1);
+    // Counters are deltas: their sum over the pushes is the count.
+    let mut lines: Vec<String> = Vec::new();
+    let mut buf = [0u8; 65536];
+    let sum = |lines: &[String], name: &str| -> i64 {
+        lines
+            .iter()
+            .filter_map(|l| l.strip_prefix(&format!("dl.{name}:")))
+            .filter_map(|v| v.strip_suffix("|c"))
+            .map(|v| v.parse::<i64>().unwrap())
+            .sum()
+    };
+    eventually("statsd reports the dead letter", || {
+        if let Ok(n) = sock.recv(&mut buf) {
+            let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+            lines.extend(text.lines().map(String::from));
+        }
+        sum(&lines, "topic.sd.channel.c.dead_count") == 1
+            && lines
+                .iter()
+                .any(|l| l.contains("topic.sd.channel.other.depth:"))
+    });
+    assert!(
+        !lines.iter().any(|l| l.contains("channel.other.dead_count")),
+        "a channel without a maximum has nsqd's lines only: {lines:#?}"
+    );
+}
