@@ -271,7 +271,7 @@ pub struct Cli {
     /// number of shards: executors, each pinned to one CPU (default: the CPUs this process may use)
     #[arg(long)]
     pub shards: Option<usize> =>
-        { rank: 53, cfg: "shards", go: "Shards", kind: Int, get: shards_go, set: set_shards },
+        { rank: 54, cfg: "shards", go: "Shards", kind: Int, get: shards_go, set: set_shards },
     /// UDP <addr>:<port> of a statsd daemon for pushing stats
     #[arg(long, default_value = "")]
     pub statsd_address: String =>
@@ -308,7 +308,7 @@ pub struct Cli {
     /// (beyond nsqd) deliveries after which a message is published to its topic's dead-letter topic <topic>.dead and finished (0: unlimited, as nsqd; POST /channel/max-attempts overrides it per channel)
     #[arg(long, default_value_t = 0)]
     pub max_attempts: u16 =>
-        { core, rank: 58, cfg: "max_attempts", go: "MaxAttempts", kind: Int },
+        { core, rank: 53, cfg: "max_attempts", go: "MaxAttempts", kind: Int },
     /// check what the host must provide (io_uring, locked memory, CPUs, data path, ports),
     /// print each problem with its fix, and exit (0: ready to run, 1: problems)
     #[arg(long)]
