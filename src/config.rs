@@ -283,7 +283,7 @@ pub struct Cli {
     /// number of shards: executors, each pinned to one CPU (default: the CPUs this process may use)
     #[arg(long)]
     pub shards: Option<usize> =>
-        { rank: 57, cfg: "shards", go: "Shards", kind: Int, get: shards_go, set: set_shards },
+        { rank: 58, cfg: "shards", go: "Shards", kind: Int, get: shards_go, set: set_shards },
     /// UDP <addr>:<port> of a statsd daemon for pushing stats
     #[arg(long, default_value = "")]
     pub statsd_address: String =>
@@ -336,6 +336,10 @@ pub struct Cli {
     #[arg(long, default_value = "false", value_parser = parse_go_bool, num_args = 0..=1,
           require_equals = true, default_missing_value = "true")]
     pub channel_lag_stats: bool => flag,
+    /// (beyond nsqd) deliveries after which a message is published to its topic's dead-letter topic <topic>.dead and finished (0: unlimited, as nsqd; POST /channel/max-attempts overrides it per channel)
+    #[arg(long, default_value_t = 0)]
+    pub max_attempts: u16 =>
+        { core, rank: 57, cfg: "max_attempts", go: "MaxAttempts", kind: Int },
     /// check what the host must provide (io_uring, locked memory, CPUs, data path, ports),
     /// print each problem with its fix, and exit (0: ready to run, 1: problems)
     #[arg(long)]

@@ -520,6 +520,7 @@ fn import_topic(
             cursor: 0,
             pending,
             finished: Vec::new(),
+            limits: Default::default(),
         });
     }
     let pumped = w.next_seq;

@@ -21,6 +21,7 @@
 pub mod auth;
 pub mod config;
 pub mod config_file;
+pub mod dead_letter;
 pub mod dns;
 pub mod http;
 pub mod import_nsqd;

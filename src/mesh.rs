@@ -43,6 +43,8 @@ pub enum ShardMsg {
         topic: String,
         bodies: Vec<Bytes>,
         defer_until: Option<Instant>,
+        /// Answered once synced, whatever the sync policy (dead letters).
+        synced: bool,
         reply: oneshot::Sender<Result<(), PublishError>>,
     },
     /// A connection moving to this shard (see [`crate::tcp::HandOff`]).
@@ -182,10 +184,11 @@ pub(crate) fn handle_mesh(server: &Rc<Server>, msg: ShardMsg) {
             topic,
             bodies,
             defer_until,
+            synced,
             reply,
         } => {
             shard.count_cross_received();
-            match crate::owner::Publish::start(shard, &topic, bodies, defer_until) {
+            match crate::owner::Publish::start(shard, &topic, bodies, defer_until, synced) {
                 crate::owner::Publish::Done(r) => {
                     let _ = reply.send(r);
                 }

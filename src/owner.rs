@@ -31,16 +31,20 @@ pub enum Publish {
         topic: String,
         bodies: Vec<Bytes>,
         defer_until: Option<Instant>,
+        synced: bool,
     },
 }
 
 impl Publish {
-    /// Appends `bodies` to `topic` on `shard`, its owner, now when its store is ready.
+    /// Appends `bodies` to `topic` on `shard`, its owner, now when its store is ready;
+    /// `synced`: answered only once they are synced, whatever the sync policy
+    /// ([`Shard::publish_local_synced`]).
     pub fn start(
         shard: &Shard,
         topic: &str,
         bodies: Vec<Bytes>,
         defer_until: Option<Instant>,
+        synced: bool,
     ) -> Publish {
         // A drain refuses before a new topic's store is prepared.
         if crate::runtime::drain::applied(shard) {
@@ -51,9 +55,10 @@ impl Publish {
                 topic: topic.to_string(),
                 bodies,
                 defer_until,
+                synced,
             };
         }
-        match shard.publish_local(topic, bodies, defer_until) {
+        match shard.publish_local_synced(topic, bodies, defer_until, synced) {
             Ok(Some(wait)) => Publish::Appended(wait),
             r => Publish::Done(r.map(|_| ())),
         }
@@ -68,9 +73,10 @@ impl Publish {
                 topic,
                 bodies,
                 defer_until,
+                synced,
             } => {
                 shard.prepare_store(&topic).await;
-                let wait = shard.publish_local(&topic, bodies, defer_until)?;
+                let wait = shard.publish_local_synced(&topic, bodies, defer_until, synced)?;
                 wait_durable(wait).await
             }
         }

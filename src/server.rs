@@ -39,9 +39,22 @@ impl Server {
         bodies: Vec<Bytes>,
         defer_until: Option<Instant>,
     ) -> Result<(), PublishError> {
+        self.publish_synced(topic, bodies, defer_until, false).await
+    }
+
+    /// [`Server::publish`], answered only once the messages are synced to disk when
+    /// `synced`, whatever the sync policy (the dead-letter publisher's,
+    /// [`crate::dead_letter`]).
+    pub async fn publish_synced(
+        &self,
+        topic: &str,
+        bodies: Vec<Bytes>,
+        defer_until: Option<Instant>,
+        synced: bool,
+    ) -> Result<(), PublishError> {
         let owner = owner_of(topic, self.shard.count());
         if owner == self.shard.index() {
-            return crate::owner::Publish::start(&self.shard, topic, bodies, defer_until)
+            return crate::owner::Publish::start(&self.shard, topic, bodies, defer_until, synced)
                 .finish(&self.shard)
                 .await;
         }
@@ -53,6 +66,7 @@ impl Server {
             topic: topic.to_string(),
             bodies,
             defer_until,
+            synced,
             reply: tx,
         };
         self.shard.count_cross_sent();

@@ -282,6 +282,7 @@ proptest! {
                 pending: p.into_iter().map(|(seq, attempts, due_unix_ns)|
                     meta::PendingMessage { seq, attempts, due_unix_ns }).collect(),
                 finished: Vec::new(),
+                limits: Default::default(),
             }).collect(),
         };
         let d = tempfile::tempdir().unwrap();

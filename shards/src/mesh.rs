@@ -17,6 +17,12 @@ pub enum AdminOp {
     /// `POST /channel/seek` (beyond nsqd): move a channel's cursor (see
     /// `Shard::seek_channel`). Runs on its own task on the owner: it may read the disk.
     SeekChannel(String, String, SeekTo),
+    /// `POST /channel/max-attempts` (beyond nsqd): the channel's own maximum attempts
+    /// (`Some(0)`: unlimited) or `None` to follow `--max-attempts` again.
+    ChannelMaxAttempts(String, String, Option<u16>),
+    /// `POST /channel/rate-limit` (beyond nsqd): the channel's delivery rate in messages
+    /// a second across its consumers (0 removes the limit).
+    ChannelRateLimit(String, String, u32),
 }
 
 impl AdminOp {
@@ -31,7 +37,9 @@ impl AdminOp {
             | AdminOp::DeleteChannel(t, _)
             | AdminOp::EmptyChannel(t, _)
             | AdminOp::PauseChannel(t, _, _)
-            | AdminOp::SeekChannel(t, _, _) => t,
+            | AdminOp::SeekChannel(t, _, _)
+            | AdminOp::ChannelMaxAttempts(t, _, _)
+            | AdminOp::ChannelRateLimit(t, _, _) => t,
         }
     }
 }

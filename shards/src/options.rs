@@ -25,6 +25,9 @@ pub struct Options {
     /// buffer bounds, `--max-deflate-level`, `--snappy`, `--deflate`, and nsqd's fixed
     /// 60 s client timeout); the wire crate's IDENTIFY functions take them as they are.
     pub identify: IdentifyLimits,
+    /// `--max-attempts` (beyond nsqd; 0 = unlimited): deliveries after which a message
+    /// goes to its topic's dead-letter topic (see `channel::dead_letter_topic`).
+    pub max_attempts: u16,
     /// `--data-path`: where non-ephemeral topics keep their segment logs; `None` keeps
     /// everything in memory.
     pub data_path: Option<std::path::PathBuf>,
@@ -94,6 +97,7 @@ impl Default for Options {
                 snappy: true,
                 deflate: true,
             },
+            max_attempts: 0,
             data_path: None,
             sync_every: 2500,
             sync_timeout: Duration::from_secs(2),

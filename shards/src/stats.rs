@@ -127,6 +127,10 @@ pub struct ChannelStats {
     /// `fin_latency`, written after nsqd's keys.
     #[serde(flatten)]
     pub lag: Option<ChannelLag>,
+    /// Beyond nsqd: the channel's delivery limits, as extra keys present only where a
+    /// limit is in force (so a channel without one shows exactly nsqd's keys).
+    #[serde(flatten)]
+    pub limits: ChannelLimitStats,
 }
 
 /// How far behind a channel is, in time (beyond nsqd; see
@@ -149,6 +153,24 @@ pub struct FinLatency {
     pub p50: u64,
     pub p99: u64,
     pub p999: u64,
+}
+
+/// A channel's delivery limits in `/stats` (beyond nsqd; see
+/// docs/dead-letters-and-rate-limits.md). Each key is absent when `None`.
+#[derive(Clone, Debug, Serialize, Default)]
+pub struct ChannelLimitStats {
+    /// The maximum attempts in force (the channel's own or `--max-attempts`); present
+    /// when it is not unlimited or the channel has its own (then possibly 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u16>,
+    /// Messages published to the dead-letter topic and finished here; present with
+    /// `max_attempts` or once non-zero.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dead_count: Option<u64>,
+    /// The channel's rate limit in messages a second (`POST /channel/rate-limit`);
+    /// present while it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<u32>,
 }
 
 /// One topic in `/stats`: one field per key of nsqd's TopicStats, so it stays one flat

@@ -744,10 +744,22 @@ impl Topic {
 
     /// Adds a channel (no-op if present). It starts reading at the pump position.
     pub fn create_channel(&mut self, name: &str, mem_queue_size: u64) -> bool {
+        self.create_channel_with(name, mem_queue_size, 0)
+    }
+
+    /// [`Topic::create_channel`] with `--max-attempts` (0 = unlimited; see
+    /// [`Channel::set_max_attempts_flag`]).
+    pub fn create_channel_with(
+        &mut self,
+        name: &str,
+        mem_queue_size: u64,
+        max_attempts: u16,
+    ) -> bool {
         if self.channels.contains_key(name) {
             return false;
         }
         let mut ch = Channel::new(name, self.log.pumped);
+        ch.set_max_attempts_flag(&self.name, max_attempts);
         if ch.is_ephemeral() {
             ch.set_mem_queue_size(mem_queue_size);
         } else {

@@ -213,6 +213,14 @@ pub(super) async fn route(
                     Ok(to) => AdminOp::SeekChannel(t, c, to),
                     Err(r) => return r,
                 },
+                "/channel/max-attempts" => match max_attempts_param(&params, &t) {
+                    Ok(n) => AdminOp::ChannelMaxAttempts(t, c, n),
+                    Err(r) => return r,
+                },
+                "/channel/rate-limit" => match rate_limit_param(&params) {
+                    Ok(r) => AdminOp::ChannelRateLimit(t, c, r),
+                    Err(r) => return r,
+                },
                 _ => AdminOp::PauseChannel(t, c, false),
             };
             admin(server, op).await

@@ -29,6 +29,8 @@ const ROUTES: &[(&str, &str)] = &[
     ("POST", "/channel/seek"),
     ("GET", "/message"),
     ("GET", "/messages"),
+    ("POST", "/channel/max-attempts"),
+    ("POST", "/channel/rate-limit"),
 ];
 
 /// The methods with a route tree (httprouter redirects only within one).

@@ -163,6 +163,7 @@ async fn shard_main(
     let https_task = https.map(|l| glommio::spawn_local(http::accept_loop_tls(server.clone(), l)));
     let _ = ready.send(Ok(index));
 
+    glommio::spawn_local(crate::dead_letter::publisher(server.clone())).detach();
     let checkpoints = glommio::spawn_local(checkpoint_loop(shard.clone()));
     let store_pump = glommio::spawn_local(shard.clone().store_loop());
     let trims = {

@@ -92,6 +92,11 @@ const CHANNEL_FAMILIES: &[Spec] = &[
         "1 when the channel is paused.",
         "gauge",
     ),
+    (
+        "nsq_channel_dead_lettered_total",
+        "Messages that used up their maximum attempts and went to the dead-letter topic.",
+        "counter",
+    ),
 ];
 
 /// Per channel with `--channel-lag-stats` (beyond nsqd; see shards/src/channel/lag.rs);
@@ -193,7 +198,7 @@ fn topic_values(t: &TopicStats) -> [f64; 4] {
     ]
 }
 
-fn channel_values(c: &ChannelStats) -> [f64; 8] {
+fn channel_values(c: &ChannelStats) -> [f64; 9] {
     [
         c.depth as f64,
         c.in_flight_count as f64,
@@ -203,6 +208,7 @@ fn channel_values(c: &ChannelStats) -> [f64; 8] {
         c.timeout_count as f64,
         c.client_count as f64,
         c.paused as u8 as f64,
+        c.limits.dead_count.unwrap_or(0) as f64,
     ]
 }
 

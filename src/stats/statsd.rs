@@ -176,6 +176,10 @@ impl Push<'_> {
         self.counter(format!("{base}.requeue_count"), c.requeue_count);
         self.counter(format!("{base}.timeout_count"), c.timeout_count);
         self.gauge(&format!("{base}.clients"), c.client_count as i64);
+        // Beyond nsqd: only for a channel with a maximum attempts in force.
+        if let Some(n) = c.limits.dead_count {
+            self.counter(format!("{base}.dead_count"), n);
+        }
         for pc in c.e2e_processing_latency.percentiles.iter().flatten() {
             let q = quantile_name(pc.quantile);
             self.gauge(&format!("{base}.e2e_processing_latency_{q}"), pc.value);

@@ -43,6 +43,34 @@ pub struct ChannelMeta {
     /// (empty) in metadata written before this field existed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub finished: Vec<u64>,
+    /// The channel's own delivery limits set over HTTP (beyond nsqd). Absent (no
+    /// limits) in metadata without them, written by nsqd's `nsqd.dat` import or before
+    /// this field existed.
+    #[serde(default, skip_serializing_if = "ChannelLimits::is_unset")]
+    pub limits: ChannelLimits,
+}
+
+/// A channel's delivery limits (beyond nsqd; see docs/dead-letters-and-rate-limits.md),
+/// in `meta.json` as `"limits":{"max_attempts":3,"rate_limit":200}`, each key present
+/// only when set.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, Hash)]
+pub struct ChannelLimits {
+    /// `POST /channel/max-attempts`: deliveries after which a message goes to the
+    /// dead-letter topic (0 = unlimited on this channel); `None` follows
+    /// `--max-attempts`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u16>,
+    /// `POST /channel/rate-limit`: messages a second delivered on the channel across its
+    /// consumers; `None` = not limited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<u32>,
+}
+
+impl ChannelLimits {
+    /// True when no limit is set (nothing to write).
+    pub fn is_unset(&self) -> bool {
+        self.max_attempts.is_none() && self.rate_limit.is_none()
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
@@ -222,6 +250,7 @@ pub fn write_to(dir: &Path, meta: &TopicMeta, sync: bool) -> std::io::Result<()>
                 cursor: c.cursor,
                 pending: Vec::new(),
                 finished: c.finished.clone(),
+                limits: c.limits,
             });
         }
         serde_json::to_vec(&outline).map_err(std::io::Error::other)?
@@ -337,6 +366,10 @@ mod tests {
                     due_unix_ns: 0,
                 }],
                 finished: vec![8, 11],
+                limits: ChannelLimits {
+                    max_attempts: Some(3),
+                    rate_limit: None,
+                },
             }],
             next_seq: 0,
             journal_gen: 4,
@@ -374,6 +407,10 @@ mod tests {
                 })
                 .collect(),
             finished: vec![n + 3],
+            limits: ChannelLimits {
+                max_attempts: Some(0),
+                rate_limit: Some(200),
+            },
         };
         let mut m = TopicMeta {
             version: META_VERSION,
@@ -430,6 +467,27 @@ mod tests {
         assert!(read_blocking(d.path()).is_err());
         std::fs::remove_file(&f).unwrap();
         assert!(read_blocking(d.path()).is_err());
+    }
+
+    #[test]
+    fn channel_limits_are_optional_and_written_only_when_set() {
+        let d = tempfile::tempdir().unwrap();
+        // As written before the limits existed (and by the nsqd.dat import).
+        std::fs::write(
+            meta_path(d.path()),
+            br#"{"version":1,"name":"t","paused":false,"pumped":0,"channels":[{"name":"c","paused":true,"cursor":0}]}"#,
+        )
+        .unwrap();
+        let mut m = read_blocking(d.path()).unwrap().unwrap();
+        assert_eq!(m.channels[0].limits, ChannelLimits::default());
+        write_blocking(d.path(), &m).unwrap();
+        let text = std::fs::read_to_string(meta_path(d.path())).unwrap();
+        assert!(!text.contains("limits"), "{text}");
+        m.channels[0].limits.rate_limit = Some(5);
+        write_blocking(d.path(), &m).unwrap();
+        let text = std::fs::read_to_string(meta_path(d.path())).unwrap();
+        assert!(text.contains(r#""limits":{"rate_limit":5}"#), "{text}");
+        assert_eq!(read_blocking(d.path()).unwrap(), Some(m));
     }
 
     #[test]

@@ -81,6 +81,7 @@ const OWN_FLAGS: &[&str] = &[
     "help",
     "retention-time",
     "retention-bytes",
+    "max-attempts",
     "preflight",
     "sigterm",
     "channel-lag-stats",

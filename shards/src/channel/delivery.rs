@@ -311,10 +311,22 @@ impl Channel {
                 }
             }
             let Some((idx, rank)) = pick else { break };
+            if !self.limits.rate.take(now) {
+                // Rate-limited: the rest waits for the timer (`next_timer`).
+                break;
+            }
             self.consumers.next = (idx + 1) % n;
             let Some(mut msg) = self.next_message(log, now) else {
+                self.limits.rate.give_back();
                 break;
             };
+            if self.is_dead(msg.attempts) {
+                // Ready again with its attempts used up (recovered after a restart,
+                // or the maximum lowered): not delivered.
+                self.limits.rate.give_back();
+                self.bury(msg);
+                continue;
+            }
             let client = self.consumers.clients[idx].clone();
             let (sample_rate, msg_timeout) = {
                 let s = client.settings.borrow();

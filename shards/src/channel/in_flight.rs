@@ -206,7 +206,8 @@ impl Channel {
         Ok(())
     }
 
-    /// REQ: back to the queue now (`delay` zero) or to the deferred heap.
+    /// REQ: back to the queue now (`delay` zero) or to the deferred heap; a message that
+    /// used up its maximum attempts goes to the dead letters at once, whatever `delay`.
     pub fn requeue(
         &mut self,
         client: &Client,
@@ -218,7 +219,11 @@ impl Channel {
         client.in_flight.set((client.in_flight.get() - 1).max(0));
         client.count_requeue();
         self.counters.requeue_count += 1;
-        if delay.is_zero() {
+        if self.is_dead(f.msg.attempts) {
+            // Ready again with its attempts until the dead-letter topic has it.
+            self.journal(EventKind::Requeued, &f.msg, 0);
+            self.bury(f.msg);
+        } else if delay.is_zero() {
             self.journal(EventKind::Requeued, &f.msg, 0);
             self.put_back(f.msg);
         } else {
@@ -247,8 +252,9 @@ impl Channel {
         Ok(())
     }
 
-    /// Moves timed-out in-flight messages and due deferred ones to the requeue queue.
-    /// Returns how many moved (nsqd processInFlightQueue / processDeferredQueue).
+    /// Moves timed-out in-flight messages and due deferred ones to the requeue queue
+    /// (a timed-out one that used up its attempts to the dead letters instead).
+    /// Returns how many moved, plus one when a rate-limited channel may deliver again (nsqd processInFlightQueue / processDeferredQueue).
     pub fn process_timers(&mut self, now: Instant) -> usize {
         let mut moved = 0;
         while let Some(f) = self.in_flight.pop_timed_out(now) {
@@ -256,7 +262,12 @@ impl Channel {
             f.client
                 .in_flight
                 .set((f.client.in_flight.get() - 1).max(0));
-            moved += usize::from(self.put_back(f.msg));
+            if self.is_dead(f.msg.attempts) {
+                self.bury(f.msg);
+                moved += 1;
+            } else {
+                moved += usize::from(self.put_back(f.msg));
+            }
         }
         while let Some((d, body)) = self.deferred.pop_due(now) {
             moved += usize::from(match body {
@@ -270,18 +281,23 @@ impl Channel {
         if moved > 0 {
             self.shrink_if_sparse();
         }
-        moved
+        // A rate-limited channel whose next token is back: deliver again.
+        moved + usize::from(self.limits.rate.resume_due(now))
     }
 
-    /// The earliest instant a timer of this channel fires, if any (finished or touched
-    /// messages may still have entries in the in-flight heap: see `timer_to_schedule`).
+    /// The earliest instant a timer of this channel fires, if any: an in-flight deadline,
+    /// a deferred due time, or the instant a rate-limited channel gets its next token
+    /// (finished or touched messages may still have entries in the in-flight heap: see
+    /// `timer_to_schedule`).
     pub fn next_timer(&self) -> Option<Instant> {
-        let a = self.in_flight.next_deadline();
-        let b = self.deferred.next_due();
-        match (a, b) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            self.in_flight.next_deadline(),
+            self.deferred.next_due(),
+            self.limits.rate.resume_at(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// The instant at which the shard's timer queue must visit this channel, when that is

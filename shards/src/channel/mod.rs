@@ -14,13 +14,16 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+mod dead;
 mod deferred;
 mod delivery;
 mod in_flight;
 mod inspect;
 mod lag;
+mod rate;
 mod read_back;
 
+pub use dead::{dead_letter_topic, dead_letters_waiting};
 pub use inspect::{MessageState, Peeked};
 pub use lag::{OldestUnfinished, FIN_LATENCY_WINDOW};
 
@@ -175,6 +178,8 @@ pub struct Channel {
     consumers: Consumers,
     counters: ChannelCounters,
     journal: Journal,
+    /// Delivery limits beyond nsqd: maximum attempts, dead letters and the rate limit.
+    limits: Limits,
     /// The earliest instant this channel is registered at in its shard's timer queue
     /// (crate::timers), if any.
     timer_scheduled: Option<Instant>,
@@ -187,6 +192,15 @@ struct Flags {
     ephemeral: bool,
     /// No delivery while set.
     paused: bool,
+}
+
+/// A channel's delivery limits beyond nsqd (docs/dead-letters-and-rate-limits.md).
+#[derive(Default)]
+struct Limits {
+    /// Maximum attempts and the dead letters on their way to `<topic>.dead`.
+    dead: dead::DeadLetters,
+    /// `POST /channel/rate-limit`: the token bucket pacing delivery.
+    rate: rate::RateLimit,
 }
 
 /// The subscribed clients, in the order delivery goes round (nsqd: Channel.clients).
@@ -250,6 +264,7 @@ impl Channel {
             },
             counters: ChannelCounters::default(),
             journal: Journal::default(),
+            limits: Limits::default(),
             timer_scheduled: None,
         }
     }
@@ -348,6 +363,9 @@ impl Channel {
         }
         for d in self.deferred.iter() {
             f(d.seq, d.attempts, Some(d.due));
+        }
+        for m in self.limits.dead.iter() {
+            f(m.seq, m.attempts, None);
         }
     }
 
@@ -457,12 +475,16 @@ impl Channel {
         if let Some((&seq, _)) = self.ready.unread.first_key_value() {
             low = low.min(seq);
         }
+        for m in self.limits.dead.iter() {
+            low = low.min(m.seq);
+        }
         low
     }
 
-    /// Messages this channel holds in flight, requeued or deferred.
+    /// Messages this channel holds in flight, requeued, deferred or for the
+    /// dead-letter topic.
     pub fn pending_count(&self) -> usize {
-        self.in_flight.len() + self.requeued_count() + self.deferred.len()
+        self.in_flight.len() + self.requeued_count() + self.deferred.len() + self.limits.dead.len()
     }
 
     /// Calls `f` with the sequence of every message this channel holds in flight,
@@ -480,6 +502,9 @@ impl Channel {
         for &seq in self.ready.unread.keys() {
             f(seq);
         }
+        for m in self.limits.dead.iter() {
+            f(m.seq);
+        }
     }
 
     /// nsqd channel Empty: drops ready, in-flight and deferred messages and zeroes the
@@ -494,6 +519,7 @@ impl Channel {
         self.ready.clear();
         self.in_flight.clear();
         self.deferred.clear();
+        self.limits.dead.clear();
         for c in &self.consumers.clients {
             c.in_flight.set(0);
         }
@@ -512,6 +538,7 @@ impl Channel {
         self.cursor = seq;
         self.ready.clear();
         self.deferred.clear();
+        self.limits.dead.clear();
         self.skip.clear();
         for f in self.in_flight.values() {
             if f.msg.seq >= seq {

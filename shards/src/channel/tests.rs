@@ -1415,3 +1415,209 @@ fn peek_lists_the_delivery_order_and_state_follows_each_message() {
     assert_eq!(state(&t, 1), (MessageState::Finished, 0));
     assert_eq!(peeked_seqs(&t, "ch", 10), [(2, 0)]);
 }
+
+// ------------------------------------------------------------------------ dead letters
+
+#[test]
+fn dead_letter_topic_names() {
+    assert_eq!(dead_letter_topic("orders").as_deref(), Some("orders.dead"));
+    assert_eq!(dead_letter_topic("orders#ephemeral"), None, "ephemeral");
+    assert_eq!(dead_letter_topic("orders.dead"), None, "never cascades");
+    let long = "x".repeat(60);
+    assert_eq!(dead_letter_topic(&long), None, "over 64 characters");
+    let fits = "x".repeat(59);
+    assert_eq!(dead_letter_topic(&fits), Some(format!("{fits}.dead")));
+}
+
+#[test]
+fn a_message_that_used_its_attempts_is_held_for_the_dead_letter_topic_not_redelivered() {
+    let clk = Clock::new();
+    let (mut t, c, ids) = delivered(3, clk.at(0));
+    let ch = chan(&mut t, "ch");
+    ch.set_max_attempts_flag("t", 2);
+    // First failure of each: redelivered (attempts 2).
+    for &id in &ids {
+        ch.requeue(&c, id, Duration::ZERO, clk.at(1)).unwrap();
+    }
+    assert_eq!(dispatch(&mut t, "ch", clk.at(2)), 3);
+    assert!(frames(&c).iter().all(|f| f.attempts == 2));
+    let ch = chan(&mut t, "ch");
+    // Second failure: a REQ with a delay, a REQ 0 and a timeout all bury at once.
+    ch.requeue(&c, ids[0], ms(5000), clk.at(3)).unwrap();
+    ch.requeue(&c, ids[1], Duration::ZERO, clk.at(3)).unwrap();
+    assert_eq!(ch.process_timers(clk.at(2000)), 1, "ids[2] timed out");
+    assert_eq!(ch.deferred_count(), 0);
+    assert_eq!(ch.dead_waiting_count(), 3);
+    assert_eq!(ch.pending_count(), 3, "unfinished until published");
+    assert_eq!(ch.dead_count(), 0);
+    assert_eq!(
+        dispatch(&mut t, "ch", clk.at(3000)),
+        0,
+        "never delivered again"
+    );
+    assert_eq!(depth(&t, "ch"), 0);
+    let ch = chan(&mut t, "ch");
+    assert!(ch.has_dead_letters());
+    let dead = ch.take_dead_letters();
+    assert!(!ch.has_dead_letters());
+    let got: Vec<(MessageId, &[u8], u16)> = dead
+        .iter()
+        .map(|m| (m.id, &m.body[..], m.attempts))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (ids[0], &b"m0"[..], 2),
+            (ids[1], &b"m1"[..], 2),
+            (ids[2], &b"m2"[..], 2)
+        ]
+    );
+    let mut seqs = Vec::new();
+    ch.pending_seqs(|s| seqs.push(s));
+    assert_eq!(seqs.len(), 3, "checkpointed as pending while publishing");
+    // One publish failed: it waits to be taken again; the others are finished.
+    ch.dead_letter_failed(ids[1]);
+    assert!(ch.dead_lettered(ids[0]));
+    assert!(ch.dead_lettered(ids[2]));
+    assert!(!ch.dead_lettered(ids[2]), "once");
+    assert_eq!((ch.dead_count(), ch.dead_waiting_count()), (2, 1));
+    let again = ch.take_dead_letters();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].id, ids[1]);
+    assert!(ch.dead_lettered(ids[1]));
+    assert_eq!((ch.dead_count(), ch.pending_count()), (3, 0));
+    assert_eq!(ch.low_watermark(), 3, "all finished");
+}
+
+#[test]
+fn own_max_attempts_overrides_the_flag_and_zero_is_unlimited() {
+    let clk = Clock::new();
+    let (mut t, c, ids) = delivered(1, clk.at(0));
+    let ch = chan(&mut t, "ch");
+    assert_eq!(ch.max_attempts(), 0, "unlimited by default, as nsqd");
+    ch.set_max_attempts_flag("t", 1);
+    ch.set_own_max_attempts(Some(0));
+    assert_eq!(ch.max_attempts(), 0);
+    for i in 0..5 {
+        let ch = chan(&mut t, "ch");
+        ch.requeue(&c, ids[0], Duration::ZERO, clk.at(i)).unwrap();
+        assert_eq!(
+            dispatch(&mut t, "ch", clk.at(i)),
+            1,
+            "unlimited: redelivered"
+        );
+        frames(&c);
+    }
+    let ch = chan(&mut t, "ch");
+    ch.set_own_max_attempts(None);
+    assert_eq!(ch.max_attempts(), 1, "follows the flag again");
+    ch.requeue(&c, ids[0], Duration::ZERO, clk.at(10)).unwrap();
+    assert_eq!(ch.dead_waiting_count(), 1);
+}
+
+#[test]
+fn a_ready_message_past_a_lowered_maximum_is_buried_when_it_would_be_delivered() {
+    let clk = Clock::new();
+    let (mut t, c, ids) = delivered(2, clk.at(0));
+    let ch = chan(&mut t, "ch");
+    ch.requeue(&c, ids[0], Duration::ZERO, clk.at(1)).unwrap();
+    ch.requeue(&c, ids[1], Duration::ZERO, clk.at(1)).unwrap();
+    ch.set_own_max_attempts(Some(1));
+    assert_eq!(dispatch(&mut t, "ch", clk.at(2)), 0);
+    assert!(frames(&c).is_empty());
+    assert_eq!(chan(&mut t, "ch").dead_waiting_count(), 2);
+}
+
+#[test]
+fn a_topic_without_a_dead_letter_topic_ignores_the_flag() {
+    let clk = Clock::new();
+    let mut t = Topic::new("t.dead", 1);
+    t.create_channel_with("ch", MQ, 1);
+    let c = client(1);
+    sub(&mut t, "ch", &c);
+    publish(&mut t, 0, 1);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(0)), 1);
+    let id = frames(&c)[0].id;
+    let ch = chan(&mut t, "ch");
+    assert_eq!(ch.max_attempts(), 0);
+    ch.requeue(&c, id, Duration::ZERO, clk.at(1)).unwrap();
+    assert_eq!(dispatch(&mut t, "ch", clk.at(2)), 1, "redelivered, as nsqd");
+    assert_eq!(frames(&c)[0].attempts, 2);
+}
+
+#[test]
+fn empty_drops_dead_letters_not_yet_published() {
+    let clk = Clock::new();
+    let (mut t, c, ids) = delivered(1, clk.at(0));
+    let ch = chan(&mut t, "ch");
+    ch.set_own_max_attempts(Some(1));
+    ch.requeue(&c, ids[0], Duration::ZERO, clk.at(1)).unwrap();
+    let taken = ch.take_dead_letters();
+    assert_eq!(taken.len(), 1);
+    t.channels.get_mut("ch").unwrap().empty(&t.log);
+    let ch = chan(&mut t, "ch");
+    assert_eq!(ch.pending_count(), 0);
+    assert!(!ch.dead_lettered(ids[0]), "emptied meanwhile");
+    assert_eq!(ch.dead_count(), 0);
+}
+
+// --------------------------------------------------------------------------- rate limit
+
+#[test]
+fn a_rate_limit_paces_delivery_on_the_injected_clock() {
+    let clk = Clock::new();
+    let mut t = topic_with("ch");
+    let (a, b) = (client_with(1, 1000, 60_000), client_with(2, 1000, 60_000));
+    sub(&mut t, "ch", &a);
+    sub(&mut t, "ch", &b);
+    publish(&mut t, 0, 1000);
+    chan(&mut t, "ch").set_rate_limit(100);
+    assert_eq!(chan(&mut t, "ch").rate_limit(), Some(100));
+    // The bucket starts with a tenth of a second's worth.
+    assert_eq!(dispatch(&mut t, "ch", clk.at(0)), 10);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(0)), 0, "no token left");
+    let ch = chan(&mut t, "ch");
+    assert_eq!(
+        ch.next_timer(),
+        Some(clk.at(10)),
+        "the next token is 10 ms away"
+    );
+    assert_eq!(ch.process_timers(clk.at(9)), 0);
+    assert_eq!(
+        ch.process_timers(clk.at(10)),
+        1,
+        "the timer pass resumes delivery"
+    );
+    assert_eq!(dispatch(&mut t, "ch", clk.at(10)), 1);
+    // Over two seconds of 10 ms passes: 100 a second across both consumers.
+    let mut sent = 0;
+    for i in 2..=201 {
+        sent += dispatch(&mut t, "ch", clk.at(i * 10));
+    }
+    assert_eq!(sent, 200);
+    // Idle for a minute: the burst is still a tenth of a second's worth.
+    assert_eq!(dispatch(&mut t, "ch", clk.at(62_010)), 10);
+    let (fa, fb) = (frames(&a).len(), frames(&b).len());
+    assert_eq!(fa + fb, 221);
+    assert!(fa.abs_diff(fb) <= 1, "round robin: {fa} and {fb}");
+    // Removed: what waits goes at once, as far as RDY allows.
+    chan(&mut t, "ch").set_rate_limit(0);
+    assert_eq!(chan(&mut t, "ch").rate_limit(), None);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(62_010)), 779);
+}
+
+#[test]
+fn a_rate_limited_channel_keeps_what_it_cannot_deliver_yet() {
+    let clk = Clock::new();
+    let mut t = topic_with("ch");
+    let c = client_with(1, 100, 60_000);
+    sub(&mut t, "ch", &c);
+    chan(&mut t, "ch").set_rate_limit(1);
+    publish(&mut t, 0, 5);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(0)), 1);
+    assert_eq!(depth(&t, "ch"), 4, "waiting, not dropped");
+    assert_eq!(chan(&mut t, "ch").next_timer(), Some(clk.at(1000)));
+    assert_eq!(dispatch(&mut t, "ch", clk.at(999)), 0);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(1000)), 1);
+    assert_eq!(bodies(&frames(&c)), vec!["m0", "m1"]);
+}

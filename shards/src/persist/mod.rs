@@ -110,6 +110,10 @@ pub fn topic_meta(t: &Topic) -> TopicMeta {
             cursor: ch.cursor(),
             pending,
             finished,
+            limits: nsq_storage::meta::ChannelLimits {
+                max_attempts: ch.own_max_attempts(),
+                rate_limit: ch.rate_limit(),
+            },
         });
     }
     TopicMeta {

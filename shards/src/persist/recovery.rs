@@ -300,6 +300,9 @@ impl Shard {
                     }
                     let mut ch = Channel::new(&c.name, cursor.clamp(first, head));
                     ch.set_paused(c.paused);
+                    ch.set_max_attempts_flag(name, self.opts.max_attempts);
+                    ch.set_own_max_attempts(c.limits.max_attempts);
+                    ch.set_rate_limit(c.limits.rate_limit.unwrap_or(0));
                     ch.set_journal(t.store().cloned());
                     ch.set_reread(t.reread());
                     ch.set_recovered_below(head);

@@ -101,7 +101,7 @@ impl Shard {
             }
             AdminOp::CreateChannel(t, c) => {
                 let topic = topics.get_mut(&t).ok_or(AdminError::TopicNotFound)?;
-                if topic.create_channel(&c, mq) {
+                if topic.create_channel_with(&c, mq, self.opts.max_attempts) {
                     log::info!("TOPIC({t}): new channel({c})");
                     self.notify_lookup(LookupEvent::Register(t.clone(), Some(c.clone())));
                 }
@@ -131,6 +131,29 @@ impl Shard {
                     .ok_or(AdminError::ChannelNotFound)?;
                 ch.empty(&topic.log);
                 topic.trim(self.opts.mem_queue_size);
+            }
+            AdminOp::ChannelMaxAttempts(t, c, max) => {
+                let topic = topics.get_mut(&t).ok_or(AdminError::TopicNotFound)?;
+                let ch = topic
+                    .channels
+                    .get_mut(&c)
+                    .ok_or(AdminError::ChannelNotFound)?;
+                ch.set_own_max_attempts(max);
+                log::info!("TOPIC({t}) CHANNEL({c}): max attempts {max:?}");
+                self.request_checkpoint();
+            }
+            AdminOp::ChannelRateLimit(t, c, per_sec) => {
+                let topic = topics.get_mut(&t).ok_or(AdminError::TopicNotFound)?;
+                let ch = topic
+                    .channels
+                    .get_mut(&c)
+                    .ok_or(AdminError::ChannelNotFound)?;
+                ch.set_rate_limit(per_sec);
+                log::info!("TOPIC({t}) CHANNEL({c}): rate limit {per_sec} msgs/s");
+                self.request_checkpoint();
+                let out = ch.dispatch(&topic.log, Instant::now());
+                bump(&self.counters.messages_out, out);
+                self.schedule_timer(&t, ch);
             }
             // It may need the disk: callers go through `admin_async`.
             AdminOp::SeekChannel(..) => return Err(AdminError::Internal),
@@ -176,7 +199,8 @@ impl Shard {
     }
 
     /// True when `op`'s answer waits for the metadata on disk ([`Shard::persist_changes`]):
-    /// a channel created, deleted or paused, or a topic paused, on a durable topic (nsqd
+    /// a channel created, deleted, paused or given its maximum attempts or rate limit, or a topic
+    /// paused, on a durable topic (nsqd
     /// persists metadata on pause before answering; here also on create and delete,
     /// which nsqd writes soon after), so that a crash after the answer never brings a
     /// deleted channel back or loses an acknowledged message to a new one.
@@ -187,6 +211,8 @@ impl Shard {
                 | AdminOp::DeleteChannel(..)
                 | AdminOp::PauseChannel(..)
                 | AdminOp::PauseTopic(..)
+                | AdminOp::ChannelMaxAttempts(..)
+                | AdminOp::ChannelRateLimit(..)
         ) && self
             .topics
             .borrow()

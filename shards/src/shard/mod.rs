@@ -18,6 +18,7 @@ use std::rc::Weak;
 use std::time::Duration;
 
 mod admin;
+mod dead;
 mod delivery;
 pub mod inspect;
 mod lookup;
@@ -28,6 +29,7 @@ mod store_prep;
 mod subscribe;
 
 pub use admin::DrainLeft;
+pub use dead::DeadLetters;
 pub use delivery::Timers;
 pub use lookup::Lookup;
 pub use publish::DurableWait;

@@ -29,6 +29,19 @@ impl Shard {
         bodies: Vec<Bytes>,
         defer_until: Option<Instant>,
     ) -> Result<Option<DurableWait>, PublishError> {
+        self.publish_local_synced(topic, bodies, defer_until, false)
+    }
+
+    /// [`Shard::publish_local`], durable whatever the sync policy when `synced` (the
+    /// records go to the store at once and the wait returned covers their fdatasync):
+    /// the dead-letter publisher's, which finishes the source message only after.
+    pub fn publish_local_synced(
+        &self,
+        topic: &str,
+        bodies: Vec<Bytes>,
+        defer_until: Option<Instant>,
+        synced: bool,
+    ) -> Result<Option<DurableWait>, PublishError> {
         if self.shutdown.is_set() {
             return Err(PublishError::Exiting);
         }
@@ -53,7 +66,7 @@ impl Shard {
         bump(&self.counters.messages_in, n);
         bump(&self.counters.bytes_in, bytes);
         let must_sync =
-            self.opts.sync_every <= 1 || t.store().is_some_and(|st| st.error().is_some());
+            synced || self.opts.sync_every <= 1 || t.store().is_some_and(|st| st.error().is_some());
         if t.stored() < t.log.head {
             // Deferred store mode: what exceeds the memory queue goes now (all of it when
             // this publish must be durable); the rest when it is due, unless finished.
@@ -91,7 +104,7 @@ impl Shard {
             return;
         }
         for c in channels {
-            if t.create_channel(c, mq) {
+            if t.create_channel_with(c, mq, self.opts.max_attempts) {
                 log::info!("TOPIC({topic}): new channel({c})");
                 self.notify_lookup(LookupEvent::Register(topic.to_string(), Some(c.clone())));
             }

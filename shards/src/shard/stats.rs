@@ -120,6 +120,7 @@ impl Shard {
                             fin_latency: ch.fin_latency(now),
                         }
                     }),
+                    limits: channel_limits(ch),
                 });
             }
             if !req.channel.is_empty() && channels.is_empty() {
@@ -317,5 +318,16 @@ impl Shard {
             }
         })
         .detach();
+    }
+}
+
+/// The `/stats` extras of a channel's delivery limits (see [`ChannelLimitStats`]).
+fn channel_limits(ch: &crate::channel::Channel) -> ChannelLimitStats {
+    let max = ch.max_attempts();
+    let shown = max > 0 || ch.own_max_attempts().is_some();
+    ChannelLimitStats {
+        max_attempts: shown.then_some(max),
+        dead_count: (shown || ch.dead_count() > 0).then_some(ch.dead_count()),
+        rate_limit: ch.rate_limit(),
     }
 }

@@ -137,7 +137,7 @@ impl Shard {
         }
         let t = self.get_or_create_topic(&mut topics, topic);
         let mut created = false;
-        if t.create_channel(channel, self.opts.mem_queue_size) {
+        if t.create_channel_with(channel, self.opts.mem_queue_size, self.opts.max_attempts) {
             log::info!("TOPIC({topic}): new channel({channel})");
             self.notify_lookup(LookupEvent::Register(
                 topic.to_string(),

@@ -506,3 +506,64 @@ fn draining_refuses_publishes_and_creations_and_counts_what_is_left() {
         .unwrap();
     assert_eq!(s.drain_left().messages, 0);
 }
+
+#[test]
+fn dead_letters_are_taken_from_the_shard_and_finished_once_published() {
+    let s = Shard::new(
+        0,
+        1,
+        0,
+        Options {
+            max_attempts: 1,
+            ..Options::default()
+        },
+    );
+    let c = client(&s);
+    s.subscribe(&c, "t", "c").unwrap();
+    s.admin(AdminOp::CreateChannel("t".into(), "own".into()))
+        .unwrap();
+    s.admin(AdminOp::ChannelMaxAttempts(
+        "t".into(),
+        "own".into(),
+        Some(0),
+    ))
+    .unwrap();
+    assert_eq!(
+        s.admin(AdminOp::ChannelMaxAttempts("t".into(), "x".into(), None)),
+        Err(AdminError::ChannelNotFound)
+    );
+    {
+        let topics = s.topics.borrow();
+        let chs = &topics["t"].channels;
+        assert_eq!((chs["c"].max_attempts(), chs["own"].max_attempts()), (1, 0));
+    }
+    c.set_ready_count(10);
+    s.publish_local("t", vec![Bytes::from_static(b"body")], None)
+        .unwrap();
+    // The delivered frame: size, type, timestamp, attempts, then the 16-byte id.
+    let id = {
+        let out = c.outbox().buf_mut();
+        MessageId::from_hex(&out[18..34]).unwrap()
+    };
+    s.requeue(&c, id, Duration::ZERO).unwrap();
+    assert_eq!(in_flight(&s, "t", "c"), 0, "not delivered again");
+    let batches = s.take_dead_letters();
+    assert_eq!(batches.len(), 1);
+    let b = &batches[0];
+    assert_eq!(
+        (b.topic.as_str(), b.channel.as_str(), b.dead_topic.as_str()),
+        ("t", "c", "t.dead")
+    );
+    assert_eq!(b.messages.len(), 1);
+    assert_eq!(
+        (b.messages[0].id, &b.messages[0].body[..]),
+        (id, &b"body"[..])
+    );
+    assert!(s.take_dead_letters().is_empty(), "taken once");
+    assert_eq!(s.topics.borrow()["t"].channels["c"].pending_count(), 1);
+    s.dead_lettered("t", "c", &[id]);
+    let topics = s.topics.borrow();
+    let ch = &topics["t"].channels["c"];
+    assert_eq!((ch.pending_count(), ch.dead_count()), (0, 1));
+    assert_eq!(topics["t"].channels["own"].dead_count(), 0);
+}
