@@ -1,0 +1,223 @@
+//! Raft's own log storage for one group: the [`LogStore`] trait (raft-rs's read-side
+//! [`raft::Storage`] plus the writes the driver makes) and [`MemLog`], an in-memory
+//! implementation.
+//!
+//! [`MemLog`] keeps everything in memory, so a restarted broker would come back with an
+//! empty log and rely on catch-up from the other replicas. The segment store (crate
+//! nsq-storage) is meant to implement [`LogStore`] so that the Raft log is the topic's
+//! own durable log; until it does, nothing this crate replicates survives the restart of
+//! every replica at once.
+
+use raft::eraftpb::{ConfState, Entry as RaftEntry, HardState, Snapshot};
+use raft::{GetEntriesContext, RaftState, Storage, StorageError};
+
+/// The writes [`crate::TopicGroup`] makes to a group's log, on top of raft-rs's read
+/// side ([`raft::Storage`]).
+///
+/// The driver calls these synchronously from `poll` in the order raft-rs requires:
+/// restore a received snapshot, append new entries, save the hard state, then (after
+/// `advance`) record the new commit index. An implementation must have made each write
+/// durable before it returns, because the driver sends the messages that depend on it
+/// (votes, append acknowledgements) right after; an asynchronous store would instead
+/// use raft-rs's `advance_append_async`/`on_persist_ready`, which this driver does not
+/// use yet.
+pub trait LogStore: Storage {
+    /// Appends `entries` (consecutive indexes); any stored entry at or after
+    /// `entries[0].index` is replaced (a leader overwrote an uncommitted suffix).
+    ///
+    /// # Errors
+    ///
+    /// [`StorageError::Unavailable`] if `entries[0].index` would leave a gap after the
+    /// last stored entry; an I/O error from a durable store.
+    fn append(&mut self, entries: &[RaftEntry]) -> raft::Result<()>;
+
+    /// Saves the hard state (term, vote, commit).
+    fn set_hard_state(&mut self, hard_state: &HardState);
+
+    /// Records a new commit index (the hard state's `commit`).
+    fn set_commit(&mut self, commit: u64);
+
+    /// Replaces the log with a snapshot received from the leader: entries up to its index
+    /// are dropped, and its index becomes the commit index.
+    ///
+    /// # Errors
+    ///
+    /// [`StorageError::SnapshotOutOfDate`] if the snapshot is older than the stored one.
+    fn apply_snapshot(&mut self, snapshot: &Snapshot) -> raft::Result<()>;
+
+    /// Makes a snapshot at `index` with the application's state `data` and drops the
+    /// entries up to `index`, so that a replica too far behind gets the snapshot instead.
+    ///
+    /// # Errors
+    ///
+    /// [`StorageError::Unavailable`] if `index` is past the commit index or the last
+    /// entry; a no-op if it is at or before the current snapshot.
+    fn compact(&mut self, index: u64, data: Vec<u8>) -> raft::Result<()>;
+}
+
+/// An in-memory [`LogStore`]: a vector of entries after the latest snapshot. No locks
+/// (unlike raft-rs's `MemStorage`): it is owned by the one group that uses it.
+#[derive(Clone, Debug, Default)]
+pub struct MemLog {
+    hard_state: HardState,
+    conf_state: ConfState,
+    /// The latest snapshot (metadata and data); index 0 when there is none.
+    snapshot: Snapshot,
+    /// The entries from `snapshot.index + 1` on.
+    entries: Vec<RaftEntry>,
+}
+
+impl MemLog {
+    /// An empty log of a group whose voters are `voters` (node ids, each nonzero).
+    #[must_use]
+    pub fn new(voters: &[u64]) -> Self {
+        let mut log = Self::default();
+        log.conf_state.voters = voters.to_vec();
+        log.snapshot
+            .mut_metadata()
+            .set_conf_state(log.conf_state.clone());
+        log
+    }
+
+    fn snapshot_index(&self) -> u64 {
+        self.snapshot.get_metadata().index
+    }
+
+    /// The stored entries after the latest snapshot (for tests and stats).
+    #[must_use]
+    pub fn entries(&self) -> &[RaftEntry] {
+        &self.entries
+    }
+
+    /// The saved hard state.
+    #[must_use]
+    pub fn hard_state(&self) -> &HardState {
+        &self.hard_state
+    }
+}
+
+impl Storage for MemLog {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        Ok(RaftState::new(
+            self.hard_state.clone(),
+            self.conf_state.clone(),
+        ))
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        _context: GetEntriesContext,
+    ) -> raft::Result<Vec<RaftEntry>> {
+        let first = self.snapshot_index() + 1;
+        if low < first {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        let last = self.snapshot_index() + self.entries.len() as u64;
+        if high > last + 1 || low > high {
+            return Err(raft::Error::Store(StorageError::Unavailable));
+        }
+        let lo = usize::try_from(low - first).unwrap_or(usize::MAX);
+        let hi = usize::try_from(high - first).unwrap_or(usize::MAX);
+        let mut out = self.entries.get(lo..hi).unwrap_or_default().to_vec();
+        raft::util::limit_size(&mut out, max_size.into());
+        Ok(out)
+    }
+
+    fn term(&self, idx: u64) -> raft::Result<u64> {
+        let snap = self.snapshot_index();
+        if idx == snap {
+            return Ok(self.snapshot.get_metadata().term);
+        }
+        if idx < snap {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        let at = usize::try_from(idx - snap - 1).unwrap_or(usize::MAX);
+        self.entries
+            .get(at)
+            .map(|e| e.term)
+            .ok_or(raft::Error::Store(StorageError::Unavailable))
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        Ok(self.snapshot_index() + 1)
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        Ok(self.snapshot_index() + self.entries.len() as u64)
+    }
+
+    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        if self.snapshot_index() == 0 || self.snapshot_index() < request_index {
+            return Err(raft::Error::Store(
+                StorageError::SnapshotTemporarilyUnavailable,
+            ));
+        }
+        Ok(self.snapshot.clone())
+    }
+}
+
+impl LogStore for MemLog {
+    fn append(&mut self, entries: &[RaftEntry]) -> raft::Result<()> {
+        let Some(head) = entries.first() else {
+            return Ok(());
+        };
+        let first = self.snapshot_index() + 1;
+        let last = self.snapshot_index() + self.entries.len() as u64;
+        if head.index > last + 1 {
+            return Err(raft::Error::Store(StorageError::Unavailable));
+        }
+        // Entries at or before the snapshot are already covered by it.
+        let skip = usize::try_from(first.saturating_sub(head.index)).unwrap_or(usize::MAX);
+        let Some(new) = entries.get(skip..).filter(|n| !n.is_empty()) else {
+            return Ok(());
+        };
+        let keep = usize::try_from(new[0].index - first).unwrap_or(usize::MAX);
+        self.entries.truncate(keep);
+        self.entries.extend_from_slice(new);
+        Ok(())
+    }
+
+    fn set_hard_state(&mut self, hard_state: &HardState) {
+        self.hard_state = hard_state.clone();
+    }
+
+    fn set_commit(&mut self, commit: u64) {
+        self.hard_state.commit = commit;
+    }
+
+    fn apply_snapshot(&mut self, snapshot: &Snapshot) -> raft::Result<()> {
+        let meta = snapshot.get_metadata();
+        if meta.index < self.snapshot_index() {
+            return Err(raft::Error::Store(StorageError::SnapshotOutOfDate));
+        }
+        self.hard_state.term = self.hard_state.term.max(meta.term);
+        self.hard_state.commit = meta.index;
+        self.conf_state = meta.get_conf_state().clone();
+        self.entries.clear();
+        self.snapshot = snapshot.clone();
+        Ok(())
+    }
+
+    fn compact(&mut self, index: u64, data: Vec<u8>) -> raft::Result<()> {
+        if index <= self.snapshot_index() {
+            return Ok(());
+        }
+        if index > self.hard_state.commit {
+            return Err(raft::Error::Store(StorageError::Unavailable));
+        }
+        let term = self.term(index)?;
+        let drop = usize::try_from(index - self.snapshot_index()).unwrap_or(usize::MAX);
+        let mut snapshot = Snapshot::default();
+        snapshot.set_data(data.into());
+        let meta = snapshot.mut_metadata();
+        meta.index = index;
+        meta.term = term;
+        meta.set_conf_state(self.conf_state.clone());
+        self.entries.drain(..drop.min(self.entries.len()));
+        self.snapshot = snapshot;
+        Ok(())
+    }
+}
