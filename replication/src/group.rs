@@ -17,20 +17,27 @@
 //! [`TopicGroup::ack_state`] tells, for a proposal, whether the policy that the PUB asked
 //! for ([`AckPolicy`]) is met, computed from raft-rs's own log and progress tracker.
 
-use raft::eraftpb::{Message as RaftMessage, Snapshot};
+use protobuf::Message as _;
+use raft::eraftpb::{
+    ConfChange, ConfChangeType, ConfChangeV2, Entry as RaftEntry, EntryType,
+    Message as RaftMessage, Snapshot,
+};
 use raft::{Config, RawNode, StateRole};
 
 use crate::entry::{DecodeError, Entry};
-use crate::store::{LogStore, MemLog};
+use crate::store::LogStore;
+#[cfg(doc)]
+use crate::store::MemLog;
 
 /// How a group is set up: this node's id, the voters, and raft-rs's timing and flow
 /// limits. Ticks are the unit of time: the broker ticks every group on a fixed period.
 #[derive(Clone, Debug)]
 pub struct GroupConfig {
-    /// This node's id in the group (nonzero, one of `voters`).
+    /// This node's replica id in the group (nonzero). The voters are not here: they
+    /// come from the [`LogStore`] (initially [`MemLog::new`]'s, then membership changes).
+    /// A replica that lost its log must come back under a new id (see
+    /// [`Membership`]).
     pub id: u64,
-    /// Every voting replica's id (the group's members: `--replication-factor` nodes).
-    pub voters: Vec<u64>,
     /// Ticks without hearing from a leader before a follower campaigns (raft's
     /// election timeout; a follower waits a random count in
     /// `[min_election_tick, max_election_tick)`).
@@ -51,13 +58,12 @@ pub struct GroupConfig {
 }
 
 impl GroupConfig {
-    /// A group of `voters` seen from node `id`: election after 10 to 19 ticks,
-    /// heartbeats every 2, appends of up to 1 MiB, 256 in flight per follower.
+    /// Replica `id`'s settings: election after 10 to 19 ticks, heartbeats every 2,
+    /// appends of up to 1 MiB, 256 in flight per follower.
     #[must_use]
-    pub fn new(id: u64, voters: &[u64]) -> Self {
+    pub fn new(id: u64) -> Self {
         Self {
             id,
-            voters: voters.to_vec(),
             election_tick: 10,
             heartbeat_tick: 2,
             min_election_tick: 0,
@@ -117,6 +123,21 @@ impl std::str::FromStr for AckPolicy {
             )),
         }
     }
+}
+
+/// A change of the group's voters: one replica added or removed per change (Raft's
+/// single-server membership change; raft-rs allows one pending at a time).
+///
+/// A replica whose log was lost (a replaced disk) must not rejoin under its old id:
+/// Raft assumes a replica never forgets what it acknowledged, and raft-rs panics when
+/// a leader's commit index runs past a follower's log. It is removed and a fresh replica
+/// with a new id is added; that one catches up from the log or a snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Membership {
+    /// Adds a voter.
+    Add(u64),
+    /// Removes a voter.
+    Remove(u64),
 }
 
 /// A proposal's place in the log: the leader's term when it proposed and the index the
@@ -193,6 +214,13 @@ pub struct Output {
     pub committed: Vec<Committed>,
     /// Set when the leader or the term changed since the last poll.
     pub leadership: Option<Leadership>,
+    /// The voters after a membership change committed or a snapshot restored in this
+    /// poll (a replica not in it was removed: the broker stops its group).
+    pub voters: Option<Vec<u64>>,
+    /// A lagging replica needs a snapshot the store cannot give: make one with
+    /// [`TopicGroup::compact`] at the applied index (raft-rs retries on a later
+    /// heartbeat).
+    pub snapshot_wanted: bool,
 }
 
 /// Why a call into the group failed.
@@ -231,9 +259,10 @@ impl From<raft::Error> for ReplicationError {
     }
 }
 
-/// One topic's Raft group on this node. See the [module docs](self) for the calling
+/// One topic's Raft group on this node. `S` is where Raft's log is kept
+/// ([`crate::MemLog`] by default). See the [module docs](self) for the calling
 /// protocol.
-pub struct TopicGroup<S: LogStore = MemLog> {
+pub struct TopicGroup<S: LogStore = crate::store::MemLog> {
     node: RawNode<S>,
     /// (leader id, term) as last reported by `poll`.
     reported: (u64, u64),
@@ -353,6 +382,46 @@ impl<S: LogStore> TopicGroup<S> {
         })
     }
 
+    /// Proposes a membership change on the leader; it takes effect on each replica when
+    /// committed ([`Output::voters`]).
+    ///
+    /// # Errors
+    ///
+    /// [`ReplicationError::NotLeader`] on a follower; [`ReplicationError::Raft`] with
+    /// `ProposalDropped` while an earlier change is not yet applied.
+    pub fn propose_membership(
+        &mut self,
+        change: Membership,
+    ) -> Result<ProposalId, ReplicationError> {
+        if !self.is_leader() {
+            return Err(ReplicationError::NotLeader {
+                leader: self.leader(),
+            });
+        }
+        let mut cc = ConfChange::default();
+        match change {
+            Membership::Add(id) => {
+                cc.set_change_type(ConfChangeType::AddNode);
+                cc.node_id = id;
+            }
+            Membership::Remove(id) => {
+                cc.set_change_type(ConfChangeType::RemoveNode);
+                cc.node_id = id;
+            }
+        }
+        let before = self.last_index();
+        self.node.propose_conf_change(Vec::new(), cc)?;
+        let index = self.last_index();
+        // raft-rs turns a change proposed while another is pending into an empty entry.
+        if index == before || self.node.raft.pending_conf_index != index {
+            return Err(ReplicationError::Raft(raft::Error::ProposalDropped));
+        }
+        Ok(ProposalId {
+            term: self.term(),
+            index,
+        })
+    }
+
     /// Whether `proposal` (from [`propose`](Self::propose) on this node) meets `policy`.
     /// Computed from this node's log and, for [`AckPolicy::All`], the leader's progress
     /// tracker; cheap enough to ask for every waiting PUB after each poll.
@@ -414,8 +483,9 @@ impl<S: LogStore> TopicGroup<S> {
             if !snapshot.is_empty() {
                 self.node.mut_store().apply_snapshot(snapshot)?;
                 out.restore = Some(restore_of(snapshot));
+                out.voters = Some(snapshot.get_metadata().get_conf_state().voters.clone());
             }
-            push_committed(&mut out.committed, ready.take_committed_entries());
+            self.take_committed(&mut out, ready.take_committed_entries())?;
             self.node.mut_store().append(ready.entries())?;
             if let Some(hs) = ready.hs() {
                 self.node.mut_store().set_hard_state(hs);
@@ -428,9 +498,10 @@ impl<S: LogStore> TopicGroup<S> {
                 self.node.mut_store().set_commit(commit);
             }
             out.messages.extend(light.take_messages());
-            push_committed(&mut out.committed, light.take_committed_entries());
+            self.take_committed(&mut out, light.take_committed_entries())?;
             self.node.advance_apply();
         }
+        out.snapshot_wanted = self.node.mut_store().take_snapshot_request();
         let now = (self.node.raft.leader_id, self.term());
         if now != self.reported {
             self.reported = now;
@@ -452,7 +523,7 @@ impl<S: LogStore> TopicGroup<S> {
     /// [`ReplicationError::Raft`] if `applied` is past what was applied or the store
     /// fails.
     pub fn compact(&mut self, applied: u64, data: Vec<u8>) -> Result<(), ReplicationError> {
-        if applied > self.node.raft.raft_log.applied {
+        if applied > self.applied_index() {
             return Err(ReplicationError::Raft(raft::Error::Store(
                 raft::StorageError::Unavailable,
             )));
@@ -465,6 +536,65 @@ impl<S: LogStore> TopicGroup<S> {
     /// its connection), so the leader probes it instead of streaming appends.
     pub fn report_unreachable(&mut self, peer: u64) {
         self.node.report_unreachable(peer);
+    }
+
+    /// Hands the application's committed entries to `out` and applies committed
+    /// membership changes to raft-rs and the store. raft-rs also commits an empty entry
+    /// when a leader takes over (to commit its predecessors' entries): not the
+    /// application's, so skipped.
+    fn take_committed(
+        &mut self,
+        out: &mut Output,
+        entries: Vec<RaftEntry>,
+    ) -> Result<(), ReplicationError> {
+        for e in entries {
+            match e.get_entry_type() {
+                EntryType::EntryNormal if e.data.is_empty() => {}
+                EntryType::EntryNormal => out.committed.push(Committed {
+                    index: e.index,
+                    term: e.term,
+                    entry: Entry::decode(&e.data),
+                }),
+                EntryType::EntryConfChange => {
+                    let cc = ConfChange::parse_from_bytes(&e.data)
+                        .map_err(|err| ReplicationError::Raft(err.into()))?;
+                    let conf_state = self.node.apply_conf_change(&cc)?;
+                    self.save_membership(conf_state, out);
+                }
+                EntryType::EntryConfChangeV2 => {
+                    let cc = ConfChangeV2::parse_from_bytes(&e.data)
+                        .map_err(|err| ReplicationError::Raft(err.into()))?;
+                    let conf_state = self.node.apply_conf_change(&cc)?;
+                    self.save_membership(conf_state, out);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Saves the voters raft-rs computed for an applied membership change.
+    fn save_membership(&mut self, conf_state: raft::eraftpb::ConfState, out: &mut Output) {
+        self.node.mut_store().set_conf_state(&conf_state);
+        out.voters = Some(conf_state.voters);
+    }
+
+    /// Tells raft-rs whether a snapshot message (`MsgSnapshot`) sent to `peer` arrived.
+    /// The transport must report every one it was given: until it does, the leader sends
+    /// that peer nothing else, and a lost snapshot would stall it for good.
+    pub fn report_snapshot(&mut self, peer: u64, delivered: bool) {
+        let status = if delivered {
+            raft::SnapshotStatus::Finish
+        } else {
+            raft::SnapshotStatus::Failure
+        };
+        self.node.report_snapshot(peer, status);
+    }
+
+    /// The highest index handed out as committed by [`poll`](Self::poll) (and so applied
+    /// by the caller), or covered by a restored snapshot.
+    #[must_use]
+    pub fn applied_index(&self) -> u64 {
+        self.node.raft.raft_log.applied
     }
 
     /// The first index still in the log (after the latest snapshot).
@@ -483,18 +613,3 @@ fn restore_of(snapshot: &Snapshot) -> Restore {
     }
 }
 
-/// Keeps the application's entries: raft-rs also commits an empty entry when a leader
-/// takes over (to commit its predecessors' entries) and would commit configuration
-/// changes, which this group does not make yet.
-fn push_committed(out: &mut Vec<Committed>, entries: Vec<raft::eraftpb::Entry>) {
-    for e in entries {
-        if e.get_entry_type() != raft::eraftpb::EntryType::EntryNormal || e.data.is_empty() {
-            continue;
-        }
-        out.push(Committed {
-            index: e.index,
-            term: e.term,
-            entry: Entry::decode(&e.data),
-        });
-    }
-}

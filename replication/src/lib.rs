@@ -18,8 +18,9 @@ pub mod wire;
 
 pub use entry::{ChannelOp, DecodeError, Entry, Message, MessageId};
 pub use group::{
-    AckPolicy, AckState, Committed, GroupConfig, Leadership, Output, ProposalId,
+    AckPolicy, AckState, Committed, GroupConfig, Leadership, Membership, Output, ProposalId,
     ReplicationError, Restore, TopicGroup,
 };
+pub use raft;
 pub use raft::eraftpb::Message as RaftMessage;
 pub use store::{LogStore, MemLog};

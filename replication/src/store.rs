@@ -8,6 +8,8 @@
 //! own durable log; until it does, nothing this crate replicates survives the restart of
 //! every replica at once.
 
+use std::cell::Cell;
+
 use raft::eraftpb::{ConfState, Entry as RaftEntry, HardState, Snapshot};
 use raft::{GetEntriesContext, RaftState, Storage, StorageError};
 
@@ -37,6 +39,9 @@ pub trait LogStore: Storage {
     /// Records a new commit index (the hard state's `commit`).
     fn set_commit(&mut self, commit: u64);
 
+    /// Saves the voters after a committed membership change (kept in later snapshots).
+    fn set_conf_state(&mut self, conf_state: &ConfState);
+
     /// Replaces the log with a snapshot received from the leader: entries up to its index
     /// are dropped, and its index becomes the commit index.
     ///
@@ -47,12 +52,19 @@ pub trait LogStore: Storage {
 
     /// Makes a snapshot at `index` with the application's state `data` and drops the
     /// entries up to `index`, so that a replica too far behind gets the snapshot instead.
+    /// `index` equal to the current snapshot's makes a fresh one at the same index.
     ///
     /// # Errors
     ///
     /// [`StorageError::Unavailable`] if `index` is past the commit index or the last
-    /// entry; a no-op if it is at or before the current snapshot.
+    /// entry; a no-op if it is 0 or before the current snapshot.
     fn compact(&mut self, index: u64, data: Vec<u8>) -> raft::Result<()>;
+
+    /// Whether raft-rs asked for a snapshot that the store did not have (none yet,
+    /// or one whose voters do not include the replica it is for, such as a replica
+    /// added after it was made); clears the request. The application then makes a fresh
+    /// one with [`crate::TopicGroup::compact`], and raft-rs takes it on its next try.
+    fn take_snapshot_request(&mut self) -> bool;
 }
 
 /// An in-memory [`LogStore`]: a vector of entries after the latest snapshot. No locks
@@ -65,10 +77,17 @@ pub struct MemLog {
     snapshot: Snapshot,
     /// The entries from `snapshot.index + 1` on.
     entries: Vec<RaftEntry>,
+    /// Set when raft-rs asked for a snapshot the store could not give
+    /// ([`LogStore::take_snapshot_request`]); a `Cell` because raft-rs asks through
+    /// `&self`, and the store is owned by one thread.
+    snapshot_wanted: Cell<bool>,
 }
 
 impl MemLog {
-    /// An empty log of a group whose voters are `voters` (node ids, each nonzero).
+    /// An empty log of a group whose initial voters are `voters` (node ids, each
+    /// nonzero). Every replica starts from the same initial voters, a replica added later
+    /// included: it then replays the membership changes from the log (or receives them in
+    /// a snapshot), as raft-rs requires of nodes that do not start from a snapshot.
     #[must_use]
     pub fn new(voters: &[u64]) -> Self {
         let mut log = Self::default();
@@ -149,8 +168,13 @@ impl Storage for MemLog {
         Ok(self.snapshot_index() + self.entries.len() as u64)
     }
 
-    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
-        if self.snapshot_index() == 0 || self.snapshot_index() < request_index {
+    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
+        let conf = self.snapshot.get_metadata().get_conf_state();
+        // raft-rs refuses to restore a snapshot whose voters and learners do not include
+        // the receiving replica.
+        let includes_to = conf.voters.contains(&to) || conf.learners.contains(&to);
+        if self.snapshot_index() == 0 || self.snapshot_index() < request_index || !includes_to {
+            self.snapshot_wanted.set(true);
             return Err(raft::Error::Store(
                 StorageError::SnapshotTemporarilyUnavailable,
             ));
@@ -188,6 +212,10 @@ impl LogStore for MemLog {
         self.hard_state.commit = commit;
     }
 
+    fn set_conf_state(&mut self, conf_state: &ConfState) {
+        self.conf_state = conf_state.clone();
+    }
+
     fn apply_snapshot(&mut self, snapshot: &Snapshot) -> raft::Result<()> {
         let meta = snapshot.get_metadata();
         if meta.index < self.snapshot_index() {
@@ -201,8 +229,13 @@ impl LogStore for MemLog {
         Ok(())
     }
 
+    fn take_snapshot_request(&mut self) -> bool {
+        self.snapshot_wanted.replace(false)
+    }
+
     fn compact(&mut self, index: u64, data: Vec<u8>) -> raft::Result<()> {
-        if index <= self.snapshot_index() {
+        // The same index again makes a fresh snapshot (the voters may have changed).
+        if index == 0 || index < self.snapshot_index() {
             return Ok(());
         }
         if index > self.hard_state.commit {
