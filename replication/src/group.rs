@@ -612,4 +612,3 @@ fn restore_of(snapshot: &Snapshot) -> Restore {
         data: snapshot.get_data().to_vec(),
     }
 }
-

@@ -126,10 +126,12 @@ fn append_message() -> RaftMessage {
     m.index = 10;
     m.log_term = 2;
     m.commit = 9;
-    let mut e = RaftEntry::default();
-    e.index = 11;
-    e.term = 3;
-    e.data = Entry::TopicPause(true).encode().into();
+    let e = RaftEntry {
+        index: 11,
+        term: 3,
+        data: Entry::TopicPause(true).encode().into(),
+        ..RaftEntry::default()
+    };
     m.entries = vec![e].into();
     m
 }
@@ -161,9 +163,15 @@ fn bad_frames_are_errors() {
     let too_long = u32::try_from(MAX_FRAME_LEN + 1).unwrap().to_le_bytes();
     assert_eq!(decode_frame(&too_long), Err(DecodeError::Truncated));
     assert_eq!(decode_frame(&[1, 0, 0, 0, 1]), Err(DecodeError::Truncated));
-    assert_eq!(decode_frame(&[2, 0, 0, 0, 9, 0]), Err(DecodeError::Version(9)));
+    assert_eq!(
+        decode_frame(&[2, 0, 0, 0, 9, 0]),
+        Err(DecodeError::Version(9))
+    );
     assert_eq!(decode_frame(&[2, 0, 0, 0, 1, 0]), Err(DecodeError::Name));
-    assert_eq!(decode_frame(&[2, 0, 0, 0, 1, 5]), Err(DecodeError::Truncated));
+    assert_eq!(
+        decode_frame(&[2, 0, 0, 0, 1, 5]),
+        Err(DecodeError::Truncated)
+    );
     // A valid header and a body that is not a protobuf message (field 0 is invalid).
     assert_eq!(
         decode_frame(&[5, 0, 0, 0, 1, 1, b't', 0x00, 0x00]),

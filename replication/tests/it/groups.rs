@@ -26,7 +26,10 @@ fn a_leader_is_elected_in_three_and_five_node_groups() {
         let mut sim = Sim::new(n, 1);
         let (leader, ticks) = sim.await_leader(None, 4 * MAX_TIMEOUT);
         // The first node to time out (node 1, after ELECTION_TICK ticks) wins.
-        assert!(ticks <= ELECTION_TICK + 2, "{n} nodes: elected after {ticks}");
+        assert!(
+            ticks <= ELECTION_TICK + 2,
+            "{n} nodes: elected after {ticks}"
+        );
         sim.run(5);
         assert_eq!(assert_one_leader(&sim), leader);
         // A follower refuses proposals and names the leader.
@@ -169,7 +172,11 @@ fn empty_node_catches_up(compact: bool) -> usize {
         for id in sim.ids().into_iter().filter(|&i| i != victim) {
             sim.compact(id);
             let g = sim.node(id).group();
-            assert_eq!(g.first_index(), g.applied_index() + 1, "node {id} compacted");
+            assert_eq!(
+                g.first_index(),
+                g.applied_index() + 1,
+                "node {id} compacted"
+            );
         }
     }
     let new = 4;
@@ -191,12 +198,20 @@ fn empty_node_catches_up(compact: bool) -> usize {
 
 #[test]
 fn a_node_restarted_empty_catches_up_from_the_log() {
-    assert_eq!(empty_node_catches_up(false), 0, "caught up without a snapshot");
+    assert_eq!(
+        empty_node_catches_up(false),
+        0,
+        "caught up without a snapshot"
+    );
 }
 
 #[test]
 fn a_node_restarted_empty_catches_up_from_a_snapshot() {
-    assert_eq!(empty_node_catches_up(true), 1, "caught up from one snapshot");
+    assert_eq!(
+        empty_node_catches_up(true),
+        1,
+        "caught up from one snapshot"
+    );
 }
 
 #[test]
@@ -244,7 +259,11 @@ fn ack_policies_wait_for_leader_quorum_or_all() {
     assert_eq!(state(&sim, AckPolicy::Quorum), AckState::Acked);
     assert_eq!(state(&sim, AckPolicy::All), AckState::Pending);
     sim.run(3 * ELECTION_TICK);
-    assert_eq!(sim.leader(), Some(leader), "the cut follower deposed no one");
+    assert_eq!(
+        sim.leader(),
+        Some(leader),
+        "the cut follower deposed no one"
+    );
     assert_eq!(state(&sim, AckPolicy::All), AckState::Pending);
     sim.heal();
     sim.run(3);
@@ -255,8 +274,14 @@ fn ack_policies_wait_for_leader_quorum_or_all() {
     sim.isolate(leader);
     let p = sim.propose(leader, &publish(2)).unwrap();
     sim.tick();
-    assert_eq!(state_of(&sim, leader, p, AckPolicy::Leader), AckState::Acked);
-    assert_eq!(state_of(&sim, leader, p, AckPolicy::Quorum), AckState::Pending);
+    assert_eq!(
+        state_of(&sim, leader, p, AckPolicy::Leader),
+        AckState::Acked
+    );
+    assert_eq!(
+        state_of(&sim, leader, p, AckPolicy::Quorum),
+        AckState::Pending
+    );
     assert_eq!(state_of(&sim, leader, p, AckPolicy::All), AckState::Pending);
     let (new, _) = sim.await_leader(Some(leader), 3 * MAX_TIMEOUT);
     sim.run(ELECTION_TICK);

@@ -45,7 +45,7 @@ fn chaos(sim: &mut Sim, ids: &[u64], down: &mut Option<u64>, waiting: &mut Vec<W
                 sim.restart(id);
             }
         }
-        100..=104 if *down != Some(pick) => sim.compact(pick),
+        100..=124 if *down != Some(pick) => sim.compact(pick),
         _ => {}
     }
 }
@@ -62,8 +62,8 @@ fn propose_some(sim: &mut Sim, next: &mut u64, waiting: &mut Vec<Waiting>) {
         for _ in 0..sim.rng().usize(1..4) {
             let entry = publish(*next);
             *next += 1;
-            let policy = [AckPolicy::Quorum, AckPolicy::All, AckPolicy::Leader]
-                [sim.rng().usize(0..3)];
+            let policy =
+                [AckPolicy::Quorum, AckPolicy::All, AckPolicy::Leader][sim.rng().usize(0..3)];
             if let Ok(id) = sim.propose(node, &entry) {
                 waiting.push(Waiting {
                     node,
@@ -76,9 +76,22 @@ fn propose_some(sim: &mut Sim, next: &mut u64, waiting: &mut Vec<Waiting>) {
     }
 }
 
+/// What a scenario went through, so the test can tell that the faults were real.
+#[derive(Default)]
+struct Seen {
+    /// Acknowledgements under quorum or all that were checked at the end.
+    checked: usize,
+    /// Proposals found lost (replaced by another leader's entry).
+    lost: usize,
+    /// Snapshots restored by any node.
+    restores: usize,
+    /// The final term: how many elections there were, at most.
+    term: u64,
+}
+
 /// Moves acknowledged proposals from `waiting` to `acked`; drops lost and unknown ones
 /// (the broker would answer those PUBs with an error).
-fn collect_acks(sim: &Sim, waiting: &mut Vec<Waiting>, acked: &mut Acked) {
+fn collect_acks(sim: &Sim, waiting: &mut Vec<Waiting>, acked: &mut Acked, seen: &mut Seen) {
     waiting.retain(|w| {
         let state = sim.node(w.node).group().ack_state(w.id, w.policy);
         match state {
@@ -87,26 +100,31 @@ fn collect_acks(sim: &Sim, waiting: &mut Vec<Waiting>, acked: &mut Acked) {
                 acked.insert(w.id.index, (w.id.term, w.entry.clone(), w.policy));
                 false
             }
-            AckState::Lost | AckState::Unknown => false,
+            AckState::Lost => {
+                seen.lost += 1;
+                false
+            }
+            AckState::Unknown => false,
         }
     });
 }
 
-/// Runs one seeded scenario; returns how many quorum/all acknowledgements it checked.
-fn scenario(n: u64, seed: u64, ticks: usize) -> usize {
+/// Runs one seeded scenario; returns what it went through.
+fn scenario(n: u64, seed: u64, ticks: usize) -> Seen {
     let mut sim = Sim::new(n, seed);
     let ids = sim.ids();
     let mut down = None;
     let mut waiting = Vec::new();
     let mut acked = Acked::new();
     let mut next = 0;
+    let mut seen = Seen::default();
     for _ in 0..ticks {
         chaos(&mut sim, &ids, &mut down, &mut waiting);
         if sim.rng().bool() {
             propose_some(&mut sim, &mut next, &mut waiting);
         }
         sim.tick();
-        collect_acks(&sim, &mut waiting, &mut acked);
+        collect_acks(&sim, &mut waiting, &mut acked, &mut seen);
     }
     // Repair everything and let the group converge.
     sim.heal();
@@ -120,7 +138,7 @@ fn scenario(n: u64, seed: u64, ticks: usize) -> usize {
     sim.run(4);
     let leader_group = sim.node(leader).group();
     assert_eq!(leader_group.ack_state(p, AckPolicy::All), AckState::Acked);
-    collect_acks(&sim, &mut waiting, &mut acked);
+    collect_acks(&sim, &mut waiting, &mut acked, &mut seen);
 
     // Every node ends with the same entries (no divergence) ...
     let reference = &sim.node(leader).applied;
@@ -132,7 +150,6 @@ fn scenario(n: u64, seed: u64, ticks: usize) -> usize {
         );
     }
     // ... and every entry acknowledged under quorum or all is among them, at its index.
-    let mut checked = 0;
     for (index, (term, entry, policy)) in &acked {
         if *policy == AckPolicy::Leader {
             continue;
@@ -142,26 +159,48 @@ fn scenario(n: u64, seed: u64, ticks: usize) -> usize {
             Some(&(*term, entry.clone())),
             "seed {seed}: {policy:?}-acknowledged entry {index} lost"
         );
-        checked += 1;
+        seen.checked += 1;
     }
-    checked
+    seen.restores = ids.iter().map(|id| sim.node(*id).restores).sum();
+    seen.term = sim.node(leader).group().term();
+    seen
+}
+
+/// Runs the seeds and checks that they exercised what the property is about.
+fn scenarios(n: u64, seeds: std::ops::Range<u64>, min_checked: usize) {
+    let mut total = Seen::default();
+    let runs = seeds.end - seeds.start;
+    for seed in seeds {
+        let seen = scenario(n, seed, 300);
+        total.checked += seen.checked;
+        total.lost += seen.lost;
+        total.restores += seen.restores;
+        total.term += seen.term;
+    }
+    assert!(
+        total.checked > min_checked,
+        "{} acks checked",
+        total.checked
+    );
+    assert!(
+        total.lost > 0,
+        "no proposal was ever lost: the faults did nothing"
+    );
+    assert!(total.restores > 0, "no snapshot was ever restored");
+    // At least one failover per run on average after the first election.
+    assert!(
+        total.term > 2 * runs,
+        "only {} terms in {runs} runs",
+        total.term
+    );
 }
 
 #[test]
 fn acknowledged_entries_survive_random_faults_in_three_nodes() {
-    let mut checked = 0;
-    for seed in 0..12 {
-        checked += scenario(3, seed, 300);
-    }
-    // The faults leave enough healthy time for many acknowledgements to be checked.
-    assert!(checked > 500, "only {checked} acknowledgements checked");
+    scenarios(3, 0..12, 500);
 }
 
 #[test]
 fn acknowledged_entries_survive_random_faults_in_five_nodes() {
-    let mut checked = 0;
-    for seed in 100..106 {
-        checked += scenario(5, seed, 300);
-    }
-    assert!(checked > 250, "only {checked} acknowledgements checked");
+    scenarios(5, 100..106, 250);
 }

@@ -292,11 +292,13 @@ impl Sim {
         self.start_empty(new);
         for change in [Membership::Remove(old), Membership::Add(new)] {
             let (leader, _) = self.await_leader(None, 4 * MAX_TIMEOUT);
-            let p = self.group(leader).propose_membership(change).expect("change");
+            let p = self
+                .group(leader)
+                .propose_membership(change)
+                .expect("change");
             for _ in 0..MAX_TIMEOUT {
                 self.tick();
-                if self.node(leader).group().ack_state(p, AckPolicy::Quorum) == AckState::Acked
-                {
+                if self.node(leader).group().ack_state(p, AckPolicy::Quorum) == AckState::Acked {
                     break;
                 }
             }
