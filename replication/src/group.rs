@@ -98,11 +98,12 @@ impl GroupConfig {
 /// When a PUB is answered OK (`--replication-ack`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AckPolicy {
-    /// Once a majority of the voters have the entry in their logs: Raft's commit. Any one
-    /// node can be lost without losing the message.
+    /// Once a majority of the voters have the entry in their logs: Raft's commit. Any
+    /// minority of the replicas (one of 3, two of 5) can be lost without losing it.
     Quorum,
-    /// Once the entry is committed and every voter has it in its log (the leader's
-    /// progress tracker's match index of each). Waits for the slowest replica.
+    /// Once the entry is committed and every replica of the group has it in its log
+    /// (each one's match index in the leader's progress tracker, learners included).
+    /// Waits for the slowest replica.
     All,
     /// Once the leader has appended it to its own log; the message is lost if the leader
     /// is lost before a majority has it.
