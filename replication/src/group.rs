@@ -613,3 +613,54 @@ fn restore_of(snapshot: &Snapshot) -> Restore {
         data: snapshot.get_data().to_vec(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemLog;
+
+    #[test]
+    fn ack_policy_parses_the_flag_values() {
+        assert_eq!("quorum".parse(), Ok(AckPolicy::Quorum));
+        assert_eq!("all".parse(), Ok(AckPolicy::All));
+        assert_eq!("leader".parse(), Ok(AckPolicy::Leader));
+        assert!("one".parse::<AckPolicy>().is_err());
+    }
+
+    #[test]
+    fn a_bad_config_is_an_error() {
+        assert!(TopicGroup::new(&GroupConfig::new(0), MemLog::new(&[1])).is_err());
+        let mut config = GroupConfig::new(1);
+        config.heartbeat_tick = config.election_tick;
+        assert!(TopicGroup::new(&config, MemLog::new(&[1])).is_err());
+    }
+
+    #[test]
+    fn a_single_replica_group_commits_alone() {
+        let mut group = TopicGroup::new(&GroupConfig::new(1), MemLog::new(&[1])).unwrap();
+        for _ in 0..20 {
+            group.tick();
+        }
+        let out = group.poll().unwrap();
+        let leadership = out.leadership.unwrap();
+        assert!(leadership.is_self && leadership.leader == Some(1));
+        let entry = Entry::TopicPause(true);
+        let p = group.propose(&entry).unwrap();
+        let out = group.poll().unwrap();
+        assert!(out.messages.is_empty());
+        assert_eq!(out.committed.len(), 1);
+        assert_eq!(out.committed[0].entry, Ok(entry));
+        for policy in [AckPolicy::Leader, AckPolicy::Quorum, AckPolicy::All] {
+            assert_eq!(group.ack_state(p, policy), AckState::Acked);
+        }
+        // A message for another node is refused.
+        let m = RaftMessage {
+            to: 2,
+            ..RaftMessage::default()
+        };
+        assert!(matches!(
+            group.step(m),
+            Err(ReplicationError::WrongRecipient { to: 2 })
+        ));
+    }
+}

@@ -104,7 +104,7 @@ impl MemLog {
 
     /// The stored entries after the latest snapshot (for tests and stats).
     #[must_use]
-    pub fn entries(&self) -> &[RaftEntry] {
+    pub fn stored_entries(&self) -> &[RaftEntry] {
         &self.entries
     }
 
@@ -252,5 +252,92 @@ impl LogStore for MemLog {
         self.entries.drain(..drop.min(self.entries.len()));
         self.snapshot = snapshot;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(index: u64, term: u64) -> RaftEntry {
+        RaftEntry {
+            index,
+            term,
+            ..RaftEntry::default()
+        }
+    }
+
+    fn ctx() -> GetEntriesContext {
+        GetEntriesContext::empty(false)
+    }
+
+    #[test]
+    fn append_replaces_a_suffix_and_refuses_gaps() {
+        let mut log = MemLog::new(&[1, 2, 3]);
+        log.append(&[entry(1, 1), entry(2, 1), entry(3, 1)])
+            .unwrap();
+        // A new leader's entry at index 2 replaces 2 and 3.
+        log.append(&[entry(2, 2)]).unwrap();
+        assert_eq!(log.last_index().unwrap(), 2);
+        assert_eq!(log.term(2).unwrap(), 2);
+        assert!(matches!(
+            log.term(3),
+            Err(raft::Error::Store(StorageError::Unavailable))
+        ));
+        assert!(log.append(&[entry(5, 2)]).is_err(), "a gap");
+        assert_eq!(log.entries(1, 3, None, ctx()).unwrap().len(), 2);
+        assert!(log.entries(1, 4, None, ctx()).is_err(), "past the end");
+        assert!(log.entries(2, 1, None, ctx()).is_err(), "low > high");
+    }
+
+    #[test]
+    fn compact_keeps_a_snapshot_and_drops_the_prefix() {
+        let mut log = MemLog::new(&[1, 2, 3]);
+        log.append(&[entry(1, 1), entry(2, 1), entry(3, 2)])
+            .unwrap();
+        assert!(log.compact(2, b"state".to_vec()).is_err(), "not committed");
+        log.set_commit(3);
+        log.compact(2, b"state".to_vec()).unwrap();
+        assert_eq!(log.first_index().unwrap(), 3);
+        assert_eq!(log.term(2).unwrap(), 1, "the snapshot keeps its term");
+        assert!(matches!(
+            log.entries(1, 3, None, ctx()),
+            Err(raft::Error::Store(StorageError::Compacted))
+        ));
+        let snap = log.snapshot(0, 1).unwrap();
+        assert_eq!(snap.get_metadata().index, 2);
+        assert_eq!(snap.get_data(), b"state");
+        assert!(!log.take_snapshot_request());
+        // A replica outside the snapshot's voters asks for a fresh one.
+        assert!(log.snapshot(0, 4).is_err());
+        assert!(log.take_snapshot_request());
+        assert!(!log.take_snapshot_request(), "the request is cleared");
+        // Appending at or before the snapshot skips what it covers.
+        log.append(&[entry(2, 1), entry(3, 2), entry(4, 2)])
+            .unwrap();
+        assert_eq!(log.last_index().unwrap(), 4);
+    }
+
+    #[test]
+    fn apply_snapshot_replaces_the_log() {
+        let mut log = MemLog::new(&[1, 2, 3]);
+        log.append(&[entry(1, 1)]).unwrap();
+        let mut snap = Snapshot::default();
+        snap.mut_metadata().index = 10;
+        snap.mut_metadata().term = 3;
+        snap.mut_metadata().mut_conf_state().voters = vec![1, 2, 4];
+        log.apply_snapshot(&snap).unwrap();
+        assert_eq!(log.first_index().unwrap(), 11);
+        assert_eq!(log.last_index().unwrap(), 10);
+        assert_eq!(log.hard_state().commit, 10);
+        assert_eq!(
+            log.initial_state().unwrap().conf_state.voters,
+            vec![1, 2, 4]
+        );
+        snap.mut_metadata().index = 5;
+        assert!(
+            log.apply_snapshot(&snap).is_err(),
+            "older than the stored one"
+        );
     }
 }
