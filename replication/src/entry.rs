@@ -1,0 +1,386 @@
+//! The entries of a topic's replicated log and their binary encoding.
+//!
+//! One entry is what the topic's owner applies at one Raft index: a batch of published
+//! messages (PUB, MPUB, DPUB) or one channel operation (FIN, REQ, an attempt, a cursor
+//! move, channel creation or deletion, pause). Every replica applies the same entries in
+//! the same order, so its topic log and channel state end up the same as the leader's.
+//!
+//! # Encoding (version 1)
+//!
+//! All integers are little-endian. An entry is
+//!
+//! ```text
+//! version u8 (= 1) | tag u8 | fields of the tag
+//! ```
+//!
+//! with no trailing bytes. Variable-length fields are length-prefixed: a channel name is
+//! `len u16 | UTF-8 bytes` (at most [`MAX_NAME_LEN`] bytes, nsqd's limit on topic and
+//! channel names), a message body is `len u32 | bytes`, a batch is `count u32 | messages`.
+//! A message is `id [16] | timestamp_ns u64 | attempts u16 | defer_ms u32 | body`.
+//!
+//! | tag | entry | fields |
+//! |-----|-------|--------|
+//! | 1 | [`Entry::Publish`] | batch |
+//! | 2 | [`ChannelOp::Create`] | channel |
+//! | 3 | [`ChannelOp::Delete`] | channel |
+//! | 4 | [`ChannelOp::Fin`] | channel, id |
+//! | 5 | [`ChannelOp::Req`] | channel, id, delay_ms u32 |
+//! | 6 | [`ChannelOp::Attempt`] | channel, id, attempts u16 |
+//! | 7 | [`ChannelOp::Cursor`] | channel, offset u64 |
+//! | 8 | [`ChannelOp::Empty`] | channel |
+//! | 9 | [`ChannelOp::Pause`] | channel, paused u8 (0 or 1) |
+//! | 10 | [`Entry::TopicPause`] | paused u8 (0 or 1) |
+//!
+//! Decoding reads bytes that came from the network or a disk: it never panics and
+//! allocates no more than the input's length; a bad entry is a [`DecodeError`].
+
+use std::fmt;
+
+/// The encoding version this crate writes and reads (the first byte of an entry).
+pub const ENTRY_VERSION: u8 = 1;
+
+/// The longest channel name the encoding carries, in bytes (nsqd's names are at most 64
+/// bytes; the encoding allows 255 so that a longer limit needs no new version).
+pub const MAX_NAME_LEN: usize = 255;
+
+/// A message id as nsqd writes it: 16 bytes (hex digits of a GUID).
+pub type MessageId = [u8; 16];
+
+/// One published message as the leader assigned it: every replica stores the same id,
+/// timestamp and body, so a consumer that fails over sees the same message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    /// The id the leader gave it.
+    pub id: MessageId,
+    /// When the leader accepted it, in nanoseconds since the Unix epoch (nsqd's
+    /// `Message.Timestamp`).
+    pub timestamp_ns: u64,
+    /// Delivery attempts so far (0 when published).
+    pub attempts: u16,
+    /// DPUB's delay in milliseconds (0: deliver at once).
+    pub defer_ms: u32,
+    /// The body as the producer sent it.
+    pub body: Vec<u8>,
+}
+
+/// An operation on one channel of the topic; each replica applies it to its copy of the
+/// channel so that, after a failover, consumers get every message not yet FINished.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChannelOp {
+    /// The channel was created (a SUB or `/channel/create`).
+    Create,
+    /// The channel was deleted with its state.
+    Delete,
+    /// FIN: the message is done and is never delivered again.
+    Fin {
+        /// The message.
+        id: MessageId,
+    },
+    /// REQ: the message goes back to the queue after `delay_ms` milliseconds.
+    Req {
+        /// The message.
+        id: MessageId,
+        /// The requeue delay in milliseconds (0: at once).
+        delay_ms: u32,
+    },
+    /// The message was delivered: its attempts count is now `attempts`.
+    Attempt {
+        /// The message.
+        id: MessageId,
+        /// The count after this delivery.
+        attempts: u16,
+    },
+    /// The channel's cursor moved: every message of the topic log below `offset` is done
+    /// for this channel (a compact form of many FINs).
+    Cursor {
+        /// The offset in the topic log.
+        offset: u64,
+    },
+    /// `/channel/empty`: every queued and in-flight message of the channel is dropped.
+    Empty,
+    /// `/channel/pause` (`true`) or `/channel/unpause` (`false`).
+    Pause(bool),
+}
+
+/// One entry of a topic's replicated log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// A batch of published messages, appended to the topic log in this order.
+    Publish(Vec<Message>),
+    /// An operation on one channel.
+    Channel {
+        /// The channel's name.
+        channel: String,
+        /// What happens to it.
+        op: ChannelOp,
+    },
+    /// `/topic/pause` (`true`) or `/topic/unpause` (`false`).
+    TopicPause(bool),
+}
+
+/// Why bytes are not an entry (or a framed Raft message, see [`crate::wire`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    /// The input ended inside a field.
+    Truncated,
+    /// The first byte is a version this build does not read.
+    Version(u8),
+    /// The tag byte names no entry.
+    Tag(u8),
+    /// A name longer than [`MAX_NAME_LEN`] or not UTF-8.
+    Name,
+    /// A boolean byte that is neither 0 nor 1.
+    Bool(u8),
+    /// Bytes left after the entry.
+    Trailing(usize),
+    /// A framed Raft message whose protobuf does not parse.
+    Protobuf,
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Truncated => write!(f, "input ends inside a field"),
+            Self::Version(v) => write!(f, "unknown encoding version {v}"),
+            Self::Tag(t) => write!(f, "unknown entry tag {t}"),
+            Self::Name => write!(f, "channel name too long or not UTF-8"),
+            Self::Bool(b) => write!(f, "boolean byte {b} is neither 0 nor 1"),
+            Self::Trailing(n) => write!(f, "{n} bytes after the end"),
+            Self::Protobuf => write!(f, "Raft message does not parse"),
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+const TAG_PUBLISH: u8 = 1;
+const TAG_CREATE: u8 = 2;
+const TAG_DELETE: u8 = 3;
+const TAG_FIN: u8 = 4;
+const TAG_REQ: u8 = 5;
+const TAG_ATTEMPT: u8 = 6;
+const TAG_CURSOR: u8 = 7;
+const TAG_EMPTY: u8 = 8;
+const TAG_PAUSE: u8 = 9;
+const TAG_TOPIC_PAUSE: u8 = 10;
+
+/// Bytes of a message before its body: id, timestamp, attempts, defer, body length.
+const MESSAGE_HEADER: usize = 16 + 8 + 2 + 4 + 4;
+
+impl Entry {
+    /// The entry's bytes (the format in the [module docs](self)).
+    ///
+    /// Never panics. Within nsqd's limits the encoding is exact; a channel name over
+    /// [`MAX_NAME_LEN`] bytes, a body over 4 GiB or more than 2³² messages in a batch are
+    /// cut at the length field's width, so callers check names and sizes first (nsqd
+    /// already refuses such names and bodies before a publish reaches the shard).
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.encoded_len_hint());
+        out.push(ENTRY_VERSION);
+        match self {
+            Self::Publish(batch) => {
+                out.push(TAG_PUBLISH);
+                put_u32(&mut out, batch.len());
+                for m in batch {
+                    out.extend_from_slice(&m.id);
+                    out.extend_from_slice(&m.timestamp_ns.to_le_bytes());
+                    out.extend_from_slice(&m.attempts.to_le_bytes());
+                    out.extend_from_slice(&m.defer_ms.to_le_bytes());
+                    put_u32(&mut out, m.body.len());
+                    out.extend_from_slice(&m.body);
+                }
+            }
+            Self::Channel { channel, op } => encode_channel_op(&mut out, channel, op),
+            Self::TopicPause(paused) => {
+                out.push(TAG_TOPIC_PAUSE);
+                out.push(u8::from(*paused));
+            }
+        }
+        out
+    }
+
+    fn encoded_len_hint(&self) -> usize {
+        match self {
+            Self::Publish(batch) => {
+                6 + batch
+                    .iter()
+                    .map(|m| MESSAGE_HEADER + m.body.len())
+                    .sum::<usize>()
+            }
+            Self::Channel { channel, .. } => 2 + 2 + channel.len() + 16 + 8,
+            Self::TopicPause(_) => 3,
+        }
+    }
+
+    /// Parses an entry written by [`Entry::encode`]: the whole of `bytes`, no more and no
+    /// less.
+    ///
+    /// # Errors
+    ///
+    /// A [`DecodeError`] for any input that is not exactly one version-1 entry.
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader(bytes);
+        let version = r.u8()?;
+        if version != ENTRY_VERSION {
+            return Err(DecodeError::Version(version));
+        }
+        let tag = r.u8()?;
+        let entry = match tag {
+            TAG_PUBLISH => {
+                let count = r.u32()? as usize;
+                // Every message takes at least MESSAGE_HEADER bytes: a count the input
+                // cannot hold is refused before anything is allocated for it.
+                if count > r.0.len() / MESSAGE_HEADER {
+                    return Err(DecodeError::Truncated);
+                }
+                let mut batch = Vec::with_capacity(count);
+                for _ in 0..count {
+                    let id = r.id()?;
+                    let timestamp_ns = r.u64()?;
+                    let attempts = r.u16()?;
+                    let defer_ms = r.u32()?;
+                    let len = r.u32()? as usize;
+                    let body = r.take(len)?.to_vec();
+                    batch.push(Message {
+                        id,
+                        timestamp_ns,
+                        attempts,
+                        defer_ms,
+                        body,
+                    });
+                }
+                Self::Publish(batch)
+            }
+            TAG_TOPIC_PAUSE => Self::TopicPause(r.bool()?),
+            TAG_CREATE..=TAG_PAUSE => {
+                let channel = r.name()?;
+                let op = decode_channel_op(tag, &mut r)?;
+                Self::Channel { channel, op }
+            }
+            other => return Err(DecodeError::Tag(other)),
+        };
+        if r.0.is_empty() {
+            Ok(entry)
+        } else {
+            Err(DecodeError::Trailing(r.0.len()))
+        }
+    }
+}
+
+fn encode_channel_op(out: &mut Vec<u8>, channel: &str, op: &ChannelOp) {
+    let tag = match op {
+        ChannelOp::Create => TAG_CREATE,
+        ChannelOp::Delete => TAG_DELETE,
+        ChannelOp::Fin { .. } => TAG_FIN,
+        ChannelOp::Req { .. } => TAG_REQ,
+        ChannelOp::Attempt { .. } => TAG_ATTEMPT,
+        ChannelOp::Cursor { .. } => TAG_CURSOR,
+        ChannelOp::Empty => TAG_EMPTY,
+        ChannelOp::Pause(_) => TAG_PAUSE,
+    };
+    out.push(tag);
+    let name = channel.as_bytes();
+    let len = name.len().min(MAX_NAME_LEN);
+    out.extend_from_slice(&(len as u16).to_le_bytes());
+    out.extend_from_slice(&name[..len]);
+    match op {
+        ChannelOp::Create | ChannelOp::Delete | ChannelOp::Empty => {}
+        ChannelOp::Fin { id } => out.extend_from_slice(id),
+        ChannelOp::Req { id, delay_ms } => {
+            out.extend_from_slice(id);
+            out.extend_from_slice(&delay_ms.to_le_bytes());
+        }
+        ChannelOp::Attempt { id, attempts } => {
+            out.extend_from_slice(id);
+            out.extend_from_slice(&attempts.to_le_bytes());
+        }
+        ChannelOp::Cursor { offset } => out.extend_from_slice(&offset.to_le_bytes()),
+        ChannelOp::Pause(paused) => out.push(u8::from(*paused)),
+    }
+}
+
+fn decode_channel_op(tag: u8, r: &mut Reader<'_>) -> Result<ChannelOp, DecodeError> {
+    Ok(match tag {
+        TAG_CREATE => ChannelOp::Create,
+        TAG_DELETE => ChannelOp::Delete,
+        TAG_FIN => ChannelOp::Fin { id: r.id()? },
+        TAG_REQ => ChannelOp::Req {
+            id: r.id()?,
+            delay_ms: r.u32()?,
+        },
+        TAG_ATTEMPT => ChannelOp::Attempt {
+            id: r.id()?,
+            attempts: r.u16()?,
+        },
+        TAG_CURSOR => ChannelOp::Cursor { offset: r.u64()? },
+        TAG_EMPTY => ChannelOp::Empty,
+        TAG_PAUSE => ChannelOp::Pause(r.bool()?),
+        other => return Err(DecodeError::Tag(other)),
+    })
+}
+
+/// Appends `len` as a u32; lengths past u32 are cut (see [`Entry::encode`]).
+fn put_u32(out: &mut Vec<u8>, len: usize) {
+    let len = u32::try_from(len).unwrap_or(u32::MAX);
+    out.extend_from_slice(&len.to_le_bytes());
+}
+
+/// A cursor over input that fails with [`DecodeError::Truncated`] instead of panicking.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.0.len() < n {
+            return Err(DecodeError::Truncated);
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.array::<1>()?[0])
+    }
+
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        Ok(u16::from_le_bytes(self.array()?))
+    }
+
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+
+    fn id(&mut self) -> Result<MessageId, DecodeError> {
+        self.array()
+    }
+
+    fn bool(&mut self) -> Result<bool, DecodeError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            b => Err(DecodeError::Bool(b)),
+        }
+    }
+
+    fn name(&mut self) -> Result<String, DecodeError> {
+        let len = usize::from(self.u16()?);
+        if len > MAX_NAME_LEN {
+            return Err(DecodeError::Name);
+        }
+        let bytes = self.take(len)?;
+        std::str::from_utf8(bytes)
+            .map(str::to_owned)
+            .map_err(|_| DecodeError::Name)
+    }
+}

@@ -1,0 +1,666 @@
+//! [`TopicGroup`]: one topic's Raft group, driven synchronously by the shard that owns
+//! the topic.
+//!
+//! The driver owns a raft-rs [`RawNode`] and its [`LogStore`]; it has no threads, no
+//! timers, no locks and no I/O of its own. The caller (a shard's task, or a test's
+//! simulated network) does four things:
+//!
+//! - [`TopicGroup::tick`] at a fixed period (the election and heartbeat timeouts are
+//!   counted in ticks);
+//! - [`TopicGroup::step`] each Raft message received from a peer;
+//! - [`TopicGroup::propose`] an [`Entry`] on the leader (a publish batch, a channel
+//!   operation);
+//! - [`TopicGroup::poll`] after any of these: it persists what raft-rs asks to persist and
+//!   returns the messages to send to peers, a snapshot to restore, the entries committed
+//!   since the last poll (in index order, to apply to the topic) and a leadership change.
+//!
+//! [`TopicGroup::ack_state`] tells, for a proposal, whether the policy that the PUB asked
+//! for ([`AckPolicy`]) is met, computed from raft-rs's own log and progress tracker.
+
+use protobuf::Message as _;
+use raft::eraftpb::{
+    ConfChange, ConfChangeType, ConfChangeV2, Entry as RaftEntry, EntryType,
+    Message as RaftMessage, Snapshot,
+};
+use raft::{Config, RawNode, StateRole};
+
+use crate::entry::{DecodeError, Entry};
+use crate::store::LogStore;
+#[cfg(doc)]
+use crate::store::MemLog;
+
+/// How a group is set up: this node's id, the voters, and raft-rs's timing and flow
+/// limits. Ticks are the unit of time: the broker ticks every group on a fixed period.
+#[derive(Clone, Debug)]
+pub struct GroupConfig {
+    /// This node's replica id in the group (nonzero). The voters are not here: they
+    /// come from the [`LogStore`] (initially [`MemLog::new`]'s, then membership changes).
+    /// A replica that lost its log must come back under a new id (see
+    /// [`Membership`]).
+    pub id: u64,
+    /// Ticks without hearing from a leader before a follower campaigns (raft's
+    /// election timeout; a follower waits a random count in
+    /// `[min_election_tick, max_election_tick)`).
+    pub election_tick: usize,
+    /// Ticks between a leader's heartbeats (must be below `election_tick`).
+    pub heartbeat_tick: usize,
+    /// The lower bound of the randomised election timeout (0: `election_tick`).
+    pub min_election_tick: usize,
+    /// The upper bound, exclusive (0: `2 * election_tick`).
+    pub max_election_tick: usize,
+    /// The last index the application has already applied (after a restart with a
+    /// durable store and state); raft-rs hands out only entries after it.
+    pub applied: u64,
+    /// Largest total entry size, in bytes, of one append message.
+    pub max_size_per_msg: u64,
+    /// Most append messages in flight to one follower before waiting for its answer.
+    pub max_inflight_msgs: usize,
+}
+
+impl GroupConfig {
+    /// Replica `id`'s settings: election after 10 to 19 ticks, heartbeats every 2,
+    /// appends of up to 1 MiB, 256 in flight per follower.
+    #[must_use]
+    pub fn new(id: u64) -> Self {
+        Self {
+            id,
+            election_tick: 10,
+            heartbeat_tick: 2,
+            min_election_tick: 0,
+            max_election_tick: 0,
+            applied: 0,
+            max_size_per_msg: 1 << 20,
+            max_inflight_msgs: 256,
+        }
+    }
+
+    fn raft_config(&self) -> Config {
+        Config {
+            id: self.id,
+            election_tick: self.election_tick,
+            heartbeat_tick: self.heartbeat_tick,
+            min_election_tick: self.min_election_tick,
+            max_election_tick: self.max_election_tick,
+            applied: self.applied,
+            max_size_per_msg: self.max_size_per_msg,
+            max_inflight_msgs: self.max_inflight_msgs,
+            // Pre-vote: a node coming back from a partition asks before it raises its
+            // term, so it does not depose a healthy leader. Check-quorum: a leader that
+            // hears from no majority for an election timeout steps down, so an isolated
+            // leader stops accepting proposals it cannot commit.
+            pre_vote: true,
+            check_quorum: true,
+            ..Config::default()
+        }
+    }
+}
+
+/// When a PUB is answered OK (`--replication-ack`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AckPolicy {
+    /// Once a majority of the voters have the entry in their logs: Raft's commit. Any
+    /// minority of the replicas (one of 3, two of 5) can be lost without losing it.
+    Quorum,
+    /// Once the entry is committed and every replica of the group has it in its log
+    /// (each one's match index in the leader's progress tracker, learners included).
+    /// Waits for the slowest replica.
+    All,
+    /// Once the leader has appended it to its own log; the message is lost if the leader
+    /// is lost before a majority has it.
+    Leader,
+}
+
+impl std::str::FromStr for AckPolicy {
+    type Err = String;
+
+    /// Parses the flag's value: `quorum`, `all` or `leader`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "quorum" => Ok(Self::Quorum),
+            "all" => Ok(Self::All),
+            "leader" => Ok(Self::Leader),
+            other => Err(format!(
+                "replication-ack {other:?}: expected quorum, all or leader"
+            )),
+        }
+    }
+}
+
+/// A change of the group's voters: one replica added or removed per change (Raft's
+/// single-server membership change; raft-rs allows one pending at a time).
+///
+/// A replica whose log was lost (a replaced disk) must not rejoin under its old id:
+/// Raft assumes a replica never forgets what it acknowledged, and raft-rs panics when
+/// a leader's commit index runs past a follower's log. It is removed and a fresh replica
+/// with a new id is added; that one catches up from the log or a snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Membership {
+    /// Adds a voter.
+    Add(u64),
+    /// Removes a voter.
+    Remove(u64),
+}
+
+/// A proposal's place in the log: the leader's term when it proposed and the index the
+/// entry got. The entry is the proposal's as long as the log holds `term` at `index`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ProposalId {
+    /// The proposing leader's term.
+    pub term: u64,
+    /// The entry's log index.
+    pub index: u64,
+}
+
+/// Where a proposal stands for one [`AckPolicy`] ([`TopicGroup::ack_state`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AckState {
+    /// Not yet: ask again after the next poll.
+    Pending,
+    /// The policy is met: answer the PUB OK.
+    Acked,
+    /// The entry was replaced by another leader's: it will never be applied anywhere
+    /// (answer E_PUB_FAILED; the producer may retry).
+    Lost,
+    /// This node cannot tell any more: it lost leadership before `All` was seen, or the
+    /// index was compacted away before it was asked. The entry may or may not be applied.
+    Unknown,
+}
+
+/// A committed entry to apply to the topic, in index order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Committed {
+    /// The Raft index.
+    pub index: u64,
+    /// The term of the leader that proposed it.
+    pub term: u64,
+    /// The entry; an error if its bytes do not decode (a corrupt log or a newer
+    /// version's entry: the broker stops applying the group rather than skip it).
+    pub entry: Result<Entry, DecodeError>,
+}
+
+/// A snapshot received from the leader: the application replaces the topic's state with
+/// `data` (made by the leader's [`TopicGroup::compact`]) before applying later entries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Restore {
+    /// The last index the snapshot covers.
+    pub index: u64,
+    /// That index's term.
+    pub term: u64,
+    /// The application's state as of `index`.
+    pub data: Vec<u8>,
+}
+
+/// Who leads the group now, as this node last saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Leadership {
+    /// The leader's node id; `None` during an election.
+    pub leader: Option<u64>,
+    /// The term.
+    pub term: u64,
+    /// Whether the leader is this node (it must register the topic with nsqlookupd and
+    /// take PUBs; a follower forwards them).
+    pub is_self: bool,
+}
+
+/// What one [`TopicGroup::poll`] returns. Apply `restore` first, then `committed` in
+/// order; send `messages` to their `to` node in any order (Raft tolerates loss,
+/// duplication and reordering).
+#[derive(Debug, Default)]
+pub struct Output {
+    /// Raft messages for peers (each names its `to`).
+    pub messages: Vec<RaftMessage>,
+    /// A snapshot to restore before `committed`.
+    pub restore: Option<Restore>,
+    /// Entries committed since the last poll, in index order.
+    pub committed: Vec<Committed>,
+    /// Set when the leader or the term changed since the last poll.
+    pub leadership: Option<Leadership>,
+    /// The voters after a membership change committed or a snapshot restored in this
+    /// poll (a replica not in it was removed: the broker stops its group).
+    pub voters: Option<Vec<u64>>,
+    /// A lagging replica needs a snapshot the store cannot give: make one with
+    /// [`TopicGroup::compact`] at the applied index (raft-rs retries on a later
+    /// heartbeat).
+    pub snapshot_wanted: bool,
+}
+
+/// Why a call into the group failed.
+#[derive(Debug)]
+pub enum ReplicationError {
+    /// A proposal on a node that is not the leader; `leader` is where to forward it.
+    NotLeader {
+        /// The current leader, if known.
+        leader: Option<u64>,
+    },
+    /// A message addressed to another node.
+    WrongRecipient {
+        /// The message's `to`.
+        to: u64,
+    },
+    /// raft-rs refused (a bad config, a dropped proposal, a storage error).
+    Raft(raft::Error),
+}
+
+impl std::fmt::Display for ReplicationError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NotLeader { leader: Some(l) } => write!(f, "not the leader; node {l} is"),
+            Self::NotLeader { leader: None } => write!(f, "not the leader; no leader now"),
+            Self::WrongRecipient { to } => write!(f, "message for node {to}"),
+            Self::Raft(e) => write!(f, "raft: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ReplicationError {}
+
+impl From<raft::Error> for ReplicationError {
+    fn from(e: raft::Error) -> Self {
+        Self::Raft(e)
+    }
+}
+
+/// One topic's Raft group on this node. `S` is where Raft's log is kept
+/// ([`crate::MemLog`] by default). See the [module docs](self) for the calling
+/// protocol.
+pub struct TopicGroup<S: LogStore = crate::store::MemLog> {
+    node: RawNode<S>,
+    /// (leader id, term) as last reported by `poll`.
+    reported: (u64, u64),
+}
+
+impl<S: LogStore> TopicGroup<S> {
+    /// Starts the group on `store` (empty for a new group, or what a durable store
+    /// recovered: raft-rs reads its hard state and entries).
+    ///
+    /// # Errors
+    ///
+    /// [`ReplicationError::Raft`] if raft-rs refuses the config (id 0, heartbeat not
+    /// below the election timeout, ...) or the store's initial state.
+    pub fn new(config: &GroupConfig, store: S) -> Result<Self, ReplicationError> {
+        let raft_config = config.raft_config();
+        raft_config.validate()?;
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let node = RawNode::new(&raft_config, store, &logger)?;
+        Ok(Self {
+            node,
+            reported: (0, 0),
+        })
+    }
+
+    /// This node's id.
+    #[must_use]
+    pub fn id(&self) -> u64 {
+        self.node.raft.id
+    }
+
+    /// The current term.
+    #[must_use]
+    pub fn term(&self) -> u64 {
+        self.node.raft.term
+    }
+
+    /// The leader as this node knows it (`None` during an election).
+    #[must_use]
+    pub fn leader(&self) -> Option<u64> {
+        Some(self.node.raft.leader_id).filter(|&l| l != 0)
+    }
+
+    /// Whether this node leads the group.
+    #[must_use]
+    pub fn is_leader(&self) -> bool {
+        self.node.raft.state == StateRole::Leader
+    }
+
+    /// The highest index known committed.
+    #[must_use]
+    pub fn commit_index(&self) -> u64 {
+        self.node.raft.raft_log.committed
+    }
+
+    /// The log's last index.
+    #[must_use]
+    pub fn last_index(&self) -> u64 {
+        self.node.raft.raft_log.last_index()
+    }
+
+    /// The group's log store.
+    #[must_use]
+    pub fn store(&self) -> &S {
+        self.node.store()
+    }
+
+    /// Stops the group and hands back its store (what a durable store would still have
+    /// on disk after the process stopped).
+    #[must_use]
+    pub fn into_store(self) -> S {
+        self.node.raft.r.raft_log.store
+    }
+
+    /// Advances the group's clock by one tick (elections, heartbeats, check-quorum).
+    pub fn tick(&mut self) {
+        self.node.tick();
+    }
+
+    /// Hands a Raft message from a peer to the group.
+    ///
+    /// # Errors
+    ///
+    /// [`ReplicationError::WrongRecipient`] for a message to another node;
+    /// [`ReplicationError::Raft`] for a message raft-rs refuses (a local message type, a
+    /// response from a node outside the group).
+    pub fn step(&mut self, message: RaftMessage) -> Result<(), ReplicationError> {
+        if message.to != self.id() {
+            return Err(ReplicationError::WrongRecipient { to: message.to });
+        }
+        self.node.step(message)?;
+        Ok(())
+    }
+
+    /// Proposes `entry` on the leader: it is appended to the leader's log (in memory until
+    /// the next [`poll`](Self::poll) persists it) and replicated from there.
+    ///
+    /// # Errors
+    ///
+    /// [`ReplicationError::NotLeader`] on a follower or candidate (forward the PUB to
+    /// `leader`); [`ReplicationError::Raft`] if raft-rs drops it (a leadership transfer
+    /// in progress).
+    pub fn propose(&mut self, entry: &Entry) -> Result<ProposalId, ReplicationError> {
+        if !self.is_leader() {
+            return Err(ReplicationError::NotLeader {
+                leader: self.leader(),
+            });
+        }
+        let before = self.last_index();
+        self.node.propose(Vec::new(), entry.encode())?;
+        let index = self.last_index();
+        if index == before {
+            return Err(ReplicationError::Raft(raft::Error::ProposalDropped));
+        }
+        Ok(ProposalId {
+            term: self.term(),
+            index,
+        })
+    }
+
+    /// Proposes a membership change on the leader; it takes effect on each replica when
+    /// committed ([`Output::voters`]).
+    ///
+    /// # Errors
+    ///
+    /// [`ReplicationError::NotLeader`] on a follower; [`ReplicationError::Raft`] with
+    /// `ProposalDropped` while an earlier change is not yet applied.
+    pub fn propose_membership(
+        &mut self,
+        change: Membership,
+    ) -> Result<ProposalId, ReplicationError> {
+        if !self.is_leader() {
+            return Err(ReplicationError::NotLeader {
+                leader: self.leader(),
+            });
+        }
+        let mut cc = ConfChange::default();
+        match change {
+            Membership::Add(id) => {
+                cc.set_change_type(ConfChangeType::AddNode);
+                cc.node_id = id;
+            }
+            Membership::Remove(id) => {
+                cc.set_change_type(ConfChangeType::RemoveNode);
+                cc.node_id = id;
+            }
+        }
+        let before = self.last_index();
+        self.node.propose_conf_change(Vec::new(), cc)?;
+        let index = self.last_index();
+        // raft-rs turns a change proposed while another is pending into an empty entry.
+        if index == before || self.node.raft.pending_conf_index != index {
+            return Err(ReplicationError::Raft(raft::Error::ProposalDropped));
+        }
+        Ok(ProposalId {
+            term: self.term(),
+            index,
+        })
+    }
+
+    /// Whether `proposal` (from [`propose`](Self::propose) on this node) meets `policy`.
+    /// Computed from this node's log and, for [`AckPolicy::All`], the leader's progress
+    /// tracker; cheap enough to ask for every waiting PUB after each poll.
+    #[must_use]
+    pub fn ack_state(&self, proposal: ProposalId, policy: AckPolicy) -> AckState {
+        let log = &self.node.raft.raft_log;
+        // The log was cut below the index (a new leader's shorter suffix): by Raft's log
+        // matching no later log can hold this proposal there.
+        if proposal.index > log.last_index() {
+            return AckState::Lost;
+        }
+        if proposal.index + 1 < log.first_index() {
+            return AckState::Unknown;
+        }
+        match log.term(proposal.index) {
+            Ok(term) if term == proposal.term => {}
+            // Another leader's entry at that index: this proposal is gone for good.
+            Ok(_) => return AckState::Lost,
+            Err(_) => return AckState::Unknown,
+        }
+        let committed = log.committed >= proposal.index;
+        match policy {
+            AckPolicy::Leader if log.persisted >= proposal.index => AckState::Acked,
+            AckPolicy::Quorum if committed => AckState::Acked,
+            AckPolicy::All if committed && self.is_leader() => {
+                let everyone = self
+                    .node
+                    .raft
+                    .prs()
+                    .iter()
+                    .all(|(_, progress)| progress.matched >= proposal.index);
+                if everyone {
+                    AckState::Acked
+                } else {
+                    AckState::Pending
+                }
+            }
+            AckPolicy::All if !self.is_leader() => AckState::Unknown,
+            _ => AckState::Pending,
+        }
+    }
+
+    /// Persists what raft-rs produced since the last poll and returns what the caller
+    /// must do: send messages, restore a snapshot, apply committed entries (all of them
+    /// before the next poll: raft-rs counts them as applied), note a leadership change.
+    ///
+    /// # Errors
+    ///
+    /// [`ReplicationError::Raft`] if the store fails; the group must then be stopped
+    /// (raft-rs's state is ahead of the store's).
+    pub fn poll(&mut self) -> Result<Output, ReplicationError> {
+        let mut out = Output::default();
+        if self.node.has_ready() {
+            let mut ready = self.node.ready();
+            // A leader may send its appends before persisting them (Raft allows the
+            // leader's own write in parallel); the store here is synchronous anyway.
+            out.messages.extend(ready.take_messages());
+            let snapshot = ready.snapshot();
+            if !snapshot.is_empty() {
+                self.node.mut_store().apply_snapshot(snapshot)?;
+                out.restore = Some(restore_of(snapshot));
+                out.voters = Some(snapshot.get_metadata().get_conf_state().voters.clone());
+            }
+            self.take_committed(&mut out, ready.take_committed_entries())?;
+            self.node.mut_store().append(ready.entries())?;
+            if let Some(hs) = ready.hs() {
+                self.node.mut_store().set_hard_state(hs);
+            }
+            // Votes and append acknowledgements go out only once the store has what
+            // they promise.
+            out.messages.extend(ready.take_persisted_messages());
+            let mut light = self.node.advance(ready);
+            if let Some(commit) = light.commit_index() {
+                self.node.mut_store().set_commit(commit);
+            }
+            out.messages.extend(light.take_messages());
+            self.take_committed(&mut out, light.take_committed_entries())?;
+            self.node.advance_apply();
+        }
+        out.snapshot_wanted = self.node.mut_store().take_snapshot_request();
+        let now = (self.node.raft.leader_id, self.term());
+        if now != self.reported {
+            self.reported = now;
+            out.leadership = Some(Leadership {
+                leader: self.leader(),
+                term: now.1,
+                is_self: self.is_leader(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Makes a snapshot at `applied` (an index this node has applied) holding the
+    /// application's state `data`, and drops the log up to it. A replica whose next
+    /// entry was dropped then receives the snapshot ([`Output::restore`]).
+    ///
+    /// # Errors
+    ///
+    /// [`ReplicationError::Raft`] if `applied` is past what was applied or the store
+    /// fails.
+    pub fn compact(&mut self, applied: u64, data: Vec<u8>) -> Result<(), ReplicationError> {
+        if applied > self.applied_index() {
+            return Err(ReplicationError::Raft(raft::Error::Store(
+                raft::StorageError::Unavailable,
+            )));
+        }
+        self.node.mut_store().compact(applied, data)?;
+        Ok(())
+    }
+
+    /// Tells raft-rs that messages to `peer` cannot be delivered now (the transport lost
+    /// its connection), so the leader probes it instead of streaming appends.
+    pub fn report_unreachable(&mut self, peer: u64) {
+        self.node.report_unreachable(peer);
+    }
+
+    /// Hands the application's committed entries to `out` and applies committed
+    /// membership changes to raft-rs and the store. raft-rs also commits an empty entry
+    /// when a leader takes over (to commit its predecessors' entries): not the
+    /// application's, so skipped.
+    fn take_committed(
+        &mut self,
+        out: &mut Output,
+        entries: Vec<RaftEntry>,
+    ) -> Result<(), ReplicationError> {
+        for e in entries {
+            match e.get_entry_type() {
+                EntryType::EntryNormal if e.data.is_empty() => {}
+                EntryType::EntryNormal => out.committed.push(Committed {
+                    index: e.index,
+                    term: e.term,
+                    entry: Entry::decode(&e.data),
+                }),
+                EntryType::EntryConfChange => {
+                    let cc = ConfChange::parse_from_bytes(&e.data)
+                        .map_err(|err| ReplicationError::Raft(err.into()))?;
+                    let conf_state = self.node.apply_conf_change(&cc)?;
+                    self.save_membership(conf_state, out);
+                }
+                EntryType::EntryConfChangeV2 => {
+                    let cc = ConfChangeV2::parse_from_bytes(&e.data)
+                        .map_err(|err| ReplicationError::Raft(err.into()))?;
+                    let conf_state = self.node.apply_conf_change(&cc)?;
+                    self.save_membership(conf_state, out);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Saves the voters raft-rs computed for an applied membership change.
+    fn save_membership(&mut self, conf_state: raft::eraftpb::ConfState, out: &mut Output) {
+        self.node.mut_store().set_conf_state(&conf_state);
+        out.voters = Some(conf_state.voters);
+    }
+
+    /// Tells raft-rs whether a snapshot message (`MsgSnapshot`) sent to `peer` arrived.
+    /// The transport must report every one it was given: until it does, the leader sends
+    /// that peer nothing else, and a lost snapshot would stall it for good.
+    pub fn report_snapshot(&mut self, peer: u64, delivered: bool) {
+        let status = if delivered {
+            raft::SnapshotStatus::Finish
+        } else {
+            raft::SnapshotStatus::Failure
+        };
+        self.node.report_snapshot(peer, status);
+    }
+
+    /// The highest index handed out as committed by [`poll`](Self::poll) (and so applied
+    /// by the caller), or covered by a restored snapshot.
+    #[must_use]
+    pub fn applied_index(&self) -> u64 {
+        self.node.raft.raft_log.applied
+    }
+
+    /// The first index still in the log (after the latest snapshot).
+    #[must_use]
+    pub fn first_index(&self) -> u64 {
+        self.node.store().first_index().unwrap_or(1)
+    }
+}
+
+fn restore_of(snapshot: &Snapshot) -> Restore {
+    let meta = snapshot.get_metadata();
+    Restore {
+        index: meta.index,
+        term: meta.term,
+        data: snapshot.get_data().to_vec(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemLog;
+
+    #[test]
+    fn ack_policy_parses_the_flag_values() {
+        assert_eq!("quorum".parse(), Ok(AckPolicy::Quorum));
+        assert_eq!("all".parse(), Ok(AckPolicy::All));
+        assert_eq!("leader".parse(), Ok(AckPolicy::Leader));
+        assert!("one".parse::<AckPolicy>().is_err());
+    }
+
+    #[test]
+    fn a_bad_config_is_an_error() {
+        assert!(TopicGroup::new(&GroupConfig::new(0), MemLog::new(&[1])).is_err());
+        let mut config = GroupConfig::new(1);
+        config.heartbeat_tick = config.election_tick;
+        assert!(TopicGroup::new(&config, MemLog::new(&[1])).is_err());
+    }
+
+    #[test]
+    fn a_single_replica_group_commits_alone() {
+        let mut group = TopicGroup::new(&GroupConfig::new(1), MemLog::new(&[1])).unwrap();
+        for _ in 0..20 {
+            group.tick();
+        }
+        let out = group.poll().unwrap();
+        let leadership = out.leadership.unwrap();
+        assert!(leadership.is_self && leadership.leader == Some(1));
+        let entry = Entry::TopicPause(true);
+        let p = group.propose(&entry).unwrap();
+        let out = group.poll().unwrap();
+        assert!(out.messages.is_empty());
+        assert_eq!(out.committed.len(), 1);
+        assert_eq!(out.committed[0].entry, Ok(entry));
+        for policy in [AckPolicy::Leader, AckPolicy::Quorum, AckPolicy::All] {
+            assert_eq!(group.ack_state(p, policy), AckState::Acked);
+        }
+        // A message for another node is refused.
+        let m = RaftMessage {
+            to: 2,
+            ..RaftMessage::default()
+        };
+        assert!(matches!(
+            group.step(m),
+            Err(ReplicationError::WrongRecipient { to: 2 })
+        ));
+    }
+}

@@ -1,0 +1,26 @@
+//! Replication of one NSQ topic across brokers: a topic's Raft group, driven
+//! synchronously by the shard that owns the topic (see docs/replication.md).
+//!
+//! - [`entry`]: what the group replicates ([`Entry`]: publish batches, channel
+//!   operations) and its versioned binary encoding;
+//! - [`group`]: [`TopicGroup`], the driver of one group over raft-rs's `RawNode`
+//!   (`propose`, `tick`, `step`, `poll`, `ack_state`);
+//! - [`store`]: the [`LogStore`] trait that Raft's log is kept in, and [`MemLog`];
+//! - [`wire`]: the framing of Raft messages between brokers.
+//!
+//! The broker does not use this crate yet: it is the tested foundation that forwarding,
+//! the inter-broker transport and failover will be built on.
+
+pub mod entry;
+pub mod group;
+pub mod store;
+pub mod wire;
+
+pub use entry::{ChannelOp, DecodeError, Entry, Message, MessageId};
+pub use group::{
+    AckPolicy, AckState, Committed, GroupConfig, Leadership, Membership, Output, ProposalId,
+    ReplicationError, Restore, TopicGroup,
+};
+pub use raft;
+pub use raft::eraftpb::Message as RaftMessage;
+pub use store::{LogStore, MemLog};

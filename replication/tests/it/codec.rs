@@ -1,0 +1,180 @@
+//! The entry encoding and the Raft message framing: round trips, and errors (never
+//! panics) for garbage.
+
+use nsq_replication::entry::{ENTRY_VERSION, MAX_NAME_LEN};
+use nsq_replication::wire::{decode_frame, encode_frame, EncodeError, MAX_FRAME_LEN};
+use nsq_replication::{ChannelOp, DecodeError, Entry, Message, RaftMessage};
+use raft::eraftpb::{Entry as RaftEntry, MessageType};
+
+fn every_kind() -> Vec<Entry> {
+    let id = *b"0123456789abcdef";
+    let mut entries = vec![
+        Entry::Publish(Vec::new()),
+        Entry::Publish(vec![
+            Message {
+                id,
+                timestamp_ns: 1_700_000_000_000_000_000,
+                attempts: 0,
+                defer_ms: 0,
+                body: b"hello".to_vec(),
+            },
+            Message {
+                id: [0xff; 16],
+                timestamp_ns: u64::MAX,
+                attempts: u16::MAX,
+                defer_ms: 3_600_000,
+                body: Vec::new(),
+            },
+        ]),
+        Entry::TopicPause(true),
+        Entry::TopicPause(false),
+    ];
+    let ops = [
+        ChannelOp::Create,
+        ChannelOp::Delete,
+        ChannelOp::Fin { id },
+        ChannelOp::Req { id, delay_ms: 1500 },
+        ChannelOp::Attempt { id, attempts: 7 },
+        ChannelOp::Cursor { offset: 1 << 40 },
+        ChannelOp::Empty,
+        ChannelOp::Pause(true),
+        ChannelOp::Pause(false),
+    ];
+    for op in ops {
+        entries.push(Entry::Channel {
+            channel: "archive#ephemeral".to_owned(),
+            op,
+        });
+    }
+    entries
+}
+
+#[test]
+fn every_entry_kind_round_trips() {
+    for entry in every_kind() {
+        let bytes = entry.encode();
+        assert_eq!(bytes[0], ENTRY_VERSION);
+        assert_eq!(Entry::decode(&bytes), Ok(entry));
+    }
+}
+
+#[test]
+fn bad_entries_are_errors() {
+    assert_eq!(Entry::decode(&[]), Err(DecodeError::Truncated));
+    assert_eq!(Entry::decode(&[2, 1]), Err(DecodeError::Version(2)));
+    assert_eq!(Entry::decode(&[1, 0]), Err(DecodeError::Tag(0)));
+    assert_eq!(Entry::decode(&[1, 200]), Err(DecodeError::Tag(200)));
+    assert_eq!(Entry::decode(&[1, 10, 2]), Err(DecodeError::Bool(2)));
+    assert_eq!(Entry::decode(&[1, 10, 1, 0]), Err(DecodeError::Trailing(1)));
+    // A count of 2^32-1 messages in a 6-byte input: refused before allocating.
+    assert_eq!(
+        Entry::decode(&[1, 1, 0xff, 0xff, 0xff, 0xff]),
+        Err(DecodeError::Truncated)
+    );
+    // A name length over the limit, and a name that is not UTF-8.
+    let long = u16::try_from(MAX_NAME_LEN + 1).unwrap().to_le_bytes();
+    assert_eq!(
+        Entry::decode(&[1, 2, long[0], long[1]]),
+        Err(DecodeError::Name)
+    );
+    assert_eq!(Entry::decode(&[1, 2, 1, 0, 0xff]), Err(DecodeError::Name));
+    // Every strict prefix of every valid entry is an error.
+    for entry in every_kind() {
+        let bytes = entry.encode();
+        for cut in 0..bytes.len() {
+            assert!(
+                Entry::decode(&bytes[..cut]).is_err(),
+                "{entry:?} cut at {cut}"
+            );
+        }
+    }
+}
+
+#[test]
+fn random_bytes_never_panic_the_decoders() {
+    let mut rng = fastrand::Rng::with_seed(0x5eed);
+    let valid: Vec<Vec<u8>> = every_kind().iter().map(Entry::encode).collect();
+    let frame = encode_frame("topic", &append_message()).unwrap();
+    for round in 0..20_000 {
+        // Pure noise, and valid inputs with a few bytes changed.
+        let bytes = if round % 2 == 0 {
+            let len = rng.usize(0..64);
+            (0..len).map(|_| rng.u8(..)).collect()
+        } else {
+            let mut b = if round % 4 == 1 {
+                valid[rng.usize(0..valid.len())].clone()
+            } else {
+                frame.clone()
+            };
+            for _ in 0..rng.usize(1..4) {
+                let at = rng.usize(0..b.len());
+                b[at] = rng.u8(..);
+            }
+            b
+        };
+        let _ = Entry::decode(&bytes);
+        let _ = decode_frame(&bytes);
+    }
+}
+
+fn append_message() -> RaftMessage {
+    let mut m = RaftMessage::default();
+    m.set_msg_type(MessageType::MsgAppend);
+    m.from = 1;
+    m.to = 2;
+    m.term = 3;
+    m.index = 10;
+    m.log_term = 2;
+    m.commit = 9;
+    let e = RaftEntry {
+        index: 11,
+        term: 3,
+        data: Entry::TopicPause(true).encode().into(),
+        ..RaftEntry::default()
+    };
+    m.entries = vec![e].into();
+    m
+}
+
+#[test]
+fn frames_round_trip_and_wait_for_whole_frames() {
+    let m = append_message();
+    let mut stream = encode_frame("orders", &m).unwrap();
+    let second = encode_frame("payments", &RaftMessage::default()).unwrap();
+    stream.extend_from_slice(&second);
+    let (frame, used) = decode_frame(&stream).unwrap().unwrap();
+    assert_eq!(frame.topic, "orders");
+    assert_eq!(frame.message, m);
+    let (frame2, used2) = decode_frame(&stream[used..]).unwrap().unwrap();
+    assert_eq!(frame2.topic, "payments");
+    assert_eq!(used + used2, stream.len());
+    // A frame not yet whole: wait for more bytes.
+    for cut in 0..used {
+        assert_eq!(decode_frame(&stream[..cut]), Ok(None), "cut at {cut}");
+    }
+}
+
+#[test]
+fn bad_frames_are_errors() {
+    assert_eq!(
+        encode_frame("", &RaftMessage::default()),
+        Err(EncodeError::Topic)
+    );
+    let too_long = u32::try_from(MAX_FRAME_LEN + 1).unwrap().to_le_bytes();
+    assert_eq!(decode_frame(&too_long), Err(DecodeError::Truncated));
+    assert_eq!(decode_frame(&[1, 0, 0, 0, 1]), Err(DecodeError::Truncated));
+    assert_eq!(
+        decode_frame(&[2, 0, 0, 0, 9, 0]),
+        Err(DecodeError::Version(9))
+    );
+    assert_eq!(decode_frame(&[2, 0, 0, 0, 1, 0]), Err(DecodeError::Name));
+    assert_eq!(
+        decode_frame(&[2, 0, 0, 0, 1, 5]),
+        Err(DecodeError::Truncated)
+    );
+    // A valid header and a body that is not a protobuf message (field 0 is invalid).
+    assert_eq!(
+        decode_frame(&[5, 0, 0, 0, 1, 1, b't', 0x00, 0x00]),
+        Err(DecodeError::Protobuf)
+    );
+}

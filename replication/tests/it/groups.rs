@@ -1,0 +1,298 @@
+//! A group's behaviour on the simulated network: election, commit order, failover,
+//! discarded uncommitted entries, catch-up of an empty node, ack policies.
+
+use nsq_replication::{AckPolicy, AckState, ChannelOp, Entry, ReplicationError};
+
+use crate::sim::{publish, Sim, ELECTION_TICK, MAX_TIMEOUT};
+
+/// Every node sees the same single leader, in the same term.
+fn assert_one_leader(sim: &Sim) -> u64 {
+    let leader = sim.leader().expect("a leader");
+    let term = sim.node(leader).group().term();
+    for id in sim.ids() {
+        let g = sim.node(id).group();
+        assert_eq!(g.leader(), Some(leader), "node {id} follows the leader");
+        assert_eq!(g.term(), term, "node {id} is in the leader's term");
+        assert_eq!(g.is_leader(), id == leader);
+    }
+    let last = sim.node(leader).leaderships.last().copied().unwrap();
+    assert!(last.is_self && last.leader == Some(leader));
+    leader
+}
+
+#[test]
+fn a_leader_is_elected_in_three_and_five_node_groups() {
+    for n in [3, 5] {
+        let mut sim = Sim::new(n, 1);
+        let (leader, ticks) = sim.await_leader(None, 4 * MAX_TIMEOUT);
+        // The first node to time out (node 1, after ELECTION_TICK ticks) wins.
+        assert!(
+            ticks <= ELECTION_TICK + 2,
+            "{n} nodes: elected after {ticks}"
+        );
+        sim.run(5);
+        assert_eq!(assert_one_leader(&sim), leader);
+        // A follower refuses proposals and names the leader.
+        let follower = sim.ids().into_iter().find(|&i| i != leader).unwrap();
+        match sim.propose(follower, &publish(0)) {
+            Err(ReplicationError::NotLeader { leader: Some(l) }) => assert_eq!(l, leader),
+            other => panic!("a follower proposed: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn proposals_commit_on_every_node_in_order() {
+    for n in [3, 5] {
+        let mut sim = Sim::new(n, 2);
+        let (leader, _) = sim.await_leader(None, 4 * MAX_TIMEOUT);
+        let mut expected = Vec::new();
+        for i in 0..60 {
+            let entry = if i % 3 == 2 {
+                Entry::Channel {
+                    channel: format!("ch{}", i % 4),
+                    op: ChannelOp::Req {
+                        id: [b'a'; 16],
+                        delay_ms: i,
+                    },
+                }
+            } else {
+                publish(u64::from(i))
+            };
+            sim.propose(leader, &entry).unwrap();
+            expected.push(entry);
+            // Several proposals per tick, so appends carry batches.
+            if i % 7 == 0 {
+                sim.tick();
+            }
+        }
+        sim.run(5);
+        for id in sim.ids() {
+            assert_eq!(sim.applied(id), expected, "node {id} of {n}");
+        }
+    }
+}
+
+#[test]
+fn an_isolated_leader_is_replaced_within_the_election_timeout() {
+    let mut sim = Sim::new(5, 3);
+    let (old, _) = sim.await_leader(None, 4 * MAX_TIMEOUT);
+    for i in 0..10 {
+        sim.propose(old, &publish(i)).unwrap();
+    }
+    sim.run(3);
+    let old_term = sim.node(old).group().term();
+    sim.isolate(old);
+    // Followers stop hearing heartbeats: the first whose timeout runs out (at most the
+    // longest timeout of any node) wins a pre-vote and the vote in a couple of rounds.
+    let (new, ticks) = sim.await_leader(Some(old), 3 * MAX_TIMEOUT);
+    assert!(ticks <= MAX_TIMEOUT + 2, "new leader after {ticks} ticks");
+    assert!(sim.node(new).group().term() > old_term);
+    // Check-quorum: the isolated leader steps down after an election timeout without a
+    // majority, so it stops taking PUBs it could not commit.
+    sim.run(ELECTION_TICK + 2);
+    assert!(!sim.node(old).group().is_leader());
+    assert!(sim.propose(old, &publish(99)).is_err());
+    // The new leader commits on the majority side.
+    for i in 10..20 {
+        let p = sim.propose(new, &publish(i)).unwrap();
+        sim.tick();
+        assert_eq!(
+            sim.node(new).group().ack_state(p, AckPolicy::Quorum),
+            AckState::Acked
+        );
+    }
+    let expected: Vec<_> = (0..20).map(publish).collect();
+    for id in sim.ids().into_iter().filter(|&i| i != old) {
+        assert_eq!(sim.applied(id), expected, "node {id}");
+    }
+    // Back in the group, the old leader catches up as a follower.
+    sim.heal();
+    sim.run(2 * ELECTION_TICK);
+    assert_eq!(sim.applied(old), expected);
+    assert_eq!(sim.leader(), Some(new));
+}
+
+#[test]
+fn an_old_leaders_uncommitted_entries_are_never_applied() {
+    let mut sim = Sim::new(3, 4);
+    let (old, _) = sim.await_leader(None, 4 * MAX_TIMEOUT);
+    sim.propose(old, &publish(1)).unwrap();
+    sim.run(2);
+    sim.isolate(old);
+    // Still leader for now: these reach its log only.
+    let stale: Vec<_> = (100..105)
+        .map(|i| sim.propose(old, &publish(i)).unwrap())
+        .collect();
+    sim.tick();
+    for &p in &stale {
+        let g = sim.node(old).group();
+        assert_eq!(g.ack_state(p, AckPolicy::Leader), AckState::Acked);
+        assert_eq!(g.ack_state(p, AckPolicy::Quorum), AckState::Pending);
+    }
+    let (new, _) = sim.await_leader(Some(old), 3 * MAX_TIMEOUT);
+    for i in 2..6 {
+        sim.propose(new, &publish(i)).unwrap();
+    }
+    sim.run(2);
+    sim.heal();
+    sim.run(2 * ELECTION_TICK);
+    let expected: Vec<_> = (1..6).map(publish).collect();
+    for id in sim.ids() {
+        assert_eq!(sim.applied(id), expected, "node {id}");
+    }
+    // The old leader's log now holds the new leader's entries at those indexes.
+    for &p in &stale {
+        let g = sim.node(old).group();
+        assert_eq!(g.ack_state(p, AckPolicy::Quorum), AckState::Lost);
+        assert_eq!(g.ack_state(p, AckPolicy::All), AckState::Lost);
+    }
+}
+
+/// Commits entries, crashes a follower (`victim`), commits more, replaces it by an
+/// empty replica 4 (optionally after compacting every log) and checks that one catches
+/// up; returns how many snapshots replica 4 restored.
+fn empty_node_catches_up(compact: bool) -> usize {
+    let mut sim = Sim::new(3, 5);
+    let (leader, _) = sim.await_leader(None, 4 * MAX_TIMEOUT);
+    let victim = sim.ids().into_iter().find(|&i| i != leader).unwrap();
+    for i in 0..30 {
+        sim.propose(leader, &publish(i)).unwrap();
+    }
+    sim.run(2);
+    sim.crash(victim);
+    for i in 30..60 {
+        sim.propose(leader, &publish(i)).unwrap();
+        if i % 5 == 0 {
+            sim.tick();
+        }
+    }
+    sim.run(2);
+    if compact {
+        for id in sim.ids().into_iter().filter(|&i| i != victim) {
+            sim.compact(id);
+            let g = sim.node(id).group();
+            assert_eq!(
+                g.first_index(),
+                g.applied_index() + 1,
+                "node {id} compacted"
+            );
+        }
+    }
+    let new = 4;
+    sim.replace_empty(victim, new);
+    sim.run(2 * MAX_TIMEOUT);
+    let expected: Vec<_> = (0..60).map(publish).collect();
+    assert_eq!(sim.applied(new), expected);
+    assert_eq!(sim.node(new).voters.as_ref().unwrap().len(), 3);
+    // It is a full member again: a new entry commits on it.
+    let p = sim.propose(leader, &publish(60)).unwrap();
+    sim.run(2);
+    assert_eq!(
+        sim.node(leader).group().ack_state(p, AckPolicy::All),
+        AckState::Acked
+    );
+    assert_eq!(sim.applied(new).len(), 61);
+    sim.node(new).restores
+}
+
+#[test]
+fn a_node_restarted_empty_catches_up_from_the_log() {
+    assert_eq!(
+        empty_node_catches_up(false),
+        0,
+        "caught up without a snapshot"
+    );
+}
+
+#[test]
+fn a_node_restarted_empty_catches_up_from_a_snapshot() {
+    assert_eq!(
+        empty_node_catches_up(true),
+        1,
+        "caught up from one snapshot"
+    );
+}
+
+#[test]
+fn a_node_restarted_on_its_store_rebuilds_its_state() {
+    let mut sim = Sim::new(3, 6);
+    let (leader, _) = sim.await_leader(None, 4 * MAX_TIMEOUT);
+    let victim = sim.ids().into_iter().find(|&i| i != leader).unwrap();
+    for i in 0..20 {
+        sim.propose(leader, &publish(i)).unwrap();
+    }
+    sim.run(2);
+    sim.compact(victim);
+    for i in 20..25 {
+        sim.propose(leader, &publish(i)).unwrap();
+    }
+    sim.run(2);
+    sim.crash(victim);
+    sim.restart(victim);
+    sim.run(5);
+    let expected: Vec<_> = (0..25).map(publish).collect();
+    assert_eq!(sim.applied(victim), expected);
+}
+
+#[test]
+fn ack_policies_wait_for_leader_quorum_or_all() {
+    let mut sim = Sim::new(3, 7);
+    let (leader, _) = sim.await_leader(None, 4 * MAX_TIMEOUT);
+    let ids = sim.ids();
+    let slow = ids.iter().copied().find(|&i| i != leader).unwrap();
+    // `slow` stays in the group (it hears the other follower) but gets no appends.
+    sim.cut_link(leader, slow);
+    let p = sim.propose(leader, &publish(1)).unwrap();
+    // Before any poll the entry is only in the leader's unstable log: nothing yet.
+    for policy in [AckPolicy::Leader, AckPolicy::Quorum, AckPolicy::All] {
+        assert_eq!(
+            sim.node(leader).group().ack_state(p, policy),
+            AckState::Pending
+        );
+    }
+    sim.poll(leader);
+    let state = |sim: &Sim, policy| sim.node(leader).group().ack_state(p, policy);
+    assert_eq!(state(&sim, AckPolicy::Leader), AckState::Acked);
+    assert_eq!(state(&sim, AckPolicy::Quorum), AckState::Pending);
+    sim.settle();
+    assert_eq!(state(&sim, AckPolicy::Quorum), AckState::Acked);
+    assert_eq!(state(&sim, AckPolicy::All), AckState::Pending);
+    sim.run(3 * ELECTION_TICK);
+    assert_eq!(
+        sim.leader(),
+        Some(leader),
+        "the cut follower deposed no one"
+    );
+    assert_eq!(state(&sim, AckPolicy::All), AckState::Pending);
+    sim.heal();
+    sim.run(3);
+    assert_eq!(state(&sim, AckPolicy::All), AckState::Acked);
+
+    // An isolated leader: only `leader` acks; once it lost leadership `all` cannot be
+    // known there, and after the heal the entry is replaced: lost.
+    sim.isolate(leader);
+    let p = sim.propose(leader, &publish(2)).unwrap();
+    sim.tick();
+    assert_eq!(
+        state_of(&sim, leader, p, AckPolicy::Leader),
+        AckState::Acked
+    );
+    assert_eq!(
+        state_of(&sim, leader, p, AckPolicy::Quorum),
+        AckState::Pending
+    );
+    assert_eq!(state_of(&sim, leader, p, AckPolicy::All), AckState::Pending);
+    let (new, _) = sim.await_leader(Some(leader), 3 * MAX_TIMEOUT);
+    sim.run(ELECTION_TICK);
+    assert_eq!(state_of(&sim, leader, p, AckPolicy::All), AckState::Unknown);
+    sim.propose(new, &publish(3)).unwrap();
+    sim.heal();
+    sim.run(2 * ELECTION_TICK);
+    assert_eq!(state_of(&sim, leader, p, AckPolicy::Quorum), AckState::Lost);
+    assert_eq!(sim.applied(leader), vec![publish(1), publish(3)]);
+}
+
+fn state_of(sim: &Sim, id: u64, p: nsq_replication::ProposalId, policy: AckPolicy) -> AckState {
+    sim.node(id).group().ack_state(p, policy)
+}
