@@ -283,7 +283,7 @@ pub struct Cli {
     /// number of shards: executors, each pinned to one CPU (default: the CPUs this process may use)
     #[arg(long)]
     pub shards: Option<usize> =>
-        { rank: 58, cfg: "shards", go: "Shards", kind: Int, get: shards_go, set: set_shards },
+        { rank: 59, cfg: "shards", go: "Shards", kind: Int, get: shards_go, set: set_shards },
     /// UDP <addr>:<port> of a statsd daemon for pushing stats
     #[arg(long, default_value = "")]
     pub statsd_address: String =>
@@ -335,7 +335,8 @@ pub struct Cli {
     /// (beyond nsqd) show each channel's lag in time in /stats, /metrics and statsd: the age of its oldest unfinished message and its delivery-to-FIN latency percentiles
     #[arg(long, default_value = "false", value_parser = parse_go_bool, num_args = 0..=1,
           require_equals = true, default_missing_value = "true")]
-    pub channel_lag_stats: bool => flag,
+    pub channel_lag_stats: bool =>
+        { rank: 58, cfg: "channel_lag_stats", go: "ChannelLagStats", kind: Bool },
     /// (beyond nsqd) deliveries after which a message is published to its topic's dead-letter topic <topic>.dead and finished (0: unlimited, as nsqd; POST /channel/max-attempts overrides it per channel)
     #[arg(long, default_value_t = 0)]
     pub max_attempts: u16 =>

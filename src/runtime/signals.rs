@@ -21,9 +21,9 @@ pub(super) fn mark_shutting_down() {
 /// Starts the thread that handles SIGINT and SIGTERM: before `serving` is set the process
 /// exits at once; afterwards `term` and [`shutting_down`] are set (the shards then shut
 /// down gracefully). With `sigterm_drains` (`--sigterm=drain`) SIGTERM starts a drain
-/// instead; a SIGTERM during a drain changes nothing (the drain goes on), while SIGINT
-/// always shuts down cleanly at once (as the draining prototype, nsqio/nsq#1305, keeps
-/// SIGINT for the immediate exit).
+/// instead; a SIGTERM during a drain (started by it or by `PUT /config/drain`) changes
+/// nothing (the drain goes on), while SIGINT always shuts down cleanly at once (as the
+/// draining prototype, nsqio/nsq#1305, keeps SIGINT for the immediate exit).
 pub(super) fn spawn_signal_thread(
     term: Arc<AtomicBool>,
     serving: Arc<AtomicBool>,
@@ -47,8 +47,11 @@ pub(super) fn spawn_signal_thread(
                     log::info!("shutdown requested during start-up; exiting");
                     std::process::exit(0);
                 }
+                // SIGTERM during a drain (however it started: `PUT /config/drain` too)
+                // changes nothing: a drain cannot be cancelled or cut short by the
+                // supervisor's stop.
                 if sig == signal_hook::consts::SIGTERM
-                    && sigterm_drains
+                    && (sigterm_drains || super::drain::draining())
                     && !term.load(Ordering::SeqCst)
                 {
                     if !super::drain::start_drain("SIGTERM") {

@@ -100,6 +100,39 @@ fn seek_timestamp_finds_the_first_record_at_or_after() {
 
 /// `find_id`: records with increasing IDs (with gaps, as a guid generator makes them)
 /// are found by ID across segments; IDs between, before, after or deleted are not.
+/// A record acknowledged and still waiting in the pending buffer (appended, the writer
+/// not yet run) is found by its ID, body and all.
+#[test]
+fn find_id_finds_records_not_yet_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-pending");
+    run(move || async move {
+        let cfg = StoreConfig {
+            max_bytes_per_file: 1 << 20,
+            sync_every: 100,
+            sync_timeout: Duration::from_millis(50),
+            io: nsq_storage::SegmentIo::Ring,
+        };
+        let s = TopicStore::open(path.clone(), cfg, 0).await.unwrap().store;
+        for i in 0..5u64 {
+            s.append(&StoredRecord {
+                id: 500 + i,
+                ..rec(i)
+            });
+        }
+        // No await since the appends: the writer task has not taken them.
+        assert!(s.pending_bytes() > 0, "still pending");
+        let r = s
+            .find_id(503)
+            .await
+            .unwrap()
+            .expect("found in the pending buffer");
+        assert_eq!((r.seq, r.id, r.body.clone()), (3, 503, rec(3).body));
+        assert_eq!(s.find_id(505).await.unwrap(), None);
+        s.close().await;
+    });
+}
+
 #[test]
 fn find_id_finds_records_by_increasing_id() {
     for size in [4096u64, 1 << 20] {

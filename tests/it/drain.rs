@@ -223,6 +223,31 @@ fn shutdown_during_drain_keeps_the_backlog() {
     );
 }
 
+/// A drain started by `PUT /config/drain` on a node with the default `--sigterm` is not
+/// cut short by SIGTERM (a supervisor's stop): the node still exits only once the
+/// backlog is consumed.
+#[test]
+fn sigterm_after_an_http_drain_does_not_cut_it_short() {
+    let mut b = Broker::start(2, &[]);
+    create_channel(&b, "t", "c");
+    publish(&b, "t", 2);
+    assert_eq!(put(&b, "drain"), (200, Vec::new()));
+    b.daemon.signal(15);
+    wait_until("the SIGTERM logged", || {
+        b.daemon.log_contains("SIGTERM during the drain")
+    });
+    assert!(b.daemon.exited().is_none(), "SIGTERM ended the drain");
+    let mut c = consumer(&b, "t", "c", 10);
+    for _ in 0..2 {
+        take_and_fin(&mut c);
+    }
+    let st = b
+        .daemon
+        .wait_exit(EXIT_WITHIN)
+        .expect("exits after the drain");
+    assert!(st.success(), "exit status {st:?}");
+}
+
 /// `PUT /config/shutdown` without a drain: a clean shutdown, exit 0.
 #[test]
 fn shutdown_without_drain() {

@@ -139,6 +139,72 @@ fn message_states_follow_delivery_and_peeking_changes_nothing() {
     });
 }
 
+/// A message requeued by its only channel is found by ID at once: the channel holds its
+/// body while the log has dropped its record and the store may not have written it yet.
+#[test]
+fn a_requeued_message_is_found_while_the_store_has_not_written_it() {
+    for_each_shards(&[1, 2], |shards| {
+        let b = Broker::start(shards, &[]);
+        let topic = "insp_req";
+        let path = format!("/channel/create?topic={topic}&channel=c");
+        assert_eq!(
+            b.http("POST", &format!("/topic/create?topic={topic}"), b"")
+                .0,
+            200
+        );
+        assert_eq!(b.http("POST", &path, b"").0, 200);
+        let mut s = b.connect_v2();
+        s.write_all(&mpub_cmd(topic, &[b"a", b"b", b"c"])).unwrap();
+        assert_eq!(read_frame(&mut s).unwrap(), (0, b"OK".to_vec()));
+        let mut c = b.connect_v2();
+        c.write_all(format!("SUB {topic} c\nRDY 2\n").as_bytes())
+            .unwrap();
+        assert_eq!(read_frame(&mut c).unwrap(), (0, b"OK".to_vec()));
+        let mut ids = Vec::new();
+        for _ in 0..2 {
+            let (ft, data) = read_frame_skip_hb(&mut c).unwrap();
+            assert_eq!(ft, 2);
+            ids.push(String::from_utf8(data[10..26].to_vec()).unwrap());
+        }
+        c.write_all(format!("RDY 0\nREQ {} 0\n", ids[1]).as_bytes())
+            .unwrap();
+        // Once the peek shows it ready again, the lookup must find it too.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !peek(&b, topic, "c", "")
+            .iter()
+            .any(|m| m["id"] == ids[1].as_str())
+        {
+            assert!(Instant::now() < deadline, "REQ not applied");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let (code, v) = get_json(&b, &format!("/message?topic={topic}&id={}", ids[1]));
+        assert_eq!(code, 200, "shards={shards}: {v}");
+        assert_eq!(v["body_text"], "b");
+        assert_eq!(states(&v), [st("c", "waiting", 1)]);
+    });
+}
+
+/// `/messages` stops at 16 MiB of bodies (after the message that reaches it), whatever
+/// `count` asks for, so a peek at large messages cannot take the broker's memory.
+#[test]
+fn a_peek_stops_at_sixteen_mib_of_bodies() {
+    let b = Broker::start(1, &[]);
+    assert_eq!(b.http("POST", "/topic/create?topic=big", b"").0, 200);
+    assert_eq!(
+        b.http("POST", "/channel/create?topic=big&channel=c", b"").0,
+        200
+    );
+    let body = vec![b'x'; 1 << 20];
+    for _ in 0..20 {
+        assert_eq!(b.http("POST", "/pub?topic=big", &body).0, 200);
+    }
+    let (code, v) = get_json(&b, "/messages?topic=big&channel=c&count=100");
+    assert_eq!(code, 200);
+    assert_eq!(v["count"], 16, "16 x 1 MiB reach the cap");
+    let (_, v) = get_json(&b, "/messages?topic=big&channel=c&count=3");
+    assert_eq!(v["count"], 3, "under the cap, count holds");
+}
+
 #[test]
 fn bad_requests_get_nsqd_style_errors() {
     let b = Broker::start(2, &[]);

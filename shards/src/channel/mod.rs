@@ -305,6 +305,17 @@ impl Channel {
         self.in_flight.get(id)
     }
 
+    /// The message `id` if this channel holds its body: in flight, or ready again after
+    /// a REQ or a timeout (`GET /message`; the log may have dropped its record and the
+    /// store not yet written it). O(1) for in flight, linear in the requeued messages
+    /// (bounded by the in-flight window they came from).
+    pub fn held_message(&self, id: MessageId) -> Option<&Message> {
+        self.in_flight
+            .get(id)
+            .map(|f| &f.msg)
+            .or_else(|| self.ready.requeued.iter().find(|m| m.id == id))
+    }
+
     /// Messages waiting for their due time (`deferred_count`).
     pub fn deferred_count(&self) -> usize {
         self.deferred.len()

@@ -82,8 +82,8 @@ impl Shard {
         }
     }
 
-    /// The message `id` of `topic`: from memory or an in-flight copy at once, else from
-    /// the store ([`nsq_storage::TopicStore::find_id`], O(log n) reads).
+    /// The message `id` of `topic`: from memory or a channel's copy (in flight or
+    /// requeued) at once, else from the store (its records not yet written first) ([`nsq_storage::TopicStore::find_id`], O(log n) reads).
     pub async fn find_message(
         &self,
         topic: &str,
@@ -95,7 +95,7 @@ impl Shard {
             let held = t.log.find_id(id).cloned().or_else(|| {
                 t.channels
                     .values()
-                    .find_map(|ch| ch.in_flight(id).map(|f| record_of(&f.msg)))
+                    .find_map(|ch| ch.held_message(id).map(record_of))
             });
             if let Some(r) = held {
                 return Ok(view(t, &r));
@@ -116,7 +116,8 @@ impl Shard {
     }
 
     /// Up to `count` messages channel `channel` of `topic` would deliver next (see
-    /// [`crate::channel::Channel::peek`]), those published before `from_ns` left out.
+    /// [`crate::channel::Channel::peek`]), those published before `from_ns` left out, and
+    /// none after the one whose body takes the answer to [`PEEK_MAX_BYTES`].
     /// Changes nothing.
     pub async fn peek_messages(
         &self,
@@ -158,16 +159,25 @@ impl Shard {
             (ch.peek(&t.log, count, from_seq), t.store().cloned())
         };
         let mut out = Vec::with_capacity(plan.len());
-        let missing: Vec<u64> = plan
-            .iter()
-            .filter(|p| p.msg.is_none())
-            .map(|p| p.seq)
-            .collect();
-        let read = match (&store, missing.is_empty()) {
-            (Some(st), false) => read_seqs(st, missing).await.map_err(disk_err)?,
-            _ => Default::default(),
-        };
-        for Peeked { seq, attempts, msg } in plan {
+        let mut bytes = 0usize;
+        let mut read = std::collections::HashMap::new();
+        let mut i = 0;
+        while i < plan.len() && bytes < PEEK_MAX_BYTES {
+            // What memory no longer holds is read as it is reached, PEEK_READ_AT_ONCE
+            // records at a time, so a byte-capped answer reads little more than it shows.
+            if plan[i].msg.is_none() && !read.contains_key(&plan[i].seq) {
+                if let Some(st) = &store {
+                    let next: Vec<u64> = plan[i..]
+                        .iter()
+                        .filter(|p| p.msg.is_none())
+                        .take(PEEK_READ_AT_ONCE)
+                        .map(|p| p.seq)
+                        .collect();
+                    read = read_seqs(st, next).await.map_err(disk_err)?;
+                }
+            }
+            let Peeked { seq, attempts, msg } = plan[i].clone();
+            i += 1;
             let msg = msg.or_else(|| {
                 read.get(&seq).map(|r| Message {
                     attempts,
@@ -179,11 +189,19 @@ impl Shard {
             if from_ns.is_some_and(|ts| m.timestamp < ts) {
                 continue;
             }
+            bytes += m.body.len();
             out.push(m);
         }
         Ok(out)
     }
 }
+
+/// The most message body bytes one `/messages` answer carries: it stops after the message
+/// that reaches this (so it always has at least one), whatever `count` asked for.
+pub const PEEK_MAX_BYTES: usize = 16 << 20;
+
+/// Records one step of `/messages` reads from the store.
+const PEEK_READ_AT_ONCE: usize = 64;
 
 /// The records at `seqs` (ascending) read from `store`, by sequence; those it does not
 /// have are absent. One read per run of nearby sequences, each at most 512 records.

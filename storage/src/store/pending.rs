@@ -62,6 +62,33 @@ impl Pending {
         self.next_seq.set(rec.seq + 1);
     }
 
+    /// The record whose message ID is `id` among those waiting in the buffer (not the
+    /// batch being written), decoded from its bytes: a linear scan reading 8 bytes per
+    /// record (`GET /message` for a record acknowledged and not yet written).
+    pub(super) fn find_id(&self, id: u64, salt: u32) -> Option<StoredRecord> {
+        let buf = self.buf.borrow();
+        let mut at = 0usize;
+        for &(_, len) in self.recs.borrow().iter() {
+            let len = len as usize;
+            // The ID sits after the length, CRC, kind, salt, sequence, timestamp and
+            // due time (record::encode).
+            let id_at = at + 8 + 29;
+            let rec_id = buf
+                .get(id_at..id_at + 8)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_be_bytes);
+            if rec_id == Some(id) {
+                let bytes = bytes::Bytes::copy_from_slice(buf.get(at..at + len)?);
+                return match record::decode(&bytes, 0, salt) {
+                    record::Decoded::Record(r, _) => Some(r),
+                    _ => None,
+                };
+            }
+            at += len;
+        }
+        None
+    }
+
     /// Moves the next sequence to at least `seq`; true when it moved.
     pub(super) fn advance_to(&self, seq: u64) -> bool {
         if seq > self.next_seq.get() {

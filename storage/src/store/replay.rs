@@ -98,9 +98,13 @@ impl TopicStore {
     /// entries of every segment by the ID of the record each starts at (one read per
     /// probe, each probe's ID kept for later lookups), then a scan of at most about
     /// [`super::INDEX_EVERY`] records.
+    /// Records acknowledged and still waiting in the pending buffer are searched first.
     /// `Ok(None)`: no readable record has that ID (never written, deleted by retention
-    /// or by consumption, or not flushed yet). Errors: I/O errors of the reads.
+    /// or by consumption, or in the batch being written at that moment). Errors: I/O errors of the reads.
     pub async fn find_id(&self, id: u64) -> Result<Option<StoredRecord>, StoreError> {
+        if let Some(r) = self.pending.find_id(id, self.salt) {
+            return Ok(Some(r));
+        }
         let probes = self.segments.readable_index_seqs();
         if probes.is_empty() {
             return Ok(None);
