@@ -330,7 +330,14 @@ fn fsync_eio_acknowledges_only_synced_messages() {
             }
         }
     }
-    assert_eq!(failed.len(), 5, "{failed:?}");
+    // Five syncs fail; most are the publishes' own, but a sync the store makes besides
+    // them (its health probe after a second with nothing to write, a checkpoint's) may
+    // take one, so 1 to 5 publishes fail, one after another.
+    assert!((1..=5).contains(&failed.len()), "{failed:?}");
+    assert!(
+        failed.windows(2).all(|w| w[1] == w[0] + 1),
+        "failures are consecutive: {failed:?}"
+    );
     assert_eq!(ping(&b), (200, "OK".to_string()));
     drop(p);
     // Nothing acknowledged may be lost, even by a crash right now.
