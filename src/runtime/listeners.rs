@@ -83,9 +83,9 @@ fn bind_retrying(
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
                 if !logged {
                     log::warn!(
-                        "listen ({addr}): address in use; retrying for up to {:?} \
+                        "listen ({addr}): address in use; retrying for up to {:.1}s \
                          (a previous instance may still be releasing it)",
-                        deadline.saturating_duration_since(Instant::now())
+                        deadline.saturating_duration_since(Instant::now()).as_secs_f64()
                     );
                     logged = true;
                 }
