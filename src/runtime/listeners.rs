@@ -85,7 +85,9 @@ fn bind_retrying(
                     log::warn!(
                         "listen ({addr}): address in use; retrying for up to {:.1}s \
                          (a previous instance may still be releasing it)",
-                        deadline.saturating_duration_since(Instant::now()).as_secs_f64()
+                        deadline
+                            .saturating_duration_since(Instant::now())
+                            .as_secs_f64()
                     );
                     logged = true;
                 }
