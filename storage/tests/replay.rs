@@ -19,6 +19,17 @@ fn run<F: std::future::Future<Output = ()> + 'static>(f: impl FnOnce() -> F + Se
 }
 
 /// Record `seq` published at 1_000_000 + 10 * (seq / 3) ns: three records per time.
+/// The store settings of these tests: segments of `max_bytes_per_file`, a sync every
+/// 100 records or 50 ms, io_uring segment I/O.
+fn cfg(max_bytes_per_file: u64) -> StoreConfig {
+    StoreConfig {
+        max_bytes_per_file,
+        sync_every: 100,
+        sync_timeout: Duration::from_millis(50),
+        io: nsq_storage::SegmentIo::Ring,
+    }
+}
+
 fn rec(seq: u64) -> StoredRecord {
     StoredRecord {
         seq,
@@ -40,12 +51,7 @@ fn seek_timestamp_finds_the_first_record_at_or_after() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t-seek");
         run(move || async move {
-            let cfg = StoreConfig {
-                max_bytes_per_file: size,
-                sync_every: 100,
-                sync_timeout: Duration::from_millis(50),
-                io: nsq_storage::SegmentIo::Ring,
-            };
+            let cfg = cfg(size);
             let s = TopicStore::open(path.clone(), cfg, 0).await.unwrap().store;
             assert_eq!(s.seek_timestamp(0).await.unwrap(), None, "empty store");
             let n = 3000u64;
@@ -107,12 +113,7 @@ fn find_id_finds_records_not_yet_written() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t-pending");
     run(move || async move {
-        let cfg = StoreConfig {
-            max_bytes_per_file: 1 << 20,
-            sync_every: 100,
-            sync_timeout: Duration::from_millis(50),
-            io: nsq_storage::SegmentIo::Ring,
-        };
+        let cfg = cfg(1 << 20);
         let s = TopicStore::open(path.clone(), cfg, 0).await.unwrap().store;
         for i in 0..5u64 {
             s.append(&StoredRecord {
@@ -139,12 +140,7 @@ fn find_id_finds_records_by_increasing_id() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t-find");
         run(move || async move {
-            let cfg = StoreConfig {
-                max_bytes_per_file: size,
-                sync_every: 100,
-                sync_timeout: Duration::from_millis(50),
-                io: nsq_storage::SegmentIo::Ring,
-            };
+            let cfg = cfg(size);
             let s = TopicStore::open(path.clone(), cfg, 0).await.unwrap().store;
             let id_of = |seq: u64| 1_000 + 7 * seq;
             assert_eq!(s.find_id(id_of(0)).await.unwrap(), None, "empty store");
