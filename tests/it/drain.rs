@@ -16,7 +16,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::os::unix::net::UnixDatagram;
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Generous: the debug build on a loaded 2-core machine.
 const EXIT_WITHIN: Duration = Duration::from_secs(30);
@@ -28,28 +28,9 @@ fn info(http: SocketAddr) -> serde_json::Value {
     serde_json::from_slice(&body).unwrap()
 }
 
-/// Polls until `cond` holds (panics with `what` after 30 s).
-fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// The channel's (depth, in_flight_count, deferred_count) in /stats, if it exists.
 fn channel_counts(b: &Broker, topic: &str, channel: &str) -> Option<(u64, u64, u64)> {
-    let v = b.stats();
-    let t = v["topics"]
-        .as_array()?
-        .iter()
-        .find(|t| t["topic_name"] == topic)?
-        .clone();
-    let c = t["channels"]
-        .as_array()?
-        .iter()
-        .find(|c| c["channel_name"] == channel)?
-        .clone();
+    let c = b.channel_stats(topic, channel)?;
     Some((
         c["depth"].as_u64()?,
         c["in_flight_count"].as_u64()?,
@@ -58,12 +39,7 @@ fn channel_counts(b: &Broker, topic: &str, channel: &str) -> Option<(u64, u64, u
 }
 
 fn topic_depth(b: &Broker, topic: &str) -> Option<u64> {
-    let v = b.stats();
-    v["topics"]
-        .as_array()?
-        .iter()
-        .find(|t| t["topic_name"] == topic)?["depth"]
-        .as_u64()
+    b.topic_stats(topic)?["depth"].as_u64()
 }
 
 /// Publishes `n` messages to `topic` over TCP (each answered OK).
@@ -233,7 +209,7 @@ fn sigterm_after_an_http_drain_does_not_cut_it_short() {
     publish(&b, "t", 2);
     assert_eq!(put(&b, "drain"), (200, Vec::new()));
     b.daemon.signal(15);
-    wait_until("the SIGTERM logged", || {
+    wait_for("the SIGTERM logged", || {
         b.daemon.log_contains("SIGTERM during the drain")
     });
     assert!(b.daemon.exited().is_none(), "SIGTERM ended the drain");
@@ -321,13 +297,13 @@ fn sigterm_drains_and_a_second_sigterm_does_not_cut_it_short() {
     );
     b.daemon.signal(15);
     assert_eq!(notify_recv(&sock).as_deref(), Some("STOPPING=1"));
-    wait_until("/info draining", || info(b.http)["draining"] == true);
+    wait_for("/info draining", || info(b.http)["draining"] == true);
     // Refused at once, whichever shard owns the topic.
     let mut s = b.connect_v2();
     send(&mut s, &pub_cmd("t", b"late"));
     expect_fatal(&mut s, "E_PUB_FAILED PUB failed draining");
     b.daemon.signal(15);
-    wait_until("the second SIGTERM logged", || {
+    wait_for("the second SIGTERM logged", || {
         b.daemon.log_contains("SIGTERM during the drain")
     });
     assert!(
@@ -355,7 +331,7 @@ fn sigint_during_drain_shuts_down_now() {
     create_channel(&b, "t", "c");
     publish(&b, "t", 2);
     b.daemon.signal(15);
-    wait_until("/info draining", || info(b.http)["draining"] == true);
+    wait_for("/info draining", || info(b.http)["draining"] == true);
     b.daemon.signal(2);
     let st = b.daemon.wait_exit(EXIT_WITHIN).expect("exits on SIGINT");
     assert!(st.success(), "exit status {st:?}");

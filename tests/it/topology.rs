@@ -12,7 +12,6 @@ use crate::common;
 
 use common::*;
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
 
 /// IDENTIFY with feature negotiation: the JSON reply.
 fn identify(s: &mut TcpStream, json: &str) -> serde_json::Value {
@@ -22,50 +21,16 @@ fn identify(s: &mut TcpStream, json: &str) -> serde_json::Value {
     serde_json::from_slice(&data).unwrap()
 }
 
-/// The clients of `topic`/`channel` in /stats.
+/// The clients of `topic`/`channel` in /stats (none while the channel does not exist).
 fn clients(b: &Broker, topic: &str, channel: &str) -> Vec<serde_json::Value> {
-    let v = b.stats();
-    v["topics"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["topic_name"] == topic)
-        .and_then(|t| {
-            t["channels"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|c| c["channel_name"] == channel)
-                .cloned()
-        })
-        .map(|c| c["clients"].as_array().unwrap().clone())
+    b.channel_stats(topic, channel)
+        .and_then(|c| c["clients"].as_array().cloned())
         .unwrap_or_default()
 }
 
 fn channel(b: &Broker, topic: &str, ch: &str) -> serde_json::Value {
-    let v = b.stats();
-    v["topics"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["topic_name"] == topic)
-        .and_then(|t| {
-            t["channels"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|c| c["channel_name"] == ch)
-                .cloned()
-        })
-        .unwrap()
-}
-
-fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    b.channel_stats(topic, ch)
+        .unwrap_or_else(|| panic!("no channel {topic}/{ch} in /stats"))
 }
 
 /// Without the experiment or a topology the fields are accepted and ignored: the reply
@@ -151,7 +116,7 @@ fn same_zone_consumer_gets_the_messages_while_it_has_rdy() {
         );
         let mut far = consumer(&b, "t", "r2", "z9", 100);
         let mut near = consumer(&b, "t", "r1", "z1", 100);
-        wait_until("both consumers ready", || {
+        wait_for("both consumers ready", || {
             let c = clients(&b, "t", "c");
             c.len() == 2 && c.iter().all(|c| c["ready_count"] == 100)
         });
@@ -179,7 +144,7 @@ fn same_zone_consumer_gets_the_messages_while_it_has_rdy() {
 
         // The near consumer stops taking: the far one gets the next ones.
         send(&mut near, b"RDY 0\n");
-        wait_until("the near consumer at RDY 0", || {
+        wait_for("the near consumer at RDY 0", || {
             clients(&b, "t", "c")
                 .iter()
                 .any(|c| c["topology_zone"] == "z1" && c["ready_count"] == 0)

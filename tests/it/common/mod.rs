@@ -539,6 +539,14 @@ pub fn now_s() -> i64 {
     now_ns() / 1_000_000_000
 }
 
+/// Polls `cond` every 20 ms until it holds; panics naming `what` after 30 s.
+pub fn wait_for(what: &str, cond: impl FnMut() -> bool) {
+    assert!(
+        wait_until(Duration::from_secs(30), cond),
+        "timed out waiting for {what}"
+    );
+}
+
 /// Polls `f` every 20 ms until it returns true or `within` has passed.
 pub fn wait_until(within: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + within;
