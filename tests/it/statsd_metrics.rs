@@ -66,19 +66,22 @@ fn sum_counter(lines: &[String], prefix: &str, name: &str) -> i64 {
         .sum()
 }
 
-#[test]
-fn statsd_pushes_nsqd_metric_names() {
+/// A UDP socket standing in for statsd (reads time out after 200 ms) and a broker with
+/// `shards` shards pushing to it every second, with `extra` flags.
+fn statsd_broker(shards: usize, extra: &[&str]) -> (UdpSocket, Broker) {
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     sock.set_read_timeout(Some(Duration::from_millis(200)))
         .unwrap();
-    let b = Broker::start(
-        2,
-        &[
-            &format!("--statsd-address={}", sock.local_addr().unwrap()),
-            "--statsd-interval=1s",
-            "--broadcast-address=stats.host",
-        ],
-    );
+    let address = format!("--statsd-address={}", sock.local_addr().unwrap());
+    let mut args = vec![address.as_str(), "--statsd-interval=1s"];
+    args.extend_from_slice(extra);
+    let b = Broker::start(shards, &args);
+    (sock, b)
+}
+
+#[test]
+fn statsd_pushes_nsqd_metric_names() {
+    let (sock, b) = statsd_broker(2, &["--broadcast-address=stats.host"]);
     let prefix = format!("nsq.stats_host_{}.", b.http.port());
     let (code, body) = b.http("GET", "/config/statsd_prefix", b"");
     assert_eq!(
@@ -157,14 +160,9 @@ fn statsd_pushes_nsqd_metric_names() {
 
 #[test]
 fn statsd_prefix_exclusions_and_packet_size() {
-    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
-    sock.set_read_timeout(Some(Duration::from_millis(200)))
-        .unwrap();
-    let b = Broker::start(
+    let (sock, b) = statsd_broker(
         1,
         &[
-            &format!("--statsd-address={}", sock.local_addr().unwrap()),
-            "--statsd-interval=1s",
             "--broadcast-address=10.0.0.1",
             "--statsd-prefix=custom.%s.x",
             "--statsd-mem-stats=false",
@@ -497,18 +495,7 @@ fn stats_json_has_what_nsqadmin_reads() {
 /// age of its oldest unfinished message grows while a message waits.
 #[test]
 fn statsd_pushes_channel_lag_with_the_flag() {
-    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
-    sock.set_read_timeout(Some(Duration::from_millis(200)))
-        .unwrap();
-    let b = Broker::start(
-        1,
-        &[
-            &format!("--statsd-address={}", sock.local_addr().unwrap()),
-            "--statsd-interval=1s",
-            "--broadcast-address=lag.host",
-            "--channel-lag-stats",
-        ],
-    );
+    let (sock, b) = statsd_broker(1, &["--broadcast-address=lag.host", "--channel-lag-stats"]);
     let prefix = format!("nsq.lag_host_{}.", b.http.port());
     b.post_ok("/topic/create?topic=lg");
     b.post_ok("/channel/create?topic=lg&channel=ch");
