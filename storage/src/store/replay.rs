@@ -61,21 +61,11 @@ impl TopicStore {
         if probes.is_empty() {
             return Ok(None);
         }
-        // Invariant: every probe below `lo` starts with a record older than `ts_ns`;
-        // every probe at or above `hi` starts with one at or after it (or none).
-        let (mut lo, mut hi) = (0usize, probes.len());
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            let older = match self.read(probes[mid], 1).await?.first() {
-                Some(r) => r.timestamp < ts_ns,
-                None => false,
-            };
-            if older {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
+        let lo = probes_before(&probes, async |p| {
+            let first = self.read(p, 1).await?;
+            Ok(first.first().is_some_and(|r| r.timestamp < ts_ns))
+        })
+        .await?;
         // Scan from the last probe that starts older (or from the first probe).
         let mut from = probes[lo.saturating_sub(1)];
         loop {
@@ -109,29 +99,22 @@ impl TopicStore {
         if probes.is_empty() {
             return Ok(None);
         }
-        // Invariant: every probe below `lo` starts with a record whose ID is at most
-        // `id`; every probe at or above `hi` starts with a greater one (or none).
-        let (mut lo, mut hi) = (0usize, probes.len());
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            let probe_id = match self.segments.probe_id(probes[mid]) {
+        let (first_probe, probe_count) = (probes[0], probes.len());
+        let lo = probes_before(&probes, async |p| {
+            let probe_id = match self.segments.probe_id(p) {
                 Some(pid) => Some(pid),
                 None => {
-                    let first = self.read(probes[mid], 1).await?.first().map(|r| r.id);
+                    let first = self.read(p, 1).await?.first().map(|r| r.id);
                     if let Some(pid) = first {
                         self.segments
-                            .note_probe_id(probes[mid], pid, probes[0], probes.len());
+                            .note_probe_id(p, pid, first_probe, probe_count);
                     }
                     first
                 }
             };
-            let at_most = probe_id.is_some_and(|p| p <= id);
-            if at_most {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
+            Ok(probe_id.is_some_and(|pid| pid <= id))
+        })
+        .await?;
         if lo == 0 {
             return Ok(None);
         }
@@ -155,4 +138,24 @@ impl TopicStore {
         }
         Ok(None)
     }
+}
+
+/// How many of `probes` (sequences where sparse index entries start, ascending) come
+/// before the first one for which `before` is false, by binary search: `before` must
+/// hold for a prefix of them (a key of their first records that grows with the
+/// sequence: the publish time, the message ID), one call per probe looked at.
+async fn probes_before(
+    probes: &[u64],
+    mut before: impl AsyncFnMut(u64) -> Result<bool, StoreError>,
+) -> Result<usize, StoreError> {
+    let (mut lo, mut hi) = (0usize, probes.len());
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if before(probes[mid]).await? {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(lo)
 }
