@@ -283,7 +283,7 @@ pub struct Cli {
     /// number of shards: executors, each pinned to one CPU (default: the CPUs this process may use)
     #[arg(long)]
     pub shards: Option<usize> =>
-        { rank: 59, cfg: "shards", go: "Shards", kind: Int, get: shards_go, set: set_shards },
+        { rank: 63, cfg: "shards", go: "Shards", kind: Int, get: shards_go, set: set_shards },
     /// UDP <addr>:<port> of a statsd daemon for pushing stats
     #[arg(long, default_value = "")]
     pub statsd_address: String =>
@@ -341,6 +341,22 @@ pub struct Cli {
     #[arg(long, default_value_t = 0)]
     pub max_attempts: u16 =>
         { core, rank: 57, cfg: "max_attempts", go: "MaxAttempts", kind: Int },
+    /// (beyond nsqd) HOST:PORT of this node's replication listener; with --cluster-peer, topics are replicated across the cluster (docs/replication.md). Peers must list this exact string
+    #[arg(long, default_value = "")]
+    pub cluster_address: String =>
+        { rank: 59, cfg: "cluster_address", go: "ClusterAddress", kind: Str },
+    /// (beyond nsqd) HOST:PORT of another cluster member's --cluster-address (may be given multiple times)
+    #[arg(long = "cluster-peer")]
+    pub cluster_peer: Vec<String> =>
+        { rank: 60, cfg: "cluster_peers", go: "ClusterPeers", kind: StrList },
+    /// (beyond nsqd) how many members hold each topic (capped at the cluster size)
+    #[arg(long, default_value_t = 3)]
+    pub replication_factor: u16 =>
+        { rank: 61, cfg: "replication_factor", go: "ReplicationFactor", kind: Int },
+    /// (beyond nsqd) when a replicated PUB is answered OK: quorum (a majority of the topic's replicas have it), all (every replica), leader (the leader alone)
+    #[arg(long, default_value = "quorum", value_parser = ["quorum", "all", "leader"])]
+    pub replication_ack: String =>
+        { rank: 62, cfg: "replication_ack", go: "ReplicationAck", kind: Str },
     /// check what the host must provide (io_uring, locked memory, CPUs, data path, ports),
     /// print each problem with its fix, and exit (0: ready to run, 1: problems)
     #[arg(long)]
@@ -556,6 +572,8 @@ pub struct Config {
     /// The auth servers and the HTTP client settings for them (AUTH is enabled when
     /// `auth.addresses` is not empty).
     pub auth: crate::auth::AuthConfig,
+    /// The cluster (`--cluster-address`, `--cluster-peer`; `None`: standalone).
+    pub cluster: Option<crate::cluster::ClusterConfig>,
 }
 
 pub use nsq_wire::goflag::normalize_args;
@@ -596,6 +614,8 @@ pub enum ConfigError {
     LookupdPingInterval,
     /// `--shards must be in [1,1024]`.
     Shards,
+    /// A cluster flag that cannot work (the text says which and why).
+    Cluster(String),
 }
 
 impl std::fmt::Display for ConfigError {
@@ -627,6 +647,7 @@ impl std::fmt::Display for ConfigError {
             ConfigError::StatsdInterval => f.write_str("--statsd-interval must be > 0"),
             ConfigError::LookupdPingInterval => f.write_str("--lookupd-ping-interval must be > 0"),
             ConfigError::Shards => f.write_str("--shards must be in [1,1024]"),
+            ConfigError::Cluster(e) => f.write_str(e),
         }
     }
 }
@@ -666,6 +687,14 @@ impl Config {
         if shards == 0 || shards > 1024 {
             return Err(ConfigError::Shards);
         }
+        let cluster = crate::cluster::ClusterConfig::from_flags(
+            &cli.cluster_address,
+            &cli.cluster_peer,
+            cli.replication_factor,
+            &cli.replication_ack,
+            node_id as u16,
+        )
+        .map_err(ConfigError::Cluster)?;
         let hostname = hostname();
         let opts = core_options!(cli, identify: {
             // nsqd's ClientTimeout is fixed, not a flag.
@@ -715,6 +744,7 @@ impl Config {
             options,
             tls,
             tls_required,
+            cluster,
             auth: crate::auth::AuthConfig {
                 addresses: cli.auth_http_address.clone(),
                 post: cli.auth_http_request_method == "post",

@@ -19,6 +19,7 @@
 //! `nsq-storage`; nsqlookupd in the `nsqlookupd` crate (lookupd/).
 
 pub mod auth;
+pub mod cluster;
 pub mod config;
 pub mod config_file;
 pub mod dead_letter;

@@ -161,6 +161,11 @@ pub fn install_channel_query(server: &Rc<Server>) {
         let Some(server) = weak.upgrade() else {
             return false;
         };
+        // A replicated topic's channels come from its group's log, never from
+        // nsqlookupd (docs/replication.md).
+        if server.replicates(topic) {
+            return false;
+        }
         let addrs = server.shard.node.lookupd_http_addrs();
         if addrs.is_empty() {
             if !peer_addresses(&server).is_empty() {

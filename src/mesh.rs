@@ -63,6 +63,16 @@ pub enum ShardMsg {
         req: InspectRequest,
         reply: oneshot::Sender<Result<InspectAnswer, InspectError>>,
     },
+    /// A frame from cluster peer `from` (replica id) for this shard: a Raft message or
+    /// a proposal for a topic it owns, or the reply to a proposal it forwarded.
+    Cluster {
+        from: u64,
+        frame: nsq_replication::wire::Frame,
+    },
+    /// `GET /cluster`: this shard's replicated topics.
+    ClusterState {
+        reply: oneshot::Sender<Vec<serde_json::Value>>,
+    },
     /// Registration changes for shard 0, which owns the nsqlookupd connections.
     Lookup(Vec<nsq_shards::shard::LookupEvent>),
     /// To shard 0, which owns the node-wide settings: make this change on every shard;
@@ -188,6 +198,14 @@ pub(crate) fn handle_mesh(server: &Rc<Server>, msg: ShardMsg) {
             reply,
         } => {
             shard.count_cross_received();
+            if server.replicates(&topic) {
+                let s = server.clone();
+                glommio::spawn_local(async move {
+                    let _ = reply.send(s.publish_replicated(&topic, bodies, defer_until).await);
+                })
+                .detach();
+                return;
+            }
             match crate::owner::Publish::start(shard, &topic, bodies, defer_until, synced) {
                 crate::owner::Publish::Done(r) => {
                     let _ = reply.send(r);
@@ -210,6 +228,21 @@ pub(crate) fn handle_mesh(server: &Rc<Server>, msg: ShardMsg) {
         ShardMsg::Stats { req, reply } => {
             let _ = reply.send(shard.stats(&req));
         }
+        ShardMsg::Admin { op, reply } if server.replicates(op.topic()) => {
+            let s = server.clone();
+            glommio::spawn_local(async move {
+                let r = match crate::cluster::replica::admin(&s, &op).await {
+                    Some(r) => r,
+                    None => {
+                        crate::owner::Admin::start(&s.shard, op)
+                            .finish(&s.shard)
+                            .await
+                    }
+                };
+                let _ = reply.send(r);
+            })
+            .detach();
+        }
         ShardMsg::Admin { op, reply } => match crate::owner::Admin::start(shard, op) {
             crate::owner::Admin::Done(r) => {
                 let _ = reply.send(r);
@@ -231,6 +264,19 @@ pub(crate) fn handle_mesh(server: &Rc<Server>, msg: ShardMsg) {
         }
         ShardMsg::Lookup(events) => {
             shard.lookup.extend(events);
+        }
+        ShardMsg::ClusterState { reply } => {
+            let state = server
+                .cluster
+                .as_ref()
+                .map(|c| c.state())
+                .unwrap_or_default();
+            let _ = reply.send(state);
+        }
+        ShardMsg::Cluster { from, frame } => {
+            if let Some(c) = &server.cluster {
+                c.handle(server, from, frame);
+            }
         }
         ShardMsg::NodeChange { update, reply } => {
             // It waits for every shard: not on the mesh receiver's task.

@@ -24,11 +24,33 @@ pub struct Server {
     /// The HTTPS listener's port (0 without one).
     pub https_port: u16,
     pub mesh: Option<Rc<Senders>>,
+    /// This shard's part of the cluster (`--cluster-address`; docs/replication.md).
+    pub cluster: Option<Rc<crate::cluster::ShardCluster>>,
 }
 
 impl Server {
     pub fn mesh(&self) -> Option<Rc<Senders>> {
         self.mesh.clone()
+    }
+
+    /// True when `topic` is replicated across the cluster (a cluster member, a topic
+    /// that is not `#ephemeral`).
+    pub fn replicates(&self, topic: &str) -> bool {
+        self.cluster.is_some() && crate::cluster::ClusterConfig::replicates(topic)
+    }
+
+    /// Publishes to a replicated topic this shard owns, through its group
+    /// ([`crate::cluster::ShardCluster::publish`]).
+    pub async fn publish_replicated(
+        &self,
+        topic: &str,
+        bodies: Vec<Bytes>,
+        defer_until: Option<Instant>,
+    ) -> Result<(), PublishError> {
+        match &self.cluster {
+            Some(c) => c.publish(self, topic, bodies, defer_until).await,
+            None => Err(PublishError::Exiting),
+        }
     }
 
     /// Publishes on the topic's owner: directly when it is this shard, else forwarded
@@ -54,6 +76,9 @@ impl Server {
     ) -> Result<(), PublishError> {
         let owner = owner_of(topic, self.shard.count());
         if owner == self.shard.index() {
+            if self.replicates(topic) {
+                return self.publish_replicated(topic, bodies, defer_until).await;
+            }
             return crate::owner::Publish::start(&self.shard, topic, bodies, defer_until, synced)
                 .finish(&self.shard)
                 .await;
@@ -81,6 +106,9 @@ impl Server {
         let topic = op.topic().to_string();
         let owner = owner_of(&topic, self.shard.count());
         if owner == self.shard.index() {
+            if let Some(r) = crate::cluster::replica::admin(self, &op).await {
+                return r;
+            }
             return crate::owner::Admin::start(&self.shard, op)
                 .finish(&self.shard)
                 .await;
@@ -171,6 +199,39 @@ impl Server {
         for rx in acks {
             let _ = rx.await;
         }
+    }
+
+    /// `GET /cluster` (docs/replication.md): this node's address, its peers and every
+    /// replicated topic's group as its owning shard sees it; `None` when standalone.
+    pub async fn cluster_state(&self) -> Option<serde_json::Value> {
+        let c = self.cluster.as_ref()?;
+        let mut topics = Vec::new();
+        for i in 0..self.shard.count() {
+            if i == self.shard.index() {
+                topics.extend(c.state());
+                continue;
+            }
+            let Some(mesh) = self.mesh() else { continue };
+            let (tx, rx) = oneshot::channel();
+            if mesh
+                .send_to(i, ShardMsg::ClusterState { reply: tx })
+                .await
+                .is_ok()
+            {
+                if let Ok(s) = rx.await {
+                    topics.extend(s);
+                }
+            }
+        }
+        topics.sort_by(|a, b| a["topic"].as_str().cmp(&b["topic"].as_str()));
+        Some(serde_json::json!({
+            "address": c.cfg.me.address,
+            "node_id": c.cfg.node_id,
+            "peers": c.cfg.peers.iter().map(|m| m.address.clone()).collect::<Vec<_>>(),
+            "replication_factor": c.cfg.factor,
+            "replication_ack": format!("{:?}", c.cfg.ack).to_lowercase(),
+            "topics": topics,
+        }))
     }
 
     /// Every shard's stats, in shard order.

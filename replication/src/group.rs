@@ -353,8 +353,54 @@ impl<S: LogStore> TopicGroup<S> {
         if message.to != self.id() {
             return Err(ReplicationError::WrongRecipient { to: message.to });
         }
+        let mut message = message;
+        // A heartbeat carries the commit index the leader believes this replica has
+        // matched; after a restart with an empty log that is past this log's end, and
+        // raft-rs would panic on it. The Raft rule is to commit no further than the
+        // last entry held, which this clamp restores; the leader then finds the
+        // replica's real end by its rejected appends and sends what is missing.
+        if message.get_msg_type() == raft::eraftpb::MessageType::MsgHeartbeat {
+            let last = self.node.raft.raft_log.last_index();
+            if message.commit > last {
+                message.commit = last;
+            }
+        }
         self.node.step(message)?;
         Ok(())
+    }
+
+    /// Starts an election now instead of after the election timeout (a replica that
+    /// created the group on a publish, so that the first publish waits for one round
+    /// trip rather than a timeout). A no-op on the leader.
+    ///
+    /// # Errors
+    ///
+    /// [`ReplicationError::Raft`] if raft-rs refuses (this node is not a voter).
+    pub fn campaign(&mut self) -> Result<(), ReplicationError> {
+        if self.is_leader() {
+            return Ok(());
+        }
+        self.node.campaign()?;
+        Ok(())
+    }
+
+    /// The voters of the group's current configuration.
+    #[must_use]
+    pub fn voters(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self.node.raft.prs().conf().voters().ids().iter().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The highest log index known to be on `replica` (the leader's progress tracker;
+    /// `None` on a follower or for a non-member): the leader's last index minus this is
+    /// the replica's replication lag in entries.
+    #[must_use]
+    pub fn matched(&self, replica: u64) -> Option<u64> {
+        if !self.is_leader() {
+            return None;
+        }
+        self.node.raft.prs().get(replica).map(|p| p.matched)
     }
 
     /// Proposes `entry` on the leader: it is appended to the leader's log (in memory until
@@ -596,6 +642,25 @@ impl<S: LogStore> TopicGroup<S> {
     #[must_use]
     pub fn applied_index(&self) -> u64 {
         self.node.raft.raft_log.applied
+    }
+
+    /// The entries in this node's log after the applied index, decoded (those that do
+    /// not decode left out): what a new leader looks through before it gives message
+    /// IDs, so that its IDs follow those of entries it will apply later.
+    #[must_use]
+    pub fn unapplied_entries(&self) -> Vec<Entry> {
+        let log = &self.node.raft.raft_log;
+        let (low, high) = (log.applied + 1, log.last_index() + 1);
+        if low >= high {
+            return Vec::new();
+        }
+        log.store
+            .entries(low, high, u64::MAX, raft::GetEntriesContext::empty(false))
+            .unwrap_or_default()
+            .iter()
+            .filter(|e| !e.data.is_empty())
+            .filter_map(|e| Entry::decode(&e.data).ok())
+            .collect()
     }
 
     /// The first index still in the log (after the latest snapshot).

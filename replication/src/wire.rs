@@ -1,14 +1,21 @@
-//! The framing of Raft messages on the inter-broker connection: which topic's group a
-//! message is for, and raft-rs's protobuf message.
+//! The frames of the inter-broker connection: a greeting, Raft messages for a topic's
+//! group, and proposals forwarded to a group's leader with their answers.
 //!
 //! ```text
-//! len u32 LE (bytes after this field) | version u8 (= 1) | topic_len u8 | topic | eraftpb.Message
+//! frame   = len u32 LE (bytes after this field) | version u8 (= 2) | kind u8 | payload
+//! kind 1  Hello   : node_id u16 | replica u64 | addr_len u8 | addr (UTF-8)
+//! kind 2  Raft    : topic_len u8 | topic | eraftpb.Message (protobuf)
+//! kind 3  Propose : request u64 | topic_len u8 | topic | entry (crate::entry encoding)
+//! kind 4  Reply   : request u64 | status u8 | status fields
+//!           status 0 Acked
+//!           status 1 NotLeader : leader u64 (0: none known)
+//!           status 2 Failed    : text_len u16 | text (UTF-8)
 //! ```
 //!
-//! A frame is at most [`MAX_FRAME_LEN`] bytes after the length field; the receiver reads
-//! the length, refuses larger frames before buffering them, then decodes. The
-//! transport that carries these frames between shards is not built yet
-//! (docs/replication.md).
+//! All integers are little-endian. A frame is at most [`MAX_FRAME_LEN`] bytes after the
+//! length field; the receiver reads the length, refuses larger frames before buffering
+//! them, then decodes. Decoding reads bytes from the network: it never panics, and a bad
+//! frame is a [`DecodeError`] after which the connection is out of step and is closed.
 
 use protobuf::Message as _;
 use raft::eraftpb::Message as RaftMessage;
@@ -16,26 +23,76 @@ use raft::eraftpb::Message as RaftMessage;
 use crate::entry::{DecodeError, MAX_NAME_LEN};
 
 /// The frame version this crate writes and reads.
-pub const FRAME_VERSION: u8 = 1;
+pub const FRAME_VERSION: u8 = 2;
 
 /// The largest frame, in bytes after the length field: a group's appends are cut at
 /// `GroupConfig::max_size_per_msg` (1 MiB by default), nsqd's bodies at 1 MiB by
 /// default, and a snapshot travels in one message, so the limit leaves room for both.
 pub const MAX_FRAME_LEN: usize = 64 << 20;
 
+/// The first frame each side of a connection sends: who it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hello {
+    /// The sender's `--node-id` (unique in a cluster; the message IDs carry it).
+    pub node_id: u16,
+    /// The sender's replica id in every topic group.
+    pub replica: u64,
+    /// The sender's `--cluster-address`, as its peers list it in `--cluster-peer`.
+    pub address: String,
+}
+
+/// How the leader answered a forwarded proposal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// The entry is in the log of as many replicas as the ack policy asks.
+    Acked,
+    /// The receiver does not lead the topic's group; `leader` is the one it knows of
+    /// (0: none known, an election is under way).
+    NotLeader {
+        /// The leader's replica id, or 0.
+        leader: u64,
+    },
+    /// The proposal failed (the entry was replaced by another leader's, the group
+    /// timed out, the topic cannot take it); the text says why.
+    Failed(String),
+}
+
 /// A decoded frame.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Frame {
-    /// The topic whose group the message is for.
-    pub topic: String,
-    /// The Raft message.
-    pub message: RaftMessage,
+pub enum Frame {
+    /// The greeting.
+    Hello(Hello),
+    /// A Raft message for `topic`'s group.
+    Raft {
+        /// The topic whose group the message is for.
+        topic: String,
+        /// The Raft message.
+        message: RaftMessage,
+    },
+    /// An entry for `topic`'s leader to propose, answered by a [`Frame::Reply`] with the
+    /// same `request`.
+    Propose {
+        /// The sender's number for this request.
+        request: u64,
+        /// The topic.
+        topic: String,
+        /// The entry, encoded ([`crate::Entry::encode`]); a publish's ids and timestamps
+        /// are assigned again by the leader.
+        entry: Vec<u8>,
+    },
+    /// The answer to a [`Frame::Propose`].
+    Reply {
+        /// The request answered.
+        request: u64,
+        /// The answer.
+        reply: Reply,
+    },
 }
 
 /// Why a frame could not be written.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EncodeError {
-    /// The topic name is empty or longer than [`MAX_NAME_LEN`] bytes.
+    /// The topic name (or address) is empty or longer than [`MAX_NAME_LEN`] bytes.
     Topic,
     /// The frame would exceed [`MAX_FRAME_LEN`].
     TooLarge(usize),
@@ -46,7 +103,7 @@ pub enum EncodeError {
 impl std::fmt::Display for EncodeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Topic => write!(f, "topic name empty or too long"),
+            Self::Topic => write!(f, "topic name or address empty or too long"),
             Self::TooLarge(n) => write!(f, "frame of {n} bytes over the limit"),
             Self::Protobuf => write!(f, "Raft message does not serialise"),
         }
@@ -55,30 +112,154 @@ impl std::fmt::Display for EncodeError {
 
 impl std::error::Error for EncodeError {}
 
-/// Writes one frame.
+const KIND_HELLO: u8 = 1;
+const KIND_RAFT: u8 = 2;
+const KIND_PROPOSE: u8 = 3;
+const KIND_REPLY: u8 = 4;
+
+fn push_name(out: &mut Vec<u8>, name: &str) -> Result<(), EncodeError> {
+    let b = name.as_bytes();
+    if b.is_empty() || b.len() > MAX_NAME_LEN {
+        return Err(EncodeError::Topic);
+    }
+    out.push(u8::try_from(b.len()).map_err(|_| EncodeError::Topic)?);
+    out.extend_from_slice(b);
+    Ok(())
+}
+
+/// Writes the length field in front of `out[4..]`, checking the limit.
+fn finish(mut out: Vec<u8>) -> Result<Vec<u8>, EncodeError> {
+    let len = out.len() - 4;
+    if len > MAX_FRAME_LEN {
+        return Err(EncodeError::TooLarge(len));
+    }
+    let n = u32::try_from(len).map_err(|_| EncodeError::TooLarge(len))?;
+    out[..4].copy_from_slice(&n.to_le_bytes());
+    Ok(out)
+}
+
+fn start(kind: u8, capacity: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(6 + capacity);
+    out.extend_from_slice(&[0, 0, 0, 0, FRAME_VERSION, kind]);
+    out
+}
+
+/// Writes a [`Frame::Hello`].
+///
+/// # Errors
+///
+/// [`EncodeError::Topic`] for an empty or over-long address.
+pub fn encode_hello(hello: &Hello) -> Result<Vec<u8>, EncodeError> {
+    let mut out = start(KIND_HELLO, 11 + hello.address.len());
+    out.extend_from_slice(&hello.node_id.to_le_bytes());
+    out.extend_from_slice(&hello.replica.to_le_bytes());
+    push_name(&mut out, &hello.address)?;
+    finish(out)
+}
+
+/// Writes a [`Frame::Raft`].
 ///
 /// # Errors
 ///
 /// [`EncodeError`] for a bad topic name, an oversized message or a protobuf failure.
 pub fn encode_frame(topic: &str, message: &RaftMessage) -> Result<Vec<u8>, EncodeError> {
-    let name = topic.as_bytes();
-    if name.is_empty() || name.len() > MAX_NAME_LEN {
-        return Err(EncodeError::Topic);
-    }
     let body = message
         .write_to_bytes()
         .map_err(|_| EncodeError::Protobuf)?;
-    let len = 2 + name.len() + body.len();
-    if len > MAX_FRAME_LEN {
-        return Err(EncodeError::TooLarge(len));
-    }
-    let mut out = Vec::with_capacity(4 + len);
-    out.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes());
-    out.push(FRAME_VERSION);
-    out.push(u8::try_from(name.len()).unwrap_or(u8::MAX));
-    out.extend_from_slice(name);
+    let mut out = start(KIND_RAFT, 1 + topic.len() + body.len());
+    push_name(&mut out, topic)?;
     out.extend_from_slice(&body);
-    Ok(out)
+    finish(out)
+}
+
+/// Writes a [`Frame::Propose`] of an encoded entry.
+///
+/// # Errors
+///
+/// [`EncodeError`] for a bad topic name or an oversized entry.
+pub fn encode_propose(request: u64, topic: &str, entry: &[u8]) -> Result<Vec<u8>, EncodeError> {
+    let mut out = start(KIND_PROPOSE, 9 + topic.len() + entry.len());
+    out.extend_from_slice(&request.to_le_bytes());
+    push_name(&mut out, topic)?;
+    out.extend_from_slice(entry);
+    finish(out)
+}
+
+/// Writes a [`Frame::Reply`]; a `Failed` text is cut to 1,024 bytes (at a character
+/// boundary).
+#[must_use]
+pub fn encode_reply(request: u64, reply: &Reply) -> Vec<u8> {
+    let mut out = start(KIND_REPLY, 16);
+    out.extend_from_slice(&request.to_le_bytes());
+    match reply {
+        Reply::Acked => out.push(0),
+        Reply::NotLeader { leader } => {
+            out.push(1);
+            out.extend_from_slice(&leader.to_le_bytes());
+        }
+        Reply::Failed(text) => {
+            out.push(2);
+            let mut cut = text.len().min(1024);
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            out.extend_from_slice(&u16::try_from(cut).unwrap_or(0).to_le_bytes());
+            out.extend_from_slice(&text.as_bytes()[..cut]);
+        }
+    }
+    let len = u32::try_from(out.len() - 4).unwrap_or(0);
+    out[..4].copy_from_slice(&len.to_le_bytes());
+    out
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.0.len() < n {
+            return Err(DecodeError::Truncated);
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        let mut b = [0u8; 2];
+        b.copy_from_slice(self.take(2)?);
+        Ok(u16::from_le_bytes(b))
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(b))
+    }
+    fn name(&mut self) -> Result<String, DecodeError> {
+        let n = usize::from(self.u8()?);
+        if n == 0 {
+            return Err(DecodeError::Name);
+        }
+        let b = self.take(n)?;
+        std::str::from_utf8(b)
+            .map(str::to_owned)
+            .map_err(|_| DecodeError::Name)
+    }
+    fn text(&mut self) -> Result<String, DecodeError> {
+        let n = usize::from(self.u16()?);
+        let b = self.take(n)?;
+        std::str::from_utf8(b)
+            .map(str::to_owned)
+            .map_err(|_| DecodeError::Name)
+    }
+    fn end(&self) -> Result<(), DecodeError> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(DecodeError::Trailing(self.0.len()))
+        }
+    }
 }
 
 /// Reads one frame from the start of `buf` (a connection's receive buffer).
@@ -90,7 +271,8 @@ pub fn encode_frame(topic: &str, message: &RaftMessage) -> Result<Vec<u8>, Encod
 ///
 /// [`DecodeError::Truncated`] for a length over [`MAX_FRAME_LEN`] or too short for the
 /// header (the connection should be closed: the stream is out of step), and the other
-/// [`DecodeError`]s for a bad version, topic name or protobuf body.
+/// [`DecodeError`]s for a bad version, kind ([`DecodeError::Tag`]), name, status or
+/// protobuf body.
 pub fn decode_frame(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
     let Some(head) = buf.get(..4) else {
         return Ok(None);
@@ -101,22 +283,52 @@ pub fn decode_frame(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
     if !(2..=MAX_FRAME_LEN).contains(&len) {
         return Err(DecodeError::Truncated);
     }
-    let Some(frame) = buf.get(4..4 + len) else {
+    let Some(body) = buf.get(4..4 + len) else {
         return Ok(None);
     };
-    let version = frame[0];
+    let mut r = Reader(body);
+    let version = r.u8()?;
     if version != FRAME_VERSION {
         return Err(DecodeError::Version(version));
     }
-    let name_len = usize::from(frame[1]);
-    let name = frame.get(2..2 + name_len).ok_or(DecodeError::Truncated)?;
-    if name.is_empty() {
-        return Err(DecodeError::Name);
-    }
-    let topic = std::str::from_utf8(name)
-        .map_err(|_| DecodeError::Name)?
-        .to_owned();
-    let message =
-        RaftMessage::parse_from_bytes(&frame[2 + name_len..]).map_err(|_| DecodeError::Protobuf)?;
-    Ok(Some((Frame { topic, message }, 4 + len)))
+    let frame = match r.u8()? {
+        KIND_HELLO => {
+            let node_id = r.u16()?;
+            let replica = r.u64()?;
+            let address = r.name()?;
+            r.end()?;
+            Frame::Hello(Hello {
+                node_id,
+                replica,
+                address,
+            })
+        }
+        KIND_RAFT => {
+            let topic = r.name()?;
+            let message = RaftMessage::parse_from_bytes(r.0).map_err(|_| DecodeError::Protobuf)?;
+            Frame::Raft { topic, message }
+        }
+        KIND_PROPOSE => {
+            let request = r.u64()?;
+            let topic = r.name()?;
+            Frame::Propose {
+                request,
+                topic,
+                entry: r.0.to_vec(),
+            }
+        }
+        KIND_REPLY => {
+            let request = r.u64()?;
+            let reply = match r.u8()? {
+                0 => Reply::Acked,
+                1 => Reply::NotLeader { leader: r.u64()? },
+                2 => Reply::Failed(r.text()?),
+                s => return Err(DecodeError::Tag(s)),
+            };
+            r.end()?;
+            Frame::Reply { request, reply }
+        }
+        k => return Err(DecodeError::Tag(k)),
+    };
+    Ok(Some((frame, 4 + len)))
 }

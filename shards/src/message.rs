@@ -57,6 +57,8 @@ pub struct IdGenerator {
     node_bits: u64,
     ts: u64,
     seq: u64,
+    /// The largest ID given or resumed after (0: none yet).
+    last: u64,
 }
 
 /// nsqd's guid epoch, in 2^20-ns units.
@@ -68,6 +70,7 @@ impl IdGenerator {
             node_bits: (node_id as u64 & 0x3ff) << 12,
             ts: 0,
             seq: 0,
+            last: 0,
         }
     }
 
@@ -76,6 +79,7 @@ impl IdGenerator {
     /// stepped back across a restart; nsqd's factory waits for the clock within one
     /// run). A repeated ID would overwrite an in-flight message of a channel.
     pub fn resume_after(&mut self, last: MessageId) {
+        self.last = self.last.max(last.0);
         let ts = last.0 >> 22;
         let seq = last.0 & 0xfff;
         if (ts, seq) > (self.ts, self.seq) {
@@ -100,7 +104,27 @@ impl IdGenerator {
                 self.seq = 0;
             }
         }
-        MessageId(self.ts << 22 | self.node_bits | self.seq)
+        let id = self.ts << 22 | self.node_bits | self.seq;
+        self.last = self.last.max(id);
+        MessageId(id)
+    }
+
+    /// The largest ID this generator gave or resumed after (`None`: none yet).
+    pub fn last(&self) -> Option<MessageId> {
+        (self.last != 0).then_some(MessageId(self.last))
+    }
+
+    /// Continues strictly above `last` as a 64-bit number, whatever node gave it (a new
+    /// leader of a replicated topic after another node's IDs): the next ID takes at
+    /// least the pseudo-millisecond after `last`'s, so its node bits cannot make it
+    /// smaller.
+    pub fn resume_above(&mut self, last: MessageId) {
+        self.last = self.last.max(last.0);
+        let ts = (last.0 >> 22) + 1;
+        if (ts, 0) > (self.ts, self.seq) {
+            self.ts = ts;
+            self.seq = 0;
+        }
     }
 }
 

@@ -242,6 +242,10 @@ pub enum PublishError {
     Draining,
     /// A disk error (nsqd: E_PUB_FAILED ... with the error text).
     Disk(String),
+    /// A replicated topic's publish did not reach its replicas as `--replication-ack`
+    /// asks (no leader in time, leadership lost, the entry replaced): the text says why
+    /// (docs/replication.md).
+    Replication(String),
 }
 
 impl PublishError {
@@ -256,7 +260,7 @@ impl std::fmt::Display for PublishError {
         match self {
             PublishError::Exiting => f.write_str("exiting"),
             PublishError::Draining => f.write_str("draining"),
-            PublishError::Disk(e) => f.write_str(e),
+            PublishError::Disk(e) | PublishError::Replication(e) => f.write_str(e),
         }
     }
 }
@@ -514,29 +518,74 @@ impl Topic {
         let timestamp = crate::message::now_unix_nanos();
         let mut n = 0;
         for body in bodies {
-            self.counters.message_count += 1;
-            self.counters.message_bytes += body.len() as u64;
-            if self.ephemeral && self.channels.is_empty() && self.depth() >= mem_queue_size {
+            let id = self.ids.next_id();
+            n += self.push_published(id, timestamp, defer_until, body, mem_queue_size);
+        }
+        self.published(mem_queue_size);
+        (n, self.log.head)
+    }
+
+    /// Appends messages a replicated topic's leader gave their IDs and timestamps
+    /// (docs/replication.md), as [`Topic::publish`] does; a message whose ID is not above
+    /// the newest this topic holds is skipped (a replica replaying entries it already
+    /// applied before a restart). Returns (appended, log head).
+    pub fn append_replicated(
+        &mut self,
+        messages: impl IntoIterator<Item = (MessageId, i64, Option<Instant>, Bytes)>,
+        mem_queue_size: u64,
+    ) -> (u64, u64) {
+        let mut n = 0;
+        for (id, timestamp, defer_until, body) in messages {
+            if self.ids.last().is_some_and(|last| id.0 <= last.0) {
                 continue;
             }
-            n += 1;
-            let rec = Record {
-                seq: self.log.head,
-                id: self.ids.next_id(),
-                timestamp,
-                defer_until,
-                body,
-            };
-            if let (Some(store), StoreMode::Immediate) = (&self.storage.store, self.storage.mode) {
-                store.append(&rec.to_stored());
-            }
-            self.log.push(rec);
+            self.ids.resume_after(id);
+            n += self.push_published(id, timestamp, defer_until, body, mem_queue_size);
         }
+        self.published(mem_queue_size);
+        (n, self.log.head)
+    }
+
+    /// The newest message ID this topic gave or holds (`None`: none yet).
+    pub fn last_id(&self) -> Option<MessageId> {
+        self.ids.last()
+    }
+
+    /// One published message into the log (0 when an ephemeral topic without channels
+    /// drops it at `--mem-queue-size`, else 1).
+    fn push_published(
+        &mut self,
+        id: MessageId,
+        timestamp: i64,
+        defer_until: Option<Instant>,
+        body: Bytes,
+        mem_queue_size: u64,
+    ) -> u64 {
+        self.counters.message_count += 1;
+        self.counters.message_bytes += body.len() as u64;
+        if self.ephemeral && self.channels.is_empty() && self.depth() >= mem_queue_size {
+            return 0;
+        }
+        let rec = Record {
+            seq: self.log.head,
+            id,
+            timestamp,
+            defer_until,
+            body,
+        };
+        if let (Some(store), StoreMode::Immediate) = (&self.storage.store, self.storage.mode) {
+            store.append(&rec.to_stored());
+        }
+        self.log.push(rec);
+        1
+    }
+
+    /// After a batch of [`Topic::push_published`]: the store mark and the pump.
+    fn published(&mut self, mem_queue_size: u64) {
         if self.storage.store.is_none() || self.storage.mode == StoreMode::Immediate {
             self.storage.stored = self.log.head;
         }
         self.pump(mem_queue_size);
-        (n, self.log.head)
     }
 
     /// After recovery: new message IDs follow `last`, the newest recovered one (see

@@ -133,6 +133,10 @@ pub(super) async fn route(
             Some(e) => Response::plain(500, format!("NOK - {e}").into_bytes()),
         },
         "/info" => info(server),
+        "/cluster" => match server.cluster_state().await {
+            Some(v) => Response::v1_json(v.to_string().into_bytes()),
+            None => Response::v1_err(404, "NOT_FOUND"),
+        },
         "/pub" => do_pub(server, &params, body).await,
         "/mpub" => do_mpub(server, &params, body, body_failed).await,
         "/stats" => do_stats(server, &params).await,

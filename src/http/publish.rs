@@ -215,5 +215,8 @@ pub(super) fn publish_response(r: Result<(), nsq_shards::topic::PublishError>) -
         // nsqd's draining prototype: the topic's PutMessage error, so 503 EXITING.
         Err(nsq_shards::topic::PublishError::Draining) => Response::v1_err(503, "EXITING"),
         Err(nsq_shards::topic::PublishError::Disk(_)) => Response::v1_err(503, "EXITING"),
+        // A replicated publish that missed its ack policy: nsqd's answer for a put that
+        // failed.
+        Err(nsq_shards::topic::PublishError::Replication(_)) => Response::v1_err(503, "EXITING"),
     }
 }

@@ -13,6 +13,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("GET", "/stats"),
     ("GET", "/metrics"),
     ("GET", "/shards"),
+    ("GET", "/cluster"),
     ("GET", "/"),
     ("POST", "/pub"),
     ("POST", "/mpub"),

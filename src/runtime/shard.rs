@@ -108,6 +108,10 @@ async fn shard_main(
         http_port: http_addr.port(),
         https_port: https_addr.map(|a| a.port()).unwrap_or(0),
         mesh: senders,
+        cluster: cfg
+            .cluster
+            .clone()
+            .map(|c| Rc::new(crate::cluster::ShardCluster::new(c, index))),
     });
     use std::os::fd::{FromRawFd, IntoRawFd};
     // SAFETY: each fd is a listening socket this shard now owns (a dup made for it).
@@ -143,6 +147,7 @@ async fn shard_main(
     // From now on a new topic asks nsqlookupd for its channels first (nsqd: GetTopic,
     // which skips this while loading metadata).
     crate::lookupd_client::install_channel_query(&server);
+    crate::cluster::ShardCluster::start(&server);
     if let Some(mut r) = receivers {
         for (_peer, rx) in r.drain(..) {
             let server = server.clone();

@@ -15,6 +15,7 @@ mod common;
 mod auth;
 mod channel_lag;
 mod client_error_logs;
+mod cluster;
 mod config_file;
 mod conformance_http_connection;
 mod conformance_http_pub;

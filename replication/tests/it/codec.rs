@@ -2,7 +2,10 @@
 //! panics) for garbage.
 
 use nsq_replication::entry::{ENTRY_VERSION, MAX_NAME_LEN};
-use nsq_replication::wire::{decode_frame, encode_frame, EncodeError, MAX_FRAME_LEN};
+use nsq_replication::wire::{
+    decode_frame, encode_frame, encode_hello, encode_propose, encode_reply, EncodeError, Frame,
+    Hello, Reply, MAX_FRAME_LEN,
+};
 use nsq_replication::{ChannelOp, DecodeError, Entry, Message, RaftMessage};
 use raft::eraftpb::{Entry as RaftEntry, MessageType};
 
@@ -136,6 +139,13 @@ fn append_message() -> RaftMessage {
     m
 }
 
+fn raft(frame: Frame) -> (String, RaftMessage) {
+    match frame {
+        Frame::Raft { topic, message } => (topic, message),
+        other => panic!("not a Raft frame: {other:?}"),
+    }
+}
+
 #[test]
 fn frames_round_trip_and_wait_for_whole_frames() {
     let m = append_message();
@@ -143,15 +153,74 @@ fn frames_round_trip_and_wait_for_whole_frames() {
     let second = encode_frame("payments", &RaftMessage::default()).unwrap();
     stream.extend_from_slice(&second);
     let (frame, used) = decode_frame(&stream).unwrap().unwrap();
-    assert_eq!(frame.topic, "orders");
-    assert_eq!(frame.message, m);
+    assert_eq!(raft(frame), ("orders".to_string(), m));
     let (frame2, used2) = decode_frame(&stream[used..]).unwrap().unwrap();
-    assert_eq!(frame2.topic, "payments");
+    assert_eq!(raft(frame2).0, "payments");
     assert_eq!(used + used2, stream.len());
     // A frame not yet whole: wait for more bytes.
     for cut in 0..used {
         assert_eq!(decode_frame(&stream[..cut]), Ok(None), "cut at {cut}");
     }
+}
+
+#[test]
+fn hello_propose_and_reply_frames_round_trip() {
+    let hello = Hello {
+        node_id: 7,
+        replica: 0xdead_beef,
+        address: "10.0.0.7:4153".to_string(),
+    };
+    let entry = Entry::TopicPause(false).encode();
+    let frames = [
+        (encode_hello(&hello).unwrap(), Frame::Hello(hello.clone())),
+        (
+            encode_propose(9, "orders", &entry).unwrap(),
+            Frame::Propose {
+                request: 9,
+                topic: "orders".to_string(),
+                entry: entry.clone(),
+            },
+        ),
+        (
+            encode_reply(9, &Reply::Acked),
+            Frame::Reply {
+                request: 9,
+                reply: Reply::Acked,
+            },
+        ),
+        (
+            encode_reply(10, &Reply::NotLeader { leader: 3 }),
+            Frame::Reply {
+                request: 10,
+                reply: Reply::NotLeader { leader: 3 },
+            },
+        ),
+        (
+            encode_reply(11, &Reply::Failed("no quorum".to_string())),
+            Frame::Reply {
+                request: 11,
+                reply: Reply::Failed("no quorum".to_string()),
+            },
+        ),
+    ];
+    for (bytes, want) in frames {
+        let (got, used) = decode_frame(&bytes).unwrap().unwrap();
+        assert_eq!(got, want);
+        assert_eq!(used, bytes.len());
+    }
+    // A failure text is cut at 1,024 bytes, on a character boundary.
+    let long = "é".repeat(600);
+    let (got, _) = decode_frame(&encode_reply(1, &Reply::Failed(long)))
+        .unwrap()
+        .unwrap();
+    let Frame::Reply {
+        reply: Reply::Failed(text),
+        ..
+    } = got
+    else {
+        panic!("not a failure: {got:?}");
+    };
+    assert_eq!(text, "é".repeat(512));
 }
 
 #[test]
@@ -162,19 +231,33 @@ fn bad_frames_are_errors() {
     );
     let too_long = u32::try_from(MAX_FRAME_LEN + 1).unwrap().to_le_bytes();
     assert_eq!(decode_frame(&too_long), Err(DecodeError::Truncated));
-    assert_eq!(decode_frame(&[1, 0, 0, 0, 1]), Err(DecodeError::Truncated));
+    assert_eq!(decode_frame(&[1, 0, 0, 0, 2]), Err(DecodeError::Truncated));
     assert_eq!(
-        decode_frame(&[2, 0, 0, 0, 9, 0]),
+        decode_frame(&[2, 0, 0, 0, 9, 2]),
         Err(DecodeError::Version(9))
     );
-    assert_eq!(decode_frame(&[2, 0, 0, 0, 1, 0]), Err(DecodeError::Name));
+    assert_eq!(decode_frame(&[2, 0, 0, 0, 2, 9]), Err(DecodeError::Tag(9)));
+    assert_eq!(decode_frame(&[3, 0, 0, 0, 2, 2, 0]), Err(DecodeError::Name));
     assert_eq!(
-        decode_frame(&[2, 0, 0, 0, 1, 5]),
+        decode_frame(&[3, 0, 0, 0, 2, 2, 5]),
         Err(DecodeError::Truncated)
     );
     // A valid header and a body that is not a protobuf message (field 0 is invalid).
     assert_eq!(
-        decode_frame(&[5, 0, 0, 0, 1, 1, b't', 0x00, 0x00]),
+        decode_frame(&[6, 0, 0, 0, 2, 2, 1, b't', 0x00, 0x00]),
         Err(DecodeError::Protobuf)
     );
+    // A reply with an unknown status, and a hello with bytes after it.
+    let mut bad = encode_reply(1, &Reply::Acked);
+    *bad.last_mut().unwrap() = 7;
+    assert_eq!(decode_frame(&bad), Err(DecodeError::Tag(7)));
+    let mut hello = encode_hello(&Hello {
+        node_id: 1,
+        replica: 1,
+        address: "a:1".to_string(),
+    })
+    .unwrap();
+    hello.push(0);
+    hello[0] += 1;
+    assert_eq!(decode_frame(&hello), Err(DecodeError::Trailing(1)));
 }

@@ -17,7 +17,13 @@ pub struct Lookup {
     topic_created: RefCell<Option<TopicCreatedHook>>,
     /// The token the next held topic gets.
     next_hold: Cell<u64>,
+    /// Topics whose registration this node leaves to another (a replicated topic this
+    /// node does not lead, docs/replication.md); `None`: every topic registers.
+    hidden: RefCell<Option<HiddenTopics>>,
 }
+
+/// Says whether a topic's registration changes are kept from nsqlookupd.
+pub type HiddenTopics = Box<dyn Fn(&str) -> bool>;
 
 impl Default for Lookup {
     fn default() -> Lookup {
@@ -27,6 +33,7 @@ impl Default for Lookup {
             enabled: Cell::new(false),
             topic_created: RefCell::new(None),
             next_hold: Cell::new(1),
+            hidden: RefCell::new(None),
         }
     }
 }
@@ -39,6 +46,18 @@ impl Lookup {
 
     /// Queues `ev` for the lookup task and wakes it (a no-op unless enabled).
     pub(crate) fn push(&self, ev: LookupEvent) {
+        let topic = match &ev {
+            LookupEvent::Register(t, _) | LookupEvent::Unregister(t, _) => t,
+        };
+        if self.hidden.borrow().as_ref().is_some_and(|h| h(topic)) {
+            return;
+        }
+        self.push_always(ev);
+    }
+
+    /// Queues `ev` whatever [`Lookup::set_hidden`] says (a leadership change registers
+    /// or unregisters the topic itself); a no-op unless enabled.
+    pub fn push_always(&self, ev: LookupEvent) {
         if self.enabled.get() {
             self.events.borrow_mut().push(ev);
             self.wake.notify();
@@ -65,6 +84,11 @@ impl Lookup {
     /// Notified when changes are queued (or the lookup task is asked to look again).
     pub fn wake(&self) -> &Notify {
         &self.wake
+    }
+
+    /// Keeps the registration changes of the topics `hidden` names from nsqlookupd.
+    pub fn set_hidden(&self, hidden: HiddenTopics) {
+        *self.hidden.borrow_mut() = Some(hidden);
     }
 
     /// Installs the hook called when a topic is created outside recovery.

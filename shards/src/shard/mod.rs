@@ -24,6 +24,7 @@ pub mod inspect;
 mod lookup;
 mod publish;
 mod read_ahead;
+mod replica;
 mod stats;
 mod store_prep;
 mod subscribe;

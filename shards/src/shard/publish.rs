@@ -3,6 +3,7 @@
 //! for nsqlookupd's channel list.
 
 use super::{bump, memory_may_shrink, Shard, STORE_PENDING_HIGH};
+use crate::message::MessageId;
 use crate::shard::LookupEvent;
 use crate::topic::{PublishError, STORE_DELAY};
 use bytes::Bytes;
@@ -16,6 +17,13 @@ pub struct DurableWait {
     /// Wait until every record below this sequence is synced (`--sync-every=1`, or after
     /// a disk error).
     pub durable: Option<u64>,
+}
+
+/// What a publish appends: new bodies (IDs and timestamps given here) or a replicated
+/// topic's committed messages.
+enum Batch {
+    Fresh(Vec<Bytes>, Option<Instant>),
+    Replicated(Vec<(MessageId, i64, Option<Instant>, Bytes)>),
 }
 
 impl Shard {
@@ -48,7 +56,31 @@ impl Shard {
         if self.node.draining() {
             return Err(PublishError::Draining);
         }
-        let bytes: u64 = bodies.iter().map(|b| b.len() as u64).sum();
+        self.append_batch(topic, Batch::Fresh(bodies, defer_until), synced)
+    }
+
+    /// Appends messages of a replicated topic as its group committed them, with the IDs
+    /// and timestamps the leader gave (docs/replication.md); creates the topic if needed.
+    /// Not refused by a drain: the entry is committed, and every replica applies it.
+    /// Returns what [`Shard::publish_local`] returns.
+    pub fn publish_replicated(
+        &self,
+        topic: &str,
+        messages: Vec<(MessageId, i64, Option<Instant>, Bytes)>,
+    ) -> Result<Option<DurableWait>, PublishError> {
+        self.append_batch(topic, Batch::Replicated(messages), false)
+    }
+
+    fn append_batch(
+        &self,
+        topic: &str,
+        batch: Batch,
+        synced: bool,
+    ) -> Result<Option<DurableWait>, PublishError> {
+        let bytes: u64 = match &batch {
+            Batch::Fresh(bodies, _) => bodies.iter().map(|b| b.len() as u64).sum(),
+            Batch::Replicated(m) => m.iter().map(|(_, _, _, b)| b.len() as u64).sum(),
+        };
         let mut topics = self.topics.borrow_mut();
         let t = self.get_or_create_topic(&mut topics, topic);
         if t.store().is_none() && t.store_error().is_some() {
@@ -62,7 +94,12 @@ impl Shard {
             st.admit(bytes as usize)
                 .map_err(|e| PublishError::Disk(String::from(e)))?;
         }
-        let (n, end) = t.publish(bodies, defer_until, self.opts.mem_queue_size);
+        let (n, end) = match batch {
+            Batch::Fresh(bodies, defer_until) => {
+                t.publish(bodies, defer_until, self.opts.mem_queue_size)
+            }
+            Batch::Replicated(m) => t.append_replicated(m, self.opts.mem_queue_size),
+        };
         bump(&self.counters.messages_in, n);
         bump(&self.counters.bytes_in, bytes);
         let must_sync =

@@ -41,6 +41,9 @@ pub(super) async fn sub(
         };
         return fatal(client, e.to_string());
     }
+    if let Some(Err(e)) = crate::cluster::replica::subscribe(server, topic, channel).await {
+        return fatal(client, e);
+    }
     server.shard.prepare_store(topic).await;
     match server.shard.subscribe(client, topic, channel) {
         Err(e @ SubError::Draining { .. }) => return fatal(client, e.to_string()),

@@ -1,0 +1,88 @@
+//! What a replicated topic's group (docs/replication.md) reads from and does to the
+//! topic this shard owns: the newest message ID applied, the channels' finished
+//! positions the leader replicates, a follower's channel moved up to them, and the
+//! consumers closed when this node stops leading the topic.
+
+use super::Shard;
+use crate::message::MessageId;
+
+impl Shard {
+    /// The newest message ID `topic` holds (`None`: no such topic or no message yet).
+    pub fn topic_last_id(&self, topic: &str) -> Option<MessageId> {
+        self.topics.borrow().get(topic).and_then(|t| t.last_id())
+    }
+
+    /// True when `topic` exists on this shard.
+    pub fn topic_exists(&self, topic: &str) -> bool {
+        self.topics.borrow().contains_key(topic)
+    }
+
+    /// True when `topic` exists on this shard and has `channel`.
+    pub fn has_channel(&self, topic: &str, channel: &str) -> bool {
+        self.topics
+            .borrow()
+            .get(topic)
+            .is_some_and(|t| t.channels.contains_key(channel))
+    }
+
+    /// Each durable channel of `topic` with its low watermark: every log sequence below
+    /// it is finished on that channel (what the leader replicates as a cursor).
+    pub fn channel_watermarks(&self, topic: &str) -> Vec<(String, u64)> {
+        let topics = self.topics.borrow();
+        let Some(t) = topics.get(topic) else {
+            return Vec::new();
+        };
+        t.channels
+            .iter()
+            .filter(|(_, c)| !c.is_ephemeral())
+            .map(|(name, c)| (name.clone(), c.low_watermark()))
+            .collect()
+    }
+
+    /// Moves `channel` of `topic` forward to `seq` (capped at the log head) when its own
+    /// low watermark is below: a follower learning what the leader's consumers finished.
+    /// Messages the channel holds in flight stay (see `Channel::seek`); a channel at or
+    /// past `seq` is left alone. Returns true when it moved.
+    pub fn advance_channel(&self, topic: &str, channel: &str, seq: u64) -> bool {
+        let mut topics = self.topics.borrow_mut();
+        let Some(t) = topics.get_mut(topic) else {
+            return false;
+        };
+        let head = t.log.head;
+        let Some(ch) = t.channels.get_mut(channel) else {
+            return false;
+        };
+        let seq = seq.min(head);
+        if ch.low_watermark() >= seq {
+            return false;
+        }
+        ch.seek(seq);
+        self.mark(t);
+        self.dispatch_topic(t);
+        true
+    }
+
+    /// Closes the connections of every consumer of `topic` (this node no longer leads
+    /// it: they reconnect and find the leader through nsqlookupd). Returns how many.
+    pub fn close_topic_consumers(&self, topic: &str) -> usize {
+        let mut topics = self.topics.borrow_mut();
+        let Some(t) = topics.get_mut(topic) else {
+            return 0;
+        };
+        let mut n = 0;
+        for ch in t.channels.values_mut() {
+            n += ch.clients().len();
+            ch.close_clients();
+        }
+        n
+    }
+
+    /// The channels of `topic` (empty when there is no such topic).
+    pub fn channel_names(&self, topic: &str) -> Vec<String> {
+        self.topics
+            .borrow()
+            .get(topic)
+            .map(|t| t.channels.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+}

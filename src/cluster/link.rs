@@ -1,0 +1,278 @@
+//! The connections between cluster members.
+//!
+//! Each shard keeps one outgoing connection to each peer, used only for sending: it
+//! greets with a [`Hello`], then writes frames ([`nsq_replication::wire`]) as its groups
+//! produce them. Shard 0 listens on `--cluster-address`; an accepted connection is only
+//! read: after the peer's greeting is checked (a listed member, its replica id, a
+//! `--node-id` that differs from this node's), each frame goes to the shard that owns
+//! its topic, and a [`Frame::Reply`] to the shard that sent the request (the request
+//! number's top 16 bits). Raft tolerates lost, repeated and reordered messages, so a
+//! broken connection loses at most what was queued on it: it is dialled again after
+//! [`REDIAL`], and a forwarded proposal whose reply is lost times out at its sender.
+
+use super::{ClusterConfig, Member};
+use crate::server::Server;
+use futures::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::{TcpListener, TcpStream};
+use nsq_replication::wire::{self, Frame, Hello};
+use nsq_shards::wake::Notify;
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::time::Duration;
+
+/// Wait between two dials of an unreachable peer.
+pub const REDIAL: Duration = Duration::from_millis(100);
+
+/// The longest a dial waits.
+const DIAL_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Bytes queued for a peer that is not connected beyond which the oldest frames are
+/// dropped (Raft sends again what matters).
+const QUEUE_LIMIT: usize = 64 << 20;
+
+/// One peer's outgoing queue on this shard.
+struct Outgoing {
+    member: Member,
+    queue: RefCell<VecDeque<Vec<u8>>>,
+    queued_bytes: Cell<usize>,
+    wake: Notify,
+    /// True while the connection is up (set once the greeting is written).
+    connected: Cell<bool>,
+}
+
+/// This shard's outgoing connections, one per peer.
+pub struct Links {
+    peers: Vec<Rc<Outgoing>>,
+}
+
+impl Links {
+    /// The queues for `cfg`'s peers; [`Links::start`] runs their connections.
+    pub fn new(cfg: &ClusterConfig) -> Links {
+        Links {
+            peers: cfg
+                .peers
+                .iter()
+                .map(|m| {
+                    Rc::new(Outgoing {
+                        member: m.clone(),
+                        queue: RefCell::new(VecDeque::new()),
+                        queued_bytes: Cell::new(0),
+                        wake: Notify::default(),
+                        connected: Cell::new(false),
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    /// Starts one task per peer that dials it, greets and writes what is queued, until
+    /// the shard shuts down.
+    pub fn start(&self, server: &Rc<Server>, hello: Hello) {
+        for p in &self.peers {
+            let p = p.clone();
+            let server = server.clone();
+            let hello = hello.clone();
+            glommio::spawn_local(async move { connection_loop(&server, &p, &hello).await })
+                .detach();
+        }
+    }
+
+    /// True while this shard's connection to replica `to` is up.
+    pub fn connected(&self, to: u64) -> bool {
+        self.peers
+            .iter()
+            .any(|p| p.member.replica == to && p.connected.get())
+    }
+
+    /// Queues `frame` for the peer with replica id `to` (dropped when `to` is not a
+    /// peer); the peer's task writes it.
+    pub fn send(&self, to: u64, frame: Vec<u8>) {
+        let Some(p) = self.peers.iter().find(|p| p.member.replica == to) else {
+            return;
+        };
+        let mut q = p.queue.borrow_mut();
+        let mut bytes = p.queued_bytes.get() + frame.len();
+        while bytes > QUEUE_LIMIT {
+            match q.pop_front() {
+                Some(old) => bytes -= old.len(),
+                None => break,
+            }
+        }
+        q.push_back(frame);
+        p.queued_bytes.set(bytes);
+        p.wake.notify();
+    }
+}
+
+async fn connection_loop(server: &Server, p: &Outgoing, hello: &Hello) {
+    let greeting = match wire::encode_hello(hello) {
+        Ok(g) => g,
+        Err(e) => {
+            log::error!("CLUSTER: cannot greet {}: {e}", p.member.address);
+            return;
+        }
+    };
+    let mut logged_down = false;
+    while !server.shard.shutdown.is_set() {
+        let stream = match TcpStream::connect_timeout(p.member.address.as_str(), DIAL_TIMEOUT).await
+        {
+            Ok(s) => s,
+            Err(e) => {
+                if !logged_down {
+                    log::warn!("CLUSTER: peer {} unreachable: {e}", p.member.address);
+                    logged_down = true;
+                }
+                glommio::timer::sleep(REDIAL).await;
+                continue;
+            }
+        };
+        if logged_down || server.shard.index() == 0 {
+            log::info!("CLUSTER: connected to peer {}", p.member.address);
+        }
+        logged_down = false;
+        let _ = stream.set_nodelay(true);
+        let r = write_loop(server, p, stream, &greeting).await;
+        p.connected.set(false);
+        if let Err(e) = r {
+            log::warn!("CLUSTER: connection to {} closed: {e}", p.member.address);
+        }
+        glommio::timer::sleep(REDIAL).await;
+    }
+}
+
+async fn write_loop(
+    server: &Server,
+    p: &Outgoing,
+    mut stream: TcpStream,
+    greeting: &[u8],
+) -> std::io::Result<()> {
+    stream.write_all(greeting).await?;
+    p.connected.set(true);
+    let mut buf = Vec::new();
+    loop {
+        {
+            let mut q = p.queue.borrow_mut();
+            while let Some(f) = q.pop_front() {
+                buf.extend_from_slice(&f);
+                if buf.len() > 1 << 20 {
+                    break;
+                }
+            }
+            p.queued_bytes
+                .set(p.queued_bytes.get().saturating_sub(buf.len()));
+        }
+        if buf.is_empty() {
+            if server.shard.shutdown.is_set() {
+                return Ok(());
+            }
+            let wake = std::pin::pin!(p.wake.wait());
+            let stop = std::pin::pin!(server.shard.shutdown.wait());
+            futures::future::select(wake, stop).await;
+            continue;
+        }
+        stream.write_all(&buf).await?;
+        buf.clear();
+    }
+}
+
+/// Shard 0's listener on `--cluster-address`: reads each peer's frames and hands them to
+/// their shards. A bind failure stops the broker (as a TCP or HTTP listener's does).
+pub async fn accept_loop(server: Rc<Server>, cfg: Rc<ClusterConfig>) {
+    let listener = match TcpListener::bind(cfg.me.address.as_str()) {
+        Ok(l) => l,
+        Err(e) => {
+            log::error!("FATAL: listen ({}) failed - {e}", cfg.me.address);
+            std::process::exit(1);
+        }
+    };
+    log::info!("CLUSTER: listening on {}", cfg.me.address);
+    loop {
+        let accept = std::pin::pin!(listener.accept());
+        let stop = std::pin::pin!(server.shard.shutdown.wait());
+        let stream = match futures::future::select(accept, stop).await {
+            futures::future::Either::Left((Ok(s), _)) => s,
+            futures::future::Either::Left((Err(e), _)) => {
+                log::warn!("CLUSTER: accept failed: {e}");
+                glommio::timer::sleep(REDIAL).await;
+                continue;
+            }
+            futures::future::Either::Right(_) => return,
+        };
+        let server = server.clone();
+        let cfg = cfg.clone();
+        glommio::spawn_local(async move {
+            if let Err(e) = read_loop(&server, &cfg, stream).await {
+                log::warn!("CLUSTER: incoming connection closed: {e}");
+            }
+        })
+        .detach();
+    }
+}
+
+async fn read_loop(
+    server: &Rc<Server>,
+    cfg: &ClusterConfig,
+    mut stream: TcpStream,
+) -> std::io::Result<()> {
+    let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
+    let mut chunk = vec![0u8; 256 << 10];
+    let mut from: Option<u64> = None;
+    loop {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        let mut used = 0;
+        loop {
+            let frame = match wire::decode_frame(&buf[used..]) {
+                Ok(Some((f, len))) => {
+                    used += len;
+                    f
+                }
+                Ok(None) => break,
+                Err(e) => return Err(std::io::Error::other(format!("bad frame: {e}"))),
+            };
+            match (from, frame) {
+                (None, Frame::Hello(h)) => {
+                    from = Some(check_hello(cfg, &h)?);
+                }
+                (None, _) => return Err(std::io::Error::other("frame before the greeting")),
+                (Some(_), Frame::Hello(_)) => {
+                    return Err(std::io::Error::other("a second greeting"))
+                }
+                (Some(peer), frame) => super::replica::route(server, peer, frame).await,
+            }
+        }
+        buf.drain(..used);
+    }
+}
+
+/// The peer's replica id when its greeting names a listed member with the matching id
+/// and a `--node-id` other than this node's.
+fn check_hello(cfg: &ClusterConfig, h: &Hello) -> std::io::Result<u64> {
+    let Some(m) = cfg.peers.iter().find(|m| m.address == h.address) else {
+        let e = format!(
+            "peer {} is not in --cluster-peer; its connection is refused",
+            h.address
+        );
+        log::error!("CLUSTER: {e}");
+        return Err(std::io::Error::other(e));
+    };
+    if m.replica != h.replica {
+        return Err(std::io::Error::other(format!(
+            "peer {} greets with replica id {} instead of {}",
+            h.address, h.replica, m.replica
+        )));
+    }
+    if h.node_id == cfg.node_id {
+        let e = format!(
+            "peer {} has the same --node-id {} as this node: every member needs its own (message IDs carry it); its connection is refused",
+            h.address, h.node_id
+        );
+        log::error!("CLUSTER: {e}");
+        return Err(std::io::Error::other(e));
+    }
+    Ok(m.replica)
+}

@@ -1,0 +1,878 @@
+//! One shard's replicated topics: a Raft group per topic it owns and holds a replica
+//! of, driven on the shard's thread.
+//!
+//! - **Publishing** ([`ShardCluster::publish`]): the leader proposes the batch with IDs
+//!   and timestamps it gives, and answers once `--replication-ack` is met (and, under
+//!   `--sync-every=1`, its own disk has it); any other node forwards the batch to the
+//!   leader (or, when it holds no replica, to a replica) and relays the answer.
+//! - **Applying**: every replica, the leader included, appends a committed batch to its
+//!   topic log with the leader's IDs, and applies channel entries (creation, deletion,
+//!   pause, empty, and the cursor the leader replicates every [`CURSOR_EVERY`]).
+//! - **Leadership**: only the leader registers the topic and its channels with
+//!   nsqlookupd and serves consumers; a node that loses leadership unregisters the topic
+//!   and closes its consumers' connections, which find the new leader through
+//!   nsqlookupd.
+//!
+//! The driver task ticks every group each [`TICK`] (election after 10 to 19 ticks,
+//! heartbeats every 2) and polls a group after anything stepped or proposed on it.
+
+use super::link::Links;
+use super::ClusterConfig;
+use crate::mesh::ShardMsg;
+use crate::server::Server;
+use bytes::Bytes;
+use futures::channel::oneshot;
+use nsq_replication::wire::{self, Frame, Hello, Reply};
+use nsq_replication::{
+    AckPolicy, AckState, ChannelOp, Entry, GroupConfig, Leadership, MemLog, Message, ProposalId,
+    ReplicationError, TopicGroup,
+};
+use nsq_shards::mesh::{AdminError, AdminOp};
+use nsq_shards::message::{IdGenerator, MessageId};
+use nsq_shards::shard::{DurableWait, LookupEvent};
+use nsq_shards::topic::PublishError;
+use nsq_shards::wake::Notify;
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+/// The groups' clock period: elections after 0.5 to 0.95 s without a leader,
+/// heartbeats every 100 ms.
+pub const TICK: Duration = Duration::from_millis(50);
+
+/// How often a leader replicates its channels' finished positions: after a failover, a
+/// message FINished within this much before is delivered again.
+pub const CURSOR_EVERY: Duration = Duration::from_millis(100);
+
+/// The longest a publish or a channel change waits for its replicas (an election
+/// included) before it is refused.
+pub const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The longest a forwarded proposal waits for the leader's reply before it is sent again.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A proposal waiting for its ack policy.
+struct Waiter {
+    proposal: ProposalId,
+    reply: oneshot::Sender<Reply>,
+    /// The leader's own durable write of the batch (`--sync-every=1`).
+    durable: Option<DurableWait>,
+}
+
+/// One topic's group on this shard.
+struct Group {
+    group: TopicGroup<MemLog>,
+    /// The IDs this node gives the messages it proposes while it leads.
+    ids: IdGenerator,
+    waiters: Vec<Waiter>,
+    /// The cursor last proposed per channel (leader only).
+    cursors: HashMap<String, u64>,
+    /// A committed entry that does not decode stops the group here.
+    stopped: bool,
+}
+
+/// This shard's part of the cluster (one per shard, in its [`Server`]).
+pub struct ShardCluster {
+    pub cfg: Rc<ClusterConfig>,
+    links: Links,
+    groups: RefCell<HashMap<String, Group>>,
+    /// Groups to poll.
+    dirty: RefCell<HashSet<String>>,
+    wake: Notify,
+    /// Forwarded proposals waiting for their reply, by request number.
+    requests: RefCell<HashMap<u64, oneshot::Sender<Reply>>>,
+    next_request: Cell<u64>,
+    /// The topics this node leads (what nsqlookupd is told).
+    led: RefCell<HashSet<String>>,
+    /// The last leader heard of for topics this node holds no replica of.
+    hints: RefCell<HashMap<String, u64>>,
+    /// This shard's index (the top bits of its request numbers).
+    shard_index: usize,
+}
+
+impl ShardCluster {
+    pub fn new(cfg: ClusterConfig, shard_index: usize) -> ShardCluster {
+        let links = Links::new(&cfg);
+        ShardCluster {
+            cfg: Rc::new(cfg),
+            links,
+            groups: RefCell::new(HashMap::new()),
+            dirty: RefCell::new(HashSet::new()),
+            wake: Notify::default(),
+            requests: RefCell::new(HashMap::new()),
+            next_request: Cell::new(1),
+            led: RefCell::new(HashSet::new()),
+            hints: RefCell::new(HashMap::new()),
+            shard_index,
+        }
+    }
+
+    /// Starts the shard's connections to the peers, its driver and (on shard 0) the
+    /// cluster listener, and keeps the registrations of topics led elsewhere from
+    /// nsqlookupd.
+    pub fn start(server: &Rc<Server>) {
+        let Some(c) = server.cluster.clone() else {
+            return;
+        };
+        c.links.start(
+            server,
+            Hello {
+                node_id: c.cfg.node_id,
+                replica: c.cfg.me.replica,
+                address: c.cfg.me.address.clone(),
+            },
+        );
+        let weak = Rc::downgrade(&c);
+        server.shard.lookup.set_hidden(Box::new(move |topic| {
+            weak.upgrade().is_some_and(|c| {
+                ClusterConfig::replicates(topic) && !c.led.borrow().contains(topic)
+            })
+        }));
+        glommio::spawn_local(driver(server.clone())).detach();
+        if server.shard.index() == 0 {
+            glommio::spawn_local(super::link::accept_loop(server.clone(), c.cfg.clone())).detach();
+        }
+    }
+
+    /// True when this node leads `topic` now.
+    pub fn leads(&self, topic: &str) -> bool {
+        self.led.borrow().contains(topic)
+    }
+
+    /// Makes `topic`'s group (and the topic) on this shard, its owner, if this node holds
+    /// a replica. Returns whether it does.
+    pub fn ensure_group(&self, server: &Server, topic: &str) -> bool {
+        if self.groups.borrow().contains_key(topic) {
+            return true;
+        }
+        let voters = self.cfg.replicas_of(topic);
+        if !voters.contains(&self.cfg.me.replica) {
+            return false;
+        }
+        let config = GroupConfig::new(self.cfg.me.replica);
+        let group = match TopicGroup::new(&config, MemLog::new(&voters)) {
+            Ok(g) => g,
+            Err(e) => {
+                log::error!("TOPIC({topic}): cannot start its replication group: {e}");
+                return false;
+            }
+        };
+        server.shard.create_topic(topic);
+        self.groups.borrow_mut().insert(
+            topic.to_string(),
+            Group {
+                group,
+                ids: IdGenerator::new(self.cfg.node_id),
+                waiters: Vec::new(),
+                cursors: HashMap::new(),
+                stopped: false,
+            },
+        );
+        log::info!("TOPIC({topic}): replicated on {} members", voters.len());
+        true
+    }
+
+    fn mark(&self, topic: &str) {
+        self.dirty.borrow_mut().insert(topic.to_string());
+        self.wake.notify();
+    }
+
+    /// Publishes to replicated `topic` (this shard owns it): see the module docs.
+    ///
+    /// # Errors
+    ///
+    /// [`PublishError::Replication`] when the ack policy is not met within
+    /// [`PROPOSE_TIMEOUT`]; the store's errors from the leader's apply.
+    pub async fn publish(
+        &self,
+        server: &Server,
+        topic: &str,
+        bodies: Vec<Bytes>,
+        defer_until: Option<Instant>,
+    ) -> Result<(), PublishError> {
+        if server.shard.shutdown.is_set() {
+            return Err(PublishError::Exiting);
+        }
+        if crate::runtime::drain::applied(&server.shard) {
+            return Err(PublishError::Draining);
+        }
+        let defer_ms = defer_until.map_or(0, |d| {
+            u32::try_from(d.saturating_duration_since(Instant::now()).as_millis())
+                .unwrap_or(u32::MAX)
+        });
+        let messages = bodies
+            .into_iter()
+            .map(|b| Message {
+                id: [b'0'; 16],
+                timestamp_ns: 0,
+                attempts: 0,
+                defer_ms,
+                body: b.to_vec(),
+            })
+            .collect();
+        self.propose(server, topic, Entry::Publish(messages))
+            .await
+            .map_err(PublishError::Replication)
+    }
+
+    /// Applies a channel or topic change of replicated `topic` through its group: every
+    /// replica applies it at the same place in the log. Errors as [`ShardCluster::publish`].
+    pub async fn change(&self, server: &Server, topic: &str, entry: Entry) -> Result<(), String> {
+        self.propose(server, topic, entry).await
+    }
+
+    /// Proposes `entry` on the leader, here or through the network, until its ack
+    /// policy is met or [`PROPOSE_TIMEOUT`] passes.
+    async fn propose(&self, server: &Server, topic: &str, entry: Entry) -> Result<(), String> {
+        let deadline = Instant::now() + PROPOSE_TIMEOUT;
+        let encoded = entry.encode();
+        let replicas = self.cfg.replicas_of(topic);
+        let mut target_turn = 0usize;
+        let mut last_error = String::from("no leader elected in time");
+        while Instant::now() < deadline {
+            let target = if self.ensure_group(server, topic) {
+                match self.propose_here(topic, &entry) {
+                    Ok(rx) => return answer(rx, deadline).await,
+                    Err(Some(leader)) => leader,
+                    Err(None) => {
+                        glommio::timer::sleep(TICK).await;
+                        continue;
+                    }
+                }
+            } else {
+                let hint = self.hints.borrow().get(topic).copied();
+                hint.unwrap_or_else(|| replicas[target_turn % replicas.len()])
+            };
+            if !self.links.connected(target) {
+                // A peer that is down is not waited on: the group elects another leader
+                // within its election timeout, or the next replica is tried.
+                self.hints.borrow_mut().remove(topic);
+                target_turn += 1;
+                last_error = format!(
+                    "cluster member {} unreachable",
+                    self.cfg.member(target).map_or("?", |m| m.address.as_str())
+                );
+                glommio::timer::sleep(TICK).await;
+                continue;
+            }
+            match self.forward(target, topic, &encoded).await {
+                Ok(Reply::Acked) => return Ok(()),
+                Ok(Reply::NotLeader { leader }) => {
+                    if leader != 0 {
+                        self.hints.borrow_mut().insert(topic.to_string(), leader);
+                    } else {
+                        self.hints.borrow_mut().remove(topic);
+                        glommio::timer::sleep(TICK).await;
+                    }
+                }
+                Ok(Reply::Failed(e)) => return Err(e),
+                Err(e) => {
+                    last_error = e;
+                    self.hints.borrow_mut().remove(topic);
+                    target_turn += 1;
+                    glommio::timer::sleep(TICK).await;
+                }
+            }
+        }
+        Err(last_error)
+    }
+
+    /// Proposes on this node's group: the receiver of the answer, or the leader to
+    /// forward to (`Err(None)`: no leader known; an election was started or is under
+    /// way).
+    fn propose_here(
+        &self,
+        topic: &str,
+        entry: &Entry,
+    ) -> Result<oneshot::Receiver<Reply>, Option<u64>> {
+        let mut groups = self.groups.borrow_mut();
+        let Some(g) = groups.get_mut(topic) else {
+            return Err(None);
+        };
+        if !g.group.is_leader() {
+            return match g.group.leader() {
+                Some(l) => Err(Some(l)),
+                None => {
+                    let _ = g.group.campaign();
+                    drop(groups);
+                    self.mark(topic);
+                    Err(None)
+                }
+            };
+        }
+        let entry = match entry {
+            Entry::Publish(msgs) => {
+                let now = nsq_shards::message::now_unix_nanos();
+                Entry::Publish(
+                    msgs.iter()
+                        .map(|m| Message {
+                            id: g.ids.next_id().to_hex(),
+                            timestamp_ns: u64::try_from(now).unwrap_or(0),
+                            ..m.clone()
+                        })
+                        .collect(),
+                )
+            }
+            other => other.clone(),
+        };
+        let (tx, rx) = oneshot::channel();
+        match g.group.propose(&entry) {
+            Ok(proposal) => {
+                g.waiters.push(Waiter {
+                    proposal,
+                    reply: tx,
+                    durable: None,
+                });
+            }
+            Err(ReplicationError::NotLeader { leader }) => return Err(leader),
+            Err(e) => {
+                let _ = tx.send(Reply::Failed(e.to_string()));
+            }
+        }
+        drop(groups);
+        self.mark(topic);
+        Ok(rx)
+    }
+
+    /// Sends `entry` to replica `to` and waits for its reply.
+    async fn forward(&self, to: u64, topic: &str, entry: &[u8]) -> Result<Reply, String> {
+        if to == self.cfg.me.replica {
+            return Err("this node does not hold the topic".into());
+        }
+        let n = self.next_request.get();
+        self.next_request.set(n + 1);
+        // The top 16 bits name this shard: the reply comes back to it.
+        let request = (n & 0xffff_ffff_ffff) | ((self.shard_bits()) << 48);
+        let frame = wire::encode_propose(request, topic, entry).map_err(|e| e.to_string())?;
+        let (tx, rx) = oneshot::channel();
+        self.requests.borrow_mut().insert(request, tx);
+        self.links.send(to, frame);
+        let timeout = std::pin::pin!(glommio::timer::sleep(FORWARD_TIMEOUT));
+        let r = match futures::future::select(rx, timeout).await {
+            futures::future::Either::Left((Ok(reply), _)) => Some(reply),
+            _ => None,
+        };
+        self.requests.borrow_mut().remove(&request);
+        match r {
+            Some(reply) => Ok(reply),
+            None => Err(format!(
+                "no answer from {}",
+                self.cfg.member(to).map_or("?", |m| m.address.as_str())
+            )),
+        }
+    }
+
+    fn shard_bits(&self) -> u64 {
+        self.shard_index as u64
+    }
+
+    /// A frame from peer `from` for a topic this shard owns (or a reply to a request
+    /// this shard sent).
+    pub fn handle(self: &Rc<Self>, server: &Rc<Server>, from: u64, frame: Frame) {
+        match frame {
+            Frame::Raft { topic, message } => {
+                if !self.ensure_group(server, &topic) {
+                    return;
+                }
+                let stepped = self
+                    .groups
+                    .borrow_mut()
+                    .get_mut(&topic)
+                    .map(|g| g.group.step(message));
+                if let Some(Err(e)) = stepped {
+                    log::debug!("TOPIC({topic}): Raft message from {from} refused: {e}");
+                }
+                self.mark(&topic);
+            }
+            Frame::Propose {
+                request,
+                topic,
+                entry,
+            } => {
+                let me = self.clone();
+                let server = server.clone();
+                glommio::spawn_local(async move {
+                    let reply = me.answer_propose(&server, &topic, &entry).await;
+                    me.links.send(from, wire::encode_reply(request, &reply));
+                })
+                .detach();
+            }
+            Frame::Reply { request, reply } => {
+                if let Some(tx) = self.requests.borrow_mut().remove(&request) {
+                    let _ = tx.send(reply);
+                }
+            }
+            Frame::Hello(_) => {}
+        }
+    }
+
+    async fn answer_propose(&self, server: &Server, topic: &str, entry: &[u8]) -> Reply {
+        let entry = match Entry::decode(entry) {
+            Ok(e) => e,
+            Err(e) => return Reply::Failed(format!("bad entry: {e}")),
+        };
+        if !self.ensure_group(server, topic) {
+            return Reply::NotLeader { leader: 0 };
+        }
+        match self.propose_here(topic, &entry) {
+            Ok(rx) => match answer(rx, Instant::now() + PROPOSE_TIMEOUT).await {
+                Ok(()) => Reply::Acked,
+                Err(e) => Reply::Failed(e),
+            },
+            Err(leader) => Reply::NotLeader {
+                leader: leader.unwrap_or(0),
+            },
+        }
+    }
+
+    /// Polls `topic`'s group: sends its messages, follows a leadership change, applies
+    /// what committed and answers the proposals whose policy is met.
+    async fn process(&self, server: &Server, topic: &str) {
+        let out = {
+            let mut groups = self.groups.borrow_mut();
+            let Some(g) = groups.get_mut(topic) else {
+                return;
+            };
+            if g.stopped {
+                return;
+            }
+            match g.group.poll() {
+                Ok(o) => o,
+                Err(e) => {
+                    log::error!("TOPIC({topic}): replication stopped: {e}");
+                    g.stopped = true;
+                    return;
+                }
+            }
+        };
+        for m in &out.messages {
+            match wire::encode_frame(topic, m) {
+                Ok(f) => self.links.send(m.to, f),
+                Err(e) => log::warn!("TOPIC({topic}): Raft message not sent: {e}"),
+            }
+        }
+        if let Some(l) = out.leadership {
+            self.leadership_changed(server, topic, l);
+        }
+        if !out.committed.is_empty() && server.shard.needs_prepared_store(topic) {
+            server.shard.prepare_store(topic).await;
+        }
+        let mut durable: Vec<(u64, DurableWait)> = Vec::new();
+        for c in out.committed {
+            match c.entry {
+                Ok(entry) => {
+                    if let Some(w) = apply(server, topic, entry) {
+                        durable.push((c.index, w));
+                    }
+                }
+                Err(e) => {
+                    log::error!(
+                        "TOPIC({topic}): committed entry {} does not decode ({e}); replication stopped",
+                        c.index
+                    );
+                    if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
+                        g.stopped = true;
+                    }
+                    break;
+                }
+            }
+        }
+        self.resolve(topic, durable);
+    }
+
+    /// Answers the proposals whose ack policy is met, lost or no longer knowable.
+    fn resolve(&self, topic: &str, mut durable: Vec<(u64, DurableWait)>) {
+        let mut groups = self.groups.borrow_mut();
+        let Some(g) = groups.get_mut(topic) else {
+            return;
+        };
+        let policy = self.cfg.ack;
+        let waiters = std::mem::take(&mut g.waiters);
+        for mut w in waiters {
+            if let Some(pos) = durable.iter().position(|(i, _)| *i == w.proposal.index) {
+                w.durable = Some(durable.swap_remove(pos).1);
+            }
+            match g.group.ack_state(w.proposal, policy) {
+                AckState::Pending => g.waiters.push(w),
+                AckState::Acked => {
+                    // `leader`: answered before the commit; the apply comes later.
+                    match w.durable.take() {
+                        None => {
+                            let _ = w.reply.send(Reply::Acked);
+                        }
+                        Some(d) => {
+                            glommio::spawn_local(async move {
+                                let r = match crate::owner::wait_durable(Some(d)).await {
+                                    Ok(()) => Reply::Acked,
+                                    Err(e) => Reply::Failed(e.to_string()),
+                                };
+                                let _ = w.reply.send(r);
+                            })
+                            .detach();
+                        }
+                    }
+                }
+                AckState::Lost => {
+                    let _ = w
+                        .reply
+                        .send(Reply::Failed("replaced by another leader's entry".into()));
+                }
+                AckState::Unknown => {
+                    let _ = w.reply.send(Reply::Failed(
+                        "leadership lost before the replicas confirmed".into(),
+                    ));
+                }
+            }
+        }
+        if policy == AckPolicy::Leader {
+            // Durable waits of batches answered before their commit are not awaited.
+            durable.clear();
+        }
+    }
+
+    fn leadership_changed(&self, server: &Server, topic: &str, l: Leadership) {
+        let was = self.leads(topic);
+        if l.is_self && !was {
+            log::info!("TOPIC({topic}): this node leads it (term {})", l.term);
+            if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
+                let mut highest = server.shard.topic_last_id(topic).map_or(0, |i| i.0);
+                for e in g.group.unapplied_entries() {
+                    if let Entry::Publish(msgs) = e {
+                        for m in msgs {
+                            if let Some(id) = MessageId::from_hex(&m.id) {
+                                highest = highest.max(id.0);
+                            }
+                        }
+                    }
+                }
+                if highest != 0 {
+                    g.ids.resume_above(MessageId(highest));
+                }
+            }
+            self.led.borrow_mut().insert(topic.to_string());
+            let lookup = &server.shard.lookup;
+            lookup.push_always(LookupEvent::Register(topic.to_string(), None));
+            for c in server.shard.channel_names(topic) {
+                lookup.push_always(LookupEvent::Register(topic.to_string(), Some(c)));
+            }
+        } else if !l.is_self && was {
+            log::info!(
+                "TOPIC({topic}): leadership moved to {} (term {})",
+                l.leader
+                    .and_then(|r| self.cfg.member(r))
+                    .map_or("none yet", |m| m.address.as_str()),
+                l.term
+            );
+            self.led.borrow_mut().remove(topic);
+            let lookup = &server.shard.lookup;
+            for c in server.shard.channel_names(topic) {
+                lookup.push_always(LookupEvent::Unregister(topic.to_string(), Some(c)));
+            }
+            lookup.push_always(LookupEvent::Unregister(topic.to_string(), None));
+            let closed = server.shard.close_topic_consumers(topic);
+            if closed > 0 {
+                log::info!("TOPIC({topic}): closed {closed} consumer(s) to follow the leader");
+            }
+        }
+    }
+
+    /// Proposes the channels' finished positions of the topics this shard leads.
+    fn replicate_cursors(&self, server: &Server) {
+        let led: Vec<String> = self.led.borrow().iter().cloned().collect();
+        for topic in led {
+            let marks = server.shard.channel_watermarks(&topic);
+            let mut groups = self.groups.borrow_mut();
+            let Some(g) = groups.get_mut(&topic) else {
+                continue;
+            };
+            let mut proposed = false;
+            for (channel, offset) in marks {
+                if g.cursors.get(&channel).is_some_and(|&o| o >= offset) {
+                    continue;
+                }
+                let e = Entry::Channel {
+                    channel: channel.clone(),
+                    op: ChannelOp::Cursor { offset },
+                };
+                if g.group.propose(&e).is_ok() {
+                    g.cursors.insert(channel, offset);
+                    proposed = true;
+                }
+            }
+            drop(groups);
+            if proposed {
+                self.mark(&topic);
+            }
+        }
+    }
+
+    /// `topic`'s replication for `/stats`: its leader's address, term, commit and
+    /// applied index and whether this node leads (`None`: not replicated here).
+    pub fn topic_state(&self, topic: &str) -> Option<serde_json::Value> {
+        let groups = self.groups.borrow();
+        let g = groups.get(topic)?;
+        let leader = g.group.leader();
+        let last = g.group.last_index();
+        let replicas: Vec<serde_json::Value> = self
+            .cfg
+            .replicas_of(topic)
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "address": self.cfg.member(*r).map_or("", |m| m.address.as_str()),
+                    "lag_entries": g.group.matched(*r).map(|m| last.saturating_sub(m)),
+                })
+            })
+            .collect();
+        Some(serde_json::json!({
+            "topic": topic,
+            "leader": leader.and_then(|l| self.cfg.member(l)).map(|m| m.address.clone()),
+            "is_leader": g.group.is_leader(),
+            "term": g.group.term(),
+            "commit_index": g.group.commit_index(),
+            "applied_index": g.group.applied_index(),
+            "last_index": last,
+            "replicas": replicas,
+        }))
+    }
+
+    /// Every replicated topic of this shard, as [`ShardCluster::topic_state`].
+    pub fn state(&self) -> Vec<serde_json::Value> {
+        let mut names: Vec<String> = self.groups.borrow().keys().cloned().collect();
+        names.sort();
+        names.iter().filter_map(|t| self.topic_state(t)).collect()
+    }
+}
+
+async fn answer(rx: oneshot::Receiver<Reply>, deadline: Instant) -> Result<(), String> {
+    let timeout = glommio::timer::sleep(deadline.saturating_duration_since(Instant::now()));
+    match futures::future::select(rx, std::pin::pin!(timeout)).await {
+        futures::future::Either::Left((Ok(Reply::Acked), _)) => Ok(()),
+        futures::future::Either::Left((Ok(Reply::Failed(e)), _)) => Err(e),
+        futures::future::Either::Left((Ok(Reply::NotLeader { .. }), _)) => {
+            Err("leadership lost".into())
+        }
+        futures::future::Either::Left((Err(_), _)) => Err("replication group gone".into()),
+        futures::future::Either::Right(_) => Err("replicas did not confirm in time".into()),
+    }
+}
+
+/// Applies one committed entry to the topic on this shard; a batch's durable wait when
+/// the sync policy asks for one.
+fn apply(server: &Server, topic: &str, entry: Entry) -> Option<DurableWait> {
+    let shard = &server.shard;
+    match entry {
+        Entry::Publish(msgs) => {
+            let now_i = Instant::now();
+            let now_ns = nsq_shards::message::now_unix_nanos();
+            let batch = msgs
+                .into_iter()
+                .filter_map(|m| {
+                    let id = MessageId::from_hex(&m.id)?;
+                    let ts = i64::try_from(m.timestamp_ns).unwrap_or(i64::MAX);
+                    let defer = (m.defer_ms > 0).then(|| {
+                        nsq_shards::message::instant_at(
+                            ts.saturating_add(i64::from(m.defer_ms) * 1_000_000),
+                            now_i,
+                            now_ns,
+                        )
+                    });
+                    Some((id, ts, defer, Bytes::from(m.body)))
+                })
+                .collect();
+            match shard.publish_replicated(topic, batch) {
+                Ok(w) => w,
+                Err(e) => {
+                    log::error!("TOPIC({topic}): a committed batch was not stored: {e}");
+                    None
+                }
+            }
+        }
+        Entry::Channel { channel, op } => {
+            let t = topic.to_string();
+            let r = match op {
+                ChannelOp::Create => shard.admin(AdminOp::CreateChannel(t, channel)),
+                ChannelOp::Delete => shard.admin(AdminOp::DeleteChannel(t, channel)),
+                ChannelOp::Empty => shard.admin(AdminOp::EmptyChannel(t, channel)),
+                ChannelOp::Pause(p) => shard.admin(AdminOp::PauseChannel(t, channel, p)),
+                ChannelOp::Cursor { offset } => {
+                    shard.advance_channel(topic, &channel, offset);
+                    Ok(())
+                }
+                // Not proposed by this version: FIN, REQ and attempts travel as cursors.
+                ChannelOp::Fin { .. } | ChannelOp::Req { .. } | ChannelOp::Attempt { .. } => Ok(()),
+            };
+            if let Err(e) = r {
+                log::debug!("TOPIC({topic}): replicated channel change: {e:?}");
+            }
+            None
+        }
+        Entry::TopicPause(p) => {
+            let _ = shard.admin(AdminOp::PauseTopic(topic.to_string(), p));
+            None
+        }
+    }
+}
+
+/// An admin operation on a topic this shard owns, when the cluster takes it: a channel's
+/// creation, deletion, emptying or pause, or a topic's pause, on a replicated topic, is
+/// proposed to its group (every replica applies it at the same place in the log).
+/// `None`: not the cluster's; run it locally.
+pub async fn admin(server: &Server, op: &AdminOp) -> Option<Result<(), AdminError>> {
+    let c = server.cluster.as_ref()?;
+    let topic = op.topic();
+    if !ClusterConfig::replicates(topic) {
+        return None;
+    }
+    let channel_op = |t: &str, ch: &str, op: ChannelOp| {
+        (
+            t.to_string(),
+            Entry::Channel {
+                channel: ch.to_string(),
+                op,
+            },
+        )
+    };
+    let (topic, entry) = match op {
+        AdminOp::CreateTopic(t) => {
+            if c.ensure_group(server, t) {
+                c.mark(t);
+                return Some(Ok(()));
+            }
+            return None;
+        }
+        AdminOp::CreateChannel(t, ch) => channel_op(t, ch, ChannelOp::Create),
+        AdminOp::DeleteChannel(t, ch) => channel_op(t, ch, ChannelOp::Delete),
+        AdminOp::EmptyChannel(t, ch) => channel_op(t, ch, ChannelOp::Empty),
+        AdminOp::PauseChannel(t, ch, p) => channel_op(t, ch, ChannelOp::Pause(*p)),
+        AdminOp::PauseTopic(t, p) => (t.clone(), Entry::TopicPause(*p)),
+        _ => return None,
+    };
+    let exists = server.shard.topic_exists(&topic);
+    if let Entry::Channel { channel, op } = &entry {
+        let needs_channel = !matches!(op, ChannelOp::Create);
+        if needs_channel && !exists {
+            return Some(Err(AdminError::TopicNotFound));
+        }
+        if needs_channel && !server.shard.has_channel(&topic, channel) {
+            return Some(Err(AdminError::ChannelNotFound));
+        }
+        if !needs_channel && server.shard.has_channel(&topic, channel) {
+            return Some(Ok(()));
+        }
+    } else if !exists {
+        return Some(Err(AdminError::TopicNotFound));
+    }
+    Some(c.change(server, &topic, entry).await.map_err(|e| {
+        log::warn!("TOPIC({topic}): replicated change refused: {e}");
+        AdminError::Exiting
+    }))
+}
+
+/// A SUB to a replicated topic on the shard that owns it: only the topic's leader serves
+/// consumers. On the leader the channel is created through the group first (so every
+/// replica has it from the same place in the log); elsewhere the SUB is refused with
+/// `E_SUB_FAILED` and the consumer finds the leader through nsqlookupd. `None`: not a
+/// replicated topic.
+pub async fn subscribe(server: &Server, topic: &str, channel: &str) -> Option<Result<(), String>> {
+    let c = server.cluster.as_ref()?;
+    if !ClusterConfig::replicates(topic) {
+        return None;
+    }
+    let refused = |why: &str| Some(Err(format!("E_SUB_FAILED SUB failed {why}")));
+    if !c.ensure_group(server, topic) {
+        return refused(&format!("topic {topic} is not held by this cluster member"));
+    }
+    let deadline = Instant::now() + PROPOSE_TIMEOUT;
+    loop {
+        let leader = c.groups.borrow().get(topic).and_then(|g| g.group.leader());
+        match leader {
+            Some(l) if l == c.cfg.me.replica && c.leads(topic) => break,
+            Some(l) if l != c.cfg.me.replica => {
+                let at = c.cfg.member(l).map_or("", |m| m.address.as_str());
+                return refused(&format!("topic {topic} is led by cluster member {at}"));
+            }
+            _ => {}
+        }
+        if Instant::now() >= deadline {
+            return refused(&format!("topic {topic} has no leader"));
+        }
+        glommio::timer::sleep(TICK).await;
+    }
+    if server.shard.has_channel(topic, channel) {
+        return Some(Ok(()));
+    }
+    let create = Entry::Channel {
+        channel: channel.to_string(),
+        op: ChannelOp::Create,
+    };
+    Some(
+        c.change(server, topic, create)
+            .await
+            .map_err(|e| format!("E_SUB_FAILED SUB failed {e}")),
+    )
+}
+
+/// Hands a frame from peer `from` to the shard it is for: the topic's owner, or for a
+/// reply the shard that sent the request.
+pub async fn route(server: &Rc<Server>, from: u64, frame: Frame) {
+    let shards = server.shard.count();
+    let to = match &frame {
+        Frame::Raft { topic, .. } | Frame::Propose { topic, .. } => {
+            nsq_shards::owner_of(topic, shards)
+        }
+        Frame::Reply { request, .. } => usize::try_from(request >> 48).unwrap_or(usize::MAX),
+        Frame::Hello(_) => return,
+    };
+    if to == server.shard.index() {
+        if let Some(c) = &server.cluster {
+            c.handle(server, from, frame);
+        }
+        return;
+    }
+    if to >= shards {
+        return;
+    }
+    if let Some(mesh) = server.mesh() {
+        let _ = mesh.send_to(to, ShardMsg::Cluster { from, frame }).await;
+    }
+}
+
+/// The shard's driver: ticks every group each [`TICK`], replicates cursors every
+/// [`CURSOR_EVERY`], and polls the groups something happened to.
+async fn driver(server: Rc<Server>) {
+    let Some(c) = server.cluster.clone() else {
+        return;
+    };
+    let mut next_tick = Instant::now() + TICK;
+    let mut next_cursor = Instant::now() + CURSOR_EVERY;
+    while !server.shard.shutdown.is_set() {
+        let now = Instant::now();
+        if now >= next_tick {
+            let mut groups = c.groups.borrow_mut();
+            let mut dirty = c.dirty.borrow_mut();
+            for (t, g) in groups.iter_mut() {
+                g.group.tick();
+                dirty.insert(t.clone());
+            }
+            next_tick = now + TICK;
+        }
+        if now >= next_cursor {
+            c.replicate_cursors(&server);
+            next_cursor = now + CURSOR_EVERY;
+        }
+        let dirty: Vec<String> = c.dirty.borrow_mut().drain().collect();
+        for t in dirty {
+            c.process(&server, &t).await;
+        }
+        if !c.dirty.borrow().is_empty() {
+            continue;
+        }
+        let sleep = std::pin::pin!(glommio::timer::sleep(
+            next_tick.saturating_duration_since(Instant::now())
+        ));
+        let woken = std::pin::pin!(c.wake.wait());
+        futures::future::select(sleep, woken).await;
+    }
+}

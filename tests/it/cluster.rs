@@ -1,0 +1,452 @@
+//! Replication (docs/replication.md): three brokers on loopback with `--cluster-address`
+//! and `--cluster-peer`, each with its own shard count (the frames between them are
+//! routed to each node's owning shard). Publishes through any member reach every
+//! replica with the leader's message IDs; only the leader serves consumers and is
+//! listed by nsqlookupd; a leader killed with `kill -9` is replaced and its unfinished
+//! messages are delivered by the new one; a publish needs a quorum; a restarted member
+//! catches up without duplicates.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap fails the test"
+)]
+
+use crate::common::{
+    self, eventually, expect_fatal, expect_ok, free_port, line, mpub_cmd, parse_message, pub_cmd,
+    read_frame_skip_hb, send, wait_for, Broker, Lookupd,
+};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Three members; `nodes[i]` is `None` while member `i` is down.
+struct Cluster {
+    nodes: Vec<Option<Broker>>,
+    addresses: Vec<String>,
+    dirs: Vec<PathBuf>,
+    shards: [usize; 3],
+    extra: Vec<String>,
+}
+
+impl Cluster {
+    fn start(shards: [usize; 3], extra: &[&str]) -> Cluster {
+        let addresses: Vec<String> = (0..3)
+            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .collect();
+        let dirs: Vec<PathBuf> = (0..3)
+            .map(|i| {
+                let d = std::env::temp_dir().join(format!(
+                    "nsqd-cluster-{}-{}-{i}",
+                    std::process::id(),
+                    addresses[0].replace([':', '.'], "_")
+                ));
+                let _ = std::fs::remove_dir_all(&d);
+                std::fs::create_dir_all(&d).unwrap();
+                d
+            })
+            .collect();
+        let mut c = Cluster {
+            nodes: (0..3).map(|_| None).collect(),
+            addresses,
+            dirs,
+            shards,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        for i in 0..3 {
+            c.start_node(i);
+        }
+        c
+    }
+
+    /// Starts member `i` on its data path, at once (as a supervisor restarts it).
+    fn start_node(&mut self, i: usize) {
+        let mut args = vec![
+            format!("--node-id={}", i + 1),
+            format!("--cluster-address={}", self.addresses[i]),
+        ];
+        for (j, a) in self.addresses.iter().enumerate() {
+            if j != i {
+                args.push(format!("--cluster-peer={a}"));
+            }
+        }
+        args.extend(self.extra.iter().cloned());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.nodes[i] = Some(Broker::start_in(&self.dirs[i], self.shards[i], &args));
+    }
+
+    fn node(&self, i: usize) -> &Broker {
+        self.nodes[i].as_ref().expect("member is up")
+    }
+
+    fn up(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..3).filter(|&i| self.nodes[i].is_some())
+    }
+
+    fn kill9(&mut self, i: usize) {
+        if let Some(mut b) = self.nodes[i].take() {
+            b.kill9();
+        }
+    }
+
+    /// `GET /cluster` of member `i`.
+    fn state(&self, i: usize) -> serde_json::Value {
+        let (code, body) = self.node(i).http("GET", "/cluster", b"");
+        assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+        serde_json::from_slice(&body).unwrap()
+    }
+
+    /// The member every member that is up names as `topic`'s leader, once they agree
+    /// and it says it leads.
+    fn leader(&self, topic: &str) -> Option<usize> {
+        let mut named: Option<String> = None;
+        for i in self.up() {
+            let st = self.state(i);
+            let t = st["topics"]
+                .as_array()?
+                .iter()
+                .find(|t| t["topic"] == topic)?
+                .clone();
+            let addr = t["leader"].as_str()?.to_string();
+            if named.as_ref().is_some_and(|n| *n != addr) {
+                return None;
+            }
+            named = Some(addr);
+        }
+        let l = self
+            .addresses
+            .iter()
+            .position(|a| Some(a) == named.as_ref())?;
+        (self.nodes[l].is_some()
+            && self.state(l)["topics"]
+                .as_array()?
+                .iter()
+                .any(|t| t["topic"] == topic && t["is_leader"] == true))
+        .then_some(l)
+    }
+
+    fn wait_leader(&self, topic: &str) -> usize {
+        let mut l = None;
+        wait_for(&format!("a leader of {topic}"), || {
+            l = self.leader(topic);
+            l.is_some()
+        });
+        l.unwrap()
+    }
+
+    /// `topic`'s (depth, message_count) on member `i` (`None`: no such topic there).
+    fn topic_depth(&self, i: usize, topic: &str) -> Option<u64> {
+        let st = self.node(i).stats();
+        st["topics"]
+            .as_array()?
+            .iter()
+            .find(|t| t["topic_name"] == topic)
+            .and_then(|t| t["depth"].as_u64())
+    }
+
+    fn channel_depth(&self, i: usize, topic: &str, channel: &str) -> Option<u64> {
+        let st = self.node(i).stats();
+        let t = st["topics"]
+            .as_array()?
+            .iter()
+            .find(|t| t["topic_name"] == topic)?
+            .clone();
+        t["channels"]
+            .as_array()?
+            .iter()
+            .find(|c| c["channel_name"] == channel)
+            .and_then(|c| c["depth"].as_u64())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            if let Some(mut b) = n.take() {
+                b.kill9();
+            }
+        }
+        for d in &self.dirs {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+/// Reads `n` messages (heartbeats skipped): (id, body).
+fn read_messages(s: &mut TcpStream, n: usize) -> Vec<(String, Vec<u8>)> {
+    (0..n)
+        .map(|_| {
+            let (ft, data) = read_frame_skip_hb(s).expect("a message");
+            assert_eq!(ft, 2, "not a message: {}", common::show(&data));
+            let (_, _, id, body) = parse_message(&data);
+            (id, body)
+        })
+        .collect()
+}
+
+fn peek(b: &Broker, topic: &str, channel: &str) -> Vec<(String, String)> {
+    let (code, body) = b.http(
+        "GET",
+        &format!("/messages?topic={topic}&channel={channel}&count=100"),
+        b"",
+    );
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    v["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["id"].as_str().unwrap().to_string(),
+                m["body_text"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn publishes_through_any_member_reach_every_replica_with_the_leaders_ids() {
+    let c = Cluster::start([1, 2, 4], &[]);
+    let topic = "orders";
+    c.node(0).http_pub(topic, b"first");
+    let leader = c.wait_leader(topic);
+    let follower = (leader + 1) % 3;
+    // A channel made through a follower is created on every replica by the group.
+    c.node(follower)
+        .admin(&format!("/channel/create?topic={topic}&channel=audit"));
+    for i in 0..3 {
+        let b = c.node(i);
+        b.tcp_pub(topic, format!("tcp-{i}").as_bytes());
+        let mut s = b.connect_v2();
+        send(&mut s, &mpub_cmd(topic, &[b"m-a", b"m-b"]));
+        expect_ok(&mut s);
+        send(&mut s, &line(&format!("DPUB {topic} 50")));
+        send(&mut s, &common::sized(format!("deferred-{i}").as_bytes()));
+        expect_ok(&mut s);
+        b.http_pub(topic, format!("http-{i}").as_bytes());
+    }
+    // 1 + 3 x (1 + 2 + 1 + 1) messages on every member, all in the channel (the
+    // topic's first channel gets what the topic held, as in nsqd).
+    for i in 0..3 {
+        wait_for(&format!("member {i} holding every message"), || {
+            c.channel_depth(i, topic, "audit") == Some(16)
+        });
+    }
+    wait_for("the deferred messages due", || {
+        peek(c.node(leader), topic, "audit").len() == 16
+    });
+    let on_leader = peek(c.node(leader), topic, "audit");
+    for i in 0..3 {
+        wait_for(&format!("member {i}'s deferred messages due"), || {
+            peek(c.node(i), topic, "audit").len() == 16
+        });
+        let mut a = peek(c.node(i), topic, "audit");
+        let mut b = on_leader.clone();
+        a.sort();
+        b.sort();
+        assert_eq!(a, b, "member {i} holds other IDs or bodies than the leader");
+    }
+    // Every member names the same leader and term.
+    let terms: Vec<u64> = (0..3)
+        .map(|i| c.state(i)["topics"][0]["term"].as_u64().expect("a term"))
+        .collect();
+    assert!(terms.iter().all(|t| *t == terms[0]), "{terms:?}");
+}
+
+#[test]
+fn only_the_leader_serves_consumers() {
+    let c = Cluster::start([2, 1, 2], &[]);
+    let topic = "payments";
+    c.node(1).http_pub(topic, b"one");
+    let leader = c.wait_leader(topic);
+    for f in (0..3).filter(|&i| i != leader) {
+        let mut s = c.node(f).connect_v2();
+        send(&mut s, &line(&format!("SUB {topic} ch")));
+        expect_fatal(
+            &mut s,
+            &format!(
+                "E_SUB_FAILED SUB failed topic {topic} is led by cluster member {}",
+                c.addresses[leader]
+            ),
+        );
+    }
+    let mut s = c.node(leader).subscribe(topic, "ch");
+    send(&mut s, b"RDY 10\n");
+    c.node((leader + 1) % 3).http_pub(topic, b"two");
+    // The topic's first channel gets what the topic held before it, as in nsqd.
+    let got: Vec<Vec<u8>> = read_messages(&mut s, 2).into_iter().map(|m| m.1).collect();
+    assert_eq!(got, [b"one".to_vec(), b"two".to_vec()]);
+}
+
+#[test]
+fn a_killed_leader_is_replaced_and_its_unfinished_messages_delivered() {
+    let mut c = Cluster::start([2, 1, 2], &[]);
+    let topic = "jobs";
+    c.node(0).http_pub(topic, b"warm-up");
+    let leader = c.wait_leader(topic);
+    let mut s = c.node(leader).subscribe(topic, "workers");
+    let via = (leader + 1) % 3;
+    let bodies: Vec<String> = (0..40).map(|i| format!("job-{i:02}")).collect();
+    let refs: Vec<&[u8]> = bodies.iter().map(|b| b.as_bytes()).collect();
+    let mut p = c.node(via).connect_v2();
+    send(&mut p, &mpub_cmd(topic, &refs));
+    expect_ok(&mut p);
+    send(&mut s, b"RDY 41\n");
+    // The warm-up message first (the topic's first channel gets what it held).
+    let got = read_messages(&mut s, 41);
+    let bodies_got: Vec<Vec<u8>> = got.iter().map(|(_, b)| b.clone()).collect();
+    let mut want: Vec<Vec<u8>> = vec![b"warm-up".to_vec()];
+    want.extend(bodies.iter().map(|b| b.clone().into_bytes()));
+    assert_eq!(bodies_got, want);
+    for (id, _) in &got[..21] {
+        send(&mut s, &line(&format!("FIN {id}")));
+    }
+    // The leader replicates what its consumers finished: the followers' channel holds
+    // the 20 unfinished messages.
+    for f in (0..3).filter(|&i| i != leader) {
+        wait_for(&format!("member {f}'s channel following the FINs"), || {
+            c.channel_depth(f, topic, "workers") == Some(20)
+        });
+    }
+    c.kill9(leader);
+    let started = Instant::now();
+    let survivor = (leader + 1) % 3;
+    for k in 0..5 {
+        c.node(survivor)
+            .http_pub(topic, format!("after-{k}").as_bytes());
+    }
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "publishing after the leader's loss took {took:?}"
+    );
+    let new_leader = c.wait_leader(topic);
+    assert_ne!(new_leader, leader);
+    let mut s = c.node(new_leader).subscribe(topic, "workers");
+    send(&mut s, b"RDY 100\n");
+    let got = read_messages(&mut s, 25);
+    let mut bodies_got: Vec<String> = got
+        .iter()
+        .map(|(_, b)| String::from_utf8(b.clone()).unwrap())
+        .collect();
+    bodies_got.sort();
+    let mut want: Vec<String> = bodies[20..].to_vec();
+    want.extend((0..5).map(|k| format!("after-{k}")));
+    want.sort();
+    assert_eq!(
+        bodies_got, want,
+        "every unfinished message, once, and nothing finished"
+    );
+}
+
+#[test]
+fn a_publish_needs_a_quorum_and_a_restarted_member_catches_up() {
+    let mut c = Cluster::start([1, 2, 1], &[]);
+    let topic = "ledger";
+    for k in 0..10 {
+        c.node(k % 3).http_pub(topic, format!("m{k}").as_bytes());
+    }
+    c.wait_leader(topic);
+    c.kill9(0);
+    c.kill9(1);
+    // One member of three: no majority, so nothing is acknowledged.
+    let mut s = c.node(2).connect_v2();
+    send(&mut s, &pub_cmd(topic, b"lonely"));
+    let (ft, data) = read_frame_skip_hb(&mut s).expect("an answer");
+    assert_eq!(ft, 1, "{}", common::show(&data));
+    assert!(
+        data.starts_with(b"E_PUB_FAILED PUB failed "),
+        "{}",
+        common::show(&data)
+    );
+    let (code, _) = c
+        .node(2)
+        .http("POST", &format!("/pub?topic={topic}"), b"lonely");
+    assert_eq!(code, 503);
+    // A member back: a majority again.
+    c.start_node(0);
+    eventually("a publish accepted again", || {
+        c.node(2)
+            .http("POST", &format!("/pub?topic={topic}"), b"m10")
+            .0
+            == 200
+    });
+    c.start_node(1);
+    for i in 0..3 {
+        wait_for(
+            &format!("member {i} holding the 11 acknowledged messages"),
+            || c.topic_depth(i, topic) == Some(11),
+        );
+    }
+}
+
+#[test]
+fn nsqlookupd_lists_only_the_leader() {
+    let lookupd = Lookupd::start(&[]);
+    let flag = format!("--lookupd-tcp-address={}", lookupd.tcp);
+    let mut c = Cluster::start([1, 1, 2], &[&flag]);
+    let topic = "events";
+    c.node(2).http_pub(topic, b"x");
+    let leader = c.wait_leader(topic);
+    let producers = |lookupd: &Lookupd| -> Vec<u64> {
+        let (code, v) = lookupd.request("GET", &format!("/lookup?topic={topic}"));
+        if code != 200 {
+            return Vec::new();
+        }
+        v["producers"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|p| p["tcp_port"].as_u64()).collect())
+            .unwrap_or_default()
+    };
+    let want = u64::from(c.node(leader).tcp.port());
+    wait_for("the leader registered alone", || {
+        producers(&lookupd) == [want]
+    });
+    c.kill9(leader);
+    let new_leader = c.wait_leader(topic);
+    let want = u64::from(c.node(new_leader).tcp.port());
+    wait_for("the new leader registered alone", || {
+        producers(&lookupd) == [want]
+    });
+}
+
+#[test]
+fn cluster_flags_are_checked() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nsqd"))
+        .args(["--cluster-peer=127.0.0.1:1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--cluster-peer needs --cluster-address"),
+        "{err}"
+    );
+    // Standalone: no /cluster.
+    let b = Broker::start(1, &[]);
+    assert_eq!(b.http("GET", "/cluster", b"").0, 404);
+    // Two members with one --node-id: each refuses the other's connection, loudly.
+    let (a1, a2) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let n1 = Broker::start(
+        1,
+        &[
+            "--node-id=7",
+            &format!("--cluster-address={a1}"),
+            &format!("--cluster-peer={a2}"),
+        ],
+    );
+    let _n2 = Broker::start(
+        1,
+        &[
+            "--node-id=7",
+            &format!("--cluster-address={a2}"),
+            &format!("--cluster-peer={a1}"),
+        ],
+    );
+    wait_for("the duplicate node id reported", || {
+        n1.daemon
+            .log_contains("has the same --node-id 7 as this node")
+    });
+}
