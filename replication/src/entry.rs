@@ -30,6 +30,7 @@
 //! | 8 | [`ChannelOp::Empty`] | channel |
 //! | 9 | [`ChannelOp::Pause`] | channel, paused u8 (0 or 1) |
 //! | 10 | [`Entry::TopicPause`] | paused u8 (0 or 1) |
+//! | 11 | [`Entry::Compact`] | index u64 |
 //!
 //! Decoding reads bytes that came from the network or a disk: it never panics and
 //! allocates no more than the input's length; a bad entry is a [`DecodeError`].
@@ -116,6 +117,12 @@ pub enum Entry {
     },
     /// `/topic/pause` (`true`) or `/topic/unpause` (`false`).
     TopicPause(bool),
+    /// The leader's word that every replica holds the entries up to `index` safely
+    /// (durably, as far as it can tell): a replica may drop them from its Raft log.
+    Compact {
+        /// The highest Raft index that may be dropped.
+        index: u64,
+    },
 }
 
 /// Why bytes are not an entry (or a framed Raft message, see [`crate::wire`]).
@@ -163,6 +170,7 @@ const TAG_CURSOR: u8 = 7;
 const TAG_EMPTY: u8 = 8;
 const TAG_PAUSE: u8 = 9;
 const TAG_TOPIC_PAUSE: u8 = 10;
+const TAG_COMPACT: u8 = 11;
 
 /// Bytes of a message before its body: id, timestamp, attempts, defer, body length.
 const MESSAGE_HEADER: usize = 16 + 8 + 2 + 4 + 4;
@@ -196,6 +204,10 @@ impl Entry {
                 out.push(TAG_TOPIC_PAUSE);
                 out.push(u8::from(*paused));
             }
+            Self::Compact { index } => {
+                out.push(TAG_COMPACT);
+                out.extend_from_slice(&index.to_le_bytes());
+            }
         }
         out
     }
@@ -210,6 +222,7 @@ impl Entry {
             }
             Self::Channel { channel, .. } => 2 + 2 + channel.len() + 16 + 8,
             Self::TopicPause(_) => 3,
+            Self::Compact { .. } => 10,
         }
     }
 
@@ -253,6 +266,7 @@ impl Entry {
                 Self::Publish(batch)
             }
             TAG_TOPIC_PAUSE => Self::TopicPause(r.bool()?),
+            TAG_COMPACT => Self::Compact { index: r.u64()? },
             TAG_CREATE..=TAG_PAUSE => {
                 let channel = r.name()?;
                 let op = decode_channel_op(tag, &mut r)?;

@@ -579,6 +579,23 @@ impl<S: LogStore> TopicGroup<S> {
         Ok(())
     }
 
+    /// The voters' lowest match index (the leader's progress tracker; `None` on a
+    /// follower): entries up to it are on every voter, so compacting up to it makes no
+    /// replica need a snapshot.
+    #[must_use]
+    pub fn min_matched(&self) -> Option<u64> {
+        if !self.is_leader() {
+            return None;
+        }
+        let prs = self.node.raft.prs();
+        prs.conf()
+            .voters()
+            .ids()
+            .iter()
+            .filter_map(|id| prs.get(id).map(|p| p.matched))
+            .min()
+    }
+
     /// Tells raft-rs that messages to `peer` cannot be delivered now (the transport lost
     /// its connection), so the leader probes it instead of streaming appends.
     pub fn report_unreachable(&mut self, peer: u64) {

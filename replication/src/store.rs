@@ -77,6 +77,8 @@ pub struct MemLog {
     snapshot: Snapshot,
     /// The entries from `snapshot.index + 1` on.
     entries: Vec<RaftEntry>,
+    /// The total size of `entries`' data, in bytes.
+    entry_bytes: u64,
     /// Set when raft-rs asked for a snapshot the store could not give
     /// ([`LogStore::take_snapshot_request`]); a `Cell` because raft-rs asks through
     /// `&self`, and the store is owned by one thread.
@@ -113,6 +115,16 @@ impl MemLog {
     pub fn hard_state(&self) -> &HardState {
         &self.hard_state
     }
+
+    /// The size of the stored entries' data, in bytes (what compaction frees).
+    #[must_use]
+    pub fn entry_bytes(&self) -> u64 {
+        self.entry_bytes
+    }
+}
+
+fn data_len(entries: &[RaftEntry]) -> u64 {
+    entries.iter().map(|e| e.data.len() as u64).sum()
 }
 
 impl Storage for MemLog {
@@ -199,8 +211,12 @@ impl LogStore for MemLog {
             return Ok(());
         };
         let keep = usize::try_from(new[0].index - first).unwrap_or(usize::MAX);
+        if let Some(gone) = self.entries.get(keep..) {
+            self.entry_bytes -= data_len(gone);
+        }
         self.entries.truncate(keep);
         self.entries.extend_from_slice(new);
+        self.entry_bytes += data_len(new);
         Ok(())
     }
 
@@ -225,6 +241,7 @@ impl LogStore for MemLog {
         self.hard_state.commit = meta.index;
         self.conf_state = meta.get_conf_state().clone();
         self.entries.clear();
+        self.entry_bytes = 0;
         self.snapshot = snapshot.clone();
         Ok(())
     }
@@ -249,7 +266,9 @@ impl LogStore for MemLog {
         meta.index = index;
         meta.term = term;
         meta.set_conf_state(self.conf_state.clone());
-        self.entries.drain(..drop.min(self.entries.len()));
+        let dropped = drop.min(self.entries.len());
+        self.entry_bytes -= data_len(&self.entries[..dropped]);
+        self.entries.drain(..dropped);
         self.snapshot = snapshot;
         Ok(())
     }

@@ -49,6 +49,12 @@ pub const CURSOR_EVERY: Duration = Duration::from_millis(100);
 /// included) before it is refused.
 pub const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The Raft log a leader keeps for a replica that lags (down, or slow), per topic, in
+/// bytes of entries: beyond it the log is compacted to what this node applied, and the
+/// lagging replica is sent a snapshot when it comes back (docs/replication.md, "What a
+/// replica can miss").
+pub const RETAIN_BYTES: u64 = 64 << 20;
+
 /// The longest a forwarded proposal waits for the leader's reply before it is sent again.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -70,6 +76,48 @@ struct Group {
     cursors: HashMap<String, u64>,
     /// A committed entry that does not decode stops the group here.
     stopped: bool,
+    /// Per replica (this node's own applied index included), what it held over time:
+    /// for [`ShardCluster::compact_logs`] on the leader.
+    held: HashMap<u64, History>,
+    /// The highest index the leader declared safe to drop ([`Entry::Compact`]): as far
+    /// as a follower compacts, so that it still has what a lagging replica needs if it
+    /// becomes the leader.
+    safe: u64,
+}
+
+/// Samples of one replica's position (match or applied index), taken every
+/// [`CURSOR_EVERY`] while it is reachable.
+#[derive(Default)]
+struct History(std::collections::VecDeque<(Instant, u64)>);
+
+impl History {
+    fn sample(&mut self, at: Instant, index: u64) {
+        self.0.push_back((at, index));
+    }
+
+    /// The position it had `keep` before its last sample (0: no sample that old yet);
+    /// older samples are dropped.
+    fn as_of(&mut self, keep: Duration) -> u64 {
+        let Some(&(last, _)) = self.0.back() else {
+            return 0;
+        };
+        let cutoff = last.checked_sub(keep).unwrap_or(last);
+        let mut safe = None;
+        while let Some(&(at, index)) = self.0.front() {
+            if at > cutoff {
+                break;
+            }
+            safe = Some(index);
+            self.0.pop_front();
+        }
+        match safe {
+            Some(index) => {
+                self.0.push_front((cutoff, index));
+                index
+            }
+            None => 0,
+        }
+    }
 }
 
 /// This shard's part of the cluster (one per shard, in its [`Server`]).
@@ -167,6 +215,8 @@ impl ShardCluster {
                 waiters: Vec::new(),
                 cursors: HashMap::new(),
                 stopped: false,
+                held: HashMap::new(),
+                safe: 0,
             },
         );
         log::info!("TOPIC({topic}): replicated on {} members", voters.len());
@@ -446,14 +496,50 @@ impl ShardCluster {
                 }
             }
         };
+        let mut snapshots_sent = Vec::new();
         for m in &out.messages {
-            match wire::encode_frame(topic, m) {
-                Ok(f) => self.links.send(m.to, f),
-                Err(e) => log::warn!("TOPIC({topic}): Raft message not sent: {e}"),
+            let queued = match wire::encode_frame(topic, m) {
+                Ok(f) => {
+                    self.links.send(m.to, f);
+                    self.links.connected(m.to)
+                }
+                Err(e) => {
+                    log::warn!("TOPIC({topic}): Raft message not sent: {e}");
+                    false
+                }
+            };
+            if m.get_msg_type() == nsq_replication::raft::eraftpb::MessageType::MsgSnapshot {
+                snapshots_sent.push((m.to, queued));
             }
+        }
+        if !snapshots_sent.is_empty() {
+            // raft-rs sends a replica nothing more until told how its snapshot went: it
+            // was queued on a live connection (a connection that breaks after that loses
+            // it, and the replica's next rejection asks again), or it was not.
+            if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
+                for (to, queued) in snapshots_sent {
+                    g.group.report_snapshot(to, queued);
+                }
+            }
+            self.mark(topic);
         }
         if let Some(l) = out.leadership {
             self.leadership_changed(server, topic, l);
+        }
+        if let Some(r) = &out.restore {
+            log::warn!(
+                "TOPIC({topic}): caught up from a snapshot at Raft index {}: what the group committed before it and this replica had not applied is not on this replica",
+                r.index
+            );
+        }
+        if out.snapshot_wanted {
+            let mut groups = self.groups.borrow_mut();
+            if let Some(g) = groups.get_mut(topic) {
+                let applied = g.group.applied_index();
+                if let Err(e) = g.group.compact(applied, snapshot_data(server, topic)) {
+                    log::debug!("TOPIC({topic}): no snapshot made: {e}");
+                }
+            }
         }
         if !out.committed.is_empty() && server.shard.needs_prepared_store(topic) {
             server.shard.prepare_store(topic).await;
@@ -461,6 +547,11 @@ impl ShardCluster {
         let mut durable: Vec<(u64, DurableWait)> = Vec::new();
         for c in out.committed {
             match c.entry {
+                Ok(Entry::Compact { index }) => {
+                    if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
+                        g.safe = g.safe.max(index);
+                    }
+                }
                 Ok(entry) => {
                     if let Some(w) = apply(server, topic, entry) {
                         durable.push((c.index, w));
@@ -607,6 +698,67 @@ impl ShardCluster {
         }
     }
 
+    /// Drops the Raft log entries that every replica held [`ShardCluster::retain_time`]
+    /// before it was last heard from (a replica that crashed may have lost from its
+    /// disk what it received within that time: it gets it again from the log). The
+    /// leader computes that index and proposes it ([`Entry::Compact`]); a follower
+    /// compacts only as far as the last one it applied. Once a topic's log holds
+    /// more than [`RETAIN_BYTES`], it keeps only what this node has not applied, and a
+    /// replica behind the log's start gets a snapshot (docs/replication.md, "What a
+    /// replica can miss"). The bodies live in the topic's own log: the Raft log holds
+    /// them only until the replicas have them.
+    fn compact_logs(&self, server: &Server) {
+        let now = Instant::now();
+        let keep = self.retain_time(server);
+        let me = self.cfg.me.replica;
+        let mut groups = self.groups.borrow_mut();
+        for (topic, g) in groups.iter_mut() {
+            let applied = g.group.applied_index();
+            g.held.entry(me).or_default().sample(now, applied);
+            if g.group.is_leader() {
+                for v in g.group.voters() {
+                    if v == me || !self.links.connected(v) {
+                        continue;
+                    }
+                    if let Some(m) = g.group.matched(v) {
+                        g.held.entry(v).or_default().sample(now, m);
+                    }
+                }
+            }
+            let mut target = applied.min(g.safe);
+            if g.group.is_leader() {
+                let mut everywhere = applied;
+                for v in g.group.voters() {
+                    everywhere = everywhere.min(g.held.get_mut(&v).map_or(0, |h| h.as_of(keep)));
+                }
+                if everywhere > g.safe {
+                    // The followers compact as far once they apply this.
+                    let _ = g.group.propose(&Entry::Compact { index: everywhere });
+                    self.dirty.borrow_mut().insert(topic.clone());
+                    self.wake.notify();
+                    g.safe = everywhere;
+                }
+                target = everywhere;
+            }
+            if g.group.store().entry_bytes() > RETAIN_BYTES {
+                target = applied;
+            }
+            if target < g.group.first_index() {
+                continue;
+            }
+            if let Err(e) = g.group.compact(target, snapshot_data(server, topic)) {
+                log::debug!("TOPIC({topic}): log not compacted: {e}");
+            }
+        }
+    }
+
+    /// How long the Raft log keeps an entry after every replica has it: what a replica's
+    /// crash can take from its disk (a record is stored when 100 ms old and synced within
+    /// `--sync-timeout`), plus a second.
+    fn retain_time(&self, server: &Server) -> Duration {
+        server.shard.opts.sync_timeout + Duration::from_millis(1100)
+    }
+
     /// `topic`'s replication for `/stats`: its leader's address, term, commit and
     /// applied index and whether this node leads (`None`: not replicated here).
     pub fn topic_state(&self, topic: &str) -> Option<serde_json::Value> {
@@ -633,6 +785,8 @@ impl ShardCluster {
             "commit_index": g.group.commit_index(),
             "applied_index": g.group.applied_index(),
             "last_index": last,
+            "first_index": g.group.first_index(),
+            "log_bytes": g.group.store().entry_bytes(),
             "replicas": replicas,
         }))
     }
@@ -656,6 +810,16 @@ async fn answer(rx: oneshot::Receiver<Reply>, deadline: Instant) -> Result<(), S
         futures::future::Either::Left((Err(_), _)) => Err("replication group gone".into()),
         futures::future::Either::Right(_) => Err("replicas did not confirm in time".into()),
     }
+}
+
+/// A snapshot's data: the newest message ID the topic holds here (16 hex digits; empty
+/// when none). A replica restoring it keeps its own topic log as it is.
+fn snapshot_data(server: &Server, topic: &str) -> Vec<u8> {
+    server
+        .shard
+        .topic_last_id(topic)
+        .map(|id| id.to_hex().to_vec())
+        .unwrap_or_default()
 }
 
 /// Applies one committed entry to the topic on this shard; a batch's durable wait when
@@ -712,6 +876,8 @@ fn apply(server: &Server, topic: &str, entry: Entry) -> Option<DurableWait> {
             let _ = shard.admin(AdminOp::PauseTopic(topic.to_string(), p));
             None
         }
+        // Taken by the group's driver (ShardCluster::process).
+        Entry::Compact { .. } => None,
     }
 }
 
@@ -860,6 +1026,7 @@ async fn driver(server: Rc<Server>) {
         }
         if now >= next_cursor {
             c.replicate_cursors(&server);
+            c.compact_logs(&server);
             next_cursor = now + CURSOR_EVERY;
         }
         let dirty: Vec<String> = c.dirty.borrow_mut().drain().collect();

@@ -245,6 +245,14 @@ fn publishes_through_any_member_reach_every_replica_with_the_leaders_ids() {
         b.sort();
         assert_eq!(a, b, "member {i} holds other IDs or bodies than the leader");
     }
+    // Once every replica has the entries, every member drops them from its Raft log
+    // (the bodies stay in the topic's own log).
+    for i in 0..3 {
+        let applied = c.state(i)["topics"][0]["applied_index"].as_u64().unwrap();
+        wait_for(&format!("member {i}'s Raft log compacted"), || {
+            c.state(i)["topics"][0]["first_index"].as_u64() > Some(applied)
+        });
+    }
     // Every member names the same leader and term.
     let terms: Vec<u64> = (0..3)
         .map(|i| c.state(i)["topics"][0]["term"].as_u64().expect("a term"))
@@ -448,5 +456,49 @@ fn cluster_flags_are_checked() {
     wait_for("the duplicate node id reported", || {
         n1.daemon
             .log_contains("has the same --node-id 7 as this node")
+    });
+}
+
+#[test]
+fn a_wiped_member_rejoins_and_follows_the_group() {
+    let mut c = Cluster::start([1, 1, 1], &[]);
+    let topic = "wiped";
+    for k in 0..10 {
+        c.node(0).http_pub(topic, format!("old-{k}").as_bytes());
+    }
+    let leader = c.wait_leader(topic);
+    let gone = (leader + 1) % 3;
+    for i in 0..3 {
+        wait_for(&format!("member {i} holding the first 10"), || {
+            c.topic_depth(i, topic) == Some(10)
+        });
+    }
+    // The Raft log keeps entries for a while after every replica has them (a crash can
+    // take what a disk had not synced); then it drops them.
+    wait_for("the leader's log compacted past the first 10", || {
+        c.state(leader)["topics"][0]["first_index"].as_u64() > Some(11)
+    });
+    c.kill9(gone);
+    std::fs::remove_dir_all(&c.dirs[gone]).unwrap();
+    std::fs::create_dir_all(&c.dirs[gone]).unwrap();
+    for k in 0..10 {
+        c.node(leader)
+            .http_pub(topic, format!("new-{k}").as_bytes());
+    }
+    c.start_node(gone);
+    // The wiped member restores a snapshot and then gets every later entry (the first
+    // 10 stay on the other two: docs/replication.md, "What a replica can miss").
+    wait_for("the wiped member holding the later messages", || {
+        c.topic_depth(gone, topic).is_some_and(|d| d >= 10)
+    });
+    wait_for("the wiped member caught up from a snapshot", || {
+        c.node(gone)
+            .daemon
+            .log_contains("caught up from a snapshot")
+    });
+    c.node(gone).http_pub(topic, b"through-the-wiped-member");
+    let want = c.topic_depth(gone, topic).unwrap();
+    wait_for("its publish applied", || {
+        c.topic_depth(leader, topic) == Some(21) && c.topic_depth(gone, topic) == Some(want)
     });
 }

@@ -31,6 +31,8 @@ fn every_kind() -> Vec<Entry> {
         ]),
         Entry::TopicPause(true),
         Entry::TopicPause(false),
+        Entry::Compact { index: 0 },
+        Entry::Compact { index: u64::MAX },
     ];
     let ops = [
         ChannelOp::Create,
