@@ -47,6 +47,11 @@ fn start_limited(
     extra: &[&str],
 ) -> Broker {
     Broker::start_in_cmd(data_dir, shards, extra, |cmd| {
+        // The io_uring segment path, whatever the caller's NSQD_SEGMENT_IO: on the
+        // blocking-thread path (FUSE and network filesystems) a store keeps its
+        // descriptors for as long as it exists, by design (storage/src/store/
+        // descriptors.rs), so a budget below one descriptor per topic cannot hold there.
+        cmd.env_remove("NSQD_SEGMENT_IO");
         // SAFETY: setrlimit(2) only, between fork and exec (async-signal-safe).
         unsafe {
             cmd.pre_exec(move || {
