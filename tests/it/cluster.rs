@@ -502,3 +502,67 @@ fn a_wiped_member_rejoins_and_follows_the_group() {
         c.topic_depth(leader, topic) == Some(21) && c.topic_depth(gone, topic) == Some(want)
     });
 }
+
+/// pynsq, unmodified: an nsq.Reader that finds the topic through nsqlookupd follows its
+/// leader to the new one after the old is killed, and receives every message an
+/// nsq.Writer connected to every member got acknowledged before and after
+/// (scripts/clients/pynsq_failover.py).
+#[test]
+fn pynsq_follows_the_leader_through_nsqlookupd() {
+    use std::io::{BufRead, BufReader, Write};
+    let Some(py) = common::pynsq_python() else {
+        return;
+    };
+    let lookupd = Lookupd::start(&[]);
+    let flag = format!("--lookupd-tcp-address={}", lookupd.tcp);
+    let mut c = Cluster::start([2, 1, 1], &[&flag]);
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/clients/pynsq_failover.py");
+    let mut child = std::process::Command::new(&py)
+        .arg(script)
+        .arg(lookupd.http.to_string())
+        .args((0..3).map(|i| c.node(i).tcp.to_string()))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while line.trim() != "KILL" {
+        line.clear();
+        if out.read_line(&mut line).unwrap() == 0 {
+            let o = child.wait_with_output().unwrap();
+            panic!(
+                "pynsq_failover.py ended early:\n{}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+    }
+    let topic_leader = {
+        let st = c.state(0);
+        let topic = st["topics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| {
+                t["topic"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("failover"))
+            })
+            .expect("the scenario's topic")["topic"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        c.wait_leader(&topic)
+    };
+    c.kill9(topic_leader);
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(
+        o.status.success(),
+        "pynsq_failover.py failed:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    eprintln!("{}", String::from_utf8_lossy(&o.stderr));
+}

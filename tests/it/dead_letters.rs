@@ -10,7 +10,7 @@ use crate::common;
 use common::*;
 use std::collections::BTreeMap;
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -226,26 +226,11 @@ fn the_channel_maximum_survives_a_restart_and_a_kill_9() {
     });
 }
 
-fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("NSQD_TEST_PYTHON") {
-        return p.into();
-    }
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python")
-}
-
 #[test]
 fn a_pynsq_handler_that_always_fails_dead_letters_every_message() {
-    let py = python();
-    let importable = Command::new(&py)
-        .args(["-c", "import nsq"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !importable {
-        return skip(&format!(
-            "{} cannot import pynsq (scripts/setup-clients.sh)",
-            py.display()
-        ));
-    }
+    let Some(py) = crate::common::pynsq_python() else {
+        return;
+    };
     let script =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/clients/pynsq_dead_letter_scenario.py");
     for_each_shards(&[1, 4], |shards| {

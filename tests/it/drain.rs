@@ -386,33 +386,13 @@ fn sigterm_option_values() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `$NSQD_TEST_PYTHON`, else the repository's `.venv/bin/python` (scripts/setup-clients.sh),
-/// else `python3`.
-fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("NSQD_TEST_PYTHON") {
-        return p.into();
-    }
-    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
-    if venv.exists() {
-        venv
-    } else {
-        "python3".into()
-    }
-}
-
 /// pynsq consumers receive a 2,000-message backlog while a pynsq producer is refused
 /// with E_PUB_FAILED (scripts/clients/pynsq_drain.py); the broker then exits 0.
 #[test]
 fn pynsq_consumers_drain_the_backlog_while_the_producer_is_refused() {
-    let py = python();
-    let probe = Command::new(&py).args(["-c", "import nsq"]).output();
-    if !probe.is_ok_and(|o| o.status.success()) {
-        common::skip(&format!(
-            "{} cannot import pynsq (scripts/setup-clients.sh)",
-            py.display()
-        ));
+    let Some(py) = common::pynsq_python() else {
         return;
-    }
+    };
     for_each_shards(&[1, 4], |shards| {
         let mut b = Broker::start(shards, &[]);
         let script =

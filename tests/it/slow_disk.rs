@@ -70,18 +70,6 @@ impl Drop for SlowFs {
     }
 }
 
-fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("NSQD_TEST_PYTHON") {
-        return p.into();
-    }
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
-    if venv.exists() {
-        venv
-    } else {
-        "python3".into()
-    }
-}
-
 /// Whether `mnt` is a mount point now (`/proc/self/mountinfo`'s fifth field).
 fn mounted(mnt: &Path) -> bool {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
@@ -97,7 +85,7 @@ fn mount_slowfs(name: &str) -> Result<SlowFs, String> {
     if !Path::new("/dev/fuse").exists() {
         return Err("no /dev/fuse".into());
     }
-    let py = python();
+    let py = crate::common::python();
     let probe = Command::new(&py)
         .args(["-c", "import fuse"])
         .output()

@@ -1090,6 +1090,39 @@ fn newest_mtime(
 /// skip of a passing test still shows in `cargo test`'s output, where scripts/test.sh
 /// counts the `SKIP:` lines. The caller returns right after. `<test>` is the test's name
 /// as the harness gives it (its thread's name, e.g. `slow_disk::a_slow_mkdir_...`).
+/// `$NSQD_TEST_PYTHON`, else the repository's `.venv/bin/python` (scripts/setup-clients.sh),
+/// else `python3`.
+pub fn python() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("NSQD_TEST_PYTHON") {
+        return p.into();
+    }
+    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    if venv.exists() {
+        venv
+    } else {
+        "python3".into()
+    }
+}
+
+/// [`python`] when it can import pynsq; otherwise `None`, after printing SKIP for the
+/// calling test.
+pub fn pynsq_python() -> Option<std::path::PathBuf> {
+    let py = python();
+    let importable = Command::new(&py)
+        .args(["-c", "import nsq"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if importable {
+        Some(py)
+    } else {
+        skip(&format!(
+            "{} cannot import pynsq (scripts/setup-clients.sh)",
+            py.display()
+        ));
+        None
+    }
+}
+
 pub fn skip(reason: &str) {
     use std::io::Write;
     let thread = std::thread::current();

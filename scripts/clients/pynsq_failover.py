@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""A replicated topic's leader lost, as the official Python client (pynsq, unmodified)
+sees it (docs/replication.md).
+
+usage: pynsq_failover.py <nsqlookupd-http-host:port> <nsqd-tcp-host:port>...
+
+An nsq.Writer connected to every member publishes SCENARIO_MESSAGES (default 200)
+distinct messages, retrying a publish that fails on another member, and an nsq.Reader
+that finds the topic through nsqlookupd (the leader alone is registered) receives and
+FINs them. Once it has every acknowledged one, the script prints `KILL` on stdout and
+waits for a line on stdin: the caller kills the leader with SIGKILL meanwhile. Then the
+writer publishes as many again through the surviving members, and the reader, its
+connection to the old leader gone, must find the new leader on its next nsqlookupd poll
+and receive every acknowledged message of both rounds not yet received (messages
+redelivered after the failover are counted, not failures).
+
+Exit status 0 on success, 1 with a reason on stderr otherwise; gives up after
+SCENARIO_TIMEOUT seconds (default 120).
+"""
+import asyncio
+import logging
+import os
+import sys
+import time
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import scenario_common as sc  # noqa: E402
+
+import nsq  # noqa: E402
+
+NAME = "pynsq-failover"
+KEEP = []
+N = int(os.environ.get("SCENARIO_MESSAGES", "200"))
+
+
+def log(text):
+    sc.log(NAME, text)
+
+
+async def wait_for(cond, timeout, what):
+    deadline = time.time() + timeout
+    while not cond():
+        if time.time() > deadline:
+            raise sc.ScenarioError("timed out after %ss waiting for %s" % (timeout, what))
+        await asyncio.sleep(0.05)
+
+
+async def publish_all(writer, topic, bodies, acked):
+    """Publishes each body until some member answers OK."""
+    for b in bodies:
+        deadline = time.time() + 30
+        while True:
+            answer = []
+            try:
+                writer.pub(topic, b, callback=lambda conn, data: answer.append(data))
+            except Exception as e:  # no connection at the moment
+                answer.append(e)
+            start = time.time()
+            while not answer and time.time() - start < 10:
+                await asyncio.sleep(0.005)
+            if answer and not isinstance(answer[0], Exception):
+                acked.add(b)
+                break
+            if time.time() > deadline:
+                raise sc.ScenarioError("no member acknowledged %r: %r" % (b, answer))
+            await asyncio.sleep(0.1)
+
+
+async def main(lookupd, members):
+    topic = sc.unique_name("failover")
+    writer = nsq.Writer(members, reconnect_interval=0.5)
+    KEEP.append(writer)
+    await wait_for(lambda: sum(c.connected() for c in writer.conns.values()) == len(members),
+                   20, "nsq.Writer to connect to every member")
+    acked = set()
+    first = [("%s:a:%05d" % (topic, i)).encode() for i in range(N)]
+    await publish_all(writer, topic, first, acked)
+    got = {}
+
+    def handler(message):
+        b = bytes(message.body)
+        got[b] = got.get(b, 0) + 1
+        return True  # pynsq FINs the message
+
+    KEEP.append(nsq.Reader(topic=topic, channel="c", name="failover",
+                           message_handler=handler, lookupd_http_addresses=[lookupd],
+                           lookupd_poll_interval=1, lookupd_poll_jitter=0.1,
+                           max_in_flight=50, max_tries=0))
+    await wait_for(lambda: acked <= set(got), sc.OVERALL_TIMEOUT, "the first round")
+    log("first round: %d acknowledged, all received; kill the leader now" % len(acked))
+    print("KILL", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    t0 = time.time()
+    second = [("%s:b:%05d" % (topic, i)).encode() for i in range(N)]
+    await publish_all(writer, topic, second, acked)
+    log("second round published through the survivors in %.2fs" % (time.time() - t0))
+    await wait_for(lambda: acked <= set(got), sc.OVERALL_TIMEOUT, "every acknowledged message")
+    extra = set(got) - set(first) - set(second)
+    if extra:
+        raise sc.ScenarioError("received messages never published: %r" % sorted(extra)[:3])
+    dups = sum(n - 1 for n in got.values())
+    log("all %d acknowledged messages received after the failover (%.2fs), %d redelivered"
+        % (len(acked), time.time() - t0, dups))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3:
+        sys.stderr.write(__doc__)
+        sys.exit(2)
+    logging.basicConfig(level=logging.CRITICAL, stream=sys.stderr)
+    t0 = time.time()
+    try:
+        asyncio.run(asyncio.wait_for(main(sys.argv[1], sys.argv[2:]), sc.OVERALL_TIMEOUT + 30))
+    except sc.ScenarioError as e:
+        log("FAIL: %s" % e)
+        sys.exit(1)
+    except asyncio.TimeoutError:
+        log("FAIL: overall timeout (%ss)" % (sc.OVERALL_TIMEOUT + 30))
+        sys.exit(1)
+    log("PASS (%.1fs)" % (time.time() - t0))
