@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Replicated publishing side by side with standalone, and failover time
+(BENCHMARKS.md, "Replication"). Standard library only.
+
+  scripts/bench-replication.py [--broker target/release/nsqd]
+                               [--bench target/release/nsq-bench]
+                               [--runfor 10s] [--sizes 200,4096] [--failovers 5]
+
+For each message size: `nsq-bench pubsub` (one producer, one consumer, MPUB batches, the
+bench's defaults otherwise) against one standalone broker, then against the leader of a
+topic replicated on a 3-node cluster on this host (factor 3, `--replication-ack=quorum`,
+each node `--shards 1`). Prints msgs/s and p99 of both and their ratio. Then, on the
+cluster, `--failovers` times: kill -9 the topic's leader and time (a) until a publish
+through a surviving node is answered 200 and (b) until GET /cluster names a new leader;
+the killed node is restarted at once on its data path before the next round.
+
+Every broker runs on a fresh data path under $TMPDIR with the default sync policy.
+The disk's O_DIRECT write speed (dd) is printed first: durable figures depend on it.
+"""
+
+import argparse
+import http.client
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def answers(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
+def http(port, method, path, body=b""):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        c.request(method, path, body)
+        r = c.getresponse()
+        return r.status, r.read()
+    except OSError as e:
+        return 0, str(e).encode()
+    finally:
+        c.close()
+
+
+class Node:
+    def __init__(self, binary, data, extra):
+        self.binary, self.data, self.extra = binary, data, list(extra)
+        self.tcp, self.http = free_port(), free_port()
+        self.proc = None
+
+    def start(self):
+        os.makedirs(self.data, exist_ok=True)
+        log = open(os.path.join(self.data, "..", os.path.basename(self.data) + ".log"), "ab")
+        self.proc = subprocess.Popen(
+            [self.binary, "--shards=1", "--data-path=" + self.data,
+             "--tcp-address=127.0.0.1:%d" % self.tcp,
+             "--http-address=127.0.0.1:%d" % self.http] + self.extra,
+            stdout=log, stderr=log)
+        deadline = time.time() + 60
+        while not (answers(self.tcp) and answers(self.http)):
+            if self.proc.poll() is not None or time.time() > deadline:
+                sys.exit("broker %s did not start" % self.data)
+            time.sleep(0.01)
+
+    def kill9(self):
+        if self.proc:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+def cluster(binary, root):
+    addrs = ["127.0.0.1:%d" % free_port() for _ in range(3)]
+    nodes = []
+    for i, a in enumerate(addrs):
+        peers = ["--cluster-peer=" + p for p in addrs if p != a]
+        nodes.append(Node(binary, os.path.join(root, "node%d" % i),
+                          ["--node-id=%d" % (i + 1), "--cluster-address=" + a] + peers))
+    for n in nodes:
+        n.start()
+    return nodes, addrs
+
+
+def leader_of(nodes, addrs, topic):
+    for n in nodes:
+        if n.proc is None:
+            continue
+        code, body = http(n.http, "GET", "/cluster")
+        if code != 200:
+            continue
+        for t in json.loads(body).get("topics", []):
+            if t["topic"] == topic and t.get("leader"):
+                i = addrs.index(t["leader"])
+                if nodes[i].proc is not None:
+                    return i
+    return None
+
+
+def wait_leader(nodes, addrs, topic, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        i = leader_of(nodes, addrs, topic)
+        if i is not None:
+            return i
+        time.sleep(0.02)
+    sys.exit("no leader for %s" % topic)
+
+
+def bench(binary, port, topic, size, runfor):
+    out = subprocess.run(
+        [binary, "pubsub", "--nsqd-tcp-address=127.0.0.1:%d" % port, "--topic", topic,
+         "--size", str(size), "--runfor", runfor, "--json"],
+        capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        sys.exit("nsq-bench failed:\n" + out.stdout[-2000:] + out.stderr[-2000:])
+    return json.loads(out.stdout)
+
+
+def figures(r):
+    """(msgs/s consumed, p99 latency in ms) from an nsq-bench --json report."""
+    sub = r.get("sub") or r.get("consume") or r
+    rate = sub.get("msgs_per_sec") or r.get("msgs_per_sec")
+    lat = r.get("latency_us") or sub.get("latency_us") or {}
+    p99 = lat.get("p99")
+    return rate, (p99 / 1000.0 if p99 is not None else None)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--broker", default=os.path.join(ROOT, "target/release/nsqd"))
+    ap.add_argument("--bench", default=os.path.join(ROOT, "target/release/nsq-bench"))
+    ap.add_argument("--runfor", default="10s")
+    ap.add_argument("--sizes", default="200,4096")
+    ap.add_argument("--failovers", type=int, default=5)
+    a = ap.parse_args()
+    root = tempfile.mkdtemp(prefix="bench-replication-")
+    try:
+        dd = subprocess.run(["dd", "if=/dev/zero", "of=" + os.path.join(root, "dd.bin"),
+                             "bs=1M", "count=1024", "oflag=direct"],
+                            capture_output=True, text=True, check=False)
+        print("disk: " + (dd.stderr.strip().splitlines() or ["?"])[-1])
+        os.remove(os.path.join(root, "dd.bin"))
+        print("cpus: %d" % os.cpu_count())
+        for size in [int(s) for s in a.sizes.split(",")]:
+            one = Node(a.broker, os.path.join(root, "standalone-%d" % size), [])
+            one.start()
+            r1 = bench(a.bench, one.tcp, "bench_%d" % size, size, a.runfor)
+            one.kill9()
+            nodes, addrs = cluster(a.broker, os.path.join(root, "cluster-%d" % size))
+            topic = "bench_%d" % size
+            http(nodes[0].http, "POST", "/topic/create?topic=" + topic)
+            lead = wait_leader(nodes, addrs, topic)
+            r3 = bench(a.bench, nodes[lead].tcp, topic, size, a.runfor)
+            for n in nodes:
+                n.kill9()
+            (s_rate, s_p99), (c_rate, c_p99) = figures(r1), figures(r3)
+            print("size=%d standalone: %.0f msgs/s p99 %s ms | replicated x3 quorum: %.0f msgs/s "
+                  "p99 %s ms | ratio %.2f" % (size, s_rate, s_p99, c_rate, c_p99, c_rate / s_rate))
+        nodes, addrs = cluster(a.broker, os.path.join(root, "failover"))
+        topic = "failover"
+        http(nodes[0].http, "POST", "/pub?topic=" + topic, b"x")
+        accept, elect = [], []
+        for k in range(a.failovers):
+            lead = wait_leader(nodes, addrs, topic)
+            other = nodes[(lead + 1) % 3]
+            t0 = time.time()
+            nodes[lead].kill9()
+            while http(other.http, "POST", "/pub?topic=" + topic, b"y")[0] != 200:
+                time.sleep(0.005)
+            accept.append(time.time() - t0)
+            while leader_of(nodes, addrs, topic) is None:
+                time.sleep(0.005)
+            elect.append(time.time() - t0)
+            nodes[lead].start()
+            time.sleep(1)
+        for n in nodes:
+            n.kill9()
+        print("failover (kill -9 of the leader, %d rounds): publishes accepted again after "
+              "%.2f s median (max %.2f); new leader named after %.2f s median (max %.2f)"
+              % (len(accept), sorted(accept)[len(accept) // 2], max(accept),
+                 sorted(elect)[len(elect) // 2], max(elect)))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
