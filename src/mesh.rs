@@ -69,6 +69,8 @@ pub enum ShardMsg {
         from: u64,
         frame: nsq_replication::wire::Frame,
     },
+    /// Where cluster peer `replica`'s clients connect (from its greeting to shard 0).
+    PeerTcp { replica: u64, tcp: String },
     /// `GET /cluster`: this shard's replicated topics.
     ClusterState {
         reply: oneshot::Sender<Vec<serde_json::Value>>,
@@ -264,6 +266,11 @@ pub(crate) fn handle_mesh(server: &Rc<Server>, msg: ShardMsg) {
         }
         ShardMsg::Lookup(events) => {
             shard.lookup.extend(events);
+        }
+        ShardMsg::PeerTcp { replica, tcp } => {
+            if let Some(c) = &server.cluster {
+                c.set_peer_tcp(replica, tcp);
+            }
         }
         ShardMsg::ClusterState { reply } => {
             let state = server

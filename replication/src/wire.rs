@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! frame   = len u32 LE (bytes after this field) | version u8 (= 2) | kind u8 | payload
-//! kind 1  Hello   : node_id u16 | replica u64 | addr_len u8 | addr (UTF-8)
+//! kind 1  Hello   : node_id u16 | replica u64 | addr_len u8 | addr | tcp_len u8 | tcp
 //! kind 2  Raft    : topic_len u8 | topic | eraftpb.Message (protobuf)
 //! kind 3  Propose : request u64 | topic_len u8 | topic | entry (crate::entry encoding)
 //! kind 4  Reply   : request u64 | status u8 | status fields
@@ -39,6 +39,9 @@ pub struct Hello {
     pub replica: u64,
     /// The sender's `--cluster-address`, as its peers list it in `--cluster-peer`.
     pub address: String,
+    /// Where the sender's clients connect (its TCP address for protocol V2): a
+    /// follower relays a consumer's session there.
+    pub tcp: String,
 }
 
 /// How the leader answered a forwarded proposal.
@@ -150,10 +153,11 @@ fn start(kind: u8, capacity: usize) -> Vec<u8> {
 ///
 /// [`EncodeError::Topic`] for an empty or over-long address.
 pub fn encode_hello(hello: &Hello) -> Result<Vec<u8>, EncodeError> {
-    let mut out = start(KIND_HELLO, 11 + hello.address.len());
+    let mut out = start(KIND_HELLO, 12 + hello.address.len() + hello.tcp.len());
     out.extend_from_slice(&hello.node_id.to_le_bytes());
     out.extend_from_slice(&hello.replica.to_le_bytes());
     push_name(&mut out, &hello.address)?;
+    push_name(&mut out, &hello.tcp)?;
     finish(out)
 }
 
@@ -296,11 +300,13 @@ pub fn decode_frame(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
             let node_id = r.u16()?;
             let replica = r.u64()?;
             let address = r.name()?;
+            let tcp = r.name()?;
             r.end()?;
             Frame::Hello(Hello {
                 node_id,
                 replica,
                 address,
+                tcp,
             })
         }
         KIND_RAFT => {

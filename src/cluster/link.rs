@@ -236,7 +236,9 @@ async fn read_loop(
             };
             match (from, frame) {
                 (None, Frame::Hello(h)) => {
-                    from = Some(check_hello(cfg, &h)?);
+                    let replica = check_hello(cfg, &h)?;
+                    from = Some(replica);
+                    super::replica::peer_greeted(server, replica, h.tcp).await;
                 }
                 (None, _) => return Err(std::io::Error::other("frame before the greeting")),
                 (Some(_), Frame::Hello(_)) => {

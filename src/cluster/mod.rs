@@ -7,11 +7,13 @@
 //!   which members hold a topic;
 //! - [`link`]: the connections between members (greeting, frames, reconnects);
 //! - [`replica`]: a shard's groups: proposing, forwarding to the leader, applying
-//!   committed entries to the topic, leadership changes and nsqlookupd.
+//!   committed entries to the topic, leadership changes and nsqlookupd;
+//! - [`relay`]: a consumer connected to a follower, served from the leader.
 //!
 //! Without the flags nothing here runs and the broker is a standalone nsqd.
 
 pub mod link;
+pub mod relay;
 pub mod replica;
 
 use nsq_replication::AckPolicy;

@@ -137,6 +137,10 @@ pub struct ShardCluster {
     hints: RefCell<HashMap<String, u64>>,
     /// This shard's index (the top bits of its request numbers).
     shard_index: usize,
+    /// Consumers of this shard served through a topic's leader, by client id.
+    pub relays: RefCell<HashMap<u64, Rc<super::relay::Relay>>>,
+    /// The peers' TCP addresses for clients (from their greetings).
+    peer_tcps: RefCell<HashMap<u64, String>>,
 }
 
 impl ShardCluster {
@@ -153,6 +157,8 @@ impl ShardCluster {
             led: RefCell::new(HashSet::new()),
             hints: RefCell::new(HashMap::new()),
             shard_index,
+            relays: RefCell::new(HashMap::new()),
+            peer_tcps: RefCell::new(HashMap::new()),
         }
     }
 
@@ -169,6 +175,7 @@ impl ShardCluster {
                 node_id: c.cfg.node_id,
                 replica: c.cfg.me.replica,
                 address: c.cfg.me.address.clone(),
+                tcp: client_address(server),
             },
         );
         let weak = Rc::downgrade(&c);
@@ -181,6 +188,24 @@ impl ShardCluster {
         if server.shard.index() == 0 {
             glommio::spawn_local(super::link::accept_loop(server.clone(), c.cfg.clone())).detach();
         }
+    }
+
+    /// The leader of `topic`'s group as this member knows it.
+    pub fn leader_of(&self, topic: &str) -> Option<u64> {
+        self.groups
+            .borrow()
+            .get(topic)
+            .and_then(|g| g.group.leader())
+    }
+
+    /// Where peer `replica`'s clients connect, once its greeting said.
+    pub fn peer_tcp(&self, replica: u64) -> Option<String> {
+        self.peer_tcps.borrow().get(&replica).cloned()
+    }
+
+    /// Records peer `replica`'s client TCP address.
+    pub fn set_peer_tcp(&self, replica: u64, tcp: String) {
+        self.peer_tcps.borrow_mut().insert(replica, tcp);
     }
 
     /// True when this node leads `topic` now.
@@ -938,15 +963,24 @@ pub async fn admin(server: &Server, op: &AdminOp) -> Option<Result<(), AdminErro
 
 /// A SUB to a replicated topic on the shard that owns it: only the topic's leader serves
 /// consumers. On the leader the channel is created through the group first (so every
-/// replica has it from the same place in the log); elsewhere the SUB is refused with
-/// `E_SUB_FAILED` and the consumer finds the leader through nsqlookupd. `None`: not a
+/// replica has it from the same place in the log); on another member holding a replica
+/// the SUB is relayed to the leader ([`SubRoute::Relay`]); a member without a replica,
+/// or a topic without a leader in time, refuses it with `E_SUB_FAILED`. `None`: not a
 /// replicated topic.
-pub async fn subscribe(server: &Server, topic: &str, channel: &str) -> Option<Result<(), String>> {
+pub async fn subscribe(
+    server: &Server,
+    topic: &str,
+    channel: &str,
+) -> Option<Result<(), SubRoute>> {
     let c = server.cluster.as_ref()?;
     if !ClusterConfig::replicates(topic) {
         return None;
     }
-    let refused = |why: &str| Some(Err(format!("E_SUB_FAILED SUB failed {why}")));
+    let refused = |why: &str| {
+        Some(Err(SubRoute::Refused(format!(
+            "E_SUB_FAILED SUB failed {why}"
+        ))))
+    };
     if !c.ensure_group(server, topic) {
         return refused(&format!("topic {topic} is not held by this cluster member"));
     }
@@ -955,9 +989,8 @@ pub async fn subscribe(server: &Server, topic: &str, channel: &str) -> Option<Re
         let leader = c.groups.borrow().get(topic).and_then(|g| g.group.leader());
         match leader {
             Some(l) if l == c.cfg.me.replica && c.leads(topic) => break,
-            Some(l) if l != c.cfg.me.replica => {
-                let at = c.cfg.member(l).map_or("", |m| m.address.as_str());
-                return refused(&format!("topic {topic} is led by cluster member {at}"));
+            Some(l) if l != c.cfg.me.replica && c.peer_tcp(l).is_some() => {
+                return Some(Err(SubRoute::Relay));
             }
             _ => {}
         }
@@ -976,8 +1009,49 @@ pub async fn subscribe(server: &Server, topic: &str, channel: &str) -> Option<Re
     Some(
         c.change(server, topic, create)
             .await
-            .map_err(|e| format!("E_SUB_FAILED SUB failed {e}")),
+            .map_err(|e| SubRoute::Refused(format!("E_SUB_FAILED SUB failed {e}"))),
     )
+}
+
+/// Where a SUB to a replicated topic goes when not to this member's channel.
+pub enum SubRoute {
+    /// Through the leader ([`super::relay`]).
+    Relay,
+    /// Refused with this error frame (fatal).
+    Refused(String),
+}
+
+/// This member's TCP address for clients as peers reach it: `--tcp-address`'s host when
+/// it names one, else `--broadcast-address`.
+fn client_address(server: &Server) -> String {
+    let host = server
+        .cfg
+        .flags
+        .tcp_address
+        .rsplit_once(':')
+        .map(|(h, _)| h.trim_matches(['[', ']']))
+        .filter(|h| !h.is_empty() && *h != "0.0.0.0" && *h != "::")
+        .map_or_else(|| server.cfg.broadcast_address.clone(), str::to_string);
+    if host.contains(':') {
+        format!("[{host}]:{}", server.tcp_port)
+    } else {
+        format!("{host}:{}", server.tcp_port)
+    }
+}
+
+/// Tells every shard where peer `replica`'s clients connect (its greeting said).
+pub async fn peer_greeted(server: &Rc<Server>, replica: u64, tcp: String) {
+    if let Some(c) = &server.cluster {
+        c.set_peer_tcp(replica, tcp.clone());
+    }
+    let Some(mesh) = server.mesh() else { return };
+    for i in (0..server.shard.count()).filter(|&i| i != server.shard.index()) {
+        let msg = ShardMsg::PeerTcp {
+            replica,
+            tcp: tcp.clone(),
+        };
+        let _ = mesh.send_to(i, msg).await;
+    }
 }
 
 /// Hands a frame from peer `from` to the shard it is for: the topic's owner, or for a

@@ -91,6 +91,7 @@ pub(super) async fn run_connection(
     client.kill();
     let deflate_history = writer.await;
     server.shard.client_gone(&client);
+    crate::cluster::relay::client_gone(&server, &client);
     match outcome {
         Outcome::Closed => {
             log::info!("PROTOCOL(V2): [{}] exiting ioloop", client.remote_address());

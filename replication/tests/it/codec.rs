@@ -171,6 +171,7 @@ fn hello_propose_and_reply_frames_round_trip() {
         node_id: 7,
         replica: 0xdead_beef,
         address: "10.0.0.7:4153".to_string(),
+        tcp: "10.0.0.7:4150".to_string(),
     };
     let entry = Entry::TopicPause(false).encode();
     let frames = [
@@ -257,6 +258,7 @@ fn bad_frames_are_errors() {
         node_id: 1,
         replica: 1,
         address: "a:1".to_string(),
+        tcp: "a:2".to_string(),
     })
     .unwrap();
     hello.push(0);

@@ -52,6 +52,23 @@ pub(super) async fn exec(
     cmd: Command,
     frame: &Bytes,
 ) -> Result<Upgrade, Fatal> {
+    if let Some(relay) = crate::cluster::relay::of(server, client) {
+        use crate::cluster::relay::Forward;
+        let forward = match &cmd {
+            Command::Rdy { count } => Some(Forward::Rdy(*count)),
+            Command::Fin { id } => Some(Forward::Fin(id)),
+            Command::Req { id, timeout_ms } => Some(Forward::Req(id, *timeout_ms)),
+            Command::Touch { id } => Some(Forward::Touch(id)),
+            Command::Cls => Some(Forward::Cls),
+            _ => None,
+        };
+        // A consumer served through the topic's leader (docs/replication.md).
+        if let Some(f) = forward {
+            if relay.forward(f).await {
+                return Ok(Upgrade::None);
+            }
+        }
+    }
     match cmd {
         Command::Nop | Command::RdyIgnored => {}
         Command::Identify { body } => {

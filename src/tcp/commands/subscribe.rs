@@ -20,7 +20,7 @@ use std::rc::Rc;
 
 /// Subscribes the client to `topic`/`channel` after the auth check; queues `OK`.
 pub(super) async fn sub(
-    server: &Server,
+    server: &Rc<Server>,
     client: &Rc<Client>,
     topic: &str,
     channel: &str,
@@ -41,8 +41,21 @@ pub(super) async fn sub(
         };
         return fatal(client, e.to_string());
     }
-    if let Some(Err(e)) = crate::cluster::replica::subscribe(server, topic, channel).await {
-        return fatal(client, e);
+    use crate::cluster::replica::SubRoute;
+    match crate::cluster::replica::subscribe(server, topic, channel).await {
+        Some(Err(SubRoute::Refused(e))) => return fatal(client, e),
+        Some(Err(SubRoute::Relay)) => {
+            match crate::cluster::relay::subscribe(server, client, topic, channel).await {
+                Ok(true) => {
+                    client.send_frame(FRAME_RESPONSE, b"OK");
+                    return Ok(());
+                }
+                // This member leads the topic by now: subscribed here.
+                Ok(false) => {}
+                Err(e) => return fatal(client, e),
+            }
+        }
+        None | Some(Ok(())) => {}
     }
     server.shard.prepare_store(topic).await;
     match server.shard.subscribe(client, topic, channel) {

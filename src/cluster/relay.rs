@@ -1,0 +1,388 @@
+//! A consumer connected to a follower, served through it from the topic's leader.
+//!
+//! A SUB on a member that holds a replica of the topic but does not lead it opens a
+//! protocol V2 connection from this member to the leader's TCP address (each member
+//! gives its own in its cluster greeting), sends IDENTIFY with the consumer's heartbeat
+//! interval and message timeout and the same SUB, and from then on:
+//!
+//! - message frames from the leader go to the consumer as they are (the consumer's own
+//!   connection keeps its TLS, compression and output buffering, all ended here);
+//! - the consumer's RDY, FIN, REQ, TOUCH and CLS go to the leader (the last RDY is kept);
+//! - the leader's heartbeats are answered here (`NOP`); this member sends the consumer
+//!   its own, as for any connection;
+//! - when the leader's connection ends (it was killed, or it lost leadership and closed
+//!   its consumers), the relay finds the topic's new leader and subscribes again with
+//!   the consumer's last RDY: the consumer's connection stays up. A FIN, REQ or TOUCH of
+//!   a message delivered by the previous leader is dropped (the new leader delivers that
+//!   message again unless the finish had been replicated). If this member becomes the
+//!   leader, the consumer's connection is closed: it subscribes here again and is
+//!   served locally.
+
+use super::ClusterConfig;
+use crate::server::Server;
+use crate::tcp::SharedStream;
+use glommio::net::TcpStream;
+use nsq_shards::client::Client;
+use nsq_shards::ClientState;
+use nsq_wire::v2::{FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE};
+use std::cell::{Cell, RefCell};
+use std::collections::HashSet;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+/// How long a relay looks for the topic's leader before it gives the consumer up.
+const FIND_LEADER: Duration = Duration::from_secs(10);
+
+/// One consumer's relay.
+pub struct Relay {
+    topic: String,
+    channel: String,
+    /// The connection to the leader now (`None` between two).
+    upstream: RefCell<Option<SharedStream>>,
+    /// The consumer's last RDY.
+    rdy: Cell<i64>,
+    /// IDs of the messages the current leader delivered and the consumer has not
+    /// answered yet.
+    delivered: RefCell<HashSet<[u8; 16]>>,
+    /// Set when the consumer's connection ended.
+    closed: Cell<bool>,
+    /// Set once this member leads the topic and serves the consumer itself.
+    local: Cell<bool>,
+    /// IDs a previous leader delivered and the consumer has not answered: their FIN,
+    /// REQ and TOUCH are dropped.
+    stale: RefCell<HashSet<[u8; 16]>>,
+}
+
+/// What the consumer sends that goes to the leader.
+pub enum Forward<'a> {
+    Rdy(i64),
+    Fin(&'a [u8; 16]),
+    Req(&'a [u8; 16], i64),
+    Touch(&'a [u8; 16]),
+    Cls,
+}
+
+impl Relay {
+    /// Sends the consumer's command to the leader, or drops it (between two leaders; a
+    /// message the current leader did not deliver). Returns false when the command is
+    /// to run here as usual: this member took the topic's leadership over.
+    pub async fn forward(&self, cmd: Forward<'_>) -> bool {
+        if self.local.get() {
+            return match cmd {
+                Forward::Fin(id) | Forward::Req(id, _) => self.stale.borrow_mut().remove(id),
+                Forward::Touch(id) => self.stale.borrow().contains(id),
+                Forward::Rdy(_) | Forward::Cls => false,
+            };
+        }
+        let line = match cmd {
+            Forward::Rdy(n) => {
+                self.rdy.set(n);
+                format!("RDY {n}\n")
+            }
+            Forward::Fin(id) => {
+                if !self.delivered.borrow_mut().remove(id) {
+                    return true;
+                }
+                format!("FIN {}\n", String::from_utf8_lossy(id))
+            }
+            Forward::Req(id, ms) => {
+                if !self.delivered.borrow_mut().remove(id) {
+                    return true;
+                }
+                format!("REQ {} {ms}\n", String::from_utf8_lossy(id))
+            }
+            Forward::Touch(id) => {
+                if !self.delivered.borrow().contains(id) {
+                    return true;
+                }
+                format!("TOUCH {}\n", String::from_utf8_lossy(id))
+            }
+            Forward::Cls => "CLS\n".to_string(),
+        };
+        let up = self.upstream.borrow().clone();
+        if let Some(up) = up {
+            if up.write_all(line.as_bytes()).await.is_err() {
+                up.shutdown();
+            }
+        }
+        true
+    }
+}
+
+/// The relay of `client`, if its SUB was relayed.
+pub fn of(server: &Server, client: &Client) -> Option<Rc<Relay>> {
+    server
+        .cluster
+        .as_ref()?
+        .relays
+        .borrow()
+        .get(&client.id())
+        .cloned()
+}
+
+/// Ends `client`'s relay (its connection closed).
+pub fn client_gone(server: &Server, client: &Client) {
+    let Some(c) = &server.cluster else { return };
+    if let Some(r) = c.relays.borrow_mut().remove(&client.id()) {
+        r.closed.set(true);
+        if let Some(up) = r.upstream.borrow_mut().take() {
+            up.shutdown();
+        }
+    }
+}
+
+/// Subscribes `client` to `topic`/`channel` through the topic's leader; on success the
+/// client is subscribed and served by a relay task. `Ok(false)`: this member leads the
+/// topic by now, subscribe here. Errors: the text of the error frame to send the
+/// consumer (fatal).
+pub async fn subscribe(
+    server: &Rc<Server>,
+    client: &Rc<Client>,
+    topic: &str,
+    channel: &str,
+) -> Result<bool, String> {
+    let Some(c) = server.cluster.clone() else {
+        return Ok(false);
+    };
+    let relay = Rc::new(Relay {
+        topic: topic.to_string(),
+        channel: channel.to_string(),
+        upstream: RefCell::new(None),
+        rdy: Cell::new(0),
+        delivered: RefCell::new(HashSet::new()),
+        closed: Cell::new(false),
+        local: Cell::new(false),
+        stale: RefCell::new(HashSet::new()),
+    });
+    let Some(up) = connect(server, client, &relay).await? else {
+        return Ok(false);
+    };
+    *relay.upstream.borrow_mut() = Some(up.clone());
+    c.relays.borrow_mut().insert(client.id(), relay.clone());
+    client.set_state(ClientState::Subscribed);
+    log::info!(
+        "[{}] SUB {topic} {channel} relayed to the topic's leader",
+        client.remote_address()
+    );
+    let server = server.clone();
+    let client = client.clone();
+    glommio::spawn_local(async move { run(&server, &client, &relay, up).await }).detach();
+    Ok(true)
+}
+
+/// The leader's TCP address for `topic`, once a leader other than this member is known
+/// (`Ok(None)`: this member leads it).
+async fn leader_tcp(server: &Server, topic: &str) -> Result<Option<String>, String> {
+    let Some(c) = &server.cluster else {
+        return Err("not a cluster member".into());
+    };
+    let deadline = Instant::now() + FIND_LEADER;
+    loop {
+        match c.leader_of(topic) {
+            Some(l) if l == c.cfg.me.replica => return Ok(None),
+            Some(l) => {
+                if let Some(tcp) = c.peer_tcp(l) {
+                    return Ok(Some(tcp));
+                }
+            }
+            None => {}
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("topic {topic} has no reachable leader"));
+        }
+        glommio::timer::sleep(super::replica::TICK).await;
+    }
+}
+
+/// Opens a connection to the topic's leader and subscribes it like the consumer
+/// (`Ok(None)`: this member leads the topic).
+async fn connect(
+    server: &Server,
+    client: &Client,
+    relay: &Relay,
+) -> Result<Option<SharedStream>, String> {
+    let topic = &relay.topic;
+    let fail = |e: String| format!("E_SUB_FAILED SUB failed {e}");
+    let Some(addr) = leader_tcp(server, topic).await.map_err(fail)? else {
+        return Ok(None);
+    };
+    let stream = TcpStream::connect_timeout(addr.as_str(), Duration::from_secs(2))
+        .await
+        .map_err(|e| fail(format!("leader {addr} unreachable: {e}")))?;
+    let _ = stream.set_nodelay(true);
+    let up = SharedStream::new(stream);
+    let identify = {
+        let s = client.settings();
+        serde_json::json!({
+            "client_id": s.client_id,
+            "hostname": s.hostname,
+            "user_agent": format!("nsqd-relay ({})", s.user_agent),
+            "heartbeat_interval": s.heartbeat_interval.map_or(-1, |d| d.as_millis() as i64),
+            "msg_timeout": s.msg_timeout.as_millis() as i64,
+            "feature_negotiation": true,
+        })
+        .to_string()
+    };
+    let mut hello = b"  V2IDENTIFY\n".to_vec();
+    hello.extend_from_slice(&(identify.len() as u32).to_be_bytes());
+    hello.extend_from_slice(identify.as_bytes());
+    hello.extend_from_slice(format!("SUB {} {}\n", relay.topic, relay.channel).as_bytes());
+    let io = |e: std::io::Error| fail(format!("leader {addr}: {e}"));
+    up.write_all(&hello).await.map_err(io)?;
+    let mut frames = FrameReader::default();
+    // IDENTIFY's answer (JSON), then SUB's.
+    for _ in 0..2 {
+        let (ft, data) = frames.next(&up).await.map_err(io)?;
+        if ft == FRAME_ERROR {
+            up.shutdown();
+            return Err(String::from_utf8_lossy(&data).into_owned());
+        }
+    }
+    let rdy = relay.rdy.get();
+    if rdy > 0 {
+        up.write_all(format!("RDY {rdy}\n").as_bytes())
+            .await
+            .map_err(io)?;
+    }
+    Ok(Some(up))
+}
+
+/// Carries the leader's frames to the consumer until the consumer goes; reconnects to
+/// each new leader.
+async fn run(server: &Rc<Server>, client: &Rc<Client>, relay: &Rc<Relay>, mut up: SharedStream) {
+    loop {
+        let mut frames = FrameReader::default();
+        loop {
+            let (ft, data) = match frames.next(&up).await {
+                Ok(f) => f,
+                Err(_) => break,
+            };
+            match ft {
+                FRAME_MESSAGE => {
+                    if let Some(id) = data.get(10..26) {
+                        let mut key = [0u8; 16];
+                        key.copy_from_slice(id);
+                        relay.delivered.borrow_mut().insert(key);
+                    }
+                    client.send_frame(FRAME_MESSAGE, &data);
+                }
+                FRAME_RESPONSE if data == b"_heartbeat_" => {
+                    if up.write_all(b"NOP\n").await.is_err() {
+                        break;
+                    }
+                }
+                _ => client.send_frame(ft, &data),
+            }
+        }
+        up.shutdown();
+        *relay.upstream.borrow_mut() = None;
+        let delivered = std::mem::take(&mut *relay.delivered.borrow_mut());
+        relay.stale.borrow_mut().extend(delivered);
+        if relay.closed.get() || server.shard.shutdown.is_set() {
+            return;
+        }
+        log::info!(
+            "[{}] relay of {}/{}: the leader's connection ended; finding the new leader",
+            client.remote_address(),
+            relay.topic,
+            relay.channel
+        );
+        // The group may still name the lost leader until its election timeout: try
+        // again until a leader answers, for as long as FIND_LEADER.
+        let deadline = Instant::now() + FIND_LEADER;
+        let next = loop {
+            match connect(server, client, relay).await {
+                Err(e) if Instant::now() < deadline && !relay.closed.get() => {
+                    log::debug!("[{}] relay: {e}; trying again", client.remote_address());
+                    glommio::timer::sleep(super::replica::TICK).await;
+                }
+                r => break r,
+            }
+        };
+        match next {
+            Ok(Some(next)) => {
+                if relay.closed.get() {
+                    next.shutdown();
+                    return;
+                }
+                *relay.upstream.borrow_mut() = Some(next.clone());
+                up = next;
+            }
+            Ok(None) => {
+                take_over(server, client, relay);
+                return;
+            }
+            Err(e) => {
+                log::info!("[{}] relay ended: {e}", client.remote_address());
+                client.kill();
+                return;
+            }
+        }
+    }
+}
+
+/// This member leads the topic now: the consumer is subscribed to its channel here with
+/// its last RDY, on the same connection.
+fn take_over(server: &Server, client: &Rc<Client>, relay: &Relay) {
+    relay.local.set(true);
+    match server.shard.subscribe(client, &relay.topic, &relay.channel) {
+        Ok(_) => {
+            log::info!(
+                "[{}] relay of {}/{}: this member leads the topic now; served here",
+                client.remote_address(),
+                relay.topic,
+                relay.channel
+            );
+            client.set_ready_count(relay.rdy.get());
+            server.shard.client_ready_changed(client);
+        }
+        Err(e) => {
+            log::info!("[{}] relay ended: {e}", client.remote_address());
+            client.kill();
+        }
+    }
+}
+
+/// Reads protocol V2 frames (`size u32 BE | type u32 BE | data`) from a stream.
+#[derive(Default)]
+struct FrameReader {
+    buf: Vec<u8>,
+}
+
+impl FrameReader {
+    async fn next(&mut self, s: &SharedStream) -> std::io::Result<(u32, Vec<u8>)> {
+        loop {
+            if self.buf.len() >= 8 {
+                let size = u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]])
+                    as usize;
+                if !(4..=(64 << 20)).contains(&size) {
+                    return Err(std::io::Error::other("bad frame size from the leader"));
+                }
+                if self.buf.len() >= 4 + size {
+                    let ft =
+                        u32::from_be_bytes([self.buf[4], self.buf[5], self.buf[6], self.buf[7]]);
+                    let data = self.buf[8..4 + size].to_vec();
+                    self.buf.drain(..4 + size);
+                    return Ok((ft, data));
+                }
+            }
+            let mut chunk = [0u8; 64 << 10];
+            let n = s.read(&mut chunk).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+/// True when a SUB to `topic` on this member should be relayed: a replicated topic this
+/// member holds but does not lead, with a leader elected.
+pub fn should_relay(server: &Server, topic: &str) -> bool {
+    let Some(c) = &server.cluster else {
+        return false;
+    };
+    ClusterConfig::replicates(topic)
+        && c.leader_of(topic)
+            .is_some_and(|l| l != c.cfg.me.replica && c.peer_tcp(l).is_some())
+}
