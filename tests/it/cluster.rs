@@ -595,3 +595,67 @@ fn pynsq_follows_the_leader_through_nsqlookupd() {
     );
     eprintln!("{}", String::from_utf8_lossy(&o.stderr));
 }
+
+/// tokio-nsq, unmodified, consuming through a follower (`NSQConsumerConfigSources::
+/// Daemons` with the follower's address only): the follower relays it to the leader,
+/// and after the leader is killed the same connection goes on (tokio-nsq reports no
+/// `Unhealthy`) and delivers every message published before and after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokio_nsq_consumes_through_a_follower_across_a_failover() {
+    use tokio::time::timeout;
+    use tokio_nsq::{NSQChannel, NSQConsumerConfig, NSQConsumerConfigSources, NSQEvent, NSQTopic};
+    let mut c = Cluster::start([1, 2, 1], &[]);
+    let topic = "tokio_failover";
+    c.node(0).http_pub(topic, b"warm-up");
+    let leader = c.wait_leader(topic);
+    let f = (leader + 1) % 3;
+    let mut consumer = NSQConsumerConfig::new(
+        NSQTopic::new(topic).unwrap(),
+        NSQChannel::new("ch").unwrap(),
+    )
+    .set_max_in_flight(20)
+    .set_sources(NSQConsumerConfigSources::Daemons(vec![c
+        .node(f)
+        .tcp
+        .to_string()]))
+    .set_rebalance_interval(Duration::from_millis(500))
+    .build();
+    let mut got: std::collections::HashMap<Vec<u8>, usize> = Default::default();
+    let mut receive = async |consumer: &mut tokio_nsq::NSQConsumer,
+                             got: &mut std::collections::HashMap<Vec<u8>, usize>,
+                             want: &[Vec<u8>]| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !want.iter().all(|w| got.contains_key(w)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match timeout(left, consumer.consume()).await {
+                Ok(Some(NSQEvent::Message(m))) => {
+                    *got.entry(m.body.clone()).or_default() += 1;
+                    m.finish().await;
+                }
+                Ok(Some(NSQEvent::Healthy())) | Ok(Some(NSQEvent::Ok())) => {}
+                Ok(Some(NSQEvent::Unhealthy())) => panic!("tokio-nsq lost its connection"),
+                Ok(None) => panic!("consumer stream ended"),
+                Err(_) => panic!("timed out; {} of {} received", got.len(), want.len()),
+            }
+        }
+    };
+    let first: Vec<Vec<u8>> = (0..50).map(|i| format!("a{i}").into_bytes()).collect();
+    for b in &first {
+        c.node(leader).http_pub(topic, b);
+    }
+    let mut want = vec![b"warm-up".to_vec()];
+    want.extend(first.iter().cloned());
+    receive(&mut consumer, &mut got, &want).await;
+    c.kill9(leader);
+    let second: Vec<Vec<u8>> = (0..50).map(|i| format!("b{i}").into_bytes()).collect();
+    for b in &second {
+        c.node(f).http_pub(topic, b);
+    }
+    want.extend(second.iter().cloned());
+    receive(&mut consumer, &mut got, &want).await;
+    let redelivered: usize = got.values().map(|n| n - 1).sum();
+    eprintln!(
+        "tokio-nsq through a follower: {} messages, {redelivered} redelivered",
+        got.len()
+    );
+}
