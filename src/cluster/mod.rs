@@ -60,6 +60,14 @@ fn fnv(bytes: &[u8], seed: u64) -> u64 {
     h
 }
 
+/// splitmix64's finalizer: every input bit moves every output bit, so the rendezvous
+/// scores of one topic on different members are independent.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+    z ^ (z >> 31)
+}
+
 impl ClusterConfig {
     /// The cluster from the flags; `Ok(None)` when this node runs standalone (neither
     /// flag given).
@@ -125,7 +133,7 @@ impl ClusterConfig {
     pub fn replicas_of(&self, topic: &str) -> Vec<u64> {
         let mut all: Vec<(u64, u64)> = std::iter::once(&self.me)
             .chain(&self.peers)
-            .map(|m| (fnv(topic.as_bytes(), m.replica), m.replica))
+            .map(|m| (mix(fnv(topic.as_bytes(), 0) ^ m.replica), m.replica))
             .collect();
         all.sort_unstable_by(|a, b| b.cmp(a));
         all.into_iter().take(self.factor).map(|(_, r)| r).collect()

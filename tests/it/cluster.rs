@@ -621,9 +621,9 @@ async fn tokio_nsq_consumes_through_a_follower_across_a_failover() {
     .set_rebalance_interval(Duration::from_millis(500))
     .build();
     let mut got: std::collections::HashMap<Vec<u8>, usize> = Default::default();
-    let mut receive = async |consumer: &mut tokio_nsq::NSQConsumer,
-                             got: &mut std::collections::HashMap<Vec<u8>, usize>,
-                             want: &[Vec<u8>]| {
+    let receive = async |consumer: &mut tokio_nsq::NSQConsumer,
+                         got: &mut std::collections::HashMap<Vec<u8>, usize>,
+                         want: &[Vec<u8>]| {
         let deadline = Instant::now() + Duration::from_secs(30);
         while !want.iter().all(|w| got.contains_key(w)) {
             let left = deadline.saturating_duration_since(Instant::now());

@@ -85,6 +85,10 @@ const OWN_FLAGS: &[&str] = &[
     "preflight",
     "sigterm",
     "channel-lag-stats",
+    "cluster-address",
+    "cluster-peer",
+    "replication-factor",
+    "replication-ack",
 ];
 
 #[test]
