@@ -146,10 +146,11 @@ pub(super) async fn route(
                 ..Default::default()
             };
             let shards = server.gather_stats(&req).await;
-            let mut r = Response::plain(
-                200,
-                crate::stats::prometheus::prometheus(&shards, server.cfg.start_time).into_bytes(),
-            );
+            let mut text = crate::stats::prometheus::prometheus(&shards, server.cfg.start_time);
+            if let Some(state) = server.cluster_state().await {
+                text.push_str(&crate::stats::prometheus::cluster_metrics(&state));
+            }
+            let mut r = Response::plain(200, text.into_bytes());
             r.sniffed_type = None;
             r.headers.push((
                 "Content-Type",

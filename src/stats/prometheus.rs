@@ -277,6 +277,63 @@ pub fn prometheus(shards: &[ShardStats], start_time: i64) -> String {
     out
 }
 
+/// The replicated topics' families (docs/replication.md) from `GET /cluster`'s JSON:
+/// per topic whose owning shard is here, whether this member leads it, the term, the
+/// commit index and the Raft log's bytes; on the leader, each replica's lag in entries.
+pub fn cluster_metrics(state: &serde_json::Value) -> String {
+    let mut out = String::new();
+    let mut f = families(&[
+        (
+            "nsq_cluster_topic_is_leader",
+            "1 when this member leads the topic's replication group.",
+            "gauge",
+        ),
+        (
+            "nsq_cluster_topic_term",
+            "The Raft term of the topic's group.",
+            "gauge",
+        ),
+        (
+            "nsq_cluster_topic_commit_index",
+            "The Raft commit index of the topic's group.",
+            "gauge",
+        ),
+        (
+            "nsq_cluster_topic_raft_log_bytes",
+            "Bytes of entries in the topic's Raft log (compacted once every replica has them).",
+            "gauge",
+        ),
+    ]);
+    let mut lag = families(&[(
+        "nsq_cluster_replica_lag_entries",
+        "Raft entries a replica of a topic this member leads is behind the leader.",
+        "gauge",
+    )]);
+    for t in state["topics"].as_array().into_iter().flatten() {
+        let l = format!("topic=\"{}\"", esc(t["topic"].as_str().unwrap_or("")));
+        let num = |k: &str| t[k].as_f64().unwrap_or(0.0);
+        let leads = if t["is_leader"] == true { 1.0 } else { 0.0 };
+        push_samples(
+            &mut f,
+            &l,
+            [leads, num("term"), num("commit_index"), num("log_bytes")],
+        );
+        for r in t["replicas"].as_array().into_iter().flatten() {
+            if let Some(n) = r["lag_entries"].as_f64() {
+                let rl = format!(
+                    "{l},replica=\"{}\"",
+                    esc(r["address"].as_str().unwrap_or(""))
+                );
+                push_samples(&mut lag, &rl, [n]);
+            }
+        }
+    }
+    for fam in f.into_iter().chain(lag) {
+        render(&mut out, fam);
+    }
+    out
+}
+
 /// The process_* metrics of the Prometheus client libraries.
 fn process_metrics(out: &mut String, start_time: i64) {
     let p = Process::read();

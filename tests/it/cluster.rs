@@ -258,6 +258,24 @@ fn publishes_through_any_member_reach_every_replica_with_the_leaders_ids() {
             c.state(i)["topics"][0]["first_index"].as_u64() > Some(applied)
         });
     }
+    // Prometheus: one leader among the members, no replica behind once idle.
+    let leaders: usize = (0..3)
+        .filter(|&i| {
+            let (_, m) = c.node(i).http("GET", "/metrics", b"");
+            String::from_utf8_lossy(&m).contains(&format!(
+                "nsq_cluster_topic_is_leader{{topic=\"{topic}\"}} 1"
+            ))
+        })
+        .count();
+    assert_eq!(leaders, 1);
+    wait_for("no replica lagging in /metrics", || {
+        let (_, m) = c.node(leader).http("GET", "/metrics", b"");
+        let m = String::from_utf8_lossy(&m);
+        m.matches("nsq_cluster_replica_lag_entries{").count() == 3
+            && m.lines()
+                .filter(|l| l.starts_with("nsq_cluster_replica_lag_entries{"))
+                .all(|l| l.ends_with(" 0"))
+    });
     // Every member names the same leader and term.
     let terms: Vec<u64> = (0..3)
         .map(|i| c.state(i)["topics"][0]["term"].as_u64().expect("a term"))
