@@ -550,23 +550,18 @@ fn a_wiped_member_rejoins_and_follows_the_group() {
     });
 }
 
-/// pynsq, unmodified: an nsq.Reader that finds the topic through nsqlookupd follows its
-/// leader to the new one after the old is killed, and receives every message an
-/// nsq.Writer connected to every member got acknowledged before and after
-/// (scripts/clients/pynsq_failover.py).
-#[test]
-fn pynsq_follows_the_leader_through_nsqlookupd() {
+/// Runs a client's failover scenario (scripts/clients/*_failover.*) against a 3-node
+/// cluster with nsqlookupd: it prints `KILL` once its consumer has every message of
+/// the first round; the leader of its topic is then killed and the scenario told to go
+/// on; it must end with status 0 (every acknowledged message received).
+fn failover_scenario(program: &std::path::Path, script: &str, topic_prefix: &str) {
     use std::io::{BufRead, BufReader, Write};
-    let Some(py) = common::pynsq_python() else {
-        return;
-    };
     let lookupd = Lookupd::start(&[]);
     let flag = format!("--lookupd-tcp-address={}", lookupd.tcp);
     let mut c = Cluster::start([2, 1, 1], &[&flag]);
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/clients/pynsq_failover.py");
-    let mut child = std::process::Command::new(&py)
-        .arg(script)
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(script);
+    let mut child = std::process::Command::new(program)
+        .arg(&script)
         .arg(lookupd.http.to_string())
         .args((0..3).map(|i| c.node(i).tcp.to_string()))
         .stdin(std::process::Stdio::piped())
@@ -581,37 +576,63 @@ fn pynsq_follows_the_leader_through_nsqlookupd() {
         if out.read_line(&mut line).unwrap() == 0 {
             let o = child.wait_with_output().unwrap();
             panic!(
-                "pynsq_failover.py ended early:\n{}",
+                "{} ended early:\n{}",
+                script.display(),
                 String::from_utf8_lossy(&o.stderr)
             );
         }
     }
-    let topic_leader = {
-        let st = c.state(0);
-        let topic = st["topics"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|t| {
-                t["topic"]
-                    .as_str()
-                    .is_some_and(|n| n.starts_with("failover"))
-            })
-            .expect("the scenario's topic")["topic"]
-            .as_str()
-            .unwrap()
-            .to_string();
-        c.wait_leader(&topic)
-    };
-    c.kill9(topic_leader);
+    let topic = c.state(0)["topics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["topic"].as_str())
+        .find(|n| n.starts_with(topic_prefix))
+        .expect("the scenario's topic")
+        .to_string();
+    let leader = c.wait_leader(&topic);
+    c.kill9(leader);
     child.stdin.take().unwrap().write_all(b"go\n").unwrap();
     let o = child.wait_with_output().unwrap();
-    assert!(
-        o.status.success(),
-        "pynsq_failover.py failed:\n{}",
-        String::from_utf8_lossy(&o.stderr)
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{} failed:\n{log}", script.display());
+    eprintln!("{log}");
+}
+
+/// pynsq, unmodified: an nsq.Reader that finds the topic through nsqlookupd follows its
+/// leader to the new one after the old is killed, and receives every message an
+/// nsq.Writer connected to every member got acknowledged before and after.
+#[test]
+fn pynsq_follows_the_leader_through_nsqlookupd() {
+    let Some(py) = common::pynsq_python() else {
+        return;
+    };
+    failover_scenario(&py, "scripts/clients/pynsq_failover.py", "failover");
+}
+
+/// gnsq, unmodified, as [`pynsq_follows_the_leader_through_nsqlookupd`].
+#[test]
+fn gnsq_follows_the_leader_through_nsqlookupd() {
+    let Some(py) = common::python_with("gnsq") else {
+        return;
+    };
+    failover_scenario(&py, "scripts/clients/gnsq_failover.py", "gfailover");
+}
+
+/// nsqjs, unmodified, as [`pynsq_follows_the_leader_through_nsqlookupd`] (one nsqjs
+/// Writer per member).
+#[test]
+fn nsqjs_follows_the_leader_through_nsqlookupd() {
+    let modules =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/clients/node_modules/nsqjs");
+    if !modules.exists() {
+        return common::skip("no scripts/clients/node_modules/nsqjs (scripts/setup-clients.sh)");
+    }
+    failover_scenario(
+        std::path::Path::new("node"),
+        "scripts/clients/nsqjs_failover.js",
+        "nfailover",
     );
-    eprintln!("{}", String::from_utf8_lossy(&o.stderr));
 }
 
 /// tokio-nsq, unmodified, consuming through a follower (`NSQConsumerConfigSources::

@@ -1107,16 +1107,22 @@ pub fn python() -> std::path::PathBuf {
 /// [`python`] when it can import pynsq; otherwise `None`, after printing SKIP for the
 /// calling test.
 pub fn pynsq_python() -> Option<std::path::PathBuf> {
+    python_with("nsq")
+}
+
+/// [`python`] when it can import `module`; otherwise `None`, after printing SKIP for
+/// the calling test.
+pub fn python_with(module: &str) -> Option<std::path::PathBuf> {
     let py = python();
     let importable = Command::new(&py)
-        .args(["-c", "import nsq"])
+        .args(["-c", &format!("import {module}")])
         .output()
         .is_ok_and(|o| o.status.success());
     if importable {
         Some(py)
     } else {
         skip(&format!(
-            "{} cannot import pynsq (scripts/setup-clients.sh)",
+            "{} cannot import {module} (scripts/setup-clients.sh)",
             py.display()
         ));
         None
