@@ -539,6 +539,8 @@ fn import_topic(
         holes: Vec::new(),
         channels,
         next_seq: w.next_seq,
+        // The imported records carry their IDs; recovery resumes after the newest.
+        last_id: 0,
         journal_gen: 0,
         pending_file: None,
     };

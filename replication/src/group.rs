@@ -384,6 +384,14 @@ impl<S: LogStore> TopicGroup<S> {
         Ok(())
     }
 
+    /// Asks the leader to hand leadership to `to` (raft-rs's leadership transfer: once
+    /// `to` has the whole log it campaigns at once). A no-op on a follower.
+    pub fn transfer_leader(&mut self, to: u64) {
+        if self.is_leader() {
+            self.node.transfer_leader(to);
+        }
+    }
+
     /// The voters of the group's current configuration.
     #[must_use]
     pub fn voters(&self) -> Vec<u64> {

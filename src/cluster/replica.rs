@@ -83,6 +83,10 @@ struct Group {
     /// as a follower compacts, so that it still has what a lagging replica needs if it
     /// becomes the leader.
     safe: u64,
+    /// This replica restored a snapshot past messages its topic does not hold: it hands
+    /// leadership to another replica whenever it gets it (its topic log misses messages
+    /// the others have).
+    gap: bool,
 }
 
 /// Samples of one replica's position (match or applied index), taken every
@@ -242,6 +246,7 @@ impl ShardCluster {
                 stopped: false,
                 held: HashMap::new(),
                 safe: 0,
+                gap: false,
             },
         );
         log::info!("TOPIC({topic}): replicated on {} members", voters.len());
@@ -552,10 +557,17 @@ impl ShardCluster {
             self.leadership_changed(server, topic, l);
         }
         if let Some(r) = &out.restore {
-            log::warn!(
-                "TOPIC({topic}): caught up from a snapshot at Raft index {}: what the group committed before it and this replica had not applied is not on this replica",
-                r.index
-            );
+            let newest_there = MessageId::from_hex(&r.data).map_or(0, |i| i.0);
+            let newest_here = server.shard.topic_last_id(topic).map_or(0, |i| i.0);
+            if newest_there > newest_here {
+                log::warn!(
+                    "TOPIC({topic}): caught up from a snapshot at Raft index {}: what the group committed before it and this replica had not applied is not on this replica, which therefore hands leadership to another replica",
+                    r.index
+                );
+                if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
+                    g.gap = true;
+                }
+            }
         }
         if out.snapshot_wanted {
             let mut groups = self.groups.borrow_mut();
@@ -652,6 +664,21 @@ impl ShardCluster {
         if l.is_self && !was {
             log::info!("TOPIC({topic}): this node leads it (term {})", l.term);
             if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
+                if g.gap {
+                    let me = self.cfg.me.replica;
+                    let other = g
+                        .group
+                        .voters()
+                        .into_iter()
+                        .find(|&v| v != me && self.links.connected(v));
+                    if let Some(to) = other {
+                        log::info!(
+                            "TOPIC({topic}): handing leadership to {} (this replica misses messages)",
+                            self.cfg.member(to).map_or("?", |m| m.address.as_str())
+                        );
+                        g.group.transfer_leader(to);
+                    }
+                }
                 let mut highest = server.shard.topic_last_id(topic).map_or(0, |i| i.0);
                 for e in g.group.unapplied_entries() {
                     if let Entry::Publish(msgs) = e {

@@ -89,6 +89,13 @@ pub struct TopicMeta {
     /// their sequences. 0 in metadata written before this field existed.
     #[serde(default)]
     pub next_seq: u64,
+    /// The newest message ID the topic gave or held when this metadata was written (0:
+    /// none, or metadata written before this field existed). With `next_seq`, of the
+    /// same moment: a replicated topic's member restarted on its data path skips, by
+    /// ID, what it had applied before, even the records finished before they were
+    /// written (docs/replication.md).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub last_id: u64,
     /// The last journal generation whose events this metadata includes; recovery
     /// replays only newer ones ([`crate::journal`]). 0 in metadata written before the
     /// journal existed.
@@ -117,6 +124,10 @@ pub const INLINE_PENDING_MAX: usize = 65_536;
 
 /// Bytes of one pending message in a [`PendingFile`].
 pub const PENDING_ENTRY: usize = 18;
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
 
 fn is_pending_file_name(n: &str) -> bool {
     n.strip_prefix("pending-")
@@ -296,6 +307,7 @@ impl TopicMeta {
             holes: self.holes.clone(),
             channels: Vec::new(),
             next_seq: self.next_seq,
+            last_id: self.last_id,
             journal_gen: self.journal_gen,
             pending_file: None,
         }
@@ -372,6 +384,7 @@ mod tests {
                 },
             }],
             next_seq: 0,
+            last_id: 0,
             journal_gen: 4,
             pending_file: None,
         };
@@ -420,6 +433,7 @@ mod tests {
             holes: Vec::new(),
             channels: vec![chan("a", 50_000), chan("b", 0), chan("c", 30_000)],
             next_seq: 80_000,
+            last_id: 0,
             journal_gen: 2,
             pending_file: None,
         };
@@ -502,6 +516,7 @@ mod tests {
             holes: Vec::new(),
             channels: Vec::new(),
             next_seq: 0,
+            last_id: 0,
             journal_gen: 0,
             pending_file: None,
         };

@@ -124,6 +124,7 @@ pub fn topic_meta(t: &Topic) -> TopicMeta {
         holes: t.log.holes.clone(),
         channels,
         next_seq: t.log.head,
+        last_id: t.last_id().map_or(0, |i| i.0),
         journal_gen: 0,
         pending_file: None,
     }

@@ -248,6 +248,13 @@ impl Shard {
         if let Some(last) = rec.tail.back() {
             t.resume_ids_after(crate::message::MessageId(last.id));
         }
+        // The metadata's newest ID goes with its next_seq: records finished before they
+        // were written keep their IDs taken too (a replicated topic's replay skips them).
+        if let Some(id) = m.as_ref().map(|m| m.last_id).filter(|&id| id != 0) {
+            if meta_next >= stored_next {
+                t.resume_ids_after(crate::message::MessageId(id));
+            }
+        }
         let tail_base = rec.tail.front().map(|r| r.seq).unwrap_or(head);
         t.log.restore(
             tail_base,
