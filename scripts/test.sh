@@ -18,7 +18,10 @@
 #      against a running broker, checker messages exactly once, 10 s per shard count
 #      1/2/4; NETFUZZ_SECONDS) and chaos (kill -9 under load with --sync-every=1,
 #      5 cycles per shard count 1/2/4, no acknowledged message lost; CHAOS_CYCLES; and
-#      3 cycles with the default sync policy: losses only within its stated window)
+#      3 cycles with the default sync policy: losses only within its stated window) and
+#      cluster-chaos (a 3-node cluster under load, 5 faults: kill -9 of the leader or a
+#      follower, a leader restarted on a deleted data path, SIGSTOP; no acknowledged
+#      message lost; CLUSTER_CHAOS_CYCLES)
 #   5. scripts/setup-clients.sh (pinned pynsq, gnsq, nsqjs)
 #   6. for --shards 1, 2 and 4: start target/debug/nsqd on loopback ports chosen by the
 #      kernel (default sync policy; with 4 shards also --retention-time=1h, which the
@@ -254,11 +257,15 @@ fi
 # on the same data path and ports (CHAOS_CYCLES, default 5): no acknowledged message
 # lost on either channel; then 3 cycles with the default sync policy (a slow channel
 # builds a backlog): nothing acknowledged lost but within 100 ms + --sync-timeout of a
-# kill. Both print their seed; NETFUZZ_SEED / CHAOS_SEED replay one.
+# kill. cluster-chaos: three members (--cluster-address/--cluster-peer) under load, one
+# fault per cycle (kill -9 of the leader or a follower, restarted at once; the leader
+# restarted on a deleted data path; SIGSTOP of a member for 2 s): every acknowledged
+# message reaches the consumer, which follows the leader (CLUSTER_CHAOS_CYCLES, default
+# 5). All three print their seed; NETFUZZ_SEED / CHAOS_SEED replay one.
 # Long runs and figures: RELIABILITY.md. The tools are debug builds of the nsq-fuzz
 # crate; they drive the broker of this run (NSQD_CMD).
 if [[ $CLIENTS_ONLY -eq 0 && $MOCK -eq 0 ]]; then
-  if [[ $BUILD_OK -eq 1 ]] && cargo build -q -p nsq-fuzz --bin netfuzz --bin chaos; then
+  if [[ $BUILD_OK -eq 1 ]] && cargo build -q -p nsq-fuzz --bin netfuzz --bin chaos --bin cluster-chaos; then
     run_step "netfuzz" timeout -k 5 300 "$ROOT/target/debug/netfuzz" --nsqd "${NSQD_CMD[0]}" \
       --shards 1,2,4 --duration "${NETFUZZ_SECONDS:-10}" --seed "${NETFUZZ_SEED:-$(date +%s)}"
     run_step "chaos kill -9" timeout -k 5 300 "$ROOT/target/debug/chaos" --nsqd "${NSQD_CMD[0]}" \
@@ -266,10 +273,13 @@ if [[ $CLIENTS_ONLY -eq 0 && $MOCK -eq 0 ]]; then
     run_step "chaos kill -9, default sync" timeout -k 5 300 "$ROOT/target/debug/chaos" \
       --nsqd "${NSQD_CMD[0]}" --sync default --shards 2 --cycles 3 --min-ms 2500 --max-ms 4000 \
       --seed "${CHAOS_SEED:-$(date +%s)}"
+    run_step "cluster chaos" timeout -k 5 300 "$ROOT/target/debug/cluster-chaos" \
+      --nsqd "${NSQD_CMD[0]}" --cycles "${CLUSTER_CHAOS_CYCLES:-5}" --seed "${CHAOS_SEED:-$(date +%s)}"
   else
     record FAIL "netfuzz" "not run: build failed"
     record FAIL "chaos kill -9" "not run: build failed"
     record FAIL "chaos kill -9, default sync" "not run: build failed"
+    record FAIL "cluster chaos" "not run: build failed"
   fi
 fi
 

@@ -1,7 +1,8 @@
-//! Helpers of the network tools (`netfuzz`, `chaos`; RELIABILITY.md): start the real
-//! `nsqd` binary, talk raw V2 and HTTP/1.1 to it, read its RSS, and the command-line
-//! options the tools share ([`ToolArgs`]). They talk to the broker with the standard
-//! library only, so the tools keep working whatever the broker's crates are called.
+//! Helpers of the network tools (`netfuzz`, `chaos`, `cluster-chaos`; RELIABILITY.md):
+//! start the real `nsqd` binary, talk raw V2 and HTTP/1.1 to it, read its RSS, and the
+//! command-line options the tools share ([`ToolArgs`]). They talk to the broker with the
+//! standard library only, so the tools keep working whatever the broker's crates are
+//! called.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -181,9 +182,21 @@ pub fn http(
     path: &str,
     body: &[u8],
 ) -> std::io::Result<(u16, Vec<u8>)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    s.set_read_timeout(Some(Duration::from_secs(20)))?;
-    s.set_write_timeout(Some(Duration::from_secs(20)))?;
+    http_within(addr, method, path, body, Duration::from_secs(20))
+}
+
+/// [`http`] with a limit on each read and write (the connect waits at most 5 s): for a
+/// broker that may be stopped (SIGSTOP) while it is asked.
+pub fn http_within(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    io_timeout: Duration,
+) -> std::io::Result<(u16, Vec<u8>)> {
+    let mut s = TcpStream::connect_timeout(&addr, io_timeout.min(Duration::from_secs(5)))?;
+    s.set_read_timeout(Some(io_timeout))?;
+    s.set_write_timeout(Some(io_timeout))?;
     let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: nsqd\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
         body.len()

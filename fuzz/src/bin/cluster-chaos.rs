@@ -1,0 +1,1232 @@
+//! Cluster chaos: faults of a 3-node cluster under load (RELIABILITY.md, "Cluster chaos:
+//! faults of a 3-node cluster under load").
+//!
+//!   cluster-chaos [--shards N] [--cycles 50] [--seed N] [--min-ms 500] [--max-ms 2000]
+//!                 [--faults abcd] [--consumer-ms 0] [--nsqd PATH]
+//!
+//! Starts three `nsqd` members (`--node-id`, `--cluster-address`, `--cluster-peer`; each
+//! with `--shards N`) on loopback ports and data paths that stay the same for the whole
+//! run, creates topic `chaos` with channel `c0`, and puts it under load:
+//!
+//! - a publisher PUBs numbered bodies (every fifth time an MPUB of 4) to a random member
+//!   that is up (another one every 200 commands) and records those answered `OK`; a
+//!   connection error or `E_PUB_FAILED` is no acknowledgement: it reconnects to a member
+//!   and goes on;
+//! - a consumer finds the topic's leader through `GET /cluster`, SUBs there (RDY 50),
+//!   records every body and FINs it; when its connection closes or the SUB is refused it
+//!   finds the leader again. A connection that a deposed leader keeps open for 2 s is
+//!   counted (the broker closes them) and left. With `--consumer-ms N` it spends N ms on
+//!   each message during odd cycles, so failovers also meet a backlog.
+//!
+//! Each cycle, after a seeded random delay, one fault, in a seeded order that goes
+//! through every kind of `--faults` before repeating one: (a) kill -9 the leader and
+//! restart it at once on its data path; (b) kill -9 a follower and restart it; (c) kill
+//! -9 the leader, delete its data path and restart it empty (under the same identity: it
+//! catches up from the others); (d) SIGSTOP a member (leader or follower, seeded) for
+//! 2 s, longer than the election timeout, then SIGCONT. The next cycle starts once every
+//! member names the same leader and that leader says it leads.
+//!
+//! After the last cycle the publisher stops and the consumer drains (until it has every
+//! acknowledged body, or 60 s). Checks: every acknowledged body was received at least
+//! once (each loss is reported with the cycle and member its acknowledgement came in and
+//! the fault that followed it), nothing foreign was received, no member's log shows a
+//! panic or FATAL, no member exited by itself, and every member exits 0 on SIGTERM.
+//! Bodies received more than once are counted, not failures (at least once); the
+//! redeliveries of bodies first received over 1 s before the fault that preceded them
+//! are counted apart, per subscription: a failover should only redeliver what was
+//! unfinished or finished within the last ~100 ms. The summary also gives each member's
+//! channel depth once everything is finished (what it would deliver again if it led
+//! next). Exit status 1 on any failure. When a run fails its temporary directory (data
+//! paths and every member's log) is kept.
+#![allow(
+    clippy::unwrap_used,
+    reason = "fuzzing and chaos tools: a panic is a reported failure of the run"
+)]
+#![forbid(unsafe_code)]
+
+use nsq_fuzz::mutate::Rng;
+use nsq_fuzz::net::{self, Broker, Stop};
+use std::collections::{BTreeMap, HashMap};
+use std::io::{ErrorKind, Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const TOPIC: &str = "chaos";
+const CHANNEL: &str = "c0";
+const MEMBERS: usize = 3;
+
+/// How long fault (d) keeps a member stopped: longer than the election timeout (0.5 to
+/// 0.95 s).
+const STOP_FOR: Duration = Duration::from_secs(2);
+
+/// The longest the tool waits for an agreed leader after a fault before it gives up.
+const LEADER_WAIT: Duration = Duration::from_secs(60);
+
+/// The longest the final drain waits for the acknowledged bodies.
+const DRAIN_WAIT: Duration = Duration::from_secs(60);
+
+/// Each `GET /cluster` waits at most this long (a stopped member does not answer).
+const ASK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A redelivery is "old" when the body was first received more than this before the
+/// fault that preceded the redelivery: a failover should only redeliver what was
+/// unfinished or finished within the last cursor period (100 ms) before it.
+const OLD: Duration = Duration::from_secs(1);
+
+/// Command line (the module's doc comment describes the run).
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "cluster-chaos",
+    about = "faults of a 3-node cluster under load: kill -9, wiped data path, SIGSTOP"
+)]
+struct Cli {
+    #[command(flatten)]
+    tool: net::ToolArgs,
+    /// Faults, one per cycle, per shard count.
+    #[arg(long, default_value_t = 50)]
+    cycles: u64,
+    /// Shortest delay before a fault, in ms.
+    #[arg(long, default_value_t = 500)]
+    min_ms: u64,
+    /// Longest delay before a fault, in ms (at least `--min-ms` + 1).
+    #[arg(long, default_value_t = 2000)]
+    max_ms: u64,
+    /// Time the consumer spends on each message before its FIN during odd cycles, in
+    /// ms (0: never). Slow and fast cycles alternate, so failovers also meet a backlog.
+    #[arg(long, default_value_t = 0)]
+    consumer_ms: u64,
+    /// The fault kinds to inject, a subset of `abcd`: (a) kill -9 the leader, (b) a
+    /// follower, (c) the leader with its data path deleted, (d) SIGSTOP a member 2 s.
+    #[arg(long, default_value = "abcd", value_parser = parse_faults)]
+    faults: Faults,
+}
+
+/// The kinds of `--faults`, in `Fault::ALL` order.
+#[derive(Clone, Debug)]
+struct Faults(Vec<Fault>);
+
+fn parse_faults(v: &str) -> Result<Faults, String> {
+    if let Some(bad) = v.chars().find(|ch| !"abcd".contains(*ch)) {
+        return Err(format!("unknown fault kind {bad:?} (a, b, c or d)"));
+    }
+    let kinds: Vec<Fault> = Fault::ALL
+        .iter()
+        .zip("abcd".chars())
+        .filter(|(_, ch)| v.contains(*ch))
+        .map(|(f, _)| *f)
+        .collect();
+    if kinds.is_empty() {
+        return Err("no fault kind given".into());
+    }
+    Ok(Faults(kinds))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    KillLeader,
+    KillFollower,
+    WipeLeader,
+    Pause,
+}
+
+impl Fault {
+    const ALL: [Fault; 4] = [
+        Fault::KillLeader,
+        Fault::KillFollower,
+        Fault::WipeLeader,
+        Fault::Pause,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Fault::KillLeader => "(a) kill -9 leader",
+            Fault::KillFollower => "(b) kill -9 follower",
+            Fault::WipeLeader => "(c) kill -9 leader, data path deleted",
+            Fault::Pause => "(d) SIGSTOP 2 s",
+        }
+    }
+
+    fn index(self) -> usize {
+        Fault::ALL.iter().position(|f| *f == self).unwrap_or(0)
+    }
+}
+
+/// Where the members listen and which are down (killed, or stopped) right now; shared
+/// by the load threads, which only use members that are up.
+struct Cluster {
+    tcp: Vec<SocketAddr>,
+    http: Vec<SocketAddr>,
+    /// `--cluster-address` of each member (what `/cluster` names a leader by).
+    address: Vec<String>,
+    down: Vec<AtomicBool>,
+    /// The cycle under way (1-based; 0 before the first fault's cycle).
+    cycle: AtomicU64,
+    /// When the last fault was injected.
+    last_fault: Mutex<Option<Instant>>,
+    /// `--consumer-ms`: what the consumer spends on each message before its FIN, in odd
+    /// cycles.
+    consumer_delay: Duration,
+}
+
+impl Cluster {
+    fn is_up(&self, i: usize) -> bool {
+        !self.down[i].load(Ordering::SeqCst)
+    }
+
+    fn up(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..MEMBERS).filter(|&i| self.is_up(i))
+    }
+
+    fn cycle(&self) -> u64 {
+        self.cycle.load(Ordering::SeqCst)
+    }
+}
+
+/// One acknowledged body: when, in which cycle, through which member.
+struct Ack {
+    at: Instant,
+    cycle: u64,
+    via: usize,
+}
+
+/// A body's deliveries.
+struct Delivery {
+    count: u32,
+    first: Instant,
+}
+
+/// One subscription of the consumer.
+struct Subscription {
+    member: usize,
+    cycle: u64,
+    deliveries: u64,
+    /// Deliveries of bodies received before.
+    again: u64,
+    /// Of those, bodies first received more than [`OLD`] before the last fault (lowest,
+    /// highest, count).
+    old: (u64, u64, u64),
+}
+
+/// One fault injected.
+struct Injected {
+    cycle: u64,
+    fault: Fault,
+    member: usize,
+    was_leader: bool,
+    at: Instant,
+    /// The wall clock then, as the members' logs print it (UTC).
+    clock: String,
+}
+
+#[derive(Default)]
+struct State {
+    /// Bodies whose PUB/MPUB got OK.
+    acked: BTreeMap<u64, Ack>,
+    /// Next body number to publish.
+    next: u64,
+    /// Body -> deliveries.
+    received: HashMap<u64, Delivery>,
+    /// Deliveries of a body received before.
+    redelivered: u64,
+    /// Deliveries of a body first received more than [`OLD`] before the fault that
+    /// preceded the delivery.
+    old: u64,
+    subscriptions: Vec<Subscription>,
+    foreign: Vec<String>,
+    /// Publishes answered with an error frame (E_PUB_FAILED, E_MPUB_FAILED, ...), and
+    /// the first few texts.
+    refused: u64,
+    refusals: Vec<String>,
+    /// Publishes whose connection failed before an answer.
+    unanswered: u64,
+    /// Longest time between two acknowledgements, and when it began.
+    outage: (Duration, Option<Instant>),
+    /// SUBs accepted, SUBs refused, connections a deposed leader kept open.
+    subs: u64,
+    sub_refused: u64,
+    stale: u64,
+    /// Longest time without any member that says it leads, and when it began.
+    leaderless: (Duration, Option<Instant>),
+}
+
+/// One member: its addresses, data path and the running process.
+struct Member {
+    dir: PathBuf,
+    tcp: u16,
+    http: u16,
+    args: Vec<String>,
+    broker: Option<Broker>,
+    /// Log lines with a panic or FATAL, of every run of this member.
+    alarms: Vec<String>,
+    /// Where each run's log is appended.
+    log_file: PathBuf,
+    runs: u32,
+}
+
+impl Member {
+    /// Appends the current run's log to the member's log file and keeps its alarms.
+    fn save_log(&mut self) {
+        let Some(b) = &self.broker else { return };
+        self.alarms.extend(b.alarms.lock().unwrap().iter().cloned());
+        let lines = b.log.lock().unwrap().join("\n");
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_file)
+        {
+            let _ = writeln!(f, "---- run {} ----\n{lines}", self.runs);
+        }
+    }
+
+    fn kill9(&mut self) {
+        if let Some(b) = &mut self.broker {
+            b.kill9();
+        }
+        self.save_log();
+        self.broker = None;
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.broker.as_ref().map(Broker::pid)
+    }
+}
+
+fn main() {
+    let cli = <Cli as clap::Parser>::parse();
+    let seed = cli.tool.seed();
+    let min_ms = cli.min_ms;
+    let max_ms = cli.max_ms.max(min_ms + 1);
+    let nsqd = cli.tool.nsqd();
+    let mut failed = false;
+    for (i, &shards) in cli.tool.shards.0.iter().enumerate() {
+        let s = seed.wrapping_add(i as u64 * 7919);
+        eprintln!(
+            "cluster-chaos shards={shards}: seed {s}, {} faults of kinds {:?}, {min_ms}-{max_ms} ms apart, consumer {} ms per message in odd cycles, 3 members, broker {}",
+            cli.cycles,
+            cli.faults.0.iter().map(|f| f.name()).collect::<Vec<_>>(),
+            cli.consumer_ms,
+            nsqd.display()
+        );
+        let cfg = Config {
+            shards,
+            cycles: cli.cycles,
+            seed: s,
+            min_ms,
+            max_ms,
+            consumer_ms: cli.consumer_ms,
+            faults: cli.faults.0.clone(),
+        };
+        match run(&nsqd, &cfg) {
+            Ok(()) => eprintln!("cluster-chaos shards={shards}: PASS"),
+            Err(e) => {
+                eprintln!("cluster-chaos shards={shards}: FAIL: {e}");
+                failed = true;
+            }
+        }
+    }
+    std::process::exit(i32::from(failed));
+}
+
+/// One run's settings.
+struct Config {
+    shards: usize,
+    cycles: u64,
+    seed: u64,
+    min_ms: u64,
+    max_ms: u64,
+    consumer_ms: u64,
+    faults: Vec<Fault>,
+}
+
+/// Starts member `m` on its ports and data path; waits for its cluster listener too.
+// A `String` error: CLI-only, printed once before the tool exits.
+fn start(nsqd: &Path, m: &mut Member, shards: usize) -> Result<(), String> {
+    let mut last = String::new();
+    // The ports were just released by the killed process; retry briefly if still busy.
+    for _ in 0..40 {
+        match Broker::start(
+            nsqd,
+            &m.dir,
+            shards,
+            &format!("127.0.0.1:{}", m.tcp),
+            &format!("127.0.0.1:{}", m.http),
+            &m.args,
+        ) {
+            Ok(mut b) => {
+                // The cluster listener binds after the client listeners; a member that
+                // could not bind it exits (a port still held: start it again).
+                let deadline = Instant::now() + Duration::from_secs(20);
+                loop {
+                    let listening = b
+                        .log
+                        .lock()
+                        .unwrap()
+                        .iter()
+                        .any(|l| l.contains("CLUSTER: listening on"));
+                    if listening {
+                        m.runs += 1;
+                        m.broker = Some(b);
+                        return Ok(());
+                    }
+                    if !b.alive() || Instant::now() > deadline {
+                        b.kill9();
+                        last = format!("no cluster listener: {}", b.log_tail(5).join(" | "));
+                        break;
+                    }
+                    thread::sleep(Duration::from_millis(20));
+                }
+            }
+            Err(e) => last = e,
+        }
+        thread::sleep(Duration::from_millis(250));
+    }
+    Err(format!("start failed: {last}"))
+}
+
+/// What member `http` says of the topic: (leader's cluster address, this member leads,
+/// term). `None`: no answer, or it holds no group of the topic yet.
+fn view(http: SocketAddr) -> Option<(Option<String>, bool, u64)> {
+    let (code, body) = net::http_within(http, "GET", "/cluster", b"", ASK_TIMEOUT).ok()?;
+    if code != 200 {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
+    let t = v["topics"]
+        .as_array()?
+        .iter()
+        .find(|t| t["topic"] == TOPIC)?
+        .clone();
+    Some((
+        t["leader"].as_str().map(String::from),
+        t["is_leader"] == true,
+        t["term"].as_u64().unwrap_or(0),
+    ))
+}
+
+/// The depth of channel `c0` on member `http` (`None`: no answer, or no channel).
+fn channel_depth(http: SocketAddr) -> Option<u64> {
+    let (code, body) = net::http_within(
+        http,
+        "GET",
+        &format!("/stats?format=json&topic={TOPIC}"),
+        b"",
+        ASK_TIMEOUT,
+    )
+    .ok()?;
+    if code != 200 {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
+    let t = v["topics"]
+        .as_array()?
+        .iter()
+        .find(|t| t["topic_name"] == TOPIC)?
+        .clone();
+    t["channels"]
+        .as_array()?
+        .iter()
+        .find(|ch| ch["channel_name"] == CHANNEL)?["depth"]
+        .as_u64()
+}
+
+/// The member that is up and says it leads (the highest term if several do).
+fn claimant(c: &Cluster) -> Option<usize> {
+    c.up()
+        .filter_map(|i| view(c.http[i]).and_then(|(_, me, term)| me.then_some((term, i))))
+        .max()
+        .map(|(_, i)| i)
+}
+
+/// The leader every member that is up names, once they agree and it says it leads.
+fn agreed_leader(c: &Cluster) -> Option<usize> {
+    let mut named: Option<String> = None;
+    let mut leading = Vec::new();
+    for i in c.up() {
+        let (leader, me, _) = view(c.http[i])?;
+        let leader = leader?;
+        if named.as_ref().is_some_and(|n| *n != leader) {
+            return None;
+        }
+        named = Some(leader);
+        if me {
+            leading.push(i);
+        }
+    }
+    let l = c.address.iter().position(|a| Some(a) == named.as_ref())?;
+    (leading == [l] && c.is_up(l)).then_some(l)
+}
+
+/// [`agreed_leader`], polled every 50 ms for up to `within`.
+fn wait_leader(c: &Cluster, within: Duration) -> Option<usize> {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if let Some(l) = agreed_leader(c) {
+            return Some(l);
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// The members' addresses, flags and data paths under `root`, none started yet.
+fn setup(root: &Path, consumer_ms: u64) -> (Vec<Member>, Arc<Cluster>) {
+    let ports: Vec<(u16, u16, u16)> = (0..MEMBERS)
+        .map(|_| (net::free_port(), net::free_port(), net::free_port()))
+        .collect();
+    let address: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{}", p.2)).collect();
+    let members: Vec<Member> = (0..MEMBERS)
+        .map(|i| {
+            let mut args = vec![
+                format!("--node-id={}", i + 1),
+                format!("--cluster-address={}", address[i]),
+            ];
+            for (j, a) in address.iter().enumerate() {
+                if j != i {
+                    args.push(format!("--cluster-peer={a}"));
+                }
+            }
+            let dir = root.join(format!("member{}", i + 1));
+            std::fs::create_dir_all(&dir).unwrap();
+            Member {
+                dir,
+                tcp: ports[i].0,
+                http: ports[i].1,
+                args,
+                broker: None,
+                alarms: Vec::new(),
+                log_file: root.join(format!("member{}.log", i + 1)),
+                runs: 0,
+            }
+        })
+        .collect();
+    let c = Arc::new(Cluster {
+        tcp: ports
+            .iter()
+            .map(|p| SocketAddr::from(([127, 0, 0, 1], p.0)))
+            .collect(),
+        http: ports
+            .iter()
+            .map(|p| SocketAddr::from(([127, 0, 0, 1], p.1)))
+            .collect(),
+        address,
+        down: (0..MEMBERS).map(|_| AtomicBool::new(false)).collect(),
+        cycle: AtomicU64::new(0),
+        last_fault: Mutex::new(None),
+        consumer_delay: Duration::from_millis(consumer_ms),
+    });
+    (members, c)
+}
+
+// A `String` error: CLI-only, printed once before the tool exits.
+fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
+    let Config {
+        shards,
+        cycles,
+        seed,
+        min_ms,
+        max_ms,
+        consumer_ms,
+        ref faults,
+    } = *cfg;
+    let root = net::temp_data_dir("cluster-chaos");
+    let (mut members, c) = setup(&root, consumer_ms);
+    let t0 = Instant::now();
+    for m in &mut members {
+        start(nsqd, m, shards)?;
+    }
+    // The channel first, through the topic's group, so it gets every message.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for path in [
+        format!("/topic/create?topic={TOPIC}"),
+        format!("/channel/create?topic={TOPIC}&channel={CHANNEL}"),
+    ] {
+        loop {
+            match net::http(c.http[0], "POST", &path, b"") {
+                Ok((200, _)) => break,
+                other if Instant::now() > deadline => return Err(format!("{path}: {other:?}")),
+                _ => thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+    let Some(first) = wait_leader(&c, LEADER_WAIT) else {
+        return Err("no leader of the topic after the start".into());
+    };
+    eprintln!(
+        "cluster-chaos shards={shards}: members {:?}, first leader member {}",
+        c.address,
+        first + 1
+    );
+    let state = Arc::new(Mutex::new(State::default()));
+    let (load_stop, consumer_stop) = (Stop::default(), Stop::default());
+    let publisher = {
+        let (c, state, stop) = (c.clone(), state.clone(), load_stop.clone());
+        thread::spawn(move || publish(&c, &state, &stop, seed))
+    };
+    let consumer = {
+        let (c, state, stop) = (c.clone(), state.clone(), consumer_stop.clone());
+        thread::spawn(move || consume(&c, &state, &stop))
+    };
+    let monitor = {
+        let (c, state, stop) = (c.clone(), state.clone(), consumer_stop.clone());
+        thread::spawn(move || watch_leader(&c, &state, &stop))
+    };
+    let mut rng = Rng::new(seed);
+    let mut order: Vec<Fault> = Vec::new();
+    let mut injected: Vec<Injected> = Vec::new();
+    let mut errors: Vec<String> = Vec::new();
+    // Per fault kind: time from the fault to an agreed leader (ms).
+    let mut recovery: Vec<Vec<u64>> = vec![Vec::new(); Fault::ALL.len()];
+    let mut paused_leaders = 0u64;
+    for cycle in 1..=cycles {
+        c.cycle.store(cycle, Ordering::SeqCst);
+        if order.is_empty() {
+            order.clone_from(faults);
+            for i in (1..order.len()).rev() {
+                order.swap(i, rng.below(i + 1));
+            }
+        }
+        let fault = order.pop().unwrap();
+        let delay = min_ms + rng.below((max_ms - min_ms) as usize) as u64;
+        thread::sleep(Duration::from_millis(delay));
+        let mut restarted = Ok(());
+        for (i, m) in members.iter_mut().enumerate() {
+            if m.broker.as_mut().is_some_and(|b| !b.alive()) {
+                errors.push(format!(
+                    "member {} exited by itself before cycle {cycle}: {:?}",
+                    i + 1,
+                    m.broker.as_ref().map(|b| b.log_tail(5))
+                ));
+                m.kill9();
+                restarted = restarted.and(start(nsqd, m, shards));
+            }
+        }
+        if let Err(e) = restarted {
+            errors.push(e);
+            break;
+        }
+        let Some(leader) = agreed_leader(&c).or_else(|| wait_leader(&c, LEADER_WAIT)) else {
+            errors.push(format!("no agreed leader before cycle {cycle}"));
+            break;
+        };
+        let victim = match fault {
+            Fault::KillLeader | Fault::WipeLeader => leader,
+            Fault::KillFollower => (leader + 1 + rng.below(MEMBERS - 1)) % MEMBERS,
+            Fault::Pause => rng.below(MEMBERS),
+        };
+        let at = Instant::now();
+        *c.last_fault.lock().unwrap() = Some(at);
+        let clock = utc_clock();
+        injected.push(Injected {
+            cycle,
+            fault,
+            member: victim,
+            was_leader: victim == leader,
+            at,
+            clock: clock.clone(),
+        });
+        c.down[victim].store(true, Ordering::SeqCst);
+        paused_leaders += u64::from(fault == Fault::Pause && victim == leader);
+        if let Err(e) = inject(nsqd, shards, &mut members[victim], fault) {
+            errors.push(format!("cycle {cycle}, {}: {e}", fault.name()));
+            break;
+        }
+        c.down[victim].store(false, Ordering::SeqCst);
+        let Some(next) = wait_leader(&c, LEADER_WAIT) else {
+            errors.push(format!(
+                "no agreed leader within {} s after cycle {cycle}'s fault {}",
+                LEADER_WAIT.as_secs(),
+                fault.name()
+            ));
+            break;
+        };
+        let took = at.elapsed().as_millis() as u64;
+        recovery[fault.index()].push(took);
+        let s = state.lock().unwrap();
+        eprintln!(
+            "cluster-chaos shards={shards} cycle {cycle}: after {delay} ms, at {clock} UTC, {} on member {} ({}); agreed leader member {} after {took} ms; acknowledged so far {}, received {} (and {} again)",
+            fault.name(),
+            victim + 1,
+            if victim == leader { "the leader" } else { "a follower" },
+            next + 1,
+            s.acked.len(),
+            s.received.len(),
+            s.redelivered,
+        );
+    }
+    load_stop.set();
+    let _ = publisher.join();
+    // Final drain.
+    let drain_start = Instant::now();
+    while drain_start.elapsed() < DRAIN_WAIT {
+        let done = {
+            let s = state.lock().unwrap();
+            s.acked.keys().all(|k| s.received.contains_key(k))
+        };
+        if done {
+            break;
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    let drained_in = drain_start.elapsed();
+    thread::sleep(Duration::from_millis(500));
+    consumer_stop.set();
+    let _ = consumer.join();
+    let _ = monitor.join();
+    // Every member has applied the last cursor by now: its channel's depth is what it
+    // would deliver if it led next (0: nothing is unfinished).
+    thread::sleep(Duration::from_millis(500));
+    let end_leader = agreed_leader(&c);
+    let end: Vec<String> = (0..MEMBERS)
+        .map(|i| {
+            format!(
+                "member {}{} {}",
+                i + 1,
+                if end_leader == Some(i) {
+                    " (leader)"
+                } else {
+                    ""
+                },
+                channel_depth(c.http[i]).map_or("?".into(), |n| n.to_string()),
+            )
+        })
+        .collect();
+    for (i, m) in members.iter_mut().enumerate() {
+        let Some(b) = &mut m.broker else { continue };
+        if !b.alive() {
+            errors.push(format!(
+                "member {} exited by itself: {:?}",
+                i + 1,
+                b.log_tail(5)
+            ));
+        }
+        match b.terminate(Duration::from_secs(20)) {
+            Some(0) => {}
+            other => errors.push(format!("member {}: SIGTERM: exit {other:?}", i + 1)),
+        }
+        m.save_log();
+        m.broker = None;
+        if !m.alarms.is_empty() {
+            errors.push(format!(
+                "member {}: panic/FATAL in its log: {:?}",
+                i + 1,
+                &m.alarms[..m.alarms.len().min(5)]
+            ));
+        }
+    }
+    let summary = Summary {
+        shards,
+        injected: &injected,
+        recovery: &recovery,
+        paused_leaders,
+        elapsed: t0.elapsed(),
+        drained_in,
+        end: &end,
+    };
+    report(&state.lock().unwrap(), &summary, &mut errors);
+    if errors.is_empty() {
+        let _ = std::fs::remove_dir_all(&root);
+        Ok(())
+    } else {
+        eprintln!(
+            "cluster-chaos shards={shards}: data paths and member logs kept in {}",
+            root.display()
+        );
+        Err(errors.join("; "))
+    }
+}
+
+/// What the run itself measured, for [`report`].
+struct Summary<'a> {
+    shards: usize,
+    injected: &'a [Injected],
+    /// Per fault kind: ms from each fault to an agreed leader.
+    recovery: &'a [Vec<u64>],
+    paused_leaders: u64,
+    elapsed: Duration,
+    drained_in: Duration,
+    /// Each member's channel depth at the end.
+    end: &'a [String],
+}
+
+/// Checks the deliveries against the acknowledgements (losses and foreign bodies go to
+/// `errors`) and prints the summary.
+fn report(s: &State, sum: &Summary, errors: &mut Vec<String>) {
+    let Summary {
+        shards,
+        injected,
+        recovery,
+        paused_leaders,
+        elapsed,
+        drained_in,
+        end,
+    } = *sum;
+    let lost: Vec<u64> = s
+        .acked
+        .keys()
+        .copied()
+        .filter(|k| !s.received.contains_key(k))
+        .collect();
+    if !lost.is_empty() {
+        errors.push(format!(
+            "{} acknowledged bodies lost: {}",
+            lost.len(),
+            describe_losses(&lost, &s.acked, injected)
+        ));
+    }
+    if !s.foreign.is_empty() {
+        errors.push(format!(
+            "foreign bodies received: {:?}",
+            &s.foreign[..s.foreign.len().min(5)]
+        ));
+    }
+    let duplicates = s.received.values().filter(|d| d.count > 1).count();
+    let most = s.received.values().map(|d| d.count).max().unwrap_or(0);
+    let unacked = s
+        .received
+        .keys()
+        .filter(|k| !s.acked.contains_key(k))
+        .count();
+    let mut counts = [0u64; 4];
+    for f in injected {
+        counts[f.fault.index()] += 1;
+    }
+    let kinds: Vec<String> = Fault::ALL
+        .iter()
+        .filter(|f| counts[f.index()] > 0)
+        .map(|f| {
+            let mut r = recovery[f.index()].clone();
+            r.sort_unstable();
+            format!(
+                "{} x{}: median {} ms, max {} ms",
+                f.name(),
+                counts[f.index()],
+                r.get(r.len() / 2).copied().unwrap_or(0),
+                r.last().copied().unwrap_or(0),
+            )
+        })
+        .collect();
+    eprintln!(
+        "cluster-chaos shards={shards}: {} cycles in {:.1} s, faults a/b/c/d {}/{}/{}/{} ({paused_leaders} SIGSTOPs hit the leader); {} PUBs acknowledged of {} sent ({} refused, {} unanswered); {} distinct received, {} lost, {duplicates} received more than once (at most {most} times; {} redeliveries, {} of bodies first received over {} s before the preceding fault), {unacked} received whose PUB got no OK, {} foreign; longest without a leader {} ms ({}); longest publish outage {} ms ({}); consumer: {} SUBs, {} refused, {} connections left open by a deposed leader; final drain {:.1} s",
+        injected.len(),
+        elapsed.as_secs_f64(),
+        counts[0],
+        counts[1],
+        counts[2],
+        counts[3],
+        s.acked.len(),
+        s.next,
+        s.refused,
+        s.unanswered,
+        s.received.len(),
+        lost.len(),
+        s.redelivered,
+        s.old,
+        OLD.as_secs(),
+        s.foreign.len(),
+        s.leaderless.0.as_millis(),
+        fault_near(s.leaderless, injected),
+        s.outage.0.as_millis(),
+        fault_near(s.outage, injected),
+        s.subs,
+        s.sub_refused,
+        s.stale,
+        drained_in.as_secs_f64(),
+    );
+    eprintln!(
+        "cluster-chaos shards={shards}: from each fault to an agreed leader: {}",
+        kinds.join("; ")
+    );
+    eprintln!(
+        "cluster-chaos shards={shards}: at the end, with nothing unfinished, channel {CHANNEL}'s depth on {}",
+        end.join("; ")
+    );
+    for x in s.subscriptions.iter().filter(|x| x.old.2 > 0) {
+        eprintln!(
+            "cluster-chaos shards={shards}: the subscription to member {} in cycle {} redelivered {} bodies first received over {} s before the preceding fault (bodies {}-{}; {} deliveries, {} of them redeliveries)",
+            x.member + 1,
+            x.cycle,
+            x.old.2,
+            OLD.as_secs(),
+            x.old.0,
+            x.old.1,
+            x.deliveries,
+            x.again,
+        );
+    }
+    if !s.refusals.is_empty() {
+        eprintln!(
+            "cluster-chaos shards={shards}: first publish refusals: {:?}",
+            s.refusals
+        );
+    }
+}
+
+/// The fault a gap (its length and start) belongs to: the first one injected during it,
+/// or else the last one before it.
+fn fault_near(gap: (Duration, Option<Instant>), injected: &[Injected]) -> String {
+    let Some(start) = gap.1 else {
+        return "none".into();
+    };
+    let end = start + gap.0;
+    injected
+        .iter()
+        .find(|f| f.at >= start && f.at <= end)
+        .or_else(|| injected.iter().rev().find(|f| f.at < start))
+        .map_or_else(
+            || "before the first fault".into(),
+            |f| {
+                format!(
+                    "cycle {}, {} on member {}{}",
+                    f.cycle,
+                    f.fault.name(),
+                    f.member + 1,
+                    if f.was_leader { ", the leader" } else { "" }
+                )
+            },
+        )
+}
+
+/// Applies `fault` to member `m`: kill -9 and restart at once (on an emptied data path
+/// for (c)), or SIGSTOP for [`STOP_FOR`] and SIGCONT.
+// A `String` error: CLI-only, printed once before the tool exits.
+fn inject(nsqd: &Path, shards: usize, m: &mut Member, fault: Fault) -> Result<(), String> {
+    match fault {
+        Fault::KillLeader | Fault::KillFollower | Fault::WipeLeader => {
+            m.kill9();
+            if fault == Fault::WipeLeader {
+                std::fs::remove_dir_all(&m.dir).map_err(|e| format!("wipe: {e}"))?;
+                std::fs::create_dir_all(&m.dir).map_err(|e| format!("wipe: {e}"))?;
+            }
+            start(nsqd, m, shards)
+        }
+        Fault::Pause => {
+            let pid = m.pid().ok_or("no process to stop")?.to_string();
+            signal("-STOP", &pid);
+            thread::sleep(STOP_FOR);
+            signal("-CONT", &pid);
+            Ok(())
+        }
+    }
+}
+
+/// The time of day in UTC, `HH:MM:SS.mmm`, to find a fault in the members' logs.
+fn utc_clock() -> String {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let day_ms = ms % 86_400_000;
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        day_ms / 3_600_000,
+        day_ms / 60_000 % 60,
+        day_ms / 1000 % 60,
+        day_ms % 1000
+    )
+}
+
+/// `kill SIG PID` (SIGSTOP, SIGCONT).
+fn signal(sig: &str, pid: &str) {
+    let _ = std::process::Command::new("kill")
+        .arg(sig)
+        .arg(pid)
+        .status();
+}
+
+/// The lost bodies as runs of consecutive numbers, each with the cycle and member its
+/// acknowledgement came in and the first fault after it.
+fn describe_losses(lost: &[u64], acked: &BTreeMap<u64, Ack>, injected: &[Injected]) -> String {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for &k in lost {
+        match runs.last_mut() {
+            Some(r) if r.1 + 1 == k => r.1 = k,
+            _ => runs.push((k, k)),
+        }
+    }
+    let described: Vec<String> = runs
+        .iter()
+        .take(20)
+        .map(|&(a, b)| {
+            let Some(ack) = acked.get(&a) else {
+                return format!("{a}-{b}");
+            };
+            let next = injected.iter().find(|f| f.at >= ack.at).map(|f| {
+                format!(
+                    "{} ms before cycle {}'s {} on member {}{} at {} UTC",
+                    (f.at - ack.at).as_millis(),
+                    f.cycle,
+                    f.fault.name(),
+                    f.member + 1,
+                    if f.was_leader { " (the leader)" } else { "" },
+                    f.clock
+                )
+            });
+            format!(
+                "bodies {a}-{b} ({} acknowledged in cycle {} through member {}, {})",
+                b - a + 1,
+                ack.cycle,
+                ack.via + 1,
+                next.unwrap_or_else(|| "after the last fault".into())
+            )
+        })
+        .collect();
+    let more = if runs.len() > 20 {
+        format!(" and {} more runs", runs.len() - 20)
+    } else {
+        String::new()
+    };
+    format!("{}{more}", described.join(", "))
+}
+
+fn body_of(k: u64) -> Vec<u8> {
+    format!("chaos-{k:010}").into_bytes()
+}
+
+/// Polls the members that are up every 100 ms and records the longest time during which
+/// none said it leads.
+fn watch_leader(c: &Cluster, state: &Mutex<State>, stop: &Stop) {
+    let mut since: Option<Instant> = None;
+    while !stop.is_set() {
+        if claimant(c).is_some() {
+            if let Some(t) = since.take() {
+                let gap = t.elapsed();
+                let mut s = state.lock().unwrap();
+                if gap > s.leaderless.0 {
+                    s.leaderless = (gap, Some(t));
+                }
+            }
+        } else if since.is_none() {
+            since = Some(Instant::now());
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Publishes to random members that are up until `stop`.
+fn publish(c: &Cluster, state: &Mutex<State>, stop: &Stop, seed: u64) {
+    let mut rng = Rng::new(seed ^ 0x9e37_79b9_7f4a_7c15);
+    let mut round = 0u64;
+    let mut last_ack = Instant::now();
+    while !stop.is_set() {
+        let up: Vec<usize> = c.up().collect();
+        if up.is_empty() {
+            thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        let via = up[rng.below(up.len())];
+        match net::v2(c.tcp[via], Duration::from_secs(10)) {
+            Ok(mut s) => publish_on(&mut s, via, c, &mut round, &mut last_ack, state, stop),
+            Err(_) => thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Publishes on one connection to member `via` until it fails, 200 commands, or `stop`.
+fn publish_on(
+    s: &mut std::net::TcpStream,
+    via: usize,
+    c: &Cluster,
+    round: &mut u64,
+    last_ack: &mut Instant,
+    state: &Mutex<State>,
+    stop: &Stop,
+) {
+    for _ in 0..200 {
+        if stop.is_set() {
+            return;
+        }
+        let (cmd, nums) = {
+            let mut st = state.lock().unwrap();
+            let first = st.next;
+            let n = if *round % 5 == 4 { 4 } else { 1 };
+            st.next += n;
+            let nums: Vec<u64> = (first..first + n).collect();
+            let cmd = if n == 1 {
+                net::pub_cmd(TOPIC, &body_of(first))
+            } else {
+                net::mpub_cmd(TOPIC, &nums.iter().map(|&k| body_of(k)).collect::<Vec<_>>())
+            };
+            (cmd, nums)
+        };
+        *round += 1;
+        if s.write_all(&cmd).is_err() {
+            state.lock().unwrap().unanswered += 1;
+            return;
+        }
+        match net::expect_response(s, |_| {}) {
+            Ok((0, d)) if d == b"OK" => {
+                let now = Instant::now();
+                let gap = now - *last_ack;
+                let cycle = c.cycle();
+                let mut st = state.lock().unwrap();
+                if gap > st.outage.0 {
+                    st.outage = (gap, Some(*last_ack));
+                }
+                *last_ack = now;
+                for k in nums {
+                    st.acked.insert(
+                        k,
+                        Ack {
+                            at: now,
+                            cycle,
+                            via,
+                        },
+                    );
+                }
+            }
+            Ok((_, d)) => {
+                let mut st = state.lock().unwrap();
+                st.refused += 1;
+                if st.refusals.len() < 5 {
+                    st.refusals.push(String::from_utf8_lossy(&d).into_owned());
+                }
+                return;
+            }
+            Err(_) => {
+                state.lock().unwrap().unanswered += 1;
+                return;
+            }
+        }
+    }
+}
+
+/// Records one delivery of body `k` on subscription `sub`.
+fn record(st: &mut State, sub: usize, k: u64, last_fault: Option<Instant>) {
+    let now = Instant::now();
+    let d = st.received.entry(k).or_insert(Delivery {
+        count: 0,
+        first: now,
+    });
+    d.count += 1;
+    let again = d.count > 1;
+    let old = again && last_fault.is_some_and(|f| d.first + OLD < f);
+    st.redelivered += u64::from(again);
+    st.old += u64::from(old);
+    let s = &mut st.subscriptions[sub];
+    s.deliveries += 1;
+    s.again += u64::from(again);
+    if old {
+        s.old = (s.old.0.min(k), s.old.1.max(k), s.old.2 + 1);
+    }
+}
+
+/// Consumes channel `c0` on the topic's leader until `stop`, following the leader.
+fn consume(c: &Cluster, state: &Mutex<State>, stop: &Stop) {
+    while !stop.is_set() {
+        let Some(leader) = claimant(c) else {
+            thread::sleep(Duration::from_millis(50));
+            continue;
+        };
+        let Ok(mut s) = net::v2(c.tcp[leader], Duration::from_secs(10)) else {
+            thread::sleep(Duration::from_millis(50));
+            continue;
+        };
+        if s.write_all(format!("SUB {TOPIC} {CHANNEL}\nRDY 50\n").as_bytes())
+            .is_err()
+        {
+            continue;
+        }
+        match net::expect_response(&mut s, |_| {}) {
+            Ok((0, d)) if d == b"OK" => state.lock().unwrap().subs += 1,
+            Ok(_) => {
+                state.lock().unwrap().sub_refused += 1;
+                thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+            Err(_) => continue,
+        }
+        let sub = {
+            let mut st = state.lock().unwrap();
+            st.subscriptions.push(Subscription {
+                member: leader,
+                cycle: c.cycle(),
+                deliveries: 0,
+                again: 0,
+                old: (u64::MAX, 0, 0),
+            });
+            st.subscriptions.len() - 1
+        };
+        consume_on(&mut s, leader, sub, c, state, stop);
+    }
+}
+
+/// Reads, records and FINs on one subscribed connection to member `at` until it closes,
+/// `stop`, or `at` has not led for 2 s while the connection stays open.
+fn consume_on(
+    s: &mut std::net::TcpStream,
+    at: usize,
+    sub: usize,
+    c: &Cluster,
+    state: &Mutex<State>,
+    stop: &Stop,
+) {
+    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut pending = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut last_check = Instant::now();
+    let mut deposed: Option<Instant> = None;
+    while !stop.is_set() {
+        if last_check.elapsed() > Duration::from_secs(1) && c.is_up(at) {
+            last_check = Instant::now();
+            match view(c.http[at]) {
+                Some((_, false, _)) => {
+                    let since = *deposed.get_or_insert_with(Instant::now);
+                    if since.elapsed() > Duration::from_secs(2) {
+                        state.lock().unwrap().stale += 1;
+                        return;
+                    }
+                }
+                Some((_, true, _)) => deposed = None,
+                None => {}
+            }
+        }
+        let n = match s.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
+            Err(_) => return,
+        };
+        pending.extend_from_slice(&buf[..n]);
+        let mut out = Vec::new();
+        let mut used = 0;
+        while pending.len() - used >= 8 {
+            let size = u32::from_be_bytes(pending[used..used + 4].try_into().unwrap()) as usize;
+            if size < 4 || pending.len() - used < 4 + size {
+                break;
+            }
+            let ft = i32::from_be_bytes(pending[used + 4..used + 8].try_into().unwrap());
+            let d = &pending[used + 8..used + 4 + size];
+            if ft == 0 && d == b"_heartbeat_" {
+                out.extend_from_slice(b"NOP\n");
+            } else if ft == 2 {
+                if let Some((_, id, body)) = net::parse_message(d) {
+                    let last_fault = *c.last_fault.lock().unwrap();
+                    let mut st = state.lock().unwrap();
+                    match std::str::from_utf8(body)
+                        .ok()
+                        .and_then(|b| b.strip_prefix("chaos-"))
+                        .and_then(|n| n.parse::<u64>().ok())
+                    {
+                        Some(k) => record(&mut st, sub, k, last_fault),
+                        None => st.foreign.push(String::from_utf8_lossy(body).into_owned()),
+                    }
+                    drop(st);
+                    if !c.consumer_delay.is_zero() && c.cycle() % 2 == 1 {
+                        thread::sleep(c.consumer_delay);
+                    }
+                    out.extend_from_slice(b"FIN ");
+                    out.extend_from_slice(&id);
+                    out.push(b'\n');
+                }
+            }
+            used += 4 + size;
+        }
+        pending.drain(..used);
+        if !out.is_empty() && s.write_all(&out).is_err() {
+            return;
+        }
+    }
+}
