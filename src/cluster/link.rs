@@ -166,9 +166,22 @@ async fn write_loop(
             if server.shard.shutdown.is_set() {
                 return Ok(());
             }
+            // The peer never writes on this connection: a read that completes means it
+            // closed or reset it (a killed peer), seen at once rather than at the next
+            // write.
+            let mut probe = [0u8; 1];
             let wake = std::pin::pin!(p.wake.wait());
             let stop = std::pin::pin!(server.shard.shutdown.wait());
-            futures::future::select(wake, stop).await;
+            let closed = std::pin::pin!(stream.read(&mut probe));
+            match futures::future::select(futures::future::select(wake, stop), closed).await {
+                futures::future::Either::Left(_) => {}
+                futures::future::Either::Right((r, _)) => {
+                    return Err(match r {
+                        Ok(_) => std::io::Error::other("the peer closed the connection"),
+                        Err(e) => e,
+                    });
+                }
+            }
             continue;
         }
         stream.write_all(&buf).await?;
@@ -179,7 +192,22 @@ async fn write_loop(
 /// Shard 0's listener on `--cluster-address`: reads each peer's frames and hands them to
 /// their shards. A bind failure stops the broker (as a TCP or HTTP listener's does).
 pub async fn accept_loop(server: Rc<Server>, cfg: Rc<ClusterConfig>) {
-    let listener = match TcpListener::bind(cfg.me.address.as_str()) {
+    // Bound exclusively as the TCP and HTTP listeners are (SO_REUSEADDR, never
+    // SO_REUSEPORT, retried while a previous instance releases it): a second process on
+    // the same address is refused instead of sharing the port and taking part of the
+    // cluster's traffic.
+    let deadline = std::time::Instant::now() + crate::runtime::listeners::BIND_RETRY;
+    let bound = crate::runtime::listeners::bind(&cfg.me.address, deadline)
+        .and_then(|(_, s)| {
+            crate::runtime::listeners::listen(&cfg.me.address, &s)?;
+            Ok(s)
+        })
+        .map(|s| {
+            use std::os::fd::{FromRawFd, IntoRawFd};
+            // SAFETY: the descriptor is a listening socket this function owns.
+            unsafe { TcpListener::from_raw_fd(s.into_raw_fd()) }
+        });
+    let listener = match bound {
         Ok(l) => l,
         Err(e) => {
             log::error!("FATAL: listen ({}) failed - {e}", cfg.me.address);
@@ -203,7 +231,12 @@ pub async fn accept_loop(server: Rc<Server>, cfg: Rc<ClusterConfig>) {
         let cfg = cfg.clone();
         glommio::spawn_local(async move {
             if let Err(e) = read_loop(&server, &cfg, stream).await {
-                log::warn!("CLUSTER: incoming connection closed: {e}");
+                // A refused peer is logged by `log_once`.
+                if e.to_string().contains("refused") {
+                    log::debug!("CLUSTER: incoming connection closed: {e}");
+                } else {
+                    log::warn!("CLUSTER: incoming connection closed: {e}");
+                }
             }
         })
         .detach();
@@ -259,7 +292,7 @@ fn check_hello(cfg: &ClusterConfig, h: &Hello) -> std::io::Result<u64> {
             "peer {} is not in --cluster-peer; its connection is refused",
             h.address
         );
-        log::error!("CLUSTER: {e}");
+        log_once(&h.address, &e);
         return Err(std::io::Error::other(e));
     };
     if m.replica != h.replica {
@@ -273,8 +306,31 @@ fn check_hello(cfg: &ClusterConfig, h: &Hello) -> std::io::Result<u64> {
             "peer {} has the same --node-id {} as this node: every member needs its own (message IDs carry it); its connection is refused",
             h.address, h.node_id
         );
-        log::error!("CLUSTER: {e}");
+        log_once(&h.address, &e);
         return Err(std::io::Error::other(e));
     }
     Ok(m.replica)
+}
+
+/// Logs a refused peer's reason at error once a minute per address (it dials again
+/// every [`REDIAL`]).
+fn log_once(address: &str, text: &str) {
+    thread_local! {
+        static LOGGED: std::cell::RefCell<std::collections::HashMap<String, std::time::Instant>> =
+            std::cell::RefCell::new(std::collections::HashMap::new());
+    }
+    let now = std::time::Instant::now();
+    let due = LOGGED.with(|l| {
+        let mut l = l.borrow_mut();
+        let due = l
+            .get(address)
+            .is_none_or(|at| now.duration_since(*at) >= Duration::from_secs(60));
+        if due {
+            l.insert(address.to_string(), now);
+        }
+        due
+    });
+    if due {
+        log::error!("CLUSTER: {text}");
+    }
 }

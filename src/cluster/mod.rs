@@ -93,6 +93,9 @@ impl ClusterConfig {
         }
         let check = |a: &str| -> Result<(), String> {
             match a.rsplit_once(':') {
+                Some((host, _)) if matches!(host, "0.0.0.0" | "[::]" | "::") => Err(format!(
+                    "cluster address {a:?} names no host: each member's address must be the one its peers dial"
+                )),
                 Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(()),
                 _ => Err(format!("cluster address {a:?} is not HOST:PORT")),
             }
@@ -202,6 +205,7 @@ mod tests {
             ("a:1", vec!["b:1", "b:1"], 3, "quorum"),
             ("a:1", vec!["b:1"], 0, "quorum"),
             ("a:1", vec!["b:1"], 3, "most"),
+            ("0.0.0.0:1", vec!["b:1"], 3, "quorum"),
         ] {
             let peers: Vec<String> = peers.into_iter().map(String::from).collect();
             assert!(

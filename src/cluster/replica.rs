@@ -55,8 +55,10 @@ pub const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// replica can miss").
 pub const RETAIN_BYTES: u64 = 64 << 20;
 
-/// The longest a forwarded proposal waits for the leader's reply before it is sent again.
-const FORWARD_TIMEOUT: Duration = Duration::from_secs(1);
+/// The longest a forwarded proposal waits for the leader's reply (the leader answers
+/// within [`PROPOSE_TIMEOUT`]); an unanswered one is not sent again, which could store
+/// its messages twice: the publish fails and the producer decides.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(6);
 
 /// A proposal waiting for its ack policy.
 struct Waiter {
@@ -84,9 +86,16 @@ struct Group {
     /// becomes the leader.
     safe: u64,
     /// This replica restored a snapshot past messages its topic does not hold: it hands
-    /// leadership to another replica whenever it gets it (its topic log misses messages
-    /// the others have).
+    /// leadership to another replica the next time it gets it (its topic log misses
+    /// messages the others have).
     gap: bool,
+    /// The index of the last applied entry that is not a `Compact`: a `Compact` declares
+    /// no further (it is itself an entry, which would otherwise call for the next one,
+    /// forever).
+    last_real: u64,
+    /// (Raft index, the topic's newest message ID after applying it) of the applied
+    /// publishes not yet compacted: a snapshot at an index carries the ID of that index.
+    ids_at: std::collections::VecDeque<(u64, u64)>,
 }
 
 /// Samples of one replica's position (match or applied index), taken every
@@ -166,9 +175,23 @@ impl ShardCluster {
         }
     }
 
+    /// Keeps the registrations of replicated topics this member does not lead from
+    /// nsqlookupd, from now on (before recovery: a recovered topic registers only once
+    /// this member leads it).
+    pub fn hide_registrations(server: &Server) {
+        let Some(c) = server.cluster.clone() else {
+            return;
+        };
+        let weak = Rc::downgrade(&c);
+        server.shard.lookup.set_hidden(Box::new(move |topic| {
+            weak.upgrade().is_some_and(|c| {
+                ClusterConfig::replicates(topic) && !c.led.borrow().contains(topic)
+            })
+        }));
+    }
+
     /// Starts the shard's connections to the peers, its driver and (on shard 0) the
-    /// cluster listener, and keeps the registrations of topics led elsewhere from
-    /// nsqlookupd.
+    /// cluster listener, and the groups of the topics recovered from disk.
     pub fn start(server: &Rc<Server>) {
         let Some(c) = server.cluster.clone() else {
             return;
@@ -182,12 +205,12 @@ impl ShardCluster {
                 tcp: client_address(server),
             },
         );
-        let weak = Rc::downgrade(&c);
-        server.shard.lookup.set_hidden(Box::new(move |topic| {
-            weak.upgrade().is_some_and(|c| {
-                ClusterConfig::replicates(topic) && !c.led.borrow().contains(topic)
-            })
-        }));
+        // The topics recovered from disk: their groups start now (an election follows).
+        for topic in server.shard.topic_names() {
+            if ClusterConfig::replicates(&topic) && c.ensure_group(server, &topic) {
+                c.mark(&topic);
+            }
+        }
         glommio::spawn_local(driver(server.clone())).detach();
         if server.shard.index() == 0 {
             glommio::spawn_local(super::link::accept_loop(server.clone(), c.cfg.clone())).detach();
@@ -247,6 +270,8 @@ impl ShardCluster {
                 held: HashMap::new(),
                 safe: 0,
                 gap: false,
+                last_real: 0,
+                ids_at: std::collections::VecDeque::new(),
             },
         );
         log::info!("TOPIC({topic}): replicated on {} members", voters.len());
@@ -293,7 +318,11 @@ impl ShardCluster {
             .collect();
         self.propose(server, topic, Entry::Publish(messages))
             .await
-            .map_err(PublishError::Replication)
+            .map_err(|e| {
+                // HTTP answers nsqd's 503 EXITING; the reason is here.
+                log::warn!("TOPIC({topic}): publish refused: {e}");
+                PublishError::Replication(e)
+            })
     }
 
     /// Applies a channel or topic change of replicated `topic` through its group: every
@@ -347,7 +376,16 @@ impl ShardCluster {
                     }
                 }
                 Ok(Reply::Failed(e)) => return Err(e),
-                Err(e) => {
+                Err(ForwardError::Unanswered(e)) => return Err(e),
+                // The leader went away before answering (killed, restarted): the next
+                // leader gets the batch. If the first had replicated it, it is stored
+                // twice, as a producer's own retry would store it (at least once).
+                Err(ForwardError::ConnectionLost) => {
+                    last_error = "the leader's connection broke".into();
+                    self.hints.borrow_mut().remove(topic);
+                    glommio::timer::sleep(TICK).await;
+                }
+                Err(ForwardError::NotSent(e)) => {
                     last_error = e;
                     self.hints.borrow_mut().remove(topic);
                     target_turn += 1;
@@ -416,30 +454,51 @@ impl ShardCluster {
     }
 
     /// Sends `entry` to replica `to` and waits for its reply.
-    async fn forward(&self, to: u64, topic: &str, entry: &[u8]) -> Result<Reply, String> {
+    async fn forward(&self, to: u64, topic: &str, entry: &[u8]) -> Result<Reply, ForwardError> {
         if to == self.cfg.me.replica {
-            return Err("this node does not hold the topic".into());
+            return Err(ForwardError::NotSent(
+                "this node does not hold the topic".into(),
+            ));
         }
         let n = self.next_request.get();
         self.next_request.set(n + 1);
         // The top 16 bits name this shard: the reply comes back to it.
         let request = (n & 0xffff_ffff_ffff) | ((self.shard_bits()) << 48);
-        let frame = wire::encode_propose(request, topic, entry).map_err(|e| e.to_string())?;
+        let frame = wire::encode_propose(request, topic, entry)
+            .map_err(|e| ForwardError::NotSent(e.to_string()))?;
         let (tx, rx) = oneshot::channel();
         self.requests.borrow_mut().insert(request, tx);
         self.links.send(to, frame);
-        let timeout = std::pin::pin!(glommio::timer::sleep(FORWARD_TIMEOUT));
-        let r = match futures::future::select(rx, timeout).await {
-            futures::future::Either::Left((Ok(reply), _)) => Some(reply),
-            _ => None,
+        // The leader answers within PROPOSE_TIMEOUT; wait that long and a little more
+        // while the connection to it stays up.
+        let deadline = Instant::now() + FORWARD_TIMEOUT;
+        let mut rx = rx;
+        let r = loop {
+            let tick = std::pin::pin!(glommio::timer::sleep(TICK));
+            match futures::future::select(&mut rx, tick).await {
+                futures::future::Either::Left((Ok(reply), _)) => break Some(reply),
+                futures::future::Either::Left((Err(_), _)) => break None,
+                futures::future::Either::Right(_) => {
+                    // The connection broke, or the group elected another leader (this
+                    // member holds a replica and heard from it): `to` will not answer.
+                    let moved = self.leader_of(topic).is_some_and(|l| l != to);
+                    if !self.links.connected(to) || moved {
+                        self.requests.borrow_mut().remove(&request);
+                        return Err(ForwardError::ConnectionLost);
+                    }
+                    if Instant::now() >= deadline {
+                        break None;
+                    }
+                }
+            }
         };
         self.requests.borrow_mut().remove(&request);
+        let at = self.cfg.member(to).map_or("?", |m| m.address.as_str());
         match r {
             Some(reply) => Ok(reply),
-            None => Err(format!(
-                "no answer from {}",
-                self.cfg.member(to).map_or("?", |m| m.address.as_str())
-            )),
+            None => Err(ForwardError::Unanswered(format!(
+                "the leader {at} did not answer; the messages may or may not have been published"
+            ))),
         }
     }
 
@@ -557,7 +616,15 @@ impl ShardCluster {
             self.leadership_changed(server, topic, l);
         }
         if let Some(r) = &out.restore {
-            let newest_there = MessageId::from_hex(&r.data).map_or(0, |i| i.0);
+            let (newest_there, channels) = parse_snapshot(&r.data);
+            // The channels the group had made before the snapshot.
+            for ch in channels {
+                if !server.shard.has_channel(topic, &ch) {
+                    let _ = server
+                        .shard
+                        .admin(AdminOp::CreateChannel(topic.to_string(), ch));
+                }
+            }
             let newest_here = server.shard.topic_last_id(topic).map_or(0, |i| i.0);
             if newest_there > newest_here {
                 log::warn!(
@@ -573,7 +640,8 @@ impl ShardCluster {
             let mut groups = self.groups.borrow_mut();
             if let Some(g) = groups.get_mut(topic) {
                 let applied = g.group.applied_index();
-                if let Err(e) = g.group.compact(applied, snapshot_data(server, topic)) {
+                let data = snapshot_data(server, topic, g, applied);
+                if let Err(e) = g.group.compact(applied, data) {
                     log::debug!("TOPIC({topic}): no snapshot made: {e}");
                 }
             }
@@ -590,8 +658,18 @@ impl ShardCluster {
                     }
                 }
                 Ok(entry) => {
+                    if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
+                        g.last_real = c.index;
+                    }
+                    let publish = matches!(entry, Entry::Publish(_));
                     if let Some(w) = apply(server, topic, entry) {
                         durable.push((c.index, w));
+                    }
+                    if publish {
+                        let id = server.shard.topic_last_id(topic).map_or(0, |i| i.0);
+                        if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
+                            g.ids_at.push_back((c.index, id));
+                        }
                     }
                 }
                 Err(e) => {
@@ -671,6 +749,9 @@ impl ShardCluster {
                         .voters()
                         .into_iter()
                         .find(|&v| v != me && self.links.connected(v));
+                    // Once: a replica that gets leadership back (the others refused it,
+                    // or miss messages too) keeps it.
+                    g.gap = false;
                     if let Some(to) = other {
                         log::info!(
                             "TOPIC({topic}): handing leadership to {} (this replica misses messages)",
@@ -783,12 +864,14 @@ impl ShardCluster {
                 for v in g.group.voters() {
                     everywhere = everywhere.min(g.held.get_mut(&v).map_or(0, |h| h.as_of(keep)));
                 }
-                if everywhere > g.safe {
+                let declare = everywhere.min(g.last_real);
+                if declare > g.safe {
                     // The followers compact as far once they apply this.
-                    let _ = g.group.propose(&Entry::Compact { index: everywhere });
+                    if g.group.propose(&Entry::Compact { index: declare }).is_ok() {
+                        g.safe = declare;
+                    }
                     self.dirty.borrow_mut().insert(topic.clone());
                     self.wake.notify();
-                    g.safe = everywhere;
                 }
                 target = everywhere;
             }
@@ -798,7 +881,8 @@ impl ShardCluster {
             if target < g.group.first_index() {
                 continue;
             }
-            if let Err(e) = g.group.compact(target, snapshot_data(server, topic)) {
+            let data = snapshot_data(server, topic, g, target);
+            if let Err(e) = g.group.compact(target, data) {
                 log::debug!("TOPIC({topic}): log not compacted: {e}");
             }
         }
@@ -864,14 +948,53 @@ async fn answer(rx: oneshot::Receiver<Reply>, deadline: Instant) -> Result<(), S
     }
 }
 
-/// A snapshot's data: the newest message ID the topic holds here (16 hex digits; empty
-/// when none). A replica restoring it keeps its own topic log as it is.
-fn snapshot_data(server: &Server, topic: &str) -> Vec<u8> {
-    server
-        .shard
-        .topic_last_id(topic)
-        .map(|id| id.to_hex().to_vec())
-        .unwrap_or_default()
+/// A snapshot's data at Raft index `index`: the newest message ID the topic held once
+/// it had applied that index (16 hex digits; empty when none). A replica restoring it
+/// compares it with its own newest ID to know whether it misses messages. Drops the
+/// group's record of older indexes.
+fn snapshot_data(server: &Server, topic: &str, g: &mut Group, index: u64) -> Vec<u8> {
+    let mut id = None;
+    while let Some(&(i, last)) = g.ids_at.front() {
+        if i > index {
+            break;
+        }
+        id = Some(last);
+        g.ids_at.pop_front();
+    }
+    let id = match id {
+        Some(last) => {
+            // Kept as the record of `index` for a later snapshot at the same place.
+            g.ids_at.push_front((index, last));
+            last
+        }
+        // No publish applied since the last snapshot: what the topic holds.
+        None => server.shard.topic_last_id(topic).map_or(0, |i| i.0),
+    };
+    let mut data = if id == 0 {
+        Vec::new()
+    } else {
+        MessageId(id).to_hex().to_vec()
+    };
+    for c in server.shard.channel_names(topic) {
+        data.push(b'\n');
+        data.extend_from_slice(c.as_bytes());
+    }
+    data
+}
+
+/// What a snapshot's data says: the newest message ID (0: none) and the channels.
+fn parse_snapshot(data: &[u8]) -> (u64, Vec<String>) {
+    let mut parts = data.split(|&b| b == b'\n');
+    let id = parts
+        .next()
+        .and_then(MessageId::from_hex)
+        .map_or(0, |i| i.0);
+    let channels = parts
+        .filter_map(|c| std::str::from_utf8(c).ok())
+        .filter(|c| !c.is_empty())
+        .map(str::to_string)
+        .collect();
+    (id, channels)
 }
 
 /// Applies one committed entry to the topic on this shard; a batch's durable wait when
@@ -1038,6 +1161,17 @@ pub async fn subscribe(
             .await
             .map_err(|e| SubRoute::Refused(format!("E_SUB_FAILED SUB failed {e}"))),
     )
+}
+
+/// Why a forwarded proposal got no reply.
+enum ForwardError {
+    /// It was not sent (safe to send elsewhere).
+    NotSent(String),
+    /// It was sent and no answer came while the leader stayed connected (the leader
+    /// may have applied it).
+    Unanswered(String),
+    /// It was sent and the connection to the leader broke before the answer.
+    ConnectionLost,
 }
 
 /// Where a SUB to a replicated topic goes when not to this member's channel.

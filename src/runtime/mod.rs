@@ -7,7 +7,7 @@
 mod barrier;
 pub mod drain;
 mod host;
-mod listeners;
+pub(crate) mod listeners;
 mod shard;
 mod signals;
 

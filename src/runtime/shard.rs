@@ -131,6 +131,7 @@ async fn shard_main(
             nsq_storage::probe::probe_direct_io(dir, index).await;
         }
     }
+    crate::cluster::ShardCluster::hide_registrations(&server);
     shard.recover().await;
     // Recovered topics and channels are on disk already: their registration events
     // need no metadata checkpoint.

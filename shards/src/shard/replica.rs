@@ -77,6 +77,11 @@ impl Shard {
         n
     }
 
+    /// The topics this shard owns.
+    pub fn topic_names(&self) -> Vec<String> {
+        self.topics.borrow().keys().cloned().collect()
+    }
+
     /// The channels of `topic` (empty when there is no such topic).
     pub fn channel_names(&self, topic: &str) -> Vec<String> {
         self.topics
