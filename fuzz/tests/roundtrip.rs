@@ -273,9 +273,10 @@ proptest! {
                   holes in proptest::collection::vec(any::<(u64, u64)>(), 0..4),
                   chans in proptest::collection::vec((topic(), any::<bool>(), any::<u64>(),
                       proptest::collection::vec(any::<(u64, u16, i64)>(), 0..4)), 0..4),
-                  next_seq in any::<u64>(), journal_gen in any::<u64>()) {
+                  next_seq in any::<u64>(), journal_gen in any::<u64>(), last_id in any::<u64>()) {
         let m = meta::TopicMeta {
-            version: meta::META_VERSION, name, paused, pumped, holes, next_seq, journal_gen,
+            version: meta::META_VERSION, name, paused, pumped, holes, next_seq, last_id,
+            journal_gen,
             pending_file: None,
             channels: chans.into_iter().map(|(name, paused, cursor, p)| meta::ChannelMeta {
                 name, paused, cursor,

@@ -93,7 +93,7 @@ impl ClusterConfig {
         }
         let check = |a: &str| -> Result<(), String> {
             match a.rsplit_once(':') {
-                Some((host, _)) if matches!(host, "0.0.0.0" | "[::]" | "::") => Err(format!(
+                Some(("0.0.0.0" | "[::]" | "::", _)) => Err(format!(
                     "cluster address {a:?} names no host: each member's address must be the one its peers dial"
                 )),
                 Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(()),
