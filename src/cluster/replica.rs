@@ -85,9 +85,10 @@ struct Group {
     /// as a follower compacts, so that it still has what a lagging replica needs if it
     /// becomes the leader.
     safe: u64,
-    /// This replica restored a snapshot past messages its topic does not hold: it hands
-    /// leadership to another replica the next time it gets it (its topic log misses
-    /// messages the others have).
+    /// This replica restored a snapshot past messages its topic does not hold: its topic
+    /// log misses messages the others have, and its channels' positions (the leader's
+    /// offsets) no longer match its own log, so it hands leadership to another replica
+    /// whenever it gets it while one is connected (for as long as this process runs).
     gap: bool,
     /// The index of the last applied entry that is not a `Compact`: a `Compact` declares
     /// no further (it is itself an entry, which would otherwise call for the next one,
@@ -749,9 +750,6 @@ impl ShardCluster {
                         .voters()
                         .into_iter()
                         .find(|&v| v != me && self.links.connected(v));
-                    // Once: a replica that gets leadership back (the others refused it,
-                    // or miss messages too) keeps it.
-                    g.gap = false;
                     if let Some(to) = other {
                         log::info!(
                             "TOPIC({topic}): handing leadership to {} (this replica misses messages)",
