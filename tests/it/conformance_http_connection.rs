@@ -18,15 +18,20 @@ use std::time::Duration;
 fn raw_exchange(b: &Broker, req: &[u8]) -> (Vec<u8>, bool) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(b.http).unwrap();
-    s.set_read_timeout(Some(Duration::from_millis(1500)))
-        .unwrap();
+    // The first bytes may take a while on a loaded machine; after them, 1.5 s of quiet
+    // on a connection kept alive means the answer is complete.
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(req).unwrap();
     let mut out = Vec::new();
     let mut buf = [0u8; 8192];
     loop {
         match s.read(&mut buf) {
             Ok(0) => return (out, true),
-            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Ok(n) => {
+                out.extend_from_slice(&buf[..n]);
+                s.set_read_timeout(Some(Duration::from_millis(1500)))
+                    .unwrap();
+            }
             Err(_) => return (out, false),
         }
     }
