@@ -6,10 +6,11 @@
 //! - [`group`]: [`TopicGroup`], the driver of one group over raft-rs's `RawNode`
 //!   (`propose`, `tick`, `step`, `poll`, `ack_state`);
 //! - [`store`]: the [`LogStore`] trait that Raft's log is kept in, and [`MemLog`];
-//! - [`wire`]: the framing of Raft messages between brokers.
+//! - [`wire`]: the frames between cluster members (greeting, Raft messages, proposals
+//!   forwarded to a leader and their replies).
 //!
-//! The broker does not use this crate yet: it is the tested foundation that forwarding,
-//! the inter-broker transport and failover will be built on.
+//! The broker's side (connections, a shard's groups, forwarding, applying entries to
+//! the topic, the relay of consumers) is the root crate's `src/cluster/`.
 
 pub mod entry;
 pub mod group;
