@@ -16,9 +16,15 @@
 //! The driver task ticks every group each [`TICK`] (election after 10 to 19 ticks,
 //! heartbeats every 2) and polls a group after anything stepped or proposed on it.
 
+mod compaction;
+mod requests;
+
+use compaction::{parse_snapshot, snapshot_data, History};
+use requests::client_address;
+pub use requests::{admin, peer_greeted, route, subscribe, SubRoute};
+
 use super::link::Links;
 use super::ClusterConfig;
-use crate::mesh::ShardMsg;
 use crate::server::Server;
 use bytes::Bytes;
 use futures::channel::oneshot;
@@ -27,7 +33,7 @@ use nsq_replication::{
     AckPolicy, AckState, ChannelOp, Entry, GroupConfig, Leadership, MemLog, Message, ProposalId,
     ReplicationError, TopicGroup,
 };
-use nsq_shards::mesh::{AdminError, AdminOp};
+use nsq_shards::mesh::AdminOp;
 use nsq_shards::message::{IdGenerator, MessageId};
 use nsq_shards::shard::{DurableWait, LookupEvent};
 use nsq_shards::topic::PublishError;
@@ -97,41 +103,6 @@ struct Group {
     /// (Raft index, the topic's newest message ID after applying it) of the applied
     /// publishes not yet compacted: a snapshot at an index carries the ID of that index.
     ids_at: std::collections::VecDeque<(u64, u64)>,
-}
-
-/// Samples of one replica's position (match or applied index), taken every
-/// [`CURSOR_EVERY`] while it is reachable.
-#[derive(Default)]
-struct History(std::collections::VecDeque<(Instant, u64)>);
-
-impl History {
-    fn sample(&mut self, at: Instant, index: u64) {
-        self.0.push_back((at, index));
-    }
-
-    /// The position it had `keep` before its last sample (0: no sample that old yet);
-    /// older samples are dropped.
-    fn as_of(&mut self, keep: Duration) -> u64 {
-        let Some(&(last, _)) = self.0.back() else {
-            return 0;
-        };
-        let cutoff = last.checked_sub(keep).unwrap_or(last);
-        let mut safe = None;
-        while let Some(&(at, index)) = self.0.front() {
-            if at > cutoff {
-                break;
-            }
-            safe = Some(index);
-            self.0.pop_front();
-        }
-        match safe {
-            Some(index) => {
-                self.0.push_front((cutoff, index));
-                index
-            }
-            None => 0,
-        }
-    }
 }
 
 /// This shard's part of the cluster (one per shard, in its [`Server`]).
@@ -829,70 +800,6 @@ impl ShardCluster {
         }
     }
 
-    /// Drops the Raft log entries that every replica held [`ShardCluster::retain_time`]
-    /// before it was last heard from (a replica that crashed may have lost from its
-    /// disk what it received within that time: it gets it again from the log). The
-    /// leader computes that index and proposes it ([`Entry::Compact`]); a follower
-    /// compacts only as far as the last one it applied. Once a topic's log holds
-    /// more than [`RETAIN_BYTES`], it keeps only what this node has not applied, and a
-    /// replica behind the log's start gets a snapshot (docs/replication.md, "What a
-    /// replica can miss"). The bodies live in the topic's own log: the Raft log holds
-    /// them only until the replicas have them.
-    fn compact_logs(&self, server: &Server) {
-        let now = Instant::now();
-        let keep = self.retain_time(server);
-        let me = self.cfg.me.replica;
-        let mut groups = self.groups.borrow_mut();
-        for (topic, g) in groups.iter_mut() {
-            let applied = g.group.applied_index();
-            g.held.entry(me).or_default().sample(now, applied);
-            if g.group.is_leader() {
-                for v in g.group.voters() {
-                    if v == me || !self.links.connected(v) {
-                        continue;
-                    }
-                    if let Some(m) = g.group.matched(v) {
-                        g.held.entry(v).or_default().sample(now, m);
-                    }
-                }
-            }
-            let mut target = applied.min(g.safe);
-            if g.group.is_leader() {
-                let mut everywhere = applied;
-                for v in g.group.voters() {
-                    everywhere = everywhere.min(g.held.get_mut(&v).map_or(0, |h| h.as_of(keep)));
-                }
-                let declare = everywhere.min(g.last_real);
-                if declare > g.safe {
-                    // The followers compact as far once they apply this.
-                    if g.group.propose(&Entry::Compact { index: declare }).is_ok() {
-                        g.safe = declare;
-                    }
-                    self.dirty.borrow_mut().insert(topic.clone());
-                    self.wake.notify();
-                }
-                target = everywhere;
-            }
-            if g.group.store().entry_bytes() > RETAIN_BYTES {
-                target = applied;
-            }
-            if target < g.group.first_index() {
-                continue;
-            }
-            let data = snapshot_data(server, topic, g, target);
-            if let Err(e) = g.group.compact(target, data) {
-                log::debug!("TOPIC({topic}): log not compacted: {e}");
-            }
-        }
-    }
-
-    /// How long the Raft log keeps an entry after every replica has it: what a replica's
-    /// crash can take from its disk (a record is stored when 100 ms old and synced within
-    /// `--sync-timeout`), plus a second.
-    fn retain_time(&self, server: &Server) -> Duration {
-        server.shard.opts.sync_timeout + Duration::from_millis(1100)
-    }
-
     /// `topic`'s replication for `/stats`: its leader's address, term, commit and
     /// applied index and whether this node leads (`None`: not replicated here).
     pub fn topic_state(&self, topic: &str) -> Option<serde_json::Value> {
@@ -944,55 +851,6 @@ async fn answer(rx: oneshot::Receiver<Reply>, deadline: Instant) -> Result<(), S
         futures::future::Either::Left((Err(_), _)) => Err("replication group gone".into()),
         futures::future::Either::Right(_) => Err("replicas did not confirm in time".into()),
     }
-}
-
-/// A snapshot's data at Raft index `index`: the newest message ID the topic held once
-/// it had applied that index (16 hex digits; empty when none). A replica restoring it
-/// compares it with its own newest ID to know whether it misses messages. Drops the
-/// group's record of older indexes.
-fn snapshot_data(server: &Server, topic: &str, g: &mut Group, index: u64) -> Vec<u8> {
-    let mut id = None;
-    while let Some(&(i, last)) = g.ids_at.front() {
-        if i > index {
-            break;
-        }
-        id = Some(last);
-        g.ids_at.pop_front();
-    }
-    let id = match id {
-        Some(last) => {
-            // Kept as the record of `index` for a later snapshot at the same place.
-            g.ids_at.push_front((index, last));
-            last
-        }
-        // No publish applied since the last snapshot: what the topic holds.
-        None => server.shard.topic_last_id(topic).map_or(0, |i| i.0),
-    };
-    let mut data = if id == 0 {
-        Vec::new()
-    } else {
-        MessageId(id).to_hex().to_vec()
-    };
-    for c in server.shard.channel_names(topic) {
-        data.push(b'\n');
-        data.extend_from_slice(c.as_bytes());
-    }
-    data
-}
-
-/// What a snapshot's data says: the newest message ID (0: none) and the channels.
-fn parse_snapshot(data: &[u8]) -> (u64, Vec<String>) {
-    let mut parts = data.split(|&b| b == b'\n');
-    let id = parts
-        .next()
-        .and_then(MessageId::from_hex)
-        .map_or(0, |i| i.0);
-    let channels = parts
-        .filter_map(|c| std::str::from_utf8(c).ok())
-        .filter(|c| !c.is_empty())
-        .map(str::to_string)
-        .collect();
-    (id, channels)
 }
 
 /// Applies one committed entry to the topic on this shard; a batch's durable wait when
@@ -1054,113 +912,6 @@ fn apply(server: &Server, topic: &str, entry: Entry) -> Option<DurableWait> {
     }
 }
 
-/// An admin operation on a topic this shard owns, when the cluster takes it: a channel's
-/// creation, deletion, emptying or pause, or a topic's pause, on a replicated topic, is
-/// proposed to its group (every replica applies it at the same place in the log).
-/// `None`: not the cluster's; run it locally.
-pub async fn admin(server: &Server, op: &AdminOp) -> Option<Result<(), AdminError>> {
-    let c = server.cluster.as_ref()?;
-    let topic = op.topic();
-    if !ClusterConfig::replicates(topic) {
-        return None;
-    }
-    let channel_op = |t: &str, ch: &str, op: ChannelOp| {
-        (
-            t.to_string(),
-            Entry::Channel {
-                channel: ch.to_string(),
-                op,
-            },
-        )
-    };
-    let (topic, entry) = match op {
-        AdminOp::CreateTopic(t) => {
-            if c.ensure_group(server, t) {
-                c.mark(t);
-                return Some(Ok(()));
-            }
-            return None;
-        }
-        AdminOp::CreateChannel(t, ch) => channel_op(t, ch, ChannelOp::Create),
-        AdminOp::DeleteChannel(t, ch) => channel_op(t, ch, ChannelOp::Delete),
-        AdminOp::EmptyChannel(t, ch) => channel_op(t, ch, ChannelOp::Empty),
-        AdminOp::PauseChannel(t, ch, p) => channel_op(t, ch, ChannelOp::Pause(*p)),
-        AdminOp::PauseTopic(t, p) => (t.clone(), Entry::TopicPause(*p)),
-        _ => return None,
-    };
-    let exists = server.shard.topic_exists(&topic);
-    if let Entry::Channel { channel, op } = &entry {
-        let needs_channel = !matches!(op, ChannelOp::Create);
-        if needs_channel && !exists {
-            return Some(Err(AdminError::TopicNotFound));
-        }
-        if needs_channel && !server.shard.has_channel(&topic, channel) {
-            return Some(Err(AdminError::ChannelNotFound));
-        }
-        if !needs_channel && server.shard.has_channel(&topic, channel) {
-            return Some(Ok(()));
-        }
-    } else if !exists {
-        return Some(Err(AdminError::TopicNotFound));
-    }
-    Some(c.change(server, &topic, entry).await.map_err(|e| {
-        log::warn!("TOPIC({topic}): replicated change refused: {e}");
-        AdminError::Exiting
-    }))
-}
-
-/// A SUB to a replicated topic on the shard that owns it: only the topic's leader serves
-/// consumers. On the leader the channel is created through the group first (so every
-/// replica has it from the same place in the log); on another member holding a replica
-/// the SUB is relayed to the leader ([`SubRoute::Relay`]); a member without a replica,
-/// or a topic without a leader in time, refuses it with `E_SUB_FAILED`. `None`: not a
-/// replicated topic.
-pub async fn subscribe(
-    server: &Server,
-    topic: &str,
-    channel: &str,
-) -> Option<Result<(), SubRoute>> {
-    let c = server.cluster.as_ref()?;
-    if !ClusterConfig::replicates(topic) {
-        return None;
-    }
-    let refused = |why: &str| {
-        Some(Err(SubRoute::Refused(format!(
-            "E_SUB_FAILED SUB failed {why}"
-        ))))
-    };
-    if !c.ensure_group(server, topic) {
-        return refused(&format!("topic {topic} is not held by this cluster member"));
-    }
-    let deadline = Instant::now() + PROPOSE_TIMEOUT;
-    loop {
-        let leader = c.groups.borrow().get(topic).and_then(|g| g.group.leader());
-        match leader {
-            Some(l) if l == c.cfg.me.replica && c.leads(topic) => break,
-            Some(l) if l != c.cfg.me.replica && c.peer_tcp(l).is_some() => {
-                return Some(Err(SubRoute::Relay));
-            }
-            _ => {}
-        }
-        if Instant::now() >= deadline {
-            return refused(&format!("topic {topic} has no leader"));
-        }
-        glommio::timer::sleep(TICK).await;
-    }
-    if server.shard.has_channel(topic, channel) {
-        return Some(Ok(()));
-    }
-    let create = Entry::Channel {
-        channel: channel.to_string(),
-        op: ChannelOp::Create,
-    };
-    Some(
-        c.change(server, topic, create)
-            .await
-            .map_err(|e| SubRoute::Refused(format!("E_SUB_FAILED SUB failed {e}"))),
-    )
-}
-
 /// Why a forwarded proposal got no reply.
 enum ForwardError {
     /// It was not sent (safe to send elsewhere).
@@ -1170,72 +921,6 @@ enum ForwardError {
     Unanswered(String),
     /// It was sent and the connection to the leader broke before the answer.
     ConnectionLost,
-}
-
-/// Where a SUB to a replicated topic goes when not to this member's channel.
-pub enum SubRoute {
-    /// Through the leader ([`super::relay`]).
-    Relay,
-    /// Refused with this error frame (fatal).
-    Refused(String),
-}
-
-/// This member's TCP address for clients as peers reach it: `--tcp-address`'s host when
-/// it names one, else `--broadcast-address`.
-fn client_address(server: &Server) -> String {
-    let host = server
-        .cfg
-        .flags
-        .tcp_address
-        .rsplit_once(':')
-        .map(|(h, _)| h.trim_matches(['[', ']']))
-        .filter(|h| !h.is_empty() && *h != "0.0.0.0" && *h != "::")
-        .map_or_else(|| server.cfg.broadcast_address.clone(), str::to_string);
-    if host.contains(':') {
-        format!("[{host}]:{}", server.tcp_port)
-    } else {
-        format!("{host}:{}", server.tcp_port)
-    }
-}
-
-/// Tells every shard where peer `replica`'s clients connect (its greeting said).
-pub async fn peer_greeted(server: &Rc<Server>, replica: u64, tcp: String) {
-    if let Some(c) = &server.cluster {
-        c.set_peer_tcp(replica, tcp.clone());
-    }
-    let Some(mesh) = server.mesh() else { return };
-    for i in (0..server.shard.count()).filter(|&i| i != server.shard.index()) {
-        let msg = ShardMsg::PeerTcp {
-            replica,
-            tcp: tcp.clone(),
-        };
-        let _ = mesh.send_to(i, msg).await;
-    }
-}
-
-/// Hands a frame from peer `from` to the shard it is for: the topic's owner, or for a
-/// reply the shard that sent the request.
-pub async fn route(server: &Rc<Server>, from: u64, frame: Frame) {
-    let shards = server.shard.count();
-    let to = match &frame {
-        Frame::Raft { topic, .. } | Frame::Propose { topic, .. } => {
-            nsq_shards::owner_of(topic, shards)
-        }
-        Frame::Reply { request, .. } => usize::try_from(request >> 48).unwrap_or(usize::MAX),
-        Frame::Hello(_) => return,
-    };
-    if to == server.shard.index() {
-        if let Some(c) = &server.cluster {
-            c.handle(server, from, frame);
-        }
-        return;
-    }
-    if to >= shards {
-        return;
-    }
-    if let Some(mesh) = server.mesh() {
-        let _ = mesh.send_to(to, ShardMsg::Cluster { from, frame }).await;
-    }
 }
 
 /// The shard's driver: ticks every group each [`TICK`], replicates cursors every

@@ -1,0 +1,180 @@
+//! The cluster's entry points from the rest of the broker: admin operations and SUBs
+//! on replicated topics, and frames from peers routed to their shard.
+
+use super::{PROPOSE_TIMEOUT, TICK};
+use crate::cluster::ClusterConfig;
+use crate::mesh::ShardMsg;
+use crate::server::Server;
+use nsq_replication::wire::Frame;
+use nsq_replication::{ChannelOp, Entry};
+use nsq_shards::mesh::{AdminError, AdminOp};
+use std::rc::Rc;
+use std::time::Instant;
+
+/// An admin operation on a topic this shard owns, when the cluster takes it: a channel's
+/// creation, deletion, emptying or pause, or a topic's pause, on a replicated topic, is
+/// proposed to its group (every replica applies it at the same place in the log).
+/// `None`: not the cluster's; run it locally.
+pub async fn admin(server: &Server, op: &AdminOp) -> Option<Result<(), AdminError>> {
+    let c = server.cluster.as_ref()?;
+    let topic = op.topic();
+    if !ClusterConfig::replicates(topic) {
+        return None;
+    }
+    let channel_op = |t: &str, ch: &str, op: ChannelOp| {
+        (
+            t.to_string(),
+            Entry::Channel {
+                channel: ch.to_string(),
+                op,
+            },
+        )
+    };
+    let (topic, entry) = match op {
+        AdminOp::CreateTopic(t) => {
+            if c.ensure_group(server, t) {
+                c.mark(t);
+                return Some(Ok(()));
+            }
+            return None;
+        }
+        AdminOp::CreateChannel(t, ch) => channel_op(t, ch, ChannelOp::Create),
+        AdminOp::DeleteChannel(t, ch) => channel_op(t, ch, ChannelOp::Delete),
+        AdminOp::EmptyChannel(t, ch) => channel_op(t, ch, ChannelOp::Empty),
+        AdminOp::PauseChannel(t, ch, p) => channel_op(t, ch, ChannelOp::Pause(*p)),
+        AdminOp::PauseTopic(t, p) => (t.clone(), Entry::TopicPause(*p)),
+        _ => return None,
+    };
+    let exists = server.shard.topic_exists(&topic);
+    if let Entry::Channel { channel, op } = &entry {
+        let needs_channel = !matches!(op, ChannelOp::Create);
+        if needs_channel && !exists {
+            return Some(Err(AdminError::TopicNotFound));
+        }
+        if needs_channel && !server.shard.has_channel(&topic, channel) {
+            return Some(Err(AdminError::ChannelNotFound));
+        }
+        if !needs_channel && server.shard.has_channel(&topic, channel) {
+            return Some(Ok(()));
+        }
+    } else if !exists {
+        return Some(Err(AdminError::TopicNotFound));
+    }
+    Some(c.change(server, &topic, entry).await.map_err(|e| {
+        log::warn!("TOPIC({topic}): replicated change refused: {e}");
+        AdminError::Exiting
+    }))
+}
+/// A SUB to a replicated topic on the shard that owns it: only the topic's leader serves
+/// consumers. On the leader the channel is created through the group first (so every
+/// replica has it from the same place in the log); on another member holding a replica
+/// the SUB is relayed to the leader ([`SubRoute::Relay`]); a member without a replica,
+/// or a topic without a leader in time, refuses it with `E_SUB_FAILED`. `None`: not a
+/// replicated topic.
+pub async fn subscribe(
+    server: &Server,
+    topic: &str,
+    channel: &str,
+) -> Option<Result<(), SubRoute>> {
+    let c = server.cluster.as_ref()?;
+    if !ClusterConfig::replicates(topic) {
+        return None;
+    }
+    let refused = |why: &str| {
+        Some(Err(SubRoute::Refused(format!(
+            "E_SUB_FAILED SUB failed {why}"
+        ))))
+    };
+    if !c.ensure_group(server, topic) {
+        return refused(&format!("topic {topic} is not held by this cluster member"));
+    }
+    let deadline = Instant::now() + PROPOSE_TIMEOUT;
+    loop {
+        let leader = c.groups.borrow().get(topic).and_then(|g| g.group.leader());
+        match leader {
+            Some(l) if l == c.cfg.me.replica && c.leads(topic) => break,
+            Some(l) if l != c.cfg.me.replica && c.peer_tcp(l).is_some() => {
+                return Some(Err(SubRoute::Relay));
+            }
+            _ => {}
+        }
+        if Instant::now() >= deadline {
+            return refused(&format!("topic {topic} has no leader"));
+        }
+        glommio::timer::sleep(TICK).await;
+    }
+    if server.shard.has_channel(topic, channel) {
+        return Some(Ok(()));
+    }
+    let create = Entry::Channel {
+        channel: channel.to_string(),
+        op: ChannelOp::Create,
+    };
+    Some(
+        c.change(server, topic, create)
+            .await
+            .map_err(|e| SubRoute::Refused(format!("E_SUB_FAILED SUB failed {e}"))),
+    )
+}
+/// Where a SUB to a replicated topic goes when not to this member's channel.
+pub enum SubRoute {
+    /// Through the leader ([`crate::cluster::relay`]).
+    Relay,
+    /// Refused with this error frame (fatal).
+    Refused(String),
+}
+/// This member's TCP address for clients as peers reach it: `--tcp-address`'s host when
+/// it names one, else `--broadcast-address`.
+pub(super) fn client_address(server: &Server) -> String {
+    let host = server
+        .cfg
+        .flags
+        .tcp_address
+        .rsplit_once(':')
+        .map(|(h, _)| h.trim_matches(['[', ']']))
+        .filter(|h| !h.is_empty() && *h != "0.0.0.0" && *h != "::")
+        .map_or_else(|| server.cfg.broadcast_address.clone(), str::to_string);
+    if host.contains(':') {
+        format!("[{host}]:{}", server.tcp_port)
+    } else {
+        format!("{host}:{}", server.tcp_port)
+    }
+}
+/// Tells every shard where peer `replica`'s clients connect (its greeting said).
+pub async fn peer_greeted(server: &Rc<Server>, replica: u64, tcp: String) {
+    if let Some(c) = &server.cluster {
+        c.set_peer_tcp(replica, tcp.clone());
+    }
+    let Some(mesh) = server.mesh() else { return };
+    for i in (0..server.shard.count()).filter(|&i| i != server.shard.index()) {
+        let msg = ShardMsg::PeerTcp {
+            replica,
+            tcp: tcp.clone(),
+        };
+        let _ = mesh.send_to(i, msg).await;
+    }
+}
+/// Hands a frame from peer `from` to the shard it is for: the topic's owner, or for a
+/// reply the shard that sent the request.
+pub async fn route(server: &Rc<Server>, from: u64, frame: Frame) {
+    let shards = server.shard.count();
+    let to = match &frame {
+        Frame::Raft { topic, .. } | Frame::Propose { topic, .. } => {
+            nsq_shards::owner_of(topic, shards)
+        }
+        Frame::Reply { request, .. } => usize::try_from(request >> 48).unwrap_or(usize::MAX),
+        Frame::Hello(_) => return,
+    };
+    if to == server.shard.index() {
+        if let Some(c) = &server.cluster {
+            c.handle(server, from, frame);
+        }
+        return;
+    }
+    if to >= shards {
+        return;
+    }
+    if let Some(mesh) = server.mesh() {
+        let _ = mesh.send_to(to, ShardMsg::Cluster { from, frame }).await;
+    }
+}
