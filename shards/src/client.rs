@@ -413,9 +413,23 @@ impl Client {
     /// stops being ready flushes now; otherwise the writer waits for the output-buffer
     /// ticker (see [`OutputTicker`]).
     pub fn buffer_message(&self, msg: &Message) {
+        self.buffer_with(|out| msg.write_frame(out));
+    }
+
+    /// [`Client::buffer_message`] for a message frame's data as another nsqd sent it (a
+    /// consumer relayed from a follower to the topic's leader).
+    pub fn buffer_message_frame(&self, data: &[u8]) {
+        self.buffer_with(|out| {
+            out.extend_from_slice(&((data.len() + 4) as u32).to_be_bytes());
+            out.extend_from_slice(&nsq_wire::v2::FRAME_MESSAGE.to_be_bytes());
+            out.extend_from_slice(data);
+        });
+    }
+
+    fn buffer_with(&self, write: impl FnOnce(&mut Vec<u8>)) {
         let len = {
             let mut out = self.out.buf_mut();
-            msg.write_frame(&mut out);
+            write(&mut out);
             out.len()
         };
         let was_flushed = self.out.unflush();

@@ -264,7 +264,9 @@ async fn run(server: &Rc<Server>, client: &Rc<Client>, relay: &Rc<Relay>, mut up
                         key.copy_from_slice(id);
                         relay.delivered.borrow_mut().insert(key);
                     }
-                    client.send_frame(FRAME_MESSAGE, &data);
+                    // Buffered as the consumer's own deliveries are (its output buffer
+                    // size and timeout), not flushed one by one.
+                    client.buffer_message_frame(&data);
                 }
                 FRAME_RESPONSE if data == b"_heartbeat_" => {
                     if up.write_all(b"NOP\n").await.is_err() {
@@ -343,27 +345,31 @@ fn take_over(server: &Server, client: &Rc<Client>, relay: &Relay) {
     }
 }
 
-/// Reads protocol V2 frames (`size u32 BE | type u32 BE | data`) from a stream.
+/// Reads the leader's protocol V2 frames from a stream, split by the client-side frame
+/// decoder ([`nsq_wire::client::decode_frame`]).
 #[derive(Default)]
 struct FrameReader {
     buf: Vec<u8>,
 }
 
 impl FrameReader {
+    /// The next frame: (type, data).
     async fn next(&mut self, s: &SharedStream) -> std::io::Result<(u32, Vec<u8>)> {
+        use nsq_wire::client::{decode_frame, Decoded};
         loop {
-            if self.buf.len() >= 8 {
-                let size = u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]])
-                    as usize;
-                if !(4..=(64 << 20)).contains(&size) {
-                    return Err(std::io::Error::other("bad frame size from the leader"));
-                }
-                if self.buf.len() >= 4 + size {
+            match decode_frame(&self.buf) {
+                Ok(Decoded::Frame(_, used)) => {
                     let ft =
                         u32::from_be_bytes([self.buf[4], self.buf[5], self.buf[6], self.buf[7]]);
-                    let data = self.buf[8..4 + size].to_vec();
-                    self.buf.drain(..4 + size);
+                    let data = self.buf[8..used].to_vec();
+                    self.buf.drain(..used);
                     return Ok((ft, data));
+                }
+                Ok(Decoded::Incomplete { .. }) => {}
+                Err(e) => {
+                    return Err(std::io::Error::other(format!(
+                        "bad frame from the leader: {e:?}"
+                    )))
                 }
             }
             let mut chunk = [0u8; 64 << 10];

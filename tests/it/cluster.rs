@@ -444,9 +444,13 @@ fn a_publish_needs_a_quorum_and_a_restarted_member_catches_up() {
     });
     c.start_node(1);
     for i in 0..3 {
-        wait_for(
-            &format!("member {i} holding the 11 acknowledged messages"),
-            || c.topic_depth(i, topic) == Some(11),
+        let held = common::wait_until(Duration::from_secs(30), || {
+            c.topic_depth(i, topic) == Some(11)
+        });
+        let depths: Vec<Option<u64>> = (0..3).map(|j| c.topic_depth(j, topic)).collect();
+        assert!(
+            held,
+            "member {i} does not hold the 11 acknowledged messages: depths {depths:?}"
         );
     }
 }

@@ -55,7 +55,11 @@ pub(super) async fn exec(
     if let Some(relay) = crate::cluster::relay::of(server, client) {
         use crate::cluster::relay::Forward;
         let forward = match &cmd {
-            Command::Rdy { count } => Some(Forward::Rdy(*count)),
+            Command::Rdy { count } => {
+                // Kept here too: the consumer's output buffering follows it.
+                client.set_ready_count(*count);
+                Some(Forward::Rdy(*count))
+            }
             Command::Fin { id } => Some(Forward::Fin(id)),
             Command::Req { id, timeout_ms } => Some(Forward::Req(id, *timeout_ms)),
             Command::Touch { id } => Some(Forward::Touch(id)),
