@@ -31,6 +31,9 @@ use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+mod replica;
+pub use replica::{ReplicaRecord, ReplicaState, Restored};
+
 /// How old an unfinished record may get before it is handed to the store (under
 /// [`StoreMode::Deferred`]). Records every channel finishes sooner are never written.
 pub const STORE_DELAY: Duration = Duration::from_millis(100);

@@ -19,7 +19,7 @@
 mod compaction;
 mod requests;
 
-use compaction::{parse_snapshot, snapshot_data, History};
+use compaction::{parse_state, snapshot_data, History};
 use requests::client_address;
 pub use requests::{admin, peer_greeted, route, subscribe, SubRoute};
 
@@ -100,9 +100,10 @@ struct Group {
     /// no further (it is itself an entry, which would otherwise call for the next one,
     /// forever).
     last_real: u64,
-    /// (Raft index, the topic's newest message ID after applying it) of the applied
-    /// publishes not yet compacted: a snapshot at an index carries the ID of that index.
-    ids_at: std::collections::VecDeque<(u64, u64)>,
+    /// (Raft index, the topic's newest message ID and log head after applying it) of
+    /// the applied publishes not yet compacted: a snapshot made at an index carries
+    /// those of that index.
+    ids_at: std::collections::VecDeque<(u64, u64, u64)>,
 }
 
 /// This shard's part of the cluster (one per shard, in its [`Server`]).
@@ -558,7 +559,15 @@ impl ShardCluster {
             }
         };
         let mut snapshots_sent = Vec::new();
-        for m in &out.messages {
+        let mut messages = out.messages;
+        for m in &mut messages {
+            if m.get_msg_type() == nsq_replication::raft::eraftpb::MessageType::MsgSnapshot {
+                if let Some(data) = self.snapshot_to_send(server, topic).await {
+                    m.mut_snapshot().set_data(data.into());
+                }
+            }
+        }
+        for m in &messages {
             let queued = match wire::encode_frame(topic, m) {
                 Ok(f) => {
                     self.links.send(m.to, f);
@@ -588,25 +597,7 @@ impl ShardCluster {
             self.leadership_changed(server, topic, l);
         }
         if let Some(r) = &out.restore {
-            let (newest_there, channels) = parse_snapshot(&r.data);
-            // The channels the group had made before the snapshot.
-            for ch in channels {
-                if !server.shard.has_channel(topic, &ch) {
-                    let _ = server
-                        .shard
-                        .admin(AdminOp::CreateChannel(topic.to_string(), ch));
-                }
-            }
-            let newest_here = server.shard.topic_last_id(topic).map_or(0, |i| i.0);
-            if newest_there > newest_here {
-                log::warn!(
-                    "TOPIC({topic}): caught up from a snapshot at Raft index {}: what the group committed before it and this replica had not applied is not on this replica, which therefore hands leadership to another replica",
-                    r.index
-                );
-                if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
-                    g.gap = true;
-                }
-            }
+            self.restore(server, topic, r);
         }
         if out.snapshot_wanted {
             let mut groups = self.groups.borrow_mut();
@@ -639,8 +630,9 @@ impl ShardCluster {
                     }
                     if publish {
                         let id = server.shard.topic_last_id(topic).map_or(0, |i| i.0);
+                        let head = server.shard.topic_head(topic);
                         if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
-                            g.ids_at.push_back((c.index, id));
+                            g.ids_at.push_back((c.index, id, head));
                         }
                     }
                 }
@@ -767,6 +759,46 @@ impl ShardCluster {
             if closed > 0 {
                 log::info!("TOPIC({topic}): closed {closed} consumer(s) to follow the leader");
             }
+        }
+    }
+
+    /// Restores a snapshot the leader sent: the topic's channels, its unfinished
+    /// records at the leader's sequences and its channels' positions. A snapshot
+    /// without the records this replica misses leaves a hole in its log: it then hands
+    /// leadership to another replica whenever it gets it while one is connected (for
+    /// as long as this process runs).
+    fn restore(&self, server: &Server, topic: &str, r: &nsq_replication::Restore) {
+        let Some(state) = parse_state(&r.data) else {
+            log::error!(
+                "TOPIC({topic}): the snapshot at Raft index {} does not decode; nothing restored",
+                r.index
+            );
+            return;
+        };
+        for (ch, _) in &state.channels {
+            if !server.shard.has_channel(topic, ch) {
+                let _ = server
+                    .shard
+                    .admin(AdminOp::CreateChannel(topic.to_string(), ch.clone()));
+            }
+        }
+        let carried = state.records.as_ref().map(Vec::len);
+        let restored = server.shard.restore_replica(topic, state);
+        if restored.missing {
+            log::warn!(
+                "TOPIC({topic}): caught up from a snapshot at Raft index {} without the messages this replica misses (more than a snapshot carries); it hands leadership to another replica",
+                r.index
+            );
+            if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
+                g.gap = true;
+            }
+        } else {
+            log::info!(
+                "TOPIC({topic}): caught up from a snapshot at Raft index {}: {} of its {} unfinished message(s) appended",
+                r.index,
+                restored.appended,
+                carried.unwrap_or(0)
+            );
         }
     }
 

@@ -528,17 +528,29 @@ fn cluster_flags_are_checked() {
 }
 
 #[test]
-fn a_wiped_member_rejoins_and_follows_the_group() {
-    let mut c = Cluster::start([1, 1, 1], &[]);
+fn a_wiped_member_gets_the_unfinished_messages_and_follows_the_group() {
+    let mut c = Cluster::start([1, 2, 1], &[]);
     let topic = "wiped";
+    c.node(0)
+        .admin(&format!("/channel/create?topic={topic}&channel=c"));
     for k in 0..10 {
         c.node(0).http_pub(topic, format!("old-{k}").as_bytes());
     }
     let leader = c.wait_leader(topic);
     let gone = (leader + 1) % 3;
+    // A consumer of the leader finishes the first 4.
+    let mut s = c.node(leader).subscribe(topic, "c");
+    send(&mut s, b"RDY 4\n");
+    let got = read_messages(&mut s, 4);
+    // No more deliveries once these are finished.
+    send(&mut s, b"RDY 0\n");
+    for (id, _) in got {
+        send(&mut s, format!("FIN {id}\n").as_bytes());
+    }
+    send(&mut s, b"CLS\n");
     for i in 0..3 {
-        wait_for(&format!("member {i} holding the first 10"), || {
-            c.topic_depth(i, topic) == Some(10)
+        wait_for(&format!("member {i} at the consumer's position"), || {
+            c.channel_depth(i, topic, "c") == Some(6)
         });
     }
     // The Raft log keeps entries for a while after every replica has them (a crash can
@@ -554,21 +566,52 @@ fn a_wiped_member_rejoins_and_follows_the_group() {
             .http_pub(topic, format!("new-{k}").as_bytes());
     }
     c.start_node(gone);
-    // The wiped member restores a snapshot and then gets every later entry (the first
-    // 10 stay on the other two: docs/replication.md, "What a replica can miss").
-    wait_for("the wiped member holding the later messages", || {
-        c.topic_depth(gone, topic).is_some_and(|d| d >= 10)
-    });
+    // The wiped member restores a snapshot carrying the leader's 16 unfinished messages
+    // at the leader's sequences, then gets every later entry: it holds what the leader
+    // holds, and the channel position the leader replicates means the same message.
     wait_for("the wiped member caught up from a snapshot", || {
         c.node(gone)
             .daemon
             .log_contains("caught up from a snapshot")
     });
-    c.node(gone).http_pub(topic, b"through-the-wiped-member");
-    let want = c.topic_depth(gone, topic).unwrap();
-    wait_for("its publish applied", || {
-        c.topic_depth(leader, topic) == Some(21) && c.topic_depth(gone, topic) == Some(want)
+    wait_for("the wiped member holding the unfinished messages", || {
+        c.channel_depth(gone, topic, "c") == Some(16)
     });
+    let mut on_leader = peek(c.node(leader), topic, "c");
+    let mut on_wiped = peek(c.node(gone), topic, "c");
+    on_leader.sort();
+    on_wiped.sort();
+    assert_eq!(on_leader.len(), 16);
+    assert_eq!(on_wiped, on_leader, "the wiped member holds other messages");
+    // The leader's consumer finishes 6 more: the wiped member moves to the same place.
+    let mut s = c.node(leader).subscribe(topic, "c");
+    send(&mut s, b"RDY 6\n");
+    let finished: Vec<String> = read_messages(&mut s, 6)
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    send(&mut s, b"RDY 0\n");
+    for id in &finished {
+        send(&mut s, format!("FIN {id}\n").as_bytes());
+    }
+    send(&mut s, b"CLS\n");
+    wait_for("the wiped member at the consumer's new position", || {
+        c.channel_depth(gone, topic, "c") == Some(10)
+    });
+    let left: Vec<String> = peek(c.node(gone), topic, "c")
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert!(
+        finished.iter().all(|id| !left.contains(id)),
+        "a finished message is still on the wiped member: {finished:?} {left:?}"
+    );
+    c.node(gone).http_pub(topic, b"through-the-wiped-member");
+    for i in 0..3 {
+        wait_for(&format!("member {i} holding its publish"), || {
+            c.channel_depth(i, topic, "c") == Some(11)
+        });
+    }
 }
 
 /// Runs a client's failover scenario (scripts/clients/*_failover.*) against a 3-node

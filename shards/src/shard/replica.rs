@@ -5,6 +5,7 @@
 
 use super::Shard;
 use crate::message::MessageId;
+use crate::topic::{ReplicaRecord, ReplicaState, Restored};
 
 impl Shard {
     /// The newest message ID `topic` holds (`None`: no such topic or no message yet).
@@ -60,6 +61,87 @@ impl Shard {
         self.mark(t);
         self.dispatch_topic(t);
         true
+    }
+
+    /// `topic` as a replica restoring a snapshot needs it ([`ReplicaState`]): with its
+    /// unfinished records (from memory, and from the store below the memory tail)
+    /// unless they span more than `max_span` sequences or hold more than `max_bytes`
+    /// of bodies, or the store cannot give them all back yet. `None`: no such topic.
+    pub async fn replica_state(
+        &self,
+        topic: &str,
+        max_span: u64,
+        max_bytes: usize,
+    ) -> Option<ReplicaState> {
+        let (mut state, base, store) = {
+            let topics = self.topics.borrow();
+            let t = topics.get(topic)?;
+            (t.replica_state(max_span), t.log.base, t.store().cloned())
+        };
+        let Some(memory) = state.records.take() else {
+            return Some(state);
+        };
+        let mut bytes: usize = memory.iter().map(|r| r.body.len()).sum();
+        let mut records = Vec::new();
+        let mut from = state.low;
+        if from < base {
+            let Some(store) = store else {
+                return Some(state);
+            };
+            if store.readable_seq() < base {
+                // Records handed to the store and not flushed yet: not sent this time.
+                return Some(state);
+            }
+            let mut hint = None;
+            while from < base {
+                let Ok((batch, end)) = store
+                    .read_at(from, 4096, max_bytes.saturating_sub(bytes).max(1), hint)
+                    .await
+                else {
+                    return Some(state);
+                };
+                let Some(last) = batch.last().map(|r| r.seq) else {
+                    break;
+                };
+                for r in batch.into_iter().filter(|r| r.seq < base) {
+                    bytes += r.body.len();
+                    records.push(ReplicaRecord {
+                        seq: r.seq,
+                        id: MessageId(r.id),
+                        timestamp: r.timestamp,
+                        defer_until_ns: r.defer_until,
+                        body: r.body,
+                    });
+                }
+                if bytes > max_bytes {
+                    return Some(state);
+                }
+                from = last + 1;
+                hint = end;
+            }
+        }
+        if bytes > max_bytes {
+            return Some(state);
+        }
+        records.extend(memory);
+        state.records = Some(records);
+        Some(state)
+    }
+
+    /// Makes `topic` (created if needed) hold what its leader's `state` says
+    /// ([`crate::topic::Topic::restore_replica`]): a replica restoring a snapshot.
+    pub fn restore_replica(&self, topic: &str, state: ReplicaState) -> Restored {
+        let mut topics = self.topics.borrow_mut();
+        let t = self.get_or_create_topic(&mut topics, topic);
+        let out = t.restore_replica(state, self.opts.mem_queue_size);
+        self.mark(t);
+        self.dispatch_topic(t);
+        out
+    }
+
+    /// The sequence `topic`'s next message gets (0: no such topic).
+    pub fn topic_head(&self, topic: &str) -> u64 {
+        self.topics.borrow().get(topic).map_or(0, |t| t.log.head)
     }
 
     /// Closes the connections of every consumer of `topic` (this node no longer leads

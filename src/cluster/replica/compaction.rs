@@ -1,11 +1,14 @@
 //! A group's Raft log compaction and snapshots (docs/replication.md, "How it works"):
-//! what every replica held for long enough is dropped, and a snapshot says which
-//! message a replica that restores it is at and which channels the topic has.
+//! what every replica held for long enough is dropped, and a snapshot carries the
+//! topic as the leader holds it: its head, its channels' positions and its unfinished
+//! records, at the leader's own sequences.
 
 use super::{Group, ShardCluster, RETAIN_BYTES};
 use crate::server::Server;
+use bytes::Bytes;
 use nsq_replication::Entry;
 use nsq_shards::message::MessageId;
+use nsq_shards::topic::{ReplicaRecord, ReplicaState};
 use std::time::{Duration, Instant};
 
 impl ShardCluster {
@@ -73,6 +76,27 @@ impl ShardCluster {
     }
 }
 
+/// The most body bytes a snapshot's records carry, and the longest span of sequences
+/// they cover: a larger backlog is not sent, and the replica that restores such a
+/// snapshot misses it (docs/replication.md, "What a replica can miss"). Both keep a
+/// snapshot's frame under the cluster link's frame limit.
+const SNAPSHOT_MAX_BYTES: usize = 32 << 20;
+const SNAPSHOT_MAX_SPAN: u64 = 1 << 19;
+
+impl ShardCluster {
+    /// The data of a snapshot the leader sends now: the topic as it holds it at this
+    /// moment, with its unfinished records ([`ReplicaState`]), later than the snapshot's
+    /// index (the replica skips the messages of the entries after that index, which it
+    /// then holds, by ID). `None`: the topic is gone.
+    pub(super) async fn snapshot_to_send(&self, server: &Server, topic: &str) -> Option<Vec<u8>> {
+        let state = server
+            .shard
+            .replica_state(topic, SNAPSHOT_MAX_SPAN, SNAPSHOT_MAX_BYTES)
+            .await?;
+        Some(encode_state(&state))
+    }
+}
+
 /// Samples of one replica's position (match or applied index), taken every
 /// [`CURSOR_EVERY`] while it is reachable.
 #[derive(Default)]
@@ -107,50 +131,195 @@ impl History {
         }
     }
 }
-/// A snapshot's data at Raft index `index`: the newest message ID the topic held once
-/// it had applied that index (16 hex digits; empty when none). A replica restoring it
-/// compares it with its own newest ID to know whether it misses messages. Drops the
-/// group's record of older indexes.
+/// A snapshot's data at Raft index `index` as [`compact_logs`](ShardCluster::compact_logs)
+/// keeps it: the topic's newest message ID and log head once it had applied that
+/// index, and its channels with their positions, without records (the leader adds them
+/// when it sends a snapshot: [`ShardCluster::snapshot_to_send`]). Drops the group's
+/// record of older indexes.
 pub(super) fn snapshot_data(server: &Server, topic: &str, g: &mut Group, index: u64) -> Vec<u8> {
-    let mut id = None;
-    while let Some(&(i, last)) = g.ids_at.front() {
+    let mut at = None;
+    while let Some(&(i, last, head)) = g.ids_at.front() {
         if i > index {
             break;
         }
-        id = Some(last);
+        at = Some((last, head));
         g.ids_at.pop_front();
     }
-    let id = match id {
-        Some(last) => {
+    let (last_id, head) = match at {
+        Some((last, head)) => {
             // Kept as the record of `index` for a later snapshot at the same place.
-            g.ids_at.push_front((index, last));
-            last
+            g.ids_at.push_front((index, last, head));
+            (last, head)
         }
         // No publish applied since the last snapshot: what the topic holds.
-        None => server.shard.topic_last_id(topic).map_or(0, |i| i.0),
+        None => (
+            server.shard.topic_last_id(topic).map_or(0, |i| i.0),
+            server.shard.topic_head(topic),
+        ),
     };
-    let mut data = if id == 0 {
-        Vec::new()
-    } else {
-        MessageId(id).to_hex().to_vec()
+    let state = ReplicaState {
+        last_id,
+        head,
+        low: head,
+        channels: server
+            .shard
+            .channel_watermarks(topic)
+            .into_iter()
+            .map(|(c, p)| (c, p.min(head)))
+            .collect(),
+        records: None,
     };
-    for c in server.shard.channel_names(topic) {
-        data.push(b'\n');
-        data.extend_from_slice(c.as_bytes());
-    }
-    data
+    encode_state(&state)
 }
-/// What a snapshot's data says: the newest message ID (0: none) and the channels.
-pub(super) fn parse_snapshot(data: &[u8]) -> (u64, Vec<String>) {
-    let mut parts = data.split(|&b| b == b'\n');
-    let id = parts
-        .next()
-        .and_then(MessageId::from_hex)
-        .map_or(0, |i| i.0);
-    let channels = parts
-        .filter_map(|c| std::str::from_utf8(c).ok())
-        .filter(|c| !c.is_empty())
-        .map(str::to_string)
+
+/// The version byte of a snapshot's data.
+const SNAPSHOT_VERSION: u8 = 2;
+
+/// A [`ReplicaState`] as a snapshot's data (integers little-endian):
+///
+/// ```text
+/// version u8 (= 2) | last_id u64 | head u64 | low u64
+/// | channel count u16 | (name len u8 | name | position u64)*
+/// | has records u8 | [record count u32 | (seq u64 | id u64 | timestamp i64
+///                                       | due i64 | body len u32 | body)*]
+/// ```
+pub(super) fn encode_state(state: &ReplicaState) -> Vec<u8> {
+    let mut b = vec![SNAPSHOT_VERSION];
+    for v in [state.last_id, state.head, state.low] {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    let channels: Vec<&(String, u64)> = state
+        .channels
+        .iter()
+        .filter(|(n, _)| n.len() <= usize::from(u8::MAX))
+        .take(usize::from(u16::MAX))
         .collect();
-    (id, channels)
+    b.extend_from_slice(&(channels.len() as u16).to_le_bytes());
+    for (name, position) in channels {
+        b.push(name.len() as u8);
+        b.extend_from_slice(name.as_bytes());
+        b.extend_from_slice(&position.to_le_bytes());
+    }
+    match &state.records {
+        None => b.push(0),
+        Some(records) => {
+            b.push(1);
+            b.extend_from_slice(&(records.len() as u32).to_le_bytes());
+            for r in records {
+                b.extend_from_slice(&r.seq.to_le_bytes());
+                b.extend_from_slice(&r.id.0.to_le_bytes());
+                b.extend_from_slice(&r.timestamp.to_le_bytes());
+                b.extend_from_slice(&r.defer_until_ns.to_le_bytes());
+                b.extend_from_slice(&(r.body.len() as u32).to_le_bytes());
+                b.extend_from_slice(&r.body);
+            }
+        }
+    }
+    b
+}
+
+/// Reads what [`encode_state`] wrote; `None` for data that is not such a state (bytes
+/// from the network: never panics, allocates no more than they hold).
+pub(super) fn parse_state(data: &[u8]) -> Option<ReplicaState> {
+    let mut r = Reader(data);
+    if r.take(1)?[0] != SNAPSHOT_VERSION {
+        return None;
+    }
+    let last_id = r.u64()?;
+    let head = r.u64()?;
+    let low = r.u64()?;
+    let n = u16::from_le_bytes(r.take(2)?.try_into().ok()?);
+    let mut channels = Vec::new();
+    for _ in 0..n {
+        let len = usize::from(r.take(1)?[0]);
+        let name = std::str::from_utf8(r.take(len)?).ok()?.to_string();
+        channels.push((name, r.u64()?));
+    }
+    let records = match r.take(1)?[0] {
+        0 => None,
+        1 => {
+            let n = u32::from_le_bytes(r.take(4)?.try_into().ok()?);
+            let mut records = Vec::new();
+            for _ in 0..n {
+                let seq = r.u64()?;
+                let id = MessageId(r.u64()?);
+                let timestamp = r.u64()? as i64;
+                let defer_until_ns = r.u64()? as i64;
+                let len = u32::from_le_bytes(r.take(4)?.try_into().ok()?) as usize;
+                let body = Bytes::copy_from_slice(r.take(len)?);
+                records.push(ReplicaRecord {
+                    seq,
+                    id,
+                    timestamp,
+                    defer_until_ns,
+                    body,
+                });
+            }
+            Some(records)
+        }
+        _ => return None,
+    };
+    r.0.is_empty().then_some(ReplicaState {
+        last_id,
+        head,
+        low,
+        channels,
+        records,
+    })
+}
+
+/// The unread rest of a snapshot's data.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Some(head)
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_state_reads_back_and_damaged_data_is_refused() {
+        let state = ReplicaState {
+            last_id: 42,
+            head: 17,
+            low: 15,
+            channels: vec![("c".into(), 15), ("d#ephemeral".into(), 17)],
+            records: Some(vec![ReplicaRecord {
+                seq: 16,
+                id: MessageId(41),
+                timestamp: 1_700_000_000_000_000_000,
+                defer_until_ns: 0,
+                body: Bytes::from_static(b"body"),
+            }]),
+        };
+        let data = encode_state(&state);
+        assert_eq!(parse_state(&data), Some(state.clone()));
+        let bare = ReplicaState {
+            records: None,
+            ..state
+        };
+        assert_eq!(parse_state(&encode_state(&bare)), Some(bare));
+        for cut in 0..data.len() {
+            assert_eq!(parse_state(&data[..cut]), None, "cut at {cut}");
+        }
+        let mut longer = data.clone();
+        longer.push(0);
+        assert_eq!(parse_state(&longer), None);
+        let mut other = data;
+        other[0] = 1;
+        assert_eq!(parse_state(&other), None);
+    }
 }

@@ -1,0 +1,178 @@
+//! A replicated topic's log as its leader hands it to a replica that restores a Raft
+//! snapshot (docs/replication.md, "What a replica can miss"): the unfinished records
+//! with the leader's own sequences, so that every replica numbers the topic's log the
+//! same way and a channel position replicated as a sequence means the same message on
+//! every replica.
+
+use super::{StoreMode, Topic, RESTORE_GAP_MAX};
+use crate::message::{instant_at, now_unix_nanos, unix_nanos_from_instant, MessageId};
+use bytes::Bytes;
+use std::time::Instant;
+
+/// One record of a [`ReplicaState`]: the leader's sequence, ID, timestamp (Unix ns,
+/// nsqd's `Message.Timestamp`), due time of a DPUB (Unix ns; 0: none) and body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaRecord {
+    pub seq: u64,
+    pub id: MessageId,
+    pub timestamp: i64,
+    pub defer_until_ns: i64,
+    pub body: Bytes,
+}
+
+/// A replicated topic as its leader holds it, for a replica that restores a snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReplicaState {
+    /// The newest message ID (0: none yet).
+    pub last_id: u64,
+    /// The log head: the sequence the next message gets.
+    pub head: u64,
+    /// Every sequence below it is finished on every channel (the topic's low
+    /// watermark); `records` starts there.
+    pub low: u64,
+    /// Each durable channel with its low watermark.
+    pub channels: Vec<(String, u64)>,
+    /// The records from `low` to `head` by sequence (a sequence missing is one the
+    /// leader does not hold: finished before it was written, or lost); `None` when the
+    /// leader did not send them (more than it sends at once).
+    pub records: Option<Vec<ReplicaRecord>>,
+}
+
+/// What [`Topic::restore_replica`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Restored {
+    /// Records appended from the state.
+    pub appended: u64,
+    /// The state carried no records and named messages this topic does not hold: its
+    /// log has a hole where the others have them.
+    pub missing: bool,
+}
+
+impl Topic {
+    /// Continues the log at `seq` when its head is below: the sequences in between hold
+    /// nothing on this replica (a hole that channels step over, counted in no depth).
+    /// Memory holds empty slots for a short hole; for a long one, every record still
+    /// in memory is handed to the store first, so that memory can start at `seq`.
+    pub(crate) fn skip_to(&mut self, seq: u64, mem_queue_size: u64) {
+        let from = self.log.head;
+        if seq <= from {
+            return;
+        }
+        if !self.log.records.is_empty()
+            && seq - from > RESTORE_GAP_MAX
+            && self.storage.store.is_some()
+        {
+            self.store_pump(i64::MAX, mem_queue_size, true);
+            self.log.records.clear();
+            self.log.base = from;
+        }
+        if self.log.records.is_empty() {
+            self.log.base = seq;
+            self.log.head = seq;
+            if self.storage.stored >= from {
+                self.storage.stored = seq;
+                if let Some(store) = &self.storage.store {
+                    store.advance_to(seq);
+                }
+            }
+        } else {
+            while self.log.head < seq {
+                self.log.records.push_back(None);
+                self.log.head += 1;
+            }
+        }
+        if self.log.pumped == from {
+            self.log.pumped = seq;
+        }
+        self.log.holes.push((from, seq));
+    }
+
+    /// Makes this replica's topic hold what `state` says the leader holds: its records
+    /// above this log's head are appended at the leader's sequences, the head moves to
+    /// the leader's, and each channel moves forward to the leader's position (channels
+    /// the state names must exist already). Records below the head or with an ID not
+    /// above the newest here are skipped (this replica has them).
+    pub fn restore_replica(&mut self, state: ReplicaState, mem_queue_size: u64) -> Restored {
+        let newest_here = self.ids.last().map_or(0, |i| i.0);
+        let mut out = Restored::default();
+        match state.records {
+            Some(records) => {
+                // Everything below `low` is finished everywhere.
+                self.skip_to(state.low, mem_queue_size);
+                let (now_i, now_ns) = (Instant::now(), now_unix_nanos());
+                for r in records {
+                    if r.seq < self.log.head || newest_here >= r.id.0 {
+                        continue;
+                    }
+                    self.skip_to(r.seq, mem_queue_size);
+                    self.ids.resume_after(r.id);
+                    let defer =
+                        (r.defer_until_ns > 0).then(|| instant_at(r.defer_until_ns, now_i, now_ns));
+                    out.appended +=
+                        self.push_published(r.id, r.timestamp, defer, r.body, mem_queue_size);
+                }
+            }
+            None => out.missing = state.last_id > newest_here,
+        }
+        self.skip_to(state.head, mem_queue_size);
+        if state.last_id > newest_here {
+            self.ids.resume_after(MessageId(state.last_id));
+        }
+        if self.storage.store.is_none() || self.storage.mode == StoreMode::Immediate {
+            self.storage.stored = self.log.head;
+        }
+        // The records are counted into the channels as a pump does; a channel that
+        // reads a record due later defers it then.
+        if !self.paused && self.held.is_none() && !self.channels.is_empty() {
+            let n = self.depth();
+            for ch in self.channels.values_mut() {
+                ch.count_pumped(n);
+            }
+            self.log.pumped = self.log.head;
+        }
+        let head = self.log.head;
+        for (name, position) in state.channels {
+            if let Some(ch) = self.channels.get_mut(&name) {
+                let position = position.min(head);
+                if ch.low_watermark() < position {
+                    ch.seek(position);
+                }
+            }
+        }
+        self.trim(mem_queue_size);
+        out
+    }
+
+    /// This topic as a replica restoring a snapshot needs it ([`ReplicaState`]), with
+    /// the records held in memory; `records` is `None` when the unfinished span is
+    /// longer than `max_span` sequences. The caller adds the records below the memory
+    /// tail ([`super::Log::base`]) from the store.
+    pub fn replica_state(&self, max_span: u64) -> ReplicaState {
+        let head = self.log.head;
+        let low = self.low_watermark().min(head);
+        let records = (head - low <= max_span).then(|| {
+            (low.max(self.log.base)..head)
+                .filter_map(|seq| self.log.get(seq))
+                .map(|r| ReplicaRecord {
+                    seq: r.seq,
+                    id: r.id,
+                    timestamp: r.timestamp,
+                    defer_until_ns: r.defer_until.map_or(0, unix_nanos_from_instant),
+                    body: r.body.clone(),
+                })
+                .collect()
+        });
+        ReplicaState {
+            last_id: self.ids.last().map_or(0, |i| i.0),
+            head,
+            low,
+            channels: self
+                .channels
+                .iter()
+                .filter(|(_, c)| !c.is_ephemeral())
+                .map(|(n, c)| (n.clone(), c.low_watermark()))
+                .collect(),
+            records,
+        }
+    }
+}
