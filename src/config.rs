@@ -730,6 +730,7 @@ impl Config {
                     .any(|e| e == nsq_shards::topology::TOPOLOGY_AWARE_CONSUMPTION),
             },
             channel_lag: cli.channel_lag_stats,
+            replicated: cluster.is_some(),
         });
         Ok(Config {
             broadcast_address: cli

@@ -71,6 +71,13 @@ pub enum ShardMsg {
     },
     /// Where cluster peer `replica`'s clients connect (from its greeting to shard 0).
     PeerTcp { replica: u64, tcp: String },
+    /// `POST /topic/move-leader` for a topic this shard owns; answered on a task of its
+    /// own once `to` leads it (or it failed).
+    MoveLeader {
+        topic: String,
+        to: String,
+        reply: oneshot::Sender<Result<(), crate::cluster::replica::MoveLeaderError>>,
+    },
     /// `GET /cluster`: this shard's replicated topics.
     ClusterState {
         reply: oneshot::Sender<Vec<serde_json::Value>>,
@@ -271,6 +278,17 @@ pub(crate) fn handle_mesh(server: &Rc<Server>, msg: ShardMsg) {
             if let Some(c) = &server.cluster {
                 c.set_peer_tcp(replica, tcp);
             }
+        }
+        ShardMsg::MoveLeader { topic, to, reply } => {
+            let s = server.clone();
+            glommio::spawn_local(async move {
+                let r = match &s.cluster {
+                    Some(c) => c.move_leader(&s, &topic, &to).await,
+                    None => Err(crate::cluster::replica::MoveLeaderError::TopicNotFound),
+                };
+                let _ = reply.send(r);
+            })
+            .detach();
         }
         ShardMsg::ClusterState { reply } => {
             let state = server

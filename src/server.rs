@@ -234,6 +234,36 @@ impl Server {
         }))
     }
 
+    /// `POST /topic/move-leader` on the topic's owner shard (here, or through the mesh):
+    /// see [`crate::cluster::replica::ShardCluster::move_leader`].
+    pub async fn move_leader(
+        &self,
+        topic: &str,
+        to: &str,
+    ) -> Result<(), crate::cluster::replica::MoveLeaderError> {
+        use crate::cluster::replica::MoveLeaderError;
+        let Some(c) = self.cluster.as_ref() else {
+            return Err(MoveLeaderError::TopicNotFound);
+        };
+        let owner = owner_of(topic, self.shard.count());
+        if owner == self.shard.index() {
+            return c.move_leader(self, topic, to).await;
+        }
+        let Some(mesh) = self.mesh() else {
+            return Err(MoveLeaderError::Exiting);
+        };
+        let (tx, rx) = oneshot::channel();
+        let msg = ShardMsg::MoveLeader {
+            topic: topic.to_string(),
+            to: to.to_string(),
+            reply: tx,
+        };
+        if mesh.send_to(owner, msg).await.is_err() {
+            return Err(MoveLeaderError::Exiting);
+        }
+        rx.await.unwrap_or(Err(MoveLeaderError::Exiting))
+    }
+
     /// Every shard's stats, in shard order.
     pub async fn gather_stats(&self, req: &StatsRequest) -> Vec<ShardStats> {
         let mut out = Vec::with_capacity(self.shard.count());

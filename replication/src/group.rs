@@ -385,11 +385,11 @@ impl<S: LogStore> TopicGroup<S> {
     }
 
     /// Asks the leader to hand leadership to `to` (raft-rs's leadership transfer: once
-    /// `to` has the whole log it campaigns at once). A no-op on a follower.
+    /// `to` has the whole log it campaigns at once, and the leader refuses proposals
+    /// meanwhile). A follower passes the request to the leader it knows; a candidate
+    /// drops it.
     pub fn transfer_leader(&mut self, to: u64) {
-        if self.is_leader() {
-            self.node.transfer_leader(to);
-        }
+        self.node.transfer_leader(to);
     }
 
     /// The voters of the group's current configuration.

@@ -60,6 +60,10 @@ pub struct Options {
     /// latencies and `/stats`, `/metrics` and statsd show each channel's lag in time
     /// (see `crate::channel` lag). Off: `/stats` is nsqd's exactly.
     pub channel_lag: bool,
+    /// `--cluster-address` is set: every durable topic is replicated (docs/replication.md).
+    /// Recovery then continues a topic's log after the last record on disk, so that a
+    /// replay from the topic's leader puts what a crash took back at the same sequences.
+    pub replicated: bool,
 }
 
 impl Options {
@@ -109,6 +113,7 @@ impl Default for Options {
             segment_io: nsq_storage::SegmentIo::Ring,
             topology: crate::topology::Topology::default(),
             channel_lag: false,
+            replicated: false,
         }
     }
 }

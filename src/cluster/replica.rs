@@ -21,7 +21,7 @@ mod requests;
 
 use compaction::{parse_state, snapshot_data, History};
 use requests::client_address;
-pub use requests::{admin, peer_greeted, route, subscribe, SubRoute};
+pub use requests::{admin, peer_greeted, route, subscribe, MoveLeaderError, SubRoute};
 
 use super::link::Links;
 use super::ClusterConfig;
@@ -802,6 +802,21 @@ impl ShardCluster {
         }
     }
 
+    /// `topic`'s leader as this replica knows it (`Some(None)`: none known now; `None`:
+    /// no group for `topic` here).
+    fn group_leader(&self, topic: &str) -> Option<Option<u64>> {
+        self.groups.borrow().get(topic).map(|g| g.group.leader())
+    }
+
+    /// Asks `topic`'s group to hand leadership to replica `to` (a follower passes the
+    /// request to the leader).
+    fn transfer_leader(&self, topic: &str, to: u64) {
+        if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
+            g.group.transfer_leader(to);
+        }
+        self.mark(topic);
+    }
+
     /// Proposes the channels' finished positions of the topics this shard leads.
     fn replicate_cursors(&self, server: &Server) {
         let led: Vec<String> = self.led.borrow().iter().cloned().collect();
@@ -844,9 +859,16 @@ impl ShardCluster {
             .replicas_of(topic)
             .iter()
             .map(|r| {
+                let matched = g.group.matched(*r);
+                let me = *r == self.cfg.me.replica;
                 serde_json::json!({
                     "address": self.cfg.member(*r).map_or("", |m| m.address.as_str()),
-                    "lag_entries": g.group.matched(*r).map(|m| last.saturating_sub(m)),
+                    "lag_entries": matched.map(|m| last.saturating_sub(m)),
+                    // Known to the leader only: it is reachable and holds every
+                    // committed entry.
+                    "in_sync": matched.map(|m| {
+                        m >= g.group.commit_index() && (me || self.links.connected(*r))
+                    }),
                 })
             })
             .collect();

@@ -200,6 +200,7 @@ pub(super) async fn route(
             Err(r) => r,
             Ok(t) => admin(server, AdminOp::EmptyTopic(t)).await,
         },
+        "/topic/move-leader" => move_leader(server, &params).await,
         "/topic/pause" | "/topic/unpause" => match topic_param(&params, false) {
             Err(r) => r,
             Ok(t) => admin(server, AdminOp::PauseTopic(t, head.path == "/topic/pause")).await,
@@ -231,6 +232,28 @@ pub(super) async fn route(
             admin(server, op).await
         }
         _ => do_config(server, head, &body).await,
+    }
+}
+
+/// `POST /topic/move-leader?topic=&to=HOST:PORT` (a cluster only; docs/replication.md):
+/// answered once the member whose `--cluster-address` is `to` leads the topic.
+async fn move_leader(server: &Server, params: &Params) -> Response {
+    if server.cluster.is_none() {
+        return Response::v1_err(404, "NOT_FOUND");
+    }
+    let topic = match topic_param(params, true) {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    let Some(to) = params.get("to").filter(|t| !t.is_empty()) else {
+        return Response::v1_err(400, "MISSING_ARG_TO");
+    };
+    match server.move_leader(&topic, to).await {
+        Ok(()) => Response::v1_empty(),
+        Err(e) => {
+            let (code, text) = e.code();
+            Response::v1_err(code, text)
+        }
     }
 }
 

@@ -22,6 +22,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("POST", "/topic/empty"),
     ("POST", "/topic/pause"),
     ("POST", "/topic/unpause"),
+    ("POST", "/topic/move-leader"),
     ("POST", "/channel/create"),
     ("POST", "/channel/delete"),
     ("POST", "/channel/empty"),

@@ -80,7 +80,14 @@ pub(super) async fn do_stats(server: &Server, p: &Params) -> Response {
     let include_mem = bool_param(p.get("include_mem")).unwrap_or(true);
     let shards = server.gather_stats(&req).await;
     if p.get("format") == Some("json") {
-        Response::v1_json(stats_render::json(server, &req, &shards, include_mem))
+        let cluster = server.cluster_state().await;
+        Response::v1_json(stats_render::json(
+            server,
+            &req,
+            &shards,
+            include_mem,
+            cluster,
+        ))
     } else {
         Response::v1_text(stats_render::text(server, &req, &shards, include_mem))
     }

@@ -21,6 +21,10 @@ struct StatsDoc<'a> {
     producers: Option<Vec<&'a ClientStats>>,
     /// Added by this broker: one entry per shard.
     shards: Vec<&'a ShardCounters>,
+    /// Added by this broker in a cluster: `GET /cluster`'s document (members, each
+    /// replicated topic's leader, replicas, in-sync set and lag; docs/replication.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cluster: Option<serde_json::Value>,
 }
 
 /// Every shard's topics (by name) and producers. A `topic=` filter naming no topic gives
@@ -47,6 +51,7 @@ pub fn json(
     req: &StatsRequest,
     shards: &[ShardStats],
     include_mem: bool,
+    cluster: Option<serde_json::Value>,
 ) -> Vec<u8> {
     let (topics, producers) = merged(req, shards);
     let health = health_text(shards);
@@ -58,6 +63,7 @@ pub fn json(
         memory: include_mem.then(Memory::read),
         producers: (!producers.is_empty()).then_some(producers),
         shards: shards.iter().map(|s| &s.counters).collect(),
+        cluster,
     };
     nsq_wire::json::to_vec_go(&doc)
 }

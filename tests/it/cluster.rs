@@ -614,6 +614,114 @@ fn a_wiped_member_gets_the_unfinished_messages_and_follows_the_group() {
     }
 }
 
+#[test]
+fn leadership_moves_on_request_and_no_message_is_lost() {
+    let c = Cluster::start([1, 2, 1], &[]);
+    let topic = "moved";
+    c.node(0)
+        .admin(&format!("/channel/create?topic={topic}&channel=c"));
+    for k in 0..5 {
+        c.node(0).http_pub(topic, format!("before-{k}").as_bytes());
+    }
+    let leader = c.wait_leader(topic);
+    let to = (leader + 1) % 3;
+    // Asked of the third member: a follower passes the request to the leader.
+    let via = (leader + 2) % 3;
+    let path = format!("/topic/move-leader?topic={topic}&to={}", c.addresses[to]);
+    let (code, body) = c.node(via).http("POST", &path, b"");
+    assert_eq!((code, common::show(&body)), (200, String::new()));
+    assert_eq!(c.wait_leader(topic), to);
+    // Asking again for the member that leads: nothing to do.
+    let (code, _) = c.node(to).http("POST", &path, b"");
+    assert_eq!(code, 200);
+    for k in 0..5 {
+        c.node(leader)
+            .http_pub(topic, format!("after-{k}").as_bytes());
+    }
+    let mut s = c.node(to).subscribe(topic, "c");
+    send(&mut s, b"RDY 10\n");
+    let mut bodies: Vec<String> = read_messages(&mut s, 10)
+        .into_iter()
+        .map(|(_, b)| String::from_utf8(b).unwrap())
+        .collect();
+    bodies.sort();
+    let mut want: Vec<String> = (0..5)
+        .flat_map(|k| [format!("after-{k}"), format!("before-{k}")])
+        .collect();
+    want.sort();
+    assert_eq!(bodies, want);
+    // Bad requests get an error and change nothing.
+    let cases = [
+        (
+            format!("/topic/move-leader?topic={topic}&to=127.0.0.1:1"),
+            400,
+            r#"{"message":"INVALID_ARG_TO"}"#,
+        ),
+        (
+            format!("/topic/move-leader?topic={topic}"),
+            400,
+            r#"{"message":"MISSING_ARG_TO"}"#,
+        ),
+        (
+            format!("/topic/move-leader?to={}", c.addresses[to]),
+            400,
+            r#"{"message":"MISSING_ARG_TOPIC"}"#,
+        ),
+        (
+            format!("/topic/move-leader?topic=no-such&to={}", c.addresses[to]),
+            404,
+            r#"{"message":"TOPIC_NOT_FOUND"}"#,
+        ),
+        (
+            format!("/topic/move-leader?topic=bad!name&to={}", c.addresses[to]),
+            400,
+            r#"{"message":"INVALID_TOPIC"}"#,
+        ),
+    ];
+    for (path, code, body) in cases {
+        let got = c.node(via).http("POST", &path, b"");
+        assert_eq!(
+            (got.0, common::show(&got.1)),
+            (code, body.to_string()),
+            "{path}"
+        );
+    }
+    assert_eq!(c.wait_leader(topic), to);
+    // `/stats` carries the cluster document as an extra key.
+    let st = c.node(to).stats();
+    let t = st["cluster"]["topics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["topic"] == topic)
+        .unwrap()
+        .clone();
+    assert_eq!(t["is_leader"], true);
+    wait_for("every replica in sync", || {
+        let st = c.node(to).stats();
+        let replicas = st["cluster"]["topics"]
+            .as_array()
+            .and_then(|ts| ts.iter().find(|t| t["topic"] == topic))
+            .map(|t| t["replicas"].clone());
+        replicas.is_some_and(|r| {
+            r.as_array()
+                .is_some_and(|a| a.len() == 3 && a.iter().all(|x| x["in_sync"] == true))
+        })
+    });
+    // A standalone broker has no such route.
+    let solo = Broker::start(1, &[]);
+    let (code, body) = solo.http(
+        "POST",
+        &format!("/topic/move-leader?topic={topic}&to=x:1"),
+        b"",
+    );
+    assert_eq!(
+        (code, common::show(&body)),
+        (404, r#"{"message":"NOT_FOUND"}"#.to_string())
+    );
+    assert!(solo.stats().get("cluster").is_none());
+}
+
 /// Runs a client's failover scenario (scripts/clients/*_failover.*) against a 3-node
 /// cluster with nsqlookupd: it prints `KILL` once its consumer has every message of
 /// the first round; the leader of its topic is then killed and the scenario told to go

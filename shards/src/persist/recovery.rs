@@ -242,7 +242,16 @@ impl Shard {
             );
             meta_next = 0;
         }
-        let head = stored_next.max(meta_next);
+        // A replicated topic continues after its last record on disk instead: the
+        // records a crash took (and those finished before they were written) come back
+        // at the same sequences from the topic's leader, skipped by ID up to the last
+        // record here (docs/replication.md, "One numbering").
+        let replicated = self.opts.replicated;
+        let head = if replicated {
+            stored_next
+        } else {
+            stored_next.max(meta_next)
+        };
         rec.store.advance_to(head);
         t.set_stored(head);
         if let Some(last) = rec.tail.back() {
@@ -251,7 +260,7 @@ impl Shard {
         // The metadata's newest ID goes with its next_seq: records finished before they
         // were written keep their IDs taken too (a replicated topic's replay skips them).
         if let Some(id) = m.as_ref().map(|m| m.last_id).filter(|&id| id != 0) {
-            if meta_next >= stored_next {
+            if meta_next >= stored_next && !replicated {
                 t.resume_ids_after(crate::message::MessageId(id));
             }
         }
@@ -281,7 +290,11 @@ impl Shard {
                     }
                     let fold = folded.remove(&c.name).unwrap_or_default();
                     let mut cursor = c.cursor;
-                    if cursor > head {
+                    if cursor > head && replicated {
+                        // Past the last record on disk: it reads what the leader sends
+                        // again (delivered again unless finished; at least once).
+                        cursor = head;
+                    } else if cursor > head {
                         // Impossible in metadata this broker wrote (a cursor never passes
                         // the end it wrote with it): damage. Clamped to the end, it
                         // would count every stored message as consumed (and delete it);

@@ -178,3 +178,79 @@ pub async fn route(server: &Rc<Server>, from: u64, frame: Frame) {
         let _ = mesh.send_to(to, ShardMsg::Cluster { from, frame }).await;
     }
 }
+
+/// Why `POST /topic/move-leader` failed; [`MoveLeaderError::code`] is the HTTP answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MoveLeaderError {
+    /// `to` is not a member's `--cluster-address`.
+    NotAMember,
+    /// `to` is a member that holds no replica of the topic.
+    NotAReplica,
+    /// The topic is not replicated on this member.
+    TopicNotFound,
+    /// `to` did not become the leader within [`PROPOSE_TIMEOUT`] (it is down or too far
+    /// behind, or no leader was elected meanwhile).
+    Timeout,
+    /// The broker is exiting.
+    Exiting,
+}
+
+impl MoveLeaderError {
+    /// The HTTP status and nsqd-style message (`{"message": ...}`) of this error.
+    pub fn code(&self) -> (u16, &'static str) {
+        match self {
+            MoveLeaderError::NotAMember => (400, "INVALID_ARG_TO"),
+            MoveLeaderError::NotAReplica => (400, "TO_NOT_A_REPLICA"),
+            MoveLeaderError::TopicNotFound => (404, "TOPIC_NOT_FOUND"),
+            MoveLeaderError::Timeout => (500, "MOVE_LEADER_TIMEOUT"),
+            MoveLeaderError::Exiting => (500, "EXITING"),
+        }
+    }
+}
+
+impl super::ShardCluster {
+    /// Moves the leadership of `topic` (owned by this shard) to the member whose
+    /// `--cluster-address` is `to`, as Raft's leadership transfer does: the leader first
+    /// replicates its channels' positions (so that its consumers, which it closes when
+    /// it stops leading, get the least again from the new leader), brings `to` up to
+    /// date, then tells it to campaign at once. Publishes meanwhile are refused, not
+    /// lost. A follower passes the request to the leader. Answers once `to` leads.
+    pub async fn move_leader(
+        &self,
+        server: &Server,
+        topic: &str,
+        to: &str,
+    ) -> Result<(), MoveLeaderError> {
+        let member = std::iter::once(&self.cfg.me)
+            .chain(&self.cfg.peers)
+            .find(|m| m.address == to)
+            .ok_or(MoveLeaderError::NotAMember)?
+            .replica;
+        if !self.cfg.replicas_of(topic).contains(&member) {
+            return Err(MoveLeaderError::NotAReplica);
+        }
+        let deadline = Instant::now() + PROPOSE_TIMEOUT;
+        // Asked again each second: a request a follower passed on can be lost, and a
+        // leader gives a transfer up after an election timeout.
+        let mut ask_at = Instant::now();
+        loop {
+            let leader = self
+                .group_leader(topic)
+                .ok_or(MoveLeaderError::TopicNotFound)?;
+            if leader == Some(member) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(MoveLeaderError::Timeout);
+            }
+            if Instant::now() >= ask_at && leader.is_some() {
+                if leader == Some(self.cfg.me.replica) {
+                    self.replicate_cursors(server);
+                }
+                self.transfer_leader(topic, member);
+                ask_at = Instant::now() + std::time::Duration::from_secs(1);
+            }
+            glommio::timer::sleep(TICK).await;
+        }
+    }
+}
