@@ -306,6 +306,12 @@ impl<S: LogStore> TopicGroup<S> {
         Some(self.node.raft.leader_id).filter(|&l| l != 0)
     }
 
+    /// The node this one voted for in the current term (0: none).
+    #[must_use]
+    pub fn vote(&self) -> u64 {
+        self.node.raft.vote
+    }
+
     /// Whether this node leads the group.
     #[must_use]
     pub fn is_leader(&self) -> bool {

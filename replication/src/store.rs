@@ -100,6 +100,17 @@ impl MemLog {
         log
     }
 
+    /// [`MemLog::new`] for a replica that restarts with the term and vote it saved
+    /// (Raft's rule: a node never votes twice in one term, restarts included). Its log
+    /// is empty: the leader sends it again what it lacks.
+    #[must_use]
+    pub fn with_term_vote(voters: &[u64], term: u64, vote: u64) -> Self {
+        let mut log = Self::new(voters);
+        log.hard_state.term = term;
+        log.hard_state.vote = vote;
+        log
+    }
+
     fn snapshot_index(&self) -> u64 {
         self.snapshot.get_metadata().index
     }

@@ -18,6 +18,7 @@
 
 mod compaction;
 mod requests;
+mod vote;
 
 use compaction::{parse_state, snapshot_data, History};
 use requests::client_address;
@@ -104,6 +105,9 @@ struct Group {
     /// the applied publishes not yet compacted: a snapshot made at an index carries
     /// those of that index.
     ids_at: std::collections::VecDeque<(u64, u64, u64)>,
+    /// The term and vote last saved ([`vote`]), and the sequence of that write.
+    saved_vote: (u64, u64),
+    vote_seq: u64,
 }
 
 /// This shard's part of the cluster (one per shard, in its [`Server`]).
@@ -224,7 +228,17 @@ impl ShardCluster {
             return false;
         }
         let config = GroupConfig::new(self.cfg.me.replica);
-        let group = match TopicGroup::new(&config, MemLog::new(&voters)) {
+        // The term and vote this member saved before a restart (a small read, once per
+        // group).
+        let saved = server
+            .shard
+            .opts
+            .data_path
+            .as_ref()
+            .and_then(|d| vote::load(&vote::path(d, topic)));
+        let (vote_seq, term, voted_for) = saved.unwrap_or((0, 0, 0));
+        let store = MemLog::with_term_vote(&voters, term, voted_for);
+        let group = match TopicGroup::new(&config, store) {
             Ok(g) => g,
             Err(e) => {
                 log::error!("TOPIC({topic}): cannot start its replication group: {e}");
@@ -245,6 +259,8 @@ impl ShardCluster {
                 gap: false,
                 last_real: 0,
                 ids_at: std::collections::VecDeque::new(),
+                saved_vote: (term, voted_for),
+                vote_seq,
             },
         );
         log::info!("TOPIC({topic}): replicated on {} members", voters.len());
@@ -558,8 +574,13 @@ impl ShardCluster {
                 }
             }
         };
-        let mut snapshots_sent = Vec::new();
         let mut messages = out.messages;
+        if !self.save_vote(server, topic).await {
+            // Not sent: a vote must be on disk before anyone hears of it (Raft's rule).
+            // The group takes them as lost on the network.
+            messages.clear();
+        }
+        let mut snapshots_sent = Vec::new();
         for m in &mut messages {
             if m.get_msg_type() == nsq_replication::raft::eraftpb::MessageType::MsgSnapshot {
                 if let Some(data) = self.snapshot_to_send(server, topic).await {
@@ -758,6 +779,42 @@ impl ShardCluster {
             let closed = server.shard.close_topic_consumers(topic);
             if closed > 0 {
                 log::info!("TOPIC({topic}): closed {closed} consumer(s) to follow the leader");
+            }
+        }
+    }
+
+    /// Saves `topic`'s term and vote when they changed since the last write. Returns
+    /// false when they could not be saved (the error is logged).
+    async fn save_vote(&self, server: &Server, topic: &str) -> bool {
+        let Some(data) = server.shard.opts.data_path.clone() else {
+            return true;
+        };
+        let (now, seq) = {
+            let groups = self.groups.borrow();
+            let Some(g) = groups.get(topic) else {
+                return true;
+            };
+            let now = (g.group.term(), g.group.vote());
+            if now == g.saved_vote {
+                return true;
+            }
+            (now, g.vote_seq + 1)
+        };
+        let path = vote::path(&data, topic);
+        let written = glommio::executor()
+            .spawn_blocking(move || vote::store_blocking(&path, seq, now.0, now.1))
+            .await;
+        match written {
+            Ok(()) => {
+                if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
+                    g.saved_vote = now;
+                    g.vote_seq = seq;
+                }
+                true
+            }
+            Err(e) => {
+                log::error!("TOPIC({topic}): term and vote not saved ({e}); messages held back");
+                false
             }
         }
     }

@@ -418,6 +418,14 @@ fn a_publish_needs_a_quorum_and_a_restarted_member_catches_up() {
         c.node(k % 3).http_pub(topic, format!("m{k}").as_bytes());
     }
     c.wait_leader(topic);
+    let term_of = |c: &Cluster, i: usize| -> Option<u64> {
+        c.state(i)["topics"]
+            .as_array()?
+            .iter()
+            .find(|t| t["topic"] == topic)?["term"]
+            .as_u64()
+    };
+    let term_before = term_of(&c, 0).expect("member 0's term");
     c.kill9(0);
     c.kill9(1);
     // One member of three: no majority, so nothing is acknowledged.
@@ -434,8 +442,14 @@ fn a_publish_needs_a_quorum_and_a_restarted_member_catches_up() {
         .node(2)
         .http("POST", &format!("/pub?topic={topic}"), b"lonely");
     assert_eq!(code, 503);
-    // A member back: a majority again.
+    // A member back: a majority again. It kept its term and vote on disk (it never
+    // votes twice in one term), so it starts at the term it had, not at 0.
     c.start_node(0);
+    let term_after = term_of(&c, 0);
+    assert!(
+        term_after >= Some(term_before),
+        "member 0 restarted at term {term_after:?}, below {term_before}"
+    );
     eventually("a publish accepted again", || {
         c.node(2)
             .http("POST", &format!("/pub?topic={topic}"), b"m10")
