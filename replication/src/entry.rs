@@ -31,6 +31,7 @@
 //! | 9 | [`ChannelOp::Pause`] | channel, paused u8 (0 or 1) |
 //! | 10 | [`Entry::TopicPause`] | paused u8 (0 or 1) |
 //! | 11 | [`Entry::Compact`] | index u64 |
+//! | 12 | [`ChannelOp::Position`] | channel, cursor u64, count u32, (offset u64, attempts u16, due_unix_ns i64) × count |
 //!
 //! Decoding reads bytes that came from the network or a disk: it never panics and
 //! allocates no more than the input's length; a bad entry is a [`DecodeError`].
@@ -99,9 +100,32 @@ pub enum ChannelOp {
     },
     /// `/channel/empty`: every queued and in-flight message of the channel is dropped.
     Empty,
+    /// The channel's whole delivery state: its cursor in the topic log and every
+    /// message it holds unfinished (in flight, requeued, deferred), by offset; the rest
+    /// below the cursor is finished (FINs, REQs with their delays and attempts at once).
+    Position {
+        /// The next offset the channel reads.
+        cursor: u64,
+        /// The unfinished messages.
+        pending: Vec<PendingMessage>,
+    },
     /// `/channel/pause` (`true`) or `/channel/unpause` (`false`).
     Pause(bool),
 }
+
+/// A message a channel holds unfinished ([`ChannelOp::Position`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PendingMessage {
+    /// Its offset in the topic log.
+    pub offset: u64,
+    /// Deliveries so far.
+    pub attempts: u16,
+    /// When a deferred or requeued-with-delay message is due, in Unix ns (0: now).
+    pub due_unix_ns: i64,
+}
+
+/// Bytes one [`PendingMessage`] takes in an entry.
+const PENDING_LEN: usize = 18;
 
 /// One entry of a topic's replicated log.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -171,6 +195,7 @@ const TAG_EMPTY: u8 = 8;
 const TAG_PAUSE: u8 = 9;
 const TAG_TOPIC_PAUSE: u8 = 10;
 const TAG_COMPACT: u8 = 11;
+const TAG_POSITION: u8 = 12;
 
 /// Bytes of a message before its body: id, timestamp, attempts, defer, body length.
 const MESSAGE_HEADER: usize = 16 + 8 + 2 + 4 + 4;
@@ -220,6 +245,10 @@ impl Entry {
                     .map(|m| MESSAGE_HEADER + m.body.len())
                     .sum::<usize>()
             }
+            Self::Channel {
+                channel,
+                op: ChannelOp::Position { pending, .. },
+            } => 2 + 2 + channel.len() + 12 + PENDING_LEN * pending.len(),
             Self::Channel { channel, .. } => 2 + 2 + channel.len() + 16 + 8,
             Self::TopicPause(_) => 3,
             Self::Compact { .. } => 10,
@@ -267,7 +296,7 @@ impl Entry {
             }
             TAG_TOPIC_PAUSE => Self::TopicPause(r.bool()?),
             TAG_COMPACT => Self::Compact { index: r.u64()? },
-            TAG_CREATE..=TAG_PAUSE => {
+            TAG_CREATE..=TAG_PAUSE | TAG_POSITION => {
                 let channel = r.name()?;
                 let op = decode_channel_op(tag, &mut r)?;
                 Self::Channel { channel, op }
@@ -292,6 +321,7 @@ fn encode_channel_op(out: &mut Vec<u8>, channel: &str, op: &ChannelOp) {
         ChannelOp::Cursor { .. } => TAG_CURSOR,
         ChannelOp::Empty => TAG_EMPTY,
         ChannelOp::Pause(_) => TAG_PAUSE,
+        ChannelOp::Position { .. } => TAG_POSITION,
     };
     out.push(tag);
     let name = channel.as_bytes();
@@ -311,6 +341,15 @@ fn encode_channel_op(out: &mut Vec<u8>, channel: &str, op: &ChannelOp) {
         }
         ChannelOp::Cursor { offset } => out.extend_from_slice(&offset.to_le_bytes()),
         ChannelOp::Pause(paused) => out.push(u8::from(*paused)),
+        ChannelOp::Position { cursor, pending } => {
+            out.extend_from_slice(&cursor.to_le_bytes());
+            put_u32(out, pending.len());
+            for p in pending {
+                out.extend_from_slice(&p.offset.to_le_bytes());
+                out.extend_from_slice(&p.attempts.to_le_bytes());
+                out.extend_from_slice(&p.due_unix_ns.to_le_bytes());
+            }
+        }
     }
 }
 
@@ -330,6 +369,22 @@ fn decode_channel_op(tag: u8, r: &mut Reader<'_>) -> Result<ChannelOp, DecodeErr
         TAG_CURSOR => ChannelOp::Cursor { offset: r.u64()? },
         TAG_EMPTY => ChannelOp::Empty,
         TAG_PAUSE => ChannelOp::Pause(r.bool()?),
+        TAG_POSITION => {
+            let cursor = r.u64()?;
+            let count = r.u32()? as usize;
+            if count > r.0.len() / PENDING_LEN {
+                return Err(DecodeError::Truncated);
+            }
+            let mut pending = Vec::with_capacity(count);
+            for _ in 0..count {
+                pending.push(PendingMessage {
+                    offset: r.u64()?,
+                    attempts: r.u16()?,
+                    due_unix_ns: r.u64()? as i64,
+                });
+            }
+            ChannelOp::Position { cursor, pending }
+        }
         other => return Err(DecodeError::Tag(other)),
     })
 }

@@ -17,7 +17,7 @@ pub mod group;
 pub mod store;
 pub mod wire;
 
-pub use entry::{ChannelOp, DecodeError, Entry, Message, MessageId};
+pub use entry::{ChannelOp, DecodeError, Entry, Message, MessageId, PendingMessage};
 pub use group::{
     AckPolicy, AckState, Committed, GroupConfig, Leadership, Membership, Output, ProposalId,
     ReplicationError, Restore, TopicGroup,

@@ -31,8 +31,8 @@ use bytes::Bytes;
 use futures::channel::oneshot;
 use nsq_replication::wire::{self, Frame, Hello, Reply};
 use nsq_replication::{
-    AckPolicy, AckState, ChannelOp, Entry, GroupConfig, Leadership, MemLog, Message, ProposalId,
-    ReplicationError, TopicGroup,
+    AckPolicy, AckState, ChannelOp, Entry, GroupConfig, Leadership, MemLog, Message,
+    PendingMessage, ProposalId, ReplicationError, TopicGroup,
 };
 use nsq_shards::mesh::AdminOp;
 use nsq_shards::message::{IdGenerator, MessageId};
@@ -41,6 +41,7 @@ use nsq_shards::topic::PublishError;
 use nsq_shards::wake::Notify;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -51,6 +52,11 @@ pub const TICK: Duration = Duration::from_millis(50);
 /// How often a leader replicates its channels' finished positions: after a failover, a
 /// message FINished within this much before is delivered again.
 pub const CURSOR_EVERY: Duration = Duration::from_millis(100);
+
+/// The most unfinished messages of one channel a leader replicates one by one; a
+/// channel holding more is replicated by its low watermark only (docs/replication.md,
+/// "Guarantees").
+pub const POSITION_MAX: usize = 4096;
 
 /// The longest a publish or a channel change waits for its replicas (an election
 /// included) before it is refused.
@@ -81,7 +87,7 @@ struct Group {
     /// The IDs this node gives the messages it proposes while it leads.
     ids: IdGenerator,
     waiters: Vec<Waiter>,
-    /// The cursor last proposed per channel (leader only).
+    /// A digest of the state last proposed per channel (leader only).
     cursors: HashMap<String, u64>,
     /// A committed entry that does not decode stops the group here.
     stopped: bool,
@@ -874,26 +880,51 @@ impl ShardCluster {
         self.mark(topic);
     }
 
-    /// Proposes the channels' finished positions of the topics this shard leads.
+    /// Proposes the delivery state of the channels of the topics this shard leads,
+    /// where it changed: each channel's cursor and unfinished messages
+    /// ([`ChannelOp::Position`]), or only its low watermark ([`ChannelOp::Cursor`]) for
+    /// a channel holding more than [`POSITION_MAX`] unfinished messages.
     fn replicate_cursors(&self, server: &Server) {
         let led: Vec<String> = self.led.borrow().iter().cloned().collect();
         for topic in led {
-            let marks = server.shard.channel_watermarks(&topic);
+            let positions = server.shard.channel_positions(&topic, POSITION_MAX);
             let mut groups = self.groups.borrow_mut();
             let Some(g) = groups.get_mut(&topic) else {
                 continue;
             };
             let mut proposed = false;
-            for (channel, offset) in marks {
-                if g.cursors.get(&channel).is_some_and(|&o| o >= offset) {
+            for pos in positions {
+                let mut h = std::hash::DefaultHasher::new();
+                let op = match pos.pending {
+                    Some(pending) => {
+                        (pos.cursor, &pending).hash(&mut h);
+                        ChannelOp::Position {
+                            cursor: pos.cursor,
+                            pending: pending
+                                .into_iter()
+                                .map(|(offset, attempts, due_unix_ns)| PendingMessage {
+                                    offset,
+                                    attempts,
+                                    due_unix_ns,
+                                })
+                                .collect(),
+                        }
+                    }
+                    None => {
+                        (u64::MAX, pos.low).hash(&mut h);
+                        ChannelOp::Cursor { offset: pos.low }
+                    }
+                };
+                let digest = h.finish();
+                if g.cursors.get(&pos.channel) == Some(&digest) {
                     continue;
                 }
                 let e = Entry::Channel {
-                    channel: channel.clone(),
-                    op: ChannelOp::Cursor { offset },
+                    channel: pos.channel.clone(),
+                    op,
                 };
                 if g.group.propose(&e).is_ok() {
-                    g.cursors.insert(channel, offset);
+                    g.cursors.insert(pos.channel, digest);
                     proposed = true;
                 }
             }
@@ -997,6 +1028,7 @@ fn apply(server: &Server, topic: &str, entry: Entry) -> Option<DurableWait> {
         }
         Entry::Channel { channel, op } => {
             let t = topic.to_string();
+            let leads = server.cluster.as_ref().is_some_and(|c| c.leads(topic));
             let r = match op {
                 ChannelOp::Create => shard.admin(AdminOp::CreateChannel(t, channel)),
                 ChannelOp::Delete => shard.admin(AdminOp::DeleteChannel(t, channel)),
@@ -1006,7 +1038,18 @@ fn apply(server: &Server, topic: &str, entry: Entry) -> Option<DurableWait> {
                     shard.advance_channel(topic, &channel, offset);
                     Ok(())
                 }
-                // Not proposed by this version: FIN, REQ and attempts travel as cursors.
+                // The leader's own channel is the state it sent.
+                ChannelOp::Position { .. } if leads => Ok(()),
+                ChannelOp::Position { cursor, pending } => {
+                    let pending: Vec<(u64, u16, i64)> = pending
+                        .iter()
+                        .map(|p| (p.offset, p.attempts, p.due_unix_ns))
+                        .collect();
+                    shard.set_channel_position(topic, &channel, cursor, &pending);
+                    Ok(())
+                }
+                // Not proposed by this version: FINs, REQs and attempts travel as
+                // positions.
                 ChannelOp::Fin { .. } | ChannelOp::Req { .. } | ChannelOp::Attempt { .. } => Ok(()),
             };
             if let Err(e) = r {

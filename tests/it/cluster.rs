@@ -369,14 +369,21 @@ fn a_killed_leader_is_replaced_and_its_unfinished_messages_delivered() {
     let mut want: Vec<Vec<u8>> = vec![b"warm-up".to_vec()];
     want.extend(bodies.iter().map(|b| b.clone().into_bytes()));
     assert_eq!(bodies_got, want);
+    // FINs in order (the warm-up and job-00..19), then out of order (every other one
+    // of the rest), and one REQ with an hour's delay: 9 in flight, 1 deferred.
     for (id, _) in &got[..21] {
         send(&mut s, &line(&format!("FIN {id}")));
     }
-    // The leader replicates what its consumers finished: the followers' channel holds
-    // the 20 unfinished messages.
+    for (id, _) in got[21..].iter().step_by(2) {
+        send(&mut s, &line(&format!("FIN {id}")));
+    }
+    send(&mut s, &line(&format!("REQ {} 3600000", got[22].0)));
+    // The leader replicates its channel's state: the followers' channel holds the 9
+    // messages in flight as ready again and the deferred one.
     for f in (0..3).filter(|&i| i != leader) {
         wait_for(&format!("member {f}'s channel following the FINs"), || {
-            c.channel_depth(f, topic, "workers") == Some(20)
+            c.channel_depth(f, topic, "workers") == Some(9)
+                && c.channel_field(f, topic, "workers", "deferred_count") == Some(1)
         });
     }
     c.kill9(leader);
@@ -395,18 +402,31 @@ fn a_killed_leader_is_replaced_and_its_unfinished_messages_delivered() {
     assert_ne!(new_leader, leader);
     let mut s = c.node(new_leader).subscribe(topic, "workers");
     send(&mut s, b"RDY 100\n");
-    let got = read_messages(&mut s, 25);
-    let mut bodies_got: Vec<String> = got
-        .iter()
-        .map(|(_, b)| String::from_utf8(b.clone()).unwrap())
+    let mut bodies_got: Vec<(String, u16)> = (0..14)
+        .map(|_| {
+            let (ft, data) = read_frame_skip_hb(&mut s).expect("a message");
+            assert_eq!(ft, 2, "not a message: {}", common::show(&data));
+            let (_, attempts, _, body) = parse_message(&data);
+            (String::from_utf8(body).unwrap(), attempts)
+        })
         .collect();
     bodies_got.sort();
-    let mut want: Vec<String> = bodies[20..].to_vec();
-    want.extend((0..5).map(|k| format!("after-{k}")));
+    // The 9 in flight, delivered a second time (their attempts kept), and the 5 new.
+    let mut want: Vec<(String, u16)> = (21..40)
+        .step_by(2)
+        .filter(|&i| i != 21)
+        .map(|i| (format!("job-{i:02}"), 2))
+        .collect();
+    want.extend((0..5).map(|k| (format!("after-{k}"), 1)));
     want.sort();
     assert_eq!(
         bodies_got, want,
         "every unfinished message, once, and nothing finished"
+    );
+    // The requeued one waits for its delay on the new leader too.
+    assert_eq!(
+        c.channel_field(new_leader, topic, "workers", "deferred_count"),
+        Some(1)
     );
 }
 

@@ -6,7 +6,7 @@ use nsq_replication::wire::{
     decode_frame, encode_frame, encode_hello, encode_propose, encode_reply, EncodeError, Frame,
     Hello, Reply, MAX_FRAME_LEN,
 };
-use nsq_replication::{ChannelOp, DecodeError, Entry, Message, RaftMessage};
+use nsq_replication::{ChannelOp, DecodeError, Entry, Message, PendingMessage, RaftMessage};
 use raft::eraftpb::{Entry as RaftEntry, MessageType};
 
 fn every_kind() -> Vec<Entry> {
@@ -44,6 +44,25 @@ fn every_kind() -> Vec<Entry> {
         ChannelOp::Empty,
         ChannelOp::Pause(true),
         ChannelOp::Pause(false),
+        ChannelOp::Position {
+            cursor: 42,
+            pending: Vec::new(),
+        },
+        ChannelOp::Position {
+            cursor: u64::MAX,
+            pending: vec![
+                PendingMessage {
+                    offset: 3,
+                    attempts: 2,
+                    due_unix_ns: 0,
+                },
+                PendingMessage {
+                    offset: 41,
+                    attempts: u16::MAX,
+                    due_unix_ns: i64::MAX,
+                },
+            ],
+        },
     ];
     for op in ops {
         entries.push(Entry::Channel {

@@ -518,6 +518,48 @@ impl Channel {
         }
     }
 
+    /// Every message this channel holds unfinished (as [`Channel::pending_seqs`]) with
+    /// its attempts and, for a deferred one, when it is due (`None`: ready now; an
+    /// in-flight message is ready again on a replica that takes over). What a
+    /// replicated topic's leader sends its replicas (docs/replication.md).
+    pub fn pending_states(&self, mut f: impl FnMut(u64, u16, Option<Instant>)) {
+        for fl in self.in_flight.values() {
+            f(fl.msg.seq, fl.msg.attempts, None);
+        }
+        for m in &self.ready.requeued {
+            f(m.seq, m.attempts, None);
+        }
+        for d in self.deferred.iter() {
+            f(d.seq, d.attempts, Some(d.due));
+        }
+        for (&seq, &attempts) in &self.ready.unread {
+            f(seq, attempts, None);
+        }
+        for m in self.limits.dead.iter() {
+            f(m.seq, m.attempts, None);
+        }
+    }
+
+    /// A replica takes its leader's channel state: the cursor at `cursor` and the
+    /// unfinished messages `pending` (sequence, attempts, due time; those at or above
+    /// the cursor are stepped over when it reaches them), whose bodies come from the
+    /// topic's log. Messages this channel held in flight stay (see [`Channel::seek`]).
+    pub(crate) fn set_position(&mut self, cursor: u64, pending: Vec<(u64, u16, Option<Instant>)>) {
+        self.seek(cursor);
+        let mut deferred = Vec::new();
+        let mut ready = Vec::new();
+        for (seq, attempts, due) in pending {
+            if seq >= cursor {
+                self.skip.insert(seq);
+            }
+            match due {
+                Some(due) => deferred.push(Deferred { due, seq, attempts }),
+                None => ready.push((seq, attempts)),
+            }
+        }
+        self.restore_pending(deferred, ready);
+    }
+
     /// nsqd channel Empty: drops ready, in-flight and deferred messages and zeroes the
     /// consumers' in-flight counts.
     pub fn empty(&mut self, log: &Log) {

@@ -324,10 +324,11 @@ impl Channel {
                 self.ready.requeued.push_back(msg);
             }
         }
+        // Nothing is covered when the store's readable end is below the read's start.
         let gone: Vec<u64> = self
             .ready
             .unread
-            .range(from..covered_to)
+            .range(from..covered_to.max(from))
             .map(|(&s, _)| s)
             .collect();
         for s in &gone {

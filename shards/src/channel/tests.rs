@@ -1621,3 +1621,38 @@ fn a_rate_limited_channel_keeps_what_it_cannot_deliver_yet() {
     assert_eq!(dispatch(&mut t, "ch", clk.at(1000)), 1);
     assert_eq!(bodies(&frames(&c)), vec!["m0", "m1"]);
 }
+
+/// A replica taking its leader's channel state: the cursor moves, the messages the
+/// leader held in flight are ready again (their records read back), a deferred one
+/// waits, and one beyond the cursor is stepped over. A read of the store that ends
+/// below its start (records not written yet) drops nothing.
+#[test]
+fn a_position_from_the_leader_sets_the_cursor_and_the_unfinished_messages() {
+    let mut ch = Channel::new("c", 0);
+    let later = Instant::now() + Duration::from_secs(3600);
+    ch.set_position(
+        10,
+        vec![
+            (3, 1, None),
+            (7, 2, None),
+            (8, 1, Some(later)),
+            (12, 0, Some(later)),
+        ],
+    );
+    assert_eq!(ch.cursor(), 10);
+    assert_eq!(ch.low_watermark(), 3);
+    let mut seqs = Vec::new();
+    ch.pending_seqs(|s| seqs.push(s));
+    seqs.sort_unstable();
+    assert_eq!(seqs, vec![3, 7, 8, 12]);
+    assert_eq!(ch.stepped_over_from(10).collect::<Vec<_>>(), vec![12]);
+    // The store can give back nothing at or above 2 yet: both stay ready again.
+    assert_eq!(ch.unread_arrived(3, 0, 2, Vec::new()), 0);
+    let mut states = Vec::new();
+    ch.pending_states(|s, a, due| states.push((s, a, due.is_some())));
+    states.sort_unstable();
+    assert_eq!(
+        states,
+        vec![(3, 1, false), (7, 2, false), (8, 1, true), (12, 0, true)]
+    );
+}

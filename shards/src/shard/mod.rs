@@ -25,6 +25,7 @@ mod lookup;
 mod publish;
 mod read_ahead;
 mod replica;
+pub use replica::ChannelPosition;
 mod stats;
 mod store_prep;
 mod subscribe;

@@ -7,6 +7,19 @@ use super::Shard;
 use crate::message::MessageId;
 use crate::topic::{ReplicaRecord, ReplicaState, Restored};
 
+/// A channel's state as [`Shard::channel_positions`] gives it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChannelPosition {
+    pub channel: String,
+    /// The next sequence the channel reads.
+    pub cursor: u64,
+    /// Every sequence below it is finished on the channel.
+    pub low: u64,
+    /// The unfinished messages (sequence, attempts, due Unix ns or 0), in sequence
+    /// order; `None` when there were too many to send.
+    pub pending: Option<Vec<(u64, u16, i64)>>,
+}
+
 impl Shard {
     /// The newest message ID `topic` holds (`None`: no such topic or no message yet).
     pub fn topic_last_id(&self, topic: &str) -> Option<MessageId> {
@@ -38,6 +51,74 @@ impl Shard {
             .filter(|(_, c)| !c.is_ephemeral())
             .map(|(name, c)| (name.clone(), c.low_watermark()))
             .collect()
+    }
+
+    /// Each durable channel of `topic` with its cursor and its unfinished messages
+    /// (sequence, attempts, due time as Unix ns, 0: ready now), or `None` for a channel
+    /// holding more than `max` of them: what a replicated topic's leader sends its
+    /// replicas (docs/replication.md).
+    pub fn channel_positions(&self, topic: &str, max: usize) -> Vec<ChannelPosition> {
+        let topics = self.topics.borrow();
+        let Some(t) = topics.get(topic) else {
+            return Vec::new();
+        };
+        let (now_i, now_ns) = (std::time::Instant::now(), crate::message::now_unix_nanos());
+        t.channels
+            .iter()
+            .filter(|(_, c)| !c.is_ephemeral())
+            .map(|(name, c)| {
+                let pending = (c.pending_count() <= max).then(|| {
+                    let mut v = Vec::with_capacity(c.pending_count());
+                    c.pending_states(|seq, attempts, due| {
+                        let due_ns = due.map_or(0, |d| {
+                            crate::message::unix_nanos_at(d, now_i, now_ns).max(1)
+                        });
+                        v.push((seq, attempts, due_ns));
+                    });
+                    v.sort_unstable();
+                    v
+                });
+                ChannelPosition {
+                    channel: name.clone(),
+                    cursor: c.cursor(),
+                    low: c.low_watermark(),
+                    pending,
+                }
+            })
+            .collect()
+    }
+
+    /// A replica takes its leader's state of `channel` of `topic`
+    /// ([`Shard::channel_positions`]): its cursor (capped at the log head) and
+    /// unfinished messages. Returns false when there is no such channel.
+    pub fn set_channel_position(
+        &self,
+        topic: &str,
+        channel: &str,
+        cursor: u64,
+        pending: &[(u64, u16, i64)],
+    ) -> bool {
+        let mut topics = self.topics.borrow_mut();
+        let Some(t) = topics.get_mut(topic) else {
+            return false;
+        };
+        let head = t.log.head;
+        let Some(ch) = t.channels.get_mut(channel) else {
+            return false;
+        };
+        let (now_i, now_ns) = (std::time::Instant::now(), crate::message::now_unix_nanos());
+        let pending = pending
+            .iter()
+            .filter(|&&(seq, _, _)| seq < head)
+            .map(|&(seq, attempts, due_ns)| {
+                let due = (due_ns != 0).then(|| crate::message::instant_at(due_ns, now_i, now_ns));
+                (seq, attempts, due)
+            })
+            .collect();
+        ch.set_position(cursor.min(head), pending);
+        self.mark(t);
+        self.dispatch_topic(t);
+        true
     }
 
     /// Moves `channel` of `topic` forward to `seq` (capped at the log head) when its own
