@@ -6,6 +6,7 @@
 # (scripts/page_check.py, Python selenium) and checks that every chart has data, that
 # the table lists the topics with their shard, that one shard is marked hottest and that
 # the browser console has no errors; saves a screenshot to target/test-logs/page.png.
+# Then starts a 3-member cluster and checks a member's replication panel.
 # Stops the broker with SIGTERM (exit status 0, no panic in its log).
 #
 # Needs chromium, chromedriver and Python selenium (Debian: apt-get install chromium
@@ -69,8 +70,9 @@ fi
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/nsqd-page-test.XXXXXX")"
 BROKER_PID=""
 LOAD_PIDS=()
+CLUSTER_PIDS=()
 cleanup() {
-  for p in "${LOAD_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  for p in "${LOAD_PIDS[@]}" "${CLUSTER_PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
   if [[ -n "$BROKER_PID" ]] && kill -0 "$BROKER_PID" 2>/dev/null; then
     kill -KILL "$BROKER_PID" 2>/dev/null
   fi
@@ -144,6 +146,34 @@ BROKER_PID_DONE="$BROKER_PID"
 if grep -qE "panicked at|RUST_BACKTRACE|FATAL" "$BROKER_LOG"; then
   fail "panic/fatal in the broker log"; tail -n 40 "$BROKER_LOG"
 fi
+# ---------------------------------------------------------------- a cluster member
+# The replication panel: three members on loopback, two replicated topics; the page of
+# one member lists both with their leader and three replicas.
+CADDR=()
+for i in 0 1 2; do CADDR+=("127.0.0.1:$(free_port)"); done
+CLUSTER_LOG="$LOGDIR/page-cluster.log"
+: >"$CLUSTER_LOG"
+CHTTP=""
+for i in 0 1 2; do
+  peers=()
+  for j in 0 1 2; do [[ $j -ne $i ]] && peers+=("--cluster-peer=${CADDR[$j]}"); done
+  mkdir -p "$WORK/member$i"
+  if ! start_daemon "$CLUSTER_LOG" MPID MTCP MHTTP -- "$NSQD" --node-id=$((i + 1)) \
+      --data-path="$WORK/member$i" --cluster-address="${CADDR[$i]}" "${peers[@]}"; then
+    fail "cluster member $i did not start"
+  fi
+  CLUSTER_PIDS+=("$MPID")
+  [[ -z "$CHTTP" ]] && CHTTP="$MHTTP"
+done
+for t in page_replicated_a page_replicated_b; do
+  curl -fsS -d x "http://$CHTTP/pub?topic=$t" >/dev/null || fail "publish to $t in the cluster"
+done
+if ! timeout -k 5 120 "$PY" "$ROOT/scripts/page_check.py" --cluster "$CHTTP" "$SHOT" \
+    page_replicated_a page_replicated_b 2>&1 | tee -a "$LOGDIR/page-check.log"; then
+  fail "replication panel checks (see above)"
+fi
+for p in "${CLUSTER_PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+
 echo "screenshot: $SHOT; logs: $LOGDIR/page-*.log"
 if [[ $FAILED -eq 0 ]]; then echo "page test: OK"; else echo "page test: $FAILED failure(s)"; fi
 [[ $FAILED -eq 0 ]]

@@ -5,7 +5,11 @@ topic table lists the expected topics with their shard, a shard is marked hottes
 the browser console has no errors. Saves a screenshot.
 
 Usage: page_check.py [--hot=TOPIC] HTTP_ADDR SCREENSHOT.png TOPIC [TOPIC...]
-(--hot: the shard that owns TOPIC must be the one marked hottest)
+(--hot: the shard that owns TOPIC must be the one marked hottest; the replication
+panel must be hidden: a standalone broker)
+       page_check.py --cluster HTTP_ADDR SCREENSHOT.png TOPIC [TOPIC...]
+(a cluster member: only the replication panel, which must list each TOPIC with its
+leader and three replicas, and the console)
 Environment: PAGE_WAIT_S (seconds of samples to collect first, default 8),
 CHROMEDRIVER (default: chromedriver on PATH), CHROMIUM (default: chromium on PATH).
 Exits 0 when every check passes, 1 otherwise (one FAIL line per problem).
@@ -27,8 +31,12 @@ def main():
         return 2
     args = sys.argv[1:]
     hot_topic = None
+    cluster = False
     if args and args[0].startswith("--hot="):
         hot_topic = args.pop(0)[len("--hot="):]
+    if args and args[0] == "--cluster":
+        cluster = True
+        args.pop(0)
     addr, shot, topics = args[0], args[1], args[2:]
     wait_s = float(os.environ.get("PAGE_WAIT_S", "8"))
     opts = webdriver.ChromeOptions()
@@ -53,6 +61,8 @@ def main():
         driver.set_page_load_timeout(30)
         driver.get(f"http://{addr}/")
         check(driver.title == "nsqd shards", f"page title is 'nsqd shards' (got {driver.title!r})")
+        if cluster:
+            return cluster_checks(driver, check, topics, failures)
         # Let the page collect a few seconds of samples (rates need two).
         deadline = time.time() + wait_s + 20
         while time.time() < deadline:
@@ -133,6 +143,9 @@ def main():
               f"table sorts by a clicked column (messages, descending: first {order[:1]})")
         driver.execute_script("document.querySelector('#topics th[data-key=topic]').click()")
 
+        check(driver.execute_script("return document.getElementById('cluster').hidden"),
+              "the replication panel is hidden (standalone)")
+
         # Console: no errors (uncaught exceptions, failed requests, ...).
         logs = driver.get_log("browser")
         errors = [l for l in logs if l.get("level") in ("SEVERE", "ERROR")]
@@ -153,6 +166,37 @@ def main():
         check(os.path.getsize(shot) > 10000, f"screenshot ({width}x{height}) saved to {shot}")
     finally:
         driver.quit()
+    print(f"{'FAILED' if failures else 'OK'}: {len(failures)} check(s) failed")
+    return 1 if failures else 0
+
+
+def cluster_checks(driver, check, topics, failures):
+    """The replication panel of a cluster member lists every topic with a leader and
+    three replicas; the console has no errors."""
+    deadline = time.time() + 20
+    rows = []
+    while time.time() < deadline:
+        rows = driver.execute_script(
+            """
+            if (document.getElementById('cluster').hidden) return [];
+            return Array.from(document.querySelectorAll('#cluster-rows tr')).map((tr) => ({
+              topic: tr.dataset.topic, cells: Array.from(tr.children).map((td) => td.textContent)}));
+            """
+        )
+        if {r["topic"] for r in rows} >= set(topics):
+            break
+        time.sleep(0.5)
+    check(bool(rows), f"the replication panel is shown ({len(rows)} rows)")
+    for t in topics:
+        row = next((r for r in rows if r["topic"] == t), None)
+        check(row is not None, f"the replication panel lists {t}")
+        if row:
+            check(row["cells"][1] not in ("", "none"), f"{t} has a leader ({row['cells'][1]})")
+            check(row["cells"][5].count(":") >= 3, f"{t} names three replicas ({row['cells'][5]})")
+    errors = [l for l in driver.get_log("browser") if l.get("level") in ("SEVERE", "ERROR")]
+    for e in errors:
+        print("console:", json.dumps(e))
+    check(not errors, f"no console errors ({len(errors)})")
     print(f"{'FAILED' if failures else 'OK'}: {len(failures)} check(s) failed")
     return 1 if failures else 0
 

@@ -5,18 +5,18 @@ and nsqadmin from github.com/nsqio/nsq (apps/), all unmodified.
 
 usage: gonsq_failover.py [<nsqd> <nsqlookupd>]   (default: target/debug/nsqd, target/debug/nsqlookupd)
 
-The Go binaries are looked for in $GO_NSQ_BIN (default /tmp/gobin): gonsq_client,
+The Go binaries are looked for in $GO_NSQ_BIN (default target/gobin): gonsq_client,
 nsq_tail, nsq_to_file, nsqadmin. If one is missing the script says so and exits 0
 (skipped). To build them without the module proxy (Go 1.19, GOPATH mode):
 
-    GOPATH=/tmp/gopath, sources under $GOPATH/src: github.com/nsqio/{nsq,go-nsq,go-diskqueue},
+    GOPATH=<a directory>, sources under $GOPATH/src: github.com/nsqio/{nsq,go-nsq,go-diskqueue},
     github.com/golang/snappy, github.com/BurntSushi/toml (tag v1.3.2),
     github.com/bitly/{go-hostpool,timer_metrics}, github.com/blang/semver,
     github.com/bmizerany/perks, github.com/julienschmidt/httprouter,
     github.com/mreiferson/go-options, github.com/judwhite/go-svc (= mreiferson/go-svc)
     cd $GOPATH/src/github.com/nsqio/nsq && for a in nsq_tail nsq_to_file nsqadmin; do
-        GO111MODULE=off go build -o /tmp/gobin/$a ./apps/$a; done
-    GO111MODULE=off go build -o /tmp/gobin/gonsq_client scripts/clients/gonsq_client.go
+        GO111MODULE=off go build -o $ROOT/target/gobin/$a ./apps/$a; done
+    GO111MODULE=off go build -o $ROOT/target/gobin/gonsq_client scripts/clients/gonsq_client.go
 
 Scenario: nsqlookupd, three members (--node-id 1/2/3, own --data-path, each with
 --lookupd-tcp-address), nsqadmin on the lookupd. Topic T is created on member 1; the
@@ -55,9 +55,10 @@ TIMEOUT = float(os.environ.get("SCENARIO_TIMEOUT", "240"))
 POLL = os.environ.get("CLIENT_POLL", "")
 PRODUCER = os.environ.get("PRODUCER", "http")
 PUB_VIA = os.environ.get("PUB_VIA", "member1")
+TAIL_CHANNEL = os.environ.get("TAIL_CHANNEL", "tail")
 SETTLE = float(os.environ.get("SETTLE", "0"))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-GOBIN = os.environ.get("GO_NSQ_BIN", "/tmp/gobin")
+GOBIN = os.environ.get("GO_NSQ_BIN", os.path.join(ROOT, "target", "gobin"))
 
 
 def log(text):
@@ -119,6 +120,38 @@ class FileLines:
                 except OSError:
                     pass
         return got
+
+
+def admin_summary(tmp, label, admin_http, topic):
+    """nsqadmin's /api/topics, /api/topics/T and /api/nodes, saved in full under tmp and
+    summarized: the topic list, each producer of T (node, message_count, channels with
+    client_count/depth/in_flight) and each node with its topics."""
+    full = {p: get_json(admin_http, p)[1] for p in
+            ("/api/topics", "/api/topics/%s" % q(topic), "/api/nodes")}
+    with open(os.path.join(tmp, "nsqadmin-%s.json" % label), "w") as f:
+        json.dump(full, f, indent=1)
+    out = {"topics": (full["/api/topics"] or {}).get("topics") if isinstance(full["/api/topics"], dict)
+           else full["/api/topics"]}
+    t = full["/api/topics/%s" % q(topic)]
+    if isinstance(t, dict):
+        out["topic_producers"] = [
+            {"node": n.get("node"), "message_count": n.get("message_count"), "depth": n.get("depth"),
+             "channels": {c["channel_name"]: "clients=%s depth=%s in_flight=%s" % (
+                 c.get("client_count"), c.get("depth"), c.get("in_flight_count"))
+                 for c in n.get("channels") or []}}
+            for n in t.get("nodes") or []]
+        out["topic_message"] = t.get("message")
+    else:
+        out["topic"] = t
+    nd = full["/api/nodes"]
+    if isinstance(nd, dict):
+        out["nodes"] = ["%s:%s http %s topics=%s" % (n.get("broadcast_address"), n.get("tcp_port"),
+                        n.get("http_port"), [x.get("topic") for x in n.get("topics") or []])
+                        for n in nd.get("nodes") or []]
+        out["nodes_message"] = nd.get("message")
+    else:
+        out["nodes"] = nd
+    return out
 
 
 def main():
@@ -223,7 +256,7 @@ def scenario(tmp, nsqd, lookupd_bin, bins, procs, daemons):
                              stdout=subprocess.PIPE, stderr=open(os.path.join(tmp, "gonsq.log"), "wb"))
     procs.append(gonsq)
     tail = subprocess.Popen([bins["nsq_tail"], "--lookupd-http-address=%s" % lookupd.http,
-                             "--topic=%s" % topic, "--channel=tail"] + copt,
+                             "--topic=%s" % topic] + (["--channel=%s" % TAIL_CHANNEL] if TAIL_CHANNEL else []) + copt,
                             stdout=subprocess.PIPE, stderr=open(os.path.join(tmp, "nsq_tail.log"), "wb"))
     procs.append(tail)
     outdir = os.path.join(tmp, "nsq_to_file.out")
@@ -244,7 +277,9 @@ def scenario(tmp, nsqd, lookupd_bin, bins, procs, daemons):
         for t in st.get("topics", []):
             if t.get("topic_name") == topic:
                 chans = {c["channel_name"]: len(c.get("clients", [])) for c in t.get("channels", [])}
-        return all(chans.get(c, 0) >= 1 for c in ("gonsq", "tail", "nsq_to_file")) and chans
+        tails = [n for n in chans if n.startswith("tail")]
+        return (all(chans.get(c, 0) >= 1 for c in ("gonsq", "nsq_to_file")) and tails
+                and chans[tails[0]] >= 1 and chans)
 
     log("channels on the leader: %s" % wait(channels_ready, "the three consumers to subscribe", 60))
 
@@ -262,9 +297,7 @@ def scenario(tmp, nsqd, lookupd_bin, bins, procs, daemons):
         wait(lambda: set(first) <= set(c.counts()), "%s to receive the first round" % name, 60)
         log("%s has the first round (%.2fs)" % (name, time.time() - t))
 
-    admin_before = {p: get_json(admin_http, p)[1] for p in
-                    ("/api/topics", "/api/topics/%s" % q(topic), "/api/nodes")}
-    log("nsqadmin before the kill: %s" % json.dumps(admin_before)[:3000])
+    log("nsqadmin before the kill: %s" % json.dumps(admin_summary(tmp, "before", admin_http, topic)))
 
     if SETTLE:
         log("waiting %ss before the kill (SETTLE)" % SETTLE)
@@ -286,6 +319,11 @@ def scenario(tmp, nsqd, lookupd_bin, bins, procs, daemons):
         acks = p.stdout.decode().splitlines()
         errs = p.stderr.decode().splitlines()
         failures = [e for e in errs if e.startswith("publish ")]
+        per = {}
+        for e in failures:
+            a = e.split(" via ", 1)[1].split(":", 2)
+            per[a[0] + ":" + a[1]] = per.get(a[0] + ":" + a[1], 0) + 1
+        log("failed publish attempts per member: %s (killed member: %s)" % (per, members[lead].tcp))
         log("go-nsq producer: rc %d, %d ACK, %d failed attempts; first errors: %s"
             % (p.returncode, len(acks), len(failures), errs[:5]))
         log("ACK members: %s" % sorted({a.split()[-1] for a in acks}))
@@ -314,6 +352,8 @@ def scenario(tmp, nsqd, lookupd_bin, bins, procs, daemons):
     new_lead, entry = wait(lambda: leader_index()[0] is not None and leader_index(), "a new leader", 60)
     log("new leader: member %d (%s) at %.2fs" % (new_lead + 1, json.dumps(entry), time.time() - t0))
 
+    log("nsqadmin right after the new leader: %s"
+        % json.dumps(admin_summary(tmp, "new-leader", admin_http, topic)))
     want = set(first) | set(second)
     done, ok = {}, True
     deadline = time.time() + TIMEOUT
@@ -337,14 +377,13 @@ def scenario(tmp, nsqd, lookupd_bin, bins, procs, daemons):
         }
         ok = ok and results[name]["all_received"] and not extra
 
-    admin_after = {p: get_json(admin_http, p)[1] for p in
-                   ("/api/topics", "/api/topics/%s" % q(topic), "/api/nodes")}
-    log("nsqadmin after the failover: %s" % json.dumps(admin_after)[:4000])
+    admin_after = admin_summary(tmp, "after", admin_http, topic)
+    log("nsqadmin after the failover: %s" % json.dumps(admin_after))
     log("lookupd /lookup after: %s" % json.dumps(get_json(lookupd.http, "/lookup?topic=%s" % q(topic))[1]))
     log("lookupd /nodes after: %s" % json.dumps(get_json(lookupd.http, "/nodes")[1])[:2000])
     for i in survivors:
         log("member %d /cluster after: %s" % (i + 1, json.dumps(get_json(members[i].http, "/cluster")[1])[:1500]))
-    summary = {"topic": topic, "killed": "member %d" % (lead + 1), "new_leader": "member %d" % (new_lead + 1),
+    summary = {"topic": topic, "nsqadmin_after": admin_after, "killed": "member %d" % (lead + 1), "new_leader": "member %d" % (new_lead + 1),
                "second_round_failed_attempts": len(failures), "first_ok_after_kill_s": first_ok,
                "clients": results}
     print(json.dumps(summary, indent=1), flush=True)

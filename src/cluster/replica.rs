@@ -893,6 +893,24 @@ impl ShardCluster {
                 continue;
             };
             let mut proposed = false;
+            // A channel the leader no longer has (an #ephemeral one whose last consumer
+            // left is deleted there, as nsqd does) goes on the replicas too.
+            let gone: Vec<String> = g
+                .cursors
+                .keys()
+                .filter(|c| !positions.iter().any(|p| &p.channel == *c))
+                .cloned()
+                .collect();
+            for channel in gone {
+                let e = Entry::Channel {
+                    channel: channel.clone(),
+                    op: ChannelOp::Delete,
+                };
+                if g.group.propose(&e).is_ok() {
+                    g.cursors.remove(&channel);
+                    proposed = true;
+                }
+            }
             for pos in positions {
                 let mut h = std::hash::DefaultHasher::new();
                 let op = match pos.pending {

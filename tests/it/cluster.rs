@@ -356,6 +356,8 @@ fn a_killed_leader_is_replaced_and_its_unfinished_messages_delivered() {
     c.node(0).http_pub(topic, b"warm-up");
     let leader = c.wait_leader(topic);
     let mut s = c.node(leader).subscribe(topic, "workers");
+    // An #ephemeral channel too (nsq_tail's kind): its position is replicated as well.
+    let mut tail = c.node(leader).subscribe(topic, "tail#ephemeral");
     let via = (leader + 1) % 3;
     let bodies: Vec<String> = (0..40).map(|i| format!("job-{i:02}")).collect();
     let refs: Vec<&[u8]> = bodies.iter().map(|b| b.as_bytes()).collect();
@@ -378,9 +380,17 @@ fn a_killed_leader_is_replaced_and_its_unfinished_messages_delivered() {
         send(&mut s, &line(&format!("FIN {id}")));
     }
     send(&mut s, &line(&format!("REQ {} 3600000", got[22].0)));
+    send(&mut tail, b"RDY 40\n");
+    for (id, _) in read_messages(&mut tail, 40) {
+        send(&mut tail, &line(&format!("FIN {id}")));
+    }
     // The leader replicates its channel's state: the followers' channel holds the 9
     // messages in flight as ready again and the deferred one.
     for f in (0..3).filter(|&i| i != leader) {
+        wait_for(
+            &format!("member {f}'s #ephemeral channel following the FINs"),
+            || c.channel_depth(f, topic, "tail#ephemeral") == Some(0),
+        );
         wait_for(&format!("member {f}'s channel following the FINs"), || {
             c.channel_depth(f, topic, "workers") == Some(9)
                 && c.channel_field(f, topic, "workers", "deferred_count") == Some(1)
@@ -422,6 +432,22 @@ fn a_killed_leader_is_replaced_and_its_unfinished_messages_delivered() {
     assert_eq!(
         bodies_got, want,
         "every unfinished message, once, and nothing finished"
+    );
+    // The #ephemeral consumer continues where it was: only the 5 new messages.
+    let mut tail = c.node(new_leader).subscribe(topic, "tail#ephemeral");
+    send(&mut tail, b"RDY 10\n");
+    let mut tail_got: Vec<String> = read_messages(&mut tail, 5)
+        .into_iter()
+        .map(|(_, b)| String::from_utf8(b).unwrap())
+        .collect();
+    tail_got.sort();
+    assert_eq!(
+        tail_got,
+        (0..5).map(|k| format!("after-{k}")).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        c.channel_depth(new_leader, topic, "tail#ephemeral"),
+        Some(0)
     );
     // The requeued one waits for its delay on the new leader too.
     assert_eq!(

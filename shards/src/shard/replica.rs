@@ -39,8 +39,9 @@ impl Shard {
             .is_some_and(|t| t.channels.contains_key(channel))
     }
 
-    /// Each durable channel of `topic` with its low watermark: every log sequence below
-    /// it is finished on that channel (what the leader replicates as a cursor).
+    /// Each channel of `topic` (#ephemeral ones too: a consumer that fails over to the
+    /// next leader continues where it was) with its low watermark: every log sequence
+    /// below it is finished on that channel.
     pub fn channel_watermarks(&self, topic: &str) -> Vec<(String, u64)> {
         let topics = self.topics.borrow();
         let Some(t) = topics.get(topic) else {
@@ -48,12 +49,11 @@ impl Shard {
         };
         t.channels
             .iter()
-            .filter(|(_, c)| !c.is_ephemeral())
             .map(|(name, c)| (name.clone(), c.low_watermark()))
             .collect()
     }
 
-    /// Each durable channel of `topic` with its cursor and its unfinished messages
+    /// Each channel of `topic` (#ephemeral ones too) with its cursor and its unfinished messages
     /// (sequence, attempts, due time as Unix ns, 0: ready now), or `None` for a channel
     /// holding more than `max` of them: what a replicated topic's leader sends its
     /// replicas (docs/replication.md).
@@ -65,7 +65,6 @@ impl Shard {
         let (now_i, now_ns) = (std::time::Instant::now(), crate::message::now_unix_nanos());
         t.channels
             .iter()
-            .filter(|(_, c)| !c.is_ephemeral())
             .map(|(name, c)| {
                 let pending = (c.pending_count() <= max).then(|| {
                     let mut v = Vec::with_capacity(c.pending_count());

@@ -30,7 +30,7 @@ pub struct ReplicaState {
     /// Every sequence below it is finished on every channel (the topic's low
     /// watermark); `records` starts there.
     pub low: u64,
-    /// Each durable channel with its low watermark.
+    /// Each channel (#ephemeral ones too) with its low watermark.
     pub channels: Vec<(String, u64)>,
     /// The records from `low` to `head` by sequence (a sequence missing is one the
     /// leader does not hold: finished before it was written, or lost); `None` when the
@@ -169,7 +169,6 @@ impl Topic {
             channels: self
                 .channels
                 .iter()
-                .filter(|(_, c)| !c.is_ephemeral())
                 .map(|(n, c)| (n.clone(), c.low_watermark()))
                 .collect(),
             records,
