@@ -61,8 +61,9 @@ pub struct Message {
     pub attempts: u16,
     /// DPUB's delay in milliseconds (0: deliver at once).
     pub defer_ms: u32,
-    /// The body as the producer sent it.
-    pub body: Vec<u8>,
+    /// The body as the producer sent it (a slice of the entry's bytes once decoded with
+    /// [`Entry::decode_shared`]).
+    pub body: bytes::Bytes,
 }
 
 /// An operation on one channel of the topic; each replica applies it to its copy of the
@@ -262,6 +263,20 @@ impl Entry {
     ///
     /// A [`DecodeError`] for any input that is not exactly one version-1 entry.
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        Self::decode_from(bytes, None)
+    }
+
+    /// [`Entry::decode`] of an entry held in shared `bytes` (a Raft entry's data): the
+    /// message bodies are slices of it, not copies.
+    ///
+    /// # Errors
+    ///
+    /// As [`Entry::decode`].
+    pub fn decode_shared(bytes: &bytes::Bytes) -> Result<Self, DecodeError> {
+        Self::decode_from(bytes, Some(bytes))
+    }
+
+    fn decode_from(bytes: &[u8], shared: Option<&bytes::Bytes>) -> Result<Self, DecodeError> {
         let mut r = Reader(bytes);
         let version = r.u8()?;
         if version != ENTRY_VERSION {
@@ -283,7 +298,12 @@ impl Entry {
                     let attempts = r.u16()?;
                     let defer_ms = r.u32()?;
                     let len = r.u32()? as usize;
-                    let body = r.take(len)?.to_vec();
+                    let at = bytes.len() - r.0.len();
+                    let slice = r.take(len)?;
+                    let body = match shared {
+                        Some(b) => b.slice(at..at + len),
+                        None => bytes::Bytes::copy_from_slice(slice),
+                    };
                     batch.push(Message {
                         id,
                         timestamp_ns,

@@ -631,7 +631,7 @@ impl<S: LogStore> TopicGroup<S> {
                 EntryType::EntryNormal => out.committed.push(Committed {
                     index: e.index,
                     term: e.term,
-                    entry: Entry::decode(&e.data),
+                    entry: Entry::decode_shared(&e.data),
                 }),
                 EntryType::EntryConfChange => {
                     let cc = ConfChange::parse_from_bytes(&e.data)
@@ -690,7 +690,7 @@ impl<S: LogStore> TopicGroup<S> {
             .unwrap_or_default()
             .iter()
             .filter(|e| !e.data.is_empty())
-            .filter_map(|e| Entry::decode(&e.data).ok())
+            .filter_map(|e| Entry::decode_shared(&e.data).ok())
             .collect()
     }
 

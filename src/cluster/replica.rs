@@ -308,7 +308,7 @@ impl ShardCluster {
                 timestamp_ns: 0,
                 attempts: 0,
                 defer_ms,
-                body: b.to_vec(),
+                body: b,
             })
             .collect();
         self.propose(server, topic, Entry::Publish(messages))
@@ -1033,7 +1033,7 @@ fn apply(server: &Server, topic: &str, entry: Entry) -> Option<DurableWait> {
                             now_ns,
                         )
                     });
-                    Some((id, ts, defer, Bytes::from(m.body)))
+                    Some((id, ts, defer, m.body))
                 })
                 .collect();
             match shard.publish_replicated(topic, batch) {

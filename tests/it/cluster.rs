@@ -11,8 +11,8 @@
 )]
 
 use crate::common::{
-    self, eventually, expect_ok, free_port, line, mpub_cmd, parse_message, pub_cmd,
-    read_frame_skip_hb, send, wait_for, Broker, Lookupd,
+    self, eventually, expect_ok, line, mpub_cmd, parse_message, pub_cmd, read_frame_skip_hb, send,
+    wait_for, Broker, Lookupd,
 };
 use std::net::TcpStream;
 use std::path::PathBuf;
@@ -30,7 +30,7 @@ struct Cluster {
 impl Cluster {
     fn start(shards: [usize; 3], extra: &[&str]) -> Cluster {
         let addresses: Vec<String> = (0..3)
-            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .map(|_| format!("127.0.0.1:{}", common::reserved_port()))
             .collect();
         let dirs: Vec<PathBuf> = (0..3)
             .map(|i| {
@@ -562,8 +562,8 @@ fn cluster_flags_are_checked() {
     assert_eq!(b.http("GET", "/cluster", b"").0, 404);
     // Two members with one --node-id: each refuses the other's connection, loudly.
     let (a1, a2) = (
-        format!("127.0.0.1:{}", free_port()),
-        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", common::reserved_port()),
+        format!("127.0.0.1:{}", common::reserved_port()),
     );
     let n1 = Broker::start(
         1,

@@ -364,6 +364,6 @@ pub fn publish(tag: u64) -> Entry {
         timestamp_ns: tag,
         attempts: 0,
         defer_ms: 0,
-        body: format!("message {tag}").into_bytes(),
+        body: format!("message {tag}").into_bytes().into(),
     }])
 }

@@ -358,6 +358,24 @@ pub fn free_port() -> u16 {
         .expect("free port")
 }
 
+/// A free loopback port below the kernel's ephemeral range (32768-60999 on Linux), for
+/// an address a test must fix before the process that binds it starts (a cluster
+/// member's `--cluster-address`, named in the other members' flags): no other test's
+/// [`free_port`] can be handed it meanwhile, as it could an ephemeral one.
+pub fn reserved_port() -> u16 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    const LOW: u32 = 20000;
+    const SPAN: u32 = 12000;
+    let start = (std::process::id() % 600) * 20;
+    loop {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let port = (LOW + (start + n) % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
 /// Polls `addr` every millisecond until a TCP connect succeeds (the first moment the
 /// port answers, as a client or a supervisor's health check sees it) and returns that
 /// connection. Panics after `within`.

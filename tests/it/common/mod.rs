@@ -15,7 +15,7 @@ pub mod daemon;
 pub mod hostile;
 
 #[allow(unused_imports)]
-pub use daemon::{free_port, loopback, read_until_closed, wait_for_port, Daemon};
+pub use daemon::{free_port, loopback, read_until_closed, reserved_port, wait_for_port, Daemon};
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
