@@ -267,6 +267,9 @@ pub struct TopicGroup<S: LogStore = crate::store::MemLog> {
     node: RawNode<S>,
     /// (leader id, term) as last reported by `poll`.
     reported: (u64, u64),
+    /// (term, index): a candidate whose log ends before it gets no vote or pre-vote
+    /// from this node ([`TopicGroup::set_vote_floor`]).
+    vote_floor: (u64, u64),
 }
 
 impl<S: LogStore> TopicGroup<S> {
@@ -285,6 +288,7 @@ impl<S: LogStore> TopicGroup<S> {
         Ok(Self {
             node,
             reported: (0, 0),
+            vote_floor: (0, 0),
         })
     }
 
@@ -360,6 +364,17 @@ impl<S: LogStore> TopicGroup<S> {
             return Err(ReplicationError::WrongRecipient { to: message.to });
         }
         let mut message = message;
+        // Raft's vote rule compares the candidate's log with this node's; a node that
+        // restarted with an empty log compares it with what it held before, so that it
+        // never helps elect a candidate that lacks entries it had acknowledged.
+        if matches!(
+            message.get_msg_type(),
+            raft::eraftpb::MessageType::MsgRequestVote
+                | raft::eraftpb::MessageType::MsgRequestPreVote
+        ) && (message.log_term, message.index) < self.vote_floor
+        {
+            return Ok(());
+        }
         // A heartbeat carries the commit index the leader believes this replica has
         // matched; after a restart with an empty log that is past this log's end, and
         // raft-rs would panic on it. The Raft rule is to commit no further than the
@@ -373,6 +388,22 @@ impl<S: LogStore> TopicGroup<S> {
         }
         self.node.step(message)?;
         Ok(())
+    }
+
+    /// After a restart that emptied this node's log: candidates whose last entry is
+    /// before `(term, index)` (what this node had applied, [`TopicGroup::applied_position`])
+    /// get no vote or pre-vote from it, as its log would have refused them.
+    pub fn set_vote_floor(&mut self, term: u64, index: u64) {
+        self.vote_floor = (term, index);
+    }
+
+    /// (term, index) of the last entry this node applied (`None` when its term is no
+    /// longer known): what a restart keeps as its vote floor.
+    #[must_use]
+    pub fn applied_position(&self) -> Option<(u64, u64)> {
+        let index = self.applied_index();
+        let term = self.node.raft.raft_log.term(index).ok()?;
+        (term > 0 || index == 0).then_some((term, index))
     }
 
     /// Starts an election now instead of after the election timeout (a replica that
@@ -729,6 +760,41 @@ mod tests {
         let mut config = GroupConfig::new(1);
         config.heartbeat_tick = config.election_tick;
         assert!(TopicGroup::new(&config, MemLog::new(&[1])).is_err());
+    }
+
+    /// A node restarted with an empty log votes for no candidate whose log ends before
+    /// what it had applied (its vote floor), and for one whose log reaches it.
+    #[test]
+    fn a_vote_floor_keeps_an_empty_log_from_electing_a_candidate_behind_it() {
+        let mut group = TopicGroup::new(&GroupConfig::new(2), MemLog::new(&[1, 2, 3])).unwrap();
+        group.set_vote_floor(5, 100);
+        let ask = |log_term: u64, index: u64| {
+            let mut m = RaftMessage::default();
+            m.set_msg_type(raft::eraftpb::MessageType::MsgRequestVote);
+            m.from = 1;
+            m.to = 2;
+            m.term = 6;
+            m.log_term = log_term;
+            m.index = index;
+            m
+        };
+        let granted = |group: &mut TopicGroup| -> Vec<bool> {
+            group
+                .poll()
+                .unwrap()
+                .messages
+                .iter()
+                .filter(|m| m.get_msg_type() == raft::eraftpb::MessageType::MsgRequestVoteResponse)
+                .map(|m| !m.reject)
+                .collect()
+        };
+        // Behind the floor: a later index of an older term, an earlier index of its term.
+        group.step(ask(4, 200)).unwrap();
+        group.step(ask(5, 99)).unwrap();
+        assert_eq!(granted(&mut group), Vec::<bool>::new());
+        // At the floor: granted (the node's own empty log does not object).
+        group.step(ask(5, 100)).unwrap();
+        assert_eq!(granted(&mut group), vec![true]);
     }
 
     #[test]

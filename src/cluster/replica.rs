@@ -111,9 +111,9 @@ struct Group {
     /// the applied publishes not yet compacted: a snapshot made at an index carries
     /// those of that index.
     ids_at: std::collections::VecDeque<(u64, u64, u64)>,
-    /// The term and vote last saved ([`vote`]), and the sequence of that write.
-    saved_vote: (u64, u64),
-    vote_seq: u64,
+    /// The term, vote and vote floor last saved ([`vote`]), and when the floor was.
+    saved: vote::Saved,
+    floor_saved_at: Instant,
 }
 
 /// This shard's part of the cluster (one per shard, in its [`Server`]).
@@ -242,15 +242,16 @@ impl ShardCluster {
             .data_path
             .as_ref()
             .and_then(|d| vote::load(&vote::path(d, topic)));
-        let (vote_seq, term, voted_for) = saved.unwrap_or((0, 0, 0));
-        let store = MemLog::with_term_vote(&voters, term, voted_for);
-        let group = match TopicGroup::new(&config, store) {
+        let saved = saved.unwrap_or_default();
+        let store = MemLog::with_term_vote(&voters, saved.term, saved.vote);
+        let mut group = match TopicGroup::new(&config, store) {
             Ok(g) => g,
             Err(e) => {
                 log::error!("TOPIC({topic}): cannot start its replication group: {e}");
                 return false;
             }
         };
+        group.set_vote_floor(saved.floor.0, saved.floor.1);
         server.shard.create_topic(topic);
         self.groups.borrow_mut().insert(
             topic.to_string(),
@@ -265,8 +266,8 @@ impl ShardCluster {
                 gap: false,
                 last_real: 0,
                 ids_at: std::collections::VecDeque::new(),
-                saved_vote: (term, voted_for),
-                vote_seq,
+                saved,
+                floor_saved_at: Instant::now(),
             },
         );
         log::info!("TOPIC({topic}): replicated on {} members", voters.len());
@@ -789,38 +790,53 @@ impl ShardCluster {
         }
     }
 
-    /// Saves `topic`'s term and vote when they changed since the last write. Returns
-    /// false when they could not be saved (the error is logged).
+    /// Saves `topic`'s term and vote when they changed since the last write (synced),
+    /// and its vote floor when it moved (at most every [`CURSOR_EVERY`], unsynced).
+    /// Returns false when the term and vote could not be saved (the error is logged).
     async fn save_vote(&self, server: &Server, topic: &str) -> bool {
         let Some(data) = server.shard.opts.data_path.clone() else {
             return true;
         };
-        let (now, seq) = {
+        let (next, sync) = {
             let groups = self.groups.borrow();
             let Some(g) = groups.get(topic) else {
                 return true;
             };
-            let now = (g.group.term(), g.group.vote());
-            if now == g.saved_vote {
+            let (term, vote) = (g.group.term(), g.group.vote());
+            let floor = g.group.applied_position().unwrap_or(g.saved.floor);
+            let sync = (term, vote) != (g.saved.term, g.saved.vote);
+            // The floor alone goes at most every CURSOR_EVERY, unsynced.
+            let floor_due = floor > g.saved.floor && g.floor_saved_at.elapsed() >= CURSOR_EVERY;
+            if !sync && !floor_due {
                 return true;
             }
-            (now, g.vote_seq + 1)
+            let next = vote::Saved {
+                seq: g.saved.seq + 1,
+                term,
+                vote,
+                floor: floor.max(g.saved.floor),
+            };
+            (next, sync)
         };
         let path = vote::path(&data, topic);
         let written = glommio::executor()
-            .spawn_blocking(move || vote::store_blocking(&path, seq, now.0, now.1))
+            .spawn_blocking(move || vote::store_blocking(&path, &next, sync))
             .await;
         match written {
             Ok(()) => {
                 if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
-                    g.saved_vote = now;
-                    g.vote_seq = seq;
+                    g.saved = next;
+                    g.floor_saved_at = Instant::now();
                 }
                 true
             }
-            Err(e) => {
+            Err(e) if sync => {
                 log::error!("TOPIC({topic}): term and vote not saved ({e}); messages held back");
                 false
+            }
+            Err(e) => {
+                log::warn!("TOPIC({topic}): vote floor not saved ({e})");
+                true
             }
         }
     }
