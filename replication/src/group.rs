@@ -270,6 +270,9 @@ pub struct TopicGroup<S: LogStore = crate::store::MemLog> {
     /// (term, index): a candidate whose log ends before it gets no vote or pre-vote
     /// from this node ([`TopicGroup::set_vote_floor`]).
     vote_floor: (u64, u64),
+    /// This node starts with no saved state and has not heard from a leader yet
+    /// ([`TopicGroup::set_fresh`]).
+    fresh: bool,
 }
 
 impl<S: LogStore> TopicGroup<S> {
@@ -289,6 +292,7 @@ impl<S: LogStore> TopicGroup<S> {
             node,
             reported: (0, 0),
             vote_floor: (0, 0),
+            fresh: false,
         })
     }
 
@@ -367,12 +371,35 @@ impl<S: LogStore> TopicGroup<S> {
         // Raft's vote rule compares the candidate's log with this node's; a node that
         // restarted with an empty log compares it with what it held before, so that it
         // never helps elect a candidate that lacks entries it had acknowledged.
+        use raft::eraftpb::MessageType;
         if matches!(
             message.get_msg_type(),
-            raft::eraftpb::MessageType::MsgRequestVote
-                | raft::eraftpb::MessageType::MsgRequestPreVote
-        ) && (message.log_term, message.index) < self.vote_floor
+            MessageType::MsgAppend | MessageType::MsgHeartbeat | MessageType::MsgSnapshot
+        ) {
+            self.fresh = false;
+        }
+        // An append after an entry this log does not hold must be refused; raft-rs
+        // reads the missing entry's term as 0, so an append that names term 0 there
+        // would pass its check and commit past this log's end (a panic). Any other term
+        // makes it the refusal it is.
+        if message.get_msg_type() == MessageType::MsgAppend
+            && message.index > self.node.raft.raft_log.last_index()
+            && message.log_term == 0
         {
+            message.log_term = u64::MAX;
+        }
+        let vote = matches!(
+            message.get_msg_type(),
+            MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
+        );
+        if vote && (message.log_term, message.index) < self.vote_floor {
+            return Ok(());
+        }
+        // A node with no saved state that is asked to elect a candidate of a group with
+        // entries may be a replica whose disk was lost: what it acknowledged before is
+        // unknown, so it waits to hear from a leader first (a group with no entries yet,
+        // a new topic, elects as usual).
+        if vote && self.fresh && message.index > 0 && self.node.raft.raft_log.last_index() == 0 {
             return Ok(());
         }
         // A heartbeat carries the commit index the leader believes this replica has
@@ -395,6 +422,31 @@ impl<S: LogStore> TopicGroup<S> {
     /// get no vote or pre-vote from it, as its log would have refused them.
     pub fn set_vote_floor(&mut self, term: u64, index: u64) {
         self.vote_floor = (term, index);
+    }
+
+    /// On the leader: replica `id` connected again, perhaps after a restart that
+    /// emptied its log. What it acknowledged before no longer counts towards a commit
+    /// or an ack policy until it acknowledges again (its match index goes back to 0;
+    /// the next append is sent from the end of the log, and a replica that lacks the
+    /// entries before refuses it and is brought up to date). A no-op elsewhere.
+    pub fn peer_reconnected(&mut self, id: u64) {
+        if !self.is_leader() || id == self.id() {
+            return;
+        }
+        let next = self.node.raft.raft_log.last_index() + 1;
+        if let Some(pr) = self.node.raft.mut_prs().get_mut(id) {
+            pr.matched = 0;
+            pr.become_probe();
+            pr.next_idx = next;
+        }
+    }
+
+    /// This node starts with no saved state (a new replica, or one whose disk was
+    /// lost): until it hears from a leader, it votes for no candidate of a group that
+    /// has entries (it cannot know which of them it had acknowledged). Losing the disks
+    /// of a majority at once therefore stops the group until one of them is restored.
+    pub fn set_fresh(&mut self, fresh: bool) {
+        self.fresh = fresh;
     }
 
     /// (term, index) of the last entry this node applied (`None` when its term is no
@@ -794,6 +846,49 @@ mod tests {
         assert_eq!(granted(&mut group), Vec::<bool>::new());
         // At the floor: granted (the node's own empty log does not object).
         group.step(ask(5, 100)).unwrap();
+        assert_eq!(granted(&mut group), vec![true]);
+    }
+
+    /// A node with no saved state votes in a new group, and in a group with entries
+    /// only once it has heard from a leader.
+    #[test]
+    fn a_fresh_node_waits_for_a_leader_before_electing_a_candidate_with_entries() {
+        let mut group = TopicGroup::new(&GroupConfig::new(2), MemLog::new(&[1, 2, 3])).unwrap();
+        group.set_fresh(true);
+        let msg = |t: raft::eraftpb::MessageType, term: u64, log_term: u64, index: u64| {
+            let mut m = RaftMessage::default();
+            m.set_msg_type(t);
+            m.from = 1;
+            m.to = 2;
+            m.term = term;
+            m.log_term = log_term;
+            m.index = index;
+            m
+        };
+        let granted = |group: &mut TopicGroup| -> Vec<bool> {
+            group
+                .poll()
+                .unwrap()
+                .messages
+                .iter()
+                .filter(|m| m.get_msg_type() == raft::eraftpb::MessageType::MsgRequestVoteResponse)
+                .map(|m| !m.reject)
+                .collect()
+        };
+        use raft::eraftpb::MessageType::{MsgHeartbeat, MsgRequestVote};
+        group.step(msg(MsgRequestVote, 3, 2, 40)).unwrap();
+        assert_eq!(granted(&mut group), Vec::<bool>::new());
+        // A new group: every log is empty.
+        group.step(msg(MsgRequestVote, 4, 0, 0)).unwrap();
+        assert_eq!(granted(&mut group), vec![true]);
+        // Once a leader was heard (and its lease ran out), as usual.
+        group.step(msg(MsgHeartbeat, 5, 0, 0)).unwrap();
+        group.poll().unwrap();
+        for _ in 0..40 {
+            group.tick();
+        }
+        group.poll().unwrap();
+        group.step(msg(MsgRequestVote, 9, 2, 40)).unwrap();
         assert_eq!(granted(&mut group), vec![true]);
     }
 

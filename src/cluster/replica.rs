@@ -213,9 +213,22 @@ impl ShardCluster {
         self.peer_tcps.borrow().get(&replica).cloned()
     }
 
-    /// Records peer `replica`'s client TCP address.
+    /// Peer `replica` greeted (it connected, perhaps after a restart): records its
+    /// client TCP address, and in the groups this node leads stops counting what the
+    /// peer had acknowledged until it acknowledges again (a restart empties its Raft
+    /// log).
     pub fn set_peer_tcp(&self, replica: u64, tcp: String) {
         self.peer_tcps.borrow_mut().insert(replica, tcp);
+        let mut touched = Vec::new();
+        for (topic, g) in self.groups.borrow_mut().iter_mut() {
+            if g.group.is_leader() {
+                g.group.peer_reconnected(replica);
+                touched.push(topic.clone());
+            }
+        }
+        for t in touched {
+            self.mark(&t);
+        }
     }
 
     /// True when this node leads `topic` now.
@@ -242,6 +255,7 @@ impl ShardCluster {
             .data_path
             .as_ref()
             .and_then(|d| vote::load(&vote::path(d, topic)));
+        let found = saved;
         let saved = saved.unwrap_or_default();
         let store = MemLog::with_term_vote(&voters, saved.term, saved.vote);
         let mut group = match TopicGroup::new(&config, store) {
@@ -252,6 +266,9 @@ impl ShardCluster {
             }
         };
         group.set_vote_floor(saved.floor.0, saved.floor.1);
+        // No saved state while the topic keeps a data path: a new replica, or one whose
+        // disk was lost.
+        group.set_fresh(found.is_none() && server.shard.opts.data_path.is_some());
         server.shard.create_topic(topic);
         self.groups.borrow_mut().insert(
             topic.to_string(),
