@@ -16,11 +16,13 @@
 //! The driver task ticks every group each [`TICK`] (election after 10 to 19 ticks,
 //! heartbeats every 2) and polls a group after anything stepped or proposed on it.
 
+mod apply;
 mod compaction;
 mod requests;
 mod vote;
 
-use compaction::{parse_state, snapshot_data, History};
+use apply::apply;
+use compaction::{snapshot_data, History};
 use requests::client_address;
 pub use requests::{admin, peer_greeted, route, subscribe, MoveLeaderError, SubRoute};
 
@@ -31,17 +33,15 @@ use bytes::Bytes;
 use futures::channel::oneshot;
 use nsq_replication::wire::{self, Frame, Hello, Reply};
 use nsq_replication::{
-    AckPolicy, AckState, ChannelOp, Entry, GroupConfig, Leadership, MemLog, Message,
-    PendingMessage, ProposalId, ReplicationError, TopicGroup,
+    AckPolicy, AckState, Entry, GroupConfig, Leadership, MemLog, Message, ProposalId,
+    ReplicationError, TopicGroup,
 };
-use nsq_shards::mesh::AdminOp;
 use nsq_shards::message::{IdGenerator, MessageId};
 use nsq_shards::shard::{DurableWait, LookupEvent};
 use nsq_shards::topic::PublishError;
 use nsq_shards::wake::Notify;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
-use std::hash::{Hash, Hasher};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -807,97 +807,6 @@ impl ShardCluster {
         }
     }
 
-    /// Saves `topic`'s term and vote when they changed since the last write (synced),
-    /// and its vote floor when it moved (at most every [`CURSOR_EVERY`], unsynced).
-    /// Returns false when the term and vote could not be saved (the error is logged).
-    async fn save_vote(&self, server: &Server, topic: &str) -> bool {
-        let Some(data) = server.shard.opts.data_path.clone() else {
-            return true;
-        };
-        let (next, sync) = {
-            let groups = self.groups.borrow();
-            let Some(g) = groups.get(topic) else {
-                return true;
-            };
-            let (term, vote) = (g.group.term(), g.group.vote());
-            let floor = g.group.applied_position().unwrap_or(g.saved.floor);
-            let sync = (term, vote) != (g.saved.term, g.saved.vote);
-            // The floor alone goes at most every CURSOR_EVERY, unsynced.
-            let floor_due = floor > g.saved.floor && g.floor_saved_at.elapsed() >= CURSOR_EVERY;
-            if !sync && !floor_due {
-                return true;
-            }
-            let next = vote::Saved {
-                seq: g.saved.seq + 1,
-                term,
-                vote,
-                floor: floor.max(g.saved.floor),
-            };
-            (next, sync)
-        };
-        let path = vote::path(&data, topic);
-        let written = glommio::executor()
-            .spawn_blocking(move || vote::store_blocking(&path, &next, sync))
-            .await;
-        match written {
-            Ok(()) => {
-                if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
-                    g.saved = next;
-                    g.floor_saved_at = Instant::now();
-                }
-                true
-            }
-            Err(e) if sync => {
-                log::error!("TOPIC({topic}): term and vote not saved ({e}); messages held back");
-                false
-            }
-            Err(e) => {
-                log::warn!("TOPIC({topic}): vote floor not saved ({e})");
-                true
-            }
-        }
-    }
-
-    /// Restores a snapshot the leader sent: the topic's channels, its unfinished
-    /// records at the leader's sequences and its channels' positions. A snapshot
-    /// without the records this replica misses leaves a hole in its log: it then hands
-    /// leadership to another replica whenever it gets it while one is connected (for
-    /// as long as this process runs).
-    fn restore(&self, server: &Server, topic: &str, r: &nsq_replication::Restore) {
-        let Some(state) = parse_state(&r.data) else {
-            log::error!(
-                "TOPIC({topic}): the snapshot at Raft index {} does not decode; nothing restored",
-                r.index
-            );
-            return;
-        };
-        for (ch, _) in &state.channels {
-            if !server.shard.has_channel(topic, ch) {
-                let _ = server
-                    .shard
-                    .admin(AdminOp::CreateChannel(topic.to_string(), ch.clone()));
-            }
-        }
-        let carried = state.records.as_ref().map(Vec::len);
-        let restored = server.shard.restore_replica(topic, state);
-        if restored.missing {
-            log::warn!(
-                "TOPIC({topic}): caught up from a snapshot at Raft index {} without the messages this replica misses (more than a snapshot carries); it hands leadership to another replica",
-                r.index
-            );
-            if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
-                g.gap = true;
-            }
-        } else {
-            log::info!(
-                "TOPIC({topic}): caught up from a snapshot at Raft index {}: {} of its {} unfinished message(s) appended",
-                r.index,
-                restored.appended,
-                carried.unwrap_or(0)
-            );
-        }
-    }
-
     /// `topic`'s leader as this replica knows it (`Some(None)`: none known now; `None`:
     /// no group for `topic` here).
     fn group_leader(&self, topic: &str) -> Option<Option<u64>> {
@@ -911,79 +820,6 @@ impl ShardCluster {
             g.group.transfer_leader(to);
         }
         self.mark(topic);
-    }
-
-    /// Proposes the delivery state of the channels of the topics this shard leads,
-    /// where it changed: each channel's cursor and unfinished messages
-    /// ([`ChannelOp::Position`]), or only its low watermark ([`ChannelOp::Cursor`]) for
-    /// a channel holding more than [`POSITION_MAX`] unfinished messages.
-    fn replicate_cursors(&self, server: &Server) {
-        let led: Vec<String> = self.led.borrow().iter().cloned().collect();
-        for topic in led {
-            let positions = server.shard.channel_positions(&topic, POSITION_MAX);
-            let mut groups = self.groups.borrow_mut();
-            let Some(g) = groups.get_mut(&topic) else {
-                continue;
-            };
-            let mut proposed = false;
-            // A channel the leader no longer has (an #ephemeral one whose last consumer
-            // left is deleted there, as nsqd does) goes on the replicas too.
-            let gone: Vec<String> = g
-                .cursors
-                .keys()
-                .filter(|c| !positions.iter().any(|p| &p.channel == *c))
-                .cloned()
-                .collect();
-            for channel in gone {
-                let e = Entry::Channel {
-                    channel: channel.clone(),
-                    op: ChannelOp::Delete,
-                };
-                if g.group.propose(&e).is_ok() {
-                    g.cursors.remove(&channel);
-                    proposed = true;
-                }
-            }
-            for pos in positions {
-                let mut h = std::hash::DefaultHasher::new();
-                let op = match pos.pending {
-                    Some(pending) => {
-                        (pos.cursor, &pending).hash(&mut h);
-                        ChannelOp::Position {
-                            cursor: pos.cursor,
-                            pending: pending
-                                .into_iter()
-                                .map(|(offset, attempts, due_unix_ns)| PendingMessage {
-                                    offset,
-                                    attempts,
-                                    due_unix_ns,
-                                })
-                                .collect(),
-                        }
-                    }
-                    None => {
-                        (u64::MAX, pos.low).hash(&mut h);
-                        ChannelOp::Cursor { offset: pos.low }
-                    }
-                };
-                let digest = h.finish();
-                if g.cursors.get(&pos.channel) == Some(&digest) {
-                    continue;
-                }
-                let e = Entry::Channel {
-                    channel: pos.channel.clone(),
-                    op,
-                };
-                if g.group.propose(&e).is_ok() {
-                    g.cursors.insert(pos.channel, digest);
-                    proposed = true;
-                }
-            }
-            drop(groups);
-            if proposed {
-                self.mark(&topic);
-            }
-        }
     }
 
     /// `topic`'s replication for `/stats`: its leader's address, term, commit and
@@ -1043,77 +879,6 @@ async fn answer(rx: oneshot::Receiver<Reply>, deadline: Instant) -> Result<(), S
         }
         futures::future::Either::Left((Err(_), _)) => Err("replication group gone".into()),
         futures::future::Either::Right(_) => Err("replicas did not confirm in time".into()),
-    }
-}
-
-/// Applies one committed entry to the topic on this shard; a batch's durable wait when
-/// the sync policy asks for one.
-fn apply(server: &Server, topic: &str, entry: Entry) -> Option<DurableWait> {
-    let shard = &server.shard;
-    match entry {
-        Entry::Publish(msgs) => {
-            let now_i = Instant::now();
-            let now_ns = nsq_shards::message::now_unix_nanos();
-            let batch = msgs
-                .into_iter()
-                .filter_map(|m| {
-                    let id = MessageId::from_hex(&m.id)?;
-                    let ts = i64::try_from(m.timestamp_ns).unwrap_or(i64::MAX);
-                    let defer = (m.defer_ms > 0).then(|| {
-                        nsq_shards::message::instant_at(
-                            ts.saturating_add(i64::from(m.defer_ms) * 1_000_000),
-                            now_i,
-                            now_ns,
-                        )
-                    });
-                    Some((id, ts, defer, m.body))
-                })
-                .collect();
-            match shard.publish_replicated(topic, batch) {
-                Ok(w) => w,
-                Err(e) => {
-                    log::error!("TOPIC({topic}): a committed batch was not stored: {e}");
-                    None
-                }
-            }
-        }
-        Entry::Channel { channel, op } => {
-            let t = topic.to_string();
-            let leads = server.cluster.as_ref().is_some_and(|c| c.leads(topic));
-            let r = match op {
-                ChannelOp::Create => shard.admin(AdminOp::CreateChannel(t, channel)),
-                ChannelOp::Delete => shard.admin(AdminOp::DeleteChannel(t, channel)),
-                ChannelOp::Empty => shard.admin(AdminOp::EmptyChannel(t, channel)),
-                ChannelOp::Pause(p) => shard.admin(AdminOp::PauseChannel(t, channel, p)),
-                ChannelOp::Cursor { offset } => {
-                    shard.advance_channel(topic, &channel, offset);
-                    Ok(())
-                }
-                // The leader's own channel is the state it sent.
-                ChannelOp::Position { .. } if leads => Ok(()),
-                ChannelOp::Position { cursor, pending } => {
-                    let pending: Vec<(u64, u16, i64)> = pending
-                        .iter()
-                        .map(|p| (p.offset, p.attempts, p.due_unix_ns))
-                        .collect();
-                    shard.set_channel_position(topic, &channel, cursor, &pending);
-                    Ok(())
-                }
-                // Not proposed by this version: FINs, REQs and attempts travel as
-                // positions.
-                ChannelOp::Fin { .. } | ChannelOp::Req { .. } | ChannelOp::Attempt { .. } => Ok(()),
-            };
-            if let Err(e) = r {
-                log::debug!("TOPIC({topic}): replicated channel change: {e:?}");
-            }
-            None
-        }
-        Entry::TopicPause(p) => {
-            let _ = shard.admin(AdminOp::PauseTopic(topic.to_string(), p));
-            None
-        }
-        // Taken by the group's driver (ShardCluster::process).
-        Entry::Compact { .. } => None,
     }
 }
 

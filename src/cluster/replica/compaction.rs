@@ -1,12 +1,13 @@
 //! A group's Raft log compaction and snapshots (docs/replication.md, "How it works"):
 //! what every replica held for long enough is dropped, and a snapshot carries the
 //! topic as the leader holds it: its head, its channels' positions and its unfinished
-//! records, at the leader's own sequences.
+//! records, at the leader's own sequences; a replica that receives one restores it.
 
 use super::{Group, ShardCluster, RETAIN_BYTES};
 use crate::server::Server;
 use bytes::Bytes;
 use nsq_replication::Entry;
+use nsq_shards::mesh::AdminOp;
 use nsq_shards::message::MessageId;
 use nsq_shards::topic::{ReplicaRecord, ReplicaState};
 use std::time::{Duration, Instant};
@@ -94,6 +95,48 @@ impl ShardCluster {
             .replica_state(topic, SNAPSHOT_MAX_SPAN, SNAPSHOT_MAX_BYTES)
             .await?;
         Some(encode_state(&state))
+    }
+}
+
+impl ShardCluster {
+    /// Restores a snapshot the leader sent: the topic's channels, its unfinished
+    /// records at the leader's sequences and its channels' positions. A snapshot
+    /// without the records this replica misses leaves a hole in its log: it then hands
+    /// leadership to another replica whenever it gets it while one is connected (for
+    /// as long as this process runs).
+    pub(super) fn restore(&self, server: &Server, topic: &str, r: &nsq_replication::Restore) {
+        let Some(state) = parse_state(&r.data) else {
+            log::error!(
+                "TOPIC({topic}): the snapshot at Raft index {} does not decode; nothing restored",
+                r.index
+            );
+            return;
+        };
+        for (ch, _) in &state.channels {
+            if !server.shard.has_channel(topic, ch) {
+                let _ = server
+                    .shard
+                    .admin(AdminOp::CreateChannel(topic.to_string(), ch.clone()));
+            }
+        }
+        let carried = state.records.as_ref().map(Vec::len);
+        let restored = server.shard.restore_replica(topic, state);
+        if restored.missing {
+            log::warn!(
+                "TOPIC({topic}): caught up from a snapshot at Raft index {} without the messages this replica misses (more than a snapshot carries); it hands leadership to another replica",
+                r.index
+            );
+            if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
+                g.gap = true;
+            }
+        } else {
+            log::info!(
+                "TOPIC({topic}): caught up from a snapshot at Raft index {}: {} of its {} unfinished message(s) appended",
+                r.index,
+                restored.appended,
+                carried.unwrap_or(0)
+            );
+        }
     }
 }
 

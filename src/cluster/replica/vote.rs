@@ -18,8 +18,11 @@
 //! sent; one that only moves the floor is not (a crash of the host may then leave an
 //! older floor, which protects less, never wrongly).
 
+use super::CURSOR_EVERY;
+use crate::server::Server;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 const MAGIC: &[u8; 4] = b"NRV2";
 const SLOT: usize = 48;
@@ -102,6 +105,59 @@ pub(super) fn store_blocking(path: &Path, saved: &Saved, sync: bool) -> std::io:
         f.sync_data()?;
     }
     Ok(())
+}
+
+impl super::ShardCluster {
+    /// Saves `topic`'s term and vote when they changed since the last write (synced),
+    /// and its vote floor when it moved (at most every [`CURSOR_EVERY`], unsynced).
+    /// Returns false when the term and vote could not be saved (the error is logged).
+    pub(super) async fn save_vote(&self, server: &Server, topic: &str) -> bool {
+        let Some(data) = server.shard.opts.data_path.clone() else {
+            return true;
+        };
+        let (next, sync) = {
+            let groups = self.groups.borrow();
+            let Some(g) = groups.get(topic) else {
+                return true;
+            };
+            let (term, vote) = (g.group.term(), g.group.vote());
+            let floor = g.group.applied_position().unwrap_or(g.saved.floor);
+            let sync = (term, vote) != (g.saved.term, g.saved.vote);
+            // The floor alone goes at most every CURSOR_EVERY, unsynced.
+            let floor_due = floor > g.saved.floor && g.floor_saved_at.elapsed() >= CURSOR_EVERY;
+            if !sync && !floor_due {
+                return true;
+            }
+            let next = Saved {
+                seq: g.saved.seq + 1,
+                term,
+                vote,
+                floor: floor.max(g.saved.floor),
+            };
+            (next, sync)
+        };
+        let path = path(&data, topic);
+        let written = glommio::executor()
+            .spawn_blocking(move || store_blocking(&path, &next, sync))
+            .await;
+        match written {
+            Ok(()) => {
+                if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
+                    g.saved = next;
+                    g.floor_saved_at = Instant::now();
+                }
+                true
+            }
+            Err(e) if sync => {
+                log::error!("TOPIC({topic}): term and vote not saved ({e}); messages held back");
+                false
+            }
+            Err(e) => {
+                log::warn!("TOPIC({topic}): vote floor not saved ({e})");
+                true
+            }
+        }
+    }
 }
 
 #[cfg(test)]

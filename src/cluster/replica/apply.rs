@@ -1,0 +1,159 @@
+//! What a group's committed entries do to the topic on this shard, and the channel
+//! state the leader replicates (docs/replication.md, "How it works"): a batch appended
+//! with the leader's IDs, a channel change applied where it sits in the log, each
+//! channel's cursor and unfinished messages set on the replicas.
+
+use super::{ShardCluster, POSITION_MAX};
+use crate::server::Server;
+use nsq_replication::{ChannelOp, Entry, PendingMessage};
+use nsq_shards::mesh::AdminOp;
+use nsq_shards::message::MessageId;
+use nsq_shards::shard::DurableWait;
+use std::hash::{Hash, Hasher};
+use std::time::Instant;
+
+impl ShardCluster {
+    /// Proposes the delivery state of the channels of the topics this shard leads,
+    /// where it changed: each channel's cursor and unfinished messages
+    /// ([`ChannelOp::Position`]), or only its low watermark ([`ChannelOp::Cursor`]) for
+    /// a channel holding more than [`POSITION_MAX`] unfinished messages.
+    pub(super) fn replicate_cursors(&self, server: &Server) {
+        let led: Vec<String> = self.led.borrow().iter().cloned().collect();
+        for topic in led {
+            let positions = server.shard.channel_positions(&topic, POSITION_MAX);
+            let mut groups = self.groups.borrow_mut();
+            let Some(g) = groups.get_mut(&topic) else {
+                continue;
+            };
+            let mut proposed = false;
+            // A channel the leader no longer has (an #ephemeral one whose last consumer
+            // left is deleted there, as nsqd does) goes on the replicas too.
+            let gone: Vec<String> = g
+                .cursors
+                .keys()
+                .filter(|c| !positions.iter().any(|p| &p.channel == *c))
+                .cloned()
+                .collect();
+            for channel in gone {
+                let e = Entry::Channel {
+                    channel: channel.clone(),
+                    op: ChannelOp::Delete,
+                };
+                if g.group.propose(&e).is_ok() {
+                    g.cursors.remove(&channel);
+                    proposed = true;
+                }
+            }
+            for pos in positions {
+                let mut h = std::hash::DefaultHasher::new();
+                let op = match pos.pending {
+                    Some(pending) => {
+                        (pos.cursor, &pending).hash(&mut h);
+                        ChannelOp::Position {
+                            cursor: pos.cursor,
+                            pending: pending
+                                .into_iter()
+                                .map(|(offset, attempts, due_unix_ns)| PendingMessage {
+                                    offset,
+                                    attempts,
+                                    due_unix_ns,
+                                })
+                                .collect(),
+                        }
+                    }
+                    None => {
+                        (u64::MAX, pos.low).hash(&mut h);
+                        ChannelOp::Cursor { offset: pos.low }
+                    }
+                };
+                let digest = h.finish();
+                if g.cursors.get(&pos.channel) == Some(&digest) {
+                    continue;
+                }
+                let e = Entry::Channel {
+                    channel: pos.channel.clone(),
+                    op,
+                };
+                if g.group.propose(&e).is_ok() {
+                    g.cursors.insert(pos.channel, digest);
+                    proposed = true;
+                }
+            }
+            drop(groups);
+            if proposed {
+                self.mark(&topic);
+            }
+        }
+    }
+}
+
+/// Applies one committed entry to the topic on this shard; a batch's durable wait when
+/// the sync policy asks for one.
+pub(super) fn apply(server: &Server, topic: &str, entry: Entry) -> Option<DurableWait> {
+    let shard = &server.shard;
+    match entry {
+        Entry::Publish(msgs) => {
+            let now_i = Instant::now();
+            let now_ns = nsq_shards::message::now_unix_nanos();
+            let batch = msgs
+                .into_iter()
+                .filter_map(|m| {
+                    let id = MessageId::from_hex(&m.id)?;
+                    let ts = i64::try_from(m.timestamp_ns).unwrap_or(i64::MAX);
+                    let defer = (m.defer_ms > 0).then(|| {
+                        nsq_shards::message::instant_at(
+                            ts.saturating_add(i64::from(m.defer_ms) * 1_000_000),
+                            now_i,
+                            now_ns,
+                        )
+                    });
+                    Some((id, ts, defer, m.body))
+                })
+                .collect();
+            match shard.publish_replicated(topic, batch) {
+                Ok(w) => w,
+                Err(e) => {
+                    log::error!("TOPIC({topic}): a committed batch was not stored: {e}");
+                    None
+                }
+            }
+        }
+        Entry::Channel { channel, op } => {
+            let t = topic.to_string();
+            let leads = server.cluster.as_ref().is_some_and(|c| c.leads(topic));
+            let r = match op {
+                ChannelOp::Create => shard.admin(AdminOp::CreateChannel(t, channel)),
+                ChannelOp::Delete => shard.admin(AdminOp::DeleteChannel(t, channel)),
+                ChannelOp::Empty => shard.admin(AdminOp::EmptyChannel(t, channel)),
+                ChannelOp::Pause(p) => shard.admin(AdminOp::PauseChannel(t, channel, p)),
+                ChannelOp::Cursor { offset } => {
+                    shard.advance_channel(topic, &channel, offset);
+                    Ok(())
+                }
+                // The leader's own channel is the state it sent.
+                ChannelOp::Position { .. } if leads => Ok(()),
+                ChannelOp::Position { cursor, pending } => {
+                    let pending: Vec<(u64, u16, i64)> = pending
+                        .iter()
+                        .map(|p| (p.offset, p.attempts, p.due_unix_ns))
+                        .collect();
+                    shard.set_channel_position(topic, &channel, cursor, &pending);
+                    Ok(())
+                }
+                // Not proposed by this version: FINs, REQs and attempts travel as
+                // positions.
+                ChannelOp::Fin { .. } | ChannelOp::Req { .. } | ChannelOp::Attempt { .. } => Ok(()),
+            };
+            if let Err(e) = r {
+                log::debug!("TOPIC({topic}): replicated channel change: {e:?}");
+            }
+            None
+        }
+        Entry::TopicPause(p) => {
+            let _ = shard.admin(AdminOp::PauseTopic(topic.to_string(), p));
+            None
+        }
+        // Taken by the group's driver (ShardCluster::process).
+        Entry::Compact { .. } => None,
+    }
+}
