@@ -814,6 +814,35 @@ mod tests {
         assert!(TopicGroup::new(&config, MemLog::new(&[1])).is_err());
     }
 
+    /// A message from node 1 to node 2 naming `log_term` and `index`.
+    fn to_node_2(
+        t: raft::eraftpb::MessageType,
+        term: u64,
+        log_term: u64,
+        index: u64,
+    ) -> RaftMessage {
+        let mut m = RaftMessage::default();
+        m.set_msg_type(t);
+        m.from = 1;
+        m.to = 2;
+        m.term = term;
+        m.log_term = log_term;
+        m.index = index;
+        m
+    }
+
+    /// Whether node 2 granted each vote it answered since the last poll.
+    fn granted(group: &mut TopicGroup) -> Vec<bool> {
+        group
+            .poll()
+            .unwrap()
+            .messages
+            .iter()
+            .filter(|m| m.get_msg_type() == raft::eraftpb::MessageType::MsgRequestVoteResponse)
+            .map(|m| !m.reject)
+            .collect()
+    }
+
     /// A node restarted with an empty log votes for no candidate whose log ends before
     /// what it had applied (its vote floor), and for one whose log reaches it.
     #[test]
@@ -821,24 +850,12 @@ mod tests {
         let mut group = TopicGroup::new(&GroupConfig::new(2), MemLog::new(&[1, 2, 3])).unwrap();
         group.set_vote_floor(5, 100);
         let ask = |log_term: u64, index: u64| {
-            let mut m = RaftMessage::default();
-            m.set_msg_type(raft::eraftpb::MessageType::MsgRequestVote);
-            m.from = 1;
-            m.to = 2;
-            m.term = 6;
-            m.log_term = log_term;
-            m.index = index;
-            m
-        };
-        let granted = |group: &mut TopicGroup| -> Vec<bool> {
-            group
-                .poll()
-                .unwrap()
-                .messages
-                .iter()
-                .filter(|m| m.get_msg_type() == raft::eraftpb::MessageType::MsgRequestVoteResponse)
-                .map(|m| !m.reject)
-                .collect()
+            to_node_2(
+                raft::eraftpb::MessageType::MsgRequestVote,
+                6,
+                log_term,
+                index,
+            )
         };
         // Behind the floor: a later index of an older term, an earlier index of its term.
         group.step(ask(4, 200)).unwrap();
@@ -855,26 +872,7 @@ mod tests {
     fn a_fresh_node_waits_for_a_leader_before_electing_a_candidate_with_entries() {
         let mut group = TopicGroup::new(&GroupConfig::new(2), MemLog::new(&[1, 2, 3])).unwrap();
         group.set_fresh(true);
-        let msg = |t: raft::eraftpb::MessageType, term: u64, log_term: u64, index: u64| {
-            let mut m = RaftMessage::default();
-            m.set_msg_type(t);
-            m.from = 1;
-            m.to = 2;
-            m.term = term;
-            m.log_term = log_term;
-            m.index = index;
-            m
-        };
-        let granted = |group: &mut TopicGroup| -> Vec<bool> {
-            group
-                .poll()
-                .unwrap()
-                .messages
-                .iter()
-                .filter(|m| m.get_msg_type() == raft::eraftpb::MessageType::MsgRequestVoteResponse)
-                .map(|m| !m.reject)
-                .collect()
-        };
+        let msg = to_node_2;
         use raft::eraftpb::MessageType::{MsgHeartbeat, MsgRequestVote};
         group.step(msg(MsgRequestVote, 3, 2, 40)).unwrap();
         assert_eq!(granted(&mut group), Vec::<bool>::new());
