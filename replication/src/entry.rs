@@ -31,6 +31,7 @@
 //! | 9 | [`ChannelOp::Pause`] | channel, paused u8 (0 or 1) |
 //! | 10 | [`Entry::TopicPause`] | paused u8 (0 or 1) |
 //! | 11 | [`Entry::Compact`] | index u64 |
+//! | 13 | [`Entry::PublishAt`] | base u64, batch |
 //! | 12 | [`ChannelOp::Position`] | channel, cursor u64, count u32, (offset u64, attempts u16, due_unix_ns i64) × count |
 //!
 //! Decoding reads bytes that came from the network or a disk: it never panics and
@@ -133,6 +134,17 @@ const PENDING_LEN: usize = 18;
 pub enum Entry {
     /// A batch of published messages, appended to the topic log in this order.
     Publish(Vec<Message>),
+    /// A batch as [`Entry::Publish`] whose first message takes sequence `base` in the
+    /// topic's log, as the leader numbers it: a replica whose log ends below `base`
+    /// steps to it (a hole: nothing is there on any replica), and one whose log already
+    /// reaches past a message's sequence holds it. Every replica thereby numbers the
+    /// topic's log alike, which a channel position replicated as a sequence needs.
+    PublishAt {
+        /// The sequence of the first message.
+        base: u64,
+        /// The messages.
+        messages: Vec<Message>,
+    },
     /// An operation on one channel.
     Channel {
         /// The channel's name.
@@ -197,6 +209,7 @@ const TAG_PAUSE: u8 = 9;
 const TAG_TOPIC_PAUSE: u8 = 10;
 const TAG_COMPACT: u8 = 11;
 const TAG_POSITION: u8 = 12;
+const TAG_PUBLISH_AT: u8 = 13;
 
 /// Bytes of a message before its body: id, timestamp, attempts, defer, body length.
 const MESSAGE_HEADER: usize = 16 + 8 + 2 + 4 + 4;
@@ -215,15 +228,12 @@ impl Entry {
         match self {
             Self::Publish(batch) => {
                 out.push(TAG_PUBLISH);
-                put_u32(&mut out, batch.len());
-                for m in batch {
-                    out.extend_from_slice(&m.id);
-                    out.extend_from_slice(&m.timestamp_ns.to_le_bytes());
-                    out.extend_from_slice(&m.attempts.to_le_bytes());
-                    out.extend_from_slice(&m.defer_ms.to_le_bytes());
-                    put_u32(&mut out, m.body.len());
-                    out.extend_from_slice(&m.body);
-                }
+                encode_batch(&mut out, batch);
+            }
+            Self::PublishAt { base, messages } => {
+                out.push(TAG_PUBLISH_AT);
+                out.extend_from_slice(&base.to_le_bytes());
+                encode_batch(&mut out, messages);
             }
             Self::Channel { channel, op } => encode_channel_op(&mut out, channel, op),
             Self::TopicPause(paused) => {
@@ -240,8 +250,11 @@ impl Entry {
 
     fn encoded_len_hint(&self) -> usize {
         match self {
-            Self::Publish(batch) => {
-                6 + batch
+            Self::Publish(batch)
+            | Self::PublishAt {
+                messages: batch, ..
+            } => {
+                14 + batch
                     .iter()
                     .map(|m| MESSAGE_HEADER + m.body.len())
                     .sum::<usize>()
@@ -284,35 +297,13 @@ impl Entry {
         }
         let tag = r.u8()?;
         let entry = match tag {
-            TAG_PUBLISH => {
-                let count = r.u32()? as usize;
-                // Every message takes at least MESSAGE_HEADER bytes: a count the input
-                // cannot hold is refused before anything is allocated for it.
-                if count > r.0.len() / MESSAGE_HEADER {
-                    return Err(DecodeError::Truncated);
+            TAG_PUBLISH => Self::Publish(decode_batch(&mut r, bytes, shared)?),
+            TAG_PUBLISH_AT => {
+                let base = r.u64()?;
+                Self::PublishAt {
+                    base,
+                    messages: decode_batch(&mut r, bytes, shared)?,
                 }
-                let mut batch = Vec::with_capacity(count);
-                for _ in 0..count {
-                    let id = r.id()?;
-                    let timestamp_ns = r.u64()?;
-                    let attempts = r.u16()?;
-                    let defer_ms = r.u32()?;
-                    let len = r.u32()? as usize;
-                    let at = bytes.len() - r.0.len();
-                    let slice = r.take(len)?;
-                    let body = match shared {
-                        Some(b) => b.slice(at..at + len),
-                        None => bytes::Bytes::copy_from_slice(slice),
-                    };
-                    batch.push(Message {
-                        id,
-                        timestamp_ns,
-                        attempts,
-                        defer_ms,
-                        body,
-                    });
-                }
-                Self::Publish(batch)
             }
             TAG_TOPIC_PAUSE => Self::TopicPause(r.bool()?),
             TAG_COMPACT => Self::Compact { index: r.u64()? },
@@ -329,6 +320,55 @@ impl Entry {
             Err(DecodeError::Trailing(r.0.len()))
         }
     }
+}
+
+fn encode_batch(out: &mut Vec<u8>, batch: &[Message]) {
+    put_u32(out, batch.len());
+    for m in batch {
+        out.extend_from_slice(&m.id);
+        out.extend_from_slice(&m.timestamp_ns.to_le_bytes());
+        out.extend_from_slice(&m.attempts.to_le_bytes());
+        out.extend_from_slice(&m.defer_ms.to_le_bytes());
+        put_u32(out, m.body.len());
+        out.extend_from_slice(&m.body);
+    }
+}
+
+/// A batch from `r`, which reads `bytes` (the whole entry); bodies are slices of
+/// `shared` when given (the same bytes), copies otherwise.
+fn decode_batch(
+    r: &mut Reader<'_>,
+    bytes: &[u8],
+    shared: Option<&bytes::Bytes>,
+) -> Result<Vec<Message>, DecodeError> {
+    let count = r.u32()? as usize;
+    // Every message takes at least MESSAGE_HEADER bytes: a count the input cannot hold
+    // is refused before anything is allocated for it.
+    if count > r.0.len() / MESSAGE_HEADER {
+        return Err(DecodeError::Truncated);
+    }
+    let mut batch = Vec::with_capacity(count);
+    for _ in 0..count {
+        let id = r.id()?;
+        let timestamp_ns = r.u64()?;
+        let attempts = r.u16()?;
+        let defer_ms = r.u32()?;
+        let len = r.u32()? as usize;
+        let at = bytes.len() - r.0.len();
+        let slice = r.take(len)?;
+        let body = match shared {
+            Some(b) => b.slice(at..at + len),
+            None => bytes::Bytes::copy_from_slice(slice),
+        };
+        batch.push(Message {
+            id,
+            timestamp_ns,
+            attempts,
+            defer_ms,
+            body,
+        });
+    }
+    Ok(batch)
 }
 
 fn encode_channel_op(out: &mut Vec<u8>, channel: &str, op: &ChannelOp) {

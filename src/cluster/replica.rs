@@ -114,6 +114,27 @@ struct Group {
     /// The term, vote and vote floor last saved ([`vote`]), and when the floor was.
     saved: vote::Saved,
     floor_saved_at: Instant,
+    /// While this node leads: the sequence the next proposed message takes in the
+    /// topic's log (its head once every entry in the Raft log is applied).
+    next_seq: Option<u64>,
+}
+
+impl Group {
+    /// The topic log's head once every entry of this node's Raft log is applied, from
+    /// `head`, the head now.
+    fn seq_after_log(&self, head: u64) -> u64 {
+        let mut next = head;
+        for e in self.group.unapplied_entries() {
+            match e {
+                Entry::PublishAt { base, messages } => {
+                    next = next.max(base.saturating_add(messages.len() as u64));
+                }
+                Entry::Publish(messages) => next += messages.len() as u64,
+                _ => {}
+            }
+        }
+        next
+    }
 }
 
 /// This shard's part of the cluster (one per shard, in its [`Server`]).
@@ -285,6 +306,7 @@ impl ShardCluster {
                 ids_at: std::collections::VecDeque::new(),
                 saved,
                 floor_saved_at: Instant::now(),
+                next_seq: None,
             },
         );
         log::info!("TOPIC({topic}): replicated on {} members", voters.len());
@@ -354,7 +376,7 @@ impl ShardCluster {
         let mut last_error = String::from("no leader elected in time");
         while Instant::now() < deadline {
             let target = if self.ensure_group(server, topic) {
-                match self.propose_here(topic, &entry) {
+                match self.propose_here(server, topic, &entry) {
                     Ok(rx) => return answer(rx, deadline).await,
                     Err(Some(leader)) => leader,
                     Err(None) => {
@@ -414,9 +436,11 @@ impl ShardCluster {
     /// way).
     fn propose_here(
         &self,
+        server: &Server,
         topic: &str,
         entry: &Entry,
     ) -> Result<oneshot::Receiver<Reply>, Option<u64>> {
+        let head = server.shard.topic_head(topic);
         let mut groups = self.groups.borrow_mut();
         let Some(g) = groups.get_mut(topic) else {
             return Err(None);
@@ -433,23 +457,32 @@ impl ShardCluster {
             };
         }
         let entry = match entry {
-            Entry::Publish(msgs) => {
+            Entry::Publish(msgs) | Entry::PublishAt { messages: msgs, .. } => {
                 let now = nsq_shards::message::now_unix_nanos();
-                Entry::Publish(
-                    msgs.iter()
+                let base = match g.next_seq {
+                    Some(next) => next,
+                    None => g.seq_after_log(head),
+                };
+                Entry::PublishAt {
+                    base,
+                    messages: msgs
+                        .iter()
                         .map(|m| Message {
                             id: g.ids.next_id().to_hex(),
                             timestamp_ns: u64::try_from(now).unwrap_or(0),
                             ..m.clone()
                         })
                         .collect(),
-                )
+                }
             }
             other => other.clone(),
         };
         let (tx, rx) = oneshot::channel();
         match g.group.propose(&entry) {
             Ok(proposal) => {
+                if let Entry::PublishAt { base, messages } = &entry {
+                    g.next_seq = Some(base.saturating_add(messages.len() as u64));
+                }
                 g.waiters.push(Waiter {
                     proposal,
                     reply: tx,
@@ -567,7 +600,7 @@ impl ShardCluster {
         if !self.ensure_group(server, topic) {
             return Reply::NotLeader { leader: 0 };
         }
-        match self.propose_here(topic, &entry) {
+        match self.propose_here(server, topic, &entry) {
             Ok(rx) => match answer(rx, Instant::now() + PROPOSE_TIMEOUT).await {
                 Ok(()) => Reply::Acked,
                 Err(e) => Reply::Failed(e),
@@ -669,7 +702,7 @@ impl ShardCluster {
                     if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
                         g.last_real = c.index;
                     }
-                    let publish = matches!(entry, Entry::Publish(_));
+                    let publish = matches!(entry, Entry::Publish(_) | Entry::PublishAt { .. });
                     if let Some(w) = apply(server, topic, entry) {
                         durable.push((c.index, w));
                     }
@@ -768,7 +801,7 @@ impl ShardCluster {
                 }
                 let mut highest = server.shard.topic_last_id(topic).map_or(0, |i| i.0);
                 for e in g.group.unapplied_entries() {
-                    if let Entry::Publish(msgs) = e {
+                    if let Entry::Publish(msgs) | Entry::PublishAt { messages: msgs, .. } = e {
                         for m in msgs {
                             if let Some(id) = MessageId::from_hex(&m.id) {
                                 highest = highest.max(id.0);
@@ -779,6 +812,7 @@ impl ShardCluster {
                 if highest != 0 {
                     g.ids.resume_above(MessageId(highest));
                 }
+                g.next_seq = Some(g.seq_after_log(server.shard.topic_head(topic)));
             }
             self.led.borrow_mut().insert(topic.to_string());
             let lookup = &server.shard.lookup;
@@ -795,6 +829,9 @@ impl ShardCluster {
                 l.term
             );
             self.led.borrow_mut().remove(topic);
+            if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
+                g.next_seq = None;
+            }
             let lookup = &server.shard.lookup;
             for c in server.shard.channel_names(topic) {
                 lookup.push_always(LookupEvent::Unregister(topic.to_string(), Some(c)));

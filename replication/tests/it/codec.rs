@@ -29,6 +29,20 @@ fn every_kind() -> Vec<Entry> {
                 body: bytes::Bytes::new(),
             },
         ]),
+        Entry::PublishAt {
+            base: 1 << 33,
+            messages: vec![Message {
+                id,
+                timestamp_ns: 1,
+                attempts: 0,
+                defer_ms: 0,
+                body: bytes::Bytes::from_static(b"at"),
+            }],
+        },
+        Entry::PublishAt {
+            base: 0,
+            messages: Vec::new(),
+        },
         Entry::TopicPause(true),
         Entry::TopicPause(false),
         Entry::Compact { index: 0 },

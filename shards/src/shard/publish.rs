@@ -24,6 +24,8 @@ pub struct DurableWait {
 enum Batch {
     Fresh(Vec<Bytes>, Option<Instant>),
     Replicated(Vec<(MessageId, i64, Option<Instant>, Bytes)>),
+    /// Numbered by the leader from the sequence given.
+    ReplicatedAt(u64, Vec<(MessageId, i64, Option<Instant>, Bytes)>),
 }
 
 impl Shard {
@@ -71,6 +73,17 @@ impl Shard {
         self.append_batch(topic, Batch::Replicated(messages), false)
     }
 
+    /// [`Shard::publish_replicated`] for a batch the leader numbered from `base`
+    /// ([`crate::topic::Topic::append_replicated_at`]).
+    pub fn publish_replicated_at(
+        &self,
+        topic: &str,
+        base: u64,
+        messages: Vec<(MessageId, i64, Option<Instant>, Bytes)>,
+    ) -> Result<Option<DurableWait>, PublishError> {
+        self.append_batch(topic, Batch::ReplicatedAt(base, messages), false)
+    }
+
     fn append_batch(
         &self,
         topic: &str,
@@ -79,7 +92,9 @@ impl Shard {
     ) -> Result<Option<DurableWait>, PublishError> {
         let bytes: u64 = match &batch {
             Batch::Fresh(bodies, _) => bodies.iter().map(|b| b.len() as u64).sum(),
-            Batch::Replicated(m) => m.iter().map(|(_, _, _, b)| b.len() as u64).sum(),
+            Batch::Replicated(m) | Batch::ReplicatedAt(_, m) => {
+                m.iter().map(|(_, _, _, b)| b.len() as u64).sum()
+            }
         };
         let mut topics = self.topics.borrow_mut();
         let t = self.get_or_create_topic(&mut topics, topic);
@@ -99,6 +114,9 @@ impl Shard {
                 t.publish(bodies, defer_until, self.opts.mem_queue_size)
             }
             Batch::Replicated(m) => t.append_replicated(m, self.opts.mem_queue_size),
+            Batch::ReplicatedAt(base, m) => {
+                t.append_replicated_at(base, m, self.opts.mem_queue_size)
+            }
         };
         bump(&self.counters.messages_in, n);
         bump(&self.counters.bytes_in, bytes);

@@ -87,11 +87,35 @@ impl Topic {
         self.log.holes.push((from, seq));
     }
 
+    /// Appends a batch a replicated topic's leader numbered from `base` (nsq-replication's
+    /// `Entry::PublishAt`): message `i` takes sequence `base + i`; one whose sequence
+    /// this log already reaches is held here and skipped, and a log that ends below a
+    /// message's sequence steps to it first (a hole). Returns (appended, log head).
+    pub fn append_replicated_at(
+        &mut self,
+        base: u64,
+        messages: impl IntoIterator<Item = (MessageId, i64, Option<Instant>, Bytes)>,
+        mem_queue_size: u64,
+    ) -> (u64, u64) {
+        let mut n = 0;
+        for (i, (id, timestamp, defer_until, body)) in messages.into_iter().enumerate() {
+            let seq = base.saturating_add(i as u64);
+            if seq < self.log.head {
+                continue;
+            }
+            self.skip_to(seq, mem_queue_size);
+            self.ids.resume_after(id);
+            n += self.push_published(id, timestamp, defer_until, body, mem_queue_size);
+        }
+        self.published(mem_queue_size);
+        (n, self.log.head)
+    }
+
     /// Makes this replica's topic hold what `state` says the leader holds: its records
     /// above this log's head are appended at the leader's sequences, the head moves to
     /// the leader's, and each channel moves forward to the leader's position (channels
-    /// the state names must exist already). Records below the head or with an ID not
-    /// above the newest here are skipped (this replica has them).
+    /// the state names must exist already). Records below the head are skipped (this
+    /// replica holds their sequences).
     pub fn restore_replica(&mut self, state: ReplicaState, mem_queue_size: u64) -> Restored {
         let newest_here = self.ids.last().map_or(0, |i| i.0);
         let mut out = Restored::default();
@@ -101,7 +125,7 @@ impl Topic {
                 self.skip_to(state.low, mem_queue_size);
                 let (now_i, now_ns) = (Instant::now(), now_unix_nanos());
                 for r in records {
-                    if r.seq < self.log.head || newest_here >= r.id.0 {
+                    if r.seq < self.log.head {
                         continue;
                     }
                     self.skip_to(r.seq, mem_queue_size);
@@ -173,5 +197,32 @@ impl Topic {
                 .collect(),
             records,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(ids: std::ops::Range<u64>) -> Vec<(MessageId, i64, Option<Instant>, Bytes)> {
+        ids.map(|i| (MessageId(i), 1, None, Bytes::from(format!("m{i}"))))
+            .collect()
+    }
+
+    /// A batch numbered by the leader lands at its sequences: a log that ends below
+    /// steps to the base (a hole), and sequences this log already reaches are held.
+    #[test]
+    fn a_batch_numbered_by_the_leader_lands_at_its_sequences() {
+        let mut t = Topic::new("t", 0);
+        assert_eq!(t.append_replicated_at(0, batch(100..103), 10), (3, 3));
+        // The leader's log was at 5: sequences 3 and 4 hold nothing here.
+        assert_eq!(t.append_replicated_at(5, batch(105..107), 10), (2, 7));
+        assert!(t.log.get(4).is_none());
+        assert_eq!(t.log.get(5).map(|r| r.id), Some(MessageId(105)));
+        assert_eq!(t.log.holes(), &[(3, 5)]);
+        // A replay from 6: 6 is held, 7 and 8 are new.
+        assert_eq!(t.append_replicated_at(6, batch(106..109), 10), (2, 9));
+        assert_eq!(t.log.get(8).map(|r| r.id), Some(MessageId(108)));
+        assert_eq!(t.last_id(), Some(MessageId(108)));
     }
 }

@@ -91,14 +91,21 @@ impl ShardCluster {
 /// the sync policy asks for one.
 pub(super) fn apply(server: &Server, topic: &str, entry: Entry) -> Option<DurableWait> {
     let shard = &server.shard;
+    let entry_base = match &entry {
+        Entry::PublishAt { base, .. } => Some(*base),
+        _ => None,
+    };
     match entry {
-        Entry::Publish(msgs) => {
+        Entry::Publish(msgs) | Entry::PublishAt { messages: msgs, .. } => {
+            let base = entry_base;
             let now_i = Instant::now();
             let now_ns = nsq_shards::message::now_unix_nanos();
+            // The leader's IDs are 16 hex digits; one that is not (never seen) keeps its
+            // place in the numbering with ID 0.
             let batch = msgs
                 .into_iter()
-                .filter_map(|m| {
-                    let id = MessageId::from_hex(&m.id)?;
+                .map(|m| {
+                    let id = MessageId::from_hex(&m.id).unwrap_or(MessageId(0));
                     let ts = i64::try_from(m.timestamp_ns).unwrap_or(i64::MAX);
                     let defer = (m.defer_ms > 0).then(|| {
                         nsq_shards::message::instant_at(
@@ -107,10 +114,14 @@ pub(super) fn apply(server: &Server, topic: &str, entry: Entry) -> Option<Durabl
                             now_ns,
                         )
                     });
-                    Some((id, ts, defer, m.body))
+                    (id, ts, defer, m.body)
                 })
                 .collect();
-            match shard.publish_replicated(topic, batch) {
+            let stored = match base {
+                Some(base) => shard.publish_replicated_at(topic, base, batch),
+                None => shard.publish_replicated(topic, batch),
+            };
+            match stored {
                 Ok(w) => w,
                 Err(e) => {
                     log::error!("TOPIC({topic}): a committed batch was not stored: {e}");
