@@ -21,6 +21,10 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::Duration;
 
+/// A connection that a peer closes within this long after it was made counts as
+/// refused (logged once a minute instead of at each redial).
+const FLAP: Duration = Duration::from_secs(1);
+
 /// Wait between two dials of an unreachable peer.
 pub const REDIAL: Duration = Duration::from_millis(100);
 
@@ -114,6 +118,7 @@ async fn connection_loop(server: &Server, p: &Outgoing, hello: &Hello) {
         }
     };
     let mut logged_down = false;
+    let mut flapping = false;
     while !server.shard.shutdown.is_set() {
         let stream = match TcpStream::connect_timeout(p.member.address.as_str(), DIAL_TIMEOUT).await
         {
@@ -127,15 +132,31 @@ async fn connection_loop(server: &Server, p: &Outgoing, hello: &Hello) {
                 continue;
             }
         };
-        if logged_down || server.shard.index() == 0 {
+        if !flapping && (logged_down || server.shard.index() == 0) {
             log::info!("CLUSTER: connected to peer {}", p.member.address);
         }
         logged_down = false;
         let _ = stream.set_nodelay(true);
+        let since = std::time::Instant::now();
         let r = write_loop(server, p, stream, &greeting).await;
         p.connected.set(false);
+        // A peer that closes each connection at once (it refuses this member: its own
+        // log says why) is reported once a minute, not at every redial.
+        flapping = since.elapsed() < FLAP;
         if let Err(e) = r {
-            log::warn!("CLUSTER: connection to {} closed: {e}", p.member.address);
+            if flapping {
+                log_once(
+                    &format!("closed {}", p.member.address),
+                    &format!(
+                        "connection to {} closed at once: {e} (the peer refuses this member? its log says why); dialled again every {} ms",
+                        p.member.address,
+                        REDIAL.as_millis()
+                    ),
+                    log::Level::Warn,
+                );
+            } else {
+                log::warn!("CLUSTER: connection to {} closed: {e}", p.member.address);
+            }
         }
         glommio::timer::sleep(REDIAL).await;
     }
@@ -292,7 +313,7 @@ fn check_hello(cfg: &ClusterConfig, h: &Hello) -> std::io::Result<u64> {
             "peer {} is not in --cluster-peer; its connection is refused",
             h.address
         );
-        log_once(&h.address, &e);
+        log_once(&h.address, &e, log::Level::Error);
         return Err(std::io::Error::other(e));
     };
     if m.replica != h.replica {
@@ -306,15 +327,15 @@ fn check_hello(cfg: &ClusterConfig, h: &Hello) -> std::io::Result<u64> {
             "peer {} has the same --node-id {} as this node: every member needs its own (message IDs carry it); its connection is refused",
             h.address, h.node_id
         );
-        log_once(&h.address, &e);
+        log_once(&h.address, &e, log::Level::Error);
         return Err(std::io::Error::other(e));
     }
     Ok(m.replica)
 }
 
-/// Logs a refused peer's reason at error once a minute per address (it dials again
-/// every [`REDIAL`]).
-fn log_once(address: &str, text: &str) {
+/// Logs `text` at `level` once a minute per `key` (a refused peer's reason, keyed by its
+/// address: it dials again every [`REDIAL`]).
+fn log_once(key: &str, text: &str, level: log::Level) {
     thread_local! {
         static LOGGED: std::cell::RefCell<std::collections::HashMap<String, std::time::Instant>> =
             std::cell::RefCell::new(std::collections::HashMap::new());
@@ -323,14 +344,14 @@ fn log_once(address: &str, text: &str) {
     let due = LOGGED.with(|l| {
         let mut l = l.borrow_mut();
         let due = l
-            .get(address)
+            .get(key)
             .is_none_or(|at| now.duration_since(*at) >= Duration::from_secs(60));
         if due {
-            l.insert(address.to_string(), now);
+            l.insert(key.to_string(), now);
         }
         due
     });
     if due {
-        log::error!("CLUSTER: {text}");
+        log::log!(level, "CLUSTER: {text}");
     }
 }

@@ -585,6 +585,18 @@ fn cluster_flags_are_checked() {
         n1.daemon
             .log_contains("has the same --node-id 7 as this node")
     });
+    // Each dials the other again every 100 ms; the refusals and the closed connections
+    // are logged once a minute, not at every dial.
+    wait_for("the closed connections reported", || {
+        n1.daemon.log_contains("closed at once")
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let log = n1.daemon.log_text();
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("CLUSTER:") && (l.contains("closed") || l.contains("connected")))
+        .count();
+    assert!(lines <= 4, "{lines} connection lines in 1.5 s:\n{log}");
 }
 
 #[test]
