@@ -5,6 +5,7 @@
   scripts/bench-replication.py [--broker target/release/nsqd]
                                [--bench target/release/nsq-bench]
                                [--runfor 10s] [--sizes 200,4096] [--failovers 5]
+                               [--node-cpus 0,1,2 --bench-cpus 3-6]
 
 For each message size: `nsq-bench pubsub` (one producer, one consumer, MPUB batches, the
 bench's defaults otherwise) against one standalone broker, then against the leader of a
@@ -13,6 +14,12 @@ each node `--shards 1`). Prints msgs/s and p99 of both and their ratio. Then, on
 cluster, `--failovers` times: kill -9 the topic's leader and time (a) until a publish
 through a surviving node is answered 200 and (b) until GET /cluster names a new leader;
 the killed node is restarted at once on its data path before the next round.
+
+Without --node-cpus every process runs on every CPU. With it (three taskset CPU lists,
+comma-separated, e.g. `0,1,2` or `0-1,2-3,4-5` with `--shards 2`), node i runs under
+`taskset -c` its list, and the standalone broker under node 1's; `--bench-cpus` does the
+same for nsq-bench. On a host with enough cores this gives each broker its own CPUs, so
+the ratio shows what replication costs rather than three brokers sharing cores.
 
 Every broker runs on a fresh data path under $TMPDIR with the default sync policy.
 The disk's O_DIRECT write speed (dd) is printed first: durable figures depend on it.
@@ -61,16 +68,18 @@ def http(port, method, path, body=b""):
 
 
 class Node:
-    def __init__(self, binary, data, extra):
+    def __init__(self, binary, data, extra, cpus=None, shards=1):
         self.binary, self.data, self.extra = binary, data, list(extra)
+        self.cpus, self.shards = cpus, shards
         self.tcp, self.http = free_port(), free_port()
         self.proc = None
 
     def start(self):
         os.makedirs(self.data, exist_ok=True)
         log = open(os.path.join(self.data, "..", os.path.basename(self.data) + ".log"), "ab")
+        pin = ["taskset", "-c", self.cpus] if self.cpus else []
         self.proc = subprocess.Popen(
-            [self.binary, "--shards=1", "--data-path=" + self.data,
+            pin + [self.binary, "--shards=%d" % self.shards, "--data-path=" + self.data,
              "--tcp-address=127.0.0.1:%d" % self.tcp,
              "--http-address=127.0.0.1:%d" % self.http] + self.extra,
             stdout=log, stderr=log)
@@ -87,13 +96,14 @@ class Node:
             self.proc = None
 
 
-def cluster(binary, root):
+def cluster(binary, root, cpus, shards):
     addrs = ["127.0.0.1:%d" % free_port() for _ in range(3)]
     nodes = []
     for i, a in enumerate(addrs):
         peers = ["--cluster-peer=" + p for p in addrs if p != a]
         nodes.append(Node(binary, os.path.join(root, "node%d" % i),
-                          ["--node-id=%d" % (i + 1), "--cluster-address=" + a] + peers))
+                          ["--node-id=%d" % (i + 1), "--cluster-address=" + a] + peers,
+                          cpus[i], shards))
     for n in nodes:
         n.start()
     return nodes, addrs
@@ -124,9 +134,10 @@ def wait_leader(nodes, addrs, topic, timeout=30):
     sys.exit("no leader for %s" % topic)
 
 
-def bench(binary, port, topic, size, runfor):
+def bench(binary, port, topic, size, runfor, cpus):
+    pin = ["taskset", "-c", cpus] if cpus else []
     out = subprocess.run(
-        [binary, "pubsub", "--nsqd-tcp-address=127.0.0.1:%d" % port, "--topic", topic,
+        pin + [binary, "pubsub", "--nsqd-tcp-address=127.0.0.1:%d" % port, "--topic", topic,
          "--size", str(size), "--runfor", runfor, "--json"],
         capture_output=True, text=True, check=False)
     if out.returncode != 0:
@@ -147,7 +158,18 @@ def main():
     ap.add_argument("--runfor", default="10s")
     ap.add_argument("--sizes", default="200,4096")
     ap.add_argument("--failovers", type=int, default=5)
+    ap.add_argument("--shards", type=int, default=1, help="--shards of every broker")
+    ap.add_argument("--node-cpus", default="",
+                    help="taskset CPU lists of nodes 1, 2 and 3, separated by '|' or ','")
+    ap.add_argument("--bench-cpus", default="", help="taskset CPU list of nsq-bench")
     a = ap.parse_args()
+    cpus = [None, None, None]
+    if a.node_cpus:
+        parts = a.node_cpus.split("|") if "|" in a.node_cpus else a.node_cpus.split(",")
+        if len(parts) != 3:
+            sys.exit("--node-cpus wants three CPU lists")
+        cpus = parts
+    bcpus = a.bench_cpus or None
     root = tempfile.mkdtemp(prefix="bench-replication-")
     try:
         dd = subprocess.run(["dd", "if=/dev/zero", "of=" + os.path.join(root, "dd.bin"),
@@ -155,24 +177,27 @@ def main():
                             capture_output=True, text=True, check=False)
         print("disk: " + (dd.stderr.strip().splitlines() or ["?"])[-1])
         os.remove(os.path.join(root, "dd.bin"))
-        print("cpus: %d" % os.cpu_count())
+        print("cpus: %d; nodes on %s, nsq-bench on %s; --shards %d" % (
+            os.cpu_count(), "|".join(c or "all" for c in cpus), bcpus or "all", a.shards))
         for size in [int(s) for s in a.sizes.split(",")]:
-            one = Node(a.broker, os.path.join(root, "standalone-%d" % size), [])
+            one = Node(a.broker, os.path.join(root, "standalone-%d" % size), [], cpus[0],
+                       a.shards)
             one.start()
-            r1 = bench(a.bench, one.tcp, "bench_%d" % size, size, a.runfor)
+            r1 = bench(a.bench, one.tcp, "bench_%d" % size, size, a.runfor, bcpus)
             one.kill9()
-            nodes, addrs = cluster(a.broker, os.path.join(root, "cluster-%d" % size))
+            nodes, addrs = cluster(a.broker, os.path.join(root, "cluster-%d" % size), cpus,
+                                   a.shards)
             topic = "bench_%d" % size
             http(nodes[0].http, "POST", "/topic/create?topic=" + topic)
             lead = wait_leader(nodes, addrs, topic)
-            r3 = bench(a.bench, nodes[lead].tcp, topic, size, a.runfor)
+            r3 = bench(a.bench, nodes[lead].tcp, topic, size, a.runfor, bcpus)
             for n in nodes:
                 n.kill9()
             (s_rate, s_p99), (c_rate, c_p99) = figures(r1), figures(r3)
             print("size=%d standalone: %.0f msgs/s p99 %.2f ms | replicated x3 quorum: %.0f msgs/s "
                   "p99 %.2f ms | throughput ratio %.2f" % (size, s_rate, s_p99, c_rate, c_p99,
                                                             c_rate / s_rate))
-        nodes, addrs = cluster(a.broker, os.path.join(root, "failover"))
+        nodes, addrs = cluster(a.broker, os.path.join(root, "failover"), cpus, a.shards)
         topic = "failover"
         http(nodes[0].http, "POST", "/pub?topic=" + topic, b"x")
         accept, elect = [], []
