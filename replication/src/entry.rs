@@ -33,6 +33,8 @@
 //! | 11 | [`Entry::Compact`] | index u64 |
 //! | 13 | [`Entry::PublishAt`] | base u64, batch |
 //! | 12 | [`ChannelOp::Position`] | channel, cursor u64, count u32, (offset u64, attempts u16, due_unix_ns i64) × count |
+//! | 14 | [`Entry::TopicDelete`] | (none) |
+//! | 15 | [`Entry::TopicCreate`] | (none) |
 //!
 //! Decoding reads bytes that came from the network or a disk: it never panics and
 //! allocates no more than the input's length; a bad entry is a [`DecodeError`].
@@ -154,6 +156,12 @@ pub enum Entry {
     },
     /// `/topic/pause` (`true`) or `/topic/unpause` (`false`).
     TopicPause(bool),
+    /// `/topic/delete`: every replica deletes the topic (its channels, consumers and
+    /// files) here in the log; the group lives on, so a later publish or
+    /// [`Entry::TopicCreate`] makes the topic again on every replica.
+    TopicDelete,
+    /// `/topic/create` of a topic deleted through the log ([`Entry::TopicDelete`]).
+    TopicCreate,
     /// The leader's word that every replica holds the entries up to `index` safely
     /// (durably, as far as it can tell): a replica may drop them from its Raft log.
     Compact {
@@ -210,6 +218,8 @@ const TAG_TOPIC_PAUSE: u8 = 10;
 const TAG_COMPACT: u8 = 11;
 const TAG_POSITION: u8 = 12;
 const TAG_PUBLISH_AT: u8 = 13;
+const TAG_TOPIC_DELETE: u8 = 14;
+const TAG_TOPIC_CREATE: u8 = 15;
 
 /// Bytes of a message before its body: id, timestamp, attempts, defer, body length.
 const MESSAGE_HEADER: usize = 16 + 8 + 2 + 4 + 4;
@@ -244,6 +254,8 @@ impl Entry {
                 out.push(TAG_COMPACT);
                 out.extend_from_slice(&index.to_le_bytes());
             }
+            Self::TopicDelete => out.push(TAG_TOPIC_DELETE),
+            Self::TopicCreate => out.push(TAG_TOPIC_CREATE),
         }
         out
     }
@@ -265,6 +277,7 @@ impl Entry {
             } => 2 + 2 + channel.len() + 12 + PENDING_LEN * pending.len(),
             Self::Channel { channel, .. } => 2 + 2 + channel.len() + 16 + 8,
             Self::TopicPause(_) => 3,
+            Self::TopicDelete | Self::TopicCreate => 2,
             Self::Compact { .. } => 10,
         }
     }
@@ -307,6 +320,8 @@ impl Entry {
             }
             TAG_TOPIC_PAUSE => Self::TopicPause(r.bool()?),
             TAG_COMPACT => Self::Compact { index: r.u64()? },
+            TAG_TOPIC_DELETE => Self::TopicDelete,
+            TAG_TOPIC_CREATE => Self::TopicCreate,
             TAG_CREATE..=TAG_PAUSE | TAG_POSITION => {
                 let channel = r.name()?;
                 let op = decode_channel_op(tag, &mut r)?;

@@ -18,11 +18,12 @@
 
 mod apply;
 mod compaction;
+mod deletion;
 mod requests;
 mod vote;
 
 use apply::apply;
-use compaction::{snapshot_data, History};
+use compaction::{snapshot_data, Retention};
 use requests::client_address;
 pub use requests::{admin, peer_greeted, route, subscribe, MoveLeaderError, SubRoute};
 
@@ -33,7 +34,7 @@ use bytes::Bytes;
 use futures::channel::oneshot;
 use nsq_replication::wire::{self, Frame, Hello, Reply};
 use nsq_replication::{
-    AckPolicy, AckState, Entry, GroupConfig, Leadership, MemLog, Message, ProposalId,
+    AckPolicy, AckState, ChannelOp, Entry, GroupConfig, Leadership, MemLog, Message, ProposalId,
     ReplicationError, TopicGroup,
 };
 use nsq_shards::message::{IdGenerator, MessageId};
@@ -91,29 +92,18 @@ struct Group {
     cursors: HashMap<String, u64>,
     /// A committed entry that does not decode stops the group here.
     stopped: bool,
-    /// Per replica (this node's own applied index included), what it held over time:
-    /// for [`ShardCluster::compact_logs`] on the leader.
-    held: HashMap<u64, History>,
-    /// The highest index the leader declared safe to drop ([`Entry::Compact`]): as far
-    /// as a follower compacts, so that it still has what a lagging replica needs if it
-    /// becomes the leader.
-    safe: u64,
+    /// What this node knows about how far its Raft log can be compacted.
+    retention: Retention,
+    /// The topic was deleted through the log ([`Entry::TopicDelete`]): the group runs
+    /// on without it ([`deletion`]).
+    deleted: bool,
     /// This replica restored a snapshot past messages its topic does not hold: its topic
     /// log misses messages the others have, and its channels' positions (the leader's
     /// offsets) no longer match its own log, so it hands leadership to another replica
     /// whenever it gets it while one is connected (for as long as this process runs).
     gap: bool,
-    /// The index of the last applied entry that is not a `Compact`: a `Compact` declares
-    /// no further (it is itself an entry, which would otherwise call for the next one,
-    /// forever).
-    last_real: u64,
-    /// (Raft index, the topic's newest message ID and log head after applying it) of
-    /// the applied publishes not yet compacted: a snapshot made at an index carries
-    /// those of that index.
-    ids_at: std::collections::VecDeque<(u64, u64, u64)>,
     /// The term, vote and vote floor last saved ([`vote`]), and when the floor was.
-    saved: vote::Saved,
-    floor_saved_at: Instant,
+    vote: vote::VoteFile,
     /// While this node leads: the sequence the next proposed message takes in the
     /// topic's log (its head once every entry in the Raft log is applied).
     next_seq: Option<u64>,
@@ -210,7 +200,15 @@ impl ShardCluster {
             },
         );
         // The topics recovered from disk: their groups start now (an election follows).
-        for topic in server.shard.topic_names() {
+        let deleted = server
+            .shard
+            .opts
+            .data_path
+            .as_ref()
+            .map(|d| vote::tombstones(d))
+            .unwrap_or_default();
+        let deleted = deleted.into_iter().filter(|t| server.shard.owns(t));
+        for topic in server.shard.topic_names().into_iter().chain(deleted) {
             if ClusterConfig::replicates(&topic) && c.ensure_group(server, &topic) {
                 c.mark(&topic);
             }
@@ -276,6 +274,16 @@ impl ShardCluster {
             .data_path
             .as_ref()
             .and_then(|d| vote::load(&vote::path(d, topic)));
+        // A topic deleted through its log keeps its group, and its term and vote in the
+        // mark of its deletion: the group starts without making the topic.
+        let tombstone = match (&server.shard.opts.data_path, saved) {
+            (Some(d), None) if !server.shard.topic_exists(topic) => {
+                vote::load(&vote::tombstone_path(d, topic))
+            }
+            _ => None,
+        };
+        let deleted = tombstone.is_some();
+        let saved = saved.or(tombstone);
         let found = saved;
         let saved = saved.unwrap_or_default();
         let store = MemLog::with_term_vote(&voters, saved.term, saved.vote);
@@ -290,7 +298,9 @@ impl ShardCluster {
         // No saved state while the topic keeps a data path: a new replica, or one whose
         // disk was lost.
         group.set_fresh(found.is_none() && server.shard.opts.data_path.is_some());
-        server.shard.create_topic(topic);
+        if !deleted {
+            server.shard.create_topic(topic);
+        }
         self.groups.borrow_mut().insert(
             topic.to_string(),
             Group {
@@ -299,13 +309,10 @@ impl ShardCluster {
                 waiters: Vec::new(),
                 cursors: HashMap::new(),
                 stopped: false,
-                held: HashMap::new(),
-                safe: 0,
+                retention: Retention::default(),
+                deleted,
                 gap: false,
-                last_real: 0,
-                ids_at: std::collections::VecDeque::new(),
-                saved,
-                floor_saved_at: Instant::now(),
+                vote: vote::VoteFile::new(saved),
                 next_seq: None,
             },
         );
@@ -675,7 +682,12 @@ impl ShardCluster {
             self.leadership_changed(server, topic, l);
         }
         if let Some(r) = &out.restore {
-            self.restore(server, topic, r);
+            if r.data.as_slice() == deletion::DELETED_SNAPSHOT {
+                self.delete_here(server, topic).await;
+            } else {
+                self.recreate_here(server, topic).await;
+                self.restore(server, topic, r);
+            }
         }
         if out.snapshot_wanted {
             let mut groups = self.groups.borrow_mut();
@@ -695,12 +707,34 @@ impl ShardCluster {
             match c.entry {
                 Ok(Entry::Compact { index }) => {
                     if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
-                        g.safe = g.safe.max(index);
+                        g.retention.safe = g.retention.safe.max(index);
                     }
+                }
+                Ok(Entry::TopicDelete) => {
+                    if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
+                        g.retention.last_real = c.index;
+                    }
+                    self.delete_here(server, topic).await;
                 }
                 Ok(entry) => {
                     if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
-                        g.last_real = c.index;
+                        g.retention.last_real = c.index;
+                    }
+                    if self.deleted(topic) {
+                        // Only what makes the topic again applies to a deleted one.
+                        let makes = matches!(
+                            entry,
+                            Entry::TopicCreate
+                                | Entry::Publish(_)
+                                | Entry::PublishAt { .. }
+                                | Entry::Channel {
+                                    op: ChannelOp::Create,
+                                    ..
+                                }
+                        );
+                        if !makes || !self.recreate_here(server, topic).await {
+                            continue;
+                        }
                     }
                     let publish = matches!(entry, Entry::Publish(_) | Entry::PublishAt { .. });
                     if let Some(w) = apply(server, topic, entry) {
@@ -710,7 +744,7 @@ impl ShardCluster {
                         let id = server.shard.topic_last_id(topic).map_or(0, |i| i.0);
                         let head = server.shard.topic_head(topic);
                         if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
-                            g.ids_at.push_back((c.index, id, head));
+                            g.retention.ids_at.push_back((c.index, id, head));
                         }
                     }
                 }
@@ -816,6 +850,10 @@ impl ShardCluster {
             }
             self.led.borrow_mut().insert(topic.to_string());
             let lookup = &server.shard.lookup;
+            if !server.shard.topic_exists(topic) {
+                // Deleted through the log: registered when it is made again.
+                return;
+            }
             lookup.push_always(LookupEvent::Register(topic.to_string(), None));
             for c in server.shard.channel_names(topic) {
                 lookup.push_always(LookupEvent::Register(topic.to_string(), Some(c)));
@@ -888,6 +926,8 @@ impl ShardCluster {
             "topic": topic,
             "leader": leader.and_then(|l| self.cfg.member(l)).map(|m| m.address.clone()),
             "is_leader": g.group.is_leader(),
+            // Deleted through its log: the group runs on without the topic.
+            "deleted": g.deleted,
             "term": g.group.term(),
             "commit_index": g.group.commit_index(),
             "applied_index": g.group.applied_index(),

@@ -942,3 +942,92 @@ async fn tokio_nsq_consumes_through_a_follower_across_a_failover() {
         got.len()
     );
 }
+
+#[test]
+fn a_deleted_topic_is_gone_from_every_member_and_comes_back_when_published_again() {
+    let lookupd = Lookupd::start(&[]);
+    let flag = format!("--lookupd-tcp-address={}", lookupd.tcp);
+    let mut c = Cluster::start([1, 2, 1], &[&flag]);
+    let topic = "gone";
+    for body in [b"a", b"b", b"c"] {
+        c.node(1).http_pub(topic, body);
+    }
+    let leader = c.wait_leader(topic);
+    let mut consumer = c.node(leader).subscribe(topic, "ch");
+    for i in 0..3 {
+        wait_for(&format!("member {i}'s channel with the 3 messages"), || {
+            c.channel_depth(i, topic, "ch") == Some(3)
+        });
+    }
+    let registered = |lookupd: &Lookupd| -> usize {
+        let (code, v) = lookupd.request("GET", &format!("/lookup?topic={topic}"));
+        if code != 200 {
+            return 0;
+        }
+        v["producers"].as_array().map_or(0, Vec::len)
+    };
+    wait_for("the leader registered", || registered(&lookupd) == 1);
+
+    // Deleted through a follower: the leader's consumer is closed, the topic leaves
+    // every member and nsqlookupd.
+    let follower = (leader + 1) % 3;
+    let (code, body) = c
+        .node(follower)
+        .http("POST", &format!("/topic/delete?topic={topic}"), b"");
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    match read_frame_skip_hb(&mut consumer) {
+        Err(e)
+            if !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) => {}
+        other => panic!("the consumer's connection is not closed: {other:?}"),
+    }
+    for i in 0..3 {
+        wait_for(&format!("the topic gone from member {i}"), || {
+            c.topic_depth(i, topic).is_none()
+        });
+    }
+    wait_for("the topic gone from nsqlookupd", || {
+        registered(&lookupd) == 0
+    });
+    let (code, body) = c
+        .node(leader)
+        .http("POST", &format!("/topic/delete?topic={topic}"), b"");
+    assert_eq!(
+        (code, body.as_slice()),
+        (404, br#"{"message":"TOPIC_NOT_FOUND"}"#.as_slice())
+    );
+
+    // A member restarted at once follows the group again without making the topic.
+    let other = (leader + 2) % 3;
+    let group = |c: &Cluster, i: usize| -> serde_json::Value {
+        c.state(i)["topics"]
+            .as_array()
+            .and_then(|ts| ts.iter().find(|t| t["topic"] == topic).cloned())
+            .unwrap_or_default()
+    };
+    let commit = group(&c, leader)["commit_index"].as_u64().unwrap();
+    assert_eq!(group(&c, leader)["deleted"], true, "{}", group(&c, leader));
+    c.kill9(other);
+    c.start_node(other);
+    wait_for("the restarted member caught up with the deletion", || {
+        let g = group(&c, other);
+        g["applied_index"].as_u64().is_some_and(|a| a >= commit) && g["deleted"] == true
+    });
+    assert_eq!(
+        c.topic_depth(other, topic),
+        None,
+        "not made again by a restart"
+    );
+
+    // Published again: the topic is back on every member with only the new message, and
+    // its leader registers again.
+    c.node(other).http_pub(topic, b"again");
+    for i in 0..3 {
+        wait_for(&format!("the topic back on member {i}"), || {
+            c.topic_depth(i, topic) == Some(1)
+        });
+    }
+    wait_for("the leader registered again", || registered(&lookupd) == 1);
+}

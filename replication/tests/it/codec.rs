@@ -45,6 +45,8 @@ fn every_kind() -> Vec<Entry> {
         },
         Entry::TopicPause(true),
         Entry::TopicPause(false),
+        Entry::TopicDelete,
+        Entry::TopicCreate,
         Entry::Compact { index: 0 },
         Entry::Compact { index: u64::MAX },
     ];
@@ -104,6 +106,11 @@ fn bad_entries_are_errors() {
     assert_eq!(Entry::decode(&[1, 200]), Err(DecodeError::Tag(200)));
     assert_eq!(Entry::decode(&[1, 10, 2]), Err(DecodeError::Bool(2)));
     assert_eq!(Entry::decode(&[1, 10, 1, 0]), Err(DecodeError::Trailing(1)));
+    // The topic's deletion and re-creation are a tag alone.
+    assert_eq!(Entry::TopicDelete.encode(), [1, 14]);
+    assert_eq!(Entry::TopicCreate.encode(), [1, 15]);
+    assert_eq!(Entry::decode(&[1, 14, 0]), Err(DecodeError::Trailing(1)));
+    assert_eq!(Entry::decode(&[1, 16]), Err(DecodeError::Tag(16)));
     // A count of 2^32-1 messages in a 6-byte input: refused before allocating.
     assert_eq!(
         Entry::decode(&[1, 1, 0xff, 0xff, 0xff, 0xff]),

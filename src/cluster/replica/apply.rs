@@ -164,7 +164,11 @@ pub(super) fn apply(server: &Server, topic: &str, entry: Entry) -> Option<Durabl
             let _ = shard.admin(AdminOp::PauseTopic(topic.to_string(), p));
             None
         }
+        Entry::TopicCreate => {
+            shard.create_topic(topic);
+            None
+        }
         // Taken by the group's driver (ShardCluster::process).
-        Entry::Compact { .. } => None,
+        Entry::Compact { .. } | Entry::TopicDelete => None,
     }
 }

@@ -10,6 +10,7 @@ use nsq_replication::Entry;
 use nsq_shards::mesh::AdminOp;
 use nsq_shards::message::MessageId;
 use nsq_shards::topic::{ReplicaRecord, ReplicaState};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 impl ShardCluster {
@@ -29,28 +30,29 @@ impl ShardCluster {
         let mut groups = self.groups.borrow_mut();
         for (topic, g) in groups.iter_mut() {
             let applied = g.group.applied_index();
-            g.held.entry(me).or_default().sample(now, applied);
+            g.retention.held.entry(me).or_default().sample(now, applied);
             if g.group.is_leader() {
                 for v in g.group.voters() {
                     if v == me || !self.links.connected(v) {
                         continue;
                     }
                     if let Some(m) = g.group.matched(v) {
-                        g.held.entry(v).or_default().sample(now, m);
+                        g.retention.held.entry(v).or_default().sample(now, m);
                     }
                 }
             }
-            let mut target = applied.min(g.safe);
+            let mut target = applied.min(g.retention.safe);
             if g.group.is_leader() {
                 let mut everywhere = applied;
                 for v in g.group.voters() {
-                    everywhere = everywhere.min(g.held.get_mut(&v).map_or(0, |h| h.as_of(keep)));
+                    everywhere =
+                        everywhere.min(g.retention.held.get_mut(&v).map_or(0, |h| h.as_of(keep)));
                 }
-                let declare = everywhere.min(g.last_real);
-                if declare > g.safe {
+                let declare = everywhere.min(g.retention.last_real);
+                if declare > g.retention.safe {
                     // The followers compact as far once they apply this.
                     if g.group.propose(&Entry::Compact { index: declare }).is_ok() {
-                        g.safe = declare;
+                        g.retention.safe = declare;
                     }
                     self.dirty.borrow_mut().insert(topic.clone());
                     self.wake.notify();
@@ -90,6 +92,9 @@ impl ShardCluster {
     /// index (the replica skips the messages of the entries after that index, which it
     /// then holds, by ID). `None`: the topic is gone.
     pub(super) async fn snapshot_to_send(&self, server: &Server, topic: &str) -> Option<Vec<u8>> {
+        if self.deleted(topic) {
+            return Some(super::deletion::DELETED_SNAPSHOT.to_vec());
+        }
         let state = server
             .shard
             .replica_state(topic, SNAPSHOT_MAX_SPAN, SNAPSHOT_MAX_BYTES)
@@ -140,6 +145,26 @@ impl ShardCluster {
     }
 }
 
+/// How far a group's Raft log may be compacted, as this node knows it.
+#[derive(Default)]
+pub(super) struct Retention {
+    /// Per replica (this node's own applied index included), what it held over time:
+    /// for [`ShardCluster::compact_logs`] on the leader.
+    pub held: HashMap<u64, History>,
+    /// The highest index the leader declared safe to drop ([`Entry::Compact`]): as far
+    /// as a follower compacts, so that it still has what a lagging replica needs if it
+    /// becomes the leader.
+    pub safe: u64,
+    /// The index of the last applied entry that is not a `Compact`: a `Compact` declares
+    /// no further (it is itself an entry, which would otherwise call for the next one,
+    /// forever).
+    pub last_real: u64,
+    /// (Raft index, the topic's newest message ID and log head after applying it) of
+    /// the applied publishes not yet compacted: a snapshot made at an index carries
+    /// those of that index.
+    pub ids_at: std::collections::VecDeque<(u64, u64, u64)>,
+}
+
 /// Samples of one replica's position (match or applied index), taken every
 /// [`CURSOR_EVERY`] while it is reachable.
 #[derive(Default)]
@@ -180,18 +205,21 @@ impl History {
 /// when it sends a snapshot: [`ShardCluster::snapshot_to_send`]). Drops the group's
 /// record of older indexes.
 pub(super) fn snapshot_data(server: &Server, topic: &str, g: &mut Group, index: u64) -> Vec<u8> {
+    if g.deleted {
+        return super::deletion::DELETED_SNAPSHOT.to_vec();
+    }
     let mut at = None;
-    while let Some(&(i, last, head)) = g.ids_at.front() {
+    while let Some(&(i, last, head)) = g.retention.ids_at.front() {
         if i > index {
             break;
         }
         at = Some((last, head));
-        g.ids_at.pop_front();
+        g.retention.ids_at.pop_front();
     }
     let (last_id, head) = match at {
         Some((last, head)) => {
             // Kept as the record of `index` for a later snapshot at the same place.
-            g.ids_at.push_front((index, last, head));
+            g.retention.ids_at.push_front((index, last, head));
             (last, head)
         }
         // No publish applied since the last snapshot: what the topic holds.

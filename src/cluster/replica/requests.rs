@@ -32,11 +32,23 @@ pub async fn admin(server: &Server, op: &AdminOp) -> Option<Result<(), AdminErro
     };
     let (topic, entry) = match op {
         AdminOp::CreateTopic(t) => {
-            if c.ensure_group(server, t) {
-                c.mark(t);
+            if !c.ensure_group(server, t) {
+                return None;
+            }
+            c.mark(t);
+            if !c.deleted(t) {
                 return Some(Ok(()));
             }
-            return None;
+            (t.clone(), Entry::TopicCreate)
+        }
+        AdminOp::DeleteTopic(t) => {
+            if !server.shard.topic_exists(t) {
+                return Some(Err(AdminError::TopicNotFound));
+            }
+            if !c.ensure_group(server, t) {
+                return None;
+            }
+            (t.clone(), Entry::TopicDelete)
         }
         AdminOp::CreateChannel(t, ch) => channel_op(t, ch, ChannelOp::Create),
         AdminOp::DeleteChannel(t, ch) => channel_op(t, ch, ChannelOp::Delete),
@@ -57,7 +69,7 @@ pub async fn admin(server: &Server, op: &AdminOp) -> Option<Result<(), AdminErro
         if !needs_channel && server.shard.has_channel(&topic, channel) {
             return Some(Ok(()));
         }
-    } else if !exists {
+    } else if !exists && !matches!(entry, Entry::TopicCreate) {
         return Some(Err(AdminError::TopicNotFound));
     }
     Some(c.change(server, &topic, entry).await.map_err(|e| {

@@ -37,9 +37,45 @@ pub(super) struct Saved {
     pub floor: (u64, u64),
 }
 
+/// A group's vote file as last written: what it holds, and when its floor was written.
+pub(super) struct VoteFile {
+    pub saved: Saved,
+    pub floor_saved_at: Instant,
+}
+
+impl VoteFile {
+    pub fn new(saved: Saved) -> Self {
+        Self {
+            saved,
+            floor_saved_at: Instant::now(),
+        }
+    }
+}
+
 /// Where `topic`'s term and vote live under `data_path`.
 pub(super) fn path(data_path: &Path, topic: &str) -> PathBuf {
     nsq_storage::topic_dir(data_path, topic).join("raft-vote")
+}
+
+/// Where the term and vote of `topic` live while it is deleted through its log
+/// ([`nsq_replication::Entry::TopicDelete`]): outside the topic's directory, which
+/// the deletion removes. The file is also the mark that the topic was deleted: a
+/// member that restarts keeps the group without making the topic again.
+pub(super) fn tombstone_path(data_path: &Path, topic: &str) -> PathBuf {
+    data_path.join("cluster-deleted").join(format!("t-{topic}"))
+}
+
+/// The topics deleted through their log whose marks ([`tombstone_path`]) are under
+/// `data_path` (blocking: a directory listing).
+pub(super) fn tombstones(data_path: &Path) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir(data_path.join("cluster-deleted")) else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let name = e.ok()?.file_name().into_string().ok()?;
+        Some(name.strip_prefix("t-")?.to_string())
+    })
+    .collect()
 }
 
 /// The saved state, or `None` when there is no valid slot (no file: a new or wiped
@@ -115,36 +151,42 @@ impl super::ShardCluster {
         let Some(data) = server.shard.opts.data_path.clone() else {
             return true;
         };
-        let (next, sync) = {
+        let (next, sync, deleted) = {
             let groups = self.groups.borrow();
             let Some(g) = groups.get(topic) else {
                 return true;
             };
             let (term, vote) = (g.group.term(), g.group.vote());
-            let floor = g.group.applied_position().unwrap_or(g.saved.floor);
-            let sync = (term, vote) != (g.saved.term, g.saved.vote);
+            let deleted = g.deleted;
+            let floor = g.group.applied_position().unwrap_or(g.vote.saved.floor);
+            let sync = (term, vote) != (g.vote.saved.term, g.vote.saved.vote);
             // The floor alone goes at most every CURSOR_EVERY, unsynced.
-            let floor_due = floor > g.saved.floor && g.floor_saved_at.elapsed() >= CURSOR_EVERY;
+            let floor_due =
+                floor > g.vote.saved.floor && g.vote.floor_saved_at.elapsed() >= CURSOR_EVERY;
             if !sync && !floor_due {
                 return true;
             }
             let next = Saved {
-                seq: g.saved.seq + 1,
+                seq: g.vote.saved.seq + 1,
                 term,
                 vote,
-                floor: floor.max(g.saved.floor),
+                floor: floor.max(g.vote.saved.floor),
             };
-            (next, sync)
+            (next, sync, deleted)
         };
-        let path = path(&data, topic);
+        let path = if deleted {
+            tombstone_path(&data, topic)
+        } else {
+            path(&data, topic)
+        };
         let written = glommio::executor()
             .spawn_blocking(move || store_blocking(&path, &next, sync))
             .await;
         match written {
             Ok(()) => {
                 if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
-                    g.saved = next;
-                    g.floor_saved_at = Instant::now();
+                    g.vote.saved = next;
+                    g.vote.floor_saved_at = Instant::now();
                 }
                 true
             }
