@@ -357,6 +357,11 @@ pub struct Cli {
     #[arg(long, default_value = "quorum", value_parser = ["quorum", "all", "leader"])]
     pub replication_ack: String =>
         { rank: 62, cfg: "replication_ack", go: "ReplicationAck", kind: Str },
+    /// (beyond nsqd) mutual TLS 1.3 between cluster members: each presents --tls-cert/--tls-key and accepts a peer only with a certificate signed by --tls-root-ca-file, naming the host of its --cluster-peer address
+    #[arg(long, default_value = "false", value_parser = parse_go_bool, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true")]
+    pub cluster_tls: bool =>
+        { rank: 64, cfg: "cluster_tls", go: "ClusterTLS", kind: Bool },
     /// check what the host must provide (io_uring, locked memory, CPUs, data path, ports),
     /// print each problem with its fix, and exit (0: ready to run, 1: problems)
     #[arg(long)]
@@ -695,6 +700,7 @@ impl Config {
             node_id as u16,
         )
         .map_err(ConfigError::Cluster)?;
+        let cluster = cluster_tls(&cli, cluster)?;
         let hostname = hostname();
         let opts = core_options!(cli, identify: {
             // nsqd's ClientTimeout is fixed, not a flag.
@@ -762,6 +768,37 @@ impl Config {
     pub fn option(&self, cfg: &str) -> Option<&crate::config_file::GoValue> {
         self.options.iter().find(|(n, _)| *n == cfg).map(|(_, v)| v)
     }
+}
+
+/// `--cluster-tls`: the cluster's member connections with mutual TLS, which needs a
+/// cluster, a certificate and key, and the root CA that signed every member's.
+fn cluster_tls(
+    cli: &Cli,
+    cluster: Option<crate::cluster::ClusterConfig>,
+) -> Result<Option<crate::cluster::ClusterConfig>, ConfigError> {
+    if !cli.cluster_tls {
+        return Ok(cluster);
+    }
+    let Some(mut cluster) = cluster else {
+        return Err(ConfigError::Cluster(
+            "--cluster-tls needs --cluster-address (a cluster to secure)".into(),
+        ));
+    };
+    if cli.tls_cert.is_empty() || cli.tls_key.is_empty() || cli.tls_root_ca_file.is_empty() {
+        return Err(ConfigError::Cluster(
+            "--cluster-tls needs --tls-cert, --tls-key and --tls-root-ca-file (the CA that signed every member's certificate)".into(),
+        ));
+    }
+    let (server, client) = crate::tls::cluster_configs(&crate::tls::TlsOptions {
+        cert: &cli.tls_cert,
+        key: &cli.tls_key,
+        client_auth_policy: "",
+        root_ca_file: &cli.tls_root_ca_file,
+        min_version: cli.tls_min_version,
+    })
+    .map_err(ConfigError::Tls)?;
+    cluster.tls = Some(crate::cluster::ClusterTls { server, client });
+    Ok(Some(cluster))
 }
 
 /// nsqd.New's TLS and auth checks, with its messages: a client auth policy implies

@@ -1,6 +1,7 @@
 //! TLS with rustls (ring provider, no OpenSSL): the server configuration nsqd's
 //! buildTLSConfig makes from `--tls-cert`, `--tls-key`, `--tls-client-auth-policy`,
-//! `--tls-root-ca-file` and `--tls-min-version` (nsqd: nsqd.go buildTLSConfig).
+//! `--tls-root-ca-file` and `--tls-min-version` (nsqd: nsqd.go buildTLSConfig), and the
+//! mutual TLS between cluster members under `--cluster-tls` ([`cluster_configs`]).
 //!
 //! The stream side (encrypting and decrypting on a connection) is in
 //! [`crate::tcp::SharedStream`].
@@ -132,7 +133,10 @@ pub fn server_config(o: &TlsOptions) -> Result<Option<Arc<ServerConfig>>, TlsCon
     build(o).map(|c| Some(Arc::new(c))).map_err(TlsConfigError)
 }
 
-fn build(o: &TlsOptions) -> Result<ServerConfig, TlsCause> {
+/// The certificate chain and private key of `--tls-cert` and `--tls-key`.
+fn cert_and_key(
+    o: &TlsOptions,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), TlsCause> {
     // Go's tls.LoadX509KeyPair with an empty name: `open : no such file or directory`.
     let certs = read_certs(o.cert)?;
     if certs.is_empty() {
@@ -145,6 +149,57 @@ fn build(o: &TlsOptions) -> Result<ServerConfig, TlsCause> {
             error,
         })?
         .ok_or(TlsCause::NoKey)?;
+    Ok((certs, key))
+}
+
+/// The two sides of the connections between cluster members under `--cluster-tls`
+/// (docs/replication.md, "Running a cluster"): each member presents its `--tls-cert`
+/// both as the listening side and as the dialling side, and accepts a peer only if the
+/// peer's certificate chains to `--tls-root-ca-file` (mutual TLS, TLS 1.3 only); the
+/// dialling side also checks that the certificate names the host of the peer's
+/// `--cluster-peer` address.
+///
+/// # Errors
+///
+/// A missing or unreadable certificate, key or root CA (the texts of
+/// [`server_config`]'s errors); an empty root CA file.
+pub fn cluster_configs(
+    o: &TlsOptions,
+) -> Result<(Arc<ServerConfig>, Arc<rustls::ClientConfig>), TlsConfigError> {
+    let cause = |c: TlsCause| TlsConfigError(c);
+    let (certs, key) = cert_and_key(o).map_err(cause)?;
+    let mut roots = RootCertStore::empty();
+    for c in read_certs(o.root_ca_file).map_err(cause)? {
+        roots.add(c).map_err(|_| cause(TlsCause::RootCa))?;
+    }
+    if roots.is_empty() {
+        return Err(cause(TlsCause::RootCa));
+    }
+    let roots = Arc::new(roots);
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let v13: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13];
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
+        .build()
+        .map_err(|e| cause(TlsCause::Rustls(e.to_string())))?;
+    let mut server = ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(v13)
+        .map_err(|e| cause(TlsCause::Rustls(e.to_string())))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(certs.clone(), key.clone_key())
+        .map_err(|e| cause(TlsCause::CertKey(e)))?;
+    // The dialling side never reads application data: no tickets for it to take.
+    server.send_tls13_tickets = 0;
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(v13)
+        .map_err(|e| cause(TlsCause::Rustls(e.to_string())))?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(certs, key)
+        .map_err(|e| cause(TlsCause::CertKey(e)))?;
+    Ok((Arc::new(server), Arc::new(client)))
+}
+
+fn build(o: &TlsOptions) -> Result<ServerConfig, TlsCause> {
+    let (certs, key) = cert_and_key(o)?;
     let mut provider = rustls::crypto::ring::default_provider();
     // Go's server order with AES hardware (crypto/tls cipherSuitesPreferenceOrder):
     // AES-128-GCM, then AES-256-GCM, then ChaCha20, chosen by the server whatever the

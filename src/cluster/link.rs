@@ -1,4 +1,5 @@
-//! The connections between cluster members.
+//! The connections between cluster members (plain TCP, or mutual TLS 1.3 under
+//! `--cluster-tls`: [`crate::tls::cluster_configs`]).
 //!
 //! Each shard keeps one outgoing connection to each peer, used only for sending: it
 //! greets with a [`Hello`], then writes frames ([`nsq_replication::wire`]) as its groups
@@ -12,7 +13,7 @@
 
 use super::{ClusterConfig, Member};
 use crate::server::Server;
-use futures::{AsyncReadExt, AsyncWriteExt};
+use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
 use nsq_replication::wire::{self, Frame, Hello};
 use nsq_shards::wake::Notify;
@@ -48,6 +49,8 @@ struct Outgoing {
 /// This shard's outgoing connections, one per peer.
 pub struct Links {
     peers: Vec<Rc<Outgoing>>,
+    /// `--cluster-tls`: the dialling side's TLS.
+    tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
 impl Links {
@@ -67,6 +70,7 @@ impl Links {
                     })
                 })
                 .collect(),
+            tls: cfg.tls.as_ref().map(|t| t.client.clone()),
         }
     }
 
@@ -77,7 +81,8 @@ impl Links {
             let p = p.clone();
             let server = server.clone();
             let hello = hello.clone();
-            glommio::spawn_local(async move { connection_loop(&server, &p, &hello).await })
+            let tls = self.tls.clone();
+            glommio::spawn_local(async move { connection_loop(&server, &p, &hello, tls).await })
                 .detach();
         }
     }
@@ -109,7 +114,12 @@ impl Links {
     }
 }
 
-async fn connection_loop(server: &Server, p: &Outgoing, hello: &Hello) {
+async fn connection_loop(
+    server: &Server,
+    p: &Outgoing,
+    hello: &Hello,
+    tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+) {
     let greeting = match wire::encode_hello(hello) {
         Ok(g) => g,
         Err(e) => {
@@ -138,7 +148,13 @@ async fn connection_loop(server: &Server, p: &Outgoing, hello: &Hello) {
         logged_down = false;
         let _ = stream.set_nodelay(true);
         let since = std::time::Instant::now();
-        let r = write_loop(server, p, stream, &greeting).await;
+        let r = match &tls {
+            None => write_loop(server, p, stream, &greeting).await,
+            Some(client) => match dial_tls(client, &p.member.address, stream).await {
+                Ok(stream) => write_loop(server, p, stream, &greeting).await,
+                Err(e) => Err(e),
+            },
+        };
         p.connected.set(false);
         // A peer that closes each connection at once (it refuses this member: its own
         // log says why) is reported once a minute, not at every redial.
@@ -162,13 +178,50 @@ async fn connection_loop(server: &Server, p: &Outgoing, hello: &Hello) {
     }
 }
 
-async fn write_loop(
+/// The TLS handshake of a member connection this member dialled (`--cluster-tls`): the
+/// peer's certificate must chain to the cluster's root CA and name the host of its
+/// address. Gives up after [`DIAL_TIMEOUT`].
+async fn dial_tls(
+    client: &std::sync::Arc<rustls::ClientConfig>,
+    address: &str,
+    stream: TcpStream,
+) -> std::io::Result<futures_rustls::client::TlsStream<TcpStream>> {
+    let host = address
+        .rsplit_once(':')
+        .map_or(address, |(h, _)| h)
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let name = rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| std::io::Error::other(format!("{host} is not a TLS server name: {e}")))?;
+    let connect = futures_rustls::TlsConnector::from(client.clone()).connect(name, stream);
+    within(DIAL_TIMEOUT, connect, "TLS handshake").await
+}
+
+/// `f`, or a `TimedOut` error naming `what` after `limit`.
+async fn within<T>(
+    limit: Duration,
+    f: impl std::future::Future<Output = std::io::Result<T>>,
+    what: &str,
+) -> std::io::Result<T> {
+    let f = std::pin::pin!(f);
+    let sleep = std::pin::pin!(glommio::timer::sleep(limit));
+    match futures::future::select(f, sleep).await {
+        futures::future::Either::Left((r, _)) => r,
+        futures::future::Either::Right(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("{what} took over {} ms", limit.as_millis()),
+        )),
+    }
+}
+
+async fn write_loop<S: AsyncRead + AsyncWrite + Unpin>(
     server: &Server,
     p: &Outgoing,
-    mut stream: TcpStream,
+    mut stream: S,
     greeting: &[u8],
 ) -> std::io::Result<()> {
     stream.write_all(greeting).await?;
+    stream.flush().await?;
     p.connected.set(true);
     let mut buf = Vec::new();
     loop {
@@ -206,6 +259,8 @@ async fn write_loop(
             continue;
         }
         stream.write_all(&buf).await?;
+        // TLS keeps what it encrypted until flushed; plain TCP has nothing to flush.
+        stream.flush().await?;
         buf.clear();
     }
 }
@@ -251,7 +306,30 @@ pub async fn accept_loop(server: Rc<Server>, cfg: Rc<ClusterConfig>) {
         let server = server.clone();
         let cfg = cfg.clone();
         glommio::spawn_local(async move {
-            if let Err(e) = read_loop(&server, &cfg, stream).await {
+            let r = match &cfg.tls {
+                None => read_loop(&server, &cfg, stream).await,
+                Some(tls) => {
+                    let peer = stream
+                        .peer_addr()
+                        .map_or_else(|_| "?".to_string(), |a| a.ip().to_string());
+                    let accept =
+                        futures_rustls::TlsAcceptor::from(tls.server.clone()).accept(stream);
+                    match within(DIAL_TIMEOUT, accept, "TLS handshake").await {
+                        Ok(stream) => read_loop(&server, &cfg, stream).await,
+                        Err(e) => {
+                            log_once(
+                                &format!("tls {peer}"),
+                                &format!(
+                                    "TLS handshake with {peer} failed, connection refused: {e}"
+                                ),
+                                log::Level::Error,
+                            );
+                            return;
+                        }
+                    }
+                }
+            };
+            if let Err(e) = r {
                 // A refused peer is logged by `log_once`.
                 if e.to_string().contains("refused") {
                     log::debug!("CLUSTER: incoming connection closed: {e}");
@@ -264,10 +342,10 @@ pub async fn accept_loop(server: Rc<Server>, cfg: Rc<ClusterConfig>) {
     }
 }
 
-async fn read_loop(
+async fn read_loop<S: AsyncRead + Unpin>(
     server: &Rc<Server>,
     cfg: &ClusterConfig,
-    mut stream: TcpStream,
+    mut stream: S,
 ) -> std::io::Result<()> {
     let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
     let mut chunk = vec![0u8; 256 << 10];

@@ -43,6 +43,18 @@ pub struct ClusterConfig {
     pub ack: AckPolicy,
     /// `--node-id`: must differ on every member (message IDs carry it).
     pub node_id: u16,
+    /// `--cluster-tls`: the member connections' TLS; `None`: plain TCP.
+    pub tls: Option<ClusterTls>,
+}
+
+/// Both sides of the member connections under `--cluster-tls`
+/// ([`crate::tls::cluster_configs`]).
+#[derive(Clone, Debug)]
+pub struct ClusterTls {
+    /// The listening side: this member's certificate, peers' verified.
+    pub server: std::sync::Arc<rustls::ServerConfig>,
+    /// The dialling side: this member's certificate, the peer's verified.
+    pub client: std::sync::Arc<rustls::ClientConfig>,
 }
 
 /// A member's replica id: FNV-1a 64 of its address (never 0, which raft-rs reserves).
@@ -127,6 +139,7 @@ impl ClusterConfig {
             peers: members,
             ack,
             node_id,
+            tls: None,
         }))
     }
 

@@ -1031,3 +1031,114 @@ fn a_deleted_topic_is_gone_from_every_member_and_comes_back_when_published_again
     }
     wait_for("the leader registered again", || registered(&lookupd) == 1);
 }
+
+#[test]
+fn with_cluster_tls_members_speak_mutual_tls_and_refuse_other_peers() {
+    use std::io::{Read, Write};
+    let pki = crate::tls::Pki::new();
+    let flags = [
+        format!("--tls-cert={}", pki.path("cert.pem")),
+        format!("--tls-key={}", pki.path("key.pem")),
+        format!("--tls-root-ca-file={}", pki.path("ca.pem")),
+        "--cluster-tls".to_string(),
+        // The certificate turns on nsqd's HTTPS listener too: on a port of the kernel's.
+        "--https-address=127.0.0.1:0".to_string(),
+    ];
+    let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let c = Cluster::start([1, 2, 1], &refs);
+    let topic = "sealed";
+    c.node(1).http_pub(topic, b"one");
+    let leader = c.wait_leader(topic);
+    c.node((leader + 1) % 3).http_pub(topic, b"two");
+    for i in 0..3 {
+        wait_for(&format!("both messages on member {i}"), || {
+            c.topic_depth(i, topic) == Some(2)
+        });
+    }
+    // Until the peer closes: (bytes read, how it ended).
+    let drain = |s: &mut dyn Read| -> std::io::Result<usize> {
+        let mut buf = [0u8; 512];
+        let mut total = 0;
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => return Ok(total),
+                Ok(n) => total += n,
+                Err(e) => return Err(e),
+            }
+        }
+    };
+    // A peer that speaks plain TCP is refused before its greeting is read.
+    let mut plain = TcpStream::connect(c.addresses[0].as_str()).unwrap();
+    plain
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    plain.write_all(b"NSQR\x00\x01 not TLS at all\n").unwrap();
+    match drain(&mut plain) {
+        Ok(_) => {}
+        Err(e) => assert!(
+            !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "the plain connection was not closed: {e}"
+        ),
+    }
+    // A peer whose certificate another CA signed is refused after the handshake.
+    let other = crate::tls::Pki::new();
+    let config = crate::tls::client_config(
+        &pki,
+        Some((other.client_cert.clone(), other.client_key.clone())),
+        &[&rustls::version::TLS13],
+    );
+    let tcp = TcpStream::connect(c.addresses[0].as_str()).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let conn = rustls::ClientConnection::new(config, name).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    let _ = tls.write_all(b"hello");
+    let err = drain(&mut tls).expect_err("a certificate from another CA is refused");
+    // The member's TLS refuses it with an alert (a member without TLS would only close).
+    assert!(err.to_string().contains("alert"), "refused by TLS: {err}");
+    wait_for("the refusal logged", || {
+        c.node(0)
+            .daemon
+            .log_contains("TLS handshake with 127.0.0.1 failed")
+    });
+    // The cluster goes on.
+    c.node(2).http_pub(topic, b"three");
+    for i in 0..3 {
+        wait_for(&format!("the third message on member {i}"), || {
+            c.topic_depth(i, topic) == Some(3)
+        });
+    }
+}
+
+#[test]
+fn cluster_tls_needs_a_cluster_and_the_certificates() {
+    let pki = crate::tls::Pki::new();
+    let cert = format!("--tls-cert={}", pki.path("cert.pem"));
+    let key = format!("--tls-key={}", pki.path("key.pem"));
+    for (args, want) in [
+        (
+            vec!["--cluster-tls", cert.as_str(), key.as_str()],
+            "--cluster-tls needs --cluster-address",
+        ),
+        (
+            vec![
+                "--cluster-tls",
+                "--cluster-address=127.0.0.1:1",
+                cert.as_str(),
+                key.as_str(),
+            ],
+            "--cluster-tls needs --tls-cert, --tls-key and --tls-root-ca-file",
+        ),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_nsqd"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}

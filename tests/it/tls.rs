@@ -23,17 +23,17 @@ type Tls = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
 
 /// A test CA, a server certificate it signed (for localhost and 127.0.0.1) and a client
 /// certificate it signed, written as PEM files in a fresh directory.
-struct Pki {
+pub(crate) struct Pki {
     dir: PathBuf,
     ca: CertificateDer<'static>,
-    client_cert: CertificateDer<'static>,
-    client_key: Vec<u8>,
+    pub(crate) client_cert: CertificateDer<'static>,
+    pub(crate) client_key: Vec<u8>,
 }
 
 static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 impl Pki {
-    fn new() -> Pki {
+    pub(crate) fn new() -> Pki {
         let dir = std::env::temp_dir().join(format!(
             "nsqd-tls-test-{}-{}",
             std::process::id(),
@@ -69,7 +69,7 @@ impl Pki {
         }
     }
 
-    fn path(&self, name: &str) -> String {
+    pub(crate) fn path(&self, name: &str) -> String {
         self.dir.join(name).display().to_string()
     }
 
@@ -107,7 +107,7 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 
 /// A client configuration trusting the test CA, with the client certificate if asked,
 /// limited to the given versions.
-fn client_config(
+pub(crate) fn client_config(
     pki: &Pki,
     with_cert: Option<(CertificateDer<'static>, Vec<u8>)>,
     versions: &[&'static rustls::SupportedProtocolVersion],
