@@ -2,9 +2,8 @@
 //! list below is `nsqd --help` of 1.3.0 (apps/nsqd/options.go), plus
 //! `--auth-http-request-method`, `--topology-region`, `--topology-zone` and
 //! `--enable-experiment` from nsqd's master branch. Deprecated flags are accepted
-//! and ignored silently, as nsqd 1.3.0 does (it prints no warning for them); flags of
-//! the feature this broker does not implement (TLS) are accepted but fail at start-up
-//! when they ask for it.
+//! and ignored silently, as nsqd 1.3.0 does (it prints no warning for them). This
+//! broker's own flags are listed in `OWN_FLAGS` (and in docs/operations.md).
 
 use crate::common;
 
@@ -89,6 +88,7 @@ const OWN_FLAGS: &[&str] = &[
     "cluster-peer",
     "replication-factor",
     "replication-ack",
+    "cluster-tls",
 ];
 
 #[test]
