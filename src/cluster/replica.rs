@@ -15,10 +15,18 @@
 //!
 //! The driver task ticks every group each [`TICK`] (election after 10 to 19 ticks,
 //! heartbeats every 2) and polls a group after anything stepped or proposed on it.
+//!
+//! This file holds the groups, their driver and leadership; by concern beside it:
+//! `propose` (publishing, forwarding, answering proposals), `apply` (committed entries
+//! and the replicated channel state), `compaction` (log compaction and snapshots),
+//! `deletion` (a topic deleted and made again through its log), `vote` (the term,
+//! vote and vote floor on disk) and `requests` (admin operations, SUBs and frames from
+//! the rest of the broker).
 
 mod apply;
 mod compaction;
 mod deletion;
+mod propose;
 mod requests;
 mod vote;
 
@@ -325,240 +333,6 @@ impl ShardCluster {
         self.wake.notify();
     }
 
-    /// Publishes to replicated `topic` (this shard owns it): see the module docs.
-    ///
-    /// # Errors
-    ///
-    /// [`PublishError::Replication`] when the ack policy is not met within
-    /// [`PROPOSE_TIMEOUT`]; the store's errors from the leader's apply.
-    pub async fn publish(
-        &self,
-        server: &Server,
-        topic: &str,
-        bodies: Vec<Bytes>,
-        defer_until: Option<Instant>,
-    ) -> Result<(), PublishError> {
-        if server.shard.shutdown.is_set() {
-            return Err(PublishError::Exiting);
-        }
-        if crate::runtime::drain::applied(&server.shard) {
-            return Err(PublishError::Draining);
-        }
-        let defer_ms = defer_until.map_or(0, |d| {
-            u32::try_from(d.saturating_duration_since(Instant::now()).as_millis())
-                .unwrap_or(u32::MAX)
-        });
-        let messages = bodies
-            .into_iter()
-            .map(|b| Message {
-                id: [b'0'; 16],
-                timestamp_ns: 0,
-                attempts: 0,
-                defer_ms,
-                body: b,
-            })
-            .collect();
-        self.propose(server, topic, Entry::Publish(messages))
-            .await
-            .map_err(|e| {
-                // HTTP answers nsqd's 503 EXITING; the reason is here.
-                log::warn!("TOPIC({topic}): publish refused: {e}");
-                PublishError::Replication(e)
-            })
-    }
-
-    /// Applies a channel or topic change of replicated `topic` through its group: every
-    /// replica applies it at the same place in the log. Errors as [`ShardCluster::publish`].
-    pub async fn change(&self, server: &Server, topic: &str, entry: Entry) -> Result<(), String> {
-        self.propose(server, topic, entry).await
-    }
-
-    /// Proposes `entry` on the leader, here or through the network, until its ack
-    /// policy is met or [`PROPOSE_TIMEOUT`] passes.
-    async fn propose(&self, server: &Server, topic: &str, entry: Entry) -> Result<(), String> {
-        let deadline = Instant::now() + PROPOSE_TIMEOUT;
-        let encoded = entry.encode();
-        let replicas = self.cfg.replicas_of(topic);
-        let mut target_turn = 0usize;
-        let mut last_error = String::from("no leader elected in time");
-        while Instant::now() < deadline {
-            let target = if self.ensure_group(server, topic) {
-                match self.propose_here(server, topic, &entry) {
-                    Ok(rx) => return answer(rx, deadline).await,
-                    Err(Some(leader)) => leader,
-                    Err(None) => {
-                        glommio::timer::sleep(TICK).await;
-                        continue;
-                    }
-                }
-            } else {
-                let hint = self.hints.borrow().get(topic).copied();
-                hint.unwrap_or_else(|| replicas[target_turn % replicas.len()])
-            };
-            if !self.links.connected(target) {
-                // A peer that is down is not waited on: the group elects another leader
-                // within its election timeout, or the next replica is tried.
-                self.hints.borrow_mut().remove(topic);
-                target_turn += 1;
-                last_error = format!(
-                    "cluster member {} unreachable",
-                    self.cfg.member(target).map_or("?", |m| m.address.as_str())
-                );
-                glommio::timer::sleep(TICK).await;
-                continue;
-            }
-            match self.forward(target, topic, &encoded).await {
-                Ok(Reply::Acked) => return Ok(()),
-                Ok(Reply::NotLeader { leader }) => {
-                    if leader != 0 {
-                        self.hints.borrow_mut().insert(topic.to_string(), leader);
-                    } else {
-                        self.hints.borrow_mut().remove(topic);
-                        glommio::timer::sleep(TICK).await;
-                    }
-                }
-                Ok(Reply::Failed(e)) => return Err(e),
-                Err(ForwardError::Unanswered(e)) => return Err(e),
-                // The leader went away before answering (killed, restarted): the next
-                // leader gets the batch. If the first had replicated it, it is stored
-                // twice, as a producer's own retry would store it (at least once).
-                Err(ForwardError::ConnectionLost) => {
-                    last_error = "the leader's connection broke".into();
-                    self.hints.borrow_mut().remove(topic);
-                    glommio::timer::sleep(TICK).await;
-                }
-                Err(ForwardError::NotSent(e)) => {
-                    last_error = e;
-                    self.hints.borrow_mut().remove(topic);
-                    target_turn += 1;
-                    glommio::timer::sleep(TICK).await;
-                }
-            }
-        }
-        Err(last_error)
-    }
-
-    /// Proposes on this node's group: the receiver of the answer, or the leader to
-    /// forward to (`Err(None)`: no leader known; an election was started or is under
-    /// way).
-    fn propose_here(
-        &self,
-        server: &Server,
-        topic: &str,
-        entry: &Entry,
-    ) -> Result<oneshot::Receiver<Reply>, Option<u64>> {
-        let head = server.shard.topic_head(topic);
-        let mut groups = self.groups.borrow_mut();
-        let Some(g) = groups.get_mut(topic) else {
-            return Err(None);
-        };
-        if !g.group.is_leader() {
-            return match g.group.leader() {
-                Some(l) => Err(Some(l)),
-                None => {
-                    let _ = g.group.campaign();
-                    drop(groups);
-                    self.mark(topic);
-                    Err(None)
-                }
-            };
-        }
-        let entry = match entry {
-            Entry::Publish(msgs) | Entry::PublishAt { messages: msgs, .. } => {
-                let now = nsq_shards::message::now_unix_nanos();
-                let base = match g.next_seq {
-                    Some(next) => next,
-                    None => g.seq_after_log(head),
-                };
-                Entry::PublishAt {
-                    base,
-                    messages: msgs
-                        .iter()
-                        .map(|m| Message {
-                            id: g.ids.next_id().to_hex(),
-                            timestamp_ns: u64::try_from(now).unwrap_or(0),
-                            ..m.clone()
-                        })
-                        .collect(),
-                }
-            }
-            other => other.clone(),
-        };
-        let (tx, rx) = oneshot::channel();
-        match g.group.propose(&entry) {
-            Ok(proposal) => {
-                if let Entry::PublishAt { base, messages } = &entry {
-                    g.next_seq = Some(base.saturating_add(messages.len() as u64));
-                }
-                g.waiters.push(Waiter {
-                    proposal,
-                    reply: tx,
-                    durable: None,
-                });
-            }
-            Err(ReplicationError::NotLeader { leader }) => return Err(leader),
-            Err(e) => {
-                let _ = tx.send(Reply::Failed(e.to_string()));
-            }
-        }
-        drop(groups);
-        self.mark(topic);
-        Ok(rx)
-    }
-
-    /// Sends `entry` to replica `to` and waits for its reply.
-    async fn forward(&self, to: u64, topic: &str, entry: &[u8]) -> Result<Reply, ForwardError> {
-        if to == self.cfg.me.replica {
-            return Err(ForwardError::NotSent(
-                "this node does not hold the topic".into(),
-            ));
-        }
-        let n = self.next_request.get();
-        self.next_request.set(n + 1);
-        // The top 16 bits name this shard: the reply comes back to it.
-        let request = (n & 0xffff_ffff_ffff) | ((self.shard_bits()) << 48);
-        let frame = wire::encode_propose(request, topic, entry)
-            .map_err(|e| ForwardError::NotSent(e.to_string()))?;
-        let (tx, rx) = oneshot::channel();
-        self.requests.borrow_mut().insert(request, tx);
-        self.links.send(to, frame);
-        // The leader answers within PROPOSE_TIMEOUT; wait that long and a little more
-        // while the connection to it stays up.
-        let deadline = Instant::now() + FORWARD_TIMEOUT;
-        let mut rx = rx;
-        let r = loop {
-            let tick = std::pin::pin!(glommio::timer::sleep(TICK));
-            match futures::future::select(&mut rx, tick).await {
-                futures::future::Either::Left((Ok(reply), _)) => break Some(reply),
-                futures::future::Either::Left((Err(_), _)) => break None,
-                futures::future::Either::Right(_) => {
-                    // The connection broke, or the group elected another leader (this
-                    // member holds a replica and heard from it): `to` will not answer.
-                    let moved = self.leader_of(topic).is_some_and(|l| l != to);
-                    if !self.links.connected(to) || moved {
-                        self.requests.borrow_mut().remove(&request);
-                        return Err(ForwardError::ConnectionLost);
-                    }
-                    if Instant::now() >= deadline {
-                        break None;
-                    }
-                }
-            }
-        };
-        self.requests.borrow_mut().remove(&request);
-        let at = self.cfg.member(to).map_or("?", |m| m.address.as_str());
-        match r {
-            Some(reply) => Ok(reply),
-            None => Err(ForwardError::Unanswered(format!(
-                "the leader {at} did not answer; the messages may or may not have been published"
-            ))),
-        }
-    }
-
-    fn shard_bits(&self) -> u64 {
-        self.shard_index as u64
-    }
-
     /// A frame from peer `from` for a topic this shard owns (or a reply to a request
     /// this shard sent).
     pub fn handle(self: &Rc<Self>, server: &Rc<Server>, from: u64, frame: Frame) {
@@ -596,25 +370,6 @@ impl ShardCluster {
                 }
             }
             Frame::Hello(_) => {}
-        }
-    }
-
-    async fn answer_propose(&self, server: &Server, topic: &str, entry: &[u8]) -> Reply {
-        let entry = match Entry::decode(entry) {
-            Ok(e) => e,
-            Err(e) => return Reply::Failed(format!("bad entry: {e}")),
-        };
-        if !self.ensure_group(server, topic) {
-            return Reply::NotLeader { leader: 0 };
-        }
-        match self.propose_here(server, topic, &entry) {
-            Ok(rx) => match answer(rx, Instant::now() + PROPOSE_TIMEOUT).await {
-                Ok(()) => Reply::Acked,
-                Err(e) => Reply::Failed(e),
-            },
-            Err(leader) => Reply::NotLeader {
-                leader: leader.unwrap_or(0),
-            },
         }
     }
 
@@ -763,56 +518,6 @@ impl ShardCluster {
         self.resolve(topic, durable);
     }
 
-    /// Answers the proposals whose ack policy is met, lost or no longer knowable.
-    fn resolve(&self, topic: &str, mut durable: Vec<(u64, DurableWait)>) {
-        let mut groups = self.groups.borrow_mut();
-        let Some(g) = groups.get_mut(topic) else {
-            return;
-        };
-        let policy = self.cfg.ack;
-        let waiters = std::mem::take(&mut g.waiters);
-        for mut w in waiters {
-            if let Some(pos) = durable.iter().position(|(i, _)| *i == w.proposal.index) {
-                w.durable = Some(durable.swap_remove(pos).1);
-            }
-            match g.group.ack_state(w.proposal, policy) {
-                AckState::Pending => g.waiters.push(w),
-                AckState::Acked => {
-                    // `leader`: answered before the commit; the apply comes later.
-                    match w.durable.take() {
-                        None => {
-                            let _ = w.reply.send(Reply::Acked);
-                        }
-                        Some(d) => {
-                            glommio::spawn_local(async move {
-                                let r = match crate::owner::wait_durable(Some(d)).await {
-                                    Ok(()) => Reply::Acked,
-                                    Err(e) => Reply::Failed(e.to_string()),
-                                };
-                                let _ = w.reply.send(r);
-                            })
-                            .detach();
-                        }
-                    }
-                }
-                AckState::Lost => {
-                    let _ = w
-                        .reply
-                        .send(Reply::Failed("replaced by another leader's entry".into()));
-                }
-                AckState::Unknown => {
-                    let _ = w.reply.send(Reply::Failed(
-                        "leadership lost before the replicas confirmed".into(),
-                    ));
-                }
-            }
-        }
-        if policy == AckPolicy::Leader {
-            // Durable waits of batches answered before their commit are not awaited.
-            durable.clear();
-        }
-    }
-
     fn leadership_changed(&self, server: &Server, topic: &str, l: Leadership) {
         let was = self.leads(topic);
         if l.is_self && !was {
@@ -944,30 +649,6 @@ impl ShardCluster {
         names.sort();
         names.iter().filter_map(|t| self.topic_state(t)).collect()
     }
-}
-
-async fn answer(rx: oneshot::Receiver<Reply>, deadline: Instant) -> Result<(), String> {
-    let timeout = glommio::timer::sleep(deadline.saturating_duration_since(Instant::now()));
-    match futures::future::select(rx, std::pin::pin!(timeout)).await {
-        futures::future::Either::Left((Ok(Reply::Acked), _)) => Ok(()),
-        futures::future::Either::Left((Ok(Reply::Failed(e)), _)) => Err(e),
-        futures::future::Either::Left((Ok(Reply::NotLeader { .. }), _)) => {
-            Err("leadership lost".into())
-        }
-        futures::future::Either::Left((Err(_), _)) => Err("replication group gone".into()),
-        futures::future::Either::Right(_) => Err("replicas did not confirm in time".into()),
-    }
-}
-
-/// Why a forwarded proposal got no reply.
-enum ForwardError {
-    /// It was not sent (safe to send elsewhere).
-    NotSent(String),
-    /// It was sent and no answer came while the leader stayed connected (the leader
-    /// may have applied it).
-    Unanswered(String),
-    /// It was sent and the connection to the leader broke before the answer.
-    ConnectionLost,
 }
 
 /// The shard's driver: ticks every group each [`TICK`], replicates cursors every
