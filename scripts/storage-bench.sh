@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Storage benchmarks of issue "Storage", side by side in one run, on this machine:
+# Storage benchmarks, side by side in one run, on this machine:
 #
 #   1. publish+consume throughput: a durable topic (segment store, default sync policy)
 #      vs an #ephemeral topic (never touches disk: "storage off"), alternating A B A B;

@@ -283,7 +283,7 @@ pub struct Cli {
     /// number of shards: executors, each pinned to one CPU (default: the CPUs this process may use)
     #[arg(long)]
     pub shards: Option<usize> =>
-        { rank: 63, cfg: "shards", go: "Shards", kind: Int, get: shards_go, set: set_shards },
+        { rank: 64, cfg: "shards", go: "Shards", kind: Int, get: shards_go, set: set_shards },
     /// UDP <addr>:<port> of a statsd daemon for pushing stats
     #[arg(long, default_value = "")]
     pub statsd_address: String =>
@@ -361,7 +361,7 @@ pub struct Cli {
     #[arg(long, default_value = "false", value_parser = parse_go_bool, num_args = 0..=1,
           require_equals = true, default_missing_value = "true")]
     pub cluster_tls: bool =>
-        { rank: 64, cfg: "cluster_tls", go: "ClusterTLS", kind: Bool },
+        { rank: 63, cfg: "cluster_tls", go: "ClusterTLS", kind: Bool },
     /// check what the host must provide (io_uring, locked memory, CPUs, data path, ports),
     /// print each problem with its fix, and exit (0: ready to run, 1: problems)
     #[arg(long)]

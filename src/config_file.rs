@@ -759,6 +759,33 @@ mod tests {
         assert_eq!(put, ["log_level", "nsqlookupd_tcp_addresses"]);
     }
 
+    /// deploy/nsqd.cfg, the example the Debian package installs, names every option
+    /// this broker reads from a config file (set or commented out with its default).
+    #[test]
+    fn the_example_config_lists_every_option() {
+        let example = include_str!("../deploy/nsqd.cfg");
+        let listed = |cfg: &str| {
+            example.lines().any(|l| {
+                let l = l.trim_start_matches('#').trim_start();
+                l.split_once('=').is_some_and(|(k, _)| k.trim() == cfg)
+            })
+        };
+        let missing: Vec<&str> = OPTIONS
+            .iter()
+            .map(|o| o.cfg)
+            .filter(|c| !listed(c))
+            .collect();
+        assert!(missing.is_empty(), "deploy/nsqd.cfg lacks {missing:?}");
+        // And every line of it parses as TOML.
+        let uncommented: String = example
+            .lines()
+            .map(|l| l.strip_prefix("# ").unwrap_or(l))
+            .filter(|l| !l.starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(uncommented.parse::<toml::Table>().is_ok(), "{uncommented}");
+    }
+
     #[test]
     fn go_floats() {
         assert_eq!(go_float_v(1.5), "1.5");

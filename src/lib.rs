@@ -10,13 +10,18 @@
 //! blocking work off the shard threads in [`dns`] and [`offload`]), the registration
 //! with nsqlookupd ([`lookupd_client`]), /stats, statsd and /metrics ([`stats`]), the
 //! one-time import of an nsqd data path ([`import_nsqd`]), handing free heap back to the
-//! OS ([`memory`]) and nsqd's log format ([`logger`]).
+//! OS ([`memory`]) and nsqd's log format ([`logger`]). The owner-side path every
+//! publish and admin operation takes, local or forwarded from another shard, is
+//! [`owner`]; dead-letter topics are [`dead_letter`]; replication across brokers
+//! (the member connections, each topic's Raft group on its shard, the relay of a
+//! follower's consumers) is [`cluster`], over the `nsq-replication` crate.
 //!
 //! The wire formats (the protocol V2 codec, IDENTIFY, compression, names, Go durations,
 //! the lookupd V1 codec, HTTP/1.1 pieces) live in the runtime-free `nsq-wire` crate; the
 //! broker core (topics, channels, in-flight and deferred heaps, clients, the mesh
 //! messages, recovery and checkpoints) in `nsq-shards`; the segment store in
-//! `nsq-storage`; nsqlookupd in the `nsqlookupd` crate (lookupd/).
+//! `nsq-storage`; the replicated log (raft-rs groups, entries, frames) in
+//! `nsq-replication`; nsqlookupd in the `nsqlookupd` crate (lookupd/).
 
 pub mod auth;
 pub mod cluster;

@@ -9,8 +9,10 @@
 //!
 //! The crate also holds the tools that test the running broker from outside, over
 //! loopback: `netfuzz` (mutated V2 and HTTP sessions beside an exactly-once checker,
-//! `src/bin/netfuzz/`) and `chaos` (kill -9 under load, `src/bin/chaos.rs`), with
-//! their shared helpers in [`net`]. RELIABILITY.md describes each and its figures.
+//! `src/bin/netfuzz/`), `chaos` (kill -9 under load, `src/bin/chaos.rs`) and
+//! `cluster-chaos` (a 3-node cluster under load: kill -9 of the leader or a follower,
+//! a wiped leader, SIGSTOP; `src/bin/cluster-chaos.rs`), with their shared helpers in
+//! [`net`]. RELIABILITY.md describes each and its figures.
 #![allow(
     clippy::unwrap_used,
     reason = "fuzzing and chaos tools: a panic is a reported failure of the run"

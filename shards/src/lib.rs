@@ -4,8 +4,13 @@
 //! heap ([`timers`]), the subscribed clients' shard-side handles with their AUTH state
 //! ([`client`], [`auth`]), recovery, checkpoints, retention and the hand-over of records
 //! to the segment store ([`persist`], over `nsq-storage`), the node-wide run-time
-//! settings ([`node`]), stats ([`stats`], e2e latency quantiles in [`quantile`]) and the
-//! admin operations shards ask of each other over the channel mesh ([`mesh`]).
+//! settings ([`node`]), stats ([`stats`], e2e latency quantiles in [`quantile`]), the
+//! admin operations shards ask of each other over the channel mesh ([`mesh`]),
+//! topology-aware delivery ([`topology`]), and per channel its dead letters and rate
+//! limit. For a replicated topic the core also takes a batch at the leader's IDs and
+//! sequences, a channel's position from the leader and a snapshot of the leader's
+//! unfinished records (`topic::replica`, the shard's `replica` methods); the Raft side
+//! is the root crate's `cluster`.
 //!
 //! Nothing here parses bytes from a socket (the protocol codecs are in the runtime-free
 //! `nsq-wire` crate; the root crate's connections call them) and nothing here is shared

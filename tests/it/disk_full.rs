@@ -235,8 +235,9 @@ fn full_disk_with_default_sync_policy_loses_no_acknowledged_message() {
 }
 
 /// A broker (re)started on a full disk starts and serves the backlog that filled it
-/// (consumers are what frees the space); it used to refuse to start ("--data-path ... is
-/// not writable: ... No space left on device"), so a supervisor could only crash-loop.
+/// (consumers are what frees the space), rather than refusing to start ("--data-path
+/// ... is not writable: ... No space left on device"), which would leave a supervisor
+/// only a crash loop.
 #[test]
 fn a_broker_started_on_a_full_disk_serves_its_backlog() {
     let Some(m) = small_fs("restart") else {

@@ -3,7 +3,7 @@
 //! after the answer neither loses a message acknowledged to the new channel nor brings
 //! a deleted channel back; a topic whose store cannot be created refuses publishes with
 //! nsqd's errors (`E_PUB_FAILED`, HTTP 503) and reports it on `/ping` until the disk lets
-//! it create one (it used to answer OK and keep the messages in memory only); a failed
+//! it create one (never OK with the messages in memory only); a failed
 //! metadata write is reported on `/ping` until one succeeds.
 //!
 //! `--sync-timeout=60s`: no periodic checkpoint runs between the answer and the kill.

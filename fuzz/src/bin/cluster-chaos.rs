@@ -222,6 +222,8 @@ struct Injected {
     clock: String,
 }
 
+/// What the checker has seen so far. Flat on purpose: one counter or record per figure
+/// of the report, each updated where the event happens.
 #[derive(Default)]
 struct State {
     /// Bodies whose PUB/MPUB got OK.
