@@ -501,7 +501,12 @@ fn clean_restart_redelivers_nothing_finished() {
                 s.write_all(format!("FIN {id}\n").as_bytes()).unwrap();
             }
         }
-        std::thread::sleep(Duration::from_millis(200));
+        // The FINs are handled (a FIN has no answer) before the clean shutdown.
+        wait_for("the FINs handled", || {
+            b.channel_stats("cl", "c").is_some_and(|ch| {
+                ch["clients"][0]["finish_count"].as_u64() == Some(fin.len() as u64)
+            })
+        });
         assert_eq!(b.terminate().map(|s| s.success()), Some(true), "clean exit");
         let b = Broker::start_in(&dir, shards, &[]);
         let got = drain(&b, "cl", "c", Duration::from_millis(1500));

@@ -409,12 +409,23 @@ fn retention_time_keeps_consumed_segments_until_they_expire() {
     send(&mut s, &line("RDY 500"));
     let got = consume(&mut s, 300);
     b.wait_channel_field(done, "c", "in_flight_count", 0);
-    // Settled: the writer has flushed everything (--sync-timeout).
-    std::thread::sleep(Duration::from_millis(300));
-    let before: Vec<String> = segment_files(&b.data_dir, done)
-        .into_iter()
-        .map(|f| f.0)
-        .collect();
+    // Settled: the writer has flushed everything (--sync-timeout), so the segment
+    // files stop changing.
+    let segment_names = || -> Vec<String> {
+        segment_files(&b.data_dir, done)
+            .into_iter()
+            .map(|f| f.0)
+            .collect()
+    };
+    let mut last = segment_names();
+    wait_for("the topic's segment files to settle", || {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = segment_names();
+        let settled = now == last && now.len() >= 5;
+        last = now;
+        settled
+    });
+    let before = last;
     assert!(before.len() >= 5, "several segments: {before:?}");
     // Several checkpoints later, every consumed segment is still there.
     std::thread::sleep(Duration::from_millis(500));
