@@ -142,17 +142,39 @@ async fn connection_loop(
                 continue;
             }
         };
-        if !flapping && (logged_down || server.shard.index() == 0) {
-            log::info!("CLUSTER: connected to peer {}", p.member.address);
-        }
-        logged_down = false;
         let _ = stream.set_nodelay(true);
+        let announce = !flapping && (logged_down || server.shard.index() == 0);
+        logged_down = false;
+        let connected = || {
+            if announce {
+                log::info!("CLUSTER: connected to peer {}", p.member.address);
+            }
+        };
         let since = std::time::Instant::now();
         let r = match &tls {
-            None => write_loop(server, p, stream, &greeting).await,
+            None => {
+                connected();
+                write_loop(server, p, stream, &greeting).await
+            }
             Some(client) => match dial_tls(client, &p.member.address, stream).await {
-                Ok(stream) => write_loop(server, p, stream, &greeting).await,
-                Err(e) => Err(e),
+                Ok(stream) => {
+                    connected();
+                    write_loop(server, p, stream, &greeting).await
+                }
+                Err(e) => {
+                    // Once a minute per peer: it is dialled again every REDIAL.
+                    log_once(
+                        &format!("tls to {}", p.member.address),
+                        &format!(
+                            "TLS handshake with peer {} failed: {e}; dialled again every {} ms (every member needs --cluster-tls and a certificate that chains to --tls-root-ca-file and names the host of its address)",
+                            p.member.address,
+                            REDIAL.as_millis()
+                        ),
+                        log::Level::Warn,
+                    );
+                    glommio::timer::sleep(REDIAL).await;
+                    continue;
+                }
             },
         };
         p.connected.set(false);
@@ -290,7 +312,15 @@ pub async fn accept_loop(server: Rc<Server>, cfg: Rc<ClusterConfig>) {
             std::process::exit(1);
         }
     };
-    log::info!("CLUSTER: listening on {}", cfg.me.address);
+    log::info!(
+        "CLUSTER: listening on {}{}",
+        cfg.me.address,
+        if cfg.tls.is_some() {
+            " (mutual TLS: --cluster-tls)"
+        } else {
+            ""
+        }
+    );
     loop {
         let accept = std::pin::pin!(listener.accept());
         let stop = std::pin::pin!(server.shard.shutdown.wait());
@@ -320,7 +350,7 @@ pub async fn accept_loop(server: Rc<Server>, cfg: Rc<ClusterConfig>) {
                             log_once(
                                 &format!("tls {peer}"),
                                 &format!(
-                                    "TLS handshake with {peer} failed, connection refused: {e}"
+                                    "TLS handshake with {peer} failed, connection refused: {e} (every member needs --cluster-tls and a certificate that chains to --tls-root-ca-file)"
                                 ),
                                 log::Level::Error,
                             );
