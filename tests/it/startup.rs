@@ -97,20 +97,23 @@ fn read_response(mut s: std::net::TcpStream) -> (u16, Vec<u8>) {
     split_http(&out)
 }
 
+/// Connects (waiting for the port to answer) and writes the request; an error when the
+/// connection is reset under the write (a killed process's listener taking it for a
+/// moment).
 fn send_request(
     addr: std::net::SocketAddr,
     method: &str,
     path: &str,
     body: &[u8],
-) -> std::net::TcpStream {
+) -> std::io::Result<std::net::TcpStream> {
     let mut s = wait_port_answers(addr, Duration::from_secs(60));
     let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    s.write_all(head.as_bytes()).unwrap();
-    s.write_all(body).unwrap();
-    s
+    s.write_all(head.as_bytes())?;
+    s.write_all(body)?;
+    Ok(s)
 }
 
 /// `depth + in_flight_count` of channel `big`/`c` and its client count, from /stats JSON.
@@ -182,7 +185,9 @@ fn serves_nothing_before_recovery(shards: usize) {
     });
     let request = move |method: &'static str, path: &'static str, body: &'static [u8]| {
         std::thread::spawn(move || loop {
-            let s = send_request(http_addr, method, path, body);
+            let Ok(s) = send_request(http_addr, method, path, body) else {
+                continue;
+            };
             let connected = t0.elapsed();
             let (code, body) = read_response(s);
             if code != 0 {
