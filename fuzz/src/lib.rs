@@ -146,12 +146,7 @@ impl<'a> Knobs<'a> {
 /// inputs) or nsqd's defaults.
 fn limits(b: u8) -> Limits {
     if b & 0x80 != 0 {
-        Limits {
-            max_msg_size: 1024 * 1024,
-            max_body_size: 5 * 1024 * 1024,
-            max_rdy_count: 2500,
-            max_req_timeout_ms: 3_600_000,
-        }
+        Limits::NSQD_DEFAULTS
     } else {
         Limits {
             max_msg_size: (b & 0x3f) as i64 + 1,

@@ -10,12 +10,7 @@ use std::time::Instant;
 
 #[test]
 fn mpub_in_small_reads() {
-    let limits = Limits {
-        max_msg_size: 1024 * 1024,
-        max_body_size: 5 * 1024 * 1024,
-        max_rdy_count: 2500,
-        max_req_timeout_ms: 3_600_000,
-    };
+    let limits = Limits::NSQD_DEFAULTS;
     let ctx = Context {
         state: ClientState::Init,
         heartbeats_enabled: true,

@@ -12,12 +12,7 @@ use nsq_wire::client;
 use nsq_wire::v2::{self as protocol, Command, Context, Limits};
 use proptest::prelude::*;
 
-const LIMITS: Limits = Limits {
-    max_msg_size: 1024 * 1024,
-    max_body_size: 5 * 1024 * 1024,
-    max_rdy_count: 2500,
-    max_req_timeout_ms: 3_600_000,
-};
+const LIMITS: Limits = Limits::NSQD_DEFAULTS;
 
 fn ctx(state: ClientState) -> Context {
     Context {

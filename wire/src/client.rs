@@ -314,12 +314,7 @@ mod tests {
         Context {
             state,
             heartbeats_enabled: true,
-            limits: Limits {
-                max_msg_size: 1 << 20,
-                max_body_size: 5 << 20,
-                max_rdy_count: 2500,
-                max_req_timeout_ms: 3_600_000,
-            },
+            limits: Limits::NSQD_DEFAULTS,
             eof: false,
         }
     }

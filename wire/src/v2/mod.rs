@@ -51,6 +51,24 @@ pub struct Limits {
     pub max_req_timeout_ms: i64,
 }
 
+impl Limits {
+    /// nsqd 1.3.0's defaults: `--max-msg-size` 1 MiB, `--max-body-size` 5 MiB,
+    /// `--max-rdy-count` 2500, `--max-req-timeout` 1h.
+    pub const NSQD_DEFAULTS: Limits = Limits {
+        max_msg_size: 1024 * 1024,
+        max_body_size: 5 * 1024 * 1024,
+        max_rdy_count: 2500,
+        max_req_timeout_ms: 3_600_000,
+    };
+}
+
+impl Default for Limits {
+    /// [`Limits::NSQD_DEFAULTS`].
+    fn default() -> Self {
+        Limits::NSQD_DEFAULTS
+    }
+}
+
 /// What `decode` needs to know about the connection.
 #[derive(Clone, Copy, Debug)]
 pub struct Context {

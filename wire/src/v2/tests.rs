@@ -8,7 +8,7 @@ fn ctx(state: ClientState) -> Context {
             max_msg_size: 100,
             max_body_size: 1000,
             max_rdy_count: 50,
-            max_req_timeout_ms: 3_600_000,
+            ..Limits::NSQD_DEFAULTS
         },
         eof: false,
     }
