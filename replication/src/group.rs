@@ -273,6 +273,36 @@ pub struct TopicGroup<S: LogStore = crate::store::MemLog> {
     /// This node starts with no saved state and has not heard from a leader yet
     /// ([`TopicGroup::set_fresh`]).
     fresh: bool,
+    /// Ticks counted since this node started with a vote floor, until it hears of a
+    /// leader ([`TopicGroup::tick`]): after [`FLOOR_RELAX_TICKS`] and
+    /// [`FLOOR_DROP_TICKS`] the floor gives way, so that a group whose every member
+    /// restarted elects a leader again.
+    leaderless_ticks: u32,
+    /// A leader was heard of (an append, heartbeat or snapshot, or this node leads)
+    /// since the group started.
+    heard_leader: bool,
+}
+
+/// Ticks a node that restarted with a vote floor and has not heard of a leader keeps
+/// the whole floor (100 ticks: 5 s at the broker's 50 ms tick, several election
+/// timeouts). After them it also votes for a candidate whose log has entries, though
+/// they end before the floor: a member that kept its log (it did not restart) when
+/// none reaches the floor, so the group does not stay without a leader.
+pub const FLOOR_RELAX_TICKS: u32 = 100;
+
+/// Ticks after which such a node drops its vote floor (200: 10 s at 50 ms): every
+/// member restarted, every Raft log is empty and none can reach another's floor; the
+/// group elects one of them, and what was acknowledged after the floors of the
+/// members that elect it may be lost (docs/replication.md, "Guarantees").
+pub const FLOOR_DROP_TICKS: u32 = 200;
+
+/// What [`TopicGroup::tick`] reports when a restarted node's vote floor gives way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FloorRelaxed {
+    /// After [`FLOOR_RELAX_TICKS`]: candidates whose log has entries get votes.
+    ForKeptLogs,
+    /// After [`FLOOR_DROP_TICKS`]: the floor is dropped.
+    Dropped,
 }
 
 impl<S: LogStore> TopicGroup<S> {
@@ -293,6 +323,8 @@ impl<S: LogStore> TopicGroup<S> {
             reported: (0, 0),
             vote_floor: (0, 0),
             fresh: false,
+            leaderless_ticks: 0,
+            heard_leader: false,
         })
     }
 
@@ -352,8 +384,30 @@ impl<S: LogStore> TopicGroup<S> {
     }
 
     /// Advances the group's clock by one tick (elections, heartbeats, check-quorum).
-    pub fn tick(&mut self) {
+    /// Returns how a restarted node's vote floor gave way at this tick, if it did
+    /// ([`FLOOR_RELAX_TICKS`], [`FLOOR_DROP_TICKS`]), for the caller to log.
+    pub fn tick(&mut self) -> Option<FloorRelaxed> {
         self.node.tick();
+        if self.node.raft.leader_id != raft::INVALID_ID {
+            self.heard_leader = true;
+        }
+        if self.heard_leader || self.vote_floor == (0, 0) {
+            return None;
+        }
+        self.leaderless_ticks = self.leaderless_ticks.saturating_add(1);
+        match self.leaderless_ticks {
+            FLOOR_RELAX_TICKS => Some(FloorRelaxed::ForKeptLogs),
+            FLOOR_DROP_TICKS => Some(FloorRelaxed::Dropped),
+            _ => None,
+        }
+    }
+
+    /// Whether the vote floor gives way for a candidate whose log ends at `last_index`
+    /// (a restarted node that has heard of no leader for a while: [`FLOOR_RELAX_TICKS`]).
+    fn floor_waived(&self, last_index: u64) -> bool {
+        !self.heard_leader
+            && (self.leaderless_ticks >= FLOOR_DROP_TICKS
+                || (self.leaderless_ticks >= FLOOR_RELAX_TICKS && last_index > 0))
     }
 
     /// Hands a Raft message from a peer to the group.
@@ -377,6 +431,7 @@ impl<S: LogStore> TopicGroup<S> {
             MessageType::MsgAppend | MessageType::MsgHeartbeat | MessageType::MsgSnapshot
         ) {
             self.fresh = false;
+            self.heard_leader = true;
         }
         // An append after an entry this log does not hold must be refused; raft-rs
         // reads the missing entry's term as 0, so an append that names term 0 there
@@ -392,7 +447,10 @@ impl<S: LogStore> TopicGroup<S> {
             message.get_msg_type(),
             MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
         );
-        if vote && (message.log_term, message.index) < self.vote_floor {
+        if vote
+            && (message.log_term, message.index) < self.vote_floor
+            && !self.floor_waived(message.index)
+        {
             return Ok(());
         }
         // A node with no saved state that is asked to elect a candidate of a group with
@@ -864,6 +922,56 @@ mod tests {
         // At the floor: granted (the node's own empty log does not object).
         group.step(ask(5, 100)).unwrap();
         assert_eq!(granted(&mut group), vec![true]);
+    }
+
+    /// A restarted node that hears of no leader lets its vote floor give way: after
+    /// FLOOR_RELAX_TICKS to a candidate whose log has entries, after FLOOR_DROP_TICKS to
+    /// any (every member restarted, every log empty).
+    #[test]
+    fn a_vote_floor_gives_way_when_no_leader_comes() {
+        use raft::eraftpb::MessageType::MsgRequestVote;
+        let mut group = TopicGroup::new(&GroupConfig::new(2), MemLog::new(&[1, 2, 3])).unwrap();
+        group.set_vote_floor(5, 100);
+        let mut relaxed = Vec::new();
+        for _ in 1..FLOOR_RELAX_TICKS {
+            relaxed.extend(group.tick());
+        }
+        let _ = group.poll();
+        group.step(to_node_2(MsgRequestVote, 1000, 4, 50)).unwrap();
+        assert_eq!(granted(&mut group), Vec::<bool>::new());
+        relaxed.extend(group.tick());
+        assert_eq!(relaxed, vec![FloorRelaxed::ForKeptLogs]);
+        // A candidate with an empty log is still refused; one with entries is not.
+        group.step(to_node_2(MsgRequestVote, 1001, 0, 0)).unwrap();
+        assert_eq!(granted(&mut group), Vec::<bool>::new());
+        group.step(to_node_2(MsgRequestVote, 1002, 4, 50)).unwrap();
+        assert_eq!(granted(&mut group), vec![true]);
+        for _ in FLOOR_RELAX_TICKS..FLOOR_DROP_TICKS {
+            relaxed.extend(group.tick());
+        }
+        assert_eq!(
+            relaxed,
+            vec![FloorRelaxed::ForKeptLogs, FloorRelaxed::Dropped]
+        );
+        let _ = group.poll();
+        group.step(to_node_2(MsgRequestVote, 2000, 0, 0)).unwrap();
+        assert_eq!(granted(&mut group), vec![true]);
+    }
+
+    /// A restarted node that has heard from a leader keeps its whole vote floor.
+    #[test]
+    fn a_vote_floor_stays_once_a_leader_was_heard() {
+        use raft::eraftpb::MessageType::{MsgHeartbeat, MsgRequestVote};
+        let mut group = TopicGroup::new(&GroupConfig::new(2), MemLog::new(&[1, 2, 3])).unwrap();
+        group.set_vote_floor(5, 100);
+        group.step(to_node_2(MsgHeartbeat, 7, 0, 0)).unwrap();
+        let relaxed: Vec<FloorRelaxed> = (0..FLOOR_DROP_TICKS + 10)
+            .filter_map(|_| group.tick())
+            .collect();
+        assert_eq!(relaxed, Vec::<FloorRelaxed>::new());
+        let _ = group.poll();
+        group.step(to_node_2(MsgRequestVote, 1000, 0, 0)).unwrap();
+        assert_eq!(granted(&mut group), Vec::<bool>::new());
     }
 
     /// A node with no saved state votes in a new group, and in a group with entries

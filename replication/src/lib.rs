@@ -19,8 +19,8 @@ pub mod wire;
 
 pub use entry::{ChannelOp, DecodeError, Entry, Message, MessageId, PendingMessage};
 pub use group::{
-    AckPolicy, AckState, Committed, GroupConfig, Leadership, Membership, Output, ProposalId,
-    ReplicationError, Restore, TopicGroup,
+    AckPolicy, AckState, Committed, FloorRelaxed, GroupConfig, Leadership, Membership, Output,
+    ProposalId, ReplicationError, Restore, TopicGroup, FLOOR_DROP_TICKS, FLOOR_RELAX_TICKS,
 };
 pub use raft;
 pub use raft::eraftpb::Message as RaftMessage;

@@ -665,7 +665,17 @@ async fn driver(server: Rc<Server>) {
             let mut groups = c.groups.borrow_mut();
             let mut dirty = c.dirty.borrow_mut();
             for (t, g) in groups.iter_mut() {
-                g.group.tick();
+                match g.group.tick() {
+                    Some(nsq_replication::FloorRelaxed::ForKeptLogs) => log::warn!(
+                        "TOPIC({t}): no leader for {} s since this member restarted: it now also votes for a member that kept its Raft log though it ends before what this member had applied",
+                        (TICK * nsq_replication::FLOOR_RELAX_TICKS).as_secs()
+                    ),
+                    Some(nsq_replication::FloorRelaxed::Dropped) => log::warn!(
+                        "TOPIC({t}): no leader for {} s since this member restarted (every member restarted?): its vote floor is dropped so the group elects a leader again; what was acknowledged after the members' saved floors may be lost",
+                        (TICK * nsq_replication::FLOOR_DROP_TICKS).as_secs()
+                    ),
+                    None => {}
+                }
                 dirty.insert(t.clone());
             }
             next_tick = now + TICK;
