@@ -273,14 +273,14 @@ pub struct TopicGroup<S: LogStore = crate::store::MemLog> {
     /// This node starts with no saved state and has not heard from a leader yet
     /// ([`TopicGroup::set_fresh`]).
     fresh: bool,
-    /// Ticks counted since this node started with a vote floor, until it hears of a
-    /// leader ([`TopicGroup::tick`]): after [`FLOOR_RELAX_TICKS`] and
-    /// [`FLOOR_DROP_TICKS`] the floor gives way, so that a group whose every member
-    /// restarted elects a leader again.
+    /// Ticks in a row without a known leader while this node's Raft log is empty and it
+    /// has a vote floor or no saved state ([`TopicGroup::tick`]): after
+    /// [`FLOOR_RELAX_TICKS`] and [`FLOOR_DROP_TICKS`] its vote rules give way, so that a
+    /// group whose members restarted or lost their disks elects a leader again.
     leaderless_ticks: u32,
-    /// A leader was heard of (an append, heartbeat or snapshot, or this node leads)
-    /// since the group started.
-    heard_leader: bool,
+    /// A peer's message showed that the group has entries (a last index, a log term or
+    /// a commit index above 0): a candidate with an empty log then lacks some.
+    saw_entries: bool,
 }
 
 /// Ticks a node that restarted with a vote floor and has not heard of a leader keeps
@@ -301,6 +301,9 @@ pub const FLOOR_DROP_TICKS: u32 = 200;
 pub enum FloorRelaxed {
     /// After [`FLOOR_RELAX_TICKS`]: candidates whose log has entries get votes.
     ForKeptLogs,
+    /// After [`FLOOR_RELAX_TICKS`] on a node that started without saved state
+    /// ([`TopicGroup::set_fresh`]): candidates whose log has entries get votes.
+    FreshVotes,
     /// After [`FLOOR_DROP_TICKS`]: the floor is dropped.
     Dropped,
 }
@@ -324,7 +327,7 @@ impl<S: LogStore> TopicGroup<S> {
             vote_floor: (0, 0),
             fresh: false,
             leaderless_ticks: 0,
-            heard_leader: false,
+            saw_entries: false,
         })
     }
 
@@ -388,16 +391,21 @@ impl<S: LogStore> TopicGroup<S> {
     /// ([`FLOOR_RELAX_TICKS`], [`FLOOR_DROP_TICKS`]), for the caller to log.
     pub fn tick(&mut self) -> Option<FloorRelaxed> {
         self.node.tick();
-        if self.node.raft.leader_id != raft::INVALID_ID {
-            self.heard_leader = true;
-        }
-        if self.heard_leader || self.vote_floor == (0, 0) {
+        let floor = self.vote_floor != (0, 0);
+        // A leader known (even one whose old heartbeat just arrived), a log with
+        // entries, or nothing to give way: the count starts again.
+        if self.node.raft.leader_id != raft::INVALID_ID
+            || self.node.raft.raft_log.last_index() > 0
+            || !(floor || self.fresh)
+        {
+            self.leaderless_ticks = 0;
             return None;
         }
         self.leaderless_ticks = self.leaderless_ticks.saturating_add(1);
         match self.leaderless_ticks {
+            FLOOR_RELAX_TICKS if self.fresh => Some(FloorRelaxed::FreshVotes),
             FLOOR_RELAX_TICKS => Some(FloorRelaxed::ForKeptLogs),
-            FLOOR_DROP_TICKS => Some(FloorRelaxed::Dropped),
+            FLOOR_DROP_TICKS if floor => Some(FloorRelaxed::Dropped),
             _ => None,
         }
     }
@@ -405,9 +413,8 @@ impl<S: LogStore> TopicGroup<S> {
     /// Whether the vote floor gives way for a candidate whose log ends at `last_index`
     /// (a restarted node that has heard of no leader for a while: [`FLOOR_RELAX_TICKS`]).
     fn floor_waived(&self, last_index: u64) -> bool {
-        !self.heard_leader
-            && (self.leaderless_ticks >= FLOOR_DROP_TICKS
-                || (self.leaderless_ticks >= FLOOR_RELAX_TICKS && last_index > 0))
+        self.leaderless_ticks >= FLOOR_DROP_TICKS
+            || (self.leaderless_ticks >= FLOOR_RELAX_TICKS && last_index > 0)
     }
 
     /// Hands a Raft message from a peer to the group.
@@ -426,13 +433,6 @@ impl<S: LogStore> TopicGroup<S> {
         // restarted with an empty log compares it with what it held before, so that it
         // never helps elect a candidate that lacks entries it had acknowledged.
         use raft::eraftpb::MessageType;
-        if matches!(
-            message.get_msg_type(),
-            MessageType::MsgAppend | MessageType::MsgHeartbeat | MessageType::MsgSnapshot
-        ) {
-            self.fresh = false;
-            self.heard_leader = true;
-        }
         // An append after an entry this log does not hold must be refused; raft-rs
         // reads the missing entry's term as 0, so an append that names term 0 there
         // would pass its check and commit past this log's end (a panic). Any other term
@@ -442,6 +442,9 @@ impl<S: LogStore> TopicGroup<S> {
             && message.log_term == 0
         {
             message.log_term = u64::MAX;
+        }
+        if message.index > 0 || message.log_term > 0 || message.commit > 0 {
+            self.saw_entries = true;
         }
         let vote = matches!(
             message.get_msg_type(),
@@ -456,9 +459,16 @@ impl<S: LogStore> TopicGroup<S> {
         // A node with no saved state that is asked to elect a candidate of a group with
         // entries may be a replica whose disk was lost: what it acknowledged before is
         // unknown, so it waits to hear from a leader first (a group with no entries yet,
-        // a new topic, elects as usual).
-        if vote && self.fresh && message.index > 0 && self.node.raft.raft_log.last_index() == 0 {
-            return Ok(());
+        // a new topic, elects as usual). Once it knows the group has entries it never
+        // helps elect a candidate with an empty log (two wiped replicas would otherwise
+        // elect each other beside the one that holds everything); after
+        // FLOOR_RELAX_TICKS without a leader it votes for a candidate with entries.
+        if vote && self.fresh && self.node.raft.raft_log.last_index() == 0 {
+            let has_entries = message.index > 0;
+            let waived = has_entries && self.leaderless_ticks >= FLOOR_RELAX_TICKS;
+            if (has_entries || self.saw_entries) && !waived {
+                return Ok(());
+            }
         }
         // A heartbeat carries the commit index the leader believes this replica has
         // matched; after a restart with an empty log that is past this log's end, and
@@ -500,9 +510,12 @@ impl<S: LogStore> TopicGroup<S> {
     }
 
     /// This node starts with no saved state (a new replica, or one whose disk was
-    /// lost): until it hears from a leader, it votes for no candidate of a group that
-    /// has entries (it cannot know which of them it had acknowledged). Losing the disks
-    /// of a majority at once therefore stops the group until one of them is restored.
+    /// lost): until a leader has given its Raft log entries, it votes for no candidate of
+    /// a group that has entries (it cannot know which of them it had acknowledged), and
+    /// once it knows the group has entries, for no candidate with an empty log either,
+    /// and sends no vote requests of its own. After [`FLOOR_RELAX_TICKS`] in a row
+    /// without a leader it votes for a candidate with entries (the replicas that lost
+    /// their disks elect one that kept its log).
     pub fn set_fresh(&mut self, fresh: bool) {
         self.fresh = fresh;
     }
@@ -702,6 +715,18 @@ impl<S: LogStore> TopicGroup<S> {
             out.messages.extend(light.take_messages());
             self.take_committed(&mut out, light.take_committed_entries())?;
             self.node.advance_apply();
+        }
+        // A node without saved state that knows the group has entries cannot lead it
+        // with its empty log: its campaign would only let another wiped replica elect
+        // it. Its vote requests are not sent (it still votes, and follows a leader).
+        if self.fresh && self.saw_entries && self.node.raft.raft_log.last_index() == 0 {
+            use raft::eraftpb::MessageType;
+            out.messages.retain(|m| {
+                !matches!(
+                    m.get_msg_type(),
+                    MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
+                )
+            });
         }
         out.snapshot_wanted = self.node.mut_store().take_snapshot_request();
         let now = (self.node.raft.leader_id, self.term());
@@ -958,43 +983,83 @@ mod tests {
         assert_eq!(granted(&mut group), vec![true]);
     }
 
-    /// A restarted node that has heard from a leader keeps its whole vote floor.
+    /// A node without saved state that learnt the group has entries never helps elect
+    /// a candidate with an empty log (another wiped replica), and votes for one with
+    /// entries once no leader came for FLOOR_RELAX_TICKS.
     #[test]
-    fn a_vote_floor_stays_once_a_leader_was_heard() {
-        use raft::eraftpb::MessageType::{MsgHeartbeat, MsgRequestVote};
+    fn a_fresh_node_elects_no_empty_log_once_it_knows_the_group_has_entries() {
+        use raft::eraftpb::MessageType::{MsgRequestPreVote, MsgRequestVote};
         let mut group = TopicGroup::new(&GroupConfig::new(2), MemLog::new(&[1, 2, 3])).unwrap();
-        group.set_vote_floor(5, 100);
-        group.step(to_node_2(MsgHeartbeat, 7, 0, 0)).unwrap();
-        let relaxed: Vec<FloorRelaxed> = (0..FLOOR_DROP_TICKS + 10)
-            .filter_map(|_| group.tick())
-            .collect();
-        assert_eq!(relaxed, Vec::<FloorRelaxed>::new());
+        group.set_fresh(true);
+        group.step(to_node_2(MsgRequestPreVote, 3, 2, 40)).unwrap();
+        group.step(to_node_2(MsgRequestVote, 4, 0, 0)).unwrap();
+        assert_eq!(granted(&mut group), Vec::<bool>::new());
+        let relaxed: Vec<FloorRelaxed> =
+            (0..FLOOR_DROP_TICKS).filter_map(|_| group.tick()).collect();
+        assert_eq!(relaxed, vec![FloorRelaxed::FreshVotes]);
         let _ = group.poll();
         group.step(to_node_2(MsgRequestVote, 1000, 0, 0)).unwrap();
         assert_eq!(granted(&mut group), Vec::<bool>::new());
+        group.step(to_node_2(MsgRequestVote, 1001, 2, 40)).unwrap();
+        assert_eq!(granted(&mut group), vec![true]);
+        // Its own campaigns (an empty log) are not sent.
+        let asked = (0..FLOOR_DROP_TICKS)
+            .flat_map(|_| {
+                group.tick();
+                group.poll().unwrap().messages
+            })
+            .filter(|m| matches!(m.get_msg_type(), MsgRequestVote | MsgRequestPreVote))
+            .count();
+        assert_eq!(asked, 0);
+    }
+
+    /// A restarted node that keeps hearing from a leader keeps its whole vote floor.
+    #[test]
+    fn a_vote_floor_stays_while_a_leader_is_heard() {
+        use raft::eraftpb::MessageType::MsgHeartbeat;
+        let mut group = TopicGroup::new(&GroupConfig::new(2), MemLog::new(&[1, 2, 3])).unwrap();
+        group.set_vote_floor(5, 100);
+        let mut relaxed = Vec::new();
+        for t in 0..FLOOR_DROP_TICKS + 10 {
+            if t % 5 == 0 {
+                group.step(to_node_2(MsgHeartbeat, 7, 0, 0)).unwrap();
+            }
+            relaxed.extend(group.tick());
+            let _ = group.poll();
+        }
+        assert_eq!(relaxed, Vec::<FloorRelaxed>::new());
     }
 
     /// A node with no saved state votes in a new group, and in a group with entries
-    /// only once it has heard from a leader.
+    /// only once a leader gave it entries.
     #[test]
     fn a_fresh_node_waits_for_a_leader_before_electing_a_candidate_with_entries() {
         let mut group = TopicGroup::new(&GroupConfig::new(2), MemLog::new(&[1, 2, 3])).unwrap();
         group.set_fresh(true);
         let msg = to_node_2;
-        use raft::eraftpb::MessageType::{MsgHeartbeat, MsgRequestVote};
-        group.step(msg(MsgRequestVote, 3, 2, 40)).unwrap();
-        assert_eq!(granted(&mut group), Vec::<bool>::new());
+        use raft::eraftpb::MessageType::{MsgAppend, MsgRequestVote};
         // A new group: every log is empty.
-        group.step(msg(MsgRequestVote, 4, 0, 0)).unwrap();
+        group.step(msg(MsgRequestVote, 3, 0, 0)).unwrap();
         assert_eq!(granted(&mut group), vec![true]);
-        // Once a leader was heard (and its lease ran out), as usual.
-        group.step(msg(MsgHeartbeat, 5, 0, 0)).unwrap();
+        group.step(msg(MsgRequestVote, 4, 2, 40)).unwrap();
+        assert_eq!(granted(&mut group), Vec::<bool>::new());
+        // Once a leader gave it entries (and its lease ran out), as usual.
+        let mut append = msg(MsgAppend, 5, 0, 0);
+        append.set_entries(
+            vec![RaftEntry {
+                index: 1,
+                term: 5,
+                ..RaftEntry::default()
+            }]
+            .into(),
+        );
+        group.step(append).unwrap();
         group.poll().unwrap();
         for _ in 0..40 {
             group.tick();
         }
         group.poll().unwrap();
-        group.step(msg(MsgRequestVote, 9, 2, 40)).unwrap();
+        group.step(msg(MsgRequestVote, 9, 5, 40)).unwrap();
         assert_eq!(granted(&mut group), vec![true]);
     }
 

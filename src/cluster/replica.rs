@@ -636,6 +636,8 @@ impl ShardCluster {
             "term": g.group.term(),
             "commit_index": g.group.commit_index(),
             "applied_index": g.group.applied_index(),
+            // The vote floor on disk: what a restart of this member still protects.
+            "saved_floor_index": g.vote.saved.floor.1,
             "last_index": last,
             "first_index": g.group.first_index(),
             "log_bytes": g.group.store().entry_bytes(),
@@ -668,6 +670,10 @@ async fn driver(server: Rc<Server>) {
                 match g.group.tick() {
                     Some(nsq_replication::FloorRelaxed::ForKeptLogs) => log::warn!(
                         "TOPIC({t}): no leader for {} s since this member restarted: it now also votes for a member that kept its Raft log though it ends before what this member had applied",
+                        (TICK * nsq_replication::FLOOR_RELAX_TICKS).as_secs()
+                    ),
+                    Some(nsq_replication::FloorRelaxed::FreshVotes) => log::warn!(
+                        "TOPIC({t}): no leader for {} s since this member started without saved state for the topic (a new or wiped replica): it now votes for a member whose Raft log has entries; what only a member that is down holds may be lost",
                         (TICK * nsq_replication::FLOOR_RELAX_TICKS).as_secs()
                     ),
                     Some(nsq_replication::FloorRelaxed::Dropped) => log::warn!(

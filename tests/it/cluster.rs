@@ -539,6 +539,19 @@ fn every_member_killed_at_once_elects_a_leader_again_and_keeps_what_was_synced()
             || c.channel_depth(i, topic, "ch") == Some(10),
         );
     }
+    // Each member's vote floor on disk reaches what it applied: the restarted members
+    // then refuse each other (every Raft log empty) until the floors give way.
+    for i in 0..3 {
+        wait_for(&format!("member {i}'s vote floor saved"), || {
+            c.state(i)["topics"].as_array().is_some_and(|ts| {
+                ts.iter().any(|t| {
+                    t["topic"] == topic
+                        && t["saved_floor_index"].as_u64() >= t["applied_index"].as_u64()
+                        && t["applied_index"].as_u64() > Some(1)
+                })
+            })
+        });
+    }
     for i in 0..3 {
         c.kill9(i);
     }
@@ -556,9 +569,16 @@ fn every_member_killed_at_once_elects_a_leader_again_and_keeps_what_was_synced()
         accepted,
         "no publish accepted 60 s after every member restarted"
     );
+    let took = restarted.elapsed();
     eprintln!(
         "publishes accepted again {:.1} s after every member restarted",
-        restarted.elapsed().as_secs_f64()
+        took.as_secs_f64()
+    );
+    // Not before the floors gave way: a member elected at once would mean a restarted
+    // member voted for a candidate behind what it had applied.
+    assert!(
+        took >= Duration::from_secs(4),
+        "a leader elected {took:?} after every member restarted, before the vote floors gave way"
     );
     // A publish refused while no leader was elected may still have been applied: the
     // members agree on 11 or more messages.
@@ -583,6 +603,65 @@ fn every_member_killed_at_once_elects_a_leader_again_and_keeps_what_was_synced()
         .collect();
     let expected: std::collections::BTreeSet<String> = (0..=10).map(|k| format!("m{k}")).collect();
     assert_eq!(bodies, expected);
+}
+
+/// Both followers lose their disks (kill -9, data path deleted) and come back after the
+/// leader stepped down for want of a quorum: the two empty replicas must not elect
+/// each other (their empty logs would replace the messages), and they do not; after
+/// 5 s without a leader they vote for the member that kept its log, which leads again
+/// and brings them back with every message.
+#[test]
+fn two_members_that_lost_their_disks_elect_the_one_that_kept_its_log() {
+    let mut c = Cluster::start([1, 2, 1], &[]);
+    let topic = "twodisks";
+    for k in 0..10 {
+        c.node(k % 3).http_pub(topic, format!("m{k}").as_bytes());
+    }
+    for i in 0..3 {
+        wait_for(&format!("member {i} with the 10 messages"), || {
+            c.topic_depth(i, topic) == Some(10)
+        });
+    }
+    let kept = c.wait_leader(topic);
+    for i in (0..3).filter(|&i| i != kept) {
+        c.kill9(i);
+        std::fs::remove_dir_all(&c.dirs[i]).unwrap();
+        std::fs::create_dir_all(&c.dirs[i]).unwrap();
+    }
+    wait_for("the leader stepping down without a quorum", || {
+        c.state(kept)["topics"].as_array().is_some_and(|ts| {
+            ts.iter()
+                .any(|t| t["topic"] == topic && t["is_leader"] == false)
+        })
+    });
+    for i in (0..3).filter(|&i| i != kept) {
+        c.start_node(i);
+    }
+    let accepted = common::wait_until(Duration::from_secs(60), || {
+        c.node(kept)
+            .http("POST", &format!("/pub?topic={topic}"), b"m10")
+            .0
+            == 200
+    });
+    assert!(
+        accepted,
+        "no publish accepted 60 s after the wiped members came back"
+    );
+    assert_eq!(
+        c.wait_leader(topic),
+        kept,
+        "a member without the messages leads"
+    );
+    let depths = || -> Vec<Option<u64>> { (0..3).map(|j| c.topic_depth(j, topic)).collect() };
+    let agreed = common::wait_until(Duration::from_secs(30), || {
+        let d = depths();
+        d[0].is_some_and(|n| n >= 11) && d.iter().all(|x| *x == d[0])
+    });
+    assert!(
+        agreed,
+        "the members do not hold the 11 messages alike: depths {:?}",
+        depths()
+    );
 }
 
 #[test]
