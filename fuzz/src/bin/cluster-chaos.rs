@@ -23,7 +23,9 @@
 //! restart it at once on its data path; (b) kill -9 a follower and restart it; (c) kill
 //! -9 the leader, delete its data path and restart it empty (under the same identity: it
 //! catches up from the others); (d) SIGSTOP a member (leader or follower, seeded) for
-//! 2 s, longer than the election timeout, then SIGCONT. The next cycle starts once every
+//! 2 s, longer than the election timeout, then SIGCONT; (e), only when asked for with
+//! `--faults`, kill -9 both followers, delete their data paths and restart them empty
+//! after 1.5 s (the leader steps down meanwhile: the two must elect it, not each other). The next cycle starts once every
 //! member names the same leader and that leader says it leads.
 //!
 //! After the last cycle the publisher stops and the consumer drains (until it has every
@@ -62,6 +64,8 @@ const MEMBERS: usize = 3;
 /// How long fault (d) keeps a member stopped: longer than the election timeout (0.5 to
 /// 0.95 s).
 const STOP_FOR: Duration = Duration::from_secs(2);
+/// How long fault (e) keeps both followers down.
+const WIPED_FOR: Duration = Duration::from_millis(1500);
 
 /// The longest the tool waits for an agreed leader after a fault before it gives up.
 const LEADER_WAIT: Duration = Duration::from_secs(60);
@@ -99,8 +103,9 @@ struct Cli {
     /// ms (0: never). Slow and fast cycles alternate, so failovers also meet a backlog.
     #[arg(long, default_value_t = 0)]
     consumer_ms: u64,
-    /// The fault kinds to inject, a subset of `abcd`: (a) kill -9 the leader, (b) a
-    /// follower, (c) the leader with its data path deleted, (d) SIGSTOP a member 2 s.
+    /// The fault kinds to inject, a subset of `abcde`: (a) kill -9 the leader, (b) a
+    /// follower, (c) the leader with its data path deleted, (d) SIGSTOP a member 2 s,
+    /// (e) both followers with their data paths deleted, back after 1.5 s.
     #[arg(long, default_value = "abcd", value_parser = parse_faults)]
     faults: Faults,
 }
@@ -110,12 +115,12 @@ struct Cli {
 struct Faults(Vec<Fault>);
 
 fn parse_faults(v: &str) -> Result<Faults, String> {
-    if let Some(bad) = v.chars().find(|ch| !"abcd".contains(*ch)) {
-        return Err(format!("unknown fault kind {bad:?} (a, b, c or d)"));
+    if let Some(bad) = v.chars().find(|ch| !"abcde".contains(*ch)) {
+        return Err(format!("unknown fault kind {bad:?} (a, b, c, d or e)"));
     }
     let kinds: Vec<Fault> = Fault::ALL
         .iter()
-        .zip("abcd".chars())
+        .zip("abcde".chars())
         .filter(|(_, ch)| v.contains(*ch))
         .map(|(f, _)| *f)
         .collect();
@@ -131,14 +136,16 @@ enum Fault {
     KillFollower,
     WipeLeader,
     Pause,
+    WipeFollowers,
 }
 
 impl Fault {
-    const ALL: [Fault; 4] = [
+    const ALL: [Fault; 5] = [
         Fault::KillLeader,
         Fault::KillFollower,
         Fault::WipeLeader,
         Fault::Pause,
+        Fault::WipeFollowers,
     ];
 
     fn name(self) -> &'static str {
@@ -147,6 +154,7 @@ impl Fault {
             Fault::KillFollower => "(b) kill -9 follower",
             Fault::WipeLeader => "(c) kill -9 leader, data path deleted",
             Fault::Pause => "(d) SIGSTOP 2 s",
+            Fault::WipeFollowers => "(e) kill -9 both followers, data paths deleted",
         }
     }
 
@@ -618,6 +626,13 @@ fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
             Fault::KillLeader | Fault::WipeLeader => leader,
             Fault::KillFollower => (leader + 1 + rng.below(MEMBERS - 1)) % MEMBERS,
             Fault::Pause => rng.below(MEMBERS),
+            Fault::WipeFollowers => (leader + 1) % MEMBERS,
+        };
+        // (e) takes both followers down together.
+        let victims: Vec<usize> = if fault == Fault::WipeFollowers {
+            (0..MEMBERS).filter(|&i| i != leader).collect()
+        } else {
+            vec![victim]
         };
         let at = Instant::now();
         *c.last_fault.lock().unwrap() = Some(at);
@@ -630,13 +645,22 @@ fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
             at,
             clock: clock.clone(),
         });
-        c.down[victim].store(true, Ordering::SeqCst);
+        for &v in &victims {
+            c.down[v].store(true, Ordering::SeqCst);
+        }
         paused_leaders += u64::from(fault == Fault::Pause && victim == leader);
-        if let Err(e) = inject(nsqd, shards, &mut members[victim], fault) {
+        let injected_ok = if fault == Fault::WipeFollowers {
+            wipe_both(nsqd, shards, &mut members, &victims)
+        } else {
+            inject(nsqd, shards, &mut members[victim], fault)
+        };
+        if let Err(e) = injected_ok {
             errors.push(format!("cycle {cycle}, {}: {e}", fault.name()));
             break;
         }
-        c.down[victim].store(false, Ordering::SeqCst);
+        for &v in &victims {
+            c.down[v].store(false, Ordering::SeqCst);
+        }
         let Some(next) = wait_leader(&c, LEADER_WAIT) else {
             errors.push(format!(
                 "no agreed leader within {} s after cycle {cycle}'s fault {}",
@@ -792,7 +816,7 @@ fn report(s: &State, sum: &Summary, errors: &mut Vec<String>) {
         .keys()
         .filter(|k| !s.acked.contains_key(k))
         .count();
-    let mut counts = [0u64; 4];
+    let mut counts = [0u64; 5];
     for f in injected {
         counts[f.fault.index()] += 1;
     }
@@ -812,13 +836,14 @@ fn report(s: &State, sum: &Summary, errors: &mut Vec<String>) {
         })
         .collect();
     eprintln!(
-        "cluster-chaos shards={shards}: {} cycles in {:.1} s, faults a/b/c/d {}/{}/{}/{} ({paused_leaders} SIGSTOPs hit the leader); {} PUBs acknowledged of {} sent ({} refused, {} unanswered); {} distinct received, {} lost, {duplicates} received more than once (at most {most} times; {} redeliveries, {} of bodies first received over {} s before the preceding fault), {unacked} received whose PUB got no OK, {} foreign; longest without a leader {} ms ({}); longest publish outage {} ms ({}); consumer: {} SUBs, {} refused, {} connections left open by a deposed leader; final drain {:.1} s",
+        "cluster-chaos shards={shards}: {} cycles in {:.1} s, faults a/b/c/d/e {}/{}/{}/{}/{} ({paused_leaders} SIGSTOPs hit the leader); {} PUBs acknowledged of {} sent ({} refused, {} unanswered); {} distinct received, {} lost, {duplicates} received more than once (at most {most} times; {} redeliveries, {} of bodies first received over {} s before the preceding fault), {unacked} received whose PUB got no OK, {} foreign; longest without a leader {} ms ({}); longest publish outage {} ms ({}); consumer: {} SUBs, {} refused, {} connections left open by a deposed leader; final drain {:.1} s",
         injected.len(),
         elapsed.as_secs_f64(),
         counts[0],
         counts[1],
         counts[2],
         counts[3],
+        counts[4],
         s.acked.len(),
         s.next,
         s.refused,
@@ -912,7 +937,31 @@ fn inject(nsqd: &Path, shards: usize, m: &mut Member, fault: Fault) -> Result<()
             signal("-CONT", &pid);
             Ok(())
         }
+        Fault::WipeFollowers => Err("(e) takes two members: wipe_both".into()),
     }
+}
+
+/// Fault (e): kill -9 the members `victims` (both followers), delete their data paths,
+/// wait [`WIPED_FOR`] (longer than the election timeout, so the leader steps down for
+/// want of a quorum) and start them again, empty.
+// A `String` error: CLI-only, printed once before the tool exits.
+fn wipe_both(
+    nsqd: &Path,
+    shards: usize,
+    members: &mut [Member],
+    victims: &[usize],
+) -> Result<(), String> {
+    for &v in victims {
+        let m = &mut members[v];
+        m.kill9();
+        std::fs::remove_dir_all(&m.dir).map_err(|e| format!("wipe: {e}"))?;
+        std::fs::create_dir_all(&m.dir).map_err(|e| format!("wipe: {e}"))?;
+    }
+    thread::sleep(WIPED_FOR);
+    for &v in victims {
+        start(nsqd, &mut members[v], shards)?;
+    }
+    Ok(())
 }
 
 /// The time of day in UTC, `HH:MM:SS.mmm`, to find a fault in the members' logs.
