@@ -247,7 +247,11 @@ impl std::fmt::Display for ReplicationError {
             Self::NotLeader { leader: Some(l) } => write!(f, "not the leader; node {l} is"),
             Self::NotLeader { leader: None } => write!(f, "not the leader; no leader now"),
             Self::WrongRecipient { to } => write!(f, "message for node {to}"),
-            Self::Raft(e) => write!(f, "raft: {e}"),
+            // Some of raft-rs's own texts start with "raft: " already.
+            Self::Raft(e) => {
+                let text = e.to_string();
+                write!(f, "raft: {}", text.strip_prefix("raft: ").unwrap_or(&text))
+            }
         }
     }
 }
