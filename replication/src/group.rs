@@ -414,6 +414,14 @@ impl<S: LogStore> TopicGroup<S> {
         }
     }
 
+    /// Whether raft-rs has something for [`TopicGroup::poll`] (messages to send, entries
+    /// to persist or apply, a state change): after a tick, a follower of a quiet group
+    /// usually has nothing.
+    #[must_use]
+    pub fn has_ready(&self) -> bool {
+        self.node.has_ready()
+    }
+
     /// Whether the vote floor gives way for a candidate whose log ends at `last_index`
     /// (a restarted node that has heard of no leader for a while: [`FLOOR_RELAX_TICKS`]).
     fn floor_waived(&self, last_index: u64) -> bool {

@@ -682,7 +682,12 @@ async fn driver(server: Rc<Server>) {
                     ),
                     None => {}
                 }
-                dirty.insert(t.clone());
+                // Polled only when the tick gave raft-rs something to do (a heartbeat
+                // due, an election) or the vote floor on disk is behind what was
+                // applied (process saves it): most ticks of a quiet group do neither.
+                if g.group.has_ready() || g.vote.saved.floor.1 < g.group.applied_index() {
+                    dirty.insert(t.clone());
+                }
             }
             next_tick = now + TICK;
         }
