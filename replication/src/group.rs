@@ -274,8 +274,8 @@ pub struct TopicGroup<S: LogStore = crate::store::MemLog> {
     /// (term, index): a candidate whose log ends before it gets no vote or pre-vote
     /// from this node ([`TopicGroup::set_vote_floor`]).
     vote_floor: (u64, u64),
-    /// This node starts with no saved state and has not heard from a leader yet
-    /// ([`TopicGroup::set_fresh`]).
+    /// This node started with no saved state ([`TopicGroup::set_fresh`]); its vote
+    /// rules apply while its Raft log is empty.
     fresh: bool,
     /// Ticks in a row without a known leader while this node's Raft log is empty and it
     /// has a vote floor or no saved state ([`TopicGroup::tick`]): after
@@ -470,8 +470,8 @@ impl<S: LogStore> TopicGroup<S> {
         }
         // A node with no saved state that is asked to elect a candidate of a group with
         // entries may be a replica whose disk was lost: what it acknowledged before is
-        // unknown, so it waits to hear from a leader first (a group with no entries yet,
-        // a new topic, elects as usual). Once it knows the group has entries it never
+        // unknown, so it waits until a leader has given it entries (a group with no
+        // entries yet, a new topic, elects as usual). Once it knows the group has entries it never
         // helps elect a candidate with an empty log (two wiped replicas would otherwise
         // elect each other beside the one that holds everything); after
         // FLOOR_RELAX_TICKS without a leader it votes for a candidate with entries.
