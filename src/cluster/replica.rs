@@ -42,8 +42,8 @@ use bytes::Bytes;
 use futures::channel::oneshot;
 use nsq_replication::wire::{self, Frame, Hello, Reply};
 use nsq_replication::{
-    AckPolicy, AckState, ChannelOp, Entry, GroupConfig, Leadership, MemLog, Message, ProposalId,
-    ReplicationError, TopicGroup,
+    AckPolicy, AckState, ChannelOp, Entry, FloorRelaxed, GroupConfig, Leadership, MemLog, Message,
+    ProposalId, ReplicationError, TopicGroup,
 };
 use nsq_shards::message::{IdGenerator, MessageId};
 use nsq_shards::shard::{DurableWait, LookupEvent};
@@ -564,13 +564,17 @@ impl ShardCluster {
                 lookup.push_always(LookupEvent::Register(topic.to_string(), Some(c)));
             }
         } else if !l.is_self && was {
-            log::info!(
-                "TOPIC({topic}): leadership moved to {} (term {})",
-                l.leader
-                    .and_then(|r| self.cfg.member(r))
-                    .map_or("none yet", |m| m.address.as_str()),
-                l.term
-            );
+            match l.leader.and_then(|r| self.cfg.member(r)) {
+                Some(m) => log::info!(
+                    "TOPIC({topic}): leadership moved to {} (term {})",
+                    m.address,
+                    l.term
+                ),
+                None => log::info!(
+                    "TOPIC({topic}): this node no longer leads it; no leader yet (term {})",
+                    l.term
+                ),
+            }
             self.led.borrow_mut().remove(topic);
             if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
                 g.next_seq = None;
@@ -583,6 +587,10 @@ impl ShardCluster {
             let closed = server.shard.close_topic_consumers(topic);
             if closed > 0 {
                 log::info!("TOPIC({topic}): closed {closed} consumer(s) to follow the leader");
+            }
+        } else if !l.is_self {
+            if let Some(m) = l.leader.and_then(|r| self.cfg.member(r)) {
+                log::info!("TOPIC({topic}): led by {} (term {})", m.address, l.term);
             }
         }
     }
@@ -637,6 +645,7 @@ impl ShardCluster {
             "commit_index": g.group.commit_index(),
             "applied_index": g.group.applied_index(),
             // The vote floor on disk: what a restart of this member still protects.
+            "saved_floor_term": g.vote.saved.floor.0,
             "saved_floor_index": g.vote.saved.floor.1,
             "last_index": last,
             "first_index": g.group.first_index(),
@@ -653,6 +662,36 @@ impl ShardCluster {
     }
 }
 
+/// Logs the topics whose vote rules gave way at one tick ([`FloorRelaxed`]): index 0
+/// restarted members that now vote for a member with entries, 1 members without saved
+/// state that do, 2 restarted members that dropped their floor.
+fn log_relaxed(relaxed: &[Vec<&str>; 3]) {
+    let relax = (TICK * nsq_replication::FLOOR_RELAX_TICKS).as_secs();
+    let drop = (TICK * nsq_replication::FLOOR_DROP_TICKS).as_secs();
+    let texts = [
+        format!(
+            "no leader for {relax} s since this member restarted with an empty Raft log: it now also votes for a member whose Raft log has entries, even if they end before what this member had applied; if no leader comes by {drop} s (every member restarted), it drops its vote floor"
+        ),
+        format!(
+            "no leader for {relax} s since this member started without saved state (a new or wiped replica): it now votes for a member whose Raft log has entries; what only a member that is down holds may be lost"
+        ),
+        format!(
+            "no leader for {drop} s since this member restarted (every member restarted?): its vote floor is dropped so the group elects a leader again; what was acknowledged after the members' saved floors may be lost"
+        ),
+    ];
+    for (topics, text) in relaxed.iter().zip(texts) {
+        match topics.as_slice() {
+            [] => {}
+            [t] => log::warn!("TOPIC({t}): {text}"),
+            many => log::warn!(
+                "{} topics (first {}): {text}",
+                many.len(),
+                many.iter().take(3).copied().collect::<Vec<_>>().join(", ")
+            ),
+        }
+    }
+}
+
 /// The shard's driver: ticks every group each [`TICK`], replicates cursors every
 /// [`CURSOR_EVERY`], and polls the groups something happened to.
 async fn driver(server: Rc<Server>) {
@@ -666,29 +705,28 @@ async fn driver(server: Rc<Server>) {
         if now >= next_tick {
             let mut groups = c.groups.borrow_mut();
             let mut dirty = c.dirty.borrow_mut();
+            // Topics whose vote rules gave way at this tick, by how (logged once per
+            // tick, not once per topic).
+            let mut relaxed: [Vec<&str>; 3] = [Vec::new(), Vec::new(), Vec::new()];
             for (t, g) in groups.iter_mut() {
                 match g.group.tick() {
-                    Some(nsq_replication::FloorRelaxed::ForKeptLogs) => log::warn!(
-                        "TOPIC({t}): no leader for {} s since this member restarted: it now also votes for a member that kept its Raft log though it ends before what this member had applied",
-                        (TICK * nsq_replication::FLOOR_RELAX_TICKS).as_secs()
-                    ),
-                    Some(nsq_replication::FloorRelaxed::FreshVotes) => log::warn!(
-                        "TOPIC({t}): no leader for {} s since this member started without saved state for the topic (a new or wiped replica): it now votes for a member whose Raft log has entries; what only a member that is down holds may be lost",
-                        (TICK * nsq_replication::FLOOR_RELAX_TICKS).as_secs()
-                    ),
-                    Some(nsq_replication::FloorRelaxed::Dropped) => log::warn!(
-                        "TOPIC({t}): no leader for {} s since this member restarted (every member restarted?): its vote floor is dropped so the group elects a leader again; what was acknowledged after the members' saved floors may be lost",
-                        (TICK * nsq_replication::FLOOR_DROP_TICKS).as_secs()
-                    ),
+                    Some(FloorRelaxed::ForKeptLogs) => relaxed[0].push(t),
+                    Some(FloorRelaxed::FreshVotes) => relaxed[1].push(t),
+                    Some(FloorRelaxed::Dropped) => relaxed[2].push(t),
                     None => {}
                 }
                 // Polled only when the tick gave raft-rs something to do (a heartbeat
                 // due, an election) or the vote floor on disk is behind what was
                 // applied (process saves it): most ticks of a quiet group do neither.
-                if g.group.has_ready() || g.vote.saved.floor.1 < g.group.applied_index() {
+                let floor_behind = g
+                    .group
+                    .applied_position()
+                    .is_some_and(|p| p > g.vote.saved.floor);
+                if g.group.has_ready() || floor_behind {
                     dirty.insert(t.clone());
                 }
             }
+            log_relaxed(&relaxed);
             next_tick = now + TICK;
         }
         if now >= next_cursor {
