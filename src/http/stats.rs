@@ -80,7 +80,17 @@ pub(super) async fn do_stats(server: &Server, p: &Params) -> Response {
     let include_mem = bool_param(p.get("include_mem")).unwrap_or(true);
     let shards = server.gather_stats(&req).await;
     if p.get("format") == Some("json") {
-        let cluster = server.cluster_state().await;
+        let mut cluster = server.cluster_state().await;
+        // `topic=` narrows the cluster document's topics as it narrows nsqd's.
+        if !req.topic.is_empty() {
+            if let Some(topics) = cluster
+                .as_mut()
+                .and_then(|c| c.get_mut("topics"))
+                .and_then(|t| t.as_array_mut())
+            {
+                topics.retain(|t| t["topic"] == req.topic.as_str());
+            }
+        }
         Response::v1_json(stats_render::json(
             server,
             &req,

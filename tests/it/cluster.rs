@@ -929,6 +929,25 @@ fn leadership_moves_on_request_and_no_message_is_lost() {
                 .is_some_and(|a| a.len() == 3 && a.iter().all(|x| x["in_sync"] == true))
         })
     });
+    // `topic=` narrows the cluster document's topics too.
+    c.node(to).http_pub("other", b"x");
+    wait_for("both topics in the cluster document", || {
+        c.node(to).stats()["cluster"]["topics"]
+            .as_array()
+            .is_some_and(|ts| ts.iter().any(|t| t["topic"] == "other"))
+    });
+    let (code, body) = c
+        .node(to)
+        .http("GET", &format!("/stats?format=json&topic={topic}"), b"");
+    assert_eq!(code, 200);
+    let narrowed: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let names: Vec<&str> = narrowed["cluster"]["topics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["topic"].as_str())
+        .collect();
+    assert_eq!(names, vec![topic]);
     // A standalone broker has no such route.
     let solo = Broker::start(1, &[]);
     let (code, body) = solo.http(
