@@ -421,13 +421,23 @@ fn sigterm_during_start_up_exits() {
 fn far_more_shards_than_cores_start_and_serve() {
     let b = Broker::start(64, &[]);
     let topics = topic_names("many_shards", 16);
+    // 64 shard threads on 2 cores that other tests keep busy: an answer can take far
+    // longer than the usual 10 s read timeout and still be far below the minutes this
+    // guards against.
+    let connect = || {
+        let s = b.connect_v2();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        s
+    };
     for t in &topics {
-        let mut p = b.connect_v2();
+        let mut p = connect();
         send(&mut p, &pub_cmd(t, t.as_bytes()));
         expect_ok(&mut p);
     }
     for t in &topics {
-        let mut c = b.subscribe(t, "c");
+        let mut c = connect();
+        send(&mut c, format!("SUB {t} c\n").as_bytes());
+        expect_ok(&mut c);
         send(&mut c, b"RDY 1\n");
         assert_eq!(read_msg(&mut c).body, t.as_bytes());
     }
