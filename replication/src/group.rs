@@ -285,6 +285,10 @@ pub struct TopicGroup<S: LogStore = crate::store::MemLog> {
     /// A peer's message showed that the group has entries (a last index, a log term or
     /// a commit index above 0): a candidate with an empty log then lacks some.
     saw_entries: bool,
+    /// Ticks since the group started here.
+    age_ticks: u32,
+    /// [`TopicGroup::set_fresh_grace`].
+    fresh_grace: u32,
 }
 
 /// Ticks a node that restarted with a vote floor and has not heard of a leader keeps
@@ -332,6 +336,8 @@ impl<S: LogStore> TopicGroup<S> {
             fresh: false,
             leaderless_ticks: 0,
             saw_entries: false,
+            age_ticks: 0,
+            fresh_grace: 0,
         })
     }
 
@@ -395,21 +401,29 @@ impl<S: LogStore> TopicGroup<S> {
     /// ([`FLOOR_RELAX_TICKS`], [`FLOOR_DROP_TICKS`]), for the caller to log.
     pub fn tick(&mut self) -> Option<FloorRelaxed> {
         self.node.tick();
-        let floor = self.vote_floor != (0, 0);
-        // A leader known (even one whose old heartbeat just arrived), a log with
-        // entries, or nothing to give way: the count starts again.
-        if self.node.raft.leader_id != raft::INVALID_ID
-            || self.node.raft.raft_log.last_index() > 0
-            || !(floor || self.fresh)
-        {
+        self.age_ticks = self.age_ticks.saturating_add(1);
+        let log = &self.node.raft.raft_log;
+        let last = (log.last_term(), log.last_index());
+        // The floor still decides votes while this log ends before it; the rules of a
+        // node without saved state while its log is empty.
+        let floor = self.vote_floor != (0, 0) && last < self.vote_floor;
+        let fresh = self.fresh && last.1 == 0;
+        // A leader known (even one whose old heartbeat just arrived), or nothing to
+        // give way: the count starts again.
+        if self.node.raft.leader_id != raft::INVALID_ID || !(floor || fresh) {
             self.leaderless_ticks = 0;
             return None;
         }
         self.leaderless_ticks = self.leaderless_ticks.saturating_add(1);
         match self.leaderless_ticks {
-            FLOOR_RELAX_TICKS if self.fresh => Some(FloorRelaxed::FreshVotes),
+            FLOOR_RELAX_TICKS if fresh => Some(FloorRelaxed::FreshVotes),
             FLOOR_RELAX_TICKS => Some(FloorRelaxed::ForKeptLogs),
-            FLOOR_DROP_TICKS if floor => Some(FloorRelaxed::Dropped),
+            FLOOR_DROP_TICKS if floor => {
+                // Dropped for good: a leader elected now that dies before this node
+                // caught up does not bring the floor back.
+                self.vote_floor = (0, 0);
+                Some(FloorRelaxed::Dropped)
+            }
             _ => None,
         }
     }
@@ -425,8 +439,16 @@ impl<S: LogStore> TopicGroup<S> {
     /// Whether the vote floor gives way for a candidate whose log ends at `last_index`
     /// (a restarted node that has heard of no leader for a while: [`FLOOR_RELAX_TICKS`]).
     fn floor_waived(&self, last_index: u64) -> bool {
-        self.leaderless_ticks >= FLOOR_DROP_TICKS
-            || (self.leaderless_ticks >= FLOOR_RELAX_TICKS && last_index > 0)
+        self.leaderless_ticks >= FLOOR_RELAX_TICKS && last_index > 0
+    }
+
+    /// A node without saved state that started (its process) less than `ticks` ago
+    /// votes for no candidate with an empty log until its group is `ticks` old: the
+    /// members that kept the group's entries speak within that time (a leader's
+    /// heartbeat, a candidate's request), and two replicas that lost their disks must
+    /// not elect each other first. 0 (the default): no wait.
+    pub fn set_fresh_grace(&mut self, ticks: u32) {
+        self.fresh_grace = ticks;
     }
 
     /// Hands a Raft message from a peer to the group.
@@ -478,7 +500,8 @@ impl<S: LogStore> TopicGroup<S> {
         if vote && self.fresh && self.node.raft.raft_log.last_index() == 0 {
             let has_entries = message.index > 0;
             let waived = has_entries && self.leaderless_ticks >= FLOOR_RELAX_TICKS;
-            if (has_entries || self.saw_entries) && !waived {
+            let early = !has_entries && self.age_ticks < self.fresh_grace;
+            if ((has_entries || self.saw_entries) && !waived) || early {
                 return Ok(());
             }
         }
@@ -1023,6 +1046,57 @@ mod tests {
             .filter(|m| matches!(m.get_msg_type(), MsgRequestVote | MsgRequestPreVote))
             .count();
         assert_eq!(asked, 0);
+    }
+
+    /// A node without saved state in its grace period elects no empty candidate (the
+    /// members that kept the group speak first); after it, a new group elects as usual.
+    #[test]
+    fn a_fresh_node_in_its_grace_period_elects_no_empty_log() {
+        use raft::eraftpb::MessageType::MsgRequestVote;
+        let mut group = TopicGroup::new(&GroupConfig::new(2), MemLog::new(&[1, 2, 3])).unwrap();
+        group.set_fresh(true);
+        group.set_fresh_grace(60);
+        group.step(to_node_2(MsgRequestVote, 1, 0, 0)).unwrap();
+        assert_eq!(granted(&mut group), Vec::<bool>::new());
+        for _ in 0..60 {
+            group.tick();
+        }
+        let _ = group.poll();
+        group.step(to_node_2(MsgRequestVote, 100, 0, 0)).unwrap();
+        assert_eq!(granted(&mut group), vec![true]);
+    }
+
+    /// A restarted node whose log a leader filled partly, still before its floor, lets
+    /// the floor give way too when that leader is gone.
+    #[test]
+    fn a_vote_floor_gives_way_for_a_log_that_ends_before_it() {
+        use raft::eraftpb::MessageType::{MsgAppend, MsgRequestVote};
+        let mut group = TopicGroup::new(&GroupConfig::new(2), MemLog::new(&[1, 2, 3])).unwrap();
+        group.set_vote_floor(5, 100);
+        let mut append = to_node_2(MsgAppend, 5, 0, 0);
+        append.set_entries(
+            (1..=40)
+                .map(|index| RaftEntry {
+                    index,
+                    term: 5,
+                    ..RaftEntry::default()
+                })
+                .collect::<Vec<_>>()
+                .into(),
+        );
+        group.step(append).unwrap();
+        let _ = group.poll();
+        let relaxed: Vec<FloorRelaxed> = (0..FLOOR_DROP_TICKS + 40)
+            .filter_map(|_| group.tick())
+            .collect();
+        assert_eq!(
+            relaxed,
+            vec![FloorRelaxed::ForKeptLogs, FloorRelaxed::Dropped]
+        );
+        let _ = group.poll();
+        // A candidate at (5, 50): behind the floor, ahead of this log.
+        group.step(to_node_2(MsgRequestVote, 1000, 5, 50)).unwrap();
+        assert_eq!(granted(&mut group), vec![true]);
     }
 
     /// A restarted node that keeps hearing from a leader keeps its whole vote floor.

@@ -158,8 +158,18 @@ pub struct ShardCluster {
     peer_tcps: RefCell<HashMap<u64, String>>,
 }
 
+/// When this process started its cluster role (the first shard to start it).
+static STARTED: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+/// For how long after the process starts a group without saved state elects no
+/// candidate with an empty log ([`TopicGroup::set_fresh_grace`]): the members that kept
+/// a group's entries speak within it (a leader heartbeats every 100 ms, a leaderless
+/// member campaigns within its 0.5-0.95 s election timeout).
+const FRESH_GRACE: Duration = Duration::from_secs(3);
+
 impl ShardCluster {
     pub fn new(cfg: ClusterConfig, shard_index: usize) -> ShardCluster {
+        STARTED.get_or_init(Instant::now);
         let links = Links::new(&cfg);
         ShardCluster {
             cfg: Rc::new(cfg),
@@ -306,6 +316,8 @@ impl ShardCluster {
         // No saved state while the topic keeps a data path: a new replica, or one whose
         // disk was lost.
         group.set_fresh(found.is_none() && server.shard.opts.data_path.is_some());
+        let grace = FRESH_GRACE.saturating_sub(STARTED.get_or_init(Instant::now).elapsed());
+        group.set_fresh_grace(u32::try_from(grace.as_millis() / TICK.as_millis()).unwrap_or(0));
         if !deleted {
             server.shard.create_topic(topic);
         }
@@ -718,10 +730,10 @@ async fn driver(server: Rc<Server>) {
                 // Polled only when the tick gave raft-rs something to do (a heartbeat
                 // due, an election) or the vote floor on disk is behind what was
                 // applied (process saves it): most ticks of a quiet group do neither.
-                let floor_behind = g
-                    .group
-                    .applied_position()
-                    .is_some_and(|p| p > g.vote.saved.floor);
+                let floor_behind = server.shard.opts.data_path.is_some()
+                    && g.group
+                        .applied_position()
+                        .is_some_and(|p| p > g.vote.saved.floor);
                 if g.group.has_ready() || floor_behind {
                     dirty.insert(t.clone());
                 }
