@@ -149,6 +149,22 @@ impl Cluster {
         self.channel_field(i, topic, channel, "depth")
     }
 
+    /// Waits (30 s) until every member `i` reports the same `depth(i)`, at least
+    /// `at_least`, and returns it; fails the test with the depths otherwise.
+    fn agreed_depth(&self, at_least: u64, depth: impl Fn(usize) -> Option<u64>) -> u64 {
+        let depths = || -> Vec<Option<u64>> { (0..3).map(&depth).collect() };
+        let agreed = common::wait_until(Duration::from_secs(30), || {
+            let d = depths();
+            d[0].is_some_and(|n| n >= at_least) && d.iter().all(|x| *x == d[0])
+        });
+        let d = depths();
+        assert!(
+            agreed,
+            "the members do not hold {at_least} or more messages alike: depths {d:?}"
+        );
+        d[0].unwrap_or(0)
+    }
+
     /// A numeric field of `channel`'s `/stats` on member `i`.
     fn channel_field(&self, i: usize, topic: &str, channel: &str, field: &str) -> Option<u64> {
         let st = self.node(i).stats();
@@ -582,18 +598,8 @@ fn every_member_killed_at_once_elects_a_leader_again_and_keeps_what_was_synced()
     );
     // A publish refused while no leader was elected may still have been applied: the
     // members agree on 11 or more messages.
-    let depths =
-        || -> Vec<Option<u64>> { (0..3).map(|j| c.channel_depth(j, topic, "ch")).collect() };
-    let agreed = common::wait_until(Duration::from_secs(30), || {
-        let d = depths();
-        d[0].is_some_and(|n| n >= 11) && d.iter().all(|x| *x == d[0])
-    });
-    assert!(
-        agreed,
-        "the members do not hold the 11 messages alike: depths {:?}",
-        depths()
-    );
-    let held = usize::try_from(depths()[0].unwrap()).unwrap();
+    let held = c.agreed_depth(11, |j| c.channel_depth(j, topic, "ch"));
+    let held = usize::try_from(held).unwrap();
     let leader = c.wait_leader(topic);
     let mut consumer = c.node(leader).subscribe(topic, "ch");
     send(&mut consumer, b"RDY 20\n");
@@ -655,16 +661,7 @@ fn two_members_that_lost_their_disks_elect_the_one_that_kept_its_log() {
         kept,
         "a member without the messages leads"
     );
-    let depths = || -> Vec<Option<u64>> { (0..3).map(|j| c.topic_depth(j, topic)).collect() };
-    let agreed = common::wait_until(Duration::from_secs(30), || {
-        let d = depths();
-        d[0].is_some_and(|n| n >= 11) && d.iter().all(|x| *x == d[0])
-    });
-    assert!(
-        agreed,
-        "the members do not hold the 11 messages alike: depths {:?}",
-        depths()
-    );
+    c.agreed_depth(11, |j| c.topic_depth(j, topic));
 }
 
 #[test]
