@@ -140,6 +140,7 @@ fn serve(mut conn: TcpStream, st: Arc<Mutex<AuthServerState>>) {
         (s.hang, reply)
     };
     if hang {
+        // A server that never answers (within any client's timeout).
         std::thread::sleep(Duration::from_secs(30));
         return;
     }
@@ -482,6 +483,7 @@ fn ttl_expiry_queries_again() {
     send(&mut s, &pub_cmd("t", b"2"));
     expect_ok(&mut s);
     assert_eq!(auth.requests().len(), 2);
+    // Past the grant's 1 s TTL: the next command makes the broker ask again.
     std::thread::sleep(Duration::from_millis(1300));
     send(&mut s, &pub_cmd("t", b"3"));
     expect_fatal(&mut s, "E_UNAUTHORIZED AUTH failed for PUB on \"t\" \"\"");
@@ -587,6 +589,7 @@ fn authorization_survives_shard_hand_off() {
             })
             .collect();
         assert_eq!(auth.requests().len(), before + topics.len());
+        // Past the grants' 1 s TTL: each connection asks again.
         std::thread::sleep(Duration::from_millis(1300));
         for (p, t) in producers.iter_mut().zip(&topics) {
             send(p, &pub_cmd(t, b"y"));

@@ -739,6 +739,7 @@ fn cluster_flags_are_checked() {
     wait_for("the closed connections reported", || {
         n1.daemon.log_contains("closed at once")
     });
+    // 15 more dials (one each 100 ms) meanwhile: no line for them (once a minute).
     std::thread::sleep(Duration::from_millis(1500));
     let log = n1.daemon.log_text();
     let lines = log

@@ -453,6 +453,7 @@ fn heartbeats_disabled_connection_is_not_dropped_when_idle() {
     let mut s = b.connect_v2();
     send(&mut s, &identify_cmd(r#"{"heartbeat_interval":-1}"#));
     expect_ok(&mut s);
+    // Idle with heartbeats off: no heartbeat comes, and the connection stays.
     std::thread::sleep(Duration::from_millis(2500));
     assert_open(&mut s);
     let mut nothing = [0u8; 1];

@@ -658,6 +658,7 @@ fn ephemeral_channel_and_topic_go_away_with_the_last_client() {
         // A normal channel stays after its client leaves.
         let c = b.subscribe("durable_t", "durable_c");
         drop(c);
+        // Time for the broker to see the close (an ephemeral channel goes then).
         std::thread::sleep(Duration::from_millis(300));
         let ch = b
             .channel_stats("durable_t", "durable_c")

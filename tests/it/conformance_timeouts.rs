@@ -170,6 +170,7 @@ fn touch_uses_the_clients_msg_timeout() {
     b.http_pub("touch_client", b"x");
     let m = read_msg(&mut c);
     let delivered = Instant::now();
+    // Half of the client's msg_timeout, then TOUCH: the full timeout starts again.
     std::thread::sleep(Duration::from_millis(500));
     send(&mut c, &line(&format!("TOUCH {}", m.id)));
     let again = read_msg(&mut c);
@@ -371,6 +372,7 @@ fn idle_close_of_a_producer_before_identify_uses_default_interval() {
     // Default heartbeat interval is 30 s: a 2.5 s idle producer stays connected.
     let b = Broker::start(1, &[]);
     let mut p = b.connect_v2();
+    // Idle, never identified: no close before the 30 s default interval.
     std::thread::sleep(Duration::from_millis(2500));
     assert_open(&mut p);
     send(&mut p, &pub_cmd("idle_default", b"x"));
@@ -421,6 +423,7 @@ fn output_buffer_ticker_holds_one_tick_for_an_idle_consumer() {
     send(&mut c, b"SUB obuf_idle ch\n");
     expect_ok(&mut c);
     send(&mut c, b"RDY 10\n");
+    // Idle for more than one output-buffer tick before the first message.
     std::thread::sleep(Duration::from_millis(1300));
     let start = Instant::now();
     b.http_pub("obuf_idle", b"first");

@@ -244,6 +244,7 @@ fn kill_9_loop_faster_than_the_checkpoint_does_not_redeliver_what_was_finished()
         for i in 0..N {
             b.tcp_pub("loop", format!("m{i:02}").as_bytes());
         }
+        // Past the store's 100 ms delay: the records are written before they finish.
         std::thread::sleep(Duration::from_millis(300));
         let first = drain_and_fin(&b, "loop");
         assert_eq!(first.len(), N, "{ctx}: run 1 delivers each once: {first:?}");

@@ -387,6 +387,7 @@ fn eio_with_default_sync_policy_loses_no_acknowledged_message() {
             std::thread::sleep(Duration::from_millis(60));
         }
     }
+    // The last writes, and their retries through the faults, reach the disk.
     std::thread::sleep(Duration::from_millis(500));
     let got = drain(&b, "d", Duration::from_millis(1500));
     assert_all_delivered(&acked, &got);
@@ -453,6 +454,7 @@ fn failed_opens_reads_and_metadata_writes_lose_nothing_acknowledged() {
         }
     }
     assert!(acked.len() >= 290, "{}", acked.len());
+    // The last writes, and their retries through the faults, reach the disk.
     std::thread::sleep(Duration::from_millis(300));
     // A channel created now reads everything back from disk (through the read faults).
     let got = drain(&b, "o", Duration::from_millis(2000));
@@ -482,6 +484,7 @@ fn failing_disk_reads_back_off_and_recover() {
     // The channel starts at the oldest message: all but the newest 5 are on disk only.
     let mut s = b.connect_v2();
     s.write_all(b"SUB rb c\nRDY 200\n").unwrap();
+    // Several read retries (and their backoff) under the failing reads.
     std::thread::sleep(Duration::from_secs(3));
     let failed = |b: &Broker| {
         b.log_text()

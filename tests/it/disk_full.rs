@@ -202,6 +202,7 @@ fn full_disk_with_default_sync_policy_loses_no_acknowledged_message() {
     }
     assert!(failed > 0, "the disk never filled");
     std::fs::remove_file(&filler).unwrap();
+    // The held batches are written again once the space is back.
     std::thread::sleep(Duration::from_millis(500));
     let mut c = b.connect_v2();
     c.write_all(b"SUB full c\nRDY 1000\n").unwrap();

@@ -183,6 +183,8 @@ fn default_sync_bound_everything_older_than_sync_timeout_survives_kill_9() {
     b.http("POST", "/channel/create?topic=bound&channel=c", b"");
     let acked = publish_until_killed(&b, "bound", 0, 1000);
     assert_eq!(acked.len(), 1000);
+    // Past the bound for every acknowledged message: 100 ms + the 200 ms sync timeout,
+    // plus the write and fdatasync.
     std::thread::sleep(Duration::from_millis(700));
     b.kill9();
     let b = Broker::start_in(&dir, 2, &[]);
@@ -593,6 +595,7 @@ fn default_policy_skips_finished_messages_and_keeps_unfinished_across_kill_9() {
             let c1 = sc.spawn(move || consume_n(b_ref, "skip", "all", N as usize, |_| true));
             let c2 =
                 sc.spawn(move || consume_n(b_ref2, "skip", "half", N as usize, |i| i % 2 == 0));
+            // The consumers subscribe before the first publish.
             std::thread::sleep(Duration::from_millis(200));
             let mut p = b_ref.connect_v2();
             for batch in 0..N / 100 {

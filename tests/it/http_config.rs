@@ -157,6 +157,7 @@ fn put_log_level_changes_logging() {
         let (code, _) = b.http("GET", "/ping", b"");
         assert_eq!(code, 200);
     }
+    // Time for any line of those requests to reach the log.
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(
         count("GET /ping"),

@@ -307,6 +307,7 @@ fn unreachable_lookupd_is_redialled_with_backoff() {
     };
     b.post_ok("/topic/create?topic=while-down");
     let before = dials();
+    // 15 PING intervals of 100 ms.
     std::thread::sleep(Duration::from_millis(1500));
     let n = dials() - before;
     // Without a backoff there would be ~15 dials (one per PING); with it at most 2.

@@ -154,6 +154,7 @@ fn consumer_that_never_reads_does_not_block_others() {
         traffic.finish();
         assert_serves(&mut broker, &ctx);
         drop(stuck);
+        // Time for the broker to see the close.
         thread::sleep(Duration::from_millis(200));
         assert_serves(
             &mut broker,
@@ -207,6 +208,7 @@ fn client_that_never_reads_replies_does_not_block_others() {
         traffic.finish();
         assert_serves(&mut broker, &ctx);
         drop(flooder);
+        // Time for the broker to see the close.
         thread::sleep(Duration::from_millis(200));
         assert_serves(&mut broker, &format!("{ctx}: after the flooder left"));
     });

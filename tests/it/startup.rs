@@ -322,6 +322,7 @@ fn channel_created_just_before_kill9_survives() {
         b.admin("/topic/create?topic=fresh");
         b.admin("/channel/create?topic=fresh&channel=c1");
         let _sub = b.subscribe("fresh", "c2");
+        // Time for the metadata write each creation starts; no checkpoint comes (1 h).
         std::thread::sleep(Duration::from_millis(300));
         b.tcp_pub("fresh", b"after");
         b.kill9();
@@ -396,6 +397,7 @@ fn sigterm_during_start_up_exits() {
         &format!("--data-path={}", dir.display()),
     ]);
     let mut d = common::daemon::Daemon::spawn_cmd(cmd);
+    // Into its start-up (64 shards on 2 cores take about a second), not after it.
     std::thread::sleep(Duration::from_millis(100));
     let sent = Instant::now();
     d.signal(15);

@@ -348,6 +348,7 @@ fn assert_has(v: &serde_json::Value, want: &[&str], what: &str) {
 fn stats_json_has_what_nsqadmin_reads() {
     let b = Broker::start(2, &[]);
     let _conns = traffic(&b, "adm", "ch", 2);
+    // Some of that traffic counted before the stats are read.
     std::thread::sleep(Duration::from_millis(200));
     let s = b.stats();
     assert_has(
