@@ -932,6 +932,11 @@ mod tests {
         assert!(TopicGroup::new(&config, MemLog::new(&[1])).is_err());
     }
 
+    /// Node 2 of a new three-node group (voters 1, 2 and 3), as the vote tests use it.
+    fn node_2() -> TopicGroup {
+        TopicGroup::new(&GroupConfig::new(2), MemLog::new(&[1, 2, 3])).unwrap()
+    }
+
     /// A message from node 1 to node 2 naming `log_term` and `index`.
     fn to_node_2(
         t: raft::eraftpb::MessageType,
@@ -965,7 +970,7 @@ mod tests {
     /// what it had applied (its vote floor), and for one whose log reaches it.
     #[test]
     fn a_vote_floor_keeps_an_empty_log_from_electing_a_candidate_behind_it() {
-        let mut group = TopicGroup::new(&GroupConfig::new(2), MemLog::new(&[1, 2, 3])).unwrap();
+        let mut group = node_2();
         group.set_vote_floor(5, 100);
         let ask = |log_term: u64, index: u64| {
             to_node_2(
@@ -990,7 +995,7 @@ mod tests {
     #[test]
     fn a_vote_floor_gives_way_when_no_leader_comes() {
         use raft::eraftpb::MessageType::MsgRequestVote;
-        let mut group = TopicGroup::new(&GroupConfig::new(2), MemLog::new(&[1, 2, 3])).unwrap();
+        let mut group = node_2();
         group.set_vote_floor(5, 100);
         let mut relaxed = Vec::new();
         for _ in 1..FLOOR_RELAX_TICKS {
@@ -1024,7 +1029,7 @@ mod tests {
     #[test]
     fn a_fresh_node_elects_no_empty_log_once_it_knows_the_group_has_entries() {
         use raft::eraftpb::MessageType::{MsgRequestPreVote, MsgRequestVote};
-        let mut group = TopicGroup::new(&GroupConfig::new(2), MemLog::new(&[1, 2, 3])).unwrap();
+        let mut group = node_2();
         group.set_fresh(true);
         group.step(to_node_2(MsgRequestPreVote, 3, 2, 40)).unwrap();
         group.step(to_node_2(MsgRequestVote, 4, 0, 0)).unwrap();
@@ -1053,7 +1058,7 @@ mod tests {
     #[test]
     fn a_fresh_node_in_its_grace_period_elects_no_empty_log() {
         use raft::eraftpb::MessageType::MsgRequestVote;
-        let mut group = TopicGroup::new(&GroupConfig::new(2), MemLog::new(&[1, 2, 3])).unwrap();
+        let mut group = node_2();
         group.set_fresh(true);
         group.set_fresh_grace(60);
         group.step(to_node_2(MsgRequestVote, 1, 0, 0)).unwrap();
@@ -1071,7 +1076,7 @@ mod tests {
     #[test]
     fn a_vote_floor_gives_way_for_a_log_that_ends_before_it() {
         use raft::eraftpb::MessageType::{MsgAppend, MsgRequestVote};
-        let mut group = TopicGroup::new(&GroupConfig::new(2), MemLog::new(&[1, 2, 3])).unwrap();
+        let mut group = node_2();
         group.set_vote_floor(5, 100);
         let mut append = to_node_2(MsgAppend, 5, 0, 0);
         append.set_entries(
@@ -1103,7 +1108,7 @@ mod tests {
     #[test]
     fn a_vote_floor_stays_while_a_leader_is_heard() {
         use raft::eraftpb::MessageType::MsgHeartbeat;
-        let mut group = TopicGroup::new(&GroupConfig::new(2), MemLog::new(&[1, 2, 3])).unwrap();
+        let mut group = node_2();
         group.set_vote_floor(5, 100);
         let mut relaxed = Vec::new();
         for t in 0..FLOOR_DROP_TICKS + 10 {
@@ -1120,7 +1125,7 @@ mod tests {
     /// only once a leader gave it entries.
     #[test]
     fn a_fresh_node_waits_for_a_leader_before_electing_a_candidate_with_entries() {
-        let mut group = TopicGroup::new(&GroupConfig::new(2), MemLog::new(&[1, 2, 3])).unwrap();
+        let mut group = node_2();
         group.set_fresh(true);
         let msg = to_node_2;
         use raft::eraftpb::MessageType::{MsgAppend, MsgRequestVote};
