@@ -13,7 +13,8 @@
 # Odd runs use the default segment I/O, even runs NSQD_SEGMENT_IO=threads (the
 # blocking-thread path FUSE and network filesystems get; an NSQD_SEGMENT_IO set by the
 # caller holds for the odd runs too, so NSQD_SEGMENT_IO=threads makes every run use
-# it). It builds the test binary and nsqlookupd once (cargo; CARGO_TARGET_DIR is
+# it). It builds the test binary (with the `fault-injection` feature, as scripts/test.sh
+# does, so the disk-fault tests run too) and nsqlookupd once (cargo; CARGO_TARGET_DIR is
 # honoured), then runs the binary itself from the repository root, as cargo does.
 # Each run's output is kept in target/flake-hunt/run-<i>.log (FLAKE_OUT to put it
 # elsewhere); a run is killed after FLAKE_RUN_TIMEOUT seconds (default 1800) and counts
@@ -54,7 +55,7 @@ rm -f "$OUT"/run-*.log
 echo "== building the test binary and nsqlookupd"
 cargo build ${PROFILE_ARGS[@]+"${PROFILE_ARGS[@]}"} -p nsqlookupd --bin nsqlookupd || exit 1
 build_log="$OUT/build.log"
-if ! cargo test ${PROFILE_ARGS[@]+"${PROFILE_ARGS[@]}"} -p nsqd --test it --no-run 2>&1 | tee "$build_log"; then
+if ! cargo test ${PROFILE_ARGS[@]+"${PROFILE_ARGS[@]}"} -p nsqd --features fault-injection --test it --no-run 2>&1 | tee "$build_log"; then
   echo "build failed" >&2
   exit 1
 fi
