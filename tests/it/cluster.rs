@@ -286,10 +286,12 @@ fn publishes_through_any_member_reach_every_replica_with_the_leaders_ids() {
     // (What stays is the few bytes of the entries after the last publish: channel
     // cursors and the leader's compaction marks.)
     for i in 0..3 {
-        wait_for(&format!("member {i}'s Raft log compacted"), || {
-            let t = &c.state(i)["topics"][0];
-            t["first_index"].as_u64() > Some(16) && t["log_bytes"].as_u64() < Some(100)
+        let mut last = serde_json::Value::Null;
+        let compacted = common::wait_until(Duration::from_secs(30), || {
+            last = c.state(i)["topics"][0].clone();
+            last["first_index"].as_u64() > Some(16) && last["log_bytes"].as_u64() < Some(100)
         });
+        assert!(compacted, "member {i}'s Raft log not compacted: {last}");
     }
     // Prometheus: one leader among the members, no replica behind once idle.
     let leaders: usize = (0..3)
