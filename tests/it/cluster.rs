@@ -340,6 +340,29 @@ fn publishes_through_any_member_reach_every_replica_with_the_leaders_ids() {
     assert!(terms.iter().all(|t| *t == terms[0]), "{terms:?}");
 }
 
+/// A publish for a topic no member holds yet makes it a replicated topic: the member
+/// that takes it creates the group and campaigns at once, and every replica gets the
+/// message. (The other tests make their topic with `Cluster::elect` first; here the
+/// members are past their start-up grace through another topic.)
+#[test]
+fn the_first_publish_of_a_topic_makes_it_replicated_on_every_member() {
+    let c = Cluster::start([1, 2, 1], &[]);
+    c.elect("warm");
+    let topic = "fresh";
+    c.node(1).http_pub(topic, b"first");
+    let leader = c.wait_leader(topic);
+    for i in 0..3 {
+        wait_for(&format!("member {i} holding the message"), || {
+            c.topic_depth(i, topic) == Some(1)
+        });
+    }
+    assert_eq!(
+        c.leader(topic),
+        Some(leader),
+        "one leader, named alike by every member"
+    );
+}
+
 #[test]
 fn a_follower_serves_its_consumer_through_the_leader_across_a_failover() {
     let mut c = Cluster::start([2, 1, 2], &[]);
