@@ -137,8 +137,13 @@ impl std::str::FromStr for AckPolicy {
 pub enum Membership {
     /// Adds a voter.
     Add(u64),
-    /// Removes a voter.
+    /// Removes a voter or a learner.
     Remove(u64),
+    /// Adds a learner: it receives the log (or a snapshot) but does not vote or count
+    /// towards a commit; [`Membership::Add`] of a learner makes it a voter (raft-rs's
+    /// `AddLearnerNode`, then `AddNode`). A replica that joins a group with a backlog
+    /// catches up this way without weakening the group's quorum meanwhile.
+    AddLearner(u64),
 }
 
 /// A proposal's place in the log: the leader's term when it proposed and the index the
@@ -216,8 +221,11 @@ pub struct Output {
     /// Set when the leader or the term changed since the last poll.
     pub leadership: Option<Leadership>,
     /// The voters after a membership change committed or a snapshot restored in this
-    /// poll (a replica not in it was removed: the broker stops its group).
+    /// poll (a replica in neither this nor [`Output::learners`] was removed: the broker
+    /// stops its group).
     pub voters: Option<Vec<u64>>,
+    /// The learners, set with [`Output::voters`].
+    pub learners: Option<Vec<u64>>,
     /// A lagging replica needs a snapshot the store cannot give: make one with
     /// [`TopicGroup::compact`] at the applied index (raft-rs retries on a later
     /// heartbeat).
@@ -658,6 +666,10 @@ impl<S: LogStore> TopicGroup<S> {
                 cc.set_change_type(ConfChangeType::RemoveNode);
                 cc.node_id = id;
             }
+            Membership::AddLearner(id) => {
+                cc.set_change_type(ConfChangeType::AddLearnerNode);
+                cc.node_id = id;
+            }
         }
         let before = self.last_index();
         self.node.propose_conf_change(Vec::new(), cc)?;
@@ -733,7 +745,9 @@ impl<S: LogStore> TopicGroup<S> {
             if !snapshot.is_empty() {
                 self.node.mut_store().apply_snapshot(snapshot)?;
                 out.restore = Some(restore_of(snapshot));
-                out.voters = Some(snapshot.get_metadata().get_conf_state().voters.clone());
+                let conf = snapshot.get_metadata().get_conf_state();
+                out.voters = Some(conf.voters.clone());
+                out.learners = Some(conf.learners.clone());
             }
             self.take_committed(&mut out, ready.take_committed_entries())?;
             self.node.mut_store().append(ready.entries())?;
@@ -792,6 +806,29 @@ impl<S: LogStore> TopicGroup<S> {
         }
         self.node.mut_store().compact(applied, data)?;
         Ok(())
+    }
+
+    /// The learners of the group's current configuration ([`Membership::AddLearner`]).
+    #[must_use]
+    pub fn learners(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self
+            .node
+            .raft
+            .prs()
+            .conf()
+            .learners()
+            .iter()
+            .copied()
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// True while a membership change is proposed and not yet applied here (raft-rs
+    /// takes one at a time).
+    #[must_use]
+    pub fn membership_pending(&self) -> bool {
+        self.node.raft.pending_conf_index > self.applied_index()
     }
 
     /// The voters' lowest match index (the leader's progress tracker; `None` on a
@@ -855,6 +892,7 @@ impl<S: LogStore> TopicGroup<S> {
     fn save_membership(&mut self, conf_state: raft::eraftpb::ConfState, out: &mut Output) {
         self.node.mut_store().set_conf_state(&conf_state);
         out.voters = Some(conf_state.voters);
+        out.learners = Some(conf_state.learners);
     }
 
     /// Tells raft-rs whether a snapshot message (`MsgSnapshot`) sent to `peer` arrived.

@@ -111,6 +111,19 @@ impl MemLog {
         log
     }
 
+    /// [`MemLog::with_term_vote`] for a replica whose group's membership changed since
+    /// it started: it restarts from the voters and learners it saved when it applied
+    /// the latest change.
+    #[must_use]
+    pub fn with_members(voters: &[u64], learners: &[u64], term: u64, vote: u64) -> Self {
+        let mut log = Self::with_term_vote(voters, term, vote);
+        log.conf_state.learners = learners.to_vec();
+        log.snapshot
+            .mut_metadata()
+            .set_conf_state(log.conf_state.clone());
+        log
+    }
+
     fn snapshot_index(&self) -> u64 {
         self.snapshot.get_metadata().index
     }

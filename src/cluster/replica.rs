@@ -26,6 +26,7 @@
 mod apply;
 mod compaction;
 mod deletion;
+mod membership;
 mod propose;
 mod requests;
 mod vote;
@@ -115,6 +116,8 @@ struct Group {
     /// While this node leads: the sequence the next proposed message takes in the
     /// topic's log (its head once every entry in the Raft log is applied).
     next_seq: Option<u64>,
+    /// Whether the group's members are its placement ([`membership`]).
+    placement: membership::Placement,
 }
 
 impl Group {
@@ -276,14 +279,34 @@ impl ShardCluster {
     /// Makes `topic`'s group (and the topic) on this shard, its owner, if this node holds
     /// a replica. Returns whether it does.
     pub fn ensure_group(&self, server: &Server, topic: &str) -> bool {
+        self.ensure_group_for(server, topic, false)
+    }
+
+    /// [`ShardCluster::ensure_group`]; `invited`: a leader sent this member its log
+    /// (an append, heartbeat or snapshot), so the group counts it in even where the
+    /// members saved here do not (it was removed once and is being added again).
+    fn ensure_group_for(&self, server: &Server, topic: &str, invited: bool) -> bool {
         if self.groups.borrow().contains_key(topic) {
             return true;
         }
-        let voters = self.cfg.replicas_of(topic);
-        if !voters.contains(&self.cfg.me.replica) {
+        let me = self.cfg.me.replica;
+        // The members saved when a change last applied here, else the placement.
+        let members = server
+            .shard
+            .opts
+            .data_path
+            .as_ref()
+            .and_then(|d| membership::load(&membership::path(d, topic)));
+        let saved_members = members.is_some();
+        let (voters, learners) =
+            members.unwrap_or_else(|| (self.cfg.replicas_of(topic), Vec::new()));
+        if !invited && !voters.contains(&me) && !learners.contains(&me) {
             return false;
         }
-        let config = GroupConfig::new(self.cfg.me.replica);
+        if let (false, Some(d)) = (saved_members, &server.shard.opts.data_path) {
+            membership::save_initial(d, topic, (voters.clone(), learners.clone()));
+        }
+        let config = GroupConfig::new(me);
         // The term and vote this member saved before a restart (a small read, once per
         // group).
         let saved = server
@@ -304,7 +327,7 @@ impl ShardCluster {
         let saved = saved.or(tombstone);
         let found = saved;
         let saved = saved.unwrap_or_default();
-        let store = MemLog::with_term_vote(&voters, saved.term, saved.vote);
+        let store = MemLog::with_members(&voters, &learners, saved.term, saved.vote);
         let mut group = match TopicGroup::new(&config, store) {
             Ok(g) => g,
             Err(e) => {
@@ -334,9 +357,17 @@ impl ShardCluster {
                 gap: false,
                 vote: vote::VoteFile::new(saved),
                 next_seq: None,
+                placement: membership::Placement::of(
+                    &voters,
+                    &learners,
+                    &self.cfg.replicas_of(topic),
+                ),
             },
         );
-        log::info!("TOPIC({topic}): replicated on {} members", voters.len());
+        log::info!(
+            "TOPIC({topic}): replicated on {} members",
+            voters.len() + learners.len()
+        );
         true
     }
 
@@ -350,7 +381,12 @@ impl ShardCluster {
     pub fn handle(self: &Rc<Self>, server: &Rc<Server>, from: u64, frame: Frame) {
         match frame {
             Frame::Raft { topic, message } => {
-                if !self.ensure_group(server, &topic) {
+                use nsq_replication::raft::eraftpb::MessageType;
+                let invited = matches!(
+                    message.get_msg_type(),
+                    MessageType::MsgAppend | MessageType::MsgHeartbeat | MessageType::MsgSnapshot
+                );
+                if !self.ensure_group_for(server, &topic, invited) {
                     return;
                 }
                 let stepped = self
@@ -388,7 +424,7 @@ impl ShardCluster {
     /// Polls `topic`'s group: sends its messages, follows a leadership change, applies
     /// what committed and answers the proposals whose policy is met.
     async fn process(&self, server: &Server, topic: &str) {
-        let out = {
+        let mut out = {
             let mut groups = self.groups.borrow_mut();
             let Some(g) = groups.get_mut(topic) else {
                 return;
@@ -405,7 +441,11 @@ impl ShardCluster {
                 }
             }
         };
-        let mut messages = out.messages;
+        let members = out
+            .voters
+            .take()
+            .map(|v| (v, out.learners.take().unwrap_or_default()));
+        let mut messages = std::mem::take(&mut out.messages);
         if !self.save_vote(server, topic).await {
             // Not sent: a vote must be on disk before anyone hears of it (Raft's rule).
             // The group takes them as lost on the network.
@@ -528,6 +568,9 @@ impl ShardCluster {
             }
         }
         self.resolve(topic, durable);
+        if let Some((voters, learners)) = members {
+            self.members_changed(server, topic, voters, learners).await;
+        }
     }
 
     fn leadership_changed(&self, server: &Server, topic: &str, l: Leadership) {
@@ -629,15 +672,19 @@ impl ShardCluster {
         let g = groups.get(topic)?;
         let leader = g.group.leader();
         let last = g.group.last_index();
-        let replicas: Vec<serde_json::Value> = self
-            .cfg
-            .replicas_of(topic)
+        let voters = g.group.voters();
+        let learners = g.group.learners();
+        let replicas: Vec<serde_json::Value> = voters
             .iter()
+            .chain(&learners)
             .map(|r| {
                 let matched = g.group.matched(*r);
                 let me = *r == self.cfg.me.replica;
                 serde_json::json!({
                     "address": self.cfg.member(*r).map_or("", |m| m.address.as_str()),
+                    // A learner receives the log but does not vote: a replica being
+                    // added (docs/replication.md, "Adding and removing members").
+                    "learner": learners.contains(r),
                     "lag_entries": matched.map(|m| last.saturating_sub(m)),
                     // Known to the leader only: it is reachable and holds every
                     // committed entry.
@@ -663,6 +710,14 @@ impl ShardCluster {
             "first_index": g.group.first_index(),
             "log_bytes": g.group.store().entry_bytes(),
             "replicas": replicas,
+            // The members this member's --cluster-peer list places the topic on: the
+            // leader moves the replicas there.
+            "placement": self
+                .cfg
+                .replicas_of(topic)
+                .iter()
+                .map(|r| self.cfg.member(*r).map_or("", |m| m.address.as_str()))
+                .collect::<Vec<_>>(),
         }))
     }
 
@@ -712,6 +767,7 @@ async fn driver(server: Rc<Server>) {
     };
     let mut next_tick = Instant::now() + TICK;
     let mut next_cursor = Instant::now() + CURSOR_EVERY;
+    let mut next_reconcile = Instant::now() + membership::RECONCILE_EVERY;
     while !server.shard.shutdown.is_set() {
         let now = Instant::now();
         if now >= next_tick {
@@ -745,6 +801,10 @@ async fn driver(server: Rc<Server>) {
             c.replicate_cursors(&server);
             c.compact_logs(&server);
             next_cursor = now + CURSOR_EVERY;
+        }
+        if now >= next_reconcile {
+            c.reconcile_members(&server).await;
+            next_reconcile = Instant::now() + membership::RECONCILE_EVERY;
         }
         let dirty: Vec<String> = c.dirty.borrow_mut().drain().collect();
         for t in dirty {

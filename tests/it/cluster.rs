@@ -18,43 +18,56 @@ use std::net::TcpStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-/// Three members; `nodes[i]` is `None` while member `i` is down.
+/// Three members to start with (more with [`Cluster::add_member`]); `nodes[i]` is
+/// `None` while member `i` is down.
 struct Cluster {
     nodes: Vec<Option<Broker>>,
     addresses: Vec<String>,
     dirs: Vec<PathBuf>,
-    shards: [usize; 3],
+    shards: Vec<usize>,
     extra: Vec<String>,
+    /// The members each one lists (`--cluster-address` and `--cluster-peer`) when it
+    /// starts.
+    members: Vec<usize>,
 }
 
 impl Cluster {
     fn start(shards: [usize; 3], extra: &[&str]) -> Cluster {
-        let addresses: Vec<String> = (0..3)
-            .map(|_| format!("127.0.0.1:{}", common::reserved_port()))
-            .collect();
-        let dirs: Vec<PathBuf> = (0..3)
-            .map(|i| {
-                let d = std::env::temp_dir().join(format!(
-                    "nsqd-cluster-{}-{}-{i}",
-                    std::process::id(),
-                    addresses[0].replace([':', '.'], "_")
-                ));
-                let _ = std::fs::remove_dir_all(&d);
-                std::fs::create_dir_all(&d).unwrap();
-                d
-            })
-            .collect();
         let mut c = Cluster {
-            nodes: (0..3).map(|_| None).collect(),
-            addresses,
-            dirs,
-            shards,
+            nodes: Vec::new(),
+            addresses: Vec::new(),
+            dirs: Vec::new(),
+            shards: Vec::new(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            members: vec![0, 1, 2],
         };
+        for n in shards {
+            c.add_member(n);
+        }
         for i in 0..3 {
             c.start_node(i);
         }
         c
+    }
+
+    /// A member with its own address and data path, not started and not yet in
+    /// [`Cluster::members`]; returns its index.
+    fn add_member(&mut self, shards: usize) -> usize {
+        let i = self.nodes.len();
+        let address = format!("127.0.0.1:{}", common::reserved_port());
+        let first = self.addresses.first().unwrap_or(&address).clone();
+        let d = std::env::temp_dir().join(format!(
+            "nsqd-cluster-{}-{}-{i}",
+            std::process::id(),
+            first.replace([':', '.'], "_")
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        self.nodes.push(None);
+        self.addresses.push(address);
+        self.dirs.push(d);
+        self.shards.push(shards);
+        i
     }
 
     /// Starts member `i` on its data path, at once (as a supervisor restarts it).
@@ -63,9 +76,9 @@ impl Cluster {
             format!("--node-id={}", i + 1),
             format!("--cluster-address={}", self.addresses[i]),
         ];
-        for (j, a) in self.addresses.iter().enumerate() {
+        for &j in &self.members {
             if j != i {
-                args.push(format!("--cluster-peer={a}"));
+                args.push(format!("--cluster-peer={}", self.addresses[j]));
             }
         }
         args.extend(self.extra.iter().cloned());
@@ -78,7 +91,7 @@ impl Cluster {
     }
 
     fn up(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..3).filter(|&i| self.nodes[i].is_some())
+        (0..self.nodes.len()).filter(|&i| self.nodes[i].is_some())
     }
 
     fn kill9(&mut self, i: usize) {
@@ -100,14 +113,31 @@ impl Cluster {
     /// The member every member that is up names as `topic`'s leader, once they agree
     /// and it says it leads.
     fn leader(&self, topic: &str) -> Option<usize> {
+        self.leader_named(topic, false)
+    }
+
+    /// [`Cluster::leader`] among the members that hold a replica of `topic` (members
+    /// that hold none are not asked: the cluster has more members than replicas).
+    fn holders_leader(&self, topic: &str) -> Option<usize> {
+        self.leader_named(topic, true)
+    }
+
+    fn leader_named(&self, topic: &str, holders_only: bool) -> Option<usize> {
         let mut named: Option<String> = None;
         for i in self.up() {
             let st = self.state(i);
-            let t = st["topics"]
+            let found = st["topics"]
                 .as_array()?
                 .iter()
-                .find(|t| t["topic"] == topic)?
-                .clone();
+                .find(|t| t["topic"] == topic)
+                .cloned();
+            let t = match found {
+                // A member that knows no leader of the group yet: one being added.
+                Some(t) if holders_only && t["leader"].is_null() => continue,
+                Some(t) => t,
+                None if holders_only => continue,
+                None => return None,
+            };
             let addr = t["leader"].as_str()?.to_string();
             if named.as_ref().is_some_and(|n| *n != addr) {
                 return None;
@@ -197,11 +227,28 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // CLUSTER_TEST_LOGS=DIR keeps each member's whole log there (those that are up).
+        if let Some(dir) = std::env::var_os("CLUSTER_TEST_LOGS") {
+            for (i, b) in self.nodes.iter().enumerate() {
+                if let Some(b) = b {
+                    let _ = std::fs::write(
+                        std::path::Path::new(&dir).join(format!("member-{i}.log")),
+                        b.daemon.log_text(),
+                    );
+                }
+            }
+        }
         if std::thread::panicking() {
             for (i, n) in self.nodes.iter().enumerate() {
                 if let Some(b) = n {
                     let log = b.daemon.log_text();
-                    let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                    // The test's own polling of /cluster and /stats left out.
+                    let tail: Vec<&str> = log
+                        .lines()
+                        .rev()
+                        .filter(|l| !l.contains(" GET /cluster") && !l.contains(" GET /stats"))
+                        .take(40)
+                        .collect();
                     eprintln!("--- member {i}'s log, last lines:");
                     for l in tail.into_iter().rev() {
                         eprintln!("{l}");
@@ -1369,5 +1416,218 @@ fn cluster_tls_needs_a_cluster_and_the_certificates() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
         assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
+
+/// A POST to `addr` that never panics (the member may be down): its status, or 0.
+fn try_post(addr: std::net::SocketAddr, path: &str, body: &[u8]) -> u16 {
+    use std::io::{Read, Write};
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
+        return 0;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    if s.write_all(head.as_bytes()).is_err() || s.write_all(body).is_err() {
+        return 0;
+    }
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    if out.is_empty() {
+        return 0;
+    }
+    common::split_http(&out).0
+}
+
+impl Cluster {
+    /// Restarts each member of `which` in turn (kill -9 and start again at once, as a
+    /// supervisor does) with the current [`Cluster::members`], waiting after each for
+    /// every topic of `topics` to have a leader (a rolling restart).
+    fn rolling_restart(&mut self, which: &[usize], topics: &[String]) {
+        for &i in which {
+            self.kill9(i);
+            self.start_node(i);
+            for t in topics {
+                wait_for(&format!("a leader of {t}"), || {
+                    self.holders_leader(t).is_some()
+                });
+            }
+        }
+    }
+
+    /// `topic`'s replicas as its leader's `GET /cluster` lists them: (voters, learners,
+    /// placement), as member indexes, sorted.
+    fn replicas(&self, topic: &str) -> Option<(Vec<usize>, Vec<usize>, Vec<usize>)> {
+        let l = self.holders_leader(topic)?;
+        let st = self.state(l);
+        let t = st["topics"]
+            .as_array()?
+            .iter()
+            .find(|t| t["topic"] == topic)?
+            .clone();
+        let index = |a: &serde_json::Value| self.addresses.iter().position(|x| a == x.as_str());
+        let mut voters = Vec::new();
+        let mut learners = Vec::new();
+        for r in t["replicas"].as_array()? {
+            let i = index(&r["address"])?;
+            if r["learner"] == true {
+                learners.push(i);
+            } else {
+                voters.push(i);
+            }
+        }
+        let mut placement: Vec<usize> = t["placement"]
+            .as_array()?
+            .iter()
+            .map(index)
+            .collect::<Option<_>>()?;
+        voters.sort_unstable();
+        learners.sort_unstable();
+        placement.sort_unstable();
+        Some((voters, learners, placement))
+    }
+
+    /// Waits (90 s) until every topic's voters are its placement, with no learner left,
+    /// and returns the placements.
+    fn settled(&self, topics: &[String]) -> Vec<Vec<usize>> {
+        let mut last = Vec::new();
+        let ok = common::wait_until(Duration::from_secs(90), || {
+            last = topics.iter().map(|t| self.replicas(t)).collect();
+            last.iter()
+                .all(|r| r.as_ref().is_some_and(|(v, l, p)| l.is_empty() && v == p))
+        });
+        assert!(ok, "replicas never settled on the placement: {last:?}");
+        last.into_iter().map(|r| r.unwrap().2).collect()
+    }
+}
+
+/// Adding a fourth member (factor 3) and then removing one, each by a rolling restart
+/// with the new `--cluster-peer` lists: every topic's replicas move to the members its
+/// placement names, one Raft membership change at a time (a learner that catches up,
+/// becomes a voter, then a voter leaves); a member that leaves a topic deletes its
+/// copy; a producer publishing throughout loses nothing, and no message is stored twice.
+#[test]
+fn members_added_and_removed_move_topics_without_losing_or_duplicating_messages() {
+    let mut c = Cluster::start([1, 2, 1], &[]);
+    let topics: Vec<String> = (0..8).map(|k| format!("moving-{k}")).collect();
+    for t in &topics {
+        c.elect(t);
+        c.node(0)
+            .admin(&format!("/channel/create?topic={t}&channel=c"));
+        for k in 0..20 {
+            c.node(0).http_pub(t, format!("{t}-{k}").as_bytes());
+        }
+    }
+    // A producer publishing to the first topic through every member in turn while the
+    // members change; it records what was acknowledged.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let https: Vec<std::net::SocketAddr> = Vec::new();
+    let https = std::sync::Arc::new(std::sync::Mutex::new(https));
+    let refresh = |c: &Cluster| {
+        *https.lock().unwrap() = c.up().map(|i| c.node(i).http).collect();
+    };
+    refresh(&c);
+    let producer = {
+        let (stop, https, topic) = (stop.clone(), https.clone(), topics[0].clone());
+        std::thread::spawn(move || {
+            let mut acked = Vec::new();
+            let mut k = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let members = https.lock().unwrap().clone();
+                let body = format!("load-{k}");
+                let at = members[k % members.len()];
+                if try_post(at, &format!("/pub?topic={topic}"), body.as_bytes()) == 200 {
+                    acked.push(body);
+                }
+                k += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            acked
+        })
+    };
+
+    // Adding member 3: it starts listing the others, then each of them restarts
+    // listing it.
+    let d = c.add_member(2);
+    c.members.push(d);
+    c.start_node(d);
+    refresh(&c);
+    c.rolling_restart(&[0, 1, 2], &topics);
+    refresh(&c);
+    let placed = c.settled(&topics);
+    eprintln!("replicas with member {d} added: {placed:?}");
+    assert!(
+        placed.iter().any(|p| p.contains(&d)),
+        "the new member is among no topic's replicas: {placed:?}"
+    );
+    for (t, p) in topics.iter().zip(&placed) {
+        for i in c.up().collect::<Vec<_>>() {
+            if p.contains(&i) {
+                if t != &topics[0] {
+                    wait_for(&format!("{t}'s 20 messages on member {i}"), || {
+                        c.channel_depth(i, t, "c") == Some(20)
+                    });
+                }
+            } else {
+                wait_for(&format!("{t} gone from member {i}, not a replica"), || {
+                    c.topic_depth(i, t).is_none()
+                });
+            }
+        }
+    }
+
+    // Removing member 1: it stops, and the others restart without it.
+    c.kill9(1);
+    c.members.retain(|&m| m != 1);
+    refresh(&c);
+    c.rolling_restart(&[0, 2, d], &topics);
+    refresh(&c);
+    let placed = c.settled(&topics);
+    assert!(placed.iter().all(|p| *p == vec![0, 2, d]), "{placed:?}");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let acked = producer.join().unwrap();
+    assert!(
+        acked.len() > 10,
+        "the producer got {} publishes through",
+        acked.len()
+    );
+
+    // Every message of every topic, once, from its leader.
+    for t in &topics {
+        let l = c.wait_leader(t);
+        let mut want: Vec<String> = (0..20).map(|k| format!("{t}-{k}")).collect();
+        let depth = if t == &topics[0] {
+            c.channel_depth(l, t, "c").unwrap()
+        } else {
+            20
+        };
+        for i in [0, 2, d] {
+            wait_for(&format!("{t}'s {depth} messages on member {i}"), || {
+                c.channel_depth(i, t, "c") == Some(depth)
+            });
+        }
+        let mut s = c.node(l).subscribe(t, "c");
+        send(&mut s, format!("RDY {depth}\n").as_bytes());
+        let mut got: Vec<String> = read_messages(&mut s, usize::try_from(depth).unwrap())
+            .into_iter()
+            .map(|(_, b)| String::from_utf8(b).unwrap())
+            .collect();
+        got.sort();
+        let n = got.len();
+        got.dedup();
+        assert_eq!(n, got.len(), "{t}: a message stored twice");
+        if t == &topics[0] {
+            let lost: Vec<&String> = want
+                .iter()
+                .chain(&acked)
+                .filter(|b| got.binary_search(b).is_err())
+                .collect();
+            assert!(lost.is_empty(), "{t}: acknowledged and lost: {lost:?}");
+        } else {
+            want.sort();
+            assert_eq!(got, want, "{t}");
+        }
     }
 }

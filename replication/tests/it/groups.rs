@@ -1,7 +1,7 @@
 //! A group's behaviour on the simulated network: election, commit order, failover,
 //! discarded uncommitted entries, catch-up of an empty node, ack policies.
 
-use nsq_replication::{AckPolicy, AckState, ChannelOp, Entry, ReplicationError};
+use nsq_replication::{AckPolicy, AckState, ChannelOp, Entry, Membership, ReplicationError};
 
 use crate::sim::{publish, Sim, ELECTION_TICK, MAX_TIMEOUT};
 
@@ -233,6 +233,65 @@ fn a_node_restarted_on_its_store_rebuilds_its_state() {
     sim.run(5);
     let expected: Vec<_> = (0..25).map(publish).collect();
     assert_eq!(sim.applied(victim), expected);
+}
+
+/// A member that joins the cluster: it starts with the voters its own placement gives
+/// (not the group's), is added as a learner, catches up from a snapshot (the leader's
+/// log is compacted), becomes a voter, and a voter leaves; entries commit at each step
+/// and the new member ends with every one of them.
+#[test]
+fn a_learner_catches_up_becomes_a_voter_and_replaces_one() {
+    let mut sim = Sim::new(3, 9);
+    let (leader, _) = sim.await_leader(None, 4 * MAX_TIMEOUT);
+    for i in 0..40 {
+        sim.propose(leader, &publish(i)).unwrap();
+    }
+    sim.run(2);
+    for id in sim.ids() {
+        sim.compact(id);
+    }
+    let leaving = sim.ids().into_iter().find(|&i| i != leader).unwrap();
+    let staying: Vec<u64> = sim.ids().into_iter().filter(|&i| i != leaving).collect();
+    // Its own view of the voters: the two that stay and itself.
+    let new = 4;
+    sim.start_joining(new, &[staying[0], staying[1], new]);
+    sim.run(MAX_TIMEOUT);
+    assert!(
+        sim.node(new).group().leader().is_none(),
+        "not in the group yet: no leader heard of"
+    );
+    let (voters, learners) = sim.change_membership(Membership::AddLearner(new));
+    assert_eq!((voters.len(), learners), (3, vec![new]));
+    // A learner does not count towards a commit: with the leaving replica down, the two
+    // others still commit.
+    sim.crash(leaving);
+    let p = sim.propose(leader, &publish(40)).unwrap();
+    sim.run(2 * MAX_TIMEOUT);
+    assert_eq!(
+        sim.node(leader).group().ack_state(p, AckPolicy::Quorum),
+        AckState::Acked
+    );
+    let expected: Vec<_> = (0..41).map(publish).collect();
+    assert_eq!(sim.applied(new), expected, "the learner has every entry");
+    assert_eq!(sim.node(new).restores, 1, "from one snapshot");
+    assert_eq!(sim.node(new).learners.as_deref(), Some(&[new][..]));
+    let (voters, learners) = sim.change_membership(Membership::Add(new));
+    assert_eq!((voters.len(), learners.len()), (4, 0));
+    let (voters, _) = sim.change_membership(Membership::Remove(leaving));
+    let mut want = staying.clone();
+    want.push(new);
+    want.sort_unstable();
+    assert_eq!(voters, want);
+    let p = sim.propose(leader, &publish(41)).unwrap();
+    sim.run(2);
+    assert_eq!(
+        sim.node(leader).group().ack_state(p, AckPolicy::All),
+        AckState::Acked
+    );
+    assert_eq!(sim.applied(new).len(), 42);
+    let mut on_new = sim.node(new).voters.clone().unwrap();
+    on_new.sort_unstable();
+    assert_eq!(on_new, want, "the new member knows the group's voters");
 }
 
 #[test]

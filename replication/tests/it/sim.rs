@@ -31,6 +31,8 @@ pub struct Node {
     pub restores: usize,
     /// The voters after the last membership change it applied.
     pub voters: Option<Vec<u64>>,
+    /// The learners after the last membership change it applied.
+    pub learners: Option<Vec<u64>>,
 }
 
 impl Node {
@@ -50,6 +52,9 @@ impl Node {
         }
         if let Some(v) = out.voters.take() {
             self.voters = Some(v);
+        }
+        if let Some(l) = out.learners.take() {
+            self.learners = Some(l);
         }
     }
 
@@ -97,8 +102,15 @@ impl Sim {
 
     /// Starts replica `id` with an empty log and no topic state.
     fn start_empty(&mut self, id: u64) {
-        let group =
-            TopicGroup::new(&self.config(id), MemLog::new(&self.voters)).expect("valid config");
+        let voters = self.voters.clone();
+        self.start_joining(id, &voters);
+    }
+
+    /// Starts replica `id` with an empty log whose initial voters are `voters`, which
+    /// may differ from the group's (a member that joins the cluster later computes its
+    /// own placement): it must learn the group's real membership from the leader.
+    pub fn start_joining(&mut self, id: u64, voters: &[u64]) {
+        let group = TopicGroup::new(&self.config(id), MemLog::new(voters)).expect("valid config");
         self.nodes.insert(
             id,
             Node {
@@ -108,6 +120,7 @@ impl Sim {
                 leaderships: Vec::new(),
                 restores: 0,
                 voters: None,
+                learners: None,
             },
         );
     }
@@ -306,6 +319,24 @@ impl Sim {
             assert_eq!(voters.contains(&new), change == Membership::Add(new));
             assert!(!voters.contains(&old));
         }
+    }
+
+    /// Proposes `change` on the leader and runs until the leader applied it; returns the
+    /// leader's voters and learners after it.
+    pub fn change_membership(&mut self, change: Membership) -> (Vec<u64>, Vec<u64>) {
+        let (leader, _) = self.await_leader(None, 4 * MAX_TIMEOUT);
+        self.group(leader)
+            .propose_membership(change)
+            .expect("change proposed");
+        for _ in 0..MAX_TIMEOUT {
+            self.tick();
+            if !self.node(leader).group().membership_pending() {
+                break;
+            }
+        }
+        let g = self.node(leader).group();
+        assert!(!g.membership_pending(), "{change:?} applied on the leader");
+        (g.voters(), g.learners())
     }
 
     /// Snapshots node `id`'s topic state at its applied index and compacts its log.

@@ -83,8 +83,8 @@ impl ShardCluster {
 /// they cover: a larger backlog is not sent, and the replica that restores such a
 /// snapshot misses it (docs/replication.md, "What a replica can miss"). Both keep a
 /// snapshot's frame under the cluster link's frame limit.
-const SNAPSHOT_MAX_BYTES: usize = 32 << 20;
-const SNAPSHOT_MAX_SPAN: u64 = 1 << 19;
+pub(super) const SNAPSHOT_MAX_BYTES: usize = 32 << 20;
+pub(super) const SNAPSHOT_MAX_SPAN: u64 = 1 << 19;
 
 impl ShardCluster {
     /// The data of a snapshot the leader sends now: the topic as it holds it at this

@@ -4,6 +4,10 @@
 
 use super::*;
 
+/// How long a replica that knows no leader waits before it forwards a proposal to the
+/// other replicas: longer than an election (0.5 to 0.95 s).
+const ASK_OTHERS_AFTER: Duration = Duration::from_secs(1);
+
 impl ShardCluster {
     /// Publishes to replicated `topic` (this shard owns it): see the module docs.
     ///
@@ -61,11 +65,21 @@ impl ShardCluster {
         let replicas = self.cfg.replicas_of(topic);
         let mut target_turn = 0usize;
         let mut last_error = String::from("no leader elected in time");
+        // A replica that hears of no leader for longer than an election takes asks the
+        // other replicas of the placement: it may be a member the group has not taken
+        // in yet (docs/replication.md, "Adding and removing members").
+        let ask_others_at = Instant::now() + ASK_OTHERS_AFTER;
+        let me = self.cfg.me.replica;
+        let others: Vec<u64> = replicas.iter().copied().filter(|&r| r != me).collect();
         while Instant::now() < deadline {
             let target = if self.ensure_group(server, topic) {
                 match self.propose_here(server, topic, &entry) {
                     Ok(rx) => return answer(rx, deadline).await,
                     Err(Some(leader)) => leader,
+                    Err(None) if Instant::now() >= ask_others_at && !others.is_empty() => {
+                        target_turn += 1;
+                        others[target_turn % others.len()]
+                    }
                     Err(None) => {
                         glommio::timer::sleep(TICK).await;
                         continue;

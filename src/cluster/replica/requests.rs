@@ -238,7 +238,11 @@ impl super::ShardCluster {
             .find(|m| m.address == to)
             .ok_or(MoveLeaderError::NotAMember)?
             .replica;
-        if !self.cfg.replicas_of(topic).contains(&member) {
+        let voters = self.groups.borrow().get(topic).map(|g| g.group.voters());
+        if !voters
+            .unwrap_or_else(|| self.cfg.replicas_of(topic))
+            .contains(&member)
+        {
             return Err(MoveLeaderError::NotAReplica);
         }
         let deadline = Instant::now() + PROPOSE_TIMEOUT;
