@@ -246,7 +246,11 @@ impl Drop for Cluster {
                     let tail: Vec<&str> = log
                         .lines()
                         .rev()
-                        .filter(|l| !l.contains(" GET /cluster") && !l.contains(" GET /stats"))
+                        .filter(|l| {
+                            !l.contains(" GET /cluster")
+                                && !l.contains(" GET /stats")
+                                && !l.contains(" POST /pub")
+                        })
                         .take(40)
                         .collect();
                     eprintln!("--- member {i}'s log, last lines:");

@@ -283,8 +283,11 @@ impl ShardCluster {
     /// entry: the snapshot carries the group's members, which its first entries do
     /// not (a new member's own placement may differ from the members the group started
     /// with). A leader whose log still starts at the first entry compacts it to what
-    /// it applied once every voter has that; false until then.
+    /// it applied once every voter it is connected to has that (a voter that is down,
+    /// such as a member being removed, gets a snapshot when it returns); false until
+    /// then.
     fn log_starts_at_a_snapshot(&self, server: &Server, topic: &str) -> bool {
+        let me = self.cfg.me.replica;
         let mut groups = self.groups.borrow_mut();
         let Some(g) = groups.get_mut(topic) else {
             return false;
@@ -293,7 +296,10 @@ impl ShardCluster {
             return true;
         }
         let applied = g.group.applied_index();
-        if applied == 0 || g.group.min_matched().is_none_or(|m| m < applied) {
+        let everywhere = g.group.voters().into_iter().all(|v| {
+            v == me || !self.links.connected(v) || g.group.matched(v).is_some_and(|m| m >= applied)
+        });
+        if applied == 0 || !everywhere {
             return false;
         }
         let data = super::compaction::snapshot_data(server, topic, g, applied);
