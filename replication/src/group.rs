@@ -498,6 +498,15 @@ impl<S: LogStore> TopicGroup<S> {
         {
             return Ok(());
         }
+        // A candidate that is not a voter of this node's configuration gets no vote: a
+        // member that joins the cluster starts the group from its own placement, which
+        // may name voters the group never had, and could otherwise be elected by the
+        // votes of members whose configuration it is not in (two configurations, two
+        // leaders). Refusing a vote never breaks Raft's safety; a voter added by a
+        // change this node has not applied yet gets its vote once it has.
+        if vote && !self.node.raft.prs().conf().voters().contains(message.from) {
+            return Ok(());
+        }
         // A node with no saved state that is asked to elect a candidate of a group with
         // entries may be a replica whose disk was lost: what it acknowledged before is
         // unknown, so it waits until a leader has given it entries (a group with no

@@ -25,8 +25,11 @@
 //! catches up from the others); (d) SIGSTOP a member (leader or follower, seeded) for
 //! 2 s, longer than the election timeout, then SIGCONT; (e), only when asked for with
 //! `--faults`, kill -9 both followers, delete their data paths and restart them empty
-//! after 1.5 s (the leader steps down meanwhile: the two must elect it, not each other). The next cycle starts once every
-//! member names the same leader and that leader says it leads.
+//! after 1.5 s (the leader steps down meanwhile: the two must elect it, not each other);
+//! (f), only when asked for, a follower lost with its disk and replaced by a new member
+//! at a new cluster address, the others restarted one at a time with the new list (the
+//! topic's replicas move to the new member). The next cycle starts once every member
+//! names the same leader and that leader says it leads.
 //!
 //! After the last cycle the publisher stops and the consumer drains (until it has every
 //! acknowledged body, or 60 s). Checks: every acknowledged body was received at least
@@ -85,7 +88,7 @@ const OLD: Duration = Duration::from_secs(1);
 #[derive(clap::Parser, Debug)]
 #[command(
     name = "cluster-chaos",
-    about = "faults of a 3-node cluster under load: kill -9, wiped data path, SIGSTOP"
+    about = "faults of a 3-node cluster under load: kill -9, wiped data path, SIGSTOP, a replaced member"
 )]
 struct Cli {
     #[command(flatten)]
@@ -103,9 +106,11 @@ struct Cli {
     /// ms (0: never). Slow and fast cycles alternate, so failovers also meet a backlog.
     #[arg(long, default_value_t = 0)]
     consumer_ms: u64,
-    /// The fault kinds to inject, a subset of `abcde`: (a) kill -9 the leader, (b) a
+    /// The fault kinds to inject, a subset of `abcdef`: (a) kill -9 the leader, (b) a
     /// follower, (c) the leader with its data path deleted, (d) SIGSTOP a member 2 s,
-    /// (e) both followers with their data paths deleted, back after 1.5 s.
+    /// (e) both followers with their data paths deleted, back after 1.5 s, (f) a
+    /// follower replaced by a new member at a new cluster address (a rolling restart
+    /// of the others with the new list).
     #[arg(long, default_value = "abcd", value_parser = parse_faults)]
     faults: Faults,
 }
@@ -115,12 +120,12 @@ struct Cli {
 struct Faults(Vec<Fault>);
 
 fn parse_faults(v: &str) -> Result<Faults, String> {
-    if let Some(bad) = v.chars().find(|ch| !"abcde".contains(*ch)) {
-        return Err(format!("unknown fault kind {bad:?} (a, b, c, d or e)"));
+    if let Some(bad) = v.chars().find(|ch| !"abcdef".contains(*ch)) {
+        return Err(format!("unknown fault kind {bad:?} (a, b, c, d, e or f)"));
     }
     let kinds: Vec<Fault> = Fault::ALL
         .iter()
-        .zip("abcde".chars())
+        .zip("abcdef".chars())
         .filter(|(_, ch)| v.contains(*ch))
         .map(|(f, _)| *f)
         .collect();
@@ -137,15 +142,17 @@ enum Fault {
     WipeLeader,
     Pause,
     WipeFollowers,
+    Replace,
 }
 
 impl Fault {
-    const ALL: [Fault; 5] = [
+    const ALL: [Fault; 6] = [
         Fault::KillLeader,
         Fault::KillFollower,
         Fault::WipeLeader,
         Fault::Pause,
         Fault::WipeFollowers,
+        Fault::Replace,
     ];
 
     fn name(self) -> &'static str {
@@ -155,6 +162,7 @@ impl Fault {
             Fault::WipeLeader => "(c) kill -9 leader, data path deleted",
             Fault::Pause => "(d) SIGSTOP 2 s",
             Fault::WipeFollowers => "(e) kill -9 both followers, data paths deleted",
+            Fault::Replace => "(f) follower replaced by a new member at a new address",
         }
     }
 
@@ -168,8 +176,9 @@ impl Fault {
 struct Cluster {
     tcp: Vec<SocketAddr>,
     http: Vec<SocketAddr>,
-    /// `--cluster-address` of each member (what `/cluster` names a leader by).
-    address: Vec<String>,
+    /// `--cluster-address` of each member (what `/cluster` names a leader by); fault (f)
+    /// gives a member a new one.
+    address: Mutex<Vec<String>>,
     down: Vec<AtomicBool>,
     /// The cycle under way (1-based; 0 before the first fault's cycle).
     cycle: AtomicU64,
@@ -417,6 +426,67 @@ fn view(http: SocketAddr) -> Option<(Option<String>, bool, u64)> {
     ))
 }
 
+/// True when a member that leads the topic lists each of the members `among` as a
+/// replica in sync (holding every committed entry).
+fn in_sync(c: &Cluster, among: &[usize]) -> bool {
+    let addresses = c.address.lock().unwrap().clone();
+    (0..MEMBERS).any(|l| {
+        let Ok((200, body)) = net::http_within(c.http[l], "GET", "/cluster", b"", ASK_TIMEOUT)
+        else {
+            return false;
+        };
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) else {
+            return false;
+        };
+        let Some(t) = v["topics"]
+            .as_array()
+            .and_then(|ts| ts.iter().find(|t| t["topic"] == TOPIC))
+        else {
+            return false;
+        };
+        let replicas = t["replicas"].as_array().cloned().unwrap_or_default();
+        t["is_leader"] == true
+            && among.iter().all(|&i| {
+                replicas
+                    .iter()
+                    .any(|r| r["address"] == addresses[i].as_str() && r["in_sync"] == true)
+            })
+    })
+}
+
+/// True when member `http` leads the topic and its replicas are the members its
+/// placement names, none a learner, each in sync: a move of the replicas is over.
+fn settled(http: SocketAddr) -> bool {
+    let Ok((200, body)) = net::http_within(http, "GET", "/cluster", b"", ASK_TIMEOUT) else {
+        return false;
+    };
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) else {
+        return false;
+    };
+    let Some(t) = v["topics"]
+        .as_array()
+        .and_then(|ts| ts.iter().find(|t| t["topic"] == TOPIC))
+    else {
+        return false;
+    };
+    let replicas = t["replicas"].as_array().cloned().unwrap_or_default();
+    let mut held: Vec<&str> = replicas
+        .iter()
+        .filter_map(|r| r["address"].as_str())
+        .collect();
+    let mut placed: Vec<&str> = t["placement"]
+        .as_array()
+        .map(|p| p.iter().filter_map(|a| a.as_str()).collect())
+        .unwrap_or_default();
+    held.sort_unstable();
+    placed.sort_unstable();
+    t["is_leader"] == true
+        && held == placed
+        && replicas
+            .iter()
+            .all(|r| r["learner"] == false && r["in_sync"] == true)
+}
+
 /// The depth of channel `c0` on member `http` (`None`: no answer, or no channel).
 fn channel_depth(http: SocketAddr) -> Option<u64> {
     let (code, body) = net::http_within(
@@ -466,7 +536,12 @@ fn agreed_leader(c: &Cluster) -> Option<usize> {
             leading.push(i);
         }
     }
-    let l = c.address.iter().position(|a| Some(a) == named.as_ref())?;
+    let l = c
+        .address
+        .lock()
+        .unwrap()
+        .iter()
+        .position(|a| Some(a) == named.as_ref())?;
     (leading == [l] && c.is_up(l)).then_some(l)
 }
 
@@ -482,6 +557,20 @@ fn wait_leader(c: &Cluster, within: Duration) -> Option<usize> {
     None
 }
 
+/// Member `i`'s flags: its node id, its cluster address and the others' as peers.
+fn member_args(i: usize, address: &[String]) -> Vec<String> {
+    let mut args = vec![
+        format!("--node-id={}", i + 1),
+        format!("--cluster-address={}", address[i]),
+    ];
+    for (j, a) in address.iter().enumerate() {
+        if j != i {
+            args.push(format!("--cluster-peer={a}"));
+        }
+    }
+    args
+}
+
 /// The members' addresses, flags and data paths under `root`, none started yet.
 fn setup(root: &Path, consumer_ms: u64) -> (Vec<Member>, Arc<Cluster>) {
     let ports: Vec<(u16, u16, u16)> = (0..MEMBERS)
@@ -490,15 +579,7 @@ fn setup(root: &Path, consumer_ms: u64) -> (Vec<Member>, Arc<Cluster>) {
     let address: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{}", p.2)).collect();
     let members: Vec<Member> = (0..MEMBERS)
         .map(|i| {
-            let mut args = vec![
-                format!("--node-id={}", i + 1),
-                format!("--cluster-address={}", address[i]),
-            ];
-            for (j, a) in address.iter().enumerate() {
-                if j != i {
-                    args.push(format!("--cluster-peer={a}"));
-                }
-            }
+            let args = member_args(i, &address);
             let dir = root.join(format!("member{}", i + 1));
             std::fs::create_dir_all(&dir).unwrap();
             Member {
@@ -522,7 +603,7 @@ fn setup(root: &Path, consumer_ms: u64) -> (Vec<Member>, Arc<Cluster>) {
             .iter()
             .map(|p| SocketAddr::from(([127, 0, 0, 1], p.1)))
             .collect(),
-        address,
+        address: Mutex::new(address),
         down: (0..MEMBERS).map(|_| AtomicBool::new(false)).collect(),
         cycle: AtomicU64::new(0),
         last_fault: Mutex::new(None),
@@ -567,7 +648,7 @@ fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
     };
     eprintln!(
         "cluster-chaos shards={shards}: members {:?}, first leader member {}",
-        c.address,
+        c.address.lock().unwrap(),
         first + 1
     );
     let state = Arc::new(Mutex::new(State::default()));
@@ -627,6 +708,7 @@ fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
             Fault::KillFollower => (leader + 1 + rng.below(MEMBERS - 1)) % MEMBERS,
             Fault::Pause => rng.below(MEMBERS),
             Fault::WipeFollowers => (leader + 1) % MEMBERS,
+            Fault::Replace => (leader + 1 + rng.below(MEMBERS - 1)) % MEMBERS,
         };
         // (e) takes both followers down together.
         let victims: Vec<usize> = if fault == Fault::WipeFollowers {
@@ -651,6 +733,8 @@ fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
         paused_leaders += u64::from(fault == Fault::Pause && victim == leader);
         let injected_ok = if fault == Fault::WipeFollowers {
             wipe_both(nsqd, shards, &mut members, &victims)
+        } else if fault == Fault::Replace {
+            replace(nsqd, shards, &mut members, &c, victim)
         } else {
             inject(nsqd, shards, &mut members[victim], fault)
         };
@@ -753,8 +837,14 @@ fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
         end: &end,
     };
     report(&state.lock().unwrap(), &summary, &mut errors);
-    if errors.is_empty() {
+    if errors.is_empty() && std::env::var_os("CLUSTER_CHAOS_KEEP").is_none() {
         let _ = std::fs::remove_dir_all(&root);
+        Ok(())
+    } else if errors.is_empty() {
+        eprintln!(
+            "cluster-chaos shards={shards}: data paths and member logs kept in {} (CLUSTER_CHAOS_KEEP)",
+            root.display()
+        );
         Ok(())
     } else {
         eprintln!(
@@ -816,7 +906,7 @@ fn report(s: &State, sum: &Summary, errors: &mut Vec<String>) {
         .keys()
         .filter(|k| !s.acked.contains_key(k))
         .count();
-    let mut counts = [0u64; 5];
+    let mut counts = [0u64; Fault::ALL.len()];
     for f in injected {
         counts[f.fault.index()] += 1;
     }
@@ -836,7 +926,7 @@ fn report(s: &State, sum: &Summary, errors: &mut Vec<String>) {
         })
         .collect();
     eprintln!(
-        "cluster-chaos shards={shards}: {} cycles in {:.1} s, faults a/b/c/d/e {}/{}/{}/{}/{} ({paused_leaders} SIGSTOPs hit the leader); {} PUBs acknowledged of {} sent ({} refused, {} unanswered); {} distinct received, {} lost, {duplicates} received more than once (at most {most} times; {} redeliveries, {} of bodies first received over {} s before the preceding fault), {unacked} received whose PUB got no OK, {} foreign; longest without a leader {} ms ({}); longest publish outage {} ms ({}); consumer: {} SUBs, {} refused, {} connections left open by a deposed leader; final drain {:.1} s",
+        "cluster-chaos shards={shards}: {} cycles in {:.1} s, faults a/b/c/d/e/f {}/{}/{}/{}/{}/{} ({paused_leaders} SIGSTOPs hit the leader); {} PUBs acknowledged of {} sent ({} refused, {} unanswered); {} distinct received, {} lost, {duplicates} received more than once (at most {most} times; {} redeliveries, {} of bodies first received over {} s before the preceding fault), {unacked} received whose PUB got no OK, {} foreign; longest without a leader {} ms ({}); longest publish outage {} ms ({}); consumer: {} SUBs, {} refused, {} connections left open by a deposed leader; final drain {:.1} s",
         injected.len(),
         elapsed.as_secs_f64(),
         counts[0],
@@ -844,6 +934,7 @@ fn report(s: &State, sum: &Summary, errors: &mut Vec<String>) {
         counts[2],
         counts[3],
         counts[4],
+        counts[5],
         s.acked.len(),
         s.next,
         s.refused,
@@ -938,7 +1029,103 @@ fn inject(nsqd: &Path, shards: usize, m: &mut Member, fault: Fault) -> Result<()
             Ok(())
         }
         Fault::WipeFollowers => Err("(e) takes two members: wipe_both".into()),
+        Fault::Replace => Err("(f) restarts every member: replace".into()),
     }
+}
+
+/// Fault (f): member `victim` (a follower) is lost with its disk and a new member takes
+/// its place at a new cluster address (same client ports and node id, empty data
+/// path); then the others restart one at a time, at once each, with the new member in
+/// their `--cluster-peer` list instead of the lost one, each once the others are in
+/// sync with the leader (and 300 ms more, for their vote floors). The topic's leader moves its replicas to
+/// the new member (learner, voter, removal of the lost one: docs/replication.md,
+/// "Adding and removing members"). It ends once they have.
+// A `String` error: CLI-only, printed once before the tool exits.
+fn replace(
+    nsqd: &Path,
+    shards: usize,
+    members: &mut [Member],
+    c: &Cluster,
+    victim: usize,
+) -> Result<(), String> {
+    let m = &mut members[victim];
+    m.kill9();
+    std::fs::remove_dir_all(&m.dir).map_err(|e| format!("wipe: {e}"))?;
+    std::fs::create_dir_all(&m.dir).map_err(|e| format!("wipe: {e}"))?;
+    let addresses = {
+        let mut a = c.address.lock().unwrap();
+        a[victim] = format!("127.0.0.1:{}", net::free_port());
+        a.clone()
+    };
+    for (i, m) in members.iter_mut().enumerate() {
+        m.args = member_args(i, &addresses);
+    }
+    start(nsqd, &mut members[victim], shards)?;
+    c.down[victim].store(false, Ordering::SeqCst);
+    let old: Vec<usize> = (0..MEMBERS).filter(|&j| j != victim).collect();
+    for &i in &old {
+        // A rolling restart, as an operator does it: the next member goes once the
+        // others hold what the leader committed (and their vote floors are saved), so
+        // that no two members lose their in-memory Raft logs within the window that
+        // docs/replication.md, "Guarantees", describes.
+        let deadline = Instant::now() + LEADER_WAIT;
+        while !in_sync(c, &old) {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "members {:?} never in sync before member {} restarted",
+                    old.iter().map(|j| j + 1).collect::<Vec<_>>(),
+                    i + 1
+                ));
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        thread::sleep(Duration::from_millis(300));
+        c.down[i].store(true, Ordering::SeqCst);
+        members[i].kill9();
+        start(nsqd, &mut members[i], shards)?;
+        c.down[i].store(false, Ordering::SeqCst);
+        let deadline = Instant::now() + LEADER_WAIT;
+        while agreed_leader_among(c, &old).is_none() {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "no leader the old members agree on after member {} restarted",
+                    i + 1
+                ));
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+    // The next fault waits until the topic's replicas are the new placement (a second
+    // member lost while the group still counts the lost one would leave no quorum).
+    let deadline = Instant::now() + LEADER_WAIT;
+    while !(0..MEMBERS).any(|i| settled(c.http[i])) {
+        if Instant::now() > deadline {
+            return Err("the replicas never moved to the new member".into());
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// [`agreed_leader`] among the members `among` only (a new member knows no leader until
+/// the group takes it in).
+fn agreed_leader_among(c: &Cluster, among: &[usize]) -> Option<usize> {
+    let mut named: Option<String> = None;
+    for &i in among {
+        let (leader, _, _) = view(c.http[i])?;
+        let leader = leader?;
+        if named.as_ref().is_some_and(|n| *n != leader) {
+            return None;
+        }
+        named = Some(leader);
+    }
+    let l = c
+        .address
+        .lock()
+        .unwrap()
+        .iter()
+        .position(|a| Some(a) == named.as_ref())?;
+    (among.contains(&l) && view(c.http[l])?.1).then_some(l)
 }
 
 /// Fault (e): kill -9 the members `victims` (both followers), delete their data paths,

@@ -294,6 +294,34 @@ fn a_learner_catches_up_becomes_a_voter_and_replaces_one() {
     assert_eq!(on_new, want, "the new member knows the group's voters");
 }
 
+/// A member that joins with its own (wrong) voters is not elected by a member whose
+/// configuration does not name it, even when their logs would allow it (both empty:
+/// the old member restarted without its log, the others are down).
+#[test]
+fn a_candidate_outside_the_configuration_gets_no_vote() {
+    let mut sim = Sim::new(3, 11);
+    let (leader, _) = sim.await_leader(None, 4 * MAX_TIMEOUT);
+    for i in 0..5 {
+        sim.propose(leader, &publish(i)).unwrap();
+    }
+    sim.run(2);
+    let ids = sim.ids();
+    sim.crash(ids[1]);
+    sim.crash(ids[2]);
+    // ids[0] comes back with an empty log and the group's voters.
+    sim.crash(ids[0]);
+    sim.start_joining(ids[0], &ids);
+    // A new member whose placement is ids[0], ids[1] and itself.
+    let new = 4;
+    sim.start_joining(new, &[ids[0], ids[1], new]);
+    sim.run(6 * MAX_TIMEOUT);
+    assert!(
+        !sim.node(new).group().is_leader(),
+        "elected with the vote of a member whose configuration does not name it"
+    );
+    assert!(!sim.node(ids[0]).group().is_leader());
+}
+
 #[test]
 fn ack_policies_wait_for_leader_quorum_or_all() {
     let mut sim = Sim::new(3, 7);
