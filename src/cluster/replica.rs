@@ -91,6 +91,19 @@ struct Waiter {
     durable: Option<DurableWait>,
 }
 
+/// How often a replica that misses messages ([`Gap::Missing`]) hands leadership away.
+const GAP_HANDOVER_EVERY: Duration = Duration::from_secs(10);
+
+/// Whether a replica's topic log misses messages the other replicas hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Gap {
+    /// It holds every message (as far as it knows).
+    None,
+    /// It restored a snapshot past messages it does not hold; `handed_at`: when it last
+    /// handed leadership to another replica.
+    Missing { handed_at: Option<Instant> },
+}
+
 /// One topic's group on this shard.
 struct Group {
     group: TopicGroup<MemLog>,
@@ -109,8 +122,10 @@ struct Group {
     /// This replica restored a snapshot past messages its topic does not hold: its topic
     /// log misses messages the others have, and its channels' positions (the leader's
     /// offsets) no longer match its own log, so it hands leadership to another replica
-    /// whenever it gets it while one is connected (for as long as this process runs).
-    gap: bool,
+    /// whenever it gets it while one is connected (for as long as this process runs),
+    /// at most once per [`GAP_HANDOVER_EVERY`]: two such replicas would otherwise hand
+    /// it to each other without end.
+    gap: Gap,
     /// The term, vote and vote floor last saved ([`vote`]), and when the floor was.
     vote: vote::VoteFile,
     /// While this node leads: the sequence the next proposed message takes in the
@@ -354,7 +369,7 @@ impl ShardCluster {
                 stopped: false,
                 retention: Retention::default(),
                 deleted,
-                gap: false,
+                gap: Gap::None,
                 vote: vote::VoteFile::new(saved),
                 next_seq: None,
                 placement: membership::Placement::of(
@@ -578,7 +593,13 @@ impl ShardCluster {
         if l.is_self && !was {
             log::info!("TOPIC({topic}): this node leads it (term {})", l.term);
             if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
-                if g.gap {
+                let hand_over = match g.gap {
+                    Gap::None => false,
+                    Gap::Missing { handed_at } => {
+                        handed_at.is_none_or(|at| at.elapsed() >= GAP_HANDOVER_EVERY)
+                    }
+                };
+                if hand_over {
                     let me = self.cfg.me.replica;
                     let other = g
                         .group
@@ -591,7 +612,15 @@ impl ShardCluster {
                             self.cfg.member(to).map_or("?", |m| m.address.as_str())
                         );
                         g.group.transfer_leader(to);
+                        g.gap = Gap::Missing {
+                            handed_at: Some(Instant::now()),
+                        };
                     }
+                } else if g.gap != Gap::None {
+                    log::info!(
+                        "TOPIC({topic}): keeps the leadership it was handed back (this replica misses messages; it handed it over less than {} s ago)",
+                        GAP_HANDOVER_EVERY.as_secs()
+                    );
                 }
                 let mut highest = server.shard.topic_last_id(topic).map_or(0, |i| i.0);
                 for e in g.group.unapplied_entries() {

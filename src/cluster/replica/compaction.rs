@@ -132,7 +132,9 @@ impl ShardCluster {
                 r.index
             );
             if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
-                g.gap = true;
+                if g.gap == super::Gap::None {
+                    g.gap = super::Gap::Missing { handed_at: None };
+                }
             }
         } else {
             log::info!(
