@@ -116,10 +116,13 @@ impl ClusterConfig {
         let mut members: Vec<Member> = Vec::new();
         for p in peers {
             check(p)?;
-            if p == address || members.iter().any(|m| &m.address == p) {
+            if p == address {
                 return Err(format!(
-                    "--cluster-peer {p} is listed twice or is this node"
+                    "--cluster-peer {p} is this node's own --cluster-address"
                 ));
+            }
+            if members.iter().any(|m| &m.address == p) {
+                return Err(format!("--cluster-peer {p} is listed twice"));
             }
             members.push(Member {
                 address: p.clone(),

@@ -710,7 +710,10 @@ impl ShardCluster {
                 let matched = g.group.matched(*r);
                 let me = *r == self.cfg.me.replica;
                 serde_json::json!({
+                    // Empty for a replica not in this member's --cluster-peer list (a
+                    // member removed from it, or a list that differs between members).
                     "address": self.cfg.member(*r).map_or("", |m| m.address.as_str()),
+                    "replica_id": format!("{r:016x}"),
                     // A learner receives the log but does not vote: a replica being
                     // added (docs/replication.md, "Adding and removing members").
                     "learner": learners.contains(r),

@@ -31,6 +31,10 @@ use std::time::{Duration, Instant};
 /// How often a leader compares its groups' members with the placement.
 pub(super) const RECONCILE_EVERY: Duration = Duration::from_secs(1);
 
+/// How long a learner may take to catch up before its leader warns (and between two
+/// warnings).
+const STUCK_AFTER: Duration = Duration::from_secs(30);
+
 /// How long a topic whose backlog is over what a snapshot carries waits before its
 /// leader checks again whether it can move.
 const DEFERRED_MOVE_RETRY: Duration = Duration::from_secs(30);
@@ -42,8 +46,12 @@ pub(super) enum Placement {
     /// The voters are the placement, and there is no learner.
     Placed,
     /// They differ; `deferred` is when the leader last found the topic too large to
-    /// move by one snapshot.
-    Moving { deferred: Option<Instant> },
+    /// move by one snapshot, `since` when the members last changed (or the warning
+    /// about a learner that does not catch up was last logged).
+    Moving {
+        deferred: Option<Instant>,
+        since: Instant,
+    },
 }
 
 impl Placement {
@@ -54,7 +62,10 @@ impl Placement {
         if placed {
             Placement::Placed
         } else {
-            Placement::Moving { deferred: None }
+            Placement::Moving {
+                deferred: None,
+                since: Instant::now(),
+            }
         }
     }
 }
@@ -141,8 +152,8 @@ fn next_change(
     if let Some(&l) = learners.iter().find(|&&l| caught_up(l)) {
         return Some(Step::Change(Membership::Add(l)));
     }
-    if !learners.is_empty() {
-        return None;
+    if let Some(&l) = learners.first() {
+        return Some(Step::Wait(l));
     }
     if let Some(&t) = target.iter().find(|t| !voters.contains(t)) {
         return Some(Step::Learner(t));
@@ -167,6 +178,8 @@ enum Step {
     Learner(u64),
     /// Hand leadership to this replica (the leader is not in the placement).
     HandOver(u64),
+    /// Nothing yet: this learner is catching up.
+    Wait(u64),
 }
 
 impl ShardCluster {
@@ -200,6 +213,10 @@ impl ShardCluster {
         for (topic, step) in steps {
             let change = match step {
                 Step::Change(c) => c,
+                Step::Wait(learner) => {
+                    self.warn_if_stuck(&topic, learner);
+                    continue;
+                }
                 Step::HandOver(to) => {
                     log::info!(
                         "TOPIC({topic}): handing leadership to {} (this member no longer holds a replica in the placement)",
@@ -247,7 +264,7 @@ impl ShardCluster {
     /// once its backlog is consumed below the limit.
     async fn fits_a_snapshot(&self, server: &Server, topic: &str) -> bool {
         let deferred = match self.groups.borrow().get(topic).map(|g| g.placement) {
-            Some(Placement::Moving { deferred }) => deferred,
+            Some(Placement::Moving { deferred, .. }) => deferred,
             _ => None,
         };
         if deferred.is_some_and(|at| at.elapsed() < DEFERRED_MOVE_RETRY) {
@@ -272,9 +289,9 @@ impl ShardCluster {
             );
         }
         if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
-            g.placement = Placement::Moving {
-                deferred: (!fits).then(Instant::now),
-            };
+            if let Placement::Moving { deferred, .. } = &mut g.placement {
+                *deferred = (!fits).then(Instant::now);
+            }
         }
         fits
     }
@@ -306,10 +323,39 @@ impl ShardCluster {
         g.group.compact(applied, data).is_ok() && g.group.first_index() > 1
     }
 
+    /// Logs, every [`STUCK_AFTER`], that `learner` has not caught up since the
+    /// members last changed: it is down, or it refuses this member (a `--cluster-peer`
+    /// list that does not name this member, or a mistyped address here).
+    fn warn_if_stuck(&self, topic: &str, learner: u64) {
+        let mut groups = self.groups.borrow_mut();
+        let Some(g) = groups.get_mut(topic) else {
+            return;
+        };
+        let Placement::Moving { since, .. } = &mut g.placement else {
+            return;
+        };
+        if since.elapsed() < STUCK_AFTER {
+            return;
+        }
+        *since = Instant::now();
+        let connected = self.links.connected(learner);
+        log::warn!(
+            "TOPIC({topic}): new replica {} has not caught up in {} s ({}); check that it runs and that its --cluster-peer list names this member",
+            self.address_of(learner),
+            STUCK_AFTER.as_secs(),
+            if connected {
+                "connected"
+            } else {
+                "not connected"
+            }
+        );
+    }
+
     fn address_of(&self, replica: u64) -> String {
-        self.cfg
-            .member(replica)
-            .map_or_else(|| format!("replica {replica:x}"), |m| m.address.clone())
+        self.cfg.member(replica).map_or_else(
+            || format!("replica {replica:016x} (not in this member's --cluster-peer list)"),
+            |m| m.address.clone(),
+        )
     }
 
     /// A membership change applied here (or a snapshot restored): saves the members,

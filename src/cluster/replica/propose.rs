@@ -95,7 +95,7 @@ impl ShardCluster {
                 self.hints.borrow_mut().remove(topic);
                 target_turn += 1;
                 last_error = format!(
-                    "cluster member {} unreachable",
+                    "cluster member {} not connected (down, or refusing this member: see its log)",
                     self.cfg.member(target).map_or("?", |m| m.address.as_str())
                 );
                 glommio::timer::sleep(TICK).await;
