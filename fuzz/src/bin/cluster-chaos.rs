@@ -409,16 +409,7 @@ fn start(nsqd: &Path, m: &mut Member, shards: usize) -> Result<(), String> {
 /// What member `http` says of the topic: (leader's cluster address, this member leads,
 /// term). `None`: no answer, or it holds no group of the topic yet.
 fn view(http: SocketAddr) -> Option<(Option<String>, bool, u64)> {
-    let (code, body) = net::http_within(http, "GET", "/cluster", b"", ASK_TIMEOUT).ok()?;
-    if code != 200 {
-        return None;
-    }
-    let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
-    let t = v["topics"]
-        .as_array()?
-        .iter()
-        .find(|t| t["topic"] == TOPIC)?
-        .clone();
+    let t = topic_state(http)?;
     Some((
         t["leader"].as_str().map(String::from),
         t["is_leader"] == true,
@@ -426,22 +417,27 @@ fn view(http: SocketAddr) -> Option<(Option<String>, bool, u64)> {
     ))
 }
 
+/// The topic's entry in member `http`'s `GET /cluster` (`None`: no answer, or no group
+/// of the topic there).
+fn topic_state(http: SocketAddr) -> Option<serde_json::Value> {
+    let (code, body) = net::http_within(http, "GET", "/cluster", b"", ASK_TIMEOUT).ok()?;
+    if code != 200 {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
+    v["topics"]
+        .as_array()?
+        .iter()
+        .find(|t| t["topic"] == TOPIC)
+        .cloned()
+}
+
 /// True when a member that leads the topic lists each of the members `among` as a
 /// replica in sync (holding every committed entry).
 fn in_sync(c: &Cluster, among: &[usize]) -> bool {
     let addresses = c.address.lock().unwrap().clone();
     (0..MEMBERS).any(|l| {
-        let Ok((200, body)) = net::http_within(c.http[l], "GET", "/cluster", b"", ASK_TIMEOUT)
-        else {
-            return false;
-        };
-        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) else {
-            return false;
-        };
-        let Some(t) = v["topics"]
-            .as_array()
-            .and_then(|ts| ts.iter().find(|t| t["topic"] == TOPIC))
-        else {
+        let Some(t) = topic_state(c.http[l]) else {
             return false;
         };
         let replicas = t["replicas"].as_array().cloned().unwrap_or_default();
@@ -457,16 +453,7 @@ fn in_sync(c: &Cluster, among: &[usize]) -> bool {
 /// True when member `http` leads the topic and its replicas are the members its
 /// placement names, none a learner, each in sync: a move of the replicas is over.
 fn settled(http: SocketAddr) -> bool {
-    let Ok((200, body)) = net::http_within(http, "GET", "/cluster", b"", ASK_TIMEOUT) else {
-        return false;
-    };
-    let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) else {
-        return false;
-    };
-    let Some(t) = v["topics"]
-        .as_array()
-        .and_then(|ts| ts.iter().find(|t| t["topic"] == TOPIC))
-    else {
+    let Some(t) = topic_state(http) else {
         return false;
     };
     let replicas = t["replicas"].as_array().cloned().unwrap_or_default();
