@@ -108,7 +108,14 @@ impl ClusterConfig {
                 Some(("0.0.0.0" | "[::]" | "::", _)) => Err(format!(
                     "cluster address {a:?} names no host: each member's address must be the one its peers dial"
                 )),
-                Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(()),
+                // The port as digits without leading zeros: a member's identity is its
+                // address string, so `:05153` and `:5153` would be two members.
+                Some((host, port))
+                    if !host.is_empty()
+                        && port.parse::<u16>().is_ok_and(|p| p.to_string() == port) =>
+                {
+                    Ok(())
+                }
                 _ => Err(format!("cluster address {a:?} is not HOST:PORT")),
             }
         };
@@ -217,6 +224,8 @@ mod tests {
             ("", vec!["a:1"], 3, "quorum"),
             ("a", vec!["b:1"], 3, "quorum"),
             ("a:1", vec!["b:x"], 3, "quorum"),
+            ("a:1", vec!["b:01"], 3, "quorum"),
+            ("a:01", vec!["b:1"], 3, "quorum"),
             ("a:1", vec!["a:1"], 3, "quorum"),
             ("a:1", vec!["b:1", "b:1"], 3, "quorum"),
             ("a:1", vec!["b:1"], 0, "quorum"),
