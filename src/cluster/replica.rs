@@ -305,34 +305,25 @@ impl ShardCluster {
             return true;
         }
         let me = self.cfg.me.replica;
+        let data = server.shard.opts.data_path.as_ref();
         // The members saved when a change last applied here, else the placement.
-        let members = server
-            .shard
-            .opts
-            .data_path
-            .as_ref()
-            .and_then(|d| membership::load(&membership::path(d, topic)));
+        let members = data.and_then(|d| membership::load(&membership::path(d, topic)));
         let saved_members = members.is_some();
         let (voters, learners) =
             members.unwrap_or_else(|| (self.cfg.replicas_of(topic), Vec::new()));
         if !invited && !voters.contains(&me) && !learners.contains(&me) {
             return false;
         }
-        if let (false, Some(d)) = (saved_members, &server.shard.opts.data_path) {
+        if let (false, Some(d)) = (saved_members, data) {
             membership::save_initial(d, topic, (voters.clone(), learners.clone()));
         }
         let config = GroupConfig::new(me);
         // The term and vote this member saved before a restart (a small read, once per
         // group).
-        let saved = server
-            .shard
-            .opts
-            .data_path
-            .as_ref()
-            .and_then(|d| vote::load(&vote::path(d, topic)));
+        let saved = data.and_then(|d| vote::load(&vote::path(d, topic)));
         // A topic deleted through its log keeps its group, and its term and vote in the
         // mark of its deletion: the group starts without making the topic.
-        let tombstone = match (&server.shard.opts.data_path, saved) {
+        let tombstone = match (data, saved) {
             (Some(d), None) if !server.shard.topic_exists(topic) => {
                 vote::load(&vote::tombstone_path(d, topic))
             }
@@ -353,7 +344,7 @@ impl ShardCluster {
         group.set_vote_floor(saved.floor.0, saved.floor.1);
         // No saved state while the topic keeps a data path: a new replica, or one whose
         // disk was lost.
-        group.set_fresh(found.is_none() && server.shard.opts.data_path.is_some());
+        group.set_fresh(found.is_none() && data.is_some());
         let grace = FRESH_GRACE.saturating_sub(STARTED.get_or_init(Instant::now).elapsed());
         group.set_fresh_grace(u32::try_from(grace.as_millis() / TICK.as_millis()).unwrap_or(0));
         if !deleted {

@@ -510,26 +510,8 @@ fn claimant(c: &Cluster) -> Option<usize> {
 
 /// The leader every member that is up names, once they agree and it says it leads.
 fn agreed_leader(c: &Cluster) -> Option<usize> {
-    let mut named: Option<String> = None;
-    let mut leading = Vec::new();
-    for i in c.up() {
-        let (leader, me, _) = view(c.http[i])?;
-        let leader = leader?;
-        if named.as_ref().is_some_and(|n| *n != leader) {
-            return None;
-        }
-        named = Some(leader);
-        if me {
-            leading.push(i);
-        }
-    }
-    let l = c
-        .address
-        .lock()
-        .unwrap()
-        .iter()
-        .position(|a| Some(a) == named.as_ref())?;
-    (leading == [l] && c.is_up(l)).then_some(l)
+    let up: Vec<usize> = c.up().collect();
+    agreed_leader_among(c, &up)
 }
 
 /// [`agreed_leader`], polled every 50 ms for up to `within`.
@@ -1094,17 +1076,22 @@ fn replace(
     Ok(())
 }
 
-/// [`agreed_leader`] among the members `among` only (a new member knows no leader until
-/// the group takes it in).
+/// The leader the members `among` all name, once it is one of them and the only one of
+/// them that says it leads (a new member knows no leader until the group takes it in,
+/// so fault (f) asks the old members only).
 fn agreed_leader_among(c: &Cluster, among: &[usize]) -> Option<usize> {
     let mut named: Option<String> = None;
+    let mut leading = Vec::new();
     for &i in among {
-        let (leader, _, _) = view(c.http[i])?;
+        let (leader, me, _) = view(c.http[i])?;
         let leader = leader?;
         if named.as_ref().is_some_and(|n| *n != leader) {
             return None;
         }
         named = Some(leader);
+        if me {
+            leading.push(i);
+        }
     }
     let l = c
         .address
@@ -1112,7 +1099,7 @@ fn agreed_leader_among(c: &Cluster, among: &[usize]) -> Option<usize> {
         .unwrap()
         .iter()
         .position(|a| Some(a) == named.as_ref())?;
-    (among.contains(&l) && view(c.http[l])?.1).then_some(l)
+    (leading == [l]).then_some(l)
 }
 
 /// Fault (e): kill -9 the members `victims` (both followers), delete their data paths,

@@ -70,13 +70,19 @@ impl ShardCluster {
         // in yet (docs/replication.md, "Adding and removing members").
         let ask_others_at = Instant::now() + ASK_OTHERS_AFTER;
         let me = self.cfg.me.replica;
-        let others: Vec<u64> = replicas.iter().copied().filter(|&r| r != me).collect();
         while Instant::now() < deadline {
             let target = if self.ensure_group(server, topic) {
                 match self.propose_here(server, topic, &entry) {
                     Ok(rx) => return answer(rx, deadline).await,
                     Err(Some(leader)) => leader,
-                    Err(None) if Instant::now() >= ask_others_at && !others.is_empty() => {
+                    Err(None) if Instant::now() >= ask_others_at => {
+                        // Only after a second without a leader: off the usual path.
+                        let others: Vec<u64> =
+                            replicas.iter().copied().filter(|&r| r != me).collect();
+                        if others.is_empty() {
+                            glommio::timer::sleep(TICK).await;
+                            continue;
+                        }
                         target_turn += 1;
                         others[target_turn % others.len()]
                     }
