@@ -212,8 +212,13 @@ pub struct Leadership {
 /// duplication and reordering).
 #[derive(Debug, Default)]
 pub struct Output {
-    /// Raft messages for peers (each names its `to`).
+    /// Raft messages for peers (each names its `to`) that may go before the store's
+    /// writes of this poll are durable: a leader's appends and heartbeats (Raft lets a
+    /// leader write its log in parallel with its followers).
     pub messages: Vec<RaftMessage>,
+    /// Raft messages that promise what this poll wrote (a follower's acknowledgements,
+    /// votes and vote requests): sent only once the store's writes are durable.
+    pub persisted_messages: Vec<RaftMessage>,
     /// A snapshot to restore before `committed`.
     pub restore: Option<Restore>,
     /// Entries committed since the last poll, in index order.
@@ -395,6 +400,12 @@ impl<S: LogStore> TopicGroup<S> {
     #[must_use]
     pub fn store(&self) -> &S {
         self.node.store()
+    }
+
+    /// The store, to change what it records beside the log (such as
+    /// [`crate::JournaledLog::start_over`]); its log must stay as it is.
+    pub fn store_mut(&mut self) -> &mut S {
+        self.node.mut_store()
     }
 
     /// Stops the group and hands back its store (what a durable store would still have
@@ -748,7 +759,7 @@ impl<S: LogStore> TopicGroup<S> {
         if self.node.has_ready() {
             let mut ready = self.node.ready();
             // A leader may send its appends before persisting them (Raft allows the
-            // leader's own write in parallel); the store here is synchronous anyway.
+            // leader's own write in parallel).
             out.messages.extend(ready.take_messages());
             let snapshot = ready.snapshot();
             if !snapshot.is_empty() {
@@ -765,7 +776,8 @@ impl<S: LogStore> TopicGroup<S> {
             }
             // Votes and append acknowledgements go out only once the store has what
             // they promise.
-            out.messages.extend(ready.take_persisted_messages());
+            out.persisted_messages
+                .extend(ready.take_persisted_messages());
             let mut light = self.node.advance(ready);
             if let Some(commit) = light.commit_index() {
                 self.node.mut_store().set_commit(commit);
@@ -779,12 +791,14 @@ impl<S: LogStore> TopicGroup<S> {
         // it. Its vote requests are not sent (it still votes, and follows a leader).
         if self.fresh && self.saw_entries && self.node.raft.raft_log.last_index() == 0 {
             use raft::eraftpb::MessageType;
-            out.messages.retain(|m| {
+            let not_a_vote_request = |m: &RaftMessage| {
                 !matches!(
                     m.get_msg_type(),
                     MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
                 )
-            });
+            };
+            out.messages.retain(not_a_vote_request);
+            out.persisted_messages.retain(not_a_vote_request);
         }
         out.snapshot_wanted = self.node.mut_store().take_snapshot_request();
         let now = (self.node.raft.leader_id, self.term());
@@ -1001,12 +1015,16 @@ mod tests {
         m
     }
 
+    /// Every message of a poll, those sent before and after the store's writes.
+    fn sent(out: Output) -> Vec<RaftMessage> {
+        let mut all = out.messages;
+        all.extend(out.persisted_messages);
+        all
+    }
+
     /// Whether node 2 granted each vote it answered since the last poll.
     fn granted(group: &mut TopicGroup) -> Vec<bool> {
-        group
-            .poll()
-            .unwrap()
-            .messages
+        sent(group.poll().unwrap())
             .iter()
             .filter(|m| m.get_msg_type() == raft::eraftpb::MessageType::MsgRequestVoteResponse)
             .map(|m| !m.reject)
@@ -1093,7 +1111,7 @@ mod tests {
         let asked = (0..FLOOR_DROP_TICKS)
             .flat_map(|_| {
                 group.tick();
-                group.poll().unwrap().messages
+                sent(group.poll().unwrap())
             })
             .filter(|m| matches!(m.get_msg_type(), MsgRequestVote | MsgRequestPreVote))
             .count();
@@ -1213,7 +1231,7 @@ mod tests {
         let entry = Entry::TopicPause(true);
         let p = group.propose(&entry).unwrap();
         let out = group.poll().unwrap();
-        assert!(out.messages.is_empty());
+        assert!(out.messages.is_empty() && out.persisted_messages.is_empty());
         assert_eq!(out.committed.len(), 1);
         assert_eq!(out.committed[0].entry, Ok(entry));
         for policy in [AckPolicy::Leader, AckPolicy::Quorum, AckPolicy::All] {

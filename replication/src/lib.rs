@@ -6,6 +6,8 @@
 //! - [`group`]: [`TopicGroup`], the driver of one group over raft-rs's `RawNode`
 //!   (`propose`, `tick`, `step`, `poll`, `ack_state`);
 //! - [`store`]: the [`LogStore`] trait that Raft's log is kept in, and [`MemLog`];
+//! - [`journal`]: [`JournaledLog`], a [`MemLog`] whose writes are recorded for a file
+//!   that rebuilds it after a restart;
 //! - [`wire`]: the frames between cluster members (greeting, Raft messages, proposals
 //!   forwarded to a leader and their replies).
 //!
@@ -14,6 +16,7 @@
 
 pub mod entry;
 pub mod group;
+pub mod journal;
 pub mod store;
 pub mod wire;
 
@@ -22,6 +25,7 @@ pub use group::{
     AckPolicy, AckState, Committed, FloorRelaxed, GroupConfig, Leadership, Membership, Output,
     ProposalId, ReplicationError, Restore, TopicGroup, FLOOR_DROP_TICKS, FLOOR_RELAX_TICKS,
 };
+pub use journal::{JournaledLog, Pending, Recovered};
 pub use raft;
 pub use raft::eraftpb::Message as RaftMessage;
 pub use store::{LogStore, MemLog};

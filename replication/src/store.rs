@@ -2,15 +2,13 @@
 //! [`raft::Storage`] plus the writes the driver makes) and [`MemLog`], an in-memory
 //! implementation.
 //!
-//! [`MemLog`] keeps everything in memory, so a restarted broker would come back with an
-//! empty log and rely on catch-up from the other replicas. The segment store (crate
-//! nsq-storage) is meant to implement [`LogStore`] so that the Raft log is the topic's
-//! own durable log; until it does, nothing this crate replicates survives the restart of
-//! every replica at once.
+//! [`MemLog`] keeps everything in memory: a restarted broker comes back with an empty
+//! log and relies on catch-up from the other replicas, unless the log is journaled
+//! ([`crate::journal::JournaledLog`], which rebuilds a [`MemLog`] from its records).
 
 use std::cell::Cell;
 
-use raft::eraftpb::{ConfState, Entry as RaftEntry, HardState, Snapshot};
+use raft::eraftpb::{ConfState, Entry as RaftEntry, HardState, Snapshot, SnapshotMetadata};
 use raft::{GetEntriesContext, RaftState, Storage, StorageError};
 
 /// The writes [`crate::TopicGroup`] makes to a group's log, on top of raft-rs's read
@@ -124,6 +122,40 @@ impl MemLog {
         log
     }
 
+    /// A log that starts after `base` (a snapshot's index, term and members, without
+    /// its data) for a replica that restarts from its journal ([`crate::journal`]):
+    /// `base`'s index counts as committed and applied, and the entries after it come
+    /// from the journal's later records. The term and vote are those it saved.
+    #[must_use]
+    pub fn from_base(base: &SnapshotMetadata, term: u64, vote: u64) -> Self {
+        let mut snapshot = Snapshot::default();
+        snapshot.set_metadata(base.clone());
+        Self {
+            conf_state: base.get_conf_state().clone(),
+            hard_state: HardState {
+                term: term.max(base.term),
+                vote,
+                commit: base.index,
+                ..HardState::default()
+            },
+            snapshot,
+            ..Self::default()
+        }
+    }
+
+    /// The latest snapshot's index, term and members (what a journal's base record
+    /// holds).
+    #[must_use]
+    pub fn snapshot_metadata(&self) -> &SnapshotMetadata {
+        self.snapshot.get_metadata()
+    }
+
+    /// The members after every applied membership change.
+    #[must_use]
+    pub fn conf_state(&self) -> &ConfState {
+        &self.conf_state
+    }
+
     fn snapshot_index(&self) -> u64 {
         self.snapshot.get_metadata().index
     }
@@ -226,7 +258,8 @@ impl LogStore for MemLog {
         };
         let first = self.snapshot_index() + 1;
         let last = self.snapshot_index() + self.entries.len() as u64;
-        if head.index > last + 1 {
+        let consecutive = entries.windows(2).all(|w| w[1].index == w[0].index + 1);
+        if head.index > last + 1 || !consecutive {
             return Err(raft::Error::Store(StorageError::Unavailable));
         }
         // Entries at or before the snapshot are already covered by it.
@@ -328,6 +361,11 @@ mod tests {
             Err(raft::Error::Store(StorageError::Unavailable))
         ));
         assert!(log.append(&[entry(5, 2)]).is_err(), "a gap");
+        assert!(
+            log.append(&[entry(3, 2), entry(5, 2)]).is_err(),
+            "a gap between the entries"
+        );
+        assert_eq!(log.last_index().unwrap(), 2, "nothing appended");
         assert_eq!(log.entries(1, 3, None, ctx()).unwrap().len(), 2);
         assert!(log.entries(1, 4, None, ctx()).is_err(), "past the end");
         assert!(log.entries(2, 1, None, ctx()).is_err(), "low > high");

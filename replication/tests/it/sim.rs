@@ -180,6 +180,7 @@ impl Sim {
         let mut out = group.poll().expect("poll");
         node.apply(&mut out);
         self.queue.extend(out.messages);
+        self.queue.extend(out.persisted_messages);
         if out.snapshot_wanted {
             self.compact(id);
         }
