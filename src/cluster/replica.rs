@@ -20,12 +20,13 @@
 //! `propose` (publishing, forwarding, answering proposals), `apply` (committed entries
 //! and the replicated channel state), `compaction` (log compaction and snapshots),
 //! `deletion` (a topic deleted and made again through its log), `vote` (the term,
-//! vote and vote floor on disk) and `requests` (admin operations, SUBs and frames from
-//! the rest of the broker).
+//! vote and vote floor on disk), `journal` (the Raft log on disk, `--sync-every=1`)
+//! and `requests` (admin operations, SUBs and frames from the rest of the broker).
 
 mod apply;
 mod compaction;
 mod deletion;
+mod journal;
 mod membership;
 mod propose;
 mod requests;
@@ -43,8 +44,8 @@ use bytes::Bytes;
 use futures::channel::oneshot;
 use nsq_replication::wire::{self, Frame, Hello, Reply};
 use nsq_replication::{
-    AckPolicy, AckState, ChannelOp, Entry, FloorRelaxed, GroupConfig, Leadership, MemLog, Message,
-    ProposalId, ReplicationError, TopicGroup,
+    AckPolicy, AckState, ChannelOp, Entry, FloorRelaxed, GroupConfig, JournaledLog, Leadership,
+    Message, ProposalId, RaftMessage, ReplicationError, TopicGroup,
 };
 use nsq_shards::message::{IdGenerator, MessageId};
 use nsq_shards::shard::{DurableWait, LookupEvent};
@@ -106,7 +107,7 @@ enum Gap {
 
 /// One topic's group on this shard.
 struct Group {
-    group: TopicGroup<MemLog>,
+    group: TopicGroup<JournaledLog>,
     /// The IDs this node gives the messages it proposes while it leads.
     ids: IdGenerator,
     waiters: Vec<Waiter>,
@@ -133,6 +134,11 @@ struct Group {
     next_seq: Option<u64>,
     /// Whether the group's members are its placement ([`membership`]).
     placement: membership::Placement,
+    /// The Raft log's journal file while it is written (`--sync-every=1`).
+    journal_file: Option<journal::OpenJournal>,
+    /// The applied index of the journal's last start-over attempt: the next waits for
+    /// the applied index to move past it.
+    journal_started_at: u64,
 }
 
 impl Group {
@@ -174,6 +180,11 @@ pub struct ShardCluster {
     pub relays: RefCell<HashMap<u64, Rc<super::relay::Relay>>>,
     /// The peers' TCP addresses for clients (from their greetings).
     peer_tcps: RefCell<HashMap<u64, String>>,
+    /// Topics whose Raft log journal could not be read: no group for them until a
+    /// restart (read once, logged once).
+    unreadable_journals: RefCell<HashSet<String>>,
+    /// This member's TCP address for clients (what its greeting tells the peers).
+    own_tcp: RefCell<String>,
 }
 
 /// When this process started its cluster role (the first shard to start it).
@@ -202,6 +213,8 @@ impl ShardCluster {
             shard_index,
             relays: RefCell::new(HashMap::new()),
             peer_tcps: RefCell::new(HashMap::new()),
+            unreadable_journals: RefCell::new(HashSet::new()),
+            own_tcp: RefCell::new(String::new()),
         }
     }
 
@@ -226,13 +239,15 @@ impl ShardCluster {
         let Some(c) = server.cluster.clone() else {
             return;
         };
+        let tcp = client_address(server);
+        c.own_tcp.replace(tcp.clone());
         c.links.start(
             server,
             Hello {
                 node_id: c.cfg.node_id,
                 replica: c.cfg.me.replica,
                 address: c.cfg.me.address.clone(),
-                tcp: client_address(server),
+                tcp,
             },
         );
         // The topics recovered from disk: their groups start now (an election follows).
@@ -304,6 +319,9 @@ impl ShardCluster {
         if self.groups.borrow().contains_key(topic) {
             return true;
         }
+        if self.unreadable_journals.borrow().contains(topic) {
+            return false;
+        }
         let me = self.cfg.me.replica;
         let data = server.shard.opts.data_path.as_ref();
         // The members saved when a change last applied here, else the placement.
@@ -333,7 +351,12 @@ impl ShardCluster {
         let saved = saved.or(tombstone);
         let found = saved;
         let saved = saved.unwrap_or_default();
-        let store = MemLog::with_members(&voters, &learners, saved.term, saved.vote);
+        let Some(store) = Self::log_of(server, topic, &voters, &learners, saved) else {
+            self.unreadable_journals
+                .borrow_mut()
+                .insert(topic.to_string());
+            return false;
+        };
         let mut group = match TopicGroup::new(&config, store) {
             Ok(g) => g,
             Err(e) => {
@@ -368,6 +391,8 @@ impl ShardCluster {
                     &learners,
                     &self.cfg.replicas_of(topic),
                 ),
+                journal_file: None,
+                journal_started_at: 0,
             },
         );
         log::info!(
@@ -441,8 +466,8 @@ impl ShardCluster {
             match g.group.poll() {
                 Ok(o) => o,
                 Err(e) => {
-                    log::error!("TOPIC({topic}): replication stopped: {e}");
-                    g.stopped = true;
+                    drop(groups);
+                    self.stop_group(server, topic, &e.to_string());
                     return;
                 }
             }
@@ -452,47 +477,12 @@ impl ShardCluster {
             .take()
             .map(|v| (v, out.learners.take().unwrap_or_default()));
         let mut messages = std::mem::take(&mut out.messages);
+        let mut persisted = std::mem::take(&mut out.persisted_messages);
         if !self.save_vote(server, topic).await {
             // Not sent: a vote must be on disk before anyone hears of it (Raft's rule).
             // The group takes them as lost on the network.
             messages.clear();
-        }
-        let mut snapshots_sent = Vec::new();
-        for m in &mut messages {
-            if m.get_msg_type() == nsq_replication::raft::eraftpb::MessageType::MsgSnapshot {
-                if let Some(data) = self.snapshot_to_send(server, topic).await {
-                    m.mut_snapshot().set_data(data.into());
-                }
-            }
-        }
-        for m in &messages {
-            let queued = match wire::encode_frame(topic, m) {
-                Ok(f) => {
-                    self.links.send(m.to, f);
-                    self.links.connected(m.to)
-                }
-                Err(e) => {
-                    log::warn!("TOPIC({topic}): Raft message not sent: {e}");
-                    false
-                }
-            };
-            if m.get_msg_type() == nsq_replication::raft::eraftpb::MessageType::MsgSnapshot {
-                snapshots_sent.push((m.to, queued));
-            }
-        }
-        if !snapshots_sent.is_empty() {
-            // raft-rs sends a replica nothing more until told how its snapshot went: it
-            // was queued on a live connection (a connection that breaks after that loses
-            // it, and the replica's next rejection asks again), or it was not.
-            if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
-                for (to, queued) in snapshots_sent {
-                    g.group.report_snapshot(to, queued);
-                }
-            }
-            self.mark(topic);
-        }
-        if let Some(l) = out.leadership {
-            self.leadership_changed(server, topic, l);
+            persisted.clear();
         }
         if let Some(r) = &out.restore {
             if r.data.as_slice() == deletion::DELETED_SNAPSHOT {
@@ -501,6 +491,31 @@ impl ShardCluster {
                 self.recreate_here(server, topic).await;
                 self.restore(server, topic, r);
             }
+        }
+        if self.journaled(topic) {
+            // A leader's appends go before its own journal write (its followers write
+            // theirs meanwhile); publishers are answered (`resolve`) only after it.
+            self.send_messages(server, topic, std::mem::take(&mut messages))
+                .await;
+            // The journal's base record stands for the restored state: on disk first.
+            if out.restore.is_some() && !self.topic_synced(server, topic).await {
+                self.stop_group(
+                    server,
+                    topic,
+                    "the restored snapshot was not synced; restart the member once the disk is fixed",
+                );
+                return;
+            }
+            // Raft's rule: what an acknowledgement or a vote promises is on disk before
+            // it is sent. Nothing of this poll is applied or answered without it.
+            if !self.write_journal(server, topic).await {
+                return;
+            }
+        }
+        messages.append(&mut persisted);
+        self.send_messages(server, topic, messages).await;
+        if let Some(l) = out.leadership {
+            self.leadership_changed(server, topic, l);
         }
         if out.snapshot_wanted {
             let mut groups = self.groups.borrow_mut();
@@ -550,8 +565,20 @@ impl ShardCluster {
                         }
                     }
                     let publish = matches!(entry, Entry::Publish(_) | Entry::PublishAt { .. });
-                    if let Some(w) = apply(server, topic, entry) {
-                        durable.push((c.index, w));
+                    match apply(server, topic, entry) {
+                        Ok(Some(w)) => durable.push((c.index, w)),
+                        Ok(None) => {}
+                        // With a journal, going on would let it start over past a batch
+                        // the topic does not hold.
+                        Err(apply::Unstored) if self.journaled(topic) => {
+                            self.stop_group(
+                                server,
+                                topic,
+                                "a committed batch was not stored; restart the member once the disk is fixed",
+                            );
+                            return;
+                        }
+                        Err(apply::Unstored) => {}
                     }
                     if publish {
                         let id = server.shard.topic_last_id(topic).map_or(0, |i| i.0);
@@ -562,14 +589,12 @@ impl ShardCluster {
                     }
                 }
                 Err(e) => {
-                    log::error!(
-                        "TOPIC({topic}): committed entry {} does not decode ({e}); replication stopped",
-                        c.index
+                    self.stop_group(
+                        server,
+                        topic,
+                        &format!("committed entry {} does not decode ({e})", c.index),
                     );
-                    if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
-                        g.stopped = true;
-                    }
-                    break;
+                    return;
                 }
             }
         }
@@ -577,6 +602,74 @@ impl ShardCluster {
         if let Some((voters, learners)) = members {
             self.members_changed(server, topic, voters, learners).await;
         }
+    }
+
+    /// Sends `messages` of `topic`'s group to their peers, with the data of any
+    /// snapshot among them made now, and tells the group how each snapshot went.
+    async fn send_messages(&self, server: &Server, topic: &str, mut messages: Vec<RaftMessage>) {
+        use nsq_replication::raft::eraftpb::MessageType;
+        let mut snapshots_sent = Vec::new();
+        for m in &mut messages {
+            if m.get_msg_type() == MessageType::MsgSnapshot {
+                if let Some(data) = self.snapshot_to_send(server, topic).await {
+                    m.mut_snapshot().set_data(data.into());
+                }
+            }
+        }
+        for m in &messages {
+            let queued = match wire::encode_frame(topic, m) {
+                Ok(f) => {
+                    self.links.send(m.to, f);
+                    self.links.connected(m.to)
+                }
+                Err(e) => {
+                    log::warn!("TOPIC({topic}): Raft message not sent: {e}");
+                    false
+                }
+            };
+            if m.get_msg_type() == MessageType::MsgSnapshot {
+                snapshots_sent.push((m.to, queued));
+            }
+        }
+        if !snapshots_sent.is_empty() {
+            // raft-rs sends a replica nothing more until told how its snapshot went: it
+            // was queued on a live connection (a connection that breaks after that loses
+            // it, and the replica's next rejection asks again), or it was not.
+            if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
+                for (to, queued) in snapshots_sent {
+                    g.group.report_snapshot(to, queued);
+                }
+            }
+            self.mark(topic);
+        }
+    }
+
+    /// Stops `topic`'s group on this member (`why` is logged): it sends, applies and
+    /// answers nothing more until the member restarts, every publish waiting on it
+    /// fails, and if it led the topic it no longer does (its registrations with
+    /// nsqlookupd go, its consumers are closed and find the leader the others elect).
+    pub(super) fn stop_group(&self, server: &Server, topic: &str, why: &str) {
+        log::error!("TOPIC({topic}): replication of the topic stopped on this member: {why}");
+        let term = {
+            let mut groups = self.groups.borrow_mut();
+            let Some(g) = groups.get_mut(topic) else {
+                return;
+            };
+            g.stopped = true;
+            g.journal_file = None;
+            for w in g.waiters.drain(..) {
+                let _ = w.reply.send(Reply::Failed(
+                    "replication of the topic stopped on this member".into(),
+                ));
+            }
+            g.group.term()
+        };
+        let lost = Leadership {
+            leader: None,
+            term,
+            is_self: false,
+        };
+        self.leadership_changed(server, topic, lost);
     }
 
     fn leadership_changed(&self, server: &Server, topic: &str, l: Leadership) {
@@ -720,7 +813,19 @@ impl ShardCluster {
         Some(serde_json::json!({
             "topic": topic,
             "leader": leader.and_then(|l| self.cfg.member(l)).map(|m| m.address.clone()),
-            "is_leader": g.group.is_leader(),
+            // Where clients reach the leader (its TCP address, from its greeting).
+            "leader_tcp_address": leader.and_then(|l| {
+                if l == self.cfg.me.replica {
+                    Some(self.own_tcp.borrow().clone())
+                } else {
+                    self.peer_tcp(l)
+                }
+            }),
+            // A stopped group serves nothing, whatever raft-rs last said.
+            "is_leader": g.group.is_leader() && !g.stopped,
+            // Replication of the topic stopped on this member ([`ShardCluster::stop_group`]:
+            // its log says why); a restart starts it again.
+            "stopped": g.stopped,
             // Deleted through its log: the group runs on without the topic.
             "deleted": g.deleted,
             "term": g.group.term(),
@@ -731,7 +836,9 @@ impl ShardCluster {
             "saved_floor_index": g.vote.saved.floor.1,
             "last_index": last,
             "first_index": g.group.first_index(),
-            "log_bytes": g.group.store().entry_bytes(),
+            "log_bytes": g.group.store().log().entry_bytes(),
+            // The Raft log's journal on disk (`--sync-every=1`; 0: kept in memory only).
+            "journal_bytes": g.group.store().journal_bytes(),
             "replicas": replicas,
             // The members this member's --cluster-peer list places the topic on: the
             // leader moves the replicas there.
@@ -823,16 +930,17 @@ async fn driver(server: Rc<Server>) {
         if now >= next_cursor {
             c.replicate_cursors(&server);
             c.compact_logs(&server);
+            c.start_journals_over(&server).await;
             next_cursor = now + CURSOR_EVERY;
         }
         if now >= next_reconcile {
             c.reconcile_members(&server).await;
             next_reconcile = Instant::now() + membership::RECONCILE_EVERY;
         }
+        // Side by side: a group's poll can wait on its Raft log's journal write
+        // (`--sync-every=1`), and those of different topics are synced in parallel.
         let dirty: Vec<String> = c.dirty.borrow_mut().drain().collect();
-        for t in dirty {
-            c.process(&server, &t).await;
-        }
+        futures::future::join_all(dirty.iter().map(|t| c.process(&server, t))).await;
         if !c.dirty.borrow().is_empty() {
             continue;
         }

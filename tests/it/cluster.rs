@@ -170,6 +170,18 @@ impl Cluster {
         self.wait_leader(topic)
     }
 
+    /// [`Cluster::elect`], then `channel` made through the leader; returns the leader.
+    fn elect_with_channel(&self, topic: &str, channel: &str) -> usize {
+        let leader = self.elect(topic);
+        let (code, body) = self.node(leader).http(
+            "POST",
+            &format!("/channel/create?topic={topic}&channel={channel}"),
+            b"",
+        );
+        assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+        leader
+    }
+
     fn wait_leader(&self, topic: &str) -> usize {
         let mut l = None;
         wait_for(&format!("a leader of {topic}"), || {
@@ -636,13 +648,15 @@ fn a_publish_needs_a_quorum_and_a_restarted_member_catches_up() {
 }
 
 /// Every member killed with kill -9 at once and started again at once (a power cut, a
-/// rack rebooted): their Raft logs are empty and each refuses a candidate behind its
-/// vote floor, until the floors give way (10 s without a leader) and one of them is
-/// elected. What was synced is kept on every member, publishes are accepted again and
-/// a consumer of the new leader gets every message.
+/// rack rebooted) under the default sync policy: their Raft logs (in memory) are empty
+/// and each refuses a candidate behind its vote floor, until the floors give way (10 s
+/// without a leader) and one of them is elected. What was synced is kept on every
+/// member (`--mem-queue-size=0` stores each message at once and `--sync-timeout=100ms`
+/// syncs it soon after), publishes are accepted again and a consumer of the new leader
+/// gets every message.
 #[test]
 fn every_member_killed_at_once_elects_a_leader_again_and_keeps_what_was_synced() {
-    let mut c = Cluster::start([1, 2, 1], &["--sync-every=1"]);
+    let mut c = Cluster::start([1, 2, 1], &["--mem-queue-size=0", "--sync-timeout=100ms"]);
     let topic = "blackout";
     let (code, body) = c.node(0).http(
         "POST",
@@ -672,6 +686,9 @@ fn every_member_killed_at_once_elects_a_leader_again_and_keeps_what_was_synced()
             })
         });
     }
+    // The messages are synced within --sync-timeout of their store; twenty times that
+    // leaves a loaded machine room.
+    std::thread::sleep(Duration::from_secs(2));
     for i in 0..3 {
         c.kill9(i);
     }
@@ -713,6 +730,220 @@ fn every_member_killed_at_once_elects_a_leader_again_and_keeps_what_was_synced()
         .collect();
     let expected: std::collections::BTreeSet<String> = (0..=10).map(|k| format!("m{k}")).collect();
     assert_eq!(bodies, expected);
+}
+
+/// Under `--sync-every=1` a follower journals its Raft log and syncs it before it
+/// acknowledges an append: a message the leader acknowledged with one follower's
+/// acknowledgement survives every member killed at once and the leader never coming
+/// back. One follower is stopped (SIGSTOP), so each publish commits on the leader and
+/// the other follower alone, and every member is killed right after the last publish
+/// is acknowledged, before that follower has applied it (it learns the commit index
+/// only with the next append). The two followers restart: the one with the journal
+/// holds the longer log, so only it can be elected (the other votes for it), and it
+/// commits and applies what it had acknowledged. With the log kept in memory both
+/// would come back empty, and the last messages would be on the lost leader only.
+#[test]
+fn with_sync_every_1_what_a_follower_acknowledged_survives_a_blackout_and_the_leader_lost() {
+    let mut c = Cluster::start([1, 2, 1], &["--sync-every=1"]);
+    let topic = "journaled";
+    let leader = c.elect_with_channel(topic, "ch");
+    let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    let (acker, stopped) = (followers[0], followers[1]);
+    wait_for("the journal of the follower that acknowledges", || {
+        c.state(acker)["topics"].as_array().is_some_and(|ts| {
+            ts.iter()
+                .any(|t| t["topic"] == topic && t["journal_bytes"].as_u64() > Some(0))
+        })
+    });
+    c.node(stopped).daemon.signal(19); // SIGSTOP
+    let n = 30;
+    for k in 0..n {
+        let (code, body) = c.node(leader).http(
+            "POST",
+            &format!("/pub?topic={topic}"),
+            format!("m{k}").as_bytes(),
+        );
+        assert_eq!(code, 200, "publish {k}: {}", String::from_utf8_lossy(&body));
+    }
+    for i in 0..3 {
+        c.kill9(i);
+    }
+    c.start_node(acker);
+    c.start_node(stopped);
+    let now = c.wait_leader(topic);
+    assert_eq!(
+        now, acker,
+        "the member without the acknowledged entries was elected"
+    );
+    // Both members name where clients reach the leader.
+    for i in [acker, stopped] {
+        wait_for(
+            &format!("member {i} naming the leader's TCP address"),
+            || {
+                c.state(i)["topics"].as_array().is_some_and(|ts| {
+                    ts.iter().any(|t| {
+                        t["topic"] == topic
+                            && t["leader_tcp_address"] == c.node(now).tcp.to_string().as_str()
+                    })
+                })
+            },
+        );
+    }
+    for i in [acker, stopped] {
+        wait_for(
+            &format!("member {i}'s channel with every acknowledged message, once"),
+            || c.channel_depth(i, topic, "ch") == Some(n),
+        );
+    }
+    let mut consumer = c.node(now).subscribe(topic, "ch");
+    send(&mut consumer, b"RDY 50\n");
+    let bodies: std::collections::BTreeSet<String> = read_messages(&mut consumer, n as usize)
+        .into_iter()
+        .map(|(_, b)| String::from_utf8(b).unwrap())
+        .collect();
+    let expected: std::collections::BTreeSet<String> = (0..n).map(|k| format!("m{k}")).collect();
+    assert_eq!(bodies, expected);
+}
+
+/// Under `--sync-every=1` a leader whose journal cannot be written answers no publish
+/// (not even under `--replication-ack=leader`, which answers once the leader's own log
+/// has the entry): its group stops there, `GET /cluster` says so, the publish fails,
+/// and the other members elect a leader that takes publishes again.
+#[test]
+fn a_leader_whose_journal_cannot_be_written_answers_no_publish() {
+    let mut c = Cluster::start([1, 1, 1], &["--sync-every=1", "--replication-ack=leader"]);
+    let topic = "unwritable";
+    let leader = c.elect(topic);
+    c.node(leader).http_pub(topic, b"before");
+    let journal = c.dirs[leader].join("cluster-log").join(topic);
+    // The journal is closed 1 s after its last write; opened again, a directory in its
+    // place refuses it.
+    let pid = c.node(leader).pid();
+    wait_for("the leader's journal closed", || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .all(|target| target != journal)
+    });
+    std::fs::remove_file(&journal).unwrap();
+    std::fs::create_dir(&journal).unwrap();
+    let (code, body) = c
+        .node(leader)
+        .http("POST", &format!("/pub?topic={topic}"), b"unjournaled");
+    assert_ne!(
+        code,
+        200,
+        "a publish answered without the leader's journal: {}",
+        String::from_utf8_lossy(&body)
+    );
+    let stopped = c.state(leader)["topics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t["topic"] == topic && t["stopped"] == true && t["is_leader"] == false);
+    assert!(stopped, "{}", c.state(leader));
+    // It answers later publishes with a failure too (at once: it does not propose).
+    let (code, _) = c
+        .node(leader)
+        .http("POST", &format!("/pub?topic={topic}"), b"later");
+    assert_ne!(code, 200);
+    let other = (leader + 1) % 3;
+    let accepted = common::wait_until(Duration::from_secs(30), || {
+        c.node(other)
+            .http("POST", &format!("/pub?topic={topic}"), b"after")
+            .0
+            == 200
+    });
+    assert!(accepted, "no publish accepted by the other members");
+    c.kill9(leader);
+}
+
+/// A follower whose Raft log journal was damaged while it was down (under
+/// `--sync-every=1`): a journal with no valid record is set aside as `<topic>~bad` and
+/// the member catches up from the leader; one whose last record is cut short or fails
+/// its checksum keeps the records before it; one that cannot be read keeps the member
+/// out of the topic until it restarts with the journal back. Each time the member
+/// comes back with every message, and nothing panics.
+#[test]
+fn a_damaged_journal_is_set_aside_or_cut_and_the_member_catches_up() {
+    let mut c = Cluster::start([1, 2, 1], &["--sync-every=1"]);
+    let topic = "damaged";
+    let leader = c.elect_with_channel(topic, "ch");
+    let follower = (leader + 1) % 3;
+    let journal = c.dirs[follower].join("cluster-log").join(topic);
+    let mut published = 0u64;
+    let publish = |c: &Cluster, published: &mut u64| {
+        for _ in 0..20 {
+            c.node(leader)
+                .http_pub(topic, format!("m{published}").as_bytes());
+            *published += 1;
+        }
+    };
+    for damage in ["garbage", "cut"] {
+        publish(&c, &mut published);
+        wait_for(
+            &format!("member {follower}'s channel before the damage"),
+            || c.channel_depth(follower, topic, "ch") == Some(published),
+        );
+        c.kill9(follower);
+        let bytes = std::fs::read(&journal).expect("the follower's journal");
+        let damaged = if damage == "garbage" {
+            b"not a journal at all".to_vec()
+        } else {
+            bytes[..bytes.len() - 3].to_vec()
+        };
+        std::fs::write(&journal, damaged).unwrap();
+        publish(&c, &mut published);
+        c.start_node(follower);
+        wait_for(
+            &format!("member {follower} caught up after the {damage} journal"),
+            || c.channel_depth(follower, topic, "ch") == Some(published),
+        );
+        let log = c.node(follower).log_text();
+        assert!(!log.contains("panicked"), "{log}");
+        if damage == "garbage" {
+            let aside = c.dirs[follower]
+                .join("cluster-log")
+                .join(format!("{topic}~bad"));
+            assert_eq!(
+                std::fs::read(&aside).unwrap(),
+                b"not a journal at all",
+                "the journal set aside"
+            );
+            assert!(log.contains("holds no valid record"), "{log}");
+        } else {
+            assert!(log.contains("left out"), "{log}");
+            assert!(log.contains("Raft log recovered from its journal"), "{log}");
+        }
+    }
+    // A journal that cannot be read (a directory in its place) is not written over:
+    // the member holds no replica of the topic (publishes through it are forwarded)
+    // until it restarts with the journal readable.
+    c.kill9(follower);
+    let kept = std::fs::read(&journal).unwrap();
+    std::fs::remove_file(&journal).unwrap();
+    std::fs::create_dir(&journal).unwrap();
+    c.start_node(follower);
+    let (code, body) = c
+        .node(follower)
+        .http("POST", &format!("/pub?topic={topic}"), b"through");
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    published += 1;
+    let log = c.node(follower).log_text();
+    assert!(log.contains("cannot be read"), "{log}");
+    assert!(journal.is_dir(), "the unreadable journal was written over");
+    c.kill9(follower);
+    std::fs::remove_dir(&journal).unwrap();
+    std::fs::write(&journal, kept).unwrap();
+    c.start_node(follower);
+    wait_for(
+        &format!("member {follower} caught up with its journal back"),
+        || c.channel_depth(follower, topic, "ch") == Some(published),
+    );
+    let mut consumer = c.node(leader).subscribe(topic, "ch");
+    send(&mut consumer, b"RDY 100\n");
+    let got = read_messages(&mut consumer, usize::try_from(published).unwrap());
+    assert_eq!(got.len() as u64, published);
 }
 
 /// Both followers lose their disks (kill -9, data path deleted) and come back after the
@@ -1076,10 +1307,22 @@ fn leadership_moves_on_request_and_no_message_is_lost() {
 /// the first round; the leader of its topic is then killed and the scenario told to go
 /// on; it must end with status 0 (every acknowledged message received).
 fn failover_scenario(program: &std::path::Path, script: &str, topic_prefix: &str) {
+    failover_scenario_with(program, script, topic_prefix, &[]);
+}
+
+/// [`failover_scenario`] with `extra` flags for every member.
+fn failover_scenario_with(
+    program: &std::path::Path,
+    script: &str,
+    topic_prefix: &str,
+    extra: &[&str],
+) {
     use std::io::{BufRead, BufReader, Write};
     let lookupd = Lookupd::start(&[]);
     let flag = format!("--lookupd-tcp-address={}", lookupd.tcp);
-    let mut c = Cluster::start([2, 1, 1], &[&flag]);
+    let mut flags = vec![flag.as_str()];
+    flags.extend_from_slice(extra);
+    let mut c = Cluster::start([2, 1, 1], &flags);
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(script);
     let mut child = std::process::Command::new(program)
         .arg(&script)
@@ -1118,6 +1361,14 @@ fn failover_scenario(program: &std::path::Path, script: &str, topic_prefix: &str
     let log = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{} failed:\n{log}", script.display());
     eprintln!("{log}");
+    if extra.contains(&"--sync-every=1") {
+        let survivor = (leader + 1) % 3;
+        let journaled = c.state(survivor)["topics"].as_array().is_some_and(|ts| {
+            ts.iter()
+                .any(|t| t["topic"] == topic.as_str() && t["journal_bytes"].as_u64() > Some(0))
+        });
+        assert!(journaled, "{}", c.state(survivor));
+    }
 }
 
 /// pynsq, unmodified: an nsq.Reader that finds the topic through nsqlookupd follows its
@@ -1129,6 +1380,22 @@ fn pynsq_follows_the_leader_through_nsqlookupd() {
         return;
     };
     failover_scenario(&py, "scripts/clients/pynsq_failover.py", "failover");
+}
+
+/// [`pynsq_follows_the_leader_through_nsqlookupd`] under `--sync-every=1`: every
+/// publish pynsq gets `OK` for was synced to the journals of a majority, and the
+/// survivors deliver each one after the leader's kill.
+#[test]
+fn pynsq_follows_the_leader_with_journaled_raft_logs() {
+    let Some(py) = common::pynsq_python() else {
+        return;
+    };
+    failover_scenario_with(
+        &py,
+        "scripts/clients/pynsq_failover.py",
+        "failover",
+        &["--sync-every=1"],
+    );
 }
 
 /// gnsq, unmodified, as [`pynsq_follows_the_leader_through_nsqlookupd`].

@@ -230,6 +230,17 @@ impl Shard {
         out
     }
 
+    /// What to wait on until every record `topic`'s store holds now is synced (`None`:
+    /// no such topic, or it has no store).
+    pub fn topic_durable_wait(&self, topic: &str) -> Option<super::DurableWait> {
+        let topics = self.topics.borrow();
+        let st = topics.get(topic)?.store()?;
+        Some(super::DurableWait {
+            store: st.clone(),
+            durable: Some(st.next_seq()),
+        })
+    }
+
     /// The sequence `topic`'s next message gets (0: no such topic).
     pub fn topic_head(&self, topic: &str) -> u64 {
         self.topics.borrow().get(topic).map_or(0, |t| t.log.head)

@@ -31,6 +31,11 @@ impl Shard {
             })
     }
 
+    /// Whether the last metadata write of this shard succeeded (no error to report).
+    pub fn meta_healthy(&self) -> bool {
+        self.meta.error().is_none()
+    }
+
     /// This shard's part of /stats.
     pub fn stats(&self, req: &StatsRequest) -> ShardStats {
         let now_ns = crate::message::now_unix_nanos();

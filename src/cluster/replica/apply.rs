@@ -88,8 +88,12 @@ impl ShardCluster {
 }
 
 /// Applies one committed entry to the topic on this shard; a batch's durable wait when
-/// the sync policy asks for one.
-pub(super) fn apply(server: &Server, topic: &str, entry: Entry) -> Option<DurableWait> {
+/// the sync policy asks for one. `Err`: a batch the topic's store refused (logged).
+pub(super) fn apply(
+    server: &Server,
+    topic: &str,
+    entry: Entry,
+) -> Result<Option<DurableWait>, Unstored> {
     let shard = &server.shard;
     let entry_base = match &entry {
         Entry::PublishAt { base, .. } => Some(*base),
@@ -122,10 +126,10 @@ pub(super) fn apply(server: &Server, topic: &str, entry: Entry) -> Option<Durabl
                 None => shard.publish_replicated(topic, batch),
             };
             match stored {
-                Ok(w) => w,
+                Ok(w) => Ok(w),
                 Err(e) => {
                     log::error!("TOPIC({topic}): a committed batch was not stored: {e}");
-                    None
+                    Err(Unstored)
                 }
             }
         }
@@ -158,17 +162,21 @@ pub(super) fn apply(server: &Server, topic: &str, entry: Entry) -> Option<Durabl
             if let Err(e) = r {
                 log::debug!("TOPIC({topic}): replicated channel change: {e:?}");
             }
-            None
+            Ok(None)
         }
         Entry::TopicPause(p) => {
             let _ = shard.admin(AdminOp::PauseTopic(topic.to_string(), p));
-            None
+            Ok(None)
         }
         Entry::TopicCreate => {
             shard.create_topic(topic);
-            None
+            Ok(None)
         }
         // Taken by the group's driver (ShardCluster::process).
-        Entry::Compact { .. } | Entry::TopicDelete => None,
+        Entry::Compact { .. } | Entry::TopicDelete => Ok(None),
     }
 }
+
+/// A committed batch the topic's store refused (a disk error).
+#[derive(Debug)]
+pub(super) struct Unstored;

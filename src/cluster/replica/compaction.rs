@@ -28,7 +28,7 @@ impl ShardCluster {
         let keep = self.retain_time(server);
         let me = self.cfg.me.replica;
         let mut groups = self.groups.borrow_mut();
-        for (topic, g) in groups.iter_mut() {
+        for (topic, g) in groups.iter_mut().filter(|(_, g)| !g.stopped) {
             let applied = g.group.applied_index();
             g.retention.held.entry(me).or_default().sample(now, applied);
             if g.group.is_leader() {
@@ -59,7 +59,7 @@ impl ShardCluster {
                 }
                 target = everywhere;
             }
-            if g.group.store().entry_bytes() > RETAIN_BYTES {
+            if g.group.store().log().entry_bytes() > RETAIN_BYTES {
                 target = applied;
             }
             if target < g.group.first_index() {

@@ -390,18 +390,14 @@ impl ShardCluster {
             return;
         }
         log::info!("TOPIC({topic}): this member no longer holds a replica; its copy is deleted");
-        self.groups.borrow_mut().remove(topic);
-        self.led.borrow_mut().remove(topic);
-        self.dirty.borrow_mut().remove(topic);
-        match server.shard.admin(AdminOp::DeleteTopic(topic.to_string())) {
-            Ok(()) | Err(AdminError::TopicNotFound) => {}
-            Err(e) => log::warn!("TOPIC({topic}): not deleted here: {e:?}"),
-        }
+        // Its files first: while the group is still here, a frame from the leader cannot
+        // make it again from them.
         if let Some(d) = data {
             let t = topic.to_string();
             let removed = glommio::executor()
                 .spawn_blocking(move || {
                     remove_blocking(&super::vote::tombstone_path(&d, &t))?;
+                    super::journal::remove_blocking(&d, &t, true)?;
                     let vote = super::vote::path(&d, &t);
                     remove_blocking(&vote)?;
                     if let Some(dir) = vote.parent() {
@@ -413,6 +409,13 @@ impl ShardCluster {
             if let Err(e) = removed {
                 log::warn!("TOPIC({topic}): files of the removed replica left: {e}");
             }
+        }
+        self.groups.borrow_mut().remove(topic);
+        self.led.borrow_mut().remove(topic);
+        self.dirty.borrow_mut().remove(topic);
+        match server.shard.admin(AdminOp::DeleteTopic(topic.to_string())) {
+            Ok(()) | Err(AdminError::TopicNotFound) => {}
+            Err(e) => log::warn!("TOPIC({topic}): not deleted here: {e:?}"),
         }
     }
 }

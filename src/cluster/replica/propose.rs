@@ -152,6 +152,13 @@ impl ShardCluster {
         let Some(g) = groups.get_mut(topic) else {
             return Err(None);
         };
+        if g.stopped {
+            let (tx, rx) = oneshot::channel();
+            let _ = tx.send(Reply::Failed(
+                "replication of the topic stopped on this member".into(),
+            ));
+            return Ok(rx);
+        }
         if !g.group.is_leader() {
             return match g.group.leader() {
                 Some(l) => Err(Some(l)),

@@ -1,9 +1,11 @@
 //! A group's term and vote on disk: Raft's persistent state besides the log. A member
 //! that restarts keeps them, so it never votes twice in one term (two leaders of one
-//! term could each commit entries the other overwrites). The Raft log itself is kept in
-//! memory (docs/replication.md, "Guarantees"), so beside them goes the vote floor: the
-//! (term, index) of the last entry the member applied. After a restart it votes for no
-//! candidate whose log ends before it, as its lost log would have refused them.
+//! term could each commit entries the other overwrites). Under the default sync policy
+//! the Raft log itself is kept in memory (docs/replication.md, "Guarantees"; under
+//! `--sync-every=1` it is journaled: [`super::journal`]), so beside them goes the vote
+//! floor: the (term, index) of the last entry the member applied. After a restart it
+//! votes for no candidate whose log ends before it, as its lost log would have refused
+//! them.
 //!
 //! The file `raft-vote` in the topic's directory holds two 48-byte slots, written in
 //! turn, so that a write torn by a crash leaves the other one:
