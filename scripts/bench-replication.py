@@ -6,6 +6,7 @@
                                [--bench target/release/nsq-bench]
                                [--runfor 10s] [--sizes 200,4096] [--failovers 5]
                                [--node-cpus 0,1,2 --bench-cpus 3-6]
+                               [--sync-every N] [--topics N]
 
 For each message size: `nsq-bench pubsub` (one producer, one consumer, MPUB batches, the
 bench's defaults otherwise) against one standalone broker, then against the leader of a
@@ -21,7 +22,13 @@ comma-separated, e.g. `0,1,2` or `0-1,2-3,4-5` with `--shards 2`), node i runs u
 same for nsq-bench. On a host with enough cores this gives each broker its own CPUs, so
 the ratio shows what replication costs rather than three brokers sharing cores.
 
-Every broker runs on a fresh data path under $TMPDIR with the default sync policy.
+Every broker runs on a fresh data path under $TMPDIR with the default sync policy, or
+with `--sync-every N` when given (`--sync-every 1`: each publish synced before its
+answer; replicated, each replica also syncs its Raft log's journal). With `--topics N`
+(N > 1) nsq-bench publishes to and consumes from N topics, and in the cluster it is given
+every member's address (producers round-robin over them, consumers connect to each: the
+topics' leaders are spread over the members, and a member forwards a publish or relays
+a consumer it does not lead).
 The disk's O_DIRECT write speed (dd) is printed first: durable figures depend on it.
 """
 
@@ -96,13 +103,13 @@ class Node:
             self.proc = None
 
 
-def cluster(binary, root, cpus, shards):
+def cluster(binary, root, cpus, shards, extra):
     addrs = ["127.0.0.1:%d" % free_port() for _ in range(3)]
     nodes = []
     for i, a in enumerate(addrs):
         peers = ["--cluster-peer=" + p for p in addrs if p != a]
         nodes.append(Node(binary, os.path.join(root, "node%d" % i),
-                          ["--node-id=%d" % (i + 1), "--cluster-address=" + a] + peers,
+                          ["--node-id=%d" % (i + 1), "--cluster-address=" + a] + peers + extra,
                           cpus[i], shards))
     for n in nodes:
         n.start()
@@ -134,11 +141,12 @@ def wait_leader(nodes, addrs, topic, timeout=30):
     sys.exit("no leader for %s" % topic)
 
 
-def bench(binary, port, topic, size, runfor, cpus):
+def bench(binary, ports, topic, size, runfor, cpus, topics=1):
     pin = ["taskset", "-c", cpus] if cpus else []
     out = subprocess.run(
-        pin + [binary, "pubsub", "--nsqd-tcp-address=127.0.0.1:%d" % port, "--topic", topic,
-         "--size", str(size), "--runfor", runfor, "--json"],
+        pin + [binary, "pubsub"] + ["--nsqd-tcp-address=127.0.0.1:%d" % p for p in ports]
+        + ["--topic", topic, "--topics", str(topics),
+           "--size", str(size), "--runfor", runfor, "--json"],
         capture_output=True, text=True, check=False)
     if out.returncode != 0:
         sys.exit("nsq-bench failed:\n" + out.stdout[-2000:] + out.stderr[-2000:])
@@ -162,6 +170,9 @@ def main():
     ap.add_argument("--node-cpus", default="",
                     help="taskset CPU lists of nodes 1, 2 and 3, separated by '|' or ','")
     ap.add_argument("--bench-cpus", default="", help="taskset CPU list of nsq-bench")
+    ap.add_argument("--topics", type=int, default=1, help="topics nsq-bench uses")
+    ap.add_argument("--sync-every", type=int, default=0,
+                    help="--sync-every of every broker (0: the broker's default)")
     a = ap.parse_args()
     cpus = [None, None, None]
     if a.node_cpus:
@@ -170,6 +181,7 @@ def main():
             sys.exit("--node-cpus wants three CPU lists")
         cpus = parts
     bcpus = a.bench_cpus or None
+    extra = ["--sync-every=%d" % a.sync_every] if a.sync_every else []
     root = tempfile.mkdtemp(prefix="bench-replication-")
     try:
         dd = subprocess.run(["dd", "if=/dev/zero", "of=" + os.path.join(root, "dd.bin"),
@@ -177,27 +189,38 @@ def main():
                             capture_output=True, text=True, check=False)
         print("disk: " + (dd.stderr.strip().splitlines() or ["?"])[-1])
         os.remove(os.path.join(root, "dd.bin"))
-        print("cpus: %d; nodes on %s, nsq-bench on %s; --shards %d" % (
-            os.cpu_count(), "|".join(c or "all" for c in cpus), bcpus or "all", a.shards))
+        print("cpus: %d; nodes on %s, nsq-bench on %s; --shards %d; %s" % (
+            os.cpu_count(), "|".join(c or "all" for c in cpus), bcpus or "all", a.shards,
+            " ".join(extra) or "default sync policy"))
         for size in [int(s) for s in a.sizes.split(",")]:
-            one = Node(a.broker, os.path.join(root, "standalone-%d" % size), [], cpus[0],
+            one = Node(a.broker, os.path.join(root, "standalone-%d" % size), extra, cpus[0],
                        a.shards)
             one.start()
-            r1 = bench(a.bench, one.tcp, "bench_%d" % size, size, a.runfor, bcpus)
+            r1 = bench(a.bench, [one.tcp], "bench_%d" % size, size, a.runfor, bcpus, a.topics)
             one.kill9()
             nodes, addrs = cluster(a.broker, os.path.join(root, "cluster-%d" % size), cpus,
-                                   a.shards)
+                                   a.shards, extra)
             topic = "bench_%d" % size
-            http(nodes[0].http, "POST", "/topic/create?topic=" + topic)
-            lead = wait_leader(nodes, addrs, topic)
-            r3 = bench(a.bench, nodes[lead].tcp, topic, size, a.runfor, bcpus)
+            if a.topics > 1:
+                names = ["%s-%d" % (topic, k) for k in range(a.topics)]
+                for k, name in enumerate(names):
+                    http(nodes[k % 3].http, "POST", "/topic/create?topic=" + name)
+                for name in names:
+                    wait_leader(nodes, addrs, name)
+                ports = [n.tcp for n in nodes]
+            else:
+                http(nodes[0].http, "POST", "/topic/create?topic=" + topic)
+                ports = [nodes[wait_leader(nodes, addrs, topic)].tcp]
+            r3 = bench(a.bench, ports, topic, size, a.runfor, bcpus, a.topics)
             for n in nodes:
                 n.kill9()
             (s_rate, s_p99), (c_rate, c_p99) = figures(r1), figures(r3)
             print("size=%d standalone: %.0f msgs/s p99 %.2f ms | replicated x3 quorum: %.0f msgs/s "
                   "p99 %.2f ms | throughput ratio %.2f" % (size, s_rate, s_p99, c_rate, c_p99,
                                                             c_rate / s_rate))
-        nodes, addrs = cluster(a.broker, os.path.join(root, "failover"), cpus, a.shards)
+        if a.failovers < 1:
+            return
+        nodes, addrs = cluster(a.broker, os.path.join(root, "failover"), cpus, a.shards, extra)
         topic = "failover"
         http(nodes[0].http, "POST", "/pub?topic=" + topic, b"x")
         accept, elect = [], []

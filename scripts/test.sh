@@ -22,7 +22,8 @@
 #      cluster-chaos (a 3-node cluster under load, 5 faults: kill -9 of the leader or a
 #      follower, a leader restarted on a deleted data path, SIGSTOP; no acknowledged
 #      message lost; CLUSTER_CHAOS_CYCLES; then 2 followers replaced by new members at
-#      new addresses through rolling restarts)
+#      new addresses through rolling restarts; then every fault kind once under
+#      --sync-every=1, every member killed at once among them)
 #   5. scripts/setup-clients.sh (pinned pynsq, gnsq, nsqjs)
 #   6. for --shards 1, 2 and 4: start target/debug/nsqd on loopback ports chosen by the
 #      kernel (default sync policy; with 4 shards also --retention-time=1h, which the
@@ -263,8 +264,10 @@ fi
 # restarted on a deleted data path; SIGSTOP of a member for 2 s): every acknowledged
 # message reaches the consumer, which follows the leader (CLUSTER_CHAOS_CYCLES, default
 # 5); then 2 cycles of fault (f): a follower replaced by a new member at a new cluster
-# address, the others restarted with the new list (the topic's replicas move to it).
-# All three print their seed; NETFUZZ_SEED / CHAOS_SEED replay one.
+# address, the others restarted with the new list (the topic's replicas move to it);
+# then 7 cycles under --sync-every=1, one of each fault kind, among them (g) every
+# member killed at once and restarted at once (each rebuilds its Raft log from its
+# journal). All three print their seed; NETFUZZ_SEED / CHAOS_SEED replay one.
 # Long runs and figures: RELIABILITY.md. The tools are debug builds of the nsq-fuzz
 # crate; they drive the broker of this run (NSQD_CMD).
 if [[ $CLIENTS_ONLY -eq 0 && $MOCK -eq 0 ]]; then
@@ -280,12 +283,15 @@ if [[ $CLIENTS_ONLY -eq 0 && $MOCK -eq 0 ]]; then
       --nsqd "${NSQD_CMD[0]}" --cycles "${CLUSTER_CHAOS_CYCLES:-5}" --seed "${CHAOS_SEED:-$(date +%s)}"
     run_step "cluster chaos, members replaced" timeout -k 5 300 "$ROOT/target/debug/cluster-chaos" \
       --nsqd "${NSQD_CMD[0]}" --faults f --cycles 2 --seed "${CHAOS_SEED:-$(date +%s)}"
+    run_step "cluster chaos, journaled" timeout -k 5 300 "$ROOT/target/debug/cluster-chaos" \
+      --nsqd "${NSQD_CMD[0]}" --sync-every 1 --faults abcdefg --cycles 7 --seed "${CHAOS_SEED:-$(date +%s)}"
   else
     record FAIL "netfuzz" "not run: build failed"
     record FAIL "chaos kill -9" "not run: build failed"
     record FAIL "chaos kill -9, default sync" "not run: build failed"
     record FAIL "cluster chaos" "not run: build failed"
     record FAIL "cluster chaos, members replaced" "not run: build failed"
+    record FAIL "cluster chaos, journaled" "not run: build failed"
   fi
 fi
 

@@ -2,7 +2,7 @@
 //! faults of a 3-node cluster under load").
 //!
 //!   cluster-chaos [--shards N] [--cycles 50] [--seed N] [--min-ms 500] [--max-ms 2000]
-//!                 [--faults abcd] [--consumer-ms 0] [--nsqd PATH]
+//!                 [--faults abcd] [--consumer-ms 0] [--sync-every N] [--nsqd PATH]
 //!
 //! Starts three `nsqd` members (`--node-id`, `--cluster-address`, `--cluster-peer`; each
 //! with `--shards N`) on loopback ports and data paths that stay the same for the whole
@@ -28,8 +28,13 @@
 //! after 1.5 s (the leader steps down meanwhile: the two must elect it, not each other);
 //! (f), only when asked for, a follower lost with its disk and replaced by a new member
 //! at a new cluster address, the others restarted one at a time with the new list (the
-//! topic's replicas move to the new member). The next cycle starts once every member
-//! names the same leader and that leader says it leads.
+//! topic's replicas move to the new member); (g), only when asked for, kill -9 every
+//! member at once and restart them all at once (nothing acknowledged may be lost only
+//! under `--sync-every 1`, whose replicas sync their Raft logs before acknowledging;
+//! otherwise what a member held unwritten is lost). The next cycle starts once every member
+//! names the same leader and that leader says it leads. With `--sync-every N` each
+//! member runs with that flag (`--sync-every 1`: the Raft logs are journaled, and a
+//! restarted member comes back with its log).
 //!
 //! After the last cycle the publisher stops and the consumer drains (until it has every
 //! acknowledged body, or 60 s). Checks: every acknowledged body was received at least
@@ -106,11 +111,14 @@ struct Cli {
     /// ms (0: never). Slow and fast cycles alternate, so failovers also meet a backlog.
     #[arg(long, default_value_t = 0)]
     consumer_ms: u64,
-    /// The fault kinds to inject, a subset of `abcdef`: (a) kill -9 the leader, (b) a
+    /// The members' `--sync-every` (their default when not given).
+    #[arg(long)]
+    sync_every: Option<u64>,
+    /// The fault kinds to inject, a subset of `abcdefg`: (a) kill -9 the leader, (b) a
     /// follower, (c) the leader with its data path deleted, (d) SIGSTOP a member 2 s,
     /// (e) both followers with their data paths deleted, back after 1.5 s, (f) a
     /// follower replaced by a new member at a new cluster address (a rolling restart
-    /// of the others with the new list).
+    /// of the others with the new list), (g) every member at once, restarted at once.
     #[arg(long, default_value = "abcd", value_parser = parse_faults)]
     faults: Faults,
 }
@@ -120,12 +128,14 @@ struct Cli {
 struct Faults(Vec<Fault>);
 
 fn parse_faults(v: &str) -> Result<Faults, String> {
-    if let Some(bad) = v.chars().find(|ch| !"abcdef".contains(*ch)) {
-        return Err(format!("unknown fault kind {bad:?} (a, b, c, d, e or f)"));
+    if let Some(bad) = v.chars().find(|ch| !"abcdefg".contains(*ch)) {
+        return Err(format!(
+            "unknown fault kind {bad:?} (a, b, c, d, e, f or g)"
+        ));
     }
     let kinds: Vec<Fault> = Fault::ALL
         .iter()
-        .zip("abcdef".chars())
+        .zip("abcdefg".chars())
         .filter(|(_, ch)| v.contains(*ch))
         .map(|(f, _)| *f)
         .collect();
@@ -143,16 +153,18 @@ enum Fault {
     Pause,
     WipeFollowers,
     Replace,
+    KillAll,
 }
 
 impl Fault {
-    const ALL: [Fault; 6] = [
+    const ALL: [Fault; 7] = [
         Fault::KillLeader,
         Fault::KillFollower,
         Fault::WipeLeader,
         Fault::Pause,
         Fault::WipeFollowers,
         Fault::Replace,
+        Fault::KillAll,
     ];
 
     fn name(self) -> &'static str {
@@ -163,6 +175,7 @@ impl Fault {
             Fault::Pause => "(d) SIGSTOP 2 s",
             Fault::WipeFollowers => "(e) kill -9 both followers, data paths deleted",
             Fault::Replace => "(f) follower replaced by a new member at a new address",
+            Fault::KillAll => "(g) kill -9 every member, restarted at once",
         }
     }
 
@@ -187,6 +200,8 @@ struct Cluster {
     /// `--consumer-ms`: what the consumer spends on each message before its FIN, in odd
     /// cycles.
     consumer_delay: Duration,
+    /// Flags every member gets besides its identity (`--sync-every`).
+    extra: Vec<String>,
 }
 
 impl Cluster {
@@ -338,6 +353,7 @@ fn main() {
             max_ms,
             consumer_ms: cli.consumer_ms,
             faults: cli.faults.0.clone(),
+            sync_every: cli.sync_every,
         };
         match run(&nsqd, &cfg) {
             Ok(()) => eprintln!("cluster-chaos shards={shards}: PASS"),
@@ -359,6 +375,7 @@ struct Config {
     max_ms: u64,
     consumer_ms: u64,
     faults: Vec<Fault>,
+    sync_every: Option<u64>,
 }
 
 /// Starts member `m` on its ports and data path; waits for its cluster listener too.
@@ -526,8 +543,9 @@ fn wait_leader(c: &Cluster, within: Duration) -> Option<usize> {
     None
 }
 
-/// Member `i`'s flags: its node id, its cluster address and the others' as peers.
-fn member_args(i: usize, address: &[String]) -> Vec<String> {
+/// Member `i`'s flags: its node id, its cluster address and the others' as peers, then
+/// `extra`.
+fn member_args(i: usize, address: &[String], extra: &[String]) -> Vec<String> {
     let mut args = vec![
         format!("--node-id={}", i + 1),
         format!("--cluster-address={}", address[i]),
@@ -537,18 +555,19 @@ fn member_args(i: usize, address: &[String]) -> Vec<String> {
             args.push(format!("--cluster-peer={a}"));
         }
     }
+    args.extend_from_slice(extra);
     args
 }
 
 /// The members' addresses, flags and data paths under `root`, none started yet.
-fn setup(root: &Path, consumer_ms: u64) -> (Vec<Member>, Arc<Cluster>) {
+fn setup(root: &Path, consumer_ms: u64, extra: Vec<String>) -> (Vec<Member>, Arc<Cluster>) {
     let ports: Vec<(u16, u16, u16)> = (0..MEMBERS)
         .map(|_| (net::free_port(), net::free_port(), net::free_port()))
         .collect();
     let address: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{}", p.2)).collect();
     let members: Vec<Member> = (0..MEMBERS)
         .map(|i| {
-            let args = member_args(i, &address);
+            let args = member_args(i, &address, &extra);
             let dir = root.join(format!("member{}", i + 1));
             std::fs::create_dir_all(&dir).unwrap();
             Member {
@@ -577,6 +596,7 @@ fn setup(root: &Path, consumer_ms: u64) -> (Vec<Member>, Arc<Cluster>) {
         cycle: AtomicU64::new(0),
         last_fault: Mutex::new(None),
         consumer_delay: Duration::from_millis(consumer_ms),
+        extra,
     });
     (members, c)
 }
@@ -591,9 +611,14 @@ fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
         max_ms,
         consumer_ms,
         ref faults,
+        sync_every,
     } = *cfg;
     let root = net::temp_data_dir("cluster-chaos");
-    let (mut members, c) = setup(&root, consumer_ms);
+    let extra = sync_every
+        .map(|n| format!("--sync-every={n}"))
+        .into_iter()
+        .collect();
+    let (mut members, c) = setup(&root, consumer_ms, extra);
     let t0 = Instant::now();
     for m in &mut members {
         start(nsqd, m, shards)?;
@@ -678,12 +703,13 @@ fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
             Fault::Pause => rng.below(MEMBERS),
             Fault::WipeFollowers => (leader + 1) % MEMBERS,
             Fault::Replace => (leader + 1 + rng.below(MEMBERS - 1)) % MEMBERS,
+            Fault::KillAll => leader,
         };
-        // (e) takes both followers down together.
-        let victims: Vec<usize> = if fault == Fault::WipeFollowers {
-            (0..MEMBERS).filter(|&i| i != leader).collect()
-        } else {
-            vec![victim]
+        // (e) takes both followers down together, (g) every member.
+        let victims: Vec<usize> = match fault {
+            Fault::WipeFollowers => (0..MEMBERS).filter(|&i| i != leader).collect(),
+            Fault::KillAll => (0..MEMBERS).collect(),
+            _ => vec![victim],
         };
         let at = Instant::now();
         *c.last_fault.lock().unwrap() = Some(at);
@@ -702,6 +728,8 @@ fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
         paused_leaders += u64::from(fault == Fault::Pause && victim == leader);
         let injected_ok = if fault == Fault::WipeFollowers {
             wipe_both(nsqd, shards, &mut members, &victims)
+        } else if fault == Fault::KillAll {
+            kill_all(nsqd, shards, &mut members)
         } else if fault == Fault::Replace {
             replace(nsqd, shards, &mut members, &c, victim)
         } else {
@@ -895,7 +923,7 @@ fn report(s: &State, sum: &Summary, errors: &mut Vec<String>) {
         })
         .collect();
     eprintln!(
-        "cluster-chaos shards={shards}: {} cycles in {:.1} s, faults a/b/c/d/e/f {}/{}/{}/{}/{}/{} ({paused_leaders} SIGSTOPs hit the leader); {} PUBs acknowledged of {} sent ({} refused, {} unanswered); {} distinct received, {} lost, {duplicates} received more than once (at most {most} times; {} redeliveries, {} of bodies first received over {} s before the preceding fault), {unacked} received whose PUB got no OK, {} foreign; longest without a leader {} ms ({}); longest publish outage {} ms ({}); consumer: {} SUBs, {} refused, {} connections left open by a deposed leader; final drain {:.1} s",
+        "cluster-chaos shards={shards}: {} cycles in {:.1} s, faults a/b/c/d/e/f/g {}/{}/{}/{}/{}/{}/{} ({paused_leaders} SIGSTOPs hit the leader); {} PUBs acknowledged of {} sent ({} refused, {} unanswered); {} distinct received, {} lost, {duplicates} received more than once (at most {most} times; {} redeliveries, {} of bodies first received over {} s before the preceding fault), {unacked} received whose PUB got no OK, {} foreign; longest without a leader {} ms ({}); longest publish outage {} ms ({}); consumer: {} SUBs, {} refused, {} connections left open by a deposed leader; final drain {:.1} s",
         injected.len(),
         elapsed.as_secs_f64(),
         counts[0],
@@ -904,6 +932,7 @@ fn report(s: &State, sum: &Summary, errors: &mut Vec<String>) {
         counts[3],
         counts[4],
         counts[5],
+        counts[6],
         s.acked.len(),
         s.next,
         s.refused,
@@ -999,7 +1028,21 @@ fn inject(nsqd: &Path, shards: usize, m: &mut Member, fault: Fault) -> Result<()
         }
         Fault::WipeFollowers => Err("(e) takes two members: wipe_both".into()),
         Fault::Replace => Err("(f) restarts every member: replace".into()),
+        Fault::KillAll => Err("(g) takes every member: kill_all".into()),
     }
+}
+
+/// Fault (g): every member killed with kill -9 at once (a power cut, short of the page
+/// cache: see RELIABILITY.md) and every one restarted at once on its data path.
+// A `String` error: CLI-only, printed once before the tool exits.
+fn kill_all(nsqd: &Path, shards: usize, members: &mut [Member]) -> Result<(), String> {
+    for m in members.iter_mut() {
+        m.kill9();
+    }
+    for m in members.iter_mut() {
+        start(nsqd, m, shards)?;
+    }
+    Ok(())
 }
 
 /// Fault (f): member `victim` (a follower) is lost with its disk and a new member takes
@@ -1027,7 +1070,7 @@ fn replace(
         a.clone()
     };
     for (i, m) in members.iter_mut().enumerate() {
-        m.args = member_args(i, &addresses);
+        m.args = member_args(i, &addresses, &c.extra);
     }
     start(nsqd, &mut members[victim], shards)?;
     c.down[victim].store(false, Ordering::SeqCst);
