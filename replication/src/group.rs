@@ -847,6 +847,59 @@ impl<S: LogStore> TopicGroup<S> {
         v
     }
 
+    /// Whether the group has nothing under way that needs its clock: this node's log is
+    /// committed and applied to its end, and on the leader every replica holds the
+    /// whole log and has acknowledged the commit index, with no membership change or
+    /// leadership transfer pending. A candidate is never settled. The caller may then
+    /// stop ticking the group while the members stay in touch (docs/replication.md,
+    /// "Quiet groups"): a leader that does not tick sends no heartbeats, and a follower
+    /// that does not tick starts no election.
+    #[must_use]
+    pub fn settled(&self) -> bool {
+        let raft = &self.node.raft;
+        let log = &raft.raft_log;
+        let last = log.last_index();
+        if log.committed != last || log.applied != last {
+            return false;
+        }
+        match raft.state {
+            StateRole::Follower => raft.leader_id != raft::INVALID_ID,
+            StateRole::Leader => {
+                raft.lead_transferee.is_none()
+                    && !self.membership_pending()
+                    && raft
+                        .prs()
+                        .iter()
+                        .all(|(_, p)| p.matched == last && p.committed_index >= last)
+            }
+            _ => false,
+        }
+    }
+
+    /// On a leader that stops serving the group (its store failed): a message that
+    /// makes the voter holding the most of the log campaign at once (raft-rs's
+    /// `MsgTimeoutNow`, what ends a leadership transfer), so that the others elect a
+    /// leader without waiting for their election timeout, which a follower of a quiet
+    /// group does not run. `None` on a follower or without another voter.
+    #[must_use]
+    pub fn handoff(&self) -> Option<RaftMessage> {
+        if !self.is_leader() {
+            return None;
+        }
+        let me = self.id();
+        let to = self
+            .voters()
+            .into_iter()
+            .filter(|&v| v != me)
+            .max_by_key(|&v| self.matched(v).unwrap_or(0))?;
+        let mut m = RaftMessage::default();
+        m.set_msg_type(raft::eraftpb::MessageType::MsgTimeoutNow);
+        m.from = me;
+        m.to = to;
+        m.term = self.term();
+        Some(m)
+    }
+
     /// True while a membership change is proposed and not yet applied here (raft-rs
     /// takes one at a time).
     #[must_use]

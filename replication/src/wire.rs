@@ -10,6 +10,8 @@
 //!           status 0 Acked
 //!           status 1 NotLeader : leader u64 (0: none known)
 //!           status 2 Failed    : text_len u16 | text (UTF-8)
+//! kind 5  Ping    : (empty) the sender is alive; written on a connection that has had
+//!                   nothing else to send for a while
 //! ```
 //!
 //! All integers are little-endian. A frame is at most [`MAX_FRAME_LEN`] bytes after the
@@ -90,6 +92,10 @@ pub enum Frame {
         /// The answer.
         reply: Reply,
     },
+    /// The sender is alive: what a connection carries when it has nothing else to send,
+    /// so that a peer that stops (a killed host, a stopped process) is noticed without
+    /// a heartbeat per topic.
+    Ping,
 }
 
 /// Why a frame could not be written.
@@ -119,6 +125,7 @@ const KIND_HELLO: u8 = 1;
 const KIND_RAFT: u8 = 2;
 const KIND_PROPOSE: u8 = 3;
 const KIND_REPLY: u8 = 4;
+const KIND_PING: u8 = 5;
 
 fn push_name(out: &mut Vec<u8>, name: &str) -> Result<(), EncodeError> {
     let b = name.as_bytes();
@@ -187,6 +194,14 @@ pub fn encode_propose(request: u64, topic: &str, entry: &[u8]) -> Result<Vec<u8>
     push_name(&mut out, topic)?;
     out.extend_from_slice(entry);
     finish(out)
+}
+
+/// Writes a [`Frame::Ping`].
+#[must_use]
+pub fn encode_ping() -> Vec<u8> {
+    let mut out = start(KIND_PING, 0);
+    out[..4].copy_from_slice(&2u32.to_le_bytes());
+    out
 }
 
 /// Writes a [`Frame::Reply`]; a `Failed` text is cut to 1,024 bytes (at a character
@@ -333,6 +348,10 @@ pub fn decode_frame(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
             };
             r.end()?;
             Frame::Reply { request, reply }
+        }
+        KIND_PING => {
+            r.end()?;
+            Frame::Ping
         }
         k => return Err(DecodeError::Tag(k)),
     };

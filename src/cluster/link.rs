@@ -3,7 +3,8 @@
 //!
 //! Each shard keeps one outgoing connection to each peer, used only for sending: it
 //! greets with a [`Hello`], then writes frames ([`nsq_replication::wire`]) as its groups
-//! produce them. Shard 0 listens on `--cluster-address`; an accepted connection is only
+//! produce them, and a ping when it has had nothing to send for
+//! [`liveness::PING_EVERY`] (what tells the peer this member is alive). Shard 0 listens on `--cluster-address`; an accepted connection is only
 //! read: after the peer's greeting is checked (a listed member, its replica id, a
 //! `--node-id` that differs from this node's), each frame goes to the shard that owns
 //! its topic, and a [`Frame::Reply`] to the shard that sent the request (the request
@@ -11,7 +12,7 @@
 //! broken connection loses at most what was queued on it: it is dialled again after
 //! [`REDIAL`], and a forwarded proposal whose reply is lost times out at its sender.
 
-use super::{ClusterConfig, Member};
+use super::{liveness, ClusterConfig, Member};
 use crate::server::Server;
 use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
@@ -264,12 +265,20 @@ async fn write_loop<S: AsyncRead + AsyncWrite + Unpin>(
             }
             // The peer never writes on this connection: a read that completes means it
             // closed or reset it (a killed peer), seen at once rather than at the next
-            // write.
+            // write. With nothing to send for PING_EVERY, a ping tells the peer this
+            // member is alive (liveness).
             let mut probe = [0u8; 1];
             let wake = std::pin::pin!(p.wake.wait());
             let stop = std::pin::pin!(server.shard.shutdown.wait());
+            let ping = std::pin::pin!(glommio::timer::sleep(liveness::PING_EVERY));
             let closed = std::pin::pin!(stream.read(&mut probe));
-            match futures::future::select(futures::future::select(wake, stop), closed).await {
+            let waited = futures::future::select(wake, futures::future::select(stop, ping));
+            match futures::future::select(waited, closed).await {
+                futures::future::Either::Left((futures::future::Either::Right((r, _)), _)) => {
+                    if let futures::future::Either::Right(_) = r {
+                        buf.extend_from_slice(&wire::encode_ping());
+                    }
+                }
                 futures::future::Either::Left(_) => {}
                 futures::future::Either::Right((r, _)) => {
                     return Err(match r {
@@ -278,7 +287,9 @@ async fn write_loop<S: AsyncRead + AsyncWrite + Unpin>(
                     });
                 }
             }
-            continue;
+            if buf.is_empty() {
+                continue;
+            }
         }
         stream.write_all(&buf).await?;
         // TLS keeps what it encrypted until flushed; plain TCP has nothing to flush.
@@ -380,6 +391,16 @@ async fn read_loop<S: AsyncRead + Unpin>(
     let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
     let mut chunk = vec![0u8; 256 << 10];
     let mut from: Option<u64> = None;
+    // The peer is out of touch once this connection ends, however it ends.
+    struct Touch(Option<u64>);
+    impl Drop for Touch {
+        fn drop(&mut self) {
+            if let Some(replica) = self.0 {
+                liveness::closed(replica);
+            }
+        }
+    }
+    let mut touch = Touch(None);
     loop {
         let n = stream.read(&mut chunk).await?;
         if n == 0 {
@@ -400,13 +421,19 @@ async fn read_loop<S: AsyncRead + Unpin>(
                 (None, Frame::Hello(h)) => {
                     let replica = check_hello(cfg, &h)?;
                     from = Some(replica);
+                    touch.0 = Some(replica);
+                    liveness::opened(replica);
                     super::replica::peer_greeted(server, replica, h.tcp).await;
                 }
                 (None, _) => return Err(std::io::Error::other("frame before the greeting")),
                 (Some(_), Frame::Hello(_)) => {
                     return Err(std::io::Error::other("a second greeting"))
                 }
-                (Some(peer), frame) => super::replica::route(server, peer, frame).await,
+                (Some(peer), Frame::Ping) => liveness::heard(peer),
+                (Some(peer), frame) => {
+                    liveness::heard(peer);
+                    super::replica::route(server, peer, frame).await;
+                }
             }
         }
         buf.drain(..used);

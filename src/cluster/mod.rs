@@ -6,6 +6,8 @@
 //! - this file: the cluster's members from the flags, each member's replica id, and
 //!   which members hold a topic;
 //! - [`link`]: the connections between members (greeting, frames, reconnects);
+//! - [`liveness`]: which peers this member is in touch with (what quiet groups rely
+//!   on instead of heartbeats per topic);
 //! - [`replica`]: a shard's groups: proposing, forwarding to the leader, applying
 //!   committed entries to the topic, leadership changes and nsqlookupd;
 //! - [`relay`]: a consumer connected to a follower, served from the leader.
@@ -13,6 +15,7 @@
 //! Without the flags nothing here runs and the broker is a standalone nsqd.
 
 pub mod link;
+pub mod liveness;
 pub mod relay;
 pub mod replica;
 

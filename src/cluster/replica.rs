@@ -13,8 +13,12 @@
 //!   and closes its consumers' connections, which find the new leader through
 //!   nsqlookupd.
 //!
-//! The driver task ticks every group each [`TICK`] (election after 10 to 19 ticks,
-//! heartbeats every 2) and polls a group after anything stepped or proposed on it.
+//! The driver task ticks every awake group each [`TICK`] (election after 10 to 19
+//! ticks, heartbeats every 2) and polls a group after anything stepped or proposed on
+//! it. A group with nothing under way goes quiet ([`ShardCluster::quiet`]): it is not
+//! ticked, so its leader sends no heartbeats and its followers start no election,
+//! while the members stay in touch ([`super::liveness`]); anything that happens to it,
+//! or a member going out of or coming into touch, wakes it.
 //!
 //! This file holds the groups, their driver and leadership; by concern beside it:
 //! `propose` (publishing, forwarding, answering proposals), `apply` (committed entries
@@ -38,7 +42,7 @@ use requests::client_address;
 pub use requests::{admin, peer_greeted, route, subscribe, MoveLeaderError, SubRoute};
 
 use super::link::Links;
-use super::ClusterConfig;
+use super::{liveness, ClusterConfig};
 use crate::server::Server;
 use bytes::Bytes;
 use futures::channel::oneshot;
@@ -63,6 +67,11 @@ pub const TICK: Duration = Duration::from_millis(50);
 /// How often a leader replicates its channels' finished positions: after a failover, a
 /// message FINished within this much before is delivered again.
 pub const CURSOR_EVERY: Duration = Duration::from_millis(100);
+
+/// Ticks without anything but heartbeats before a settled group may go quiet (200 ms):
+/// well under the least election timeout (10 ticks), so a follower that stops ticking
+/// is far from starting an election when it is woken.
+const QUIET_TICKS: u32 = 4;
 
 /// The most unfinished messages of one channel a leader replicates one by one; a
 /// channel holding more is replicated by its low watermark only (docs/replication.md,
@@ -139,6 +148,15 @@ struct Group {
     /// The applied index of the journal's last start-over attempt: the next waits for
     /// the applied index to move past it.
     journal_started_at: u64,
+    /// Ticks since anything but heartbeats happened to the group
+    /// ([`ShardCluster::quiet`]).
+    idle_ticks: u32,
+    /// On a follower: the leader it last had an append, heartbeat or snapshot from, and
+    /// that leader's contact number then ([`liveness`]).
+    leader_contact: Option<(u64, u64)>,
+    /// On the leader: each replica's contact number when it last answered an append or
+    /// a heartbeat.
+    replica_contact: HashMap<u64, u64>,
 }
 
 impl Group {
@@ -166,6 +184,11 @@ pub struct ShardCluster {
     groups: RefCell<HashMap<String, Group>>,
     /// Groups to poll.
     dirty: RefCell<HashSet<String>>,
+    /// Groups ticked at each [`TICK`]: every group but the quiet ones
+    /// ([`ShardCluster::quiet`]).
+    awake: RefCell<HashSet<String>>,
+    /// The peers' touch at the last tick: a change wakes every group.
+    touch: RefCell<liveness::View>,
     wake: Notify,
     /// Forwarded proposals waiting for their reply, by request number.
     requests: RefCell<HashMap<u64, oneshot::Sender<Reply>>>,
@@ -199,12 +222,15 @@ const FRESH_GRACE: Duration = Duration::from_secs(3);
 impl ShardCluster {
     pub fn new(cfg: ClusterConfig, shard_index: usize) -> ShardCluster {
         STARTED.get_or_init(Instant::now);
+        liveness::init(&cfg.peers.iter().map(|m| m.replica).collect::<Vec<_>>());
         let links = Links::new(&cfg);
         ShardCluster {
             cfg: Rc::new(cfg),
             links,
             groups: RefCell::new(HashMap::new()),
             dirty: RefCell::new(HashSet::new()),
+            awake: RefCell::new(HashSet::new()),
+            touch: RefCell::new(liveness::View::default()),
             wake: Notify::default(),
             requests: RefCell::new(HashMap::new()),
             next_request: Cell::new(1),
@@ -393,8 +419,12 @@ impl ShardCluster {
                 ),
                 journal_file: None,
                 journal_started_at: 0,
+                idle_ticks: 0,
+                leader_contact: None,
+                replica_contact: HashMap::new(),
             },
         );
+        self.awake.borrow_mut().insert(topic.to_string());
         log::info!(
             "TOPIC({topic}): replicated on {} members",
             voters.len() + learners.len()
@@ -402,9 +432,51 @@ impl ShardCluster {
         true
     }
 
+    /// Something happened to `topic`'s group: it is polled, and ticked until it is
+    /// quiet again.
     fn mark(&self, topic: &str) {
         self.dirty.borrow_mut().insert(topic.to_string());
+        if !self.awake.borrow().contains(topic) {
+            self.awake.borrow_mut().insert(topic.to_string());
+        }
         self.wake.notify();
+    }
+
+    /// Whether `g` may go without ticks now (docs/replication.md, "Quiet groups"): it
+    /// has been idle for [`QUIET_TICKS`], nothing waits on it, its Raft state is
+    /// [settled](TopicGroup::settled), and the members it relies on are in touch under
+    /// the contact they last answered under: on the leader, every replica (this
+    /// shard's connection to it up); on a follower, its leader (whose append or
+    /// heartbeat came since the leader last came into touch). A stopped group is quiet
+    /// for good.
+    fn quiet(&self, g: &Group, touch: &liveness::View) -> bool {
+        if g.stopped {
+            return true;
+        }
+        if g.idle_ticks < QUIET_TICKS || !g.waiters.is_empty() || !g.group.settled() {
+            return false;
+        }
+        let me = self.cfg.me.replica;
+        if g.group.is_leader() {
+            g.group
+                .voters()
+                .into_iter()
+                .chain(g.group.learners())
+                .filter(|&r| r != me)
+                .all(|r| {
+                    self.links.connected(r)
+                        && touch
+                            .contact(r)
+                            .is_some_and(|c| g.replica_contact.get(&r) == Some(&c))
+                })
+        } else {
+            match (g.group.leader(), g.leader_contact) {
+                (Some(leader), Some((heard, contact))) => {
+                    leader == heard && touch.contact(leader) == Some(contact)
+                }
+                _ => false,
+            }
+        }
     }
 
     /// A frame from peer `from` for a topic this shard owns (or a reply to a request
@@ -420,11 +492,35 @@ impl ShardCluster {
                 if !self.ensure_group_for(server, &topic, invited) {
                     return;
                 }
-                let stepped = self
-                    .groups
-                    .borrow_mut()
-                    .get_mut(&topic)
-                    .map(|g| g.group.step(message));
+                let kind = message.get_msg_type();
+                let stepped = self.groups.borrow_mut().get_mut(&topic).map(|g| {
+                    let sender = message.from;
+                    let r = g.group.step(message);
+                    // What a quiet group relies on (`quiet`): whom it heard from, under
+                    // which contact, and whether anything but a heartbeat came.
+                    match kind {
+                        MessageType::MsgAppend
+                        | MessageType::MsgHeartbeat
+                        | MessageType::MsgSnapshot
+                            if g.group.leader() == Some(sender) =>
+                        {
+                            g.leader_contact = Some((sender, liveness::contact(sender)));
+                        }
+                        MessageType::MsgAppendResponse | MessageType::MsgHeartbeatResponse
+                            if g.group.is_leader() =>
+                        {
+                            g.replica_contact.insert(sender, liveness::contact(sender));
+                        }
+                        _ => {}
+                    }
+                    if !matches!(
+                        kind,
+                        MessageType::MsgHeartbeat | MessageType::MsgHeartbeatResponse
+                    ) {
+                        g.idle_ticks = 0;
+                    }
+                    r
+                });
                 if let Some(Err(e)) = stepped {
                     log::debug!("TOPIC({topic}): Raft message from {from} refused: {e}");
                 }
@@ -448,7 +544,7 @@ impl ShardCluster {
                     let _ = tx.send(reply);
                 }
             }
-            Frame::Hello(_) => {}
+            Frame::Hello(_) | Frame::Ping => {}
         }
     }
 
@@ -464,7 +560,23 @@ impl ShardCluster {
                 return;
             }
             match g.group.poll() {
-                Ok(o) => o,
+                Ok(o) => {
+                    use nsq_replication::raft::eraftpb::MessageType;
+                    let heartbeats_only = o.restore.is_none()
+                        && o.committed.is_empty()
+                        && o.leadership.is_none()
+                        && o.voters.is_none()
+                        && o.messages.iter().chain(&o.persisted_messages).all(|m| {
+                            matches!(
+                                m.get_msg_type(),
+                                MessageType::MsgHeartbeat | MessageType::MsgHeartbeatResponse
+                            )
+                        });
+                    if !heartbeats_only {
+                        g.idle_ticks = 0;
+                    }
+                    o
+                }
                 Err(e) => {
                     drop(groups);
                     self.stop_group(server, topic, &e.to_string());
@@ -655,6 +767,13 @@ impl ShardCluster {
             let Some(g) = groups.get_mut(topic) else {
                 return;
             };
+            // A leader that stops makes the replica with the most of the log campaign
+            // at once: the followers of a quiet group would otherwise wait for it.
+            if let Some(m) = g.group.handoff() {
+                if let Ok(f) = wire::encode_frame(topic, &m) {
+                    self.links.send(m.to, f);
+                }
+            }
             g.stopped = true;
             g.journal_file = None;
             for w in g.waiters.drain(..) {
@@ -823,6 +942,8 @@ impl ShardCluster {
             }),
             // A stopped group serves nothing, whatever raft-rs last said.
             "is_leader": g.group.is_leader() && !g.stopped,
+            // Not ticked: nothing under way and the members in touch (`quiet`).
+            "quiet": !self.awake.borrow().contains(topic),
             // Replication of the topic stopped on this member ([`ShardCluster::stop_group`]:
             // its log says why); a restart starts it again.
             "stopped": g.stopped,
@@ -862,7 +983,7 @@ impl ShardCluster {
 /// Logs the topics whose vote rules gave way at one tick ([`FloorRelaxed`]): index 0
 /// restarted members that now vote for a member with entries, 1 members without saved
 /// state that do, 2 restarted members that dropped their floor.
-fn log_relaxed(relaxed: &[Vec<&str>; 3]) {
+fn log_relaxed(relaxed: &[Vec<String>; 3]) {
     let relax = (TICK * nsq_replication::FLOOR_RELAX_TICKS).as_secs();
     let drop = (TICK * nsq_replication::FLOOR_DROP_TICKS).as_secs();
     let texts = [
@@ -883,7 +1004,7 @@ fn log_relaxed(relaxed: &[Vec<&str>; 3]) {
             many => log::warn!(
                 "{} topics (first {}): {text}",
                 many.len(),
-                many.iter().take(3).copied().collect::<Vec<_>>().join(", ")
+                many.iter().take(3).cloned().collect::<Vec<_>>().join(", ")
             ),
         }
     }
@@ -903,27 +1024,46 @@ async fn driver(server: Rc<Server>) {
         if now >= next_tick {
             let mut groups = c.groups.borrow_mut();
             let mut dirty = c.dirty.borrow_mut();
+            let mut awake = c.awake.borrow_mut();
+            // A peer went out of touch or came back: every group ticks until it is
+            // quiet again (a follower whose leader is gone elects another).
+            let touch = liveness::View::now();
+            if *c.touch.borrow() != touch {
+                awake.extend(groups.keys().cloned());
+                c.touch.replace(touch.clone());
+            }
             // Topics whose vote rules gave way at this tick, by how (logged once per
             // tick, not once per topic).
-            let mut relaxed: [Vec<&str>; 3] = [Vec::new(), Vec::new(), Vec::new()];
-            for (t, g) in groups.iter_mut() {
-                match g.group.tick() {
-                    Some(FloorRelaxed::ForKeptLogs) => relaxed[0].push(t),
-                    Some(FloorRelaxed::FreshVotes) => relaxed[1].push(t),
-                    Some(FloorRelaxed::Dropped) => relaxed[2].push(t),
-                    None => {}
-                }
-                // Polled only when the tick gave raft-rs something to do (a heartbeat
-                // due, an election) or the vote floor on disk is behind what was
-                // applied (process saves it): most ticks of a quiet group do neither.
+            let mut relaxed: [Vec<String>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+            awake.retain(|t| {
+                let Some(g) = groups.get_mut(t) else {
+                    return false;
+                };
+                // Polled when the vote floor on disk is behind what was applied
+                // (process saves it).
                 let floor_behind = server.shard.opts.data_path.is_some()
                     && g.group
                         .applied_position()
                         .is_some_and(|p| p > g.vote.saved.floor);
-                if g.group.has_ready() || floor_behind {
+                if floor_behind {
+                    dirty.insert(t.clone());
+                } else if c.quiet(g, &touch) {
+                    return false;
+                }
+                match g.group.tick() {
+                    Some(FloorRelaxed::ForKeptLogs) => relaxed[0].push(t.clone()),
+                    Some(FloorRelaxed::FreshVotes) => relaxed[1].push(t.clone()),
+                    Some(FloorRelaxed::Dropped) => relaxed[2].push(t.clone()),
+                    None => {}
+                }
+                g.idle_ticks = g.idle_ticks.saturating_add(1);
+                // Polled only when the tick gave raft-rs something to do (a heartbeat
+                // due, an election): most ticks of an idle group do not.
+                if g.group.has_ready() {
                     dirty.insert(t.clone());
                 }
-            }
+                true
+            });
             log_relaxed(&relaxed);
             next_tick = now + TICK;
         }

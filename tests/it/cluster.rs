@@ -584,6 +584,99 @@ fn a_killed_leader_is_replaced_and_its_unfinished_messages_delivered() {
     );
 }
 
+/// `topic`'s entry in member `i`'s `GET /cluster` (Null when it has none or did not
+/// answer).
+fn group_of(c: &Cluster, i: usize, topic: &str) -> serde_json::Value {
+    c.state(i)["topics"]
+        .as_array()
+        .and_then(|ts| ts.iter().find(|t| t["topic"] == topic).cloned())
+        .unwrap_or_default()
+}
+
+/// Waits until the members in `members` all report `topic`'s group quiet (not ticked).
+fn wait_quiet(c: &Cluster, members: &[usize], topic: &str) {
+    wait_for(&format!("{topic}'s group quiet on {members:?}"), || {
+        members
+            .iter()
+            .all(|&i| group_of(c, i, topic)["quiet"] == true)
+    });
+}
+
+#[test]
+fn quiet_groups_take_publishes_and_elect_a_leader_when_theirs_is_stopped_or_killed() {
+    let mut c = Cluster::start([1, 2, 1], &[]);
+    let topic = "quiet";
+    c.elect(topic);
+    c.node(0).http_pub(topic, b"m0");
+    let leader = c.wait_leader(topic);
+    // Nothing under way: no member ticks the group, and with the members in touch
+    // nobody starts an election however long it stays so.
+    wait_quiet(&c, &[0, 1, 2], topic);
+    let term = group_of(&c, leader, topic)["term"].as_u64().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    for i in 0..3 {
+        let g = group_of(&c, i, topic);
+        assert_eq!(g["quiet"], true, "member {i}: {g}");
+        assert_eq!(g["term"].as_u64(), Some(term), "member {i}: {g}");
+    }
+    assert_eq!(c.leader(topic), Some(leader));
+    // A publish through a follower wakes the group; it is quiet again afterwards.
+    let follower = (leader + 1) % 3;
+    c.node(follower).http_pub(topic, b"m1");
+    wait_quiet(&c, &[0, 1, 2], topic);
+    // The leader stopped (a stand-in for a host cut off): the followers hear nothing
+    // from it, tick again and elect one of them.
+    let others: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    c.node(leader).signal(19);
+    let stopped_at = Instant::now();
+    let mut new_leader = None;
+    wait_for("a leader among the members still running", || {
+        let named: Vec<serde_json::Value> =
+            others.iter().map(|&i| group_of(&c, i, topic)).collect();
+        new_leader = others
+            .iter()
+            .copied()
+            .find(|&i| named[others.iter().position(|&o| o == i).unwrap()]["is_leader"] == true);
+        new_leader.is_some()
+            && named
+                .iter()
+                .all(|g| g["leader"].as_str() == Some(c.addresses[new_leader.unwrap()].as_str()))
+    });
+    let took = stopped_at.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "elected {took:?} after the stop"
+    );
+    let new_leader = new_leader.unwrap();
+    c.node(others[0]).http_pub(topic, b"m2");
+    // Back: the old leader follows the new one, and the group goes quiet everywhere.
+    c.node(leader).signal(18);
+    wait_for("the stopped member following the new leader", || {
+        let g = group_of(&c, leader, topic);
+        g["is_leader"] == false && g["leader"].as_str() == Some(c.addresses[new_leader].as_str())
+    });
+    c.node(others[1]).http_pub(topic, b"m3");
+    wait_quiet(&c, &[0, 1, 2], topic);
+    // Killed while quiet: its connections close and the other two elect at once.
+    c.kill9(new_leader);
+    let killed_at = Instant::now();
+    let survivor = (0..3).find(|&i| i != new_leader).unwrap();
+    c.node(survivor).http_pub(topic, b"m4");
+    let took = killed_at.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "a publish after the kill took {took:?}"
+    );
+    let last = c.wait_leader(topic);
+    assert_ne!(last, new_leader);
+    // Nothing acknowledged is missing on the survivors.
+    for i in c.up().collect::<Vec<_>>() {
+        wait_for(&format!("member {i} holding the 5 messages"), || {
+            c.topic_depth(i, topic) == Some(5)
+        });
+    }
+}
+
 #[test]
 fn a_publish_needs_a_quorum_and_a_restarted_member_catches_up() {
     let mut c = Cluster::start([1, 2, 1], &[]);

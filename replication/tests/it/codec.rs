@@ -3,8 +3,8 @@
 
 use nsq_replication::entry::{ENTRY_VERSION, MAX_NAME_LEN};
 use nsq_replication::wire::{
-    decode_frame, encode_frame, encode_hello, encode_propose, encode_reply, EncodeError, Frame,
-    Hello, Reply, MAX_FRAME_LEN,
+    decode_frame, encode_frame, encode_hello, encode_ping, encode_propose, encode_reply,
+    EncodeError, Frame, Hello, Reply, MAX_FRAME_LEN,
 };
 use nsq_replication::{ChannelOp, DecodeError, Entry, Message, PendingMessage, RaftMessage};
 use raft::eraftpb::{Entry as RaftEntry, MessageType};
@@ -264,6 +264,15 @@ fn hello_propose_and_reply_frames_round_trip() {
         panic!("not a failure: {got:?}");
     };
     assert_eq!(text, "é".repeat(512));
+}
+
+#[test]
+fn a_ping_is_six_bytes_and_carries_nothing() {
+    let ping = encode_ping();
+    assert_eq!(ping, [2, 0, 0, 0, 2, 5]);
+    assert_eq!(decode_frame(&ping), Ok(Some((Frame::Ping, 6))));
+    // A ping with a payload is out of step.
+    assert!(decode_frame(&[3, 0, 0, 0, 2, 5, 0]).is_err());
 }
 
 #[test]

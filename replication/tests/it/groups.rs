@@ -383,3 +383,63 @@ fn ack_policies_wait_for_leader_quorum_or_all() {
 fn state_of(sim: &Sim, id: u64, p: nsq_replication::ProposalId, policy: AckPolicy) -> AckState {
     sim.node(id).group().ack_state(p, policy)
 }
+
+#[test]
+fn a_group_is_settled_once_every_replica_holds_the_log_and_knows_the_commit() {
+    let mut sim = Sim::new(3, 9);
+    let (leader, _) = sim.await_leader(None, 4 * MAX_TIMEOUT);
+    sim.run(3);
+    for id in sim.ids() {
+        assert!(
+            sim.node(id).group().settled(),
+            "node {id} after the election"
+        );
+    }
+    let ids = sim.ids();
+    let lagging = *ids.iter().find(|&&i| i != leader).unwrap();
+    let other = *ids.iter().find(|&&i| i != leader && i != lagging).unwrap();
+    sim.cut_link(leader, lagging);
+    sim.propose(leader, &publish(1)).unwrap();
+    // Proposed, not yet committed: nothing is settled on the leader.
+    assert!(!sim.node(leader).group().settled());
+    sim.run(3);
+    // Committed with the other follower; one replica lacks it, so the leader is not
+    // settled (it must keep sending), while the followers know of nothing missing.
+    assert!(!sim.node(leader).group().settled());
+    assert!(sim.node(other).group().settled());
+    sim.heal();
+    sim.run(3);
+    for id in sim.ids() {
+        assert!(sim.node(id).group().settled(), "node {id} once healed");
+    }
+    // A leadership transfer under way: not settled until it is done.
+    sim.cut_link(leader, other);
+    sim.group(leader).transfer_leader(other);
+    sim.settle();
+    assert!(!sim.node(leader).group().settled());
+    sim.heal();
+    // A candidate is never settled.
+    sim.isolate(lagging);
+    sim.run(3 * MAX_TIMEOUT);
+    assert!(!sim.node(lagging).group().settled());
+}
+
+#[test]
+fn a_handoff_from_a_leader_that_stops_elects_another_at_once() {
+    let mut sim = Sim::new(3, 10);
+    let (leader, _) = sim.await_leader(None, 4 * MAX_TIMEOUT);
+    sim.propose(leader, &publish(1)).unwrap();
+    sim.run(3);
+    let ids = sim.ids();
+    let follower = *ids.iter().find(|&&i| i != leader).unwrap();
+    assert!(sim.node(follower).group().handoff().is_none());
+    let m = sim.node(leader).group().handoff().expect("a handoff");
+    let to = m.to;
+    assert_ne!(to, leader);
+    sim.crash(leader);
+    // Delivered without a tick: the voter campaigns at once and the other votes for it.
+    sim.deliver_now(m);
+    sim.settle();
+    assert_eq!(sim.leader(), Some(to));
+    assert_eq!(sim.applied(to), vec![publish(1)]);
+}

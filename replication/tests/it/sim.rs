@@ -186,6 +186,11 @@ impl Sim {
         }
     }
 
+    /// Delivers one message now (dropped if its link is cut or its node is down).
+    pub fn deliver_now(&mut self, m: RaftMessage) {
+        self.deliver(m);
+    }
+
     fn deliver(&mut self, m: RaftMessage) {
         let (from, to) = (m.from, m.to);
         let snapshot = m.get_msg_type() == MessageType::MsgSnapshot;

@@ -54,8 +54,7 @@ impl ShardCluster {
                     if g.group.propose(&Entry::Compact { index: declare }).is_ok() {
                         g.retention.safe = declare;
                     }
-                    self.dirty.borrow_mut().insert(topic.clone());
-                    self.wake.notify();
+                    self.mark(topic);
                 }
                 target = everywhere;
             }

@@ -413,6 +413,7 @@ impl ShardCluster {
         self.groups.borrow_mut().remove(topic);
         self.led.borrow_mut().remove(topic);
         self.dirty.borrow_mut().remove(topic);
+        self.awake.borrow_mut().remove(topic);
         match server.shard.admin(AdminOp::DeleteTopic(topic.to_string())) {
             Ok(()) | Err(AdminError::TopicNotFound) => {}
             Err(e) => log::warn!("TOPIC({topic}): not deleted here: {e:?}"),

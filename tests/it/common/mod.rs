@@ -150,6 +150,12 @@ impl Broker {
         self.daemon.pid()
     }
 
+    /// Sends signal `sig` to the broker (19 SIGSTOP, 18 SIGCONT: a stand-in for a host
+    /// cut off and back).
+    pub fn signal(&self, sig: i32) {
+        self.daemon.signal(sig);
+    }
+
     /// Performs one HTTP/1.1 request (Connection: close) and returns the raw response
     /// bytes: status line, headers and body exactly as sent.
     pub fn http_raw(&self, method: &str, path_and_query: &str, body: &[u8]) -> Vec<u8> {

@@ -1,0 +1,150 @@
+//! Which peers this member is in touch with, for all its shards: what lets a quiet
+//! group stop ticking (docs/replication.md, "Quiet groups").
+//!
+//! Every frame a peer's connection delivers (shard 0 reads them all) counts as
+//! hearing from the peer, and a connection with nothing to send writes a
+//! [`Frame::Ping`](nsq_replication::wire::Frame::Ping) every [`PING_EVERY`]. A peer is
+//! *in touch* while one of its connections is open and it was heard within
+//! [`SILENT_AFTER`]. Each peer also has a *contact* number that changes whenever touch
+//! was lost and found again (a connection closed or opened, a silence ended): a
+//! follower that confirmed its leader under one contact number must hear from the
+//! leader again under a new one before it stops ticking again, so a leader that
+//! restarted, or was stopped and went on, is never trusted on the strength of what it
+//! said before.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// How long a member connection with nothing to send waits before it writes a ping.
+pub const PING_EVERY: Duration = Duration::from_millis(100);
+
+/// A peer not heard from for this long is out of touch (a stopped process, a host cut
+/// off): the followers of the groups it leads tick again and elect another leader
+/// within an election timeout (0.5-0.95 s) after it.
+pub const SILENT_AFTER: Duration = Duration::from_millis(400);
+
+struct Peer {
+    replica: u64,
+    /// Milliseconds since [`EPOCH`] when a frame last came from the peer (0: never).
+    heard_ms: AtomicU64,
+    /// The peer's connections to this member that are open.
+    open: AtomicU64,
+    /// The contact number.
+    contact: AtomicU64,
+}
+
+static PEERS: OnceLock<Vec<Peer>> = OnceLock::new();
+static EPOCH: OnceLock<Instant> = OnceLock::new();
+
+fn now_ms() -> u64 {
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    // Never 0, which means "never heard".
+    u64::try_from(epoch.elapsed().as_millis())
+        .unwrap_or(u64::MAX)
+        .saturating_add(1)
+}
+
+fn peer(replica: u64) -> Option<&'static Peer> {
+    PEERS.get()?.iter().find(|p| p.replica == replica)
+}
+
+/// Sets up the table for the peers' replica ids (the first call wins: every shard has
+/// the same members).
+pub fn init(replicas: &[u64]) {
+    EPOCH.get_or_init(Instant::now);
+    PEERS.get_or_init(|| {
+        replicas
+            .iter()
+            .map(|&replica| Peer {
+                replica,
+                heard_ms: AtomicU64::new(0),
+                open: AtomicU64::new(0),
+                contact: AtomicU64::new(0),
+            })
+            .collect()
+    });
+}
+
+/// A connection from peer `replica` was greeted: it is heard now, under a new contact
+/// number.
+pub fn opened(replica: u64) {
+    if let Some(p) = peer(replica) {
+        p.open.fetch_add(1, Ordering::Relaxed);
+        p.contact.fetch_add(1, Ordering::Relaxed);
+        p.heard_ms.store(now_ms(), Ordering::Relaxed);
+    }
+}
+
+/// A greeted connection from peer `replica` closed.
+pub fn closed(replica: u64) {
+    if let Some(p) = peer(replica) {
+        // Saturating: never below 0 whatever the order of calls.
+        let _ = p
+            .open
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        p.contact.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A frame came from peer `replica`. After a silence of [`SILENT_AFTER`] or more, the
+/// contact number changes.
+pub fn heard(replica: u64) {
+    if let Some(p) = peer(replica) {
+        let now = now_ms();
+        let before = p.heard_ms.swap(now, Ordering::Relaxed);
+        if now.saturating_sub(before) >= silent_ms() {
+            p.contact.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn silent_ms() -> u64 {
+    u64::try_from(SILENT_AFTER.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Each peer's touch as of now: `(replica, in touch, contact number)`, in the order of
+/// `--cluster-peer`. Two views differ exactly when some peer's touch changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct View(Vec<(u64, bool, u64)>);
+
+impl View {
+    /// Reads the table now.
+    #[must_use]
+    pub fn now() -> View {
+        let now = now_ms();
+        View(
+            PEERS
+                .get()
+                .map(|peers| {
+                    peers
+                        .iter()
+                        .map(|p| {
+                            let heard = p.heard_ms.load(Ordering::Relaxed);
+                            let touch = p.open.load(Ordering::Relaxed) > 0
+                                && heard != 0
+                                && now.saturating_sub(heard) < silent_ms();
+                            (p.replica, touch, p.contact.load(Ordering::Relaxed))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+        )
+    }
+
+    /// Peer `replica`'s contact number while it is in touch (`None`: out of touch, or
+    /// not a peer).
+    #[must_use]
+    pub fn contact(&self, replica: u64) -> Option<u64> {
+        self.0
+            .iter()
+            .find(|(r, _, _)| *r == replica)
+            .and_then(|&(_, touch, contact)| touch.then_some(contact))
+    }
+}
+
+/// Peer `replica`'s contact number now (what a group records when it hears from it).
+#[must_use]
+pub fn contact(replica: u64) -> u64 {
+    peer(replica).map_or(0, |p| p.contact.load(Ordering::Relaxed))
+}
