@@ -876,28 +876,44 @@ impl<S: LogStore> TopicGroup<S> {
         }
     }
 
-    /// On a leader that stops serving the group (its store failed): a message that
-    /// makes the voter holding the most of the log campaign at once (raft-rs's
-    /// `MsgTimeoutNow`, what ends a leadership transfer), so that the others elect a
-    /// leader without waiting for their election timeout, which a follower of a quiet
-    /// group does not run. `None` on a follower or without another voter.
+    /// On a leader that stops serving the group (its store failed): messages that make
+    /// the other voters campaign at once (raft-rs's `MsgTimeoutNow`, what ends a
+    /// leadership transfer), the one holding the most of the log first, so that they
+    /// elect a leader without waiting for an election timeout, which a follower of a
+    /// quiet group does not run. Two that campaign in the same term split its votes and
+    /// elect in the next. Empty on a follower.
     #[must_use]
-    pub fn handoff(&self) -> Option<RaftMessage> {
+    pub fn handoff(&self) -> Vec<RaftMessage> {
         if !self.is_leader() {
-            return None;
+            return Vec::new();
         }
         let me = self.id();
-        let to = self
-            .voters()
-            .into_iter()
-            .filter(|&v| v != me)
-            .max_by_key(|&v| self.matched(v).unwrap_or(0))?;
+        let mut to: Vec<u64> = self.voters().into_iter().filter(|&v| v != me).collect();
+        to.sort_by_key(|&v| std::cmp::Reverse(self.matched(v).unwrap_or(0)));
+        to.into_iter()
+            .map(|v| {
+                let mut m = RaftMessage::default();
+                m.set_msg_type(raft::eraftpb::MessageType::MsgTimeoutNow);
+                m.from = me;
+                m.to = v;
+                m.term = self.term();
+                m
+            })
+            .collect()
+    }
+
+    /// On the leader: a heartbeat to every replica now (raft-rs's `MsgBeat`), sent by
+    /// the next [`poll`](Self::poll); what a quiet group's leader sends now and then so
+    /// that its followers know it still leads. A no-op elsewhere.
+    pub fn heartbeat(&mut self) {
+        if !self.is_leader() {
+            return;
+        }
         let mut m = RaftMessage::default();
-        m.set_msg_type(raft::eraftpb::MessageType::MsgTimeoutNow);
-        m.from = me;
-        m.to = to;
-        m.term = self.term();
-        Some(m)
+        m.set_msg_type(raft::eraftpb::MessageType::MsgBeat);
+        m.from = self.id();
+        // A local message: raft-rs's own tick sends the same one.
+        let _ = self.node.raft.step(m);
     }
 
     /// True while a membership change is proposed and not yet applied here (raft-rs

@@ -2,7 +2,7 @@
 //! group, and proposals forwarded to a group's leader with their answers.
 //!
 //! ```text
-//! frame   = len u32 LE (bytes after this field) | version u8 (= 2) | kind u8 | payload
+//! frame   = len u32 LE (bytes after this field) | version u8 (= 3) | kind u8 | payload
 //! kind 1  Hello   : node_id u16 | replica u64 | addr_len u8 | addr | tcp_len u8 | tcp
 //! kind 2  Raft    : topic_len u8 | topic | eraftpb.Message (protobuf)
 //! kind 3  Propose : request u64 | topic_len u8 | topic | entry (crate::entry encoding)
@@ -10,8 +10,8 @@
 //!           status 0 Acked
 //!           status 1 NotLeader : leader u64 (0: none known)
 //!           status 2 Failed    : text_len u16 | text (UTF-8)
-//! kind 5  Ping    : (empty) the sender is alive; written on a connection that has had
-//!                   nothing else to send for a while
+//! kind 5  Ping    : contact u64: the sender is alive, and its contact number for the
+//!                   receiver (src/cluster/liveness.rs); every 100 ms on each connection
 //! ```
 //!
 //! All integers are little-endian. A frame is at most [`MAX_FRAME_LEN`] bytes after the
@@ -25,7 +25,7 @@ use raft::eraftpb::Message as RaftMessage;
 use crate::entry::{DecodeError, MAX_NAME_LEN};
 
 /// The frame version this crate writes and reads.
-pub const FRAME_VERSION: u8 = 2;
+pub const FRAME_VERSION: u8 = 3;
 
 /// The largest frame, in bytes after the length field: a group's appends are cut at
 /// `GroupConfig::max_size_per_msg` (1 MiB by default), nsqd's bodies at 1 MiB by
@@ -92,10 +92,13 @@ pub enum Frame {
         /// The answer.
         reply: Reply,
     },
-    /// The sender is alive: what a connection carries when it has nothing else to send,
-    /// so that a peer that stops (a killed host, a stopped process) is noticed without
-    /// a heartbeat per topic.
-    Ping,
+    /// The sender is alive (a peer that stops, a killed host or a stopped process, is
+    /// noticed without a heartbeat per topic); `contact`: the sender's contact number for
+    /// the receiver, so that both ends see when either lost touch.
+    Ping {
+        /// The sender's contact number for the receiver.
+        contact: u64,
+    },
 }
 
 /// Why a frame could not be written.
@@ -198,9 +201,10 @@ pub fn encode_propose(request: u64, topic: &str, entry: &[u8]) -> Result<Vec<u8>
 
 /// Writes a [`Frame::Ping`].
 #[must_use]
-pub fn encode_ping() -> Vec<u8> {
-    let mut out = start(KIND_PING, 0);
-    out[..4].copy_from_slice(&2u32.to_le_bytes());
+pub fn encode_ping(contact: u64) -> Vec<u8> {
+    let mut out = start(KIND_PING, 8);
+    out.extend_from_slice(&contact.to_le_bytes());
+    out[..4].copy_from_slice(&10u32.to_le_bytes());
     out
 }
 
@@ -350,8 +354,9 @@ pub fn decode_frame(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
             Frame::Reply { request, reply }
         }
         KIND_PING => {
+            let contact = r.u64()?;
             r.end()?;
-            Frame::Ping
+            Frame::Ping { contact }
         }
         k => return Err(DecodeError::Tag(k)),
     };

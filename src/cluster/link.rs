@@ -3,8 +3,8 @@
 //!
 //! Each shard keeps one outgoing connection to each peer, used only for sending: it
 //! greets with a [`Hello`], then writes frames ([`nsq_replication::wire`]) as its groups
-//! produce them, and a ping when it has had nothing to send for
-//! [`liveness::PING_EVERY`] (what tells the peer this member is alive). Shard 0 listens on `--cluster-address`; an accepted connection is only
+//! produce them, and a ping every [`liveness::PING_EVERY`] (what tells the peer this
+//! member is alive). Shard 0 listens on `--cluster-address`; an accepted connection is only
 //! read: after the peer's greeting is checked (a listed member, its replica id, a
 //! `--node-id` that differs from this node's), each frame goes to the shard that owns
 //! its topic, and a [`Frame::Reply`] to the shard that sent the request (the request
@@ -93,6 +93,11 @@ impl Links {
         self.peers
             .iter()
             .any(|p| p.member.replica == to && p.connected.get())
+    }
+
+    /// Whether each of this shard's connections is up, in the order of the peers.
+    pub fn connected_all(&self) -> Vec<bool> {
+        self.peers.iter().map(|p| p.connected.get()).collect()
     }
 
     /// Queues `frame` for the peer with replica id `to` (dropped when `to` is not a
@@ -247,6 +252,8 @@ async fn write_loop<S: AsyncRead + AsyncWrite + Unpin>(
     stream.flush().await?;
     p.connected.set(true);
     let mut buf = Vec::new();
+    // The first ping goes with the first frames after the greeting.
+    let mut last_ping: Option<std::time::Instant> = None;
     loop {
         {
             let mut q = p.queue.borrow_mut();
@@ -259,37 +266,35 @@ async fn write_loop<S: AsyncRead + AsyncWrite + Unpin>(
             p.queued_bytes
                 .set(p.queued_bytes.get().saturating_sub(buf.len()));
         }
+        if last_ping.is_none_or(|at| at.elapsed() >= liveness::PING_EVERY) {
+            buf.extend_from_slice(&wire::encode_ping(liveness::own_count(p.member.replica)));
+            last_ping = Some(std::time::Instant::now());
+        }
         if buf.is_empty() {
             if server.shard.shutdown.is_set() {
                 return Ok(());
             }
             // The peer never writes on this connection: a read that completes means it
             // closed or reset it (a killed peer), seen at once rather than at the next
-            // write. With nothing to send for PING_EVERY, a ping tells the peer this
-            // member is alive (liveness).
+            // write. The next ping is due within PING_EVERY.
             let mut probe = [0u8; 1];
             let wake = std::pin::pin!(p.wake.wait());
             let stop = std::pin::pin!(server.shard.shutdown.wait());
-            let ping = std::pin::pin!(glommio::timer::sleep(liveness::PING_EVERY));
+            let due = last_ping.map_or(Duration::ZERO, |at| {
+                liveness::PING_EVERY.saturating_sub(at.elapsed())
+            });
+            let ping = std::pin::pin!(glommio::timer::sleep(due));
             let closed = std::pin::pin!(stream.read(&mut probe));
             let waited = futures::future::select(wake, futures::future::select(stop, ping));
-            match futures::future::select(waited, closed).await {
-                futures::future::Either::Left((futures::future::Either::Right((r, _)), _)) => {
-                    if let futures::future::Either::Right(_) = r {
-                        buf.extend_from_slice(&wire::encode_ping());
-                    }
-                }
-                futures::future::Either::Left(_) => {}
-                futures::future::Either::Right((r, _)) => {
-                    return Err(match r {
-                        Ok(_) => std::io::Error::other("the peer closed the connection"),
-                        Err(e) => e,
-                    });
-                }
+            if let futures::future::Either::Right((r, _)) =
+                futures::future::select(waited, closed).await
+            {
+                return Err(match r {
+                    Ok(_) => std::io::Error::other("the peer closed the connection"),
+                    Err(e) => e,
+                });
             }
-            if buf.is_empty() {
-                continue;
-            }
+            continue;
         }
         stream.write_all(&buf).await?;
         // TLS keeps what it encrypted until flushed; plain TCP has nothing to flush.
@@ -415,6 +420,15 @@ async fn read_loop<S: AsyncRead + Unpin>(
                     f
                 }
                 Ok(None) => break,
+                Err(nsq_replication::DecodeError::Version(v)) => {
+                    // Once a minute: the peer dials again every REDIAL.
+                    let e = format!(
+                        "a peer speaks frame version {v}, this member {}: every member must run the same release; its connection is refused",
+                        wire::FRAME_VERSION
+                    );
+                    log_once(&format!("frame version {v}"), &e, log::Level::Error);
+                    return Err(std::io::Error::other(e));
+                }
                 Err(e) => return Err(std::io::Error::other(format!("bad frame: {e}"))),
             };
             match (from, frame) {
@@ -429,7 +443,7 @@ async fn read_loop<S: AsyncRead + Unpin>(
                 (Some(_), Frame::Hello(_)) => {
                     return Err(std::io::Error::other("a second greeting"))
                 }
-                (Some(peer), Frame::Ping) => liveness::heard(peer),
+                (Some(peer), Frame::Ping { contact }) => liveness::pinged(peer, contact),
                 (Some(peer), frame) => {
                     liveness::heard(peer);
                     super::replica::route(server, peer, frame).await;

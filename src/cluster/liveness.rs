@@ -2,21 +2,23 @@
 //! group stop ticking (docs/replication.md, "Quiet groups").
 //!
 //! Every frame a peer's connection delivers (shard 0 reads them all) counts as
-//! hearing from the peer, and a connection with nothing to send writes a
+//! hearing from the peer, and each connection writes a
 //! [`Frame::Ping`](nsq_replication::wire::Frame::Ping) every [`PING_EVERY`]. A peer is
 //! *in touch* while one of its connections is open and it was heard within
-//! [`SILENT_AFTER`]. Each peer also has a *contact* number that changes whenever touch
-//! was lost and found again (a connection closed or opened, a silence ended): a
-//! follower that confirmed its leader under one contact number must hear from the
-//! leader again under a new one before it stops ticking again, so a leader that
+//! [`SILENT_AFTER`]. This member counts, per peer, the times touch was lost and found
+//! again (a connection closed or opened, a silence ended), and each ping carries the
+//! sender's count for the receiver; a peer's *contact number* is the sum of both
+//! counts, so it changes on both members whenever either of them lost touch with the
+//! other. A follower that confirmed its leader under one contact number must hear from
+//! the leader again under a new one before it stops ticking again (a leader that
 //! restarted, or was stopped and went on, is never trusted on the strength of what it
-//! said before.
+//! said before), and the leader, which sees the same change, heartbeats meanwhile.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// How long a member connection with nothing to send waits before it writes a ping.
+/// How often each member connection writes a ping.
 pub const PING_EVERY: Duration = Duration::from_millis(100);
 
 /// A peer not heard from for this long is out of touch (a stopped process, a host cut
@@ -30,8 +32,10 @@ struct Peer {
     heard_ms: AtomicU64,
     /// The peer's connections to this member that are open.
     open: AtomicU64,
-    /// The contact number.
+    /// This member's count of the times touch with the peer was lost and found again.
     contact: AtomicU64,
+    /// The peer's count for this member, from its latest ping.
+    theirs: AtomicU64,
 }
 
 static PEERS: OnceLock<Vec<Peer>> = OnceLock::new();
@@ -61,6 +65,7 @@ pub fn init(replicas: &[u64]) {
                 heard_ms: AtomicU64::new(0),
                 open: AtomicU64::new(0),
                 contact: AtomicU64::new(0),
+                theirs: AtomicU64::new(0),
             })
             .collect()
     });
@@ -99,6 +104,28 @@ pub fn heard(replica: u64) {
     }
 }
 
+/// A ping from peer `replica` with its count for this member.
+pub fn pinged(replica: u64, theirs: u64) {
+    heard(replica);
+    if let Some(p) = peer(replica) {
+        // Stored as it comes: a restarted peer counts from 0 again. Pings of its
+        // several shards can cross a change for a moment; each wakes the groups once.
+        p.theirs.store(theirs, Ordering::Relaxed);
+    }
+}
+
+/// This member's count for peer `replica`: what its pings to the peer carry.
+#[must_use]
+pub fn own_count(replica: u64) -> u64 {
+    peer(replica).map_or(0, |p| p.contact.load(Ordering::Relaxed))
+}
+
+fn contact_of(p: &Peer) -> u64 {
+    p.contact
+        .load(Ordering::Relaxed)
+        .wrapping_add(p.theirs.load(Ordering::Relaxed))
+}
+
 fn silent_ms() -> u64 {
     u64::try_from(SILENT_AFTER.as_millis()).unwrap_or(u64::MAX)
 }
@@ -124,7 +151,7 @@ impl View {
                             let touch = p.open.load(Ordering::Relaxed) > 0
                                 && heard != 0
                                 && now.saturating_sub(heard) < silent_ms();
-                            (p.replica, touch, p.contact.load(Ordering::Relaxed))
+                            (p.replica, touch, contact_of(p))
                         })
                         .collect()
                 })
@@ -146,5 +173,5 @@ impl View {
 /// Peer `replica`'s contact number now (what a group records when it hears from it).
 #[must_use]
 pub fn contact(replica: u64) -> u64 {
-    peer(replica).map_or(0, |p| p.contact.load(Ordering::Relaxed))
+    peer(replica).map_or(0, contact_of)
 }

@@ -73,6 +73,20 @@ pub const CURSOR_EVERY: Duration = Duration::from_millis(100);
 /// is far from starting an election when it is woken.
 const QUIET_TICKS: u32 = 4;
 
+/// How often the leader of a quiet group heartbeats all the same: what keeps its
+/// followers quiet when nothing else comes ([`QUIET_LEASE`]).
+const QUIET_BEAT: Duration = Duration::from_secs(5);
+
+/// A follower stays quiet only while its leader's last append or heartbeat is younger
+/// than this (two [`QUIET_BEAT`]s and some): a leader whose member stays in touch but
+/// whose group stopped serving (a stuck shard, a lost hand-off) is replaced once it
+/// runs out, within this plus an election timeout.
+const QUIET_LEASE: Duration = Duration::from_secs(12);
+
+/// Every how many [`CURSOR_EVERY`] rounds log compaction and journal start-overs look
+/// at every group (1 s), where the other rounds look only at the awake ones.
+const SWEEP_EVERY: u32 = 10;
+
 /// The most unfinished messages of one channel a leader replicates one by one; a
 /// channel holding more is replicated by its low watermark only (docs/replication.md,
 /// "Guarantees").
@@ -151,9 +165,9 @@ struct Group {
     /// Ticks since anything but heartbeats happened to the group
     /// ([`ShardCluster::quiet`]).
     idle_ticks: u32,
-    /// On a follower: the leader it last had an append, heartbeat or snapshot from, and
-    /// that leader's contact number then ([`liveness`]).
-    leader_contact: Option<(u64, u64)>,
+    /// On a follower: the leader it last had an append, heartbeat or snapshot from,
+    /// that leader's contact number then ([`liveness`]) and when.
+    leader_contact: Option<(u64, u64, Instant)>,
     /// On the leader: each replica's contact number when it last answered an append or
     /// a heartbeat.
     replica_contact: HashMap<u64, u64>,
@@ -187,8 +201,9 @@ pub struct ShardCluster {
     /// Groups ticked at each [`TICK`]: every group but the quiet ones
     /// ([`ShardCluster::quiet`]).
     awake: RefCell<HashSet<String>>,
-    /// The peers' touch at the last tick: a change wakes every group.
-    touch: RefCell<liveness::View>,
+    /// The peers' touch and this shard's connections to them at the last tick: a change
+    /// wakes every group.
+    touch: RefCell<(liveness::View, Vec<bool>)>,
     wake: Notify,
     /// Forwarded proposals waiting for their reply, by request number.
     requests: RefCell<HashMap<u64, oneshot::Sender<Reply>>>,
@@ -230,7 +245,7 @@ impl ShardCluster {
             groups: RefCell::new(HashMap::new()),
             dirty: RefCell::new(HashSet::new()),
             awake: RefCell::new(HashSet::new()),
-            touch: RefCell::new(liveness::View::default()),
+            touch: RefCell::new((liveness::View::default(), Vec::new())),
             wake: Notify::default(),
             requests: RefCell::new(HashMap::new()),
             next_request: Cell::new(1),
@@ -447,8 +462,8 @@ impl ShardCluster {
     /// [settled](TopicGroup::settled), and the members it relies on are in touch under
     /// the contact they last answered under: on the leader, every replica (this
     /// shard's connection to it up); on a follower, its leader (whose append or
-    /// heartbeat came since the leader last came into touch). A stopped group is quiet
-    /// for good.
+    /// heartbeat came since the leader last came into touch, and within
+    /// [`QUIET_LEASE`]). A stopped group is quiet for good.
     fn quiet(&self, g: &Group, touch: &liveness::View) -> bool {
         if g.stopped {
             return true;
@@ -471,8 +486,10 @@ impl ShardCluster {
                 })
         } else {
             match (g.group.leader(), g.leader_contact) {
-                (Some(leader), Some((heard, contact))) => {
-                    leader == heard && touch.contact(leader) == Some(contact)
+                (Some(leader), Some((heard, contact, at))) => {
+                    leader == heard
+                        && touch.contact(leader) == Some(contact)
+                        && at.elapsed() < QUIET_LEASE
                 }
                 _ => false,
             }
@@ -504,7 +521,8 @@ impl ShardCluster {
                         | MessageType::MsgSnapshot
                             if g.group.leader() == Some(sender) =>
                         {
-                            g.leader_contact = Some((sender, liveness::contact(sender)));
+                            g.leader_contact =
+                                Some((sender, liveness::contact(sender), Instant::now()));
                         }
                         MessageType::MsgAppendResponse | MessageType::MsgHeartbeatResponse
                             if g.group.is_leader() =>
@@ -544,7 +562,7 @@ impl ShardCluster {
                     let _ = tx.send(reply);
                 }
             }
-            Frame::Hello(_) | Frame::Ping => {}
+            Frame::Hello(_) | Frame::Ping { .. } => {}
         }
     }
 
@@ -767,9 +785,12 @@ impl ShardCluster {
             let Some(g) = groups.get_mut(topic) else {
                 return;
             };
-            // A leader that stops makes the replica with the most of the log campaign
-            // at once: the followers of a quiet group would otherwise wait for it.
-            if let Some(m) = g.group.handoff() {
+            // A leader that stops makes the replicas it reaches campaign at once: the
+            // followers of a quiet group would otherwise wait for its lease to end.
+            for m in g.group.handoff() {
+                if !self.links.connected(m.to) {
+                    continue;
+                }
                 if let Ok(f) = wire::encode_frame(topic, &m) {
                     self.links.send(m.to, f);
                 }
@@ -1019,18 +1040,31 @@ async fn driver(server: Rc<Server>) {
     let mut next_tick = Instant::now() + TICK;
     let mut next_cursor = Instant::now() + CURSOR_EVERY;
     let mut next_reconcile = Instant::now() + membership::RECONCILE_EVERY;
+    let mut sweeps: u32 = 0;
+    let mut next_beat = Instant::now() + QUIET_BEAT;
     while !server.shard.shutdown.is_set() {
         let now = Instant::now();
         if now >= next_tick {
             let mut groups = c.groups.borrow_mut();
             let mut dirty = c.dirty.borrow_mut();
             let mut awake = c.awake.borrow_mut();
-            // A peer went out of touch or came back: every group ticks until it is
-            // quiet again (a follower whose leader is gone elects another).
+            // A peer went out of touch or came back, or this shard's connection to one
+            // went down or up: every group ticks until it is quiet again (a follower
+            // whose leader is gone elects another; a leader heartbeats a replica that
+            // lost touch). Every QUIET_BEAT, too: the leaders of quiet groups
+            // heartbeat, and quiet followers look at their lease.
             let touch = liveness::View::now();
-            if *c.touch.borrow() != touch {
-                awake.extend(groups.keys().cloned());
-                c.touch.replace(touch.clone());
+            let links = c.links.connected_all();
+            let beat = now >= next_beat;
+            if beat {
+                next_beat = now + QUIET_BEAT;
+            }
+            {
+                let mut last = c.touch.borrow_mut();
+                if beat || last.0 != touch || last.1 != links {
+                    awake.extend(groups.keys().cloned());
+                    *last = (touch.clone(), links);
+                }
             }
             // Topics whose vote rules gave way at this tick, by how (logged once per
             // tick, not once per topic).
@@ -1039,6 +1073,9 @@ async fn driver(server: Rc<Server>) {
                 let Some(g) = groups.get_mut(t) else {
                     return false;
                 };
+                if g.stopped {
+                    return false;
+                }
                 // Polled when the vote floor on disk is behind what was applied
                 // (process saves it).
                 let floor_behind = server.shard.opts.data_path.is_some()
@@ -1047,7 +1084,12 @@ async fn driver(server: Rc<Server>) {
                         .is_some_and(|p| p > g.vote.saved.floor);
                 if floor_behind {
                     dirty.insert(t.clone());
-                } else if c.quiet(g, &touch) {
+                }
+                if c.quiet(g, &touch) {
+                    if beat && g.group.is_leader() {
+                        g.group.heartbeat();
+                        dirty.insert(t.clone());
+                    }
                     return false;
                 }
                 match g.group.tick() {
@@ -1069,8 +1111,11 @@ async fn driver(server: Rc<Server>) {
         }
         if now >= next_cursor {
             c.replicate_cursors(&server);
-            c.compact_logs(&server);
-            c.start_journals_over(&server).await;
+            // The awake groups each time, every group (the quiet ones) every SWEEP_EVERY.
+            sweeps += 1;
+            let all = sweeps.is_multiple_of(SWEEP_EVERY);
+            c.compact_logs(&server, all);
+            c.start_journals_over(&server, all).await;
             next_cursor = now + CURSOR_EVERY;
         }
         if now >= next_reconcile {

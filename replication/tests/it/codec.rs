@@ -267,12 +267,21 @@ fn hello_propose_and_reply_frames_round_trip() {
 }
 
 #[test]
-fn a_ping_is_six_bytes_and_carries_nothing() {
-    let ping = encode_ping();
-    assert_eq!(ping, [2, 0, 0, 0, 2, 5]);
-    assert_eq!(decode_frame(&ping), Ok(Some((Frame::Ping, 6))));
-    // A ping with a payload is out of step.
-    assert!(decode_frame(&[3, 0, 0, 0, 2, 5, 0]).is_err());
+fn a_ping_carries_the_senders_contact_number() {
+    let ping = encode_ping(0x0102_0304_0506_0708);
+    assert_eq!(ping, [10, 0, 0, 0, 3, 5, 8, 7, 6, 5, 4, 3, 2, 1]);
+    assert_eq!(
+        decode_frame(&ping),
+        Ok(Some((
+            Frame::Ping {
+                contact: 0x0102_0304_0506_0708
+            },
+            14
+        )))
+    );
+    // A short or long ping is out of step.
+    assert!(decode_frame(&[9, 0, 0, 0, 3, 5, 8, 7, 6, 5, 4, 3, 2]).is_err());
+    assert!(decode_frame(&[11, 0, 0, 0, 3, 5, 8, 7, 6, 5, 4, 3, 2, 1, 0]).is_err());
 }
 
 #[test]
@@ -288,15 +297,20 @@ fn bad_frames_are_errors() {
         decode_frame(&[2, 0, 0, 0, 9, 2]),
         Err(DecodeError::Version(9))
     );
-    assert_eq!(decode_frame(&[2, 0, 0, 0, 2, 9]), Err(DecodeError::Tag(9)));
-    assert_eq!(decode_frame(&[3, 0, 0, 0, 2, 2, 0]), Err(DecodeError::Name));
+    // Version 2 frames (members of a release before pings) are refused.
     assert_eq!(
-        decode_frame(&[3, 0, 0, 0, 2, 2, 5]),
+        decode_frame(&[2, 0, 0, 0, 2, 2]),
+        Err(DecodeError::Version(2))
+    );
+    assert_eq!(decode_frame(&[2, 0, 0, 0, 3, 9]), Err(DecodeError::Tag(9)));
+    assert_eq!(decode_frame(&[3, 0, 0, 0, 3, 2, 0]), Err(DecodeError::Name));
+    assert_eq!(
+        decode_frame(&[3, 0, 0, 0, 3, 2, 5]),
         Err(DecodeError::Truncated)
     );
     // A valid header and a body that is not a protobuf message (field 0 is invalid).
     assert_eq!(
-        decode_frame(&[6, 0, 0, 0, 2, 2, 1, b't', 0x00, 0x00]),
+        decode_frame(&[6, 0, 0, 0, 3, 2, 1, b't', 0x00, 0x00]),
         Err(DecodeError::Protobuf)
     );
     // A reply with an unknown status, and a hello with bytes after it.

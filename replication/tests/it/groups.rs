@@ -432,8 +432,10 @@ fn a_handoff_from_a_leader_that_stops_elects_another_at_once() {
     sim.run(3);
     let ids = sim.ids();
     let follower = *ids.iter().find(|&&i| i != leader).unwrap();
-    assert!(sim.node(follower).group().handoff().is_none());
-    let m = sim.node(leader).group().handoff().expect("a handoff");
+    assert!(sim.node(follower).group().handoff().is_empty());
+    let ms = sim.node(leader).group().handoff();
+    assert_eq!(ms.len(), 2, "one for each other voter");
+    let m = ms.into_iter().next().unwrap();
     let to = m.to;
     assert_ne!(to, leader);
     sim.crash(leader);
@@ -442,4 +444,12 @@ fn a_handoff_from_a_leader_that_stops_elects_another_at_once() {
     sim.settle();
     assert_eq!(sim.leader(), Some(to));
     assert_eq!(sim.applied(to), vec![publish(1)]);
+    // The new leader's heartbeat on demand reaches its follower without a tick.
+    let other = *sim.ids().iter().find(|&&i| i != leader && i != to).unwrap();
+    let term = sim.node(to).group().term();
+    sim.group(to).heartbeat();
+    sim.group(other).heartbeat();
+    sim.settle();
+    assert_eq!(sim.node(other).group().leader(), Some(to));
+    assert_eq!(sim.node(other).group().term(), term);
 }

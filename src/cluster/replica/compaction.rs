@@ -23,12 +23,23 @@ impl ShardCluster {
     /// replica behind the log's start gets a snapshot (docs/replication.md, "What a
     /// replica can miss"). The bodies live in the topic's own log: the Raft log holds
     /// them only until the replicas have them.
-    pub(super) fn compact_logs(&self, server: &Server) {
+    ///
+    /// `all`: every group; otherwise only the awake ones (a quiet group's log does not
+    /// move: the driver sweeps them all less often).
+    pub(super) fn compact_logs(&self, server: &Server, all: bool) {
         let now = Instant::now();
         let keep = self.retain_time(server);
         let me = self.cfg.me.replica;
         let mut groups = self.groups.borrow_mut();
-        for (topic, g) in groups.iter_mut().filter(|(_, g)| !g.stopped) {
+        let names: Vec<String> = if all {
+            groups.keys().cloned().collect()
+        } else {
+            self.awake.borrow().iter().cloned().collect()
+        };
+        for topic in &names {
+            let Some(g) = groups.get_mut(topic).filter(|g| !g.stopped) else {
+                continue;
+            };
             let applied = g.group.applied_index();
             g.retention.held.entry(me).or_default().sample(now, applied);
             if g.group.is_leader() {

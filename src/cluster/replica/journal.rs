@@ -299,26 +299,34 @@ impl ShardCluster {
     /// Closes the journals not written for [`CLOSE_AFTER`], and starts over each journal
     /// larger than [`START_OVER_BYTES`] at the index its group applied last, once the
     /// topic has that on disk (at most once per applied index).
-    pub(super) async fn start_journals_over(&self, server: &Server) {
-        for g in self.groups.borrow_mut().values_mut() {
+    ///
+    /// `all`: every group; otherwise only the awake ones (a quiet group's journal does
+    /// not grow: the driver sweeps them all less often).
+    pub(super) async fn start_journals_over(&self, server: &Server, all: bool) {
+        let names: Vec<String> = if all {
+            self.groups.borrow().keys().cloned().collect()
+        } else {
+            self.awake.borrow().iter().cloned().collect()
+        };
+        let mut large: Vec<(String, u64)> = Vec::new();
+        for topic in names {
+            let mut groups = self.groups.borrow_mut();
+            let Some(g) = groups.get_mut(&topic) else {
+                continue;
+            };
             if g.journal_file
                 .as_ref()
                 .is_some_and(|o| o.used.elapsed() >= CLOSE_AFTER)
             {
                 g.journal_file = None;
             }
+            if !g.stopped
+                && g.group.store().journal_bytes() > START_OVER_BYTES
+                && g.group.applied_index() > g.journal_started_at
+            {
+                large.push((topic, g.group.applied_index()));
+            }
         }
-        let large: Vec<(String, u64)> = self
-            .groups
-            .borrow()
-            .iter()
-            .filter(|(_, g)| {
-                !g.stopped
-                    && g.group.store().journal_bytes() > START_OVER_BYTES
-                    && g.group.applied_index() > g.journal_started_at
-            })
-            .map(|(t, g)| (t.clone(), g.group.applied_index()))
-            .collect();
         for (topic, applied) in large {
             // Once per applied index: a journal that cannot shrink (what is not applied
             // exceeds the threshold) or whose topic cannot sync is tried again only

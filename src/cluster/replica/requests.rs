@@ -175,7 +175,7 @@ pub async fn route(server: &Rc<Server>, from: u64, frame: Frame) {
             nsq_shards::owner_of(topic, shards)
         }
         Frame::Reply { request, .. } => usize::try_from(request >> 48).unwrap_or(usize::MAX),
-        Frame::Hello(_) | Frame::Ping => return,
+        Frame::Hello(_) | Frame::Ping { .. } => return,
     };
     if to == server.shard.index() {
         if let Some(c) = &server.cluster {
