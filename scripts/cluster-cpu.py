@@ -11,9 +11,9 @@ TOPICS topics through `/topic/create` (spread over the members), waits until eve
 member lists them in `GET /cluster` with a leader, lets them settle for 2 s, then reads
 each member's CPU time (user + system, /proc/PID/stat) over SECONDS seconds.
 
-Idle (no --load): prints each member's share of one core and their sum. Every group
-ticks and its leader heartbeats on its own (docs/replication.md, "Not built yet"), so
-this grows with the number of topics.
+Idle (no --load): prints each member's share of one core and their sum. Idle groups
+go quiet (docs/replication.md, "Quiet groups"): what remains grows with the number of
+topics only through the leaders' periodic look at their channels.
 
 With --load SIZE@RATE (e.g. `4096@20000`): for those SECONDS `nsq-bench pubsub` publishes
 RATE messages/s of SIZE bytes (open loop, MPUB batches) to the leader of the first
