@@ -75,7 +75,12 @@ impl Broker {
                 if echo {
                     eprintln!("nsqd: {line}");
                 }
-                if line.contains("panicked at") || line.contains("FATAL") {
+                // A replicated batch numbered below its topic's log (a cluster's
+                // leader that misnumbered it: every replica skips it) is a loss too.
+                if line.contains("panicked at")
+                    || line.contains("FATAL")
+                    || line.contains("skipped although newer than any it holds")
+                {
                     alarms2.lock().unwrap().push(line.clone());
                 }
                 let _ = tx.send(line.clone());

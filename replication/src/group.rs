@@ -1007,8 +1007,10 @@ impl<S: LogStore> TopicGroup<S> {
     }
 
     /// The entries in this node's log after the applied index, decoded (those that do
-    /// not decode left out): what a new leader looks through before it gives message
-    /// IDs, so that its IDs follow those of entries it will apply later.
+    /// not decode left out), those not yet persisted by a [`poll`](Self::poll)
+    /// included (a proposal's, a leader's empty entry): what a leader looks through
+    /// before it gives message IDs and sequences, so that its IDs follow those of
+    /// entries it will apply later and its batches are numbered after theirs.
     #[must_use]
     pub fn unapplied_entries(&self) -> Vec<Entry> {
         let log = &self.node.raft.raft_log;
@@ -1016,8 +1018,8 @@ impl<S: LogStore> TopicGroup<S> {
         if low >= high {
             return Vec::new();
         }
-        log.store
-            .entries(low, high, u64::MAX, raft::GetEntriesContext::empty(false))
+        // The applied index is never compacted away, so the slice is whole.
+        log.slice(low, high, None, raft::GetEntriesContext::empty(false))
             .unwrap_or_default()
             .iter()
             .filter(|e| !e.data.is_empty())

@@ -171,21 +171,61 @@ struct Group {
     /// On the leader: each replica's contact number when it last answered an append or
     /// a heartbeat.
     replica_contact: HashMap<u64, u64>,
+    /// The batches of the entries the running poll took as committed, until they are
+    /// applied to the topic: raft-rs counts them applied from the poll on, so they are
+    /// in neither [`TopicGroup::unapplied_entries`] nor the topic meanwhile.
+    applying: Vec<Batch>,
+}
+
+/// What the numbering needs of a publish entry: its first sequence (`None`: an entry
+/// without one, placed at the topic's head), its size and its newest message ID.
+#[derive(Clone, Copy, Debug)]
+struct Batch {
+    base: Option<u64>,
+    len: u64,
+    newest_id: u64,
+}
+
+impl Batch {
+    fn of(e: &Entry) -> Option<Batch> {
+        let (base, msgs) = match e {
+            Entry::PublishAt { base, messages } => (Some(*base), messages),
+            Entry::Publish(messages) => (None, messages),
+            _ => return None,
+        };
+        Some(Batch {
+            base,
+            len: msgs.len() as u64,
+            newest_id: msgs
+                .iter()
+                .filter_map(|m| MessageId::from_hex(&m.id))
+                .map(|i| i.0)
+                .max()
+                .unwrap_or(0),
+        })
+    }
 }
 
 impl Group {
+    /// The publish entries of this node's Raft log that are not in the topic yet:
+    /// those being applied now, then those raft-rs has not handed out.
+    fn batches_ahead(&self) -> Vec<Batch> {
+        let mut v = self.applying.clone();
+        v.extend(self.group.unapplied_entries().iter().filter_map(Batch::of));
+        v
+    }
+
     /// The topic log's head once every entry of this node's Raft log is applied, from
-    /// `head`, the head now.
+    /// `head`, the head now (where the next batch this node proposes goes: a batch
+    /// numbered below what the log will hold would be skipped on every replica). A
+    /// batch being applied counts again, which can only leave a hole.
     fn seq_after_log(&self, head: u64) -> u64 {
         let mut next = head;
-        for e in self.group.unapplied_entries() {
-            match e {
-                Entry::PublishAt { base, messages } => {
-                    next = next.max(base.saturating_add(messages.len() as u64));
-                }
-                Entry::Publish(messages) => next += messages.len() as u64,
-                _ => {}
-            }
+        for b in self.batches_ahead() {
+            next = match b.base {
+                Some(base) => next.max(base.saturating_add(b.len)),
+                None => next.saturating_add(b.len),
+            };
         }
         next
     }
@@ -437,6 +477,7 @@ impl ShardCluster {
                 idle_ticks: 0,
                 leader_contact: None,
                 replica_contact: HashMap::new(),
+                applying: Vec::new(),
             },
         );
         self.awake.borrow_mut().insert(topic.to_string());
@@ -593,6 +634,11 @@ impl ShardCluster {
                     if !heartbeats_only {
                         g.idle_ticks = 0;
                     }
+                    g.applying = o
+                        .committed
+                        .iter()
+                        .filter_map(|c| c.entry.as_ref().ok().and_then(Batch::of))
+                        .collect();
                     o
                 }
                 Err(e) => {
@@ -728,6 +774,9 @@ impl ShardCluster {
                 }
             }
         }
+        if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
+            g.applying.clear();
+        }
         self.resolve(topic, durable);
         if let Some((voters, learners)) = members {
             self.members_changed(server, topic, voters, learners).await;
@@ -847,14 +896,8 @@ impl ShardCluster {
                     );
                 }
                 let mut highest = server.shard.topic_last_id(topic).map_or(0, |i| i.0);
-                for e in g.group.unapplied_entries() {
-                    if let Entry::Publish(msgs) | Entry::PublishAt { messages: msgs, .. } = e {
-                        for m in msgs {
-                            if let Some(id) = MessageId::from_hex(&m.id) {
-                                highest = highest.max(id.0);
-                            }
-                        }
-                    }
+                for b in g.batches_ahead() {
+                    highest = highest.max(b.newest_id);
                 }
                 if highest != 0 {
                     g.ids.resume_above(MessageId(highest));

@@ -40,7 +40,8 @@
 //! acknowledged body, or 60 s). Checks: every acknowledged body was received at least
 //! once (each loss is reported with the cycle and member its acknowledgement came in and
 //! the fault that followed it), nothing foreign was received, no member's log shows a
-//! panic or FATAL, no member exited by itself, and every member exits 0 on SIGTERM.
+//! panic, FATAL or a replicated batch skipped as numbered below its topic's log, no
+//! member exited by itself, and every member exits 0 on SIGTERM.
 //! Bodies received more than once are counted, not failures (at least once); the
 //! redeliveries of bodies first received over 1 s before the fault that preceded them
 //! are counted apart, per subscription: a failover should only redeliver what was
@@ -294,7 +295,8 @@ struct Member {
     http: u16,
     args: Vec<String>,
     broker: Option<Broker>,
-    /// Log lines with a panic or FATAL, of every run of this member.
+    /// Log lines with a panic, FATAL or a misnumbered replicated batch, of every run of
+    /// this member.
     alarms: Vec<String>,
     /// Where each run's log is appended.
     log_file: PathBuf,
@@ -818,7 +820,7 @@ fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
         m.broker = None;
         if !m.alarms.is_empty() {
             errors.push(format!(
-                "member {}: panic/FATAL in its log: {:?}",
+                "member {}: panic/FATAL/misnumbered batch in its log: {:?}",
                 i + 1,
                 &m.alarms[..m.alarms.len().min(5)]
             ));

@@ -453,3 +453,21 @@ fn a_handoff_from_a_leader_that_stops_elects_another_at_once() {
     assert_eq!(sim.node(other).group().leader(), Some(to));
     assert_eq!(sim.node(other).group().term(), term);
 }
+
+#[test]
+fn unapplied_entries_include_what_the_leader_proposed_and_has_not_persisted() {
+    let mut sim = Sim::new(3, 11);
+    let (leader, _) = sim.await_leader(None, 4 * MAX_TIMEOUT);
+    sim.run(3);
+    assert!(sim.node(leader).group().unapplied_entries().is_empty());
+    // Proposed: in raft-rs's unstable log until the next poll persists it. A leader
+    // numbers its next batch after every entry of its log, this one included.
+    sim.propose(leader, &publish(1)).unwrap();
+    sim.propose(leader, &publish(2)).unwrap();
+    assert_eq!(
+        sim.node(leader).group().unapplied_entries(),
+        vec![publish(1), publish(2)]
+    );
+    sim.settle();
+    assert!(sim.node(leader).group().unapplied_entries().is_empty());
+}

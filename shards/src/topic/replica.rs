@@ -98,9 +98,18 @@ impl Topic {
         mem_queue_size: u64,
     ) -> (u64, u64) {
         let mut n = 0;
+        // A skipped message newer than any this log holds was not here: after a
+        // snapshot that carried only the unfinished records, a finished one; otherwise
+        // its leader numbered it below what the log held, and every replica skips it
+        // the same way (lost). Logged for the second case.
+        let newest = self.ids.last().map_or(0, |i| i.0);
+        let mut misnumbered = 0u64;
         for (i, (id, timestamp, defer_until, body)) in messages.into_iter().enumerate() {
             let seq = base.saturating_add(i as u64);
             if seq < self.log.head {
+                if id.0 > newest {
+                    misnumbered += 1;
+                }
                 continue;
             }
             self.skip_to(seq, mem_queue_size);
@@ -108,6 +117,13 @@ impl Topic {
             n += self.push_published(id, timestamp, defer_until, body, mem_queue_size);
         }
         self.published(mem_queue_size);
+        if misnumbered > 0 {
+            log::warn!(
+                "TOPIC({}): {misnumbered} replicated message(s) numbered from {base}, below the log's head {}, skipped although newer than any it holds (lost unless this replica restored a snapshot past them)",
+                self.name,
+                self.log.head
+            );
+        }
         (n, self.log.head)
     }
 
