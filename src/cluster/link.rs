@@ -33,6 +33,14 @@ pub const REDIAL: Duration = Duration::from_millis(100);
 /// The longest a dial waits.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// The most bytes an incoming connection's first frame may take: a greeting (two
+/// addresses of at most 255 bytes and 14 more). Anything larger is not a member's, and
+/// is refused before it is buffered.
+const GREETING_MAX: usize = 600;
+
+/// How long an incoming connection has to greet before it is closed.
+const GREETING_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Bytes queued for a peer that is not connected beyond which the oldest frames are
 /// dropped (Raft sends again what matters).
 const QUEUE_LIMIT: usize = 64 << 20;
@@ -393,8 +401,10 @@ async fn read_loop<S: AsyncRead + Unpin>(
     cfg: &ClusterConfig,
     mut stream: S,
 ) -> std::io::Result<()> {
-    let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
-    let mut chunk = vec![0u8; 256 << 10];
+    // Small until the peer greets: a connection that is not a member's costs little.
+    let mut buf: Vec<u8> = Vec::with_capacity(1 << 10);
+    let mut chunk = vec![0u8; 4 << 10];
+    let accepted = std::time::Instant::now();
     let mut from: Option<u64> = None;
     // The peer is out of touch once this connection ends, however it ends.
     struct Touch(Option<u64>);
@@ -406,12 +416,48 @@ async fn read_loop<S: AsyncRead + Unpin>(
         }
     }
     let mut touch = Touch(None);
+    // Before the greeting: what is not a member's greeting is refused, logged once a
+    // minute (anyone who reaches the port can send anything).
+    let refuse = |why: String| {
+        log_once(
+            "not a member",
+            &format!("{why}; connection refused (the cluster port is for members: --cluster-peer)"),
+            log::Level::Warn,
+        );
+        std::io::Error::other(format!("{why}; refused"))
+    };
     loop {
-        let n = stream.read(&mut chunk).await?;
+        let n = if from.is_none() {
+            let left = GREETING_TIMEOUT.saturating_sub(accepted.elapsed());
+            match within(left, stream.read(&mut chunk), "a greeting").await {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                    return Err(refuse(format!(
+                        "an incoming connection sent no greeting within {} s",
+                        GREETING_TIMEOUT.as_secs()
+                    )));
+                }
+                Err(e) => return Err(e),
+            }
+        } else {
+            stream.read(&mut chunk).await?
+        };
         if n == 0 {
             return Ok(());
         }
         buf.extend_from_slice(&chunk[..n]);
+        if from.is_none() {
+            if let Some(head) = buf.get(..4) {
+                let mut len = [0u8; 4];
+                len.copy_from_slice(head);
+                let len = u32::from_le_bytes(len);
+                if usize::try_from(len).map_or(true, |l| l > GREETING_MAX) {
+                    return Err(refuse(format!(
+                        "an incoming connection's first frame ({len} bytes) is not a greeting"
+                    )));
+                }
+            }
+        }
         let mut used = 0;
         loop {
             let frame = match wire::decode_frame(&buf[used..]) {
@@ -429,17 +475,27 @@ async fn read_loop<S: AsyncRead + Unpin>(
                     log_once(&format!("frame version {v}"), &e, log::Level::Error);
                     return Err(std::io::Error::other(e));
                 }
+                Err(e) if from.is_none() => {
+                    return Err(refuse(format!(
+                        "an incoming connection's first frame does not decode ({e})"
+                    )));
+                }
                 Err(e) => return Err(std::io::Error::other(format!("bad frame: {e}"))),
             };
             match (from, frame) {
                 (None, Frame::Hello(h)) => {
                     let replica = check_hello(cfg, &h)?;
                     from = Some(replica);
+                    chunk.resize(256 << 10, 0);
                     touch.0 = Some(replica);
                     liveness::opened(replica);
                     super::replica::peer_greeted(server, replica, h.tcp).await;
                 }
-                (None, _) => return Err(std::io::Error::other("frame before the greeting")),
+                (None, _) => {
+                    return Err(refuse(
+                        "an incoming connection sent a frame before its greeting".into(),
+                    ))
+                }
                 (Some(_), Frame::Hello(_)) => {
                     return Err(std::io::Error::other("a second greeting"))
                 }

@@ -677,6 +677,78 @@ fn quiet_groups_take_publishes_and_elect_a_leader_when_theirs_is_stopped_or_kill
     }
 }
 
+/// Whether the peer closes `s` within `within` (a read that ends or fails).
+fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+    use std::io::Read;
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut b = [0u8; 64];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) => {
+                return !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                )
+            }
+        }
+    }
+}
+
+#[test]
+fn the_cluster_port_refuses_what_is_not_a_members_greeting() {
+    use std::io::Write;
+    let c = Cluster::start([1, 1, 1], &[]);
+    c.elect("members");
+    let port = c.addresses[0].clone();
+    // A first frame announced at 64 MiB: refused at its length, before any of it is
+    // buffered.
+    let mut big = TcpStream::connect(&port).unwrap();
+    big.write_all(&(64u32 << 20).to_le_bytes()).unwrap();
+    let _ = big.write_all(&[0u8; 4096]);
+    assert!(
+        closed_within(&mut big, Duration::from_secs(3)),
+        "a 64 MiB first frame was read"
+    );
+    // Bytes that are no frame at all.
+    let mut garbage = TcpStream::connect(&port).unwrap();
+    garbage.write_all(b"garbage\n").unwrap();
+    assert!(
+        closed_within(&mut garbage, Duration::from_secs(3)),
+        "garbage was kept open"
+    );
+    // A frame that is not a greeting (a ping) before any greeting.
+    let mut ping = TcpStream::connect(&port).unwrap();
+    ping.write_all(&[10, 0, 0, 0, 3, 5, 0, 0, 0, 0, 0, 0, 0, 0])
+        .unwrap();
+    assert!(
+        closed_within(&mut ping, Duration::from_secs(3)),
+        "a frame before the greeting was taken"
+    );
+    // Nothing at all: closed once the greeting is overdue (5 s).
+    let mut idle = TcpStream::connect(&port).unwrap();
+    let started = Instant::now();
+    assert!(
+        closed_within(&mut idle, Duration::from_secs(10)),
+        "an idle connection was kept open"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(4),
+        "closed before the greeting was overdue"
+    );
+    // Logged once a minute, not once per connection; the member serves on.
+    let text = c.node(0).log_text();
+    assert_eq!(
+        text.matches("the cluster port is for members").count(),
+        1,
+        "{text}"
+    );
+    assert!(!text.contains("panicked"));
+    c.node(0).http_pub("members", b"after");
+    assert!(c.leader("members").is_some());
+}
+
 #[test]
 fn a_publish_needs_a_quorum_and_a_restarted_member_catches_up() {
     let mut c = Cluster::start([1, 2, 1], &[]);
