@@ -15,7 +15,7 @@
 //!
 //! The driver task ticks every awake group each [`TICK`] (election after 10 to 19
 //! ticks, heartbeats every 2) and polls a group after anything stepped or proposed on
-//! it. A group with nothing under way goes quiet ([`ShardCluster::quiet`]): it is not
+//! it. A group with nothing under way goes quiet (docs/replication.md, "Quiet groups"): it is not
 //! ticked, so its leader sends no heartbeats and its followers start no election,
 //! while the members stay in touch ([`super::liveness`]); anything that happens to it,
 //! or a member going out of or coming into touch, wakes it.
