@@ -193,15 +193,15 @@ impl Batch {
             Entry::Publish(messages) => (None, messages),
             _ => return None,
         };
+        // A leader gives a batch's IDs in increasing order: the last is the newest (one
+        // parse per batch, not per message, on every poll).
         Some(Batch {
             base,
             len: msgs.len() as u64,
             newest_id: msgs
-                .iter()
-                .filter_map(|m| MessageId::from_hex(&m.id))
-                .map(|i| i.0)
-                .max()
-                .unwrap_or(0),
+                .last()
+                .and_then(|m| MessageId::from_hex(&m.id))
+                .map_or(0, |i| i.0),
         })
     }
 }
