@@ -39,7 +39,9 @@ mod vote;
 use apply::apply;
 use compaction::{snapshot_data, Retention};
 use requests::client_address;
-pub use requests::{admin, peer_greeted, route, subscribe, MoveLeaderError, SubRoute};
+pub use requests::{
+    admin, peer_greeted, route, serves_consumers, subscribe, MoveLeaderError, SubRoute,
+};
 
 use super::link::Links;
 use super::{liveness, ClusterConfig};

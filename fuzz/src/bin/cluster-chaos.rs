@@ -14,8 +14,10 @@
 //!   and goes on;
 //! - a consumer finds the topic's leader through `GET /cluster`, SUBs there (RDY 50),
 //!   records every body and FINs it; when its connection closes or the SUB is refused it
-//!   finds the leader again. A connection that a deposed leader keeps open for 2 s is
-//!   counted (the broker closes them) and left. With `--consumer-ms N` it spends N ms on
+//!   finds the leader again. A connection to a member that has not led for 2 s must be
+//!   one it relays to the leader (in none of its channels: counted, and consumed on);
+//!   one in its channel fails the run (a member closes its consumers when it stops
+//!   leading). With `--consumer-ms N` it spends N ms on
 //!   each message during odd cycles, so failovers also meet a backlog.
 //!
 //! Each cycle, after a seeded random delay, one fault, in a seeded order that goes
@@ -280,10 +282,12 @@ struct State {
     unanswered: u64,
     /// Longest time between two acknowledgements, and when it began.
     outage: (Duration, Option<Instant>),
-    /// SUBs accepted, SUBs refused, connections a deposed leader kept open.
+    /// SUBs accepted, SUBs refused, connections a member that does not lead kept in
+    /// its channel, connections it relays to the leader.
     subs: u64,
     sub_refused: u64,
     stale: u64,
+    relayed: u64,
     /// Longest time without any member that says it leads, and when it began.
     leaderless: (Duration, Option<Instant>),
 }
@@ -434,6 +438,26 @@ fn view(http: SocketAddr) -> Option<(Option<String>, bool, u64)> {
         t["is_leader"] == true,
         t["term"].as_u64().unwrap_or(0),
     ))
+}
+
+/// How many clients member `http` lists in channel `c0` of the topic (`/stats`; `None`:
+/// no answer, or no such channel there).
+fn channel_clients(http: SocketAddr) -> Option<usize> {
+    let path = format!("/stats?format=json&topic={TOPIC}&channel={CHANNEL}");
+    let (code, body) = net::http_within(http, "GET", &path, b"", ASK_TIMEOUT).ok()?;
+    if code != 200 {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
+    v["topics"]
+        .as_array()?
+        .iter()
+        .find(|t| t["topic_name"] == TOPIC)?["channels"]
+        .as_array()?
+        .iter()
+        .find(|ch| ch["channel_name"] == CHANNEL)?["clients"]
+        .as_array()
+        .map(Vec::len)
 }
 
 /// The topic's entry in member `http`'s `GET /cluster` (`None`: no answer, or no group
@@ -892,6 +916,12 @@ fn report(s: &State, sum: &Summary, errors: &mut Vec<String>) {
             describe_losses(&lost, &s.acked, injected)
         ));
     }
+    if s.stale > 0 {
+        errors.push(format!(
+            "{} consumer connections stayed in the channel of a member that no longer led the topic",
+            s.stale
+        ));
+    }
     if !s.foreign.is_empty() {
         errors.push(format!(
             "foreign bodies received: {:?}",
@@ -925,7 +955,7 @@ fn report(s: &State, sum: &Summary, errors: &mut Vec<String>) {
         })
         .collect();
     eprintln!(
-        "cluster-chaos shards={shards}: {} cycles in {:.1} s, faults a/b/c/d/e/f/g {}/{}/{}/{}/{}/{}/{} ({paused_leaders} SIGSTOPs hit the leader); {} PUBs acknowledged of {} sent ({} refused, {} unanswered); {} distinct received, {} lost, {duplicates} received more than once (at most {most} times; {} redeliveries, {} of bodies first received over {} s before the preceding fault), {unacked} received whose PUB got no OK, {} foreign; longest without a leader {} ms ({}); longest publish outage {} ms ({}); consumer: {} SUBs, {} refused, {} connections left open by a deposed leader; final drain {:.1} s",
+        "cluster-chaos shards={shards}: {} cycles in {:.1} s, faults a/b/c/d/e/f/g {}/{}/{}/{}/{}/{}/{} ({paused_leaders} SIGSTOPs hit the leader); {} PUBs acknowledged of {} sent ({} refused, {} unanswered); {} distinct received, {} lost, {duplicates} received more than once (at most {most} times; {} redeliveries, {} of bodies first received over {} s before the preceding fault), {unacked} received whose PUB got no OK, {} foreign; longest without a leader {} ms ({}); longest publish outage {} ms ({}); consumer: {} SUBs, {} refused, {} connections served by a member that does not lead, {} relayed to the leader; final drain {:.1} s",
         injected.len(),
         elapsed.as_secs_f64(),
         counts[0],
@@ -952,6 +982,7 @@ fn report(s: &State, sum: &Summary, errors: &mut Vec<String>) {
         s.subs,
         s.sub_refused,
         s.stale,
+        s.relayed,
         drained_in.as_secs_f64(),
     );
     eprintln!(
@@ -1425,19 +1456,33 @@ fn consume_on(
     let mut buf = vec![0u8; 64 * 1024];
     let mut last_check = Instant::now();
     let mut deposed: Option<Instant> = None;
+    let mut relayed = false;
     while !stop.is_set() {
         if last_check.elapsed() > Duration::from_secs(1) && c.is_up(at) {
             last_check = Instant::now();
             match view(c.http[at]) {
-                Some((_, false, _)) => {
+                Some((_, false, _)) if !relayed => {
                     let since = *deposed.get_or_insert_with(Instant::now);
                     if since.elapsed() > Duration::from_secs(2) {
-                        state.lock().unwrap().stale += 1;
-                        return;
+                        // A member that does not lead serves a SUB through the leader
+                        // (docs/replication.md): such a connection is in none of its
+                        // channels and goes on. One in its channel is a follower
+                        // serving a consumer of its own.
+                        match channel_clients(c.http[at]) {
+                            Some(0) => {
+                                state.lock().unwrap().relayed += 1;
+                                relayed = true;
+                            }
+                            Some(_) => {
+                                state.lock().unwrap().stale += 1;
+                                return;
+                            }
+                            None => {}
+                        }
                     }
                 }
                 Some((_, true, _)) => deposed = None,
-                None => {}
+                _ => {}
             }
         }
         let n = match s.read(&mut buf) {

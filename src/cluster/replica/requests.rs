@@ -128,6 +128,15 @@ pub async fn subscribe(
             .map_err(|e| SubRoute::Refused(format!("E_SUB_FAILED SUB failed {e}"))),
     )
 }
+/// False when `topic` is replicated and this member does not lead it now: a SUB routed
+/// to this member's channel must be routed again (leadership moved while it waited).
+/// True standalone and for an #ephemeral topic.
+pub fn serves_consumers(server: &Server, topic: &str) -> bool {
+    match &server.cluster {
+        Some(c) if ClusterConfig::replicates(topic) => c.leads(topic),
+        _ => true,
+    }
+}
 /// Where a SUB to a replicated topic goes when not to this member's channel.
 pub enum SubRoute {
     /// Through the leader ([`crate::cluster::relay`]).

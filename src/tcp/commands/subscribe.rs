@@ -18,6 +18,10 @@ use nsq_shards::ClientState;
 use nsq_wire::v2::FRAME_RESPONSE;
 use std::rc::Rc;
 
+/// How many times a SUB to a replicated topic is routed before it is refused, when
+/// leadership keeps moving while it waits.
+const SUB_ROUTES: u32 = 3;
+
 /// Subscribes the client to `topic`/`channel` after the auth check; queues `OK`.
 pub(super) async fn sub(
     server: &Rc<Server>,
@@ -42,22 +46,41 @@ pub(super) async fn sub(
         return fatal(client, e.to_string());
     }
     use crate::cluster::replica::SubRoute;
-    match crate::cluster::replica::subscribe(server, topic, channel).await {
-        Some(Err(SubRoute::Refused(e))) => return fatal(client, e),
-        Some(Err(SubRoute::Relay)) => {
-            match crate::cluster::relay::subscribe(server, client, topic, channel).await {
-                Ok(true) => {
-                    client.send_frame(FRAME_RESPONSE, b"OK");
-                    return Ok(());
+    // A replicated topic's consumers are served by its leader only, and a member that
+    // stops leading closes them; leadership can move during the awaits before the
+    // client joins the channel (the channel's creation through the group, the store's
+    // preparation), so the route is taken again until the member that subscribes the
+    // client here still leads when it does.
+    let mut routes = 0;
+    loop {
+        routes += 1;
+        match crate::cluster::replica::subscribe(server, topic, channel).await {
+            Some(Err(SubRoute::Refused(e))) => return fatal(client, e),
+            Some(Err(SubRoute::Relay)) => {
+                match crate::cluster::relay::subscribe(server, client, topic, channel).await {
+                    Ok(true) => {
+                        client.send_frame(FRAME_RESPONSE, b"OK");
+                        return Ok(());
+                    }
+                    // This member leads the topic by now: subscribed here.
+                    Ok(false) => {}
+                    Err(e) => return fatal(client, e),
                 }
-                // This member leads the topic by now: subscribed here.
-                Ok(false) => {}
-                Err(e) => return fatal(client, e),
             }
+            None | Some(Ok(())) => {}
         }
-        None | Some(Ok(())) => {}
+        server.shard.prepare_store(topic).await;
+        if crate::cluster::replica::serves_consumers(server, topic) {
+            break;
+        }
+        if routes == SUB_ROUTES {
+            return fatal(
+                client,
+                format!("E_SUB_FAILED SUB failed topic {topic} has no leader"),
+            );
+        }
     }
-    server.shard.prepare_store(topic).await;
+    // No await between the check above and the client joining the channel.
     match server.shard.subscribe(client, topic, channel) {
         Err(e @ SubError::Draining { .. }) => return fatal(client, e.to_string()),
         Err(e) => return fatal(client, format!("E_SUB_FAILED SUB failed {e}")),
