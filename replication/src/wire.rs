@@ -2,7 +2,7 @@
 //! group, and proposals forwarded to a group's leader with their answers.
 //!
 //! ```text
-//! frame   = len u32 LE (bytes after this field) | version u8 (= 3) | kind u8 | payload
+//! frame   = len u32 LE (bytes after this field) | version u8 (= 4) | kind u8 | payload
 //! kind 1  Hello   : node_id u16 | replica u64 | addr_len u8 | addr | tcp_len u8 | tcp
 //! kind 2  Raft    : topic_len u8 | topic | eraftpb.Message (protobuf)
 //! kind 3  Propose : request u64 | topic_len u8 | topic | entry (crate::entry encoding)
@@ -10,8 +10,13 @@
 //!           status 0 Acked
 //!           status 1 NotLeader : leader u64 (0: none known)
 //!           status 2 Failed    : text_len u16 | text (UTF-8)
+//!           status 3 Records   : the rest of the frame (a page of a topic's records,
+//!                                in the application's encoding)
 //! kind 5  Ping    : contact u64: the sender is alive, and its contact number for the
 //!                   receiver (src/cluster/liveness.rs); every 100 ms on each connection
+//! kind 6  Fetch   : request u64 | topic_len u8 | topic | from u64 | max_bytes u32: a
+//!                   page of the topic's records from sequence `from`, answered by a
+//!                   Reply (Records or Failed) with the same request
 //! ```
 //!
 //! All integers are little-endian. A frame is at most [`MAX_FRAME_LEN`] bytes after the
@@ -25,7 +30,7 @@ use raft::eraftpb::Message as RaftMessage;
 use crate::entry::{DecodeError, MAX_NAME_LEN};
 
 /// The frame version this crate writes and reads.
-pub const FRAME_VERSION: u8 = 3;
+pub const FRAME_VERSION: u8 = 4;
 
 /// The largest frame, in bytes after the length field: a group's appends are cut at
 /// `GroupConfig::max_size_per_msg` (1 MiB by default), nsqd's bodies at 1 MiB by
@@ -58,8 +63,10 @@ pub enum Reply {
         leader: u64,
     },
     /// The proposal failed (the entry was replaced by another leader's, the group
-    /// timed out, the topic cannot take it); the text says why.
+    /// timed out, the topic cannot take it), or a fetch did; the text says why.
     Failed(String),
+    /// The page of records a [`Frame::Fetch`] asked for, as the application encodes it.
+    Records(Vec<u8>),
 }
 
 /// A decoded frame.
@@ -85,7 +92,21 @@ pub enum Frame {
         /// are assigned again by the leader.
         entry: Vec<u8>,
     },
-    /// The answer to a [`Frame::Propose`].
+    /// A replica asks a member holding `topic` for a page of its records from sequence
+    /// `from` (a backlog larger than a snapshot carries), answered by a
+    /// [`Frame::Reply`] with the same `request`: [`Reply::Records`] or
+    /// [`Reply::Failed`].
+    Fetch {
+        /// The sender's number for this request.
+        request: u64,
+        /// The topic.
+        topic: String,
+        /// The first sequence wanted.
+        from: u64,
+        /// About how many bytes of bodies the page may carry.
+        max_bytes: u32,
+    },
+    /// The answer to a [`Frame::Propose`] or a [`Frame::Fetch`].
     Reply {
         /// The request answered.
         request: u64,
@@ -129,6 +150,7 @@ const KIND_RAFT: u8 = 2;
 const KIND_PROPOSE: u8 = 3;
 const KIND_REPLY: u8 = 4;
 const KIND_PING: u8 = 5;
+const KIND_FETCH: u8 = 6;
 
 fn push_name(out: &mut Vec<u8>, name: &str) -> Result<(), EncodeError> {
     let b = name.as_bytes();
@@ -199,6 +221,25 @@ pub fn encode_propose(request: u64, topic: &str, entry: &[u8]) -> Result<Vec<u8>
     finish(out)
 }
 
+/// Writes a [`Frame::Fetch`].
+///
+/// # Errors
+///
+/// [`EncodeError::Topic`] for a bad topic name.
+pub fn encode_fetch(
+    request: u64,
+    topic: &str,
+    from: u64,
+    max_bytes: u32,
+) -> Result<Vec<u8>, EncodeError> {
+    let mut out = start(KIND_FETCH, 21 + topic.len());
+    out.extend_from_slice(&request.to_le_bytes());
+    push_name(&mut out, topic)?;
+    out.extend_from_slice(&from.to_le_bytes());
+    out.extend_from_slice(&max_bytes.to_le_bytes());
+    finish(out)
+}
+
 /// Writes a [`Frame::Ping`].
 #[must_use]
 pub fn encode_ping(contact: u64) -> Vec<u8> {
@@ -210,9 +251,16 @@ pub fn encode_ping(contact: u64) -> Vec<u8> {
 
 /// Writes a [`Frame::Reply`]; a `Failed` text is cut to 1,024 bytes (at a character
 /// boundary).
-#[must_use]
-pub fn encode_reply(request: u64, reply: &Reply) -> Vec<u8> {
-    let mut out = start(KIND_REPLY, 16);
+///
+/// # Errors
+///
+/// [`EncodeError::TooLarge`] for records over the frame limit.
+pub fn encode_reply(request: u64, reply: &Reply) -> Result<Vec<u8>, EncodeError> {
+    let records = match reply {
+        Reply::Records(r) => r.len(),
+        _ => 0,
+    };
+    let mut out = start(KIND_REPLY, 16 + records);
     out.extend_from_slice(&request.to_le_bytes());
     match reply {
         Reply::Acked => out.push(0),
@@ -229,10 +277,12 @@ pub fn encode_reply(request: u64, reply: &Reply) -> Vec<u8> {
             out.extend_from_slice(&u16::try_from(cut).unwrap_or(0).to_le_bytes());
             out.extend_from_slice(&text.as_bytes()[..cut]);
         }
+        Reply::Records(r) => {
+            out.push(3);
+            out.extend_from_slice(r);
+        }
     }
-    let len = u32::try_from(out.len() - 4).unwrap_or(0);
-    out[..4].copy_from_slice(&len.to_le_bytes());
-    out
+    finish(out)
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -253,6 +303,11 @@ impl<'a> Reader<'a> {
         let mut b = [0u8; 2];
         b.copy_from_slice(self.take(2)?);
         Ok(u16::from_le_bytes(b))
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        let mut b = [0u8; 4];
+        b.copy_from_slice(self.take(4)?);
+        Ok(u32::from_le_bytes(b))
     }
     fn u64(&mut self) -> Result<u64, DecodeError> {
         let mut b = [0u8; 8];
@@ -348,10 +403,24 @@ pub fn decode_frame(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
                 0 => Reply::Acked,
                 1 => Reply::NotLeader { leader: r.u64()? },
                 2 => Reply::Failed(r.text()?),
+                3 => Reply::Records(std::mem::take(&mut r.0).to_vec()),
                 s => return Err(DecodeError::Tag(s)),
             };
             r.end()?;
             Frame::Reply { request, reply }
+        }
+        KIND_FETCH => {
+            let request = r.u64()?;
+            let topic = r.name()?;
+            let from = r.u64()?;
+            let max_bytes = r.u32()?;
+            r.end()?;
+            Frame::Fetch {
+                request,
+                topic,
+                from,
+                max_bytes,
+            }
         }
         KIND_PING => {
             let contact = r.u64()?;

@@ -23,11 +23,13 @@
 //! This file holds the groups, their driver and leadership; by concern beside it:
 //! `propose` (publishing, forwarding, answering proposals), `apply` (committed entries
 //! and the replicated channel state), `compaction` (log compaction and snapshots),
+//! `catchup` (a backlog larger than a snapshot carries, fetched in pages),
 //! `deletion` (a topic deleted and made again through its log), `vote` (the term,
 //! vote and vote floor on disk), `journal` (the Raft log on disk, `--sync-every=1`)
 //! and `requests` (admin operations, SUBs and frames from the rest of the broker).
 
 mod apply;
+mod catchup;
 mod compaction;
 mod deletion;
 mod journal;
@@ -177,6 +179,9 @@ struct Group {
     /// applied to the topic: raft-rs counts them applied from the poll on, so they are
     /// in neither [`TopicGroup::unapplied_entries`] nor the topic meanwhile.
     applying: Vec<Batch>,
+    /// A catch-up in pages is under way ([`catchup`]): the leader's appends and
+    /// snapshots are dropped until it ends.
+    catching_up: bool,
 }
 
 /// What the numbering needs of a publish entry: its first sequence (`None`: an entry
@@ -480,6 +485,7 @@ impl ShardCluster {
                 leader_contact: None,
                 replica_contact: HashMap::new(),
                 applying: Vec::new(),
+                catching_up: false,
             },
         );
         self.awake.borrow_mut().insert(topic.to_string());
@@ -553,6 +559,16 @@ impl ShardCluster {
                     return;
                 }
                 let kind = message.get_msg_type();
+                // A backlog larger than a snapshot carries is fetched in pages before
+                // the snapshot is restored; the leader sends what is dropped meanwhile
+                // again.
+                if matches!(kind, MessageType::MsgAppend | MessageType::MsgSnapshot)
+                    && (self.catching_up(&topic)
+                        || (kind == MessageType::MsgSnapshot
+                            && self.catch_up_first(server, &topic, &message)))
+                {
+                    return;
+                }
                 let stepped = self.groups.borrow_mut().get_mut(&topic).map(|g| {
                     let sender = message.from;
                     let r = g.group.step(message);
@@ -596,7 +612,26 @@ impl ShardCluster {
                 let server = server.clone();
                 glommio::spawn_local(async move {
                     let reply = me.answer_propose(&server, &topic, &entry).await;
-                    me.links.send(from, wire::encode_reply(request, &reply));
+                    if let Ok(f) = wire::encode_reply(request, &reply) {
+                        me.links.send(from, f);
+                    }
+                })
+                .detach();
+            }
+            Frame::Fetch {
+                request,
+                topic,
+                from: seq,
+                max_bytes,
+            } => {
+                let me = self.clone();
+                let server = server.clone();
+                glommio::spawn_local(async move {
+                    let reply = me.answer_fetch(&server, &topic, seq, max_bytes).await;
+                    match wire::encode_reply(request, &reply) {
+                        Ok(f) => me.links.send(from, f),
+                        Err(e) => log::warn!("TOPIC({topic}): a page of records not sent: {e}"),
+                    }
                 })
                 .detach();
             }

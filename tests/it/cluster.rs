@@ -1339,6 +1339,84 @@ fn a_wiped_member_gets_the_unfinished_messages_and_follows_the_group() {
     }
 }
 
+/// A backlog larger than a snapshot carries (32 MiB of unfinished bodies) reaches a
+/// member that lost its disk in pages before it restores the leader's snapshot: it
+/// holds every message, and once it leads, its consumer gets each of them
+/// (docs/replication.md, "Snapshots of any size"). Without the pages its log had a hole
+/// where the backlog was.
+#[test]
+fn a_wiped_member_fetches_a_backlog_larger_than_a_snapshot_carries() {
+    let mut c = Cluster::start([1, 2, 1], &[]);
+    let topic = "backlog";
+    let leader = c.elect_with_channel(topic, "c");
+    // 9,216 bodies of 4 KiB: 36 MiB.
+    const N: usize = 9 * 1024;
+    let body = |k: usize| {
+        let mut b = format!("big-{k:05}-").into_bytes();
+        b.resize(4096, b'a' + (k % 26) as u8);
+        b
+    };
+    let mut p = c.node(leader).connect_v2();
+    let all: Vec<usize> = (0..N).collect();
+    for chunk in all.chunks(128) {
+        let bodies: Vec<Vec<u8>> = chunk.iter().map(|&k| body(k)).collect();
+        let refs: Vec<&[u8]> = bodies.iter().map(Vec::as_slice).collect();
+        send(&mut p, &mpub_cmd(topic, &refs));
+        expect_ok(&mut p);
+    }
+    for i in 0..3 {
+        wait_for(&format!("member {i} holding the backlog"), || {
+            c.channel_depth(i, topic, "c") == Some(N as u64)
+        });
+    }
+    // Every entry dropped from the leader's Raft log: the wiped member gets a snapshot.
+    let last = c.state(leader)["topics"][0]["last_index"].as_u64().unwrap();
+    wait_for("the leader's log compacted past the backlog", || {
+        c.state(leader)["topics"][0]["first_index"].as_u64() >= Some(last)
+    });
+    let gone = (leader + 1) % 3;
+    c.kill9(gone);
+    std::fs::remove_dir_all(&c.dirs[gone]).unwrap();
+    std::fs::create_dir_all(&c.dirs[gone]).unwrap();
+    c.start_node(gone);
+    wait_for("the wiped member holding the backlog", || {
+        c.channel_depth(gone, topic, "c") == Some(N as u64)
+    });
+    assert!(c
+        .node(gone)
+        .daemon
+        .log_contains("in pages before restoring it"));
+    wait_for("the wiped member restoring the snapshot", || {
+        c.node(gone)
+            .daemon
+            .log_contains("caught up from a snapshot")
+    });
+    assert!(
+        !c.node(gone)
+            .daemon
+            .log_contains("without the messages this replica misses"),
+        "the wiped member restored the snapshot with a hole"
+    );
+    // It leads on request and delivers every message of the backlog.
+    let path = format!("/topic/move-leader?topic={topic}&to={}", c.addresses[gone]);
+    let (code, body_got) = c.node(leader).http("POST", &path, b"");
+    assert_eq!((code, common::show(&body_got)), (200, String::new()));
+    let mut s = c.node(gone).subscribe(topic, "c");
+    send(&mut s, b"RDY 1000\n");
+    let mut seen = vec![false; N];
+    for _ in 0..N {
+        let (ft, data) = read_frame_skip_hb(&mut s).expect("a message");
+        assert_eq!(ft, 2, "not a message: {}", common::show(&data));
+        let (_, _, id, b) = parse_message(&data);
+        let k: usize = std::str::from_utf8(&b[4..9]).unwrap().parse().unwrap();
+        assert_eq!(b, body(k), "message {k} differs");
+        assert!(!seen[k], "message {k} delivered twice");
+        seen[k] = true;
+        send(&mut s, format!("FIN {id}\n").as_bytes());
+    }
+    assert!(seen.iter().all(|&x| x));
+}
+
 #[test]
 fn leadership_moves_on_request_and_no_message_is_lost() {
     let c = Cluster::start([1, 2, 1], &[]);

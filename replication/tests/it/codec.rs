@@ -3,8 +3,8 @@
 
 use nsq_replication::entry::{ENTRY_VERSION, MAX_NAME_LEN};
 use nsq_replication::wire::{
-    decode_frame, encode_frame, encode_hello, encode_ping, encode_propose, encode_reply,
-    EncodeError, Frame, Hello, Reply, MAX_FRAME_LEN,
+    decode_frame, encode_fetch, encode_frame, encode_hello, encode_ping, encode_propose,
+    encode_reply, EncodeError, Frame, Hello, Reply, MAX_FRAME_LEN,
 };
 use nsq_replication::{ChannelOp, DecodeError, Entry, Message, PendingMessage, RaftMessage};
 use raft::eraftpb::{Entry as RaftEntry, MessageType};
@@ -225,24 +225,47 @@ fn hello_propose_and_reply_frames_round_trip() {
             },
         ),
         (
-            encode_reply(9, &Reply::Acked),
+            encode_reply(9, &Reply::Acked).unwrap(),
             Frame::Reply {
                 request: 9,
                 reply: Reply::Acked,
             },
         ),
         (
-            encode_reply(10, &Reply::NotLeader { leader: 3 }),
+            encode_reply(10, &Reply::NotLeader { leader: 3 }).unwrap(),
             Frame::Reply {
                 request: 10,
                 reply: Reply::NotLeader { leader: 3 },
             },
         ),
         (
-            encode_reply(11, &Reply::Failed("no quorum".to_string())),
+            encode_reply(11, &Reply::Failed("no quorum".to_string())).unwrap(),
             Frame::Reply {
                 request: 11,
                 reply: Reply::Failed("no quorum".to_string()),
+            },
+        ),
+        (
+            encode_fetch(12, "orders", 1 << 40, 4 << 20).unwrap(),
+            Frame::Fetch {
+                request: 12,
+                topic: "orders".to_string(),
+                from: 1 << 40,
+                max_bytes: 4 << 20,
+            },
+        ),
+        (
+            encode_reply(12, &Reply::Records(vec![0, 1, 2, 255])).unwrap(),
+            Frame::Reply {
+                request: 12,
+                reply: Reply::Records(vec![0, 1, 2, 255]),
+            },
+        ),
+        (
+            encode_reply(13, &Reply::Records(Vec::new())).unwrap(),
+            Frame::Reply {
+                request: 13,
+                reply: Reply::Records(Vec::new()),
             },
         ),
     ];
@@ -253,7 +276,7 @@ fn hello_propose_and_reply_frames_round_trip() {
     }
     // A failure text is cut at 1,024 bytes, on a character boundary.
     let long = "é".repeat(600);
-    let (got, _) = decode_frame(&encode_reply(1, &Reply::Failed(long)))
+    let (got, _) = decode_frame(&encode_reply(1, &Reply::Failed(long)).unwrap())
         .unwrap()
         .unwrap();
     let Frame::Reply {
@@ -269,7 +292,7 @@ fn hello_propose_and_reply_frames_round_trip() {
 #[test]
 fn a_ping_carries_the_senders_contact_number() {
     let ping = encode_ping(0x0102_0304_0506_0708);
-    assert_eq!(ping, [10, 0, 0, 0, 3, 5, 8, 7, 6, 5, 4, 3, 2, 1]);
+    assert_eq!(ping, [10, 0, 0, 0, 4, 5, 8, 7, 6, 5, 4, 3, 2, 1]);
     assert_eq!(
         decode_frame(&ping),
         Ok(Some((
@@ -280,8 +303,8 @@ fn a_ping_carries_the_senders_contact_number() {
         )))
     );
     // A short or long ping is out of step.
-    assert!(decode_frame(&[9, 0, 0, 0, 3, 5, 8, 7, 6, 5, 4, 3, 2]).is_err());
-    assert!(decode_frame(&[11, 0, 0, 0, 3, 5, 8, 7, 6, 5, 4, 3, 2, 1, 0]).is_err());
+    assert!(decode_frame(&[9, 0, 0, 0, 4, 5, 8, 7, 6, 5, 4, 3, 2]).is_err());
+    assert!(decode_frame(&[11, 0, 0, 0, 4, 5, 8, 7, 6, 5, 4, 3, 2, 1, 0]).is_err());
 }
 
 #[test]
@@ -297,24 +320,33 @@ fn bad_frames_are_errors() {
         decode_frame(&[2, 0, 0, 0, 9, 2]),
         Err(DecodeError::Version(9))
     );
-    // Version 2 frames (members of a release before pings) are refused.
+    // Version 3 frames (members of a release before fetches) are refused.
     assert_eq!(
-        decode_frame(&[2, 0, 0, 0, 2, 2]),
-        Err(DecodeError::Version(2))
+        decode_frame(&[2, 0, 0, 0, 3, 2]),
+        Err(DecodeError::Version(3))
     );
-    assert_eq!(decode_frame(&[2, 0, 0, 0, 3, 9]), Err(DecodeError::Tag(9)));
-    assert_eq!(decode_frame(&[3, 0, 0, 0, 3, 2, 0]), Err(DecodeError::Name));
+    assert_eq!(decode_frame(&[2, 0, 0, 0, 4, 9]), Err(DecodeError::Tag(9)));
+    assert_eq!(decode_frame(&[3, 0, 0, 0, 4, 2, 0]), Err(DecodeError::Name));
     assert_eq!(
-        decode_frame(&[3, 0, 0, 0, 3, 2, 5]),
+        decode_frame(&[3, 0, 0, 0, 4, 2, 5]),
         Err(DecodeError::Truncated)
     );
     // A valid header and a body that is not a protobuf message (field 0 is invalid).
     assert_eq!(
-        decode_frame(&[6, 0, 0, 0, 3, 2, 1, b't', 0x00, 0x00]),
+        decode_frame(&[6, 0, 0, 0, 4, 2, 1, b't', 0x00, 0x00]),
         Err(DecodeError::Protobuf)
     );
+    // A fetch cut short, and one with a byte after it.
+    let fetch = encode_fetch(1, "t", 5, 9).unwrap();
+    let mut short = fetch[..fetch.len() - 1].to_vec();
+    short[0] -= 1;
+    assert_eq!(decode_frame(&short), Err(DecodeError::Truncated));
+    let mut long = fetch.clone();
+    long.push(0);
+    long[0] += 1;
+    assert_eq!(decode_frame(&long), Err(DecodeError::Trailing(1)));
     // A reply with an unknown status, and a hello with bytes after it.
-    let mut bad = encode_reply(1, &Reply::Acked);
+    let mut bad = encode_reply(1, &Reply::Acked).unwrap();
     *bad.last_mut().unwrap() = 7;
     assert_eq!(decode_frame(&bad), Err(DecodeError::Tag(7)));
     let mut hello = encode_hello(&Hello {

@@ -219,12 +219,76 @@ impl Shard {
         Some(state)
     }
 
+    /// A page of `topic`'s records for a replica catching up on a backlog larger than
+    /// a snapshot carries: the records from sequence `from` (or from the topic's low
+    /// watermark when higher: everything below it is finished on every channel) in
+    /// sequence order, about `max_bytes` of bodies (at least one record), and the
+    /// sequence the next page starts at (the log head once a page reaches it). A page
+    /// comes from the store or from memory, not both. Records handed to the store and
+    /// not flushed yet are waited for up to a second (then the page is empty and the
+    /// next starts at `from` again). `None`: no such topic, or the store failed.
+    pub async fn replica_page(
+        &self,
+        topic: &str,
+        from: u64,
+        max_bytes: usize,
+    ) -> Option<(Vec<ReplicaRecord>, u64)> {
+        let mut tries = 0;
+        loop {
+            let (from, base, store) = {
+                let topics = self.topics.borrow();
+                let t = topics.get(topic)?;
+                let from = from.max(t.low_watermark().min(t.log.head));
+                if from >= t.log.base {
+                    return Some(t.records_from(from, max_bytes));
+                }
+                (from, t.log.base, t.store().cloned()?)
+            };
+            let readable = store.readable_seq();
+            if readable > from {
+                let (batch, _) = store.read_at(from, 4096, max_bytes, None).await.ok()?;
+                let first = batch.first().map(|r| r.seq);
+                let mut records = Vec::new();
+                for r in batch.into_iter().filter(|r| r.seq < base) {
+                    records.push(ReplicaRecord {
+                        seq: r.seq,
+                        id: MessageId(r.id),
+                        timestamp: r.timestamp,
+                        defer_until_ns: r.defer_until,
+                        body: r.body,
+                    });
+                }
+                // Nothing stored from `from` below the memory tail: those sequences
+                // hold nothing (finished and removed); the next page starts further.
+                let next = match records.last() {
+                    Some(r) => r.seq + 1,
+                    None => first.unwrap_or(base).min(base).min(readable).max(from + 1),
+                };
+                return Some((records, next));
+            }
+            if tries == 100 {
+                return Some((Vec::new(), from));
+            }
+            tries += 1;
+            glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
     /// Makes `topic` (created if needed) hold what its leader's `state` says
     /// ([`crate::topic::Topic::restore_replica`]): a replica restoring a snapshot.
     pub fn restore_replica(&self, topic: &str, state: ReplicaState) -> Restored {
         let mut topics = self.topics.borrow_mut();
         let t = self.get_or_create_topic(&mut topics, topic);
         let out = t.restore_replica(state, self.opts.mem_queue_size);
+        // Handed to the store as a publish's records are (a restored backlog would
+        // otherwise stay in memory only until the next publish).
+        if t.stored() < t.log.head {
+            let cutoff =
+                crate::message::now_unix_nanos() - crate::topic::STORE_DELAY.as_nanos() as i64;
+            if t.store_pump(cutoff, self.opts.mem_queue_size, false) {
+                self.mark_unstored(topic);
+            }
+        }
         self.mark(t);
         self.dispatch_topic(t);
         out

@@ -152,7 +152,10 @@ impl Topic {
                         self.push_published(r.id, r.timestamp, defer, r.body, mem_queue_size);
                 }
             }
-            None => out.missing = state.last_id > newest_here,
+            // A log that reaches the leader's head already holds its sequences (a
+            // replica that caught up in pages first: its newest message may be older
+            // than the leader's newest, which a consumer finished meanwhile).
+            None => out.missing = state.last_id > newest_here && self.log.head < state.head,
         }
         self.skip_to(state.head, mem_queue_size);
         if state.last_id > newest_here {
@@ -213,6 +216,32 @@ impl Topic {
                 .collect(),
             records,
         }
+    }
+
+    /// The records this topic holds in memory from sequence `from` (at or above the
+    /// memory tail, [`super::Log::base`]) in sequence order, up to about `max_bytes` of
+    /// bodies (at least one record), and the sequence after the last one looked at
+    /// (the head once it is reached). Sequences that hold nothing (finished, or a
+    /// hole) are stepped over.
+    pub fn records_from(&self, from: u64, max_bytes: usize) -> (Vec<ReplicaRecord>, u64) {
+        let head = self.log.head;
+        let mut records = Vec::new();
+        let mut bytes = 0;
+        let mut seq = from.max(self.log.base);
+        while seq < head && (records.is_empty() || bytes < max_bytes) {
+            if let Some(r) = self.log.get(seq) {
+                bytes += r.body.len();
+                records.push(ReplicaRecord {
+                    seq: r.seq,
+                    id: r.id,
+                    timestamp: r.timestamp,
+                    defer_until_ns: r.defer_until.map_or(0, unix_nanos_from_instant),
+                    body: r.body.clone(),
+                });
+            }
+            seq += 1;
+        }
+        (records, seq.max(from))
     }
 }
 

@@ -118,6 +118,7 @@ impl ShardCluster {
                     }
                 }
                 Ok(Reply::Failed(e)) => return Err(e),
+                Ok(Reply::Records(_)) => return Err("the leader answered with records".into()),
                 Err(ForwardError::Unanswered(e)) => return Err(e),
                 // The leader went away before answering (killed, restarted): the next
                 // leader gets the batch. If the first had replicated it, it is stored
@@ -343,6 +344,9 @@ async fn answer(rx: oneshot::Receiver<Reply>, deadline: Instant) -> Result<(), S
         futures::future::Either::Left((Ok(Reply::Failed(e)), _)) => Err(e),
         futures::future::Either::Left((Ok(Reply::NotLeader { .. }), _)) => {
             Err("leadership lost".into())
+        }
+        futures::future::Either::Left((Ok(Reply::Records(_)), _)) => {
+            Err("an answer that is not an acknowledgement".into())
         }
         futures::future::Either::Left((Err(_), _)) => Err("replication group gone".into()),
         futures::future::Either::Right(_) => Err("replicas did not confirm in time".into()),

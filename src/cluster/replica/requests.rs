@@ -180,7 +180,7 @@ pub async fn peer_greeted(server: &Rc<Server>, replica: u64, tcp: String) {
 pub async fn route(server: &Rc<Server>, from: u64, frame: Frame) {
     let shards = server.shard.count();
     let to = match &frame {
-        Frame::Raft { topic, .. } | Frame::Propose { topic, .. } => {
+        Frame::Raft { topic, .. } | Frame::Propose { topic, .. } | Frame::Fetch { topic, .. } => {
             nsq_shards::owner_of(topic, shards)
         }
         Frame::Reply { request, .. } => usize::try_from(request >> 48).unwrap_or(usize::MAX),
