@@ -2,7 +2,8 @@
 //! faults of a 3-node cluster under load").
 //!
 //!   cluster-chaos [--shards N] [--cycles 50] [--seed N] [--min-ms 500] [--max-ms 2000]
-//!                 [--faults abcd] [--consumer-ms 0] [--sync-every N] [--nsqd PATH]
+//!                 [--faults abcd] [--consumer-ms 0] [--body-bytes 16] [--sync-every N]
+//!                 [--nsqd PATH]
 //!
 //! Starts three `nsqd` members (`--node-id`, `--cluster-address`, `--cluster-peer`; each
 //! with `--shards N`) on loopback ports and data paths that stay the same for the whole
@@ -63,7 +64,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::{ErrorKind, Read, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -114,6 +115,11 @@ struct Cli {
     /// ms (0: never). Slow and fast cycles alternate, so failovers also meet a backlog.
     #[arg(long, default_value_t = 0)]
     consumer_ms: u64,
+    /// Bytes of each body (at least its 16-byte number): with a slow consumer, large
+    /// bodies build a backlog larger than a snapshot carries (32 MiB), which a wiped
+    /// member fetches in pages.
+    #[arg(long, default_value_t = 16)]
+    body_bytes: usize,
     /// The members' `--sync-every` (their default when not given).
     #[arg(long)]
     sync_every: Option<u64>,
@@ -337,6 +343,7 @@ impl Member {
 
 fn main() {
     let cli = <Cli as clap::Parser>::parse();
+    BODY_BYTES.store(cli.body_bytes, Ordering::Relaxed);
     let seed = cli.tool.seed();
     let min_ms = cli.min_ms;
     let max_ms = cli.max_ms.max(min_ms + 1);
@@ -1269,8 +1276,14 @@ fn describe_losses(lost: &[u64], acked: &BTreeMap<u64, Ack>, injected: &[Injecte
     format!("{}{more}", described.join(", "))
 }
 
+/// `--body-bytes`.
+static BODY_BYTES: AtomicUsize = AtomicUsize::new(16);
+
+/// Body `k`: `chaos-` and `k` in 10 digits, padded with dots to `--body-bytes`.
 fn body_of(k: u64) -> Vec<u8> {
-    format!("chaos-{k:010}").into_bytes()
+    let mut b = format!("chaos-{k:010}").into_bytes();
+    b.resize(BODY_BYTES.load(Ordering::Relaxed).max(b.len()), b'.');
+    b
 }
 
 /// Polls the members that are up every 100 ms and records the longest time during which
@@ -1510,7 +1523,8 @@ fn consume_on(
                     match std::str::from_utf8(body)
                         .ok()
                         .and_then(|b| b.strip_prefix("chaos-"))
-                        .and_then(|n| n.parse::<u64>().ok())
+                        .filter(|b| b.len() >= 10 && b[10..].bytes().all(|c| c == b'.'))
+                        .and_then(|n| n[..10].parse::<u64>().ok())
                     {
                         Some(k) => record(&mut st, sub, k, last_fault),
                         None => st.foreign.push(String::from_utf8_lossy(body).into_owned()),

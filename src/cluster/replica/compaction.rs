@@ -146,12 +146,19 @@ impl ShardCluster {
                     g.gap = super::Gap::Missing { handed_at: None };
                 }
             }
-        } else {
+        } else if let Some(carried) = carried {
             log::info!(
-                "TOPIC({topic}): caught up from a snapshot at Raft index {}: {} of its {} unfinished message(s) appended",
+                "TOPIC({topic}): caught up from a snapshot at Raft index {}: {} of its {carried} unfinished message(s) appended",
                 r.index,
                 restored.appended,
-                carried.unwrap_or(0)
+            );
+        } else {
+            // A backlog larger than a snapshot carries, which this replica's log held
+            // already (fetched in pages first: `catchup`).
+            log::info!(
+                "TOPIC({topic}): caught up from a snapshot at Raft index {}: this replica's log already holds the leader's unfinished messages (to sequence {})",
+                r.index,
+                server.shard.topic_head(topic)
             );
         }
     }

@@ -348,18 +348,21 @@ impl TopicStore {
 
 /// Reads a segment file from byte offset `start` (the first record, or a sparse index
 /// entry) up to `limit` (default: the file's end) and calls `f` for every valid record
-/// with its offset, logging and skipping corrupt ones. Sets `salt_out` from the header.
-/// Returns the offset just after the last valid record; errors: the file cannot be
-/// opened or read, or its header is not a segment header.
+/// with its offset, logging and skipping corrupt ones. `after`: the sequence of the last
+/// record before `start` when it is known (a scan that resumes where a partial index
+/// ends): records at or below it are stale copies, not data. Sets `salt_out` from the
+/// header. Returns the offset just after the last valid record; errors: the file cannot
+/// be opened or read, or its header is not a segment header.
 pub(super) async fn scan_file(
     path: &Path,
     start: u64,
     limit: Option<u64>,
+    after: Option<u64>,
     salt_out: &mut u32,
     mut f: impl FnMut(StoredRecord, u64),
 ) -> Result<u64, StoreError> {
     let file = DmaFile::open(path).await.map_err(io_err)?;
-    let res = scan_open_file(&file, path, start, limit, salt_out, &mut f).await;
+    let res = scan_open_file(&file, path, start, limit, after, salt_out, &mut f).await;
     let _ = file.close().await;
     res
 }
@@ -369,6 +372,7 @@ pub(super) async fn scan_open_file(
     path: &Path,
     start: u64,
     limit: Option<u64>,
+    after: Option<u64>,
     salt_out: &mut u32,
     f: &mut impl FnMut(StoredRecord, u64),
 ) -> Result<u64, StoreError> {
@@ -444,7 +448,10 @@ pub(super) async fn scan_open_file(
     let mut scan = Scanner {
         path,
         salt,
-        last: base.checked_sub(1),
+        // A write's DMA buffer can carry older records past the end of what it wrote
+        // (kill -9 after it): below the last sequence known before `start`, they are
+        // stale, not data.
+        last: base.checked_sub(1).max(after),
         data_end: pos,
         suspect: Vec::new(),
     };
@@ -590,7 +597,7 @@ pub(super) async fn load_tail(
         return;
     };
     let mut salt = 0;
-    let res = scan_file(path, start, Some(ix.data_end), &mut salt, |rec, _| {
+    let res = scan_file(path, start, Some(ix.data_end), None, &mut salt, |rec, _| {
         if tail.len() == keep {
             tail.pop_front();
         }
@@ -665,7 +672,8 @@ async fn recover_segment(
         let mut salt = 0;
         let mut bytes = 0;
         let mut seal = None;
-        let res = scan_file(path, from, None, &mut salt, |rec, off| {
+        let after = (partial && seg.count > 0).then(|| seg.end_seq - 1);
+        let res = scan_file(path, from, None, after, &mut salt, |rec, off| {
             if rec.seq < seg.end_seq && seg.count > 0 {
                 return;
             }
