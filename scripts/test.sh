@@ -23,7 +23,8 @@
 #      follower, a leader restarted on a deleted data path, SIGSTOP; no acknowledged
 #      message lost; CLUSTER_CHAOS_CYCLES; then 2 followers replaced by new members at
 #      new addresses through rolling restarts; then every fault kind once under
-#      --sync-every=1, every member killed at once among them)
+#      --sync-every=1, every member killed at once among them; then restarts and wipes
+#      under backlogs larger than a snapshot carries)
 #   5. scripts/setup-clients.sh (pinned pynsq, gnsq, nsqjs)
 #   6. for --shards 1, 2 and 4: start target/debug/nsqd on loopback ports chosen by the
 #      kernel (default sync policy; with 4 shards also --retention-time=1h, which the
@@ -267,7 +268,8 @@ fi
 # address, the others restarted with the new list (the topic's replicas move to it);
 # then 7 cycles under --sync-every=1, one of each fault kind, among them (g) every
 # member killed at once and restarted at once (each rebuilds its Raft log from its
-# journal). All three print their seed; NETFUZZ_SEED / CHAOS_SEED replay one.
+# journal); then 4 cycles of (b) and (c) with 64 KiB bodies and a slow consumer, whose
+# backlogs of tens of MB restarted and wiped members fetch in pages. All print their seed; NETFUZZ_SEED / CHAOS_SEED replay one.
 # Long runs and figures: RELIABILITY.md. The tools are debug builds of the nsq-fuzz
 # crate; they drive the broker of this run (NSQD_CMD).
 if [[ $CLIENTS_ONLY -eq 0 && $MOCK -eq 0 ]]; then
@@ -285,6 +287,9 @@ if [[ $CLIENTS_ONLY -eq 0 && $MOCK -eq 0 ]]; then
       --nsqd "${NSQD_CMD[0]}" --faults f --cycles 2 --seed "${CHAOS_SEED:-$(date +%s)}"
     run_step "cluster chaos, journaled" timeout -k 5 300 "$ROOT/target/debug/cluster-chaos" \
       --nsqd "${NSQD_CMD[0]}" --sync-every 1 --faults abcdefg --cycles 7 --seed "${CHAOS_SEED:-$(date +%s)}"
+    run_step "cluster chaos, large backlog" timeout -k 5 300 "$ROOT/target/debug/cluster-chaos" \
+      --nsqd "${NSQD_CMD[0]}" --faults bc --cycles 4 --body-bytes 65536 --consumer-ms 100 \
+      --min-ms 3000 --max-ms 5000 --seed "${CHAOS_SEED:-$(date +%s)}"
   else
     record FAIL "netfuzz" "not run: build failed"
     record FAIL "chaos kill -9" "not run: build failed"
@@ -292,6 +297,7 @@ if [[ $CLIENTS_ONLY -eq 0 && $MOCK -eq 0 ]]; then
     record FAIL "cluster chaos" "not run: build failed"
     record FAIL "cluster chaos, members replaced" "not run: build failed"
     record FAIL "cluster chaos, journaled" "not run: build failed"
+    record FAIL "cluster chaos, large backlog" "not run: build failed"
   fi
 fi
 
