@@ -268,8 +268,8 @@ fi
 # address, the others restarted with the new list (the topic's replicas move to it);
 # then 7 cycles under --sync-every=1, one of each fault kind, among them (g) every
 # member killed at once and restarted at once (each rebuilds its Raft log from its
-# journal); then 4 cycles of (b) and (c) with 64 KiB bodies and a slow consumer, whose
-# backlogs of tens of MB restarted and wiped members fetch in pages. All print their seed; NETFUZZ_SEED / CHAOS_SEED replay one.
+# journal); then 3 cycles of (b), (c) and (f) with 64 KiB bodies and a slow consumer,
+# whose backlogs of tens of MB restarted, wiped and new members fetch in pages. All print their seed; NETFUZZ_SEED / CHAOS_SEED replay one.
 # Long runs and figures: RELIABILITY.md. The tools are debug builds of the nsq-fuzz
 # crate; they drive the broker of this run (NSQD_CMD).
 if [[ $CLIENTS_ONLY -eq 0 && $MOCK -eq 0 ]]; then
@@ -288,7 +288,7 @@ if [[ $CLIENTS_ONLY -eq 0 && $MOCK -eq 0 ]]; then
     run_step "cluster chaos, journaled" timeout -k 5 300 "$ROOT/target/debug/cluster-chaos" \
       --nsqd "${NSQD_CMD[0]}" --sync-every 1 --faults abcdefg --cycles 7 --seed "${CHAOS_SEED:-$(date +%s)}"
     run_step "cluster chaos, large backlog" timeout -k 5 300 "$ROOT/target/debug/cluster-chaos" \
-      --nsqd "${NSQD_CMD[0]}" --faults bc --cycles 4 --body-bytes 65536 --consumer-ms 100 \
+      --nsqd "${NSQD_CMD[0]}" --faults bcf --cycles 3 --body-bytes 65536 --consumer-ms 100 \
       --min-ms 3000 --max-ms 5000 --seed "${CHAOS_SEED:-$(date +%s)}"
   else
     record FAIL "netfuzz" "not run: build failed"

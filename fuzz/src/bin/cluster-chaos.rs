@@ -39,8 +39,8 @@
 //! member runs with that flag (`--sync-every 1`: the Raft logs are journaled, and a
 //! restarted member comes back with its log).
 //!
-//! After the last cycle the publisher stops and the consumer drains (until it has every
-//! acknowledged body, or 60 s). Checks: every acknowledged body was received at least
+//! After the last cycle the publisher stops and the consumer drains at full speed (until
+//! it has every acknowledged body, or 60 s). Checks: every acknowledged body was received at least
 //! once (each loss is reported with the cycle and member its acknowledgement came in and
 //! the fault that followed it), nothing foreign was received, no member's log shows a
 //! panic, FATAL or a replicated batch skipped as numbered below its topic's log, no
@@ -209,6 +209,9 @@ struct Cluster {
     /// `--consumer-ms`: what the consumer spends on each message before its FIN, in odd
     /// cycles.
     consumer_delay: Duration,
+    /// Set for the final drain: the consumer no longer spends `consumer_delay` on a
+    /// message (a backlog left by a slow last cycle drains at full speed).
+    draining: AtomicBool,
     /// Flags every member gets besides its identity (`--sync-every`).
     extra: Vec<String>,
 }
@@ -629,6 +632,7 @@ fn setup(root: &Path, consumer_ms: u64, extra: Vec<String>) -> (Vec<Member>, Arc
         cycle: AtomicU64::new(0),
         last_fault: Mutex::new(None),
         consumer_delay: Duration::from_millis(consumer_ms),
+        draining: AtomicBool::new(false),
         extra,
     });
     (members, c)
@@ -799,7 +803,8 @@ fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
     }
     load_stop.set();
     let _ = publisher.join();
-    // Final drain.
+    // Final drain, at full speed.
+    c.draining.store(true, Ordering::SeqCst);
     let drain_start = Instant::now();
     while drain_start.elapsed() < DRAIN_WAIT {
         let done = {
@@ -1530,7 +1535,10 @@ fn consume_on(
                         None => st.foreign.push(String::from_utf8_lossy(body).into_owned()),
                     }
                     drop(st);
-                    if !c.consumer_delay.is_zero() && c.cycle() % 2 == 1 {
+                    if !c.consumer_delay.is_zero()
+                        && c.cycle() % 2 == 1
+                        && !c.draining.load(Ordering::SeqCst)
+                    {
                         thread::sleep(c.consumer_delay);
                     }
                     out.extend_from_slice(b"FIN ");

@@ -35,23 +35,15 @@ pub(super) const RECONCILE_EVERY: Duration = Duration::from_secs(1);
 /// warnings).
 const STUCK_AFTER: Duration = Duration::from_secs(30);
 
-/// How long a topic whose backlog is over what a snapshot carries waits before its
-/// leader checks again whether it can move.
-const DEFERRED_MOVE_RETRY: Duration = Duration::from_secs(30);
-
 /// Whether a group's members are its placement, as last computed (on the group's start
 /// and after each change applied here): the leader looks only at groups that are not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Placement {
     /// The voters are the placement, and there is no learner.
     Placed,
-    /// They differ; `deferred` is when the leader last found the topic too large to
-    /// move by one snapshot, `since` when the members last changed (or the warning
-    /// about a learner that does not catch up was last logged).
-    Moving {
-        deferred: Option<Instant>,
-        since: Instant,
-    },
+    /// They differ; `since` is when the members last changed (or the warning about a
+    /// learner that does not catch up was last logged).
+    Moving { since: Instant },
 }
 
 impl Placement {
@@ -63,7 +55,6 @@ impl Placement {
             Placement::Placed
         } else {
             Placement::Moving {
-                deferred: None,
                 since: Instant::now(),
             }
         }
@@ -226,9 +217,9 @@ impl ShardCluster {
                     continue;
                 }
                 Step::Learner(to) => {
-                    if !self.fits_a_snapshot(server, &topic).await
-                        || !self.log_starts_at_a_snapshot(server, &topic)
-                    {
+                    // A backlog larger than a snapshot carries reaches the learner in
+                    // pages first (`catchup`).
+                    if !self.log_starts_at_a_snapshot(server, &topic) {
                         continue;
                     }
                     Membership::AddLearner(to)
@@ -256,44 +247,6 @@ impl ShardCluster {
                 None => {}
             }
         }
-    }
-
-    /// Whether a new replica of `topic` can get everything the topic holds from one
-    /// snapshot (its unfinished messages fit: docs/replication.md, "Guarantees"). A
-    /// topic that does not is checked again after [`DEFERRED_MOVE_RETRY`], and moves
-    /// once its backlog is consumed below the limit.
-    async fn fits_a_snapshot(&self, server: &Server, topic: &str) -> bool {
-        let deferred = match self.groups.borrow().get(topic).map(|g| g.placement) {
-            Some(Placement::Moving { deferred, .. }) => deferred,
-            _ => None,
-        };
-        if deferred.is_some_and(|at| at.elapsed() < DEFERRED_MOVE_RETRY) {
-            return false;
-        }
-        if self.deleted(topic) {
-            return true;
-        }
-        let fits = server
-            .shard
-            .replica_state(
-                topic,
-                super::compaction::SNAPSHOT_MAX_SPAN,
-                super::compaction::SNAPSHOT_MAX_BYTES,
-            )
-            .await
-            .is_some_and(|s| s.records.is_some());
-        if !fits {
-            log::warn!(
-                "TOPIC({topic}): not moved to its new replica yet: its unfinished messages are more than one snapshot carries ({} MiB)",
-                super::compaction::SNAPSHOT_MAX_BYTES >> 20
-            );
-        }
-        if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
-            if let Placement::Moving { deferred, .. } = &mut g.placement {
-                *deferred = (!fits).then(Instant::now);
-            }
-        }
-        fits
     }
 
     /// Makes sure a new replica of `topic` starts from a snapshot, not from the first
