@@ -32,7 +32,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 mod replica;
-pub use replica::{ReplicaRecord, ReplicaState, Restored};
+pub use replica::{ReplicaRecord, ReplicaState, Restored, PAGE_RECORDS};
 
 /// How old an unfinished record may get before it is handed to the store (under
 /// [`StoreMode::Deferred`]). Records every channel finishes sooner are never written.

@@ -182,6 +182,10 @@ struct Group {
     /// A catch-up in pages is under way ([`catchup`]): the leader's appends and
     /// snapshots are dropped until it ends.
     catching_up: bool,
+    /// The head of the snapshot a finished catch-up held back: restoring that snapshot
+    /// finds its log at that head, though its newest message may be older than the
+    /// leader's newest (finished there meanwhile), so it misses nothing.
+    paged_to: Option<u64>,
 }
 
 /// What the numbering needs of a publish entry: its first sequence (`None`: an entry
@@ -486,6 +490,7 @@ impl ShardCluster {
                 replica_contact: HashMap::new(),
                 applying: Vec::new(),
                 catching_up: false,
+                paged_to: None,
             },
         );
         self.awake.borrow_mut().insert(topic.to_string());

@@ -246,7 +246,10 @@ impl Shard {
             };
             let readable = store.readable_seq();
             if readable > from {
-                let (batch, _) = store.read_at(from, 4096, max_bytes, None).await.ok()?;
+                let (batch, _) = store
+                    .read_at(from, crate::topic::PAGE_RECORDS, max_bytes, None)
+                    .await
+                    .ok()?;
                 let first = batch.first().map(|r| r.seq);
                 let mut records = Vec::new();
                 for r in batch.into_iter().filter(|r| r.seq < base) {

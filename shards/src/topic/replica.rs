@@ -9,6 +9,10 @@ use crate::message::{instant_at, now_unix_nanos, unix_nanos_from_instant, Messag
 use bytes::Bytes;
 use std::time::Instant;
 
+/// The most records one page of [`Topic::records_from`] (and of a store read for one)
+/// carries: small bodies would otherwise make a page's encoding many times its bodies.
+pub const PAGE_RECORDS: usize = 4096;
+
 /// One record of a [`ReplicaState`]: the leader's sequence, ID, timestamp (Unix ns,
 /// nsqd's `Message.Timestamp`), due time of a DPUB (Unix ns; 0: none) and body.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -152,10 +156,7 @@ impl Topic {
                         self.push_published(r.id, r.timestamp, defer, r.body, mem_queue_size);
                 }
             }
-            // A log that reaches the leader's head already holds its sequences (a
-            // replica that caught up in pages first: its newest message may be older
-            // than the leader's newest, which a consumer finished meanwhile).
-            None => out.missing = state.last_id > newest_here && self.log.head < state.head,
+            None => out.missing = state.last_id > newest_here,
         }
         self.skip_to(state.head, mem_queue_size);
         if state.last_id > newest_here {
@@ -220,7 +221,7 @@ impl Topic {
 
     /// The records this topic holds in memory from sequence `from` (at or above the
     /// memory tail, [`super::Log::base`]) in sequence order, up to about `max_bytes` of
-    /// bodies (at least one record), and the sequence after the last one looked at
+    /// bodies and [`PAGE_RECORDS`] records (at least one record), and the sequence after the last one looked at
     /// (the head once it is reached). Sequences that hold nothing (finished, or a
     /// hole) are stepped over.
     pub fn records_from(&self, from: u64, max_bytes: usize) -> (Vec<ReplicaRecord>, u64) {
@@ -228,7 +229,9 @@ impl Topic {
         let mut records = Vec::new();
         let mut bytes = 0;
         let mut seq = from.max(self.log.base);
-        while seq < head && (records.is_empty() || bytes < max_bytes) {
+        while seq < head
+            && (records.is_empty() || (bytes < max_bytes && records.len() < PAGE_RECORDS))
+        {
             if let Some(r) = self.log.get(seq) {
                 bytes += r.body.len();
                 records.push(ReplicaRecord {

@@ -61,8 +61,19 @@ impl ShardCluster {
         if state.records.is_some() || server.shard.topic_head(topic) >= state.head {
             return false;
         }
+        // Only a snapshot of the current term from another member, on a replica that
+        // does not lead (raft-rs ignores the others).
         match self.groups.borrow_mut().get_mut(topic) {
-            Some(g) if !g.catching_up && !g.deleted => g.catching_up = true,
+            Some(g)
+                if !g.catching_up
+                    && !g.deleted
+                    && !g.stopped
+                    && !g.group.is_leader()
+                    && message.term >= g.group.term() =>
+            {
+                g.catching_up = true;
+                g.paged_to = None;
+            }
             _ => return false,
         }
         // The channels first: a channel made after the records would start past them.
@@ -79,12 +90,23 @@ impl ShardCluster {
         let snapshot = message.clone();
         glommio::spawn_local(async move {
             let done = me
-                .catch_up(&server, &topic, snapshot.from, state.low, state.head)
+                .catch_up(
+                    &server,
+                    &topic,
+                    snapshot.from,
+                    snapshot.term,
+                    state.low,
+                    state.head,
+                )
                 .await;
             if let Some(g) = me.groups.borrow_mut().get_mut(&topic) {
                 g.catching_up = false;
                 g.idle_ticks = 0;
                 if done {
+                    // What the snapshot's restore checks: this log reached its head
+                    // through pages, although its newest message may be older than
+                    // the leader's newest (finished there meanwhile).
+                    g.paged_to = Some(state.head);
                     if let Err(e) = g.group.step(snapshot) {
                         log::debug!("TOPIC({topic}): the held-back snapshot was refused: {e}");
                     }
@@ -96,9 +118,35 @@ impl ShardCluster {
         true
     }
 
+    /// Whether a catch-up of `topic` from member `from` goes on: the group is still
+    /// here, catching up, neither deleted nor stopped, and `from` still leads it (a new
+    /// leader sends its own snapshot, which resumes the catch-up).
+    fn may_go_on(&self, topic: &str, from: u64, term: u64) -> Result<(), String> {
+        let groups = self.groups.borrow();
+        let Some(g) = groups.get(topic) else {
+            return Err("the topic's group is gone".into());
+        };
+        if !g.catching_up || g.deleted || g.stopped {
+            return Err("the topic was deleted or its replication stopped".into());
+        }
+        let now = g.group.term();
+        if now > term || (now == term && g.group.leader().is_some_and(|l| l != from)) {
+            return Err("the sender no longer leads the topic".into());
+        }
+        Ok(())
+    }
+
     /// Fetches `topic`'s records from member `from` in pages, from this log's head (or
     /// `low`) until the log reaches `head`, and appends them. Returns whether it did.
-    async fn catch_up(&self, server: &Server, topic: &str, from: u64, low: u64, head: u64) -> bool {
+    async fn catch_up(
+        &self,
+        server: &Server,
+        topic: &str,
+        from: u64,
+        term: u64,
+        low: u64,
+        head: u64,
+    ) -> bool {
         let at = self
             .cfg
             .member(from)
@@ -110,19 +158,40 @@ impl ShardCluster {
         let started = Instant::now();
         let (mut pages, mut records, mut bytes) = (0u64, 0usize, 0usize);
         let mut empty_since: Option<Instant> = None;
+        let stop = |next: u64, why: &str| {
+            log::warn!(
+                "TOPIC({topic}): catching up in pages stopped at sequence {next} of {head}: {why}; the next snapshot a leader sends resumes it"
+            );
+            false
+        };
         while next < head {
             if server.shard.shutdown.is_set() {
                 return false;
             }
-            let (page, page_next) = match self.fetch(from, topic, next).await {
+            let fetched = self.fetch(from, topic, next).await;
+            // Checked again after the wait, with no await before the page is appended.
+            if let Err(why) = self.may_go_on(topic, from, term) {
+                return stop(next, &why);
+            }
+            let (mut page, page_next) = match fetched {
                 Ok(p) => p,
-                Err(e) => {
-                    log::warn!(
-                        "TOPIC({topic}): catching up in pages stopped at sequence {next} of {head}: {e}; the next snapshot a leader sends resumes it"
-                    );
-                    return false;
-                }
+                Err(why) => return stop(next, &why),
             };
+            // A durable topic whose store could not be made would keep the backlog in
+            // memory only.
+            if server.shard.opts.data_path.is_some()
+                && server.shard.topic_exists(topic)
+                && server.shard.topic_durable_wait(topic).is_none()
+            {
+                return stop(
+                    next,
+                    "the topic's store is not open (see the store's error above)",
+                );
+            }
+            // No further than the snapshot's head: the entries after the snapshot bring
+            // the rest, at the place the log gives them.
+            page.retain(|r| r.seq < head);
+            let page_next = page_next.min(head);
             if page.is_empty() && page_next <= next {
                 // Not flushed on the sender yet.
                 let since = *empty_since.get_or_insert_with(Instant::now);
@@ -153,9 +222,15 @@ impl ShardCluster {
             next = page_next.max(next + 1);
             // The next page once the store has taken this one.
             if let Some(w) = server.shard.topic_durable_wait(topic) {
-                w.store
-                    .wait_pending_below(nsq_shards::shard::STORE_PENDING_HIGH)
-                    .await;
+                let taken = std::pin::pin!(w
+                    .store
+                    .wait_pending_below(nsq_shards::shard::STORE_PENDING_HIGH));
+                let late = std::pin::pin!(glommio::timer::sleep(FETCH_TIMEOUT));
+                if let futures::future::Either::Right(_) =
+                    futures::future::select(taken, late).await
+                {
+                    return stop(next, "the store took no page for 10 s");
+                }
             }
         }
         log::info!(
@@ -221,6 +296,15 @@ impl ShardCluster {
         from: u64,
         max_bytes: u32,
     ) -> Reply {
+        let gap = self
+            .groups
+            .borrow()
+            .get(topic)
+            .is_some_and(|g| g.gap != super::Gap::None);
+        if gap {
+            // Its log has a hole: the replica waits for another leader's snapshot.
+            return Reply::Failed("this member misses messages of the topic".into());
+        }
         let max = usize::try_from(max_bytes.min(PAGE_BYTES)).unwrap_or(1);
         match server.shard.replica_page(topic, from, max).await {
             Some((records, next)) => Reply::Records(encode_state(&ReplicaState {
@@ -230,7 +314,9 @@ impl ShardCluster {
                 channels: Vec::new(),
                 records: Some(records),
             })),
-            None => Reply::Failed(format!("topic {topic} is not held here")),
+            None => Reply::Failed(format!(
+                "topic {topic} is not held here, or its store could not be read"
+            )),
         }
     }
 }

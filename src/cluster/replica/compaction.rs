@@ -135,8 +135,14 @@ impl ShardCluster {
             }
         }
         let carried = state.records.as_ref().map(Vec::len);
+        let head = state.head;
+        let paged_to = self
+            .groups
+            .borrow_mut()
+            .get_mut(topic)
+            .and_then(|g| g.paged_to.take());
         let restored = server.shard.restore_replica(topic, state);
-        if restored.missing {
+        if restored.missing && paged_to != Some(head) {
             log::warn!(
                 "TOPIC({topic}): caught up from a snapshot at Raft index {} without the messages this replica misses (more than a snapshot carries); it hands leadership to another replica",
                 r.index

@@ -165,7 +165,8 @@ fn next_change(
 enum Step {
     /// Propose this change.
     Change(Membership),
-    /// Add this replica as a learner once the topic fits in a snapshot.
+    /// Add this replica as a learner (it gets the topic from a snapshot, a backlog larger
+    /// than one carries in pages first).
     Learner(u64),
     /// Hand leadership to this replica (the leader is not in the placement).
     HandOver(u64),
