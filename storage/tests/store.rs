@@ -110,6 +110,44 @@ fn append_read_recover_for_several_segment_sizes() {
     }
 }
 
+/// A crash right after the store made a new segment file leaves that file without
+/// records (here: without even its header): recovery still gives the newest records,
+/// from the segment before it, so the caller knows its newest record and ID.
+#[test]
+fn an_empty_newest_segment_leaves_the_tail_to_the_one_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-topic");
+    let p2 = path.clone();
+    run(move || async move {
+        let s = TopicStore::open(p2.clone(), cfg(4096, 100), 10)
+            .await
+            .unwrap()
+            .store;
+        for i in 0..300u64 {
+            s.append(&rec(i));
+        }
+        s.wait_durable(300).await.unwrap();
+        s.close().await;
+        // Sealed with its index, then an empty file at the next base.
+        let r = TopicStore::open(p2.clone(), cfg(4096, 100), 10)
+            .await
+            .unwrap();
+        r.store.close().await;
+        std::fs::write(p2.join(format!("{:020}.seg", 300)), b"").unwrap();
+        let r = TopicStore::open(p2.clone(), cfg(4096, 100), 10)
+            .await
+            .unwrap();
+        assert_eq!(r.next_seq, 300);
+        assert_eq!(
+            r.tail.back(),
+            Some(&rec(299)),
+            "{} in the tail",
+            r.tail.len()
+        );
+        r.store.close().await;
+    });
+}
+
 #[test]
 fn retention_deletes_passed_segments_only() {
     let dir = tempfile::tempdir().unwrap();

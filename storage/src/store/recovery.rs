@@ -321,6 +321,16 @@ impl TopicStore {
             next_seq = next_seq.max(seg.end_seq);
             segments.insert(base, seg);
         }
+        // The newest file held no record (made just before a crash, or emptied): the
+        // tail comes from the newest segment that has records, so that the caller
+        // knows the newest record (a replicated topic continues its IDs after it).
+        if tail.is_empty() && keep > 0 {
+            if let Some((&base, seg)) = segments.iter().next_back() {
+                if let Some(ix) = seg.sealed_index(base, seg.readable_end) {
+                    load_tail(&seg.path, &ix, keep, &mut tail).await;
+                }
+            }
+        }
         let dir_fd = std::fs::File::open(&dir)
             .map_err(|e| io_err(e).context(format_args!("open {}", dir.display())))?;
         let store = TopicStore::start(dir, dir_fd, false, cfg, segments, next_seq)?;
