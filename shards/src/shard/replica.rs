@@ -196,13 +196,7 @@ impl Shard {
                 };
                 for r in batch.into_iter().filter(|r| r.seq < base) {
                     bytes += r.body.len();
-                    records.push(ReplicaRecord {
-                        seq: r.seq,
-                        id: MessageId(r.id),
-                        timestamp: r.timestamp,
-                        defer_until_ns: r.defer_until,
-                        body: r.body,
-                    });
+                    records.push(replica_record(r));
                 }
                 if bytes > max_bytes {
                     return Some(state);
@@ -251,16 +245,11 @@ impl Shard {
                     .await
                     .ok()?;
                 let first = batch.first().map(|r| r.seq);
-                let mut records = Vec::new();
-                for r in batch.into_iter().filter(|r| r.seq < base) {
-                    records.push(ReplicaRecord {
-                        seq: r.seq,
-                        id: MessageId(r.id),
-                        timestamp: r.timestamp,
-                        defer_until_ns: r.defer_until,
-                        body: r.body,
-                    });
-                }
+                let records: Vec<ReplicaRecord> = batch
+                    .into_iter()
+                    .filter(|r| r.seq < base)
+                    .map(replica_record)
+                    .collect();
                 // Nothing stored from `from` below the memory tail: those sequences
                 // hold nothing (finished and removed); the next page starts further.
                 let next = match records.last() {
@@ -340,5 +329,17 @@ impl Shard {
             .get(topic)
             .map(|t| t.channels.keys().cloned().collect())
             .unwrap_or_default()
+    }
+}
+
+/// A record read back from a topic's store as a replica restoring a snapshot takes it
+/// (the store keeps a DPUB's due time in Unix ns, as the snapshot does).
+fn replica_record(r: nsq_storage::StoredRecord) -> ReplicaRecord {
+    ReplicaRecord {
+        seq: r.seq,
+        id: MessageId(r.id),
+        timestamp: r.timestamp,
+        defer_until_ns: r.defer_until,
+        body: r.body,
     }
 }
