@@ -651,9 +651,17 @@ fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
         sync_every,
     } = *cfg;
     let root = net::temp_data_dir("cluster-chaos");
+    // CLUSTER_CHAOS_ARGS: more flags for every member (e.g. `--log-level=debug`, to see
+    // each election's votes in the kept logs).
     let extra = sync_every
         .map(|n| format!("--sync-every={n}"))
         .into_iter()
+        .chain(
+            std::env::var("CLUSTER_CHAOS_ARGS")
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(str::to_string),
+        )
         .collect();
     let (mut members, c) = setup(&root, consumer_ms, extra);
     let t0 = Instant::now();
