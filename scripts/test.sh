@@ -190,6 +190,11 @@ if [[ $CLIENTS_ONLY -eq 0 ]]; then
       echo "WARN: no fusepy/libfuse2: tests/it/slow_disk.rs skips its FUSE tests"
     fi
   fi
+  # The real-client failover tests in tests/it/cluster.rs (pynsq, gnsq, nsqjs) need the
+  # pinned clients: installed here, before the tests, rather than only at step 5.
+  if [[ $BUILD_OK -eq 1 ]]; then
+    bash "$ROOT/scripts/setup-clients.sh" all >/dev/null 2>&1 || true
+  fi
   if [[ $BUILD_OK -eq 1 ]]; then
     # The broker's integration tests are one binary (tests/it/main.rs, one module per
     # area); nsqlookupd, which some of them start, is built by the build step above.
