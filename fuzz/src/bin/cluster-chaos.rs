@@ -450,16 +450,21 @@ fn view(http: SocketAddr) -> Option<(Option<String>, bool, u64)> {
     ))
 }
 
+/// Member `http`'s JSON answer to `GET path` (`None`: no answer in time, not 200, or
+/// not JSON).
+fn get_json(http: SocketAddr, path: &str) -> Option<serde_json::Value> {
+    let (code, body) = net::http_within(http, "GET", path, b"", ASK_TIMEOUT).ok()?;
+    if code != 200 {
+        return None;
+    }
+    serde_json::from_slice(&body).ok()
+}
+
 /// How many clients member `http` lists in channel `c0` of the topic (`/stats`; `None`:
 /// no answer, or no such channel there).
 fn channel_clients(http: SocketAddr) -> Option<usize> {
     let path = format!("/stats?format=json&topic={TOPIC}&channel={CHANNEL}");
-    let (code, body) = net::http_within(http, "GET", &path, b"", ASK_TIMEOUT).ok()?;
-    if code != 200 {
-        return None;
-    }
-    let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
-    v["topics"]
+    get_json(http, &path)?["topics"]
         .as_array()?
         .iter()
         .find(|t| t["topic_name"] == TOPIC)?["channels"]
@@ -473,12 +478,7 @@ fn channel_clients(http: SocketAddr) -> Option<usize> {
 /// The topic's entry in member `http`'s `GET /cluster` (`None`: no answer, or no group
 /// of the topic there).
 fn topic_state(http: SocketAddr) -> Option<serde_json::Value> {
-    let (code, body) = net::http_within(http, "GET", "/cluster", b"", ASK_TIMEOUT).ok()?;
-    if code != 200 {
-        return None;
-    }
-    let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
-    v["topics"]
+    get_json(http, "/cluster")?["topics"]
         .as_array()?
         .iter()
         .find(|t| t["topic"] == TOPIC)
