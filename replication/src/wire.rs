@@ -199,12 +199,13 @@ pub fn encode_hello(hello: &Hello) -> Result<Vec<u8>, EncodeError> {
 ///
 /// [`EncodeError`] for a bad topic name, an oversized message or a protobuf failure.
 pub fn encode_frame(topic: &str, message: &RaftMessage) -> Result<Vec<u8>, EncodeError> {
-    let body = message
-        .write_to_bytes()
-        .map_err(|_| EncodeError::Protobuf)?;
-    let mut out = start(KIND_RAFT, 1 + topic.len() + body.len());
+    // Written in place after the header: an append's entries are copied once.
+    let size = message.compute_size() as usize;
+    let mut out = start(KIND_RAFT, 1 + topic.len() + size);
     push_name(&mut out, topic)?;
-    out.extend_from_slice(&body);
+    message
+        .write_to_vec(&mut out)
+        .map_err(|_| EncodeError::Protobuf)?;
     finish(out)
 }
 

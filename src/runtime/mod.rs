@@ -1,6 +1,6 @@
 //! Process start-up and shutdown: one glommio executor per shard, each pinned to one CPU
-//! of the process's affinity set (round robin when there are more shards than CPUs),
-//! joined into a full channel mesh. The TCP and HTTP addresses are bound once, before
+//! of the process's affinity set (round robin when there are more shards than CPUs;
+//! not pinned when there are fewer: [`placement`]), joined into a full channel mesh. The TCP and HTTP addresses are bound once, before
 //! recovery (clients wait in the accept backlog); every shard accepts on a duplicate of
 //! each socket, and none serves anything until every shard has recovered its topics.
 
@@ -17,6 +17,18 @@ pub use listeners::ListenError;
 pub(crate) use listeners::{bind, listen, BIND_RETRY};
 use shard::shard_future;
 pub use signals::shutting_down;
+
+/// Where shard executors run: each pinned to its CPU when the shards take every CPU of
+/// the process's affinity set (the default `--shards`) or more; left to the kernel's
+/// scheduler when there are fewer shards than CPUs. An operator who asks for fewer
+/// shards than CPUs keeps CPUs for something else on the host (another broker, its
+/// clients), and pinning would put every broker started that way on the same first
+/// CPUs of the set (three members of a cluster on one host would share one core while
+/// the others idle). To pin such a broker all the same, start it under `taskset -c`
+/// (or systemd's `CPUAffinity=`) with as many CPUs as shards.
+fn placement(shards: usize, cpus: &[usize], cpu: usize) -> Option<usize> {
+    (shards >= cpus.len()).then_some(cpu)
+}
 
 use crate::config::Config;
 use glommio::{LocalExecutorBuilder, Placement};
@@ -114,7 +126,7 @@ pub fn run(
     let recovery = Arc::new(RecoveryBarrier::new(n));
     let mut handles = Vec::new();
     for i in 0..n {
-        let cpu = cpus[i % cpus.len()];
+        let cpu = placement(n, &cpus, cpus[i % cpus.len()]);
         let cfg = cfg.clone();
         let mesh = mesh[i].take();
         let ready = ready_tx.clone();
@@ -136,7 +148,7 @@ pub fn run(
             recovery: recovery.clone(),
             armed: true,
         };
-        let h = LocalExecutorBuilder::new(Placement::Fixed(cpu))
+        let h = LocalExecutorBuilder::new(cpu.map_or(Placement::Unbound, Placement::Fixed))
             .name(&format!("shard-{i}"))
             .spawn(move || {
                 let mut guard = guard;

@@ -38,7 +38,7 @@ type Listeners = (
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn shard_future(
     i: usize,
-    cpu: usize,
+    cpu: Option<usize>,
     cfg: Arc<Config>,
     mesh: Option<crate::mesh::Peer>,
     addrs: (SocketAddr, SocketAddr, Option<SocketAddr>),
@@ -68,7 +68,7 @@ pub(super) async fn shard_future(
 #[allow(clippy::too_many_arguments)]
 async fn shard_main(
     index: usize,
-    cpu: usize,
+    cpu: Option<usize>,
     cfg: Arc<Config>,
     mesh: Option<crate::mesh::Peer>,
     (tcp_addr, http_addr, https_addr): (SocketAddr, SocketAddr, Option<SocketAddr>),

@@ -57,6 +57,7 @@ mod robustness_sizes;
 mod robustness_slow_clients;
 mod robustness_truncated;
 mod sd_notify;
+mod shard_placement;
 mod slow_disk;
 mod startup;
 mod stats_filters;

@@ -106,11 +106,12 @@ pub struct Shard {
     pub me: RefCell<Weak<Shard>>,
 }
 
-/// Where a shard is: its index among `count` shards, and the CPU its thread runs on.
+/// Where a shard is: its index among `count` shards, and the CPU its thread is pinned
+/// to (`None`: not pinned, the kernel places it).
 struct Place {
     index: usize,
     count: usize,
-    cpu: usize,
+    cpu: Option<usize>,
 }
 
 /// The metadata checkpoints of a shard's durable topics (nsqd: PersistMetadata): what
@@ -194,7 +195,8 @@ pub const STORE_PENDING_HIGH: usize = 32 << 20;
 pub const TIMER_REFRESH: Duration = Duration::from_secs(5);
 
 impl Shard {
-    pub fn new(index: usize, count: usize, cpu: usize, opts: Options) -> Shard {
+    /// Shard `index` of `count`, pinned to `cpu` (`None`: not pinned).
+    pub fn new(index: usize, count: usize, cpu: Option<usize>, opts: Options) -> Shard {
         Shard {
             place: Place { index, count, cpu },
             opts,

@@ -49,7 +49,9 @@ impl Shard {
         let mut out = Vec::new();
         let mut counters = ShardCounters {
             shard: self.index(),
-            cpu: self.place.cpu,
+            // The CPU it is pinned to, or (not pinned: fewer shards than CPUs) the one
+            // it runs on now.
+            cpu: self.place.cpu.unwrap_or_else(rustix::thread::sched_getcpu),
             topics: topics.len(),
             clients: self.clients.map.borrow().len(),
             messages_in: self.counters.messages_in.get(),

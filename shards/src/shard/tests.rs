@@ -36,7 +36,7 @@ fn shard(max_channel_consumers: usize) -> Shard {
     Shard::new(
         0,
         1,
-        0,
+        None,
         Options {
             max_channel_consumers,
             ..Options::default()
@@ -93,7 +93,7 @@ where
             let s = Shard::new(
                 0,
                 1,
-                0,
+                None,
                 Options {
                     data_path: Some(d.clone()),
                     ..opts
@@ -310,7 +310,7 @@ fn deferred_messages_hold_no_body_and_are_read_back_from_disk_when_due() {
         let s2 = Rc::new(Shard::new(
             0,
             1,
-            0,
+            None,
             Options {
                 data_path: Some(d2.clone()),
                 mem_queue_size: 10,
@@ -512,7 +512,7 @@ fn dead_letters_are_taken_from_the_shard_and_finished_once_published() {
     let s = Shard::new(
         0,
         1,
-        0,
+        None,
         Options {
             max_attempts: 1,
             ..Options::default()

@@ -61,7 +61,8 @@ impl ShardCluster {
     /// policy is met or [`PROPOSE_TIMEOUT`] passes.
     async fn propose(&self, server: &Server, topic: &str, entry: Entry) -> Result<(), String> {
         let deadline = Instant::now() + PROPOSE_TIMEOUT;
-        let encoded = entry.encode();
+        // Encoded for a forward only: the leader's own group encodes what it proposes.
+        let mut encoded: Option<Vec<u8>> = None;
         let replicas = self.cfg.replicas_of(topic);
         let mut target_turn = 0usize;
         let mut last_error = String::from("no leader elected in time");
@@ -107,7 +108,8 @@ impl ShardCluster {
                 glommio::timer::sleep(TICK).await;
                 continue;
             }
-            match self.forward(target, topic, &encoded).await {
+            let encoded = encoded.get_or_insert_with(|| entry.encode());
+            match self.forward(target, topic, encoded).await {
                 Ok(Reply::Acked) => return Ok(()),
                 Ok(Reply::NotLeader { leader }) => {
                     if leader != 0 {
