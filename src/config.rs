@@ -280,7 +280,7 @@ pub struct Cli {
     pub lookupd_tcp_address: Vec<String> =>
         { rank: 10, cfg: "nsqlookupd_tcp_addresses", go: "NSQLookupdTCPAddresses",
           kind: StrList, put: true },
-    /// number of shards: executors, each pinned to one CPU (default: the CPUs this process may use)
+    /// number of shards: executors, each pinned to one CPU when they take every CPU this process may use (default: the CPUs this process may use)
     #[arg(long)]
     pub shards: Option<usize> =>
         { rank: 64, cfg: "shards", go: "Shards", kind: Int, get: shards_go, set: set_shards },

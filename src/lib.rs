@@ -2,8 +2,8 @@
 //!
 //! This crate holds the process and its edges: the command line and config file
 //! ([`config`], [`config_file`]), the host checks before start-up ([`preflight`]), the
-//! runtime that starts one pinned glommio executor per shard, connects the shard mesh and
-//! handles signals ([`runtime`], [`mesh`]), the accept loops and per-shard server context
+//! runtime that starts one glommio executor per shard (pinned to a CPU), connects the
+//! shard mesh and handles signals ([`runtime`], [`mesh`]), the accept loops and per-shard server context
 //! ([`server`]), protocol V2 connections ([`tcp`]: reader, commands, writer, hand-off
 //! between shards, TLS and compression streams; the TLS configuration in [`tls`]), the
 //! HTTP API and the live shard page ([`http`]), AUTH ([`auth`]; name lookups and other

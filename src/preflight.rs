@@ -638,8 +638,8 @@ fn cpus(shards: usize) -> Option<String> {
         let list = proc_status("Cpus_allowed_list").unwrap_or_default();
         format!(
             "--shards={shards} is more than the {usable} CPUs this process may use \
-             (Cpus_allowed_list {list}, and any cgroup CPU quota): shards share CPUs round \
-             robin (slower); fix: --shards={usable} or give the process more CPUs (taskset, \
+             (Cpus_allowed_list {list}, and any cgroup CPU quota): shards share CPUs \
+             (slower); fix: --shards={usable} or give the process more CPUs (taskset, \
              systemd CPUAffinity=, docker --cpuset-cpus/--cpus)"
         )
     })

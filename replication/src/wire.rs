@@ -199,9 +199,11 @@ pub fn encode_hello(hello: &Hello) -> Result<Vec<u8>, EncodeError> {
 ///
 /// [`EncodeError`] for a bad topic name, an oversized message or a protobuf failure.
 pub fn encode_frame(topic: &str, message: &RaftMessage) -> Result<Vec<u8>, EncodeError> {
-    // Written in place after the header: an append's entries are copied once.
+    // Written in place after the header: an append's entries are copied once. One
+    // byte more than the frame takes: protobuf's final flush reserves one byte, which
+    // on a full vector would reallocate (and copy) it at twice its size.
     let size = message.compute_size() as usize;
-    let mut out = start(KIND_RAFT, 1 + topic.len() + size);
+    let mut out = start(KIND_RAFT, 1 + topic.len() + size + 1);
     push_name(&mut out, topic)?;
     message
         .write_to_vec(&mut out)

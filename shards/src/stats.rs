@@ -214,7 +214,11 @@ pub struct StatsRequest {
 #[derive(Clone, Debug, Serialize, Default)]
 pub struct ShardCounters {
     pub shard: usize,
+    /// The CPU the shard is pinned to, or (`pinned` false) the one it ran on when the
+    /// stats were taken.
     pub cpu: usize,
+    /// Whether the shard's thread is pinned to `cpu` (docs/architecture.md, "Shards").
+    pub pinned: bool,
     pub topics: usize,
     pub channels: usize,
     pub clients: usize,

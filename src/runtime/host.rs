@@ -1,4 +1,5 @@
-//! The host: the CPUs this process may run on (each shard is pinned to one).
+//! The host: the CPUs this process may run on (shards are pinned to them: see `placement`
+//! in the runtime module).
 
 /// CPUs this process may run on, from /proc/self/status (`Cpus_allowed_list`).
 pub fn allowed_cpus() -> Vec<usize> {

@@ -1,6 +1,6 @@
 //! Process start-up and shutdown: one glommio executor per shard, each pinned to one CPU
 //! of the process's affinity set (round robin when there are more shards than CPUs;
-//! not pinned when there are fewer: [`placement`]), joined into a full channel mesh. The TCP and HTTP addresses are bound once, before
+//! not pinned when there are fewer: `placement`), joined into a full channel mesh. The TCP and HTTP addresses are bound once, before
 //! recovery (clients wait in the accept backlog); every shard accepts on a duplicate of
 //! each socket, and none serves anything until every shard has recovered its topics.
 
@@ -19,8 +19,10 @@ use shard::shard_future;
 pub use signals::shutting_down;
 
 /// Where shard executors run: each pinned to its CPU when the shards take every CPU of
-/// the process's affinity set (the default `--shards`) or more; left to the kernel's
-/// scheduler when there are fewer shards than CPUs. An operator who asks for fewer
+/// the process's affinity set or more (the default `--shards` on a host without a CPU
+/// quota); left to the kernel's scheduler when there are fewer shards than CPUs (under
+/// a CPU quota, `docker --cpus`, the default `--shards` is the quota: a share of CPU
+/// time, not particular CPUs). An operator who asks for fewer
 /// shards than CPUs keeps CPUs for something else on the host (another broker, its
 /// clients), and pinning would put every broker started that way on the same first
 /// CPUs of the set (three members of a cluster on one host would share one core while

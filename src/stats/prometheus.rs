@@ -260,7 +260,13 @@ pub fn prometheus(shards: &[ShardStats], start_time: i64) -> String {
             }
         }
         let c = &s.counters;
-        let l = format!("shard=\"{sh}\",cpu=\"{}\"", c.cpu);
+        // An unpinned shard moves between CPUs: an empty label keeps its series one.
+        let cpu = if c.pinned {
+            c.cpu.to_string()
+        } else {
+            String::new()
+        };
+        let l = format!("shard=\"{sh}\",cpu=\"{cpu}\"");
         push_samples(&mut shard_f, &l, shard_values(c));
     }
     // The lag families only when some channel has them (`--channel-lag-stats`).

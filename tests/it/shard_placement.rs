@@ -75,6 +75,19 @@ fn shards_are_pinned_only_when_they_take_every_cpu() {
         .collect();
     pinned.sort_unstable();
     assert_eq!(pinned, cpus, "one shard on each CPU of the set");
+    // `/stats` says so, with the CPU of each.
+    let stats = b.stats();
+    let mut said: Vec<usize> = stats["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            assert_eq!(s["pinned"], true, "{s}");
+            s["cpu"].as_u64().unwrap() as usize
+        })
+        .collect();
+    said.sort_unstable();
+    assert_eq!(said, cpus);
     drop(b);
     // More shards than CPUs: all pinned, round robin.
     let b = Broker::start(cpus.len() + 1, &[]);
@@ -96,6 +109,17 @@ fn shards_are_pinned_only_when_they_take_every_cpu() {
         "the shard thread is not pinned"
     );
     let stats = b.stats();
-    let cpu = stats["shards"][0]["cpu"].as_u64().unwrap();
+    let shard = &stats["shards"][0];
+    assert_eq!(shard["pinned"], false, "{shard}");
+    let cpu = shard["cpu"].as_u64().unwrap();
     assert!(cpus.contains(&(cpu as usize)), "cpu {cpu} of {cpus:?}");
+    // Its metrics keep one series however it moves: an empty cpu label.
+    let (code, metrics) = b.http("GET", "/metrics", b"");
+    assert_eq!(code, 200);
+    let metrics = String::from_utf8(metrics).unwrap();
+    assert!(
+        metrics.contains("shard=\"0\",cpu=\"\""),
+        "{}",
+        &metrics[..metrics.len().min(2000)]
+    );
 }

@@ -52,6 +52,7 @@ impl Shard {
             // The CPU it is pinned to, or (not pinned: fewer shards than CPUs) the one
             // it runs on now.
             cpu: self.place.cpu.unwrap_or_else(rustix::thread::sched_getcpu),
+            pinned: self.place.cpu.is_some(),
             topics: topics.len(),
             clients: self.clients.map.borrow().len(),
             messages_in: self.counters.messages_in.get(),
