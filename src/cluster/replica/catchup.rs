@@ -18,9 +18,9 @@
 //! backlog of any size costs the replica a page of memory, not the backlog.
 
 use super::compaction::{encode_state, parse_state};
+use super::requests::Asked;
 use super::{ShardCluster, TICK};
 use crate::server::Server;
-use futures::channel::oneshot;
 use nsq_replication::raft::eraftpb::Message as RaftMessage;
 use nsq_replication::wire::{self, Reply};
 use nsq_shards::mesh::AdminOp;
@@ -248,29 +248,19 @@ impl ShardCluster {
         topic: &str,
         from: u64,
     ) -> Result<(Vec<ReplicaRecord>, u64), String> {
-        let n = self.next_request.get();
-        self.next_request.set(n + 1);
-        // The top 16 bits name this shard: the reply comes back to it.
-        let request = (n & 0xffff_ffff_ffff) | ((self.shard_index as u64) << 48);
-        let frame =
-            wire::encode_fetch(request, topic, from, PAGE_BYTES).map_err(|e| e.to_string())?;
-        let (tx, rx) = oneshot::channel();
-        self.requests.borrow_mut().insert(request, tx);
-        self.links.send(to, frame);
-        let deadline = Instant::now() + FETCH_TIMEOUT;
-        let mut rx = rx;
-        let reply = loop {
-            let tick = std::pin::pin!(glommio::timer::sleep(TICK));
-            match futures::future::select(&mut rx, tick).await {
-                futures::future::Either::Left((r, _)) => break r.ok(),
-                futures::future::Either::Right(_) => {
-                    if !self.links.connected(to) || Instant::now() >= deadline {
-                        break None;
-                    }
-                }
-            }
+        let asked = self
+            .ask(
+                to,
+                |request| wire::encode_fetch(request, topic, from, PAGE_BYTES),
+                Instant::now() + FETCH_TIMEOUT,
+                || false,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let reply = match asked {
+            Asked::Reply(r) => Some(r),
+            Asked::Gone | Asked::Unanswered => None,
         };
-        self.requests.borrow_mut().remove(&request);
         match reply {
             Some(Reply::Records(data)) => match parse_state(&data) {
                 Some(ReplicaState {

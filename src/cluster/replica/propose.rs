@@ -2,6 +2,7 @@
 //! forwarded to it, a forwarded proposal answered, and the proposals whose
 //! `--replication-ack` policy is met answered (docs/replication.md, "How it works").
 
+use super::requests::Asked;
 use super::*;
 
 /// How long a replica that knows no leader waits before it forwards a proposal to the
@@ -223,50 +224,26 @@ impl ShardCluster {
                 "this node does not hold the topic".into(),
             ));
         }
-        let n = self.next_request.get();
-        self.next_request.set(n + 1);
-        // The top 16 bits name this shard: the reply comes back to it.
-        let request = (n & 0xffff_ffff_ffff) | ((self.shard_bits()) << 48);
-        let frame = wire::encode_propose(request, topic, entry)
-            .map_err(|e| ForwardError::NotSent(e.to_string()))?;
-        let (tx, rx) = oneshot::channel();
-        self.requests.borrow_mut().insert(request, tx);
-        self.links.send(to, frame);
         // The leader answers within PROPOSE_TIMEOUT; wait that long and a little more
-        // while the connection to it stays up.
-        let deadline = Instant::now() + FORWARD_TIMEOUT;
-        let mut rx = rx;
-        let r = loop {
-            let tick = std::pin::pin!(glommio::timer::sleep(TICK));
-            match futures::future::select(&mut rx, tick).await {
-                futures::future::Either::Left((Ok(reply), _)) => break Some(reply),
-                futures::future::Either::Left((Err(_), _)) => break None,
-                futures::future::Either::Right(_) => {
-                    // The connection broke, or the group elected another leader (this
-                    // member holds a replica and heard from it): `to` will not answer.
-                    let moved = self.leader_of(topic).is_some_and(|l| l != to);
-                    if !self.links.connected(to) || moved {
-                        self.requests.borrow_mut().remove(&request);
-                        return Err(ForwardError::ConnectionLost);
-                    }
-                    if Instant::now() >= deadline {
-                        break None;
-                    }
-                }
-            }
-        };
-        self.requests.borrow_mut().remove(&request);
+        // while the connection to it stays up. The group electing another leader
+        // (this member holds a replica and heard from it) means `to` will not answer.
+        let asked = self
+            .ask(
+                to,
+                |request| wire::encode_propose(request, topic, entry),
+                Instant::now() + FORWARD_TIMEOUT,
+                || self.leader_of(topic).is_some_and(|l| l != to),
+            )
+            .await
+            .map_err(|e| ForwardError::NotSent(e.to_string()))?;
         let at = self.cfg.member(to).map_or("?", |m| m.address.as_str());
-        match r {
-            Some(reply) => Ok(reply),
-            None => Err(ForwardError::Unanswered(format!(
+        match asked {
+            Asked::Reply(reply) => Ok(reply),
+            Asked::Gone => Err(ForwardError::ConnectionLost),
+            Asked::Unanswered => Err(ForwardError::Unanswered(format!(
                 "the leader {at} did not answer; the messages may or may not have been published"
             ))),
         }
-    }
-
-    fn shard_bits(&self) -> u64 {
-        self.shard_index as u64
     }
 
     pub(super) async fn answer_propose(&self, server: &Server, topic: &str, entry: &[u8]) -> Reply {

@@ -1,11 +1,11 @@
 //! The cluster's entry points from the rest of the broker: admin operations and SUBs
 //! on replicated topics, and frames from peers routed to their shard.
 
-use super::{PROPOSE_TIMEOUT, TICK};
+use super::{ShardCluster, PROPOSE_TIMEOUT, TICK};
 use crate::cluster::ClusterConfig;
 use crate::mesh::ShardMsg;
 use crate::server::Server;
-use nsq_replication::wire::Frame;
+use nsq_replication::wire::{EncodeError, Frame, Reply};
 use nsq_replication::{ChannelOp, Entry};
 use nsq_shards::mesh::{AdminError, AdminOp};
 use std::rc::Rc;
@@ -277,5 +277,61 @@ impl super::ShardCluster {
             }
             glommio::timer::sleep(TICK).await;
         }
+    }
+}
+
+/// What a request to a peer ([`ShardCluster::ask`]) came to.
+pub(super) enum Asked {
+    /// The peer's reply.
+    Reply(Reply),
+    /// The connection to the peer went down, or the caller gave up on the peer, before
+    /// a reply.
+    Gone,
+    /// No reply by the deadline while the connection stayed up.
+    Unanswered,
+}
+
+impl ShardCluster {
+    /// Sends the request frame `make` encodes for a fresh request number to peer `to`,
+    /// and waits for the peer's [`Frame::Reply`] to it (routed back to this shard by the
+    /// number's top 16 bits) until `deadline`. Every [`TICK`] it checks the connection,
+    /// and `give_up` (e.g. the topic's leader moved): either ends the wait as
+    /// [`Asked::Gone`].
+    ///
+    /// # Errors
+    ///
+    /// What `make` returns: the frame was not sent.
+    pub(super) async fn ask(
+        &self,
+        to: u64,
+        make: impl FnOnce(u64) -> Result<Vec<u8>, EncodeError>,
+        deadline: Instant,
+        give_up: impl Fn() -> bool,
+    ) -> Result<Asked, EncodeError> {
+        let n = self.next_request.get();
+        self.next_request.set(n + 1);
+        // The top 16 bits name this shard: the reply comes back to it.
+        let request = (n & 0xffff_ffff_ffff) | ((self.shard_index as u64) << 48);
+        let frame = make(request)?;
+        let (tx, mut rx) = futures::channel::oneshot::channel();
+        self.requests.borrow_mut().insert(request, tx);
+        self.links.send(to, frame);
+        let asked = loop {
+            let tick = std::pin::pin!(glommio::timer::sleep(TICK));
+            match futures::future::select(&mut rx, tick).await {
+                futures::future::Either::Left((Ok(reply), _)) => break Asked::Reply(reply),
+                futures::future::Either::Left((Err(_), _)) => break Asked::Unanswered,
+                futures::future::Either::Right(_) => {
+                    if !self.links.connected(to) || give_up() {
+                        break Asked::Gone;
+                    }
+                    if Instant::now() >= deadline {
+                        break Asked::Unanswered;
+                    }
+                }
+            }
+        };
+        self.requests.borrow_mut().remove(&request);
+        Ok(asked)
     }
 }
