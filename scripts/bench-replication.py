@@ -74,12 +74,18 @@ def http(port, method, path, body=b""):
         c.close()
 
 
+# Every broker started, stopped when the script ends however it ends (a failed bench
+# exits through sys.exit).
+NODES = []
+
+
 class Node:
     def __init__(self, binary, data, extra, cpus=None, shards=1):
         self.binary, self.data, self.extra = binary, data, list(extra)
         self.cpus, self.shards = cpus, shards
         self.tcp, self.http = free_port(), free_port()
         self.proc = None
+        NODES.append(self)
 
     def start(self):
         os.makedirs(self.data, exist_ok=True)
@@ -244,6 +250,8 @@ def main():
               % (len(accept), sorted(accept)[len(accept) // 2], max(accept),
                  sorted(elect)[len(elect) // 2], max(elect)))
     finally:
+        for n in NODES:
+            n.kill9()
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -884,3 +884,36 @@ fn finished_records_waiting_to_be_written_are_not_written() {
         s.close().await;
     });
 }
+
+#[test]
+fn a_publisher_waiting_for_records_finished_before_their_write_is_released() {
+    // `--sync-every=1`: a publisher waits until its records are synced; the checkpoint
+    // may drop them first when every channel finished them (they need no write). The
+    // wait must end then too, with a segment open (one write made it) and nothing left
+    // to write: the writer had synced up to the last record it wrote and looped on syncs
+    // that released nothing, never letting the shard's other tasks run.
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("t-forget-tail");
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        run(move || async move {
+            let s = TopicStore::open(p, cfg(1 << 20, 1), 0).await.unwrap().store;
+            for i in 0..10 {
+                s.append(&rec(i));
+            }
+            s.wait_durable(10).await.unwrap();
+            for i in 10..20 {
+                s.append(&rec(i));
+            }
+            // Before the writer task ran (no await since the appends).
+            assert_eq!(s.forget_unwritten_below(20), 10);
+            s.wait_durable(20).await.unwrap();
+            assert_eq!(read_seqs(&s, 0, 100).await, (0..10).collect::<Vec<_>>());
+            s.close().await;
+            done_tx.send(()).unwrap();
+        });
+    });
+    done_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the publisher's wait for records every channel finished never ended");
+}

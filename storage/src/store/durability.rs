@@ -57,6 +57,11 @@ impl Durability {
     }
 
     /// True while a publisher waits for durability (the writer then syncs at once).
+    /// The lowest sequence a publisher waits for, if any.
+    pub(super) fn lowest_waiting(&self) -> Option<u64> {
+        self.waiters.borrow().iter().map(|w| w.seq).min()
+    }
+
     pub(super) fn has_waiters(&self) -> bool {
         !self.waiters.borrow().is_empty()
     }

@@ -331,7 +331,13 @@ impl TopicStore {
     /// still to be delivered. Their sequences become gaps, as for records finished
     /// before they were due to be written. Not for topics kept for replay.
     pub fn forget_unwritten_below(&self, seq: u64) -> usize {
-        self.pending.forget_below(seq)
+        let dropped = self.pending.forget_below(seq);
+        if dropped > 0 {
+            // Publishers may wait for their durability: the writer's next sync releases
+            // them (nothing of theirs is left to write).
+            self.life.wake();
+        }
+        dropped
     }
 
     /// Bytes of appended records not yet written to a segment: the pending buffer and

@@ -252,9 +252,11 @@ pub(super) async fn writer_task(store: Rc<TopicStore>) {
         active: None,
         unsynced: Unsynced::new(),
         last_partial: (Instant::now(), 0, 0),
+        stalled_noted: false,
     };
     loop {
         w.wait_for_work().await;
+        let durable_before = store.durability.durable_seq();
         // Double buffering: publishers encode into the spare pair (which keeps its
         // capacity, so no reallocation or page faults) while this batch is written.
         let (buf, recs) = store.pending.take_batch();
@@ -279,8 +281,8 @@ pub(super) async fn writer_task(store: Rc<TopicStore>) {
             .journal
             .flush_io(store.cfg.io, &store.dir, &store.life)
             .await;
-        w.unsynced
-            .add(journaled + store.durability.take_journal_written());
+        let events = journaled + store.durability.take_journal_written();
+        w.unsynced.add(events);
         delete_covered_journals(&store).await;
         let waiting = store.durability.has_waiters();
         let due = w.unsynced.due(store.cfg.sync_every, store.cfg.sync_timeout)
@@ -304,6 +306,17 @@ pub(super) async fn writer_task(store: Rc<TopicStore>) {
             w.close().await;
             break;
         }
+        let progressed =
+            !recs_empty || events > 0 || store.durability.durable_seq() != durable_before;
+        if !progressed && !failed && store.durability.has_waiters() && !store.life.closing() {
+            // A publisher waits for records this store has not been handed yet (the
+            // shard's other tasks hand them over): syncs that release nothing, one after
+            // another, would never let those tasks run. Wait for the next append.
+            w.note_stalled_waiters();
+            let wake = std::pin::pin!(store.life.woken());
+            let sleep = std::pin::pin!(glommio::timer::sleep(RETRY_PAUSE));
+            futures::future::select(wake, sleep).await;
+        }
     }
     store.life.finish();
     store.journal.wake();
@@ -320,9 +333,29 @@ struct Writer {
     unsynced: Unsynced,
     /// (when, segment base, data end) of the last partial index written.
     last_partial: (Instant, u64, u64),
+    /// A round found publishers waiting for records the store did not have (logged
+    /// once per store).
+    stalled_noted: bool,
 }
 
 impl Writer {
+    /// Logs (once per store) a round that wrote and synced nothing while publishers
+    /// waited: their records were not handed to the store.
+    fn note_stalled_waiters(&mut self) {
+        if std::mem::replace(&mut self.stalled_noted, true) {
+            return;
+        }
+        let store = &self.store;
+        log::warn!(
+            "STORE: {} - publishers wait for sequence {} to be synced; the store holds up to {} (next {}), synced to {}: waiting for it to be handed over",
+            store.dir.display(),
+            store.durability.lowest_waiting().unwrap_or(0),
+            self.active.as_ref().map_or(0, |a| a.written),
+            store.pending.next_seq(),
+            store.durability.durable_seq(),
+        );
+    }
+
     /// Sleeps until there is something to do, or `--sync-timeout` after unsynced writes;
     /// gives the store's descriptors back when idle meanwhile ([`Writer::wait_idle`]).
     async fn wait_for_work(&mut self) {
@@ -594,8 +627,11 @@ impl Writer {
             }
         }
         self.unsynced.synced();
-        if ok && self.active.is_none() && store.pending.is_empty() {
-            // Nothing left unwritten: everything appended so far is durable.
+        if ok && store.pending.is_empty() {
+            // Nothing left unwritten: everything appended so far is durable, or needs
+            // no write (records every channel finished before they were written, which
+            // the checkpoint drops: `TopicStore::forget_unwritten_below`). A publisher
+            // waiting for one of those would otherwise wait for a write that never comes.
             store.durability.advance(store.pending.next_seq());
         }
         store.durability.release_waiters();
