@@ -289,6 +289,10 @@ pub struct Topic {
     storage: TopicStorage,
     checkpoint: CheckpointMemo,
     ids: IdGenerator,
+    /// Counts the changes the shard marks ([`crate::Shard::mark`]: publishes,
+    /// deliveries, FINs, REQs, TOUCHes, timers, channel changes): unchanged, the
+    /// channels' delivery state is what it was.
+    changes: u64,
 }
 
 /// A topic's counters for `/stats` (nsqd: Topic.messageCount, messageBytes).
@@ -369,7 +373,18 @@ impl Topic {
             },
             checkpoint: CheckpointMemo::default(),
             ids: IdGenerator::new(node_id),
+            changes: 0,
         }
+    }
+
+    /// How many changes the shard marked on the topic so far (wrapping): the same
+    /// number twice means its channels' delivery state did not change in between.
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+
+    pub(crate) fn count_change(&mut self) {
+        self.changes = self.changes.wrapping_add(1);
     }
 
     /// Messages published (stats `message_count`).

@@ -140,6 +140,10 @@ struct Group {
     waiters: Vec<Waiter>,
     /// A digest of the state last proposed per channel (leader only).
     cursors: HashMap<String, u64>,
+    /// The topic's count of changes ([`nsq_shards::topic::Topic::changes`]) when its
+    /// channels' state was last proposed in full: while it stays the same the leader
+    /// does not look at the channels again (a quiet topic costs nothing there).
+    cursors_at: Option<u64>,
     /// A committed entry that does not decode stops the group here.
     stopped: bool,
     /// What this node knows about how far its Raft log can be compacted.
@@ -472,6 +476,7 @@ impl ShardCluster {
                 ids: IdGenerator::new(self.cfg.node_id),
                 waiters: Vec::new(),
                 cursors: HashMap::new(),
+                cursors_at: None,
                 stopped: false,
                 retention: Retention::default(),
                 deleted,
@@ -908,6 +913,8 @@ impl ShardCluster {
         if l.is_self && !was {
             log::info!("TOPIC({topic}): this node leads it (term {})", l.term);
             if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
+                // A new leader looks at every channel at its first round.
+                g.cursors_at = None;
                 let hand_over = match g.gap {
                     Gap::None => false,
                     Gap::Missing { handed_at } => {

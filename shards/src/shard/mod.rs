@@ -273,7 +273,9 @@ impl Shard {
 
     /// [`Shard::mark_changed`] for a topic at hand: a field test on every call after the
     /// first (this runs for every publish and FIN), one insert per checkpoint interval.
+    /// Counts the change on the topic too ([`Topic::changes`]) however it is stored.
     pub(crate) fn mark(&self, t: &mut Topic) {
+        t.count_change();
         if self.opts.data_path.is_some() && t.mark_changed() {
             self.meta.changed.borrow_mut().insert(t.name.clone());
         }

@@ -5,7 +5,7 @@
 
 use super::Shard;
 use crate::message::MessageId;
-use crate::topic::{ReplicaRecord, ReplicaState, Restored};
+use crate::topic::{ReplicaRecord, ReplicaState, Restored, Topic};
 
 /// A channel's state as [`Shard::channel_positions`] gives it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,6 +51,12 @@ impl Shard {
             .iter()
             .map(|(name, c)| (name.clone(), c.low_watermark()))
             .collect()
+    }
+
+    /// [`Topic::changes`] of `topic`, if this shard has it: the channel positions
+    /// ([`Shard::channel_positions`]) are the same while it is.
+    pub fn topic_changes(&self, topic: &str) -> Option<u64> {
+        self.topics.borrow().get(topic).map(Topic::changes)
     }
 
     /// Each channel of `topic` (#ephemeral ones too) with its cursor and its unfinished messages

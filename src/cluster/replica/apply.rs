@@ -20,12 +20,26 @@ impl ShardCluster {
     pub(super) fn replicate_cursors(&self, server: &Server) {
         let led: Vec<String> = self.led.borrow().iter().cloned().collect();
         for topic in led {
+            let changes = server.shard.topic_changes(&topic);
+            if changes.is_some()
+                && self
+                    .groups
+                    .borrow()
+                    .get(&topic)
+                    .is_some_and(|g| g.cursors_at == changes)
+            {
+                // Nothing happened to the topic since its state was last proposed.
+                continue;
+            }
             let positions = server.shard.channel_positions(&topic, POSITION_MAX);
             let mut groups = self.groups.borrow_mut();
             let Some(g) = groups.get_mut(&topic) else {
                 continue;
             };
             let mut proposed = false;
+            // Every proposal of this round taken: the next round may skip the topic
+            // while it does not change.
+            let mut complete = true;
             // A channel the leader no longer has (an #ephemeral one whose last consumer
             // left is deleted there, as nsqd does) goes on the replicas too.
             let gone: Vec<String> = g
@@ -42,6 +56,8 @@ impl ShardCluster {
                 if g.group.propose(&e).is_ok() {
                     g.cursors.remove(&channel);
                     proposed = true;
+                } else {
+                    complete = false;
                 }
             }
             for pos in positions {
@@ -77,7 +93,12 @@ impl ShardCluster {
                 if g.group.propose(&e).is_ok() {
                     g.cursors.insert(pos.channel, digest);
                     proposed = true;
+                } else {
+                    complete = false;
                 }
+            }
+            if complete {
+                g.cursors_at = changes;
             }
             drop(groups);
             if proposed {

@@ -33,6 +33,7 @@ impl ShardCluster {
             };
             g.deleted = true;
             g.cursors.clear();
+            g.cursors_at = None;
             g.retention.ids_at.clear();
             g.next_seq = leads.then(|| g.seq_after_log(0));
             g.vote.saved
