@@ -7,6 +7,7 @@
 
 use bytes::Bytes;
 use nsq_storage::{StoreConfig, StoredRecord, TopicStore};
+use std::rc::Rc;
 use std::time::Duration;
 
 fn run<F: std::future::Future<Output = ()> + 'static>(f: impl FnOnce() -> F + Send + 'static) {
@@ -54,6 +55,17 @@ fn cfg(max: u64, sync_every: u64) -> StoreConfig {
         sync_timeout: Duration::from_millis(50),
         io: segment_io(),
     }
+}
+
+/// Opens the store at `path` (recovering `keep` tail records, as `TopicStore::open`),
+/// appends records `0..n` (`rec`) and waits until they are durable.
+async fn filled(path: std::path::PathBuf, cfg: StoreConfig, keep: usize, n: u64) -> Rc<TopicStore> {
+    let s = TopicStore::open(path, cfg, keep).await.unwrap().store;
+    for i in 0..n {
+        s.append(&rec(i));
+    }
+    s.wait_durable(n).await.unwrap();
+    s
 }
 
 const SIZES: [u64; 3] = [4096, 64 * 1024, 100 * 1024 * 1024];
@@ -119,14 +131,7 @@ fn an_empty_newest_segment_leaves_the_tail_to_the_one_before() {
     let path = dir.path().join("t-topic");
     let p2 = path.clone();
     run(move || async move {
-        let s = TopicStore::open(p2.clone(), cfg(4096, 100), 10)
-            .await
-            .unwrap()
-            .store;
-        for i in 0..300u64 {
-            s.append(&rec(i));
-        }
-        s.wait_durable(300).await.unwrap();
+        let s = filled(p2.clone(), cfg(4096, 100), 10, 300).await;
         s.close().await;
         // Sealed with its index, then an empty file at the next base.
         let r = TopicStore::open(p2.clone(), cfg(4096, 100), 10)
@@ -153,14 +158,7 @@ fn retention_deletes_passed_segments_only() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t-r");
     run(move || async move {
-        let s = TopicStore::open(path.clone(), cfg(4096, 1), 0)
-            .await
-            .unwrap()
-            .store;
-        for i in 0..500u64 {
-            s.append(&rec(i));
-        }
-        s.wait_durable(500).await.unwrap();
+        let s = filled(path.clone(), cfg(4096, 1), 0, 500).await;
         let before = s.segment_count();
         s.delete_before(250).await;
         let after = s.segment_count();
@@ -183,14 +181,7 @@ fn corrupt_and_torn_records_are_skipped() {
     let path = dir.path().join("t-c");
     let p2 = path.clone();
     run(move || async move {
-        let s = TopicStore::open(p2, cfg(1 << 30, 1), 0)
-            .await
-            .unwrap()
-            .store;
-        for i in 0..100u64 {
-            s.append(&rec(i));
-        }
-        s.wait_durable(100).await.unwrap();
+        let s = filled(p2, cfg(1 << 30, 1), 0, 100).await;
         s.close().await;
     });
     let seg = std::fs::read_dir(&path)
@@ -317,14 +308,7 @@ fn a_segment_left_open_by_a_crash_is_scanned_once_then_sealed() {
     let path = dir.path().join("t-crash");
     let p2 = path.clone();
     run(move || async move {
-        let s = TopicStore::open(p2, cfg(1 << 30, 1), 0)
-            .await
-            .unwrap()
-            .store;
-        for i in 0..300u64 {
-            s.append(&rec(i));
-        }
-        s.wait_durable(300).await.unwrap();
+        let _s = filled(p2, cfg(1 << 30, 1), 0, 300).await;
         // No close: the executor ends as if the process was killed.
     });
     assert!(files_with(&path, ".idx").is_empty());
@@ -448,11 +432,7 @@ fn offline_damage_loses_only_the_damaged_records() {
 fn write_store(path: &std::path::Path, n: u64, max: u64, close: bool) {
     let p = path.to_path_buf();
     run(move || async move {
-        let s = TopicStore::open(p, cfg(max, 1), 0).await.unwrap().store;
-        for i in 0..n {
-            s.append(&rec(i));
-        }
-        s.wait_durable(n).await.unwrap();
+        let s = filled(p, cfg(max, 1), 0, n).await;
         if close {
             s.close().await;
         }
@@ -649,14 +629,7 @@ fn after_a_crash_only_what_follows_the_open_segments_last_checkpoint_is_scanned(
     let path = dir.path().join("t-partial");
     let p2 = path.clone();
     run(move || async move {
-        let s = TopicStore::open(p2, cfg(1 << 30, 1), 0)
-            .await
-            .unwrap()
-            .store;
-        for i in 0..2000u64 {
-            s.append(&rec(i));
-        }
-        s.wait_durable(2000).await.unwrap();
+        let s = filled(p2, cfg(1 << 30, 1), 0, 2000).await;
         // A sync after --sync-timeout (50 ms here) writes the open segment's partial index.
         glommio::timer::sleep(Duration::from_millis(80)).await;
         s.append(&rec(2000));
@@ -897,11 +870,7 @@ fn a_publisher_waiting_for_records_finished_before_their_write_is_released() {
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         run(move || async move {
-            let s = TopicStore::open(p, cfg(1 << 20, 1), 0).await.unwrap().store;
-            for i in 0..10 {
-                s.append(&rec(i));
-            }
-            s.wait_durable(10).await.unwrap();
+            let s = filled(p, cfg(1 << 20, 1), 0, 10).await;
             for i in 10..20 {
                 s.append(&rec(i));
             }
