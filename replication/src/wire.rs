@@ -24,8 +24,9 @@
 //! them, then decodes. Decoding reads bytes from the network: it never panics, and a bad
 //! frame is a [`DecodeError`] after which the connection is out of step and is closed.
 
+use bytes::Bytes;
 use protobuf::Message as _;
-use raft::eraftpb::Message as RaftMessage;
+use raft::eraftpb::{Entry as RaftEntry, Message as RaftMessage};
 
 use crate::entry::{DecodeError, MAX_NAME_LEN};
 
@@ -36,6 +37,73 @@ pub const FRAME_VERSION: u8 = 4;
 /// `GroupConfig::max_size_per_msg` (1 MiB by default), nsqd's bodies at 1 MiB by
 /// default, and a snapshot travels in one message, so the limit leaves room for both.
 pub const MAX_FRAME_LEN: usize = 64 << 20;
+
+/// The least data a Raft entry carries for [`encode_frame`] to leave it in the entry's
+/// own buffer, written from there ([`OutFrame`]), and for [`decode_frame_shared`] to
+/// keep it as a slice of the frame read: a publish's bodies are then copied neither per
+/// follower on the leader nor out of the receive buffer on a follower. Smaller data is
+/// copied: that costs less than another piece to write, and a slice of a few bytes
+/// would keep a whole receive buffer alive while the entry is in the Raft log.
+pub const SHARE_MIN: usize = 4 << 10;
+
+/// A frame ready to write: its bytes, with buffers that are not copied into them
+/// (the data of a Raft append's large entries) inserted at given offsets. A link
+/// writes the pieces with one vectored send; [`OutFrame::to_vec`] gives them as one.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OutFrame {
+    bytes: Vec<u8>,
+    /// (offset in `bytes`, buffer that goes there), offsets ascending.
+    shared: Vec<(usize, Bytes)>,
+    len: usize,
+}
+
+impl OutFrame {
+    /// The frame's length in bytes, its length field included.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a frame of no bytes (never one this module encodes).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Calls `f` with each piece of the frame in the order they go on the wire; the
+    /// pieces together are the frame.
+    pub fn pieces<'a>(&'a self, mut f: impl FnMut(&'a [u8])) {
+        let mut at = 0;
+        for (offset, data) in &self.shared {
+            if *offset > at {
+                f(&self.bytes[at..*offset]);
+            }
+            f(data);
+            at = *offset;
+        }
+        if at < self.bytes.len() {
+            f(&self.bytes[at..]);
+        }
+    }
+
+    /// The frame in one vector.
+    #[must_use]
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len);
+        self.pieces(|p| out.extend_from_slice(p));
+        out
+    }
+}
+
+impl From<Vec<u8>> for OutFrame {
+    fn from(bytes: Vec<u8>) -> OutFrame {
+        OutFrame {
+            len: bytes.len(),
+            bytes,
+            shared: Vec::new(),
+        }
+    }
+}
 
 /// The first frame each side of a connection sends: who it is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -193,22 +261,100 @@ pub fn encode_hello(hello: &Hello) -> Result<Vec<u8>, EncodeError> {
     finish(out)
 }
 
-/// Writes a [`Frame::Raft`].
+/// Writes a [`Frame::Raft`]. The entries whose data is [`SHARE_MIN`] bytes or more
+/// are written from their own buffers ([`OutFrame`]); `message` is as it was after the
+/// call (its entries are set aside while the rest is encoded).
+///
+/// The message is protobuf's encoding, with its entries (field 7) after its other
+/// fields and each entry's data (field 4) after the entry's other fields: protobuf
+/// decodes fields in any order, and a repeated field's elements in the order they come.
 ///
 /// # Errors
 ///
 /// [`EncodeError`] for a bad topic name, an oversized message or a protobuf failure.
-pub fn encode_frame(topic: &str, message: &RaftMessage) -> Result<Vec<u8>, EncodeError> {
-    // Written in place after the header: an append's entries are copied once. One
-    // byte more than the frame takes: protobuf's final flush reserves one byte, which
-    // on a full vector would reallocate (and copy) it at twice its size.
-    let size = message.compute_size() as usize;
-    let mut out = start(KIND_RAFT, 1 + topic.len() + size + 1);
+pub fn encode_frame(topic: &str, message: &mut RaftMessage) -> Result<OutFrame, EncodeError> {
+    let mut entries = std::mem::take(&mut message.entries);
+    let r = encode_raft(topic, message, &mut entries);
+    message.entries = entries;
+    r
+}
+
+/// Protobuf's key of a length-delimited field `n`: `n << 3 | 2`.
+const MESSAGE_ENTRIES_KEY: u8 = 7 << 3 | 2;
+const ENTRY_DATA_KEY: u8 = 4 << 3 | 2;
+
+fn push_varint(out: &mut Vec<u8>, mut v: usize) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn varint_len(v: usize) -> usize {
+    let bits = usize::BITS - (v | 1).leading_zeros();
+    bits.div_ceil(7) as usize
+}
+
+fn encode_raft(
+    topic: &str,
+    head: &RaftMessage,
+    entries: &mut [RaftEntry],
+) -> Result<OutFrame, EncodeError> {
+    let head_size = head.compute_size() as usize;
+    let copied: usize = entries
+        .iter()
+        .map(|e| {
+            32 + if e.data.len() < SHARE_MIN {
+                e.data.len()
+            } else {
+                0
+            }
+        })
+        .sum();
+    // One byte more than the bytes take: protobuf's final flush reserves one byte,
+    // which on a full vector would reallocate (and copy) it at twice its size.
+    let mut out = start(KIND_RAFT, 1 + topic.len() + head_size + copied + 1);
     push_name(&mut out, topic)?;
-    message
-        .write_to_vec(&mut out)
+    head.write_to_vec(&mut out)
         .map_err(|_| EncodeError::Protobuf)?;
-    finish(out)
+    let mut shared = Vec::new();
+    let mut shared_len = 0;
+    for e in entries.iter_mut() {
+        let data = std::mem::take(&mut e.data);
+        let rest = e.compute_size() as usize;
+        let field = if data.is_empty() {
+            0
+        } else {
+            1 + varint_len(data.len()) + data.len()
+        };
+        out.push(MESSAGE_ENTRIES_KEY);
+        push_varint(&mut out, rest + field);
+        let written = e.write_to_vec(&mut out);
+        if !data.is_empty() {
+            out.push(ENTRY_DATA_KEY);
+            push_varint(&mut out, data.len());
+            if data.len() >= SHARE_MIN {
+                shared_len += data.len();
+                shared.push((out.len(), data.clone()));
+            } else {
+                out.extend_from_slice(&data);
+            }
+        }
+        e.data = data;
+        written.map_err(|_| EncodeError::Protobuf)?;
+    }
+    let len = out.len() + shared_len;
+    if len - 4 > MAX_FRAME_LEN {
+        return Err(EncodeError::TooLarge(len - 4));
+    }
+    let field = u32::try_from(len - 4).map_err(|_| EncodeError::TooLarge(len - 4))?;
+    out[..4].copy_from_slice(&field.to_le_bytes());
+    Ok(OutFrame {
+        bytes: out,
+        shared,
+        len,
+    })
 }
 
 /// Writes a [`Frame::Propose`] of an encoded entry.
@@ -355,6 +501,28 @@ impl<'a> Reader<'a> {
 /// [`DecodeError`]s for a bad version, kind ([`DecodeError::Tag`]), name, status or
 /// protobuf body.
 pub fn decode_frame(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
+    decode(buf, None)
+}
+
+/// [`decode_frame`] of a frame read into a shared buffer: a Raft message's entry
+/// data of [`SHARE_MIN`] bytes or more (and a snapshot's data) are slices of `buf`,
+/// not copies; smaller data is copied.
+///
+/// # Errors
+///
+/// As [`decode_frame`].
+pub fn decode_frame_shared(buf: &Bytes) -> Result<Option<(Frame, usize)>, DecodeError> {
+    decode(buf, Some(buf))
+}
+
+/// The length of the frame at the start of `buf`, its length field included, once
+/// `buf` holds all of it (`None` before).
+///
+/// # Errors
+///
+/// [`DecodeError::Truncated`] for a length field over [`MAX_FRAME_LEN`] or too short
+/// for a header.
+pub fn frame_len(buf: &[u8]) -> Result<Option<usize>, DecodeError> {
     let Some(head) = buf.get(..4) else {
         return Ok(None);
     };
@@ -364,9 +532,37 @@ pub fn decode_frame(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
     if !(2..=MAX_FRAME_LEN).contains(&len) {
         return Err(DecodeError::Truncated);
     }
-    let Some(body) = buf.get(4..4 + len) else {
+    Ok((buf.len() >= 4 + len).then_some(4 + len))
+}
+
+/// A Raft message parsed from `body`, a slice of `shared` when given (see
+/// [`decode_frame_shared`]).
+fn parse_raft(body: &[u8], shared: Option<&Bytes>) -> Result<RaftMessage, DecodeError> {
+    let Some(whole) = shared else {
+        return RaftMessage::parse_from_bytes(body).map_err(|_| DecodeError::Protobuf);
+    };
+    let start = body.as_ptr() as usize - whole.as_ptr() as usize;
+    let mut m = RaftMessage::parse_from_carllerche_bytes(&whole.slice(start..start + body.len()))
+        .map_err(|_| DecodeError::Protobuf)?;
+    let own = |b: &mut Bytes| {
+        if !b.is_empty() && b.len() < SHARE_MIN {
+            *b = Bytes::copy_from_slice(b);
+        }
+    };
+    own(&mut m.context);
+    for e in m.mut_entries() {
+        own(&mut e.data);
+        own(&mut e.context);
+    }
+    Ok(m)
+}
+
+fn decode(buf: &[u8], shared: Option<&Bytes>) -> Result<Option<(Frame, usize)>, DecodeError> {
+    let Some(end) = frame_len(buf)? else {
         return Ok(None);
     };
+    let len = end - 4;
+    let body = &buf[4..end];
     let mut r = Reader(body);
     let version = r.u8()?;
     if version != FRAME_VERSION {
@@ -388,7 +584,7 @@ pub fn decode_frame(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
         }
         KIND_RAFT => {
             let topic = r.name()?;
-            let message = RaftMessage::parse_from_bytes(r.0).map_err(|_| DecodeError::Protobuf)?;
+            let message = parse_raft(r.0, shared)?;
             Frame::Raft { topic, message }
         }
         KIND_PROPOSE => {

@@ -14,9 +14,10 @@
 
 use super::{liveness, ClusterConfig, Member};
 use crate::server::Server;
+use bytes::BytesMut;
 use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
-use nsq_replication::wire::{self, Frame, Hello};
+use nsq_replication::wire::{self, Frame, Hello, OutFrame};
 use nsq_shards::wake::Notify;
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -48,7 +49,7 @@ const QUEUE_LIMIT: usize = 64 << 20;
 /// One peer's outgoing queue on this shard.
 struct Outgoing {
     member: Member,
-    queue: RefCell<VecDeque<Vec<u8>>>,
+    queue: RefCell<VecDeque<OutFrame>>,
     queued_bytes: Cell<usize>,
     wake: Notify,
     /// True while the connection is up (set once the greeting is written).
@@ -110,10 +111,11 @@ impl Links {
 
     /// Queues `frame` for the peer with replica id `to` (dropped when `to` is not a
     /// peer); the peer's task writes it.
-    pub fn send(&self, to: u64, frame: Vec<u8>) {
+    pub fn send(&self, to: u64, frame: impl Into<OutFrame>) {
         let Some(p) = self.peers.iter().find(|p| p.member.replica == to) else {
             return;
         };
+        let frame = frame.into();
         let mut q = p.queue.borrow_mut();
         let mut bytes = p.queued_bytes.get() + frame.len();
         while bytes > QUEUE_LIMIT {
@@ -168,12 +170,13 @@ async fn connection_loop(
         let r = match &tls {
             None => {
                 connected();
-                write_loop(server, p, stream, &greeting).await
+                let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+                write_loop(server, p, stream, &greeting, Some(fd)).await
             }
             Some(client) => match dial_tls(client, &p.member.address, stream).await {
                 Ok(stream) => {
                     connected();
-                    write_loop(server, p, stream, &greeting).await
+                    write_loop(server, p, stream, &greeting, None).await
                 }
                 Err(e) => {
                     // Once a minute per peer: it is dialled again every REDIAL.
@@ -250,35 +253,42 @@ async fn within<T>(
     }
 }
 
+/// Writes the greeting, then what is queued for the peer and a ping every
+/// [`liveness::PING_EVERY`], until the connection fails or the shard shuts down. `fd`:
+/// the socket of a plain TCP `stream`, written with vectored sends ([`write_frames`]).
 async fn write_loop<S: AsyncRead + AsyncWrite + Unpin>(
     server: &Server,
     p: &Outgoing,
     mut stream: S,
     greeting: &[u8],
+    fd: Option<std::os::fd::RawFd>,
 ) -> std::io::Result<()> {
     stream.write_all(greeting).await?;
     stream.flush().await?;
     p.connected.set(true);
+    let mut frames: Vec<OutFrame> = Vec::new();
     let mut buf = Vec::new();
     // The first ping goes with the first frames after the greeting.
     let mut last_ping: Option<std::time::Instant> = None;
     loop {
         {
             let mut q = p.queue.borrow_mut();
+            let mut taken = 0;
             while let Some(f) = q.pop_front() {
-                buf.extend_from_slice(&f);
-                if buf.len() > 1 << 20 {
+                taken += f.len();
+                frames.push(f);
+                if taken > 1 << 20 {
                     break;
                 }
             }
             p.queued_bytes
-                .set(p.queued_bytes.get().saturating_sub(buf.len()));
+                .set(p.queued_bytes.get().saturating_sub(taken));
         }
         if last_ping.is_none_or(|at| at.elapsed() >= liveness::PING_EVERY) {
-            buf.extend_from_slice(&wire::encode_ping(liveness::own_count(p.member.replica)));
+            frames.push(wire::encode_ping(liveness::own_count(p.member.replica)).into());
             last_ping = Some(std::time::Instant::now());
         }
-        if buf.is_empty() {
+        if frames.is_empty() {
             if server.shard.shutdown.is_set() {
                 return Ok(());
             }
@@ -304,11 +314,67 @@ async fn write_loop<S: AsyncRead + AsyncWrite + Unpin>(
             }
             continue;
         }
-        stream.write_all(&buf).await?;
-        // TLS keeps what it encrypted until flushed; plain TCP has nothing to flush.
-        stream.flush().await?;
-        buf.clear();
+        write_frames(&mut stream, fd, &frames, &mut buf).await?;
+        frames.clear();
     }
+}
+
+/// The most pieces one vectored send takes (Linux's `IOV_MAX`).
+const MAX_PIECES: usize = 1024;
+
+/// Writes `frames` in order. On a plain socket (`fd`), their pieces go with vectored
+/// sends that do not wait, from the frames' own buffers: an append's entry data is not
+/// copied into a send buffer. What the socket does not take at once (its buffer is
+/// full), and everything on a TLS connection, is copied into `buf` and written through
+/// `stream`, which waits for the socket.
+async fn write_frames<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    fd: Option<std::os::fd::RawFd>,
+    frames: &[OutFrame],
+    buf: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    let mut sent = 0;
+    if let Some(fd) = fd {
+        // SAFETY: `fd` is the socket of `stream`, which this call borrows: it stays
+        // open for the call.
+        let socket = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let mut pieces: Vec<std::io::IoSlice<'_>> = Vec::new();
+        for f in frames {
+            f.pieces(|p| pieces.push(std::io::IoSlice::new(p)));
+        }
+        for batch in pieces.chunks(MAX_PIECES) {
+            let want: usize = batch.iter().map(|p| p.len()).sum();
+            let flags = rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL;
+            let mut control = rustix::net::SendAncillaryBuffer::default();
+            match rustix::net::sendmsg(socket, batch, &mut control, flags) {
+                Ok(n) => {
+                    sent += n;
+                    if n < want {
+                        break;
+                    }
+                }
+                Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    buf.clear();
+    let mut skip = sent;
+    for f in frames {
+        f.pieces(|p| {
+            if skip >= p.len() {
+                skip -= p.len();
+            } else {
+                buf.extend_from_slice(&p[skip..]);
+                skip = 0;
+            }
+        });
+    }
+    if !buf.is_empty() {
+        stream.write_all(buf).await?;
+    }
+    // TLS keeps what it encrypted until flushed; plain TCP has nothing to flush.
+    stream.flush().await
 }
 
 /// Shard 0's listener on `--cluster-address`: reads each peer's frames and hands them to
@@ -402,8 +468,11 @@ async fn read_loop<S: AsyncRead + Unpin>(
     mut stream: S,
 ) -> std::io::Result<()> {
     // Small until the peer greets: a connection that is not a member's costs little.
-    let mut buf: Vec<u8> = Vec::with_capacity(1 << 10);
-    let mut chunk = vec![0u8; 4 << 10];
+    // Frames are split off the buffer as they complete: a Raft append's large entry
+    // data stays where it was read (wire::decode_frame_shared), and the buffer is
+    // replaced once its room runs low.
+    let mut buf = BytesMut::with_capacity(1 << 10);
+    let mut read_size = 1 << 10;
     let accepted = std::time::Instant::now();
     let mut from: Option<u64> = None;
     // The peer is out of touch once this connection ends, however it ends.
@@ -429,7 +498,13 @@ async fn read_loop<S: AsyncRead + Unpin>(
     loop {
         let n = if from.is_none() {
             let left = GREETING_TIMEOUT.saturating_sub(accepted.elapsed());
-            match within(left, stream.read(&mut chunk), "a greeting").await {
+            match within(
+                left,
+                read_append(&mut stream, &mut buf, read_size, 0),
+                "a greeting",
+            )
+            .await
+            {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
                     return Err(refuse(format!(
@@ -440,12 +515,15 @@ async fn read_loop<S: AsyncRead + Unpin>(
                 Err(e) => return Err(e),
             }
         } else {
-            stream.read(&mut chunk).await?
+            // The rest of a frame whose length is known gets its room at once: a large
+            // append is then read into one buffer, not copied into larger ones as it
+            // arrives.
+            let short = lacking(&buf);
+            read_append(&mut stream, &mut buf, read_size, short).await?
         };
         if n == 0 {
             return Ok(());
         }
-        buf.extend_from_slice(&chunk[..n]);
         if from.is_none() {
             if let Some(head) = buf.get(..4) {
                 let mut len = [0u8; 4];
@@ -458,13 +536,14 @@ async fn read_loop<S: AsyncRead + Unpin>(
                 }
             }
         }
-        let mut used = 0;
         loop {
-            let frame = match wire::decode_frame(&buf[used..]) {
-                Ok(Some((f, len))) => {
-                    used += len;
-                    f
-                }
+            let decoded = match wire::frame_len(&buf) {
+                Ok(Some(len)) => wire::decode_frame_shared(&buf.split_to(len).freeze()),
+                Ok(None) => break,
+                Err(e) => Err(e),
+            };
+            let frame = match decoded {
+                Ok(Some((f, _))) => f,
                 Ok(None) => break,
                 Err(nsq_replication::DecodeError::Version(v)) => {
                     // Once a minute: the peer dials again every REDIAL.
@@ -486,7 +565,7 @@ async fn read_loop<S: AsyncRead + Unpin>(
                 (None, Frame::Hello(h)) => {
                     let replica = check_hello(cfg, &h)?;
                     from = Some(replica);
-                    chunk.resize(256 << 10, 0);
+                    read_size = READ_SIZE;
                     touch.0 = Some(replica);
                     liveness::opened(replica);
                     super::replica::peer_greeted(server, replica, h.tcp).await;
@@ -506,8 +585,52 @@ async fn read_loop<S: AsyncRead + Unpin>(
                 }
             }
         }
-        buf.drain(..used);
     }
+}
+
+/// The bytes the frame begun in `buf` still lacks (0: none begun, a whole one there, or
+/// a length that does not decode, which the decoder refuses).
+fn lacking(buf: &[u8]) -> usize {
+    match wire::frame_len(buf) {
+        Ok(None) if buf.len() >= 4 => {
+            let mut len = [0u8; 4];
+            len.copy_from_slice(&buf[..4]);
+            (u32::from_le_bytes(len) as usize + 4).saturating_sub(buf.len())
+        }
+        _ => 0,
+    }
+}
+
+/// How much a member's connection reads at once (more for the rest of a larger
+/// frame).
+const READ_SIZE: usize = 256 << 10;
+
+/// Reads what `stream` has, up to `max` bytes or the `short` bytes a frame lacks if
+/// more, appended to `buf` without zero-filling the room first. `buf` gets room for
+/// that and `max / 4` more when it has less than `short` or `max / 4` left. Returns
+/// the bytes read; 0 at end of stream.
+async fn read_append<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    max: usize,
+    short: usize,
+) -> std::io::Result<usize> {
+    let want = max.max(short);
+    if buf.capacity() - buf.len() < short.max(max / 4) {
+        buf.reserve(want + max / 4);
+    }
+    let room = (buf.capacity() - buf.len()).min(want);
+    let spare = &mut buf.spare_capacity_mut()[..room];
+    // SAFETY: the slice covers `room` bytes of `buf`'s allocated capacity. Its bytes
+    // may be uninitialised; the read only writes into it (glommio copies what recv
+    // returned, or rustls copies decrypted bytes into it) and never reads it, and only
+    // the `n` bytes it reports as written become part of `buf` below.
+    let area: &mut [u8] =
+        unsafe { std::slice::from_raw_parts_mut(spare.as_mut_ptr().cast::<u8>(), room) };
+    let n = stream.read(area).await?.min(room);
+    // SAFETY: the read initialised the first `n` bytes of the spare capacity.
+    unsafe { buf.set_len(buf.len() + n) };
+    Ok(n)
 }
 
 /// The peer's replica id when its greeting names a listed member with the matching id
@@ -558,5 +681,96 @@ fn log_once(key: &str, text: &str, level: log::Level) {
     });
     if due {
         log::log!(level, "CLUSTER: {text}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nsq_replication::raft::eraftpb::Entry as RaftEntry;
+    use nsq_replication::RaftMessage;
+
+    /// Appends whose large entry data goes as separate pieces, `n` of them, each `size`
+    /// bytes of data (a different byte per append).
+    fn appends(n: usize, size: usize) -> Vec<OutFrame> {
+        (0..n)
+            .map(|i| {
+                let mut m = RaftMessage {
+                    to: 2,
+                    index: i as u64,
+                    ..RaftMessage::default()
+                };
+                m.entries = vec![
+                    RaftEntry {
+                        index: i as u64 + 1,
+                        data: vec![(i % 251) as u8; size].into(),
+                        ..RaftEntry::default()
+                    },
+                    RaftEntry {
+                        index: i as u64 + 2,
+                        data: b"small".to_vec().into(),
+                        ..RaftEntry::default()
+                    },
+                ]
+                .into();
+                wire::encode_frame("t", &mut m).expect("encodes")
+            })
+            .collect()
+    }
+
+    /// More than the socket takes at once (a reader that is slow to start): what the
+    /// vectored send leaves is written through the stream, and the reader gets every
+    /// frame whole and in order, its large data read into the buffer it decodes from.
+    #[test]
+    fn frames_arrive_whole_and_in_order_past_a_full_socket() {
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .spawn(|| async {
+                let frames = appends(40, 300 << 10);
+                let expected: Vec<Vec<u8>> = frames.iter().map(OutFrame::to_vec).collect();
+                let listener = TcpListener::bind("127.0.0.1:0").expect("binds");
+                let addr = listener.local_addr().expect("address");
+                let reader = glommio::spawn_local(async move {
+                    let mut stream = listener.accept().await.expect("accepts");
+                    glommio::timer::sleep(Duration::from_millis(200)).await;
+                    let mut buf = BytesMut::new();
+                    let mut got = Vec::new();
+                    while got.len() < 40 {
+                        let short = lacking(&buf);
+                        let n = read_append(&mut stream, &mut buf, READ_SIZE, short)
+                            .await
+                            .expect("reads");
+                        assert!(n > 0, "the writer closed early");
+                        while let Ok(Some(len)) = wire::frame_len(&buf) {
+                            let whole = buf.split_to(len).freeze();
+                            let Ok(Some((Frame::Raft { message, .. }, _))) =
+                                wire::decode_frame_shared(&whole)
+                            else {
+                                panic!("not a Raft frame");
+                            };
+                            let data = &message.entries[0].data;
+                            let at = data.as_ptr() as usize;
+                            let start = whole.as_ptr() as usize;
+                            assert!(at >= start && at < start + whole.len(), "copied");
+                            got.push(whole.to_vec());
+                        }
+                    }
+                    got
+                });
+                let mut stream = TcpStream::connect(addr).await.expect("connects");
+                let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+                let mut buf = Vec::new();
+                write_frames(&mut stream, Some(fd), &frames, &mut buf)
+                    .await
+                    .expect("writes");
+                assert!(!buf.is_empty(), "the socket took 12 MB at once");
+                let got = reader.await;
+                assert_eq!(got.len(), expected.len());
+                for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+                    assert!(g == e, "frame {i} differs");
+                }
+            })
+            .expect("executor")
+            .join()
+            .expect("test");
     }
 }

@@ -842,7 +842,7 @@ impl ShardCluster {
                 }
             }
         }
-        for m in &messages {
+        for m in &mut messages {
             let queued = match wire::encode_frame(topic, m) {
                 Ok(f) => {
                     self.links.send(m.to, f);
@@ -883,11 +883,11 @@ impl ShardCluster {
             };
             // A leader that stops makes the replicas it reaches campaign at once: the
             // followers of a quiet group would otherwise wait for its lease to end.
-            for m in g.group.handoff() {
+            for mut m in g.group.handoff() {
                 if !self.links.connected(m.to) {
                     continue;
                 }
-                if let Ok(f) = wire::encode_frame(topic, &m) {
+                if let Ok(f) = wire::encode_frame(topic, &mut m) {
                     self.links.send(m.to, f);
                 }
             }

@@ -3,8 +3,9 @@
 
 use nsq_replication::entry::{ENTRY_VERSION, MAX_NAME_LEN};
 use nsq_replication::wire::{
-    decode_frame, encode_fetch, encode_frame, encode_hello, encode_ping, encode_propose,
-    encode_reply, EncodeError, Frame, Hello, Reply, MAX_FRAME_LEN,
+    decode_frame, decode_frame_shared, encode_fetch, encode_frame, encode_hello, encode_ping,
+    encode_propose, encode_reply, frame_len, EncodeError, Frame, Hello, Reply, MAX_FRAME_LEN,
+    SHARE_MIN,
 };
 use nsq_replication::{ChannelOp, DecodeError, Entry, Message, PendingMessage, RaftMessage};
 use raft::eraftpb::{Entry as RaftEntry, MessageType};
@@ -139,7 +140,9 @@ fn bad_entries_are_errors() {
 fn random_bytes_never_panic_the_decoders() {
     let mut rng = fastrand::Rng::with_seed(0x5eed);
     let valid: Vec<Vec<u8>> = every_kind().iter().map(Entry::encode).collect();
-    let frame = encode_frame("topic", &append_message()).unwrap();
+    let frame = encode_frame("topic", &mut append_message())
+        .unwrap()
+        .to_vec();
     for round in 0..20_000 {
         // Pure noise, and valid inputs with a few bytes changed.
         let bytes = if round % 2 == 0 {
@@ -188,19 +191,79 @@ fn raft(frame: Frame) -> (String, RaftMessage) {
     }
 }
 
+/// An append with a small entry and one whose data is written from its own buffer.
+fn append_with_large_entry() -> RaftMessage {
+    let mut m = append_message();
+    let big = Entry::Publish(vec![Message {
+        id: *b"0123456789abcdef",
+        timestamp_ns: 1_700_000_000_000_000_000,
+        attempts: 1,
+        defer_ms: 0,
+        body: vec![7u8; SHARE_MIN * 2].into(),
+    }])
+    .encode();
+    m.entries.push(RaftEntry {
+        index: 12,
+        term: 3,
+        data: big.into(),
+        context: b"ctx".to_vec().into(),
+        ..RaftEntry::default()
+    });
+    m.entries.push(RaftEntry {
+        index: 13,
+        term: 3,
+        ..RaftEntry::default()
+    });
+    m
+}
+
+#[test]
+fn large_entry_data_is_sent_and_received_without_a_copy() {
+    let mut m = append_with_large_entry();
+    let before = m.clone();
+    let frame = encode_frame("orders", &mut m).unwrap();
+    assert_eq!(m, before, "the message is as it was");
+    // The large entry's data is one of the frame's pieces, in the entry's own buffer;
+    // the small one's was copied.
+    let big = &m.entries[1].data;
+    let mut pieces = Vec::new();
+    frame.pieces(|p| pieces.push(p));
+    assert!(pieces
+        .iter()
+        .any(|p| p.as_ptr() == big.as_ptr() && p.len() == big.len()));
+    assert!(!pieces
+        .iter()
+        .any(|p| p.as_ptr() == m.entries[0].data.as_ptr()));
+    let bytes = frame.to_vec();
+    assert_eq!(bytes.len(), frame.len());
+    assert_eq!(frame_len(&bytes), Ok(Some(bytes.len())));
+    // protobuf reads what it did not write itself: the same message.
+    let (plain, used) = decode_frame(&bytes).unwrap().unwrap();
+    assert_eq!(used, bytes.len());
+    assert_eq!(raft(plain), ("orders".to_string(), before.clone()));
+    // Read from a shared buffer, the large data is a slice of it; the small data and
+    // the contexts are copies (they would keep the whole buffer alive).
+    let shared = bytes::Bytes::from(bytes);
+    let (frame, _) = decode_frame_shared(&shared).unwrap().unwrap();
+    let (_, got) = raft(frame);
+    assert_eq!(got, before);
+    let inside = |b: &bytes::Bytes| {
+        let start = shared.as_ptr() as usize;
+        let at = b.as_ptr() as usize;
+        at >= start && at < start + shared.len()
+    };
+    assert!(inside(&got.entries[1].data));
+    assert!(!inside(&got.entries[0].data));
+    assert!(!inside(&got.entries[1].context));
+}
+
 #[test]
 fn frames_round_trip_and_wait_for_whole_frames() {
-    let m = append_message();
-    let mut stream = encode_frame("orders", &m).unwrap();
-    // Written in place: the frame's vector was never grown (grown, it would hold about
-    // twice its length, counted as its length in a peer's send queue).
-    assert!(
-        stream.capacity() <= stream.len() + 1,
-        "{} bytes in a vector of {}",
-        stream.len(),
-        stream.capacity()
-    );
-    let second = encode_frame("payments", &RaftMessage::default()).unwrap();
+    let mut m = append_message();
+    let mut stream = encode_frame("orders", &mut m).unwrap().to_vec();
+    let second = encode_frame("payments", &mut RaftMessage::default())
+        .unwrap()
+        .to_vec();
     stream.extend_from_slice(&second);
     let (frame, used) = decode_frame(&stream).unwrap().unwrap();
     assert_eq!(raft(frame), ("orders".to_string(), m));
@@ -318,7 +381,7 @@ fn a_ping_carries_the_senders_contact_number() {
 #[test]
 fn bad_frames_are_errors() {
     assert_eq!(
-        encode_frame("", &RaftMessage::default()),
+        encode_frame("", &mut RaftMessage::default()),
         Err(EncodeError::Topic)
     );
     let too_long = u32::try_from(MAX_FRAME_LEN + 1).unwrap().to_le_bytes();
