@@ -320,6 +320,10 @@ struct TopicStorage {
     /// memory, which must keep them.
     stored: u64,
     mode: StoreMode,
+    /// How old an unfinished record gets before it is handed to the store under
+    /// [`StoreMode::Deferred`]: [`STORE_DELAY`], or more on a replica that learns of
+    /// its channels' FINs from its leader ([`Topic::set_store_delay`]).
+    delay: Duration,
 }
 
 /// What the checkpoint remembers of a topic between runs.
@@ -370,11 +374,27 @@ impl Topic {
                 error: None,
                 stored: 0,
                 mode: StoreMode::Immediate,
+                delay: STORE_DELAY,
             },
             checkpoint: CheckpointMemo::default(),
             ids: IdGenerator::new(node_id),
             changes: 0,
         }
+    }
+
+    /// Makes records wait `delay` (instead of [`STORE_DELAY`]) before they are handed to
+    /// the store under [`StoreMode::Deferred`]. A replica whose channels' positions come
+    /// from its leader at intervals waits that much longer, so that what the leader's
+    /// consumers finished in time is not written there either.
+    pub fn set_store_delay(&mut self, delay: Duration) {
+        self.storage.delay = delay;
+    }
+
+    /// The publish time (Unix ns) at or before which an unfinished record is due for
+    /// the store now (see [`Topic::set_store_delay`]).
+    pub fn store_cutoff(&self) -> i64 {
+        let delay = i64::try_from(self.storage.delay.as_nanos()).unwrap_or(i64::MAX);
+        crate::message::now_unix_nanos().saturating_sub(delay)
     }
 
     /// How many changes the shard marked on the topic so far (wrapping): the same
@@ -928,6 +948,25 @@ mod tests {
         assert_eq!(t.seek_in_memory(191), Ok(20));
         assert_eq!(Topic::new("e", 0).seek_in_memory(5), Err(0), "empty log");
         assert_eq!(t.oldest_retained(), 10, "no store: the memory tail");
+    }
+
+    #[test]
+    fn the_store_cutoff_follows_the_topics_store_delay() {
+        let mut t = Topic::new("d", 0);
+        let ms = |d: i64| d * 1_000_000;
+        let age = |t: &Topic| {
+            let cutoff = t.store_cutoff();
+            crate::message::now_unix_nanos() - cutoff
+        };
+        // STORE_DELAY by default: a record becomes due 100 ms after its publish.
+        let a = age(&t);
+        assert!((ms(100)..ms(150)).contains(&a), "{a}");
+        t.set_store_delay(Duration::from_millis(250));
+        let a = age(&t);
+        assert!((ms(250)..ms(300)).contains(&a), "{a}");
+        t.set_store_delay(STORE_DELAY);
+        let a = age(&t);
+        assert!((ms(100)..ms(150)).contains(&a), "{a}");
     }
 
     #[test]

@@ -163,6 +163,8 @@ struct Group {
     /// While this node leads: the sequence the next proposed message takes in the
     /// topic's log (its head once every entry in the Raft log is applied).
     next_seq: Option<u64>,
+    /// Messages proposed since the channels' positions were last proposed (leader).
+    published_since_positions: u64,
     /// Whether the group's members are its placement ([`membership`]).
     placement: membership::Placement,
     /// The Raft log's journal file while it is written (`--sync-every=1`).
@@ -256,6 +258,10 @@ pub struct ShardCluster {
     /// Groups ticked at each [`TICK`]: every group but the quiet ones
     /// ([`ShardCluster::quiet`]).
     awake: RefCell<HashSet<String>>,
+    /// Led topics that took [`ShardCluster::positions_after`] messages since their
+    /// channels' positions were last proposed: proposed again now, not at the next
+    /// [`CURSOR_EVERY`].
+    positions_due: RefCell<HashSet<String>>,
     /// The peers' touch and this shard's connections to them at the last tick: a change
     /// wakes every group.
     touch: RefCell<(liveness::View, Vec<bool>)>,
@@ -300,6 +306,7 @@ impl ShardCluster {
             groups: RefCell::new(HashMap::new()),
             dirty: RefCell::new(HashSet::new()),
             awake: RefCell::new(HashSet::new()),
+            positions_due: RefCell::new(HashSet::new()),
             touch: RefCell::new((liveness::View::default(), Vec::new())),
             wake: Notify::default(),
             requests: RefCell::new(HashMap::new()),
@@ -483,6 +490,7 @@ impl ShardCluster {
                 gap: Gap::None,
                 vote: vote::VoteFile::new(saved),
                 next_seq: None,
+                published_since_positions: 0,
                 placement: membership::Placement::of(
                     &voters,
                     &learners,
@@ -1200,6 +1208,10 @@ async fn driver(server: Rc<Server>) {
             });
             log_relaxed(&relaxed);
             next_tick = now + TICK;
+        }
+        let due: Vec<String> = c.positions_due.borrow_mut().drain().collect();
+        if !due.is_empty() {
+            c.replicate_cursors_of(&server, due);
         }
         if now >= next_cursor {
             c.replicate_cursors(&server);

@@ -403,6 +403,71 @@ fn publishes_through_any_member_reach_every_replica_with_the_leaders_ids() {
     assert!(terms.iter().all(|t| *t == terms[0]), "{terms:?}");
 }
 
+/// Bytes of `topic`'s segment files under a member's data path.
+fn segment_bytes(dir: &std::path::Path, topic: &str) -> u64 {
+    let mut total = 0;
+    let Ok(topics) = std::fs::read_dir(dir.join("topics")) else {
+        return 0;
+    };
+    for t in topics.flatten() {
+        if !t
+            .file_name()
+            .to_string_lossy()
+            .ends_with(&format!("-{topic}"))
+        {
+            continue;
+        }
+        for f in std::fs::read_dir(t.path()).into_iter().flatten().flatten() {
+            if f.path().extension().is_some_and(|e| e == "seg") {
+                total += f.metadata().map_or(0, |m| m.len());
+            }
+        }
+    }
+    total
+}
+
+/// A busy topic whose consumer keeps up is written to disk by none of its replicas:
+/// the leader writes only what is unfinished after a while, and a follower, which
+/// writes every record its memory queue (`--mem-queue-size`) cannot hold unless it
+/// knows it finished, gets the leader's channel positions after every quarter of that
+/// many messages instead of only every 100 ms.
+#[test]
+fn followers_do_not_write_what_the_leaders_consumer_finished() {
+    let c = Cluster::start([1, 1, 1], &["--mem-queue-size=200"]);
+    let topic = "busy";
+    c.elect(topic);
+    let leader = c.wait_leader(topic);
+    let mut s = c.node(leader).subscribe(topic, "workers");
+    send(&mut s, b"RDY 100\n");
+    let mut p = c.node(leader).connect_v2();
+    // 400 batches of 20 in lockstep: each is consumed and finished before the next.
+    let body = vec![b'x'; 1024];
+    let batch: Vec<&[u8]> = (0..20).map(|_| body.as_slice()).collect();
+    let published = 400 * 20 * body.len() as u64;
+    for _ in 0..400 {
+        send(&mut p, &mpub_cmd(topic, &batch));
+        expect_ok(&mut p);
+        for (id, _) in read_messages(&mut s, 20) {
+            send(&mut s, &line(&format!("FIN {id}")));
+        }
+    }
+    for f in (0..3).filter(|&i| i != leader) {
+        wait_for(&format!("member {f}'s channel following the FINs"), || {
+            c.channel_depth(f, topic, "workers") == Some(0)
+                && c.channel_field(f, topic, "workers", "in_flight_count") == Some(0)
+        });
+    }
+    // Past the follower's store delay: what it would write is written by now.
+    std::thread::sleep(Duration::from_millis(600));
+    for i in 0..3 {
+        let written = segment_bytes(&c.dirs[i], topic);
+        assert!(
+            written < published / 10,
+            "member {i} (leader {leader}) wrote {written} bytes of segments for {published} bytes published and finished"
+        );
+    }
+}
+
 /// A publish for a topic no member holds yet makes it a replicated topic: the member
 /// that takes it creates the group and campaigns at once, and every replica gets the
 /// message. (The other tests make their topic with `Cluster::elect` first; here the

@@ -15,7 +15,7 @@
 //! hand-over of records to the stores (the store task, and the final flush).
 
 use crate::shard::Shard;
-use crate::topic::{Topic, STORE_DELAY};
+use crate::topic::Topic;
 use nsq_storage::meta::{ChannelMeta, PendingMessage, TopicMeta, META_VERSION};
 use std::rc::Rc;
 use std::time::Instant;
@@ -132,10 +132,10 @@ pub fn topic_meta(t: &Topic) -> TopicMeta {
 
 impl Shard {
     /// Hands due records of every topic to its store (see `Topic::store_pump`): those
-    /// older than [`STORE_DELAY`], or all of them with `all`. Returns true while records
-    /// are left for later.
+    /// older than the topic's store delay ([`crate::topic::STORE_DELAY`] unless it was
+    /// set longer), or all of them with `all`. Returns true while records are left for
+    /// later.
     pub fn pump_stores(&self, all: bool) -> bool {
-        let cutoff = crate::message::now_unix_nanos() - STORE_DELAY.as_nanos() as i64;
         let mq = self.opts.mem_queue_size;
         let mut left = false;
         for name in self.unstored_topics() {
@@ -143,6 +143,7 @@ impl Shard {
             let more = match topics.get_mut(&name) {
                 Some(t) if t.store().is_some() && t.stored() < t.log.head => {
                     t.skip_finished();
+                    let cutoff = t.store_cutoff();
                     let more = t.store_pump(cutoff, mq, all);
                     t.trim(mq);
                     more

@@ -5,7 +5,7 @@
 use super::{bump, memory_may_shrink, Shard, STORE_PENDING_HIGH};
 use crate::message::MessageId;
 use crate::shard::LookupEvent;
-use crate::topic::{PublishError, STORE_DELAY};
+use crate::topic::PublishError;
 use bytes::Bytes;
 use std::rc::Rc;
 use std::time::Instant;
@@ -125,7 +125,7 @@ impl Shard {
         if t.stored() < t.log.head {
             // Deferred store mode: what exceeds the memory queue goes now (all of it when
             // this publish must be durable); the rest when it is due, unless finished.
-            let cutoff = crate::message::now_unix_nanos() - STORE_DELAY.as_nanos() as i64;
+            let cutoff = t.store_cutoff();
             if t.store_pump(cutoff, self.opts.mem_queue_size, must_sync) {
                 self.mark_unstored(topic);
             }

@@ -272,6 +272,15 @@ impl Shard {
         }
     }
 
+    /// Sets how long `topic`'s unfinished records wait before they are handed to its
+    /// store ([`crate::topic::Topic::set_store_delay`]); nothing when the topic does
+    /// not exist.
+    pub fn set_store_delay(&self, topic: &str, delay: std::time::Duration) {
+        if let Some(t) = self.topics.borrow_mut().get_mut(topic) {
+            t.set_store_delay(delay);
+        }
+    }
+
     /// Makes `topic` (created if needed) hold what its leader's `state` says
     /// ([`crate::topic::Topic::restore_replica`]): a replica restoring a snapshot.
     pub fn restore_replica(&self, topic: &str, state: ReplicaState) -> Restored {
@@ -281,8 +290,7 @@ impl Shard {
         // Handed to the store as a publish's records are (a restored backlog would
         // otherwise stay in memory only until the next publish).
         if t.stored() < t.log.head {
-            let cutoff =
-                crate::message::now_unix_nanos() - crate::topic::STORE_DELAY.as_nanos() as i64;
+            let cutoff = t.store_cutoff();
             if t.store_pump(cutoff, self.opts.mem_queue_size, false) {
                 self.mark_unstored(topic);
             }

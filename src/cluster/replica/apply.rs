@@ -3,12 +3,13 @@
 //! with the leader's IDs, a channel change applied where it sits in the log, each
 //! channel's cursor and unfinished messages set on the replicas.
 
-use super::{ShardCluster, POSITION_MAX};
+use super::{ShardCluster, CURSOR_EVERY, POSITION_MAX, TICK};
 use crate::server::Server;
 use nsq_replication::{ChannelOp, Entry, PendingMessage};
 use nsq_shards::mesh::AdminOp;
 use nsq_shards::message::MessageId;
 use nsq_shards::shard::DurableWait;
+use nsq_shards::topic::STORE_DELAY;
 use std::hash::{Hash, Hasher};
 use std::time::Instant;
 
@@ -19,7 +20,32 @@ impl ShardCluster {
     /// a channel holding more than [`POSITION_MAX`] unfinished messages.
     pub(super) fn replicate_cursors(&self, server: &Server) {
         let led: Vec<String> = self.led.borrow().iter().cloned().collect();
-        for topic in led {
+        self.replicate_cursors_of(server, led);
+    }
+
+    /// Messages a led topic takes before its channels' positions are proposed again
+    /// without waiting for [`CURSOR_EVERY`]: a quarter of `--mem-queue-size` (at least
+    /// 16; never with `--mem-queue-size=0`, where every record is written anyway). A
+    /// follower hands the records older than its newest `--mem-queue-size` to its store
+    /// unless it knows them finished; positions this frequent tell it which ones the
+    /// consumers finished, so that a busy topic's followers write what the leader
+    /// writes (what is unfinished) rather than nearly every record.
+    pub(super) fn positions_after(&self, server: &Server) -> u64 {
+        match server.shard.opts.mem_queue_size {
+            0 => u64::MAX,
+            mq => (mq / 4).max(16),
+        }
+    }
+
+    /// [`ShardCluster::replicate_cursors`] for `topics` (those this node leads).
+    pub(super) fn replicate_cursors_of(&self, server: &Server, topics: Vec<String>) {
+        for topic in topics {
+            if !self.led.borrow().contains(&topic) {
+                continue;
+            }
+            if let Some(g) = self.groups.borrow_mut().get_mut(&topic) {
+                g.published_since_positions = 0;
+            }
             let changes = server.shard.topic_changes(&topic);
             if changes.is_some()
                 && self
@@ -146,6 +172,18 @@ pub(super) fn apply(
                 Some(base) => shard.publish_replicated_at(topic, base, batch),
                 None => shard.publish_replicated(topic, batch),
             };
+            // A follower learns of FINs from the leader's positions, every CURSOR_EVERY:
+            // its records wait that much longer for the store (from the next batch on),
+            // so what the leader's consumers finish in time is written nowhere.
+            let leads = server.cluster.as_ref().is_some_and(|c| c.leads(topic));
+            shard.set_store_delay(
+                topic,
+                if leads {
+                    STORE_DELAY
+                } else {
+                    REPLICA_STORE_DELAY
+                },
+            );
             match stored {
                 Ok(w) => Ok(w),
                 Err(e) => {
@@ -197,6 +235,14 @@ pub(super) fn apply(
         Entry::Compact { .. } | Entry::TopicDelete => Ok(None),
     }
 }
+
+/// How long a follower's unfinished records wait before they are handed to its store:
+/// the leader's own wait, then one more round of positions ([`CURSOR_EVERY`]) and a
+/// tick to commit and apply it. A record the leader's consumers finished within
+/// [`STORE_DELAY`] is then known finished on the follower before it is due.
+pub(super) const REPLICA_STORE_DELAY: std::time::Duration = STORE_DELAY
+    .saturating_add(CURSOR_EVERY)
+    .saturating_add(TICK);
 
 /// A committed batch the topic's store refused (a disk error).
 #[derive(Debug)]

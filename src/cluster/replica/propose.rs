@@ -200,6 +200,10 @@ impl ShardCluster {
             Ok(proposal) => {
                 if let Entry::PublishAt { base, messages } = &entry {
                     g.next_seq = Some(base.saturating_add(messages.len() as u64));
+                    g.published_since_positions += messages.len() as u64;
+                    if g.published_since_positions >= self.positions_after(server) {
+                        self.positions_due.borrow_mut().insert(topic.to_string());
+                    }
                 }
                 g.waiters.push(Waiter {
                     proposal,
