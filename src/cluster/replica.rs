@@ -1211,7 +1211,7 @@ async fn driver(server: Rc<Server>) {
         }
         let due: Vec<String> = c.positions_due.borrow_mut().drain().collect();
         if !due.is_empty() {
-            c.replicate_cursors_of(&server, due);
+            c.replicate_busy(&server, due);
         }
         if now >= next_cursor {
             c.replicate_cursors(&server);

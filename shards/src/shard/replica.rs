@@ -59,6 +59,18 @@ impl Shard {
         self.topics.borrow().get(topic).map(Topic::changes)
     }
 
+    /// The most unfinished messages (in flight, requeued, deferred, for the dead-letter
+    /// topic) one channel of `topic` holds; 0 without the topic or channels.
+    pub fn channel_pending_max(&self, topic: &str) -> usize {
+        self.topics.borrow().get(topic).map_or(0, |t| {
+            t.channels
+                .values()
+                .map(crate::channel::Channel::pending_count)
+                .max()
+                .unwrap_or(0)
+        })
+    }
+
     /// Each channel of `topic` (#ephemeral ones too) with its cursor and its unfinished messages
     /// (sequence, attempts, due time as Unix ns, 0: ready now), or `None` for a channel
     /// holding more than `max` of them: what a replicated topic's leader sends its

@@ -29,12 +29,34 @@ impl ShardCluster {
     /// follower hands the records older than its newest `--mem-queue-size` to its store
     /// unless it knows them finished; positions this frequent tell it which ones the
     /// consumers finished, so that a busy topic's followers write what the leader
-    /// writes (what is unfinished) rather than nearly every record.
+    /// writes (what is unfinished) rather than nearly every record. A topic with a
+    /// channel holding more than [`POSITION_MAX`] unfinished messages waits for the
+    /// 100 ms round: its position is then only a low watermark, found by walking all
+    /// of them ([`ShardCluster::replicate_busy`]).
     pub(super) fn positions_after(&self, server: &Server) -> u64 {
         match server.shard.opts.mem_queue_size {
             0 => u64::MAX,
             mq => (mq / 4).max(16),
         }
+    }
+
+    /// [`ShardCluster::replicate_cursors`] for the led `topics` that took
+    /// [`ShardCluster::positions_after`] messages since their last round, except those
+    /// with a channel holding more than [`POSITION_MAX`] unfinished messages.
+    pub(super) fn replicate_busy(&self, server: &Server, topics: Vec<String>) {
+        let topics = topics
+            .into_iter()
+            .filter(|t| {
+                if server.shard.channel_pending_max(t) <= POSITION_MAX {
+                    return true;
+                }
+                if let Some(g) = self.groups.borrow_mut().get_mut(t) {
+                    g.published_since_positions = 0;
+                }
+                false
+            })
+            .collect();
+        self.replicate_cursors_of(server, topics);
     }
 
     /// [`ShardCluster::replicate_cursors`] for `topics` (those this node leads).
