@@ -540,6 +540,13 @@ async fn read_loop<S: AsyncRead + Unpin>(
             let decoded = match wire::frame_len(&buf) {
                 Ok(Some(len)) => wire::decode_frame_shared(&buf.split_to(len).freeze()),
                 Ok(None) => break,
+                Err(_) if from.is_some() && declared_len(&buf) > wire::MAX_FRAME_LEN => {
+                    return Err(std::io::Error::other(format!(
+                        "bad frame: {} bytes long, over the {} bytes a frame may take",
+                        declared_len(&buf),
+                        wire::MAX_FRAME_LEN
+                    )));
+                }
                 Err(e) => Err(e),
             };
             let frame = match decoded {
@@ -588,15 +595,20 @@ async fn read_loop<S: AsyncRead + Unpin>(
     }
 }
 
+/// The length field of the frame at the start of `buf` (0 before it is whole).
+fn declared_len(buf: &[u8]) -> usize {
+    buf.get(..4).map_or(0, |b| {
+        let mut len = [0u8; 4];
+        len.copy_from_slice(b);
+        u32::from_le_bytes(len) as usize
+    })
+}
+
 /// The bytes the frame begun in `buf` still lacks (0: none begun, a whole one there, or
 /// a length that does not decode, which the decoder refuses).
 fn lacking(buf: &[u8]) -> usize {
     match wire::frame_len(buf) {
-        Ok(None) if buf.len() >= 4 => {
-            let mut len = [0u8; 4];
-            len.copy_from_slice(&buf[..4]);
-            (u32::from_le_bytes(len) as usize + 4).saturating_sub(buf.len())
-        }
+        Ok(None) if buf.len() >= 4 => (declared_len(buf) + 4).saturating_sub(buf.len()),
         _ => 0,
     }
 }

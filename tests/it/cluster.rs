@@ -805,6 +805,39 @@ fn the_cluster_port_refuses_what_is_not_a_members_greeting() {
         started.elapsed() >= Duration::from_secs(4),
         "closed before the greeting was overdue"
     );
+    // A connection that greets as member 1 (its address and replica id are no secret:
+    // GET /cluster shows them), then announces a frame over the 64 MiB limit: closed,
+    // and logged as what it is.
+    let replica = group_of(&c, 1, "members")["replicas"]
+        .as_array()
+        .and_then(|rs| {
+            rs.iter()
+                .find(|r| r["address"] == c.addresses[1].as_str())
+                .cloned()
+        })
+        .and_then(|r| u64::from_str_radix(r["replica_id"].as_str()?, 16).ok())
+        .expect("member 1's replica id");
+    let mut hello = vec![0, 0, 0, 0, 4, 1];
+    hello.extend_from_slice(&2u16.to_le_bytes());
+    hello.extend_from_slice(&replica.to_le_bytes());
+    for name in [c.addresses[1].as_str(), "127.0.0.1:1"] {
+        hello.push(name.len() as u8);
+        hello.extend_from_slice(name.as_bytes());
+    }
+    let len = (hello.len() - 4) as u32;
+    hello[..4].copy_from_slice(&len.to_le_bytes());
+    let mut posing = TcpStream::connect(&port).unwrap();
+    posing.write_all(&hello).unwrap();
+    posing.write_all(&(100u32 << 20).to_le_bytes()).unwrap();
+    assert!(
+        closed_within(&mut posing, Duration::from_secs(3)),
+        "a 100 MiB frame was waited for"
+    );
+    wait_for("the oversized frame logged", || {
+        c.node(0)
+            .log_text()
+            .contains("bad frame: 104857600 bytes long, over the 67108864 bytes a frame may take")
+    });
     // Logged once a minute, not once per connection; the member serves on.
     let text = c.node(0).log_text();
     assert_eq!(
