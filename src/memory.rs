@@ -47,6 +47,18 @@ thread_local! {
     static CLOSED: Cell<u64> = const { Cell::new(0) };
     /// Body bytes freed on this shard's thread since its last trim.
     static FREED: Cell<u64> = const { Cell::new(0) };
+    /// Bytes counted by [`note_freed_by_burst`] since the last trim.
+    static BURST_FREED: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Counts `bytes` freed on the calling shard by the end of a burst: a replicated topic's
+/// Raft log entries dropped by a compaction, which on a follower are most of what a
+/// burst of publishes allocated (it has no consumers whose FINs count what they free).
+/// They make the shard trim once none has been freed for a [`TRIM_CHECK`] (at least
+/// [`TRIM_AFTER_QUIET_FREED_BYTES`] of them), never while they keep coming: a trim
+/// under a steady load hands back memory the next appends fault in again.
+pub fn note_freed_by_burst(bytes: u64) {
+    BURST_FREED.with(|f| f.set(f.get().saturating_add(bytes)));
 }
 
 /// Counts one ended connection on the calling shard (called by the accept loop when a
@@ -69,6 +81,12 @@ fn due_freed(freed: u64, freed_at_last_check: u64) -> bool {
         || (freed >= TRIM_AFTER_QUIET_FREED_BYTES && freed == freed_at_last_check)
 }
 
+/// Whether to trim, given the bytes counted by [`note_freed_by_burst`] since the last
+/// trim now and at the previous check: once they stopped growing, if enough.
+fn due_burst(freed: u64, freed_at_last_check: u64) -> bool {
+    freed >= TRIM_AFTER_QUIET_FREED_BYTES && freed == freed_at_last_check
+}
+
 /// Runs until `stop` resolves: every [`TRIM_CHECK`], trims the heap when enough
 /// connections ended on this shard since the last trim (see the module docs).
 pub async fn trim_loop(stop: impl std::future::Future<Output = ()>) {
@@ -77,6 +95,7 @@ pub async fn trim_loop(stop: impl std::future::Future<Output = ()>) {
     let mut stop = pin!(stop);
     let mut last = 0;
     let mut last_freed = 0;
+    let mut last_burst = 0;
     loop {
         let tick = pin!(glommio::timer::sleep(TRIM_CHECK));
         if let Either::Right(_) = select(tick, stop.as_mut()).await {
@@ -95,15 +114,19 @@ pub async fn trim_loop(stop: impl std::future::Future<Output = ()>) {
             f.set(f.get().saturating_add(freed));
             f.get()
         });
-        if !due(closed, last) && !due_freed(freed, last_freed) {
+        let burst = BURST_FREED.with(Cell::get);
+        if !due(closed, last) && !due_freed(freed, last_freed) && !due_burst(burst, last_burst) {
             last = closed;
             last_freed = freed;
+            last_burst = burst;
             continue;
         }
         last = 0;
         last_freed = 0;
+        last_burst = 0;
         CLOSED.with(|c| c.set(0));
         FREED.with(|f| f.set(0));
+        BURST_FREED.with(|f| f.set(0));
         let t = Instant::now();
         let released = trim();
         log::debug!(
@@ -158,6 +181,18 @@ pub fn fix_malloc_thresholds() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trims_after_a_compaction_burst_only_once_it_stopped() {
+        let mb = TRIM_AFTER_QUIET_FREED_BYTES;
+        // Still growing (a steady load compacting every 100 ms): never, however much.
+        assert!(!due_burst(100 * mb, 99 * mb));
+        // Stopped: once it is enough.
+        assert!(due_burst(100 * mb, 100 * mb));
+        assert!(due_burst(mb, mb));
+        assert!(!due_burst(mb - 1, mb - 1));
+        assert!(!due_burst(0, 0));
+    }
 
     #[test]
     fn trims_after_a_large_burst_or_a_finished_small_one() {

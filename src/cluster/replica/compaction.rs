@@ -76,8 +76,12 @@ impl ShardCluster {
                 continue;
             }
             let data = snapshot_data(server, topic, g, target);
-            if let Err(e) = g.group.compact(target, data) {
-                log::debug!("TOPIC({topic}): log not compacted: {e}");
+            let held = g.group.store().log().entry_bytes();
+            match g.group.compact(target, data) {
+                Ok(()) => crate::memory::note_freed_by_burst(
+                    held.saturating_sub(g.group.store().log().entry_bytes()),
+                ),
+                Err(e) => log::debug!("TOPIC({topic}): log not compacted: {e}"),
             }
         }
     }
