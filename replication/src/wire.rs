@@ -232,13 +232,21 @@ fn push_name(out: &mut Vec<u8>, name: &str) -> Result<(), EncodeError> {
 
 /// Writes the length field in front of `out[4..]`, checking the limit.
 fn finish(mut out: Vec<u8>) -> Result<Vec<u8>, EncodeError> {
-    let len = out.len() - 4;
-    if len > MAX_FRAME_LEN {
-        return Err(EncodeError::TooLarge(len));
-    }
-    let n = u32::try_from(len).map_err(|_| EncodeError::TooLarge(len))?;
-    out[..4].copy_from_slice(&n.to_le_bytes());
+    let len = out.len();
+    write_len(&mut out, len)?;
     Ok(out)
+}
+
+/// Writes the length field of a frame of `len` bytes (its length field included) into
+/// `out[..4]`, checking the limit.
+fn write_len(out: &mut [u8], len: usize) -> Result<(), EncodeError> {
+    let body = len - 4;
+    if body > MAX_FRAME_LEN {
+        return Err(EncodeError::TooLarge(body));
+    }
+    let n = u32::try_from(body).map_err(|_| EncodeError::TooLarge(body))?;
+    out[..4].copy_from_slice(&n.to_le_bytes());
+    Ok(())
 }
 
 fn start(kind: u8, capacity: usize) -> Vec<u8> {
@@ -302,14 +310,17 @@ fn encode_raft(
     entries: &mut [RaftEntry],
 ) -> Result<OutFrame, EncodeError> {
     let head_size = head.compute_size() as usize;
+    // Per entry: its key, length, type, term and index (at most 25 bytes), its
+    // context, and its data unless that is sent from its own buffer.
     let copied: usize = entries
         .iter()
         .map(|e| {
-            32 + if e.data.len() < SHARE_MIN {
-                e.data.len()
-            } else {
-                0
-            }
+            32 + e.context.len()
+                + if e.data.len() < SHARE_MIN {
+                    e.data.len()
+                } else {
+                    0
+                }
         })
         .sum();
     // One byte more than the bytes take: protobuf's final flush reserves one byte,
@@ -345,11 +356,7 @@ fn encode_raft(
         written.map_err(|_| EncodeError::Protobuf)?;
     }
     let len = out.len() + shared_len;
-    if len - 4 > MAX_FRAME_LEN {
-        return Err(EncodeError::TooLarge(len - 4));
-    }
-    let field = u32::try_from(len - 4).map_err(|_| EncodeError::TooLarge(len - 4))?;
-    out[..4].copy_from_slice(&field.to_le_bytes());
+    write_len(&mut out, len)?;
     Ok(OutFrame {
         bytes: out,
         shared,
@@ -523,16 +530,23 @@ pub fn decode_frame_shared(buf: &Bytes) -> Result<Option<(Frame, usize)>, Decode
 /// [`DecodeError::Truncated`] for a length field over [`MAX_FRAME_LEN`] or too short
 /// for a header.
 pub fn frame_len(buf: &[u8]) -> Result<Option<usize>, DecodeError> {
-    let Some(head) = buf.get(..4) else {
+    let Some(len) = length_field(buf) else {
         return Ok(None);
     };
-    let mut len_bytes = [0u8; 4];
-    len_bytes.copy_from_slice(head);
-    let len = usize::try_from(u32::from_le_bytes(len_bytes)).unwrap_or(usize::MAX);
     if !(2..=MAX_FRAME_LEN).contains(&len) {
         return Err(DecodeError::Truncated);
     }
     Ok((buf.len() >= 4 + len).then_some(4 + len))
+}
+
+/// The length field of the frame at the start of `buf` (the bytes after the field), as
+/// it reads, unchecked; `None` before `buf` holds the field.
+#[must_use]
+pub fn length_field(buf: &[u8]) -> Option<usize> {
+    let head = buf.get(..4)?;
+    let mut len_bytes = [0u8; 4];
+    len_bytes.copy_from_slice(head);
+    Some(usize::try_from(u32::from_le_bytes(len_bytes)).unwrap_or(usize::MAX))
 }
 
 /// A Raft message parsed from `body`, a slice of `shared` when given (see

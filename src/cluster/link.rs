@@ -525,25 +525,23 @@ async fn read_loop<S: AsyncRead + Unpin>(
             return Ok(());
         }
         if from.is_none() {
-            if let Some(head) = buf.get(..4) {
-                let mut len = [0u8; 4];
-                len.copy_from_slice(head);
-                let len = u32::from_le_bytes(len);
-                if usize::try_from(len).map_or(true, |l| l > GREETING_MAX) {
-                    return Err(refuse(format!(
-                        "an incoming connection's first frame ({len} bytes) is not a greeting"
-                    )));
-                }
+            if let Some(len) = wire::length_field(&buf).filter(|&l| l > GREETING_MAX) {
+                return Err(refuse(format!(
+                    "an incoming connection's first frame ({len} bytes) is not a greeting"
+                )));
             }
         }
         loop {
             let decoded = match wire::frame_len(&buf) {
                 Ok(Some(len)) => wire::decode_frame_shared(&buf.split_to(len).freeze()),
                 Ok(None) => break,
-                Err(_) if from.is_some() && declared_len(&buf) > wire::MAX_FRAME_LEN => {
+                Err(_)
+                    if from.is_some()
+                        && wire::length_field(&buf).is_some_and(|l| l > wire::MAX_FRAME_LEN) =>
+                {
                     return Err(std::io::Error::other(format!(
                         "bad frame: {} bytes long, over the {} bytes a frame may take",
-                        declared_len(&buf),
+                        wire::length_field(&buf).unwrap_or(0),
                         wire::MAX_FRAME_LEN
                     )));
                 }
@@ -595,20 +593,11 @@ async fn read_loop<S: AsyncRead + Unpin>(
     }
 }
 
-/// The length field of the frame at the start of `buf` (0 before it is whole).
-fn declared_len(buf: &[u8]) -> usize {
-    buf.get(..4).map_or(0, |b| {
-        let mut len = [0u8; 4];
-        len.copy_from_slice(b);
-        u32::from_le_bytes(len) as usize
-    })
-}
-
 /// The bytes the frame begun in `buf` still lacks (0: none begun, a whole one there, or
 /// a length that does not decode, which the decoder refuses).
 fn lacking(buf: &[u8]) -> usize {
     match wire::frame_len(buf) {
-        Ok(None) if buf.len() >= 4 => (declared_len(buf) + 4).saturating_sub(buf.len()),
+        Ok(None) => wire::length_field(buf).map_or(0, |len| (len + 4).saturating_sub(buf.len())),
         _ => 0,
     }
 }
@@ -632,17 +621,7 @@ async fn read_append<S: AsyncRead + Unpin>(
         buf.reserve(want + max / 4);
     }
     let room = (buf.capacity() - buf.len()).min(want);
-    let spare = &mut buf.spare_capacity_mut()[..room];
-    // SAFETY: the slice covers `room` bytes of `buf`'s allocated capacity. Its bytes
-    // may be uninitialised; the read only writes into it (glommio copies what recv
-    // returned, or rustls copies decrypted bytes into it) and never reads it, and only
-    // the `n` bytes it reports as written become part of `buf` below.
-    let area: &mut [u8] =
-        unsafe { std::slice::from_raw_parts_mut(spare.as_mut_ptr().cast::<u8>(), room) };
-    let n = stream.read(area).await?.min(room);
-    // SAFETY: the read initialised the first `n` bytes of the spare capacity.
-    unsafe { buf.set_len(buf.len() + n) };
-    Ok(n)
+    crate::tcp::read_into_spare(buf, room, async |area| stream.read(area).await).await
 }
 
 /// The peer's replica id when its greeting names a listed member with the matching id

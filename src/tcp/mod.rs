@@ -18,6 +18,7 @@ mod compress;
 mod conn;
 mod handoff;
 mod stream;
+pub(crate) use stream::read_into_spare;
 mod writer;
 
 pub use handoff::{resume, HandOff};

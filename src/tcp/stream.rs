@@ -303,24 +303,10 @@ impl SharedStream {
         }
     }
 
-    /// Reads up to `max` bytes appended to `buf` without zero-filling the space first
-    /// (a memset of the whole read area per read cost about as much as the copy of the
-    /// data itself). Returns the bytes read; 0 at end of stream.
+    /// Reads up to `max` bytes appended to `buf` ([`read_into_spare`]). Returns the
+    /// bytes read; 0 at end of stream.
     pub async fn read_append(&self, buf: &mut BytesMut, max: usize) -> io::Result<usize> {
-        buf.reserve(max);
-        let spare = &mut buf.spare_capacity_mut()[..max];
-        // SAFETY: the slice covers `max` bytes of `buf`'s allocated capacity. Its bytes
-        // may be uninitialised; the read only ever writes into it (glommio copies what
-        // recv returned, the kernel writes it, or rustls copies decrypted bytes into it)
-        // and never reads it, and only the `n` bytes it reports as written become part
-        // of `buf` below.
-        let area: &mut [u8] =
-            unsafe { std::slice::from_raw_parts_mut(spare.as_mut_ptr().cast::<u8>(), max) };
-        let n = self.read(area).await?;
-        let n = n.min(max);
-        // SAFETY: the read initialised the first `n` bytes of the spare capacity.
-        unsafe { buf.set_len(buf.len() + n) };
-        Ok(n)
+        read_into_spare(buf, max, async |area| self.read(area).await).await
     }
 
     async fn raw_write_all(&self, mut data: &[u8]) -> io::Result<()> {
@@ -460,4 +446,29 @@ fn feed_one(s: &mut TlsSession) -> io::Result<()> {
         .process_new_packets()
         .map(|_| ())
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// Appends to `buf` what `read` writes into up to `room` bytes of its spare capacity
+/// (reserved first), without zero-filling that space first: a memset of the whole read
+/// area per read cost about as much as the copy of the data itself. `read` must only
+/// write into the slice it is given (a socket read, a TLS session's decrypted bytes)
+/// and return how many bytes it wrote. Returns that count; 0 at end of stream.
+pub(crate) async fn read_into_spare(
+    buf: &mut BytesMut,
+    room: usize,
+    read: impl AsyncFnOnce(&mut [u8]) -> io::Result<usize>,
+) -> io::Result<usize> {
+    buf.reserve(room);
+    let spare = &mut buf.spare_capacity_mut()[..room];
+    // SAFETY: the slice covers `room` bytes of `buf`'s allocated capacity. Its bytes
+    // may be uninitialised; `read` only writes into it (glommio copies what recv
+    // returned, the kernel writes it, or rustls copies decrypted bytes into it) and
+    // never reads it, and only the `n` bytes it reports as written become part of
+    // `buf` below.
+    let area: &mut [u8] =
+        unsafe { std::slice::from_raw_parts_mut(spare.as_mut_ptr().cast::<u8>(), room) };
+    let n = read(area).await?.min(room);
+    // SAFETY: the read initialised the first `n` bytes of the spare capacity.
+    unsafe { buf.set_len(buf.len() + n) };
+    Ok(n)
 }
