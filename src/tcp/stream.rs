@@ -303,8 +303,8 @@ impl SharedStream {
         }
     }
 
-    /// Reads up to `max` bytes appended to `buf` (without zero-filling the space first). Returns the
-    /// bytes read; 0 at end of stream.
+    /// Reads up to `max` bytes appended to `buf`, without zero-filling the space first.
+    /// Returns the bytes read; 0 at end of stream.
     pub async fn read_append(&self, buf: &mut BytesMut, max: usize) -> io::Result<usize> {
         read_into_spare(buf, max, async |area| self.read(area).await).await
     }
