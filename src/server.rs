@@ -40,17 +40,36 @@ impl Server {
     }
 
     /// Publishes to a replicated topic this shard owns, through its group
-    /// ([`crate::cluster::ShardCluster::publish`]).
+    /// ([`crate::cluster::ShardCluster::publish`], which says what `wire` is).
     pub async fn publish_replicated(
         &self,
         topic: &str,
         bodies: Vec<Bytes>,
+        wire: Option<Bytes>,
         defer_until: Option<Instant>,
     ) -> Result<(), PublishError> {
         match &self.cluster {
-            Some(c) => c.publish(self, topic, bodies, defer_until).await,
+            Some(c) => c.publish(self, topic, bodies, wire, defer_until).await,
             None => Err(PublishError::Exiting),
         }
+    }
+
+    /// [`Server::publish`] of the bodies of one PUB, DPUB or MPUB frame: `wire` is the
+    /// frame's message part (each body after its 4-byte size), which a replicated
+    /// topic's leader proposes as it is instead of copying the bodies.
+    pub async fn publish_frame(
+        &self,
+        topic: &str,
+        bodies: Vec<Bytes>,
+        wire: Option<Bytes>,
+        defer_until: Option<Instant>,
+    ) -> Result<(), PublishError> {
+        if owner_of(topic, self.shard.count()) == self.shard.index() && self.replicates(topic) {
+            return self
+                .publish_replicated(topic, bodies, wire, defer_until)
+                .await;
+        }
+        self.publish(topic, bodies, defer_until).await
     }
 
     /// Publishes on the topic's owner: directly when it is this shard, else forwarded
@@ -77,7 +96,9 @@ impl Server {
         let owner = owner_of(topic, self.shard.count());
         if owner == self.shard.index() {
             if self.replicates(topic) {
-                return self.publish_replicated(topic, bodies, defer_until).await;
+                return self
+                    .publish_replicated(topic, bodies, None, defer_until)
+                    .await;
             }
             return crate::owner::Publish::start(&self.shard, topic, bodies, defer_until, synced)
                 .finish(&self.shard)

@@ -36,6 +36,22 @@
 //! | 14 | [`Entry::TopicDelete`] | (none) |
 //! | 15 | [`Entry::TopicCreate`] | (none) |
 //!
+//! # A publish in a Raft entry
+//!
+//! The leader proposes a numbered batch ([`Entry::PublishAt`]) split over the Raft
+//! entry's two fields ([`Entry::encode_raft`]), so that the bodies need not be copied:
+//!
+//! ```text
+//! context: version u8 (= 1) | tag u8 (= 16) | base u64 | count u32
+//!          | (id [16] | timestamp_ns u64 | attempts u16 | defer_ms u32) × count
+//! data:    (len u32 big-endian | body) × count
+//! ```
+//!
+//! `data` is laid out as the message part of nsqd's MPUB and PUB frames (each body after
+//! its big-endian size), so a batch that came in one such frame is proposed with the
+//! frame's own bytes as its data. Every other entry has an empty context and the
+//! encoding above in its data; [`Entry::decode_raft`] reads both.
+//!
 //! Decoding reads bytes that came from the network or a disk: it never panics and
 //! allocates no more than the input's length; a bad entry is a [`DecodeError`].
 
@@ -220,9 +236,14 @@ const TAG_POSITION: u8 = 12;
 const TAG_PUBLISH_AT: u8 = 13;
 const TAG_TOPIC_DELETE: u8 = 14;
 const TAG_TOPIC_CREATE: u8 = 15;
+const TAG_PUBLISH_SPLIT: u8 = 16;
 
 /// Bytes of a message before its body: id, timestamp, attempts, defer, body length.
 const MESSAGE_HEADER: usize = 16 + 8 + 2 + 4 + 4;
+
+/// Bytes of a message's fields in a split publish's context: id, timestamp, attempts,
+/// defer (its body's length is in the data).
+const SPLIT_META: usize = 16 + 8 + 2 + 4;
 
 impl Entry {
     /// The entry's bytes (the format in the [module docs](self)).
@@ -302,6 +323,99 @@ impl Entry {
         Self::decode_from(bytes, Some(bytes))
     }
 
+    /// The entry as a Raft entry's `(context, data)`: a numbered batch
+    /// ([`Entry::PublishAt`]) split as the [module docs](self#a-publish-in-a-raft-entry)
+    /// show, every other entry `(empty, `[`Entry::encode`]`)`.
+    ///
+    /// `wire`, when given, is the bytes the batch's bodies are slices of, laid out as
+    /// the data is (the message part of the MPUB or PUB frame they came in): if every
+    /// body is the slice of `wire` after its size and nothing else is in it, `wire` is
+    /// the data itself and no body is copied. Otherwise the data is built by copying.
+    /// Never panics; lengths are cut as [`Entry::encode`] cuts them.
+    #[must_use]
+    pub fn encode_raft(&self, wire: Option<&bytes::Bytes>) -> (Vec<u8>, bytes::Bytes) {
+        let Self::PublishAt { base, messages } = self else {
+            return (Vec::new(), self.encode().into());
+        };
+        let mut context = Vec::with_capacity(14 + SPLIT_META * messages.len());
+        context.push(ENTRY_VERSION);
+        context.push(TAG_PUBLISH_SPLIT);
+        context.extend_from_slice(&base.to_le_bytes());
+        put_u32(&mut context, messages.len());
+        for m in messages {
+            context.extend_from_slice(&m.id);
+            context.extend_from_slice(&m.timestamp_ns.to_le_bytes());
+            context.extend_from_slice(&m.attempts.to_le_bytes());
+            context.extend_from_slice(&m.defer_ms.to_le_bytes());
+        }
+        let data = match wire {
+            Some(w) if wire_holds(w, messages) => w.clone(),
+            _ => {
+                let len = messages.iter().map(|m| 4 + m.body.len()).sum();
+                let mut data = Vec::with_capacity(len);
+                for m in messages {
+                    let size = u32::try_from(m.body.len()).unwrap_or(u32::MAX);
+                    data.extend_from_slice(&size.to_be_bytes());
+                    data.extend_from_slice(&m.body);
+                }
+                data.into()
+            }
+        };
+        (context, data)
+    }
+
+    /// Parses a Raft entry's `(context, data)` written by [`Entry::encode_raft`] (or an
+    /// empty context and [`Entry::encode`]'s bytes); bodies are slices of `data`.
+    ///
+    /// # Errors
+    ///
+    /// A [`DecodeError`] unless the two fields are exactly one entry: a context whose
+    /// tag is not a split publish, a count that the context or the data does not hold,
+    /// or bytes left in either.
+    pub fn decode_raft(context: &[u8], data: &bytes::Bytes) -> Result<Self, DecodeError> {
+        if context.is_empty() {
+            return Self::decode_shared(data);
+        }
+        let mut c = Reader(context);
+        let version = c.u8()?;
+        if version != ENTRY_VERSION {
+            return Err(DecodeError::Version(version));
+        }
+        match c.u8()? {
+            TAG_PUBLISH_SPLIT => {}
+            other => return Err(DecodeError::Tag(other)),
+        }
+        let base = c.u64()?;
+        let count = c.u32()? as usize;
+        // Refused before anything is allocated: each message takes SPLIT_META bytes of
+        // the context and at least 4 of the data.
+        if count > c.0.len() / SPLIT_META || count > data.len() / 4 {
+            return Err(DecodeError::Truncated);
+        }
+        let mut d = Reader(data);
+        let mut messages = Vec::with_capacity(count);
+        for _ in 0..count {
+            let id = c.id()?;
+            let timestamp_ns = c.u64()?;
+            let attempts = c.u16()?;
+            let defer_ms = c.u32()?;
+            let len = u32::from_be_bytes(d.array()?) as usize;
+            let at = data.len() - d.0.len();
+            d.take(len)?;
+            messages.push(Message {
+                id,
+                timestamp_ns,
+                attempts,
+                defer_ms,
+                body: data.slice(at..at + len),
+            });
+        }
+        match (c.0.len(), d.0.len()) {
+            (0, 0) => Ok(Self::PublishAt { base, messages }),
+            (0, n) | (n, _) => Err(DecodeError::Trailing(n)),
+        }
+    }
+
     fn decode_from(bytes: &[u8], shared: Option<&bytes::Bytes>) -> Result<Self, DecodeError> {
         let mut r = Reader(bytes);
         let version = r.u8()?;
@@ -335,6 +449,28 @@ impl Entry {
             Err(DecodeError::Trailing(r.0.len()))
         }
     }
+}
+
+/// Whether `wire` is exactly the split data of `messages`: each body the slice of it
+/// after its big-endian size, one after another, and nothing after the last.
+fn wire_holds(wire: &[u8], messages: &[Message]) -> bool {
+    let mut at = 0usize;
+    for m in messages {
+        let Ok(size) = u32::try_from(m.body.len()) else {
+            return false;
+        };
+        let Some(end) = at.checked_add(4 + m.body.len()) else {
+            return false;
+        };
+        if wire.get(at..at + 4) != Some(&size.to_be_bytes()[..])
+            || end > wire.len()
+            || !std::ptr::eq(wire[at + 4..].as_ptr(), m.body.as_ptr())
+        {
+            return false;
+        }
+        at = end;
+    }
+    at == wire.len()
 }
 
 fn encode_batch(out: &mut Vec<u8>, batch: &[Message]) {

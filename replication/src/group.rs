@@ -643,13 +643,39 @@ impl<S: LogStore> TopicGroup<S> {
     /// `leader`); [`ReplicationError::Raft`] if raft-rs drops it (a leadership transfer
     /// in progress).
     pub fn propose(&mut self, entry: &Entry) -> Result<ProposalId, ReplicationError> {
+        self.propose_wire(entry, None)
+    }
+
+    /// [`propose`](Self::propose) of a batch whose bodies came in `wire` (the message
+    /// part of their MPUB or PUB frame): the Raft entry's data is `wire` itself, not a
+    /// copy, when it holds exactly the bodies ([`Entry::encode_raft`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`propose`](Self::propose).
+    pub fn propose_wire(
+        &mut self,
+        entry: &Entry,
+        wire: Option<&bytes::Bytes>,
+    ) -> Result<ProposalId, ReplicationError> {
         if !self.is_leader() {
             return Err(ReplicationError::NotLeader {
                 leader: self.leader(),
             });
         }
         let before = self.last_index();
-        self.node.propose(Vec::new(), entry.encode())?;
+        let (context, data) = entry.encode_raft(wire);
+        // raft-rs's `RawNode::propose` with the data as it is (it takes a Vec).
+        let proposal = RaftEntry {
+            data,
+            context: context.into(),
+            ..RaftEntry::default()
+        };
+        let mut m = raft::eraftpb::Message::default();
+        m.set_msg_type(raft::eraftpb::MessageType::MsgPropose);
+        m.from = self.node.raft.id;
+        m.set_entries(vec![proposal].into());
+        self.node.raft.step(m)?;
         let index = self.last_index();
         if index == before {
             return Err(ReplicationError::Raft(raft::Error::ProposalDropped));
@@ -957,11 +983,11 @@ impl<S: LogStore> TopicGroup<S> {
     ) -> Result<(), ReplicationError> {
         for e in entries {
             match e.get_entry_type() {
-                EntryType::EntryNormal if e.data.is_empty() => {}
+                EntryType::EntryNormal if e.data.is_empty() && e.context.is_empty() => {}
                 EntryType::EntryNormal => out.committed.push(Committed {
                     index: e.index,
                     term: e.term,
-                    entry: Entry::decode_shared(&e.data),
+                    entry: Entry::decode_raft(&e.context, &e.data),
                 }),
                 EntryType::EntryConfChange => {
                     let cc = ConfChange::parse_from_bytes(&e.data)
@@ -1022,8 +1048,8 @@ impl<S: LogStore> TopicGroup<S> {
         log.slice(low, high, None, raft::GetEntriesContext::empty(false))
             .unwrap_or_default()
             .iter()
-            .filter(|e| !e.data.is_empty())
-            .filter_map(|e| Entry::decode_shared(&e.data).ok())
+            .filter(|e| !e.data.is_empty() || !e.context.is_empty())
+            .filter_map(|e| Entry::decode_raft(&e.context, &e.data).ok())
             .collect()
     }
 

@@ -172,7 +172,8 @@ impl MemLog {
         &self.hard_state
     }
 
-    /// The size of the stored entries' data, in bytes (what compaction frees).
+    /// The size of the stored entries' data and contexts, in bytes (what compaction
+    /// frees).
     #[must_use]
     pub fn entry_bytes(&self) -> u64 {
         self.entry_bytes
@@ -180,7 +181,10 @@ impl MemLog {
 }
 
 fn data_len(entries: &[RaftEntry]) -> u64 {
-    entries.iter().map(|e| e.data.len() as u64).sum()
+    entries
+        .iter()
+        .map(|e| (e.data.len() + e.context.len()) as u64)
+        .sum()
 }
 
 impl Storage for MemLog {

@@ -414,9 +414,19 @@ impl Reader {
         let old = self.buf.len();
         // The read size follows the traffic: small for a trickle of commands (a buffer
         // whose frames are still referenced cannot be reused, so each read may allocate),
-        // READ_CHUNK for a busy producer.
+        // READ_CHUNK for a busy producer. A PUB or MPUB whose size is in gets room for
+        // all of it at once: grown READ_CHUNK by READ_CHUNK, its buffer would be copied
+        // again at each reallocation.
+        let rest = match self.decoder {
+            None => nsq_wire::v2::command_len(&self.buf).map_or(0, |len| {
+                let limit = self.limits.max_body_size.max(self.limits.max_msg_size);
+                len.saturating_sub(old)
+                    .min(usize::try_from(limit).unwrap_or(0).saturating_add(READ_CHUNK))
+            }),
+            Some(_) => 0,
+        };
         let n = stream
-            .read_append(&mut self.buf, self.chunk)
+            .read_append(&mut self.buf, self.chunk.max(rest))
             .await
             .map_err(|_| ())?;
         if n == 0 {

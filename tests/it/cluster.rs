@@ -817,7 +817,7 @@ fn the_cluster_port_refuses_what_is_not_a_members_greeting() {
         })
         .and_then(|r| u64::from_str_radix(r["replica_id"].as_str()?, 16).ok())
         .expect("member 1's replica id");
-    let mut hello = vec![0, 0, 0, 0, 4, 1];
+    let mut hello = vec![0, 0, 0, 0, 5, 1];
     hello.extend_from_slice(&2u16.to_le_bytes());
     hello.extend_from_slice(&replica.to_le_bytes());
     for name in [c.addresses[1].as_str(), "127.0.0.1:1"] {

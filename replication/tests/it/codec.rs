@@ -137,6 +137,165 @@ fn bad_entries_are_errors() {
 }
 
 #[test]
+fn every_entry_kind_round_trips_as_a_raft_entry() {
+    for entry in every_kind() {
+        let (context, data) = entry.encode_raft(None);
+        if let Entry::PublishAt { messages, .. } = &entry {
+            // The split layout: the fields in the context, the bodies after their
+            // big-endian sizes in the data.
+            assert_eq!(&context[..2], &[ENTRY_VERSION, 16]);
+            let sizes: usize = messages.iter().map(|m| 4 + m.body.len()).sum();
+            assert_eq!(data.len(), sizes);
+        } else {
+            assert!(context.is_empty(), "{entry:?}");
+            assert_eq!(data.as_ref(), entry.encode().as_slice());
+        }
+        assert_eq!(Entry::decode_raft(&context, &data), Ok(entry));
+    }
+}
+
+/// An MPUB frame as a connection reads it, and the ranges of its bodies.
+fn mpub_frame(bodies: &[&[u8]]) -> (bytes::Bytes, Vec<std::ops::Range<usize>>) {
+    let mut frame = b"MPUB t\n".to_vec();
+    let size: usize = 4 + bodies.iter().map(|b| 4 + b.len()).sum::<usize>();
+    frame.extend_from_slice(&u32::try_from(size).unwrap().to_be_bytes());
+    frame.extend_from_slice(&u32::try_from(bodies.len()).unwrap().to_be_bytes());
+    let mut ranges = Vec::new();
+    for b in bodies {
+        frame.extend_from_slice(&u32::try_from(b.len()).unwrap().to_be_bytes());
+        ranges.push(frame.len()..frame.len() + b.len());
+        frame.extend_from_slice(b);
+    }
+    (frame.into(), ranges)
+}
+
+fn numbered(bodies: Vec<bytes::Bytes>) -> Entry {
+    Entry::PublishAt {
+        base: 7,
+        messages: bodies
+            .into_iter()
+            .enumerate()
+            .map(|(i, body)| Message {
+                id: [b'a' + i as u8; 16],
+                timestamp_ns: 1_700_000_000_000_000_000 + i as u64,
+                attempts: 0,
+                defer_ms: 250,
+                body,
+            })
+            .collect(),
+    }
+}
+
+fn within(inner: &[u8], outer: &[u8]) -> bool {
+    let (o, i) = (outer.as_ptr() as usize, inner.as_ptr() as usize);
+    i >= o && i + inner.len() <= o + outer.len()
+}
+
+#[test]
+fn a_batch_from_one_frame_is_proposed_with_the_frames_own_bytes() {
+    let big = vec![b'x'; 5000];
+    let (frame, ranges) = mpub_frame(&[b"one", &big, b"three"]);
+    let wire = frame.slice(ranges[0].start - 4..ranges[2].end);
+    let entry = numbered(ranges.iter().map(|r| frame.slice(r.clone())).collect());
+    let (context, data) = entry.encode_raft(Some(&wire));
+    // The data is the frame's message part itself, not a copy of it.
+    assert_eq!(data.as_ptr(), wire.as_ptr());
+    assert_eq!(data.len(), wire.len());
+    let decoded = Entry::decode_raft(&context, &data).unwrap();
+    assert_eq!(decoded, entry);
+    let Entry::PublishAt { messages, .. } = decoded else {
+        unreachable!()
+    };
+    for m in &messages {
+        assert!(within(&m.body, &frame), "a body was copied");
+    }
+
+    // Bytes that do not hold exactly the bodies are not used: the data is a copy.
+    let copies = numbered(
+        [&b"one"[..], &big, b"three"]
+            .iter()
+            .map(|b| bytes::Bytes::copy_from_slice(b))
+            .collect(),
+    );
+    let cases = vec![
+        (&copies, wire.clone()),
+        (&entry, wire.slice(4..)),
+        (&entry, wire.slice(..wire.len() - 1)),
+    ];
+    for (case, (entry, wire)) in cases.into_iter().enumerate() {
+        let (context, data) = entry.encode_raft(Some(&wire));
+        assert!(!within(&data, &frame), "case {case}");
+        assert_eq!(Entry::decode_raft(&context, &data).as_ref(), Ok(entry));
+    }
+    // A byte after the last body.
+    let (frame, ranges) = mpub_frame(&[b"one", b"two"]);
+    let frame = bytes::Bytes::from([frame.as_ref(), b"!"].concat());
+    let entry = numbered(ranges.iter().map(|r| frame.slice(r.clone())).collect());
+    let (context, data) = entry.encode_raft(Some(&frame.slice(ranges[0].start - 4..)));
+    assert!(!within(&data, &frame));
+    assert_eq!(Entry::decode_raft(&context, &data), Ok(entry));
+}
+
+#[test]
+fn bad_split_publishes_are_errors() {
+    let entry = numbered(vec![
+        bytes::Bytes::from_static(b"first"),
+        bytes::Bytes::from_static(b"second"),
+    ]);
+    let (context, data) = entry.encode_raft(None);
+    let d = |b: &[u8]| bytes::Bytes::copy_from_slice(b);
+    // Version and tag of the context.
+    let mut c = context.clone();
+    c[0] = 2;
+    assert_eq!(Entry::decode_raft(&c, &data), Err(DecodeError::Version(2)));
+    let mut c = context.clone();
+    c[1] = 1;
+    assert_eq!(Entry::decode_raft(&c, &data), Err(DecodeError::Tag(1)));
+    // A count of 2^32-1: refused before allocating.
+    let mut c = context.clone();
+    c[10..14].copy_from_slice(&[0xff; 4]);
+    assert_eq!(Entry::decode_raft(&c, &data), Err(DecodeError::Truncated));
+    // A body size past the data's end.
+    let mut bad = data.to_vec();
+    bad[..4].copy_from_slice(&u32::MAX.to_be_bytes());
+    assert_eq!(
+        Entry::decode_raft(&context, &d(&bad)),
+        Err(DecodeError::Truncated)
+    );
+    // Bytes after the last body, and after the last message's fields.
+    let longer = [data.as_ref(), b"?"].concat();
+    assert_eq!(
+        Entry::decode_raft(&context, &d(&longer)),
+        Err(DecodeError::Trailing(1))
+    );
+    let longer = [context.as_slice(), &[0; 3]].concat();
+    assert!(Entry::decode_raft(&longer, &data).is_err());
+    // Every strict prefix of either field.
+    for cut in 1..context.len() {
+        assert!(Entry::decode_raft(&context[..cut], &data).is_err(), "context cut at {cut}");
+    }
+    for cut in 0..data.len() {
+        assert!(Entry::decode_raft(&context, &data.slice(..cut)).is_err(), "data cut at {cut}");
+    }
+    // Noise in either field never panics.
+    let mut rng = fastrand::Rng::with_seed(0x5917);
+    for _ in 0..10_000 {
+        let mut c = context.clone();
+        let mut b = data.to_vec();
+        for _ in 0..rng.usize(1..4) {
+            if rng.bool() {
+                let at = rng.usize(0..c.len());
+                c[at] = rng.u8(..);
+            } else {
+                let at = rng.usize(0..b.len());
+                b[at] = rng.u8(..);
+            }
+        }
+        let _ = Entry::decode_raft(&c, &d(&b));
+    }
+}
+
+#[test]
 fn random_bytes_never_panic_the_decoders() {
     let mut rng = fastrand::Rng::with_seed(0x5eed);
     let valid: Vec<Vec<u8>> = every_kind().iter().map(Entry::encode).collect();
@@ -363,7 +522,7 @@ fn hello_propose_and_reply_frames_round_trip() {
 #[test]
 fn a_ping_carries_the_senders_contact_number() {
     let ping = encode_ping(0x0102_0304_0506_0708);
-    assert_eq!(ping, [10, 0, 0, 0, 4, 5, 8, 7, 6, 5, 4, 3, 2, 1]);
+    assert_eq!(ping, [10, 0, 0, 0, 5, 5, 8, 7, 6, 5, 4, 3, 2, 1]);
     assert_eq!(
         decode_frame(&ping),
         Ok(Some((
@@ -374,8 +533,8 @@ fn a_ping_carries_the_senders_contact_number() {
         )))
     );
     // A short or long ping is out of step.
-    assert!(decode_frame(&[9, 0, 0, 0, 4, 5, 8, 7, 6, 5, 4, 3, 2]).is_err());
-    assert!(decode_frame(&[11, 0, 0, 0, 4, 5, 8, 7, 6, 5, 4, 3, 2, 1, 0]).is_err());
+    assert!(decode_frame(&[9, 0, 0, 0, 5, 5, 8, 7, 6, 5, 4, 3, 2]).is_err());
+    assert!(decode_frame(&[11, 0, 0, 0, 5, 5, 8, 7, 6, 5, 4, 3, 2, 1, 0]).is_err());
 }
 
 #[test]
@@ -391,20 +550,21 @@ fn bad_frames_are_errors() {
         decode_frame(&[2, 0, 0, 0, 9, 2]),
         Err(DecodeError::Version(9))
     );
-    // Version 3 frames (members of a release before fetches) are refused.
+    // Version 4 frames (members of a release whose publish entries carry their bodies
+    // between the fields) are refused.
     assert_eq!(
-        decode_frame(&[2, 0, 0, 0, 3, 2]),
-        Err(DecodeError::Version(3))
+        decode_frame(&[2, 0, 0, 0, 4, 2]),
+        Err(DecodeError::Version(4))
     );
-    assert_eq!(decode_frame(&[2, 0, 0, 0, 4, 9]), Err(DecodeError::Tag(9)));
-    assert_eq!(decode_frame(&[3, 0, 0, 0, 4, 2, 0]), Err(DecodeError::Name));
+    assert_eq!(decode_frame(&[2, 0, 0, 0, 5, 9]), Err(DecodeError::Tag(9)));
+    assert_eq!(decode_frame(&[3, 0, 0, 0, 5, 2, 0]), Err(DecodeError::Name));
     assert_eq!(
-        decode_frame(&[3, 0, 0, 0, 4, 2, 5]),
+        decode_frame(&[3, 0, 0, 0, 5, 2, 5]),
         Err(DecodeError::Truncated)
     );
     // A valid header and a body that is not a protobuf message (field 0 is invalid).
     assert_eq!(
-        decode_frame(&[6, 0, 0, 0, 4, 2, 1, b't', 0x00, 0x00]),
+        decode_frame(&[6, 0, 0, 0, 5, 2, 1, b't', 0x00, 0x00]),
         Err(DecodeError::Protobuf)
     );
     // A fetch cut short, and one with a byte after it.

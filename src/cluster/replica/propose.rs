@@ -11,6 +11,9 @@ const ASK_OTHERS_AFTER: Duration = Duration::from_secs(1);
 
 impl ShardCluster {
     /// Publishes to replicated `topic` (this shard owns it): see the module docs.
+    /// `wire`, when given, is the message part of the MPUB or PUB frame that `bodies`
+    /// are slices of: the leader proposes it as the Raft entry's data, uncopied
+    /// ([`nsq_replication::Entry::encode_raft`]).
     ///
     /// # Errors
     ///
@@ -21,6 +24,7 @@ impl ShardCluster {
         server: &Server,
         topic: &str,
         bodies: Vec<Bytes>,
+        wire: Option<Bytes>,
         defer_until: Option<Instant>,
     ) -> Result<(), PublishError> {
         if server.shard.shutdown.is_set() {
@@ -43,7 +47,7 @@ impl ShardCluster {
                 body: b,
             })
             .collect();
-        self.propose(server, topic, Entry::Publish(messages))
+        self.propose(server, topic, Entry::Publish(messages), wire.as_ref())
             .await
             .map_err(|e| {
                 // HTTP answers nsqd's 503 EXITING; the reason is here.
@@ -55,12 +59,19 @@ impl ShardCluster {
     /// Applies a channel or topic change of replicated `topic` through its group: every
     /// replica applies it at the same place in the log. Errors as [`ShardCluster::publish`].
     pub async fn change(&self, server: &Server, topic: &str, entry: Entry) -> Result<(), String> {
-        self.propose(server, topic, entry).await
+        self.propose(server, topic, entry, None).await
     }
 
     /// Proposes `entry` on the leader, here or through the network, until its ack
-    /// policy is met or [`PROPOSE_TIMEOUT`] passes.
-    async fn propose(&self, server: &Server, topic: &str, entry: Entry) -> Result<(), String> {
+    /// policy is met or [`PROPOSE_TIMEOUT`] passes; `wire` as [`ShardCluster::publish`]
+    /// takes it (used when this member leads).
+    async fn propose(
+        &self,
+        server: &Server,
+        topic: &str,
+        entry: Entry,
+        wire: Option<&Bytes>,
+    ) -> Result<(), String> {
         let deadline = Instant::now() + PROPOSE_TIMEOUT;
         // Encoded for a forward only: the leader's own group encodes what it proposes.
         let mut encoded: Option<Vec<u8>> = None;
@@ -74,7 +85,7 @@ impl ShardCluster {
         let me = self.cfg.me.replica;
         while Instant::now() < deadline {
             let target = if self.ensure_group(server, topic) {
-                match self.propose_here(server, topic, &entry) {
+                match self.propose_here(server, topic, &entry, wire) {
                     Ok(rx) => return answer(rx, deadline).await,
                     Err(Some(leader)) => leader,
                     Err(None) if Instant::now() >= ask_others_at => {
@@ -150,6 +161,7 @@ impl ShardCluster {
         server: &Server,
         topic: &str,
         entry: &Entry,
+        wire: Option<&Bytes>,
     ) -> Result<oneshot::Receiver<Reply>, Option<u64>> {
         let head = server.shard.topic_head(topic);
         let mut groups = self.groups.borrow_mut();
@@ -196,7 +208,7 @@ impl ShardCluster {
             other => other.clone(),
         };
         let (tx, rx) = oneshot::channel();
-        match g.group.propose(&entry) {
+        match g.group.propose_wire(&entry, wire) {
             Ok(proposal) => {
                 if let Entry::PublishAt { base, messages } = &entry {
                     g.next_seq = Some(base.saturating_add(messages.len() as u64));
@@ -258,7 +270,7 @@ impl ShardCluster {
         if !self.ensure_group(server, topic) {
             return Reply::NotLeader { leader: 0 };
         }
-        match self.propose_here(server, topic, &entry) {
+        match self.propose_here(server, topic, &entry, None) {
             Ok(rx) => match answer(rx, Instant::now() + PROPOSE_TIMEOUT).await {
                 Ok(()) => Reply::Acked,
                 Err(e) => Reply::Failed(e),

@@ -36,8 +36,9 @@ pub(super) async fn pub_(
     if let Err(e) = crate::auth::check(&server.cfg.auth, client, "PUB", topic, "").await {
         return fatal(client, e.to_string());
     }
+    let wire = wire_of(frame, std::slice::from_ref(&body));
     let bodies = vec![frame.slice(body)];
-    publish(server, client, topic, bodies, None, PublishOp::Pub).await
+    publish(server, client, topic, bodies, wire, None, PublishOp::Pub).await
 }
 
 /// DPUB: one message deferred by `defer_ms` (range-checked by the decoder).
@@ -52,9 +53,10 @@ pub(super) async fn dpub(
     if let Err(e) = crate::auth::check(&server.cfg.auth, client, "DPUB", topic, "").await {
         return fatal(client, e.to_string());
     }
+    let wire = wire_of(frame, std::slice::from_ref(&body));
     let bodies = vec![frame.slice(body)];
     let defer = (defer_ms > 0).then(|| Instant::now() + Duration::from_millis(defer_ms as u64));
-    publish(server, client, topic, bodies, defer, PublishOp::Dpub).await
+    publish(server, client, topic, bodies, wire, defer, PublishOp::Dpub).await
 }
 
 /// MPUB: its auth check ran before its body was decoded (see the reader loop in
@@ -66,27 +68,111 @@ pub(super) async fn mpub(
     frame: &Bytes,
     bodies: Vec<Range<usize>>,
 ) -> Result<(), Fatal> {
+    let wire = wire_of(frame, &bodies);
     let bodies = bodies.into_iter().map(|r| frame.slice(r)).collect();
-    publish(server, client, topic, bodies, None, PublishOp::Mpub).await
+    publish(server, client, topic, bodies, wire, None, PublishOp::Mpub).await
 }
 
-/// Publishes `bodies` to `topic` (on its owner) and queues `OK`, or fails fatally with
-/// `E_PUB_FAILED PUB failed <reason>` (or MPUB's, DPUB's).
+/// The frame's message part that holds `bodies` (in frame order, each after its 4-byte
+/// size, as the decoder found them): from the first body's size to the last body's
+/// end, or `None` if something lies between them.
+fn wire_of(frame: &Bytes, bodies: &[Range<usize>]) -> Option<Bytes> {
+    let start = bodies.first()?.start.checked_sub(4)?;
+    let mut end = start;
+    for b in bodies {
+        if b.start != end + 4 {
+            return None;
+        }
+        end = b.end;
+    }
+    (end <= frame.len()).then(|| frame.slice(start..end))
+}
+
+/// Publishes `bodies` (with `wire`, see [`Server::publish_frame`]) to `topic` (on its
+/// owner) and queues `OK`, or fails fatally with `E_PUB_FAILED PUB failed <reason>` (or
+/// MPUB's, DPUB's).
 async fn publish(
     server: &Rc<Server>,
     client: &Client,
     topic: &str,
     bodies: Vec<Bytes>,
+    wire: Option<Bytes>,
     defer: Option<Instant>,
     op: PublishOp,
 ) -> Result<(), Fatal> {
     let n = bodies.len() as u64;
-    match server.publish(topic, bodies, defer).await {
+    match server.publish_frame(topic, bodies, wire, defer).await {
         Ok(()) => {
             client.count_publish(topic, n);
             client.send_frame(FRAME_RESPONSE, b"OK");
             Ok(())
         }
         Err(e) => fatal(client, publish_failed(op, &e.text())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wire_of;
+    use bytes::Bytes;
+    use nsq_replication::{Entry, Message};
+    use nsq_wire::v2::{decode, Command, Context, Limits};
+
+    fn decoded(frame: &[u8]) -> Command {
+        let ctx = Context {
+            state: nsq_shards::ClientState::Init,
+            heartbeats_enabled: true,
+            limits: Limits::default(),
+            eof: true,
+        };
+        match decode(frame, &ctx) {
+            Ok(Some((command, _))) => command,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Whether the leader proposes `bodies` with `wire` as the Raft entry's data.
+    fn proposed_uncopied(frame: &Bytes, bodies: &[std::ops::Range<usize>]) -> bool {
+        let Some(wire) = wire_of(frame, bodies) else {
+            return false;
+        };
+        let entry = Entry::PublishAt {
+            base: 0,
+            messages: bodies
+                .iter()
+                .map(|r| Message {
+                    id: [b'0'; 16],
+                    timestamp_ns: 1,
+                    attempts: 0,
+                    defer_ms: 0,
+                    body: frame.slice(r.clone()),
+                })
+                .collect(),
+        };
+        let (_, data) = entry.encode_raft(Some(&wire));
+        data.as_ptr() == wire.as_ptr() && data.len() == wire.len()
+    }
+
+    #[test]
+    fn pub_dpub_and_mpub_frames_are_proposed_uncopied() {
+        let frame = Bytes::from_static(b"PUB t\n\0\0\0\x05hello");
+        let Command::Pub { body, .. } = decoded(&frame) else {
+            panic!()
+        };
+        assert!(proposed_uncopied(&frame, &[body]));
+        let frame = Bytes::from_static(b"DPUB t 100\n\0\0\0\x02hi");
+        let Command::Dpub { body, .. } = decoded(&frame) else {
+            panic!()
+        };
+        assert!(proposed_uncopied(&frame, &[body]));
+        let frame = Bytes::from_static(b"MPUB t\n\0\0\0\x12\0\0\0\x02\0\0\0\x03one\0\0\0\x03two");
+        let Command::Mpub { bodies, .. } = decoded(&frame) else {
+            panic!()
+        };
+        assert_eq!(bodies.len(), 2);
+        assert!(proposed_uncopied(&frame, &bodies));
+        // Bodies that are not back to back after their sizes have no wire.
+        assert!(wire_of(&frame, &[bodies[1].clone(), bodies[0].clone()]).is_none());
+        assert!(wire_of(&frame, &[]).is_none());
     }
 }

@@ -637,6 +637,24 @@ pub fn decode_resume(buf: &[u8], ctx: &Context, resume: &mut Resume) -> Decoded 
     }
 }
 
+/// The length of the sized command (PUB, DPUB, MPUB, IDENTIFY, AUTH) at the start of
+/// `buf` once its line and 4-byte size are in, line and size included; `None` for
+/// other commands or before then. A reader whose [`decode`] waits for more bytes can
+/// make room for the whole command at once instead of growing its buffer read by read.
+/// The size is as the peer sent it: [`decode`] checks it against the limits (a caller
+/// that asks only after `decode` answered `Ok(None)` gets a checked one).
+#[must_use]
+pub fn command_len(buf: &[u8]) -> Option<usize> {
+    let scan = &buf[..buf.len().min(MAX_LINE)];
+    let nl = memchr(b'\n', scan)?;
+    let word = scan[..nl].split(|&b| b == b' ' || b == b'\r').next()?;
+    if !matches!(word, b"PUB" | b"DPUB" | b"MPUB" | b"IDENTIFY" | b"AUTH") {
+        return None;
+    }
+    let size = usize::try_from(read_i32(buf, nl + 1)?).ok()?;
+    (nl + 5).checked_add(size)
+}
+
 /// The topic of an `MPUB <topic>\n` line at the start of `buf` once the line is complete
 /// and the topic valid, else None (the line's own errors come from [`decode`]). nsqd
 /// checks AUTH for MPUB right after the topic name, before it reads the body: the caller

@@ -253,3 +253,20 @@ fn invalid_command_echoes_non_utf8_bytes_as_sent() {
     let e = decode(b"ASDF\n", &ctx(ClientState::Init)).expect_err("expected an error");
     assert_eq!(e.frame_data(), b"E_INVALID invalid command ASDF".to_vec());
 }
+
+#[test]
+fn command_len_counts_line_size_and_body_once_the_size_is_in() {
+    let mpub = b"MPUB t\n\0\0\0\x12\0\0\0\x02\0\0\0\x03one\0\0\0\x03two";
+    for cut in 0..mpub.len() {
+        let expected = (cut >= 11).then_some(mpub.len());
+        assert_eq!(command_len(&mpub[..cut]), expected, "cut at {cut}");
+    }
+    assert_eq!(command_len(b"PUB t\r\n\0\0\x01\0"), Some(7 + 4 + 256));
+    assert_eq!(command_len(b"DPUB t 100\n\0\0\0\x02"), Some(11 + 4 + 2));
+    assert_eq!(command_len(b"IDENTIFY\n\0\0\0\x02{}"), Some(15));
+    assert_eq!(command_len(b"AUTH\n\0\0\0\x01s"), Some(10));
+    // Commands without a body, and a negative size.
+    assert_eq!(command_len(b"NOP\n\0\0\0\x01"), None);
+    assert_eq!(command_len(b"FIN 0123456789abcdef\n"), None);
+    assert_eq!(command_len(b"PUB t\n\xff\xff\xff\xff"), None);
+}
