@@ -473,6 +473,7 @@ async fn read_loop<S: AsyncRead + Unpin>(
     // replaced once its room runs low.
     let mut buf = BytesMut::with_capacity(1 << 10);
     let mut read_size = 1 << 10;
+    let mut last_frame = 0usize;
     let accepted = std::time::Instant::now();
     let mut from: Option<u64> = None;
     // The peer is out of touch once this connection ends, however it ends.
@@ -519,7 +520,15 @@ async fn read_loop<S: AsyncRead + Unpin>(
             // append is then read into one buffer, not copied into larger ones as it
             // arrives.
             let short = lacking(&buf);
-            read_append(&mut stream, &mut buf, read_size, short).await?
+            // At a frame's start, room for a frame as large as the last one (up to
+            // APPEND_HINT_MAX, the size of the largest appends), so that a stream of
+            // large appends is read one buffer per frame, uncopied.
+            let max = if buf.is_empty() {
+                read_size.max(last_frame.min(APPEND_HINT_MAX))
+            } else {
+                read_size
+            };
+            read_append(&mut stream, &mut buf, max, short).await?
         };
         if n == 0 {
             return Ok(());
@@ -533,7 +542,10 @@ async fn read_loop<S: AsyncRead + Unpin>(
         }
         loop {
             let decoded = match wire::frame_len(&buf) {
-                Ok(Some(len)) => wire::decode_frame_shared(&buf.split_to(len).freeze()),
+                Ok(Some(len)) => {
+                    last_frame = len;
+                    wire::decode_frame_shared(&buf.split_to(len).freeze())
+                }
                 Ok(None) => break,
                 Err(_)
                     if from.is_some()
@@ -606,18 +618,28 @@ fn lacking(buf: &[u8]) -> usize {
 /// frame).
 const READ_SIZE: usize = 256 << 10;
 
-/// Reads what `stream` has, up to `max` bytes or the `short` bytes a frame lacks if
-/// more, appended to `buf` without zero-filling the room first. `buf` gets room for
-/// that and `max / 4` more when it has less than `short` or `max / 4` left. Returns
-/// the bytes read; 0 at end of stream.
+/// The most room a connection makes at a frame's start for a frame as large as the
+/// last: a Raft append is cut at 1 MiB of entries (a larger snapshot frame still gets
+/// room for its rest once its length is in).
+const APPEND_HINT_MAX: usize = 2 << 20;
+
+/// Reads what `stream` has, appended to `buf` without zero-filling the room first:
+/// the `short` bytes a large frame begun in `buf` lacks (`max / 4` or more), and no
+/// more, so that the next frame starts in a buffer of its own instead of being copied
+/// into a larger one once its length is known; otherwise up to `max` bytes. `buf` gets
+/// room for the large frame's rest, or for `max` and `max / 4` more when it has less
+/// than `short` or `max / 4` left. Returns the bytes read; 0 at end of stream.
 async fn read_append<S: AsyncRead + Unpin>(
     stream: &mut S,
     buf: &mut BytesMut,
     max: usize,
     short: usize,
 ) -> std::io::Result<usize> {
-    let want = max.max(short);
-    if buf.capacity() - buf.len() < short.max(max / 4) {
+    let want = if short >= max / 4 { short } else { max };
+    let spare = buf.capacity() - buf.len();
+    if short >= max / 4 && spare < short {
+        buf.reserve(short);
+    } else if spare < short.max(max / 4) {
         buf.reserve(want + max / 4);
     }
     let room = (buf.capacity() - buf.len()).min(want);
