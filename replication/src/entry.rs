@@ -49,8 +49,9 @@
 //!
 //! `data` is laid out as the message part of nsqd's MPUB and PUB frames (each body after
 //! its big-endian size), so a batch that came in one such frame is proposed with the
-//! frame's own bytes as its data. Every other entry has an empty context and the
-//! encoding above in its data; [`Entry::decode_raft`] reads both.
+//! frame's own bytes as its data. A batch forwarded to the leader ([`Entry::Publish`])
+//! travels split the same way, with tag 17 and no `base`. Every other entry has an empty
+//! context and the encoding above in its data; [`Entry::decode_raft`] reads both.
 //!
 //! Decoding reads bytes that came from the network or a disk: it never panics and
 //! allocates no more than the input's length; a bad entry is a [`DecodeError`].
@@ -236,7 +237,8 @@ const TAG_POSITION: u8 = 12;
 const TAG_PUBLISH_AT: u8 = 13;
 const TAG_TOPIC_DELETE: u8 = 14;
 const TAG_TOPIC_CREATE: u8 = 15;
-const TAG_PUBLISH_SPLIT: u8 = 16;
+const TAG_PUBLISH_AT_SPLIT: u8 = 16;
+const TAG_PUBLISH_SPLIT: u8 = 17;
 
 /// Bytes of a message before its body: id, timestamp, attempts, defer, body length.
 const MESSAGE_HEADER: usize = 16 + 8 + 2 + 4 + 4;
@@ -323,8 +325,8 @@ impl Entry {
         Self::decode_from(bytes, Some(bytes))
     }
 
-    /// The entry as a Raft entry's `(context, data)`: a numbered batch
-    /// ([`Entry::PublishAt`]) split as the [module docs](self#a-publish-in-a-raft-entry)
+    /// The entry as a Raft entry's `(context, data)`: a batch ([`Entry::PublishAt`],
+    /// [`Entry::Publish`]) split as the [module docs](self#a-publish-in-a-raft-entry)
     /// show, every other entry `(empty, `[`Entry::encode`]`)`.
     ///
     /// `wire`, when given, is the bytes the batch's bodies are slices of, laid out as
@@ -334,13 +336,20 @@ impl Entry {
     /// Never panics; lengths are cut as [`Entry::encode`] cuts them.
     #[must_use]
     pub fn encode_raft(&self, wire: Option<&bytes::Bytes>) -> (Vec<u8>, bytes::Bytes) {
-        let Self::PublishAt { base, messages } = self else {
-            return (Vec::new(), self.encode().into());
+        let (base, messages) = match self {
+            Self::PublishAt { base, messages } => (Some(base), messages),
+            Self::Publish(messages) => (None, messages),
+            _ => return (Vec::new(), self.encode().into()),
         };
         let mut context = Vec::with_capacity(14 + SPLIT_META * messages.len());
         context.push(ENTRY_VERSION);
-        context.push(TAG_PUBLISH_SPLIT);
-        context.extend_from_slice(&base.to_le_bytes());
+        match base {
+            Some(base) => {
+                context.push(TAG_PUBLISH_AT_SPLIT);
+                context.extend_from_slice(&base.to_le_bytes());
+            }
+            None => context.push(TAG_PUBLISH_SPLIT),
+        }
         put_u32(&mut context, messages.len());
         for m in messages {
             context.extend_from_slice(&m.id);
@@ -381,11 +390,11 @@ impl Entry {
         if version != ENTRY_VERSION {
             return Err(DecodeError::Version(version));
         }
-        match c.u8()? {
-            TAG_PUBLISH_SPLIT => {}
+        let base = match c.u8()? {
+            TAG_PUBLISH_AT_SPLIT => Some(c.u64()?),
+            TAG_PUBLISH_SPLIT => None,
             other => return Err(DecodeError::Tag(other)),
-        }
-        let base = c.u64()?;
+        };
         let count = c.u32()? as usize;
         // Refused before anything is allocated: each message takes SPLIT_META bytes of
         // the context and at least 4 of the data.
@@ -410,9 +419,10 @@ impl Entry {
                 body: data.slice(at..at + len),
             });
         }
-        match (c.0.len(), d.0.len()) {
-            (0, 0) => Ok(Self::PublishAt { base, messages }),
-            (0, n) | (n, _) => Err(DecodeError::Trailing(n)),
+        match (c.0.len(), d.0.len(), base) {
+            (0, 0, Some(base)) => Ok(Self::PublishAt { base, messages }),
+            (0, 0, None) => Ok(Self::Publish(messages)),
+            (0, n, _) | (n, _, _) => Err(DecodeError::Trailing(n)),
         }
     }
 

@@ -2,10 +2,11 @@
 //! group, and proposals forwarded to a group's leader with their answers.
 //!
 //! ```text
-//! frame   = len u32 LE (bytes after this field) | version u8 (= 4) | kind u8 | payload
+//! frame   = len u32 LE (bytes after this field) | version u8 (= 5) | kind u8 | payload
 //! kind 1  Hello   : node_id u16 | replica u64 | addr_len u8 | addr | tcp_len u8 | tcp
 //! kind 2  Raft    : topic_len u8 | topic | eraftpb.Message (protobuf)
-//! kind 3  Propose : request u64 | topic_len u8 | topic | entry (crate::entry encoding)
+//! kind 3  Propose : request u64 | topic_len u8 | topic | context_len u32 | context | data
+//!                   (an entry as crate::Entry::encode_raft splits it)
 //! kind 4  Reply   : request u64 | status u8 | status fields
 //!           status 0 Acked
 //!           status 1 NotLeader : leader u64 (0: none known)
@@ -156,9 +157,12 @@ pub enum Frame {
         request: u64,
         /// The topic.
         topic: String,
-        /// The entry, encoded ([`crate::Entry::encode`]); a publish's ids and timestamps
-        /// are assigned again by the leader.
-        entry: Vec<u8>,
+        /// The entry's context, as [`crate::Entry::encode_raft`] splits it.
+        context: Vec<u8>,
+        /// The entry's data, as [`crate::Entry::encode_raft`] splits it (a slice of
+        /// the frame when decoded with [`decode_frame_shared`]); a publish's ids and
+        /// timestamps are assigned again by the leader.
+        data: Bytes,
     },
     /// A replica asks a member holding `topic` for a page of its records from sequence
     /// `from` (a backlog larger than a snapshot carries), answered by a
@@ -364,16 +368,28 @@ fn encode_raft(
     })
 }
 
-/// Writes a [`Frame::Propose`] of an encoded entry.
+/// Writes a [`Frame::Propose`] of an entry split by [`crate::Entry::encode_raft`].
 ///
 /// # Errors
 ///
 /// [`EncodeError`] for a bad topic name or an oversized entry.
-pub fn encode_propose(request: u64, topic: &str, entry: &[u8]) -> Result<Vec<u8>, EncodeError> {
-    let mut out = start(KIND_PROPOSE, 9 + topic.len() + entry.len());
+pub fn encode_propose(
+    request: u64,
+    topic: &str,
+    context: &[u8],
+    data: &[u8],
+) -> Result<Vec<u8>, EncodeError> {
+    let mut out = start(
+        KIND_PROPOSE,
+        13 + topic.len() + context.len() + data.len(),
+    );
     out.extend_from_slice(&request.to_le_bytes());
     push_name(&mut out, topic)?;
-    out.extend_from_slice(entry);
+    let context_len =
+        u32::try_from(context.len()).map_err(|_| EncodeError::TooLarge(context.len()))?;
+    out.extend_from_slice(&context_len.to_le_bytes());
+    out.extend_from_slice(context);
+    out.extend_from_slice(data);
     finish(out)
 }
 
@@ -604,10 +620,22 @@ fn decode(buf: &[u8], shared: Option<&Bytes>) -> Result<Option<(Frame, usize)>, 
         KIND_PROPOSE => {
             let request = r.u64()?;
             let topic = r.name()?;
+            let context_len = r.u32()? as usize;
+            let context = r.take(context_len)?.to_vec();
+            let rest = std::mem::take(&mut r.0);
+            // Large data stays where it was read, as a Raft append's does.
+            let data = match shared {
+                Some(whole) if rest.len() >= SHARE_MIN => {
+                    let start = rest.as_ptr() as usize - whole.as_ptr() as usize;
+                    whole.slice(start..start + rest.len())
+                }
+                _ => Bytes::copy_from_slice(rest),
+            };
             Frame::Propose {
                 request,
                 topic,
-                entry: r.0.to_vec(),
+                context,
+                data,
             }
         }
         KIND_REPLY => {

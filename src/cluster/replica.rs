@@ -624,12 +624,13 @@ impl ShardCluster {
             Frame::Propose {
                 request,
                 topic,
-                entry,
+                context,
+                data,
             } => {
                 let me = self.clone();
                 let server = server.clone();
                 glommio::spawn_local(async move {
-                    let reply = me.answer_propose(&server, &topic, &entry).await;
+                    let reply = me.answer_propose(&server, &topic, &context, &data).await;
                     if let Ok(f) = wire::encode_reply(request, &reply) {
                         me.links.send(from, f);
                     }

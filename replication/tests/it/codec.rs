@@ -140,10 +140,11 @@ fn bad_entries_are_errors() {
 fn every_entry_kind_round_trips_as_a_raft_entry() {
     for entry in every_kind() {
         let (context, data) = entry.encode_raft(None);
-        if let Entry::PublishAt { messages, .. } = &entry {
+        if let Entry::PublishAt { messages, .. } | Entry::Publish(messages) = &entry {
             // The split layout: the fields in the context, the bodies after their
             // big-endian sizes in the data.
-            assert_eq!(&context[..2], &[ENTRY_VERSION, 16]);
+            let tag = if matches!(entry, Entry::Publish(_)) { 17 } else { 16 };
+            assert_eq!(&context[..2], &[ENTRY_VERSION, tag]);
             let sizes: usize = messages.iter().map(|m| 4 + m.body.len()).sum();
             assert_eq!(data.len(), sizes);
         } else {
@@ -237,6 +238,36 @@ fn a_batch_from_one_frame_is_proposed_with_the_frames_own_bytes() {
 }
 
 #[test]
+fn a_forwarded_batch_is_proposed_from_the_frame_it_came_in() {
+    let big = bytes::Bytes::from(vec![b'y'; SHARE_MIN]);
+    let forwarded = Entry::Publish(vec![Message {
+        id: [b'0'; 16],
+        timestamp_ns: 0,
+        attempts: 0,
+        defer_ms: 0,
+        body: big.clone(),
+    }]);
+    let (context, data) = forwarded.encode_raft(None);
+    let frame = bytes::Bytes::from(encode_propose(1, "t", &context, &data).unwrap());
+    let Some((Frame::Propose { context, data, .. }, _)) = decode_frame_shared(&frame).unwrap()
+    else {
+        panic!("not a propose frame");
+    };
+    assert!(within(&data, &frame), "the data was copied out of the frame");
+    let Ok(Entry::Publish(messages)) = Entry::decode_raft(&context, &data) else {
+        panic!("not a batch");
+    };
+    assert_eq!(messages[0].body, big);
+    // The leader numbers it and proposes the frame's bytes as the Raft entry's data.
+    let numbered = Entry::PublishAt {
+        base: 3,
+        messages,
+    };
+    let (_, proposed) = numbered.encode_raft(Some(&data));
+    assert_eq!(proposed.as_ptr(), data.as_ptr());
+}
+
+#[test]
 fn bad_split_publishes_are_errors() {
     let entry = numbered(vec![
         bytes::Bytes::from_static(b"first"),
@@ -251,6 +282,12 @@ fn bad_split_publishes_are_errors() {
     let mut c = context.clone();
     c[1] = 1;
     assert_eq!(Entry::decode_raft(&c, &data), Err(DecodeError::Tag(1)));
+    // A batch without a base (tag 17) read as one with a base, and the other way.
+    let mut c = context.clone();
+    c[1] = 17;
+    assert!(Entry::decode_raft(&c, &data).is_err());
+    let (unnumbered, _) = Entry::Publish(vec![]).encode_raft(None);
+    assert_eq!(unnumbered, [ENTRY_VERSION, 17, 0, 0, 0, 0]);
     // A count of 2^32-1: refused before allocating.
     let mut c = context.clone();
     c[10..14].copy_from_slice(&[0xff; 4]);
@@ -443,15 +480,34 @@ fn hello_propose_and_reply_frames_round_trip() {
         address: "10.0.0.7:4153".to_string(),
         tcp: "10.0.0.7:4150".to_string(),
     };
-    let entry = Entry::TopicPause(false).encode();
+    let (context, data) = Entry::TopicPause(false).encode_raft(None);
+    assert!(context.is_empty());
+    let batch = Entry::Publish(vec![Message {
+        id: [b'0'; 16],
+        timestamp_ns: 0,
+        attempts: 0,
+        defer_ms: 0,
+        body: bytes::Bytes::from_static(b"forwarded"),
+    }]);
+    let (batch_context, batch_data) = batch.encode_raft(None);
     let frames = [
         (encode_hello(&hello).unwrap(), Frame::Hello(hello.clone())),
         (
-            encode_propose(9, "orders", &entry).unwrap(),
+            encode_propose(9, "orders", &context, &data).unwrap(),
             Frame::Propose {
                 request: 9,
                 topic: "orders".to_string(),
-                entry: entry.clone(),
+                context: Vec::new(),
+                data: data.clone(),
+            },
+        ),
+        (
+            encode_propose(10, "orders", &batch_context, &batch_data).unwrap(),
+            Frame::Propose {
+                request: 10,
+                topic: "orders".to_string(),
+                context: batch_context.clone(),
+                data: batch_data.clone(),
             },
         ),
         (

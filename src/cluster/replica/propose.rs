@@ -74,7 +74,7 @@ impl ShardCluster {
     ) -> Result<(), String> {
         let deadline = Instant::now() + PROPOSE_TIMEOUT;
         // Encoded for a forward only: the leader's own group encodes what it proposes.
-        let mut encoded: Option<Vec<u8>> = None;
+        let mut encoded: Option<(Vec<u8>, Bytes)> = None;
         let replicas = self.cfg.replicas_of(topic);
         let mut target_turn = 0usize;
         let mut last_error = String::from("no leader elected in time");
@@ -120,8 +120,8 @@ impl ShardCluster {
                 glommio::timer::sleep(TICK).await;
                 continue;
             }
-            let encoded = encoded.get_or_insert_with(|| entry.encode());
-            match self.forward(target, topic, encoded).await {
+            let (context, data) = encoded.get_or_insert_with(|| entry.encode_raft(wire));
+            match self.forward(target, topic, context, data).await {
                 Ok(Reply::Acked) => return Ok(()),
                 Ok(Reply::NotLeader { leader }) => {
                     if leader != 0 {
@@ -233,8 +233,15 @@ impl ShardCluster {
         Ok(rx)
     }
 
-    /// Sends `entry` to replica `to` and waits for its reply.
-    async fn forward(&self, to: u64, topic: &str, entry: &[u8]) -> Result<Reply, ForwardError> {
+    /// Sends the entry (`context` and `data`, as `Entry::encode_raft` splits it) to
+    /// replica `to` and waits for its reply.
+    async fn forward(
+        &self,
+        to: u64,
+        topic: &str,
+        context: &[u8],
+        data: &[u8],
+    ) -> Result<Reply, ForwardError> {
         if to == self.cfg.me.replica {
             return Err(ForwardError::NotSent(
                 "this node does not hold the topic".into(),
@@ -246,7 +253,7 @@ impl ShardCluster {
         let asked = self
             .ask(
                 to,
-                |request| wire::encode_propose(request, topic, entry),
+                |request| wire::encode_propose(request, topic, context, data),
                 Instant::now() + FORWARD_TIMEOUT,
                 || self.leader_of(topic).is_some_and(|l| l != to),
             )
@@ -262,15 +269,25 @@ impl ShardCluster {
         }
     }
 
-    pub(super) async fn answer_propose(&self, server: &Server, topic: &str, entry: &[u8]) -> Reply {
-        let entry = match Entry::decode(entry) {
+    /// Proposes an entry another member forwarded (split as `Entry::encode_raft`
+    /// splits it): a batch's data, a slice of the frame it came in, is proposed as it
+    /// is.
+    pub(super) async fn answer_propose(
+        &self,
+        server: &Server,
+        topic: &str,
+        context: &[u8],
+        data: &Bytes,
+    ) -> Reply {
+        let entry = match Entry::decode_raft(context, data) {
             Ok(e) => e,
             Err(e) => return Reply::Failed(format!("bad entry: {e}")),
         };
         if !self.ensure_group(server, topic) {
             return Reply::NotLeader { leader: 0 };
         }
-        match self.propose_here(server, topic, &entry, None) {
+        let wire = (!context.is_empty()).then_some(data);
+        match self.propose_here(server, topic, &entry, wire) {
             Ok(rx) => match answer(rx, Instant::now() + PROPOSE_TIMEOUT).await {
                 Ok(()) => Reply::Acked,
                 Err(e) => Reply::Failed(e),
