@@ -21,6 +21,7 @@
 use super::ClusterConfig;
 use crate::server::Server;
 use crate::tcp::SharedStream;
+use bytes::{Bytes, BytesMut};
 use glommio::net::TcpStream;
 use nsq_shards::client::Client;
 use nsq_shards::ClientState;
@@ -268,7 +269,7 @@ async fn run(server: &Rc<Server>, client: &Rc<Client>, relay: &Rc<Relay>, mut up
                     // size and timeout), not flushed one by one.
                     client.buffer_message_frame(&data);
                 }
-                FRAME_RESPONSE if data == b"_heartbeat_" => {
+                FRAME_RESPONSE if &data[..] == b"_heartbeat_" => {
                     if up.write_all(b"NOP\n").await.is_err() {
                         break;
                     }
@@ -349,35 +350,42 @@ fn take_over(server: &Server, client: &Rc<Client>, relay: &Relay) {
 /// decoder ([`nsq_wire::client::decode_frame`]).
 #[derive(Default)]
 struct FrameReader {
-    buf: Vec<u8>,
+    buf: BytesMut,
 }
 
+/// How much a relay reads from the leader at once (more for the rest of a larger
+/// frame, up to [`RELAY_FRAME_ROOM_MAX`]).
+const RELAY_READ: usize = 64 << 10;
+
+/// The most room a relay makes at once for the rest of a frame whose size is in.
+const RELAY_FRAME_ROOM_MAX: usize = 8 << 20;
+
 impl FrameReader {
-    /// The next frame: (type, data).
-    async fn next(&mut self, s: &SharedStream) -> std::io::Result<(u32, Vec<u8>)> {
+    /// The next frame: (type, data), the data a slice of the buffer it was read into
+    /// (frames are split off the front, never shifted or copied out).
+    async fn next(&mut self, s: &SharedStream) -> std::io::Result<(u32, Bytes)> {
         use nsq_wire::client::{decode_frame, Decoded};
         loop {
-            match decode_frame(&self.buf) {
+            let need = match decode_frame(&self.buf) {
                 Ok(Decoded::Frame(_, used)) => {
-                    let ft =
-                        u32::from_be_bytes([self.buf[4], self.buf[5], self.buf[6], self.buf[7]]);
-                    let data = self.buf[8..used].to_vec();
-                    self.buf.drain(..used);
-                    return Ok((ft, data));
+                    let frame = self.buf.split_to(used).freeze();
+                    let ft = u32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
+                    return Ok((ft, frame.slice(8..)));
                 }
-                Ok(Decoded::Incomplete { .. }) => {}
+                Ok(Decoded::Incomplete { need }) => need,
                 Err(e) => {
                     return Err(std::io::Error::other(format!(
                         "bad frame from the leader: {e:?}"
                     )))
                 }
-            }
-            let mut chunk = [0u8; 64 << 10];
-            let n = s.read(&mut chunk).await?;
+            };
+            let rest = need
+                .saturating_sub(self.buf.len())
+                .min(RELAY_FRAME_ROOM_MAX);
+            let n = s.read_append(&mut self.buf, RELAY_READ.max(rest)).await?;
             if n == 0 {
                 return Err(std::io::ErrorKind::UnexpectedEof.into());
             }
-            self.buf.extend_from_slice(&chunk[..n]);
         }
     }
 }
