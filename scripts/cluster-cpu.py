@@ -3,7 +3,7 @@
 
     scripts/cluster-cpu.py [--topics 3000] [--seconds 10] [--shards 1]
                            [--load SIZE@RATE --bench target/release/nsq-bench]
-                           [--rounds 1] NSQD [NSQD...]
+                           [--via leader|follower] [--rounds 1] NSQD [NSQD...]
 
 For each broker binary in turn: starts three members on loopback (--node-id 1-3,
 --cluster-address and the two others as --cluster-peer, fresh data paths), creates
@@ -15,10 +15,14 @@ Idle (no --load): prints each member's share of one core and their sum. Idle gro
 go quiet (docs/replication.md, "Quiet groups"): what remains grows with the number of
 topics only through the leaders' periodic look at their channels.
 
-With --load SIZE@RATE (e.g. `4096@20000`): for those SECONDS `nsq-bench pubsub` publishes
+With --load SIZE@RATE (e.g. `4096@20000`; RATE 0: as fast as the cluster takes them, in
+MPUB batches of 200): for those SECONDS `nsq-bench pubsub` publishes
 RATE messages/s of SIZE bytes (open loop, MPUB batches) to the leader of the first
 topic and consumes them there, and the figure is CPU per message: the leader's and the
-followers' CPU microseconds for each message consumed. Unlike saturated throughput,
+followers' CPU microseconds for each message consumed. With --via follower nsq-bench
+publishes and consumes through a follower instead (its publishes forwarded to the
+leader, its consumer relayed from there: docs/replication.md), listed first among the
+followers. Unlike saturated throughput,
 this hardly moves with what else the host runs, so two builds compare on a busy or
 noisy machine. With --rounds N the binaries take turns N times.
 
@@ -70,7 +74,7 @@ def cpu_ticks(pid):
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
-def run(nsqd, topics, seconds, shards, load):
+def run(nsqd, topics, seconds, shards, load, via="leader"):
     tmp = tempfile.mkdtemp(prefix="nsqd-cluster-cpu-")
     members = [
         {"tcp": free_port(), "http": free_port(), "cluster": free_port()} for _ in range(3)
@@ -122,9 +126,10 @@ def run(nsqd, topics, seconds, shards, load):
             return [(a - b) / hz / seconds for a, b in zip(after, before)], None
         size, rate, bench = load
         lead = leader_of(members, "idle0")
+        entry = lead if via == "leader" else next(i for i in range(3) if i != lead)
         before = [cpu_ticks(p.pid) for p in procs]
         out = subprocess.run(
-            [bench, "pubsub", f"--nsqd-tcp-address=127.0.0.1:{members[lead]['tcp']}",
+            [bench, "pubsub", f"--nsqd-tcp-address=127.0.0.1:{members[entry]['tcp']}",
              "--topic", "idle0", "--size", str(size), "--rate", str(rate),
              "--runfor", f"{seconds:g}s", "--json"],
             capture_output=True, text=True, check=False)
@@ -136,8 +141,9 @@ def run(nsqd, topics, seconds, shards, load):
         if consumed <= 0:
             sys.exit(f"{nsqd}: nothing was consumed")
         us = [(a - b) / hz * 1e6 / consumed for a, b in zip(after, before)]
-        # Leader first, then the followers.
-        return [us[lead]] + [u for i, u in enumerate(us) if i != lead], consumed
+        # Leader first, then the followers (the clients' entry first among them).
+        order = sorted((i for i in range(3) if i != lead), key=lambda i: i != entry)
+        return [us[lead]] + [us[i] for i in order], consumed
     finally:
         for p in procs:
             p.send_signal(signal.SIGKILL)
@@ -177,6 +183,8 @@ def main():
     ap.add_argument("--bench", default=os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "target", "release", "nsq-bench"))
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--via", choices=["leader", "follower"], default="leader",
+                    help="the member nsq-bench publishes to and consumes from")
     a = ap.parse_args()
     load = None
     if a.load:
@@ -186,7 +194,7 @@ def main():
     figures = {n: [] for n in a.nsqd}
     for _ in range(a.rounds):
         for nsqd in a.nsqd:
-            each, consumed = run(nsqd, topics, a.seconds, a.shards, load)
+            each, consumed = run(nsqd, topics, a.seconds, a.shards, load, a.via)
             figures[nsqd].append(sum(each))
             if load is None:
                 print(
@@ -197,7 +205,8 @@ def main():
             else:
                 print(
                     f"{nsqd}: {consumed} messages of {load[0]} B at {load[1]}/s, CPU per "
-                    f"message: leader {each[0]:.2f} us, followers "
+                    f"message: leader {each[0]:.2f} us, followers"
+                    + (" (the clients' entry first) " if a.via == "follower" else " ")
                     + ", ".join(f"{u:.2f}" for u in each[1:])
                     + f" us (sum {sum(each):.2f} us)"
                 )
