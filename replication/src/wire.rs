@@ -368,7 +368,9 @@ fn encode_raft(
     })
 }
 
-/// Writes a [`Frame::Propose`] of an entry split by [`crate::Entry::encode_raft`].
+/// Writes a [`Frame::Propose`] of an entry split by [`crate::Entry::encode_raft`]:
+/// data of [`SHARE_MIN`] bytes or more is a piece of its own ([`OutFrame`]), written
+/// from its own buffer (a forwarded batch's, the producer's frame), not copied.
 ///
 /// # Errors
 ///
@@ -377,20 +379,32 @@ pub fn encode_propose(
     request: u64,
     topic: &str,
     context: &[u8],
-    data: &[u8],
-) -> Result<Vec<u8>, EncodeError> {
-    let mut out = start(
-        KIND_PROPOSE,
-        13 + topic.len() + context.len() + data.len(),
-    );
+    data: &Bytes,
+) -> Result<OutFrame, EncodeError> {
+    let shared = data.len() >= SHARE_MIN;
+    let copied = if shared { 0 } else { data.len() };
+    let mut out = start(KIND_PROPOSE, 13 + topic.len() + context.len() + copied);
     out.extend_from_slice(&request.to_le_bytes());
     push_name(&mut out, topic)?;
     let context_len =
         u32::try_from(context.len()).map_err(|_| EncodeError::TooLarge(context.len()))?;
     out.extend_from_slice(&context_len.to_le_bytes());
     out.extend_from_slice(context);
-    out.extend_from_slice(data);
-    finish(out)
+    if !shared {
+        out.extend_from_slice(data);
+    }
+    let len = out.len() + data.len() - copied;
+    write_len(&mut out, len)?;
+    let shared = if shared {
+        vec![(out.len(), data.clone())]
+    } else {
+        Vec::new()
+    };
+    Ok(OutFrame {
+        bytes: out,
+        shared,
+        len,
+    })
 }
 
 /// Writes a [`Frame::Fetch`].

@@ -248,7 +248,12 @@ fn a_forwarded_batch_is_proposed_from_the_frame_it_came_in() {
         body: big.clone(),
     }]);
     let (context, data) = forwarded.encode_raft(None);
-    let frame = bytes::Bytes::from(encode_propose(1, "t", &context, &data).unwrap());
+    let out = encode_propose(1, "t", &context, &data).unwrap();
+    // The forwarding member writes the data from its own buffer, not a copy.
+    let mut pieces = Vec::new();
+    out.pieces(|p| pieces.push(p.as_ptr()));
+    assert!(pieces.contains(&data.as_ptr()), "the data was copied into the frame");
+    let frame = bytes::Bytes::from(out.to_vec());
     let Some((Frame::Propose { context, data, .. }, _)) = decode_frame_shared(&frame).unwrap()
     else {
         panic!("not a propose frame");
@@ -493,7 +498,7 @@ fn hello_propose_and_reply_frames_round_trip() {
     let frames = [
         (encode_hello(&hello).unwrap(), Frame::Hello(hello.clone())),
         (
-            encode_propose(9, "orders", &context, &data).unwrap(),
+            encode_propose(9, "orders", &context, &data).unwrap().to_vec(),
             Frame::Propose {
                 request: 9,
                 topic: "orders".to_string(),
@@ -502,7 +507,9 @@ fn hello_propose_and_reply_frames_round_trip() {
             },
         ),
         (
-            encode_propose(10, "orders", &batch_context, &batch_data).unwrap(),
+            encode_propose(10, "orders", &batch_context, &batch_data)
+                .unwrap()
+                .to_vec(),
             Frame::Propose {
                 request: 10,
                 topic: "orders".to_string(),

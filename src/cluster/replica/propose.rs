@@ -240,7 +240,7 @@ impl ShardCluster {
         to: u64,
         topic: &str,
         context: &[u8],
-        data: &[u8],
+        data: &Bytes,
     ) -> Result<Reply, ForwardError> {
         if to == self.cfg.me.replica {
             return Err(ForwardError::NotSent(

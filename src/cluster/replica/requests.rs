@@ -5,7 +5,7 @@ use super::{ShardCluster, PROPOSE_TIMEOUT, TICK};
 use crate::cluster::ClusterConfig;
 use crate::mesh::ShardMsg;
 use crate::server::Server;
-use nsq_replication::wire::{EncodeError, Frame, Reply};
+use nsq_replication::wire::{EncodeError, Frame, OutFrame, Reply};
 use nsq_replication::{ChannelOp, Entry};
 use nsq_shards::mesh::{AdminError, AdminOp};
 use std::rc::Rc;
@@ -301,10 +301,10 @@ impl ShardCluster {
     /// # Errors
     ///
     /// What `make` returns: the frame was not sent.
-    pub(super) async fn ask(
+    pub(super) async fn ask<F: Into<OutFrame>>(
         &self,
         to: u64,
-        make: impl FnOnce(u64) -> Result<Vec<u8>, EncodeError>,
+        make: impl FnOnce(u64) -> Result<F, EncodeError>,
         deadline: Instant,
         give_up: impl Fn() -> bool,
     ) -> Result<Asked, EncodeError> {
