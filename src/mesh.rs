@@ -210,7 +210,10 @@ pub(crate) fn handle_mesh(server: &Rc<Server>, msg: ShardMsg) {
             if server.replicates(&topic) {
                 let s = server.clone();
                 glommio::spawn_local(async move {
-                    let _ = reply.send(s.publish_replicated(&topic, bodies, None, defer_until).await);
+                    let _ = reply.send(
+                        s.publish_replicated(&topic, bodies, None, defer_until)
+                            .await,
+                    );
                 })
                 .detach();
                 return;

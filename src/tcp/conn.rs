@@ -420,8 +420,11 @@ impl Reader {
         let rest = match self.decoder {
             None => nsq_wire::v2::command_len(&self.buf).map_or(0, |len| {
                 let limit = self.limits.max_body_size.max(self.limits.max_msg_size);
-                len.saturating_sub(old)
-                    .min(usize::try_from(limit).unwrap_or(0).saturating_add(READ_CHUNK))
+                len.saturating_sub(old).min(
+                    usize::try_from(limit)
+                        .unwrap_or(0)
+                        .saturating_add(READ_CHUNK),
+                )
             }),
             Some(_) => 0,
         };

@@ -143,7 +143,11 @@ fn every_entry_kind_round_trips_as_a_raft_entry() {
         if let Entry::PublishAt { messages, .. } | Entry::Publish(messages) = &entry {
             // The split layout: the fields in the context, the bodies after their
             // big-endian sizes in the data.
-            let tag = if matches!(entry, Entry::Publish(_)) { 17 } else { 16 };
+            let tag = if matches!(entry, Entry::Publish(_)) {
+                17
+            } else {
+                16
+            };
             assert_eq!(&context[..2], &[ENTRY_VERSION, tag]);
             let sizes: usize = messages.iter().map(|m| 4 + m.body.len()).sum();
             assert_eq!(data.len(), sizes);
@@ -252,22 +256,25 @@ fn a_forwarded_batch_is_proposed_from_the_frame_it_came_in() {
     // The forwarding member writes the data from its own buffer, not a copy.
     let mut pieces = Vec::new();
     out.pieces(|p| pieces.push(p.as_ptr()));
-    assert!(pieces.contains(&data.as_ptr()), "the data was copied into the frame");
+    assert!(
+        pieces.contains(&data.as_ptr()),
+        "the data was copied into the frame"
+    );
     let frame = bytes::Bytes::from(out.to_vec());
     let Some((Frame::Propose { context, data, .. }, _)) = decode_frame_shared(&frame).unwrap()
     else {
         panic!("not a propose frame");
     };
-    assert!(within(&data, &frame), "the data was copied out of the frame");
+    assert!(
+        within(&data, &frame),
+        "the data was copied out of the frame"
+    );
     let Ok(Entry::Publish(messages)) = Entry::decode_raft(&context, &data) else {
         panic!("not a batch");
     };
     assert_eq!(messages[0].body, big);
     // The leader numbers it and proposes the frame's bytes as the Raft entry's data.
-    let numbered = Entry::PublishAt {
-        base: 3,
-        messages,
-    };
+    let numbered = Entry::PublishAt { base: 3, messages };
     let (_, proposed) = numbered.encode_raft(Some(&data));
     assert_eq!(proposed.as_ptr(), data.as_ptr());
 }
@@ -314,10 +321,16 @@ fn bad_split_publishes_are_errors() {
     assert!(Entry::decode_raft(&longer, &data).is_err());
     // Every strict prefix of either field.
     for cut in 1..context.len() {
-        assert!(Entry::decode_raft(&context[..cut], &data).is_err(), "context cut at {cut}");
+        assert!(
+            Entry::decode_raft(&context[..cut], &data).is_err(),
+            "context cut at {cut}"
+        );
     }
     for cut in 0..data.len() {
-        assert!(Entry::decode_raft(&context, &data.slice(..cut)).is_err(), "data cut at {cut}");
+        assert!(
+            Entry::decode_raft(&context, &data.slice(..cut)).is_err(),
+            "data cut at {cut}"
+        );
     }
     // Noise in either field never panics.
     let mut rng = fastrand::Rng::with_seed(0x5917);
@@ -498,7 +511,9 @@ fn hello_propose_and_reply_frames_round_trip() {
     let frames = [
         (encode_hello(&hello).unwrap(), Frame::Hello(hello.clone())),
         (
-            encode_propose(9, "orders", &context, &data).unwrap().to_vec(),
+            encode_propose(9, "orders", &context, &data)
+                .unwrap()
+                .to_vec(),
             Frame::Propose {
                 request: 9,
                 topic: "orders".to_string(),
