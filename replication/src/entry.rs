@@ -352,10 +352,7 @@ impl Entry {
         }
         put_u32(&mut context, messages.len());
         for m in messages {
-            context.extend_from_slice(&m.id);
-            context.extend_from_slice(&m.timestamp_ns.to_le_bytes());
-            context.extend_from_slice(&m.attempts.to_le_bytes());
-            context.extend_from_slice(&m.defer_ms.to_le_bytes());
+            put_fields(&mut context, m);
         }
         let data = match wire {
             Some(w) if wire_holds(w, messages) => w.clone(),
@@ -404,20 +401,11 @@ impl Entry {
         let mut d = Reader(data);
         let mut messages = Vec::with_capacity(count);
         for _ in 0..count {
-            let id = c.id()?;
-            let timestamp_ns = c.u64()?;
-            let attempts = c.u16()?;
-            let defer_ms = c.u32()?;
+            let fields = c.fields()?;
             let len = u32::from_be_bytes(d.array()?) as usize;
             let at = data.len() - d.0.len();
             d.take(len)?;
-            messages.push(Message {
-                id,
-                timestamp_ns,
-                attempts,
-                defer_ms,
-                body: data.slice(at..at + len),
-            });
+            messages.push(fields.with_body(data.slice(at..at + len)));
         }
         match (c.0.len(), d.0.len(), base) {
             (0, 0, Some(base)) => Ok(Self::PublishAt { base, messages }),
@@ -486,10 +474,7 @@ fn wire_holds(wire: &[u8], messages: &[Message]) -> bool {
 fn encode_batch(out: &mut Vec<u8>, batch: &[Message]) {
     put_u32(out, batch.len());
     for m in batch {
-        out.extend_from_slice(&m.id);
-        out.extend_from_slice(&m.timestamp_ns.to_le_bytes());
-        out.extend_from_slice(&m.attempts.to_le_bytes());
-        out.extend_from_slice(&m.defer_ms.to_le_bytes());
+        put_fields(out, m);
         put_u32(out, m.body.len());
         out.extend_from_slice(&m.body);
     }
@@ -510,10 +495,7 @@ fn decode_batch(
     }
     let mut batch = Vec::with_capacity(count);
     for _ in 0..count {
-        let id = r.id()?;
-        let timestamp_ns = r.u64()?;
-        let attempts = r.u16()?;
-        let defer_ms = r.u32()?;
+        let fields = r.fields()?;
         let len = r.u32()? as usize;
         let at = bytes.len() - r.0.len();
         let slice = r.take(len)?;
@@ -521,13 +503,7 @@ fn decode_batch(
             Some(b) => b.slice(at..at + len),
             None => bytes::Bytes::copy_from_slice(slice),
         };
-        batch.push(Message {
-            id,
-            timestamp_ns,
-            attempts,
-            defer_ms,
-            body,
-        });
+        batch.push(fields.with_body(body));
     }
     Ok(batch)
 }
@@ -610,6 +586,35 @@ fn decode_channel_op(tag: u8, r: &mut Reader<'_>) -> Result<ChannelOp, DecodeErr
     })
 }
 
+/// A message's fields before its body, as both publish encodings carry them.
+struct Fields {
+    id: MessageId,
+    timestamp_ns: u64,
+    attempts: u16,
+    defer_ms: u32,
+}
+
+impl Fields {
+    fn with_body(self, body: bytes::Bytes) -> Message {
+        Message {
+            id: self.id,
+            timestamp_ns: self.timestamp_ns,
+            attempts: self.attempts,
+            defer_ms: self.defer_ms,
+            body,
+        }
+    }
+}
+
+/// Appends a message's fields before its body: id, timestamp, attempts, defer
+/// ([`Reader::fields`] reads them).
+fn put_fields(out: &mut Vec<u8>, m: &Message) {
+    out.extend_from_slice(&m.id);
+    out.extend_from_slice(&m.timestamp_ns.to_le_bytes());
+    out.extend_from_slice(&m.attempts.to_le_bytes());
+    out.extend_from_slice(&m.defer_ms.to_le_bytes());
+}
+
 /// Appends `len` as a u32; lengths past u32 are cut (see [`Entry::encode`]).
 fn put_u32(out: &mut Vec<u8>, len: usize) {
     let len = u32::try_from(len).unwrap_or(u32::MAX);
@@ -653,6 +658,16 @@ impl<'a> Reader<'a> {
 
     fn id(&mut self) -> Result<MessageId, DecodeError> {
         self.array()
+    }
+
+    /// A message's fields as [`put_fields`] wrote them.
+    fn fields(&mut self) -> Result<Fields, DecodeError> {
+        Ok(Fields {
+            id: self.id()?,
+            timestamp_ns: self.u64()?,
+            attempts: self.u16()?,
+            defer_ms: self.u32()?,
+        })
     }
 
     fn bool(&mut self) -> Result<bool, DecodeError> {

@@ -349,12 +349,7 @@ fn encode_raft(
         if !data.is_empty() {
             out.push(ENTRY_DATA_KEY);
             push_varint(&mut out, data.len());
-            if data.len() >= SHARE_MIN {
-                shared_len += data.len();
-                shared.push((out.len(), data.clone()));
-            } else {
-                out.extend_from_slice(&data);
-            }
+            shared_len += push_data(&mut out, &mut shared, &data);
         }
         e.data = data;
         written.map_err(|_| EncodeError::Protobuf)?;
@@ -366,6 +361,19 @@ fn encode_raft(
         shared,
         len,
     })
+}
+
+/// Puts `data` at the end of a frame being encoded: as a piece of its own (`shared`,
+/// at `out`'s current end) when it has [`SHARE_MIN`] bytes or more, copied into `out`
+/// otherwise. Returns the bytes it adds outside `out`.
+fn push_data(out: &mut Vec<u8>, shared: &mut Vec<(usize, Bytes)>, data: &Bytes) -> usize {
+    if data.len() >= SHARE_MIN {
+        shared.push((out.len(), data.clone()));
+        data.len()
+    } else {
+        out.extend_from_slice(data);
+        0
+    }
 }
 
 /// Writes a [`Frame::Propose`] of an entry split by [`crate::Entry::encode_raft`]:
@@ -381,8 +389,11 @@ pub fn encode_propose(
     context: &[u8],
     data: &Bytes,
 ) -> Result<OutFrame, EncodeError> {
-    let shared = data.len() >= SHARE_MIN;
-    let copied = if shared { 0 } else { data.len() };
+    let copied = if data.len() < SHARE_MIN {
+        data.len()
+    } else {
+        0
+    };
     let mut out = start(KIND_PROPOSE, 13 + topic.len() + context.len() + copied);
     out.extend_from_slice(&request.to_le_bytes());
     push_name(&mut out, topic)?;
@@ -390,16 +401,10 @@ pub fn encode_propose(
         u32::try_from(context.len()).map_err(|_| EncodeError::TooLarge(context.len()))?;
     out.extend_from_slice(&context_len.to_le_bytes());
     out.extend_from_slice(context);
-    if !shared {
-        out.extend_from_slice(data);
-    }
-    let len = out.len() + data.len() - copied;
+    let mut shared = Vec::new();
+    let outside = push_data(&mut out, &mut shared, data);
+    let len = out.len() + outside;
     write_len(&mut out, len)?;
-    let shared = if shared {
-        vec![(out.len(), data.clone())]
-    } else {
-        Vec::new()
-    };
     Ok(OutFrame {
         bytes: out,
         shared,
@@ -585,20 +590,26 @@ fn parse_raft(body: &[u8], shared: Option<&Bytes>) -> Result<RaftMessage, Decode
     let Some(whole) = shared else {
         return RaftMessage::parse_from_bytes(body).map_err(|_| DecodeError::Protobuf);
     };
-    let start = body.as_ptr() as usize - whole.as_ptr() as usize;
-    let mut m = RaftMessage::parse_from_carllerche_bytes(&whole.slice(start..start + body.len()))
+    let mut m = RaftMessage::parse_from_carllerche_bytes(&whole.slice_ref(body))
         .map_err(|_| DecodeError::Protobuf)?;
-    let own = |b: &mut Bytes| {
-        if !b.is_empty() && b.len() < SHARE_MIN {
-            *b = Bytes::copy_from_slice(b);
-        }
-    };
+    let own = |b: &mut Bytes| *b = kept(std::mem::take(b));
     own(&mut m.context);
     for e in m.mut_entries() {
         own(&mut e.data);
         own(&mut e.context);
     }
     Ok(m)
+}
+
+/// `part` of a frame decoded from a shared buffer as it is kept: data of [`SHARE_MIN`]
+/// bytes or more stays a slice of the buffer, smaller data is copied (so that a few
+/// bytes do not keep a whole receive buffer alive).
+fn kept(part: Bytes) -> Bytes {
+    if part.len() < SHARE_MIN {
+        Bytes::copy_from_slice(&part)
+    } else {
+        part
+    }
 }
 
 fn decode(buf: &[u8], shared: Option<&Bytes>) -> Result<Option<(Frame, usize)>, DecodeError> {
@@ -637,13 +648,9 @@ fn decode(buf: &[u8], shared: Option<&Bytes>) -> Result<Option<(Frame, usize)>, 
             let context_len = r.u32()? as usize;
             let context = r.take(context_len)?.to_vec();
             let rest = std::mem::take(&mut r.0);
-            // Large data stays where it was read, as a Raft append's does.
             let data = match shared {
-                Some(whole) if rest.len() >= SHARE_MIN => {
-                    let start = rest.as_ptr() as usize - whole.as_ptr() as usize;
-                    whole.slice(start..start + rest.len())
-                }
-                _ => Bytes::copy_from_slice(rest),
+                Some(whole) => kept(whole.slice_ref(rest)),
+                None => Bytes::copy_from_slice(rest),
             };
             Frame::Propose {
                 request,
