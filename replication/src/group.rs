@@ -302,6 +302,8 @@ pub struct TopicGroup<S: LogStore = crate::store::MemLog> {
     age_ticks: u32,
     /// [`TopicGroup::set_fresh_grace`].
     fresh_grace: u32,
+    /// Batches proposed with the producer's frame as their data ([`TopicGroup::propose_wire`]).
+    uncopied: u64,
 }
 
 /// Ticks a node that restarted with a vote floor and has not heard of a leader keeps
@@ -351,6 +353,7 @@ impl<S: LogStore> TopicGroup<S> {
             saw_entries: false,
             age_ticks: 0,
             fresh_grace: 0,
+            uncopied: 0,
         })
     }
 
@@ -665,6 +668,9 @@ impl<S: LogStore> TopicGroup<S> {
         }
         let before = self.last_index();
         let (context, data) = entry.encode_raft(wire);
+        if wire.is_some_and(|w| w.as_ptr() == data.as_ptr() && w.len() == data.len()) {
+            self.uncopied += 1;
+        }
         // raft-rs's `RawNode::propose` with the data as it is (it takes a Vec).
         let proposal = RaftEntry {
             data,
@@ -684,6 +690,13 @@ impl<S: LogStore> TopicGroup<S> {
             term: self.term(),
             index,
         })
+    }
+
+    /// Batches this node proposed as leader with the bytes they came in as their data,
+    /// uncopied ([`TopicGroup::propose_wire`]), since the group started here.
+    #[must_use]
+    pub fn uncopied_proposals(&self) -> u64 {
+        self.uncopied
     }
 
     /// Proposes a membership change on the leader; it takes effect on each replica when

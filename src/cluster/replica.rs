@@ -1080,6 +1080,9 @@ impl ShardCluster {
             "last_index": last,
             "first_index": g.group.first_index(),
             "log_bytes": g.group.store().log().entry_bytes(),
+            // Publish batches this member proposed as leader with the producer's PUB,
+            // DPUB or MPUB frame as the Raft entry's data, not a copy of the bodies.
+            "uncopied_proposals": g.group.uncopied_proposals(),
             // The Raft log's journal on disk (`--sync-every=1`; 0: kept in memory only).
             "journal_bytes": g.group.store().journal_bytes(),
             "replicas": replicas,

@@ -468,6 +468,60 @@ fn followers_do_not_write_what_the_leaders_consumer_finished() {
     }
 }
 
+/// A PUB or MPUB over TCP is proposed with the producer's frame as the Raft entry's
+/// data, on the leader and when a follower forwards it (the forwarded frame's data);
+/// an HTTP publish to the leader (no such frame) is copied. Every message arrives
+/// whole on every member.
+#[test]
+fn tcp_publishes_are_proposed_with_the_producers_frame() {
+    let c = Cluster::start([1, 1, 1], &[]);
+    let topic = "frames";
+    let leader = c.elect_with_channel(topic, "check");
+    let follower = (0..3).find(|&i| i != leader).expect("a follower");
+    let uncopied = || group_of(&c, leader, topic)["uncopied_proposals"].as_u64();
+    let before = uncopied().expect("uncopied_proposals in GET /cluster");
+    let big = vec![b'b'; 5000];
+    let batch: Vec<&[u8]> = vec![b"one", &big, b"three"];
+    for member in [leader, follower] {
+        let mut p = c.node(member).connect_v2();
+        send(&mut p, &pub_cmd(topic, b"single"));
+        expect_ok(&mut p);
+        send(&mut p, &mpub_cmd(topic, &batch));
+        expect_ok(&mut p);
+    }
+    assert_eq!(
+        uncopied(),
+        Some(before + 4),
+        "two PUBs and two MPUBs, through the leader and a follower, proposed uncopied"
+    );
+    c.node(leader).http_pub(topic, b"over http");
+    assert_eq!(
+        uncopied(),
+        Some(before + 4),
+        "an HTTP publish to the leader is copied"
+    );
+    for i in 0..3 {
+        wait_for(
+            &format!("member {i}'s channel holding the 9 messages"),
+            || c.channel_depth(i, topic, "check") == Some(9),
+        );
+    }
+    let mut s = c.node(leader).subscribe(topic, "check");
+    send(&mut s, b"RDY 9\n");
+    let mut bodies: Vec<Vec<u8>> = read_messages(&mut s, 9)
+        .into_iter()
+        .map(|(_, b)| b)
+        .collect();
+    bodies.sort();
+    let mut want: Vec<Vec<u8>> = [&b"single"[..], b"one", &big, b"three"]
+        .iter()
+        .flat_map(|b| [b.to_vec(), b.to_vec()])
+        .chain([b"over http".to_vec()])
+        .collect();
+    want.sort();
+    assert_eq!(bodies, want);
+}
+
 /// A publish for a topic no member holds yet makes it a replicated topic: the member
 /// that takes it creates the group and campaigns at once, and every replica gets the
 /// message. (The other tests make their topic with `Cluster::elect` first; here the
