@@ -3,7 +3,8 @@
 
     scripts/cluster-cpu.py [--topics 3000] [--seconds 10] [--shards 1]
                            [--load SIZE@RATE --bench target/release/nsq-bench]
-                           [--via leader|follower] [--rounds 1] NSQD [NSQD...]
+                           [--via leader|follower] [--deferred N]
+                           [--rounds 1] NSQD [NSQD...]
 
 For each broker binary in turn: starts three members on loopback (--node-id 1-3,
 --cluster-address and the two others as --cluster-peer, fresh data paths), creates
@@ -26,6 +27,13 @@ followers. Unlike saturated throughput,
 this hardly moves with what else the host runs, so two builds compare on a busy or
 noisy machine. With --rounds N the binaries take turns N times.
 
+With --deferred N (with --load): before the load, N messages are published to the
+first topic's leader with DPUB and an hour's delay, after its channel `bench` (the one
+nsq-bench consumes) is made, so that channel holds N deferred messages throughout: the
+CPU a leader spends replicating the state of a channel that holds many unfinished
+messages (docs/replication.md, "Channel state"). The members' resident memory is printed
+after the load.
+
 With two binaries it prints the ratio of the second's figure to the first's (the sum
 of the shares, or the CPU per message of all three members; medians over the rounds).
 """
@@ -36,6 +44,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -74,7 +83,42 @@ def cpu_ticks(pid):
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
-def run(nsqd, topics, seconds, shards, load, via="leader"):
+def dpub_deferred(port, topic, count):
+    """Publishes `count` messages to `topic` over TCP with DPUB and an hour's delay,
+    pipelined 1,000 at a time, each answered OK."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(b"  V2")
+    ok = struct.pack(">ii", 6, 0) + b"OK"
+    sent = 0
+    while sent < count:
+        n = min(1000, count - sent)
+        out = bytearray()
+        for k in range(sent, sent + n):
+            body = b"deferred-%d" % k
+            out += b"DPUB %s 3600000\n" % topic.encode() + struct.pack(">i", len(body)) + body
+        s.sendall(out)
+        want = len(ok) * n
+        got = bytearray()
+        while len(got) < want:
+            chunk = s.recv(want - len(got))
+            if not chunk:
+                sys.exit("the leader closed the DPUB connection")
+            got += chunk
+        if bytes(got) != ok * n:
+            sys.exit(f"DPUB not answered OK: {bytes(got[:64])!r}")
+        sent += n
+    s.close()
+
+
+def rss_mb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for l in f:
+            if l.startswith("VmRSS:"):
+                return int(l.split()[1]) / 1024
+    return 0.0
+
+
+def run(nsqd, topics, seconds, shards, load, via="leader", deferred=0):
     tmp = tempfile.mkdtemp(prefix="nsqd-cluster-cpu-")
     members = [
         {"tcp": free_port(), "http": free_port(), "cluster": free_port()} for _ in range(3)
@@ -127,6 +171,13 @@ def run(nsqd, topics, seconds, shards, load, via="leader"):
         size, rate, bench = load
         lead = leader_of(members, "idle0")
         entry = lead if via == "leader" else next(i for i in range(3) if i != lead)
+        if deferred:
+            status, body = request(members[lead]["http"], "POST",
+                                   "/channel/create?topic=idle0&channel=bench")
+            if status != 200:
+                sys.exit(f"{nsqd}: /channel/create answered {status} {body!r}")
+            dpub_deferred(members[lead]["tcp"], "idle0", deferred)
+            time.sleep(2)
         before = [cpu_ticks(p.pid) for p in procs]
         out = subprocess.run(
             [bench, "pubsub", f"--nsqd-tcp-address=127.0.0.1:{members[entry]['tcp']}",
@@ -140,6 +191,10 @@ def run(nsqd, topics, seconds, shards, load, via="leader"):
         consumed = json.loads(out.stdout.splitlines()[0])["received"]
         if consumed <= 0:
             sys.exit(f"{nsqd}: nothing was consumed")
+        if deferred:
+            print(f"{nsqd}: resident memory, leader first: "
+                  + ", ".join(f"{rss_mb(procs[i].pid):.0f} MB"
+                              for i in [lead] + [i for i in range(3) if i != lead]))
         us = [(a - b) / hz * 1e6 / consumed for a, b in zip(after, before)]
         # Leader first, then the followers (the clients' entry first among them).
         order = sorted((i for i in range(3) if i != lead), key=lambda i: i != entry)
@@ -185,6 +240,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--via", choices=["leader", "follower"], default="leader",
                     help="the member nsq-bench publishes to and consumes from")
+    ap.add_argument("--deferred", type=int, default=0,
+                    help="messages deferred for an hour in the consumed channel (with --load)")
     a = ap.parse_args()
     load = None
     if a.load:
@@ -194,7 +251,7 @@ def main():
     figures = {n: [] for n in a.nsqd}
     for _ in range(a.rounds):
         for nsqd in a.nsqd:
-            each, consumed = run(nsqd, topics, a.seconds, a.shards, load, a.via)
+            each, consumed = run(nsqd, topics, a.seconds, a.shards, load, a.via, a.deferred)
             figures[nsqd].append(sum(each))
             if load is None:
                 print(

@@ -35,6 +35,7 @@
 //! | 12 | [`ChannelOp::Position`] | channel, cursor u64, count u32, (offset u64, attempts u16, due_unix_ns i64) × count |
 //! | 14 | [`Entry::TopicDelete`] | (none) |
 //! | 15 | [`Entry::TopicCreate`] | (none) |
+//! | 18 | [`ChannelOp::Changes`] | channel, cursor u64, low u64, count u32, offset u64 × count, count u32, (offset u64, attempts u16, due_unix_ns i64) × count |
 //!
 //! # A publish in a Raft entry
 //!
@@ -132,6 +133,22 @@ pub enum ChannelOp {
     },
     /// `/channel/pause` (`true`) or `/channel/unpause` (`false`).
     Pause(bool),
+    /// What changed in the channel's delivery state since the leader's previous
+    /// [`ChannelOp::Position`] or `Changes` of it: a channel holding too many unfinished
+    /// messages to send them all each round sends only these. A replica that holds the
+    /// previous state applies them to it; one that does not (it restarted, or never had
+    /// a whole position) keeps everything from `low` on unfinished.
+    Changes {
+        /// The next offset the channel reads.
+        cursor: u64,
+        /// Every offset below it is finished (the leader's low watermark).
+        low: u64,
+        /// Messages finished since (FIN, dead-lettered).
+        finished: Vec<u64>,
+        /// Messages whose state changed since (delivered, requeued, deferred), as they
+        /// are now.
+        pending: Vec<PendingMessage>,
+    },
 }
 
 /// A message a channel holds unfinished ([`ChannelOp::Position`]).
@@ -239,6 +256,7 @@ const TAG_TOPIC_DELETE: u8 = 14;
 const TAG_TOPIC_CREATE: u8 = 15;
 const TAG_PUBLISH_AT_SPLIT: u8 = 16;
 const TAG_PUBLISH_SPLIT: u8 = 17;
+const TAG_CHANGES: u8 = 18;
 
 /// Bytes of a message before its body: id, timestamp, attempts, defer, body length.
 const MESSAGE_HEADER: usize = 16 + 8 + 2 + 4 + 4;
@@ -298,6 +316,12 @@ impl Entry {
                 channel,
                 op: ChannelOp::Position { pending, .. },
             } => 2 + 2 + channel.len() + 12 + PENDING_LEN * pending.len(),
+            Self::Channel {
+                channel,
+                op: ChannelOp::Changes {
+                    finished, pending, ..
+                },
+            } => 2 + 2 + channel.len() + 24 + 8 * finished.len() + PENDING_LEN * pending.len(),
             Self::Channel { channel, .. } => 2 + 2 + channel.len() + 16 + 8,
             Self::TopicPause(_) => 3,
             Self::TopicDelete | Self::TopicCreate => 2,
@@ -434,7 +458,7 @@ impl Entry {
             TAG_COMPACT => Self::Compact { index: r.u64()? },
             TAG_TOPIC_DELETE => Self::TopicDelete,
             TAG_TOPIC_CREATE => Self::TopicCreate,
-            TAG_CREATE..=TAG_PAUSE | TAG_POSITION => {
+            TAG_CREATE..=TAG_PAUSE | TAG_POSITION | TAG_CHANGES => {
                 let channel = r.name()?;
                 let op = decode_channel_op(tag, &mut r)?;
                 Self::Channel { channel, op }
@@ -519,6 +543,7 @@ fn encode_channel_op(out: &mut Vec<u8>, channel: &str, op: &ChannelOp) {
         ChannelOp::Empty => TAG_EMPTY,
         ChannelOp::Pause(_) => TAG_PAUSE,
         ChannelOp::Position { .. } => TAG_POSITION,
+        ChannelOp::Changes { .. } => TAG_CHANGES,
     };
     out.push(tag);
     let name = channel.as_bytes();
@@ -540,14 +565,48 @@ fn encode_channel_op(out: &mut Vec<u8>, channel: &str, op: &ChannelOp) {
         ChannelOp::Pause(paused) => out.push(u8::from(*paused)),
         ChannelOp::Position { cursor, pending } => {
             out.extend_from_slice(&cursor.to_le_bytes());
-            put_u32(out, pending.len());
-            for p in pending {
-                out.extend_from_slice(&p.offset.to_le_bytes());
-                out.extend_from_slice(&p.attempts.to_le_bytes());
-                out.extend_from_slice(&p.due_unix_ns.to_le_bytes());
+            put_pending(out, pending);
+        }
+        ChannelOp::Changes {
+            cursor,
+            low,
+            finished,
+            pending,
+        } => {
+            out.extend_from_slice(&cursor.to_le_bytes());
+            out.extend_from_slice(&low.to_le_bytes());
+            put_u32(out, finished.len());
+            for offset in finished {
+                out.extend_from_slice(&offset.to_le_bytes());
             }
+            put_pending(out, pending);
         }
     }
+}
+
+fn put_pending(out: &mut Vec<u8>, pending: &[PendingMessage]) {
+    put_u32(out, pending.len());
+    for p in pending {
+        out.extend_from_slice(&p.offset.to_le_bytes());
+        out.extend_from_slice(&p.attempts.to_le_bytes());
+        out.extend_from_slice(&p.due_unix_ns.to_le_bytes());
+    }
+}
+
+fn read_pending(r: &mut Reader<'_>) -> Result<Vec<PendingMessage>, DecodeError> {
+    let count = r.u32()? as usize;
+    if count > r.0.len() / PENDING_LEN {
+        return Err(DecodeError::Truncated);
+    }
+    let mut pending = Vec::with_capacity(count);
+    for _ in 0..count {
+        pending.push(PendingMessage {
+            offset: r.u64()?,
+            attempts: r.u16()?,
+            due_unix_ns: r.u64()? as i64,
+        });
+    }
+    Ok(pending)
 }
 
 fn decode_channel_op(tag: u8, r: &mut Reader<'_>) -> Result<ChannelOp, DecodeError> {
@@ -566,21 +625,27 @@ fn decode_channel_op(tag: u8, r: &mut Reader<'_>) -> Result<ChannelOp, DecodeErr
         TAG_CURSOR => ChannelOp::Cursor { offset: r.u64()? },
         TAG_EMPTY => ChannelOp::Empty,
         TAG_PAUSE => ChannelOp::Pause(r.bool()?),
-        TAG_POSITION => {
+        TAG_POSITION => ChannelOp::Position {
+            cursor: r.u64()?,
+            pending: read_pending(r)?,
+        },
+        TAG_CHANGES => {
             let cursor = r.u64()?;
+            let low = r.u64()?;
             let count = r.u32()? as usize;
-            if count > r.0.len() / PENDING_LEN {
+            if count > r.0.len() / 8 {
                 return Err(DecodeError::Truncated);
             }
-            let mut pending = Vec::with_capacity(count);
+            let mut finished = Vec::with_capacity(count);
             for _ in 0..count {
-                pending.push(PendingMessage {
-                    offset: r.u64()?,
-                    attempts: r.u16()?,
-                    due_unix_ns: r.u64()? as i64,
-                });
+                finished.push(r.u64()?);
             }
-            ChannelOp::Position { cursor, pending }
+            ChannelOp::Changes {
+                cursor,
+                low,
+                finished,
+                pending: read_pending(r)?,
+            }
         }
         other => return Err(DecodeError::Tag(other)),
     })

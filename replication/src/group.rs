@@ -387,6 +387,20 @@ impl<S: LogStore> TopicGroup<S> {
         self.node.raft.state == StateRole::Leader
     }
 
+    /// True on a leader that has applied an entry of its own term, and so every entry
+    /// of the leaders before it (Raft commits them with the empty entry a new leader
+    /// appends).
+    #[must_use]
+    pub fn applied_own_term(&self) -> bool {
+        self.is_leader()
+            && self
+                .node
+                .raft
+                .raft_log
+                .term(self.applied_index())
+                .is_ok_and(|t| t == self.term())
+    }
+
     /// The highest index known committed.
     #[must_use]
     pub fn commit_index(&self) -> u64 {

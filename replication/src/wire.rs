@@ -32,7 +32,7 @@ use raft::eraftpb::{Entry as RaftEntry, Message as RaftMessage};
 use crate::entry::{DecodeError, MAX_NAME_LEN};
 
 /// The frame version this crate writes and reads.
-pub const FRAME_VERSION: u8 = 5;
+pub const FRAME_VERSION: u8 = 6;
 
 /// The largest frame, in bytes after the length field: a group's appends are cut at
 /// `GroupConfig::max_size_per_msg` (1 MiB by default), nsqd's bodies at 1 MiB by

@@ -277,6 +277,9 @@ pub struct Topic {
     pub name: String,
     pub ephemeral: bool,
     pub paused: bool,
+    /// Its channels record their changes (this member leads the replicated topic:
+    /// `channel/changes.rs`); a channel made meanwhile records them from the start.
+    pub tracks_changes: bool,
     /// Created while nsqlookupd is asked for the topic's channels (nsqd: GetTopic starts
     /// the topic's pump only after creating them): the pump waits, as when paused, until
     /// the answer (or its failure) releases it with this token. Not a paused flag: /stats
@@ -364,6 +367,7 @@ impl Topic {
             name: name.to_string(),
             ephemeral: is_ephemeral(name),
             paused: false,
+            tracks_changes: false,
             held: None,
             log: Log::default(),
             channels: BTreeMap::new(),
@@ -853,6 +857,7 @@ impl Topic {
             ch.set_journal(self.storage.store.clone());
         }
         ch.set_reread(self.reread());
+        ch.track_changes(self.tracks_changes);
         self.channels.insert(name.to_string(), ch);
         self.pump(mem_queue_size);
         true

@@ -34,6 +34,7 @@ mod compaction;
 mod deletion;
 mod journal;
 mod membership;
+mod positions;
 mod propose;
 mod requests;
 mod vote;
@@ -91,9 +92,9 @@ const QUIET_LEASE: Duration = Duration::from_secs(12);
 /// at every group (1 s), where the other rounds look only at the awake ones.
 const SWEEP_EVERY: u32 = 10;
 
-/// The most unfinished messages of one channel a leader replicates one by one; a
-/// channel holding more is replicated by its low watermark only (docs/replication.md,
-/// "Guarantees").
+/// The most unfinished messages of one channel a leader sends whole each round; a
+/// channel holding more is replicated by what changed since the previous round
+/// (docs/replication.md, "Channel state").
 pub const POSITION_MAX: usize = 4096;
 
 /// The longest a publish or a channel change waits for its replicas (an election
@@ -192,6 +193,11 @@ struct Group {
     /// finds its log at that head, though its newest message may be older than the
     /// leader's newest (finished there meanwhile), so it misses nothing.
     paged_to: Option<u64>,
+    /// The channel states this replica holds exactly ([`positions`]).
+    views: positions::Views,
+    /// While this member leads: its channels took over the states kept for them and
+    /// record their changes ([`ShardCluster::take_over_channels`]).
+    channels_taken_over: bool,
 }
 
 /// What the numbering needs of a publish entry: its first sequence (`None`: an entry
@@ -504,6 +510,8 @@ impl ShardCluster {
                 applying: Vec::new(),
                 catching_up: false,
                 paged_to: None,
+                views: positions::Views::default(),
+                channels_taken_over: false,
             },
         );
         self.awake.borrow_mut().insert(topic.to_string());
@@ -797,7 +805,14 @@ impl ShardCluster {
                         }
                     }
                     let publish = matches!(entry, Entry::Publish(_) | Entry::PublishAt { .. });
-                    match apply(server, topic, entry) {
+                    // This leader's own proposal of this term: its channels are already
+                    // in the state the entry describes.
+                    let own = self
+                        .groups
+                        .borrow()
+                        .get(topic)
+                        .is_some_and(|g| g.group.is_leader() && g.group.term() == c.term);
+                    match apply(server, topic, entry, own) {
                         Ok(Some(w)) => durable.push((c.index, w)),
                         Ok(None) => {}
                         // With a journal, going on would let it start over past a batch
@@ -832,6 +847,9 @@ impl ShardCluster {
         }
         if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
             g.applying.clear();
+        }
+        if self.leads(topic) {
+            self.take_over_channels(server, topic);
         }
         self.resolve(topic, durable);
         if let Some((voters, learners)) = members {
@@ -924,6 +942,7 @@ impl ShardCluster {
             if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
                 // A new leader looks at every channel at its first round.
                 g.cursors_at = None;
+                g.channels_taken_over = false;
                 let hand_over = match g.gap {
                     Gap::None => false,
                     Gap::Missing { handed_at } => {
@@ -987,7 +1006,11 @@ impl ShardCluster {
             self.led.borrow_mut().remove(topic);
             if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
                 g.next_seq = None;
+                // Its channels hold what its own consumers did, which no entry says.
+                g.channels_taken_over = false;
+                g.views.forget_all();
             }
+            server.shard.stop_tracking_changes(topic);
             let lookup = &server.shard.lookup;
             for c in server.shard.channel_names(topic) {
                 lookup.push_always(LookupEvent::Unregister(topic.to_string(), Some(c)));
@@ -1085,6 +1108,10 @@ impl ShardCluster {
             "uncopied_proposals": g.group.uncopied_proposals(),
             // The Raft log's journal on disk (`--sync-every=1`; 0: kept in memory only).
             "journal_bytes": g.group.store().journal_bytes(),
+            // On a replica: the channels whose leader sends only what changed (more
+            // unfinished messages than it sends whole), with the state this replica
+            // keeps for them (docs/replication.md, "Channel state").
+            "channel_states": g.views.describe(),
             "replicas": replicas,
             // The members this member's --cluster-peer list places the topic on: the
             // leader moves the replicas there.

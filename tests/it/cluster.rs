@@ -11,8 +11,8 @@
 )]
 
 use crate::common::{
-    self, eventually, expect_ok, line, mpub_cmd, parse_message, pub_cmd, read_frame_skip_hb, send,
-    wait_for, Broker, Lookupd,
+    self, dpub_cmd, eventually, expect_ok, line, mpub_cmd, parse_message, pub_cmd,
+    read_frame_skip_hb, send, wait_for, Broker, Lookupd,
 };
 use std::net::TcpStream;
 use std::path::PathBuf;
@@ -703,6 +703,101 @@ fn a_killed_leader_is_replaced_and_its_unfinished_messages_delivered() {
     );
 }
 
+/// A channel holding more unfinished messages than a leader sends whole each round
+/// (4,096) is replicated by its changes: after a failover the new leader delivers the
+/// messages in flight again, keeps the deferred ones deferred, and delivers nothing
+/// the old leader's consumer finished.
+#[test]
+fn a_channel_with_more_unfinished_messages_than_a_round_carries_fails_over_exactly() {
+    const DEFERRED: usize = 5000;
+    let mut c = Cluster::start([2, 1, 3], &[]);
+    let topic = "many_deferred";
+    c.elect(topic);
+    c.node(0).http_pub(topic, b"warm-up");
+    let leader = c.wait_leader(topic);
+    let mut s = c.node(leader).subscribe(topic, "workers");
+    let mut p = c.node(leader).connect_v2();
+    let mut dpubs = Vec::new();
+    for i in 0..DEFERRED {
+        dpubs.extend_from_slice(&dpub_cmd(topic, 3_600_000, format!("later-{i}").as_bytes()));
+    }
+    send(&mut p, &dpubs);
+    for _ in 0..DEFERRED {
+        expect_ok(&mut p);
+    }
+    let bodies: Vec<String> = (0..40).map(|i| format!("job-{i:02}")).collect();
+    let refs: Vec<&[u8]> = bodies.iter().map(|b| b.as_bytes()).collect();
+    send(&mut p, &mpub_cmd(topic, &refs));
+    expect_ok(&mut p);
+    send(&mut s, b"RDY 41\n");
+    let got = read_messages(&mut s, 41);
+    assert_eq!(got[0].1, b"warm-up".to_vec());
+    // The warm-up and job-00..19 finished in order, every other one of the rest out of
+    // order, one requeued for an hour: 9 in flight and 5,001 deferred.
+    for (id, _) in &got[..21] {
+        send(&mut s, &line(&format!("FIN {id}")));
+    }
+    for (id, _) in got[21..].iter().step_by(2) {
+        send(&mut s, &line(&format!("FIN {id}")));
+    }
+    send(&mut s, &line(&format!("REQ {} 3600000", got[22].0)));
+    let unfinished = DEFERRED + 1 + 9;
+    for f in (0..3).filter(|&i| i != leader) {
+        wait_for(&format!("member {f} holding the channel's changes"), || {
+            group_of(&c, f, topic)["channel_states"]
+                .as_array()
+                .and_then(|a| a.iter().find(|v| v["channel"] == "workers").cloned())
+                .is_some_and(|v| v["unfinished"] == unfinished)
+        });
+    }
+    c.kill9(leader);
+    let new_leader = c.wait_leader(topic);
+    assert_ne!(new_leader, leader);
+    wait_for(
+        "the new leader's channel taking over the deferred messages",
+        || {
+            c.channel_field(new_leader, topic, "workers", "deferred_count")
+                == Some(DEFERRED as u64 + 1)
+        },
+    );
+    let mut s = c.node(new_leader).subscribe(topic, "workers");
+    send(&mut s, b"RDY 100\n");
+    let mut again: Vec<(String, u16)> = (0..9)
+        .map(|_| {
+            let (ft, data) = read_frame_skip_hb(&mut s).expect("a message");
+            assert_eq!(ft, 2, "not a message: {}", common::show(&data));
+            let (_, attempts, _, body) = parse_message(&data);
+            (String::from_utf8(body).unwrap(), attempts)
+        })
+        .collect();
+    again.sort();
+    let want: Vec<(String, u16)> = (23..40)
+        .step_by(2)
+        .map(|i| (format!("job-{i:02}"), 2))
+        .collect();
+    assert_eq!(again, want, "the messages in flight, and nothing finished");
+    // Nothing else comes: the finished messages stay finished.
+    s.set_read_timeout(Some(Duration::from_millis(1500)))
+        .unwrap();
+    loop {
+        match read_frame_skip_hb(&mut s) {
+            Ok((2, data)) => {
+                let (_, _, _, body) = parse_message(&data);
+                panic!(
+                    "delivered again after the failover: {}",
+                    String::from_utf8_lossy(&body)
+                );
+            }
+            Ok(_) => continue,
+            Err(_) => break,
+        }
+    }
+    assert_eq!(
+        c.channel_field(new_leader, topic, "workers", "deferred_count"),
+        Some(DEFERRED as u64 + 1)
+    );
+}
+
 /// `topic`'s entry in member `i`'s `GET /cluster` (Null when it has none or did not
 /// answer).
 fn group_of(c: &Cluster, i: usize, topic: &str) -> serde_json::Value {
@@ -871,7 +966,7 @@ fn the_cluster_port_refuses_what_is_not_a_members_greeting() {
         })
         .and_then(|r| u64::from_str_radix(r["replica_id"].as_str()?, 16).ok())
         .expect("member 1's replica id");
-    let mut hello = vec![0, 0, 0, 0, 5, 1];
+    let mut hello = vec![0, 0, 0, 0, 6, 1];
     hello.extend_from_slice(&2u16.to_le_bytes());
     hello.extend_from_slice(&replica.to_le_bytes());
     for name in [c.addresses[1].as_str(), "127.0.0.1:1"] {

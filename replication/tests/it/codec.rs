@@ -80,6 +80,22 @@ fn every_kind() -> Vec<Entry> {
                 },
             ],
         },
+        ChannelOp::Changes {
+            cursor: 9,
+            low: 0,
+            finished: Vec::new(),
+            pending: Vec::new(),
+        },
+        ChannelOp::Changes {
+            cursor: u64::MAX,
+            low: 1 << 33,
+            finished: vec![1 << 33, u64::MAX - 1],
+            pending: vec![PendingMessage {
+                offset: 1 << 34,
+                attempts: 1,
+                due_unix_ns: -1,
+            }],
+        },
     ];
     for op in ops {
         entries.push(Entry::Channel {
@@ -600,7 +616,7 @@ fn hello_propose_and_reply_frames_round_trip() {
 #[test]
 fn a_ping_carries_the_senders_contact_number() {
     let ping = encode_ping(0x0102_0304_0506_0708);
-    assert_eq!(ping, [10, 0, 0, 0, 5, 5, 8, 7, 6, 5, 4, 3, 2, 1]);
+    assert_eq!(ping, [10, 0, 0, 0, 6, 5, 8, 7, 6, 5, 4, 3, 2, 1]);
     assert_eq!(
         decode_frame(&ping),
         Ok(Some((
@@ -611,8 +627,8 @@ fn a_ping_carries_the_senders_contact_number() {
         )))
     );
     // A short or long ping is out of step.
-    assert!(decode_frame(&[9, 0, 0, 0, 5, 5, 8, 7, 6, 5, 4, 3, 2]).is_err());
-    assert!(decode_frame(&[11, 0, 0, 0, 5, 5, 8, 7, 6, 5, 4, 3, 2, 1, 0]).is_err());
+    assert!(decode_frame(&[9, 0, 0, 0, 6, 5, 8, 7, 6, 5, 4, 3, 2]).is_err());
+    assert!(decode_frame(&[11, 0, 0, 0, 6, 5, 8, 7, 6, 5, 4, 3, 2, 1, 0]).is_err());
 }
 
 #[test]
@@ -631,18 +647,18 @@ fn bad_frames_are_errors() {
     // Version 4 frames (members of a release whose publish entries carry their bodies
     // between the fields) are refused.
     assert_eq!(
-        decode_frame(&[2, 0, 0, 0, 4, 2]),
-        Err(DecodeError::Version(4))
+        decode_frame(&[2, 0, 0, 0, 5, 2]),
+        Err(DecodeError::Version(5))
     );
-    assert_eq!(decode_frame(&[2, 0, 0, 0, 5, 9]), Err(DecodeError::Tag(9)));
-    assert_eq!(decode_frame(&[3, 0, 0, 0, 5, 2, 0]), Err(DecodeError::Name));
+    assert_eq!(decode_frame(&[2, 0, 0, 0, 6, 9]), Err(DecodeError::Tag(9)));
+    assert_eq!(decode_frame(&[3, 0, 0, 0, 6, 2, 0]), Err(DecodeError::Name));
     assert_eq!(
-        decode_frame(&[3, 0, 0, 0, 5, 2, 5]),
+        decode_frame(&[3, 0, 0, 0, 6, 2, 5]),
         Err(DecodeError::Truncated)
     );
     // A valid header and a body that is not a protobuf message (field 0 is invalid).
     assert_eq!(
-        decode_frame(&[6, 0, 0, 0, 5, 2, 1, b't', 0x00, 0x00]),
+        decode_frame(&[6, 0, 0, 0, 6, 2, 1, b't', 0x00, 0x00]),
         Err(DecodeError::Protobuf)
     );
     // A fetch cut short, and one with a byte after it.

@@ -144,6 +144,7 @@ impl Channel {
         let Some(msg) = self.limits.dead.sending.remove(&id) else {
             return false;
         };
+        self.record(msg.seq, super::Change::Finished);
         self.journal(EventKind::Finished, &msg, 0);
         self.limits.dead.count += 1;
         true

@@ -2,7 +2,7 @@
 //! handing messages to ready clients round robin (`dispatch`), the clients' room, putting
 //! messages back or deferring them, and an `#ephemeral` channel's overflow.
 
-use super::{Channel, InFlight};
+use super::{Change, Channel, InFlight};
 use crate::message::Message;
 use crate::topic::Log;
 use nsq_storage::journal::EventKind;
@@ -69,6 +69,13 @@ impl Channel {
         if msg.seq >= self.cursor {
             self.skip.insert(msg.seq);
         }
+        self.record(
+            msg.seq,
+            Change::Pending {
+                attempts: msg.attempts,
+                due: Some(due),
+            },
+        );
         self.defer(msg, due);
     }
 
@@ -87,6 +94,7 @@ impl Channel {
             return;
         }
         let excess = depth - mem_queue_size;
+        self.record_all();
         if self.cursor < log.base || !self.read_ahead.is_empty() {
             let skip = excess.min(log.pumped.saturating_sub(self.cursor));
             self.cursor += skip;
@@ -337,6 +345,13 @@ impl Channel {
                 continue;
             }
             msg.attempts = msg.attempts.wrapping_add(1);
+            self.record(
+                msg.seq,
+                Change::Pending {
+                    attempts: msg.attempts,
+                    due: None,
+                },
+            );
             if msg.attempts >= 2 {
                 // A redelivery: its attempts must not go back after a crash.
                 self.journal(EventKind::Delivered, &msg, 0);

@@ -2,7 +2,7 @@
 //! (`process_timers`), the channel's registration in its shard's timer queue, and
 //! giving back what a burst made the heaps and maps grow to.
 
-use super::{Channel, IdMap, InFlight, InFlightError};
+use super::{Change, Channel, IdMap, InFlight, InFlightError};
 use crate::client::Client;
 use crate::message::{unix_nanos_from_instant, Message, MessageId};
 use nsq_storage::journal::EventKind;
@@ -180,6 +180,7 @@ impl Channel {
         now: Option<Instant>,
     ) -> Result<(), InFlightError> {
         let f = self.in_flight.take_owned(client, id)?;
+        self.record(f.msg.seq, Change::Finished);
         if let (Some(h), Some(now)) = (self.counters.fin_latency.as_mut(), now) {
             h.record(now.saturating_duration_since(f.delivered_at), now);
         }
@@ -219,17 +220,33 @@ impl Channel {
         client.in_flight.set((client.in_flight.get() - 1).max(0));
         client.count_requeue();
         self.counters.requeue_count += 1;
+        let (seq, attempts) = (f.msg.seq, f.msg.attempts);
         if self.is_dead(f.msg.attempts) {
             // Ready again with its attempts until the dead-letter topic has it.
             self.journal(EventKind::Requeued, &f.msg, 0);
             self.bury(f.msg);
+            self.record(
+                seq,
+                Change::Pending {
+                    attempts,
+                    due: None,
+                },
+            );
         } else if delay.is_zero() {
             self.journal(EventKind::Requeued, &f.msg, 0);
-            self.put_back(f.msg);
+            let kept = self.put_back(f.msg);
+            self.record_put_back(seq, kept);
         } else {
             let due = now + delay;
             self.journal(EventKind::Requeued, &f.msg, unix_nanos_from_instant(due));
             self.defer(f.msg, due);
+            self.record(
+                seq,
+                Change::Pending {
+                    attempts,
+                    due: Some(due),
+                },
+            );
         }
         self.in_flight.compact();
         Ok(())
@@ -266,17 +283,22 @@ impl Channel {
                 self.bury(f.msg);
                 moved += 1;
             } else {
-                moved += usize::from(self.put_back(f.msg));
+                let seq = f.msg.seq;
+                let kept = self.put_back(f.msg);
+                self.record_put_back(seq, kept);
+                moved += usize::from(kept);
             }
         }
         while let Some((d, body)) = self.deferred.pop_due(now) {
-            moved += usize::from(match body {
+            let kept = match body {
                 Some(msg) => self.put_back(Message {
                     attempts: d.attempts,
                     ..msg
                 }),
                 None => self.put_back_unread(d.seq, d.attempts),
-            });
+            };
+            self.record_put_back(d.seq, kept);
+            moved += usize::from(kept);
         }
         if moved > 0 {
             self.shrink_if_sparse();

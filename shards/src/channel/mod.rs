@@ -14,6 +14,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+mod changes;
 mod dead;
 mod deferred;
 mod delivery;
@@ -23,6 +24,7 @@ mod lag;
 mod rate;
 mod read_back;
 
+pub use changes::{Change, ChangeLog, CHANGES_MAX};
 pub use dead::{dead_letter_topic, dead_letters_waiting};
 pub use inspect::{MessageState, Peeked};
 pub use lag::{OldestUnfinished, FIN_LATENCY_WINDOW};
@@ -183,6 +185,9 @@ pub struct Channel {
     /// The earliest instant this channel is registered at in its shard's timer queue
     /// (crate::timers), if any.
     timer_scheduled: Option<Instant>,
+    /// Changes to the delivery state since they were last taken, while recorded (the
+    /// leader of a replicated topic: `changes.rs`).
+    changes: Option<changes::ChangeLog>,
 }
 
 /// A channel's flags (nsqd: Channel.ephemeral, Channel.paused).
@@ -266,6 +271,7 @@ impl Channel {
             journal: Journal::default(),
             limits: Limits::default(),
             timer_scheduled: None,
+            changes: None,
         }
     }
 
@@ -480,8 +486,8 @@ impl Channel {
         for m in &self.ready.requeued {
             low = low.min(m.seq);
         }
-        for d in self.deferred.iter() {
-            low = low.min(d.seq);
+        if let Some(seq) = self.deferred.first_seq() {
+            low = low.min(seq);
         }
         if let Some((&seq, _)) = self.ready.unread.first_key_value() {
             low = low.min(seq);
@@ -563,6 +569,7 @@ impl Channel {
     /// nsqd channel Empty: drops ready, in-flight and deferred messages and zeroes the
     /// consumers' in-flight counts.
     pub fn empty(&mut self, log: &Log) {
+        self.record_all();
         self.cursor = log.pumped;
         if let Some(st) = &self.journal.store {
             st.journal(EventKind::Emptied, &self.name, self.cursor, 0, 0);
@@ -588,6 +595,7 @@ impl Channel {
     /// steps over those at or above `seq`, so a message is never in flight twice.
     /// Messages the cursor reaches are delivered with attempts 1.
     pub fn seek(&mut self, seq: u64) {
+        self.record_all();
         self.cursor = seq;
         self.ready.clear();
         self.deferred.clear();

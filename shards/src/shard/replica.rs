@@ -15,9 +15,25 @@ pub struct ChannelPosition {
     pub cursor: u64,
     /// Every sequence below it is finished on the channel.
     pub low: u64,
-    /// The unfinished messages (sequence, attempts, due Unix ns or 0), in sequence
-    /// order; `None` when there were too many to send.
-    pub pending: Option<Vec<(u64, u16, i64)>>,
+    /// What the replicas are sent of the unfinished messages.
+    pub state: PendingState,
+}
+
+/// A channel's unfinished messages as a leader sends them ([`Shard::channel_positions`]);
+/// a message is (sequence, attempts, due Unix ns or 0: ready).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PendingState {
+    /// All of them, in sequence order.
+    Whole(Vec<(u64, u16, i64)>),
+    /// What changed since the previous round: the messages finished, and those whose
+    /// state changed as they are now, each in sequence order.
+    Changes {
+        finished: Vec<u64>,
+        pending: Vec<(u64, u16, i64)>,
+    },
+    /// Too many to send, and their changes were not all recorded: only `low` says
+    /// anything.
+    Watermark,
 }
 
 impl Shard {
@@ -71,38 +87,114 @@ impl Shard {
         })
     }
 
-    /// Each channel of `topic` (#ephemeral ones too) with its cursor and its unfinished messages
-    /// (sequence, attempts, due time as Unix ns, 0: ready now), or `None` for a channel
-    /// holding more than `max` of them: what a replicated topic's leader sends its
-    /// replicas (docs/replication.md).
+    /// Each channel of `topic` (#ephemeral ones too) with its cursor and its unfinished
+    /// messages: all of them for a channel holding at most `max`, else what changed
+    /// since the previous call (the channel's recorded changes, taken here), else its
+    /// low watermark only. What a replicated topic's leader sends its replicas each
+    /// round (docs/replication.md, "Channel state"); from here on each channel records
+    /// its changes for the next call.
     pub fn channel_positions(&self, topic: &str, max: usize) -> Vec<ChannelPosition> {
-        let topics = self.topics.borrow();
-        let Some(t) = topics.get(topic) else {
+        let mut topics = self.topics.borrow_mut();
+        let Some(t) = topics.get_mut(topic) else {
             return Vec::new();
         };
         let (now_i, now_ns) = (std::time::Instant::now(), crate::message::now_unix_nanos());
+        let due_ns = |due: Option<std::time::Instant>| {
+            due.map_or(0, |d| {
+                crate::message::unix_nanos_at(d, now_i, now_ns).max(1)
+            })
+        };
         t.channels
-            .iter()
+            .iter_mut()
             .map(|(name, c)| {
-                let pending = (c.pending_count() <= max).then(|| {
+                let changes = c.take_changes();
+                if !c.tracks_changes() {
+                    c.track_changes(true);
+                }
+                let state = if c.pending_count() <= max {
                     let mut v = Vec::with_capacity(c.pending_count());
-                    c.pending_states(|seq, attempts, due| {
-                        let due_ns = due.map_or(0, |d| {
-                            crate::message::unix_nanos_at(d, now_i, now_ns).max(1)
-                        });
-                        v.push((seq, attempts, due_ns));
-                    });
+                    c.pending_states(|seq, attempts, due| v.push((seq, attempts, due_ns(due))));
                     v.sort_unstable();
-                    v
-                });
+                    PendingState::Whole(v)
+                } else {
+                    match changes.and_then(crate::channel::ChangeLog::latest) {
+                        Some(latest) => {
+                            let mut finished = Vec::new();
+                            let mut pending = Vec::new();
+                            for (seq, change) in latest {
+                                match change {
+                                    crate::channel::Change::Finished => finished.push(seq),
+                                    crate::channel::Change::Pending { attempts, due } => {
+                                        pending.push((seq, attempts, due_ns(due)));
+                                    }
+                                }
+                            }
+                            PendingState::Changes { finished, pending }
+                        }
+                        None => PendingState::Watermark,
+                    }
+                };
                 ChannelPosition {
                     channel: name.clone(),
                     cursor: c.cursor(),
                     low: c.low_watermark(),
-                    pending,
+                    state,
                 }
             })
             .collect()
+    }
+
+    /// The changes of `channel` of `topic` taken by [`Shard::channel_positions`] did not
+    /// reach the replicas (the proposal was refused): its next round cannot send
+    /// changes.
+    pub fn channel_changes_lost(&self, topic: &str, channel: &str) {
+        if let Some(c) = self
+            .topics
+            .borrow_mut()
+            .get_mut(topic)
+            .and_then(|t| t.channels.get_mut(channel))
+        {
+            c.forget_changes();
+        }
+    }
+
+    /// Stops every channel of `topic` recording its changes (this member no longer
+    /// leads it).
+    pub fn stop_tracking_changes(&self, topic: &str) {
+        if let Some(t) = self.topics.borrow_mut().get_mut(topic) {
+            t.tracks_changes = false;
+            for c in t.channels.values_mut() {
+                c.track_changes(false);
+            }
+        }
+    }
+
+    /// Every channel of `topic` starts recording its changes from its state now (a
+    /// member that takes over a topic's leadership).
+    pub fn start_tracking_changes(&self, topic: &str) {
+        if let Some(t) = self.topics.borrow_mut().get_mut(topic) {
+            t.tracks_changes = true;
+            for c in t.channels.values_mut() {
+                c.track_changes(true);
+            }
+        }
+    }
+
+    /// The cursor and unfinished messages (sequence, attempts, due Unix ns or 0) of
+    /// `channel` of `topic`, in sequence order; `None` without the channel.
+    pub fn channel_state(&self, topic: &str, channel: &str) -> Option<(u64, Vec<(u64, u16, i64)>)> {
+        let topics = self.topics.borrow();
+        let c = topics.get(topic)?.channels.get(channel)?;
+        let (now_i, now_ns) = (std::time::Instant::now(), crate::message::now_unix_nanos());
+        let mut v = Vec::with_capacity(c.pending_count());
+        c.pending_states(|seq, attempts, due| {
+            let due_ns = due.map_or(0, |d| {
+                crate::message::unix_nanos_at(d, now_i, now_ns).max(1)
+            });
+            v.push((seq, attempts, due_ns));
+        });
+        v.sort_unstable();
+        Some((c.cursor(), v))
     }
 
     /// A replica takes its leader's state of `channel` of `topic`

@@ -8,7 +8,7 @@ use crate::server::Server;
 use nsq_replication::{ChannelOp, Entry, PendingMessage};
 use nsq_shards::mesh::AdminOp;
 use nsq_shards::message::MessageId;
-use nsq_shards::shard::DurableWait;
+use nsq_shards::shard::{DurableWait, PendingState};
 use nsq_shards::topic::STORE_DELAY;
 use std::hash::{Hash, Hasher};
 use std::time::Instant;
@@ -16,8 +16,10 @@ use std::time::Instant;
 impl ShardCluster {
     /// Proposes the delivery state of the channels of the topics this shard leads,
     /// where it changed: each channel's cursor and unfinished messages
-    /// ([`ChannelOp::Position`]), or only its low watermark ([`ChannelOp::Cursor`]) for
-    /// a channel holding more than [`POSITION_MAX`] unfinished messages.
+    /// ([`ChannelOp::Position`]); for a channel holding more than [`POSITION_MAX`]
+    /// unfinished messages, what changed since the previous round
+    /// ([`ChannelOp::Changes`]), or only its low watermark ([`ChannelOp::Cursor`]) when
+    /// its changes were not all recorded.
     pub(super) fn replicate_cursors(&self, server: &Server) {
         let led: Vec<String> = self.led.borrow().iter().cloned().collect();
         self.replicate_cursors_of(server, led);
@@ -31,8 +33,7 @@ impl ShardCluster {
     /// consumers finished, so that a busy topic's followers write what the leader
     /// writes (what is unfinished) rather than nearly every record. A topic with a
     /// channel holding more than [`POSITION_MAX`] unfinished messages waits for the
-    /// 100 ms round: its position is then only a low watermark, found by walking all
-    /// of them ([`ShardCluster::replicate_busy`]).
+    /// 100 ms round, which sends its changes ([`ShardCluster::replicate_busy`]).
     pub(super) fn positions_after(&self, server: &Server) -> u64 {
         match server.shard.opts.mem_queue_size {
             0 => u64::MAX,
@@ -62,7 +63,15 @@ impl ShardCluster {
     /// [`ShardCluster::replicate_cursors`] for `topics` (those this node leads).
     pub(super) fn replicate_cursors_of(&self, server: &Server, topics: Vec<String>) {
         for topic in topics {
-            if !self.led.borrow().contains(&topic) {
+            if !self.led.borrow().contains(&topic)
+                || !self
+                    .groups
+                    .borrow()
+                    .get(&topic)
+                    .is_some_and(|g| g.channels_taken_over)
+            {
+                // Its channels take over their states once the entries of the leaders
+                // before are applied ([`ShardCluster::take_over_channels`]).
                 continue;
             }
             if let Some(g) = self.groups.borrow_mut().get_mut(&topic) {
@@ -110,28 +119,34 @@ impl ShardCluster {
             }
             for pos in positions {
                 let mut h = std::hash::DefaultHasher::new();
-                let op = match pos.pending {
-                    Some(pending) => {
+                // Changes go whenever there are any (the same changes twice are news
+                // twice); the rest when they differ from what was last proposed.
+                let mut news = false;
+                let op = match pos.state {
+                    PendingState::Whole(pending) => {
                         (pos.cursor, &pending).hash(&mut h);
                         ChannelOp::Position {
                             cursor: pos.cursor,
-                            pending: pending
-                                .into_iter()
-                                .map(|(offset, attempts, due_unix_ns)| PendingMessage {
-                                    offset,
-                                    attempts,
-                                    due_unix_ns,
-                                })
-                                .collect(),
+                            pending: pending.into_iter().map(pending_message).collect(),
                         }
                     }
-                    None => {
+                    PendingState::Changes { finished, pending } => {
+                        (u64::MAX - 1, pos.cursor, pos.low).hash(&mut h);
+                        news = !(finished.is_empty() && pending.is_empty());
+                        ChannelOp::Changes {
+                            cursor: pos.cursor,
+                            low: pos.low,
+                            finished,
+                            pending: pending.into_iter().map(pending_message).collect(),
+                        }
+                    }
+                    PendingState::Watermark => {
                         (u64::MAX, pos.low).hash(&mut h);
                         ChannelOp::Cursor { offset: pos.low }
                     }
                 };
                 let digest = h.finish();
-                if g.cursors.get(&pos.channel) == Some(&digest) {
+                if !news && g.cursors.get(&pos.channel) == Some(&digest) {
                     continue;
                 }
                 let e = Entry::Channel {
@@ -142,6 +157,10 @@ impl ShardCluster {
                     g.cursors.insert(pos.channel, digest);
                     proposed = true;
                 } else {
+                    // The replicas did not get what the channel's changes since are
+                    // relative to.
+                    server.shard.channel_changes_lost(&topic, &pos.channel);
+                    g.cursors.remove(&pos.channel);
                     complete = false;
                 }
             }
@@ -156,12 +175,25 @@ impl ShardCluster {
     }
 }
 
+fn pending_message((offset, attempts, due_unix_ns): (u64, u16, i64)) -> PendingMessage {
+    PendingMessage {
+        offset,
+        attempts,
+        due_unix_ns,
+    }
+}
+
 /// Applies one committed entry to the topic on this shard; a batch's durable wait when
 /// the sync policy asks for one. `Err`: a batch the topic's store refused (logged).
+///
+/// `own`: the entry is this leader's own proposal of its term, so its channels are
+/// already in the state a channel position describes (an earlier leader's positions
+/// apply on every replica, a new leader included).
 pub(super) fn apply(
     server: &Server,
     topic: &str,
     entry: Entry,
+    own: bool,
 ) -> Result<Option<DurableWait>, Unstored> {
     let shard = &server.shard;
     let entry_base = match &entry {
@@ -216,24 +248,52 @@ pub(super) fn apply(
         }
         Entry::Channel { channel, op } => {
             let t = topic.to_string();
-            let leads = server.cluster.as_ref().is_some_and(|c| c.leads(topic));
+            let cluster = server.cluster.as_ref();
+            let views = |f: &dyn Fn(&mut super::positions::Views)| {
+                if let Some(c) = cluster {
+                    if let Some(g) = c.groups.borrow_mut().get_mut(topic) {
+                        f(&mut g.views);
+                    }
+                }
+            };
             let r = match op {
                 ChannelOp::Create => shard.admin(AdminOp::CreateChannel(t, channel)),
-                ChannelOp::Delete => shard.admin(AdminOp::DeleteChannel(t, channel)),
-                ChannelOp::Empty => shard.admin(AdminOp::EmptyChannel(t, channel)),
+                ChannelOp::Delete => {
+                    views(&|v| v.forget(&channel));
+                    shard.admin(AdminOp::DeleteChannel(t, channel))
+                }
+                ChannelOp::Empty => {
+                    views(&|v| v.forget(&channel));
+                    shard.admin(AdminOp::EmptyChannel(t, channel))
+                }
                 ChannelOp::Pause(p) => shard.admin(AdminOp::PauseChannel(t, channel, p)),
                 ChannelOp::Cursor { offset } => {
+                    if !own {
+                        views(&|v| v.forget(&channel));
+                    }
                     shard.advance_channel(topic, &channel, offset);
                     Ok(())
                 }
-                // The leader's own channel is the state it sent.
-                ChannelOp::Position { .. } if leads => Ok(()),
+                ChannelOp::Position { .. } | ChannelOp::Changes { .. } if own => Ok(()),
                 ChannelOp::Position { cursor, pending } => {
                     let pending: Vec<(u64, u16, i64)> = pending
                         .iter()
                         .map(|p| (p.offset, p.attempts, p.due_unix_ns))
                         .collect();
-                    shard.set_channel_position(topic, &channel, cursor, &pending);
+                    if shard.set_channel_position(topic, &channel, cursor, &pending) {
+                        views(&|v| v.whole_applied(&channel));
+                    }
+                    Ok(())
+                }
+                ChannelOp::Changes {
+                    cursor,
+                    low,
+                    finished,
+                    pending,
+                } => {
+                    if let Some(c) = cluster {
+                        c.apply_changes(server, topic, &channel, cursor, low, &finished, &pending);
+                    }
                     Ok(())
                 }
                 // Not proposed by this version: FINs, REQs and attempts travel as

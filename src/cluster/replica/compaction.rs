@@ -145,6 +145,9 @@ impl ShardCluster {
             .borrow_mut()
             .get_mut(topic)
             .and_then(|g| g.paged_to.take());
+        if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
+            g.views.forget_all();
+        }
         let restored = server.shard.restore_replica(topic, state);
         if restored.missing && paged_to != Some(head) {
             log::warn!(
