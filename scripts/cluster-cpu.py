@@ -88,7 +88,6 @@ def dpub_deferred(port, topic, count):
     pipelined 1,000 at a time, each answered OK."""
     s = socket.create_connection(("127.0.0.1", port), timeout=30)
     s.sendall(b"  V2")
-    ok = struct.pack(">ii", 6, 0) + b"OK"
     sent = 0
     while sent < count:
         n = min(1000, count - sent)
@@ -97,17 +96,28 @@ def dpub_deferred(port, topic, count):
             body = b"deferred-%d" % k
             out += b"DPUB %s 3600000\n" % topic.encode() + struct.pack(">i", len(body)) + body
         s.sendall(out)
-        want = len(ok) * n
-        got = bytearray()
-        while len(got) < want:
-            chunk = s.recv(want - len(got))
-            if not chunk:
-                sys.exit("the leader closed the DPUB connection")
-            got += chunk
-        if bytes(got) != ok * n:
-            sys.exit(f"DPUB not answered OK: {bytes(got[:64])!r}")
+        answered = 0
+        while answered < n:
+            size = struct.unpack(">i", recv_exact(s, 4))[0]
+            frame = recv_exact(s, size)
+            if frame == struct.pack(">i", 0) + b"_heartbeat_":
+                s.sendall(b"NOP\n")
+            elif frame == struct.pack(">i", 0) + b"OK":
+                answered += 1
+            else:
+                sys.exit(f"DPUB {sent + answered} not answered OK: {frame[:80]!r}")
         sent += n
     s.close()
+
+
+def recv_exact(s, n):
+    out = bytearray()
+    while len(out) < n:
+        chunk = s.recv(n - len(out))
+        if not chunk:
+            sys.exit("the leader closed the DPUB connection")
+        out += chunk
+    return bytes(out)
 
 
 def rss_mb(pid):

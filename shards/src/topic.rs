@@ -765,10 +765,8 @@ impl Topic {
         }
         let mut first_pending = unread_from;
         for ch in self.channels.values() {
-            ch.pending_seqs(|seq| {
-                if seq >= from && seq < first_pending {
-                    first_pending = seq;
-                }
+            ch.pending_seqs_in(from..first_pending, |seq| {
+                first_pending = first_pending.min(seq);
             });
         }
         self.storage.stored = first_pending;
@@ -813,11 +811,7 @@ impl Topic {
         if self.storage.stored < unread_from {
             let range = self.storage.stored..unread_from.min(upto);
             for ch in self.channels.values() {
-                ch.pending_seqs(|seq| {
-                    if range.contains(&seq) {
-                        pending.push(seq);
-                    }
-                });
+                ch.pending_seqs_in(range.clone(), |seq| pending.push(seq));
             }
             pending.sort_unstable();
         }

@@ -84,6 +84,11 @@ impl DeferredQueue {
         self.index.seqs.first()
     }
 
+    /// The deferred sequences from `from` on, in order (from the index: no heap walk).
+    pub(super) fn seqs_from(&self, from: u64) -> impl Iterator<Item = u64> + '_ {
+        self.index.seqs.iter_from(from)
+    }
+
     /// The attempts of the deferred message at `seq`, if it is deferred.
     pub(super) fn attempts_of(&self, seq: u64) -> Option<u16> {
         if !self.index.seqs.contains(seq) {
