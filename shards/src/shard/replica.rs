@@ -19,6 +19,9 @@ pub struct ChannelPosition {
     pub state: PendingState,
 }
 
+/// An unfinished message as replicated: (sequence, attempts, due Unix ns or 0: ready).
+pub type PendingTuple = (u64, u16, i64);
+
 /// A channel's unfinished messages as a leader sends them ([`Shard::channel_positions`]);
 /// a message is (sequence, attempts, due Unix ns or 0: ready).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -182,7 +185,7 @@ impl Shard {
 
     /// The cursor and unfinished messages (sequence, attempts, due Unix ns or 0) of
     /// `channel` of `topic`, in sequence order; `None` without the channel.
-    pub fn channel_state(&self, topic: &str, channel: &str) -> Option<(u64, Vec<(u64, u16, i64)>)> {
+    pub fn channel_state(&self, topic: &str, channel: &str) -> Option<(u64, Vec<PendingTuple>)> {
         let topics = self.topics.borrow();
         let c = topics.get(topic)?.channels.get(channel)?;
         let (now_i, now_ns) = (std::time::Instant::now(), crate::message::now_unix_nanos());
