@@ -354,7 +354,17 @@ fn encode_raft(
         e.data = data;
         written.map_err(|_| EncodeError::Protobuf)?;
     }
-    let len = out.len() + shared_len;
+    finish_frame(out, shared, shared_len)
+}
+
+/// Ends a frame whose pieces `shared` add `outside` bytes to `out`: writes the whole
+/// frame's length into its header.
+fn finish_frame(
+    mut out: Vec<u8>,
+    shared: Vec<(usize, Bytes)>,
+    outside: usize,
+) -> Result<OutFrame, EncodeError> {
+    let len = out.len() + outside;
     write_len(&mut out, len)?;
     Ok(OutFrame {
         bytes: out,
@@ -403,13 +413,7 @@ pub fn encode_propose(
     out.extend_from_slice(context);
     let mut shared = Vec::new();
     let outside = push_data(&mut out, &mut shared, data);
-    let len = out.len() + outside;
-    write_len(&mut out, len)?;
-    Ok(OutFrame {
-        bytes: out,
-        shared,
-        len,
-    })
+    finish_frame(out, shared, outside)
 }
 
 /// Writes a [`Frame::Fetch`].

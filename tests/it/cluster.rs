@@ -595,6 +595,33 @@ fn a_follower_serves_its_consumer_through_the_leader_across_a_failover() {
     }
 }
 
+/// Of the 41 messages `got` (a warm-up and job-00..39): FINs in order (the warm-up and
+/// job-00..19), then out of order (every other one of the rest), and one REQ with an
+/// hour's delay (job-21): 9 left in flight (job-23, 25, .., 39), 1 deferred.
+fn finish_all_but_nine_and_defer_one(s: &mut TcpStream, got: &[(String, Vec<u8>)]) {
+    for (id, _) in &got[..21] {
+        send(s, &line(&format!("FIN {id}")));
+    }
+    for (id, _) in got[21..].iter().step_by(2) {
+        send(s, &line(&format!("FIN {id}")));
+    }
+    send(s, &line(&format!("REQ {} 3600000", got[22].0)));
+}
+
+/// The next `n` messages on `s` as (body, attempts), sorted.
+fn read_bodies_and_attempts(s: &mut TcpStream, n: usize) -> Vec<(String, u16)> {
+    let mut out: Vec<(String, u16)> = (0..n)
+        .map(|_| {
+            let (ft, data) = read_frame_skip_hb(s).expect("a message");
+            assert_eq!(ft, 2, "not a message: {}", common::show(&data));
+            let (_, attempts, _, body) = parse_message(&data);
+            (String::from_utf8(body).unwrap(), attempts)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 #[test]
 fn a_killed_leader_is_replaced_and_its_unfinished_messages_delivered() {
     let mut c = Cluster::start([2, 1, 2], &[]);
@@ -618,15 +645,7 @@ fn a_killed_leader_is_replaced_and_its_unfinished_messages_delivered() {
     let mut want: Vec<Vec<u8>> = vec![b"warm-up".to_vec()];
     want.extend(bodies.iter().map(|b| b.clone().into_bytes()));
     assert_eq!(bodies_got, want);
-    // FINs in order (the warm-up and job-00..19), then out of order (every other one
-    // of the rest), and one REQ with an hour's delay: 9 in flight, 1 deferred.
-    for (id, _) in &got[..21] {
-        send(&mut s, &line(&format!("FIN {id}")));
-    }
-    for (id, _) in got[21..].iter().step_by(2) {
-        send(&mut s, &line(&format!("FIN {id}")));
-    }
-    send(&mut s, &line(&format!("REQ {} 3600000", got[22].0)));
+    finish_all_but_nine_and_defer_one(&mut s, &got);
     send(&mut tail, b"RDY 40\n");
     for (id, _) in read_messages(&mut tail, 40) {
         send(&mut tail, &line(&format!("FIN {id}")));
@@ -659,15 +678,7 @@ fn a_killed_leader_is_replaced_and_its_unfinished_messages_delivered() {
     assert_ne!(new_leader, leader);
     let mut s = c.node(new_leader).subscribe(topic, "workers");
     send(&mut s, b"RDY 100\n");
-    let mut bodies_got: Vec<(String, u16)> = (0..14)
-        .map(|_| {
-            let (ft, data) = read_frame_skip_hb(&mut s).expect("a message");
-            assert_eq!(ft, 2, "not a message: {}", common::show(&data));
-            let (_, attempts, _, body) = parse_message(&data);
-            (String::from_utf8(body).unwrap(), attempts)
-        })
-        .collect();
-    bodies_got.sort();
+    let bodies_got = read_bodies_and_attempts(&mut s, 14);
     // The 9 in flight, delivered a second time (their attempts kept), and the 5 new.
     let mut want: Vec<(String, u16)> = (21..40)
         .step_by(2)
@@ -732,15 +743,8 @@ fn a_channel_with_more_unfinished_messages_than_a_round_carries_fails_over_exact
     send(&mut s, b"RDY 41\n");
     let got = read_messages(&mut s, 41);
     assert_eq!(got[0].1, b"warm-up".to_vec());
-    // The warm-up and job-00..19 finished in order, every other one of the rest out of
-    // order, one requeued for an hour: 9 in flight and 5,001 deferred.
-    for (id, _) in &got[..21] {
-        send(&mut s, &line(&format!("FIN {id}")));
-    }
-    for (id, _) in got[21..].iter().step_by(2) {
-        send(&mut s, &line(&format!("FIN {id}")));
-    }
-    send(&mut s, &line(&format!("REQ {} 3600000", got[22].0)));
+    // 9 in flight, and 5,001 deferred.
+    finish_all_but_nine_and_defer_one(&mut s, &got);
     let unfinished = DEFERRED + 1 + 9;
     for f in (0..3).filter(|&i| i != leader) {
         wait_for(&format!("member {f} holding the channel's changes"), || {
@@ -762,15 +766,7 @@ fn a_channel_with_more_unfinished_messages_than_a_round_carries_fails_over_exact
     );
     let mut s = c.node(new_leader).subscribe(topic, "workers");
     send(&mut s, b"RDY 100\n");
-    let mut again: Vec<(String, u16)> = (0..9)
-        .map(|_| {
-            let (ft, data) = read_frame_skip_hb(&mut s).expect("a message");
-            assert_eq!(ft, 2, "not a message: {}", common::show(&data));
-            let (_, attempts, _, body) = parse_message(&data);
-            (String::from_utf8(body).unwrap(), attempts)
-        })
-        .collect();
-    again.sort();
+    let again = read_bodies_and_attempts(&mut s, 9);
     let want: Vec<(String, u16)> = (23..40)
         .step_by(2)
         .map(|i| (format!("job-{i:02}"), 2))
