@@ -14,6 +14,14 @@ connection to the old leader gone, must find the new leader on its next nsqlooku
 and receive every acknowledged message of both rounds not yet received (messages
 redelivered after the failover are counted, not failures).
 
+With SCENARIO_DEFERRED=N (N > 0): before the first round the writer publishes N
+messages with DPUB and an hour's delay to the reader's channel, more unfinished
+messages than a leader replicates whole each round, so the channel's state goes to the
+replicas as its changes (docs/replication.md, "Channel state"). The script then waits
+1 s after the first round (ten rounds of channel state) before `KILL`, and fails if any
+message of the first round is delivered again after the failover, or any deferred one
+at all: the new leader must know what was finished and what is deferred.
+
 Exit status 0 on success, 1 with a reason on stderr otherwise; gives up after
 SCENARIO_TIMEOUT seconds (default 120).
 """
@@ -32,6 +40,7 @@ import nsq  # noqa: E402
 NAME = "pynsq-failover"
 KEEP = []
 N = int(os.environ.get("SCENARIO_MESSAGES", "200"))
+DEFERRED = int(os.environ.get("SCENARIO_DEFERRED", "0"))
 
 
 def log(text):
@@ -75,7 +84,6 @@ async def main(lookupd, members):
                    20, "nsq.Writer to connect to every member")
     acked = set()
     first = [("%s:a:%05d" % (topic, i)).encode() for i in range(N)]
-    await publish_all(writer, topic, first, acked)
     got = {}
 
     def handler(message):
@@ -83,11 +91,37 @@ async def main(lookupd, members):
         got[b] = got.get(b, 0) + 1
         return True  # pynsq FINs the message
 
-    KEEP.append(nsq.Reader(topic=topic, channel="c", name="failover",
-                           message_handler=handler, lookupd_http_addresses=[lookupd],
-                           lookupd_poll_interval=1, lookupd_poll_jitter=0.1,
-                           max_in_flight=50, max_tries=0))
+    def start_reader():
+        KEEP.append(nsq.Reader(topic=topic, channel="c", name="failover",
+                               message_handler=handler, lookupd_http_addresses=[lookupd],
+                               lookupd_poll_interval=1, lookupd_poll_jitter=0.1,
+                               max_in_flight=50, max_tries=0))
+
+    if DEFERRED:
+        # The channel first (the warm-up message makes the topic; the reader makes the
+        # channel once nsqlookupd lists the topic), then the deferred messages.
+        warm = ("%s:warm" % topic).encode()
+        await publish_all(writer, topic, [warm], acked)
+        start_reader()
+        await wait_for(lambda: warm in got, sc.OVERALL_TIMEOUT, "the warm-up message")
+        done = []
+        for i in range(DEFERRED):
+            writer.dpub(topic, 3600 * 1000, ("%s:d:%06d" % (topic, i)).encode(),
+                        callback=lambda conn, data: done.append(data))
+            if i % 500 == 499:
+                await wait_for(lambda: len(done) >= i + 1, 60, "DPUBs answered")
+        await wait_for(lambda: len(done) >= DEFERRED, 60, "DPUBs answered")
+        failed = [d for d in done if isinstance(d, Exception)]
+        if failed:
+            raise sc.ScenarioError("a DPUB failed: %r" % failed[0])
+        log("%d messages deferred for an hour" % DEFERRED)
+    await publish_all(writer, topic, first, acked)
+    if not DEFERRED:
+        start_reader()
     await wait_for(lambda: acked <= set(got), sc.OVERALL_TIMEOUT, "the first round")
+    if DEFERRED:
+        await asyncio.sleep(1)
+    before_kill = dict(got)
     log("first round: %d acknowledged, all received; kill the leader now" % len(acked))
     print("KILL", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
@@ -96,10 +130,19 @@ async def main(lookupd, members):
     await publish_all(writer, topic, second, acked)
     log("second round published through the survivors in %.2fs" % (time.time() - t0))
     await wait_for(lambda: acked <= set(got), sc.OVERALL_TIMEOUT, "every acknowledged message")
-    extra = set(got) - set(first) - set(second)
+    extra = set(got) - set(first) - set(second) - {("%s:warm" % topic).encode()}
     if extra:
         raise sc.ScenarioError("received messages never published: %r" % sorted(extra)[:3])
     dups = sum(n - 1 for n in got.values())
+    if DEFERRED:
+        again = [b for b in first if got.get(b, 0) > before_kill.get(b, 0)]
+        if again:
+            raise sc.ScenarioError("%d finished messages of the first round delivered again "
+                                   "after the failover, e.g. %r" % (len(again), again[0]))
+        early = [b for b in got if b"%s:d:" % topic.encode() in b]
+        if early:
+            raise sc.ScenarioError("%d deferred messages delivered, e.g. %r"
+                                   % (len(early), early[0]))
     log("all %d acknowledged messages received after the failover (%.2fs), %d redelivered"
         % (len(acked), time.time() - t0, dups))
 
