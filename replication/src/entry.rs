@@ -35,6 +35,7 @@
 //! | 12 | [`ChannelOp::Position`] | channel, cursor u64, count u32, (offset u64, attempts u16, due_unix_ns i64) × count |
 //! | 14 | [`Entry::TopicDelete`] | (none) |
 //! | 15 | [`Entry::TopicCreate`] | (none) |
+//! | 19 | [`ChannelOp::SendWhole`] | channel |
 //! | 18 | [`ChannelOp::Changes`] | channel, cursor u64, low u64, count u32, offset u64 × count, count u32, (offset u64, attempts u16, due_unix_ns i64) × count |
 //!
 //! # A publish in a Raft entry
@@ -149,6 +150,10 @@ pub enum ChannelOp {
         /// are now.
         pending: Vec<PendingMessage>,
     },
+    /// A replica asks the leader for the channel's whole state ([`ChannelOp::Position`])
+    /// at its next round: it holds no state that [`ChannelOp::Changes`] apply to (it
+    /// restarted, or restored a snapshot). Only the leader acts on it.
+    SendWhole,
 }
 
 /// A message a channel holds unfinished ([`ChannelOp::Position`]).
@@ -257,6 +262,7 @@ const TAG_TOPIC_CREATE: u8 = 15;
 const TAG_PUBLISH_AT_SPLIT: u8 = 16;
 const TAG_PUBLISH_SPLIT: u8 = 17;
 const TAG_CHANGES: u8 = 18;
+const TAG_SEND_WHOLE: u8 = 19;
 
 /// Bytes of a message before its body: id, timestamp, attempts, defer, body length.
 const MESSAGE_HEADER: usize = 16 + 8 + 2 + 4 + 4;
@@ -458,7 +464,7 @@ impl Entry {
             TAG_COMPACT => Self::Compact { index: r.u64()? },
             TAG_TOPIC_DELETE => Self::TopicDelete,
             TAG_TOPIC_CREATE => Self::TopicCreate,
-            TAG_CREATE..=TAG_PAUSE | TAG_POSITION | TAG_CHANGES => {
+            TAG_CREATE..=TAG_PAUSE | TAG_POSITION | TAG_CHANGES | TAG_SEND_WHOLE => {
                 let channel = r.name()?;
                 let op = decode_channel_op(tag, &mut r)?;
                 Self::Channel { channel, op }
@@ -544,6 +550,7 @@ fn encode_channel_op(out: &mut Vec<u8>, channel: &str, op: &ChannelOp) {
         ChannelOp::Pause(_) => TAG_PAUSE,
         ChannelOp::Position { .. } => TAG_POSITION,
         ChannelOp::Changes { .. } => TAG_CHANGES,
+        ChannelOp::SendWhole => TAG_SEND_WHOLE,
     };
     out.push(tag);
     let name = channel.as_bytes();
@@ -551,7 +558,7 @@ fn encode_channel_op(out: &mut Vec<u8>, channel: &str, op: &ChannelOp) {
     out.extend_from_slice(&(len as u16).to_le_bytes());
     out.extend_from_slice(&name[..len]);
     match op {
-        ChannelOp::Create | ChannelOp::Delete | ChannelOp::Empty => {}
+        ChannelOp::Create | ChannelOp::Delete | ChannelOp::Empty | ChannelOp::SendWhole => {}
         ChannelOp::Fin { id } => out.extend_from_slice(id),
         ChannelOp::Req { id, delay_ms } => {
             out.extend_from_slice(id);
@@ -625,6 +632,7 @@ fn decode_channel_op(tag: u8, r: &mut Reader<'_>) -> Result<ChannelOp, DecodeErr
         TAG_CURSOR => ChannelOp::Cursor { offset: r.u64()? },
         TAG_EMPTY => ChannelOp::Empty,
         TAG_PAUSE => ChannelOp::Pause(r.bool()?),
+        TAG_SEND_WHOLE => ChannelOp::SendWhole,
         TAG_POSITION => ChannelOp::Position {
             cursor: r.u64()?,
             pending: read_pending(r)?,

@@ -97,6 +97,10 @@ const SWEEP_EVERY: u32 = 10;
 /// (docs/replication.md, "Channel state").
 pub const POSITION_MAX: usize = 4096;
 
+/// The most unfinished messages of one channel a leader sends whole when a replica asks
+/// for its whole state ([`ChannelOp::SendWhole`]): an entry of at most 18 MB.
+pub const WHOLE_MAX: usize = 1_000_000;
+
 /// The longest a publish or a channel change waits for its replicas (an election
 /// included) before it is refused.
 pub const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -1246,6 +1250,7 @@ async fn driver(server: Rc<Server>) {
         }
         if now >= next_cursor {
             c.replicate_cursors(&server);
+            c.ask_for_whole_states(&server);
             // The awake groups each time, every group (the quiet ones) every SWEEP_EVERY.
             sweeps += 1;
             let all = sweeps.is_multiple_of(SWEEP_EVERY);

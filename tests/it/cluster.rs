@@ -714,15 +714,25 @@ fn a_killed_leader_is_replaced_and_its_unfinished_messages_delivered() {
     );
 }
 
-/// A channel holding more unfinished messages than a leader sends whole each round
-/// (4,096) is replicated by its changes: after a failover the new leader delivers the
-/// messages in flight again, keeps the deferred ones deferred, and delivers nothing
-/// the old leader's consumer finished.
-#[test]
-fn a_channel_with_more_unfinished_messages_than_a_round_carries_fails_over_exactly() {
-    const DEFERRED: usize = 5000;
-    let mut c = Cluster::start([2, 1, 3], &[]);
-    let topic = "many_deferred";
+/// Messages deferred for an hour in [`deferred_channel`]'s channel.
+const DEFERRED: usize = 5000;
+
+/// Member `i`'s count of unfinished messages in the state it keeps of `channel` of
+/// `topic` from its leader's changes (`GET /cluster` `channel_states`), if it keeps one.
+fn kept_unfinished(c: &Cluster, i: usize, topic: &str, channel: &str) -> Option<u64> {
+    group_of(c, i, topic)["channel_states"]
+        .as_array()
+        .and_then(|a| a.iter().find(|v| v["channel"] == channel).cloned())
+        .and_then(|v| v["unfinished"].as_u64())
+}
+
+/// A 3-member cluster whose topic `topic` has a channel `workers` holding more
+/// unfinished messages than a leader sends whole each round (4,096): 5,001 deferred for
+/// an hour (DPUBs and one REQ) and 9 in flight on the returned consumer connection
+/// (job-23, 25, .., 39, attempts 1); 31 finished. Returns once both followers keep that
+/// state from the leader's changes; the leader is returned too.
+fn deferred_channel(topic: &str) -> (Cluster, usize, TcpStream) {
+    let c = Cluster::start([2, 1, 3], &[]);
     c.elect(topic);
     c.node(0).http_pub(topic, b"warm-up");
     let leader = c.wait_leader(topic);
@@ -743,26 +753,21 @@ fn a_channel_with_more_unfinished_messages_than_a_round_carries_fails_over_exact
     send(&mut s, b"RDY 41\n");
     let got = read_messages(&mut s, 41);
     assert_eq!(got[0].1, b"warm-up".to_vec());
-    // 9 in flight, and 5,001 deferred.
     finish_all_but_nine_and_defer_one(&mut s, &got);
-    let unfinished = DEFERRED + 1 + 9;
     for f in (0..3).filter(|&i| i != leader) {
-        wait_for(&format!("member {f} holding the channel's changes"), || {
-            group_of(&c, f, topic)["channel_states"]
-                .as_array()
-                .and_then(|a| a.iter().find(|v| v["channel"] == "workers").cloned())
-                .is_some_and(|v| v["unfinished"] == unfinished)
+        wait_for(&format!("member {f} keeping the channel's state"), || {
+            kept_unfinished(&c, f, topic, "workers") == Some(DEFERRED as u64 + 1 + 9)
         });
     }
-    c.kill9(leader);
-    let new_leader = c.wait_leader(topic);
-    assert_ne!(new_leader, leader);
+    (c, leader, s)
+}
+
+/// A new leader of [`deferred_channel`]'s topic delivers exactly the 9 messages that
+/// were in flight (attempts 2), nothing finished, and holds the `deferred` ones.
+fn expect_exact_takeover(c: &Cluster, new_leader: usize, topic: &str, deferred: u64) {
     wait_for(
         "the new leader's channel taking over the deferred messages",
-        || {
-            c.channel_field(new_leader, topic, "workers", "deferred_count")
-                == Some(DEFERRED as u64 + 1)
-        },
+        || c.channel_field(new_leader, topic, "workers", "deferred_count") == Some(deferred),
     );
     let mut s = c.node(new_leader).subscribe(topic, "workers");
     send(&mut s, b"RDY 100\n");
@@ -790,8 +795,62 @@ fn a_channel_with_more_unfinished_messages_than_a_round_carries_fails_over_exact
     }
     assert_eq!(
         c.channel_field(new_leader, topic, "workers", "deferred_count"),
-        Some(DEFERRED as u64 + 1)
+        Some(deferred)
     );
+}
+
+/// A channel holding more unfinished messages than a leader sends whole each round
+/// (4,096) is replicated by its changes: after a failover the new leader delivers the
+/// messages in flight again, keeps the deferred ones deferred, and delivers nothing
+/// the old leader's consumer finished.
+#[test]
+fn a_channel_with_more_unfinished_messages_than_a_round_carries_fails_over_exactly() {
+    let topic = "many_deferred";
+    let (mut c, leader, _consumer) = deferred_channel(topic);
+    c.kill9(leader);
+    let new_leader = c.wait_leader(topic);
+    assert_ne!(new_leader, leader);
+    expect_exact_takeover(&c, new_leader, topic, DEFERRED as u64 + 1);
+}
+
+/// A follower restarted while [`deferred_channel`]'s channel stays beyond 4,096
+/// unfinished messages has lost the state its leader's changes apply to: it asks for
+/// the whole state (`SendWhole`), keeps the channel's state again, and leads it
+/// exactly when leadership moves to it.
+#[test]
+fn a_restarted_follower_asks_for_a_large_channels_whole_state_and_takes_over_exactly() {
+    let topic = "many_deferred_restart";
+    let (mut c, leader, _consumer) = deferred_channel(topic);
+    let f = (leader + 1) % 3;
+    c.kill9(f);
+    c.start_node(f);
+    // Changes after the restart (one more deferred message each time) make the
+    // follower ask; it keeps the state again once the leader answered whole.
+    let mut p = c.node(leader).connect_v2();
+    let mut more = 0u64;
+    wait_for(
+        "the restarted follower keeping the channel's state again",
+        || {
+            send(
+                &mut p,
+                &dpub_cmd(topic, 3_600_000, format!("more-{more}").as_bytes()),
+            );
+            expect_ok(&mut p);
+            more += 1;
+            std::thread::sleep(Duration::from_millis(200));
+            kept_unfinished(&c, f, topic, "workers").is_some()
+        },
+    );
+    let unfinished = DEFERRED as u64 + 1 + 9 + more;
+    wait_for(
+        "the restarted follower's state matching the leader's",
+        || kept_unfinished(&c, f, topic, "workers") == Some(unfinished),
+    );
+    let path = format!("/topic/move-leader?topic={topic}&to={}", c.addresses[f]);
+    let (code, body) = c.node(leader).http("POST", &path, b"");
+    assert_eq!((code, common::show(&body)), (200, String::new()));
+    assert_eq!(c.wait_leader(topic), f);
+    expect_exact_takeover(&c, f, topic, DEFERRED as u64 + 1 + more);
 }
 
 /// `topic`'s entry in member `i`'s `GET /cluster` (Null when it has none or did not

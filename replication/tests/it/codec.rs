@@ -80,6 +80,7 @@ fn every_kind() -> Vec<Entry> {
                 },
             ],
         },
+        ChannelOp::SendWhole,
         ChannelOp::Changes {
             cursor: 9,
             low: 0,

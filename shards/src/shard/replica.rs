@@ -91,12 +91,19 @@ impl Shard {
     }
 
     /// Each channel of `topic` (#ephemeral ones too) with its cursor and its unfinished
-    /// messages: all of them for a channel holding at most `max`, else what changed
-    /// since the previous call (the channel's recorded changes, taken here), else its
-    /// low watermark only. What a replicated topic's leader sends its replicas each
-    /// round (docs/replication.md, "Channel state"); from here on each channel records
-    /// its changes for the next call.
-    pub fn channel_positions(&self, topic: &str, max: usize) -> Vec<ChannelPosition> {
+    /// messages: all of them for a channel holding at most `max` (or, for a channel in
+    /// `whole`, at most `whole_max`), else what changed since the previous call (the
+    /// channel's recorded changes, taken here), else its low watermark only. What a
+    /// replicated topic's leader sends its replicas each round (docs/replication.md,
+    /// "Channel state"); from here on each channel records its changes for the next
+    /// call.
+    pub fn channel_positions(
+        &self,
+        topic: &str,
+        max: usize,
+        whole: &std::collections::HashSet<String>,
+        whole_max: usize,
+    ) -> Vec<ChannelPosition> {
         let mut topics = self.topics.borrow_mut();
         let Some(t) = topics.get_mut(topic) else {
             return Vec::new();
@@ -114,7 +121,8 @@ impl Shard {
                 if !c.tracks_changes() {
                     c.track_changes(true);
                 }
-                let state = if c.pending_count() <= max {
+                let limit = if whole.contains(name) { whole_max } else { max };
+                let state = if c.pending_count() <= limit {
                     let mut v = Vec::with_capacity(c.pending_count());
                     c.pending_states(|seq, attempts, due| v.push((seq, attempts, due_ns(due))));
                     v.sort_unstable();

@@ -3,7 +3,7 @@
 //! with the leader's IDs, a channel change applied where it sits in the log, each
 //! channel's cursor and unfinished messages set on the replicas.
 
-use super::{ShardCluster, CURSOR_EVERY, POSITION_MAX, TICK};
+use super::{ShardCluster, CURSOR_EVERY, POSITION_MAX, TICK, WHOLE_MAX};
 use crate::server::Server;
 use nsq_replication::{ChannelOp, Entry, PendingMessage};
 use nsq_shards::mesh::AdminOp;
@@ -78,7 +78,14 @@ impl ShardCluster {
                 g.published_since_positions = 0;
             }
             let changes = server.shard.topic_changes(&topic);
+            let whole = self
+                .groups
+                .borrow()
+                .get(&topic)
+                .map(|g| g.views.wanted_whole().clone())
+                .unwrap_or_default();
             if changes.is_some()
+                && whole.is_empty()
                 && self
                     .groups
                     .borrow()
@@ -88,7 +95,9 @@ impl ShardCluster {
                 // Nothing happened to the topic since its state was last proposed.
                 continue;
             }
-            let positions = server.shard.channel_positions(&topic, POSITION_MAX);
+            let positions = server
+                .shard
+                .channel_positions(&topic, POSITION_MAX, &whole, WHOLE_MAX);
             let mut groups = self.groups.borrow_mut();
             let Some(g) = groups.get_mut(&topic) else {
                 continue;
@@ -118,10 +127,19 @@ impl ShardCluster {
                 }
             }
             for pos in positions {
+                // Asked for by a replica: sent whole (if it holds at most WHOLE_MAX)
+                // even when it is what was last proposed.
+                let asked = g.views.whole_sent(&pos.channel);
+                if asked && !matches!(pos.state, PendingState::Whole(_)) {
+                    log::warn!(
+                        "TOPIC({topic}): channel {} holds more than {WHOLE_MAX} unfinished messages: a replica that asked for its whole state holds it by its low watermark",
+                        pos.channel
+                    );
+                }
                 let mut h = std::hash::DefaultHasher::new();
                 // Changes go whenever there are any (the same changes twice are news
                 // twice); the rest when they differ from what was last proposed.
-                let mut news = false;
+                let mut news = asked;
                 let op = match pos.state {
                     PendingState::Whole(pending) => {
                         (pos.cursor, &pending).hash(&mut h);
@@ -272,6 +290,12 @@ pub(super) fn apply(
                         views(&|v| v.forget(&channel));
                     }
                     shard.advance_channel(topic, &channel, offset);
+                    Ok(())
+                }
+                ChannelOp::SendWhole => {
+                    if cluster.is_some_and(|c| c.leads(topic)) {
+                        views(&|v| v.want_whole(&channel));
+                    }
                     Ok(())
                 }
                 ChannelOp::Position { .. } | ChannelOp::Changes { .. } if own => Ok(()),

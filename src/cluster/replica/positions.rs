@@ -16,8 +16,10 @@
 
 use super::ShardCluster;
 use crate::server::Server;
-use nsq_replication::PendingMessage;
+use nsq_replication::{ChannelOp, Entry, PendingMessage};
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 /// One channel's state as its leader's changes left it.
 #[derive(Debug, Default)]
@@ -35,7 +37,17 @@ pub(super) struct Views {
     exact: HashSet<String>,
     /// Channels whose exact state is kept here (changes applied since).
     views: HashMap<String, ChannelView>,
+    /// On a replica: channels whose whole state to ask the leader for, and when each
+    /// was last asked for (at most once per [`ASK_EVERY`]).
+    to_ask: Vec<String>,
+    asked_at: HashMap<String, Instant>,
+    /// On the leader: channels a replica asked the whole state of
+    /// ([`ChannelOp::SendWhole`]), sent at the next round.
+    wanted: HashSet<String>,
 }
+
+/// How often a replica without a channel's exact state asks its leader for it.
+const ASK_EVERY: Duration = Duration::from_secs(10);
 
 impl Views {
     /// A whole position of `channel` was applied to the channel.
@@ -50,10 +62,42 @@ impl Views {
         self.exact.remove(channel);
     }
 
-    /// No channel's exact state is known here.
+    /// No channel's exact state is known here, and no replica's request stands.
     pub(super) fn forget_all(&mut self) {
         self.views.clear();
         self.exact.clear();
+        self.wanted.clear();
+    }
+
+    /// A replica asked for `channel`'s whole state (this member leads).
+    pub(super) fn want_whole(&mut self, channel: &str) {
+        self.wanted.insert(channel.to_string());
+    }
+
+    /// The channels replicas asked the whole state of.
+    pub(super) fn wanted_whole(&self) -> &HashSet<String> {
+        &self.wanted
+    }
+
+    /// `channel`'s state goes out this round: true when a replica had asked for it
+    /// whole (the request is then answered).
+    pub(super) fn whole_sent(&mut self, channel: &str) -> bool {
+        self.wanted.remove(channel)
+    }
+
+    /// This replica has no state that `channel`'s changes apply to: it asks for the
+    /// whole state, unless it did within [`ASK_EVERY`].
+    fn ask_whole(&mut self, channel: &str) {
+        let now = Instant::now();
+        if self
+            .asked_at
+            .get(channel)
+            .is_some_and(|&at| now.duration_since(at) < ASK_EVERY)
+        {
+            return;
+        }
+        self.asked_at.insert(channel.to_string(), now);
+        self.to_ask.push(channel.to_string());
     }
 
     /// Each channel whose state is kept here: its name, the leader's cursor and how
@@ -112,6 +156,9 @@ impl ShardCluster {
                         v.views.insert(channel.to_string(), view);
                     }
                 }
+                if !v.views.contains_key(channel) {
+                    v.ask_whole(channel);
+                }
                 if let Some(view) = v.views.get_mut(channel) {
                     for seq in finished {
                         view.pending.remove(seq);
@@ -126,6 +173,38 @@ impl ShardCluster {
             }
         }
         server.shard.advance_channel(topic, channel, low);
+    }
+
+    /// Asks the leaders for the whole states this shard's replicas lack
+    /// ([`ChannelOp::SendWhole`], proposed through the leader like any channel
+    /// change); called every round.
+    pub(super) fn ask_for_whole_states(self: &Rc<Self>, server: &Rc<Server>) {
+        let asks: Vec<(String, String)> = self
+            .groups
+            .borrow_mut()
+            .iter_mut()
+            .flat_map(|(topic, g)| {
+                std::mem::take(&mut g.views.to_ask)
+                    .into_iter()
+                    .map(move |ch| (topic.clone(), ch))
+            })
+            .collect();
+        for (topic, channel) in asks {
+            log::info!(
+                "TOPIC({topic}): asks its leader for channel {channel}'s whole state (this replica holds it by its low watermark)"
+            );
+            let (me, server) = (self.clone(), server.clone());
+            glommio::spawn_local(async move {
+                let ask = Entry::Channel {
+                    channel,
+                    op: ChannelOp::SendWhole,
+                };
+                if let Err(e) = me.change(&server, &topic, ask).await {
+                    log::debug!("TOPIC({topic}): asking for a channel's whole state: {e}");
+                }
+            })
+            .detach();
+        }
     }
 
     /// A member that leads `topic` and has applied every entry of its predecessors
