@@ -853,6 +853,67 @@ fn a_restarted_follower_asks_for_a_large_channels_whole_state_and_takes_over_exa
     expect_exact_takeover(&c, f, topic, DEFERRED as u64 + 1 + more);
 }
 
+/// A member that loses a topic's leadership makes what its consumers held in flight
+/// ready again at once, for the state its successor replicates to settle: leadership
+/// moved away and back within the messages' timeout does not deliver again what was
+/// finished on the other leader meanwhile.
+#[test]
+fn messages_finished_elsewhere_are_not_delivered_again_when_leadership_comes_back() {
+    let c = Cluster::start([1, 1, 1], &[]);
+    let topic = "back_and_forth";
+    let leader = c.elect_with_channel(topic, "c");
+    let mut a = c
+        .node(leader)
+        .subscribe_identified(r#"{"msg_timeout":2000}"#, topic, "c");
+    for k in 0..3 {
+        c.node(leader).http_pub(topic, format!("x-{k}").as_bytes());
+    }
+    send(&mut a, b"RDY 3\n");
+    assert_eq!(read_messages(&mut a, 3).len(), 3);
+    let other = (leader + 1) % 3;
+    let move_to = |to: usize| {
+        let path = format!("/topic/move-leader?topic={topic}&to={}", c.addresses[to]);
+        let (code, body) = c.node(to).http("POST", &path, b"");
+        assert_eq!((code, common::show(&body)), (200, String::new()));
+        assert_eq!(c.wait_leader(topic), to);
+    };
+    move_to(other);
+    assert_eq!(
+        c.channel_field(leader, topic, "c", "in_flight_count"),
+        Some(0),
+        "the former leader still holds its closed consumer's messages in flight"
+    );
+    let mut b = c.node(other).subscribe(topic, "c");
+    send(&mut b, b"RDY 10\n");
+    for (id, body) in read_messages(&mut b, 3) {
+        assert!(body.starts_with(b"x-"));
+        send(&mut b, &line(&format!("FIN {id}")));
+    }
+    wait_for(
+        "the former leader taking the finishes from the positions",
+        || c.channel_depth(leader, topic, "c") == Some(0),
+    );
+    move_to(leader);
+    let mut d = c.node(leader).subscribe(topic, "c");
+    send(&mut d, b"RDY 10\n");
+    // Past the 2 s timeout the messages had when they were first delivered here.
+    d.set_read_timeout(Some(Duration::from_millis(3500)))
+        .unwrap();
+    loop {
+        match read_frame_skip_hb(&mut d) {
+            Ok((2, data)) => {
+                let (_, _, _, body) = parse_message(&data);
+                panic!(
+                    "finished on the other leader, delivered again: {}",
+                    String::from_utf8_lossy(&body)
+                );
+            }
+            Ok(_) => continue,
+            Err(_) => break,
+        }
+    }
+}
+
 /// `topic`'s entry in member `i`'s `GET /cluster` (Null when it has none or did not
 /// answer).
 fn group_of(c: &Cluster, i: usize, topic: &str) -> serde_json::Value {

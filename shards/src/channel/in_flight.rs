@@ -71,6 +71,14 @@ impl InFlightTable {
         Ok(())
     }
 
+    /// Removes and returns every message, in sequence order.
+    fn take_all(&mut self) -> Vec<InFlight> {
+        self.pqueue.clear();
+        let mut all: Vec<InFlight> = self.messages.drain().map(|(_, f)| f).collect();
+        all.sort_by_key(|f| f.msg.seq);
+        all
+    }
+
     /// Removes and returns a message whose deadline is at or before `now`, the earliest
     /// first.
     fn pop_timed_out(&mut self, now: Instant) -> Option<InFlight> {
@@ -250,6 +258,24 @@ impl Channel {
         }
         self.in_flight.compact();
         Ok(())
+    }
+
+    /// This member stopped leading the channel's replicated topic and closed its
+    /// consumers: the messages they held in flight are ready again here at once, with
+    /// their attempts. They are the new leader's to deliver, and the state it
+    /// replicates (which a replica's channel takes, keeping what it holds in flight:
+    /// [`Channel::seek`]) says what this member holds from then on; left in flight,
+    /// they would time out and be delivered again should it lead once more, even if
+    /// finished meanwhile.
+    pub fn requeue_in_flight(&mut self) {
+        for f in self.in_flight.take_all() {
+            f.client
+                .in_flight
+                .set((f.client.in_flight.get() - 1).max(0));
+            let seq = f.msg.seq;
+            let kept = self.put_back(f.msg);
+            self.record_put_back(seq, kept);
+        }
     }
 
     /// TOUCH: a new deadline of now + the client's msg_timeout, never past delivery +

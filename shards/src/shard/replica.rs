@@ -432,7 +432,9 @@ impl Shard {
     }
 
     /// Closes the connections of every consumer of `topic` (this node no longer leads
-    /// it: they reconnect and find the leader through nsqlookupd). Returns how many.
+    /// it: they reconnect and find the leader through nsqlookupd), and makes the
+    /// messages they held in flight ready again ([`Channel::requeue_in_flight`]).
+    /// Returns how many consumers.
     pub fn close_topic_consumers(&self, topic: &str) -> usize {
         let mut topics = self.topics.borrow_mut();
         let Some(t) = topics.get_mut(topic) else {
@@ -442,6 +444,7 @@ impl Shard {
         for ch in t.channels.values_mut() {
             n += ch.clients().len();
             ch.close_clients();
+            ch.requeue_in_flight();
         }
         n
     }
