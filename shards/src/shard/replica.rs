@@ -433,7 +433,7 @@ impl Shard {
 
     /// Closes the connections of every consumer of `topic` (this node no longer leads
     /// it: they reconnect and find the leader through nsqlookupd), and makes the
-    /// messages they held in flight ready again ([`Channel::requeue_in_flight`]).
+    /// messages they held in flight ready again ([`crate::channel::Channel::requeue_in_flight`]).
     /// Returns how many consumers.
     pub fn close_topic_consumers(&self, topic: &str) -> usize {
         let mut topics = self.topics.borrow_mut();
