@@ -86,6 +86,11 @@ impl ShardCluster {
                 .unwrap_or_default();
             if changes.is_some()
                 && whole.is_empty()
+                && !self
+                    .groups
+                    .borrow()
+                    .get(&topic)
+                    .is_some_and(|g| g.views.changes_refresh_due())
                 && self
                     .groups
                     .borrow()
@@ -150,7 +155,10 @@ impl ShardCluster {
                     }
                     PendingState::Changes { finished, pending } => {
                         (u64::MAX - 1, pos.cursor, pos.low).hash(&mut h);
-                        news = !(finished.is_empty() && pending.is_empty());
+                        // Also every CHANGES_REFRESH without any: a replica that lacks
+                        // the state they apply to learns so, and asks for it.
+                        news = !(finished.is_empty() && pending.is_empty())
+                            || g.views.changes_refresh_due_for(&pos.channel);
                         ChannelOp::Changes {
                             cursor: pos.cursor,
                             low: pos.low,
@@ -164,6 +172,10 @@ impl ShardCluster {
                     }
                 };
                 let digest = h.finish();
+                let by_changes = matches!(op, ChannelOp::Changes { .. });
+                if !by_changes {
+                    g.views.changes_ended(&pos.channel);
+                }
                 if !news && g.cursors.get(&pos.channel) == Some(&digest) {
                     continue;
                 }
@@ -172,6 +184,9 @@ impl ShardCluster {
                     op,
                 };
                 if g.group.propose(&e).is_ok() {
+                    if by_changes {
+                        g.views.changes_sent(&pos.channel);
+                    }
                     g.cursors.insert(pos.channel, digest);
                     proposed = true;
                 } else {

@@ -44,7 +44,15 @@ pub(super) struct Views {
     /// On the leader: channels a replica asked the whole state of
     /// ([`ChannelOp::SendWhole`]), sent at the next round.
     wanted: HashSet<String>,
+    /// On the leader: channels replicated by their changes, and when their last
+    /// [`ChannelOp::Changes`] was proposed.
+    changes_sent_at: HashMap<String, Instant>,
 }
+
+/// How often a leader proposes a channel's [`ChannelOp::Changes`] when nothing changed
+/// (then empty): a replica that lacks the state they apply to (it restarted) learns so
+/// within this and asks for the whole state, even of a channel nobody uses.
+pub(super) const CHANGES_REFRESH: Duration = Duration::from_secs(10);
 
 /// How often a replica without a channel's exact state asks its leader for it.
 const ASK_EVERY: Duration = Duration::from_secs(10);
@@ -67,6 +75,33 @@ impl Views {
         self.views.clear();
         self.exact.clear();
         self.wanted.clear();
+        self.changes_sent_at.clear();
+    }
+
+    /// The leader proposed `channel`'s changes now.
+    pub(super) fn changes_sent(&mut self, channel: &str) {
+        self.changes_sent_at
+            .insert(channel.to_string(), Instant::now());
+    }
+
+    /// `channel` is no longer replicated by its changes (it is sent whole, or by its
+    /// low watermark).
+    pub(super) fn changes_ended(&mut self, channel: &str) {
+        self.changes_sent_at.remove(channel);
+    }
+
+    /// True when `channel`'s changes were last proposed [`CHANGES_REFRESH`] ago or more.
+    pub(super) fn changes_refresh_due_for(&self, channel: &str) -> bool {
+        self.changes_sent_at
+            .get(channel)
+            .is_some_and(|at| at.elapsed() >= CHANGES_REFRESH)
+    }
+
+    /// True when some channel's changes are due again ([`CHANGES_REFRESH`]).
+    pub(super) fn changes_refresh_due(&self) -> bool {
+        self.changes_sent_at
+            .values()
+            .any(|at| at.elapsed() >= CHANGES_REFRESH)
     }
 
     /// A replica asked for `channel`'s whole state (this member leads).
