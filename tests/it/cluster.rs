@@ -608,6 +608,22 @@ fn finish_all_but_nine_and_defer_one(s: &mut TcpStream, got: &[(String, Vec<u8>)
     send(s, &line(&format!("REQ {} 3600000", got[22].0)));
 }
 
+/// Asserts no message arrives on `s` within `within` (heartbeats aside); `what` names
+/// the failure, with the body that came.
+fn expect_no_message(s: &mut TcpStream, within: Duration, what: &str) {
+    s.set_read_timeout(Some(within)).unwrap();
+    loop {
+        match read_frame_skip_hb(s) {
+            Ok((2, data)) => {
+                let (_, _, _, body) = parse_message(&data);
+                panic!("{what}: {}", String::from_utf8_lossy(&body));
+            }
+            Ok(_) => continue,
+            Err(_) => break,
+        }
+    }
+}
+
 /// The next `n` messages on `s` as (body, attempts), sorted.
 fn read_bodies_and_attempts(s: &mut TcpStream, n: usize) -> Vec<(String, u16)> {
     let mut out: Vec<(String, u16)> = (0..n)
@@ -778,21 +794,11 @@ fn expect_exact_takeover(c: &Cluster, new_leader: usize, topic: &str, deferred: 
         .collect();
     assert_eq!(again, want, "the messages in flight, and nothing finished");
     // Nothing else comes: the finished messages stay finished.
-    s.set_read_timeout(Some(Duration::from_millis(1500)))
-        .unwrap();
-    loop {
-        match read_frame_skip_hb(&mut s) {
-            Ok((2, data)) => {
-                let (_, _, _, body) = parse_message(&data);
-                panic!(
-                    "delivered again after the failover: {}",
-                    String::from_utf8_lossy(&body)
-                );
-            }
-            Ok(_) => continue,
-            Err(_) => break,
-        }
-    }
+    expect_no_message(
+        &mut s,
+        Duration::from_millis(1500),
+        "delivered again after the failover",
+    );
     assert_eq!(
         c.channel_field(new_leader, topic, "workers", "deferred_count"),
         Some(deferred)
@@ -887,21 +893,11 @@ fn messages_finished_elsewhere_are_not_delivered_again_when_leadership_comes_bac
     let mut d = c.node(leader).subscribe(topic, "c");
     send(&mut d, b"RDY 10\n");
     // Past the 2 s timeout the messages had when they were first delivered here.
-    d.set_read_timeout(Some(Duration::from_millis(3500)))
-        .unwrap();
-    loop {
-        match read_frame_skip_hb(&mut d) {
-            Ok((2, data)) => {
-                let (_, _, _, body) = parse_message(&data);
-                panic!(
-                    "finished on the other leader, delivered again: {}",
-                    String::from_utf8_lossy(&body)
-                );
-            }
-            Ok(_) => continue,
-            Err(_) => break,
-        }
-    }
+    expect_no_message(
+        &mut d,
+        Duration::from_millis(3500),
+        "finished on the other leader, delivered again",
+    );
 }
 
 /// `topic`'s entry in member `i`'s `GET /cluster` (Null when it has none or did not
