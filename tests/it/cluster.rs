@@ -1974,17 +1974,12 @@ fn failover_scenario_with(
 /// nsq.Writer connected to every member got acknowledged before and after.
 #[test]
 fn pynsq_follows_the_leader_through_nsqlookupd() {
-    let Some(py) = common::pynsq_python() else {
-        return;
-    };
-    failover_scenario(&py, "scripts/clients/pynsq_failover.py", "failover");
+    pynsq_failover(&[], &[]);
 }
 
-/// [`pynsq_follows_the_leader_through_nsqlookupd`] under `--sync-every=1`: every
-/// publish pynsq gets `OK` for was synced to the journals of a majority, and the
-/// survivors deliver each one after the leader's kill.
-#[test]
-fn pynsq_follows_the_leader_with_journaled_raft_logs() {
+/// scripts/clients/pynsq_failover.py through [`failover_scenario_with`] (skipped
+/// without pynsq).
+fn pynsq_failover(extra: &[&str], env: &[(&str, &str)]) {
     let Some(py) = common::pynsq_python() else {
         return;
     };
@@ -1992,9 +1987,17 @@ fn pynsq_follows_the_leader_with_journaled_raft_logs() {
         &py,
         "scripts/clients/pynsq_failover.py",
         "failover",
-        &["--sync-every=1"],
-        &[],
+        extra,
+        env,
     );
+}
+
+/// [`pynsq_follows_the_leader_through_nsqlookupd`] under `--sync-every=1`: every
+/// publish pynsq gets `OK` for was synced to the journals of a majority, and the
+/// survivors deliver each one after the leader's kill.
+#[test]
+fn pynsq_follows_the_leader_with_journaled_raft_logs() {
+    pynsq_failover(&["--sync-every=1"], &[]);
 }
 
 /// pynsq across a failover of a channel holding 5,000 deferred messages (more than a
@@ -2003,16 +2006,7 @@ fn pynsq_follows_the_leader_with_journaled_raft_logs() {
 /// early.
 #[test]
 fn pynsq_gets_nothing_finished_again_after_a_failover_of_a_channel_with_many_deferred() {
-    let Some(py) = common::pynsq_python() else {
-        return;
-    };
-    failover_scenario_with(
-        &py,
-        "scripts/clients/pynsq_failover.py",
-        "failover",
-        &[],
-        &[("SCENARIO_DEFERRED", "5000")],
-    );
+    pynsq_failover(&[], &[("SCENARIO_DEFERRED", "5000")]);
 }
 
 /// gnsq, unmodified, as [`pynsq_follows_the_leader_through_nsqlookupd`].
