@@ -7,12 +7,15 @@
 //! *in touch* while one of its connections is open and it was heard within
 //! [`SILENT_AFTER`]. This member counts, per peer, the times touch was lost and found
 //! again (a connection closed or opened, a silence ended), and each ping carries the
-//! sender's count for the receiver; a peer's *contact number* is the sum of both
-//! counts, so it changes on both members whenever either of them lost touch with the
-//! other. A follower that confirmed its leader under one contact number must hear from
-//! the leader again under a new one before it stops ticking again (a leader that
-//! restarted, or was stopped and went on, is never trusted on the strength of what it
-//! said before), and the leader, which sees the same change, heartbeats meanwhile.
+//! sender's count for the receiver; a peer's *contact number* ([`Contact`]) is the
+//! pair of both counts, so it changes on both members whenever either of them lost
+//! touch with the other. (Their sum would not always change: when a follower restarted
+//! and then its leader did, the follower's count for the leader went up by two while
+//! the leader's count for the follower went back down by two.) A follower that
+//! confirmed its leader under one contact number must hear from the leader again under
+//! a new one before it stops ticking again (a leader that restarted, or was stopped
+//! and went on, is never trusted on the strength of what it said before), and the
+//! leader, which sees the same change, heartbeats meanwhile.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -120,10 +123,18 @@ pub fn own_count(replica: u64) -> u64 {
     peer(replica).map_or(0, |p| p.contact.load(Ordering::Relaxed))
 }
 
-fn contact_of(p: &Peer) -> u64 {
-    p.contact
-        .load(Ordering::Relaxed)
-        .wrapping_add(p.theirs.load(Ordering::Relaxed))
+/// A peer's contact number: (this member's count of the times touch with the peer was
+/// lost and found again, the peer's count for this member from its latest ping). Two
+/// differ whenever either member lost touch with the other in between: this member's
+/// count only grows while it runs, and a peer that restarted shows here as a closed
+/// and a new connection.
+pub type Contact = (u64, u64);
+
+fn contact_of(p: &Peer) -> Contact {
+    (
+        p.contact.load(Ordering::Relaxed),
+        p.theirs.load(Ordering::Relaxed),
+    )
 }
 
 fn silent_ms() -> u64 {
@@ -133,7 +144,7 @@ fn silent_ms() -> u64 {
 /// Each peer's touch as of now: `(replica, in touch, contact number)`, in the order of
 /// `--cluster-peer`. Two views differ exactly when some peer's touch changed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct View(Vec<(u64, bool, u64)>);
+pub struct View(Vec<(u64, bool, Contact)>);
 
 impl View {
     /// Reads the table now.
@@ -162,7 +173,7 @@ impl View {
     /// Peer `replica`'s contact number while it is in touch (`None`: out of touch, or
     /// not a peer).
     #[must_use]
-    pub fn contact(&self, replica: u64) -> Option<u64> {
+    pub fn contact(&self, replica: u64) -> Option<Contact> {
         self.0
             .iter()
             .find(|(r, _, _)| *r == replica)
@@ -172,6 +183,6 @@ impl View {
 
 /// Peer `replica`'s contact number now (what a group records when it hears from it).
 #[must_use]
-pub fn contact(replica: u64) -> u64 {
-    peer(replica).map_or(0, contact_of)
+pub fn contact(replica: u64) -> Contact {
+    peer(replica).map_or((0, 0), contact_of)
 }

@@ -182,10 +182,10 @@ struct Group {
     idle_ticks: u32,
     /// On a follower: the leader it last had an append, heartbeat or snapshot from,
     /// that leader's contact number then ([`liveness`]) and when.
-    leader_contact: Option<(u64, u64, Instant)>,
+    leader_contact: Option<(u64, liveness::Contact, Instant)>,
     /// On the leader: each replica's contact number when it last answered an append or
     /// a heartbeat.
-    replica_contact: HashMap<u64, u64>,
+    replica_contact: HashMap<u64, liveness::Contact>,
     /// The batches of the entries the running poll took as committed, until they are
     /// applied to the topic: raft-rs counts them applied from the poll on, so they are
     /// in neither [`TopicGroup::unapplied_entries`] nor the topic meanwhile.

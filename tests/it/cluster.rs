@@ -996,6 +996,62 @@ fn quiet_groups_take_publishes_and_elect_a_leader_when_theirs_is_stopped_or_kill
     }
 }
 
+/// A quiet group's followers notice that their leader restarted however the members'
+/// counts of lost touch add up (docs/replication.md, "Quiet groups"). Each follower
+/// restarted once, then the leader is killed and comes back with an empty disk: on
+/// each follower its own count for the leader went up by two while the leader's count
+/// for it went back down by two, so a contact number that is their sum stays the same,
+/// the followers keep trusting the leader's last heartbeat for the whole 12 s lease,
+/// and the wiped leader (which asks for no votes) does not wake them either.
+#[test]
+fn a_wiped_leader_is_replaced_at_once_after_each_follower_restarted() {
+    let mut c = Cluster::start([1, 1, 1], &[]);
+    let topic = "recontact";
+    c.elect(topic);
+    c.node(0).http_pub(topic, b"m0");
+    let leader = c.wait_leader(topic);
+    for f in (0..3).filter(|&i| i != leader) {
+        c.kill9(f);
+        c.start_node(f);
+        wait_for(&format!("member {f} holding m0 again"), || {
+            c.topic_depth(f, topic) == Some(1)
+        });
+    }
+    if c.wait_leader(topic) != leader {
+        let path = format!(
+            "/topic/move-leader?topic={topic}&to={}",
+            c.addresses[leader]
+        );
+        let (code, body) = c.node(leader).http("POST", &path, b"");
+        assert_eq!((code, common::show(&body)), (200, String::new()));
+        assert_eq!(c.wait_leader(topic), leader);
+    }
+    wait_quiet(&c, &[0, 1, 2], topic);
+    c.kill9(leader);
+    std::fs::remove_dir_all(&c.dirs[leader]).unwrap();
+    std::fs::create_dir_all(&c.dirs[leader]).unwrap();
+    let killed_at = Instant::now();
+    c.start_node(leader);
+    let others: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    wait_for("a leader among the members that kept their disks", || {
+        others
+            .iter()
+            .any(|&i| group_of(&c, i, topic)["is_leader"] == true)
+    });
+    let took = killed_at.elapsed();
+    assert!(
+        took < Duration::from_secs(6),
+        "elected {took:?} after the kill (the followers waited for their lease)"
+    );
+    let survivor = others[0];
+    c.node(survivor).http_pub(topic, b"m1");
+    for i in 0..3 {
+        wait_for(&format!("member {i} holding both messages"), || {
+            c.topic_depth(i, topic) == Some(2)
+        });
+    }
+}
+
 /// Whether the peer closes `s` within `within` (a read that ends or fails).
 fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
     use std::io::Read;
