@@ -381,6 +381,18 @@ impl<S: LogStore> TopicGroup<S> {
         self.node.raft.vote
     }
 
+    /// This node's Raft role: `"follower"`, `"pre_candidate"` (asking whether it could
+    /// win before raising its term: pre-vote), `"candidate"` or `"leader"`.
+    #[must_use]
+    pub fn role(&self) -> &'static str {
+        match self.node.raft.state {
+            StateRole::Follower => "follower",
+            StateRole::PreCandidate => "pre_candidate",
+            StateRole::Candidate => "candidate",
+            StateRole::Leader => "leader",
+        }
+    }
+
     /// Whether this node leads the group.
     #[must_use]
     pub fn is_leader(&self) -> bool {

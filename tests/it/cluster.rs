@@ -1052,6 +1052,40 @@ fn a_wiped_leader_is_replaced_at_once_after_each_follower_restarted() {
     }
 }
 
+/// A member that makes a topic's group (`/topic/create`, a first publish, a SUB)
+/// campaigns at once instead of after an election timeout (0.5-0.95 s), so the topic
+/// has a leader a round trip later: when `/topic/create` has answered, the member is
+/// already asking for votes or leads (left to the timeout, it would still be a
+/// follower), and each member leads the topics made on it.
+#[test]
+fn the_member_that_makes_a_topic_campaigns_at_once_and_leads_it() {
+    let c = Cluster::start([1, 2, 1], &[]);
+    // Past the first seconds after the members started, when they vote for no
+    // candidate with an empty log.
+    c.elect("warmup");
+    for i in 0..3 {
+        let topic = format!("made-{i}");
+        let (code, body) = c
+            .node(i)
+            .http("POST", &format!("/topic/create?topic={topic}"), b"");
+        assert_eq!((code, common::show(&body)), (200, String::new()));
+        let g = group_of(&c, i, &topic);
+        assert!(
+            ["pre_candidate", "candidate", "leader"].contains(&g["role"].as_str().unwrap_or("")),
+            "{topic} right after /topic/create on member {i}: {g}"
+        );
+        assert_eq!(c.wait_leader(&topic), i);
+        // The first publish and the first SUB of a topic make its group the same way.
+        let topic = format!("published-{i}");
+        c.node(i).http_pub(&topic, b"first");
+        assert_eq!(c.wait_leader(&topic), i);
+        let topic = format!("subscribed-{i}");
+        let mut s = c.node(i).subscribe(&topic, "c");
+        send(&mut s, b"RDY 1\n");
+        assert_eq!(c.wait_leader(&topic), i);
+    }
+}
+
 /// Whether the peer closes `s` within `within` (a read that ends or fails).
 fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
     use std::io::Read;

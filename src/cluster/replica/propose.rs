@@ -179,9 +179,8 @@ impl ShardCluster {
             return match g.group.leader() {
                 Some(l) => Err(Some(l)),
                 None => {
-                    let _ = g.group.campaign();
                     drop(groups);
-                    self.mark(topic);
+                    self.campaign_if_leaderless(topic);
                     Err(None)
                 }
             };

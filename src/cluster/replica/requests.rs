@@ -35,7 +35,7 @@ pub async fn admin(server: &Server, op: &AdminOp) -> Option<Result<(), AdminErro
             if !c.ensure_group(server, t) {
                 return None;
             }
-            c.mark(t);
+            c.campaign_if_leaderless(t);
             if !c.deleted(t) {
                 return Some(Ok(()));
             }
@@ -100,6 +100,7 @@ pub async fn subscribe(
     if !c.ensure_group(server, topic) {
         return refused(&format!("topic {topic} is not held by this cluster member"));
     }
+    c.campaign_if_leaderless(topic);
     let deadline = Instant::now() + PROPOSE_TIMEOUT;
     loop {
         let leader = c.groups.borrow().get(topic).and_then(|g| g.group.leader());
