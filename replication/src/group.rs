@@ -562,6 +562,20 @@ impl<S: LogStore> TopicGroup<S> {
                 return Ok(());
             }
         }
+        // A vote request for a later term from a member that is not this node: on the
+        // leader, the member knows no leader (it restarted, or made the group again
+        // after dropping it), and a heartbeat now tells it (a quiet group's leader
+        // sends none for seconds); on a follower of that very member, the member no
+        // longer leads (a leader never asks for votes), so its lease ends here and the
+        // request is judged on the logs alone. Neither changes what a vote needs.
+        if vote && message.term > self.term() && message.from != self.id() {
+            if self.is_leader() {
+                self.heartbeat();
+            } else if self.leader() == Some(message.from) {
+                let term = self.term();
+                self.node.raft.become_follower(term, raft::INVALID_ID);
+            }
+        }
         // A heartbeat carries the commit index the leader believes this replica has
         // matched; after a restart with an empty log that is past this log's end, and
         // raft-rs would panic on it. The Raft rule is to commit no further than the

@@ -156,6 +156,9 @@ struct Group {
     /// The topic was deleted through the log ([`Entry::TopicDelete`]): the group runs
     /// on without it ([`deletion`]).
     deleted: bool,
+    /// Since when the group has run without its topic: once quiet for
+    /// [`deletion::DROP_AFTER`] it leaves memory ([`ShardCluster::drop_deleted_groups`]).
+    deleted_at: Option<Instant>,
     /// This replica restored a snapshot past messages its topic does not hold: its topic
     /// log misses messages the others have, and its channels' positions (the leader's
     /// offsets) no longer match its own log, so it hands leadership to another replica
@@ -294,6 +297,9 @@ pub struct ShardCluster {
     unreadable_journals: RefCell<HashSet<String>>,
     /// This member's TCP address for clients (what its greeting tells the peers).
     own_tcp: RefCell<String>,
+    /// Groups of deleted topics dropped from memory, by topic: what making one again
+    /// needs ([`deletion::Dropped`]).
+    dropped: RefCell<HashMap<String, deletion::Dropped>>,
 }
 
 /// When this process started its cluster role (the first shard to start it).
@@ -328,6 +334,7 @@ impl ShardCluster {
             peer_tcps: RefCell::new(HashMap::new()),
             unreadable_journals: RefCell::new(HashSet::new()),
             own_tcp: RefCell::new(String::new()),
+            dropped: RefCell::new(HashMap::new()),
         }
     }
 
@@ -437,8 +444,13 @@ impl ShardCluster {
         }
         let me = self.cfg.me.replica;
         let data = server.shard.opts.data_path.as_ref();
+        // A deleted topic's group dropped from memory comes back as it was.
+        let dropped = self.dropped.borrow_mut().remove(topic);
         // The members saved when a change last applied here, else the placement.
-        let members = data.and_then(|d| membership::load(&membership::path(d, topic)));
+        let members = match &dropped {
+            Some(d) => Some(d.members.clone()),
+            None => data.and_then(|d| membership::load(&membership::path(d, topic))),
+        };
         let saved_members = members.is_some();
         let (voters, learners) =
             members.unwrap_or_else(|| (self.cfg.replicas_of(topic), Vec::new()));
@@ -460,16 +472,19 @@ impl ShardCluster {
             }
             _ => None,
         };
-        let deleted = tombstone.is_some();
-        let saved = saved.or(tombstone);
+        let deleted = tombstone.is_some() || dropped.is_some();
+        let saved = dropped.as_ref().map(|d| d.saved).or(saved).or(tombstone);
         let found = saved;
         let saved = saved.unwrap_or_default();
-        let Some(store) = Self::log_of(server, topic, &voters, &learners, saved) else {
+        let Some(mut store) = Self::log_of(server, topic, &voters, &learners, saved) else {
             self.unreadable_journals
                 .borrow_mut()
                 .insert(topic.to_string());
             return false;
         };
+        if let Some(d) = &dropped {
+            store = d.log_from_base(store, (&voters, &learners));
+        }
         let mut group = match TopicGroup::new(&config, store) {
             Ok(g) => g,
             Err(e) => {
@@ -497,6 +512,7 @@ impl ShardCluster {
                 stopped: false,
                 retention: Retention::default(),
                 deleted,
+                deleted_at: deleted.then(Instant::now),
                 gap: Gap::None,
                 vote: vote::VoteFile::new(saved),
                 next_seq: None,
@@ -1273,6 +1289,9 @@ async fn driver(server: Rc<Server>) {
             let all = sweeps.is_multiple_of(SWEEP_EVERY);
             c.compact_logs(&server, all);
             c.start_journals_over(&server, all).await;
+            if all {
+                c.drop_deleted_groups();
+            }
             next_cursor = now + CURSOR_EVERY;
         }
         if now >= next_reconcile {

@@ -2279,6 +2279,69 @@ fn a_deleted_topic_is_gone_from_every_member_and_comes_back_when_published_again
     wait_for("the leader registered again", || registered(&lookupd) == 1);
 }
 
+/// A deleted topic's group leaves every member's memory once it has been quiet for
+/// 10 s (docs/replication.md, "Deleting a topic"), and comes back from what each
+/// member kept of it when the topic is named again: a publish through any member makes
+/// the topic again on every member with only the new message, as does `/topic/create`
+/// after a second deletion, each under a new leader's term after the one before.
+#[test]
+fn a_deleted_topics_group_leaves_memory_and_comes_back_when_the_topic_is_named() {
+    let c = Cluster::start([1, 2, 1], &[]);
+    let topic = "dropped";
+    c.elect_with_channel(topic, "ch");
+    for body in [b"a", b"b", b"c"] {
+        c.node(1).http_pub(topic, body);
+    }
+    for i in 0..3 {
+        wait_for(&format!("member {i}'s channel with the 3 messages"), || {
+            c.channel_depth(i, topic, "ch") == Some(3)
+        });
+    }
+    let mut term = 0;
+    for (round, via) in [(0, 2), (1, 0)] {
+        let (code, body) = c
+            .node(1)
+            .http("POST", &format!("/topic/delete?topic={topic}"), b"");
+        assert_eq!(code, 200, "{}", common::show(&body));
+        for i in 0..3 {
+            wait_for(
+                &format!("round {round}: the group gone from member {i}"),
+                || c.topic_depth(i, topic).is_none() && group_of(&c, i, topic).is_null(),
+            );
+        }
+        if round == 0 {
+            c.node(via).http_pub(topic, b"again");
+        } else {
+            let (code, body) =
+                c.node(via)
+                    .http("POST", &format!("/topic/create?topic={topic}"), b"");
+            assert_eq!((code, common::show(&body)), (200, String::new()));
+        }
+        let leader = c.wait_leader(topic);
+        let now = group_of(&c, leader, topic)["term"].as_u64().unwrap();
+        assert!(now > term, "round {round}: term {now} after {term}");
+        term = now;
+        let depth = u64::from(round == 0);
+        for i in 0..3 {
+            wait_for(
+                &format!("round {round}: the topic back on member {i}"),
+                || c.topic_depth(i, topic) == Some(depth),
+            );
+            assert_eq!(c.channel_depth(i, topic, "ch"), None, "member {i}");
+            assert_eq!(group_of(&c, i, topic)["deleted"], false, "member {i}");
+        }
+    }
+    // Published through each member: every member holds all three.
+    for i in 0..3 {
+        c.node(i).http_pub(topic, format!("m{i}").as_bytes());
+    }
+    for i in 0..3 {
+        wait_for(&format!("member {i} holding the three"), || {
+            c.topic_depth(i, topic) == Some(3)
+        });
+    }
+}
+
 #[test]
 fn with_cluster_tls_members_speak_mutual_tls_and_refuse_other_peers() {
     use std::io::{Read, Write};

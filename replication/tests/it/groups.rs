@@ -471,3 +471,56 @@ fn unapplied_entries_include_what_the_leader_proposed_and_has_not_persisted() {
     sim.settle();
     assert!(sim.node(leader).group().unapplied_entries().is_empty());
 }
+
+/// A leader whose group is dropped and made again from the last entry it applied (a
+/// deleted topic's quiet group) knows no leader and campaigns. Its followers tick no
+/// election timeout meanwhile (a quiet group), so they are within the lease of the
+/// leader they follow, and would refuse any candidate; the vote request of that very
+/// leader ends its lease, and it is elected again after one round of messages, with no
+/// tick. Proposals then commit on every node after the entries applied before.
+#[test]
+fn a_leader_made_again_from_its_applied_entry_is_elected_by_followers_that_do_not_tick() {
+    let mut sim = Sim::new(3, 12);
+    let (leader, _) = sim.await_leader(None, 4 * MAX_TIMEOUT);
+    for i in 0..5 {
+        sim.propose(leader, &publish(i)).unwrap();
+    }
+    sim.run(2);
+    let term = sim.group(leader).term();
+    sim.remake_from_applied(leader);
+    assert_eq!(sim.group(leader).leader(), None);
+    sim.group(leader).campaign().unwrap();
+    sim.settle();
+    assert_eq!(sim.leader(), Some(leader), "elected without a tick");
+    assert_eq!(sim.group(leader).term(), term + 1);
+    sim.propose(leader, &publish(5)).unwrap();
+    sim.settle();
+    let expected: Vec<_> = (0..6).map(publish).collect();
+    for id in sim.ids() {
+        let got: Vec<_> = sim
+            .applied(id)
+            .into_iter()
+            .filter(|e| matches!(e, Entry::PublishAt { .. } | Entry::Publish(_)))
+            .collect();
+        assert_eq!(got, expected, "node {id}");
+    }
+}
+
+/// A follower made again the same way knows no leader and asks for votes; the leader,
+/// which ticks no heartbeat meanwhile (a quiet group), heartbeats it when it asks, so
+/// it follows the same leader in the same term after one round of messages.
+#[test]
+fn a_follower_made_again_from_its_applied_entry_hears_from_a_leader_that_does_not_tick() {
+    let mut sim = Sim::new(3, 13);
+    let (leader, _) = sim.await_leader(None, 4 * MAX_TIMEOUT);
+    sim.propose(leader, &publish(0)).unwrap();
+    sim.run(2);
+    let term = sim.group(leader).term();
+    let follower = sim.ids().into_iter().find(|&i| i != leader).unwrap();
+    sim.remake_from_applied(follower);
+    sim.group(follower).campaign().unwrap();
+    sim.settle();
+    assert_eq!(sim.group(follower).leader(), Some(leader));
+    assert_eq!(sim.leader(), Some(leader));
+    assert_eq!(sim.group(leader).term(), term);
+}

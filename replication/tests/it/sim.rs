@@ -303,6 +303,29 @@ impl Sim {
         node.group = Some(TopicGroup::new(&config, disk).expect("restart"));
     }
 
+    /// Drops node `id`'s group and makes it again with a log that starts after the last
+    /// entry it applied, with its term and vote (what a member does with a deleted
+    /// topic's quiet group: it leaves memory and comes back when the topic is named).
+    pub fn remake_from_applied(&mut self, id: u64) {
+        let config = self.config(id);
+        let g = self.group(id);
+        let (term, index) = g.applied_position().expect("applied position");
+        let conf = raft::eraftpb::ConfState {
+            voters: g.voters(),
+            learners: g.learners(),
+            ..Default::default()
+        };
+        let mut meta = raft::eraftpb::SnapshotMetadata {
+            index,
+            term,
+            ..Default::default()
+        };
+        meta.set_conf_state(conf);
+        let log = MemLog::from_base(&meta, g.term(), g.vote());
+        self.nodes.get_mut(&id).unwrap().group =
+            Some(TopicGroup::new(&config, log).expect("remake"));
+    }
+
     /// Replaces replica `old`, whose disk is lost, by a new empty replica `new` (the
     /// same machine under a new replica id): the leader removes `old`, then adds `new`,
     /// each change committed before the next.

@@ -6,11 +6,74 @@
 //! from a peer, does not make the topic again. A later publish, channel creation or
 //! [`Entry::TopicCreate`](nsq_replication::Entry::TopicCreate) makes it again on every
 //! replica.
+//!
+//! A deleted topic's group that has been quiet for [`DROP_AFTER`] leaves memory
+//! ([`ShardCluster::drop_deleted_groups`]): what is kept is a [`Dropped`] record (its
+//! term, vote, members and the last entry it applied, about a hundred bytes against
+//! the tens of KB of a running group), and its deletion mark on disk. Anything that
+//! names the topic again (a peer's Raft message, a publish, `/topic/create`) makes the
+//! group again from the record, its log starting after that entry: every entry up to
+//! it was committed, so every later leader holds it with the same term, and the group
+//! goes on from there as if it had never left. A member that ran the group as leader
+//! comes back without knowing a leader and campaigns; its followers, quiet, would
+//! refuse it for their lease, so a vote request from the leader a follower follows
+//! ends that leader for it ([`nsq_replication::TopicGroup::step`]).
 
 use super::vote::{self, Saved};
 use super::ShardCluster;
 use crate::server::Server;
+use nsq_replication::raft::eraftpb::{ConfState, SnapshotMetadata};
+use nsq_replication::{JournaledLog, MemLog};
 use nsq_shards::mesh::{AdminError, AdminOp};
+use std::time::Duration;
+
+/// How long a deleted topic's group stays quiet in memory before it is dropped.
+pub(super) const DROP_AFTER: Duration = Duration::from_secs(10);
+
+/// A deleted topic's group dropped from memory: what making it again needs.
+#[derive(Clone, Debug)]
+pub(super) struct Dropped {
+    /// Its term, vote and vote floor as saved (in the deletion mark when there is a data
+    /// path).
+    pub saved: Saved,
+    /// (term, index) of the last entry it applied, all it had (it was settled).
+    pub base: (u64, u64),
+    /// Its voters and learners.
+    pub members: (Vec<u64>, Vec<u64>),
+}
+
+impl Dropped {
+    /// `store` (the log a restart would give the group: empty, or its journal's) made
+    /// to start after [`Dropped::base`] where it ends before it, journaled as `store`
+    /// is.
+    pub(super) fn log_from_base(
+        &self,
+        store: JournaledLog,
+        (voters, learners): (&[u64], &[u64]),
+    ) -> JournaledLog {
+        use nsq_replication::raft::Storage;
+        let last = store.log().last_index().unwrap_or(0);
+        if last >= self.base.1 {
+            return store;
+        }
+        let mut meta = SnapshotMetadata {
+            index: self.base.1,
+            term: self.base.0,
+            ..Default::default()
+        };
+        meta.set_conf_state(ConfState {
+            voters: voters.to_vec(),
+            learners: learners.to_vec(),
+            ..Default::default()
+        });
+        let log = MemLog::from_base(&meta, self.saved.term, self.saved.vote);
+        if store.is_journaled() {
+            JournaledLog::journaled(log)
+        } else {
+            JournaledLog::in_memory(log)
+        }
+    }
+}
 
 /// A snapshot's data for a group whose topic is deleted: its version byte alone (the
 /// data of a live topic starts with 2: `compaction::encode_state`).
@@ -32,6 +95,7 @@ impl ShardCluster {
                 return;
             };
             g.deleted = true;
+            g.deleted_at = Some(std::time::Instant::now());
             g.cursors.clear();
             g.cursors_at = None;
             g.retention.ids_at.clear();
@@ -59,6 +123,7 @@ impl ShardCluster {
             match groups.get_mut(topic) {
                 Some(g) if g.deleted => {
                     g.deleted = false;
+                    g.deleted_at = None;
                     g.vote.saved
                 }
                 _ => return false,
@@ -81,6 +146,53 @@ impl ShardCluster {
     /// True while `topic`'s group runs without the topic (deleted through its log).
     pub(super) fn deleted(&self, topic: &str) -> bool {
         self.groups.borrow().get(topic).is_some_and(|g| g.deleted)
+    }
+
+    /// Drops from memory the groups of deleted topics that have been so for
+    /// [`DROP_AFTER`] and are quiet now: nothing waits on them, their Raft state is
+    /// settled (every entry applied; on the leader, every replica has them all) and
+    /// their term and vote are saved. Each leaves a [`Dropped`] record.
+    pub(super) fn drop_deleted_groups(&self) {
+        let due: Vec<String> = {
+            let groups = self.groups.borrow();
+            let awake = self.awake.borrow();
+            groups
+                .iter()
+                .filter(|(t, g)| {
+                    g.deleted
+                        && !g.stopped
+                        && g.deleted_at.is_some_and(|at| at.elapsed() >= DROP_AFTER)
+                        && !awake.contains(*t)
+                        && g.waiters.is_empty()
+                        && g.group.settled()
+                        && (g.group.term(), g.group.vote())
+                            == (g.vote.saved.term, g.vote.saved.vote)
+                })
+                .map(|(t, _)| t.clone())
+                .collect()
+        };
+        for topic in due {
+            let Some(g) = self.groups.borrow_mut().remove(&topic) else {
+                continue;
+            };
+            let Some(base) = g.group.applied_position() else {
+                // Its last applied entry's term is no longer known: kept running.
+                self.groups.borrow_mut().insert(topic, g);
+                continue;
+            };
+            self.dirty.borrow_mut().remove(&topic);
+            self.positions_due.borrow_mut().remove(&topic);
+            self.led.borrow_mut().remove(&topic);
+            log::debug!("TOPIC({topic}): its group, deleted and quiet, dropped from memory");
+            self.dropped.borrow_mut().insert(
+                topic,
+                Dropped {
+                    saved: g.vote.saved,
+                    base,
+                    members: (g.group.voters(), g.group.learners()),
+                },
+            );
+        }
     }
 }
 
