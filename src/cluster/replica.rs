@@ -371,15 +371,10 @@ impl ShardCluster {
             },
         );
         // The topics recovered from disk: their groups start now (an election follows).
-        let deleted = server
-            .shard
-            .opts
-            .data_path
-            .as_ref()
-            .map(|d| vote::tombstones(d))
-            .unwrap_or_default();
-        let deleted = deleted.into_iter().filter(|t| server.shard.owns(t));
-        for topic in server.shard.topic_names().into_iter().chain(deleted) {
+        // Those of topics deleted through their logs start only when something names
+        // the topic ([`ShardCluster::ensure_group`] reads the deletion mark): a member
+        // that has seen many topics deleted starts no group for any of them.
+        for topic in server.shard.topic_names() {
             if ClusterConfig::replicates(&topic) && c.ensure_group(server, &topic) {
                 c.mark(&topic);
             }

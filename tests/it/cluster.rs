@@ -2283,10 +2283,11 @@ fn a_deleted_topic_is_gone_from_every_member_and_comes_back_when_published_again
 /// 10 s (docs/replication.md, "Deleting a topic"), and comes back from what each
 /// member kept of it when the topic is named again: a publish through any member makes
 /// the topic again on every member with only the new message, as does `/topic/create`
-/// after a second deletion, each under a new leader's term after the one before.
+/// after a second deletion, each under a new leader's term after the one before. A
+/// member restarted meanwhile starts no group for the deleted topic until it is named.
 #[test]
 fn a_deleted_topics_group_leaves_memory_and_comes_back_when_the_topic_is_named() {
-    let c = Cluster::start([1, 2, 1], &[]);
+    let mut c = Cluster::start([1, 2, 1], &[]);
     let topic = "dropped";
     c.elect_with_channel(topic, "ch");
     for body in [b"a", b"b", b"c"] {
@@ -2310,6 +2311,17 @@ fn a_deleted_topics_group_leaves_memory_and_comes_back_when_the_topic_is_named()
             );
         }
         if round == 0 {
+            c.kill9(via);
+            c.start_node(via);
+            wait_for("the restarted member answering GET /cluster", || {
+                c.state(via)["topics"].is_array()
+            });
+            std::thread::sleep(Duration::from_secs(1));
+            assert!(
+                group_of(&c, via, topic).is_null(),
+                "a group started for the deleted topic: {}",
+                group_of(&c, via, topic)
+            );
             c.node(via).http_pub(topic, b"again");
         } else {
             let (code, body) =

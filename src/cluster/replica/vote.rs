@@ -67,19 +67,6 @@ pub(super) fn tombstone_path(data_path: &Path, topic: &str) -> PathBuf {
     data_path.join("cluster-deleted").join(format!("t-{topic}"))
 }
 
-/// The topics deleted through their log whose marks ([`tombstone_path`]) are under
-/// `data_path` (blocking: a directory listing).
-pub(super) fn tombstones(data_path: &Path) -> Vec<String> {
-    let Ok(dir) = std::fs::read_dir(data_path.join("cluster-deleted")) else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| {
-        let name = e.ok()?.file_name().into_string().ok()?;
-        Some(name.strip_prefix("t-")?.to_string())
-    })
-    .collect()
-}
-
 /// The saved state, or `None` when there is no valid slot (no file: a new or wiped
 /// member).
 pub(super) fn load(path: &Path) -> Option<Saved> {
