@@ -476,6 +476,29 @@ impl<S: LogStore> TopicGroup<S> {
         }
     }
 
+    /// On a follower whose leader is known to be gone (its connection closed, or it
+    /// fell silent): the election timeout runs out within `ticks` ticks (at least 1)
+    /// instead of after the rest of the randomised timeout, and past the lease, so the
+    /// other followers, which see the same, grant this node's pre-vote instead of
+    /// refusing it for that leader. Callers give the followers different `ticks` so
+    /// that one campaigns first. Only when the election comes sooner: a no-op on a
+    /// leader or candidate, on a follower that knows no leader, and where less is left.
+    /// Timing only: what a vote needs is unchanged, and a leader that is in fact alive
+    /// keeps the other followers, which refuse the pre-vote for its lease.
+    pub fn expedite_election(&mut self, ticks: usize) {
+        let raft = &mut self.node.raft;
+        if raft.state != StateRole::Follower || raft.leader_id == raft::INVALID_ID {
+            return;
+        }
+        let timeout = raft.randomized_election_timeout();
+        let at = timeout
+            .saturating_sub(ticks.max(1))
+            .max(raft.election_timeout());
+        if raft.election_elapsed < at {
+            raft.election_elapsed = at;
+        }
+    }
+
     /// Whether raft-rs has something for [`TopicGroup::poll`] (messages to send, entries
     /// to persist or apply, a state change): after a tick, a follower of a quiet group
     /// usually has nothing.

@@ -1196,10 +1196,25 @@ fn log_relaxed(relaxed: &[Vec<String>; 3]) {
 
 /// The shard's driver: ticks every group each [`TICK`], replicates cursors every
 /// [`CURSOR_EVERY`], and polls the groups something happened to.
+/// Ticks before a follower whose leader is gone campaigns
+/// ([`TopicGroup::expedite_election`]): 1 + 2 x its place among the group's voters
+/// other than `leader`, in an order that turns with the topic's name, so that one
+/// follower campaigns first (two at once split their votes and wait a whole election
+/// timeout) and the first is not the same member for every topic.
+fn expedite_ticks(topic: &str, me: u64, voters: &[u64], leader: u64) -> usize {
+    let mut others: Vec<u64> = voters.iter().copied().filter(|&v| v != leader).collect();
+    others.sort_unstable();
+    let n = others.len().max(1);
+    let turn = usize::try_from(crc32fast::hash(topic.as_bytes())).unwrap_or(0) % n;
+    let place = others.iter().position(|&v| v == me).unwrap_or(0);
+    1 + 2 * ((place + n - turn) % n)
+}
+
 async fn driver(server: Rc<Server>) {
     let Some(c) = server.cluster.clone() else {
         return;
     };
+    let me = c.cfg.me.replica;
     let mut next_tick = Instant::now() + TICK;
     let mut next_cursor = Instant::now() + CURSOR_EVERY;
     let mut next_reconcile = Instant::now() + membership::RECONCILE_EVERY;
@@ -1254,6 +1269,15 @@ async fn driver(server: Rc<Server>) {
                         dirty.insert(t.clone());
                     }
                     return false;
+                }
+                // A follower whose leader is out of touch (its connection closed, or
+                // silent for SILENT_AFTER) campaigns within a few ticks rather than
+                // after the rest of its election timeout.
+                if let Some(l) = g.group.leader() {
+                    if l != me && touch.contact(l).is_none() {
+                        g.group
+                            .expedite_election(expedite_ticks(t, me, &g.group.voters(), l));
+                    }
                 }
                 match g.group.tick() {
                     Some(FloorRelaxed::ForKeptLogs) => relaxed[0].push(t.clone()),

@@ -524,3 +524,24 @@ fn a_follower_made_again_from_its_applied_entry_hears_from_a_leader_that_does_no
     assert_eq!(sim.leader(), Some(leader));
     assert_eq!(sim.group(leader).term(), term);
 }
+
+/// Followers told that their leader is gone (its connection closed) campaign within
+/// the ticks they are given instead of after their election timeout (10 ticks or
+/// more here), and the one given fewer wins: the other grants its pre-vote, being past
+/// the gone leader's lease too. The group elects within 3 ticks, in the next term.
+#[test]
+fn followers_whose_leader_is_gone_elect_within_the_ticks_they_are_given() {
+    let mut sim = Sim::new(3, 14);
+    let (old, _) = sim.await_leader(None, 4 * MAX_TIMEOUT);
+    sim.propose(old, &publish(0)).unwrap();
+    sim.run(2);
+    let term = sim.group(old).term();
+    sim.isolate(old);
+    let followers: Vec<u64> = sim.ids().into_iter().filter(|&i| i != old).collect();
+    sim.group(followers[0]).expedite_election(3);
+    sim.group(followers[1]).expedite_election(1);
+    let (new, ticks) = sim.await_leader(Some(old), 4 * MAX_TIMEOUT);
+    assert_eq!(new, followers[1]);
+    assert!(ticks <= 3, "elected after {ticks} ticks");
+    assert_eq!(sim.group(new).term(), term + 1);
+}
