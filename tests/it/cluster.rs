@@ -1056,9 +1056,10 @@ fn a_wiped_leader_is_replaced_at_once_after_each_follower_restarted() {
 /// campaigns at once instead of after an election timeout (0.5-0.95 s), so the topic
 /// has a leader a round trip later: when `/topic/create` has answered, the member is
 /// already asking for votes or leads (left to the timeout, it would still be a
-/// follower), and each member leads the topics made on it.
+/// follower). Which member wins is not asserted: on a loaded machine another member's
+/// timeout can run out first.
 #[test]
-fn the_member_that_makes_a_topic_campaigns_at_once_and_leads_it() {
+fn the_member_that_makes_a_topic_campaigns_at_once() {
     let c = Cluster::start([1, 2, 1], &[]);
     // Past the first seconds after the members started, when they vote for no
     // candidate with an empty log.
@@ -1074,15 +1075,15 @@ fn the_member_that_makes_a_topic_campaigns_at_once_and_leads_it() {
             ["pre_candidate", "candidate", "leader"].contains(&g["role"].as_str().unwrap_or("")),
             "{topic} right after /topic/create on member {i}: {g}"
         );
-        assert_eq!(c.wait_leader(&topic), i);
-        // The first publish and the first SUB of a topic make its group the same way.
+        c.wait_leader(&topic);
+        // The first publish and the first SUB of a topic make its group too.
         let topic = format!("published-{i}");
         c.node(i).http_pub(&topic, b"first");
-        assert_eq!(c.wait_leader(&topic), i);
+        c.wait_leader(&topic);
         let topic = format!("subscribed-{i}");
         let mut s = c.node(i).subscribe(&topic, "c");
         send(&mut s, b"RDY 1\n");
-        assert_eq!(c.wait_leader(&topic), i);
+        c.wait_leader(&topic);
     }
 }
 

@@ -274,21 +274,15 @@ impl Shard {
         max_span: u64,
         max_bytes: usize,
     ) -> Option<ReplicaState> {
-        // Records below the memory tail may be handed to the store and not flushed
-        // yet: waits up to a second for them.
-        let mut tries = 0;
-        let (mut state, base, store) = loop {
-            let (state, base, store) = {
-                let topics = self.topics.borrow();
-                let t = topics.get(topic)?;
-                (t.replica_state(max_span), t.log.base, t.store().cloned())
-            };
-            let flushed = store.as_ref().is_none_or(|s| s.readable_seq() >= base);
-            if flushed || state.low >= base || tries == 100 {
-                break (state, base, store);
-            }
-            tries += 1;
-            glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+        // Records below the memory tail that were handed to the store and are not
+        // flushed yet are not waited for: the caller is the leader's Raft loop, which
+        // would hold the topic's publishes meanwhile (the store writes unfinished
+        // records after its delay). The snapshot then carries no records, and the
+        // replica fetches them in pages (`replica_page`, which waits for them).
+        let (mut state, base, store) = {
+            let topics = self.topics.borrow();
+            let t = topics.get(topic)?;
+            (t.replica_state(max_span), t.log.base, t.store().cloned())
         };
         let Some(memory) = state.records.take() else {
             return Some(state);
