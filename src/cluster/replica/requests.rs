@@ -101,7 +101,8 @@ pub async fn subscribe(
         return refused(&format!("topic {topic} is not held by this cluster member"));
     }
     c.campaign_if_leaderless(topic);
-    let deadline = Instant::now() + PROPOSE_TIMEOUT;
+    let started = Instant::now();
+    let deadline = started + PROPOSE_TIMEOUT;
     loop {
         let leader = c.groups.borrow().get(topic).and_then(|g| g.group.leader());
         match leader {
@@ -114,7 +115,7 @@ pub async fn subscribe(
         if Instant::now() >= deadline {
             return refused(&format!("topic {topic} has no leader"));
         }
-        glommio::timer::sleep(TICK).await;
+        glommio::timer::sleep(super::propose::leader_poll(started)).await;
     }
     if server.shard.has_channel(topic, channel) {
         return Some(Ok(()));
