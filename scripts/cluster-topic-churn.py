@@ -14,6 +14,9 @@ deletion's 200), the members' resident memory before and after, and, 15 s later,
 many groups each member still lists in `GET /cluster` (a deleted topic's group leaves
 memory once it has been quiet for 10 s: docs/replication.md, "How it works").
 
+Before the churn it makes 40 topics, each published to at once (`POST /pub`) on the
+member that made it, and prints how long that first publish took (median and max).
+
 A new topic's first leader is the member that made it, a round trip after
 `/topic/create` (docs/replication.md, "Running a cluster"); what a topic costs here is
 mostly that election and the requests' round trips. (A first publish has campaigned
@@ -109,6 +112,16 @@ def run(nsqd, topics, shards):
         # Past the first seconds after a start, when members elect no empty log.
         until_200(members[0]["http"], "POST", "/topic/create?topic=warmup", within=30)
         until_200(members[1]["http"], "POST", "/pub?topic=warmup", b"w", within=30)
+        # The first publish to a new topic, on the member that made it.
+        first = []
+        for k in range(40):
+            port = members[k % 3]["http"]
+            until_200(port, "POST", f"/topic/create?topic=first{k}")
+            t0 = time.time()
+            until_200(port, "POST", f"/pub?topic=first{k}", b"m")
+            first.append(time.time() - t0)
+        for k in range(40):
+            until_200(members[(k + 1) % 3]["http"], "POST", f"/topic/delete?topic=first{k}")
         before = [rss_mb(p.pid) for p in procs]
         start = time.time()
         for k in range(topics):
@@ -124,7 +137,7 @@ def run(nsqd, topics, shards):
         for m in members:
             status, body = request(m["http"], "GET", "/cluster")
             groups.append(len(json.loads(body)["topics"]) if status == 200 else None)
-        return took / topics, before, after, later, groups
+        return took / topics, before, after, later, groups, first
     finally:
         for p in procs:
             p.terminate()
@@ -143,13 +156,16 @@ def main():
     ap.add_argument("--shards", type=int, default=1)
     a = ap.parse_args()
     for nsqd in a.nsqd:
-        per, before, after, later, groups = run(nsqd, a.topics, a.shards)
+        per, before, after, later, groups, first = run(nsqd, a.topics, a.shards)
+        first.sort()
         fmt = lambda xs: "/".join(f"{x:.0f}" for x in xs)
         print(
             f"{nsqd}: {a.topics} topics made and deleted in turn: "
             f"{per * 1000:.1f} ms per topic; members' RSS {fmt(before)} MB before, "
             f"{fmt(after)} MB after, {fmt(later)} MB 15 s later; groups listed in "
-            f"GET /cluster then: {'/'.join(str(g) for g in groups)}"
+            f"GET /cluster then: {'/'.join(str(g) for g in groups)}; the first /pub "
+            f"after /topic/create on the same member: median "
+            f"{first[len(first) // 2] * 1000:.1f} ms, max {first[-1] * 1000:.1f} ms (40 topics)"
         )
 
 
