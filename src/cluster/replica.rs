@@ -554,7 +554,9 @@ impl ShardCluster {
     /// refuse a campaign while they hear from their leader, and nobody's term moves.
     pub(super) fn campaign_if_leaderless(&self, topic: &str) {
         if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
-            if g.stopped || g.group.leader().is_some() {
+            // A campaign under way is left alone: campaigning again would start its
+            // count of votes over (callers look again every few ms).
+            if g.stopped || g.group.leader().is_some() || g.group.role() != "follower" {
                 return;
             }
             let _ = g.group.campaign();

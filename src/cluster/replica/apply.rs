@@ -184,7 +184,11 @@ impl ShardCluster {
                     op,
                 };
                 if g.group.propose(&e).is_ok() {
-                    if by_changes {
+                    // A channel sent whole because a replica asked goes on by its
+                    // changes: its refresh clock runs from now, so that the replica,
+                    // which keeps the state only from the next changes on, gets them
+                    // within CHANGES_REFRESH even if the channel stays idle.
+                    if by_changes || asked {
                         g.views.changes_sent(&pos.channel);
                     }
                     g.cursors.insert(pos.channel, digest);
