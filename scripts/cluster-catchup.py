@@ -17,7 +17,6 @@ restored the snapshot with a hole. Prints the disk's O_DIRECT write speed first.
 """
 
 import argparse
-import http.client
 import json
 import os
 import shutil
@@ -29,31 +28,13 @@ import sys
 import tempfile
 import time
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from cluster_lib import free_port, member_args, request, rss_mb, wait_port
 
 
-def request(port, method, path, timeout=10):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        c.request(method, path)
-        r = c.getresponse()
-        return r.status, r.read()
-    finally:
-        c.close()
 
 
-def wait_port(port, deadline):
-    while time.time() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return True
-        except OSError:
-            time.sleep(0.05)
-    return False
+
+
 
 
 def dd_speed(folder):
@@ -97,15 +78,6 @@ def group(port, topic):
     return None
 
 
-def rss_mib(pid):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 def read_frame(s):
@@ -140,14 +112,9 @@ def main():
     procs = [None, None, None]
 
     def start(i):
-        m = members[i]
         d = os.path.join(tmp, f"m{i}")
         os.makedirs(d, exist_ok=True)
-        args = [
-            a.nsqd, f"--node-id={i + 1}", f"--data-path={d}", f"--shards={a.shards}",
-            f"--tcp-address=127.0.0.1:{m['tcp']}", f"--http-address=127.0.0.1:{m['http']}",
-            f"--cluster-address=127.0.0.1:{m['cluster']}",
-        ] + [f"--cluster-peer=127.0.0.1:{o['cluster']}" for o in members if o is not m]
+        args = member_args(a.nsqd, i, d, a.shards, members)
         log = open(os.path.join(tmp, f"m{i}.log"), "ab")
         procs[i] = subprocess.Popen(args, stdout=log, stderr=log)
 
@@ -209,14 +176,14 @@ def main():
         peak = 0.0
         deadline = killed + 600
         while stats_depth(members[gone]["http"], "backlog", "c") != sent:
-            peak = max(peak, rss_mib(procs[gone].pid))
+            peak = max(peak, rss_mb(procs[gone].pid))
             if time.time() > deadline:
                 sys.exit(f"the wiped member did not hold the backlog within 600 s (logs in {tmp})")
             time.sleep(0.05)
         caught = time.time() - killed
-        peak = max(peak, rss_mib(procs[gone].pid))
+        peak = max(peak, rss_mb(procs[gone].pid))
         time.sleep(5)
-        settled = rss_mib(procs[gone].pid)
+        settled = rss_mb(procs[gone].pid)
         for i in range(3):
             st = json.loads(request(members[i]["http"], "GET", "/stats?format=json&topic=backlog")[1])
             t = st["topics"][0]
@@ -225,7 +192,7 @@ def main():
             lines = [l.rstrip() for l in f if "backlog" in l and ("page" in l or "snapshot" in l)]
         for l in lines:
             print(f"  member {gone + 1}: {l}")
-        others = ", ".join(f"member {i + 1} {rss_mib(procs[i].pid):.0f} MiB" for i in range(3) if i != gone)
+        others = ", ".join(f"member {i + 1} {rss_mb(procs[i].pid):.0f} MiB" for i in range(3) if i != gone)
         print(f"the wiped member held all {sent} messages ({sent * a.size >> 20} MiB) {caught:.1f} s after the restart; its largest RSS meanwhile {peak:.0f} MiB, {settled:.0f} MiB 5 s later (the others now: {others})", flush=True)
         if any("without the messages" in l for l in lines):
             sys.exit("FAIL: the snapshot was restored with a hole")

@@ -38,7 +38,6 @@ With two binaries it prints the ratio of the second's figure to the first's (the
 of the shares, or the CPU per message of all three members; medians over the rounds).
 """
 import argparse
-import http.client
 import json
 import os
 import shutil
@@ -50,31 +49,13 @@ import sys
 import tempfile
 import time
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from cluster_lib import free_port, member_args, request, rss_mb, wait_port
 
 
-def request(port, method, path, timeout=5):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        c.request(method, path)
-        r = c.getresponse()
-        return r.status, r.read()
-    finally:
-        c.close()
 
 
-def wait_port(port, deadline):
-    while time.time() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return True
-        except OSError:
-            time.sleep(0.05)
-    return False
+
+
 
 
 def cpu_ticks(pid):
@@ -120,12 +101,6 @@ def recv_exact(s, n):
     return bytes(out)
 
 
-def rss_mb(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for l in f:
-            if l.startswith("VmRSS:"):
-                return int(l.split()[1]) / 1024
-    return 0.0
 
 
 def run(nsqd, topics, seconds, shards, load, via="leader", deferred=0):
@@ -135,20 +110,10 @@ def run(nsqd, topics, seconds, shards, load, via="leader", deferred=0):
     ]
     procs = []
     try:
-        for i, m in enumerate(members):
+        for i in range(3):
             d = os.path.join(tmp, f"m{i}")
             os.makedirs(d)
-            args = [
-                nsqd,
-                f"--node-id={i + 1}",
-                f"--data-path={d}",
-                f"--shards={shards}",
-                f"--tcp-address=127.0.0.1:{m['tcp']}",
-                f"--http-address=127.0.0.1:{m['http']}",
-                f"--cluster-address=127.0.0.1:{m['cluster']}",
-            ] + [
-                f"--cluster-peer=127.0.0.1:{o['cluster']}" for o in members if o is not m
-            ]
+            args = member_args(nsqd, i, d, shards, members)
             log = open(os.path.join(tmp, f"m{i}.log"), "wb")
             procs.append(subprocess.Popen(args, stdout=log, stderr=log))
         for m in members:

@@ -18,7 +18,6 @@ first moved away with `POST /topic/move-leader`). Prints, per kill, the longest 
 between two acknowledgements within 3 s after it, and the median and max over the kills.
 """
 import argparse
-import http.client
 import json
 import os
 import shutil
@@ -31,31 +30,13 @@ import tempfile
 import threading
 import time
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from cluster_lib import free_port, member_args, request, wait_port
 
 
-def request(port, method, path, timeout=5):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        c.request(method, path)
-        r = c.getresponse()
-        return r.status, r.read()
-    finally:
-        c.close()
 
 
-def wait_port(port, deadline):
-    while time.time() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return True
-        except OSError:
-            time.sleep(0.05)
-    return False
+
+
 
 
 def read_frame(s):
@@ -87,21 +68,10 @@ class Cluster:
         ]
         self.procs = [None] * 3
         self.args = []
-        for i, m in enumerate(self.members):
+        for i in range(3):
             d = os.path.join(self.tmp, f"m{i}")
             os.makedirs(d)
-            self.args.append(
-                [
-                    nsqd,
-                    f"--node-id={i + 1}",
-                    f"--data-path={d}",
-                    f"--shards={shards}",
-                    f"--tcp-address=127.0.0.1:{m['tcp']}",
-                    f"--http-address=127.0.0.1:{m['http']}",
-                    f"--cluster-address=127.0.0.1:{m['cluster']}",
-                ]
-                + [f"--cluster-peer=127.0.0.1:{o['cluster']}" for o in self.members if o is not m]
-            )
+            self.args.append(member_args(nsqd, i, d, shards, self.members))
             self.start(i)
 
     def start(self, i):

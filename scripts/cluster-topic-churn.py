@@ -23,7 +23,6 @@ mostly that election and the requests' round trips. (A first publish has campaig
 at once for longer; `/topic/create` waited for an election timeout.)
 """
 import argparse
-import http.client
 import json
 import os
 import shutil
@@ -32,43 +31,15 @@ import sys
 import tempfile
 import time
 
-
-def free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from cluster_lib import free_port, member_args, request, rss_mb, wait_port
 
 
-def request(port, method, path, body=b"", timeout=10):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        c.request(method, path, body=body)
-        r = c.getresponse()
-        return r.status, r.read()
-    finally:
-        c.close()
 
 
-def wait_port(port, deadline):
-    import socket
-
-    while time.time() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return True
-        except OSError:
-            time.sleep(0.05)
-    return False
 
 
-def rss_mb(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
+
+
 
 
 def until_200(port, method, path, body=b"", within=10.0):
@@ -92,18 +63,10 @@ def run(nsqd, topics, shards):
     members = [{"http": free_port(), "cluster": free_port(), "tcp": free_port()} for _ in range(3)]
     procs = []
     try:
-        for i, m in enumerate(members):
+        for i in range(3):
             d = os.path.join(tmp, f"m{i}")
             os.makedirs(d)
-            args = [
-                nsqd,
-                f"--node-id={i + 1}",
-                f"--data-path={d}",
-                f"--shards={shards}",
-                f"--tcp-address=127.0.0.1:{m['tcp']}",
-                f"--http-address=127.0.0.1:{m['http']}",
-                f"--cluster-address=127.0.0.1:{m['cluster']}",
-            ] + [f"--cluster-peer=127.0.0.1:{o['cluster']}" for o in members if o is not m]
+            args = member_args(nsqd, i, d, shards, members)
             log = open(os.path.join(tmp, f"m{i}.log"), "wb")
             procs.append(subprocess.Popen(args, stdout=log, stderr=log))
         for m in members:

@@ -393,6 +393,15 @@ impl<S: LogStore> TopicGroup<S> {
         }
     }
 
+    /// Whether this node is asking for votes (pre-vote or vote) now.
+    #[must_use]
+    pub fn campaigning(&self) -> bool {
+        matches!(
+            self.node.raft.state,
+            StateRole::PreCandidate | StateRole::Candidate
+        )
+    }
+
     /// Whether this node leads the group.
     #[must_use]
     pub fn is_leader(&self) -> bool {

@@ -556,7 +556,7 @@ impl ShardCluster {
         if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
             // A campaign under way is left alone: campaigning again would start its
             // count of votes over (callers look again every few ms).
-            if g.stopped || g.group.leader().is_some() || g.group.role() != "follower" {
+            if g.stopped || g.group.leader().is_some() || g.group.campaigning() {
                 return;
             }
             let _ = g.group.campaign();
