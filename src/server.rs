@@ -249,6 +249,7 @@ impl Server {
             "address": c.cfg.me.address,
             "node_id": c.cfg.node_id,
             "peers": c.cfg.peers.iter().map(|m| m.address.clone()).collect::<Vec<_>>(),
+            "refused_peers": c.cfg.refusals.to_json(),
             "replication_factor": c.cfg.factor,
             "replication_ack": format!("{:?}", c.cfg.ack).to_lowercase(),
             "topics": topics,

@@ -42,6 +42,44 @@ const GREETING_MAX: usize = 600;
 /// How long an incoming connection has to greet before it is closed.
 const GREETING_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// For how long after this member's links start a peer greeting with this member's
+/// `--node-id` makes it refuse to run: the peers that are up greet within it (each dials
+/// every [`REDIAL`]), so the member that starts second, or both when they start
+/// together, exits at start; a member that has run longer keeps running and refuses the
+/// peer's connections.
+pub const NODE_ID_CHECK: Duration = Duration::from_secs(5);
+
+/// When this process's links started (the first shard to start them).
+static LINKS_STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+/// Why each peer's connections were last refused, by the address its greeting named (or
+/// `frame version N` for a greeting in another release's frames): shared by the
+/// shards, shown by `GET /cluster` as `refused_peers`. A peer's entry goes once a
+/// greeting of it is accepted.
+#[derive(Debug, Default)]
+pub struct Refusals(std::sync::Mutex<std::collections::BTreeMap<String, String>>);
+
+impl Refusals {
+    fn set(&self, key: &str, why: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.to_string(), why.to_string());
+    }
+
+    fn clear(&self, key: &str) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+    }
+
+    /// `[{"address": ..., "reason": ...}]`, by address.
+    pub fn to_json(&self) -> serde_json::Value {
+        let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        m.iter()
+            .map(|(a, r)| serde_json::json!({ "address": a, "reason": r }))
+            .collect()
+    }
+}
+
 /// Bytes queued for a peer that is not connected beyond which the oldest frames are
 /// dropped (Raft sends again what matters).
 const QUEUE_LIMIT: usize = 64 << 20;
@@ -87,6 +125,7 @@ impl Links {
     /// Starts one task per peer that dials it, greets and writes what is queued, until
     /// the shard shuts down.
     pub fn start(&self, server: &Rc<Server>, hello: Hello) {
+        LINKS_STARTED.get_or_init(std::time::Instant::now);
         for p in &self.peers {
             let p = p.clone();
             let server = server.clone();
@@ -569,6 +608,7 @@ async fn read_loop<S: AsyncRead + Unpin>(
                         wire::FRAME_VERSION
                     );
                     log_once(&format!("frame version {v}"), &e, log::Level::Error);
+                    cfg.refusals.set(&format!("frame version {v}"), &e);
                     return Err(std::io::Error::other(e));
                 }
                 Err(e) if from.is_none() => {
@@ -647,30 +687,44 @@ async fn read_append<S: AsyncRead + Unpin>(
 }
 
 /// The peer's replica id when its greeting names a listed member with the matching id
-/// and a `--node-id` other than this node's.
+/// and a `--node-id` other than this node's; otherwise the refusal, logged once a
+/// minute and kept in [`ClusterConfig::refusals`]. A peer with this node's `--node-id`
+/// found within [`NODE_ID_CHECK`] of the start makes this member refuse to run
+/// ([`crate::runtime::drain::refuse_to_run`]).
 fn check_hello(cfg: &ClusterConfig, h: &Hello) -> std::io::Result<u64> {
+    let refused = |e: String| {
+        log_once(&h.address, &e, log::Level::Error);
+        cfg.refusals.set(&h.address, &e);
+        Err(std::io::Error::other(e))
+    };
     let Some(m) = cfg.peers.iter().find(|m| m.address == h.address) else {
-        let e = format!(
+        return refused(format!(
             "peer {} is not in --cluster-peer; its connection is refused",
             h.address
-        );
-        log_once(&h.address, &e, log::Level::Error);
-        return Err(std::io::Error::other(e));
+        ));
     };
     if m.replica != h.replica {
-        return Err(std::io::Error::other(format!(
+        return refused(format!(
             "peer {} greets with replica id {} instead of {}",
             h.address, h.replica, m.replica
-        )));
+        ));
     }
     if h.node_id == cfg.node_id {
-        let e = format!(
+        let at_start = LINKS_STARTED
+            .get()
+            .is_none_or(|t| t.elapsed() < NODE_ID_CHECK);
+        if at_start {
+            crate::runtime::drain::refuse_to_run(format!(
+                "cluster member {} has this member's --node-id {}: every member needs its own (message IDs carry it)",
+                h.address, h.node_id
+            ));
+        }
+        return refused(format!(
             "peer {} has the same --node-id {} as this node: every member needs its own (message IDs carry it); its connection is refused",
             h.address, h.node_id
-        );
-        log_once(&h.address, &e, log::Level::Error);
-        return Err(std::io::Error::other(e));
+        ));
     }
+    cfg.refusals.clear(&h.address);
     Ok(m.replica)
 }
 

@@ -48,6 +48,9 @@ pub struct ClusterConfig {
     pub node_id: u16,
     /// `--cluster-tls`: the member connections' TLS; `None`: plain TCP.
     pub tls: Option<ClusterTls>,
+    /// Why peers' connections are refused now (shared by the shards' copies of the
+    /// configuration; `GET /cluster`'s `refused_peers`).
+    pub refusals: std::sync::Arc<link::Refusals>,
 }
 
 /// Both sides of the member connections under `--cluster-tls`
@@ -153,6 +156,7 @@ impl ClusterConfig {
             ack,
             node_id,
             tls: None,
+            refusals: Default::default(),
         }))
     }
 

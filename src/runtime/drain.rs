@@ -14,8 +14,12 @@ use std::sync::Mutex;
 
 /// Set once a drain started.
 static DRAINING: AtomicBool = AtomicBool::new(false);
-/// Set by `PUT /config/shutdown`: the main thread starts the clean shutdown.
+/// Set by `PUT /config/shutdown` and [`refuse_to_run`]: the main thread starts the clean
+/// shutdown.
 static SHUTDOWN: AtomicBool = AtomicBool::new(false);
+/// Why the broker refuses to run ([`refuse_to_run`]): the process exits with status 1
+/// after the clean shutdown.
+static REFUSED: Mutex<Option<String>> = Mutex::new(None);
 /// Set once systemd was told `STOPPING=1`.
 static STOPPING_SENT: AtomicBool = AtomicBool::new(false);
 /// Each shard's last report while draining (`None` until its first).
@@ -27,6 +31,7 @@ pub(super) fn reset(shards: usize) {
     DRAINING.store(false, Ordering::SeqCst);
     SHUTDOWN.store(false, Ordering::SeqCst);
     STOPPING_SENT.store(false, Ordering::SeqCst);
+    *REFUSED.lock().unwrap_or_else(|e| e.into_inner()) = None;
     *LEFT.lock().unwrap_or_else(|e| e.into_inner()) = vec![None; shards];
 }
 
@@ -76,7 +81,26 @@ pub fn request_shutdown() {
     SHUTDOWN.store(true, Ordering::SeqCst);
 }
 
-/// True once [`request_shutdown`] was called.
+/// Shuts down cleanly because the broker cannot run as configured (`why`, found only
+/// once it runs: a cluster member with this member's `--node-id`): the main thread starts
+/// the shutdown within 100 ms and `run` then fails with [`super::RunError::Refused`]
+/// (status 1, the `FATAL` line). The first reason is kept and logged.
+pub fn refuse_to_run(why: String) {
+    let mut refused = REFUSED.lock().unwrap_or_else(|e| e.into_inner());
+    if refused.is_none() {
+        log::error!("FATAL: {why}; shutting down");
+        notify_stopping();
+        *refused = Some(why);
+    }
+    SHUTDOWN.store(true, Ordering::SeqCst);
+}
+
+/// The reason given to [`refuse_to_run`], if it was called.
+pub(super) fn refused() -> Option<String> {
+    REFUSED.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// True once [`request_shutdown`] or [`refuse_to_run`] was called.
 pub(super) fn shutdown_requested() -> bool {
     SHUTDOWN.load(Ordering::SeqCst)
 }

@@ -245,6 +245,9 @@ pub fn run(
             }
         }
     }
+    if let Some(why) = drain::refused() {
+        return Err(RunError::Refused(why));
+    }
     log::info!("exiting");
     Ok(())
 }
@@ -284,6 +287,10 @@ pub enum RunError {
     Executor { index: usize, why: String },
     /// `a shard failed to start` (it logged why).
     ShardFailed,
+    /// The broker started but cannot run as configured (the text says why: a cluster
+    /// member with the same `--node-id`); it shut down cleanly first
+    /// ([`drain::refuse_to_run`]).
+    Refused(String),
 }
 
 impl std::fmt::Display for RunError {
@@ -307,6 +314,7 @@ impl std::fmt::Display for RunError {
                 write!(f, "shard {index} could not start its io_uring executor: {why}")
             }
             RunError::ShardFailed => f.write_str("a shard failed to start"),
+            RunError::Refused(why) => f.write_str(why),
         }
     }
 }

@@ -1654,7 +1654,10 @@ fn cluster_flags_are_checked() {
     // Standalone: no /cluster.
     let b = Broker::start(1, &[]);
     assert_eq!(b.http("GET", "/cluster", b"").0, 404);
-    // Two members with one --node-id: each refuses the other's connection, loudly.
+    // A member started while a member with its --node-id runs refuses to run: it shuts
+    // down with status 1 and says why, within the 5 s its peers take to greet it at
+    // most. The member that ran first keeps running, refuses its connections and
+    // shows why in GET /cluster.
     let (a1, a2) = (
         format!("127.0.0.1:{}", common::reserved_port()),
         format!("127.0.0.1:{}", common::reserved_port()),
@@ -1667,31 +1670,111 @@ fn cluster_flags_are_checked() {
             &format!("--cluster-peer={a2}"),
         ],
     );
-    let _n2 = Broker::start(
-        1,
+    // Past its own start-up check (5 s): n1 only refuses the duplicate from now on.
+    std::thread::sleep(Duration::from_millis(5500));
+    let dir2 = std::env::temp_dir().join(format!("nsqd-dup-node-id-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir2);
+    let mut n2 = common::Daemon::spawn(
+        env!("CARGO_BIN_EXE_nsqd"),
         &[
-            "--node-id=7",
-            &format!("--cluster-address={a2}"),
-            &format!("--cluster-peer={a1}"),
+            format!("--tcp-address=127.0.0.1:{}", common::reserved_port()),
+            format!("--http-address=127.0.0.1:{}", common::reserved_port()),
+            format!("--data-path={}", dir2.display()),
+            "--node-id=7".to_string(),
+            format!("--cluster-address={a2}"),
+            format!("--cluster-peer={a1}"),
         ],
+    );
+    let status = n2.wait_exit(Duration::from_secs(20));
+    let err = n2.final_log();
+    let _ = std::fs::remove_dir_all(&dir2);
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "FATAL: failed to instantiate nsqd - cluster member {a1} has this member's --node-id 7: every member needs its own"
+        )),
+        "{err}"
     );
     wait_for("the duplicate node id reported", || {
         n1.daemon
             .log_contains("has the same --node-id 7 as this node")
     });
-    // Each dials the other again every 100 ms; the refusals and the closed connections
-    // are logged once a minute, not at every dial.
-    wait_for("the closed connections reported", || {
-        n1.daemon.log_contains("closed at once")
-    });
-    // 15 more dials (one each 100 ms) meanwhile: no line for them (once a minute).
+    assert!(
+        n1.daemon.log_contains("closed at once"),
+        "{}",
+        n1.daemon.log_text()
+    );
+    assert!(!n1.daemon.log_contains("FATAL"), "{}", n1.daemon.log_text());
+    let (code, body) = n1.http("GET", "/cluster", b"");
+    assert_eq!(code, 200);
+    let state: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let refused = &state["refused_peers"];
+    assert_eq!(refused.as_array().map(Vec::len), Some(1), "{state}");
+    assert_eq!(refused[0]["address"], a2.as_str(), "{state}");
+    assert!(
+        refused[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("has the same --node-id 7"),
+        "{state}"
+    );
+    // n1 dials the gone member again every 100 ms; the failures are logged once, not
+    // at every dial.
     std::thread::sleep(Duration::from_millis(1500));
     let log = n1.daemon.log_text();
     let lines = log
         .lines()
-        .filter(|l| l.contains("CLUSTER:") && (l.contains("closed") || l.contains("connected")))
+        .filter(|l| {
+            l.contains("CLUSTER:")
+                && (l.contains("closed") || l.contains("connected") || l.contains("unreachable"))
+        })
         .count();
     assert!(lines <= 4, "{lines} connection lines in 1.5 s:\n{log}");
+    assert!(n1.http("GET", "/ping", b"").0 == 200);
+    // Two members started together with one --node-id: the first to hear from the
+    // other refuses to run (the other may then hear nothing more from it, and runs on
+    // like n1 above).
+    let (a3, a4) = (
+        format!("127.0.0.1:{}", common::reserved_port()),
+        format!("127.0.0.1:{}", common::reserved_port()),
+    );
+    let mut both: Vec<(common::Daemon, PathBuf)> = [(&a3, &a4), (&a4, &a3)]
+        .iter()
+        .enumerate()
+        .map(|(i, (me, peer))| {
+            let dir =
+                std::env::temp_dir().join(format!("nsqd-dup-node-id-{}-{i}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            let d = common::Daemon::spawn(
+                env!("CARGO_BIN_EXE_nsqd"),
+                &[
+                    format!("--tcp-address=127.0.0.1:{}", common::reserved_port()),
+                    format!("--http-address=127.0.0.1:{}", common::reserved_port()),
+                    format!("--data-path={}", dir.display()),
+                    "--node-id=9".to_string(),
+                    format!("--cluster-address={me}"),
+                    format!("--cluster-peer={peer}"),
+                ],
+            );
+            (d, dir)
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let refused = loop {
+        if let Some(i) = (0..2).find(|&i| both[i].0.exited().is_some()) {
+            break i;
+        }
+        assert!(Instant::now() < deadline, "neither member refused to run");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let d = &mut both[refused].0;
+    let status = d.wait_exit(Duration::from_secs(1));
+    let err = d.final_log();
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{err}");
+    assert!(err.contains("has this member's --node-id 9"), "{err}");
+    for (_, dir) in &both {
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
 
 #[test]
