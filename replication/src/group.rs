@@ -245,6 +245,13 @@ pub enum ReplicationError {
         /// The current leader, if known.
         leader: Option<u64>,
     },
+    /// A proposal on a leader that is handing its leadership to `to` (raft-rs drops
+    /// proposals until the transfer ends: `to` leads, or the transfer is given up after
+    /// an election timeout); propose again then.
+    HandingOver {
+        /// The member taking over.
+        to: u64,
+    },
     /// A message addressed to another node.
     WrongRecipient {
         /// The message's `to`.
@@ -259,6 +266,7 @@ impl std::fmt::Display for ReplicationError {
         match self {
             Self::NotLeader { leader: Some(l) } => write!(f, "not the leader; node {l} is"),
             Self::NotLeader { leader: None } => write!(f, "not the leader; no leader now"),
+            Self::HandingOver { to } => write!(f, "handing the leadership to node {to}"),
             Self::WrongRecipient { to } => write!(f, "message for node {to}"),
             // Some of raft-rs's own texts start with "raft: " already.
             Self::Raft(e) => {
@@ -715,8 +723,8 @@ impl<S: LogStore> TopicGroup<S> {
     /// # Errors
     ///
     /// [`ReplicationError::NotLeader`] on a follower or candidate (forward the PUB to
-    /// `leader`); [`ReplicationError::Raft`] if raft-rs drops it (a leadership transfer
-    /// in progress).
+    /// `leader`); [`ReplicationError::HandingOver`] during a leadership transfer;
+    /// [`ReplicationError::Raft`] if raft-rs drops it otherwise.
     pub fn propose(&mut self, entry: &Entry) -> Result<ProposalId, ReplicationError> {
         self.propose_wire(entry, None)
     }
@@ -737,6 +745,9 @@ impl<S: LogStore> TopicGroup<S> {
             return Err(ReplicationError::NotLeader {
                 leader: self.leader(),
             });
+        }
+        if let Some(to) = self.node.raft.lead_transferee {
+            return Err(ReplicationError::HandingOver { to });
         }
         let before = self.last_index();
         let (context, data) = entry.encode_raft(wire);

@@ -2071,6 +2071,85 @@ fn leadership_moves_on_request_and_no_message_is_lost() {
     assert!(solo.stats().get("cluster").is_none());
 }
 
+/// Producers on the leader and on a follower publish while the leadership moves round
+/// the members: each PUB is answered `OK` (a publish that reaches a leader handing over
+/// waits for the new one, as one that finds no leader does), and the channel gets each
+/// message once.
+#[test]
+fn publishes_wait_while_leadership_moves_and_none_is_refused() {
+    let c = Cluster::start([1, 2, 1], &[]);
+    let topic = "handed";
+    c.elect(topic);
+    c.node(0)
+        .admin(&format!("/channel/create?topic={topic}&channel=c"));
+    let first = c.wait_leader(topic);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producers: Vec<_> = [first, (first + 1) % 3]
+        .into_iter()
+        .map(|m| {
+            let mut s = c.node(m).connect_v2();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut sent = Vec::new();
+                let mut refused = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let body = format!("m{m}-{}", sent.len() + refused.len());
+                    send(&mut s, &pub_cmd(topic, body.as_bytes()));
+                    match read_frame_skip_hb(&mut s) {
+                        Ok((0, data)) if data == b"OK" => sent.push(body),
+                        // nsqd closes the connection after E_PUB_FAILED.
+                        Ok((_, data)) => {
+                            refused.push(format!("{body}: {}", String::from_utf8_lossy(&data)));
+                            break;
+                        }
+                        Err(e) => {
+                            refused.push(format!("{body}: {e}"));
+                            break;
+                        }
+                    }
+                }
+                (sent, refused)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut leader = first;
+    for _ in 0..4 {
+        let to = (leader + 1) % 3;
+        let path = format!("/topic/move-leader?topic={topic}&to={}", c.addresses[to]);
+        let (code, body) = c.node(leader).http("POST", &path, b"");
+        assert_eq!((code, common::show(&body)), (200, String::new()));
+        leader = to;
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut want = Vec::new();
+    for p in producers {
+        let (sent, refused) = p.join().unwrap();
+        assert!(
+            refused.is_empty(),
+            "refused while the leadership moved: {refused:?}"
+        );
+        assert!(sent.len() > 10, "{} publishes", sent.len());
+        want.extend(sent);
+    }
+    want.sort();
+    let leader = c.wait_leader(topic);
+    let mut s = c.node(leader).subscribe(topic, "c");
+    send(&mut s, format!("RDY {}\n", want.len() + 10).as_bytes());
+    let mut got: Vec<String> = read_messages(&mut s, want.len())
+        .into_iter()
+        .map(|(_, b)| String::from_utf8(b).unwrap())
+        .collect();
+    got.sort();
+    assert_eq!(got, want);
+    expect_no_message(
+        &mut s,
+        Duration::from_millis(500),
+        "a message delivered twice",
+    );
+}
+
 /// Runs a client's failover scenario (scripts/clients/*_failover.*) against a 3-node
 /// cluster with nsqlookupd: it prints `KILL` once its consumer has every message of
 /// the first round; the leader of its topic is then killed and the scenario told to go

@@ -417,6 +417,12 @@ fn a_group_is_settled_once_every_replica_holds_the_log_and_knows_the_commit() {
     sim.group(leader).transfer_leader(other);
     sim.settle();
     assert!(!sim.node(leader).group().settled());
+    // Meanwhile a proposal is not taken: the caller is told to wait for the new
+    // leader, not that the proposal failed.
+    assert!(matches!(
+        sim.propose(leader, &publish(2)),
+        Err(nsq_replication::ReplicationError::HandingOver { to }) if to == other
+    ));
     sim.heal();
     // A candidate is never settled.
     sim.isolate(lagging);

@@ -155,8 +155,8 @@ impl ShardCluster {
     }
 
     /// Proposes on this node's group: the receiver of the answer, or the leader to
-    /// forward to (`Err(None)`: no leader known; an election was started or is under
-    /// way).
+    /// forward to (`Err(None)`: no leader known, an election was started or is under
+    /// way, or this leader is handing the group over).
     fn propose_here(
         &self,
         server: &Server,
@@ -224,6 +224,9 @@ impl ShardCluster {
                 });
             }
             Err(ReplicationError::NotLeader { leader }) => return Err(leader),
+            // Looked at again shortly, as when no leader is known: the member taking
+            // over leads within a round trip, or the transfer is given up.
+            Err(ReplicationError::HandingOver { .. }) => return Err(None),
             Err(e) => {
                 let _ = tx.send(Reply::Failed(e.to_string()));
             }

@@ -236,8 +236,9 @@ impl super::ShardCluster {
     /// `--cluster-address` is `to`, as Raft's leadership transfer does: the leader first
     /// replicates its channels' positions (so that its consumers, which it closes when
     /// it stops leading, get the least again from the new leader), brings `to` up to
-    /// date, then tells it to campaign at once. Publishes meanwhile are refused, not
-    /// lost. A follower passes the request to the leader. Answers once `to` leads.
+    /// date, then tells it to campaign at once. Publishes meanwhile wait for the new
+    /// leader ([`ReplicationError::HandingOver`]), as during an election. A follower
+    /// passes the request to the leader. Answers once `to` leads.
     pub async fn move_leader(
         &self,
         server: &Server,
