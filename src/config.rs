@@ -362,6 +362,11 @@ pub struct Cli {
           require_equals = true, default_missing_value = "true")]
     pub cluster_tls: bool =>
         { rank: 63, cfg: "cluster_tls", go: "ClusterTLS", kind: Bool },
+    /// (beyond nsqd) a cluster member that leads a topic hands the leadership to the topic's preferred member (the first of its placement) once that member is in sync, so that leadership spreads evenly again after restarts; each move disconnects the topic's consumers on the old leader, which find the new one through nsqlookupd
+    #[arg(long, default_value = "false", value_parser = parse_go_bool, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true")]
+    pub rebalance_leaders: bool =>
+        { rank: 65, cfg: "rebalance_leaders", go: "RebalanceLeaders", kind: Bool },
     /// check what the host must provide (io_uring, locked memory, CPUs, data path, ports),
     /// print each problem with its fix, and exit (0: ready to run, 1: problems)
     #[arg(long)]
@@ -700,7 +705,15 @@ impl Config {
             node_id as u16,
         )
         .map_err(ConfigError::Cluster)?;
-        let cluster = cluster_tls(&cli, cluster)?;
+        let mut cluster = cluster_tls(&cli, cluster)?;
+        if cli.rebalance_leaders {
+            let Some(c) = cluster.as_mut() else {
+                return Err(ConfigError::Cluster(
+                    "--rebalance-leaders needs --cluster-address (a cluster)".into(),
+                ));
+            };
+            c.rebalance_leaders = true;
+        }
         let hostname = hostname();
         let opts = core_options!(cli, identify: {
             // nsqd's ClientTimeout is fixed, not a flag.

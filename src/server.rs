@@ -252,6 +252,7 @@ impl Server {
             "refused_peers": c.cfg.refusals.to_json(),
             "replication_factor": c.cfg.factor,
             "replication_ack": format!("{:?}", c.cfg.ack).to_lowercase(),
+            "rebalance_leaders": c.cfg.rebalance_leaders,
             "topics": topics,
         }))
     }

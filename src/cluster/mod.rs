@@ -48,6 +48,9 @@ pub struct ClusterConfig {
     pub node_id: u16,
     /// `--cluster-tls`: the member connections' TLS; `None`: plain TCP.
     pub tls: Option<ClusterTls>,
+    /// `--rebalance-leaders`: leaders hand each topic to its preferred member
+    /// ([`replica`]'s `rebalance`).
+    pub rebalance_leaders: bool,
     /// Why peers' connections are refused now (shared by the shards' copies of the
     /// configuration; `GET /cluster`'s `refused_peers`).
     pub refusals: std::sync::Arc<link::Refusals>,
@@ -156,6 +159,7 @@ impl ClusterConfig {
             ack,
             node_id,
             tls: None,
+            rebalance_leaders: false,
             refusals: Default::default(),
         }))
     }

@@ -36,6 +36,7 @@ mod journal;
 mod membership;
 mod positions;
 mod propose;
+mod rebalance;
 mod requests;
 mod vote;
 
@@ -1220,6 +1221,7 @@ async fn driver(server: Rc<Server>) {
     let mut next_tick = Instant::now() + TICK;
     let mut next_cursor = Instant::now() + CURSOR_EVERY;
     let mut next_reconcile = Instant::now() + membership::RECONCILE_EVERY;
+    let mut next_rebalance = Instant::now() + rebalance::REBALANCE_EVERY;
     let mut sweeps: u32 = 0;
     let mut next_beat = Instant::now() + QUIET_BEAT;
     while !server.shard.shutdown.is_set() {
@@ -1318,6 +1320,10 @@ async fn driver(server: Rc<Server>) {
         if now >= next_reconcile {
             c.reconcile_members(&server).await;
             next_reconcile = Instant::now() + membership::RECONCILE_EVERY;
+        }
+        if now >= next_rebalance {
+            c.rebalance_leaders(&server);
+            next_rebalance = Instant::now() + rebalance::REBALANCE_EVERY;
         }
         // Side by side: a group's poll can wait on its Raft log's journal write
         // (`--sync-every=1`), and those of different topics are synced in parallel.

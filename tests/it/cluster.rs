@@ -2071,6 +2071,64 @@ fn leadership_moves_on_request_and_no_message_is_lost() {
     assert!(solo.stats().get("cluster").is_none());
 }
 
+/// With `--rebalance-leaders` each topic's leadership goes back to its preferred member
+/// (the first of its placement in `GET /cluster`) once that member is in sync: after it
+/// was moved away by hand, and after that member was killed and restarted at once.
+#[test]
+fn with_rebalance_leaders_leadership_goes_back_to_each_topics_preferred_member() {
+    let mut c = Cluster::start([1, 2, 1], &["--rebalance-leaders"]);
+    assert_eq!(c.state(0)["rebalance_leaders"], true);
+    let topics: Vec<String> = (0..6).map(|i| format!("preferred{i}")).collect();
+    for t in &topics {
+        c.elect(t);
+        c.node(0).http_pub(t, b"x");
+    }
+    let preferred = |c: &Cluster, t: &str| -> usize {
+        let g = group_of(c, 0, t);
+        let first = g["placement"][0].as_str().unwrap().to_string();
+        c.addresses.iter().position(|a| *a == first).unwrap()
+    };
+    let prefs: Vec<usize> = topics.iter().map(|t| preferred(&c, t)).collect();
+    // Away from the preferred member, by hand.
+    for (t, &p) in topics.iter().zip(&prefs) {
+        let to = (p + 1) % 3;
+        let path = format!("/topic/move-leader?topic={t}&to={}", c.addresses[to]);
+        let (code, body) = c.node(to).http("POST", &path, b"");
+        assert_eq!((code, common::show(&body)), (200, String::new()), "{t}");
+    }
+    let back = |c: &Cluster| {
+        topics
+            .iter()
+            .zip(&prefs)
+            .all(|(t, &p)| c.leader(t) == Some(p))
+    };
+    wait_for("every topic led by its preferred member again", || back(&c));
+    // The member preferred by the first topic, killed and restarted at once: the others
+    // take its topics over, and it gets them back once in sync.
+    let m = prefs[0];
+    c.kill9(m);
+    wait_for("the first topic led by another member", || {
+        c.leader(&topics[0]).is_some_and(|l| l != m)
+    });
+    c.start_node(m);
+    wait_for(
+        "every topic led by its preferred member after the restart",
+        || back(&c),
+    );
+    // Each topic's message is there, once.
+    for t in &topics {
+        let mut s = c.node(c.wait_leader(t)).subscribe(t, "c");
+        send(&mut s, b"RDY 5\n");
+        let got = read_messages(&mut s, 1);
+        assert_eq!(got[0].1, b"x", "{t}");
+        expect_no_message(
+            &mut s,
+            Duration::from_millis(300),
+            "a message delivered twice",
+        );
+    }
+}
+
 /// Producers on the leader and on a follower publish while the leadership moves round
 /// the members: each PUB is answered `OK` (a publish that reaches a leader handing over
 /// waits for the new one, as one that finds no leader does), and the channel gets each

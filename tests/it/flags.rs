@@ -89,6 +89,7 @@ const OWN_FLAGS: &[&str] = &[
     "replication-factor",
     "replication-ack",
     "cluster-tls",
+    "rebalance-leaders",
 ];
 
 #[test]

@@ -305,7 +305,7 @@ impl ShardCluster {
         );
     }
 
-    fn address_of(&self, replica: u64) -> String {
+    pub(super) fn address_of(&self, replica: u64) -> String {
         self.cfg.member(replica).map_or_else(
             || format!("replica {replica:016x} (not in this member's --cluster-peer list)"),
             |m| m.address.clone(),
