@@ -283,7 +283,7 @@ pub struct Cli {
     /// number of shards: executors, each pinned to one CPU when they take every CPU this process may use (default: the CPUs this process may use)
     #[arg(long)]
     pub shards: Option<usize> =>
-        { rank: 64, cfg: "shards", go: "Shards", kind: Int, get: shards_go, set: set_shards },
+        { rank: 66, cfg: "shards", go: "Shards", kind: Int, get: shards_go, set: set_shards },
     /// UDP <addr>:<port> of a statsd daemon for pushing stats
     #[arg(long, default_value = "")]
     pub statsd_address: String =>
@@ -366,7 +366,7 @@ pub struct Cli {
     #[arg(long, default_value = "false", value_parser = parse_go_bool, num_args = 0..=1,
           require_equals = true, default_missing_value = "true")]
     pub rebalance_leaders: bool =>
-        { rank: 65, cfg: "rebalance_leaders", go: "RebalanceLeaders", kind: Bool },
+        { rank: 64, cfg: "rebalance_leaders", go: "RebalanceLeaders", kind: Bool },
     /// check what the host must provide (io_uring, locked memory, CPUs, data path, ports),
     /// print each problem with its fix, and exit (0: ready to run, 1: problems)
     #[arg(long)]

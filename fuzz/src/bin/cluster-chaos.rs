@@ -34,7 +34,10 @@
 //! topic's replicas move to the new member); (g), only when asked for, kill -9 every
 //! member at once and restart them all at once (nothing acknowledged may be lost only
 //! under `--sync-every 1`, whose replicas sync their Raft logs before acknowledging;
-//! otherwise what a member held unwritten is lost). The next cycle starts once every member
+//! otherwise what a member held unwritten is lost); (h), only when asked for, `POST
+//! /topic/move-leader` hands the leadership to a follower (no member goes down; a
+//! publish refused or unanswered during that cycle fails the run: publishes wait for
+//! the new leader). The next cycle starts once every member
 //! names the same leader and that leader says it leads. With `--sync-every N` each
 //! member runs with that flag (`--sync-every 1`: the Raft logs are journaled, and a
 //! restarted member comes back with its log).
@@ -137,14 +140,14 @@ struct Cli {
 struct Faults(Vec<Fault>);
 
 fn parse_faults(v: &str) -> Result<Faults, String> {
-    if let Some(bad) = v.chars().find(|ch| !"abcdefg".contains(*ch)) {
+    if let Some(bad) = v.chars().find(|ch| !"abcdefgh".contains(*ch)) {
         return Err(format!(
-            "unknown fault kind {bad:?} (a, b, c, d, e, f or g)"
+            "unknown fault kind {bad:?} (a, b, c, d, e, f, g or h)"
         ));
     }
     let kinds: Vec<Fault> = Fault::ALL
         .iter()
-        .zip("abcdefg".chars())
+        .zip("abcdefgh".chars())
         .filter(|(_, ch)| v.contains(*ch))
         .map(|(f, _)| *f)
         .collect();
@@ -163,10 +166,11 @@ enum Fault {
     WipeFollowers,
     Replace,
     KillAll,
+    Move,
 }
 
 impl Fault {
-    const ALL: [Fault; 7] = [
+    const ALL: [Fault; 8] = [
         Fault::KillLeader,
         Fault::KillFollower,
         Fault::WipeLeader,
@@ -174,6 +178,7 @@ impl Fault {
         Fault::WipeFollowers,
         Fault::Replace,
         Fault::KillAll,
+        Fault::Move,
     ];
 
     fn name(self) -> &'static str {
@@ -185,6 +190,7 @@ impl Fault {
             Fault::WipeFollowers => "(e) kill -9 both followers, data paths deleted",
             Fault::Replace => "(f) follower replaced by a new member at a new address",
             Fault::KillAll => "(g) kill -9 every member, restarted at once",
+            Fault::Move => "(h) leadership moved to a follower (POST /topic/move-leader)",
         }
     }
 
@@ -287,6 +293,8 @@ struct State {
     /// the first few texts.
     refused: u64,
     refusals: Vec<String>,
+    /// Publishes refused or unanswered, by the cycle under way.
+    refused_in: HashMap<u64, u64>,
     /// Publishes whose connection failed before an answer.
     unanswered: u64,
     /// Longest time between two acknowledgements, and when it began.
@@ -749,11 +757,14 @@ fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
             Fault::WipeFollowers => (leader + 1) % MEMBERS,
             Fault::Replace => (leader + 1 + rng.below(MEMBERS - 1)) % MEMBERS,
             Fault::KillAll => leader,
+            Fault::Move => (leader + 1 + rng.below(MEMBERS - 1)) % MEMBERS,
         };
         // (e) takes both followers down together, (g) every member.
         let victims: Vec<usize> = match fault {
             Fault::WipeFollowers => (0..MEMBERS).filter(|&i| i != leader).collect(),
             Fault::KillAll => (0..MEMBERS).collect(),
+            // No member goes down: the leadership moves.
+            Fault::Move => Vec::new(),
             _ => vec![victim],
         };
         let at = Instant::now();
@@ -777,6 +788,8 @@ fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
             kill_all(nsqd, shards, &mut members)
         } else if fault == Fault::Replace {
             replace(nsqd, shards, &mut members, &c, victim)
+        } else if fault == Fault::Move {
+            move_leader(&c, leader, victim)
         } else {
             inject(nsqd, shards, &mut members[victim], fault)
         };
@@ -936,6 +949,16 @@ fn report(s: &State, sum: &Summary, errors: &mut Vec<String>) {
             describe_losses(&lost, &s.acked, injected)
         ));
     }
+    for f in injected.iter().filter(|f| f.fault == Fault::Move) {
+        if let Some(n) = s.refused_in.get(&f.cycle).filter(|&&n| n > 0) {
+            errors.push(format!(
+                "cycle {}, {}: {n} publishes refused or unanswered while the leadership moved (first refusals: {:?})",
+                f.cycle,
+                f.fault.name(),
+                &s.refusals
+            ));
+        }
+    }
     if s.stale > 0 {
         errors.push(format!(
             "{} consumer connections stayed in the channel of a member that no longer led the topic",
@@ -975,7 +998,7 @@ fn report(s: &State, sum: &Summary, errors: &mut Vec<String>) {
         })
         .collect();
     eprintln!(
-        "cluster-chaos shards={shards}: {} cycles in {:.1} s, faults a/b/c/d/e/f/g {}/{}/{}/{}/{}/{}/{} ({paused_leaders} SIGSTOPs hit the leader); {} PUBs acknowledged of {} sent ({} refused, {} unanswered); {} distinct received, {} lost, {duplicates} received more than once (at most {most} times; {} redeliveries, {} of bodies first received over {} s before the preceding fault), {unacked} received whose PUB got no OK, {} foreign; longest without a leader {} ms ({}); longest publish outage {} ms ({}); consumer: {} SUBs, {} refused, {} connections served by a member that does not lead, {} relayed to the leader; final drain {:.1} s",
+        "cluster-chaos shards={shards}: {} cycles in {:.1} s, faults a/b/c/d/e/f/g/h {}/{}/{}/{}/{}/{}/{}/{} ({paused_leaders} SIGSTOPs hit the leader); {} PUBs acknowledged of {} sent ({} refused, {} unanswered); {} distinct received, {} lost, {duplicates} received more than once (at most {most} times; {} redeliveries, {} of bodies first received over {} s before the preceding fault), {unacked} received whose PUB got no OK, {} foreign; longest without a leader {} ms ({}); longest publish outage {} ms ({}); consumer: {} SUBs, {} refused, {} connections served by a member that does not lead, {} relayed to the leader; final drain {:.1} s",
         injected.len(),
         elapsed.as_secs_f64(),
         counts[0],
@@ -985,6 +1008,7 @@ fn report(s: &State, sum: &Summary, errors: &mut Vec<String>) {
         counts[4],
         counts[5],
         counts[6],
+        counts[7],
         s.acked.len(),
         s.next,
         s.refused,
@@ -1082,7 +1106,30 @@ fn inject(nsqd: &Path, shards: usize, m: &mut Member, fault: Fault) -> Result<()
         Fault::WipeFollowers => Err("(e) takes two members: wipe_both".into()),
         Fault::Replace => Err("(f) restarts every member: replace".into()),
         Fault::KillAll => Err("(g) takes every member: kill_all".into()),
+        Fault::Move => Err("(h) stops no member: move_leader".into()),
     }
+}
+
+/// Fault (h): `POST /topic/move-leader` on the leader hands the topic to member `to`;
+/// it must answer 200 (once `to` leads). Publishes meanwhile wait for the new leader:
+/// any refused in the cycle fails the run.
+fn move_leader(c: &Cluster, leader: usize, to: usize) -> Result<(), String> {
+    let address = c.address.lock().unwrap()[to].clone();
+    let (code, body) = net::http_within(
+        c.http[leader],
+        "POST",
+        &format!("/topic/move-leader?topic={TOPIC}&to={address}"),
+        b"",
+        Duration::from_secs(10),
+    )
+    .map_err(|e| format!("move-leader: {e}"))?;
+    if code != 200 {
+        return Err(format!(
+            "move-leader answered {code} {}",
+            String::from_utf8_lossy(&body)
+        ));
+    }
+    Ok(())
 }
 
 /// Fault (g): every member killed with kill -9 at once (a power cut, short of the page
@@ -1367,7 +1414,9 @@ fn publish_on(
         };
         *round += 1;
         if s.write_all(&cmd).is_err() {
-            state.lock().unwrap().unanswered += 1;
+            let mut st = state.lock().unwrap();
+            st.unanswered += 1;
+            *st.refused_in.entry(c.cycle()).or_default() += 1;
             return;
         }
         match net::expect_response(s, |_| {}) {
@@ -1394,13 +1443,16 @@ fn publish_on(
             Ok((_, d)) => {
                 let mut st = state.lock().unwrap();
                 st.refused += 1;
+                *st.refused_in.entry(c.cycle()).or_default() += 1;
                 if st.refusals.len() < 5 {
                     st.refusals.push(String::from_utf8_lossy(&d).into_owned());
                 }
                 return;
             }
             Err(_) => {
-                state.lock().unwrap().unanswered += 1;
+                let mut st = state.lock().unwrap();
+                st.unanswered += 1;
+                *st.refused_in.entry(c.cycle()).or_default() += 1;
                 return;
             }
         }
