@@ -291,7 +291,7 @@ if [[ $CLIENTS_ONLY -eq 0 && $MOCK -eq 0 ]]; then
     run_step "cluster chaos, members replaced" timeout -k 5 300 "$ROOT/target/debug/cluster-chaos" \
       --nsqd "${NSQD_CMD[0]}" --faults f --cycles 2 --seed "${CHAOS_SEED:-$(date +%s)}"
     run_step "cluster chaos, journaled" timeout -k 5 300 "$ROOT/target/debug/cluster-chaos" \
-      --nsqd "${NSQD_CMD[0]}" --sync-every 1 --faults abcdefg --cycles 7 --seed "${CHAOS_SEED:-$(date +%s)}"
+      --nsqd "${NSQD_CMD[0]}" --sync-every 1 --faults abcdefgh --cycles 8 --seed "${CHAOS_SEED:-$(date +%s)}"
     run_step "cluster chaos, large backlog" timeout -k 5 300 "$ROOT/target/debug/cluster-chaos" \
       --nsqd "${NSQD_CMD[0]}" --faults bcf --cycles 3 --body-bytes 65536 --consumer-ms 100 \
       --min-ms 3000 --max-ms 5000 --seed "${CHAOS_SEED:-$(date +%s)}"

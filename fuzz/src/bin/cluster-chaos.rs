@@ -36,8 +36,8 @@
 //! under `--sync-every 1`, whose replicas sync their Raft logs before acknowledging;
 //! otherwise what a member held unwritten is lost); (h), only when asked for, `POST
 //! /topic/move-leader` hands the leadership to a follower (no member goes down; a
-//! publish refused or unanswered during that cycle fails the run: publishes wait for
-//! the new leader). The next cycle starts once every member
+//! publish sent from the move until 300 ms after the agreed leader that is refused or
+//! unanswered fails the run: publishes wait for the new leader). The next cycle starts once every member
 //! names the same leader and that leader says it leads. With `--sync-every N` each
 //! member runs with that flag (`--sync-every 1`: the Raft logs are journaled, and a
 //! restarted member comes back with its log).
@@ -293,8 +293,8 @@ struct State {
     /// the first few texts.
     refused: u64,
     refusals: Vec<String>,
-    /// Publishes refused or unanswered, by the cycle under way.
-    refused_in: HashMap<u64, u64>,
+    /// When each publish refused or unanswered was sent.
+    failed_sends: Vec<Instant>,
     /// Publishes whose connection failed before an answer.
     unanswered: u64,
     /// Longest time between two acknowledgements, and when it began.
@@ -718,6 +718,7 @@ fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
     let mut errors: Vec<String> = Vec::new();
     // Per fault kind: time from the fault to an agreed leader (ms).
     let mut recovery: Vec<Vec<u64>> = vec![Vec::new(); Fault::ALL.len()];
+    let mut moves: Vec<(u64, Instant, Instant)> = Vec::new();
     let mut paused_leaders = 0u64;
     for cycle in 1..=cycles {
         c.cycle.store(cycle, Ordering::SeqCst);
@@ -810,6 +811,9 @@ fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
         };
         let took = at.elapsed().as_millis() as u64;
         recovery[fault.index()].push(took);
+        if fault == Fault::Move {
+            moves.push((cycle, at, Instant::now() + Duration::from_millis(300)));
+        }
         let s = state.lock().unwrap();
         eprintln!(
             "cluster-chaos shards={shards} cycle {cycle}: after {delay} ms, at {clock} UTC, {} on member {} ({}); agreed leader member {} after {took} ms; acknowledged so far {}, received {} (and {} again)",
@@ -891,6 +895,7 @@ fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
         elapsed: t0.elapsed(),
         drained_in,
         end: &end,
+        moves: &moves,
     };
     report(&state.lock().unwrap(), &summary, &mut errors);
     if errors.is_empty() && std::env::var_os("CLUSTER_CHAOS_KEEP").is_none() {
@@ -922,6 +927,9 @@ struct Summary<'a> {
     drained_in: Duration,
     /// Each member's channel depth at the end.
     end: &'a [String],
+    /// Fault (h)'s cycles: from the move to 300 ms after the agreed leader (what a
+    /// publish sent meanwhile must not be refused for).
+    moves: &'a [(u64, Instant, Instant)],
 }
 
 /// Checks the deliveries against the acknowledgements (losses and foreign bodies go to
@@ -935,6 +943,7 @@ fn report(s: &State, sum: &Summary, errors: &mut Vec<String>) {
         elapsed,
         drained_in,
         end,
+        moves,
     } = *sum;
     let lost: Vec<u64> = s
         .acked
@@ -949,12 +958,16 @@ fn report(s: &State, sum: &Summary, errors: &mut Vec<String>) {
             describe_losses(&lost, &s.acked, injected)
         ));
     }
-    for f in injected.iter().filter(|f| f.fault == Fault::Move) {
-        if let Some(n) = s.refused_in.get(&f.cycle).filter(|&&n| n > 0) {
+    for &(cycle, from, to) in moves {
+        let n = s
+            .failed_sends
+            .iter()
+            .filter(|&&t| t >= from && t <= to)
+            .count();
+        if n > 0 {
             errors.push(format!(
-                "cycle {}, {}: {n} publishes refused or unanswered while the leadership moved (first refusals: {:?})",
-                f.cycle,
-                f.fault.name(),
+                "cycle {cycle}, {}: {n} publishes sent while the leadership moved were refused or unanswered (first refusals of the run: {:?})",
+                Fault::Move.name(),
                 &s.refusals
             ));
         }
@@ -1112,7 +1125,8 @@ fn inject(nsqd: &Path, shards: usize, m: &mut Member, fault: Fault) -> Result<()
 
 /// Fault (h): `POST /topic/move-leader` on the leader hands the topic to member `to`;
 /// it must answer 200 (once `to` leads). Publishes meanwhile wait for the new leader:
-/// any refused in the cycle fails the run.
+/// one sent from the move until 300 ms after the agreed leader and refused fails the
+/// run.
 fn move_leader(c: &Cluster, leader: usize, to: usize) -> Result<(), String> {
     let address = c.address.lock().unwrap()[to].clone();
     let (code, body) = net::http_within(
@@ -1413,10 +1427,11 @@ fn publish_on(
             (cmd, nums)
         };
         *round += 1;
+        let sent = Instant::now();
         if s.write_all(&cmd).is_err() {
             let mut st = state.lock().unwrap();
             st.unanswered += 1;
-            *st.refused_in.entry(c.cycle()).or_default() += 1;
+            st.failed_sends.push(sent);
             return;
         }
         match net::expect_response(s, |_| {}) {
@@ -1443,7 +1458,7 @@ fn publish_on(
             Ok((_, d)) => {
                 let mut st = state.lock().unwrap();
                 st.refused += 1;
-                *st.refused_in.entry(c.cycle()).or_default() += 1;
+                st.failed_sends.push(sent);
                 if st.refusals.len() < 5 {
                     st.refusals.push(String::from_utf8_lossy(&d).into_owned());
                 }
@@ -1452,7 +1467,7 @@ fn publish_on(
             Err(_) => {
                 let mut st = state.lock().unwrap();
                 st.unanswered += 1;
-                *st.refused_in.entry(c.cycle()).or_default() += 1;
+                st.failed_sends.push(sent);
                 return;
             }
         }
