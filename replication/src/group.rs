@@ -410,6 +410,16 @@ impl<S: LogStore> TopicGroup<S> {
         )
     }
 
+    /// Whether this node gave its vote in the current term to another node: an election
+    /// of this term is under way or won (a leadership transfer's, too), and the winner
+    /// makes itself known with its first append. A campaign started meanwhile by a
+    /// member that has not heard from it yet would depose it.
+    #[must_use]
+    pub fn voted_for_another(&self) -> bool {
+        let raft = &self.node.raft;
+        raft.vote != raft::INVALID_ID && raft.vote != raft.id
+    }
+
     /// Whether this node leads the group.
     #[must_use]
     pub fn is_leader(&self) -> bool {

@@ -10,13 +10,16 @@
 //! - the consumer's RDY, FIN, REQ, TOUCH and CLS go to the leader (the last RDY is kept);
 //! - the leader's heartbeats are answered here (`NOP`); this member sends the consumer
 //!   its own, as for any connection;
-//! - when the leader's connection ends (it was killed, or it lost leadership and closed
-//!   its consumers), the relay finds the topic's new leader and subscribes again with
-//!   the consumer's last RDY: the consumer's connection stays up. A FIN, REQ or TOUCH of
+//! - when the leader's connection ends (it was killed, or it lost leadership and
+//!   relays its own consumers), the relay finds the topic's new leader and subscribes
+//!   again with the consumer's last RDY: the consumer's connection stays up. A FIN, REQ or TOUCH of
 //!   a message delivered by the previous leader is dropped (the new leader delivers that
 //!   message again unless the finish had been replicated). If this member becomes the
-//!   leader, the consumer's connection is closed: it subscribes here again and is
-//!   served locally.
+//!   leader, the consumer is subscribed to its channel here, on the same connection.
+//!
+//! The same relay serves a consumer subscribed on the leader once that member stops
+//! leading ([`serve_detached`]): its connection stays up across a move of the
+//! leadership or a failover that leaves it running.
 
 use super::ClusterConfig;
 use crate::server::Server;
@@ -30,6 +33,11 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
+
+/// What a relay's connection to the leader puts before the consumer's `user_agent` in
+/// its IDENTIFY: how a leader that stops leading tells a relay (closed, so that the
+/// relaying member follows the new leader itself) from a consumer (relayed).
+const RELAY_USER_AGENT: &str = "nsqd-relay";
 
 /// How long a relay looks for the topic's leader before it gives the consumer up.
 const FIND_LEADER: Duration = Duration::from_secs(10);
@@ -50,7 +58,8 @@ pub struct Relay {
     /// Set once this member leads the topic and serves the consumer itself.
     local: Cell<bool>,
     /// IDs a previous leader delivered and the consumer has not answered: their FIN,
-    /// REQ and TOUCH are dropped.
+    /// REQ and TOUCH are dropped while relayed, and run without an error once this
+    /// member serves the consumer ([`Relay::stale_here`]).
     stale: RefCell<HashSet<[u8; 16]>>,
 }
 
@@ -69,11 +78,7 @@ impl Relay {
     /// to run here as usual: this member took the topic's leadership over.
     pub async fn forward(&self, cmd: Forward<'_>) -> bool {
         if self.local.get() {
-            return match cmd {
-                Forward::Fin(id) | Forward::Req(id, _) => self.stale.borrow_mut().remove(id),
-                Forward::Touch(id) => self.stale.borrow().contains(id),
-                Forward::Rdy(_) | Forward::Cls => false,
-            };
+            return false;
         }
         let line = match cmd {
             Forward::Rdy(n) => {
@@ -107,6 +112,23 @@ impl Relay {
             }
         }
         true
+    }
+}
+
+impl Relay {
+    /// Once this member serves the consumer itself: whether message `id` was delivered
+    /// by a previous leader and not answered yet. Its FIN, REQ or TOUCH then runs here
+    /// without an error if this member did not deliver it again (it may have: the IDs
+    /// are the group's). A FIN or REQ answers it (`answered`).
+    pub fn stale_here(&self, id: &[u8; 16], answered: bool) -> bool {
+        if !self.local.get() {
+            return false;
+        }
+        if answered {
+            self.stale.borrow_mut().remove(id)
+        } else {
+            self.stale.borrow().contains(id)
+        }
     }
 }
 
@@ -217,7 +239,7 @@ async fn connect(
         serde_json::json!({
             "client_id": s.client_id,
             "hostname": s.hostname,
-            "user_agent": format!("nsqd-relay ({})", s.user_agent),
+            "user_agent": format!("{RELAY_USER_AGENT} ({})", s.user_agent),
             "heartbeat_interval": s.heartbeat_interval.map_or(-1, |d| d.as_millis() as i64),
             "msg_timeout": s.msg_timeout.as_millis() as i64,
             "feature_negotiation": true,
@@ -290,38 +312,107 @@ async fn run(server: &Rc<Server>, client: &Rc<Client>, relay: &Rc<Relay>, mut up
             relay.topic,
             relay.channel
         );
-        // The group may still name the lost leader until its election timeout: try
-        // again until a leader answers, for as long as FIND_LEADER.
-        let deadline = Instant::now() + FIND_LEADER;
-        let next = loop {
-            match connect(server, client, relay).await {
-                Err(e) if Instant::now() < deadline && !relay.closed.get() => {
-                    log::debug!("[{}] relay: {e}; trying again", client.remote_address());
-                    glommio::timer::sleep(super::replica::TICK).await;
-                }
-                r => break r,
-            }
-        };
-        match next {
-            Ok(Some(next)) => {
-                if relay.closed.get() {
-                    next.shutdown();
-                    return;
-                }
-                *relay.upstream.borrow_mut() = Some(next.clone());
-                up = next;
-            }
-            Ok(None) => {
-                take_over(server, client, relay);
-                return;
-            }
-            Err(e) => {
-                log::info!("[{}] relay ended: {e}", client.remote_address());
-                client.kill();
-                return;
-            }
+        match follow_leader(server, client, relay).await {
+            Some(next) => up = next,
+            None => return,
         }
     }
+}
+
+/// Subscribes the relay at the topic's leader: the connection to it, or `None` when the
+/// relay ends here (the consumer left; this member leads the topic and serves the
+/// consumer itself, [`take_over`]; or no leader answered within [`FIND_LEADER`]: the
+/// consumer's connection is closed, and it reconnects as after any lost nsqd).
+async fn follow_leader(
+    server: &Rc<Server>,
+    client: &Rc<Client>,
+    relay: &Rc<Relay>,
+) -> Option<SharedStream> {
+    // The group may still name the lost leader until its election timeout: try again
+    // until a leader answers, for as long as FIND_LEADER.
+    let deadline = Instant::now() + FIND_LEADER;
+    let next = loop {
+        match connect(server, client, relay).await {
+            Err(e) if Instant::now() < deadline && !relay.closed.get() => {
+                log::debug!("[{}] relay: {e}; trying again", client.remote_address());
+                glommio::timer::sleep(super::replica::TICK).await;
+            }
+            r => break r,
+        }
+    };
+    match next {
+        Ok(Some(next)) => {
+            if relay.closed.get() {
+                next.shutdown();
+                return None;
+            }
+            *relay.upstream.borrow_mut() = Some(next.clone());
+            Some(next)
+        }
+        Ok(None) => {
+            take_over(server, client, relay);
+            None
+        }
+        Err(e) => {
+            log::info!("[{}] relay ended: {e}", client.remote_address());
+            client.kill();
+            None
+        }
+    }
+}
+
+/// Serves `consumer`, taken out of its channel of `topic` because this member no longer
+/// leads the topic, through the topic's new leader on the same connection, as a SUB
+/// relayed from the start is ([`subscribe`]): the consumer's connection stays up. The
+/// messages it held in flight here are stale: their FIN, REQ and TOUCH are dropped, and
+/// the new leader delivers them again unless their finish had been replicated (the
+/// channel's positions go to the replicas every 100 ms, and before a requested move).
+/// A consumer that is another member's relay is closed instead: that member follows
+/// the new leader itself.
+pub fn serve_detached(
+    server: &Rc<Server>,
+    topic: &str,
+    consumer: nsq_shards::shard::DetachedConsumer,
+) {
+    let nsq_shards::shard::DetachedConsumer {
+        client,
+        channel,
+        in_flight,
+    } = consumer;
+    let is_relay = client
+        .settings()
+        .user_agent
+        .starts_with(&format!("{RELAY_USER_AGENT} ("));
+    let Some(c) = server.cluster.clone().filter(|_| !is_relay) else {
+        // Another member's relay: closed, and that member follows the new leader (or
+        // serves its consumer itself, if it is the new leader).
+        client.kill();
+        return;
+    };
+    let rdy = client.ready_count();
+    let relay = Rc::new(Relay {
+        topic: topic.to_string(),
+        channel,
+        upstream: RefCell::new(None),
+        rdy: Cell::new(rdy),
+        delivered: RefCell::new(HashSet::new()),
+        closed: Cell::new(false),
+        local: Cell::new(false),
+        stale: RefCell::new(in_flight.iter().map(|id| id.to_hex()).collect()),
+    });
+    c.relays.borrow_mut().insert(client.id(), relay.clone());
+    log::info!(
+        "[{}] SUB {topic} {}: this member no longer leads the topic; relayed to the new leader",
+        client.remote_address(),
+        relay.channel
+    );
+    let server = server.clone();
+    glommio::spawn_local(async move {
+        if let Some(up) = follow_leader(&server, &client, &relay).await {
+            run(&server, &client, &relay, up).await;
+        }
+    })
+    .detach();
 }
 
 /// This member leads the topic now: the consumer is subscribed to its channel here with

@@ -301,6 +301,9 @@ pub struct ShardCluster {
     /// Groups of deleted topics dropped from memory, by topic: what making one again
     /// needs ([`deletion::Dropped`]).
     dropped: RefCell<HashMap<String, deletion::Dropped>>,
+    /// Consumers of topics this member stopped leading, by topic, until the driver
+    /// relays each to the new leader ([`super::relay::serve_detached`]).
+    detached: RefCell<Vec<(String, nsq_shards::shard::DetachedConsumer)>>,
 }
 
 /// When this process started its cluster role (the first shard to start it).
@@ -336,6 +339,7 @@ impl ShardCluster {
             unreadable_journals: RefCell::new(HashSet::new()),
             own_tcp: RefCell::new(String::new()),
             dropped: RefCell::new(HashMap::new()),
+            detached: RefCell::new(Vec::new()),
         }
     }
 
@@ -556,8 +560,14 @@ impl ShardCluster {
     pub(super) fn campaign_if_leaderless(&self, topic: &str) {
         if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
             // A campaign under way is left alone: campaigning again would start its
-            // count of votes over (callers look again every few ms).
-            if g.stopped || g.group.leader().is_some() || g.group.campaigning() {
+            // count of votes over (callers look again every few ms). So is one this
+            // member voted in: its winner (a leadership transfer's target, say) is
+            // about to send its first append, and a campaign now would depose it.
+            if g.stopped
+                || g.group.leader().is_some()
+                || g.group.campaigning()
+                || g.group.voted_for_another()
+            {
                 return;
             }
             let _ = g.group.campaign();
@@ -1049,9 +1059,31 @@ impl ShardCluster {
                 lookup.push_always(LookupEvent::Unregister(topic.to_string(), Some(c)));
             }
             lookup.push_always(LookupEvent::Unregister(topic.to_string(), None));
-            let closed = server.shard.close_topic_consumers(topic);
-            if closed > 0 {
-                log::info!("TOPIC({topic}): closed {closed} consumer(s) to follow the leader");
+            // Its consumers stay connected: each is served through the new leader. Where
+            // replication stopped, this member cannot follow the group: they are closed
+            // and find the leader the others elect through nsqlookupd.
+            let stopped = self.groups.borrow().get(topic).is_some_and(|g| g.stopped);
+            let consumers = server.shard.detach_topic_consumers(topic);
+            if stopped {
+                for consumer in &consumers {
+                    consumer.client.kill();
+                }
+                if !consumers.is_empty() {
+                    log::info!("TOPIC({topic}): closed {} consumer(s)", consumers.len());
+                }
+            } else {
+                if !consumers.is_empty() {
+                    log::info!(
+                        "TOPIC({topic}): {} consumer(s) now relayed to the new leader",
+                        consumers.len()
+                    );
+                }
+                // Served by the driver, which holds the server for the relays' tasks.
+                self.detached.borrow_mut().extend(
+                    consumers
+                        .into_iter()
+                        .map(|consumer| (topic.to_string(), consumer)),
+                );
             }
         } else if !l.is_self {
             if let Some(m) = l.leader.and_then(|r| self.cfg.member(r)) {
@@ -1329,6 +1361,10 @@ async fn driver(server: Rc<Server>) {
         // (`--sync-every=1`), and those of different topics are synced in parallel.
         let dirty: Vec<String> = c.dirty.borrow_mut().drain().collect();
         futures::future::join_all(dirty.iter().map(|t| c.process(&server, t))).await;
+        let detached = std::mem::take(&mut *c.detached.borrow_mut());
+        for (topic, consumer) in detached {
+            super::relay::serve_detached(&server, &topic, consumer);
+        }
         if !c.dirty.borrow().is_empty() {
             continue;
         }

@@ -17,8 +17,8 @@
 //!   records every body and FINs it; when its connection closes or the SUB is refused it
 //!   finds the leader again. A connection to a member that has not led for 2 s must be
 //!   one it relays to the leader (in none of its channels: counted, and consumed on);
-//!   one in its channel fails the run (a member closes its consumers when it stops
-//!   leading). With `--consumer-ms N` it spends N ms on
+//!   one in its channel fails the run (a member that stops leading relays its
+//!   consumers to the new leader). With `--consumer-ms N` it spends N ms on
 //!   each message during odd cycles, so failovers also meet a backlog.
 //!
 //! Each cycle, after a seeded random delay, one fault, in a seeded order that goes

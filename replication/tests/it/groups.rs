@@ -417,6 +417,10 @@ fn a_group_is_settled_once_every_replica_holds_the_log_and_knows_the_commit() {
     sim.group(leader).transfer_leader(other);
     sim.settle();
     assert!(!sim.node(leader).group().settled());
+    // The followers voted for the leader in its term; the leader did not vote for
+    // another.
+    assert!(!sim.node(leader).group().voted_for_another());
+    assert!(sim.node(other).group().voted_for_another());
     // Meanwhile a proposal is not taken: the caller is told to wait for the new
     // leader, not that the proposal failed.
     assert!(matches!(

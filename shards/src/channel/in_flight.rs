@@ -260,10 +260,10 @@ impl Channel {
         Ok(())
     }
 
-    /// This member stopped leading the channel's replicated topic and closed its
-    /// consumers: the messages they held in flight are ready again here at once, with
-    /// their attempts. They are the new leader's to deliver, and the state it
-    /// replicates (which a replica's channel takes, keeping what it holds in flight:
+    /// This member stopped leading the channel's replicated topic and its consumers
+    /// are served through the new leader: the messages they held in flight are ready
+    /// again here at once, with their attempts. They are the new leader's to deliver,
+    /// and the state it replicates (which a replica's channel takes, keeping what it holds in flight:
     /// [`Channel::seek`]) says what this member holds from then on; left in flight,
     /// they would time out and be delivered again should it lead once more, even if
     /// finished meanwhile.

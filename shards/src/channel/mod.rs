@@ -665,6 +665,29 @@ impl Channel {
             c.kill();
         }
     }
+
+    /// Takes every consumer out of the channel without closing its connection, each
+    /// with the IDs of the messages it held in flight, which are ready again here (as
+    /// [`Channel::requeue_in_flight`] makes them). The consumers stay subscribed as far
+    /// as their connections know: the caller serves them from elsewhere (a replicated
+    /// topic's new leader, through this member).
+    pub fn detach_clients(&mut self) -> Vec<(Rc<Client>, Vec<MessageId>)> {
+        let mut held: HashMap<u64, Vec<MessageId>> = HashMap::new();
+        for f in self.in_flight.values() {
+            held.entry(f.client.id).or_default().push(f.msg.id);
+        }
+        self.requeue_in_flight();
+        self.consumers.next = 0;
+        self.consumers
+            .clients
+            .drain(..)
+            .map(|c| {
+                *c.subscription.borrow_mut() = None;
+                let ids = held.remove(&c.id).unwrap_or_default();
+                (c, ids)
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ mod lookup;
 mod publish;
 mod read_ahead;
 mod replica;
-pub use replica::{ChannelPosition, PendingState};
+pub use replica::{ChannelPosition, DetachedConsumer, PendingState};
 mod stats;
 mod store_prep;
 mod subscribe;

@@ -425,22 +425,27 @@ impl Shard {
         self.topics.borrow().get(topic).map_or(0, |t| t.log.head)
     }
 
-    /// Closes the connections of every consumer of `topic` (this node no longer leads
-    /// it: they reconnect and find the leader through nsqlookupd), and makes the
-    /// messages they held in flight ready again ([`crate::channel::Channel::requeue_in_flight`]).
-    /// Returns how many consumers.
-    pub fn close_topic_consumers(&self, topic: &str) -> usize {
+    /// Takes every consumer of `topic` out of its channel without closing its
+    /// connection (this node no longer leads the topic: the caller serves each one
+    /// through the new leader on the same connection), with the channel's name and the
+    /// IDs of the messages the consumer held in flight, which are ready again here
+    /// ([`crate::channel::Channel::detach_clients`]).
+    pub fn detach_topic_consumers(&self, topic: &str) -> Vec<DetachedConsumer> {
         let mut topics = self.topics.borrow_mut();
         let Some(t) = topics.get_mut(topic) else {
-            return 0;
+            return Vec::new();
         };
-        let mut n = 0;
-        for ch in t.channels.values_mut() {
-            n += ch.clients().len();
-            ch.close_clients();
-            ch.requeue_in_flight();
+        let mut out = Vec::new();
+        for (name, ch) in t.channels.iter_mut() {
+            for (client, in_flight) in ch.detach_clients() {
+                out.push(DetachedConsumer {
+                    client,
+                    channel: name.clone(),
+                    in_flight,
+                });
+            }
         }
-        n
+        out
     }
 
     /// The topics this shard owns.
@@ -456,6 +461,16 @@ impl Shard {
             .map(|t| t.channels.keys().cloned().collect())
             .unwrap_or_default()
     }
+}
+
+/// A consumer taken out of its channel by [`Shard::detach_topic_consumers`].
+pub struct DetachedConsumer {
+    /// Its connection's client, subscribed as far as the connection knows.
+    pub client: std::rc::Rc<crate::client::Client>,
+    /// The channel it had subscribed to.
+    pub channel: String,
+    /// The messages it held in flight (ready again in the channel).
+    pub in_flight: Vec<MessageId>,
 }
 
 /// A record read back from a topic's store as a replica restoring a snapshot takes it

@@ -14,15 +14,16 @@ use nsq_shards::MessageId;
 use nsq_wire::errors::{in_flight_failed, InFlightOp};
 use nsq_wire::v2::FRAME_ERROR;
 
-/// Finishes message `id` (nsqd: FIN); queues `E_FIN_FAILED` if it is not the client's.
-pub(super) fn fin(server: &Server, client: &Client, id: &[u8; 16]) {
+/// Finishes message `id` (nsqd: FIN); queues `E_FIN_FAILED` if it is not the client's,
+/// unless it is `stale` (a previous leader delivered it: [`crate::cluster::relay`]).
+pub(super) fn fin(server: &Server, client: &Client, id: &[u8; 16], stale: bool) {
     let r = parse(id).and_then(|mid| server.shard.finish(client, mid));
-    report(client, InFlightOp::Fin, id, r);
+    report(client, InFlightOp::Fin, id, r, stale);
 }
 
 /// Requeues message `id` after `timeout_ms`, clamped to `--max-req-timeout` (nsqd: REQ
-/// clamps and logs); queues `E_REQ_FAILED` if it is not the client's.
-pub(super) fn req(server: &Server, client: &Client, id: &[u8; 16], timeout_ms: i64) {
+/// clamps and logs); queues `E_REQ_FAILED` if it is not the client's, unless `stale`.
+pub(super) fn req(server: &Server, client: &Client, id: &[u8; 16], timeout_ms: i64, stale: bool) {
     let max = server.shard.opts.max_req_timeout;
     let (delay, clamped) = clamp_req_timeout(timeout_ms, max);
     if clamped && timeout_ms > 0 {
@@ -34,14 +35,14 @@ pub(super) fn req(server: &Server, client: &Client, id: &[u8; 16], timeout_ms: i
         );
     }
     let r = parse(id).and_then(|mid| server.shard.requeue(client, mid, delay));
-    report(client, InFlightOp::Req, id, r);
+    report(client, InFlightOp::Req, id, r, stale);
 }
 
 /// Resets message `id`'s timeout (nsqd: TOUCH); queues `E_TOUCH_FAILED` if it is not
-/// the client's.
-pub(super) fn touch(server: &Server, client: &Client, id: &[u8; 16]) {
+/// the client's, unless `stale`.
+pub(super) fn touch(server: &Server, client: &Client, id: &[u8; 16], stale: bool) {
     let r = parse(id).and_then(|mid| server.shard.touch(client, mid));
-    report(client, InFlightOp::Touch, id, r);
+    report(client, InFlightOp::Touch, id, r, stale);
 }
 
 fn parse(id: &[u8; 16]) -> Result<MessageId, InFlightError> {
@@ -49,8 +50,18 @@ fn parse(id: &[u8; 16]) -> Result<MessageId, InFlightError> {
 }
 
 /// Queues `E_FIN_FAILED FIN <id> failed <reason>` (or REQ's, TOUCH's) for a failed command,
-/// and logs it at error as nsqd's IOLoop does, with its cause after ` - `.
-fn report(client: &Client, op: InFlightOp, id: &[u8; 16], r: Result<(), InFlightError>) {
+/// and logs it at error as nsqd's IOLoop does, with its cause after ` - `. Nothing for a
+/// `stale` message (delivered by a previous leader, not by this member).
+fn report(
+    client: &Client,
+    op: InFlightOp,
+    id: &[u8; 16],
+    r: Result<(), InFlightError>,
+    stale: bool,
+) {
+    if stale {
+        return;
+    }
     if let Err(e) = r {
         let why: nsq_wire::errors::InFlightFailure = e.into();
         let text = in_flight_failed(op, id, why);

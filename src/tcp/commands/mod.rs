@@ -52,6 +52,9 @@ pub(super) async fn exec(
     cmd: Command,
     frame: &Bytes,
 ) -> Result<Upgrade, Fatal> {
+    // A FIN, REQ or TOUCH of a message a previous leader delivered: no error if this
+    // member did not deliver it again.
+    let mut stale = false;
     if let Some(relay) = crate::cluster::relay::of(server, client) {
         use crate::cluster::relay::Forward;
         let forward = match &cmd {
@@ -72,6 +75,11 @@ pub(super) async fn exec(
                 return Ok(Upgrade::None);
             }
         }
+        stale = match &cmd {
+            Command::Fin { id } | Command::Req { id, .. } => relay.stale_here(id, true),
+            Command::Touch { id } => relay.stale_here(id, false),
+            _ => false,
+        };
     }
     match cmd {
         Command::Nop | Command::RdyIgnored => {}
@@ -82,9 +90,9 @@ pub(super) async fn exec(
         Command::Sub { topic, channel } => subscribe::sub(server, client, &topic, &channel).await?,
         Command::Rdy { count } => subscribe::rdy(server, client, count),
         Command::Cls => subscribe::cls(client),
-        Command::Fin { id } => in_flight::fin(server, client, &id),
-        Command::Req { id, timeout_ms } => in_flight::req(server, client, &id, timeout_ms),
-        Command::Touch { id } => in_flight::touch(server, client, &id),
+        Command::Fin { id } => in_flight::fin(server, client, &id, stale),
+        Command::Req { id, timeout_ms } => in_flight::req(server, client, &id, timeout_ms, stale),
+        Command::Touch { id } => in_flight::touch(server, client, &id, stale),
         Command::Pub { topic, body } => publish::pub_(server, client, &topic, frame, body).await?,
         Command::Dpub {
             topic,
