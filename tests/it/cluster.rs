@@ -2074,6 +2074,43 @@ fn leadership_moves_on_request_and_no_message_is_lost() {
     assert!(solo.stats().get("cluster").is_none());
 }
 
+/// With `--replication-factor=2` on three members, `/topic/create` through a member that
+/// holds no replica of the topic makes the topic on its two replicas, through their
+/// group, and not on that member (it made an unreplicated topic of its own).
+#[test]
+fn a_topic_created_through_a_member_without_a_replica_is_made_on_its_replicas_only() {
+    let c = Cluster::start([1, 2, 1], &["--replication-factor=2"]);
+    let mut through_other = 0;
+    for k in 0..20 {
+        let t = format!("placed{k}");
+        let (code, body) = c
+            .node(0)
+            .http("POST", &format!("/topic/create?topic={t}"), b"");
+        assert_eq!((code, common::show(&body)), (200, String::new()), "{t}");
+        let holders = |c: &Cluster| -> Vec<usize> {
+            (0..3)
+                .filter(|&i| {
+                    group_of(c, i, &t)["leader"]
+                        .as_str()
+                        .is_some_and(|l| !l.is_empty())
+                })
+                .collect()
+        };
+        wait_for(&format!("{t} held by two members with a leader"), || {
+            holders(&c).len() == 2
+        });
+        let holders = holders(&c);
+        for i in 0..3 {
+            let listed = c.node(i).stats()["topics"]
+                .as_array()
+                .is_some_and(|ts| ts.iter().any(|x| x["topic_name"] == t.as_str()));
+            assert_eq!(listed, holders.contains(&i), "{t} in member {i}'s /stats");
+        }
+        through_other += usize::from(!holders.contains(&0));
+    }
+    assert!(through_other > 0, "no topic was placed away from member 0");
+}
+
 /// A consumer subscribed on the leader stays connected when the leadership moves away
 /// (its member relays it to the new leader) and back (its member serves it itself
 /// again): each message published meanwhile reaches it on the same connection.

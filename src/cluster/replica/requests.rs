@@ -33,7 +33,13 @@ pub async fn admin(server: &Server, op: &AdminOp) -> Option<Result<(), AdminErro
     let (topic, entry) = match op {
         AdminOp::CreateTopic(t) => {
             if !c.ensure_group(server, t) {
-                return None;
+                // A member that holds no replica of the topic (`--replication-factor`
+                // below the cluster size): the topic is made on its replicas, through
+                // their group, and not here (a publish here is forwarded the same way).
+                return Some(c.change(server, t, Entry::TopicCreate).await.map_err(|e| {
+                    log::warn!("TOPIC({t}): replicated change refused: {e}");
+                    AdminError::Exiting
+                }));
             }
             c.campaign_if_leaderless(t);
             if !c.deleted(t) {
