@@ -231,6 +231,14 @@ impl Client {
         self.in_flight.get()
     }
 
+    /// Sets the messages counted in flight to this client by a relay, which passes on
+    /// another member's deliveries (a replicated topic's leader): counted as a delivery
+    /// here is, so that its output is flushed once it holds as many as its RDY allows
+    /// ([`Client::is_ready`]), not only at its output buffer timeout.
+    pub fn set_relayed_in_flight(&self, n: i64) {
+        self.in_flight.set(n.max(0));
+    }
+
     /// Messages delivered to this client (stats `message_count`).
     pub fn message_count(&self) -> u64 {
         self.counters.messages.get()

@@ -39,6 +39,9 @@ use std::time::{Duration, Instant};
 /// relaying member follows the new leader itself) from a consumer (relayed).
 const RELAY_USER_AGENT: &str = "nsqd-relay";
 
+/// The most IDs a relay keeps as delivered by a previous leader ([`Relay::add_stale`]).
+const STALE_MAX: usize = 1 << 16;
+
 /// How long a relay looks for the topic's leader before it gives the consumer up.
 const FIND_LEADER: Duration = Duration::from_secs(10);
 
@@ -57,9 +60,9 @@ pub struct Relay {
     closed: Cell<bool>,
     /// Set once this member leads the topic and serves the consumer itself.
     local: Cell<bool>,
-    /// IDs a previous leader delivered and the consumer has not answered: their FIN,
-    /// REQ and TOUCH are dropped while relayed, and run without an error once this
-    /// member serves the consumer ([`Relay::stale_here`]).
+    /// IDs a previous leader delivered: their FIN, REQ and TOUCH are dropped while
+    /// relayed, and run without an error frame once this member serves the consumer
+    /// ([`Relay::stale_here`]).
     stale: RefCell<HashSet<[u8; 16]>>,
 }
 
@@ -76,7 +79,7 @@ impl Relay {
     /// Sends the consumer's command to the leader, or drops it (between two leaders; a
     /// message the current leader did not deliver). Returns false when the command is
     /// to run here as usual: this member took the topic's leadership over.
-    pub async fn forward(&self, cmd: Forward<'_>) -> bool {
+    pub async fn forward(&self, client: &Client, cmd: Forward<'_>) -> bool {
         if self.local.get() {
             return false;
         }
@@ -86,13 +89,13 @@ impl Relay {
                 format!("RDY {n}\n")
             }
             Forward::Fin(id) => {
-                if !self.delivered.borrow_mut().remove(id) {
+                if !self.answered(client, id) {
                     return true;
                 }
                 format!("FIN {}\n", String::from_utf8_lossy(id))
             }
             Forward::Req(id, ms) => {
-                if !self.delivered.borrow_mut().remove(id) {
+                if !self.answered(client, id) {
                     return true;
                 }
                 format!("REQ {} {ms}\n", String::from_utf8_lossy(id))
@@ -116,19 +119,32 @@ impl Relay {
 }
 
 impl Relay {
+    /// Whether the current leader delivered message `id` to the consumer, which has
+    /// now answered it (it is no longer counted in flight).
+    fn answered(&self, client: &Client, id: &[u8; 16]) -> bool {
+        let mut delivered = self.delivered.borrow_mut();
+        let was = delivered.remove(id);
+        client.set_relayed_in_flight(delivered.len() as i64);
+        was
+    }
+
     /// Once this member serves the consumer itself: whether message `id` was delivered
-    /// by a previous leader and not answered yet. Its FIN, REQ or TOUCH then runs here
-    /// without an error if this member did not deliver it again (it may have: the IDs
-    /// are the group's). A FIN or REQ answers it (`answered`).
-    pub fn stale_here(&self, id: &[u8; 16], answered: bool) -> bool {
-        if !self.local.get() {
-            return false;
+    /// by a previous leader. Its FIN, REQ or TOUCH then runs here without an error
+    /// frame when this member holds no such message in flight for the consumer: the
+    /// consumer may answer both that delivery and this member's own delivery of the
+    /// same message again (the IDs are the group's), and only one of them can succeed.
+    pub fn stale_here(&self, id: &[u8; 16]) -> bool {
+        self.local.get() && self.stale.borrow().contains(id)
+    }
+
+    /// Adds `ids` to [`Relay::stale`], which is forgotten whole past [`STALE_MAX`] IDs
+    /// (a consumer answers a message within its `--max-msg-timeout` anyway).
+    fn add_stale(&self, ids: impl IntoIterator<Item = [u8; 16]>) {
+        let mut stale = self.stale.borrow_mut();
+        if stale.len() > STALE_MAX {
+            stale.clear();
         }
-        if answered {
-            self.stale.borrow_mut().remove(id)
-        } else {
-            self.stale.borrow().contains(id)
-        }
+        stale.extend(ids);
     }
 }
 
@@ -285,7 +301,11 @@ async fn run(server: &Rc<Server>, client: &Rc<Client>, relay: &Rc<Relay>, mut up
                     if let Some(id) = data.get(10..26) {
                         let mut key = [0u8; 16];
                         key.copy_from_slice(id);
-                        relay.delivered.borrow_mut().insert(key);
+                        let mut delivered = relay.delivered.borrow_mut();
+                        delivered.insert(key);
+                        // In flight as a delivery here is: the output is flushed once
+                        // the consumer holds as many as its RDY allows.
+                        client.set_relayed_in_flight(delivered.len() as i64);
                     }
                     // Buffered as the consumer's own deliveries are (its output buffer
                     // size and timeout), not flushed one by one.
@@ -302,7 +322,8 @@ async fn run(server: &Rc<Server>, client: &Rc<Client>, relay: &Rc<Relay>, mut up
         up.shutdown();
         *relay.upstream.borrow_mut() = None;
         let delivered = std::mem::take(&mut *relay.delivered.borrow_mut());
-        relay.stale.borrow_mut().extend(delivered);
+        relay.add_stale(delivered);
+        client.set_relayed_in_flight(0);
         if relay.closed.get() || server.shard.shutdown.is_set() {
             return;
         }

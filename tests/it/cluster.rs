@@ -2309,11 +2309,14 @@ fn publishes_wait_while_leadership_moves_and_none_is_refused() {
     want.sort();
     let leader = c.wait_leader(topic);
     let mut s = c.node(leader).subscribe(topic, "c");
-    send(&mut s, format!("RDY {}\n", want.len() + 10).as_bytes());
-    let mut got: Vec<String> = read_messages(&mut s, want.len())
-        .into_iter()
-        .map(|(_, b)| String::from_utf8(b).unwrap())
-        .collect();
+    // RDY at most --max-rdy-count (2500); each message finished as it comes.
+    send(&mut s, b"RDY 2500\n");
+    let mut got: Vec<String> = Vec::with_capacity(want.len());
+    while got.len() < want.len() {
+        let (id, body) = read_messages(&mut s, 1).remove(0);
+        send(&mut s, format!("FIN {id}\n").as_bytes());
+        got.push(String::from_utf8(body).unwrap());
+    }
     got.sort();
     assert_eq!(got, want);
     expect_no_message(

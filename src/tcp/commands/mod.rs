@@ -71,13 +71,14 @@ pub(super) async fn exec(
         };
         // A consumer served through the topic's leader (docs/replication.md).
         if let Some(f) = forward {
-            if relay.forward(f).await {
+            if relay.forward(client, f).await {
                 return Ok(Upgrade::None);
             }
         }
         stale = match &cmd {
-            Command::Fin { id } | Command::Req { id, .. } => relay.stale_here(id, true),
-            Command::Touch { id } => relay.stale_here(id, false),
+            Command::Fin { id } | Command::Req { id, .. } | Command::Touch { id } => {
+                relay.stale_here(id)
+            }
             _ => false,
         };
     }
