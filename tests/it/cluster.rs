@@ -1675,19 +1675,7 @@ fn cluster_flags_are_checked() {
     );
     // Past its own start-up check (5 s): n1 only refuses the duplicate from now on.
     std::thread::sleep(Duration::from_millis(5500));
-    let dir2 = std::env::temp_dir().join(format!("nsqd-dup-node-id-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir2);
-    let mut n2 = common::Daemon::spawn(
-        env!("CARGO_BIN_EXE_nsqd"),
-        &[
-            format!("--tcp-address=127.0.0.1:{}", common::reserved_port()),
-            format!("--http-address=127.0.0.1:{}", common::reserved_port()),
-            format!("--data-path={}", dir2.display()),
-            "--node-id=7".to_string(),
-            format!("--cluster-address={a2}"),
-            format!("--cluster-peer={a1}"),
-        ],
-    );
+    let (mut n2, dir2) = spawn_member("dup-node-id", 7, &a2, &a1);
     let status = n2.wait_exit(Duration::from_secs(20));
     let err = n2.final_log();
     let _ = std::fs::remove_dir_all(&dir2);
@@ -1744,23 +1732,7 @@ fn cluster_flags_are_checked() {
     let mut both: Vec<(common::Daemon, PathBuf)> = [(&a3, &a4), (&a4, &a3)]
         .iter()
         .enumerate()
-        .map(|(i, (me, peer))| {
-            let dir =
-                std::env::temp_dir().join(format!("nsqd-dup-node-id-{}-{i}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
-            let d = common::Daemon::spawn(
-                env!("CARGO_BIN_EXE_nsqd"),
-                &[
-                    format!("--tcp-address=127.0.0.1:{}", common::reserved_port()),
-                    format!("--http-address=127.0.0.1:{}", common::reserved_port()),
-                    format!("--data-path={}", dir.display()),
-                    "--node-id=9".to_string(),
-                    format!("--cluster-address={me}"),
-                    format!("--cluster-peer={peer}"),
-                ],
-            );
-            (d, dir)
-        })
+        .map(|(i, (me, peer))| spawn_member(&format!("dup-node-id-{i}"), 9, me, peer))
         .collect();
     let deadline = Instant::now() + Duration::from_secs(20);
     let refused = loop {
@@ -1778,6 +1750,25 @@ fn cluster_flags_are_checked() {
     for (_, dir) in &both {
         let _ = std::fs::remove_dir_all(dir);
     }
+}
+
+/// A cluster member of one peer, spawned without waiting for its ports (it may refuse
+/// to run), on a fresh data path named after `name`: the process and the path.
+fn spawn_member(name: &str, node_id: u16, me: &str, peer: &str) -> (common::Daemon, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("nsqd-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = common::Daemon::spawn(
+        env!("CARGO_BIN_EXE_nsqd"),
+        &[
+            format!("--tcp-address=127.0.0.1:{}", common::reserved_port()),
+            format!("--http-address=127.0.0.1:{}", common::reserved_port()),
+            format!("--data-path={}", dir.display()),
+            format!("--node-id={node_id}"),
+            format!("--cluster-address={me}"),
+            format!("--cluster-peer={peer}"),
+        ],
+    );
+    (d, dir)
 }
 
 #[test]
