@@ -243,7 +243,7 @@ impl super::ShardCluster {
     /// replicates its channels' positions (so that its consumers, which it closes when
     /// it stops leading, get the least again from the new leader), brings `to` up to
     /// date, then tells it to campaign at once. Publishes meanwhile wait for the new
-    /// leader ([`ReplicationError::HandingOver`]), as during an election. A follower
+    /// leader ([`nsq_replication::ReplicationError::HandingOver`]), as during an election. A follower
     /// passes the request to the leader. Answers once `to` leads.
     pub async fn move_leader(
         &self,
