@@ -638,6 +638,12 @@ impl ShardCluster {
                 {
                     return;
                 }
+                // A leadership transfer a follower passed on (`move-leader` asked of it):
+                // the channels' positions go first, as when the leader is asked itself,
+                // so that its consumers get only what was unfinished again.
+                if kind == MessageType::MsgTransferLeader && self.led.borrow().contains(&topic) {
+                    self.replicate_cursors_of(server, vec![topic.clone()]);
+                }
                 let stepped = self.groups.borrow_mut().get_mut(&topic).map(|g| {
                     let sender = message.from;
                     let r = g.group.step(message);

@@ -62,7 +62,7 @@ impl ShardCluster {
             return;
         }
         // As `move_leader`: the channels' positions first, so that the consumers this
-        // member closes get the least again from the new leader.
+        // member relays to the new leader get the least again from it.
         self.replicate_cursors_of(server, moves.iter().map(|(t, _)| t.clone()).collect());
         for (topic, to) in moves {
             log::info!(
