@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import socket
 import struct
 import subprocess
@@ -28,7 +27,7 @@ import sys
 import tempfile
 import time
 
-from cluster_lib import free_port, member_args, request, rss_mb, wait_port
+from cluster_lib import Cluster, request, rss_mb
 
 
 
@@ -104,26 +103,15 @@ def main():
     ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("nsqd", nargs="?", default="target/release/nsqd")
     a = ap.parse_args()
-    tmp = tempfile.mkdtemp(prefix="nsqd-cluster-catchup-")
-    print(f"disk: {dd_speed(tmp)}", flush=True)
-    members = [
-        {"tcp": free_port(), "http": free_port(), "cluster": free_port()} for _ in range(3)
-    ]
-    procs = [None, None, None]
-
-    def start(i):
-        d = os.path.join(tmp, f"m{i}")
-        os.makedirs(d, exist_ok=True)
-        args = member_args(a.nsqd, i, d, a.shards, members)
-        log = open(os.path.join(tmp, f"m{i}.log"), "ab")
-        procs[i] = subprocess.Popen(args, stdout=log, stderr=log)
-
+    # The disk's O_DIRECT write speed, measured before the members start, on the same
+    # file system as their data paths.
+    probe = tempfile.mkdtemp(prefix="nsqd-cluster-catchup-dd-")
+    print(f"disk: {dd_speed(probe)}", flush=True)
+    shutil.rmtree(probe, ignore_errors=True)
+    c = Cluster(a.nsqd, a.shards, "nsqd-cluster-catchup-")
+    members, procs, tmp = c.members, c.procs, c.tmp
     try:
-        for i in range(3):
-            start(i)
-        for m in members:
-            if not wait_port(m["http"], time.time() + 30):
-                sys.exit(f"a member's HTTP port did not answer (logs in {tmp})")
+        c.wait_http()
         deadline = time.time() + 60
         while request(members[0]["http"], "POST", "/channel/create?topic=backlog&channel=c")[0] != 200:
             if time.time() > deadline:
@@ -167,12 +155,11 @@ def main():
                 sys.exit("the leader's Raft log was not compacted within 120 s")
             time.sleep(0.2)
         gone = (leader + 1) % 3
-        procs[gone].send_signal(signal.SIGKILL)
-        procs[gone].wait()
-        shutil.rmtree(os.path.join(tmp, f"m{gone}"))
-        open(os.path.join(tmp, f"m{gone}.log"), "wb").close()
+        c.kill(gone)
+        shutil.rmtree(c.data(gone))
+        open(c.log(gone), "wb").close()
         killed = time.time()
-        start(gone)
+        c.start(gone)
         peak = 0.0
         deadline = killed + 600
         while stats_depth(members[gone]["http"], "backlog", "c") != sent:
@@ -188,7 +175,7 @@ def main():
             st = json.loads(request(members[i]["http"], "GET", "/stats?format=json&topic=backlog")[1])
             t = st["topics"][0]
             print(f"  member {i + 1}: topic depth {t['depth']} backend_depth {t['backend_depth']}, channel {[(c['depth'], c['backend_depth']) for c in t['channels']]}")
-        with open(os.path.join(tmp, f"m{gone}.log"), errors="replace") as f:
+        with open(c.log(gone), errors="replace") as f:
             lines = [l.rstrip() for l in f if "backlog" in l and ("page" in l or "snapshot" in l)]
         for l in lines:
             print(f"  member {gone + 1}: {l}")
@@ -197,11 +184,7 @@ def main():
         if any("without the messages" in l for l in lines):
             sys.exit("FAIL: the snapshot was restored with a hole")
     finally:
-        for p in procs:
-            if p and p.poll() is None:
-                p.send_signal(signal.SIGKILL)
-                p.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
+        c.stop()
 
 
 if __name__ == "__main__":

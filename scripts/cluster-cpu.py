@@ -40,16 +40,13 @@ of the shares, or the CPU per message of all three members; medians over the rou
 import argparse
 import json
 import os
-import shutil
-import signal
 import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 
-from cluster_lib import free_port, member_args, request, rss_mb, wait_port
+from cluster_lib import Cluster, request, rss_mb
 
 
 
@@ -104,21 +101,10 @@ def recv_exact(s, n):
 
 
 def run(nsqd, topics, seconds, shards, load, via="leader", deferred=0):
-    tmp = tempfile.mkdtemp(prefix="nsqd-cluster-cpu-")
-    members = [
-        {"tcp": free_port(), "http": free_port(), "cluster": free_port()} for _ in range(3)
-    ]
-    procs = []
+    c = Cluster(nsqd, shards, "nsqd-cluster-cpu-")
+    members, procs = c.members, c.procs
     try:
-        for i in range(3):
-            d = os.path.join(tmp, f"m{i}")
-            os.makedirs(d)
-            args = member_args(nsqd, i, d, shards, members)
-            log = open(os.path.join(tmp, f"m{i}.log"), "wb")
-            procs.append(subprocess.Popen(args, stdout=log, stderr=log))
-        for m in members:
-            if not wait_port(m["http"], time.time() + 30):
-                sys.exit(f"{nsqd}: a member's HTTP port did not answer (logs in {tmp})")
+        c.wait_http()
         for k in range(topics):
             port = members[k % 3]["http"]
             status, body = request(port, "POST", f"/topic/create?topic=idle{k}")
@@ -175,10 +161,7 @@ def run(nsqd, topics, seconds, shards, load, via="leader", deferred=0):
         order = sorted((i for i in range(3) if i != lead), key=lambda i: i != entry)
         return [us[lead]] + [us[i] for i in order], consumed
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGKILL)
-            p.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
+        c.stop()
 
 
 def leader_of(members, topic):

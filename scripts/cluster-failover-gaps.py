@@ -19,18 +19,14 @@ between two acknowledgements within 3 s after it, and the median and max over th
 """
 import argparse
 import json
-import os
-import shutil
 import socket
 import statistics
 import struct
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
-from cluster_lib import free_port, member_args, request, wait_port
+from cluster_lib import Cluster, request
 
 
 
@@ -59,28 +55,14 @@ def connect(port):
     return s
 
 
-class Cluster:
-    def __init__(self, nsqd, shards):
-        self.nsqd = nsqd
-        self.tmp = tempfile.mkdtemp(prefix="nsqd-failover-gaps-")
-        self.members = [
-            {"tcp": free_port(), "http": free_port(), "cluster": free_port()} for _ in range(3)
-        ]
-        self.procs = [None] * 3
-        self.args = []
-        for i in range(3):
-            d = os.path.join(self.tmp, f"m{i}")
-            os.makedirs(d)
-            self.args.append(member_args(nsqd, i, d, shards, self.members))
-            self.start(i)
+class FailoverCluster(Cluster):
+    """The three members, and which of them leads topic `fo`."""
 
-    def start(self, i):
-        log = open(os.path.join(self.tmp, f"m{i}.log"), "ab")
-        self.procs[i] = subprocess.Popen(self.args[i], stdout=log, stderr=log)
+    def __init__(self, nsqd, shards):
+        super().__init__(nsqd, shards, "nsqd-failover-gaps-")
 
     def kill_and_restart(self, i):
-        self.procs[i].kill()
-        self.procs[i].wait()
+        self.kill(i)
         self.start(i)
 
     def leader(self):
@@ -95,16 +77,6 @@ class Cluster:
                 if t["topic"] == "fo" and t["is_leader"]:
                     return self.members.index(m)
         return None
-
-    def stop(self):
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def consumer(c, stop):
@@ -145,12 +117,10 @@ def producer(c, via, rate, acks, stop):
 
 
 def run(nsqd, kills, rate, shards):
-    c = Cluster(nsqd, shards)
+    c = FailoverCluster(nsqd, shards)
     stop = threading.Event()
     try:
-        for m in c.members:
-            if not wait_port(m["http"], time.time() + 30):
-                sys.exit(f"{nsqd}: a member's HTTP port did not answer (logs in {c.tmp})")
+        c.wait_http()
         deadline = time.time() + 30
         while request(c.members[0]["http"], "POST", "/topic/create?topic=fo")[0] != 200:
             if time.time() > deadline:

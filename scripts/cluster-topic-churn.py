@@ -24,14 +24,10 @@ at once for longer; `/topic/create` waited for an election timeout.)
 """
 import argparse
 import json
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 
-from cluster_lib import free_port, member_args, request, rss_mb, wait_port
+from cluster_lib import Cluster, request, rss_mb
 
 
 
@@ -59,19 +55,10 @@ def until_200(port, method, path, body=b"", within=10.0):
 
 
 def run(nsqd, topics, shards):
-    tmp = tempfile.mkdtemp(prefix="nsqd-topic-churn-")
-    members = [{"http": free_port(), "cluster": free_port(), "tcp": free_port()} for _ in range(3)]
-    procs = []
+    c = Cluster(nsqd, shards, "nsqd-topic-churn-")
+    members, procs = c.members, c.procs
     try:
-        for i in range(3):
-            d = os.path.join(tmp, f"m{i}")
-            os.makedirs(d)
-            args = member_args(nsqd, i, d, shards, members)
-            log = open(os.path.join(tmp, f"m{i}.log"), "wb")
-            procs.append(subprocess.Popen(args, stdout=log, stderr=log))
-        for m in members:
-            if not wait_port(m["http"], time.time() + 30):
-                sys.exit(f"{nsqd}: a member's HTTP port did not answer (logs in {tmp})")
+        c.wait_http()
         # Past the first seconds after a start, when members elect no empty log.
         until_200(members[0]["http"], "POST", "/topic/create?topic=warmup", within=30)
         until_200(members[1]["http"], "POST", "/pub?topic=warmup", b"w", within=30)
@@ -102,14 +89,7 @@ def run(nsqd, topics, shards):
             groups.append(len(json.loads(body)["topics"]) if status == 200 else None)
         return took / topics, before, after, later, groups, first
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        shutil.rmtree(tmp, ignore_errors=True)
+        c.stop()
 
 
 def main():

@@ -1,9 +1,14 @@
 """What the cluster scripts (cluster-cpu.py, cluster-catchup.py, cluster-topic-churn.py,
 cluster-failover-gaps.py) share: loopback ports, HTTP requests, waiting for a port,
-a process's resident memory, and the flags of a 3-member cluster's members.
+a process's resident memory, and a 3-member cluster on loopback (`Cluster`).
 Standard library only."""
 import http.client
+import os
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
 import time
 
 
@@ -61,3 +66,60 @@ def member_args(nsqd, i, data, shards, members):
         f"--http-address=127.0.0.1:{m['http']}",
         f"--cluster-address=127.0.0.1:{m['cluster']}",
     ] + [f"--cluster-peer=127.0.0.1:{o['cluster']}" for o in members if o is not m]
+
+
+class Cluster:
+    """Three members of one cluster on free loopback ports, started at once, each with
+    its data path `m<i>` and log `m<i>.log` in a temporary directory (`tmp`).
+    `members[i]` holds member i's "tcp", "http" and "cluster" ports; `procs[i]` its
+    process."""
+
+    def __init__(self, nsqd, shards, prefix):
+        self.nsqd = nsqd
+        self.tmp = tempfile.mkdtemp(prefix=prefix)
+        self.members = [
+            {"tcp": free_port(), "http": free_port(), "cluster": free_port()} for _ in range(3)
+        ]
+        self.args = [member_args(nsqd, i, self.data(i), shards, self.members) for i in range(3)]
+        self.procs = [None] * 3
+        for i in range(3):
+            self.start(i)
+
+    def data(self, i):
+        return os.path.join(self.tmp, f"m{i}")
+
+    def log(self, i):
+        return os.path.join(self.tmp, f"m{i}.log")
+
+    def start(self, i):
+        """Starts member `i` on its data path (made if missing), its log appended to."""
+        os.makedirs(self.data(i), exist_ok=True)
+        log = open(self.log(i), "ab")
+        self.procs[i] = subprocess.Popen(self.args[i], stdout=log, stderr=log)
+
+    def kill(self, i):
+        """kill -9 of member `i`, reaped."""
+        p = self.procs[i]
+        if p and p.poll() is None:
+            p.kill()
+            p.wait()
+
+    def wait_http(self, within=30):
+        """Exits the script unless every member's HTTP port answers within `within` s."""
+        for m in self.members:
+            if not wait_port(m["http"], time.time() + within):
+                sys.exit(f"{self.nsqd}: a member's HTTP port did not answer (logs in {self.tmp})")
+
+    def stop(self):
+        """SIGTERM to every member (kill -9 after 10 s), then the directory goes."""
+        for p in self.procs:
+            if p and p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            if p:
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        shutil.rmtree(self.tmp, ignore_errors=True)
