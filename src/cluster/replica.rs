@@ -639,8 +639,7 @@ impl ShardCluster {
                     return;
                 }
                 // A leadership transfer a follower passed on (`move-leader` asked of it):
-                // the channels' positions go first, as when the leader is asked itself,
-                // so that its consumers get only what was unfinished again.
+                // the channels' positions go first, as in `transfer_leader`.
                 if kind == MessageType::MsgTransferLeader && self.led.borrow().contains(&topic) {
                     self.replicate_cursors_of(server, vec![topic.clone()]);
                 }
@@ -1105,8 +1104,13 @@ impl ShardCluster {
     }
 
     /// Asks `topic`'s group to hand leadership to replica `to` (a follower passes the
-    /// request to the leader).
-    fn transfer_leader(&self, topic: &str, to: u64) {
+    /// request to the leader, which does the same on receiving it). A leader replicates
+    /// the topic's channel positions first, so that the consumers it relays to the new
+    /// leader get only what is unfinished again.
+    fn transfer_leader(&self, server: &Server, topic: &str, to: u64) {
+        if self.led.borrow().contains(topic) {
+            self.replicate_cursors_of(server, vec![topic.to_string()]);
+        }
         if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
             g.group.transfer_leader(to);
         }

@@ -214,7 +214,7 @@ impl ShardCluster {
                         "TOPIC({topic}): handing leadership to {} (this member no longer holds a replica in the placement)",
                         self.address_of(to)
                     );
-                    self.transfer_leader(&topic, to);
+                    self.transfer_leader(server, &topic, to);
                     continue;
                 }
                 Step::Learner(to) => {

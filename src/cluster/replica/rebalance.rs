@@ -61,15 +61,12 @@ impl ShardCluster {
         if moves.is_empty() {
             return;
         }
-        // As `move_leader`: the channels' positions first, so that the consumers this
-        // member relays to the new leader get the least again from it.
-        self.replicate_cursors_of(server, moves.iter().map(|(t, _)| t.clone()).collect());
         for (topic, to) in moves {
             log::info!(
                 "TOPIC({topic}): handing leadership to {}, its preferred leader (--rebalance-leaders)",
                 self.address_of(to)
             );
-            self.transfer_leader(&topic, to);
+            self.transfer_leader(server, &topic, to);
         }
     }
 }

@@ -278,10 +278,7 @@ impl super::ShardCluster {
                 return Err(MoveLeaderError::Timeout);
             }
             if Instant::now() >= ask_at && leader.is_some() {
-                if leader == Some(self.cfg.me.replica) {
-                    self.replicate_cursors(server);
-                }
-                self.transfer_leader(topic, member);
+                self.transfer_leader(server, topic, member);
                 ask_at = Instant::now() + std::time::Duration::from_secs(1);
             }
             glommio::timer::sleep(TICK).await;
