@@ -86,8 +86,12 @@ pub async fn off_executor<T: Send + 'static>(
                     self.0.used.fetch_sub(1, Ordering::AcqRel);
                 }
             }
-            let _slot = Slot(slots);
-            let _ = tx.send(f());
+            let slot = Slot(slots);
+            let out = f();
+            // Free before the caller sees the result: a call made once it has it finds
+            // the slot free.
+            drop(slot);
+            let _ = tx.send(out);
         });
     if let Err(e) = spawned {
         slots.used.fetch_sub(1, Ordering::AcqRel);
