@@ -12,8 +12,33 @@ import tempfile
 import time
 
 
+_next_port = [None]
+
+
 def free_port():
-    """A TCP port on 127.0.0.1 free a moment ago."""
+    """A TCP port on 127.0.0.1 free a moment ago, below the kernel's ephemeral range
+    (ip_local_port_range): members are restarted on their ports, and an ephemeral one
+    could meanwhile become the local end of an outgoing connection."""
+    low = 10000
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            high = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        high = 32768
+    if high <= low + 1000:
+        high = 32768
+    span = high - low
+    if _next_port[0] is None:
+        _next_port[0] = (os.getpid() * 7919 + time.time_ns()) % span
+    for _ in range(span):
+        port = low + _next_port[0] % span
+        _next_port[0] += 7
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

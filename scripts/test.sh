@@ -38,7 +38,8 @@
 #      Chromium (scripts/page-test.sh; SKIP when chromium, chromedriver or
 #      python3-selenium are missing).
 #
-# Prints a summary and exits non-zero if anything failed.
+# Prints a summary (with the last 30 lines of each failed step's output, which is kept in
+# target/test-logs/step-N.log) and exits non-zero if anything failed.
 #
 # Options:
 #   --clients-only   skip steps 1-4 (still builds the broker unless NSQD_BIN is set)
@@ -134,15 +135,28 @@ record() { # status name [detail]
   esac
   echo ">> $1: $2${3:+ ($3)}"
 }
-# run_step name command...: runs a command, records PASS/FAIL with its duration.
+# run_step name command...: runs a command, records PASS/FAIL with its duration. Its
+# output also goes to $LOGDIR/step-N.log, whose tail the summary repeats for a failed
+# step (a CI log that keeps only its head and tail still shows why).
+STEP_N=0
+FAILED_STEP_LOGS=()   # "name|log"
 run_step() {
   local name="$1"; shift
   local t0=$(date +%s)
+  STEP_N=$((STEP_N + 1))
+  local log="$LOGDIR/step-$STEP_N.log"
   section "$name: $*"
-  "$@"
+  # Process substitution, not a pipe: a daemon a step leaves behind holding its output
+  # cannot keep the script waiting.
+  "$@" > >(tee "$log") 2>&1
   local rc=$?
   local dt=$(( $(date +%s) - t0 ))
-  if [[ $rc -eq 0 ]]; then record PASS "$name" "${dt}s"; else record FAIL "$name" "exit $rc, ${dt}s"; fi
+  if [[ $rc -eq 0 ]]; then
+    record PASS "$name" "${dt}s"
+  else
+    record FAIL "$name" "exit $rc, ${dt}s"
+    FAILED_STEP_LOGS+=("$name|$log")
+  fi
   return $rc
 }
 
@@ -509,6 +523,11 @@ section "summary ($(( $(date +%s) - T_START ))s)"
 for r in "${RESULTS[@]}"; do
   IFS='|' read -r st name detail <<<"$r"
   printf '  %-4s  %-28s %s\n' "$st" "$name" "$detail"
+done
+for f in ${FAILED_STEP_LOGS[@]+"${FAILED_STEP_LOGS[@]}"}; do
+  echo
+  echo "---- last 30 lines of failed step \"${f%%|*}\" (${f#*|}) ----"
+  tail -n 30 "${f#*|}" 2>/dev/null | cut -c1-600
 done
 echo
 echo "logs of the broker runs and client scenarios: $LOGDIR"

@@ -33,8 +33,32 @@ pub fn default_nsqd() -> PathBuf {
     exe.parent().expect("exe dir").join("nsqd")
 }
 
-/// A loopback port that was free a moment ago (for restarts on the same ports).
+/// A loopback port that was free a moment ago, below the kernel's ephemeral range
+/// (`/proc/sys/net/ipv4/ip_local_port_range`, 32768-60999 by default), for a broker
+/// that is restarted on the same ports: an ephemeral port can meanwhile become the
+/// local end of any outgoing connection (a client's, or a member's link to another),
+/// and the restarted broker then cannot bind it.
 pub fn free_port() -> u16 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    const LOW: u32 = 10_000;
+    let high = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .filter(|&h| h > LOW + 1_000)
+        .unwrap_or(32_768);
+    let span = high - LOW;
+    // Tools started one after another begin at different places.
+    let seed = std::process::id().wrapping_mul(2_654_435_761)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::SeqCst);
+        let port = (LOW + seed.wrapping_add(n.wrapping_mul(7)) % span) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

@@ -22,6 +22,13 @@ replicas as its changes (docs/replication.md, "Channel state"). The script then 
 message of the first round is delivered again after the failover, or any deferred one
 at all: the new leader must know what was finished and what is deferred.
 
+With SCENARIO_MOVES=1 the leader is moved instead of killed: after the first round the
+writer publishes the second round while the script prints `MOVE` and waits for a line
+on stdin (the caller moves the leadership round the members meanwhile, with
+`POST /topic/move-leader`). Then no publish may have been refused, and every
+connection the reader had before the moves must still be up: a member that stops
+leading relays its consumers to the new leader instead of closing them.
+
 Exit status 0 on success, 1 with a reason on stderr otherwise; gives up after
 SCENARIO_TIMEOUT seconds (default 120).
 """
@@ -41,6 +48,9 @@ NAME = "pynsq-failover"
 KEEP = []
 N = int(os.environ.get("SCENARIO_MESSAGES", "200"))
 DEFERRED = int(os.environ.get("SCENARIO_DEFERRED", "0"))
+MOVES = os.environ.get("SCENARIO_MOVES", "") == "1"
+# Publishes answered with an error or not at all, and tried again.
+REFUSED = []
 
 
 def log(text):
@@ -71,6 +81,7 @@ async def publish_all(writer, topic, bodies, acked):
             if answer and not isinstance(answer[0], Exception):
                 acked.add(b)
                 break
+            REFUSED.append(answer[0] if answer else "no answer in 10 s")
             if time.time() > deadline:
                 raise sc.ScenarioError("no member acknowledged %r: %r" % (b, answer))
             await asyncio.sleep(0.1)
@@ -91,11 +102,14 @@ async def main(lookupd, members):
         got[b] = got.get(b, 0) + 1
         return True  # pynsq FINs the message
 
+    readers = []
+
     def start_reader():
-        KEEP.append(nsq.Reader(topic=topic, channel="c", name="failover",
+        readers.append(nsq.Reader(topic=topic, channel="c", name="failover",
                                message_handler=handler, lookupd_http_addresses=[lookupd],
                                lookupd_poll_interval=1, lookupd_poll_jitter=0.1,
                                max_in_flight=50, max_tries=0))
+        KEEP.append(readers[-1])
 
     if DEFERRED:
         # The channel first (the warm-up message makes the topic; the reader makes the
@@ -122,18 +136,40 @@ async def main(lookupd, members):
     if DEFERRED:
         await asyncio.sleep(1)
     before_kill = dict(got)
-    log("first round: %d acknowledged, all received; kill the leader now" % len(acked))
-    print("KILL", flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-    t0 = time.time()
     second = [("%s:b:%05d" % (topic, i)).encode() for i in range(N)]
-    await publish_all(writer, topic, second, acked)
-    log("second round published through the survivors in %.2fs" % (time.time() - t0))
+    if MOVES:
+        conns = dict(readers[0].conns)
+        refused_before = len(REFUSED)
+        log("first round: %d acknowledged, all received; the reader has %d connection(s); "
+            "move the leadership now" % (len(acked), len(conns)))
+        t0 = time.time()
+        publishing = asyncio.ensure_future(publish_all(writer, topic, second, acked))
+        print("MOVE", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        await publishing
+        log("second round published across the moves in %.2fs" % (time.time() - t0))
+        if len(REFUSED) > refused_before:
+            raise sc.ScenarioError("%d publishes refused or unanswered during the moves, "
+                                   "e.g. %r" % (len(REFUSED) - refused_before,
+                                                REFUSED[refused_before]))
+    else:
+        log("first round: %d acknowledged, all received; kill the leader now" % len(acked))
+        print("KILL", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        t0 = time.time()
+        await publish_all(writer, topic, second, acked)
+        log("second round published through the survivors in %.2fs" % (time.time() - t0))
     await wait_for(lambda: acked <= set(got), sc.OVERALL_TIMEOUT, "every acknowledged message")
     extra = set(got) - set(first) - set(second) - {("%s:warm" % topic).encode()}
     if extra:
         raise sc.ScenarioError("received messages never published: %r" % sorted(extra)[:3])
     dups = sum(n - 1 for n in got.values())
+    if MOVES:
+        gone = [a for a, c in conns.items()
+                if readers[0].conns.get(a) is not c or not c.connected()]
+        if gone:
+            raise sc.ScenarioError("the reader's connection(s) to %s closed across the moves"
+                                   % gone)
     if DEFERRED:
         again = [b for b in first if got.get(b, 0) > before_kill.get(b, 0)]
         if again:
@@ -143,8 +179,8 @@ async def main(lookupd, members):
         if early:
             raise sc.ScenarioError("%d deferred messages delivered, e.g. %r"
                                    % (len(early), early[0]))
-    log("all %d acknowledged messages received after the failover (%.2fs), %d redelivered"
-        % (len(acked), time.time() - t0, dups))
+    log("all %d acknowledged messages received after the %s (%.2fs), %d redelivered"
+        % (len(acked), "moves" if MOVES else "failover", time.time() - t0, dups))
 
 
 if __name__ == "__main__":

@@ -64,6 +64,10 @@ pub struct Relay {
     /// relayed, and run without an error frame once this member serves the consumer
     /// ([`Relay::stale_here`]).
     stale: RefCell<HashSet<[u8; 16]>>,
+    /// Commands for the current leader not yet written ([`Relay::forward`]).
+    pending: RefCell<Vec<u8>>,
+    /// Set while a task writes [`Relay::pending`] out.
+    flushing: Cell<bool>,
 }
 
 /// What the consumer sends that goes to the leader.
@@ -76,45 +80,73 @@ pub enum Forward<'a> {
 }
 
 impl Relay {
-    /// Sends the consumer's command to the leader, or drops it (between two leaders; a
-    /// message the current leader did not deliver). Returns false when the command is
+    /// Queues the consumer's command for the leader, or drops it (between two leaders;
+    /// a message the current leader did not deliver). Returns false when the command is
     /// to run here as usual: this member took the topic's leadership over.
-    pub async fn forward(&self, client: &Client, cmd: Forward<'_>) -> bool {
+    ///
+    /// The commands of one read from the consumer go to the leader in one write: a task
+    /// started by the first of them writes them once the consumer's connection has run
+    /// all it read (a FIN per write cost a system call per message).
+    pub fn forward(self: &Rc<Self>, client: &Client, cmd: Forward<'_>) -> bool {
+        use std::io::Write;
         if self.local.get() {
             return false;
         }
-        let line = match cmd {
+        let mut pending = self.pending.borrow_mut();
+        // Writing into a Vec cannot fail.
+        let _ = match cmd {
             Forward::Rdy(n) => {
                 self.rdy.set(n);
-                format!("RDY {n}\n")
+                writeln!(pending, "RDY {n}")
             }
             Forward::Fin(id) => {
                 if !self.answered(client, id) {
                     return true;
                 }
-                format!("FIN {}\n", String::from_utf8_lossy(id))
+                pending.extend_from_slice(b"FIN ");
+                pending.extend_from_slice(id);
+                writeln!(pending)
             }
             Forward::Req(id, ms) => {
                 if !self.answered(client, id) {
                     return true;
                 }
-                format!("REQ {} {ms}\n", String::from_utf8_lossy(id))
+                pending.extend_from_slice(b"REQ ");
+                pending.extend_from_slice(id);
+                writeln!(pending, " {ms}")
             }
             Forward::Touch(id) => {
                 if !self.delivered.borrow().contains(id) {
                     return true;
                 }
-                format!("TOUCH {}\n", String::from_utf8_lossy(id))
+                pending.extend_from_slice(b"TOUCH ");
+                pending.extend_from_slice(id);
+                writeln!(pending)
             }
-            Forward::Cls => "CLS\n".to_string(),
+            Forward::Cls => writeln!(pending, "CLS"),
         };
-        let up = self.upstream.borrow().clone();
-        if let Some(up) = up {
-            if up.write_all(line.as_bytes()).await.is_err() {
+        if !self.flushing.replace(true) {
+            let relay = self.clone();
+            glommio::spawn_local(async move { relay.flush().await }).detach();
+        }
+        true
+    }
+
+    /// Writes [`Relay::pending`] to the current leader until none is left; started by
+    /// [`Relay::forward`], after the consumer's connection has run what it read.
+    async fn flush(&self) {
+        glommio::executor().yield_now().await;
+        loop {
+            let data = std::mem::take(&mut *self.pending.borrow_mut());
+            let up = self.upstream.borrow().clone();
+            let (Some(up), false) = (up, data.is_empty()) else {
+                break;
+            };
+            if up.write_all(&data).await.is_err() {
                 up.shutdown();
             }
         }
-        true
+        self.flushing.set(false);
     }
 }
 
@@ -192,6 +224,8 @@ pub async fn subscribe(
         closed: Cell::new(false),
         local: Cell::new(false),
         stale: RefCell::new(HashSet::new()),
+        pending: RefCell::new(Vec::new()),
+        flushing: Cell::new(false),
     });
     let Some(up) = connect(server, client, &relay).await? else {
         return Ok(false);
@@ -321,6 +355,8 @@ async fn run(server: &Rc<Server>, client: &Rc<Client>, relay: &Rc<Relay>, mut up
         }
         up.shutdown();
         *relay.upstream.borrow_mut() = None;
+        // Commands for the leader that is gone (its deliveries are stale).
+        relay.pending.borrow_mut().clear();
         let delivered = std::mem::take(&mut *relay.delivered.borrow_mut());
         relay.add_stale(delivered);
         client.set_relayed_in_flight(0);
@@ -420,6 +456,8 @@ pub fn serve_detached(
         closed: Cell::new(false),
         local: Cell::new(false),
         stale: RefCell::new(in_flight.iter().map(|id| id.to_hex()).collect()),
+        pending: RefCell::new(Vec::new()),
+        flushing: Cell::new(false),
     });
     c.relays.borrow_mut().insert(client.id(), relay.clone());
     log::info!(

@@ -2326,7 +2326,8 @@ fn publishes_wait_while_leadership_moves_and_none_is_refused() {
 /// Runs a client's failover scenario (scripts/clients/*_failover.*) against a 3-node
 /// cluster with nsqlookupd: it prints `KILL` once its consumer has every message of
 /// the first round; the leader of its topic is then killed and the scenario told to go
-/// on; it must end with status 0 (every acknowledged message received).
+/// on; it must end with status 0 (every acknowledged message received). A scenario
+/// that prints `MOVE` instead gets six moves of the leadership round the members.
 fn failover_scenario(program: &std::path::Path, script: &str, topic_prefix: &str) {
     failover_scenario_with(program, script, topic_prefix, &[], &[]);
 }
@@ -2359,7 +2360,7 @@ fn failover_scenario_with(
         .unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
-    while line.trim() != "KILL" {
+    while !matches!(line.trim(), "KILL" | "MOVE") {
         line.clear();
         if out.read_line(&mut line).unwrap() == 0 {
             let o = child.wait_with_output().unwrap();
@@ -2379,7 +2380,22 @@ fn failover_scenario_with(
         .expect("the scenario's topic")
         .to_string();
     let leader = c.wait_leader(&topic);
-    c.kill9(leader);
+    if line.trim() == "MOVE" {
+        // Round the members while the scenario publishes, each move asked of the
+        // member that leads, and the next once the target leads.
+        let mut at = leader;
+        for _ in 0..6 {
+            let to = (at + 1) % 3;
+            let path = format!("/topic/move-leader?topic={topic}&to={}", c.addresses[to]);
+            let (code, body) = c.node(at).http("POST", &path, b"");
+            assert_eq!(code, 200, "{}", common::show(&body));
+            assert_eq!(c.wait_leader(&topic), to);
+            at = to;
+            std::thread::sleep(Duration::from_millis(150));
+        }
+    } else {
+        c.kill9(leader);
+    }
     child.stdin.take().unwrap().write_all(b"go\n").unwrap();
     let o = child.wait_with_output().unwrap();
     let log = String::from_utf8_lossy(&o.stderr);
@@ -2433,6 +2449,18 @@ fn pynsq_follows_the_leader_with_journaled_raft_logs() {
 #[test]
 fn pynsq_gets_nothing_finished_again_after_a_failover_of_a_channel_with_many_deferred() {
     pynsq_failover(&[], &[("SCENARIO_DEFERRED", "5000")]);
+}
+
+/// pynsq, unmodified, across six moves of the leadership round the members
+/// (`POST /topic/move-leader`) while its nsq.Writer publishes: no publish is refused,
+/// the nsq.Reader's connections all stay up (a member that stops leading relays its
+/// consumers to the new leader) and it receives every acknowledged message.
+#[test]
+fn pynsq_stays_connected_across_leadership_moves() {
+    pynsq_failover(
+        &[],
+        &[("SCENARIO_MOVES", "1"), ("SCENARIO_MESSAGES", "1000")],
+    );
 }
 
 /// gnsq, unmodified, as [`pynsq_follows_the_leader_through_nsqlookupd`].

@@ -71,7 +71,7 @@ pub(super) async fn exec(
         };
         // A consumer served through the topic's leader (docs/replication.md).
         if let Some(f) = forward {
-            if relay.forward(client, f).await {
+            if relay.forward(client, f) {
                 return Ok(Upgrade::None);
             }
         }
