@@ -708,6 +708,14 @@ impl<S: LogStore> TopicGroup<S> {
         self.node.transfer_leader(to);
     }
 
+    /// True on a leader while a leadership transfer it started runs (raft-rs's
+    /// `lead_transferee`): it ends when the transferee leads, or after an election
+    /// timeout without that.
+    #[must_use]
+    pub fn transferring(&self) -> bool {
+        self.node.raft.lead_transferee.is_some()
+    }
+
     /// The voters of the group's current configuration.
     #[must_use]
     pub fn voters(&self) -> Vec<u64> {

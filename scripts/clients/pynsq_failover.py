@@ -26,8 +26,9 @@ With SCENARIO_MOVES=1 the leader is moved instead of killed: after the first rou
 writer publishes the second round while the script prints `MOVE` and waits for a line
 on stdin (the caller moves the leadership round the members meanwhile, with
 `POST /topic/move-leader`). Then no publish may have been refused, and every
-connection the reader had before the moves must still be up: a member that stops
-leading relays its consumers to the new leader instead of closing them.
+connection the reader had before the moves must still be up (a member that stops
+leading relays its consumers to the new leader instead of closing them), and no message
+may come twice (a leader hands over once its consumers finished what they held).
 
 Exit status 0 on success, 1 with a reason on stderr otherwise; gives up after
 SCENARIO_TIMEOUT seconds (default 120).
@@ -170,6 +171,10 @@ async def main(lookupd, members):
         if gone:
             raise sc.ScenarioError("the reader's connection(s) to %s closed across the moves"
                                    % gone)
+        if dups:
+            raise sc.ScenarioError("%d messages delivered again across the moves (a leader "
+                                   "hands over once its consumers finished what they "
+                                   "held)" % dups)
     if DEFERRED:
         again = [b for b in first if got.get(b, 0) > before_kill.get(b, 0)]
         if again:

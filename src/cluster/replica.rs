@@ -32,6 +32,7 @@ mod apply;
 mod catchup;
 mod compaction;
 mod deletion;
+mod handover;
 mod journal;
 mod membership;
 mod positions;
@@ -304,6 +305,8 @@ pub struct ShardCluster {
     /// Consumers of topics this member stopped leading, by topic, until the driver
     /// relays each to the new leader ([`super::relay::serve_detached`]).
     detached: RefCell<Vec<(String, nsq_shards::shard::DetachedConsumer)>>,
+    /// Hand-overs of topics this member leads, under way ([`handover`]).
+    hand_overs: RefCell<HashMap<String, handover::HandOver>>,
 }
 
 /// When this process started its cluster role (the first shard to start it).
@@ -340,6 +343,7 @@ impl ShardCluster {
             own_tcp: RefCell::new(String::new()),
             dropped: RefCell::new(HashMap::new()),
             detached: RefCell::new(Vec::new()),
+            hand_overs: RefCell::new(HashMap::new()),
         }
     }
 
@@ -638,10 +642,12 @@ impl ShardCluster {
                 {
                     return;
                 }
-                // A leadership transfer a follower passed on (`move-leader` asked of it):
-                // the channels' positions go first, as in `transfer_leader`.
+                // A leadership transfer a follower passed on (`move-leader` asked of it;
+                // raft-rs names the transferee as the sender): handed over as one asked
+                // here is (`transfer_leader`).
                 if kind == MessageType::MsgTransferLeader && self.led.borrow().contains(&topic) {
-                    self.replicate_cursors_of(server, vec![topic.clone()]);
+                    self.start_hand_over(server, &topic, message.from);
+                    return;
                 }
                 let stepped = self.groups.borrow_mut().get_mut(&topic).map(|g| {
                     let sender = message.from;
@@ -1104,12 +1110,14 @@ impl ShardCluster {
     }
 
     /// Asks `topic`'s group to hand leadership to replica `to` (a follower passes the
-    /// request to the leader, which does the same on receiving it). A leader replicates
-    /// the topic's channel positions first, so that the consumers it relays to the new
-    /// leader get only what is unfinished again.
+    /// request to the leader, which does the same on receiving it). A leader first lets
+    /// its consumers finish what they hold in flight and replicates the topic's channel
+    /// positions ([`handover`]), so that the consumers it relays to the new leader get
+    /// nothing again.
     fn transfer_leader(&self, server: &Server, topic: &str, to: u64) {
         if self.led.borrow().contains(topic) {
-            self.replicate_cursors_of(server, vec![topic.to_string()]);
+            self.start_hand_over(server, topic, to);
+            return;
         }
         if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
             g.group.transfer_leader(to);
@@ -1375,12 +1383,18 @@ async fn driver(server: Rc<Server>) {
         for (topic, consumer) in detached {
             super::relay::serve_detached(&server, &topic, consumer);
         }
+        let handing_over = c.handing_over();
+        if handing_over {
+            c.advance_hand_overs(&server);
+        }
         if !c.dirty.borrow().is_empty() {
             continue;
         }
-        let sleep = std::pin::pin!(glommio::timer::sleep(
-            next_tick.saturating_duration_since(Instant::now())
-        ));
+        let mut wait = next_tick.saturating_duration_since(Instant::now());
+        if handing_over {
+            wait = wait.min(handover::HAND_OVER_POLL);
+        }
+        let sleep = std::pin::pin!(glommio::timer::sleep(wait));
         let woken = std::pin::pin!(c.wake.wait());
         futures::future::select(sleep, woken).await;
     }

@@ -244,7 +244,7 @@ impl Channel {
     }
 
     /// Messages this channel's clients take: the RDY of each subscribed client with
-    /// RDY > 0 whose output is being drained (not full); 0 when paused. A consumer that
+    /// RDY > 0 whose output is being drained (not full); 0 when paused or held. A consumer that
     /// has all its RDY in flight still takes messages (each FIN makes room for the next):
     /// reads for it go on. One that stops reading its socket (a full output), sets RDY 0
     /// or leaves does not.
@@ -253,9 +253,9 @@ impl Channel {
     }
 
     /// The RDY of the subscribed clients with RDY > 0 (`drained`: only those whose
-    /// output is not full); 0 when paused.
+    /// output is not full); 0 when paused or held.
     pub(super) fn rdy_of_takers(&self, drained: bool) -> usize {
-        if self.flags.paused {
+        if self.delivery_stopped() {
             return 0;
         }
         self.consumers
@@ -273,7 +273,7 @@ impl Channel {
 
     /// True when a ready message exists and a client can take it.
     fn has_work(&self, log: &Log) -> bool {
-        !self.flags.paused
+        !self.delivery_stopped()
             && (!self.ready.requeued.is_empty()
                 || self.ready.unread.range(log.base..).next().is_some()
                 || (self.cursor < log.pumped && !(self.wants_disk() && self.read_ahead.is_empty())))

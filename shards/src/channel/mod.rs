@@ -197,6 +197,9 @@ struct Flags {
     ephemeral: bool,
     /// No delivery while set.
     paused: bool,
+    /// No delivery while this member hands the topic's leadership over (not nsqd's
+    /// pause: not persisted, not shown in `/stats`): see [`Channel::set_held`].
+    held: bool,
 }
 
 /// A channel's delivery limits beyond nsqd (docs/dead-letters-and-rate-limits.md).
@@ -256,6 +259,7 @@ impl Channel {
             flags: Flags {
                 ephemeral: is_ephemeral(name),
                 paused: false,
+                held: false,
             },
             cursor,
             skip: crate::seqset::SeqSet::new(),
@@ -294,6 +298,19 @@ impl Channel {
     /// Pauses or unpauses delivery. Unpausing does not deliver by itself: call `dispatch`.
     pub fn set_paused(&mut self, paused: bool) {
         self.flags.paused = paused;
+    }
+
+    /// Holds or releases delivery while this member hands its replicated topic's
+    /// leadership over: the consumers finish what they hold in flight, and nothing is
+    /// in flight here when the new leader takes the channel's state, so nothing is
+    /// delivered twice. Releasing does not deliver by itself: call `dispatch`.
+    pub fn set_held(&mut self, held: bool) {
+        self.flags.held = held;
+    }
+
+    /// No delivery now: paused, or held ([`Channel::set_held`]).
+    fn delivery_stopped(&self) -> bool {
+        self.flags.paused || self.flags.held
     }
 
     /// The next log sequence this channel reads.

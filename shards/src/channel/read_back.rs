@@ -238,7 +238,7 @@ impl Channel {
     /// records are delivered keeps the disk busy, so a lagging channel with ready
     /// clients catches up at the disk's speed rather than one read's latency per batch.
     pub fn disk_read_from(&self, log_base: u64) -> Option<(u64, usize)> {
-        if self.read_ahead.reading || self.flags.paused || self.cursor >= log_base {
+        if self.read_ahead.reading || self.delivery_stopped() || self.cursor >= log_base {
             return None;
         }
         let room = self.room().min(DISK_READ_AHEAD.0);
@@ -270,7 +270,7 @@ impl Channel {
     /// can take messages. Returns the first sequence and how many records to read: up
     /// to the last wanted one within the clients' room, at most [`DISK_READ_BATCH`].
     pub fn unread_read_from(&self, log_base: u64) -> Option<(u64, usize)> {
-        if self.read_ahead.unread_reading || self.flags.paused {
+        if self.read_ahead.unread_reading || self.delivery_stopped() {
             return None;
         }
         let (&first, _) = self.ready.unread.range(..log_base).next()?;

@@ -896,6 +896,23 @@ fn in_flight_times_out_while_paused_but_waits_for_unpause() {
     assert_eq!((f[0].id, f[0].attempts), (ids[0], 2));
 }
 
+#[test]
+fn a_held_channel_delivers_nothing_until_released_and_is_not_paused() {
+    let clk = Clock::new();
+    let (mut t, c, ids) = delivered(1, clk.at(0));
+    chan(&mut t, "ch").set_held(true);
+    publish(&mut t, 1, 2);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(1)), 0);
+    assert_eq!(chan(&mut t, "ch").room(), 0);
+    // What is in flight is finished as usual, and nsqd's pause is not touched.
+    chan(&mut t, "ch").finish(&c, ids[0]).unwrap();
+    assert_eq!(chan(&mut t, "ch").in_flight_count(), 0);
+    assert!(!chan(&mut t, "ch").is_paused());
+    chan(&mut t, "ch").set_held(false);
+    assert_eq!(dispatch(&mut t, "ch", clk.at(2)), 2);
+    assert_eq!(bodies(&frames(&c)), ["m1", "m2"]);
+}
+
 // -------------------------------------------------------------------------------- FIN
 
 #[test]

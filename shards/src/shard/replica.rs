@@ -3,7 +3,7 @@
 //! positions the leader replicates, a follower's channel moved up to them, and the
 //! consumers closed when this node stops leading the topic.
 
-use super::Shard;
+use super::{bump, Shard};
 use crate::message::MessageId;
 use crate::topic::{ReplicaRecord, ReplicaState, Restored, Topic};
 
@@ -423,6 +423,40 @@ impl Shard {
     /// The sequence `topic`'s next message gets (0: no such topic).
     pub fn topic_head(&self, topic: &str) -> u64 {
         self.topics.borrow().get(topic).map_or(0, |t| t.log.head)
+    }
+
+    /// Holds (`held`) or releases delivery on every channel of `topic` while this member
+    /// hands the topic's leadership over ([`crate::channel::Channel::set_held`]); a
+    /// release delivers again at once. Returns the messages the topic's channels hold
+    /// in flight (0: no such topic).
+    pub fn hold_topic_deliveries(&self, topic: &str, held: bool) -> usize {
+        let mut topics = self.topics.borrow_mut();
+        let Some(t) = topics.get_mut(topic) else {
+            return 0;
+        };
+        let now = std::time::Instant::now();
+        let mut in_flight = 0;
+        let mut out = 0;
+        for ch in t.channels.values_mut() {
+            ch.set_held(held);
+            if !held {
+                out += ch.dispatch(&t.log, now);
+                self.schedule_timer(topic, ch);
+            }
+            in_flight += ch.in_flight_count();
+        }
+        if !held {
+            self.schedule_disk_reads(t);
+        }
+        bump(&self.counters.messages_out, out);
+        in_flight
+    }
+
+    /// The messages the channels of `topic` hold in flight (0: no such topic).
+    pub fn topic_in_flight(&self, topic: &str) -> usize {
+        self.topics.borrow().get(topic).map_or(0, |t| {
+            t.channels.values().map(|c| c.in_flight_count()).sum()
+        })
     }
 
     /// Takes every consumer of `topic` out of its channel without closing its

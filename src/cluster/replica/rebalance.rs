@@ -9,9 +9,10 @@
 //! every committed entry. This is Kafka's preferred-replica election
 //! (`auto.leader.rebalance.enable`).
 //!
-//! Off by default: a move disconnects the old leader's consumers, which find the new
-//! leader through nsqlookupd (go-nsq asks it again at once; pynsq at its next poll,
-//! 60 s by default), while publishes wait for the new leader and none is refused.
+//! Off by default: a move holds the topic's deliveries while its consumers finish what
+//! they hold (`handover`), and the old leader's consumers are served through it (one
+//! more hop) until they reconnect; publishes wait for the new leader during the
+//! transfer and none is refused.
 
 use super::{Gap, ShardCluster};
 use crate::server::Server;

@@ -240,9 +240,10 @@ impl MoveLeaderError {
 impl super::ShardCluster {
     /// Moves the leadership of `topic` (owned by this shard) to the member whose
     /// `--cluster-address` is `to`, as Raft's leadership transfer does: the leader first
-    /// replicates its channels' positions (so that its consumers, which it relays to
-    /// the new leader when it stops leading, get the least again from it), brings `to` up to
-    /// date, then tells it to campaign at once. Publishes meanwhile wait for the new
+    /// holds delivery until its consumers finished what they hold in flight (at most
+    /// 2 s) and replicates its channels' positions (so that its consumers, which it
+    /// relays to the new leader when it stops leading, get nothing again: the
+    /// `handover` module), brings `to` up to date, then tells it to campaign at once. Publishes meanwhile wait for the new
     /// leader ([`nsq_replication::ReplicationError::HandingOver`]), as during an election. A follower
     /// passes the request to the leader. Answers once `to` leads.
     pub async fn move_leader(

@@ -1,0 +1,135 @@
+//! A leader's hand-over of a topic to another replica (`POST /topic/move-leader`,
+//! `--rebalance-leaders`, a member leaving the topic's placement): delivery on the
+//! topic's channels is held until its consumers have finished what they hold in flight
+//! (at most [`HAND_OVER_DRAIN`]), the channels' positions are replicated, and only
+//! then is the leadership transferred (raft-rs's leadership transfer). The new leader
+//! thereby takes channel states in which nothing is in flight to the old leader's
+//! consumers, which it relays to the new leader on their connections: a move delivers
+//! nothing twice unless a consumer holds a message past the bound. Publishes are taken
+//! as usual while the consumers finish, and wait for the new leader during the
+//! transfer itself ([`nsq_replication::ReplicationError::HandingOver`]).
+
+use super::ShardCluster;
+use crate::server::Server;
+use std::time::{Duration, Instant};
+
+/// The longest a leader holds delivery for its consumers to finish what they hold in
+/// flight before it hands a topic over; what is still in flight then is delivered
+/// again by the new leader.
+pub(super) const HAND_OVER_DRAIN: Duration = Duration::from_secs(2);
+
+/// How often the driver looks at hand-overs under way (instead of every `TICK`).
+pub(super) const HAND_OVER_POLL: Duration = Duration::from_millis(2);
+
+/// The longest delivery stays held once the transfer was asked for (raft-rs gives a
+/// transfer up after an election timeout, 0.5-0.95 s); and after
+/// [`HAND_OVER_DRAIN`] more than this from the start, whatever happened.
+const TRANSFER_WAIT: Duration = Duration::from_secs(3);
+
+/// One topic's hand-over under way on its leader.
+pub(super) struct HandOver {
+    /// The replica to hand the leadership to.
+    to: u64,
+    /// When delivery was held.
+    since: Instant,
+    /// When the transfer was asked of raft-rs (`None`: the consumers still finish).
+    transferred_at: Option<Instant>,
+}
+
+impl ShardCluster {
+    /// Starts handing `topic`, which this member leads, to replica `to`: delivery on the
+    /// topic's channels is held from now on, and [`ShardCluster::advance_hand_overs`]
+    /// transfers the leadership once nothing is in flight. A hand-over already under
+    /// way goes on (to `to`, if its transfer was not asked for yet).
+    pub(super) fn start_hand_over(&self, server: &Server, topic: &str, to: u64) {
+        if to == self.cfg.me.replica {
+            return;
+        }
+        let mut hand_overs = self.hand_overs.borrow_mut();
+        if let Some(h) = hand_overs.get_mut(topic) {
+            if h.transferred_at.is_none() {
+                h.to = to;
+            }
+            return;
+        }
+        let in_flight = server.shard.hold_topic_deliveries(topic, true);
+        log::info!(
+            "TOPIC({topic}): handing leadership to {}; delivery held until the {in_flight} message(s) in flight are finished (at most {} s)",
+            self.address_of(to),
+            HAND_OVER_DRAIN.as_secs()
+        );
+        hand_overs.insert(
+            topic.to_string(),
+            HandOver {
+                to,
+                since: Instant::now(),
+                transferred_at: None,
+            },
+        );
+        drop(hand_overs);
+        self.wake.notify();
+    }
+
+    /// True while a hand-over is under way on this shard (the driver then looks at it
+    /// every [`HAND_OVER_POLL`]).
+    pub(super) fn handing_over(&self) -> bool {
+        !self.hand_overs.borrow().is_empty()
+    }
+
+    /// Moves each hand-over on: transfers the leadership once the topic's consumers hold
+    /// nothing in flight (or [`HAND_OVER_DRAIN`] passed), and releases delivery once
+    /// the transfer ended, either way (this member no longer leads: its consumers were
+    /// relayed to the new leader; or it still does, the transfer given up), or when this
+    /// member stopped leading meanwhile.
+    pub(super) fn advance_hand_overs(&self, server: &Server) {
+        let topics: Vec<String> = self.hand_overs.borrow().keys().cloned().collect();
+        for topic in topics {
+            let (leader_now, transferring) = {
+                let groups = self.groups.borrow();
+                groups.get(&topic).map_or((false, false), |g| {
+                    (g.group.is_leader() && !g.stopped, g.group.transferring())
+                })
+            };
+            // Cleared once the step-down was handled (its consumers detached and
+            // relayed): only then may delivery go on here without reaching them.
+            let led = self.led.borrow().contains(&topic);
+            let (to, since, transferred_at) = match self.hand_overs.borrow().get(&topic) {
+                Some(h) => (h.to, h.since, h.transferred_at),
+                None => continue,
+            };
+            let release = match transferred_at {
+                // However the group fares, delivery is not held for longer.
+                _ if since.elapsed() >= HAND_OVER_DRAIN + TRANSFER_WAIT => true,
+                None if !led => true,
+                None => {
+                    let in_flight = server.shard.topic_in_flight(&topic);
+                    if leader_now && (in_flight == 0 || since.elapsed() >= HAND_OVER_DRAIN) {
+                        if in_flight > 0 {
+                            log::info!(
+                                "TOPIC({topic}): {in_flight} message(s) still in flight after {} s; the new leader delivers them again",
+                                HAND_OVER_DRAIN.as_secs()
+                            );
+                        }
+                        // The positions go first: what was finished reaches the new
+                        // leader before it leads.
+                        self.replicate_cursors_of(server, vec![topic.clone()]);
+                        if let Some(g) = self.groups.borrow_mut().get_mut(&topic) {
+                            g.group.transfer_leader(to);
+                        }
+                        if let Some(h) = self.hand_overs.borrow_mut().get_mut(&topic) {
+                            h.transferred_at = Some(Instant::now());
+                        }
+                        self.mark(&topic);
+                    }
+                    false
+                }
+                // Given up by raft-rs while this member still leads, or stuck.
+                Some(at) => !led || (leader_now && !transferring) || at.elapsed() >= TRANSFER_WAIT,
+            };
+            if release {
+                self.hand_overs.borrow_mut().remove(&topic);
+                server.shard.hold_topic_deliveries(&topic, false);
+            }
+        }
+    }
+}
