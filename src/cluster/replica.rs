@@ -924,6 +924,14 @@ impl ShardCluster {
             }
         }
         for m in &mut messages {
+            // A MsgTimeoutNow makes its receiver campaign at once, whatever its lease.
+            // Queued for a peer out of reach, it would depose this leader whenever the
+            // peer came back, long after the transfer was given up (raft-rs aborts one
+            // after an election timeout, and `move-leader` answers 500): it goes on a
+            // live connection or not at all.
+            if m.get_msg_type() == MessageType::MsgTimeoutNow && !self.links.connected(m.to) {
+                continue;
+            }
             let queued = match wire::encode_frame(topic, m) {
                 Ok(f) => {
                     self.links.send(m.to, f);

@@ -2284,6 +2284,51 @@ fn a_move_lets_the_consumers_finish_first_and_delivers_nothing_twice() {
     );
 }
 
+/// A move to a member that is down answers 500 `MOVE_LEADER_TIMEOUT` and is over: when
+/// that member comes back, the leader keeps leading in the same term (a forced
+/// campaign request queued for the member while it was down would depose it then).
+#[test]
+fn a_move_that_timed_out_does_not_take_effect_when_its_target_comes_back() {
+    let mut c = Cluster::start([1, 1, 1], &[]);
+    let topic = "given_up";
+    c.elect(topic);
+    c.node(0).http_pub(topic, b"x");
+    let leader = c.wait_leader(topic);
+    let target = (leader + 1) % 3;
+    wait_quiet(&c, &[0, 1, 2], topic);
+    let term = group_of(&c, leader, topic)["term"].as_u64().unwrap();
+    c.kill9(target);
+    wait_for("the leader to see the target gone", || {
+        group_of(&c, leader, topic)["replicas"]
+            .as_array()
+            .is_some_and(|rs| {
+                rs.iter()
+                    .any(|r| r["address"] == c.addresses[target].as_str() && r["in_sync"] == false)
+            })
+    });
+    let path = format!(
+        "/topic/move-leader?topic={topic}&to={}",
+        c.addresses[target]
+    );
+    let (code, body) = c.node(leader).http("POST", &path, b"");
+    assert_eq!(
+        (code, common::show(&body)),
+        (500, r#"{"message":"MOVE_LEADER_TIMEOUT"}"#.to_string())
+    );
+    c.start_node(target);
+    wait_for("the target back in the group", || {
+        group_of(&c, target, topic)["leader"] == c.addresses[leader].as_str()
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let g = group_of(&c, leader, topic);
+    assert_eq!(
+        (g["is_leader"].as_bool(), g["term"].as_u64()),
+        (Some(true), Some(term)),
+        "{g}"
+    );
+    c.node(target).http_pub(topic, b"y");
+}
+
 /// With `--rebalance-leaders` each topic's leadership goes back to its preferred member
 /// (the first of its placement in `GET /cluster`) once that member is in sync: after it
 /// was moved away by hand, and after that member was killed and restarted at once.
