@@ -335,7 +335,9 @@ impl Shard {
     /// sequence the next page starts at (the log head once a page reaches it). A page
     /// comes from the store or from memory, not both. Records handed to the store and
     /// not flushed yet are waited for up to a second (then the page is empty and the
-    /// next starts at `from` again). `None`: no such topic, or the store failed.
+    /// next starts at `from` again); sequences below the memory tail never handed to
+    /// the store (finished in memory) are stepped over. `None`: no such topic, or the
+    /// store failed.
     pub async fn replica_page(
         &self,
         topic: &str,
@@ -372,6 +374,15 @@ impl Shard {
                     None => first.unwrap_or(base).min(base).min(readable).max(from + 1),
                 };
                 return Some((records, next));
+            }
+            if store.next_seq() <= from {
+                // Nothing from `from` on was handed to the store (what was finished
+                // while in memory never is), and the memory tail starts above it: those
+                // sequences hold nothing anywhere, and the page starts at the memory
+                // tail. Waiting for them would stall the replica for good.
+                let topics = self.topics.borrow();
+                let t = topics.get(topic)?;
+                return Some(t.records_from(from, max_bytes));
             }
             if tries == 100 {
                 return Some((Vec::new(), from));
