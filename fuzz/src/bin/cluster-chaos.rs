@@ -522,6 +522,63 @@ fn in_sync(c: &Cluster, among: &[usize]) -> bool {
     })
 }
 
+/// SIGTERM to every member, each of which must exit 0 having not exited by itself and
+/// with no alarm in its log; their logs are saved. Failures go to `errors`.
+fn stop_members(members: &mut [Member], errors: &mut Vec<String>) {
+    for (i, m) in members.iter_mut().enumerate() {
+        let Some(b) = &mut m.broker else { continue };
+        if !b.alive() {
+            errors.push(format!(
+                "member {} exited by itself: {:?}",
+                i + 1,
+                b.log_tail(5)
+            ));
+        }
+        match b.terminate(Duration::from_secs(20)) {
+            Some(0) => {}
+            other => errors.push(format!("member {}: SIGTERM: exit {other:?}", i + 1)),
+        }
+        m.save_log();
+        m.broker = None;
+        if !m.alarms.is_empty() {
+            errors.push(format!(
+                "member {}: panic/FATAL/misnumbered batch in its log: {:?}",
+                i + 1,
+                &m.alarms[..m.alarms.len().min(5)]
+            ));
+        }
+    }
+}
+
+/// Prints how long the members took to be in sync again after each fault (ms).
+fn report_in_sync(shards: usize, after: &mut [u64]) {
+    if after.is_empty() {
+        return;
+    }
+    after.sort_unstable();
+    eprintln!(
+        "cluster-chaos shards={shards}: every member in sync with the leader again, waited for after each fault's agreed leader: median {} ms, max {} ms",
+        after[after.len() / 2],
+        after[after.len() - 1]
+    );
+}
+
+/// Waits (up to [`LEADER_WAIT`]) until every member holds what the leader committed:
+/// the ms it took, or `None`.
+fn wait_all_in_sync(c: &Cluster) -> Option<u64> {
+    let all: Vec<usize> = (0..MEMBERS).collect();
+    let since = Instant::now();
+    // Under load a replica's match trails the commit by an append at times: once is
+    // enough.
+    while !in_sync(c, &all) {
+        if since.elapsed() >= LEADER_WAIT {
+            return None;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    Some(since.elapsed().as_millis() as u64)
+}
+
 /// True when member `http` leads the topic and its replicas are the members its
 /// placement names, none a learner, each in sync: a move of the replicas is over.
 fn settled(http: SocketAddr) -> bool {
@@ -747,24 +804,17 @@ fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
         // One member impaired at a time (unless --overlap): the last fault's member
         // holds what the leader committed before the next fault's delay starts.
         if !overlap && cycle > 1 {
-            let all: Vec<usize> = (0..MEMBERS).collect();
-            let since = Instant::now();
-            // Under load a replica's match trails the commit by an append at times:
-            // once is enough.
-            let mut synced = in_sync(&c, &all);
-            while !synced && since.elapsed() < LEADER_WAIT {
-                thread::sleep(Duration::from_millis(20));
-                synced = in_sync(&c, &all);
+            match wait_all_in_sync(&c) {
+                Some(ms) => in_sync_after.push(ms),
+                None => {
+                    errors.push(format!(
+                        "the members were not all in sync with the leader within {} s after cycle {}",
+                        LEADER_WAIT.as_secs(),
+                        cycle - 1
+                    ));
+                    break;
+                }
             }
-            if !synced {
-                errors.push(format!(
-                    "the members were not all in sync with the leader within {} s after cycle {}",
-                    LEADER_WAIT.as_secs(),
-                    cycle - 1
-                ));
-                break;
-            }
-            in_sync_after.push(since.elapsed().as_millis() as u64);
         }
         let delay = min_ms + rng.below((max_ms - min_ms) as usize) as u64;
         thread::sleep(Duration::from_millis(delay));
@@ -901,37 +951,8 @@ fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
             )
         })
         .collect();
-    for (i, m) in members.iter_mut().enumerate() {
-        let Some(b) = &mut m.broker else { continue };
-        if !b.alive() {
-            errors.push(format!(
-                "member {} exited by itself: {:?}",
-                i + 1,
-                b.log_tail(5)
-            ));
-        }
-        match b.terminate(Duration::from_secs(20)) {
-            Some(0) => {}
-            other => errors.push(format!("member {}: SIGTERM: exit {other:?}", i + 1)),
-        }
-        m.save_log();
-        m.broker = None;
-        if !m.alarms.is_empty() {
-            errors.push(format!(
-                "member {}: panic/FATAL/misnumbered batch in its log: {:?}",
-                i + 1,
-                &m.alarms[..m.alarms.len().min(5)]
-            ));
-        }
-    }
-    if !in_sync_after.is_empty() {
-        in_sync_after.sort_unstable();
-        eprintln!(
-            "cluster-chaos shards={shards}: every member in sync with the leader again, waited for after each fault's agreed leader: median {} ms, max {} ms",
-            in_sync_after[in_sync_after.len() / 2],
-            in_sync_after[in_sync_after.len() - 1]
-        );
-    }
+    stop_members(&mut members, &mut errors);
+    report_in_sync(shards, &mut in_sync_after);
     let summary = Summary {
         shards,
         injected: &injected,
