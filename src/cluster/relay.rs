@@ -180,6 +180,18 @@ impl Relay {
     }
 }
 
+/// True when `client` is another member's relay connection (its IDENTIFY's
+/// `user_agent` starts with [`RELAY_USER_AGENT`]): a member that does not lead the
+/// topic refuses its SUB rather than relaying it again, and a member that stops
+/// leading closes it rather than relaying it, so that relays never chain (a chain can
+/// loop back to the leader it started from).
+pub fn is_member_relay(client: &Client) -> bool {
+    client
+        .settings()
+        .user_agent
+        .starts_with(&format!("{RELAY_USER_AGENT} ("))
+}
+
 /// The relay of `client`, if its SUB was relayed.
 pub fn of(server: &Server, client: &Client) -> Option<Rc<Relay>> {
     server
@@ -227,7 +239,7 @@ pub async fn subscribe(
         pending: RefCell::new(Vec::new()),
         flushing: Cell::new(false),
     });
-    let Some(up) = connect(server, client, &relay).await? else {
+    let Some(up) = connect_retrying(server, client, &relay).await? else {
         return Ok(false);
     };
     *relay.upstream.borrow_mut() = Some(up.clone());
@@ -264,6 +276,26 @@ async fn leader_tcp(server: &Server, topic: &str) -> Result<Option<String>, Stri
             return Err(format!("topic {topic} has no reachable leader"));
         }
         glommio::timer::sleep(super::replica::TICK).await;
+    }
+}
+
+/// [`connect`], tried again every `TICK` for as long as [`FIND_LEADER`] while it fails
+/// and the consumer stays: the group may still name a lost leader until its election
+/// timeout, and a member that does not lead refuses a relay's SUB.
+async fn connect_retrying(
+    server: &Server,
+    client: &Client,
+    relay: &Relay,
+) -> Result<Option<SharedStream>, String> {
+    let deadline = Instant::now() + FIND_LEADER;
+    loop {
+        match connect(server, client, relay).await {
+            Err(e) if Instant::now() < deadline && !relay.closed.get() => {
+                log::debug!("[{}] relay: {e}; trying again", client.remote_address());
+                glommio::timer::sleep(super::replica::TICK).await;
+            }
+            r => return r,
+        }
     }
 }
 
@@ -385,19 +417,7 @@ async fn follow_leader(
     client: &Rc<Client>,
     relay: &Rc<Relay>,
 ) -> Option<SharedStream> {
-    // The group may still name the lost leader until its election timeout: try again
-    // until a leader answers, for as long as FIND_LEADER.
-    let deadline = Instant::now() + FIND_LEADER;
-    let next = loop {
-        match connect(server, client, relay).await {
-            Err(e) if Instant::now() < deadline && !relay.closed.get() => {
-                log::debug!("[{}] relay: {e}; trying again", client.remote_address());
-                glommio::timer::sleep(super::replica::TICK).await;
-            }
-            r => break r,
-        }
-    };
-    match next {
+    match connect_retrying(server, client, relay).await {
         Ok(Some(next)) => {
             if relay.closed.get() {
                 next.shutdown();
@@ -436,10 +456,7 @@ pub fn serve_detached(
         channel,
         in_flight,
     } = consumer;
-    let is_relay = client
-        .settings()
-        .user_agent
-        .starts_with(&format!("{RELAY_USER_AGENT} ("));
+    let is_relay = is_member_relay(&client);
     let Some(c) = server.cluster.clone().filter(|_| !is_relay) else {
         // Another member's relay: closed, and that member follows the new leader (or
         // serves its consumer itself, if it is the new leader).

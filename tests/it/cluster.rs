@@ -2329,6 +2329,41 @@ fn a_move_that_timed_out_does_not_take_effect_when_its_target_comes_back() {
     c.node(target).http_pub(topic, b"y");
 }
 
+/// Relays never chain: another member's relay (its IDENTIFY's `user_agent` begins with
+/// `nsqd-relay (`) that SUBs on a follower is refused, exactly so, and its connection
+/// closed; the same SUB from a consumer is relayed to the leader.
+#[test]
+fn a_follower_refuses_another_members_relay() {
+    let c = Cluster::start([1, 1, 1], &[]);
+    let topic = "unchained";
+    c.elect(topic);
+    c.node(0)
+        .admin(&format!("/channel/create?topic={topic}&channel=c"));
+    let leader = c.wait_leader(topic);
+    let follower = (leader + 1) % 3;
+    let mut s = c.node(follower).connect_v2();
+    send(
+        &mut s,
+        &common::identify_cmd(r#"{"user_agent":"nsqd-relay (go-nsq/1.1.0)"}"#),
+    );
+    expect_ok(&mut s);
+    send(&mut s, format!("SUB {topic} c\n").as_bytes());
+    common::hostile::expect_fatal(
+        &mut s,
+        &format!("E_SUB_FAILED SUB failed this member does not lead topic {topic}"),
+        "a relay's SUB on a follower",
+    );
+    let mut s = c.node(follower).subscribe_identified(
+        r#"{"user_agent":"go-nsq/1.1.0"}"#,
+        topic,
+        "c",
+    );
+    send(&mut s, b"RDY 1\n");
+    c.node(leader).http_pub(topic, b"relayed");
+    let got = read_messages(&mut s, 1);
+    assert_eq!(got[0].1, b"relayed");
+}
+
 /// With `--rebalance-leaders` each topic's leadership goes back to its preferred member
 /// (the first of its placement in `GET /cluster`) once that member is in sync: after it
 /// was moved away by hand, and after that member was killed and restarted at once.

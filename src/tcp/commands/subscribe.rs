@@ -57,6 +57,14 @@ pub(super) async fn sub(
         match crate::cluster::replica::subscribe(server, topic, channel).await {
             Some(Err(SubRoute::Refused(e))) => return fatal(client, e),
             Some(Err(SubRoute::Relay)) => {
+                // Another member's relay reached a member that does not lead (its view
+                // of the leader was stale): refused, and it asks the leader itself.
+                if crate::cluster::relay::is_member_relay(client) {
+                    return fatal(
+                        client,
+                        format!("E_SUB_FAILED SUB failed this member does not lead topic {topic}"),
+                    );
+                }
                 match crate::cluster::relay::subscribe(server, client, topic, channel).await {
                     Ok(true) => {
                         client.send_frame(FRAME_RESPONSE, b"OK");
