@@ -2353,11 +2353,9 @@ fn a_follower_refuses_another_members_relay() {
         &format!("E_SUB_FAILED SUB failed this member does not lead topic {topic}"),
         "a relay's SUB on a follower",
     );
-    let mut s = c.node(follower).subscribe_identified(
-        r#"{"user_agent":"go-nsq/1.1.0"}"#,
-        topic,
-        "c",
-    );
+    let mut s =
+        c.node(follower)
+            .subscribe_identified(r#"{"user_agent":"go-nsq/1.1.0"}"#, topic, "c");
     send(&mut s, b"RDY 1\n");
     c.node(leader).http_pub(topic, b"relayed");
     let got = read_messages(&mut s, 1);
