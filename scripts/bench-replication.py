@@ -45,13 +45,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# Ports below the ephemeral range: a killed node is started again on its own.
+from cluster_lib import free_port  # noqa: E402
 
 
 def answers(port):

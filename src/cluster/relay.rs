@@ -80,6 +80,23 @@ pub enum Forward<'a> {
 }
 
 impl Relay {
+    /// A relay of `topic`/`channel` not connected to a leader yet, with the consumer's
+    /// last RDY `rdy` and the IDs `stale` a previous leader delivered to it.
+    fn new(topic: &str, channel: String, rdy: i64, stale: HashSet<[u8; 16]>) -> Rc<Relay> {
+        Rc::new(Relay {
+            topic: topic.to_string(),
+            channel,
+            upstream: RefCell::new(None),
+            rdy: Cell::new(rdy),
+            delivered: RefCell::new(HashSet::new()),
+            closed: Cell::new(false),
+            local: Cell::new(false),
+            stale: RefCell::new(stale),
+            pending: RefCell::new(Vec::new()),
+            flushing: Cell::new(false),
+        })
+    }
+
     /// Queues the consumer's command for the leader, or drops it (between two leaders;
     /// a message the current leader did not deliver). Returns false when the command is
     /// to run here as usual: this member took the topic's leadership over.
@@ -181,7 +198,7 @@ impl Relay {
 }
 
 /// True when `client` is another member's relay connection (its IDENTIFY's
-/// `user_agent` starts with [`RELAY_USER_AGENT`]): a member that does not lead the
+/// `user_agent` starts with `nsqd-relay (`): a member that does not lead the
 /// topic refuses its SUB rather than relaying it again, and a member that stops
 /// leading closes it rather than relaying it, so that relays never chain (a chain can
 /// loop back to the leader it started from).
@@ -189,7 +206,8 @@ pub fn is_member_relay(client: &Client) -> bool {
     client
         .settings()
         .user_agent
-        .starts_with(&format!("{RELAY_USER_AGENT} ("))
+        .strip_prefix(RELAY_USER_AGENT)
+        .is_some_and(|rest| rest.starts_with(" ("))
 }
 
 /// The relay of `client`, if its SUB was relayed.
@@ -227,18 +245,7 @@ pub async fn subscribe(
     let Some(c) = server.cluster.clone() else {
         return Ok(false);
     };
-    let relay = Rc::new(Relay {
-        topic: topic.to_string(),
-        channel: channel.to_string(),
-        upstream: RefCell::new(None),
-        rdy: Cell::new(0),
-        delivered: RefCell::new(HashSet::new()),
-        closed: Cell::new(false),
-        local: Cell::new(false),
-        stale: RefCell::new(HashSet::new()),
-        pending: RefCell::new(Vec::new()),
-        flushing: Cell::new(false),
-    });
+    let relay = Relay::new(topic, channel.to_string(), 0, HashSet::new());
     let Some(up) = connect_retrying(server, client, &relay).await? else {
         return Ok(false);
     };
@@ -464,18 +471,8 @@ pub fn serve_detached(
         return;
     };
     let rdy = client.ready_count();
-    let relay = Rc::new(Relay {
-        topic: topic.to_string(),
-        channel,
-        upstream: RefCell::new(None),
-        rdy: Cell::new(rdy),
-        delivered: RefCell::new(HashSet::new()),
-        closed: Cell::new(false),
-        local: Cell::new(false),
-        stale: RefCell::new(in_flight.iter().map(|id| id.to_hex()).collect()),
-        pending: RefCell::new(Vec::new()),
-        flushing: Cell::new(false),
-    });
+    let stale = in_flight.iter().map(|id| id.to_hex()).collect();
+    let relay = Relay::new(topic, channel, rdy, stale);
     c.relays.borrow_mut().insert(client.id(), relay.clone());
     log::info!(
         "[{}] SUB {topic} {}: this member no longer leads the topic; relayed to the new leader",

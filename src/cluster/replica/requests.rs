@@ -243,9 +243,10 @@ impl super::ShardCluster {
     /// holds delivery until its consumers finished what they hold in flight (at most
     /// 2 s) and replicates its channels' positions (so that its consumers, which it
     /// relays to the new leader when it stops leading, get nothing again: the
-    /// `handover` module), brings `to` up to date, then tells it to campaign at once. Publishes meanwhile wait for the new
-    /// leader ([`nsq_replication::ReplicationError::HandingOver`]), as during an election. A follower
-    /// passes the request to the leader. Answers once `to` leads.
+    /// `handover` module), brings `to` up to date, then tells it to campaign at once.
+    /// Publishes wait for the new leader during the transfer
+    /// ([`nsq_replication::ReplicationError::HandingOver`]), as during an election. A
+    /// follower passes the request to the leader. Answers once `to` leads.
     pub async fn move_leader(
         &self,
         server: &Server,
