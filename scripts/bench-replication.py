@@ -6,7 +6,7 @@
                                [--bench target/release/nsq-bench]
                                [--runfor 10s] [--sizes 200,4096] [--failovers 5]
                                [--node-cpus 0,1,2 --bench-cpus 3-6]
-                               [--sync-every N] [--topics N]
+                               [--sync-every N] [--topics N] [--bench-args ARGS]
 
 For each message size: `nsq-bench pubsub` (one producer, one consumer, MPUB batches, the
 bench's defaults otherwise) against one standalone broker, then against the leader of a
@@ -36,6 +36,7 @@ import argparse
 import http.client as httpclient
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -143,12 +144,12 @@ def wait_leader(nodes, addrs, topic, timeout=30):
     sys.exit("no leader for %s" % topic)
 
 
-def bench(binary, ports, topic, size, runfor, cpus, topics=1):
+def bench(binary, ports, topic, size, runfor, cpus, topics=1, extra=()):
     pin = ["taskset", "-c", cpus] if cpus else []
     out = subprocess.run(
         pin + [binary, "pubsub"] + ["--nsqd-tcp-address=127.0.0.1:%d" % p for p in ports]
         + ["--topic", topic, "--topics", str(topics),
-           "--size", str(size), "--runfor", runfor, "--json"],
+           "--size", str(size), "--runfor", runfor, "--json"] + list(extra),
         capture_output=True, text=True, check=False)
     if out.returncode != 0:
         sys.exit("nsq-bench failed:\n" + out.stdout[-2000:] + out.stderr[-2000:])
@@ -173,6 +174,8 @@ def main():
                     help="taskset CPU lists of nodes 1, 2 and 3, separated by '|' or ','")
     ap.add_argument("--bench-cpus", default="", help="taskset CPU list of nsq-bench")
     ap.add_argument("--topics", type=int, default=1, help="topics nsq-bench uses")
+    ap.add_argument("--bench-args", default="",
+                    help="more nsq-bench arguments for both runs, e.g. '--pipeline 16'")
     ap.add_argument("--sync-every", type=int, default=0,
                     help="--sync-every of every broker (0: the broker's default)")
     a = ap.parse_args()
@@ -198,7 +201,8 @@ def main():
             one = Node(a.broker, os.path.join(root, "standalone-%d" % size), extra, cpus[0],
                        a.shards)
             one.start()
-            r1 = bench(a.bench, [one.tcp], "bench_%d" % size, size, a.runfor, bcpus, a.topics)
+            r1 = bench(a.bench, [one.tcp], "bench_%d" % size, size, a.runfor, bcpus, a.topics,
+                       shlex.split(a.bench_args))
             one.kill9()
             nodes, addrs = cluster(a.broker, os.path.join(root, "cluster-%d" % size), cpus,
                                    a.shards, extra)
@@ -213,7 +217,8 @@ def main():
             else:
                 http(nodes[0].http, "POST", "/topic/create?topic=" + topic)
                 ports = [nodes[wait_leader(nodes, addrs, topic)].tcp]
-            r3 = bench(a.bench, ports, topic, size, a.runfor, bcpus, a.topics)
+            r3 = bench(a.bench, ports, topic, size, a.runfor, bcpus, a.topics,
+                       shlex.split(a.bench_args))
             for n in nodes:
                 n.kill9()
             (s_rate, s_p99), (c_rate, c_p99) = figures(r1), figures(r3)

@@ -285,6 +285,9 @@ pub struct Topic {
     /// the answer (or its failure) releases it with this token. Not a paused flag: /stats
     /// and the metadata do not show it.
     pub held: Option<u64>,
+    /// Delivery held on every channel while this member hands its leadership over
+    /// (`Shard::hold_topic_deliveries`); a channel made meanwhile starts held too.
+    pub deliveries_held: bool,
     pub log: Log,
     /// Sorted by name, as /stats lists them.
     pub channels: BTreeMap<String, Channel>,
@@ -368,6 +371,7 @@ impl Topic {
             ephemeral: is_ephemeral(name),
             paused: false,
             tracks_changes: false,
+            deliveries_held: false,
             held: None,
             log: Log::default(),
             channels: BTreeMap::new(),
@@ -852,6 +856,7 @@ impl Topic {
         }
         ch.set_reread(self.reread());
         ch.track_changes(self.tracks_changes);
+        ch.set_held(self.deliveries_held);
         self.channels.insert(name.to_string(), ch);
         self.pump(mem_queue_size);
         true

@@ -2284,6 +2284,72 @@ fn a_move_lets_the_consumers_finish_first_and_delivers_nothing_twice() {
     );
 }
 
+/// A move does not wait for messages in flight to a consumer that has left: they wait
+/// for their timeout on the old leader, as in nsqd, and the new leader delivers them
+/// again (attempts 2) to the consumer that is still there. Before, the hand-over counted
+/// them and held delivery for its whole 2 s bound.
+#[test]
+fn a_move_does_not_wait_for_messages_in_flight_to_a_consumer_that_left() {
+    let c = Cluster::start([1, 2, 1], &[]);
+    let topic = "left";
+    c.elect(topic);
+    c.node(0)
+        .admin(&format!("/channel/create?topic={topic}&channel=c"));
+    let first = c.wait_leader(topic);
+    let other = (first + 1) % 3;
+    let mut gone = c.node(first).subscribe(topic, "c");
+    send(&mut gone, b"RDY 5\n");
+    for i in 0..5 {
+        c.node(first).http_pub(topic, format!("m{i}").as_bytes());
+    }
+    let mut held: Vec<Vec<u8>> = read_messages(&mut gone, 5)
+        .into_iter()
+        .map(|(_, b)| b)
+        .collect();
+    drop(gone);
+    let mut s = c.node(first).subscribe(topic, "c");
+    send(&mut s, b"RDY 10\n");
+    // The first consumer is out of the channel; its five stay in flight.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, body) = c
+            .node(first)
+            .http("GET", "/stats?format=json&topic=left", b"");
+        let stats = String::from_utf8_lossy(&body).into_owned();
+        if stats.contains("\"in_flight_count\":5") && stats.matches("\"client_id\"").count() == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "stats: {stats}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let asked_at = Instant::now();
+    let path = format!("/topic/move-leader?topic={topic}&to={}", c.addresses[other]);
+    let (code, body) = c.node(first).http("POST", &path, b"");
+    assert_eq!((code, common::show(&body)), (200, String::new()));
+    let took = asked_at.elapsed();
+    assert!(took < Duration::from_millis(1500), "the move took {took:?}");
+    assert_eq!(c.wait_leader(topic), other);
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut again: Vec<Vec<u8>> = (0..5)
+        .map(|_| {
+            let (ft, data) = read_frame_skip_hb(&mut s).expect("a message");
+            assert_eq!(ft, 2, "not a message: {}", common::show(&data));
+            let (_, attempts, id, body) = parse_message(&data);
+            assert_eq!(attempts, 2, "{}", common::show(&body));
+            send(&mut s, format!("FIN {id}\n").as_bytes());
+            body
+        })
+        .collect();
+    again.sort();
+    held.sort();
+    assert_eq!(again, held);
+    expect_no_message(
+        &mut s,
+        Duration::from_millis(500),
+        "a message delivered twice",
+    );
+}
+
 /// A move to a member that is down answers 500 `MOVE_LEADER_TIMEOUT` and is over: when
 /// that member comes back, the leader keeps leading in the same term (a forced
 /// campaign request queued for the member while it was down would depose it then).

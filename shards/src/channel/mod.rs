@@ -323,6 +323,37 @@ impl Channel {
         self.in_flight.len()
     }
 
+    /// Messages in flight to clients that are still this channel's consumers, the ones
+    /// that can still finish them. A consumer that left keeps its messages in flight
+    /// until their timeout, as nsqd does (its RemoveClient requeues nothing).
+    pub fn in_flight_to_consumers(&self) -> usize {
+        if self.in_flight.len() == 0 {
+            return 0;
+        }
+        let ids: Vec<u64> = self.consumers.clients.iter().map(|c| c.id).collect();
+        self.in_flight
+            .values()
+            .filter(|f| ids.contains(&f.client.id))
+            .count()
+    }
+
+    /// Who holds this channel's in-flight messages: each holding client with how many
+    /// it holds and whether it is still one of the channel's consumers (one that is
+    /// not holds them until they time out).
+    pub fn in_flight_holders(&self) -> Vec<(Rc<Client>, usize, bool)> {
+        let mut out: Vec<(Rc<Client>, usize, bool)> = Vec::new();
+        for f in self.in_flight.values() {
+            match out.iter_mut().find(|(c, _, _)| c.id() == f.client.id()) {
+                Some(e) => e.1 += 1,
+                None => {
+                    let subscribed = self.clients().iter().any(|c| c.id() == f.client.id());
+                    out.push((f.client.clone(), 1, subscribed));
+                }
+            }
+        }
+        out
+    }
+
     /// The in-flight message `id`, if it is in flight.
     pub fn in_flight(&self, id: MessageId) -> Option<&InFlight> {
         self.in_flight.get(id)

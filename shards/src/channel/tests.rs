@@ -913,6 +913,22 @@ fn a_held_channel_delivers_nothing_until_released_and_is_not_paused() {
     assert_eq!(bodies(&frames(&c)), ["m1", "m2"]);
 }
 
+#[test]
+fn a_channel_made_while_its_topic_is_held_starts_held() {
+    let clk = Clock::new();
+    let mut t = topic_with("old");
+    t.deliveries_held = true;
+    t.create_channel("new", MQ);
+    let c = client(1);
+    sub(&mut t, "new", &c);
+    publish(&mut t, 1, 2);
+    assert_eq!(dispatch(&mut t, "new", clk.at(1)), 0);
+    assert!(!chan(&mut t, "new").is_paused());
+    chan(&mut t, "new").set_held(false);
+    assert_eq!(dispatch(&mut t, "new", clk.at(2)), 2);
+    assert_eq!(bodies(&frames(&c)), ["m1", "m2"]);
+}
+
 // -------------------------------------------------------------------------------- FIN
 
 #[test]

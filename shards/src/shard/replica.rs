@@ -438,8 +438,9 @@ impl Shard {
 
     /// Holds (`held`) or releases delivery on every channel of `topic` while this member
     /// hands the topic's leadership over ([`crate::channel::Channel::set_held`]); a
-    /// release delivers again at once. Returns the messages the topic's channels hold
-    /// in flight (0: no such topic).
+    /// channel made meanwhile starts held, and a release delivers again at once.
+    /// Returns the messages the topic's channels hold in flight to their consumers (0:
+    /// no such topic).
     pub fn hold_topic_deliveries(&self, topic: &str, held: bool) -> usize {
         let mut topics = self.topics.borrow_mut();
         let Some(t) = topics.get_mut(topic) else {
@@ -448,13 +449,14 @@ impl Shard {
         let now = std::time::Instant::now();
         let mut in_flight = 0;
         let mut out = 0;
+        t.deliveries_held = held;
         for ch in t.channels.values_mut() {
             ch.set_held(held);
             if !held {
                 out += ch.dispatch(&t.log, now);
                 self.schedule_timer(topic, ch);
             }
-            in_flight += ch.in_flight_count();
+            in_flight += ch.in_flight_to_consumers();
         }
         if !held {
             self.schedule_disk_reads(t);
@@ -463,11 +465,38 @@ impl Shard {
         in_flight
     }
 
-    /// The messages the channels of `topic` hold in flight (0: no such topic).
-    pub fn topic_in_flight(&self, topic: &str) -> usize {
+    /// The messages the channels of `topic` hold in flight to their consumers (0: no
+    /// such topic). Those of a consumer that left wait for their timeout
+    /// ([`crate::channel::Channel::in_flight_to_consumers`]), and are not counted.
+    pub fn topic_in_flight_to_consumers(&self, topic: &str) -> usize {
         self.topics.borrow().get(topic).map_or(0, |t| {
-            t.channels.values().map(|c| c.in_flight_count()).sum()
+            t.channels
+                .values()
+                .map(|c| c.in_flight_to_consumers())
+                .sum()
         })
+    }
+
+    /// Who holds `topic`'s in-flight messages, for the log: one `channel:address
+    /// (user agent) count` per holding client, `gone` after a client that is no longer
+    /// one of its channel's consumers.
+    pub fn topic_in_flight_holders(&self, topic: &str) -> Vec<String> {
+        let topics = self.topics.borrow();
+        let Some(t) = topics.get(topic) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (name, ch) in &t.channels {
+            for (client, n, subscribed) in ch.in_flight_holders() {
+                out.push(format!(
+                    "{name}:{} ({}) {n}{}",
+                    client.remote_address(),
+                    client.settings().user_agent,
+                    if subscribed { "" } else { " gone" }
+                ));
+            }
+        }
+        out
     }
 
     /// Takes every consumer of `topic` out of its channel without closing its

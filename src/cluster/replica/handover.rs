@@ -5,7 +5,9 @@
 //! then is the leadership transferred (raft-rs's leadership transfer). The new leader
 //! thereby takes channel states in which nothing is in flight to the old leader's
 //! consumers, which it relays to the new leader on their connections: a move delivers
-//! nothing twice unless a consumer holds a message past the bound. Publishes are taken
+//! nothing twice unless a consumer holds a message past the bound. Messages in flight
+//! to a consumer that has gone are not waited for: they wait for their timeout, as in
+//! nsqd, and the new leader delivers them again. Publishes are taken
 //! as usual while the consumers finish, and wait for the new leader during the
 //! transfer itself ([`nsq_replication::ReplicationError::HandingOver`]).
 
@@ -102,12 +104,13 @@ impl ShardCluster {
                 _ if since.elapsed() >= HAND_OVER_DRAIN + TRANSFER_WAIT => true,
                 None if !led => true,
                 None => {
-                    let in_flight = server.shard.topic_in_flight(&topic);
+                    let in_flight = server.shard.topic_in_flight_to_consumers(&topic);
                     if leader_now && (in_flight == 0 || since.elapsed() >= HAND_OVER_DRAIN) {
                         if in_flight > 0 {
                             log::info!(
-                                "TOPIC({topic}): {in_flight} message(s) still in flight after {} s; the new leader delivers them again",
-                                HAND_OVER_DRAIN.as_secs()
+                                "TOPIC({topic}): {in_flight} message(s) still in flight after {} s, held by {}; the new leader delivers them again",
+                                HAND_OVER_DRAIN.as_secs(),
+                                server.shard.topic_in_flight_holders(&topic).join(", ")
                             );
                         }
                         // The positions go first: what was finished reaches the new
