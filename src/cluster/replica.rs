@@ -642,6 +642,16 @@ impl ShardCluster {
                 {
                     return;
                 }
+                // A campaign request that waited for this member (it was stopped or
+                // cut off with its connection up) is for a transfer given up long ago.
+                if let Some(age) = handover::stale_campaign_request(&message) {
+                    log::info!(
+                        "TOPIC({topic}): a request to campaign from replica {:016x} is {} ms old (this member was stopped or out of touch meanwhile); ignored",
+                        message.from,
+                        age.as_millis()
+                    );
+                    return;
+                }
                 // A leadership transfer a follower passed on (`move-leader` asked of it;
                 // raft-rs names the transferee as the sender): handed over as one asked
                 // here is (`transfer_leader`).
@@ -932,6 +942,8 @@ impl ShardCluster {
             if m.get_msg_type() == MessageType::MsgTimeoutNow && !self.links.connected(m.to) {
                 continue;
             }
+            // Stamped: a replica that finds it only much later ignores it.
+            handover::stamp_campaign_request(m);
             let queued = match wire::encode_frame(topic, m) {
                 Ok(f) => {
                     self.links.send(m.to, f);
@@ -976,6 +988,7 @@ impl ShardCluster {
                 if !self.links.connected(m.to) {
                     continue;
                 }
+                handover::stamp_campaign_request(&mut m);
                 if let Ok(f) = wire::encode_frame(topic, &mut m) {
                     self.links.send(m.to, f);
                 }

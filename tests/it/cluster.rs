@@ -2395,6 +2395,53 @@ fn a_move_that_timed_out_does_not_take_effect_when_its_target_comes_back() {
     c.node(target).http_pub(topic, b"y");
 }
 
+/// A move to a member that is frozen (SIGSTOP) while its connections stay up answers
+/// 500 and is over too: the campaign requests the leader sent it wait in its socket,
+/// stamped with the leader's clock, and the member, resumed more than 2 s later,
+/// ignores them: the leader keeps leading in the same term (before the stamp, the
+/// resumed member campaigned and deposed it).
+#[test]
+fn a_move_to_a_frozen_member_does_not_take_effect_when_it_resumes() {
+    let c = Cluster::start([1, 1, 1], &[]);
+    let topic = "frozen_target";
+    c.elect(topic);
+    c.node(0).http_pub(topic, b"x");
+    let leader = c.wait_leader(topic);
+    let target = (leader + 1) % 3;
+    wait_quiet(&c, &[0, 1, 2], topic);
+    let term = group_of(&c, leader, topic)["term"].as_u64().unwrap();
+    c.node(target).daemon.signal(19); // SIGSTOP
+    let path = format!(
+        "/topic/move-leader?topic={topic}&to={}",
+        c.addresses[target]
+    );
+    let (code, body) = c.node(leader).http("POST", &path, b"");
+    assert_eq!(
+        (code, common::show(&body)),
+        (500, r#"{"message":"MOVE_LEADER_TIMEOUT"}"#.to_string())
+    );
+    // Every request sent meanwhile is over 2 s old when the member resumes.
+    std::thread::sleep(Duration::from_secs(3));
+    c.node(target).daemon.signal(18); // SIGCONT
+    wait_for("the target back in the group", || {
+        group_of(&c, target, topic)["leader"] == c.addresses[leader].as_str()
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let g = group_of(&c, leader, topic);
+    assert_eq!(
+        (g["is_leader"].as_bool(), g["term"].as_u64()),
+        (Some(true), Some(term)),
+        "{g}"
+    );
+    assert!(
+        c.node(target)
+            .log_text()
+            .contains("ms old (this member was stopped or out of touch meanwhile); ignored"),
+        "no stale request logged"
+    );
+    c.node(target).http_pub(topic, b"y");
+}
+
 /// Relays never chain: another member's relay (its IDENTIFY's `user_agent` begins with
 /// `nsqd-relay (`) that SUBs on a follower is refused, exactly so, and its connection
 /// closed; the same SUB from a consumer is relayed to the leader.

@@ -13,7 +13,8 @@
 
 use super::ShardCluster;
 use crate::server::Server;
-use std::time::{Duration, Instant};
+use nsq_replication::raft::eraftpb::{Message as RaftMessage, MessageType};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The longest a leader holds delivery for its consumers to finish what they hold in
 /// flight before it hands a topic over; what is still in flight then is delivered
@@ -27,6 +28,41 @@ pub(super) const HAND_OVER_POLL: Duration = Duration::from_millis(2);
 /// transfer up after an election timeout, 0.5-0.95 s); and after
 /// [`HAND_OVER_DRAIN`] more than this from the start, whatever happened.
 const TRANSFER_WAIT: Duration = Duration::from_secs(3);
+
+/// The oldest campaign request (raft-rs's `MsgTimeoutNow`, by its sender's wall clock)
+/// a replica acts on. The leader that sent it gave the transfer up after an election
+/// timeout (0.5-0.95 s); one that is older reached a replica that was stopped (SIGSTOP)
+/// or cut off while its connection stayed up, and would depose a leader nobody asked to
+/// move any more. Members' clocks must agree to within about a second for a transfer to
+/// go through (NTP keeps them within milliseconds): a replica whose clock runs this far
+/// ahead of the leader's ignores its requests, logged, and the transfer fails as a
+/// timed-out one does (`MOVE_LEADER_TIMEOUT`).
+pub(super) const TIMEOUT_NOW_MAX_AGE: Duration = Duration::from_secs(2);
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Stamps a campaign request with the sender's wall clock (in its context, which
+/// raft-rs leaves unused on this message), for [`stale_campaign_request`].
+pub(super) fn stamp_campaign_request(m: &mut RaftMessage) {
+    if m.get_msg_type() == MessageType::MsgTimeoutNow {
+        m.context = wall_ms().to_le_bytes().to_vec().into();
+    }
+}
+
+/// How old a stamped campaign request is, when it is older than
+/// [`TIMEOUT_NOW_MAX_AGE`] (`None`: another message, unstamped, or recent).
+pub(super) fn stale_campaign_request(m: &RaftMessage) -> Option<Duration> {
+    if m.get_msg_type() != MessageType::MsgTimeoutNow {
+        return None;
+    }
+    let sent: [u8; 8] = m.context.as_ref().try_into().ok()?;
+    let age = Duration::from_millis(wall_ms().saturating_sub(u64::from_le_bytes(sent)));
+    (age > TIMEOUT_NOW_MAX_AGE).then_some(age)
+}
 
 /// One topic's hand-over under way on its leader.
 pub(super) struct HandOver {
@@ -134,5 +170,30 @@ impl ShardCluster {
                 server.shard.hold_topic_deliveries(&topic, false);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_campaign_request_older_than_the_bound_is_stale() {
+        let mut m = RaftMessage::default();
+        m.set_msg_type(MessageType::MsgTimeoutNow);
+        assert_eq!(stale_campaign_request(&m), None, "unstamped");
+        stamp_campaign_request(&mut m);
+        assert_eq!(stale_campaign_request(&m), None, "just sent");
+        let old = wall_ms() - 5_000;
+        m.context = old.to_le_bytes().to_vec().into();
+        let age = stale_campaign_request(&m).expect("stale");
+        assert!(age >= Duration::from_secs(5), "{age:?}");
+        // Other messages are neither stamped nor judged.
+        let mut a = RaftMessage::default();
+        a.set_msg_type(MessageType::MsgAppend);
+        stamp_campaign_request(&mut a);
+        assert!(a.context.is_empty());
+        a.context = old.to_le_bytes().to_vec().into();
+        assert_eq!(stale_campaign_request(&a), None);
     }
 }
