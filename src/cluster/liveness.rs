@@ -181,6 +181,13 @@ impl View {
     }
 }
 
+/// Whether peer `replica` is in touch now: one of its connections is open and it was
+/// heard from within [`SILENT_AFTER`].
+#[must_use]
+pub fn in_touch(replica: u64) -> bool {
+    View::now().contact(replica).is_some()
+}
+
 /// Peer `replica`'s contact number now (what a group records when it hears from it).
 #[must_use]
 pub fn contact(replica: u64) -> Contact {

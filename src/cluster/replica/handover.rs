@@ -83,6 +83,17 @@ impl ShardCluster {
         if to == self.cfg.me.replica {
             return;
         }
+        // A replica out of touch (down, stopped, cut off) cannot take the leadership:
+        // holding delivery and publishes for it would only stall the topic (a
+        // `move-leader` asks again each second until its 5 s run out).
+        if !super::liveness::in_touch(to) {
+            log::info!(
+                "TOPIC({topic}): not handing leadership to {}: it is out of touch (no frame from it within {} ms)",
+                self.address_of(to),
+                super::liveness::SILENT_AFTER.as_millis()
+            );
+            return;
+        }
         let mut hand_overs = self.hand_overs.borrow_mut();
         if let Some(h) = hand_overs.get_mut(topic) {
             if h.transferred_at.is_none() {
