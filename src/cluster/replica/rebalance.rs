@@ -5,8 +5,8 @@
 //! first, and a member that restarts leads nothing until another fails, so after a
 //! rolling restart the members that stayed up lead nearly every topic. With the flag
 //! on, a leader that is not its topic's preferred member hands the leadership to it,
-//! as `POST /topic/move-leader` does, once that member is a connected voter holding
-//! every committed entry. This is Kafka's preferred-replica election
+//! as `POST /topic/move-leader` does, once that member is a voter in touch (heard from
+//! within 400 ms) holding every committed entry. This is Kafka's preferred-replica election
 //! (`auto.leader.rebalance.enable`).
 //!
 //! Off by default: a move holds the topic's deliveries while its consumers finish what
@@ -51,6 +51,7 @@ impl ShardCluster {
                     let ready = preferred != me
                         && g.group.voters().contains(&preferred)
                         && self.links.connected(preferred)
+                        && super::liveness::in_touch(preferred)
                         && g.group
                             .matched(preferred)
                             .is_some_and(|m| m >= g.group.commit_index());
