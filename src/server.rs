@@ -250,6 +250,7 @@ impl Server {
             "node_id": c.cfg.node_id,
             "peers": c.cfg.peers.iter().map(|m| m.address.clone()).collect::<Vec<_>>(),
             "refused_peers": c.cfg.refusals.to_json(),
+            "peers_listing_other_members": c.cfg.other_lists.to_json(),
             "replication_factor": c.cfg.factor,
             "replication_ack": format!("{:?}", c.cfg.ack).to_lowercase(),
             "rebalance_leaders": c.cfg.rebalance_leaders,

@@ -2,8 +2,9 @@
 //! group, and proposals forwarded to a group's leader with their answers.
 //!
 //! ```text
-//! frame   = len u32 LE (bytes after this field) | version u8 (= 5) | kind u8 | payload
-//! kind 1  Hello   : node_id u16 | replica u64 | addr_len u8 | addr | tcp_len u8 | tcp
+//! frame   = len u32 LE (bytes after this field) | version u8 (= 7) | kind u8 | payload
+//! kind 1  Hello   : node_id u16 | replica u64 | addr_len u8 | addr | tcp_len u8 | tcp |
+//!                   members u32 (a digest of the sender's member list)
 //! kind 2  Raft    : topic_len u8 | topic | eraftpb.Message (protobuf)
 //! kind 3  Propose : request u64 | topic_len u8 | topic | context_len u32 | context | data
 //!                   (an entry as crate::Entry::encode_raft splits it)
@@ -32,7 +33,7 @@ use raft::eraftpb::{Entry as RaftEntry, Message as RaftMessage};
 use crate::entry::{DecodeError, MAX_NAME_LEN};
 
 /// The frame version this crate writes and reads.
-pub const FRAME_VERSION: u8 = 6;
+pub const FRAME_VERSION: u8 = 7;
 
 /// The largest frame, in bytes after the length field: a group's appends are cut at
 /// `GroupConfig::max_size_per_msg` (1 MiB by default), nsqd's bodies at 1 MiB by
@@ -118,6 +119,10 @@ pub struct Hello {
     /// Where the sender's clients connect (its TCP address for protocol V2): a
     /// follower relays a consumer's session there.
     pub tcp: String,
+    /// A digest of the sender's members (its `--cluster-address` and
+    /// `--cluster-peer` list, sorted): members whose lists differ place topics
+    /// differently, which the receiver reports.
+    pub members: u32,
 }
 
 /// How the leader answered a forwarded proposal.
@@ -265,11 +270,12 @@ fn start(kind: u8, capacity: usize) -> Vec<u8> {
 ///
 /// [`EncodeError::Topic`] for an empty or over-long address.
 pub fn encode_hello(hello: &Hello) -> Result<Vec<u8>, EncodeError> {
-    let mut out = start(KIND_HELLO, 12 + hello.address.len() + hello.tcp.len());
+    let mut out = start(KIND_HELLO, 16 + hello.address.len() + hello.tcp.len());
     out.extend_from_slice(&hello.node_id.to_le_bytes());
     out.extend_from_slice(&hello.replica.to_le_bytes());
     push_name(&mut out, &hello.address)?;
     push_name(&mut out, &hello.tcp)?;
+    out.extend_from_slice(&hello.members.to_le_bytes());
     finish(out)
 }
 
@@ -633,12 +639,14 @@ fn decode(buf: &[u8], shared: Option<&Bytes>) -> Result<Option<(Frame, usize)>, 
             let replica = r.u64()?;
             let address = r.name()?;
             let tcp = r.name()?;
+            let members = r.u32()?;
             r.end()?;
             Frame::Hello(Hello {
                 node_id,
                 replica,
                 address,
                 tcp,
+                members,
             })
         }
         KIND_RAFT => {

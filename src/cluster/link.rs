@@ -60,14 +60,14 @@ static LINKS_STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceL
 pub struct Refusals(std::sync::Mutex<std::collections::BTreeMap<String, String>>);
 
 impl Refusals {
-    fn set(&self, key: &str, why: &str) {
+    pub(crate) fn set(&self, key: &str, why: &str) {
         self.0
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(key.to_string(), why.to_string());
     }
 
-    fn clear(&self, key: &str) {
+    pub(crate) fn clear(&self, key: &str) {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
     }
 
@@ -725,6 +725,18 @@ fn check_hello(cfg: &ClusterConfig, h: &Hello) -> std::io::Result<u64> {
         ));
     }
     cfg.refusals.clear(&h.address);
+    if h.members == cfg.members_digest() {
+        cfg.other_lists.clear(&h.address);
+    } else {
+        // Not refused: a rolling restart that adds or removes a member goes through
+        // this, and the members settle on the list each leader places topics by.
+        let e = format!(
+            "peer {} lists other members than this member's --cluster-address and --cluster-peer: every member must end with the same list (expected only while members are added or removed)",
+            h.address
+        );
+        log_once(&format!("members of {}", h.address), &e, log::Level::Warn);
+        cfg.other_lists.set(&h.address, &e);
+    }
     Ok(m.replica)
 }
 

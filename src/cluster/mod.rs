@@ -54,6 +54,10 @@ pub struct ClusterConfig {
     /// Why peers' connections are refused now (shared by the shards' copies of the
     /// configuration; `GET /cluster`'s `refused_peers`).
     pub refusals: std::sync::Arc<link::Refusals>,
+    /// The peers whose greeting carried a member list other than this member's
+    /// (`GET /cluster`'s `peers_listing_other_members`): expected while members are
+    /// added or removed by a rolling restart, a misconfiguration otherwise.
+    pub other_lists: std::sync::Arc<link::Refusals>,
 }
 
 /// Both sides of the member connections under `--cluster-tls`
@@ -90,6 +94,17 @@ fn mix(mut z: u64) -> u64 {
 }
 
 impl ClusterConfig {
+    /// A digest of this member's members (its own address and its peers', sorted):
+    /// CRC-32 of the addresses joined by newlines. Sent in the greeting, so that a
+    /// member whose `--cluster-peer` list differs is reported.
+    pub fn members_digest(&self) -> u32 {
+        let mut all: Vec<&str> = std::iter::once(self.me.address.as_str())
+            .chain(self.peers.iter().map(|m| m.address.as_str()))
+            .collect();
+        all.sort_unstable();
+        crc32fast::hash(all.join("\n").as_bytes())
+    }
+
     /// The cluster from the flags; `Ok(None)` when this node runs standalone (neither
     /// flag given).
     ///
@@ -161,6 +176,7 @@ impl ClusterConfig {
             tls: None,
             rebalance_leaders: false,
             refusals: Default::default(),
+            other_lists: Default::default(),
         }))
     }
 

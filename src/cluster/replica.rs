@@ -377,6 +377,7 @@ impl ShardCluster {
                 replica: c.cfg.me.replica,
                 address: c.cfg.me.address.clone(),
                 tcp,
+                members: c.cfg.members_digest(),
             },
         );
         // The topics recovered from disk: their groups start now (an election follows).

@@ -1164,13 +1164,14 @@ fn the_cluster_port_refuses_what_is_not_a_members_greeting() {
         })
         .and_then(|r| u64::from_str_radix(r["replica_id"].as_str()?, 16).ok())
         .expect("member 1's replica id");
-    let mut hello = vec![0, 0, 0, 0, 6, 1];
+    let mut hello = vec![0, 0, 0, 0, 7, 1];
     hello.extend_from_slice(&2u16.to_le_bytes());
     hello.extend_from_slice(&replica.to_le_bytes());
     for name in [c.addresses[1].as_str(), "127.0.0.1:1"] {
         hello.push(name.len() as u8);
         hello.extend_from_slice(name.as_bytes());
     }
+    hello.extend_from_slice(&0u32.to_le_bytes());
     let len = (hello.len() - 4) as u32;
     hello[..4].copy_from_slice(&len.to_le_bytes());
     let mut posing = TcpStream::connect(&port).unwrap();
@@ -1752,6 +1753,60 @@ fn cluster_flags_are_checked() {
     for (_, dir) in &both {
         let _ = std::fs::remove_dir_all(dir);
     }
+}
+
+/// Members whose `--cluster-peer` lists differ but name each other report each other
+/// (a warning, and `peers_listing_other_members` in `GET /cluster`) without refusing
+/// the connection, as during a rolling change of members: here A lists B, and B lists
+/// A and a member that never runs.
+#[test]
+fn members_with_different_lists_report_each_other() {
+    let port = || format!("127.0.0.1:{}", common::reserved_port());
+    let (a, b, phantom) = (port(), port(), port());
+    let spawn = |name: &str, id: u16, me: &str, peers: &[&str]| {
+        let dir = std::env::temp_dir().join(format!("nsqd-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let http: std::net::SocketAddr = port().parse().unwrap();
+        let mut args = vec![
+            format!("--tcp-address={}", port()),
+            format!("--http-address={http}"),
+            format!("--data-path={}", dir.display()),
+            format!("--node-id={id}"),
+            format!("--cluster-address={me}"),
+        ];
+        args.extend(peers.iter().map(|p| format!("--cluster-peer={p}")));
+        let d = common::Daemon::spawn(env!("CARGO_BIN_EXE_nsqd"), &args);
+        (d, dir, http)
+    };
+    let (da, dir_a, http_a) = spawn("lists-a", 1, &a, &[&b]);
+    let (db, dir_b, http_b) = spawn("lists-b", 2, &b, &[&a, &phantom]);
+    let others = |http: std::net::SocketAddr| -> Vec<String> {
+        let (code, body) = common::split_http(&common::http_raw(http, "GET", "/cluster", b""));
+        if code != 200 {
+            return Vec::new();
+        }
+        serde_json::from_slice::<serde_json::Value>(&body).unwrap_or_default()
+            ["peers_listing_other_members"]
+            .as_array()
+            .map(|ps| {
+                ps.iter()
+                    .filter_map(|p| p["address"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for http in [http_a, http_b] {
+        wait_for("the HTTP port answering", || TcpStream::connect(http).is_ok());
+    }
+    wait_for("each reporting the other's list", || {
+        others(http_a) == [b.clone()] && others(http_b) == [a.clone()]
+    });
+    let warning = "lists other members than this member's --cluster-address and --cluster-peer: every member must end with the same list";
+    assert!(da.log_text().contains(warning), "{}", da.log_text());
+    assert!(db.log_text().contains(warning), "{}", db.log_text());
+    drop((da, db));
+    let _ = std::fs::remove_dir_all(dir_a);
+    let _ = std::fs::remove_dir_all(dir_b);
 }
 
 /// A cluster member of one peer, spawned without waiting for its ports (it may refuse
@@ -3280,8 +3335,23 @@ fn members_added_and_removed_move_topics_without_losing_or_duplicating_messages(
     c.members.push(d);
     c.start_node(d);
     refresh(&c);
+    // Once every member lists the same four, none reports another's list as other
+    // than its own.
+    let others = |c: &Cluster, i: usize| -> Vec<String> {
+        c.state(i)["peers_listing_other_members"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|p| p["address"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
     c.rolling_restart(&[0, 1, 2], &topics);
     refresh(&c);
+    wait_for("every member agreeing on the list", || {
+        c.up().all(|i| others(&c, i).is_empty())
+    });
     let placed = c.settled(&topics);
     eprintln!("replicas with member {d} added: {placed:?}");
     assert!(

@@ -514,6 +514,7 @@ fn hello_propose_and_reply_frames_round_trip() {
         replica: 0xdead_beef,
         address: "10.0.0.7:4153".to_string(),
         tcp: "10.0.0.7:4150".to_string(),
+        members: 0x0102_0304,
     };
     let (context, data) = Entry::TopicPause(false).encode_raft(None);
     assert!(context.is_empty());
@@ -617,7 +618,7 @@ fn hello_propose_and_reply_frames_round_trip() {
 #[test]
 fn a_ping_carries_the_senders_contact_number() {
     let ping = encode_ping(0x0102_0304_0506_0708);
-    assert_eq!(ping, [10, 0, 0, 0, 6, 5, 8, 7, 6, 5, 4, 3, 2, 1]);
+    assert_eq!(ping, [10, 0, 0, 0, 7, 5, 8, 7, 6, 5, 4, 3, 2, 1]);
     assert_eq!(
         decode_frame(&ping),
         Ok(Some((
@@ -628,8 +629,8 @@ fn a_ping_carries_the_senders_contact_number() {
         )))
     );
     // A short or long ping is out of step.
-    assert!(decode_frame(&[9, 0, 0, 0, 6, 5, 8, 7, 6, 5, 4, 3, 2]).is_err());
-    assert!(decode_frame(&[11, 0, 0, 0, 6, 5, 8, 7, 6, 5, 4, 3, 2, 1, 0]).is_err());
+    assert!(decode_frame(&[9, 0, 0, 0, 7, 5, 8, 7, 6, 5, 4, 3, 2]).is_err());
+    assert!(decode_frame(&[11, 0, 0, 0, 7, 5, 8, 7, 6, 5, 4, 3, 2, 1, 0]).is_err());
 }
 
 #[test]
@@ -645,21 +646,21 @@ fn bad_frames_are_errors() {
         decode_frame(&[2, 0, 0, 0, 9, 2]),
         Err(DecodeError::Version(9))
     );
-    // Version 4 frames (members of a release whose publish entries carry their bodies
-    // between the fields) are refused.
+    // Version 6 frames (members of a release whose greeting carries no member list)
+    // are refused.
     assert_eq!(
-        decode_frame(&[2, 0, 0, 0, 5, 2]),
-        Err(DecodeError::Version(5))
+        decode_frame(&[2, 0, 0, 0, 6, 2]),
+        Err(DecodeError::Version(6))
     );
-    assert_eq!(decode_frame(&[2, 0, 0, 0, 6, 9]), Err(DecodeError::Tag(9)));
-    assert_eq!(decode_frame(&[3, 0, 0, 0, 6, 2, 0]), Err(DecodeError::Name));
+    assert_eq!(decode_frame(&[2, 0, 0, 0, 7, 9]), Err(DecodeError::Tag(9)));
+    assert_eq!(decode_frame(&[3, 0, 0, 0, 7, 2, 0]), Err(DecodeError::Name));
     assert_eq!(
-        decode_frame(&[3, 0, 0, 0, 6, 2, 5]),
+        decode_frame(&[3, 0, 0, 0, 7, 2, 5]),
         Err(DecodeError::Truncated)
     );
     // A valid header and a body that is not a protobuf message (field 0 is invalid).
     assert_eq!(
-        decode_frame(&[6, 0, 0, 0, 6, 2, 1, b't', 0x00, 0x00]),
+        decode_frame(&[6, 0, 0, 0, 7, 2, 1, b't', 0x00, 0x00]),
         Err(DecodeError::Protobuf)
     );
     // A fetch cut short, and one with a byte after it.
@@ -680,8 +681,13 @@ fn bad_frames_are_errors() {
         replica: 1,
         address: "a:1".to_string(),
         tcp: "a:2".to_string(),
+        members: 9,
     })
     .unwrap();
+    // Without its member list (a greeting of the release before): cut short.
+    let mut short = hello[..hello.len() - 4].to_vec();
+    short[0] -= 4;
+    assert_eq!(decode_frame(&short), Err(DecodeError::Truncated));
     hello.push(0);
     hello[0] += 1;
     assert_eq!(decode_frame(&hello), Err(DecodeError::Trailing(1)));
