@@ -1796,7 +1796,9 @@ fn members_with_different_lists_report_each_other() {
             .unwrap_or_default()
     };
     for http in [http_a, http_b] {
-        wait_for("the HTTP port answering", || TcpStream::connect(http).is_ok());
+        wait_for("the HTTP port answering", || {
+            TcpStream::connect(http).is_ok()
+        });
     }
     wait_for("each reporting the other's list", || {
         others(http_a) == [b.clone()] && others(http_b) == [a.clone()]
