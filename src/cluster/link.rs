@@ -52,14 +52,15 @@ pub const NODE_ID_CHECK: Duration = Duration::from_secs(5);
 /// When this process's links started (the first shard to start them).
 static LINKS_STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
 
-/// Why each peer's connections were last refused, by the address its greeting named (or
-/// `frame version N` for a greeting in another release's frames): shared by the
-/// shards, shown by `GET /cluster` as `refused_peers`. A peer's entry goes once a
-/// greeting of it is accepted.
+/// A reason per peer, by the address its greeting named (or `frame version N` for a
+/// greeting in another release's frames), shared by the shards and shown by
+/// `GET /cluster`: why its connections were last refused (`refused_peers`; the entry
+/// goes once a greeting of it is accepted), or that it lists other members
+/// (`peers_listing_other_members`; the entry goes once it greets with the same list).
 #[derive(Debug, Default)]
-pub struct Refusals(std::sync::Mutex<std::collections::BTreeMap<String, String>>);
+pub struct PeerReports(std::sync::Mutex<std::collections::BTreeMap<String, String>>);
 
-impl Refusals {
+impl PeerReports {
     pub(crate) fn set(&self, key: &str, why: &str) {
         self.0
             .lock()

@@ -53,11 +53,11 @@ pub struct ClusterConfig {
     pub rebalance_leaders: bool,
     /// Why peers' connections are refused now (shared by the shards' copies of the
     /// configuration; `GET /cluster`'s `refused_peers`).
-    pub refusals: std::sync::Arc<link::Refusals>,
+    pub refusals: std::sync::Arc<link::PeerReports>,
     /// The peers whose greeting carried a member list other than this member's
     /// (`GET /cluster`'s `peers_listing_other_members`): expected while members are
     /// added or removed by a rolling restart, a misconfiguration otherwise.
-    pub other_lists: std::sync::Arc<link::Refusals>,
+    pub other_lists: std::sync::Arc<link::PeerReports>,
 }
 
 /// Both sides of the member connections under `--cluster-tls`

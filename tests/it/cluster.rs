@@ -2407,6 +2407,37 @@ fn a_move_does_not_wait_for_messages_in_flight_to_a_consumer_that_left() {
     );
 }
 
+/// A topic elected with one message and quiet on every member, for a move that is to
+/// fail: (its leader, the member to move it to, the leader's term).
+fn quiet_topic_and_move_target(c: &Cluster, topic: &str) -> (usize, usize, u64) {
+    c.elect(topic);
+    c.node(0).http_pub(topic, b"x");
+    let leader = c.wait_leader(topic);
+    wait_quiet(c, &[0, 1, 2], topic);
+    let term = group_of(c, leader, topic)["term"].as_u64().unwrap();
+    (leader, (leader + 1) % 3, term)
+}
+
+/// After a failed move to `target` and its return: `target` follows `leader`, which
+/// still leads `topic` in `term` 2 s later, and `target` takes a publish.
+fn assert_the_failed_move_took_no_effect(
+    c: &Cluster,
+    topic: &str,
+    (leader, target, term): (usize, usize, u64),
+) {
+    wait_for("the target back in the group", || {
+        group_of(c, target, topic)["leader"] == c.addresses[leader].as_str()
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let g = group_of(c, leader, topic);
+    assert_eq!(
+        (g["is_leader"].as_bool(), g["term"].as_u64()),
+        (Some(true), Some(term)),
+        "{g}"
+    );
+    c.node(target).http_pub(topic, b"y");
+}
+
 /// A move to a member that is down answers 500 `MOVE_LEADER_TIMEOUT` and is over: when
 /// that member comes back, the leader keeps leading in the same term (a forced
 /// campaign request queued for the member while it was down would depose it then).
@@ -2414,12 +2445,7 @@ fn a_move_does_not_wait_for_messages_in_flight_to_a_consumer_that_left() {
 fn a_move_that_timed_out_does_not_take_effect_when_its_target_comes_back() {
     let mut c = Cluster::start([1, 1, 1], &[]);
     let topic = "given_up";
-    c.elect(topic);
-    c.node(0).http_pub(topic, b"x");
-    let leader = c.wait_leader(topic);
-    let target = (leader + 1) % 3;
-    wait_quiet(&c, &[0, 1, 2], topic);
-    let term = group_of(&c, leader, topic)["term"].as_u64().unwrap();
+    let (leader, target, term) = quiet_topic_and_move_target(&c, topic);
     c.kill9(target);
     wait_for("the leader to see the target gone", || {
         group_of(&c, leader, topic)["replicas"]
@@ -2449,17 +2475,7 @@ fn a_move_that_timed_out_does_not_take_effect_when_its_target_comes_back() {
     assert!(log.contains("it is out of touch"), "{log}");
     assert!(!log.contains("delivery held until"), "{log}");
     c.start_node(target);
-    wait_for("the target back in the group", || {
-        group_of(&c, target, topic)["leader"] == c.addresses[leader].as_str()
-    });
-    std::thread::sleep(Duration::from_secs(2));
-    let g = group_of(&c, leader, topic);
-    assert_eq!(
-        (g["is_leader"].as_bool(), g["term"].as_u64()),
-        (Some(true), Some(term)),
-        "{g}"
-    );
-    c.node(target).http_pub(topic, b"y");
+    assert_the_failed_move_took_no_effect(&c, topic, (leader, target, term));
 }
 
 /// A move to a member that is frozen (SIGSTOP) while its connections stay up answers
@@ -2472,12 +2488,7 @@ fn a_move_that_timed_out_does_not_take_effect_when_its_target_comes_back() {
 fn a_move_to_a_frozen_member_does_not_take_effect_when_it_resumes() {
     let c = Cluster::start([1, 1, 1], &[]);
     let topic = "frozen_target";
-    c.elect(topic);
-    c.node(0).http_pub(topic, b"x");
-    let leader = c.wait_leader(topic);
-    let target = (leader + 1) % 3;
-    wait_quiet(&c, &[0, 1, 2], topic);
-    let term = group_of(&c, leader, topic)["term"].as_u64().unwrap();
+    let (leader, target, term) = quiet_topic_and_move_target(&c, topic);
     c.node(target).daemon.signal(19); // SIGSTOP
     let path = format!(
         "/topic/move-leader?topic={topic}&to={}",
@@ -2491,16 +2502,7 @@ fn a_move_to_a_frozen_member_does_not_take_effect_when_it_resumes() {
     // Every request sent meanwhile is over 2 s old when the member resumes.
     std::thread::sleep(Duration::from_secs(3));
     c.node(target).daemon.signal(18); // SIGCONT
-    wait_for("the target back in the group", || {
-        group_of(&c, target, topic)["leader"] == c.addresses[leader].as_str()
-    });
-    std::thread::sleep(Duration::from_secs(2));
-    let g = group_of(&c, leader, topic);
-    assert_eq!(
-        (g["is_leader"].as_bool(), g["term"].as_u64()),
-        (Some(true), Some(term)),
-        "{g}"
-    );
+    assert_the_failed_move_took_no_effect(&c, topic, (leader, target, term));
     // The first request goes at once, while the member still counts as in touch (it
     // was heard within 400 ms); later ones are not sent to a member out of touch.
     if c.node(leader).log_text().contains("; delivery held until") {
@@ -2511,7 +2513,6 @@ fn a_move_to_a_frozen_member_does_not_take_effect_when_it_resumes() {
             "no stale request logged"
         );
     }
-    c.node(target).http_pub(topic, b"y");
 }
 
 /// Relays never chain: another member's relay (its IDENTIFY's `user_agent` begins with
