@@ -98,9 +98,13 @@ async def main(lookupd, members):
     first = [("%s:a:%05d" % (topic, i)).encode() for i in range(N)]
     got = {}
 
+    # Each body's deliveries as (message ID, attempts): what a failure names.
+    deliveries = {}
+
     def handler(message):
         b = bytes(message.body)
         got[b] = got.get(b, 0) + 1
+        deliveries.setdefault(b, []).append((bytes(message.id).decode(), message.attempts))
         return True  # pynsq FINs the message
 
     readers = []
@@ -174,7 +178,9 @@ async def main(lookupd, members):
         if dups:
             raise sc.ScenarioError("%d messages delivered again across the moves (a leader "
                                    "hands over once its consumers finished what they "
-                                   "held)" % dups)
+                                   "held), e.g. %r"
+                                   % (dups, [(b, deliveries[b]) for b, n in got.items()
+                                             if n > 1][:3]))
     if DEFERRED:
         again = [b for b in first if got.get(b, 0) > before_kill.get(b, 0)]
         if again:

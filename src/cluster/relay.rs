@@ -271,7 +271,11 @@ async fn leader_tcp(server: &Server, topic: &str) -> Result<Option<String>, Stri
     let deadline = Instant::now() + FIND_LEADER;
     loop {
         match c.leader_of(topic) {
-            Some(l) if l == c.cfg.me.replica => return Ok(None),
+            // Served here once this member handled its election (`leads`): delivery
+            // is held from then until its channels have the states of every entry
+            // before its term, which a consumer subscribed earlier would not wait for.
+            Some(l) if l == c.cfg.me.replica && c.leads(topic) => return Ok(None),
+            Some(l) if l == c.cfg.me.replica => {}
             Some(l) => {
                 if let Some(tcp) = c.peer_tcp(l) {
                     return Ok(Some(tcp));

@@ -1058,6 +1058,20 @@ impl ShardCluster {
                 g.next_seq = Some(g.seq_after_log(server.shard.topic_head(topic)));
             }
             self.led.borrow_mut().insert(topic.to_string());
+            // Nothing is delivered from the channels' states as this member applied them
+            // as a follower: they may lag the last leader's (a follower learns of a
+            // commit with the next append or heartbeat), and a consumer relayed here at
+            // once would get messages that were finished. Delivery starts once the
+            // channels took over the states of every entry before this term
+            // ([`ShardCluster::take_over_channels`]).
+            if !self
+                .groups
+                .borrow()
+                .get(topic)
+                .is_some_and(|g| g.channels_taken_over)
+            {
+                server.shard.hold_topic_deliveries(topic, true);
+            }
             let lookup = &server.shard.lookup;
             if !server.shard.topic_exists(topic) {
                 // Deleted through the log: registered when it is made again.

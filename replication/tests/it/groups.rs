@@ -3,7 +3,7 @@
 
 use nsq_replication::{AckPolicy, AckState, ChannelOp, Entry, Membership, ReplicationError};
 
-use crate::sim::{publish, Sim, ELECTION_TICK, MAX_TIMEOUT};
+use crate::sim::{publish, Sim, ELECTION_TICK, HEARTBEAT_TICK, MAX_TIMEOUT};
 
 /// Every node sees the same single leader, in the same term.
 fn assert_one_leader(sim: &Sim) -> u64 {
@@ -102,6 +102,8 @@ fn an_isolated_leader_is_replaced_within_the_election_timeout() {
             AckState::Acked
         );
     }
+    // The followers learn the last commit with the next heartbeat (no append follows).
+    sim.run(HEARTBEAT_TICK);
     let expected: Vec<_> = (0..20).map(publish).collect();
     for id in sim.ids().into_iter().filter(|&i| i != old) {
         assert_eq!(sim.applied(id), expected, "node {id}");
@@ -505,6 +507,8 @@ fn a_leader_made_again_from_its_applied_entry_is_elected_by_followers_that_do_no
     assert_eq!(sim.group(leader).term(), term + 1);
     sim.propose(leader, &publish(5)).unwrap();
     sim.settle();
+    // The followers learn the commit of the last entry with the next heartbeat.
+    sim.run(HEARTBEAT_TICK);
     let expected: Vec<_> = (0..6).map(publish).collect();
     for id in sim.ids() {
         let got: Vec<_> = sim

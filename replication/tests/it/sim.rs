@@ -15,6 +15,10 @@ use raft::Storage;
 /// Ticks before a follower campaigns (raft's election timeout in the tests).
 pub const ELECTION_TICK: usize = 10;
 
+/// Ticks between a leader's heartbeats, which also tell the followers the commit index
+/// when no append follows a commit.
+pub const HEARTBEAT_TICK: usize = 2;
+
 /// The longest election timeout of any node in a 5-node sim (see `Sim::config`).
 pub const MAX_TIMEOUT: usize = ELECTION_TICK + 3 * 4 + 1;
 
@@ -132,7 +136,7 @@ impl Sim {
     fn config(&self, id: u64) -> GroupConfig {
         let mut config = GroupConfig::new(id);
         config.election_tick = ELECTION_TICK;
-        config.heartbeat_tick = 2;
+        config.heartbeat_tick = HEARTBEAT_TICK;
         config.min_election_tick = ELECTION_TICK + 3 * usize::try_from(id - 1).unwrap();
         config.max_election_tick = config.min_election_tick + 1;
         // Small appends, so catching up takes several rounds.

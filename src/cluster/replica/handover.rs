@@ -178,7 +178,16 @@ impl ShardCluster {
             };
             if release {
                 self.hand_overs.borrow_mut().remove(&topic);
-                server.shard.hold_topic_deliveries(&topic, false);
+                // A leader whose channels have not taken over their states yet stays
+                // held until they have (`take_over_channels` releases it).
+                let taken_over = self
+                    .groups
+                    .borrow()
+                    .get(&topic)
+                    .is_some_and(|g| g.channels_taken_over);
+                if !led || taken_over {
+                    server.shard.hold_topic_deliveries(&topic, false);
+                }
             }
         }
     }
