@@ -2517,7 +2517,8 @@ fn a_move_to_a_frozen_member_does_not_take_effect_when_it_resumes() {
 
 /// Relays never chain: another member's relay (its IDENTIFY's `user_agent` begins with
 /// `nsqd-relay (`) that SUBs on a follower is refused, exactly so, and its connection
-/// closed; the same SUB from a consumer is relayed to the leader.
+/// closed (logged at INFO: part of every failover); the same SUB from a consumer is
+/// relayed to the leader.
 #[test]
 fn a_follower_refuses_another_members_relay() {
     let c = Cluster::start([1, 1, 1], &[]);
@@ -2546,6 +2547,14 @@ fn a_follower_refuses_another_members_relay() {
     c.node(leader).http_pub(topic, b"relayed");
     let got = read_messages(&mut s, 1);
     assert_eq!(got[0].1, b"relayed");
+    // Part of every failover (the relay asks again): logged at INFO, not as a client's
+    // error.
+    let log = c.node(follower).log_text();
+    let refusal = log
+        .lines()
+        .find(|l| l.contains("does not lead topic"))
+        .unwrap_or_else(|| panic!("no refusal logged:\n{log}"));
+    assert!(refusal.contains("INFO:"), "{refusal}");
 }
 
 /// With `--rebalance-leaders` each topic's leadership goes back to its preferred member

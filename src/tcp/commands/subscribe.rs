@@ -15,7 +15,7 @@ use crate::server::Server;
 use nsq_shards::client::Client;
 use nsq_shards::shard::SubError;
 use nsq_shards::ClientState;
-use nsq_wire::v2::FRAME_RESPONSE;
+use nsq_wire::v2::{FRAME_ERROR, FRAME_RESPONSE};
 use std::rc::Rc;
 
 /// How many times a SUB to a replicated topic is routed before it is refused, when
@@ -60,10 +60,17 @@ pub(super) async fn sub(
                 // Another member's relay reached a member that does not lead (its view
                 // of the leader was stale): refused, and it asks the leader itself.
                 if crate::cluster::relay::is_member_relay(client) {
-                    return fatal(
-                        client,
-                        format!("E_SUB_FAILED SUB failed this member does not lead topic {topic}"),
+                    // Part of a failover or a move (the relay asks again until it finds
+                    // the leader), not a client's error: logged at INFO, with the same
+                    // error frame.
+                    let text =
+                        format!("E_SUB_FAILED SUB failed this member does not lead topic {topic}");
+                    log::info!(
+                        "[{}] - another member's relay reached this member before it leads the topic; it asks again: {text}",
+                        client.remote_address()
                     );
+                    client.send_frame(FRAME_ERROR, text.as_bytes());
+                    return Err(Fatal);
                 }
                 match crate::cluster::relay::subscribe(server, client, topic, channel).await {
                     Ok(true) => {
