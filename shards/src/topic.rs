@@ -701,9 +701,16 @@ impl Topic {
                 self.skip_finished();
             }
         }
+        // Messages ready again whose bodies come from the log count as unread: their
+        // records stay in memory until the store can give them back (a channel state
+        // taken over from a leader holds them below its cursor; read back before the
+        // store wrote them, they would wait for its write).
         let mut low = self.log.pumped;
         for ch in self.channels.values() {
             low = low.min(ch.cursor());
+            if let Some(seq) = ch.lowest_unread() {
+                low = low.min(seq);
+            }
         }
         let mut to = low;
         if let Some(store) = &self.storage.store {

@@ -337,6 +337,14 @@ impl Channel {
         gone.len()
     }
 
+    /// The lowest sequence of the messages ready again whose bodies come from the log
+    /// (`unread`: a channel state taken over from a leader, or restored after a
+    /// restart), if any. The memory tail keeps them while the store has not written
+    /// them ([`crate::topic::Topic::trim`]): otherwise they wait for its write.
+    pub fn lowest_unread(&self) -> Option<u64> {
+        self.ready.unread.keys().next().copied()
+    }
+
     /// True when the first message ready again below the memory tail waits for the
     /// store to make its record readable (at or above `readable`).
     pub fn unread_waits_for_store(&self, log_base: u64, readable: u64) -> bool {

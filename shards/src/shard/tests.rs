@@ -567,3 +567,56 @@ fn dead_letters_are_taken_from_the_shard_and_finished_once_published() {
     assert_eq!((ch.pending_count(), ch.dead_count()), (0, 1));
     assert_eq!(topics["t"].channels["own"].dead_count(), 0);
 }
+
+#[test]
+fn messages_ready_again_below_the_cursor_stay_in_memory_until_the_store_wrote_them() {
+    // A channel state taken over from a leader (`set_channel_position`) holds messages
+    // ready again below its cursor, whose bodies come from the log. Their records stay
+    // in memory until the store has written them, so a consumer gets them at once
+    // instead of after the store's write.
+    let dir = std::env::temp_dir().join(format!("nsq-shards-unread-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let opts = Options {
+        mem_queue_size: 5,
+        ..Options::default()
+    };
+    on_durable_shard_with(&dir, opts, |s, _| async move {
+        let s = Rc::new(s);
+        *s.me.borrow_mut() = Rc::downgrade(&s);
+        s.admin(AdminOp::CreateTopic("t".into())).unwrap();
+        s.admin(AdminOp::CreateChannel("t".into(), "c".into()))
+            .unwrap();
+        let bodies: Vec<Bytes> = (0..20)
+            .map(|i| Bytes::from(format!("body-{i:02}")))
+            .collect();
+        s.publish_local("t", bodies, None).unwrap();
+        let head = s.topics.borrow()["t"].log.head();
+        let first = head - 20;
+        // The leader's state: everything delivered, the first ten unfinished.
+        let pending: Vec<(u64, u16, i64)> = (first..first + 10).map(|q| (q, 1, 0)).collect();
+        assert!(s.set_channel_position("t", "c", head, &pending));
+        // Handed to the store, which has not written them yet; then trimmed.
+        s.pump_stores(true);
+        {
+            let mut topics = s.topics.borrow_mut();
+            let t = topics.get_mut("t").unwrap();
+            t.trim(s.opts.mem_queue_size);
+            assert!(
+                t.log.base() <= first,
+                "records of messages ready again left memory before they were written: base {} first {first}",
+                t.log.base()
+            );
+        }
+        let c = client(&s);
+        s.subscribe(&c, "t", "c").unwrap();
+        c.set_ready_count(20);
+        s.client_ready_changed(&c);
+        assert_eq!(
+            in_flight(&s, "t", "c"),
+            10,
+            "all delivered at once, from memory"
+        );
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
