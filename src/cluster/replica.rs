@@ -1062,16 +1062,8 @@ impl ShardCluster {
             // as a follower: they may lag the last leader's (a follower learns of a
             // commit with the next append or heartbeat), and a consumer relayed here at
             // once would get messages that were finished. Delivery starts once the
-            // channels took over the states of every entry before this term
-            // ([`ShardCluster::take_over_channels`]).
-            if !self
-                .groups
-                .borrow()
-                .get(topic)
-                .is_some_and(|g| g.channels_taken_over)
-            {
-                server.shard.hold_topic_deliveries(topic, true);
-            }
+            // channels took over the states of every entry before this term.
+            self.apply_delivery_hold(server, topic);
             let lookup = &server.shard.lookup;
             if !server.shard.topic_exists(topic) {
                 // Deleted through the log: registered when it is made again.

@@ -82,6 +82,15 @@ where
 }
 
 /// [`on_durable_shard`] with `opts` (its data path set to `dir`).
+/// An empty directory under the system's temporary one, named for the test (`tag`) and
+/// this process.
+fn fresh_dir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("nsq-shards-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 fn on_durable_shard_with<F, Fut>(dir: &std::path::Path, opts: Options, body: F)
 where
     F: FnOnce(Shard, std::path::PathBuf) -> Fut + Send + 'static,
@@ -111,9 +120,7 @@ fn a_checkpoint_looks_only_at_the_topics_that_changed() {
     // 300 durable topics with a channel and a message each; once their metadata is
     // written, an idle checkpoint looks at none of them and a change to one topic
     // costs a look at that topic only.
-    let dir = std::env::temp_dir().join(format!("nsq-shards-changed-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("changed");
     on_durable_shard(&dir, |s, d2| async move {
         for i in 0..300 {
             let t = format!("t{i}");
@@ -144,9 +151,7 @@ fn an_answer_under_the_default_policy_writes_the_metadata_and_the_next_checkpoin
     // fsync under the default policy: the file says so at once, and the topic stays
     // marked until a synced checkpoint has written it; after that an idle checkpoint
     // looks at nothing.
-    let dir = std::env::temp_dir().join(format!("nsq-shards-unsynced-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("unsynced");
     on_durable_shard(&dir, |s, d2| async move {
         assert!(s.opts.sync_every > 1, "the default policy");
         s.publish_local("t", vec![Bytes::from_static(b"a")], None)
@@ -185,9 +190,7 @@ fn a_checkpoint_dropped_mid_write_does_not_stop_the_next_ones() {
     // A connection's task that answers after the metadata is written runs the
     // checkpoint itself; when its client goes away mid-write, the future is dropped.
     // Later checkpoints (the shutdown's included) must still run.
-    let dir = std::env::temp_dir().join(format!("nsq-shards-ckpt-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("ckpt");
     on_durable_shard(&dir, |s, d2| async move {
         s.publish_local("t", vec![Bytes::from_static(b"a")], None)
             .unwrap();
@@ -234,9 +237,7 @@ fn deferred_messages_hold_no_body_and_are_read_back_from_disk_when_due() {
     // the store has written them: then, out of the memory tail, falling due reads them
     // back from the store and delivers them with their bodies. After a restart they come back without a
     // read of any body, and are delivered when due the same way.
-    let dir = std::env::temp_dir().join(format!("nsq-shards-defer-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("defer");
     let opts = Options {
         mem_queue_size: 10,
         ..Options::default()
@@ -574,9 +575,7 @@ fn messages_ready_again_below_the_cursor_stay_in_memory_until_the_store_wrote_th
     // ready again below its cursor, whose bodies come from the log. Their records stay
     // in memory until the store has written them, so a consumer gets them at once
     // instead of after the store's write.
-    let dir = std::env::temp_dir().join(format!("nsq-shards-unread-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("unread");
     let opts = Options {
         mem_queue_size: 5,
         ..Options::default()

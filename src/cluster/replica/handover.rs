@@ -101,12 +101,6 @@ impl ShardCluster {
             }
             return;
         }
-        let in_flight = server.shard.hold_topic_deliveries(topic, true);
-        log::info!(
-            "TOPIC({topic}): handing leadership to {}; delivery held until the {in_flight} message(s) in flight are finished (at most {} s)",
-            self.address_of(to),
-            HAND_OVER_DRAIN.as_secs()
-        );
         hand_overs.insert(
             topic.to_string(),
             HandOver {
@@ -116,7 +110,31 @@ impl ShardCluster {
             },
         );
         drop(hand_overs);
+        let in_flight = self.apply_delivery_hold(server, topic);
+        log::info!(
+            "TOPIC({topic}): handing leadership to {}; delivery held until the {in_flight} message(s) in flight are finished (at most {} s)",
+            self.address_of(to),
+            HAND_OVER_DRAIN.as_secs()
+        );
         self.wake.notify();
+    }
+
+    /// Holds or releases delivery on `topic`'s channels as this member's state says,
+    /// the one rule for both reasons to hold it: a hand-over under way (its consumers
+    /// finish what they hold first), or a leadership whose channels have not yet taken
+    /// over the states of the entries before its term
+    /// ([`ShardCluster::take_over_channels`]: a follower's states may lag the last
+    /// leader's by the commits it had not heard of). Returns the messages in flight to
+    /// the topic's consumers ([`nsq_shards::Shard::hold_topic_deliveries`]).
+    pub(super) fn apply_delivery_hold(&self, server: &Server, topic: &str) -> usize {
+        let taking_over = self.led.borrow().contains(topic)
+            && !self
+                .groups
+                .borrow()
+                .get(topic)
+                .is_some_and(|g| g.channels_taken_over);
+        let held = taking_over || self.hand_overs.borrow().contains_key(topic);
+        server.shard.hold_topic_deliveries(topic, held)
     }
 
     /// True while a hand-over is under way on this shard (the driver then looks at it
@@ -178,16 +196,7 @@ impl ShardCluster {
             };
             if release {
                 self.hand_overs.borrow_mut().remove(&topic);
-                // A leader whose channels have not taken over their states yet stays
-                // held until they have (`take_over_channels` releases it).
-                let taken_over = self
-                    .groups
-                    .borrow()
-                    .get(&topic)
-                    .is_some_and(|g| g.channels_taken_over);
-                if !led || taken_over {
-                    server.shard.hold_topic_deliveries(&topic, false);
-                }
+                self.apply_delivery_hold(server, &topic);
             }
         }
     }

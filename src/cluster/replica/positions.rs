@@ -276,11 +276,8 @@ impl ShardCluster {
                 .set_channel_position(topic, &channel, view.cursor, &pending);
         }
         server.shard.start_tracking_changes(topic);
-        // Held since this member became the leader (a hand-over under way releases it
-        // when it ends).
-        if !self.hand_overs.borrow().contains_key(topic) {
-            server.shard.hold_topic_deliveries(topic, false);
-        }
+        // Held since this member became the leader (unless a hand-over is under way).
+        self.apply_delivery_hold(server, topic);
         true
     }
 }
