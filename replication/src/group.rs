@@ -240,6 +240,9 @@ pub struct Output {
     pub voters: Option<Vec<u64>>,
     /// The learners, set with [`Output::voters`].
     pub learners: Option<Vec<u64>>,
+    /// The requests of [`TopicGroup::confirm_leadership`] that a majority answered in
+    /// this leader's term since the last poll, by the number each was asked with.
+    pub confirmed: Vec<u64>,
     /// A lagging replica needs a snapshot the store cannot give: make one with
     /// [`TopicGroup::compact`] at the applied index (raft-rs retries on a later
     /// heartbeat).
@@ -717,6 +720,21 @@ impl<S: LogStore> TopicGroup<S> {
         self.node.transfer_leader(to);
     }
 
+    /// On the leader: asks a majority of the voters whether this node still leads
+    /// (raft-rs's read index, `ReadOnlyOption::Safe`): a heartbeat carrying `request`
+    /// goes to every replica, and once a majority answered it in this term a later
+    /// [`poll`](Self::poll) lists `request` in [`Output::confirmed`]. A replica that
+    /// follows another leader answers with its higher term instead, and this node steps
+    /// down. Nothing comes back when this node does not lead, or has not yet committed an
+    /// entry of its term (raft-rs drops the request): ask again with another number.
+    /// Answers to heartbeats sent before the call carry other numbers, so a confirmation
+    /// says the majority followed this node after the call.
+    pub fn confirm_leadership(&mut self, request: u64) {
+        if self.is_leader() {
+            self.node.read_index(request.to_le_bytes().to_vec());
+        }
+    }
+
     /// True on a leader while a leadership transfer it started runs (raft-rs's
     /// `lead_transferee`): it ends when the transferee leads, or after an election
     /// timeout without that.
@@ -910,6 +928,11 @@ impl<S: LogStore> TopicGroup<S> {
             // A leader may send its appends before persisting them (Raft allows the
             // leader's own write in parallel).
             out.messages.extend(ready.take_messages());
+            for r in ready.take_read_states() {
+                if let Ok(b) = <[u8; 8]>::try_from(r.request_ctx.as_slice()) {
+                    out.confirmed.push(u64::from_le_bytes(b));
+                }
+            }
             let snapshot = ready.snapshot();
             if !snapshot.is_empty() {
                 self.node.mut_store().apply_snapshot(snapshot)?;

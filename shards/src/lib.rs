@@ -22,6 +22,7 @@
 pub mod auth;
 pub mod channel;
 pub mod client;
+pub mod delivery_gate;
 pub mod mesh;
 pub mod message;
 /// Topic and channel name rules, from the wire crate.

@@ -51,6 +51,8 @@ pub struct Relay {
     channel: String,
     /// The connection to the leader now (`None` between two).
     upstream: RefCell<Option<SharedStream>>,
+    /// The replica id of the member that connection goes to.
+    leader: Cell<u64>,
     /// The consumer's last RDY.
     rdy: Cell<i64>,
     /// IDs of the messages the current leader delivered and the consumer has not
@@ -87,6 +89,7 @@ impl Relay {
             topic: topic.to_string(),
             channel,
             upstream: RefCell::new(None),
+            leader: Cell::new(0),
             rdy: Cell::new(rdy),
             delivered: RefCell::new(HashSet::new()),
             closed: Cell::new(false),
@@ -264,7 +267,7 @@ pub async fn subscribe(
 
 /// The leader's TCP address for `topic`, once a leader other than this member is known
 /// (`Ok(None)`: this member leads it).
-async fn leader_tcp(server: &Server, topic: &str) -> Result<Option<String>, String> {
+async fn leader_tcp(server: &Server, topic: &str) -> Result<Option<(u64, String)>, String> {
     let Some(c) = &server.cluster else {
         return Err("not a cluster member".into());
     };
@@ -278,7 +281,7 @@ async fn leader_tcp(server: &Server, topic: &str) -> Result<Option<String>, Stri
             Some(l) if l == c.cfg.me.replica => {}
             Some(l) => {
                 if let Some(tcp) = c.peer_tcp(l) {
-                    return Ok(Some(tcp));
+                    return Ok(Some((l, tcp)));
                 }
             }
             None => {}
@@ -319,9 +322,10 @@ async fn connect(
 ) -> Result<Option<SharedStream>, String> {
     let topic = &relay.topic;
     let fail = |e: String| format!("E_SUB_FAILED SUB failed {e}");
-    let Some(addr) = leader_tcp(server, topic).await.map_err(fail)? else {
+    let Some((leader, addr)) = leader_tcp(server, topic).await.map_err(fail)? else {
         return Ok(None);
     };
+    relay.leader.set(leader);
     let stream = TcpStream::connect_timeout(addr.as_str(), Duration::from_secs(2))
         .await
         .map_err(|e| fail(format!("leader {addr} unreachable: {e}")))?;
@@ -490,6 +494,25 @@ pub fn serve_detached(
         }
     })
     .detach();
+}
+
+/// `topic`'s group on this member names `leader` now: each relay of the topic
+/// subscribed at another member ends that subscription (shuts its connection down) and
+/// follows the new leader ([`follow_leader`]), as when the old leader's connection ends.
+/// A leader that stopped running (SIGSTOP, a paused VM) keeps its connections up, and
+/// its relays would otherwise wait for it to run again. `None` (an election under way)
+/// changes nothing.
+pub fn leader_changed(c: &super::replica::ShardCluster, topic: &str, leader: Option<u64>) {
+    let Some(leader) = leader else {
+        return;
+    };
+    for r in c.relays.borrow().values() {
+        if r.topic == topic && r.leader.get() != leader {
+            if let Some(up) = r.upstream.borrow().as_ref() {
+                up.shutdown();
+            }
+        }
+    }
 }
 
 /// This member leads the topic now: the consumer is subscribed to its channel here with

@@ -39,6 +39,7 @@ mod positions;
 mod propose;
 mod rebalance;
 mod requests;
+mod stall;
 mod vote;
 
 use apply::apply;
@@ -207,6 +208,9 @@ struct Group {
     /// While this member leads: its channels took over the states kept for them and
     /// record their changes ([`ShardCluster::take_over_channels`]).
     channels_taken_over: bool,
+    /// While this member leads and its shard stalled: the question to the replicas
+    /// whether it still leads, delivery held until they confirm ([`stall`]).
+    confirming: Option<stall::Confirming>,
 }
 
 /// What the numbering needs of a publish entry: its first sequence (`None`: an entry
@@ -307,6 +311,10 @@ pub struct ShardCluster {
     detached: RefCell<Vec<(String, nsq_shards::shard::DetachedConsumer)>>,
     /// Hand-overs of topics this member leads, under way ([`handover`]).
     hand_overs: RefCell<HashMap<String, handover::HandOver>>,
+    /// Topics whose group may wait for its replicas to confirm this member still leads
+    /// after a stall ([`stall`]; a topic whose group no longer waits leaves it at the
+    /// next clock run).
+    confirming: RefCell<HashSet<String>>,
 }
 
 /// When this process started its cluster role (the first shard to start it).
@@ -344,6 +352,7 @@ impl ShardCluster {
             dropped: RefCell::new(HashMap::new()),
             detached: RefCell::new(Vec::new()),
             hand_overs: RefCell::new(HashMap::new()),
+            confirming: RefCell::new(HashSet::new()),
         }
     }
 
@@ -390,6 +399,7 @@ impl ShardCluster {
             }
         }
         glommio::spawn_local(driver(server.clone())).detach();
+        glommio::spawn_local(stall::clock(server.clone())).detach();
         if server.shard.index() == 0 {
             glommio::spawn_local(super::link::accept_loop(server.clone(), c.cfg.clone())).detach();
         }
@@ -537,6 +547,7 @@ impl ShardCluster {
                 paged_to: None,
                 views: positions::Views::default(),
                 channels_taken_over: false,
+                confirming: None,
             },
         );
         self.awake.borrow_mut().insert(topic.to_string());
@@ -783,6 +794,7 @@ impl ShardCluster {
             .map(|v| (v, out.learners.take().unwrap_or_default()));
         let mut messages = std::mem::take(&mut out.messages);
         let mut persisted = std::mem::take(&mut out.persisted_messages);
+        let confirmed = std::mem::take(&mut out.confirmed);
         if !self.save_vote(server, topic).await {
             // Not sent: a vote must be on disk before anyone hears of it (Raft's rule).
             // The group takes them as lost on the network.
@@ -821,6 +833,9 @@ impl ShardCluster {
         self.send_messages(server, topic, messages).await;
         if let Some(l) = out.leadership {
             self.leadership_changed(server, topic, l);
+        }
+        if !confirmed.is_empty() {
+            self.leadership_confirmed(server, topic, &confirmed);
         }
         if out.snapshot_wanted {
             let mut groups = self.groups.borrow_mut();
@@ -1013,6 +1028,12 @@ impl ShardCluster {
 
     fn leadership_changed(&self, server: &Server, topic: &str, l: Leadership) {
         let was = self.leads(topic);
+        if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
+            // A question asked as the leader of an earlier term is moot: an election
+            // just confirmed the new leader.
+            g.confirming = None;
+        }
+        super::relay::leader_changed(self, topic, l.leader);
         if l.is_self && !was {
             log::info!("TOPIC({topic}): this node leads it (term {})", l.term);
             if let Some(g) = self.groups.borrow_mut().get_mut(topic) {

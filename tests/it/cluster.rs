@@ -905,6 +905,78 @@ fn messages_finished_elsewhere_are_not_delivered_again_when_leadership_comes_bac
     );
 }
 
+/// A leader stopped (SIGSTOP) past its followers' election timeout, its connections
+/// up: a consumer relayed through a follower follows the new leader while the old one
+/// is still stopped, and the old one, running again, delivers nothing of what the new
+/// leader's consumer finished meanwhile, though its own consumer's FIN and RDY are read
+/// first (it confirms it still leads before it delivers; docs/replication.md,
+/// "Guarantees").
+#[test]
+fn a_stopped_leader_delivers_nothing_twice_and_its_relays_follow_the_new_leader() {
+    let c = Cluster::start([1, 1, 1], &[]);
+    let topic = "frozen";
+    let leader = c.elect_with_channel(topic, "c");
+    let others: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    let mut direct = c.node(leader).subscribe(topic, "c");
+    let mut relayed = c.node(others[0]).subscribe(topic, "c");
+    for k in 0..10 {
+        c.node(leader).http_pub(topic, format!("m-{k}").as_bytes());
+    }
+    send(&mut direct, b"RDY 1\n");
+    let held = read_messages(&mut direct, 1);
+    // The channel's positions (1 in flight, 9 ready) reach the replicas.
+    for &i in &others {
+        wait_for(
+            &format!("member {i} holding the channel's positions"),
+            || c.channel_field(i, topic, "c", "depth") == Some(10),
+        );
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    c.node(leader).signal(19);
+    let mut new_leader = None;
+    wait_for("a leader among the members still running", || {
+        new_leader = others
+            .iter()
+            .copied()
+            .find(|&i| group_of(&c, i, topic)["is_leader"] == true);
+        new_leader.is_some()
+    });
+    let new_leader = new_leader.unwrap();
+    // The relay follows the new leader now, not when the old one runs again.
+    send(&mut relayed, b"RDY 20\n");
+    let got = read_messages(&mut relayed, 10);
+    let mut bodies: Vec<String> = got
+        .iter()
+        .map(|(_, b)| String::from_utf8_lossy(b).into_owned())
+        .collect();
+    bodies.sort();
+    let want: Vec<String> = (0..10).map(|k| format!("m-{k}")).collect();
+    assert_eq!(
+        bodies, want,
+        "delivered through the new leader while the old one is stopped"
+    );
+    for (id, _) in &got {
+        send(&mut relayed, &line(&format!("FIN {id}")));
+    }
+    wait_for("the new leader's channel empty", || {
+        c.channel_field(new_leader, topic, "c", "depth") == Some(0)
+            && c.channel_field(new_leader, topic, "c", "in_flight_count") == Some(0)
+    });
+    // Read by the old leader as soon as it runs: each would deliver more at once.
+    send(&mut direct, &line(&format!("FIN {}", held[0].0)));
+    send(&mut direct, b"RDY 10\n");
+    c.node(leader).signal(18);
+    expect_no_message(
+        &mut direct,
+        Duration::from_millis(2500),
+        "finished through the new leader, delivered again by the old one",
+    );
+    wait_for("the old leader following the new one", || {
+        let g = group_of(&c, leader, topic);
+        g["is_leader"] == false && g["leader"].as_str() == Some(c.addresses[new_leader].as_str())
+    });
+}
+
 /// `topic`'s entry in member `i`'s `GET /cluster` (Null when it has none or did not
 /// answer).
 fn group_of(c: &Cluster, i: usize, topic: &str) -> serde_json::Value {

@@ -115,6 +115,45 @@ fn an_isolated_leader_is_replaced_within_the_election_timeout() {
     assert_eq!(sim.leader(), Some(new));
 }
 
+/// A leader that stopped running (a SIGSTOP) while the others elected another still
+/// believes it leads when it runs again; asking a majority is what tells it: its
+/// request is never confirmed and it steps down, while the new leader's is.
+#[test]
+fn a_leader_that_stalled_learns_it_was_replaced_before_it_is_confirmed() {
+    let mut sim = Sim::new(3, 11);
+    let (old, _) = sim.await_leader(None, 4 * MAX_TIMEOUT);
+    sim.propose(old, &publish(1)).unwrap();
+    sim.run(HEARTBEAT_TICK);
+    // Still the leader: a majority confirms it.
+    sim.group(old).confirm_leadership(41);
+    sim.settle();
+    assert_eq!(sim.node(old).confirmed, vec![41]);
+    // Frozen: it neither ticks nor receives, and keeps its state.
+    let frozen = sim.nodes.get_mut(&old).unwrap().group.take();
+    let (new, _) = sim.await_leader(Some(old), 4 * MAX_TIMEOUT);
+    sim.propose(new, &publish(2)).unwrap();
+    sim.run(HEARTBEAT_TICK);
+    sim.nodes.get_mut(&old).unwrap().group = frozen;
+    assert!(
+        sim.group(old).is_leader(),
+        "a frozen leader still believes it leads"
+    );
+    sim.group(old).confirm_leadership(42);
+    sim.settle();
+    assert!(
+        !sim.group(old).is_leader(),
+        "the answers' higher term deposed it"
+    );
+    assert_eq!(sim.node(old).confirmed, vec![41], "42 was never confirmed");
+    sim.group(new).confirm_leadership(43);
+    sim.settle();
+    assert_eq!(sim.node(new).confirmed, vec![43]);
+    // Asked of a follower, nothing comes back.
+    sim.group(old).confirm_leadership(44);
+    sim.settle();
+    assert_eq!(sim.node(old).confirmed, vec![41]);
+}
+
 #[test]
 fn an_old_leaders_uncommitted_entries_are_never_applied() {
     let mut sim = Sim::new(3, 4);

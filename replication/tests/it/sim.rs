@@ -37,6 +37,8 @@ pub struct Node {
     pub voters: Option<Vec<u64>>,
     /// The learners after the last membership change it applied.
     pub learners: Option<Vec<u64>>,
+    /// The requests of `confirm_leadership` a majority answered, in order.
+    pub confirmed: Vec<u64>,
 }
 
 impl Node {
@@ -60,6 +62,7 @@ impl Node {
         if let Some(l) = out.learners.take() {
             self.learners = Some(l);
         }
+        self.confirmed.append(&mut out.confirmed);
     }
 
     pub fn group(&self) -> &TopicGroup {
@@ -125,6 +128,7 @@ impl Sim {
                 restores: 0,
                 voters: None,
                 learners: None,
+                confirmed: Vec::new(),
             },
         );
     }

@@ -436,6 +436,21 @@ impl Shard {
         self.topics.borrow().get(topic).map_or(0, |t| t.log.head)
     }
 
+    /// Delivers on every channel of every topic whose delivery is not held: what a
+    /// closed [`crate::delivery_gate`] refused meanwhile goes out once it is open again.
+    pub fn dispatch_every_topic(&self) {
+        let open: Vec<String> = self
+            .topics
+            .borrow()
+            .iter()
+            .filter(|(_, t)| !t.deliveries_held)
+            .map(|(name, _)| name.clone())
+            .collect();
+        for topic in open {
+            self.hold_topic_deliveries(&topic, false);
+        }
+    }
+
     /// Holds (`held`) or releases delivery on every channel of `topic` while this member
     /// hands the topic's leadership over ([`crate::channel::Channel::set_held`]); a
     /// channel made meanwhile starts held, and a release delivers again at once.

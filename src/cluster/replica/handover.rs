@@ -120,20 +120,21 @@ impl ShardCluster {
     }
 
     /// Holds or releases delivery on `topic`'s channels as this member's state says,
-    /// the one rule for both reasons to hold it: a hand-over under way (its consumers
-    /// finish what they hold first), or a leadership whose channels have not yet taken
+    /// the one rule for every reason to hold it: a hand-over under way (its consumers
+    /// finish what they hold first); a leadership whose channels have not yet taken
     /// over the states of the entries before its term
     /// ([`ShardCluster::take_over_channels`]: a follower's states may lag the last
-    /// leader's by the commits it had not heard of). Returns the messages in flight to
+    /// leader's by the commits it had not heard of); or a leadership to confirm after
+    /// the shard stalled ([`super::stall`]: another member may lead by now). Returns the messages in flight to
     /// the topic's consumers ([`nsq_shards::Shard::hold_topic_deliveries`]).
     pub(super) fn apply_delivery_hold(&self, server: &Server, topic: &str) -> usize {
-        let taking_over = self.led.borrow().contains(topic)
-            && !self
-                .groups
-                .borrow()
-                .get(topic)
-                .is_some_and(|g| g.channels_taken_over);
-        let held = taking_over || self.hand_overs.borrow().contains_key(topic);
+        let (taken_over, confirming) =
+            self.groups.borrow().get(topic).map_or((false, false), |g| {
+                (g.channels_taken_over, g.confirming.is_some())
+            });
+        let leads = self.led.borrow().contains(topic);
+        let held =
+            (leads && (!taken_over || confirming)) || self.hand_overs.borrow().contains_key(topic);
         server.shard.hold_topic_deliveries(topic, held)
     }
 
