@@ -1,9 +1,10 @@
-//! A shard thread's delivery deadline, for cluster members: a channel delivers only
-//! until the deadline its member's replication clock last set
-//! ([`open_until`]), so a shard thread that did not run for a while (its process was
-//! stopped, its VM paused) delivers nothing on waking until that clock has run again and
-//! held the topics whose leadership it must confirm first. Without a deadline (a
-//! standalone broker, which never sets one) delivery is always open.
+//! A shard thread's delivery deadline, for cluster members: a channel delivers, and the
+//! broker's TCP writers write to clients, only until the deadline its member's
+//! replication clock last set ([`open_until`]), so a shard thread that did not run for
+//! a while (its process was stopped, its VM paused) delivers and writes nothing on
+//! waking until that clock has run again and held the topics whose leadership it must
+//! confirm first. Without a deadline (a standalone broker, which never sets one) it is
+//! always open.
 
 use std::cell::Cell;
 use std::time::Instant;

@@ -303,7 +303,11 @@ async fn connect_retrying(
 ) -> Result<Option<SharedStream>, String> {
     let deadline = Instant::now() + FIND_LEADER;
     loop {
-        match connect(server, client, relay).await {
+        let r = connect(server, client, relay).await;
+        if r.is_err() {
+            relay.upstream.replace(None);
+        }
+        match r {
             Err(e) if Instant::now() < deadline && !relay.closed.get() => {
                 log::debug!("[{}] relay: {e}; trying again", client.remote_address());
                 glommio::timer::sleep(super::replica::TICK).await;
@@ -331,6 +335,9 @@ async fn connect(
         .map_err(|e| fail(format!("leader {addr} unreachable: {e}")))?;
     let _ = stream.set_nodelay(true);
     let up = SharedStream::new(stream);
+    // Known from now on: a leader stopped with its listener up accepts the connection
+    // but does not answer, and [`leader_changed`] ends the wait when another leads.
+    relay.upstream.replace(Some(up.clone()));
     let identify = {
         let s = client.settings();
         serde_json::json!({

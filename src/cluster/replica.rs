@@ -1028,10 +1028,19 @@ impl ShardCluster {
 
     fn leadership_changed(&self, server: &Server, topic: &str, l: Leadership) {
         let was = self.leads(topic);
-        if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
+        let was_confirming = self
+            .groups
+            .borrow_mut()
+            .get_mut(topic)
+            .and_then(|g| g.confirming.take())
+            .is_some();
+        if was_confirming {
             // A question asked as the leader of an earlier term is moot: an election
-            // just confirmed the new leader.
-            g.confirming = None;
+            // settled who leads. Consumers this member keeps (it leads again) get what
+            // was held; a member that no longer leads drops it below, before any write.
+            for client in server.shard.topic_consumers(topic) {
+                client.outbox().hold_flushes(false);
+            }
         }
         super::relay::leader_changed(self, topic, l.leader);
         if l.is_self && !was {
@@ -1124,6 +1133,13 @@ impl ShardCluster {
             // and find the leader the others elect through nsqlookupd.
             let stopped = self.groups.borrow().get(topic).is_some_and(|g| g.stopped);
             let consumers = server.shard.detach_topic_consumers(topic);
+            for consumer in &consumers {
+                // What this member framed for them and did not write yet is stale: the
+                // new leader delivers it again, and would drop their FIN of this copy.
+                let out = consumer.client.outbox();
+                out.drop_message_frames();
+                out.hold_flushes(false);
+            }
             if stopped {
                 for consumer in &consumers {
                     consumer.client.kill();

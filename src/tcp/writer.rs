@@ -20,6 +20,9 @@ use std::time::{Duration, Instant};
 /// Output buffer capacity a connection keeps however little it sends (bytes).
 const SPARE_KEEP: usize = 1 << 20;
 
+/// How soon a writer held by a closed delivery gate looks again.
+const GATE_RECHECK: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// Drains the client's output buffer to the socket with nsqd's flush rules (nsqd:
 /// protocol_v2.go messagePump and Send): responses and errors at once; message frames
 /// when the buffer holds output_buffer_size bytes, when the client is not ready, and at
@@ -68,8 +71,19 @@ pub(super) async fn writer_loop(
             // with flush_now) and counts its messagePump as flushed.
             pump.set_pump_flushed(true);
         }
-        let (tick, ticker) = take_tick(&client, now);
-        let due = len > 0 && (closed || pump.flush_now() || obt.is_zero() || len >= obs || tick);
+        // On a cluster member whose shard has just run again after a stall, nothing
+        // goes out before its clock has run (nsq_shards::delivery_gate), and the
+        // consumers of the topics whose leadership it then confirms wait for the answer
+        // (Outbox::hold_flushes); a closing connection is written all the same.
+        let gate_closed = !nsq_shards::delivery_gate::is_open(now);
+        let held = !closed && (gate_closed || pump.flushes_held());
+        let (tick, ticker) = if held {
+            (false, pump.ticker())
+        } else {
+            take_tick(&client, now)
+        };
+        let due =
+            len > 0 && !held && (closed || pump.flush_now() || obt.is_zero() || len >= obs || tick);
         if due {
             let twice = std::mem::take(&mut pump_flushes_too);
             if out.flush(&server, &stream, &client, twice).await.is_err() {
@@ -93,7 +107,13 @@ pub(super) async fn writer_loop(
             continue;
         }
         let mut wake_at = heartbeat.next;
-        if !pump.pump_flushed() {
+        if gate_closed && len > 0 {
+            // The clock runs within a few ms; looked at again then.
+            let soon = now + GATE_RECHECK;
+            wake_at = Some(wake_at.map_or(soon, |t| t.min(soon)));
+        }
+        // While held the ticker's ticks wait: a release wakes the writer.
+        if !pump.pump_flushed() && !held {
             wake_at = match (wake_at, ticker.next_tick()) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),

@@ -942,7 +942,12 @@ fn a_stopped_leader_delivers_nothing_twice_and_its_relays_follow_the_new_leader(
         new_leader.is_some()
     });
     let new_leader = new_leader.unwrap();
-    // The relay follows the new leader now, not when the old one runs again.
+    // The relay follows the new leader now, not when the old one runs again (which is
+    // after these reads, however long they wait: a loaded machine's disk can hold the
+    // new leader's store back for seconds).
+    relayed
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
     send(&mut relayed, b"RDY 20\n");
     let got = read_messages(&mut relayed, 10);
     let mut bodies: Vec<String> = got
@@ -975,6 +980,71 @@ fn a_stopped_leader_delivers_nothing_twice_and_its_relays_follow_the_new_leader(
         let g = group_of(&c, leader, topic);
         g["is_leader"] == false && g["leader"].as_str() == Some(c.addresses[new_leader].as_str())
     });
+}
+
+/// A message the leader framed for its consumer and had not written when it was
+/// stopped (the consumer's output buffer waits for its 2 s tick) is dropped when the
+/// leader, running again, learns it was replaced: the new leader delivered it and its
+/// consumer finished it meanwhile.
+#[test]
+fn a_stopped_leader_drops_what_it_framed_and_had_not_written() {
+    let c = Cluster::start([1, 1, 1], &[]);
+    let topic = "buffered";
+    let leader = c.elect_with_channel(topic, "c");
+    let others: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    let mut direct =
+        c.node(leader)
+            .subscribe_identified(r#"{"output_buffer_timeout":2000}"#, topic, "c");
+    let mut relayed = c.node(others[0]).subscribe(topic, "c");
+    send(&mut direct, b"RDY 100\n");
+    // The first goes out at once (the tick the idle consumer's ticker held); the second
+    // waits in the output buffer for the next tick, 2 s on.
+    c.node(leader).http_pub(topic, b"first");
+    let first = read_messages(&mut direct, 1);
+    assert_eq!(first[0].1, b"first");
+    c.node(leader).http_pub(topic, b"second");
+    for &i in &others {
+        wait_for(&format!("member {i} holding both"), || {
+            c.channel_field(i, topic, "c", "depth") == Some(2)
+        });
+    }
+    // The channel's positions (both in flight) reach the replicas.
+    std::thread::sleep(Duration::from_millis(300));
+    c.node(leader).signal(19);
+    let mut new_leader = None;
+    wait_for("a leader among the members still running", || {
+        new_leader = others
+            .iter()
+            .copied()
+            .find(|&i| group_of(&c, i, topic)["is_leader"] == true);
+        new_leader.is_some()
+    });
+    let new_leader = new_leader.unwrap();
+    relayed
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    send(&mut relayed, b"RDY 10\n");
+    let mut got: Vec<Vec<u8>> = Vec::new();
+    for (id, body) in read_messages(&mut relayed, 2) {
+        send(&mut relayed, &line(&format!("FIN {id}")));
+        got.push(body);
+    }
+    got.sort();
+    assert_eq!(got, [b"first".to_vec(), b"second".to_vec()]);
+    wait_for("the new leader's channel empty", || {
+        c.channel_field(new_leader, topic, "c", "depth") == Some(0)
+            && c.channel_field(new_leader, topic, "c", "in_flight_count") == Some(0)
+    });
+    // The 2 s tick has passed by now: written at once when the old leader runs, if
+    // nothing holds it.
+    std::thread::sleep(Duration::from_millis(1000));
+    send(&mut direct, &line(&format!("FIN {}", first[0].0)));
+    c.node(leader).signal(18);
+    expect_no_message(
+        &mut direct,
+        Duration::from_millis(3000),
+        "framed before the stop, finished through the new leader, written by the old one",
+    );
 }
 
 /// `topic`'s entry in member `i`'s `GET /cluster` (Null when it has none or did not

@@ -99,6 +99,11 @@ pub struct Outbox {
     /// Wakes a reader that stopped reading because `buf` was too full (the writer
     /// drained some).
     drained: Notify,
+    /// Set while the writer must not write `buf` (it still writes it once the
+    /// connection is going away): a cluster leader whose shard stalled holds its
+    /// consumers' output until it knows whether it still leads
+    /// ([`Outbox::hold_flushes`]).
+    flushes_held: Cell<bool>,
 }
 
 // The accessors are `#[inline]`: the root crate's reader and writer tasks call them
@@ -117,7 +122,58 @@ impl Outbox {
             closed: Cell::new(false),
             wake: Notify::default(),
             drained: Notify::default(),
+            flushes_held: Cell::new(false),
         }
+    }
+
+    /// Holds (`true`) or releases the writer's flushes of the buffer. A cluster leader
+    /// whose shard did not run for a while holds them for the consumers of the topics
+    /// it leads: the messages buffered just before may have been delivered by another
+    /// leader meanwhile. It releases them once its replicas confirm it still leads, or
+    /// drops those messages ([`Outbox::drop_message_frames`]) when it no longer does.
+    pub fn hold_flushes(&self, held: bool) {
+        self.flushes_held.set(held);
+        if !held {
+            self.wake.notify();
+        }
+    }
+
+    /// True while the writer must not flush ([`Outbox::hold_flushes`]).
+    #[inline]
+    pub fn flushes_held(&self) -> bool {
+        self.flushes_held.get()
+    }
+
+    /// Removes the message frames waiting in the buffer, keeping every other frame in
+    /// order (bytes the writer already took are not in it). Returns how many it
+    /// removed. For the consumers of a leadership lost: those messages are delivered
+    /// again by the new leader, and the consumer's FIN of this member's copy would be
+    /// dropped.
+    pub fn drop_message_frames(&self) -> usize {
+        let mut buf = self.buf.borrow_mut();
+        let mut kept = Vec::with_capacity(buf.len());
+        let mut dropped = 0;
+        let mut at = 0;
+        while let Some(head) = buf.get(at..at + 8) {
+            let size = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
+            let kind = u32::from_be_bytes([head[4], head[5], head[6], head[7]]);
+            let end = at + 4 + size;
+            if size < 4 || end > buf.len() {
+                break;
+            }
+            if kind == nsq_wire::v2::FRAME_MESSAGE {
+                dropped += 1;
+            } else {
+                kept.extend_from_slice(&buf[at..end]);
+            }
+            at = end;
+        }
+        if dropped > 0 {
+            // Whatever did not parse as whole frames stays as it was, after them.
+            kept.extend_from_slice(&buf[at..]);
+            *buf = kept;
+        }
+        dropped
     }
 
     /// Frames waiting for the writer task.
@@ -244,6 +300,43 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    fn frame(kind: u32, data: &[u8]) -> Vec<u8> {
+        let mut f = ((data.len() + 4) as u32).to_be_bytes().to_vec();
+        f.extend_from_slice(&kind.to_be_bytes());
+        f.extend_from_slice(data);
+        f
+    }
+
+    #[test]
+    fn dropping_message_frames_keeps_the_others_in_order() {
+        let o = Outbox::new(OutputTicker::new(Instant::now(), ms(250)));
+        let (resp, msg, err) = (
+            nsq_wire::v2::FRAME_RESPONSE,
+            nsq_wire::v2::FRAME_MESSAGE,
+            nsq_wire::v2::FRAME_ERROR,
+        );
+        let mut want = Vec::new();
+        {
+            let mut b = o.buf_mut();
+            b.extend(frame(resp, b"_heartbeat_"));
+            want.extend(frame(resp, b"_heartbeat_"));
+            b.extend(frame(msg, b"0123456789abcdefghijklmnopqrstuvwxyz-one"));
+            b.extend(frame(err, b"E_FIN_FAILED x"));
+            want.extend(frame(err, b"E_FIN_FAILED x"));
+            b.extend(frame(msg, b"0123456789abcdefghijklmnopqrstuvwxyz-two"));
+        }
+        assert_eq!(o.drop_message_frames(), 2);
+        assert_eq!(*o.buf(), want);
+        assert_eq!(o.drop_message_frames(), 0);
+        assert_eq!(*o.buf(), want);
+        // A tail that is not a whole frame stays where it was.
+        o.buf_mut().extend(frame(msg, b"three"));
+        o.buf_mut().extend_from_slice(&[0, 0, 0, 9, 0]);
+        assert_eq!(o.drop_message_frames(), 1);
+        want.extend_from_slice(&[0, 0, 0, 9, 0]);
+        assert_eq!(*o.buf(), want);
     }
 
     #[test]

@@ -537,6 +537,17 @@ impl Shard {
         out
     }
 
+    /// The consumers subscribed to `topic`'s channels (empty when there is no such
+    /// topic).
+    pub fn topic_consumers(&self, topic: &str) -> Vec<std::rc::Rc<crate::client::Client>> {
+        self.topics.borrow().get(topic).map_or_else(Vec::new, |t| {
+            t.channels
+                .values()
+                .flat_map(|ch| ch.clients().iter().cloned())
+                .collect()
+        })
+    }
+
     /// The topics this shard owns.
     pub fn topic_names(&self) -> Vec<String> {
         self.topics.borrow().keys().cloned().collect()

@@ -14,10 +14,16 @@
 //!   carry). A confirmation releases delivery; an answer with a higher term deposes the
 //!   member, whose consumers are then relayed to the new leader. A request that gets
 //!   no answer is asked again every [`CONFIRM_AGAIN`].
-//! - Until the clock has run, nothing is delivered on the shard's thread at all
-//!   ([`nsq_shards::delivery_gate`], which the clock keeps open for [`STALL`] past each
-//!   run): on waking, the consumers' queued FINs and RDYs may be read before the clock
-//!   runs, and each would deliver more.
+//! - The consumers of those topics keep what was framed for them before the stall and
+//!   not yet written ([`nsq_shards::client::Outbox::hold_flushes`]): another leader may
+//!   have delivered those messages since. It is written once the leadership is
+//!   confirmed, and dropped when the member is deposed (the new leader delivers them
+//!   again).
+//! - Until the clock has run, nothing is delivered or written to a client on the
+//!   shard's thread at all ([`nsq_shards::delivery_gate`], which the clock keeps open
+//!   for [`STALL`] past each run): on waking, the consumers' queued FINs and RDYs may be
+//!   read before the clock runs, and each would deliver more, and a writer whose
+//!   output-buffer timer ran out during the stall would write what was buffered.
 //!
 //! [`STALL`] is well under the least time its followers wait before electing another
 //! leader (a follower that hears nothing from the leader's member for 400 ms campaigns
@@ -85,6 +91,11 @@ impl ShardCluster {
                 self.ask_to_confirm(&topic, g);
             }
             self.apply_delivery_hold(server, &topic);
+            // What was framed for them before the stall may have been delivered by
+            // another leader meanwhile: written once confirmed, dropped if deposed.
+            for client in server.shard.topic_consumers(&topic) {
+                client.outbox().hold_flushes(true);
+            }
             self.mark(&topic);
             asked += 1;
         }
@@ -148,6 +159,9 @@ impl ShardCluster {
         });
         if released {
             log::info!("TOPIC({topic}): its replicas confirmed this member still leads it; delivery goes on");
+            for client in server.shard.topic_consumers(topic) {
+                client.outbox().hold_flushes(false);
+            }
             self.apply_delivery_hold(server, topic);
         }
     }
