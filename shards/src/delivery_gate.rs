@@ -18,6 +18,11 @@ pub fn open_until(deadline: Instant) {
     DEADLINE.with(|d| d.set(Some(deadline)));
 }
 
+/// Removes this thread's deadline: open from now on (the clock that set it stopped).
+pub fn open_for_good() {
+    DEADLINE.with(|d| d.set(None));
+}
+
 /// True when this thread's channels may deliver at `now`: no deadline was set, or it
 /// has not passed.
 #[must_use]
@@ -39,6 +44,8 @@ mod tests {
             assert!(is_open(now));
             assert!(is_open(now + Duration::from_millis(200)));
             assert!(!is_open(now + Duration::from_millis(201)));
+            open_for_good();
+            assert!(is_open(now + Duration::from_secs(3600)));
         })
         .join()
         .unwrap();

@@ -75,6 +75,9 @@ pub async fn clock(server: Rc<Server>) {
             server.shard.dispatch_every_topic();
         }
     }
+    // Shutting down: what is left to write (a drain's last deliveries) does not wait
+    // for a clock that no longer runs.
+    nsq_shards::delivery_gate::open_for_good();
 }
 
 impl ShardCluster {
