@@ -505,7 +505,7 @@ pub fn serve_detached(
 
 /// `topic`'s group on this member names `leader` now: each relay of the topic
 /// subscribed at another member ends that subscription (shuts its connection down) and
-/// follows the new leader ([`follow_leader`]), as when the old leader's connection ends.
+/// follows the new leader, as when the old leader's connection ends.
 /// A leader that stopped running (SIGSTOP, a paused VM) keeps its connections up, and
 /// its relays would otherwise wait for it to run again. `None` (an election under way)
 /// changes nothing.

@@ -905,6 +905,40 @@ fn messages_finished_elsewhere_are_not_delivered_again_when_leadership_comes_bac
     );
 }
 
+/// Once the other members hold `depth` messages of channel `c` and, 300 ms on, the
+/// channel's positions: stops `leader` (SIGSTOP) and waits until another member leads
+/// `topic`, which it returns. `relayed`, a consumer on another member, then reads with a
+/// 30 s timeout: the old leader stays stopped however long its reads wait (a loaded
+/// machine's disk can hold the new leader's store back for seconds).
+fn stop_until_replaced(
+    c: &Cluster,
+    topic: &str,
+    leader: usize,
+    depth: u64,
+    relayed: &mut TcpStream,
+) -> usize {
+    let others: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    for &i in &others {
+        wait_for(&format!("member {i} holding {depth} messages"), || {
+            c.channel_field(i, topic, "c", "depth") == Some(depth)
+        });
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    c.node(leader).signal(19);
+    let mut new_leader = None;
+    wait_for("a leader among the members still running", || {
+        new_leader = others
+            .iter()
+            .copied()
+            .find(|&i| group_of(c, i, topic)["is_leader"] == true);
+        new_leader.is_some()
+    });
+    relayed
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    new_leader.unwrap()
+}
+
 /// A leader stopped (SIGSTOP) past its followers' election timeout, its connections
 /// up: a consumer relayed through a follower follows the new leader while the old one
 /// is still stopped, and the old one, running again, delivers nothing of what the new
@@ -925,29 +959,8 @@ fn a_stopped_leader_delivers_nothing_twice_and_its_relays_follow_the_new_leader(
     send(&mut direct, b"RDY 1\n");
     let held = read_messages(&mut direct, 1);
     // The channel's positions (1 in flight, 9 ready) reach the replicas.
-    for &i in &others {
-        wait_for(
-            &format!("member {i} holding the channel's positions"),
-            || c.channel_field(i, topic, "c", "depth") == Some(10),
-        );
-    }
-    std::thread::sleep(Duration::from_millis(300));
-    c.node(leader).signal(19);
-    let mut new_leader = None;
-    wait_for("a leader among the members still running", || {
-        new_leader = others
-            .iter()
-            .copied()
-            .find(|&i| group_of(&c, i, topic)["is_leader"] == true);
-        new_leader.is_some()
-    });
-    let new_leader = new_leader.unwrap();
-    // The relay follows the new leader now, not when the old one runs again (which is
-    // after these reads, however long they wait: a loaded machine's disk can hold the
-    // new leader's store back for seconds).
-    relayed
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
+    // The relay follows the new leader now, not when the old one runs again.
+    let new_leader = stop_until_replaced(&c, topic, leader, 10, &mut relayed);
     send(&mut relayed, b"RDY 20\n");
     let got = read_messages(&mut relayed, 10);
     let mut bodies: Vec<String> = got
@@ -1003,26 +1016,7 @@ fn a_stopped_leader_drops_what_it_framed_and_had_not_written() {
     let first = read_messages(&mut direct, 1);
     assert_eq!(first[0].1, b"first");
     c.node(leader).http_pub(topic, b"second");
-    for &i in &others {
-        wait_for(&format!("member {i} holding both"), || {
-            c.channel_field(i, topic, "c", "depth") == Some(2)
-        });
-    }
-    // The channel's positions (both in flight) reach the replicas.
-    std::thread::sleep(Duration::from_millis(300));
-    c.node(leader).signal(19);
-    let mut new_leader = None;
-    wait_for("a leader among the members still running", || {
-        new_leader = others
-            .iter()
-            .copied()
-            .find(|&i| group_of(&c, i, topic)["is_leader"] == true);
-        new_leader.is_some()
-    });
-    let new_leader = new_leader.unwrap();
-    relayed
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
+    let new_leader = stop_until_replaced(&c, topic, leader, 2, &mut relayed);
     send(&mut relayed, b"RDY 10\n");
     let mut got: Vec<Vec<u8>> = Vec::new();
     for (id, body) in read_messages(&mut relayed, 2) {
