@@ -150,26 +150,22 @@ impl Outbox {
     /// again by the new leader, and the consumer's FIN of this member's copy would be
     /// dropped.
     pub fn drop_message_frames(&self) -> usize {
+        use nsq_wire::client::{decode_frame, Decoded, Frame};
         let mut buf = self.buf.borrow_mut();
-        let mut kept = Vec::with_capacity(buf.len());
+        let mut kept = Vec::new();
         let mut dropped = 0;
         let mut at = 0;
-        while let Some(head) = buf.get(at..at + 8) {
-            let size = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
-            let kind = u32::from_be_bytes([head[4], head[5], head[6], head[7]]);
-            let end = at + 4 + size;
-            if size < 4 || end > buf.len() {
-                break;
-            }
-            if kind == nsq_wire::v2::FRAME_MESSAGE {
+        // Frames this broker wrote itself: the client-side decoder reads them whole.
+        while let Ok(Decoded::Frame(frame, used)) = decode_frame(&buf[at..]) {
+            if matches!(frame, Frame::Message(_)) {
                 dropped += 1;
             } else {
-                kept.extend_from_slice(&buf[at..end]);
+                kept.extend_from_slice(&buf[at..at + used]);
             }
-            at = end;
+            at += used;
         }
         if dropped > 0 {
-            // Whatever did not parse as whole frames stays as it was, after them.
+            // Whatever did not decode as whole frames stays as it was, after them.
             kept.extend_from_slice(&buf[at..]);
             *buf = kept;
         }
@@ -332,7 +328,8 @@ mod tests {
         assert_eq!(o.drop_message_frames(), 0);
         assert_eq!(*o.buf(), want);
         // A tail that is not a whole frame stays where it was.
-        o.buf_mut().extend(frame(msg, b"three"));
+        o.buf_mut()
+            .extend(frame(msg, b"0123456789abcdefghijklmnopqrstuvwxyz-three"));
         o.buf_mut().extend_from_slice(&[0, 0, 0, 9, 0]);
         assert_eq!(o.drop_message_frames(), 1);
         want.extend_from_slice(&[0, 0, 0, 9, 0]);
