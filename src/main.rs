@@ -53,6 +53,9 @@ fn main() {
         Ok(false) => {}
         Err(e) => fatal(&format!("failed to instantiate nsqd - {e}")),
     }
+    // A member cut off from its peers while it runs, for tests (nsqd::cluster::cut):
+    // compiled in only with the same feature.
+    nsqd::cluster::cut::init_from_env();
     let serving = fatal_panics_until_serving(prefix.clone());
     // What the host must provide (io_uring, locked memory, the data path, the ports),
     // checked before any shard starts: one line per problem, each with its fix.

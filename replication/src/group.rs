@@ -25,6 +25,10 @@ use raft::eraftpb::{
 use raft::{Config, RawNode, StateRole};
 
 use crate::entry::{DecodeError, Entry};
+
+/// A set of replica ids, with the hasher raft-rs's quorum checks take
+/// ([`TopicGroup::has_quorum`]).
+pub type ReplicaSet = std::collections::HashSet<u64, fxhash::FxBuildHasher>;
 use crate::store::LogStore;
 #[cfg(doc)]
 use crate::store::MemLog;
@@ -733,6 +737,14 @@ impl<S: LogStore> TopicGroup<S> {
         if self.is_leader() {
             self.node.read_index(request.to_le_bytes().to_vec());
         }
+    }
+
+    /// Whether the replicas in `reachable` make a quorum of the group's voters (both
+    /// halves of a joint configuration while one is under way): what a leader needs in
+    /// touch to deliver (src/cluster/replica/lease.rs).
+    #[must_use]
+    pub fn has_quorum(&self, reachable: &ReplicaSet) -> bool {
+        self.node.raft.prs().has_quorum(reachable)
     }
 
     /// True on a leader while a leadership transfer it started runs (raft-rs's

@@ -23,7 +23,8 @@ pub mod wire;
 pub use entry::{ChannelOp, DecodeError, Entry, Message, MessageId, PendingMessage};
 pub use group::{
     AckPolicy, AckState, Committed, FloorRelaxed, GroupConfig, Leadership, Membership, Output,
-    ProposalId, ReplicationError, Restore, TopicGroup, FLOOR_DROP_TICKS, FLOOR_RELAX_TICKS,
+    ProposalId, ReplicaSet, ReplicationError, Restore, TopicGroup, FLOOR_DROP_TICKS,
+    FLOOR_RELAX_TICKS,
 };
 pub use journal::{JournaledLog, Pending, Recovered};
 pub use raft;

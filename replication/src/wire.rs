@@ -2,7 +2,7 @@
 //! group, and proposals forwarded to a group's leader with their answers.
 //!
 //! ```text
-//! frame   = len u32 LE (bytes after this field) | version u8 (= 7) | kind u8 | payload
+//! frame   = len u32 LE (bytes after this field) | version u8 (= 8) | kind u8 | payload
 //! kind 1  Hello   : node_id u16 | replica u64 | addr_len u8 | addr | tcp_len u8 | tcp |
 //!                   members u32 (a digest of the sender's member list)
 //! kind 2  Raft    : topic_len u8 | topic | eraftpb.Message (protobuf)
@@ -14,8 +14,10 @@
 //!           status 2 Failed    : text_len u16 | text (UTF-8)
 //!           status 3 Records   : the rest of the frame (a page of a topic's records,
 //!                                in the application's encoding)
-//! kind 5  Ping    : contact u64: the sender is alive, and its contact number for the
-//!                   receiver (src/cluster/liveness.rs); every 100 ms on each connection
+//! kind 5  Ping    : contact u64 | sent u64 | echo u64: the sender is alive, its contact
+//!                   number for the receiver, the sender's clock (ms) as it wrote the
+//!                   ping, and the latest `sent` it read from the receiver (0: none);
+//!                   every 100 ms on each connection (src/cluster/liveness.rs)
 //! kind 6  Fetch   : request u64 | topic_len u8 | topic | from u64 | max_bytes u32: a
 //!                   page of the topic's records from sequence `from`, answered by a
 //!                   Reply (Records or Failed) with the same request
@@ -33,7 +35,7 @@ use raft::eraftpb::{Entry as RaftEntry, Message as RaftMessage};
 use crate::entry::{DecodeError, MAX_NAME_LEN};
 
 /// The frame version this crate writes and reads.
-pub const FRAME_VERSION: u8 = 7;
+pub const FRAME_VERSION: u8 = 8;
 
 /// The largest frame, in bytes after the length field: a group's appends are cut at
 /// `GroupConfig::max_size_per_msg` (1 MiB by default), nsqd's bodies at 1 MiB by
@@ -192,10 +194,18 @@ pub enum Frame {
     },
     /// The sender is alive (a peer that stops, a killed host or a stopped process, is
     /// noticed without a heartbeat per topic); `contact`: the sender's contact number for
-    /// the receiver, so that both ends see when either lost touch.
+    /// the receiver, so that both ends see when either lost touch. `sent` and `echo`
+    /// give a leader its delivery lease: the receiver sends `sent` back as `echo` in its
+    /// own pings, which proves to the first sender that the receiver heard from it at or
+    /// after that time.
     Ping {
         /// The sender's contact number for the receiver.
         contact: u64,
+        /// The sender's clock when it wrote the ping, in milliseconds.
+        sent: u64,
+        /// The latest `sent` the sender read from the receiver (0: none since the
+        /// receiver's connections last closed).
+        echo: u64,
     },
 }
 
@@ -443,10 +453,12 @@ pub fn encode_fetch(
 
 /// Writes a [`Frame::Ping`].
 #[must_use]
-pub fn encode_ping(contact: u64) -> Vec<u8> {
-    let mut out = start(KIND_PING, 8);
-    out.extend_from_slice(&contact.to_le_bytes());
-    out[..4].copy_from_slice(&10u32.to_le_bytes());
+pub fn encode_ping(contact: u64, sent: u64, echo: u64) -> Vec<u8> {
+    let mut out = start(KIND_PING, 24);
+    for word in [contact, sent, echo] {
+        out.extend_from_slice(&word.to_le_bytes());
+    }
+    out[..4].copy_from_slice(&26u32.to_le_bytes());
     out
 }
 
@@ -698,8 +710,14 @@ fn decode(buf: &[u8], shared: Option<&Bytes>) -> Result<Option<(Frame, usize)>, 
         }
         KIND_PING => {
             let contact = r.u64()?;
+            let sent = r.u64()?;
+            let echo = r.u64()?;
             r.end()?;
-            Frame::Ping { contact }
+            Frame::Ping {
+                contact,
+                sent,
+                echo,
+            }
         }
         k => return Err(DecodeError::Tag(k)),
     };

@@ -303,6 +303,9 @@ async fn write_loop<S: AsyncRead + AsyncWrite + Unpin>(
     greeting: &[u8],
     fd: Option<std::os::fd::RawFd>,
 ) -> std::io::Result<()> {
+    if super::cut::is_cut() {
+        super::cut::wait().await;
+    }
     stream.write_all(greeting).await?;
     stream.flush().await?;
     p.connected.set(true);
@@ -311,6 +314,9 @@ async fn write_loop<S: AsyncRead + AsyncWrite + Unpin>(
     // The first ping goes with the first frames after the greeting.
     let mut last_ping: Option<std::time::Instant> = None;
     loop {
+        if super::cut::is_cut() {
+            super::cut::wait().await;
+        }
         {
             let mut q = p.queue.borrow_mut();
             let mut taken = 0;
@@ -325,7 +331,8 @@ async fn write_loop<S: AsyncRead + AsyncWrite + Unpin>(
                 .set(p.queued_bytes.get().saturating_sub(taken));
         }
         if last_ping.is_none_or(|at| at.elapsed() >= liveness::PING_EVERY) {
-            frames.push(wire::encode_ping(liveness::own_count(p.member.replica)).into());
+            let (contact, sent, echo) = liveness::ping_fields(p.member.replica);
+            frames.push(wire::encode_ping(contact, sent, echo).into());
             last_ping = Some(std::time::Instant::now());
         }
         if frames.is_empty() {
@@ -537,6 +544,9 @@ async fn read_loop<S: AsyncRead + Unpin>(
         std::io::Error::other(format!("{why}; refused"))
     };
     loop {
+        if super::cut::is_cut() {
+            super::cut::wait().await;
+        }
         let n = if from.is_none() {
             let left = GREETING_TIMEOUT.saturating_sub(accepted.elapsed());
             match within(
@@ -636,7 +646,14 @@ async fn read_loop<S: AsyncRead + Unpin>(
                 (Some(_), Frame::Hello(_)) => {
                     return Err(std::io::Error::other("a second greeting"))
                 }
-                (Some(peer), Frame::Ping { contact }) => liveness::pinged(peer, contact),
+                (
+                    Some(peer),
+                    Frame::Ping {
+                        contact,
+                        sent,
+                        echo,
+                    },
+                ) => liveness::pinged(peer, contact, sent, echo),
                 (Some(peer), frame) => {
                     liveness::heard(peer);
                     super::replica::route(server, peer, frame).await;

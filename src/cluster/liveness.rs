@@ -16,6 +16,13 @@
 //! a new one before it stops ticking again (a leader that restarted, or was stopped
 //! and went on, is never trusted on the strength of what it said before), and the
 //! leader, which sees the same change, heartbeats meanwhile.
+//!
+//! Pings also carry the time the sender wrote them (its monotonic clock, [`clock_ms`])
+//! and send back the latest such time read from the receiver. A peer that sends back
+//! time `t` of this member heard from it at or after `t`, so it does not find this
+//! member silent before `t` + [`SILENT_AFTER`], and until then neither starts nor grants
+//! an election against it: what a leader's delivery lease rests on
+//! (src/cluster/replica/lease.rs).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -39,6 +46,12 @@ struct Peer {
     contact: AtomicU64,
     /// The peer's count for this member, from its latest ping.
     theirs: AtomicU64,
+    /// The peer's clock in its latest ping read here (0: none since its connections
+    /// last closed): sent back in this member's pings.
+    their_clock: AtomicU64,
+    /// The latest of this member's own ping times the peer sent back ([`clock_ms`]; 0:
+    /// none since the peer's connections to this member last closed).
+    echoed: AtomicU64,
 }
 
 static PEERS: OnceLock<Vec<Peer>> = OnceLock::new();
@@ -69,6 +82,8 @@ pub fn init(replicas: &[u64]) {
                 open: AtomicU64::new(0),
                 contact: AtomicU64::new(0),
                 theirs: AtomicU64::new(0),
+                their_clock: AtomicU64::new(0),
+                echoed: AtomicU64::new(0),
             })
             .collect()
     });
@@ -84,7 +99,9 @@ pub fn opened(replica: u64) {
     }
 }
 
-/// A greeted connection from peer `replica` closed.
+/// A greeted connection from peer `replica` closed. What the peer sent back of this
+/// member's clock, and what it sent of its own, no longer count: the peer may have
+/// restarted, and then remembers hearing nothing.
 pub fn closed(replica: u64) {
     if let Some(p) = peer(replica) {
         // Saturating: never below 0 whatever the order of calls.
@@ -92,6 +109,8 @@ pub fn closed(replica: u64) {
             .open
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
         p.contact.fetch_add(1, Ordering::Relaxed);
+        p.echoed.store(0, Ordering::Relaxed);
+        p.their_clock.store(0, Ordering::Relaxed);
     }
 }
 
@@ -107,14 +126,67 @@ pub fn heard(replica: u64) {
     }
 }
 
-/// A ping from peer `replica` with its count for this member.
-pub fn pinged(replica: u64, theirs: u64) {
+/// A ping from peer `replica`: its count for this member, its clock as it wrote the
+/// ping, and the latest time of this member's clock it read (`echo`, 0: none).
+pub fn pinged(replica: u64, theirs: u64, sent: u64, echo: u64) {
     heard(replica);
     if let Some(p) = peer(replica) {
         // Stored as it comes: a restarted peer counts from 0 again. Pings of its
         // several shards can cross a change for a moment; each wakes the groups once.
         p.theirs.store(theirs, Ordering::Relaxed);
+        // As it comes too: any time the peer wrote a ping read here is one this member
+        // heard it at or after, whatever the order its shards' pings arrive in.
+        p.their_clock.store(sent, Ordering::Relaxed);
+        if let Some(echo) = valid_echo(echo, clock_ms()) {
+            p.echoed.fetch_max(echo, Ordering::Relaxed);
+        }
     }
+}
+
+/// `echo` as a proof that the peer heard this member at or after it: none when 0, or
+/// later than `now` (a time of no clock of this host's: a bad frame).
+fn valid_echo(echo: u64, now: u64) -> Option<u64> {
+    (echo != 0 && echo <= now).then_some(echo)
+}
+
+/// What a ping to peer `replica` carries: (this member's count for it, this member's
+/// clock now, the peer's latest clock read here).
+#[must_use]
+pub fn ping_fields(replica: u64) -> (u64, u64, u64) {
+    (
+        own_count(replica),
+        clock_ms(),
+        peer(replica).map_or(0, |p| p.their_clock.load(Ordering::Relaxed)),
+    )
+}
+
+/// The host's monotonic clock (`CLOCK_MONOTONIC`) in milliseconds, never 0: what pings
+/// carry. One clock for every process on the host, so a time sent back to a restarted
+/// member is not mistaken for a later one of its own.
+#[must_use]
+pub fn clock_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to fill.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    if rc != 0 {
+        return 1;
+    }
+    let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
+    let millis = u64::try_from(ts.tv_nsec).unwrap_or(0) / 1_000_000;
+    secs.saturating_mul(1000).saturating_add(millis).max(1)
+}
+
+/// The latest of this member's ping times ([`clock_ms`]) peer `replica` sent back while
+/// one of its connections to this member is open (`None`: none since its connections
+/// last closed).
+#[must_use]
+pub fn echoed(replica: u64) -> Option<u64> {
+    let p = peer(replica)?;
+    let at = p.echoed.load(Ordering::Relaxed);
+    (at != 0 && p.open.load(Ordering::Relaxed) > 0).then_some(at)
 }
 
 /// This member's count for peer `replica`: what its pings to the peer carry.
@@ -192,4 +264,26 @@ pub fn in_touch(replica: u64) -> bool {
 #[must_use]
 pub fn contact(replica: u64) -> Contact {
     peer(replica).map_or((0, 0), contact_of)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_echo_of_none_or_from_the_future_proves_nothing() {
+        assert_eq!(valid_echo(0, 1000), None);
+        assert_eq!(valid_echo(1001, 1000), None);
+        assert_eq!(valid_echo(1000, 1000), Some(1000));
+        assert_eq!(valid_echo(7, 1000), Some(7));
+    }
+
+    #[test]
+    fn the_clock_moves_forward_and_is_never_zero() {
+        let a = clock_ms();
+        std::thread::sleep(Duration::from_millis(20));
+        let b = clock_ms();
+        assert!(a > 0);
+        assert!(b >= a + 19, "{a} then {b}");
+    }
 }

@@ -14,6 +14,7 @@
 //!
 //! Without the flags nothing here runs and the broker is a standalone nsqd.
 
+pub mod cut;
 pub mod link;
 pub mod liveness;
 pub mod relay;

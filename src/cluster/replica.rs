@@ -34,6 +34,7 @@ mod compaction;
 mod deletion;
 mod handover;
 mod journal;
+mod lease;
 mod membership;
 mod positions;
 mod propose;
@@ -315,6 +316,12 @@ pub struct ShardCluster {
     /// after a stall ([`stall`]; a topic whose group no longer waits leaves it at the
     /// next clock run).
     confirming: RefCell<HashSet<String>>,
+    /// What the last lease check that looked at every led topic was made under
+    /// ([`lease`]; `None`: every replica was fresh).
+    lease_checked: RefCell<Option<lease::LeaseCheck>>,
+    /// Changes to the topics this shard leads and to their voters, counted
+    /// ([`ShardCluster::leases_changed`]).
+    lease_changes: Cell<u64>,
 }
 
 /// When this process started its cluster role (the first shard to start it).
@@ -353,6 +360,8 @@ impl ShardCluster {
             detached: RefCell::new(Vec::new()),
             hand_overs: RefCell::new(HashMap::new()),
             confirming: RefCell::new(HashSet::new()),
+            lease_checked: RefCell::new(None),
+            lease_changes: Cell::new(0),
         }
     }
 
@@ -792,6 +801,9 @@ impl ShardCluster {
             .voters
             .take()
             .map(|v| (v, out.learners.take().unwrap_or_default()));
+        if members.is_some() {
+            self.leases_changed();
+        }
         let mut messages = std::mem::take(&mut out.messages);
         let mut persisted = std::mem::take(&mut out.persisted_messages);
         let confirmed = std::mem::take(&mut out.confirmed);
@@ -1088,6 +1100,7 @@ impl ShardCluster {
                 g.next_seq = Some(g.seq_after_log(server.shard.topic_head(topic)));
             }
             self.led.borrow_mut().insert(topic.to_string());
+            self.leases_changed();
             // Nothing is delivered from the channels' states as this member applied them
             // as a follower: they may lag the last leader's (a follower learns of a
             // commit with the next append or heartbeat), and a consumer relayed here at

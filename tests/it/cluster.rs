@@ -83,7 +83,34 @@ impl Cluster {
         }
         args.extend(self.extra.iter().cloned());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.nodes[i] = Some(Broker::start_in(&self.dirs[i], self.shards[i], &args));
+        let cut = self.cut_file(i);
+        let env = [("NSQD_CLUSTER_CUT_FILE", cut.to_str().unwrap())];
+        self.nodes[i] = Some(Broker::start_in_env(
+            &self.dirs[i],
+            self.shards[i],
+            &args,
+            &env,
+        ));
+    }
+
+    /// The file whose existence cuts member `i` off from the others while it runs
+    /// (`NSQD_CLUSTER_CUT_FILE`, with the `fault-injection` feature): beside its data
+    /// path.
+    fn cut_file(&self, i: usize) -> PathBuf {
+        let mut name = self.dirs[i].clone().into_os_string();
+        name.push(".cut");
+        PathBuf::from(name)
+    }
+
+    /// Cuts member `i` off from the others (`true`; its cluster connections stay open
+    /// and carry nothing, as in a network partition) or joins it again (`false`).
+    #[cfg(feature = "fault-injection")]
+    fn cut(&self, i: usize, cut: bool) {
+        if cut {
+            std::fs::write(self.cut_file(i), b"").unwrap();
+        } else {
+            let _ = std::fs::remove_file(self.cut_file(i));
+        }
     }
 
     fn node(&self, i: usize) -> &Broker {
@@ -271,6 +298,9 @@ impl Drop for Cluster {
                     }
                 }
             }
+        }
+        for i in 0..self.dirs.len() {
+            let _ = std::fs::remove_file(self.cut_file(i));
         }
         for n in &mut self.nodes {
             if let Some(mut b) = n.take() {
@@ -1041,6 +1071,148 @@ fn a_stopped_leader_drops_what_it_framed_and_had_not_written() {
     );
 }
 
+/// A leader cut off from the other members while it keeps running (a partition that
+/// leaves its connections open) stops delivering before they can elect another: its
+/// delivery lease ends 300 ms after the last ping a replica answered, and a follower
+/// campaigns only after 400 ms without hearing from it. Its consumer, paced at one
+/// message per 20 ms, gets nothing from it later than that (without the lease it would
+/// until check-quorum steps it down, 0.5-1 s after the cut, while the new leader
+/// delivers the same messages). Once it is joined again it follows the new leader, and
+/// every message is delivered.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn a_leader_cut_off_while_it_runs_stops_delivering_before_another_is_elected() {
+    let c = Cluster::start([1, 1, 1], &[]);
+    let topic = "cut";
+    let leader = c.elect_with_channel(topic, "c");
+    let others: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    let total = 300;
+    let bodies: Vec<Vec<u8>> = (0..total)
+        .map(|k| format!("m-{k:03}").into_bytes())
+        .collect();
+    for chunk in bodies.chunks(100) {
+        let refs: Vec<&[u8]> = chunk.iter().map(Vec::as_slice).collect();
+        let mut p = c.node(leader).connect_v2();
+        send(&mut p, &mpub_cmd(topic, &refs));
+        expect_ok(&mut p);
+    }
+    for &i in &others {
+        wait_for(&format!("member {i} holding {total} messages"), || {
+            c.channel_field(i, topic, "c", "depth") == Some(total as u64)
+        });
+    }
+    let mut got: std::collections::HashSet<Vec<u8>> = std::collections::HashSet::new();
+    let mut direct = c.node(leader).subscribe(topic, "c");
+    direct
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    send(&mut direct, b"RDY 1\n");
+    // Reads `s` for `span`, finishing each message `pace` after it came; returns when
+    // each came.
+    let consume = |s: &mut TcpStream,
+                   span: Duration,
+                   pace: Duration,
+                   got: &mut std::collections::HashSet<Vec<u8>>|
+     -> Vec<Instant> {
+        let until = Instant::now() + span;
+        let mut at = Vec::new();
+        while Instant::now() < until {
+            match read_frame_skip_hb(s) {
+                Ok((2, data)) => {
+                    at.push(Instant::now());
+                    let (_, _, id, body) = parse_message(&data);
+                    got.insert(body);
+                    std::thread::sleep(pace);
+                    send(s, &line(&format!("FIN {id}")));
+                }
+                Ok((ft, data)) => panic!("frame {ft}: {}", common::show(&data)),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(e) => panic!("consumer: {e}"),
+            }
+        }
+        at
+    };
+    let pace = Duration::from_millis(20);
+    let before = consume(&mut direct, Duration::from_millis(500), pace, &mut got);
+    assert!(
+        before.len() >= 5,
+        "{} delivered before the cut",
+        before.len()
+    );
+    let cut = Instant::now();
+    c.cut(leader, true);
+    let during = consume(&mut direct, Duration::from_millis(2500), pace, &mut got);
+    let late: Vec<u128> = during
+        .iter()
+        .map(|t| t.duration_since(cut).as_millis())
+        .filter(|&ms| ms >= 450)
+        .collect();
+    // The others elected a leader meanwhile.
+    let new_leader = eventually_leader_among(&c, topic, &others);
+    assert!(
+        late.is_empty(),
+        "the cut-off leader delivered {} message(s) 450 ms or more after the cut, at {late:?} ms (all after the cut: {:?})",
+        late.len(),
+        during
+            .iter()
+            .map(|t| t.duration_since(cut).as_millis())
+            .collect::<Vec<_>>()
+    );
+    c.cut(leader, false);
+    // Joined again, it follows the new leader and relays its consumer there; with a
+    // consumer of the new leader's own, every message is delivered.
+    let mut on_new = c.node(new_leader).subscribe(topic, "c");
+    on_new
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    send(&mut on_new, b"RDY 50\n");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while got.len() < total && Instant::now() < deadline {
+        consume(
+            &mut direct,
+            Duration::from_millis(100),
+            Duration::ZERO,
+            &mut got,
+        );
+        consume(
+            &mut on_new,
+            Duration::from_millis(100),
+            Duration::ZERO,
+            &mut got,
+        );
+    }
+    assert_eq!(got.len(), total, "messages delivered at least once");
+    wait_for("the old leader following the new one", || {
+        let g = group_of(&c, leader, topic);
+        g["is_leader"] == false && g["leader"].as_str() == Some(c.addresses[new_leader].as_str())
+    });
+}
+
+/// The member among `members` that each of them names as `topic`'s leader, once they
+/// agree (waits up to 30 s).
+#[cfg(feature = "fault-injection")]
+fn eventually_leader_among(c: &Cluster, topic: &str, members: &[usize]) -> usize {
+    let mut found = None;
+    wait_for(&format!("a leader of {topic} among {members:?}"), || {
+        let named: Vec<Option<String>> = members
+            .iter()
+            .map(|&i| group_of(c, i, topic)["leader"].as_str().map(str::to_string))
+            .collect();
+        found = match named.first() {
+            Some(Some(a)) if named.iter().all(|n| n.as_deref() == Some(a.as_str())) => {
+                members.iter().copied().find(|&i| c.addresses[i] == *a)
+            }
+            _ => None,
+        };
+        found.is_some()
+    });
+    found.unwrap()
+}
+
 /// `topic`'s entry in member `i`'s `GET /cluster` (Null when it has none or did not
 /// answer).
 fn group_of(c: &Cluster, i: usize, topic: &str) -> serde_json::Value {
@@ -1300,7 +1472,7 @@ fn the_cluster_port_refuses_what_is_not_a_members_greeting() {
         })
         .and_then(|r| u64::from_str_radix(r["replica_id"].as_str()?, 16).ok())
         .expect("member 1's replica id");
-    let mut hello = vec![0, 0, 0, 0, 7, 1];
+    let mut hello = vec![0, 0, 0, 0, nsq_replication::wire::FRAME_VERSION, 1];
     hello.extend_from_slice(&2u16.to_le_bytes());
     hello.extend_from_slice(&replica.to_le_bytes());
     for name in [c.addresses[1].as_str(), "127.0.0.1:1"] {

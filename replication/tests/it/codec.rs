@@ -616,21 +616,36 @@ fn hello_propose_and_reply_frames_round_trip() {
 }
 
 #[test]
-fn a_ping_carries_the_senders_contact_number() {
-    let ping = encode_ping(0x0102_0304_0506_0708);
-    assert_eq!(ping, [10, 0, 0, 0, 7, 5, 8, 7, 6, 5, 4, 3, 2, 1]);
+fn a_ping_carries_the_senders_contact_number_clock_and_echo() {
+    let ping = encode_ping(
+        0x0102_0304_0506_0708,
+        0x1112_1314_1516_1718,
+        0x2122_2324_2526_2728,
+    );
+    let mut want = vec![26, 0, 0, 0, 8, 5];
+    want.extend_from_slice(&[8, 7, 6, 5, 4, 3, 2, 1]);
+    want.extend_from_slice(&[0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11]);
+    want.extend_from_slice(&[0x28, 0x27, 0x26, 0x25, 0x24, 0x23, 0x22, 0x21]);
+    assert_eq!(ping, want);
     assert_eq!(
         decode_frame(&ping),
         Ok(Some((
             Frame::Ping {
-                contact: 0x0102_0304_0506_0708
+                contact: 0x0102_0304_0506_0708,
+                sent: 0x1112_1314_1516_1718,
+                echo: 0x2122_2324_2526_2728,
             },
-            14
+            30
         )))
     );
     // A short or long ping is out of step.
-    assert!(decode_frame(&[9, 0, 0, 0, 7, 5, 8, 7, 6, 5, 4, 3, 2]).is_err());
-    assert!(decode_frame(&[11, 0, 0, 0, 7, 5, 8, 7, 6, 5, 4, 3, 2, 1, 0]).is_err());
+    let mut short = ping[..ping.len() - 1].to_vec();
+    short[0] = 25;
+    assert!(decode_frame(&short).is_err());
+    let mut long = ping.clone();
+    long.push(0);
+    long[0] = 27;
+    assert!(decode_frame(&long).is_err());
 }
 
 #[test]
@@ -646,21 +661,20 @@ fn bad_frames_are_errors() {
         decode_frame(&[2, 0, 0, 0, 9, 2]),
         Err(DecodeError::Version(9))
     );
-    // Version 6 frames (members of a release whose greeting carries no member list)
-    // are refused.
+    // Version 7 frames (members of a release whose pings carry no clocks) are refused.
     assert_eq!(
-        decode_frame(&[2, 0, 0, 0, 6, 2]),
-        Err(DecodeError::Version(6))
+        decode_frame(&[2, 0, 0, 0, 7, 2]),
+        Err(DecodeError::Version(7))
     );
-    assert_eq!(decode_frame(&[2, 0, 0, 0, 7, 9]), Err(DecodeError::Tag(9)));
-    assert_eq!(decode_frame(&[3, 0, 0, 0, 7, 2, 0]), Err(DecodeError::Name));
+    assert_eq!(decode_frame(&[2, 0, 0, 0, 8, 9]), Err(DecodeError::Tag(9)));
+    assert_eq!(decode_frame(&[3, 0, 0, 0, 8, 2, 0]), Err(DecodeError::Name));
     assert_eq!(
-        decode_frame(&[3, 0, 0, 0, 7, 2, 5]),
+        decode_frame(&[3, 0, 0, 0, 8, 2, 5]),
         Err(DecodeError::Truncated)
     );
     // A valid header and a body that is not a protobuf message (field 0 is invalid).
     assert_eq!(
-        decode_frame(&[6, 0, 0, 0, 7, 2, 1, b't', 0x00, 0x00]),
+        decode_frame(&[6, 0, 0, 0, 8, 2, 1, b't', 0x00, 0x00]),
         Err(DecodeError::Protobuf)
     );
     // A fetch cut short, and one with a byte after it.

@@ -11,9 +11,11 @@
 //!   ([`ShardCluster::apply_delivery_hold`]) and asks a majority of its replicas
 //!   whether it still leads ([`nsq_replication::TopicGroup::confirm_leadership`]: a
 //!   heartbeat with a number of its own, which an answer sent before the stall cannot
-//!   carry). A confirmation releases delivery; an answer with a higher term deposes the
-//!   member, whose consumers are then relayed to the new leader. A request that gets
-//!   no answer is asked again every [`CONFIRM_AGAIN`].
+//!   carry). A confirmation releases delivery once the topic's delivery lease holds
+//!   again ([`super::lease`]: a stalled shard's replicas answered no ping meanwhile);
+//!   an answer with a higher term deposes the member, whose consumers are then relayed
+//!   to the new leader. A request that gets no answer is asked again every
+//!   [`CONFIRM_AGAIN`].
 //! - The consumers of those topics keep what was framed for them before the stall and
 //!   not yet written ([`nsq_shards::client::Outbox::hold_flushes`]): another leader may
 //!   have delivered those messages since. It is written once the leadership is
@@ -24,6 +26,10 @@
 //!   for [`STALL`] past each run): on waking, the consumers' queued FINs and RDYs may be
 //!   read before the clock runs, and each would deliver more, and a writer whose
 //!   output-buffer timer ran out during the stall would write what was buffered.
+//!
+//! The same clock checks each led topic's delivery lease ([`super::lease`]), what stops
+//! a leader that keeps running while cut off from its replicas; a lease that runs out
+//! holds the topic the same way.
 //!
 //! [`STALL`] is well under the least time its followers wait before electing another
 //! leader (a follower that hears nothing from the leader's member for 400 ms campaigns
@@ -58,7 +64,8 @@ pub async fn clock(server: Rc<Server>) {
         return;
     };
     let mut last = Instant::now();
-    nsq_shards::delivery_gate::open_until(last + STALL);
+    let mut gate = last + STALL;
+    nsq_shards::delivery_gate::open_until(gate);
     while !server.shard.shutdown.is_set() {
         glommio::timer::sleep(TICK).await;
         let now = Instant::now();
@@ -68,8 +75,10 @@ pub async fn clock(server: Rc<Server>) {
             c.stalled(&server, gap);
         }
         c.confirm_again();
-        nsq_shards::delivery_gate::open_until(now + STALL);
-        if gap > STALL {
+        let closed_meanwhile = now >= gate;
+        gate = c.check_leases(&server, now + STALL);
+        nsq_shards::delivery_gate::open_until(gate);
+        if closed_meanwhile {
             // What the closed gate refused goes out now, except on the topics held
             // until they are confirmed.
             server.shard.dispatch_every_topic();
@@ -90,16 +99,7 @@ impl ShardCluster {
             if server.shard.channel_names(&topic).is_empty() {
                 continue;
             }
-            if let Some(g) = self.groups.borrow_mut().get_mut(&topic) {
-                self.ask_to_confirm(&topic, g);
-            }
-            self.apply_delivery_hold(server, &topic);
-            // What was framed for them before the stall may have been delivered by
-            // another leader meanwhile: written once confirmed, dropped if deposed.
-            for client in server.shard.topic_consumers(&topic) {
-                client.outbox().hold_flushes(true);
-            }
-            self.mark(&topic);
+            self.hold_until_confirmed(server, &topic);
             asked += 1;
         }
         if asked > 0 {
@@ -108,6 +108,21 @@ impl ShardCluster {
                 gap.as_millis()
             );
         }
+    }
+
+    /// Holds `topic`'s delivery, and what was framed for its consumers and not yet
+    /// written, until its replicas confirm this member still leads it: another leader
+    /// may have delivered those messages since. Written once confirmed, dropped if
+    /// deposed ([`ShardCluster::leadership_confirmed`]).
+    pub(super) fn hold_until_confirmed(&self, server: &Server, topic: &str) {
+        if let Some(g) = self.groups.borrow_mut().get_mut(topic) {
+            self.ask_to_confirm(topic, g);
+        }
+        self.apply_delivery_hold(server, topic);
+        for client in server.shard.topic_consumers(topic) {
+            client.outbox().hold_flushes(true);
+        }
+        self.mark(topic);
     }
 
     /// Asks `topic`'s replicas (`g`) whether this member still leads, with a number not
@@ -151,14 +166,25 @@ impl ShardCluster {
     }
 
     /// `topic`'s group answered the requests `confirmed`: delivery is released when one
-    /// is the request this member waits for.
+    /// is the request this member waits for and a quorum of the topic's replicas is
+    /// fresh ([`super::lease`]); with the quorum not fresh yet, it asks again at the
+    /// clock's next run.
     pub(super) fn leadership_confirmed(&self, server: &Server, topic: &str, confirmed: &[u64]) {
+        let lease = self.lease_holds(topic);
         let released = self.groups.borrow_mut().get_mut(topic).is_some_and(|g| {
-            let hit = g.confirming.is_some_and(|c| confirmed.contains(&c.request));
-            if hit {
+            let Some(c) = g.confirming.filter(|c| confirmed.contains(&c.request)) else {
+                return false;
+            };
+            if lease {
                 g.confirming = None;
+            } else {
+                let now = Instant::now();
+                g.confirming = Some(Confirming {
+                    request: c.request,
+                    asked: now.checked_sub(CONFIRM_AGAIN).unwrap_or(now),
+                });
             }
-            hit
+            lease
         });
         if released {
             log::info!("TOPIC({topic}): its replicas confirmed this member still leads it; delivery goes on");
