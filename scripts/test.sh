@@ -22,7 +22,8 @@
 #      cluster-chaos (a 3-node cluster under load, 5 faults: kill -9 of the leader or a
 #      follower, a leader restarted on a deleted data path, SIGSTOP; no acknowledged
 #      message lost; CLUSTER_CHAOS_CYCLES; then 2 followers replaced by new members at
-#      new addresses through rolling restarts; then every fault kind once under
+#      new addresses through rolling restarts; then 3 leaders cut off from the others
+#      while they run (a network partition); then every fault kind once under
 #      --sync-every=1, every member killed at once among them; then restarts and wipes
 #      under backlogs larger than a snapshot carries)
 #   5. scripts/setup-clients.sh (pinned pynsq, gnsq, nsqjs)
@@ -285,7 +286,8 @@ fi
 # message reaches the consumer, which follows the leader (CLUSTER_CHAOS_CYCLES, default
 # 5); then 2 cycles of fault (f): a follower replaced by a new member at a new cluster
 # address, the others restarted with the new list (the topic's replicas move to it);
-# then 7 cycles under --sync-every=1, one of each fault kind, among them (g) every
+# then 3 cycles of fault (i): the leader cut off from the others for 2 s while it runs
+# (a debug broker with the fault-injection feature); then 7 cycles under --sync-every=1, one of each fault kind, among them (g) every
 # member killed at once and restarted at once (each rebuilds its Raft log from its
 # journal); then 3 cycles of (b), (c) and (f) with 64 KiB bodies and a slow consumer,
 # whose backlogs of tens of MB restarted, wiped and new members fetch in pages. All print their seed; NETFUZZ_SEED / CHAOS_SEED replay one.
@@ -302,6 +304,14 @@ if [[ $CLIENTS_ONLY -eq 0 && $MOCK -eq 0 ]]; then
       --seed "${CHAOS_SEED:-$(date +%s)}"
     run_step "cluster chaos" timeout -k 5 300 "$ROOT/target/debug/cluster-chaos" \
       --nsqd "${NSQD_CMD[0]}" --cycles "${CLUSTER_CHAOS_CYCLES:-5}" --seed "${CHAOS_SEED:-$(date +%s)}"
+    # Fault (i) cuts the leader off while it runs (NSQD_CLUSTER_CUT_FILE): a broker built
+    # with the fault-injection feature, as the test suite's own.
+    if cargo build -q -p nsqd --bin nsqd --features fault-injection; then
+      run_step "cluster chaos, leader cut off" timeout -k 5 300 "$ROOT/target/debug/cluster-chaos" \
+        --nsqd "$ROOT/target/debug/nsqd" --faults i --cycles 3 --seed "${CHAOS_SEED:-$(date +%s)}"
+    else
+      record FAIL "cluster chaos, leader cut off" "not run: build failed"
+    fi
     run_step "cluster chaos, members replaced" timeout -k 5 300 "$ROOT/target/debug/cluster-chaos" \
       --nsqd "${NSQD_CMD[0]}" --faults f --cycles 2 --seed "${CHAOS_SEED:-$(date +%s)}"
     run_step "cluster chaos, journaled" timeout -k 5 300 "$ROOT/target/debug/cluster-chaos" \

@@ -77,7 +77,22 @@ impl Broker {
         http: &str,
         extra: &[String],
     ) -> Result<Broker, String> {
+        Broker::start_with_env(nsqd, data, shards, tcp, http, extra, &[])
+    }
+
+    /// [`Broker::start`] with extra environment variables for the broker process.
+    // A `String` error: CLI-only, printed once before the fuzzer exits.
+    pub fn start_with_env(
+        nsqd: &Path,
+        data: &Path,
+        shards: usize,
+        tcp: &str,
+        http: &str,
+        extra: &[String],
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> Result<Broker, String> {
         let mut child = Command::new(nsqd)
+            .envs(env.iter().copied())
             .arg(format!("--tcp-address={tcp}"))
             .arg(format!("--http-address={http}"))
             .arg(format!("--shards={shards}"))

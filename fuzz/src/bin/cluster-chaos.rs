@@ -37,7 +37,11 @@
 //! otherwise what a member held unwritten is lost); (h), only when asked for, `POST
 //! /topic/move-leader` hands the leadership to a follower (no member goes down; a
 //! publish sent from the move until 300 ms after the agreed leader that is refused or
-//! unanswered fails the run: publishes wait for the new leader). The next cycle's delay
+//! unanswered fails the run: publishes wait for the new leader); (i), only when asked
+//! for, the leader is cut off from the other members for 2 s while it runs, its
+//! connections left open, as in a network partition (`NSQD_CLUSTER_CUT_FILE`: the
+//! broker must be a build with the `fault-injection` feature, as the test suite's is;
+//! the load avoids it meanwhile). The next cycle's delay
 //! starts once every member holds what the leader committed (one member impaired at a
 //! time, the promise of docs/replication.md; `--overlap`: once every member names the
 //! same leader and that leader says it leads, so a fault can hit while another member
@@ -82,6 +86,9 @@ const MEMBERS: usize = 3;
 /// How long fault (d) keeps a member stopped: longer than the election timeout (0.5 to
 /// 0.95 s).
 const STOP_FOR: Duration = Duration::from_secs(2);
+/// What a member logs when fault (i) cuts it off.
+const CUT_LINE: &str = "CLUSTER: cut this member's connections to its peers";
+
 /// How long fault (e) keeps both followers down.
 const WIPED_FOR: Duration = Duration::from_millis(1500);
 
@@ -149,14 +156,14 @@ struct Cli {
 struct Faults(Vec<Fault>);
 
 fn parse_faults(v: &str) -> Result<Faults, String> {
-    if let Some(bad) = v.chars().find(|ch| !"abcdefgh".contains(*ch)) {
+    if let Some(bad) = v.chars().find(|ch| !"abcdefghi".contains(*ch)) {
         return Err(format!(
-            "unknown fault kind {bad:?} (a, b, c, d, e, f, g or h)"
+            "unknown fault kind {bad:?} (a, b, c, d, e, f, g, h or i)"
         ));
     }
     let kinds: Vec<Fault> = Fault::ALL
         .iter()
-        .zip("abcdefgh".chars())
+        .zip("abcdefghi".chars())
         .filter(|(_, ch)| v.contains(*ch))
         .map(|(f, _)| *f)
         .collect();
@@ -176,10 +183,11 @@ enum Fault {
     Replace,
     KillAll,
     Move,
+    Cut,
 }
 
 impl Fault {
-    const ALL: [Fault; 8] = [
+    const ALL: [Fault; 9] = [
         Fault::KillLeader,
         Fault::KillFollower,
         Fault::WipeLeader,
@@ -188,6 +196,7 @@ impl Fault {
         Fault::Replace,
         Fault::KillAll,
         Fault::Move,
+        Fault::Cut,
     ];
 
     fn name(self) -> &'static str {
@@ -200,6 +209,7 @@ impl Fault {
             Fault::Replace => "(f) follower replaced by a new member at a new address",
             Fault::KillAll => "(g) kill -9 every member, restarted at once",
             Fault::Move => "(h) leadership moved to a follower (POST /topic/move-leader)",
+            Fault::Cut => "(i) leader cut off from the others for 2 s",
         }
     }
 
@@ -331,6 +341,8 @@ struct Member {
     /// Where each run's log is appended.
     log_file: PathBuf,
     runs: u32,
+    /// The file whose existence cuts the member off from the others (fault (i)).
+    cut_file: PathBuf,
 }
 
 impl Member {
@@ -358,6 +370,18 @@ impl Member {
 
     fn pid(&self) -> Option<u32> {
         self.broker.as_ref().map(Broker::pid)
+    }
+
+    /// How many lines of the current run's log contain `needle`.
+    fn log_count(&self, needle: &str) -> usize {
+        self.broker.as_ref().map_or(0, |b| {
+            b.log
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|l| l.contains(needle))
+                .count()
+        })
     }
 }
 
@@ -419,13 +443,14 @@ fn start(nsqd: &Path, m: &mut Member, shards: usize) -> Result<(), String> {
     let mut last = String::new();
     // The ports were just released by the killed process; retry briefly if still busy.
     for _ in 0..40 {
-        match Broker::start(
+        match Broker::start_with_env(
             nsqd,
             &m.dir,
             shards,
             &format!("127.0.0.1:{}", m.tcp),
             &format!("127.0.0.1:{}", m.http),
             &m.args,
+            &[("NSQD_CLUSTER_CUT_FILE", m.cut_file.as_os_str())],
         ) {
             Ok(mut b) => {
                 // The cluster listener binds after the client listeners; a member that
@@ -691,6 +716,7 @@ fn setup(root: &Path, consumer_ms: u64, extra: Vec<String>) -> (Vec<Member>, Arc
                 alarms: Vec::new(),
                 log_file: root.join(format!("member{}.log", i + 1)),
                 runs: 0,
+                cut_file: root.join(format!("member{}.cut", i + 1)),
             }
         })
         .collect();
@@ -846,6 +872,7 @@ fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
             Fault::Replace => (leader + 1 + rng.below(MEMBERS - 1)) % MEMBERS,
             Fault::KillAll => leader,
             Fault::Move => (leader + 1 + rng.below(MEMBERS - 1)) % MEMBERS,
+            Fault::Cut => leader,
         };
         // (e) takes both followers down together, (g) every member.
         let victims: Vec<usize> = match fault {
@@ -1077,7 +1104,7 @@ fn report(s: &State, sum: &Summary, errors: &mut Vec<String>) {
         })
         .collect();
     eprintln!(
-        "cluster-chaos shards={shards}: {} cycles in {:.1} s, faults a/b/c/d/e/f/g/h {}/{}/{}/{}/{}/{}/{}/{} ({paused_leaders} SIGSTOPs hit the leader); {} PUBs acknowledged of {} sent ({} refused, {} unanswered); {} distinct received, {} lost, {duplicates} received more than once (at most {most} times; {} redeliveries, {} of bodies first received over {} s before the preceding fault), {unacked} received whose PUB got no OK, {} foreign; longest without a leader {} ms ({}); longest publish outage {} ms ({}); consumer: {} SUBs, {} refused, {} connections served by a member that does not lead, {} relayed to the leader; final drain {:.1} s",
+        "cluster-chaos shards={shards}: {} cycles in {:.1} s, faults a/b/c/d/e/f/g/h/i {}/{}/{}/{}/{}/{}/{}/{}/{} ({paused_leaders} SIGSTOPs hit the leader); {} PUBs acknowledged of {} sent ({} refused, {} unanswered); {} distinct received, {} lost, {duplicates} received more than once (at most {most} times; {} redeliveries, {} of bodies first received over {} s before the preceding fault), {unacked} received whose PUB got no OK, {} foreign; longest without a leader {} ms ({}); longest publish outage {} ms ({}); consumer: {} SUBs, {} refused, {} connections served by a member that does not lead, {} relayed to the leader; final drain {:.1} s",
         injected.len(),
         elapsed.as_secs_f64(),
         counts[0],
@@ -1088,6 +1115,7 @@ fn report(s: &State, sum: &Summary, errors: &mut Vec<String>) {
         counts[5],
         counts[6],
         counts[7],
+        counts[8],
         s.acked.len(),
         s.next,
         s.refused,
@@ -1180,6 +1208,18 @@ fn inject(nsqd: &Path, shards: usize, m: &mut Member, fault: Fault) -> Result<()
             signal("-STOP", &pid);
             thread::sleep(STOP_FOR);
             signal("-CONT", &pid);
+            Ok(())
+        }
+        Fault::Cut => {
+            let seen_before = m.log_count(CUT_LINE);
+            std::fs::write(&m.cut_file, b"").map_err(|e| format!("cut: {e}"))?;
+            thread::sleep(STOP_FOR);
+            let _ = std::fs::remove_file(&m.cut_file);
+            if m.log_count(CUT_LINE) == seen_before {
+                return Err(format!(
+                    "the member did not log {CUT_LINE:?}: (i) needs a broker built with the fault-injection feature"
+                ));
+            }
             Ok(())
         }
         Fault::WipeFollowers => Err("(e) takes two members: wipe_both".into()),
