@@ -207,16 +207,17 @@ async fn connection_loop(
             }
         };
         let since = std::time::Instant::now();
+        // Open for as long as `stream` (or the TLS stream around it) lives.
+        let socket = std::os::fd::AsRawFd::as_raw_fd(&stream);
         let r = match &tls {
             None => {
                 connected();
-                let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
-                write_loop(server, p, stream, &greeting, Some(fd)).await
+                write_loop(server, p, stream, &greeting, Some(socket), socket).await
             }
             Some(client) => match dial_tls(client, &p.member.address, stream).await {
                 Ok(stream) => {
                     connected();
-                    write_loop(server, p, stream, &greeting, None).await
+                    write_loop(server, p, stream, &greeting, None, socket).await
                 }
                 Err(e) => {
                     // Once a minute per peer: it is dialled again every REDIAL.
@@ -302,6 +303,7 @@ async fn write_loop<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
     greeting: &[u8],
     fd: Option<std::os::fd::RawFd>,
+    socket: std::os::fd::RawFd,
 ) -> std::io::Result<()> {
     if super::cut::is_cut() {
         super::cut::wait().await;
@@ -313,10 +315,12 @@ async fn write_loop<S: AsyncRead + AsyncWrite + Unpin>(
     let mut buf = Vec::new();
     // The first ping goes with the first frames after the greeting.
     let mut last_ping: Option<std::time::Instant> = None;
+    let peer = p.member.replica;
     loop {
         if super::cut::is_cut() {
             super::cut::wait().await;
         }
+        acknowledged(socket, peer)?;
         {
             let mut q = p.queue.borrow_mut();
             let mut taken = 0;
@@ -361,8 +365,84 @@ async fn write_loop<S: AsyncRead + AsyncWrite + Unpin>(
             }
             continue;
         }
-        write_frames(&mut stream, fd, &frames, &mut buf).await?;
+        {
+            // A write that waits for room in a socket the peer no longer acknowledges
+            // (a network partition) is given up too.
+            let write = std::pin::pin!(write_frames(&mut stream, fd, &frames, &mut buf));
+            let watch = std::pin::pin!(watch_acknowledgements(socket, peer));
+            match futures::future::select(write, watch).await {
+                futures::future::Either::Left((written, _)) => written?,
+                futures::future::Either::Right((e, _)) => return Err(e),
+            }
+        }
         frames.clear();
+    }
+}
+
+/// A connection on which this member's data has waited for the peer's acknowledgement
+/// this long, while nothing came from the peer either, is given up and dialled again: a
+/// network partition that left it open. TCP would otherwise resend on it at
+/// exponentially growing intervals (6 s apart after a few seconds, up to 2 min), and
+/// after the network heals the members would wait for the next resend to hear each
+/// other; a new connection is made within [`DIAL_TIMEOUT`] + [`REDIAL`] of the heal. A
+/// peer that is stopped (SIGSTOP) still acknowledges through its kernel, even with its
+/// receive buffer full (the window probes are answered), so its connections stay.
+pub const UNACKNOWLEDGED_AFTER: Duration = Duration::from_secs(2);
+
+/// How often a write that waits is checked against [`UNACKNOWLEDGED_AFTER`].
+const ACK_CHECK: Duration = Duration::from_millis(250);
+
+/// Whether a connection counts as cut off: data unacknowledged (`unacked` segments),
+/// the last acknowledgement `last_ack_ms` ago, and the peer silent for `silent_ms` (from
+/// the kernel's `TCP_INFO` and [`liveness::silent_for_ms`]).
+fn cut_off(unacked: u32, last_ack_ms: u32, silent_ms: u64) -> bool {
+    let limit = u64::try_from(UNACKNOWLEDGED_AFTER.as_millis()).unwrap_or(u64::MAX);
+    unacked > 0 && u64::from(last_ack_ms) >= limit && silent_ms >= limit
+}
+
+/// `Err` (`TimedOut`) when `socket`, a connection to peer `peer`, is cut off
+/// ([`cut_off`]). Reads the socket's `TCP_INFO` only when the peer has been silent for
+/// [`UNACKNOWLEDGED_AFTER`].
+fn acknowledged(socket: std::os::fd::RawFd, peer: u64) -> std::io::Result<()> {
+    let silent = liveness::silent_for_ms(peer);
+    if silent < u64::try_from(UNACKNOWLEDGED_AFTER.as_millis()).unwrap_or(u64::MAX) {
+        return Ok(());
+    }
+    // SAFETY: an all-zero tcp_info is valid (plain integers).
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::tcp_info>())
+        .unwrap_or(libc::socklen_t::MAX);
+    // SAFETY: `socket` is open for the caller's connection; `info` and `len` are valid
+    // for the kernel to fill (it writes at most `len` bytes).
+    let rc = unsafe {
+        libc::getsockopt(
+            socket,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            std::ptr::addr_of_mut!(info).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 || !cut_off(info.tcpi_unacked, info.tcpi_last_ack_recv, silent) {
+        return Ok(());
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!(
+            "nothing acknowledged or heard for {} ms (the network between the members is cut?); dialled again",
+            info.tcpi_last_ack_recv
+        ),
+    ))
+}
+
+/// Resolves, with the error, once `socket` is cut off ([`acknowledged`]), looking every
+/// [`ACK_CHECK`].
+async fn watch_acknowledgements(socket: std::os::fd::RawFd, peer: u64) -> std::io::Error {
+    loop {
+        glommio::timer::sleep(ACK_CHECK).await;
+        if let Err(e) = acknowledged(socket, peer) {
+            return e;
+        }
     }
 }
 
@@ -786,6 +866,21 @@ mod tests {
     use super::*;
     use nsq_replication::raft::eraftpb::Entry as RaftEntry;
     use nsq_replication::RaftMessage;
+
+    #[test]
+    fn a_connection_is_cut_off_only_when_unacknowledged_and_the_peer_silent() {
+        // A partition: data waits, no acknowledgement, nothing heard.
+        assert!(cut_off(3, 2000, 2000));
+        assert!(cut_off(1, 5000, u64::MAX));
+        // A stopped peer's kernel acknowledges (window probes included).
+        assert!(!cut_off(3, 10, 5000));
+        // Nothing waits for an acknowledgement: an idle connection.
+        assert!(!cut_off(0, 5000, 5000));
+        // The peer still speaks (on its own connection): not cut off.
+        assert!(!cut_off(3, 5000, 100));
+        // Not long enough yet.
+        assert!(!cut_off(3, 1999, 5000));
+    }
 
     /// Appends whose large entry data goes as separate pieces, `n` of them, each `size`
     /// bytes of data (a different byte per append).

@@ -126,6 +126,16 @@ pub fn heard(replica: u64) {
     }
 }
 
+/// How long ago a frame last came from peer `replica`, in milliseconds (`u64::MAX`:
+/// never, or not a peer).
+#[must_use]
+pub fn silent_for_ms(replica: u64) -> u64 {
+    peer(replica).map_or(u64::MAX, |p| match p.heard_ms.load(Ordering::Relaxed) {
+        0 => u64::MAX,
+        at => now_ms().saturating_sub(at),
+    })
+}
+
 /// A ping from peer `replica`: its count for this member, its clock as it wrote the
 /// ping, and the latest time of this member's clock it read (`echo`, 0: none).
 pub fn pinged(replica: u64, theirs: u64, sent: u64, echo: u64) {

@@ -86,6 +86,11 @@ const MEMBERS: usize = 3;
 /// How long fault (d) keeps a member stopped: longer than the election timeout (0.5 to
 /// 0.95 s).
 const STOP_FOR: Duration = Duration::from_secs(2);
+/// A leader cut off by fault (i) delivers nothing this long after the cut: its delivery
+/// lease (300 ms past the last ping its replicas answered) has run out, before the
+/// others can elect another leader (400 ms of silence, then a tick or more).
+const CUT_LATE: Duration = Duration::from_millis(450);
+
 /// What a member logs when fault (i) cuts it off.
 const CUT_LINE: &str = "CLUSTER: cut this member's connections to its peers";
 
@@ -239,6 +244,8 @@ struct Cluster {
     draining: AtomicBool,
     /// Flags every member gets besides its identity (`--sync-every`).
     extra: Vec<String>,
+    /// The member cut off by fault (i) and when, while the cut lasts.
+    cut: Mutex<Option<(usize, Instant)>>,
 }
 
 impl Cluster {
@@ -326,6 +333,9 @@ struct State {
     relayed: u64,
     /// Longest time without any member that says it leads, and when it began.
     leaderless: (Duration, Option<Instant>),
+    /// Messages a member cut off by fault (i) delivered [`CUT_LATE`] or more after the
+    /// cut: (cycle, milliseconds after the cut).
+    cut_late: Vec<(u64, u128)>,
 }
 
 /// One member: its addresses, data path and the running process.
@@ -736,6 +746,7 @@ fn setup(root: &Path, consumer_ms: u64, extra: Vec<String>) -> (Vec<Member>, Arc
         consumer_delay: Duration::from_millis(consumer_ms),
         draining: AtomicBool::new(false),
         extra,
+        cut: Mutex::new(None),
     });
     (members, c)
 }
@@ -905,6 +916,11 @@ fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
             replace(nsqd, shards, &mut members, &c, victim)
         } else if fault == Fault::Move {
             move_leader(&c, leader, victim)
+        } else if fault == Fault::Cut {
+            *c.cut.lock().unwrap() = Some((victim, Instant::now()));
+            let cut = inject(nsqd, shards, &mut members[victim], fault);
+            *c.cut.lock().unwrap() = None;
+            cut
         } else {
             inject(nsqd, shards, &mut members[victim], fault)
         };
@@ -1049,6 +1065,15 @@ fn report(s: &State, sum: &Summary, errors: &mut Vec<String>) {
             "{} acknowledged bodies lost: {}",
             lost.len(),
             describe_losses(&lost, &s.acked, injected)
+        ));
+    }
+    if !s.cut_late.is_empty() {
+        errors.push(format!(
+            "{} message(s) delivered by a leader cut off by {} {} ms or more after the cut (cycle, ms after the cut: first {:?})",
+            s.cut_late.len(),
+            Fault::Cut.name(),
+            CUT_LATE.as_millis(),
+            &s.cut_late[..s.cut_late.len().min(10)]
         ));
     }
     for &(cycle, from, to) in moves {
@@ -1690,6 +1715,15 @@ fn consume_on(
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
             Err(_) => return,
         };
+        // How long after a cut of `at` this read came, when it did (fault (i)). Only
+        // while the consumer spends no time per message, which would leave what was
+        // sent in time waiting in the socket.
+        let paced =
+            !c.consumer_delay.is_zero() && c.cycle() % 2 == 1 && !c.draining.load(Ordering::SeqCst);
+        let after_cut = match *c.cut.lock().unwrap() {
+            Some((m, t)) if m == at && !paced => Some(t.elapsed()),
+            _ => None,
+        };
         pending.extend_from_slice(&buf[..n]);
         let mut out = Vec::new();
         let mut used = 0;
@@ -1712,7 +1746,12 @@ fn consume_on(
                         .filter(|b| b.len() >= 10 && b[10..].bytes().all(|c| c == b'.'))
                         .and_then(|n| n[..10].parse::<u64>().ok())
                     {
-                        Some(k) => record(&mut st, sub, k, last_fault),
+                        Some(k) => {
+                            record(&mut st, sub, k, last_fault);
+                            if let Some(late) = after_cut.filter(|&d| d >= CUT_LATE) {
+                                st.cut_late.push((c.cycle(), late.as_millis()));
+                            }
+                        }
                         None => st.foreign.push(String::from_utf8_lossy(body).into_owned()),
                     }
                     drop(st);
