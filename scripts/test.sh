@@ -287,7 +287,8 @@ fi
 # 5); then 2 cycles of fault (f): a follower replaced by a new member at a new cluster
 # address, the others restarted with the new list (the topic's replicas move to it);
 # then 3 cycles of fault (i): the leader cut off from the others for 2 s while it runs
-# (a debug broker with the fault-injection feature); then 7 cycles under --sync-every=1, one of each fault kind, among them (g) every
+# (a debug broker with the fault-injection feature), with a slow consumer so that it
+# holds a backlog it must stop delivering; then 7 cycles under --sync-every=1, one of each fault kind, among them (g) every
 # member killed at once and restarted at once (each rebuilds its Raft log from its
 # journal); then 3 cycles of (b), (c) and (f) with 64 KiB bodies and a slow consumer,
 # whose backlogs of tens of MB restarted, wiped and new members fetch in pages. All print their seed; NETFUZZ_SEED / CHAOS_SEED replay one.
@@ -308,7 +309,8 @@ if [[ $CLIENTS_ONLY -eq 0 && $MOCK -eq 0 ]]; then
     # with the fault-injection feature, as the test suite's own.
     if cargo build -q -p nsqd --bin nsqd --features fault-injection; then
       run_step "cluster chaos, leader cut off" timeout -k 5 300 "$ROOT/target/debug/cluster-chaos" \
-        --nsqd "$ROOT/target/debug/nsqd" --faults i --cycles 3 --seed "${CHAOS_SEED:-$(date +%s)}"
+        --nsqd "$ROOT/target/debug/nsqd" --faults i --cycles 3 --consumer-ms 5 \
+        --seed "${CHAOS_SEED:-$(date +%s)}"
     else
       record FAIL "cluster chaos, leader cut off" "not run: build failed"
     fi

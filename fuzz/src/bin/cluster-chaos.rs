@@ -41,7 +41,11 @@
 //! for, the leader is cut off from the other members for 2 s while it runs, its
 //! connections left open, as in a network partition (`NSQD_CLUSTER_CUT_FILE`: the
 //! broker must be a build with the `fault-injection` feature, as the test suite's is;
-//! the load avoids it meanwhile). The next cycle's delay
+//! the load avoids it meanwhile; a message the consumer's connection to it brings,
+//! sent 450 ms or more after the cut while the cut lasts, fails the run: the member's
+//! delivery lease has run out by then. Sent, not read: only a read that began with
+//! nothing waiting in the socket counts, so `--consumer-ms` gives the check a backlog
+//! without reads of old messages counting). The next cycle's delay
 //! starts once every member holds what the leader committed (one member impaired at a
 //! time, the promise of docs/replication.md; `--overlap`: once every member names the
 //! same leader and that leader says it leads, so a fault can hit while another member
@@ -917,10 +921,7 @@ fn run(nsqd: &Path, cfg: &Config) -> Result<(), String> {
         } else if fault == Fault::Move {
             move_leader(&c, leader, victim)
         } else if fault == Fault::Cut {
-            *c.cut.lock().unwrap() = Some((victim, Instant::now()));
-            let cut = inject(nsqd, shards, &mut members[victim], fault);
-            *c.cut.lock().unwrap() = None;
-            cut
+            cut_off(&c, &members[victim], victim)
         } else {
             inject(nsqd, shards, &mut members[victim], fault)
         };
@@ -1235,23 +1236,31 @@ fn inject(nsqd: &Path, shards: usize, m: &mut Member, fault: Fault) -> Result<()
             signal("-CONT", &pid);
             Ok(())
         }
-        Fault::Cut => {
-            let seen_before = m.log_count(CUT_LINE);
-            std::fs::write(&m.cut_file, b"").map_err(|e| format!("cut: {e}"))?;
-            thread::sleep(STOP_FOR);
-            let _ = std::fs::remove_file(&m.cut_file);
-            if m.log_count(CUT_LINE) == seen_before {
-                return Err(format!(
-                    "the member did not log {CUT_LINE:?}: (i) needs a broker built with the fault-injection feature"
-                ));
-            }
-            Ok(())
-        }
+        Fault::Cut => Err("(i) is timed against the consumer: cut_off".into()),
         Fault::WipeFollowers => Err("(e) takes two members: wipe_both".into()),
         Fault::Replace => Err("(f) restarts every member: replace".into()),
         Fault::KillAll => Err("(g) takes every member: kill_all".into()),
         Fault::Move => Err("(h) stops no member: move_leader".into()),
     }
+}
+
+/// Fault (i): cuts member `i` (`m`) off from the others for [`STOP_FOR`] while it runs
+/// ([`Member::cut_file`]). The consumer's check ([`CUT_LATE`]) covers the cut and ends
+/// before the member is joined again: what comes after is the new leader's.
+fn cut_off(c: &Cluster, m: &Member, i: usize) -> Result<(), String> {
+    let seen_before = m.log_count(CUT_LINE);
+    *c.cut.lock().unwrap() = Some((i, Instant::now()));
+    let written = std::fs::write(&m.cut_file, b"");
+    thread::sleep(STOP_FOR);
+    *c.cut.lock().unwrap() = None;
+    let _ = std::fs::remove_file(&m.cut_file);
+    written.map_err(|e| format!("cut: {e}"))?;
+    if m.log_count(CUT_LINE) == seen_before {
+        return Err(format!(
+            "the member did not log {CUT_LINE:?}: (i) needs a broker built with the fault-injection feature"
+        ));
+    }
+    Ok(())
 }
 
 /// Fault (h): `POST /topic/move-leader` on the leader hands the topic to member `to`;
@@ -1665,6 +1674,16 @@ fn consume(c: &Cluster, state: &Mutex<State>, stop: &Stop) {
     }
 }
 
+/// Whether nothing waits to be read on `s` now.
+fn nothing_waiting(s: &std::net::TcpStream) -> bool {
+    if s.set_nonblocking(true).is_err() {
+        return false;
+    }
+    let empty = matches!(s.peek(&mut [0u8; 1]), Err(e) if e.kind() == ErrorKind::WouldBlock);
+    let _ = s.set_nonblocking(false);
+    empty
+}
+
 /// Reads, records and FINs on one subscribed connection to member `at` until it closes,
 /// `stop`, or `at` has not led for 2 s while the connection stays open.
 fn consume_on(
@@ -1709,21 +1728,22 @@ fn consume_on(
                 _ => {}
             }
         }
+        // While `at` is cut off (fault (i)): when this read began with nothing waiting
+        // in the socket, what it returns was sent after that. (With something waiting,
+        // it may have been sent at any time before.)
+        let empty_since = match *c.cut.lock().unwrap() {
+            Some((m, t)) if m == at && nothing_waiting(s) => Some(t.elapsed()),
+            _ => None,
+        };
         let n = match s.read(&mut buf) {
             Ok(0) => return,
             Ok(n) => n,
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
             Err(_) => return,
         };
-        // How long after a cut of `at` this read came, when it did (fault (i)). Only
-        // while the consumer spends no time per message, which would leave what was
-        // sent in time waiting in the socket.
-        let paced =
-            !c.consumer_delay.is_zero() && c.cycle() % 2 == 1 && !c.draining.load(Ordering::SeqCst);
-        let after_cut = match *c.cut.lock().unwrap() {
-            Some((m, t)) if m == at && !paced => Some(t.elapsed()),
-            _ => None,
-        };
+        // Only what came while the cut lasts.
+        let empty_since =
+            empty_since.filter(|_| c.cut.lock().unwrap().is_some_and(|(m, _)| m == at));
         pending.extend_from_slice(&buf[..n]);
         let mut out = Vec::new();
         let mut used = 0;
@@ -1748,7 +1768,7 @@ fn consume_on(
                     {
                         Some(k) => {
                             record(&mut st, sub, k, last_fault);
-                            if let Some(late) = after_cut.filter(|&d| d >= CUT_LATE) {
+                            if let Some(late) = empty_since.filter(|&d| d >= CUT_LATE) {
                                 st.cut_late.push((c.cycle(), late.as_millis()));
                             }
                         }
