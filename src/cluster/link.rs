@@ -368,11 +368,17 @@ async fn write_loop<S: AsyncRead + AsyncWrite + Unpin>(
         {
             // A write that waits for room in a socket the peer no longer acknowledges
             // (a network partition) is given up too.
-            let write = std::pin::pin!(write_frames(&mut stream, fd, &frames, &mut buf));
-            let watch = std::pin::pin!(watch_acknowledgements(socket, peer));
-            match futures::future::select(write, watch).await {
-                futures::future::Either::Left((written, _)) => written?,
-                futures::future::Either::Right((e, _)) => return Err(e),
+            let mut write = std::pin::pin!(write_frames(&mut stream, fd, &frames, &mut buf));
+            // Most writes complete at once: no timer for those.
+            match futures::poll!(write.as_mut()) {
+                std::task::Poll::Ready(written) => written?,
+                std::task::Poll::Pending => {
+                    let watch = std::pin::pin!(watch_acknowledgements(socket, peer));
+                    match futures::future::select(write, watch).await {
+                        futures::future::Either::Left((written, _)) => written?,
+                        futures::future::Either::Right((e, _)) => return Err(e),
+                    }
+                }
             }
         }
         frames.clear();
