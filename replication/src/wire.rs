@@ -17,7 +17,7 @@
 //! kind 5  Ping    : contact u64 | sent u64 | echo u64: the sender is alive, its contact
 //!                   number for the receiver, the sender's clock (ms) as it wrote the
 //!                   ping, and the latest `sent` it read from the receiver (0: none);
-//!                   every 100 ms on each connection (src/cluster/liveness.rs)
+//!                   every 50 ms on each connection (src/cluster/liveness.rs)
 //! kind 6  Fetch   : request u64 | topic_len u8 | topic | from u64 | max_bytes u32: a
 //!                   page of the topic's records from sequence `from`, answered by a
 //!                   Reply (Records or Failed) with the same request

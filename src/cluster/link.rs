@@ -321,6 +321,13 @@ async fn write_loop<S: AsyncRead + AsyncWrite + Unpin>(
             super::cut::wait().await;
         }
         acknowledged(socket, peer)?;
+        // The ping goes first, ahead of what is queued: the time it carries, sent back,
+        // renews this member's delivery lease, and the peer's answer is the sooner.
+        if last_ping.is_none_or(|at| at.elapsed() >= liveness::PING_EVERY) {
+            let (contact, sent, echo) = liveness::ping_fields(p.member.replica);
+            frames.push(wire::encode_ping(contact, sent, echo).into());
+            last_ping = Some(std::time::Instant::now());
+        }
         {
             let mut q = p.queue.borrow_mut();
             let mut taken = 0;
@@ -333,11 +340,6 @@ async fn write_loop<S: AsyncRead + AsyncWrite + Unpin>(
             }
             p.queued_bytes
                 .set(p.queued_bytes.get().saturating_sub(taken));
-        }
-        if last_ping.is_none_or(|at| at.elapsed() >= liveness::PING_EVERY) {
-            let (contact, sent, echo) = liveness::ping_fields(p.member.replica);
-            frames.push(wire::encode_ping(contact, sent, echo).into());
-            last_ping = Some(std::time::Instant::now());
         }
         if frames.is_empty() {
             if server.shard.shutdown.is_set() {

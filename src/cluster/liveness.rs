@@ -28,8 +28,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// How often each member connection writes a ping.
-pub const PING_EVERY: Duration = Duration::from_millis(100);
+/// How often each member connection writes a ping: often enough that a replica's
+/// answer (the time it sends back) is at most this plus a round trip old when the next
+/// comes, well inside a leader's 250 ms delivery lease.
+pub const PING_EVERY: Duration = Duration::from_millis(50);
 
 /// A peer not heard from for this long is out of touch (a stopped process, a host cut
 /// off): the followers of the groups it leads tick again and elect another leader

@@ -1047,6 +1047,7 @@ impl ShardCluster {
             .and_then(|g| g.confirming.take())
             .is_some();
         if was_confirming {
+            self.leases_changed();
             // A question asked as the leader of an earlier term is moot: an election
             // settled who leads. Consumers this member keeps (it leads again) get what
             // was held; a member that no longer leads drops it below, before any write.

@@ -91,7 +91,7 @@ const MEMBERS: usize = 3;
 /// 0.95 s).
 const STOP_FOR: Duration = Duration::from_secs(2);
 /// A leader cut off by fault (i) delivers nothing this long after the cut: its delivery
-/// lease (300 ms past the last ping its replicas answered) has run out, before the
+/// lease (250 ms past the last ping its replicas answered) has run out, before the
 /// others can elect another leader (400 ms of silence, then a tick or more).
 const CUT_LATE: Duration = Duration::from_millis(450);
 

@@ -294,7 +294,13 @@ pub(super) fn apply(
                 }
             };
             let r = match op {
-                ChannelOp::Create => shard.admin(AdminOp::CreateChannel(t, channel)),
+                ChannelOp::Create => {
+                    // A led topic's new channel: the next lease check looks at it.
+                    if let Some(c) = cluster {
+                        c.leases_changed();
+                    }
+                    shard.admin(AdminOp::CreateChannel(t, channel))
+                }
                 ChannelOp::Delete => {
                     views(&|v| v.forget(&channel));
                     shard.admin(AdminOp::DeleteChannel(t, channel))

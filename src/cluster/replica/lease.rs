@@ -12,13 +12,18 @@
 //! among them) is *fresh*: a replica is fresh while this shard's connection to it is
 //! up and, less than [`LEASE`] ago by this member's clock, it sent back a ping time of
 //! this member's ([`liveness::echoed`]). A replica that sent back time `t` heard this
-//! member at or after `t`, so it finds it silent at `t` + 400 ms at the earliest, and
-//! until then neither campaigns nor grants a pre-vote against it (docs/replication.md,
-//! "Quiet groups"): no other leader can be elected in the 300 ms of the lease.
+//! member at or after `t`, so it neither campaigns nor grants a pre-vote against it
+//! before `t` + 350 ms (see [`LEASE`]; docs/replication.md, "Quiet groups"): no other
+//! leader can be elected within the 250 ms of the lease. (A replica that sees every
+//! connection from this member close treats it as gone at once; this member then sees
+//! its own connection to the replica fail within a write, and that replica is no
+//! longer fresh for it. A write to a consumer already under way when the lease ends
+//! finishes.)
 //!
-//! The shard's clock ([`super::stall::clock`]) checks the lease every [`TICK`]:
+//! The shard's clock ([`super::stall::clock`]) checks the lease every [`super::TICK`]:
 //!
-//! - a topic this shard leads whose voters are no longer a fresh quorum holds delivery
+//! - a topic this shard leads, with channels, whose voters are no longer a fresh quorum
+//!   holds delivery
 //!   as after a stall ([`ShardCluster::hold_until_confirmed`]): its consumers keep what
 //!   was framed for them, and it asks its replicas whether it still leads. It delivers
 //!   again once a confirmation comes while its quorum is fresh again; an answer with a
@@ -33,16 +38,23 @@
 //! topic is looked at once per change of which replicas are fresh, of the topics this
 //! shard leads, or of a group's voters, not at every run.
 
-use super::{ShardCluster, TICK};
+use super::ShardCluster;
 use crate::cluster::liveness;
 use crate::server::Server;
 use nsq_replication::ReplicaSet;
 use std::time::{Duration, Instant};
 
-/// How long a replica's answer to a ping keeps it fresh: under the 400 ms of silence
-/// after which a follower campaigns ([`liveness::SILENT_AFTER`]), with room for a clock
-/// run that is late.
-pub const LEASE: Duration = Duration::from_millis(300);
+/// How long a replica's answer to a ping keeps it fresh. A replica that sent back time
+/// `t` campaigns or grants a vote against this member 350 ms after `t` at the earliest:
+/// 400 ms after it last heard this member ([`liveness::SILENT_AFTER`]), or an election
+/// timeout of its group (10 ticks, 450-500 ms by where the first falls) after the
+/// group's last heartbeat, which a busy group sends every 100 ms, so at most 100 ms
+/// before `t`. Pings go every [`liveness::PING_EVERY`], so a replica's answer is that
+/// plus a round trip old when the next comes: 250 ms leaves room on both sides.
+pub const LEASE: Duration = Duration::from_millis(250);
+
+// The lease ends before a replica can turn against its leader.
+const _: () = assert!(LEASE.as_millis() + 100 <= liveness::SILENT_AFTER.as_millis());
 
 /// What the last full look at the led topics was made under: which replicas were not
 /// fresh, and the shard's count of changes to its led topics and their voters
@@ -83,8 +95,7 @@ impl ShardCluster {
     /// shard's delivery gate may stay open (at most `open_until`).
     pub(super) fn check_leases(&self, server: &Server, open_until: Instant) -> Instant {
         let now_ms = liveness::clock_ms();
-        let tick_ms = u64::try_from(TICK.as_millis()).unwrap_or(0);
-        let (fresh, stale, first_end) = fresh(self, now_ms.saturating_add(tick_ms));
+        let (fresh, stale, first_end) = fresh(self, now_ms);
         let gate = first_end.map_or(open_until, |end| {
             open_until.min(Instant::now() + Duration::from_millis(end.saturating_sub(now_ms)))
         });
@@ -102,6 +113,11 @@ impl ShardCluster {
         let led: Vec<String> = self.led.borrow().iter().cloned().collect();
         let mut held = Vec::new();
         for topic in led {
+            // A topic without channels delivers nothing (a channel made later is made
+            // through the log, which counts as a change: looked at again then).
+            if server.shard.channel_names(&topic).is_empty() {
+                continue;
+            }
             let lapsed = self
                 .groups
                 .borrow()
@@ -138,16 +154,16 @@ impl ShardCluster {
     /// Whether `topic`'s voters are a quorum of fresh replicas now (see the module
     /// docs).
     pub(super) fn lease_holds(&self, topic: &str) -> bool {
-        let tick_ms = u64::try_from(TICK.as_millis()).unwrap_or(0);
-        let (fresh, _, _) = fresh(self, liveness::clock_ms().saturating_add(tick_ms));
+        let (fresh, _, _) = fresh(self, liveness::clock_ms());
         self.groups
             .borrow()
             .get(topic)
             .is_some_and(|g| g.group.has_quorum(&fresh))
     }
 
-    /// The topics this shard leads, or a group's voters, changed: the next lease check
-    /// looks at every led topic again.
+    /// The topics this shard leads, a group's voters or a topic's channels changed, or a
+    /// topic stopped waiting for a confirmation: the next lease check looks at every led
+    /// topic again.
     pub(super) fn leases_changed(&self) {
         self.lease_changes
             .set(self.lease_changes.get().wrapping_add(1));

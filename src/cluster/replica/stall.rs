@@ -187,6 +187,8 @@ impl ShardCluster {
             lease
         });
         if released {
+            // Delivering again: the next lease check looks at it, whatever it found last.
+            self.leases_changed();
             log::info!("TOPIC({topic}): its replicas confirmed this member still leads it; delivery goes on");
             for client in server.shard.topic_consumers(topic) {
                 client.outbox().hold_flushes(false);
