@@ -392,7 +392,7 @@ async fn write_loop<S: AsyncRead + AsyncWrite + Unpin>(
 /// network partition that left it open. TCP would otherwise resend on it at
 /// exponentially growing intervals (6 s apart after a few seconds, up to 2 min), and
 /// after the network heals the members would wait for the next resend to hear each
-/// other; a new connection is made within [`DIAL_TIMEOUT`] + [`REDIAL`] of the heal. A
+/// other; a new connection is made within a dial timeout (1 s) and [`REDIAL`] of the heal. A
 /// peer that is stopped (SIGSTOP) still acknowledges through its kernel, even with its
 /// receive buffer full (the window probes are answered), so its connections stay.
 pub const UNACKNOWLEDGED_AFTER: Duration = Duration::from_secs(2);
