@@ -94,6 +94,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.abspath(__file__)
+sys.path.insert(0, os.path.dirname(SCRIPT))
+import cluster_lib  # noqa: E402  (beside this script)
 
 TOPIC, CHANNEL = "t", "c"
 TCP_PORT, HTTP_PORT, CLUSTER_PORT = 4150, 4151, 4153
@@ -269,14 +271,8 @@ HELPERS = {"consume": consume, "publish": publish, "poll": poll}
 # The cluster, seen from the root namespace.
 
 def request(host, method, path, body=None, timeout=5, port=HTTP_PORT):
-    """(status, body) of an HTTP request to a member."""
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
-    try:
-        conn.request(method, path, body=body)
-        r = conn.getresponse()
-        return r.status, r.read()
-    finally:
-        conn.close()
+    """(status, body) of an HTTP request to a member at `host`."""
+    return cluster_lib.request(port, method, path, body, timeout, host=host)
 
 
 def topic_view(cluster):

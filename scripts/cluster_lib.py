@@ -44,9 +44,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-def request(port, method, path, body=b"", timeout=10):
-    """(status, body) of an HTTP request to 127.0.0.1:`port`."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+def request(port, method, path, body=b"", timeout=10, host="127.0.0.1"):
+    """(status, body) of an HTTP request to `host`:`port`."""
+    c = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
         c.request(method, path, body=body)
         r = c.getresponse()
