@@ -164,6 +164,16 @@ impl Broker {
         self.child.id()
     }
 
+    /// How many lines of the broker's log so far contain `needle`.
+    pub fn log_count(&self, needle: &str) -> usize {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+
     pub fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }

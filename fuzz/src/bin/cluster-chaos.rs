@@ -388,14 +388,7 @@ impl Member {
 
     /// How many lines of the current run's log contain `needle`.
     fn log_count(&self, needle: &str) -> usize {
-        self.broker.as_ref().map_or(0, |b| {
-            b.log
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|l| l.contains(needle))
-                .count()
-        })
+        self.broker.as_ref().map_or(0, |b| b.log_count(needle))
     }
 }
 
